@@ -1,0 +1,341 @@
+/*
+ * tide.h - the whole public API of libtide.
+ *
+ * tide runs models whose tensors do not fit in device memory. A model is
+ * described as a graph (tensors with roles, ops in execution order); weights come
+ * from Hugging Face-layout safetensors checkpoints; a backend (chosen at run
+ * time) computes the ops.
+ *
+ * Conventions:
+ *   - Handles are opaque. Every `_new`/`_open` has a `_free`; `_free(NULL)` is a
+ *     no-op.
+ *   - Functions that can fail return a tide_status. On failure the context that
+ *     was passed in (or the one the handle was made from) holds a message naming
+ *     the cause: tide_ctx_last_error(). The library never exits or aborts on a
+ *     recoverable error.
+ *   - Names are tide_<object>_<verb>.
+ */
+#ifndef TIDE_H
+#define TIDE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum tide_status {
+    TIDE_OK = 0,
+    TIDE_E_INVALID,     /* invalid argument, shape or graph */
+    TIDE_E_NOMEM,       /* an allocation failed */
+    TIDE_E_IO,          /* a read, write, open or mmap failed */
+    TIDE_E_FORMAT,      /* malformed file content (checkpoint, JSON, plan) */
+    TIDE_E_NOT_FOUND,   /* named thing (file, tensor, config) does not exist */
+    TIDE_E_UNSUPPORTED, /* valid but not supported (dtype, architecture) */
+    TIDE_E_RANGE,       /* a value out of its range (token id >= vocab) */
+    TIDE_E_INFEASIBLE,  /* no plan fits the budget */
+    TIDE_E_NO_DEVICE,   /* the requested device is absent */
+    TIDE_E_BACKEND,     /* a backend call failed */
+    TIDE_E_VERIFY,      /* a plan failed verification */
+} tide_status;
+
+/* Returns a short constant English name for a status ("ok", "i/o error", ...). */
+const char *tide_status_str(tide_status s);
+
+/* ---------------------------------------------------------------- context */
+
+typedef struct tide_ctx tide_ctx;
+
+/* Returns a new context, or NULL if memory is exhausted. */
+tide_ctx *tide_ctx_new(void);
+void tide_ctx_free(tide_ctx *ctx);
+/* The message of the last failure on this context ("" when none). Valid until
+ * the next call that fails on the same context. */
+const char *tide_ctx_last_error(const tide_ctx *ctx);
+/* Status of the last failure (TIDE_OK when none). */
+tide_status tide_ctx_last_status(const tide_ctx *ctx);
+/* Threads used by CPU kernels; 0 = all online cores (the default). */
+void tide_ctx_set_threads(tide_ctx *ctx, int n_threads);
+int tide_ctx_threads(const tide_ctx *ctx);
+/* Optional progress callback for long operations (checkpoint generation,
+ * loading, running). `what` names the phase, done/total count its units. */
+typedef void (*tide_progress_fn)(void *user, const char *what, uint64_t done, uint64_t total);
+void tide_ctx_set_progress(tide_ctx *ctx, tide_progress_fn fn, void *user);
+
+/* ---------------------------------------------------------------- tensors */
+
+typedef enum tide_dtype {
+    TIDE_F32 = 0,
+    TIDE_F16,
+    TIDE_BF16,
+    TIDE_I32,
+    TIDE_DTYPE_COUNT
+} tide_dtype;
+
+/* Bytes per element; 0 for an invalid dtype. */
+size_t tide_dtype_size(tide_dtype dt);
+/* "f32", "f16", "bf16", "i32". */
+const char *tide_dtype_name(tide_dtype dt);
+/* Parses "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16", "i32".
+ * Returns 0 on success, -1 if the name is unknown. */
+int tide_dtype_parse(const char *name, tide_dtype *out);
+
+/* Tensor roles (DESIGN section 3). */
+typedef enum tide_role {
+    TIDE_ROLE_WEIGHT = 0, /* persistent, read-only, clean copy at home */
+    TIDE_ROLE_STATE,      /* persistent, read-write (KV cache, optimizer state) */
+    TIDE_ROLE_INPUT,
+    TIDE_ROLE_OUTPUT,
+    TIDE_ROLE_TEMP,       /* activations, workspace */
+    TIDE_ROLE_COUNT
+} tide_role;
+const char *tide_role_name(tide_role r);
+
+#define TIDE_MAX_DIMS 4
+
+/* ---------------------------------------------------------------- graph */
+
+/* Op kinds. Activations are f32, row-major; a "row" is one token of one batch
+ * element, rows ordered batch-major (row = b*T + t). Weights may be stored as
+ * f32, f16 or bf16 and are converted to f32 where the CPU computes.
+ *
+ *   EMBED      in: table (V, D), tokens i32 (B, T)            out: (B*T, D)
+ *   RMSNORM    in: x (R, D), w (D)                            out: (R, D)   [eps]
+ *   MATMUL     in: x (R, K), w (N, K)                         out: (R, N) = x . w^T
+ *   ROPE       in: x (R, H*hd), pos i32 (T)                   out: (R, H*hd)
+ *              [n_heads, head_dim, rope_theta, batch]; HF rotate_half convention
+ *   ATTENTION  in: q (R, H*hd), k (R, KV*hd), v (R, KV*hd), pos i32 (T),
+ *                  kcache (B, C, KV*hd), vcache (B, C, KV*hd)
+ *              out: o (R, H*hd), kcache, vcache
+ *              writes k,v rows at cache position pos[t], then causal GQA
+ *              attention of each query over cache positions 0..pos[t].
+ *              [n_heads, n_kv_heads, head_dim, batch]
+ *   SILU_MUL   in: gate (R, I), up (R, I)                     out: silu(gate)*up
+ *   ADD        in: a (R, D), b (R, D)                         out: a + b
+ *   TAKE_LAST  in: x (B*T, D)                                 out: (B, D) [batch]
+ *   ARGMAX     in: x (R, V)                                   out: i32 (R)
+ *   GENERIC    any tensors; a synthetic op for planning tests and benchmarks:
+ *              the CPU backend fills each output with a deterministic function
+ *              of its inputs. [flops]
+ */
+typedef enum tide_op_kind {
+    TIDE_OP_EMBED = 0,
+    TIDE_OP_RMSNORM,
+    TIDE_OP_MATMUL,
+    TIDE_OP_ROPE,
+    TIDE_OP_ATTENTION,
+    TIDE_OP_SILU_MUL,
+    TIDE_OP_ADD,
+    TIDE_OP_TAKE_LAST,
+    TIDE_OP_ARGMAX,
+    TIDE_OP_GENERIC,
+    TIDE_OP_COUNT
+} tide_op_kind;
+const char *tide_op_name(tide_op_kind k);
+
+#define TIDE_OP_MAX_IN 8
+#define TIDE_OP_MAX_OUT 4
+
+typedef struct tide_op_params {
+    float eps;        /* RMSNORM */
+    float rope_theta; /* ROPE */
+    int n_heads;      /* ROPE, ATTENTION */
+    int n_kv_heads;   /* ATTENTION */
+    int head_dim;     /* ROPE, ATTENTION */
+    int batch;        /* ROPE, ATTENTION, TAKE_LAST: B (rows = B*T) */
+    double flops;     /* GENERIC: floating-point operations it stands for */
+} tide_op_params;
+
+typedef struct tide_graph tide_graph;
+
+/* Returns a new empty graph, or NULL (message in ctx). */
+tide_graph *tide_graph_new(tide_ctx *ctx);
+void tide_graph_free(tide_graph *g);
+
+/* Adds a tensor. `name` must be unique in the graph (persistent tensors are
+ * matched to checkpoint and state by name). On success *id is its index.
+ * Returns TIDE_OK, TIDE_E_INVALID (bad shape, dtype, role, duplicate name) or
+ * TIDE_E_NOMEM. */
+tide_status tide_graph_add_tensor(tide_graph *g, const char *name, tide_dtype dt,
+                                  tide_role role, int ndim, const int64_t *shape,
+                                  int *id);
+/* Marks the decoder layer a tensor or op belongs to (-1: none); used by the
+ * per-layer baseline policy and by progress reports. */
+void tide_graph_set_tensor_layer(tide_graph *g, int tensor, int layer);
+
+/* Appends an op (ops run in the order they are added). Arity, shapes and dtypes
+ * are checked against the kind's contract above. On success *id (may be NULL)
+ * is the op's index. Returns TIDE_OK, TIDE_E_INVALID or TIDE_E_NOMEM. */
+tide_status tide_graph_add_op(tide_graph *g, tide_op_kind kind, int n_in, const int *in,
+                              int n_out, const int *out, const tide_op_params *params,
+                              int layer, int *id);
+
+int tide_graph_n_tensors(const tide_graph *g);
+int tide_graph_n_ops(const tide_graph *g);
+/* Index of the tensor with this name, or -1. */
+int tide_graph_find(const tide_graph *g, const char *name);
+const char *tide_graph_tensor_name(const tide_graph *g, int id);
+tide_role tide_graph_tensor_role(const tide_graph *g, int id);
+tide_dtype tide_graph_tensor_dtype(const tide_graph *g, int id);
+uint64_t tide_graph_tensor_bytes(const tide_graph *g, int id);
+/* Fills shape[0..ndim-1]; returns ndim. */
+int tide_graph_tensor_shape(const tide_graph *g, int id, int64_t shape[TIDE_MAX_DIMS]);
+/* Total bytes of all tensors of a role. */
+uint64_t tide_graph_role_bytes(const tide_graph *g, tide_role role);
+/* Estimated floating-point operations of the whole graph. */
+double tide_graph_flops(const tide_graph *g);
+
+/* ---------------------------------------------------------------- LLaMA */
+
+typedef struct tide_llama_config {
+    char name[64];
+    int hidden_size;
+    int intermediate_size;
+    int num_hidden_layers;
+    int num_attention_heads;
+    int num_key_value_heads;
+    int vocab_size;
+    int max_position_embeddings;
+    float rms_norm_eps;
+    float rope_theta;
+    bool tie_word_embeddings;
+    tide_dtype dtype; /* storage dtype of the weights ("torch_dtype") */
+} tide_llama_config;
+
+/* Fills *cfg with a built-in configuration with true shapes: "tinyllama-1.1b",
+ * "llama-7b", "llama-13b", "llama-65b", "llama-2-70b". Returns TIDE_OK or
+ * TIDE_E_NOT_FOUND (message lists the known names). */
+tide_status tide_llama_config_named(tide_ctx *ctx, const char *name, tide_llama_config *cfg);
+/* Names of the built-in configurations, NULL-terminated. */
+const char *const *tide_llama_config_names(void);
+/* Reads a Hugging Face config.json. Returns TIDE_OK, TIDE_E_IO, TIDE_E_FORMAT
+ * (malformed JSON, missing or invalid field: the message names it) or
+ * TIDE_E_UNSUPPORTED (not a LLaMA-family architecture). */
+tide_status tide_llama_config_load(tide_ctx *ctx, const char *path, tide_llama_config *cfg);
+/* Writes a Hugging Face config.json for cfg. Written to a temporary name and
+ * renamed, so a failure never leaves a partial file. */
+tide_status tide_llama_config_save(tide_ctx *ctx, const tide_llama_config *cfg, const char *path);
+/* Checks a configuration's values; TIDE_E_INVALID names the bad field. */
+tide_status tide_llama_config_check(tide_ctx *ctx, const tide_llama_config *cfg);
+/* Number of parameters. */
+uint64_t tide_llama_config_params(const tide_llama_config *cfg);
+
+typedef struct tide_llama_graph_opts {
+    int batch;        /* B >= 1 */
+    int seq;          /* T >= 1: tokens processed by this graph */
+    int ctx_len;      /* KV cache capacity C >= positions used (0: seq) */
+    bool all_logits;  /* logits for every row (B*T, V) instead of the last (B, V) */
+} tide_llama_graph_opts;
+
+/* Builds the forward graph of a LLaMA-style decoder. Tensor names of weights
+ * follow Hugging Face ("model.layers.3.mlp.up_proj.weight"); inputs are "tokens"
+ * (B, T) and "pos" (T); state is "cache.L.k" / "cache.L.v" (B, C, KV*hd, f32);
+ * outputs are "logits" and "next_token". */
+tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
+                             const tide_llama_graph_opts *opts, tide_graph **out);
+
+/* ---------------------------------------------------------------- checkpoints */
+
+/* A checkpoint: a Hugging Face-layout model directory (config.json plus
+ * model.safetensors, or shards listed by model.safetensors.index.json). Tensor
+ * data is memory-mapped and validated when opened. */
+typedef struct tide_checkpoint tide_checkpoint;
+
+/* Opens dir. Returns TIDE_OK; TIDE_E_NOT_FOUND, TIDE_E_IO or TIDE_E_FORMAT with
+ * a message naming the file, tensor and problem. */
+tide_status tide_checkpoint_open(tide_ctx *ctx, const char *dir, tide_checkpoint **out);
+void tide_checkpoint_free(tide_checkpoint *ck);
+const tide_llama_config *tide_checkpoint_config(const tide_checkpoint *ck);
+int tide_checkpoint_n_tensors(const tide_checkpoint *ck);
+/* Looks up a tensor by name: its dtype, shape, data (mapped, read-only), the file
+ * it lives in and its byte offset there. Returns TIDE_OK or TIDE_E_NOT_FOUND. */
+typedef struct tide_tensor_info {
+    const char *name;
+    tide_dtype dtype;
+    int ndim;
+    int64_t shape[TIDE_MAX_DIMS];
+    uint64_t nbytes;
+    const void *data;
+    const char *file;
+    uint64_t file_offset;
+} tide_tensor_info;
+tide_status tide_checkpoint_get(const tide_checkpoint *ck, const char *name, tide_tensor_info *info);
+tide_status tide_checkpoint_get_index(const tide_checkpoint *ck, int i, tide_tensor_info *info);
+/* Checks that every WEIGHT tensor of g is in the checkpoint with the same dtype
+ * and shape, and that the checkpoint has no tensor the graph does not use.
+ * Returns TIDE_OK or TIDE_E_FORMAT naming the first offending tensor. */
+tide_status tide_checkpoint_match(const tide_checkpoint *ck, const tide_graph *g);
+
+/* Writes a deterministic synthetic checkpoint for cfg into dir (created if
+ * needed): config.json and model.safetensors (sharded when larger than
+ * shard_bytes, 0 = never), weights drawn from a seeded generator and stored in
+ * cfg->dtype. Files are written under temporary names and renamed when
+ * complete. */
+tide_status tide_checkpoint_make_synthetic(tide_ctx *ctx, const tide_llama_config *cfg,
+                                           uint64_t seed, uint64_t shard_bytes,
+                                           const char *dir);
+
+/* ---------------------------------------------------------------- backends */
+
+typedef enum tide_backend_kind {
+    TIDE_BACKEND_AUTO = 0, /* CUDA when a GPU is present, else CPU */
+    TIDE_BACKEND_CPU,
+    TIDE_BACKEND_CUDA,
+} tide_backend_kind;
+
+typedef struct tide_backend tide_backend;
+/* Returns TIDE_OK, TIDE_E_NO_DEVICE (asked for CUDA, none present) or
+ * TIDE_E_UNSUPPORTED (backend not built in). */
+tide_status tide_backend_new(tide_ctx *ctx, tide_backend_kind kind, tide_backend **out);
+void tide_backend_free(tide_backend *be);
+const char *tide_backend_name(const tide_backend *be);
+
+/* ---------------------------------------------------------------- running */
+
+/* A model ready to run: checkpoint weights bound to a backend, plus the state
+ * (KV cache) that persists between graph runs. */
+typedef struct tide_model tide_model;
+
+typedef struct tide_model_opts {
+    int max_batch;    /* cache batch capacity (>= 1) */
+    int ctx_len;      /* KV cache capacity in positions (0: config's max) */
+} tide_model_opts;
+
+tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
+                           const tide_model_opts *opts, tide_model **out);
+void tide_model_free(tide_model *m);
+
+typedef struct tide_gen_stats {
+    double prefill_s;           /* wall time of the prefill graph */
+    double decode_s;            /* wall time of all decode steps */
+    int prefill_tokens;         /* batch * prompt tokens */
+    int decode_tokens;          /* batch * generated tokens after the first */
+    double prefill_tokens_per_s;
+    double decode_tokens_per_s;
+    uint64_t peak_bytes;        /* peak bytes of tensors held (weights, state,
+                                   live activations, backend scratch) */
+    uint64_t weight_bytes;
+    uint64_t state_bytes;
+} tide_gen_stats;
+
+/* Greedy generation for one sequence: prefill `prompt` (n_prompt tokens), then
+ * n_new tokens, each the argmax of the last logits. out_tokens receives the
+ * n_new generated ids. Returns TIDE_OK, TIDE_E_RANGE (a token id >= vocab or
+ * more positions than the cache holds), or the failing step's status. */
+tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prompt,
+                                int n_new, int32_t *out_tokens, tide_gen_stats *stats);
+
+/* Runs the model on `tokens` (batch * seq ids, batch-major) at positions
+ * start_pos.., with caches for each batch row, and copies all logits
+ * (batch*seq, vocab) f32 into `logits` (may be NULL). */
+tide_status tide_model_forward(tide_model *m, const int32_t *tokens, int batch, int seq,
+                               int start_pos, float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TIDE_H */

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# setup.sh - installs what tide needs on Debian 12 (only the missing packages),
+# builds it, and then does one of:
+#   scripts/setup.sh run [tide run options]   run `tide run` (default model)
+#   scripts/setup.sh test                     run the whole test suite (ctest)
+#   scripts/setup.sh build                    build only
+# Environment: BUILD_DIR (default build), TIDE_SANITIZE (address|thread),
+# JOBS (default: number of cores).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+mode=${1:-build}
+[ $# -gt 0 ] && shift
+
+packages=(build-essential cmake ninja-build pkg-config libopenblas-dev liburing-dev
+          libcjson-dev libcmocka-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+build=${BUILD_DIR:-build}
+jobs=${JOBS:-$(nproc)}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DTIDE_SANITIZE="${TIDE_SANITIZE:-}" >/dev/null
+cmake --build "$build" -j "$jobs"
+
+case "$mode" in
+  build) ;;
+  run) exec "$build/tide" run "$@" ;;
+  test) cd "$build" && exec ctest --output-on-failure -j "$jobs" "$@" ;;
+  *) echo "usage: scripts/setup.sh [build|run|test] [args]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,22 @@
+/*
+ * backend.c - backend selection at run time.
+ */
+#include "backend/backend.h"
+
+tide_status tide_backend_new(tide_ctx *ctx, tide_backend_kind kind, tide_backend **out) {
+    *out = NULL;
+    switch (kind) {
+    case TIDE_BACKEND_AUTO:
+    case TIDE_BACKEND_CPU:
+        return tide_cpu_backend_new(ctx, out);
+    case TIDE_BACKEND_CUDA:
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "this build of tide has no CUDA backend");
+    }
+    return tide_err(ctx, TIDE_E_INVALID, "unknown backend kind %d", (int)kind);
+}
+
+void tide_backend_free(tide_backend *be) {
+    if (be) be->vt->destroy(be);
+}
+
+const char *tide_backend_name(const tide_backend *be) { return be->vt->name; }

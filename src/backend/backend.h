@@ -1,0 +1,48 @@
+/*
+ * backend.h - the backend vtable. A backend computes ops on data it holds in
+ * its own memory ("device" memory: host RAM for the CPU backend) and moves
+ * bytes between that memory and host memory. Which backend runs is chosen at
+ * run time; one binary serves with or without a GPU.
+ *
+ * Every slot returns TIDE_OK or a status with a message on be->ctx. Optional
+ * slots may be NULL; the caller then uses the fallback named beside the slot.
+ */
+#ifndef TIDE_BACKEND_H
+#define TIDE_BACKEND_H
+
+#include "graph/graph.h"
+
+typedef struct tide_backend_vt {
+    const char *name;
+    /* True when device memory is ordinary host memory (the CPU backend): host
+     * data such as memory-mapped weights can then be used in place. */
+    bool device_is_host;
+    void (*destroy)(tide_backend *be);
+    /* Device memory. alloc returns TIDE_E_NOMEM when it cannot. */
+    tide_status (*alloc)(tide_backend *be, size_t n, void **ptr);
+    void (*dealloc)(tide_backend *be, void *ptr);
+    /* Copies between host and device memory (synchronous). On the CPU backend
+     * both are memcpy. */
+    tide_status (*to_device)(tide_backend *be, void *dst, const void *src, size_t n);
+    tide_status (*to_host)(tide_backend *be, void *dst, const void *src, size_t n);
+    /* Computes one op of g. in[i] / out[i] point at the device data of
+     * op->in[i] / op->out[i]; scratch is op->scratch_bytes of device memory
+     * (NULL when that is 0). Returns TIDE_E_RANGE for data out of its range
+     * (a token id >= vocab). */
+    tide_status (*compute)(tide_backend *be, const tide_graph *g, const tide_op *op,
+                           void *const *in, void *const *out, void *scratch);
+    /* Waits until all work issued so far is complete (NULL: nothing to wait). */
+    tide_status (*synchronize)(tide_backend *be);
+} tide_backend_vt;
+
+struct tide_backend {
+    const tide_backend_vt *vt;
+    tide_ctx *ctx;
+    tide_backend_kind kind;
+    void *impl;
+};
+
+/* Constructors of the built-in backends. */
+tide_status tide_cpu_backend_new(tide_ctx *ctx, tide_backend **out);
+
+#endif

@@ -1,0 +1,55 @@
+/*
+ * cli.h - shared pieces of the tide command-line front end.
+ */
+#ifndef TIDE_CLI_H
+#define TIDE_CLI_H
+
+#include "tide.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Each command: returns the process exit status (0 ok, 1 failure, 2 usage). */
+int cmd_run(int argc, char **argv);
+int cmd_make_model(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+int cmd_probe(int argc, char **argv);
+
+/* Prints "tide: <what>: <ctx message>" on stderr and returns 1. */
+int cli_fail(tide_ctx *ctx, const char *what);
+/* Prints a usage error "tide <cmd>: msg" and a hint to --help; returns 2. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Parses a byte count: "123", "4096B", "1.5G", "512MiB", "2GB" (K/M/G/T are
+ * powers of 1024). Returns 0 or -1. */
+int cli_parse_bytes(const char *s, uint64_t *out);
+/* Parses an int in [lo, hi]. Returns 0 or -1. */
+int cli_parse_int(const char *s, long lo, long hi, long *out);
+/* Formats bytes as "1.23 GiB" into buf. */
+const char *cli_fmt_bytes(uint64_t n, char *buf, size_t len);
+
+/* Progress line on stderr: redrawn in place on a terminal, one line per phase
+ * otherwise. Install with tide_ctx_set_progress(ctx, cli_progress, &state). */
+typedef struct cli_progress_state {
+    bool tty;
+    bool quiet;
+    char phase[32];
+    double last;
+    bool open; /* a line is being redrawn */
+} cli_progress_state;
+void cli_progress_init(cli_progress_state *s, bool quiet);
+void cli_progress(void *user, const char *what, uint64_t done, uint64_t total);
+void cli_progress_end(cli_progress_state *s);
+
+/* Directory of the built-in default model (created on first use):
+ * $TIDE_CACHE, else $XDG_CACHE_HOME/tide, else $HOME/.cache/tide, then
+ * models/<name>. Returns 0 or -1 (message in buf on failure). */
+int cli_default_model_dir(const char *name, char *buf, size_t len);
+/* Makes sure the built-in default model exists (generating it if not) and
+ * writes its directory into dir. Returns 0 or the exit status on failure. */
+int cli_ensure_default_model(tide_ctx *ctx, char *dir, size_t len, cli_progress_state *ps);
+
+#define TIDE_DEFAULT_CONFIG "tinyllama-1.1b"
+#define TIDE_DEFAULT_SEED 0
+
+#endif

@@ -1,0 +1,62 @@
+/*
+ * main.c - the tide command: dispatches to one subcommand per file.
+ */
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char usage[] =
+    "Usage: tide <command> [options]\n"
+    "\n"
+    "Run large models on devices with too little memory: tensors are paged between\n"
+    "device memory, pinned host memory and SSD files by a plan made ahead of time.\n"
+    "\n"
+    "Commands:\n"
+    "  run          prefill a prompt and generate tokens greedily (default: the\n"
+    "               built-in tinyllama-1.1b-shaped synthetic model)\n"
+    "  plan         plan a model's run under a device memory budget and predict it\n"
+    "  make-model   write a deterministic synthetic checkpoint in Hugging Face layout\n"
+    "  probe        measure this machine into a hardware profile\n"
+    "  help         show this help, or a command's: tide help run\n"
+    "\n"
+    "Options:\n"
+    "  -h, --help     show this help\n"
+    "  -V, --version  show the version\n"
+    "\n"
+    "Each command takes --help. Exit status: 0 success, 1 failure, 2 usage error.\n";
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fputs(usage, stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help")) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "-V") || !strcmp(cmd, "--version")) {
+        puts("tide 0.1.0");
+        return 0;
+    }
+    if (!strcmp(cmd, "help")) {
+        if (argc < 3) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        char *args[] = {argv[2], "--help", NULL};
+        argv = args;
+        argc = 2;
+        cmd = argv[0];
+    } else {
+        argv++;
+        argc--;
+    }
+    if (!strcmp(cmd, "run")) return cmd_run(argc, argv);
+    if (!strcmp(cmd, "make-model")) return cmd_make_model(argc, argv);
+    /* PLAN_PROBE_DISPATCH */
+    fprintf(stderr, "tide: unknown command '%s'\n", cmd);
+    fputs(usage, stderr);
+    return 2;
+}

@@ -1,0 +1,168 @@
+/*
+ * util.c - parsing, formatting, progress lines and the default model cache for
+ * the command-line front end.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int cli_fail(tide_ctx *ctx, const char *what) {
+    fprintf(stderr, "tide: %s: %s (%s)\n", what, tide_ctx_last_error(ctx),
+            tide_status_str(tide_ctx_last_status(ctx)));
+    return 1;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "tide %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\nTry 'tide %s --help'.\n", cmd);
+    va_end(ap);
+    return 2;
+}
+
+int cli_parse_bytes(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v >= 0) || !isfinite(v)) return -1;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (mul > 1 && *end == 'i') end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end) return -1;
+    double r = v * mul;
+    if (r >= 1.8e19) return -1;
+    *out = (uint64_t)llround(r);
+    return 0;
+}
+
+int cli_parse_int(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+const char *cli_fmt_bytes(uint64_t n, char *buf, size_t len) {
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0) snprintf(buf, len, "%llu B", (unsigned long long)n);
+    else snprintf(buf, len, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+void cli_progress_init(cli_progress_state *s, bool quiet) {
+    memset(s, 0, sizeof *s);
+    s->tty = isatty(STDERR_FILENO);
+    s->quiet = quiet;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void cli_progress(void *user, const char *what, uint64_t done, uint64_t total) {
+    cli_progress_state *s = user;
+    if (s->quiet) return;
+    bool new_phase = strncmp(s->phase, what, sizeof s->phase - 1) != 0;
+    double t = now_s();
+    if (new_phase) {
+        if (s->open) fputc('\n', stderr);
+        s->open = false;
+        snprintf(s->phase, sizeof s->phase, "%s", what);
+    } else if (t - s->last < 0.2 && done < total) {
+        return;
+    }
+    s->last = t;
+    double pct = total ? 100.0 * (double)done / (double)total : 0;
+    if (s->tty) {
+        fprintf(stderr, "\r%s %llu/%llu (%.0f%%)   ", what, (unsigned long long)done,
+                (unsigned long long)total, pct);
+        s->open = true;
+    } else if (new_phase) {
+        fprintf(stderr, "%s...\n", what);
+    }
+    fflush(stderr);
+}
+
+void cli_progress_end(cli_progress_state *s) {
+    if (s->open) fputc('\n', stderr);
+    s->open = false;
+    s->phase[0] = '\0';
+}
+
+static int mkdir_p(char *path) {
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        int rc = mkdir(path, 0755);
+        *p = '/';
+        if (rc && errno != EEXIST) return -1;
+    }
+    if (mkdir(path, 0755) && errno != EEXIST) return -1;
+    return 0;
+}
+
+int cli_default_model_dir(const char *name, char *buf, size_t len) {
+    const char *c = getenv("TIDE_CACHE"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    int n;
+    if (c && *c) n = snprintf(buf, len, "%s/models/%s", c, name);
+    else if (x && *x) n = snprintf(buf, len, "%s/tide/models/%s", x, name);
+    else if (h && *h) n = snprintf(buf, len, "%s/.cache/tide/models/%s", h, name);
+    else n = snprintf(buf, len, "/tmp/tide-cache/models/%s", name);
+    return n > 0 && (size_t)n < len ? 0 : -1;
+}
+
+int cli_ensure_default_model(tide_ctx *ctx, char *dir, size_t len, cli_progress_state *ps) {
+    char name[96];
+    snprintf(name, sizeof name, "%s-synthetic-s%d", TIDE_DEFAULT_CONFIG, TIDE_DEFAULT_SEED);
+    if (cli_default_model_dir(name, dir, len)) {
+        fprintf(stderr, "tide: the cache directory path is too long\n");
+        return 1;
+    }
+    char cfg_path[PATH_MAX + 32];
+    snprintf(cfg_path, sizeof cfg_path, "%s/model.safetensors", dir); /* written last */
+    struct stat st;
+    if (stat(cfg_path, &st) == 0) return 0;
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    if (mkdir_p(tmp)) {
+        fprintf(stderr, "tide: cannot create the model cache %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    tide_llama_config cfg;
+    if (tide_llama_config_named(ctx, TIDE_DEFAULT_CONFIG, &cfg)) return cli_fail(ctx, "default model");
+    if (!ps->quiet)
+        fprintf(stderr, "tide: generating the built-in %s-shaped synthetic model (%.2f GB, once) in %s\n",
+                TIDE_DEFAULT_CONFIG, tide_llama_config_params(&cfg) * 2 / 1e9, dir);
+    tide_status s = tide_checkpoint_make_synthetic(ctx, &cfg, TIDE_DEFAULT_SEED, 0, dir);
+    cli_progress_end(ps);
+    if (s) return cli_fail(ctx, "generating the default model");
+    return 0;
+}

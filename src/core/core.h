@@ -1,0 +1,69 @@
+/*
+ * core.h - internals shared by every part of libtide: the context, error
+ * reporting, allocation hooks and small utilities.
+ *
+ * Errors: a failing function records its cause with tide_err() on the context
+ * it was given and returns the status; callers pass the status up unchanged, so
+ * the first (most specific) message survives. tide_err() returns its status so
+ * that `return tide_err(ctx, TIDE_E_IO, "...")` reads as one statement.
+ *
+ * Allocation: every allocation of the library goes through tide_malloc /
+ * tide_calloc / tide_realloc / tide_free, which count bytes and can be told to
+ * fail the Nth call (fault-injection tests).
+ */
+#ifndef TIDE_CORE_H
+#define TIDE_CORE_H
+
+#include "tide.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#define TIDE_ERRMSG_MAX 1024
+
+struct tide_ctx {
+    tide_status last_status;
+    char last_error[TIDE_ERRMSG_MAX];
+    int n_threads;
+    tide_progress_fn progress;
+    void *progress_user;
+};
+
+/* Records status and a printf-style message on ctx (ctx may be NULL); returns
+ * status. */
+tide_status tide_err(tide_ctx *ctx, tide_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Clears the last error. */
+void tide_err_clear(tide_ctx *ctx);
+void tide_progress(tide_ctx *ctx, const char *what, uint64_t done, uint64_t total);
+
+/* Allocation hooks. tide_malloc(0) returns a unique non-NULL pointer. */
+void *tide_malloc(size_t n);
+void *tide_calloc(size_t count, size_t size);
+void *tide_realloc(void *p, size_t n);
+void tide_free(void *p);
+char *tide_strdup(const char *s);
+/* 64-byte aligned allocation (free with tide_free_aligned). alignment must be a
+ * power of two >= sizeof(void*). */
+void *tide_malloc_aligned(size_t n, size_t alignment);
+void tide_free_aligned(void *p);
+
+/* Monotonic wall clock in seconds. */
+double tide_now(void);
+
+/* Allocation of the graph arrays: grows *arr (elements of size elem) to hold at
+ * least need elements; returns 0 or -1 when memory is exhausted. */
+int tide_grow(void **arr, int *cap, int need, size_t elem);
+
+/* Conversions between storage dtypes and f32. */
+float tide_bf16_to_f32(uint16_t h);
+uint16_t tide_f32_to_bf16(float f); /* round to nearest even; NaN kept NaN */
+float tide_f16_to_f32(uint16_t h);
+uint16_t tide_f32_to_f16(float f);  /* round to nearest even */
+/* dst[i] = (float)src[i] for n elements of dtype dt (f32, f16, bf16). */
+void tide_convert_to_f32(const void *src, tide_dtype dt, float *dst, size_t n);
+
+#define TIDE_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define TIDE_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#endif

@@ -1,0 +1,103 @@
+/*
+ * ctx.c - the context: last error, thread count, progress callback; status,
+ * dtype, role and op names.
+ */
+#include "core/core.h"
+
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *const status_names[] = {
+    [TIDE_OK] = "ok",
+    [TIDE_E_INVALID] = "invalid argument",
+    [TIDE_E_NOMEM] = "out of memory",
+    [TIDE_E_IO] = "i/o error",
+    [TIDE_E_FORMAT] = "malformed input",
+    [TIDE_E_NOT_FOUND] = "not found",
+    [TIDE_E_UNSUPPORTED] = "unsupported",
+    [TIDE_E_RANGE] = "value out of range",
+    [TIDE_E_INFEASIBLE] = "infeasible",
+    [TIDE_E_NO_DEVICE] = "no device",
+    [TIDE_E_BACKEND] = "backend failure",
+    [TIDE_E_VERIFY] = "verification failed",
+};
+
+const char *tide_status_str(tide_status s) {
+    if ((unsigned)s < sizeof status_names / sizeof status_names[0] && status_names[s])
+        return status_names[s];
+    return "unknown status";
+}
+
+tide_ctx *tide_ctx_new(void) {
+    tide_ctx *ctx = tide_calloc(1, sizeof *ctx);
+    return ctx;
+}
+
+void tide_ctx_free(tide_ctx *ctx) { tide_free(ctx); }
+
+const char *tide_ctx_last_error(const tide_ctx *ctx) { return ctx ? ctx->last_error : ""; }
+tide_status tide_ctx_last_status(const tide_ctx *ctx) { return ctx ? ctx->last_status : TIDE_OK; }
+
+void tide_ctx_set_threads(tide_ctx *ctx, int n) { ctx->n_threads = n < 0 ? 0 : n; }
+
+int tide_ctx_threads(const tide_ctx *ctx) {
+    if (ctx && ctx->n_threads > 0) return ctx->n_threads;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+void tide_ctx_set_progress(tide_ctx *ctx, tide_progress_fn fn, void *user) {
+    ctx->progress = fn;
+    ctx->progress_user = user;
+}
+
+void tide_progress(tide_ctx *ctx, const char *what, uint64_t done, uint64_t total) {
+    if (ctx && ctx->progress) ctx->progress(ctx->progress_user, what, done, total);
+}
+
+tide_status tide_err(tide_ctx *ctx, tide_status status, const char *fmt, ...) {
+    if (!ctx) return status;
+    ctx->last_status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->last_error, sizeof ctx->last_error, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+void tide_err_clear(tide_ctx *ctx) {
+    if (!ctx) return;
+    ctx->last_status = TIDE_OK;
+    ctx->last_error[0] = '\0';
+}
+
+double tide_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int tide_grow(void **arr, int *cap, int need, size_t elem) {
+    if (need <= *cap) return 0;
+    int ncap = *cap ? *cap : 16;
+    while (ncap < need) ncap *= 2;
+    void *p = tide_realloc(*arr, (size_t)ncap * elem);
+    if (!p) return -1;
+    *arr = p;
+    *cap = ncap;
+    return 0;
+}
+
+static const char *const role_names[] = {"weight", "state", "input", "output", "temp"};
+const char *tide_role_name(tide_role r) {
+    return (unsigned)r < TIDE_ROLE_COUNT ? role_names[r] : "?";
+}
+
+static const char *const op_names[] = {
+    "embed", "rmsnorm", "matmul", "rope", "attention",
+    "silu_mul", "add", "take_last", "argmax", "generic",
+};
+const char *tide_op_name(tide_op_kind k) {
+    return (unsigned)k < TIDE_OP_COUNT ? op_names[k] : "?";
+}

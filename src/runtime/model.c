@@ -1,0 +1,354 @@
+/*
+ * model.c - a model ready to run: checkpoint weights bound to a backend, the KV
+ * cache state that persists between graph runs, and greedy generation.
+ *
+ * This runner executes a graph with everything resident (no device budget):
+ * weights are used in place when the backend computes in host memory (else
+ * uploaded once), state lives for the model's lifetime, and each activation is
+ * allocated at its first write and released after its last read. The planned,
+ * budgeted executor runs the same graphs through plans.
+ */
+#include "backend/backend.h"
+#include "graph/graph.h"
+
+#include <string.h>
+
+typedef struct state_buf {
+    char *name;
+    void *data;     /* device memory */
+    uint64_t nbytes;
+} state_buf;
+
+typedef struct graph_slot {
+    tide_graph *g;
+    int batch, seq;
+    bool all_logits;
+} graph_slot;
+
+struct tide_model {
+    tide_ctx *ctx;
+    tide_checkpoint *ck;
+    tide_backend *be;
+    tide_llama_config cfg;
+    int max_batch, ctx_len;
+    state_buf *state;
+    int n_state;
+    void **weights;         /* device copies when the backend is not host memory */
+    int n_weights;
+    graph_slot slots[2];    /* small cache: the prefill and the decode graph */
+    int next_slot;
+    uint64_t weight_bytes, state_bytes, peak_bytes;
+};
+
+void tide_model_free(tide_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_state; i++) {
+        if (m->state[i].data) m->be->vt->dealloc(m->be, m->state[i].data);
+        tide_free(m->state[i].name);
+    }
+    tide_free(m->state);
+    if (m->weights) {
+        for (int i = 0; i < m->n_weights; i++)
+            if (m->weights[i]) m->be->vt->dealloc(m->be, m->weights[i]);
+        tide_free(m->weights);
+    }
+    for (int i = 0; i < 2; i++) tide_graph_free(m->slots[i].g);
+    tide_free(m);
+}
+
+static tide_status alloc_state(tide_model *m) {
+    const tide_llama_config *c = &m->cfg;
+    int L = c->num_hidden_layers;
+    uint64_t kd = (uint64_t)c->num_key_value_heads * (c->hidden_size / c->num_attention_heads);
+    uint64_t nbytes = (uint64_t)m->max_batch * (uint64_t)m->ctx_len * kd * sizeof(float);
+    m->state = tide_calloc((size_t)L * 2, sizeof *m->state);
+    if (!m->state) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for the KV cache table");
+    for (int l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            state_buf *s = &m->state[m->n_state];
+            char name[64];
+            snprintf(name, sizeof name, "cache.%d.%c", l, kv ? 'v' : 'k');
+            s->name = tide_strdup(name);
+            if (!s->name) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for the KV cache");
+            m->n_state++;
+            tide_status st = m->be->vt->alloc(m->be, nbytes, &s->data);
+            if (st) return tide_err(m->ctx, st, "cannot allocate the KV cache (%llu bytes per layer): %s",
+                                    (unsigned long long)(2 * nbytes), tide_ctx_last_error(m->ctx));
+            s->nbytes = nbytes;
+            m->state_bytes += nbytes;
+            /* zero it so that nothing unwritten is ever read as garbage */
+            void *zero = tide_calloc(1, 1 << 20);
+            if (!zero) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory zeroing the KV cache");
+            for (uint64_t off = 0; off < nbytes && !st; off += 1 << 20)
+                st = m->be->vt->to_device(m->be, (char *)s->data + off, zero, TIDE_MIN(nbytes - off, 1u << 20));
+            tide_free(zero);
+            if (st) return st;
+        }
+    return TIDE_OK;
+}
+
+tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
+                           const tide_model_opts *opts, tide_model **out) {
+    *out = NULL;
+    tide_model *m = tide_calloc(1, sizeof *m);
+    if (!m) return tide_err(ctx, TIDE_E_NOMEM, "out of memory creating a model");
+    m->ctx = ctx;
+    m->ck = ck;
+    m->be = be;
+    m->cfg = *tide_checkpoint_config(ck);
+    m->max_batch = opts && opts->max_batch > 0 ? opts->max_batch : 1;
+    m->ctx_len = opts && opts->ctx_len > 0 ? opts->ctx_len : m->cfg.max_position_embeddings;
+    if (m->ctx_len > m->cfg.max_position_embeddings) {
+        tide_status st = tide_err(ctx, TIDE_E_RANGE, "cache length %d exceeds the model's "
+                                  "max_position_embeddings %d", m->ctx_len, m->cfg.max_position_embeddings);
+        tide_free(m);
+        return st;
+    }
+    /* Check the checkpoint against the decode graph's weights once. */
+    tide_llama_graph_opts go = {.batch = 1, .seq = 1, .ctx_len = m->ctx_len};
+    tide_graph *g = NULL;
+    tide_status st = tide_llama_build(ctx, &m->cfg, &go, &g);
+    if (!st) st = tide_checkpoint_match(ck, g);
+    if (!st) {
+        for (int i = 0; i < g->n_tensors; i++)
+            if (g->tensors[i].role == TIDE_ROLE_WEIGHT) m->weight_bytes += g->tensors[i].nbytes;
+        m->n_weights = tide_checkpoint_n_tensors(ck);
+    }
+    tide_graph_free(g);
+    if (!st && !be->vt->device_is_host) {
+        /* upload every checkpoint tensor once, indexed as in the checkpoint */
+        m->weights = tide_calloc((size_t)m->n_weights, sizeof *m->weights);
+        if (!m->weights) st = tide_err(ctx, TIDE_E_NOMEM, "out of memory for the weight table");
+        for (int i = 0; !st && i < m->n_weights; i++) {
+            tide_tensor_info ti;
+            st = tide_checkpoint_get_index(ck, i, &ti);
+            if (!st) st = be->vt->alloc(be, ti.nbytes, &m->weights[i]);
+            if (!st) st = be->vt->to_device(be, m->weights[i], ti.data, ti.nbytes);
+            tide_progress(ctx, "uploading", (uint64_t)i + 1, (uint64_t)m->n_weights);
+        }
+    }
+    if (!st) st = alloc_state(m);
+    if (st) {
+        tide_model_free(m);
+        return st;
+    }
+    *out = m;
+    return TIDE_OK;
+}
+
+/* Device pointer of a weight, by name. */
+static tide_status weight_ptr(tide_model *m, const char *name, void **ptr) {
+    tide_tensor_info ti;
+    tide_status st = tide_checkpoint_get(m->ck, name, &ti);
+    if (st) return tide_err(m->ctx, st, "weight '%s' is not in the checkpoint", name);
+    if (!m->weights) {
+        *ptr = (void *)ti.data;
+        return TIDE_OK;
+    }
+    for (int i = 0; i < m->n_weights; i++) {
+        tide_tensor_info tj;
+        if (tide_checkpoint_get_index(m->ck, i, &tj) == TIDE_OK && tj.data == ti.data) {
+            *ptr = m->weights[i];
+            return TIDE_OK;
+        }
+    }
+    return tide_err(m->ctx, TIDE_E_NOT_FOUND, "weight '%s' was not uploaded", name);
+}
+
+static tide_status get_graph(tide_model *m, int batch, int seq, bool all_logits, tide_graph **out) {
+    for (int i = 0; i < 2; i++) {
+        graph_slot *s = &m->slots[i];
+        if (s->g && s->batch == batch && s->seq == seq && s->all_logits == all_logits) {
+            *out = s->g;
+            return TIDE_OK;
+        }
+    }
+    tide_llama_graph_opts go = {.batch = batch, .seq = seq, .ctx_len = m->ctx_len, .all_logits = all_logits};
+    tide_graph *g = NULL;
+    tide_status st = tide_llama_build(m->ctx, &m->cfg, &go, &g);
+    if (st) return st;
+    graph_slot *s = &m->slots[m->next_slot];
+    m->next_slot ^= 1;
+    tide_graph_free(s->g);
+    *s = (graph_slot){.g = g, .batch = batch, .seq = seq, .all_logits = all_logits};
+    *out = g;
+    return TIDE_OK;
+}
+
+/*
+ * Runs g once with everything resident. Inputs are host buffers in graph
+ * tensor order of the INPUT tensors "tokens" and "pos"; the OUTPUT tensor named
+ * out_name (if any) is copied to out_host.
+ */
+static tide_status run_graph(tide_model *m, tide_graph *g, const int32_t *tokens, const int32_t *pos,
+                             const char *out_name, void *out_host, uint64_t out_bytes) {
+    tide_ctx *ctx = m->ctx;
+    tide_backend *be = m->be;
+    int nt = g->n_tensors;
+    void **ptr = tide_calloc((size_t)nt, sizeof *ptr);
+    int *last_use = tide_malloc((size_t)nt * sizeof *last_use);
+    void *scratch = NULL;
+    tide_status st = TIDE_OK;
+    if (!ptr || !last_use) {
+        st = tide_err(ctx, TIDE_E_NOMEM, "out of memory running a graph");
+        goto done;
+    }
+    uint64_t scratch_bytes = 0;
+    for (int t = 0; t < nt; t++) last_use[t] = -1;
+    for (int i = 0; i < g->n_ops; i++) {
+        const tide_op *op = &g->ops[i];
+        for (int j = 0; j < op->n_in; j++) last_use[op->in[j]] = i;
+        for (int j = 0; j < op->n_out; j++) last_use[op->out[j]] = i;
+        scratch_bytes = TIDE_MAX(scratch_bytes, op->scratch_bytes);
+    }
+    uint64_t live = m->weight_bytes + m->state_bytes + scratch_bytes;
+    if (scratch_bytes && (st = be->vt->alloc(be, scratch_bytes, &scratch))) goto done;
+
+    /* bind persistent tensors and inputs */
+    for (int t = 0; t < nt && !st; t++) {
+        const tide_tensor *tt = &g->tensors[t];
+        if (tt->role == TIDE_ROLE_WEIGHT) {
+            st = weight_ptr(m, tt->name, &ptr[t]);
+        } else if (tt->role == TIDE_ROLE_STATE) {
+            st = tide_err(ctx, TIDE_E_NOT_FOUND, "state '%s' is not held by the model", tt->name);
+            for (int s = 0; s < m->n_state; s++)
+                if (strcmp(m->state[s].name, tt->name) == 0 && m->state[s].nbytes >= tt->nbytes) {
+                    ptr[t] = m->state[s].data;
+                    st = TIDE_OK;
+                }
+        } else if (tt->role == TIDE_ROLE_INPUT) {
+            const void *src = strcmp(tt->name, "tokens") == 0 ? (const void *)tokens
+                            : strcmp(tt->name, "pos") == 0 ? (const void *)pos : NULL;
+            if (!src) {
+                st = tide_err(ctx, TIDE_E_INVALID, "no data for input '%s'", tt->name);
+                break;
+            }
+            st = be->vt->alloc(be, tt->nbytes, &ptr[t]);
+            if (!st) st = be->vt->to_device(be, ptr[t], src, tt->nbytes);
+            live += tt->nbytes;
+        }
+    }
+    m->peak_bytes = TIDE_MAX(m->peak_bytes, live);
+
+    void *in[TIDE_OP_MAX_IN], *outp[TIDE_OP_MAX_OUT];
+    for (int i = 0; i < g->n_ops && !st; i++) {
+        const tide_op *op = &g->ops[i];
+        for (int j = 0; j < op->n_out && !st; j++) {
+            int t = op->out[j];
+            if (!ptr[t]) {
+                st = be->vt->alloc(be, g->tensors[t].nbytes, &ptr[t]);
+                live += g->tensors[t].nbytes;
+            }
+            outp[j] = ptr[t];
+        }
+        if (st) break;
+        for (int j = 0; j < op->n_in; j++) in[j] = ptr[op->in[j]];
+        m->peak_bytes = TIDE_MAX(m->peak_bytes, live);
+        st = be->vt->compute(be, g, op, in, outp, scratch);
+        if (op->layer >= 0 && (i + 1 == g->n_ops || g->ops[i + 1].layer != op->layer))
+            tide_progress(ctx, "layer", (uint64_t)op->layer + 1, (uint64_t)m->cfg.num_hidden_layers);
+        /* release activations after their last use */
+        for (int j = 0; j < op->n_in + op->n_out && !st; j++) {
+            int t = j < op->n_in ? op->in[j] : op->out[j - op->n_in];
+            tide_role r = g->tensors[t].role;
+            if (last_use[t] == i && ptr[t] && (r == TIDE_ROLE_TEMP || r == TIDE_ROLE_INPUT)) {
+                be->vt->dealloc(be, ptr[t]);
+                ptr[t] = NULL;
+                live -= g->tensors[t].nbytes;
+            }
+        }
+    }
+    if (!st && be->vt->synchronize) st = be->vt->synchronize(be);
+    if (!st && out_name && out_host) {
+        int t = tide_graph_find(g, out_name);
+        if (t < 0 || !ptr[t] || g->tensors[t].nbytes != out_bytes)
+            st = tide_err(ctx, TIDE_E_INVALID, "output '%s' of %llu bytes is not produced", out_name,
+                          (unsigned long long)out_bytes);
+        else
+            st = be->vt->to_host(be, out_host, ptr[t], out_bytes);
+    }
+done:
+    if (ptr)
+        for (int t = 0; t < nt; t++) {
+            tide_role r = g->tensors[t].role;
+            if (ptr[t] && r != TIDE_ROLE_WEIGHT && r != TIDE_ROLE_STATE) be->vt->dealloc(be, ptr[t]);
+        }
+    if (scratch) be->vt->dealloc(be, scratch);
+    tide_free(ptr);
+    tide_free(last_use);
+    return st;
+}
+
+static tide_status check_tokens(tide_model *m, const int32_t *tokens, int n) {
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
+            return tide_err(m->ctx, TIDE_E_RANGE, "token id %d at position %d is outside the vocabulary "
+                            "(0 to %d)", tokens[i], i, m->cfg.vocab_size - 1);
+    return TIDE_OK;
+}
+
+tide_status tide_model_forward(tide_model *m, const int32_t *tokens, int batch, int seq,
+                               int start_pos, float *logits) {
+    if (batch < 1 || seq < 1 || batch > m->max_batch)
+        return tide_err(m->ctx, TIDE_E_INVALID, "batch %d (model holds %d) and seq %d must be >= 1",
+                        batch, m->max_batch, seq);
+    if (start_pos < 0 || (int64_t)start_pos + seq > m->ctx_len)
+        return tide_err(m->ctx, TIDE_E_RANGE, "positions %d..%d exceed the cache length %d", start_pos,
+                        start_pos + seq - 1, m->ctx_len);
+    tide_status st = check_tokens(m, tokens, batch * seq);
+    if (st) return st;
+    tide_graph *g = NULL;
+    if ((st = get_graph(m, batch, seq, true, &g))) return st;
+    int32_t *pos = tide_malloc((size_t)seq * sizeof *pos);
+    if (!pos) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
+    for (int i = 0; i < seq; i++) pos[i] = start_pos + i;
+    uint64_t nb = (uint64_t)batch * seq * (uint64_t)m->cfg.vocab_size * sizeof(float);
+    st = run_graph(m, g, tokens, pos, logits ? "logits" : NULL, logits, nb);
+    tide_free(pos);
+    return st;
+}
+
+tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prompt, int n_new,
+                                int32_t *out_tokens, tide_gen_stats *stats) {
+    tide_gen_stats s = {0};
+    if (n_prompt < 1 || n_new < 0)
+        return tide_err(m->ctx, TIDE_E_INVALID, "a prompt of at least one token is needed");
+    if ((int64_t)n_prompt + n_new - 1 > m->ctx_len)
+        return tide_err(m->ctx, TIDE_E_RANGE, "%d prompt + %d new tokens need %d positions; the cache "
+                        "holds %d", n_prompt, n_new, n_prompt + n_new - 1, m->ctx_len);
+    tide_status st = check_tokens(m, prompt, n_prompt);
+    if (st) return st;
+    int32_t *pos = tide_malloc((size_t)n_prompt * sizeof *pos);
+    if (!pos) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
+    for (int i = 0; i < n_prompt; i++) pos[i] = i;
+    tide_graph *g = NULL;
+    int32_t next = 0;
+    double t0 = tide_now();
+    if (n_new > 0) {
+        st = get_graph(m, 1, n_prompt, false, &g);
+        if (!st) st = run_graph(m, g, prompt, pos, "next_token", &next, sizeof next);
+        if (!st) out_tokens[0] = next;
+    }
+    double t1 = tide_now();
+    tide_free(pos);
+    for (int i = 1; i < n_new && !st; i++) {
+        int32_t p = n_prompt + i - 1, tok = next;
+        st = get_graph(m, 1, 1, false, &g);
+        if (!st) st = run_graph(m, g, &tok, &p, "next_token", &next, sizeof next);
+        if (!st) out_tokens[i] = next;
+        tide_progress(m->ctx, "token", (uint64_t)i + 1, (uint64_t)n_new);
+    }
+    double t2 = tide_now();
+    if (st) return st;
+    s.prefill_s = t1 - t0;
+    s.decode_s = t2 - t1;
+    s.prefill_tokens = n_new > 0 ? n_prompt : 0;
+    s.decode_tokens = n_new > 1 ? n_new - 1 : 0;
+    s.prefill_tokens_per_s = s.prefill_s > 0 ? s.prefill_tokens / s.prefill_s : 0;
+    s.decode_tokens_per_s = s.decode_s > 0 ? s.decode_tokens / s.decode_s : 0;
+    s.peak_bytes = m->peak_bytes;
+    s.weight_bytes = m->weight_bytes;
+    s.state_bytes = m->state_bytes;
+    if (stats) *stats = s;
+    return TIDE_OK;
+}
