@@ -285,8 +285,8 @@ tide_status tide_graph_add_op(tide_graph *g, tide_op_kind kind, int n_in, const 
     op->kind = kind;
     op->n_in = n_in;
     op->n_out = n_out;
-    memcpy(op->in, in, (size_t)n_in * sizeof *in);
-    memcpy(op->out, out, (size_t)n_out * sizeof *out);
+    if (n_in) memcpy(op->in, in, (size_t)n_in * sizeof *in);
+    if (n_out) memcpy(op->out, out, (size_t)n_out * sizeof *out);
     op->p = *p;
     op->layer = layer;
     op->flops = flops;

@@ -218,15 +218,19 @@ typedef struct tide_sim_result {
 } tide_sim_result;
 
 /* Discrete-event replay of p on hw: streams are FIFO queues, waits delay starts,
- * H2D and D2H are separate links, IO shares the SSDs' bandwidth. Returns TIDE_OK
- * or TIDE_E_NOMEM. Free the result with tide_sim_result_free. */
+ * H2D and D2H are separate links, IO shares the SSDs' bandwidth. Returns TIDE_OK,
+ * TIDE_E_NOMEM, or TIDE_E_INVALID (a malformed instruction, an out-of-range wait,
+ * or a wait that can never be met; message on p->ctx). Free the result with
+ * tide_sim_result_free. */
 tide_status tide_simulate(const tide_plan *p, const tide_hw *hw, tide_sim_result *out);
 void tide_sim_result_free(tide_sim_result *r);
 
 /* Perfetto / Chrome trace JSON: one track per stream (instruction slices named
  * "op name" / "load tensor" ...), a counter track "device bytes" of arena bytes
  * in use. `timeline` gives each instruction's start and end (from the simulator
- * or measured by the executor). Written via a temporary file and rename. */
+ * or measured by the executor). Written via a temporary file and rename.
+ * Returns TIDE_OK, TIDE_E_INVALID (a malformed timeline), TIDE_E_IO or
+ * TIDE_E_NOMEM. */
 tide_status tide_trace_write(const tide_plan *p, const tide_sim_event *timeline, int n,
                              const char *path);
 

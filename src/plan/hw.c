@@ -1,0 +1,512 @@
+/*
+ * hw.c - hardware profiles (JSON files under data/hw/) and the cost model that
+ * the planner, the simulator and the bounds use to predict time.
+ *
+ * A profile is a flat JSON object with one field per member of tide_hw (plan.h)
+ * plus "notes" (ignored: where the figures come from). Every field but
+ * "notes" and "flops.i32" is required, and every value is checked: a malformed
+ * profile is TIDE_E_FORMAT with a message naming the file and the field.
+ *
+ * Where shipped profiles are looked up, first hit wins:
+ *   1. $TIDE_DATA/hw/NAME.json            (tests, relocated installs)
+ *   2. <dir of the executable>/../share/tide/hw/NAME.json   (installed tree)
+ *   3. TIDE_DATA_DIR/hw/NAME.json         (compile time: the source tree's data/)
+ *
+ * The cost model (tide_hw_op_seconds) is deliberately simple and monotone:
+ *   MATMUL     max(flops / (peak[weight dtype] * matmul_efficiency),
+ *                  bytes touched / mem_bw) + launch_s
+ *   ATTENTION  as MATMUL at the rate of its activation dtype, efficiency 0.5
+ *   GENERIC    as MATMUL at the f32 rate
+ *   others     max(bytes touched / mem_bw, flops / (peak f32 * 0.5)) + launch_s
+ * "Bytes touched" is the sum of the distinct input and output tensors' sizes,
+ * except for the gathers (EMBED, TAKE_LAST), which touch only the rows they
+ * copy. Transfers cost n / bandwidth + latency; the SSD tier is striped over
+ * ssd_count drives, so its bandwidth is ssd_count times one drive's.
+ */
+#include "plan/plan.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifndef TIDE_DATA_DIR
+#define TIDE_DATA_DIR ""
+#endif
+
+/* Fraction of the matmul peak that attention reaches (softmax, masking and
+ * small per-head tiles keep it well below large GEMMs). */
+#define TIDE_ATTENTION_EFFICIENCY 0.5
+/* Fraction of the f32 peak that element-wise and reduction ops reach. */
+#define TIDE_VECTOR_EFFICIENCY 0.5
+/* Integers stored as JSON numbers must be exact doubles. */
+#define TIDE_JSON_MAX_INT 9007199254740992.0 /* 2^53 */
+
+static const char *const shipped_names[] = {"a100-80g", "h100-80g", "p100-16g", "v100-32g"};
+
+/* ---------------------------------------------------------------- fields */
+
+typedef enum field_kind {
+    F_POSITIVE,    /* finite double > 0 */
+    F_NONNEG,      /* finite double >= 0 */
+    F_FRACTION,    /* 0 < x <= 1 */
+    F_BYTES,       /* integer 1 .. 2^53 stored as uint64_t */
+    F_COUNT,       /* integer 1 .. 1024 stored as int */
+} field_kind;
+
+typedef struct field {
+    const char *key;
+    field_kind kind;
+    size_t offset;
+} field;
+
+static const field fields[] = {
+    {"device_mem_bytes", F_BYTES, offsetof(tide_hw, device_mem_bytes)},
+    {"matmul_efficiency", F_FRACTION, offsetof(tide_hw, matmul_efficiency)},
+    {"mem_bw", F_POSITIVE, offsetof(tide_hw, mem_bw)},
+    {"h2d_bw", F_POSITIVE, offsetof(tide_hw, h2d_bw)},
+    {"d2h_bw", F_POSITIVE, offsetof(tide_hw, d2h_bw)},
+    {"link_latency_s", F_NONNEG, offsetof(tide_hw, link_latency_s)},
+    {"launch_s", F_NONNEG, offsetof(tide_hw, launch_s)},
+    {"host_mem_bytes", F_BYTES, offsetof(tide_hw, host_mem_bytes)},
+    {"ssd_count", F_COUNT, offsetof(tide_hw, ssd_count)},
+    {"ssd_read_bw", F_POSITIVE, offsetof(tide_hw, ssd_read_bw)},
+    {"ssd_write_bw", F_POSITIVE, offsetof(tide_hw, ssd_write_bw)},
+    {"ssd_latency_s", F_NONNEG, offsetof(tide_hw, ssd_latency_s)},
+};
+#define N_FIELDS (sizeof fields / sizeof fields[0])
+
+static const char *kind_rule(field_kind k) {
+    switch (k) {
+    case F_POSITIVE: return "must be a positive finite number";
+    case F_NONNEG: return "must be a finite number >= 0";
+    case F_FRACTION: return "must be a number in (0, 1]";
+    case F_BYTES: return "must be an integer from 1 to 2^53";
+    case F_COUNT: return "must be an integer from 1 to 1024";
+    }
+    return "is invalid";
+}
+
+/* True if v is acceptable for kind k. */
+static bool value_ok(field_kind k, double v) {
+    if (!isfinite(v)) return false;
+    switch (k) {
+    case F_POSITIVE: return v > 0;
+    case F_NONNEG: return v >= 0;
+    case F_FRACTION: return v > 0 && v <= 1;
+    case F_BYTES: return v >= 1 && v <= TIDE_JSON_MAX_INT && v == floor(v);
+    case F_COUNT: return v >= 1 && v <= 1024 && v == floor(v);
+    }
+    return false;
+}
+
+static double field_get(const tide_hw *hw, const field *f) {
+    const char *base = (const char *)hw + f->offset;
+    switch (f->kind) {
+    case F_BYTES: return (double)*(const uint64_t *)base;
+    case F_COUNT: return (double)*(const int *)base;
+    default: return *(const double *)base;
+    }
+}
+
+static void field_set(tide_hw *hw, const field *f, double v) {
+    char *base = (char *)hw + f->offset;
+    switch (f->kind) {
+    case F_BYTES: *(uint64_t *)base = (uint64_t)v; break;
+    case F_COUNT: *(int *)base = (int)v; break;
+    default: *(double *)base = v; break;
+    }
+}
+
+/* Checks every member of hw against the rules a profile file must satisfy.
+ * Returns NULL when valid, else the name of the first bad field. */
+static const char *hw_check(const tide_hw *hw) {
+    if (!hw->name[0] || memchr(hw->name, '\0', sizeof hw->name) == NULL) return "name";
+    for (size_t i = 0; i < N_FIELDS; i++)
+        if (!value_ok(fields[i].kind, field_get(hw, &fields[i]))) return fields[i].key;
+    static const char *const flops_keys[TIDE_DTYPE_COUNT] = {"flops.f32", "flops.f16", "flops.bf16",
+                                                             "flops.i32"};
+    for (int d = 0; d < TIDE_DTYPE_COUNT; d++)
+        if (!value_ok(F_POSITIVE, hw->flops[d])) return flops_keys[d];
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- files */
+
+/* Reads a whole file into a NUL-terminated buffer (tide_free it). Returns
+ * TIDE_OK, TIDE_E_NOT_FOUND, TIDE_E_IO or TIDE_E_NOMEM with a message. */
+static tide_status read_text(tide_ctx *ctx, const char *what, const char *path, char **out,
+                             size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return tide_err(ctx, errno == ENOENT ? TIDE_E_NOT_FOUND : TIDE_E_IO, "%s '%s': %s", what,
+                        path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return tide_err(ctx, TIDE_E_IO, "%s '%s': not a regular file", what, path);
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = tide_malloc(n + 1);
+    if (!buf) {
+        fclose(f);
+        return tide_err(ctx, TIDE_E_NOMEM, "out of memory reading %s '%s'", what, path);
+    }
+    size_t got = fread(buf, 1, n, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || got != n) {
+        tide_free(buf);
+        return tide_err(ctx, TIDE_E_IO, "%s '%s': read failed", what, path);
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return TIDE_OK;
+}
+
+/* Writes len bytes to path through a temporary file in the same directory,
+ * flushed to disk and renamed over path, so path is either the old file or
+ * the whole new one. */
+static tide_status write_whole(tide_ctx *ctx, const char *what, const char *path,
+                               const char *data, size_t len) {
+    char tmp[PATH_MAX];
+    static _Atomic unsigned counter;
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), counter++) >= (int)sizeof tmp)
+        return tide_err(ctx, TIDE_E_INVALID, "%s path '%s' is too long", what, path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0) return tide_err(ctx, TIDE_E_IO, "cannot create %s '%s': %s", what, tmp, strerror(errno));
+    size_t done = 0;
+    while (done < len) {
+        ssize_t w = write(fd, data + done, len - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = w < 0 ? errno : ENOSPC;
+            close(fd);
+            unlink(tmp);
+            return tide_err(ctx, TIDE_E_IO, "writing %s '%s': %s", what, tmp, strerror(e));
+        }
+        done += (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return tide_err(ctx, TIDE_E_IO, "writing %s '%s': %s", what, tmp, strerror(e));
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return tide_err(ctx, TIDE_E_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(e));
+    }
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- parsing */
+
+static tide_status bad_field(tide_ctx *ctx, const char *path, const char *key, const char *rule) {
+    return tide_err(ctx, TIDE_E_FORMAT, "hardware profile '%s': field '%s' %s", path, key, rule);
+}
+
+static tide_status parse_number(tide_ctx *ctx, const char *path, const cJSON *obj,
+                                const char *key, const char *label, field_kind kind, double *v) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!it) return bad_field(ctx, path, label, "is missing");
+    if (!cJSON_IsNumber(it)) return bad_field(ctx, path, label, "must be a number");
+    if (!value_ok(kind, it->valuedouble)) return bad_field(ctx, path, label, kind_rule(kind));
+    *v = it->valuedouble;
+    return TIDE_OK;
+}
+
+/* Parses the JSON text of a profile (text[len] must be its terminating NUL)
+ * into *hw, which is written only on success. `path` names it in messages. */
+static tide_status hw_parse(tide_ctx *ctx, const char *path, const char *text, size_t len,
+                            tide_hw *hw) {
+    const char *end = NULL;
+    /* len + 1 takes in the terminating NUL, so trailing garbage is an error */
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len + 1, &end, true);
+    if (!root) {
+        int line = 1;
+        size_t at = end && end >= text ? (size_t)(end - text) : 0;
+        for (size_t i = 0; i < at && i < len; i++) line += text[i] == '\n';
+        return tide_err(ctx, TIDE_E_FORMAT, "hardware profile '%s': invalid JSON near line %d",
+                        path, line);
+    }
+    tide_status st = TIDE_OK;
+    tide_hw h;
+    memset(&h, 0, sizeof h);
+    if (!cJSON_IsObject(root)) {
+        st = tide_err(ctx, TIDE_E_FORMAT, "hardware profile '%s': not a JSON object", path);
+        goto done;
+    }
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(root, "name");
+    if (!name) {
+        st = bad_field(ctx, path, "name", "is missing");
+        goto done;
+    }
+    if (!cJSON_IsString(name) || !name->valuestring[0] ||
+        strlen(name->valuestring) >= sizeof h.name) {
+        st = bad_field(ctx, path, "name", "must be a string of 1 to 63 characters");
+        goto done;
+    }
+    strcpy(h.name, name->valuestring);
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        double v;
+        st = parse_number(ctx, path, root, fields[i].key, fields[i].key, fields[i].kind, &v);
+        if (st) goto done;
+        field_set(&h, &fields[i], v);
+    }
+    const cJSON *fl = cJSON_GetObjectItemCaseSensitive(root, "flops");
+    if (!fl) {
+        st = bad_field(ctx, path, "flops", "is missing");
+        goto done;
+    }
+    if (!cJSON_IsObject(fl)) {
+        st = bad_field(ctx, path, "flops", "must be an object of FLOP/s by dtype (f32, f16, bf16)");
+        goto done;
+    }
+    for (int d = 0; d < TIDE_DTYPE_COUNT; d++) {
+        char label[32];
+        snprintf(label, sizeof label, "flops.%s", tide_dtype_name((tide_dtype)d));
+        if (d == TIDE_I32 && !cJSON_GetObjectItemCaseSensitive(fl, "i32")) {
+            h.flops[d] = h.flops[TIDE_F32]; /* optional: never a matmul dtype */
+            continue;
+        }
+        st = parse_number(ctx, path, fl, tide_dtype_name((tide_dtype)d), label, F_POSITIVE,
+                          &h.flops[d]);
+        if (st) goto done;
+    }
+    *hw = h;
+done:
+    cJSON_Delete(root);
+    return st;
+}
+
+/* ---------------------------------------------------------------- lookup */
+
+/* Fills dirs with the data directories to search, in order; returns how many. */
+static int data_dirs(char dirs[3][PATH_MAX]) {
+    int n = 0;
+    const char *env = getenv("TIDE_DATA");
+    if (env && *env && strlen(env) < PATH_MAX) strcpy(dirs[n++], env);
+    char exe[PATH_MAX];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k > 0) {
+        exe[k] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            if (snprintf(dirs[n], PATH_MAX, "%s/../share/tide", exe) < PATH_MAX) n++;
+        }
+    }
+    if (TIDE_DATA_DIR[0] && strlen(TIDE_DATA_DIR) < PATH_MAX) strcpy(dirs[n++], TIDE_DATA_DIR);
+    return n;
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Writes "a, b, c" — the profile names found in the data directories, or the
+ * names shipped with tide when none is readable — into buf. */
+static void list_names(char dirs[3][PATH_MAX], int n_dirs, char *buf, size_t cap) {
+    enum { MAX_NAMES = 64 };
+    char *names[MAX_NAMES];
+    int n = 0;
+    for (int d = 0; d < n_dirs && n == 0; d++) {
+        char hwdir[PATH_MAX];
+        if (snprintf(hwdir, sizeof hwdir, "%s/hw", dirs[d]) >= (int)sizeof hwdir) continue;
+        DIR *dp = opendir(hwdir);
+        if (!dp) continue;
+        struct dirent *e;
+        while ((e = readdir(dp)) && n < MAX_NAMES) {
+            size_t l = strlen(e->d_name);
+            if (l <= 5 || strcmp(e->d_name + l - 5, ".json") != 0) continue;
+            char *s = tide_malloc(l - 4);
+            if (!s) break;
+            memcpy(s, e->d_name, l - 5);
+            s[l - 5] = '\0';
+            names[n++] = s;
+        }
+        closedir(dp);
+    }
+    buf[0] = '\0';
+    size_t used = 0;
+    if (n == 0) {
+        for (size_t i = 0; i < sizeof shipped_names / sizeof shipped_names[0]; i++)
+            used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s%s", i ? ", " : "",
+                                     shipped_names[i]);
+        return;
+    }
+    qsort(names, (size_t)n, sizeof names[0], cmp_str);
+    for (int i = 0; i < n; i++) {
+        if (used < cap)
+            used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", names[i]);
+        tide_free(names[i]);
+    }
+}
+
+static bool looks_like_path(const char *s) {
+    size_t l = strlen(s);
+    return strchr(s, '/') != NULL || (l >= 5 && strcmp(s + l - 5, ".json") == 0);
+}
+
+static tide_status load_path(tide_ctx *ctx, const char *path, tide_hw *hw) {
+    char *text = NULL;
+    size_t len = 0;
+    tide_status st = read_text(ctx, "hardware profile", path, &text, &len);
+    if (st) return st;
+    st = hw_parse(ctx, path, text, len, hw);
+    tide_free(text);
+    return st;
+}
+
+tide_status tide_hw_load(tide_ctx *ctx, const char *name_or_path, tide_hw *hw) {
+    if (!name_or_path || !*name_or_path || !hw)
+        return tide_err(ctx, TIDE_E_INVALID, "tide_hw_load: no profile name given");
+    if (looks_like_path(name_or_path)) return load_path(ctx, name_or_path, hw);
+    for (const char *c = name_or_path; *c; c++)
+        if (!(*c == '-' || *c == '_' || *c == '.' || (*c >= '0' && *c <= '9') ||
+              (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z')))
+            return tide_err(ctx, TIDE_E_INVALID, "hardware profile name '%s' has a character other "
+                            "than letters, digits, '-', '_' and '.'", name_or_path);
+    char dirs[3][PATH_MAX];
+    int n_dirs = data_dirs(dirs);
+    for (int d = 0; d < n_dirs; d++) {
+        char path[PATH_MAX];
+        if (snprintf(path, sizeof path, "%s/hw/%s.json", dirs[d], name_or_path) >= (int)sizeof path)
+            continue;
+        if (access(path, F_OK) == 0) return load_path(ctx, path, hw);
+    }
+    char names[512];
+    list_names(dirs, n_dirs, names, sizeof names);
+    return tide_err(ctx, TIDE_E_NOT_FOUND,
+                    "unknown hardware profile '%s' (known: %s; or give a path to a .json file)",
+                    name_or_path, names);
+}
+
+/* printf-style append to buf[cap] at *n; output past cap is dropped but
+ * counted, so *n >= cap afterwards means it did not fit. */
+static void append(char *buf, size_t cap, size_t *n, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void append(char *buf, size_t cap, size_t *n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(*n < cap ? buf + *n : NULL, *n < cap ? cap - *n : 0, fmt, ap);
+    va_end(ap);
+    if (k > 0) *n += (size_t)k;
+}
+
+/* Appends v in the shortest form that reads back as exactly v (cJSON's own
+ * printer checks its round trip only approximately, losing the last bit). */
+static void append_number(char *buf, size_t cap, size_t *n, double v) {
+    char tmp[40];
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(tmp, sizeof tmp, "%.*g", prec, v);
+        if (strtod(tmp, NULL) == v) break;
+    }
+    append(buf, cap, n, "%s", tmp);
+}
+
+tide_status tide_hw_save(tide_ctx *ctx, const tide_hw *hw, const char *path) {
+    if (!hw || !path || !*path) return tide_err(ctx, TIDE_E_INVALID, "tide_hw_save: no profile or path");
+    const char *bad = hw_check(hw);
+    if (bad)
+        return tide_err(ctx, TIDE_E_INVALID, "hardware profile '%.63s': field '%s' is invalid",
+                        hw->name, bad);
+    char buf[4096];
+    size_t n = 0, cap = sizeof buf;
+    append(buf, cap, &n, "{\n  \"name\": \"");
+    for (const unsigned char *c = (const unsigned char *)hw->name; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            append(buf, cap, &n, "\\%c", *c);
+        else if (*c < 0x20)
+            append(buf, cap, &n, "\\u%04x", *c);
+        else
+            append(buf, cap, &n, "%c", *c);
+    }
+    append(buf, cap, &n, "\",\n");
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        append(buf, cap, &n, "  \"%s\": ", fields[i].key);
+        append_number(buf, cap, &n, field_get(hw, &fields[i]));
+        append(buf, cap, &n, ",\n");
+    }
+    append(buf, cap, &n, "  \"flops\": {");
+    for (int d = 0; d < TIDE_DTYPE_COUNT; d++) {
+        append(buf, cap, &n, "%s\"%s\": ", d ? ", " : " ", tide_dtype_name((tide_dtype)d));
+        append_number(buf, cap, &n, hw->flops[d]);
+    }
+    append(buf, cap, &n, " }\n}\n");
+    if (n >= cap) return tide_err(ctx, TIDE_E_INVALID, "hardware profile '%s' is too long to write", path);
+    return write_whole(ctx, "hardware profile", path, buf, n);
+}
+
+/* ---------------------------------------------------------------- cost model */
+
+static double rate_of(const tide_hw *hw, tide_dtype dt) {
+    double r = (unsigned)dt < TIDE_DTYPE_COUNT ? hw->flops[dt] : 0;
+    return r > 0 ? r : hw->flops[TIDE_F32];
+}
+
+/* Bytes an op moves through device memory. */
+static double op_bytes(const tide_graph *g, const tide_op *op) {
+    const tide_tensor *T = g->tensors;
+    switch (op->kind) {
+    case TIDE_OP_EMBED: /* gathers one table row per token */
+        return (double)T[op->in[1]].nbytes + 2.0 * (double)T[op->out[0]].nbytes;
+    case TIDE_OP_TAKE_LAST: /* copies B rows */
+        return 2.0 * (double)T[op->out[0]].nbytes;
+    default: break;
+    }
+    double b = 0;
+    for (int i = 0; i < op->n_in; i++) b += (double)T[op->in[i]].nbytes;
+    for (int j = 0; j < op->n_out; j++)
+        if (!tide_op_reads(op, op->out[j])) b += (double)T[op->out[j]].nbytes;
+    return b;
+}
+
+double tide_hw_op_seconds(const tide_hw *hw, const tide_graph *g, const tide_op *op) {
+    double mem_s = op_bytes(g, op) / hw->mem_bw;
+    double rate;
+    switch (op->kind) {
+    case TIDE_OP_MATMUL:
+        rate = rate_of(hw, g->tensors[op->in[1]].dtype) * hw->matmul_efficiency;
+        break;
+    case TIDE_OP_ATTENTION:
+        rate = rate_of(hw, g->tensors[op->in[0]].dtype) * TIDE_ATTENTION_EFFICIENCY;
+        break;
+    case TIDE_OP_GENERIC:
+        rate = hw->flops[TIDE_F32] * hw->matmul_efficiency;
+        break;
+    default:
+        rate = hw->flops[TIDE_F32] * TIDE_VECTOR_EFFICIENCY;
+        break;
+    }
+    double comp_s = op->flops > 0 ? op->flops / rate : 0;
+    return (comp_s > mem_s ? comp_s : mem_s) + hw->launch_s;
+}
+
+double tide_hw_h2d_seconds(const tide_hw *hw, uint64_t n) {
+    return (double)n / hw->h2d_bw + hw->link_latency_s;
+}
+
+double tide_hw_d2h_seconds(const tide_hw *hw, uint64_t n) {
+    return (double)n / hw->d2h_bw + hw->link_latency_s;
+}
+
+double tide_hw_ssd_read_seconds(const tide_hw *hw, uint64_t n) {
+    int k = hw->ssd_count > 0 ? hw->ssd_count : 1;
+    return (double)n / (hw->ssd_read_bw * k) + hw->ssd_latency_s;
+}
+
+double tide_hw_ssd_write_seconds(const tide_hw *hw, uint64_t n) {
+    int k = hw->ssd_count > 0 ? hw->ssd_count : 1;
+    return (double)n / (hw->ssd_write_bw * k) + hw->ssd_latency_s;
+}
