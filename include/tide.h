@@ -309,6 +309,41 @@ tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
                            const tide_model_opts *opts, tide_model **out);
 void tide_model_free(tide_model *m);
 
+/* Offloading: run the model's graphs through verified plans under a device
+ * memory budget instead of keeping everything resident. */
+typedef enum tide_budget_kind {
+    TIDE_BUDGET_NONE = 0, /* no offloading: everything resident (the default) */
+    TIDE_BUDGET_BYTES,    /* exactly `bytes` */
+    TIDE_BUDGET_FRACTION, /* `fraction` of the unconstrained peak of the largest graph */
+    TIDE_BUDGET_MIN,      /* the smallest budget the policy can plan */
+    TIDE_BUDGET_AUTO,     /* free device memory minus a margin, at most the unconstrained peak */
+} tide_budget_kind;
+
+typedef struct tide_offload_opts {
+    tide_budget_kind budget_kind;
+    uint64_t bytes;
+    double fraction;
+    const char *policy;       /* "tide" (default), "static-layer" or "lru" */
+    uint64_t host_budget;     /* bytes for spills on host (0: unlimited) */
+    const char *ssd_dirs;     /* comma-separated spill directories (NULL: $TMPDIR or /tmp) */
+    bool weights_on_ssd;      /* home the weights on SSD: read from the checkpoint file */
+    bool force_pread;         /* SSD store without io_uring */
+    bool verify;              /* verify every plan (always done in debug builds) */
+    const char *hw;           /* profile for predictions (name or path; NULL: "cpu-probed"
+                                 from the cache, else a quick probe) */
+} tide_offload_opts;
+
+/* Switches the model to offloaded runs (or back, with TIDE_BUDGET_NONE).
+ * Plans are made lazily per graph. Returns TIDE_OK or TIDE_E_INVALID. */
+tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *opts);
+
+/* Writes the timeline of the most recent offloaded prefill (the first graph
+ * run through a plan) as Perfetto trace JSON (json_path, may be NULL) and as an
+ * SVG of device memory over time with transfers marked, measured and predicted
+ * side by side (svg_path, may be NULL). TIDE_E_INVALID when no planned run has
+ * happened yet. */
+tide_status tide_model_write_trace(tide_model *m, const char *json_path, const char *svg_path);
+
 typedef struct tide_gen_stats {
     double prefill_s;           /* wall time of the prefill graph */
     double decode_s;            /* wall time of all decode steps */
@@ -320,6 +355,16 @@ typedef struct tide_gen_stats {
                                    live activations, backend scratch) */
     uint64_t weight_bytes;
     uint64_t state_bytes;
+    /* offloaded runs only (zero otherwise) */
+    uint64_t budget_bytes;
+    uint64_t peak_device_bytes; /* highest arena byte used by the plans */
+    uint64_t bytes_h2d, bytes_d2h, bytes_ssd_read, bytes_ssd_write;
+    double predicted_s;         /* simulated makespan of every plan run, summed */
+    double predicted_prefill_s;
+    double exec_s;              /* executor wall time, summed */
+    double ssd_read_s;          /* time the io stream spent reading from SSD */
+    uint64_t logits_hash;       /* FNV-1a of every logits output, in order: equal
+                                   hashes of two runs mean bit-identical logits */
 } tide_gen_stats;
 
 /* Greedy generation for one sequence: prefill `prompt` (n_prompt tokens), then

@@ -55,7 +55,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "run")) return cmd_run(argc, argv);
     if (!strcmp(cmd, "make-model")) return cmd_make_model(argc, argv);
-    /* PLAN_PROBE_DISPATCH */
+    if (!strcmp(cmd, "plan")) return cmd_plan(argc, argv);
+    /* PROBE_DISPATCH */
     fprintf(stderr, "tide: unknown command '%s'\n", cmd);
     fputs(usage, stderr);
     return 2;

@@ -105,7 +105,8 @@ void cli_progress(void *user, const char *what, uint64_t done, uint64_t total) {
         fprintf(stderr, "\r%s %llu/%llu (%.0f%%)   ", what, (unsigned long long)done,
                 (unsigned long long)total, pct);
         s->open = true;
-    } else if (new_phase) {
+    } else if (new_phase && strcmp(what, "generating") == 0 && done == 0) {
+        /* not a terminal: one line for the one long phase, none for per-layer ticks */
         fprintf(stderr, "%s...\n", what);
     }
     fflush(stderr);

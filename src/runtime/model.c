@@ -2,46 +2,37 @@
  * model.c - a model ready to run: checkpoint weights bound to a backend, the KV
  * cache state that persists between graph runs, and greedy generation.
  *
- * This runner executes a graph with everything resident (no device budget):
- * weights are used in place when the backend computes in host memory (else
- * uploaded once), state lives for the model's lifetime, and each activation is
- * allocated at its first write and released after its last read. The planned,
- * budgeted executor runs the same graphs through plans.
+ * Graphs run in one of two ways. Resident (the default): weights are used in
+ * place when the backend computes in host memory (else uploaded once), state
+ * lives for the model's lifetime, and each activation is allocated at its first
+ * write and released after its last read. Offloaded (tide_model_set_offload):
+ * each graph runs through a verified plan under a device budget (offload.c).
+ * Both call the same kernels on the same backend, so their outputs are
+ * bit-identical.
  */
-#include "backend/backend.h"
-#include "graph/graph.h"
+#include "runtime/model_int.h"
 
 #include <string.h>
 
-typedef struct state_buf {
-    char *name;
-    void *data;     /* device memory */
-    uint64_t nbytes;
-} state_buf;
+uint64_t tide_hash_bytes(uint64_t h, const void *data, uint64_t n) {
+    const unsigned char *p = data;
+    if (!h) h = 1469598103934665603ull;
+    for (uint64_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
 
-typedef struct graph_slot {
-    tide_graph *g;
-    int batch, seq;
-    bool all_logits;
-} graph_slot;
-
-struct tide_model {
-    tide_ctx *ctx;
-    tide_checkpoint *ck;
-    tide_backend *be;
-    tide_llama_config cfg;
-    int max_batch, ctx_len;
-    state_buf *state;
-    int n_state;
-    void **weights;         /* device copies when the backend is not host memory */
-    int n_weights;
-    graph_slot slots[2];    /* small cache: the prefill and the decode graph */
-    int next_slot;
-    uint64_t weight_bytes, state_bytes, peak_bytes;
-};
+void tide_model_slot_clear(graph_slot *s) {
+    tide_exec_free(s->ex);
+    tide_plan_free(s->plan);
+    tide_free(s->timeline);
+    tide_graph_free(s->g);
+    memset(s, 0, sizeof *s);
+}
 
 void tide_model_free(tide_model *m) {
     if (!m) return;
+    for (int i = 0; i < 2; i++) tide_model_slot_clear(&m->slots[i]);
+    tide_model_offload_release(m);
     for (int i = 0; i < m->n_state; i++) {
         if (m->state[i].data) m->be->vt->dealloc(m->be, m->state[i].data);
         tide_free(m->state[i].name);
@@ -52,39 +43,51 @@ void tide_model_free(tide_model *m) {
             if (m->weights[i]) m->be->vt->dealloc(m->be, m->weights[i]);
         tide_free(m->weights);
     }
-    for (int i = 0; i < 2; i++) tide_graph_free(m->slots[i].g);
     tide_free(m);
+}
+
+state_buf *tide_model_state(tide_model *m, const char *name, uint64_t min_bytes) {
+    for (int s = 0; s < m->n_state; s++)
+        if (strcmp(m->state[s].name, name) == 0 && m->state[s].nbytes >= min_bytes) return &m->state[s];
+    return NULL;
 }
 
 static tide_status alloc_state(tide_model *m) {
     const tide_llama_config *c = &m->cfg;
     int L = c->num_hidden_layers;
-    uint64_t kd = (uint64_t)c->num_key_value_heads * (c->hidden_size / c->num_attention_heads);
+    uint64_t kd = (uint64_t)c->num_key_value_heads * (uint64_t)(c->hidden_size / c->num_attention_heads);
     uint64_t nbytes = (uint64_t)m->max_batch * (uint64_t)m->ctx_len * kd * sizeof(float);
     m->state = tide_calloc((size_t)L * 2, sizeof *m->state);
     if (!m->state) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for the KV cache table");
-    for (int l = 0; l < L; l++)
-        for (int kv = 0; kv < 2; kv++) {
+    void *zero = tide_calloc(1, 1 << 20);
+    if (!zero) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory zeroing the KV cache");
+    tide_status st = TIDE_OK;
+    for (int l = 0; l < L && !st; l++)
+        for (int kv = 0; kv < 2 && !st; kv++) {
             state_buf *s = &m->state[m->n_state];
             char name[64];
             snprintf(name, sizeof name, "cache.%d.%c", l, kv ? 'v' : 'k');
             s->name = tide_strdup(name);
-            if (!s->name) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for the KV cache");
+            if (!s->name) {
+                st = tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for the KV cache");
+                break;
+            }
             m->n_state++;
-            tide_status st = m->be->vt->alloc(m->be, nbytes, &s->data);
-            if (st) return tide_err(m->ctx, st, "cannot allocate the KV cache (%llu bytes per layer): %s",
-                                    (unsigned long long)(2 * nbytes), tide_ctx_last_error(m->ctx));
+            st = m->be->vt->alloc(m->be, nbytes, &s->data);
+            if (st) {
+                st = tide_err(m->ctx, st, "cannot allocate the KV cache (%llu bytes per layer): %s",
+                              (unsigned long long)(2 * nbytes), tide_ctx_last_error(m->ctx));
+                break;
+            }
             s->nbytes = nbytes;
             m->state_bytes += nbytes;
             /* zero it so that nothing unwritten is ever read as garbage */
-            void *zero = tide_calloc(1, 1 << 20);
-            if (!zero) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory zeroing the KV cache");
             for (uint64_t off = 0; off < nbytes && !st; off += 1 << 20)
-                st = m->be->vt->to_device(m->be, (char *)s->data + off, zero, TIDE_MIN(nbytes - off, 1u << 20));
-            tide_free(zero);
-            if (st) return st;
+                st = m->be->vt->to_device(m->be, (char *)s->data + off, zero,
+                                          TIDE_MIN(nbytes - off, (uint64_t)1 << 20));
         }
-    return TIDE_OK;
+    tide_free(zero);
+    return st;
 }
 
 tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
@@ -98,20 +101,19 @@ tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
     m->cfg = *tide_checkpoint_config(ck);
     m->max_batch = opts && opts->max_batch > 0 ? opts->max_batch : 1;
     m->ctx_len = opts && opts->ctx_len > 0 ? opts->ctx_len : m->cfg.max_position_embeddings;
-    if (m->ctx_len > m->cfg.max_position_embeddings) {
-        tide_status st = tide_err(ctx, TIDE_E_RANGE, "cache length %d exceeds the model's "
-                                  "max_position_embeddings %d", m->ctx_len, m->cfg.max_position_embeddings);
-        tide_free(m);
-        return st;
-    }
-    /* Check the checkpoint against the decode graph's weights once. */
-    tide_llama_graph_opts go = {.batch = 1, .seq = 1, .ctx_len = m->ctx_len};
+    tide_status st = TIDE_OK;
+    if (m->ctx_len > m->cfg.max_position_embeddings)
+        st = tide_err(ctx, TIDE_E_RANGE, "cache length %d exceeds the model's max_position_embeddings %d",
+                      m->ctx_len, m->cfg.max_position_embeddings);
+    /* check the checkpoint against the graph's weights once */
     tide_graph *g = NULL;
-    tide_status st = tide_llama_build(ctx, &m->cfg, &go, &g);
+    if (!st) {
+        tide_llama_graph_opts go = {.batch = 1, .seq = 1, .ctx_len = m->ctx_len};
+        st = tide_llama_build(ctx, &m->cfg, &go, &g);
+    }
     if (!st) st = tide_checkpoint_match(ck, g);
     if (!st) {
-        for (int i = 0; i < g->n_tensors; i++)
-            if (g->tensors[i].role == TIDE_ROLE_WEIGHT) m->weight_bytes += g->tensors[i].nbytes;
+        m->weight_bytes = tide_graph_role_bytes(g, TIDE_ROLE_WEIGHT);
         m->n_weights = tide_checkpoint_n_tensors(ck);
     }
     tide_graph_free(g);
@@ -139,8 +141,8 @@ tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
 /* Device pointer of a weight, by name. */
 static tide_status weight_ptr(tide_model *m, const char *name, void **ptr) {
     tide_tensor_info ti;
-    tide_status st = tide_checkpoint_get(m->ck, name, &ti);
-    if (st) return tide_err(m->ctx, st, "weight '%s' is not in the checkpoint", name);
+    if (tide_checkpoint_get(m->ck, name, &ti))
+        return tide_err(m->ctx, TIDE_E_NOT_FOUND, "weight '%s' is not in the checkpoint", name);
     if (!m->weights) {
         *ptr = (void *)ti.data;
         return TIDE_OK;
@@ -155,11 +157,11 @@ static tide_status weight_ptr(tide_model *m, const char *name, void **ptr) {
     return tide_err(m->ctx, TIDE_E_NOT_FOUND, "weight '%s' was not uploaded", name);
 }
 
-static tide_status get_graph(tide_model *m, int batch, int seq, bool all_logits, tide_graph **out) {
+static tide_status get_graph(tide_model *m, int batch, int seq, bool all_logits, graph_slot **out) {
     for (int i = 0; i < 2; i++) {
         graph_slot *s = &m->slots[i];
         if (s->g && s->batch == batch && s->seq == seq && s->all_logits == all_logits) {
-            *out = s->g;
+            *out = s;
             return TIDE_OK;
         }
     }
@@ -169,19 +171,15 @@ static tide_status get_graph(tide_model *m, int batch, int seq, bool all_logits,
     if (st) return st;
     graph_slot *s = &m->slots[m->next_slot];
     m->next_slot ^= 1;
-    tide_graph_free(s->g);
+    if (m->last_planned == s) m->last_planned = NULL;
+    tide_model_slot_clear(s);
     *s = (graph_slot){.g = g, .batch = batch, .seq = seq, .all_logits = all_logits};
-    *out = g;
+    *out = s;
     return TIDE_OK;
 }
 
-/*
- * Runs g once with everything resident. Inputs are host buffers in graph
- * tensor order of the INPUT tensors "tokens" and "pos"; the OUTPUT tensor named
- * out_name (if any) is copied to out_host.
- */
-static tide_status run_graph(tide_model *m, tide_graph *g, const int32_t *tokens, const int32_t *pos,
-                             const char *out_name, void *out_host, uint64_t out_bytes) {
+/* Runs g once with everything resident; copies the outputs to io. */
+static tide_status run_resident(tide_model *m, tide_graph *g, const run_io *io) {
     tide_ctx *ctx = m->ctx;
     tide_backend *be = m->be;
     int nt = g->n_tensors;
@@ -204,21 +202,17 @@ static tide_status run_graph(tide_model *m, tide_graph *g, const int32_t *tokens
     uint64_t live = m->weight_bytes + m->state_bytes + scratch_bytes;
     if (scratch_bytes && (st = be->vt->alloc(be, scratch_bytes, &scratch))) goto done;
 
-    /* bind persistent tensors and inputs */
     for (int t = 0; t < nt && !st; t++) {
         const tide_tensor *tt = &g->tensors[t];
         if (tt->role == TIDE_ROLE_WEIGHT) {
             st = weight_ptr(m, tt->name, &ptr[t]);
         } else if (tt->role == TIDE_ROLE_STATE) {
-            st = tide_err(ctx, TIDE_E_NOT_FOUND, "state '%s' is not held by the model", tt->name);
-            for (int s = 0; s < m->n_state; s++)
-                if (strcmp(m->state[s].name, tt->name) == 0 && m->state[s].nbytes >= tt->nbytes) {
-                    ptr[t] = m->state[s].data;
-                    st = TIDE_OK;
-                }
+            state_buf *sb = tide_model_state(m, tt->name, tt->nbytes);
+            if (sb) ptr[t] = sb->data;
+            else st = tide_err(ctx, TIDE_E_NOT_FOUND, "state '%s' is not held by the model", tt->name);
         } else if (tt->role == TIDE_ROLE_INPUT) {
-            const void *src = strcmp(tt->name, "tokens") == 0 ? (const void *)tokens
-                            : strcmp(tt->name, "pos") == 0 ? (const void *)pos : NULL;
+            const void *src = !strcmp(tt->name, "tokens") ? (const void *)io->tokens
+                            : !strcmp(tt->name, "pos") ? (const void *)io->pos : NULL;
             if (!src) {
                 st = tide_err(ctx, TIDE_E_INVALID, "no data for input '%s'", tt->name);
                 break;
@@ -259,14 +253,9 @@ static tide_status run_graph(tide_model *m, tide_graph *g, const int32_t *tokens
         }
     }
     if (!st && be->vt->synchronize) st = be->vt->synchronize(be);
-    if (!st && out_name && out_host) {
-        int t = tide_graph_find(g, out_name);
-        if (t < 0 || !ptr[t] || g->tensors[t].nbytes != out_bytes)
-            st = tide_err(ctx, TIDE_E_INVALID, "output '%s' of %llu bytes is not produced", out_name,
-                          (unsigned long long)out_bytes);
-        else
-            st = be->vt->to_host(be, out_host, ptr[t], out_bytes);
-    }
+    int tl = tide_graph_find(g, "logits"), tn = tide_graph_find(g, "next_token");
+    if (!st) st = be->vt->to_host(be, io->logits, ptr[tl], g->tensors[tl].nbytes);
+    if (!st && io->next) st = be->vt->to_host(be, io->next, ptr[tn], g->tensors[tn].nbytes);
 done:
     if (ptr)
         for (int t = 0; t < nt; t++) {
@@ -276,6 +265,22 @@ done:
     if (scratch) be->vt->dealloc(be, scratch);
     tide_free(ptr);
     tide_free(last_use);
+    return st;
+}
+
+/* Runs a graph slot once (planned when offloading) and folds its logits into
+ * the model's hash. io->logits may be NULL: a buffer is then borrowed. */
+static tide_status run_graph(tide_model *m, graph_slot *s, run_io io) {
+    uint64_t lb = tide_graph_tensor_bytes(s->g, tide_graph_find(s->g, "logits"));
+    float *own = NULL;
+    if (!io.logits) {
+        own = tide_malloc(lb);
+        if (!own) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for the logits");
+        io.logits = own;
+    }
+    tide_status st = m->offload ? tide_model_run_planned(m, s, &io) : run_resident(m, s->g, &io);
+    if (!st) m->logits_hash = tide_hash_bytes(m->logits_hash, io.logits, lb);
+    tide_free(own);
     return st;
 }
 
@@ -297,20 +302,18 @@ tide_status tide_model_forward(tide_model *m, const int32_t *tokens, int batch, 
                         start_pos + seq - 1, m->ctx_len);
     tide_status st = check_tokens(m, tokens, batch * seq);
     if (st) return st;
-    tide_graph *g = NULL;
-    if ((st = get_graph(m, batch, seq, true, &g))) return st;
+    graph_slot *s = NULL;
+    if ((st = get_graph(m, batch, seq, true, &s))) return st;
     int32_t *pos = tide_malloc((size_t)seq * sizeof *pos);
     if (!pos) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
     for (int i = 0; i < seq; i++) pos[i] = start_pos + i;
-    uint64_t nb = (uint64_t)batch * seq * (uint64_t)m->cfg.vocab_size * sizeof(float);
-    st = run_graph(m, g, tokens, pos, logits ? "logits" : NULL, logits, nb);
+    st = run_graph(m, s, (run_io){.tokens = tokens, .pos = pos, .logits = logits});
     tide_free(pos);
     return st;
 }
 
 tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prompt, int n_new,
                                 int32_t *out_tokens, tide_gen_stats *stats) {
-    tide_gen_stats s = {0};
     if (n_prompt < 1 || n_new < 0)
         return tide_err(m->ctx, TIDE_E_INVALID, "a prompt of at least one token is needed");
     if ((int64_t)n_prompt + n_new - 1 > m->ctx_len)
@@ -321,34 +324,40 @@ tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prom
     int32_t *pos = tide_malloc((size_t)n_prompt * sizeof *pos);
     if (!pos) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
     for (int i = 0; i < n_prompt; i++) pos[i] = i;
-    tide_graph *g = NULL;
+    memset(&m->acc, 0, sizeof m->acc);
+    m->logits_hash = 0;
+    graph_slot *s = NULL;
     int32_t next = 0;
-    double t0 = tide_now();
+    double t0 = tide_now(), pred0 = 0;
     if (n_new > 0) {
-        st = get_graph(m, 1, n_prompt, false, &g);
-        if (!st) st = run_graph(m, g, prompt, pos, "next_token", &next, sizeof next);
+        st = get_graph(m, 1, n_prompt, false, &s);
+        if (!st) st = run_graph(m, s, (run_io){.tokens = prompt, .pos = pos, .next = &next});
         if (!st) out_tokens[0] = next;
+        pred0 = m->acc.predicted_s;
     }
     double t1 = tide_now();
     tide_free(pos);
     for (int i = 1; i < n_new && !st; i++) {
         int32_t p = n_prompt + i - 1, tok = next;
-        st = get_graph(m, 1, 1, false, &g);
-        if (!st) st = run_graph(m, g, &tok, &p, "next_token", &next, sizeof next);
+        st = get_graph(m, 1, 1, false, &s);
+        if (!st) st = run_graph(m, s, (run_io){.tokens = &tok, .pos = &p, .next = &next});
         if (!st) out_tokens[i] = next;
         tide_progress(m->ctx, "token", (uint64_t)i + 1, (uint64_t)n_new);
     }
     double t2 = tide_now();
     if (st) return st;
-    s.prefill_s = t1 - t0;
-    s.decode_s = t2 - t1;
-    s.prefill_tokens = n_new > 0 ? n_prompt : 0;
-    s.decode_tokens = n_new > 1 ? n_new - 1 : 0;
-    s.prefill_tokens_per_s = s.prefill_s > 0 ? s.prefill_tokens / s.prefill_s : 0;
-    s.decode_tokens_per_s = s.decode_s > 0 ? s.decode_tokens / s.decode_s : 0;
-    s.peak_bytes = m->peak_bytes;
-    s.weight_bytes = m->weight_bytes;
-    s.state_bytes = m->state_bytes;
-    if (stats) *stats = s;
+    tide_gen_stats r = m->acc;
+    r.prefill_s = t1 - t0;
+    r.decode_s = t2 - t1;
+    r.prefill_tokens = n_new > 0 ? n_prompt : 0;
+    r.decode_tokens = n_new > 1 ? n_new - 1 : 0;
+    r.prefill_tokens_per_s = r.prefill_s > 0 ? r.prefill_tokens / r.prefill_s : 0;
+    r.decode_tokens_per_s = r.decode_s > 0 ? r.decode_tokens / r.decode_s : 0;
+    r.peak_bytes = m->offload ? m->weight_bytes + m->state_bytes + m->acc.peak_device_bytes : m->peak_bytes;
+    r.weight_bytes = m->weight_bytes;
+    r.state_bytes = m->state_bytes;
+    r.predicted_prefill_s = pred0;
+    r.logits_hash = m->logits_hash;
+    if (stats) *stats = r;
     return TIDE_OK;
 }

@@ -1,0 +1,264 @@
+/*
+ * cmd_plan.c - `tide plan`: plan a model's run under a device memory budget,
+ * verify the plan, and predict its timeline on a hardware profile.
+ */
+#include "cli.h"
+#include "plan/plan.h"
+
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char help[] =
+    "Usage: tide plan (--model DIR | --config NAME) [--batch B] [--seq S] [--decode N]\n"
+    "                 --budget BYTES|PCT%|min [--hw PROFILE] [--policy P]\n"
+    "                 [--host-budget BYTES] [--weights-on-ssd] [--json] [--trace FILE]\n"
+    "                 [--out PLAN.json]\n"
+    "\n"
+    "Plans every tensor move of a LLaMA-style model's forward pass under a device\n"
+    "memory budget, checks the plan with the independent verifier, and predicts its\n"
+    "timeline on a hardware profile. Needs shapes only, no weights.\n"
+    "\n"
+    "  --model DIR        read the configuration from DIR/config.json\n"
+    "  --config NAME      a built-in configuration: tinyllama-1.1b, llama-7b,\n"
+    "                     llama-13b, llama-65b, llama-2-70b\n"
+    "  --batch B          sequences processed together (default 1)\n"
+    "  --seq S            prompt tokens (default 2048)\n"
+    "  --decode N         plan N one-token decode steps after an S-token prompt\n"
+    "                     (N iterations of the decode graph) instead of the prefill\n"
+    "  --budget X         device arena: bytes (e.g. 20G), a percentage of the\n"
+    "                     unconstrained peak capped at the profile's memory (25%),\n"
+    "                     or min (the smallest budget the policy can plan)\n"
+    "  --hw PROFILE       p100-16g, v100-32g, a100-80g, h100-80g (default) or a\n"
+    "                     profile JSON path (see tide probe)\n"
+    "  --policy P         tide (default), static-layer (whole layers resident, the\n"
+    "                     rest streamed with double buffering) or lru (load on\n"
+    "                     demand, least recently used evicted)\n"
+    "  --host-budget X    host memory for weights homed on host and spills\n"
+    "                     (default: the profile's host memory)\n"
+    "  --weights-on-ssd   home the weights on SSD instead of host memory\n"
+    "  --json             print one JSON object\n"
+    "  --trace FILE       write the predicted timeline as Perfetto trace JSON\n"
+    "  --out FILE         write the plan as JSON\n";
+
+typedef struct plan_args {
+    const char *model, *config, *hw_name, *budget, *trace, *out;
+    long batch, seq, decode;
+    uint64_t host_budget;
+    tide_policy policy;
+    bool json, weights_on_ssd;
+} plan_args;
+
+static void print_human(const plan_args *a, const tide_llama_config *cfg, const tide_hw *hw,
+                        const tide_plan *p, uint64_t peak, const tide_bounds *b, const char *budget_note) {
+    char b1[32], b2[32], b3[32], b4[32];
+    const tide_plan_stats *s = &p->stats;
+    printf("plan        %s %s, batch %ld, %s %ld, policy %s, hw %s\n", cfg->name,
+           a->decode ? "decode" : "prefill", a->batch, a->decode ? "steps" : "seq",
+           a->decode ? a->decode : a->seq, tide_policy_name(p->policy), hw->name);
+    printf("verified    yes (%d instructions, %d ops x %d iterations)\n", p->n_ins, p->g->n_ops, p->n_iter);
+    printf("budget      %s %s; unconstrained peak %s\n", cli_fmt_bytes(p->device_budget, b1, sizeof b1),
+           budget_note, cli_fmt_bytes(peak, b2, sizeof b2));
+    printf("\n%-22s %14s\n", "", "value");
+    printf("%-22s %14s\n", "peak device", cli_fmt_bytes(s->peak_device_bytes, b1, sizeof b1));
+    printf("%-22s %14s\n", "peak host spill", cli_fmt_bytes(s->peak_host_bytes, b1, sizeof b1));
+    printf("%-22s %14s\n", "peak ssd spill", cli_fmt_bytes(s->peak_ssd_bytes, b1, sizeof b1));
+    printf("%-22s %14s\n", "bytes host->device", cli_fmt_bytes(s->bytes_h2d, b1, sizeof b1));
+    printf("%-22s %14s\n", "bytes device->host", cli_fmt_bytes(s->bytes_d2h, b2, sizeof b2));
+    printf("%-22s %14s\n", "bytes ssd read", cli_fmt_bytes(s->bytes_ssd_read, b3, sizeof b3));
+    printf("%-22s %14s\n", "bytes ssd write", cli_fmt_bytes(s->bytes_ssd_write, b4, sizeof b4));
+    printf("%-22s %13.4fs\n", "predicted makespan", s->makespan_s);
+    printf("%-22s %13.4fs  (%.1f%% of ideal)\n", "ideal (no limit)", b->ideal_s,
+           s->makespan_s > 0 ? 100.0 * b->ideal_s / s->makespan_s : 0);
+    printf("%-22s %13.4fs  (%.3fx of lower bound)\n", "lower bound", b->lower_bound_s,
+           b->lower_bound_s > 0 ? s->makespan_s / b->lower_bound_s : 0);
+    printf("%-22s %13.4fs\n", "planning time", s->plan_seconds);
+}
+
+static void print_json(const plan_args *a, const tide_llama_config *cfg, const tide_hw *hw,
+                       const tide_plan *p, uint64_t peak, const tide_bounds *b) {
+    const tide_plan_stats *s = &p->stats;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddBoolToObject(o, "feasible", 1);
+    cJSON_AddBoolToObject(o, "verified", 1);
+    cJSON_AddStringToObject(o, "config", cfg->name);
+    cJSON_AddStringToObject(o, "workload", a->decode ? "decode" : "prefill");
+    cJSON_AddNumberToObject(o, "batch", (double)a->batch);
+    cJSON_AddNumberToObject(o, "seq", (double)a->seq);
+    cJSON_AddNumberToObject(o, "decode_steps", (double)a->decode);
+    cJSON_AddStringToObject(o, "hw", hw->name);
+    cJSON_AddStringToObject(o, "policy", tide_policy_name(p->policy));
+    cJSON_AddNumberToObject(o, "budget_bytes", (double)p->device_budget);
+    cJSON_AddNumberToObject(o, "unconstrained_peak_bytes", (double)peak);
+    cJSON_AddNumberToObject(o, "peak_device_bytes", (double)s->peak_device_bytes);
+    cJSON_AddNumberToObject(o, "peak_host_spill_bytes", (double)s->peak_host_bytes);
+    cJSON_AddNumberToObject(o, "peak_ssd_spill_bytes", (double)s->peak_ssd_bytes);
+    cJSON_AddNumberToObject(o, "bytes_h2d", (double)s->bytes_h2d);
+    cJSON_AddNumberToObject(o, "bytes_d2h", (double)s->bytes_d2h);
+    cJSON_AddNumberToObject(o, "bytes_ssd_read", (double)s->bytes_ssd_read);
+    cJSON_AddNumberToObject(o, "bytes_ssd_write", (double)s->bytes_ssd_write);
+    cJSON_AddNumberToObject(o, "n_instructions", p->n_ins);
+    cJSON_AddNumberToObject(o, "makespan_s", s->makespan_s);
+    cJSON_AddNumberToObject(o, "compute_s", s->compute_s);
+    cJSON_AddNumberToObject(o, "ideal_s", b->ideal_s);
+    cJSON_AddNumberToObject(o, "lower_bound_s", b->lower_bound_s);
+    cJSON_AddNumberToObject(o, "x_lower_bound", b->lower_bound_s > 0 ? s->makespan_s / b->lower_bound_s : 0);
+    cJSON_AddNumberToObject(o, "pct_of_ideal", s->makespan_s > 0 ? 100.0 * b->ideal_s / s->makespan_s : 0);
+    cJSON_AddNumberToObject(o, "plan_seconds", s->plan_seconds);
+    char *js = cJSON_PrintUnformatted(o);
+    if (js) puts(js);
+    free(js);
+    cJSON_Delete(o);
+}
+
+int cmd_plan(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},  {"config", required_argument, 0, 'c'},
+        {"batch", required_argument, 0, 'B'},  {"seq", required_argument, 0, 'S'},
+        {"decode", required_argument, 0, 'D'}, {"budget", required_argument, 0, 'b'},
+        {"hw", required_argument, 0, 'w'},     {"policy", required_argument, 0, 'p'},
+        {"host-budget", required_argument, 0, 'H'}, {"weights-on-ssd", no_argument, 0, 's'},
+        {"json", no_argument, 0, 'j'},         {"trace", required_argument, 0, 't'},
+        {"out", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    plan_args a = {.hw_name = "h100-80g", .batch = 1, .seq = 2048, .policy = TIDE_POLICY_TIDE};
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': a.model = optarg; break;
+        case 'c': a.config = optarg; break;
+        case 'B':
+            if (cli_parse_int(optarg, 1, 1 << 16, &a.batch)) return cli_usage_error("plan", "bad --batch '%s'", optarg);
+            break;
+        case 'S':
+            if (cli_parse_int(optarg, 1, 1 << 22, &a.seq)) return cli_usage_error("plan", "bad --seq '%s'", optarg);
+            break;
+        case 'D':
+            if (cli_parse_int(optarg, 1, 1 << 20, &a.decode)) return cli_usage_error("plan", "bad --decode '%s'", optarg);
+            break;
+        case 'b': a.budget = optarg; break;
+        case 'w': a.hw_name = optarg; break;
+        case 'p':
+            if (tide_policy_parse(optarg, &a.policy))
+                return cli_usage_error("plan", "unknown --policy '%s' (tide, static-layer or lru)", optarg);
+            break;
+        case 'H':
+            if (cli_parse_bytes(optarg, &a.host_budget) || !a.host_budget)
+                return cli_usage_error("plan", "bad --host-budget '%s'", optarg);
+            break;
+        case 's': a.weights_on_ssd = true; break;
+        case 'j': a.json = true; break;
+        case 't': a.trace = optarg; break;
+        case 'o': a.out = optarg; break;
+        case 'h': fputs(help, stdout); return 0;
+        default: return cli_usage_error("plan", "unknown option");
+        }
+    }
+    if (optind != argc) return cli_usage_error("plan", "unexpected argument '%s'", argv[optind]);
+    if (!a.model == !a.config) return cli_usage_error("plan", "give exactly one of --model and --config");
+    if (!a.budget) return cli_usage_error("plan", "--budget is required (bytes, a percentage or min)");
+
+    tide_ctx *ctx = tide_ctx_new();
+    if (!ctx) return 1;
+    int rc = 0;
+    tide_graph *g = NULL;
+    tide_plan *p = NULL;
+    tide_llama_config cfg;
+    tide_hw hw;
+    char path[4096];
+    if (a.model) snprintf(path, sizeof path, "%s/config.json", a.model);
+    if (a.model ? tide_llama_config_load(ctx, path, &cfg) : tide_llama_config_named(ctx, a.config, &cfg)) {
+        rc = cli_fail(ctx, "config");
+        goto out;
+    }
+    if (tide_hw_load(ctx, a.hw_name, &hw)) {
+        rc = cli_fail(ctx, "hardware profile");
+        goto out;
+    }
+    int n_iter = a.decode ? (int)a.decode : 1;
+    tide_llama_graph_opts go = {.batch = (int)a.batch, .seq = a.decode ? 1 : (int)a.seq,
+                                .ctx_len = (int)(a.seq + a.decode)};
+    if (go.ctx_len > cfg.max_position_embeddings)
+        fprintf(stderr, "tide plan: note: %d positions exceed the model's max_position_embeddings %d\n",
+                go.ctx_len, cfg.max_position_embeddings);
+    if (tide_llama_build(ctx, &cfg, &go, &g)) {
+        rc = cli_fail(ctx, "building the graph");
+        goto out;
+    }
+    tide_plan_opts po = {.policy = a.policy, .host_budget = a.host_budget, .n_iter = n_iter,
+                         .hw = &hw, .weights_on_ssd = a.weights_on_ssd};
+    uint64_t peak = tide_plan_unconstrained_peak(ctx, g, &hw, n_iter);
+    char note[96] = "";
+    if (!strcmp(a.budget, "min")) {
+        if (tide_plan_min_budget(ctx, g, &po, &po.device_budget)) {
+            rc = cli_fail(ctx, "finding the minimum budget");
+            goto out;
+        }
+        snprintf(note, sizeof note, "(the minimum for %s)", tide_policy_name(a.policy));
+    } else if (a.budget[0] && a.budget[strlen(a.budget) - 1] == '%') {
+        char *end;
+        double pct = strtod(a.budget, &end);
+        if (end == a.budget || *end != '%' || !(pct > 0 && pct <= 100)) {
+            rc = cli_usage_error("plan", "bad --budget '%s' (a percentage in (0, 100])", a.budget);
+            goto out;
+        }
+        uint64_t base = TIDE_MIN(peak, hw.device_mem_bytes);
+        po.device_budget = (uint64_t)((double)base * pct / 100.0);
+        snprintf(note, sizeof note, "(%g%% of %s)", pct,
+                 peak > hw.device_mem_bytes ? "the device memory" : "the unconstrained peak");
+    } else if (cli_parse_bytes(a.budget, &po.device_budget) || !po.device_budget) {
+        rc = cli_usage_error("plan", "bad --budget '%s' (bytes such as 20G, a percentage, or min)", a.budget);
+        goto out;
+    }
+    if (po.device_budget > hw.device_mem_bytes) {
+        char b1[32], b2[32];
+        fprintf(stderr, "tide: plan: budget %s is more than %s's device memory %s\n",
+                cli_fmt_bytes(po.device_budget, b1, sizeof b1), hw.name,
+                cli_fmt_bytes(hw.device_mem_bytes, b2, sizeof b2));
+        rc = 1;
+        goto out;
+    }
+    if (tide_plan_make(ctx, g, &po, &p)) {
+        if (a.json && tide_ctx_last_status(ctx) == TIDE_E_INFEASIBLE)
+            printf("{\"feasible\":false,\"policy\":\"%s\",\"budget_bytes\":%llu}\n", tide_policy_name(a.policy),
+                   (unsigned long long)po.device_budget);
+        rc = cli_fail(ctx, "planning");
+        goto out;
+    }
+    if (tide_plan_verify(p)) {
+        rc = cli_fail(ctx, "the plan failed verification and was not used");
+        goto out;
+    }
+    tide_bounds bounds;
+    if (tide_plan_bounds(ctx, g, &po, &bounds)) {
+        rc = cli_fail(ctx, "bounds");
+        goto out;
+    }
+    if (a.trace) {
+        tide_sim_result sim;
+        tide_status st = tide_simulate(p, &hw, &sim);
+        if (!st) {
+            st = tide_trace_write(p, sim.events, sim.n_events, a.trace);
+            tide_sim_result_free(&sim);
+        }
+        if (st) {
+            rc = cli_fail(ctx, "writing the trace");
+            goto out;
+        }
+    }
+    if (a.out && tide_plan_save_json(p, a.out)) {
+        rc = cli_fail(ctx, "writing the plan");
+        goto out;
+    }
+    if (a.json) print_json(&a, &cfg, &hw, p, peak, &bounds);
+    else print_human(&a, &cfg, &hw, p, peak, &bounds, note);
+out:
+    tide_plan_free(p);
+    tide_graph_free(g);
+    tide_ctx_free(ctx);
+    return rc;
+}

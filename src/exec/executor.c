@@ -1,0 +1,506 @@
+/*
+ * executor.c - runs a verified plan with one worker thread per stream.
+ *
+ * Design note.
+ *   Invariants kept:
+ *   E1. Device memory is one arena of exactly p->device_budget bytes, allocated
+ *       in tide_exec_new; host spill and SSD spill space likewise. Nothing is
+ *       allocated in tide_exec_run.
+ *   E2. An instruction starts only after its stream's previous instruction and
+ *       every instruction it waits on have completed (wait_done), and its
+ *       completion is published (mark_done) only after its effects are visible
+ *       in memory (the mutex orders them for the other threads).
+ *   E3. The first failure stops every worker (ex->failed); the run returns that
+ *       failure's status and message; no later instruction starts.
+ *   The executor makes no decision: offsets, tiers and order all come from the
+ *   plan, which tide_plan_verify has proven safe.
+ *
+ *   A tensor copy moves through the states the plan encodes:
+ *     AT_HOME --LOAD (h2d or io stream)--> ON_DEVICE --STORE (d2h or io)--> SPILLED/AT_HOME
+ *     ON_DEVICE --DROP--> gone;  SPILLED(host) --MOVE (io)--> SPILLED(ssd)
+ *   run_load, run_store, run_move and run_compute perform the transitions.
+ *
+ * SSD transfers go through 4 KiB-aligned bounce buffers: an extent that does
+ * not start or end on a 4 KiB boundary is read-modify-written at its edges, so
+ * tier offsets need no alignment. All SSD instructions run on the io stream,
+ * one at a time, which makes the edge read-modify-write safe.
+ */
+#include "exec/executor.h"
+#include "store/ssd.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define ALIGN 4096u
+#define BOUNCE_BYTES (8u << 20)
+
+typedef struct home_ref {
+    void *host;          /* host home, or NULL */
+    int fd;              /* file home (O_DIRECT when direct), or -1 */
+    bool direct;
+    uint64_t file_off;
+} home_ref;
+
+struct tide_exec {
+    tide_ctx *ctx;
+    tide_backend *be;
+    const tide_plan *p;
+    const tide_graph *g;
+    unsigned char *arena;
+    bool arena_lent;
+    unsigned char *host_pool;
+    size_t host_pool_bytes;
+    bool host_pinned;
+    char notice[256];
+    tide_ssd *ssd;
+    unsigned char *bounce;      /* BOUNCE_BYTES, 4 KiB aligned */
+    home_ref *home;
+    int *stream_ins[TIDE_STREAM_COUNT];
+    int stream_n[TIDE_STREAM_COUNT];
+    /* run state */
+    atomic_uchar *done;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_bool failed;
+    tide_status fail_status;
+    char fail_msg[TIDE_ERRMSG_MAX];
+    tide_sim_event *timeline;
+    int n_layers;               /* for progress reports: highest op layer + 1 */
+    double t0;
+    uint64_t bytes[4];          /* h2d, d2h, ssd read, ssd write */
+    double ssd_read_s;
+};
+
+static const char *tname(const tide_exec *ex, int t) { return ex->g->tensors[t].name; }
+
+/* ---------------------------------------------------------------- setup */
+
+static tide_status alloc_host_pool(tide_exec *ex, size_t n, bool no_pin) {
+    if (!n) return TIDE_OK;
+    n = (n + ALIGN - 1) & ~(size_t)(ALIGN - 1);
+    void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return tide_err(ex->ctx, TIDE_E_NOMEM, "cannot reserve %zu bytes of host spill memory: %s", n,
+                        strerror(errno));
+    ex->host_pool = m;
+    ex->host_pool_bytes = n;
+    if (!no_pin && mlock(m, n) == 0) {
+        ex->host_pinned = true;
+    } else {
+        snprintf(ex->notice, sizeof ex->notice,
+                 "host pool of %zu bytes is not pinned (%s); transfers use pageable memory", n,
+                 no_pin ? "pinning disabled" : strerror(errno));
+    }
+    return TIDE_OK;
+}
+
+static bool plan_uses_ssd(const tide_plan *p) {
+    for (int i = 0; i < p->n_ins; i++) {
+        const tide_ins *in = &p->ins[i];
+        if ((in->kind == TIDE_INS_LOAD || in->kind == TIDE_INS_MOVE) && in->src == TIDE_TIER_SSD) return true;
+        if ((in->kind == TIDE_INS_STORE || in->kind == TIDE_INS_MOVE) && in->dst == TIDE_TIER_SSD) return true;
+    }
+    return false;
+}
+
+tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
+                          const tide_exec_opts *opts, tide_exec **out) {
+    static const tide_exec_opts defaults = {0};
+    if (!opts) opts = &defaults;
+    *out = NULL;
+    tide_exec *ex = tide_calloc(1, sizeof *ex);
+    if (!ex) return tide_err(ctx, TIDE_E_NOMEM, "out of memory creating the executor");
+    ex->ctx = ctx;
+    ex->be = be;
+    ex->p = p;
+    ex->g = p->g;
+    pthread_mutex_init(&ex->mu, NULL);
+    pthread_cond_init(&ex->cv, NULL);
+    tide_status st = TIDE_OK;
+    int nt = ex->g->n_tensors;
+    ex->home = tide_calloc((size_t)(nt ? nt : 1), sizeof *ex->home);
+    ex->done = tide_calloc((size_t)(p->n_ins ? p->n_ins : 1), sizeof *ex->done);
+    if (!ex->home || !ex->done) {
+        st = tide_err(ctx, TIDE_E_NOMEM, "out of memory creating the executor");
+        goto fail;
+    }
+    for (int t = 0; t < nt; t++) ex->home[t].fd = -1;
+    for (int s = 0; s < TIDE_STREAM_COUNT; s++) {
+        ex->stream_ins[s] = tide_malloc((size_t)(p->n_ins ? p->n_ins : 1) * sizeof(int));
+        if (!ex->stream_ins[s]) {
+            st = tide_err(ctx, TIDE_E_NOMEM, "out of memory creating the executor");
+            goto fail;
+        }
+    }
+    for (int i = 0; i < p->n_ins; i++) {
+        int s = p->ins[i].stream;
+        ex->stream_ins[s][ex->stream_n[s]++] = i;
+    }
+    for (int i = 0; i < ex->g->n_ops; i++) ex->n_layers = TIDE_MAX(ex->n_layers, ex->g->ops[i].layer + 1);
+    /* E1: the arena is allocated once, exactly the budget (or lent by the caller) */
+    if (opts->arena) {
+        if (opts->arena_bytes < p->device_budget) {
+            st = tide_err(ctx, TIDE_E_INVALID, "the lent arena of %llu bytes is smaller than the budget %llu",
+                          (unsigned long long)opts->arena_bytes, (unsigned long long)p->device_budget);
+            goto fail;
+        }
+        ex->arena = opts->arena;
+        ex->arena_lent = true;
+    } else if ((st = be->vt->alloc(be, p->device_budget ? p->device_budget : 1, (void **)&ex->arena))) {
+        st = tide_err(ctx, st, "cannot allocate the device arena of %llu bytes: %s",
+                      (unsigned long long)p->device_budget, tide_ctx_last_error(ctx));
+        goto fail;
+    }
+    if ((st = alloc_host_pool(ex, p->host_spill_bytes, opts->no_pin))) goto fail;
+    if (plan_uses_ssd(p)) {
+        ex->bounce = tide_malloc_aligned(BOUNCE_BYTES, ALIGN);
+        if (!ex->bounce) {
+            st = tide_err(ctx, TIDE_E_NOMEM, "out of memory for the SSD bounce buffers");
+            goto fail;
+        }
+        const char *dirs = opts->ssd_dirs;
+        if (!dirs || !*dirs) dirs = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+        char buf[4096];
+        snprintf(buf, sizeof buf, "%s", dirs);
+        const char *list[16];
+        int n = 0;
+        for (char *tok = strtok(buf, ","); tok && n < 16; tok = strtok(NULL, ",")) list[n++] = tok;
+        tide_ssd_opts so = {.force_fallback = opts->force_pread,
+                            .fail_read_nth = opts->fail_ssd_read_nth,
+                            .fail_write_nth = opts->fail_ssd_write_nth};
+        uint64_t cap = (p->ssd_spill_bytes + ALIGN - 1) / ALIGN * ALIGN + ALIGN;
+        if ((st = tide_ssd_open(ctx, list, n, cap, &so, &ex->ssd))) goto fail;
+        tide_ssd_register(ex->ssd, ex->bounce, BOUNCE_BYTES);
+    }
+    *out = ex;
+    return TIDE_OK;
+fail:
+    tide_exec_free(ex);
+    return st;
+}
+
+void tide_exec_free(tide_exec *ex) {
+    if (!ex) return;
+    if (ex->arena && !ex->arena_lent) ex->be->vt->dealloc(ex->be, ex->arena);
+    if (ex->host_pool) {
+        if (ex->host_pinned) munlock(ex->host_pool, ex->host_pool_bytes);
+        munmap(ex->host_pool, ex->host_pool_bytes);
+    }
+    tide_ssd_close(ex->ssd);
+    tide_free_aligned(ex->bounce);
+    if (ex->home)
+        for (int t = 0; t < ex->g->n_tensors; t++)
+            if (ex->home[t].fd >= 0) close(ex->home[t].fd);
+    tide_free(ex->home);
+    tide_free((void *)ex->done);
+    for (int s = 0; s < TIDE_STREAM_COUNT; s++) tide_free(ex->stream_ins[s]);
+    pthread_mutex_destroy(&ex->mu);
+    pthread_cond_destroy(&ex->cv);
+    tide_free(ex);
+}
+
+const char *tide_exec_notice(const tide_exec *ex) { return ex->notice; }
+
+tide_status tide_exec_bind_host(tide_exec *ex, int t, void *data) {
+    if (t < 0 || t >= ex->g->n_tensors || !data)
+        return tide_err(ex->ctx, TIDE_E_INVALID, "binding tensor %d: no such tensor or no data", t);
+    ex->home[t].host = data;
+    return TIDE_OK;
+}
+
+tide_status tide_exec_bind_file(tide_exec *ex, int t, const char *path, uint64_t off) {
+    if (t < 0 || t >= ex->g->n_tensors)
+        return tide_err(ex->ctx, TIDE_E_INVALID, "binding tensor %d: no such tensor", t);
+    if (ex->g->tensors[t].role != TIDE_ROLE_WEIGHT)
+        return tide_err(ex->ctx, TIDE_E_UNSUPPORTED, "only weights can be homed in a file ('%s' is %s)",
+                        tname(ex, t), tide_role_name(ex->g->tensors[t].role));
+    home_ref *h = &ex->home[t];
+    if (h->fd >= 0) close(h->fd);
+    h->fd = -1;
+    int fd = -1;
+    if (tide_ssd_open_direct(path, &fd) == TIDE_OK) {
+        h->direct = true;
+    } else {
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return tide_err(ex->ctx, TIDE_E_IO, "cannot open %s for '%s': %s", path, tname(ex, t), strerror(errno));
+        h->direct = false;
+    }
+    h->fd = fd;
+    h->file_off = off;
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- transfers */
+
+static tide_status fail_io(tide_exec *ex, int i, const char *what) {
+    const tide_ins *in = &ex->p->ins[i];
+    return tide_err(ex->ctx, tide_ctx_last_status(ex->ctx) ? tide_ctx_last_status(ex->ctx) : TIDE_E_IO,
+                    "instruction %d (%s '%s', iteration %d): %s: %s", i, tide_ins_name(in->kind),
+                    tname(ex, in->tensor), in->iter, what, tide_ctx_last_error(ex->ctx));
+}
+
+/* Reads [off, off+n) of a file or the SSD store into dst (host memory), via the
+ * bounce buffer when dst or the extent is not 4 KiB aligned. */
+static tide_status ssd_read_into(tide_exec *ex, int fd, bool direct, uint64_t off, unsigned char *dst,
+                                 uint64_t n, bool to_device) {
+    while (n > 0) {
+        uint64_t a0 = off & ~(uint64_t)(ALIGN - 1);
+        uint64_t skip = off - a0;
+        uint64_t span = TIDE_MIN((uint64_t)BOUNCE_BYTES, (skip + n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1));
+        uint64_t take = TIDE_MIN(n, span - skip);
+        tide_status st;
+        if (fd < 0) {
+            st = tide_ssd_read(ex->ssd, a0, ex->bounce, span);
+        } else if (direct) {
+            st = tide_ssd_read_file(ex->ssd, fd, a0, ex->bounce, span);
+        } else {
+            ssize_t r = pread(fd, ex->bounce + skip, take, (off_t)off);
+            st = r == (ssize_t)take ? TIDE_OK
+                                    : tide_err(ex->ctx, TIDE_E_IO, "read of %llu bytes at %llu: %s",
+                                               (unsigned long long)take, (unsigned long long)off,
+                                               r < 0 ? strerror(errno) : "short read");
+        }
+        if (st) return st;
+        st = to_device ? ex->be->vt->to_device(ex->be, dst, ex->bounce + skip, take)
+                       : (memcpy(dst, ex->bounce + skip, take), TIDE_OK);
+        if (st) return st;
+        off += take;
+        dst += take;
+        n -= take;
+    }
+    return TIDE_OK;
+}
+
+/* Writes src (device memory when from_device) to [off, off+n) of the SSD store;
+ * partial 4 KiB pages at the edges are read first and merged. */
+static tide_status ssd_write_from(tide_exec *ex, uint64_t off, const unsigned char *src, uint64_t n,
+                                  bool from_device) {
+    while (n > 0) {
+        uint64_t a0 = off & ~(uint64_t)(ALIGN - 1);
+        uint64_t skip = off - a0;
+        uint64_t span = TIDE_MIN((uint64_t)BOUNCE_BYTES, (skip + n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1));
+        uint64_t take = TIDE_MIN(n, span - skip);
+        /* keep the bytes of partly covered edge pages: read them first */
+        tide_status st = TIDE_OK;
+        uint64_t end = skip + take, last = end & ~(uint64_t)(ALIGN - 1);
+        if (skip) st = tide_ssd_read(ex->ssd, a0, ex->bounce, ALIGN);
+        if (!st && (end & (ALIGN - 1)) && (last != 0 || !skip))
+            st = tide_ssd_read(ex->ssd, a0 + last, ex->bounce + last, ALIGN);
+        if (st) return st;
+        st = from_device ? ex->be->vt->to_host(ex->be, ex->bounce + skip, src, take)
+                         : (memcpy(ex->bounce + skip, src, take), TIDE_OK);
+        if (!st) st = tide_ssd_write(ex->ssd, a0, ex->bounce, span);
+        if (st) return st;
+        off += take;
+        src += take;
+        n -= take;
+    }
+    return TIDE_OK;
+}
+
+static tide_status run_load(tide_exec *ex, int i) {
+    const tide_ins *in = &ex->p->ins[i];
+    const tide_tensor *t = &ex->g->tensors[in->tensor];
+    unsigned char *dst = ex->arena + in->dev_off[0];
+    tide_backend *be = ex->be;
+    tide_status st;
+    if (in->src == TIDE_TIER_HOST) {
+        const void *src = in->tier_off == TIDE_HOME ? ex->home[in->tensor].host : ex->host_pool + in->tier_off;
+        if (!src) return tide_err(ex->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no host home bound", i, t->name);
+        st = be->vt->to_device(be, dst, src, t->nbytes);
+        ex->bytes[0] += t->nbytes;
+        return st ? fail_io(ex, i, "host to device copy") : TIDE_OK;
+    }
+    double t0 = tide_now();
+    const home_ref *h = &ex->home[in->tensor];
+    if (in->tier_off == TIDE_HOME) {
+        if (h->fd >= 0) st = ssd_read_into(ex, h->fd, h->direct, h->file_off, dst, t->nbytes, true);
+        else if (h->host) st = be->vt->to_device(be, dst, h->host, t->nbytes); /* home mapped in memory */
+        else return tide_err(ex->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no SSD home bound", i, t->name);
+    } else {
+        st = ssd_read_into(ex, -1, true, in->tier_off, dst, t->nbytes, true);
+    }
+    ex->ssd_read_s += tide_now() - t0;
+    ex->bytes[2] += t->nbytes;
+    return st ? fail_io(ex, i, "SSD read") : TIDE_OK;
+}
+
+static tide_status run_store(tide_exec *ex, int i) {
+    const tide_ins *in = &ex->p->ins[i];
+    const tide_tensor *t = &ex->g->tensors[in->tensor];
+    const unsigned char *src = ex->arena + in->dev_off[0];
+    tide_status st;
+    if (in->dst == TIDE_TIER_HOST) {
+        void *dst = in->tier_off == TIDE_HOME ? ex->home[in->tensor].host : ex->host_pool + in->tier_off;
+        if (!dst) return tide_err(ex->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no host home bound", i, t->name);
+        st = ex->be->vt->to_host(ex->be, dst, src, t->nbytes);
+        ex->bytes[1] += t->nbytes;
+        return st ? fail_io(ex, i, "device to host copy") : TIDE_OK;
+    }
+    if (in->tier_off == TIDE_HOME)
+        return tide_err(ex->ctx, TIDE_E_UNSUPPORTED, "instruction %d: '%s' would be written to its SSD home; "
+                        "only weights are homed on SSD and they are never written", i, t->name);
+    st = ssd_write_from(ex, in->tier_off, src, t->nbytes, true);
+    ex->bytes[3] += t->nbytes;
+    return st ? fail_io(ex, i, "SSD write") : TIDE_OK;
+}
+
+static tide_status run_move(tide_exec *ex, int i) {
+    const tide_ins *in = &ex->p->ins[i];
+    const tide_tensor *t = &ex->g->tensors[in->tensor];
+    if (in->tier_off == TIDE_HOME || in->src_off == TIDE_HOME)
+        return tide_err(ex->ctx, TIDE_E_UNSUPPORTED, "instruction %d: moves of home copies ('%s') are not supported", i, t->name);
+    tide_status st;
+    if (in->src == TIDE_TIER_HOST && in->dst == TIDE_TIER_SSD) {
+        st = ssd_write_from(ex, in->tier_off, ex->host_pool + in->src_off, t->nbytes, false);
+        ex->bytes[3] += t->nbytes;
+    } else {
+        st = ssd_read_into(ex, -1, true, in->src_off, ex->host_pool + in->tier_off, t->nbytes, false);
+        ex->bytes[2] += t->nbytes;
+    }
+    return st ? fail_io(ex, i, "move between host and SSD") : TIDE_OK;
+}
+
+static tide_status run_compute(tide_exec *ex, int i) {
+    const tide_ins *in = &ex->p->ins[i];
+    const tide_op *op = &ex->g->ops[in->op];
+    void *ip[TIDE_OP_MAX_IN], *op_out[TIDE_OP_MAX_OUT];
+    for (int j = 0; j < op->n_in; j++) ip[j] = ex->arena + in->dev_off[j];
+    for (int j = 0; j < op->n_out; j++) op_out[j] = ex->arena + in->dev_off[op->n_in + j];
+    void *scratch = op->scratch_bytes ? ex->arena + in->scratch_off : NULL;
+    tide_status st = ex->be->vt->compute(ex->be, ex->g, op, ip, op_out, scratch);
+    if (st)
+        return tide_err(ex->ctx, st, "instruction %d (%s, op %d, iteration %d): %s", i, tide_op_name(op->kind),
+                        in->op, in->iter, tide_ctx_last_error(ex->ctx));
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- workers */
+
+static bool wait_done(tide_exec *ex, int w) {
+    if (atomic_load_explicit(&ex->done[w], memory_order_acquire)) return true;
+    pthread_mutex_lock(&ex->mu);
+    while (!atomic_load(&ex->done[w]) && !atomic_load(&ex->failed)) pthread_cond_wait(&ex->cv, &ex->mu);
+    pthread_mutex_unlock(&ex->mu);
+    return !atomic_load(&ex->failed);
+}
+
+static void mark_done(tide_exec *ex, int i) {
+    pthread_mutex_lock(&ex->mu);
+    atomic_store_explicit(&ex->done[i], 1, memory_order_release);
+    pthread_cond_broadcast(&ex->cv);
+    pthread_mutex_unlock(&ex->mu);
+}
+
+static void fail_run(tide_exec *ex, tide_status st) {
+    pthread_mutex_lock(&ex->mu);
+    if (!atomic_load(&ex->failed)) {
+        ex->fail_status = st;
+        snprintf(ex->fail_msg, sizeof ex->fail_msg, "%s", tide_ctx_last_error(ex->ctx));
+        atomic_store(&ex->failed, true);
+    }
+    pthread_cond_broadcast(&ex->cv);
+    pthread_mutex_unlock(&ex->mu);
+}
+
+typedef struct worker_arg {
+    tide_exec *ex;
+    int stream;
+} worker_arg;
+
+static void *worker(void *arg) {
+    worker_arg *wa = arg;
+    tide_exec *ex = wa->ex;
+    const tide_plan *p = ex->p;
+    for (int k = 0; k < ex->stream_n[wa->stream]; k++) {
+        int i = ex->stream_ins[wa->stream][k];
+        const tide_ins *in = &p->ins[i];
+        for (int w = 0; w < in->n_wait; w++)
+            if (!wait_done(ex, p->waits[in->wait_at + w])) return NULL;
+        if (atomic_load(&ex->failed)) return NULL;
+        double t0 = tide_now();
+        tide_status st = TIDE_OK;
+        switch (in->kind) {
+        case TIDE_INS_COMPUTE: st = run_compute(ex, i); break;
+        case TIDE_INS_LOAD: st = run_load(ex, i); break;
+        case TIDE_INS_STORE: st = run_store(ex, i); break;
+        case TIDE_INS_MOVE: st = run_move(ex, i); break;
+        case TIDE_INS_DROP: break; /* the arena range is free once this completes */
+        default: st = tide_err(ex->ctx, TIDE_E_INVALID, "instruction %d has kind %d", i, (int)in->kind);
+        }
+        if (st) {
+            fail_run(ex, st);
+            return NULL;
+        }
+        if (ex->timeline) {
+            ex->timeline[i].ins = i;
+            ex->timeline[i].start_s = t0 - ex->t0;
+            ex->timeline[i].end_s = tide_now() - ex->t0;
+        }
+        mark_done(ex, i);
+        if (in->kind == TIDE_INS_COMPUTE && ex->g->ops[in->op].layer >= 0 &&
+            (in->op + 1 == ex->g->n_ops || ex->g->ops[in->op + 1].layer != ex->g->ops[in->op].layer))
+            tide_progress(ex->ctx, "layer", (uint64_t)ex->g->ops[in->op].layer + 1, (uint64_t)ex->n_layers);
+    }
+    return NULL;
+}
+
+tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_stats *stats) {
+    const tide_plan *p = ex->p;
+    for (int t = 0; t < ex->g->n_tensors; t++) {
+        tide_role r = ex->g->tensors[t].role;
+        if (r == TIDE_ROLE_TEMP) continue;
+        const home_ref *h = &ex->home[t];
+        if (!h->host && h->fd < 0)
+            return tide_err(ex->ctx, TIDE_E_INVALID, "%s tensor '%s' has no home bound", tide_role_name(r), tname(ex, t));
+        if (p->home[t] == TIDE_TIER_HOST && !h->host)
+            return tide_err(ex->ctx, TIDE_E_INVALID, "'%s' is homed on host by the plan but bound to a file", tname(ex, t));
+    }
+    for (int i = 0; i < p->n_ins; i++) atomic_store(&ex->done[i], 0);
+    atomic_store(&ex->failed, false);
+    ex->fail_status = TIDE_OK;
+    memset(ex->bytes, 0, sizeof ex->bytes);
+    ex->ssd_read_s = 0;
+    ex->timeline = timeline;
+    ex->t0 = tide_now();
+    pthread_t th[TIDE_STREAM_COUNT];
+    worker_arg wa[TIDE_STREAM_COUNT];
+    bool started[TIDE_STREAM_COUNT] = {0};
+    tide_status st = TIDE_OK;
+    for (int s = 0; s < TIDE_STREAM_COUNT; s++) {
+        if (!ex->stream_n[s]) continue;
+        wa[s] = (worker_arg){ex, s};
+        if (pthread_create(&th[s], NULL, worker, &wa[s]) != 0) {
+            st = tide_err(ex->ctx, TIDE_E_NOMEM, "cannot start the %s stream's thread", tide_stream_name(s));
+            fail_run(ex, st);
+            break;
+        }
+        started[s] = true;
+    }
+    for (int s = 0; s < TIDE_STREAM_COUNT; s++)
+        if (started[s]) pthread_join(th[s], NULL);
+    if (!st && ex->be->vt->synchronize) st = ex->be->vt->synchronize(ex->be);
+    double wall = tide_now() - ex->t0;
+    if (atomic_load(&ex->failed)) {
+        return tide_err(ex->ctx, ex->fail_status ? ex->fail_status : TIDE_E_BACKEND, "%s", ex->fail_msg);
+    }
+    if (st) return st;
+    if (stats) {
+        stats->wall_s = wall;
+        stats->bytes_h2d = ex->bytes[0];
+        stats->bytes_d2h = ex->bytes[1];
+        stats->bytes_ssd_read = ex->bytes[2];
+        stats->bytes_ssd_write = ex->bytes[3];
+        stats->ssd_read_s = ex->ssd_read_s;
+        stats->host_pinned = ex->host_pinned || !ex->host_pool;
+        stats->ssd_backend = ex->ssd ? tide_ssd_backend_name(ex->ssd) : "none";
+    }
+    return TIDE_OK;
+}

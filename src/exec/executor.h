@@ -1,0 +1,65 @@
+/*
+ * executor.h - runs a verified plan on a backend (DESIGN sections 2-3, 8).
+ *
+ * The executor decides nothing: it allocates the device arena of exactly the
+ * plan's budget once, a host spill pool and an SSD spill store of the sizes the
+ * plan states, and then runs each instruction on its stream's worker thread,
+ * waiting on the instructions the plan says it waits on. Nothing is allocated
+ * while the plan runs.
+ *
+ * Homes: before running, every WEIGHT, STATE, INPUT and OUTPUT tensor of the
+ * graph is bound to its home copy: host memory (a pointer the caller owns) or a
+ * file extent (weights homed on SSD are read straight from the checkpoint).
+ */
+#ifndef TIDE_EXECUTOR_H
+#define TIDE_EXECUTOR_H
+
+#include "backend/backend.h"
+#include "plan/plan.h"
+
+typedef struct tide_exec tide_exec;
+
+typedef struct tide_exec_opts {
+    const char *ssd_dirs;     /* comma-separated spill directories (NULL: $TMPDIR or /tmp) */
+    bool force_pread;         /* SSD store without io_uring */
+    bool no_pin;              /* do not try to pin the host pool */
+    long fail_ssd_read_nth;   /* fault injection (tests): Nth SSD read/write fails */
+    long fail_ssd_write_nth;
+    void *arena;              /* device memory of at least the plan's budget to use
+                                 instead of allocating one (shared by several
+                                 executors that never run at once); not freed */
+    uint64_t arena_bytes;
+} tide_exec_opts;
+
+typedef struct tide_exec_stats {
+    double wall_s;
+    uint64_t bytes_h2d, bytes_d2h, bytes_ssd_read, bytes_ssd_write;
+    double ssd_read_s;        /* time the io stream spent reading from SSD */
+    bool host_pinned;
+    const char *ssd_backend;  /* "io_uring", "pread" or "none" */
+} tide_exec_stats;
+
+/* Prepares to run p (already verified) on be: allocates the arena (exactly
+ * p->device_budget bytes), the host spill pool, the SSD spill store when the
+ * plan spills to SSD, and the bounce buffers. Returns TIDE_OK, TIDE_E_NOMEM
+ * (arena or pool refused), TIDE_E_IO (spill directory unusable or full). */
+tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
+                          const tide_exec_opts *opts, tide_exec **out);
+void tide_exec_free(tide_exec *ex);
+
+/* Binds tensor t's home to host memory (read-write for STATE and OUTPUT). */
+tide_status tide_exec_bind_host(tide_exec *ex, int t, void *data);
+/* Binds tensor t's home to bytes [off, off + nbytes) of the file at path (a
+ * WEIGHT homed on SSD). */
+tide_status tide_exec_bind_file(tide_exec *ex, int t, const char *path, uint64_t off);
+
+/* Runs the whole plan once. On failure every worker stops, the status and the
+ * message of the first failure are returned, and the outputs must not be used.
+ * timeline (may be NULL) receives one event per instruction (start and end in
+ * seconds from the start of the run); it must hold p->n_ins events. */
+tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_stats *stats);
+
+/* Notice printed once by the caller when pinning was refused ("" when pinned). */
+const char *tide_exec_notice(const tide_exec *ex);
+
+#endif

@@ -1,0 +1,71 @@
+/*
+ * model_int.h - the model's internal layout, shared by the resident runner
+ * (model.c) and the offloaded runner (offload.c).
+ */
+#ifndef TIDE_MODEL_INT_H
+#define TIDE_MODEL_INT_H
+
+#include "backend/backend.h"
+#include "exec/executor.h"
+#include "plan/plan.h"
+
+typedef struct state_buf {
+    char *name;
+    void *data;      /* device memory (host memory for host backends) */
+    uint64_t nbytes;
+} state_buf;
+
+/* A graph the model runs, with its plan and executor when offloading. */
+typedef struct graph_slot {
+    tide_graph *g;
+    int batch, seq;
+    bool all_logits;
+    tide_plan *plan;
+    tide_exec *ex;
+    tide_sim_event *timeline; /* measured, one per instruction of plan */
+    double predicted_s;
+} graph_slot;
+
+/* What one graph run produces on the host. */
+typedef struct run_io {
+    const int32_t *tokens, *pos;  /* inputs */
+    float *logits;                /* (rows, V), required */
+    int32_t *next;                /* (rows), may be NULL */
+} run_io;
+
+struct tide_model {
+    tide_ctx *ctx;
+    tide_checkpoint *ck;
+    tide_backend *be;
+    tide_llama_config cfg;
+    int max_batch, ctx_len;
+    state_buf *state;
+    int n_state;
+    void **weights;        /* device copies when the backend is not host memory */
+    int n_weights;
+    graph_slot slots[2];   /* the prefill and the decode graph */
+    int next_slot;
+    uint64_t weight_bytes, state_bytes, peak_bytes;
+    uint64_t logits_hash;  /* FNV-1a over every logits output, in run order */
+    /* offloading (offload.c) */
+    bool offload;
+    tide_offload_opts off;
+    char *off_ssd_dirs;
+    tide_policy policy;
+    tide_hw hw;
+    bool hw_ready;
+    uint64_t budget;       /* resolved on the first plan */
+    void *arena;           /* one arena of `budget` bytes, lent to every executor */
+    graph_slot *last_planned; /* for traces: the slot whose plan ran first (prefill) */
+    tide_gen_stats acc;    /* offload counters of the current generation */
+};
+
+void tide_model_slot_clear(graph_slot *s);
+void tide_model_offload_release(tide_model *m);
+/* Runs s through its plan (made, verified and prepared on first use). */
+tide_status tide_model_run_planned(tide_model *m, graph_slot *s, const run_io *io);
+/* Device pointer of state tensor `name` ("cache.L.k"), or NULL. */
+state_buf *tide_model_state(tide_model *m, const char *name, uint64_t min_bytes);
+uint64_t tide_hash_bytes(uint64_t h, const void *data, uint64_t n);
+
+#endif

@@ -1,0 +1,184 @@
+/*
+ * offload.c - offloaded runs: each graph of the model runs through a plan made
+ * under the device budget, verified, and executed by the executor over one
+ * arena of exactly the budget shared by all the model's graphs.
+ *
+ * Homes: weights live in the memory-mapped checkpoint (host home) or are read
+ * straight from the checkpoint file (SSD home); the KV cache lives in the
+ * model's state buffers; inputs and outputs are the caller's host buffers,
+ * bound again before every run.
+ */
+#include "plan/probe.h"
+#include "plan/trace_svg.h"
+#include "runtime/model_int.h"
+
+#include <string.h>
+
+void tide_model_offload_release(tide_model *m) {
+    if (m->arena) m->be->vt->dealloc(m->be, m->arena);
+    m->arena = NULL;
+    m->budget = 0;
+    tide_free(m->off_ssd_dirs);
+    m->off_ssd_dirs = NULL;
+}
+
+tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
+    tide_policy pol = TIDE_POLICY_TIDE;
+    if (o && o->budget_kind != TIDE_BUDGET_NONE && o->policy && tide_policy_parse(o->policy, &pol))
+        return tide_err(m->ctx, TIDE_E_INVALID, "unknown policy '%s' (tide, static-layer or lru)", o->policy);
+    if (o && o->budget_kind == TIDE_BUDGET_FRACTION && !(o->fraction > 0 && o->fraction <= 1))
+        return tide_err(m->ctx, TIDE_E_INVALID, "budget fraction %g is not in (0, 1]", o->fraction);
+    if (o && o->budget_kind == TIDE_BUDGET_BYTES && !o->bytes)
+        return tide_err(m->ctx, TIDE_E_INVALID, "a budget of 0 bytes");
+    for (int i = 0; i < 2; i++) tide_model_slot_clear(&m->slots[i]);
+    m->last_planned = NULL;
+    tide_model_offload_release(m);
+    m->offload = o && o->budget_kind != TIDE_BUDGET_NONE;
+    if (!m->offload) return TIDE_OK;
+    m->off = *o;
+    m->policy = pol;
+    if (o->ssd_dirs) {
+        m->off_ssd_dirs = tide_strdup(o->ssd_dirs);
+        if (!m->off_ssd_dirs) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
+    }
+    m->off.ssd_dirs = m->off_ssd_dirs;
+    m->off.hw = NULL; /* resolved now: the caller's string need not outlive this call */
+    if (o->hw) {
+        tide_status st = tide_hw_load(m->ctx, o->hw, &m->hw);
+        if (st) return st;
+    } else {
+        /* a quick measurement of this machine, so predictions mean something */
+        tide_status st = tide_probe(m->ctx, m->off_ssd_dirs, 1.0, &m->hw);
+        if (st) return st;
+    }
+    m->hw_ready = true;
+    return TIDE_OK;
+}
+
+static tide_plan_opts plan_opts(const tide_model *m, uint64_t budget) {
+    return (tide_plan_opts){.policy = m->policy, .device_budget = budget,
+                            .host_budget = m->off.host_budget, .n_iter = 1, .hw = &m->hw,
+                            .weights_on_ssd = m->off.weights_on_ssd};
+}
+
+/* Resolves the budget from the first graph planned and allocates the arena. */
+static tide_status resolve_budget(tide_model *m, const tide_graph *g) {
+    tide_ctx *ctx = m->ctx;
+    uint64_t peak = tide_plan_unconstrained_peak(ctx, g, &m->hw, 1);
+    if (!peak) return tide_err(ctx, TIDE_E_INVALID, "cannot size the unconstrained run: %s", tide_ctx_last_error(ctx));
+    uint64_t b = 0;
+    switch (m->off.budget_kind) {
+    case TIDE_BUDGET_BYTES: b = m->off.bytes; break;
+    case TIDE_BUDGET_FRACTION: b = (uint64_t)((double)peak * m->off.fraction); break;
+    case TIDE_BUDGET_AUTO: b = TIDE_MIN(peak, m->hw.device_mem_bytes / 10 * 9); break;
+    case TIDE_BUDGET_MIN: {
+        tide_plan_opts po = plan_opts(m, 0);
+        tide_status st = tide_plan_min_budget(ctx, g, &po, &b);
+        if (st) return st;
+        break;
+    }
+    default: return tide_err(ctx, TIDE_E_INVALID, "no budget");
+    }
+    b = (b + 255) & ~(uint64_t)255;
+    tide_status st = m->be->vt->alloc(m->be, b, &m->arena);
+    if (st) return tide_err(ctx, st, "cannot allocate the device arena of %llu bytes: %s", (unsigned long long)b,
+                            tide_ctx_last_error(ctx));
+    m->budget = b;
+    m->acc.budget_bytes = b;
+    return TIDE_OK;
+}
+
+static tide_status bind_homes(tide_model *m, graph_slot *s) {
+    const tide_graph *g = s->g;
+    for (int t = 0; t < g->n_tensors; t++) {
+        const tide_tensor *tt = &g->tensors[t];
+        tide_status st = TIDE_OK;
+        if (tt->role == TIDE_ROLE_WEIGHT) {
+            tide_tensor_info ti;
+            if (tide_checkpoint_get(m->ck, tt->name, &ti))
+                return tide_err(m->ctx, TIDE_E_NOT_FOUND, "weight '%s' is not in the checkpoint", tt->name);
+            st = s->plan->home[t] == TIDE_TIER_SSD ? tide_exec_bind_file(s->ex, t, ti.file, ti.file_offset)
+                                                   : tide_exec_bind_host(s->ex, t, (void *)ti.data);
+        } else if (tt->role == TIDE_ROLE_STATE) {
+            state_buf *sb = tide_model_state(m, tt->name, tt->nbytes);
+            if (!sb) return tide_err(m->ctx, TIDE_E_NOT_FOUND, "state '%s' is not held by the model", tt->name);
+            st = tide_exec_bind_host(s->ex, t, sb->data);
+        }
+        if (st) return st;
+    }
+    return TIDE_OK;
+}
+
+static tide_status prepare(tide_model *m, graph_slot *s) {
+    tide_ctx *ctx = m->ctx;
+    tide_status st;
+    if (!m->budget && (st = resolve_budget(m, s->g))) return st;
+    tide_plan_opts po = plan_opts(m, m->budget);
+    if ((st = tide_plan_make(ctx, s->g, &po, &s->plan))) return st;
+    /* invariant 3: a plan the verifier rejects never runs */
+    if ((st = tide_plan_verify(s->plan)))
+        return tide_err(ctx, st, "the plan failed verification and was not run: %s", tide_ctx_last_error(ctx));
+    s->predicted_s = s->plan->stats.makespan_s;
+    s->timeline = tide_calloc((size_t)(s->plan->n_ins ? s->plan->n_ins : 1), sizeof *s->timeline);
+    if (!s->timeline) return tide_err(ctx, TIDE_E_NOMEM, "out of memory for the timeline");
+    tide_exec_opts eo = {.ssd_dirs = m->off_ssd_dirs, .force_pread = m->off.force_pread,
+                         .arena = m->arena, .arena_bytes = m->budget};
+    if ((st = tide_exec_new(ctx, m->be, s->plan, &eo, &s->ex))) return st;
+    if (!m->last_planned) m->last_planned = s;
+    return bind_homes(m, s);
+}
+
+tide_status tide_model_run_planned(tide_model *m, graph_slot *s, const run_io *io) {
+    tide_status st;
+    if (!s->plan && (st = prepare(m, s))) {
+        /* leave no half-prepared slot behind: the next call starts again */
+        tide_exec_free(s->ex);
+        tide_plan_free(s->plan);
+        tide_free(s->timeline);
+        s->ex = NULL;
+        s->plan = NULL;
+        s->timeline = NULL;
+        return st;
+    }
+    const tide_graph *g = s->g;
+    int tt = tide_graph_find(g, "tokens"), tp = tide_graph_find(g, "pos");
+    int tl = tide_graph_find(g, "logits"), tn = tide_graph_find(g, "next_token");
+    int32_t next_scratch[1];
+    int32_t *next = io->next;
+    if (!next && g->tensors[tn].nbytes <= sizeof next_scratch) next = next_scratch;
+    if (!next) return tide_err(m->ctx, TIDE_E_INVALID, "no buffer for next_token");
+    if ((st = tide_exec_bind_host(s->ex, tt, (void *)io->tokens)) ||
+        (st = tide_exec_bind_host(s->ex, tp, (void *)io->pos)) ||
+        (st = tide_exec_bind_host(s->ex, tl, io->logits)) || (st = tide_exec_bind_host(s->ex, tn, next)))
+        return st;
+    tide_exec_stats es;
+    if ((st = tide_exec_run(s->ex, s->timeline, &es))) return st;
+    tide_gen_stats *a = &m->acc;
+    a->bytes_h2d += es.bytes_h2d;
+    a->bytes_d2h += es.bytes_d2h;
+    a->bytes_ssd_read += es.bytes_ssd_read;
+    a->bytes_ssd_write += es.bytes_ssd_write;
+    a->exec_s += es.wall_s;
+    a->ssd_read_s += es.ssd_read_s;
+    a->predicted_s += s->predicted_s;
+    a->peak_device_bytes = TIDE_MAX(a->peak_device_bytes, s->plan->stats.peak_device_bytes);
+    a->budget_bytes = m->budget;
+    return TIDE_OK;
+}
+
+tide_status tide_model_write_trace(tide_model *m, const char *json_path, const char *svg_path) {
+    graph_slot *s = m->last_planned;
+    if (!s || !s->plan || !s->timeline)
+        return tide_err(m->ctx, TIDE_E_INVALID, "no offloaded run to trace (run with a budget first)");
+    tide_status st = TIDE_OK;
+    if (json_path) st = tide_trace_write(s->plan, s->timeline, s->plan->n_ins, json_path);
+    if (!st && svg_path) {
+        tide_sim_result sim;
+        if ((st = tide_simulate(s->plan, &m->hw, &sim))) return st;
+        const tide_sim_event *tl[2] = {s->timeline, sim.events};
+        const char *labels[2] = {"measured", "predicted"};
+        st = tide_trace_svg_write(s->plan, tl, labels, 2, svg_path);
+        tide_sim_result_free(&sim);
+    }
+    return st;
+}
