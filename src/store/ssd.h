@@ -1,0 +1,174 @@
+/*
+ * ssd.h - the SSD tier store: spill space on NVMe files, and direct reads of
+ * checkpoint files, with many requests in flight.
+ *
+ * A store owns one spill file per directory it is given. The files are created
+ * with O_TMPFILE (never named, so a crash leaves nothing behind; where the
+ * filesystem lacks O_TMPFILE a named file is unlinked right after creation),
+ * opened with O_DIRECT and preallocated with fallocate. Together they form one
+ * logical address space of `capacity` bytes, striped round-robin over the files
+ * in units of stripe_bytes:
+ *
+ *     logical unit k = off / stripe  ->  file k % n_files,
+ *                                        file offset (k / n_files) * stripe + off % stripe
+ *
+ * so a large transfer keeps every device busy. Each read or write is split at
+ * stripe boundaries into requests of at most stripe_bytes, and up to
+ * queue_depth of them are kept in flight by an I/O engine chosen at open:
+ *   - "io_uring": one ring per store; buffers inside a region given to
+ *     tide_ssd_register() use READ_FIXED/WRITE_FIXED (no per-request page
+ *     pinning), other buffers plain READ/WRITE;
+ *   - "pread": a small pool of threads doing pread/pwrite, used when the kernel
+ *     or a seccomp filter refuses io_uring, or when asked to (force_fallback).
+ * Short transfers are resubmitted for the remainder, EAGAIN/EINTR retried; every
+ * call drains all of its requests before it returns, even on failure, so the
+ * caller's buffer is never touched after a call returns.
+ *
+ * Alignment: offsets, lengths and buffer addresses are multiples of
+ * TIDE_SSD_ALIGN (4096), as O_DIRECT needs; anything else is TIDE_E_INVALID.
+ *
+ * Errors are recorded on the context given to tide_ssd_open() (tide_ctx_last_error)
+ * and name the directory or file and the system's reason. The store prints
+ * nothing: when it fell back to threads (tide_ssd_backend_name() == "pread") or
+ * to buffered files (tide_ssd_direct() == false), the caller may say so.
+ *
+ * Threads: a store is used by one thread at a time. Its calls (read, write,
+ * read_file, register, unregister, close) may come from a thread other than the
+ * opener's, provided the caller orders them (thread creation, a mutex or a queue
+ * between the threads). Distinct stores share nothing. The context given at
+ * open receives error messages from whichever thread is calling, so the caller
+ * must not use that context concurrently from another thread during a call.
+ */
+#ifndef TIDE_STORE_SSD_H
+#define TIDE_STORE_SSD_H
+
+#include "core/core.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TIDE_SSD_ALIGN 4096u
+
+typedef struct tide_ssd tide_ssd;
+
+typedef struct tide_ssd_opts {
+    bool force_fallback;    /* use the pread thread pool even if io_uring works */
+    int queue_depth;        /* requests in flight per call; 0: 32 (max 4096) */
+    uint64_t stripe_bytes;  /* stripe unit and largest request; 0: 1 MiB;
+                               a multiple of 4096, at most 256 MiB */
+    int fallback_threads;   /* threads of the pread pool; 0: 4 (max 64) */
+
+    /* Fault injection, for tests only (all zero in production). Requests are
+     * counted per store since open: each request a read (tide_ssd_read or
+     * tide_ssd_read_file) or a write is split into counts once, retries
+     * excluded; a call of at most stripe_bytes inside one stripe unit is one
+     * request. */
+    long fail_read_nth;     /* the Nth read request completes with EIO (0: never) */
+    long fail_write_nth;    /* the Nth write request completes with EIO (0: never) */
+    long short_nth;         /* the Nth request (reads and writes together) is issued
+                               for half its length, so it completes short */
+    long eagain_nth;        /* the Nth request (reads and writes together) is
+                               reported as EAGAIN once, after it ran */
+    int fallocate_enospc_dir; /* 1-based index of the directory whose fallocate
+                                 fails with ENOSPC (0: none) */
+    bool refuse_direct;     /* behave as if every directory refused O_DIRECT */
+} tide_ssd_opts;
+
+/* Opens a store of `capacity` bytes (rounded up to a multiple of 4096) striped
+ * over one new spill file in each of dirs[0..n_dirs-1] (a directory may appear
+ * twice). opts may be NULL (defaults). n_dirs may be 0 only when capacity is 0:
+ * such a store serves tide_ssd_read_file() alone.
+ * Each spill file's space is reserved up front (fallocate; a sparse file where
+ * the filesystem has no fallocate), after checking the filesystem's free space.
+ * Returns TIDE_OK with *out set;
+ *   TIDE_E_INVALID for a bad argument (named in the message);
+ *   TIDE_E_IO when a directory is missing or not writable ("cannot create a
+ *     spill file in DIR: reason") or has too little space ("no space for N bytes
+ *     of spill in DIR: ..."); nothing is left in any directory;
+ *   TIDE_E_NOMEM.
+ * io_uring being refused is not an error: the store falls back to threads
+ * (tide_ssd_fallback_reason() says why). */
+tide_status tide_ssd_open(tide_ctx *ctx, const char *const *dirs, int n_dirs,
+                          uint64_t capacity, const tide_ssd_opts *opts, tide_ssd **out);
+
+/* Closes the spill files (which have no name, so they vanish), stops the
+ * engine and frees the store. NULL is a no-op. */
+void tide_ssd_close(tide_ssd *s);
+
+/* Writes n bytes from buf at logical offset off; reads n bytes at off into buf.
+ * off, n and buf must be multiples of 4096 and off + n <= capacity; n == 0 is a
+ * no-op. Returns TIDE_OK;
+ *   TIDE_E_INVALID for a misaligned value or a range past the capacity (the
+ *     message names the value);
+ *   TIDE_E_IO when a request fails ("read of spill file in DIR at offset X
+ *     failed: reason"); the other requests of the call have finished, the bytes
+ *     of the range are then unspecified (for a read, in buf; for a write, on
+ *     the store). */
+tide_status tide_ssd_write(tide_ssd *s, uint64_t off, const void *buf, size_t n);
+tide_status tide_ssd_read(tide_ssd *s, uint64_t off, void *buf, size_t n);
+
+/* Reads n bytes at file_off of an open file (a checkpoint shard opened with
+ * tide_ssd_open_direct) into buf, through the same engine, in requests of at
+ * most stripe_bytes. Alignment rules as tide_ssd_read. Bytes past the end of
+ * the file read as zeros, so a caller may round a tensor's tail up to 4096
+ * (the checkpoint's size is validated when it is opened). Returns TIDE_OK,
+ * TIDE_E_INVALID (misaligned, negative fd) or TIDE_E_IO naming the file. */
+tide_status tide_ssd_read_file(tide_ssd *s, int fd, uint64_t file_off, void *buf, size_t n);
+
+/* Opens path read-only with O_DIRECT | O_CLOEXEC into *fd (the caller closes
+ * it; *fd is -1 on failure). Returns TIDE_OK; TIDE_E_UNSUPPORTED when the
+ * filesystem refuses O_DIRECT (the caller may then read it buffered);
+ * TIDE_E_NOT_FOUND when it does not exist; TIDE_E_IO otherwise (errno tells
+ * why). It takes no context and records no message: the caller, who knows
+ * what the file is for, words it. */
+tide_status tide_ssd_open_direct(const char *path, int *fd);
+
+/* Registers [base, base+len) (4096-aligned, e.g. the host pool or the bounce
+ * buffers) so requests whose buffer lies inside it use io_uring's fixed buffers.
+ * Up to TIDE_SSD_MAX_REGIONS regions, not overlapping. The memory must stay
+ * mapped until it is unregistered or the store closed. Returns TIDE_OK (also on
+ * the pread engine, where it changes nothing); TIDE_E_INVALID (misaligned, an
+ * overlap, too many regions); TIDE_E_UNSUPPORTED when the kernel refuses to pin
+ * the memory (RLIMIT_MEMLOCK): the store then goes on without fixed buffers for
+ * that region, so the caller may ignore it; TIDE_E_NOMEM. */
+#define TIDE_SSD_MAX_REGIONS 16
+tide_status tide_ssd_register(tide_ssd *s, void *base, size_t len);
+/* Forgets the region that starts at base. Returns TIDE_OK, or TIDE_E_INVALID
+ * when no region starts there. */
+tide_status tide_ssd_unregister(tide_ssd *s, void *base);
+
+/* "io_uring" or "pread". */
+const char *tide_ssd_backend_name(const tide_ssd *s);
+/* Why io_uring was not used ("io_uring_queue_init: Operation not permitted",
+ * "forced"), or "" when it is. */
+const char *tide_ssd_fallback_reason(const tide_ssd *s);
+/* true when every spill file is opened with O_DIRECT; false when a filesystem
+ * refused it and the store reads and writes through the page cache. */
+bool tide_ssd_direct(const tide_ssd *s);
+/* Logical capacity in bytes (rounded up to 4096). */
+uint64_t tide_ssd_capacity(const tide_ssd *s);
+
+typedef struct tide_ssd_stats {
+    uint64_t bytes_read;     /* spill and file reads */
+    uint64_t bytes_written;
+    uint64_t requests;       /* requests issued, retries excluded */
+    uint64_t resubmits;      /* short transfers and EAGAIN retried */
+    uint64_t fixed_requests; /* requests that used a registered buffer */
+} tide_ssd_stats;
+void tide_ssd_get_stats(const tide_ssd *s, tide_ssd_stats *st);
+
+/* Raw bandwidth of a directory, the baseline a store's bandwidth is compared
+ * with: a temporary file (O_TMPFILE, or unlinked at once) of `bytes` (rounded up
+ * to 4 MiB) is written with O_DIRECT and then read back with plain sequential
+ * O_DIRECT pread/pwrite of 4 MiB, one request at a time. The read helper writes
+ * the file first (untimed) and times the read; the write helper times writing
+ * it, fdatasync included. Returns TIDE_OK with *bytes_per_s set; TIDE_E_IO
+ * (the message names dir); TIDE_E_UNSUPPORTED when dir refuses O_DIRECT;
+ * TIDE_E_INVALID (bytes == 0); TIDE_E_NOMEM. */
+tide_status tide_ssd_raw_read_bw(tide_ctx *ctx, const char *dir, uint64_t bytes,
+                                 double *bytes_per_s);
+tide_status tide_ssd_raw_write_bw(tide_ctx *ctx, const char *dir, uint64_t bytes,
+                                  double *bytes_per_s);
+
+#endif
