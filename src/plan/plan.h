@@ -22,6 +22,15 @@
  *                         HOST or SSD its spill space is free.
  *   FREE t  (not an instruction): a tensor is dead after its last DROP.
  *
+ * Conventions (the verifier enforces them): op = -1 on every instruction but
+ * COMPUTE and tensor = -1 on a COMPUTE; COMPUTE runs on the compute stream, LOAD
+ * on h2d or io, STORE on d2h or io, MOVE on io, DROP on any; waits name earlier
+ * instructions only (list order is then a topological order: no deadlock, and a
+ * CUDA event is always recorded before it is waited on). A DROP need not wait
+ * for the copy's readers, but whoever reuses its bytes waits on the DROP and on
+ * every access of the previous occupant. Homes are never dropped; WEIGHT and
+ * INPUT homes are never written.
+ *
  * Device memory: one arena of exactly device_budget bytes; every device copy
  * has an offset decided here. Live device ranges are those between the first
  * write of a range (the LOAD or the COMPUTE that produces the tensor) and the

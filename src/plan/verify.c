@@ -1,0 +1,818 @@
+/*
+ * verify.c - the plan verifier: an independent replay of a plan's instruction
+ * list proving that the plan is safe under EVERY interleaving its streams and
+ * waits allow, not only the one the planner simulated (DESIGN sections 5, 8).
+ * It reads the plan and the graph and nothing of the planner, so a planner bug
+ * cannot hide behind shared code. The first violation in list order is
+ * reported: instruction index, kind, stream, tensor, and what is wrong.
+ *
+ * What it proves:
+ *   V1 Structure. Kinds, streams, tiers, iterations, op and tensor indices are
+ *      valid: a COMPUTE is on the compute stream; a LOAD (host|ssd -> device)
+ *      on h2d or io; a STORE (device -> host|ssd) on d2h or io; a MOVE
+ *      (host <-> ssd) on io; a DROP on any stream and never of a home. Every
+ *      wait names an EARLIER instruction. Every device range (tensor copies
+ *      and op scratch) lies inside device_budget, every spill range inside the
+ *      plan's spill area of its tier. Homes match roles.
+ *   V2 Ops. The COMPUTEs, in list order, are ops 0..n-1 of iteration 0, then
+ *      of iteration 1, ...: every op once per iteration, in graph order. Other
+ *      instructions' iteration tags are only range-checked: a prefetch for
+ *      iteration i+1 legitimately precedes the last ops of iteration i.
+ *   V3 Space (invariant 1). A copy's bytes are live from the start of its
+ *      first writer to the completion of its DROP; transfers in flight are
+ *      live. A writer that claims bytes finds no live copy there, and it
+ *      happens after the DROP that freed them and after every access of their
+ *      previous occupant. Likewise for the host and ssd spill areas; an op's
+ *      scratch is live during its op only. (A DROP itself need not wait for
+ *      the copy's readers: nothing happens to bytes until they are reused, so
+ *      the reuser carries both orderings.)
+ *   V4 Data. Each COMPUTE that writes a tensor makes a new version of it; each
+ *      copy records the version it holds. COMPUTE inputs and LOAD, STORE and
+ *      MOVE sources must be live copies holding the CURRENT version (no stale
+ *      read), and their writer must happen before the reader (RAW). A write to
+ *      an existing copy happens after every earlier access of it (WAR, WAW).
+ *   V5 Ends. At the start WEIGHT, STATE and INPUT tensors are valid (version
+ *      0) at home, OUTPUT and TEMP tensors nowhere. At the end every WEIGHT,
+ *      STATE and OUTPUT home holds the latest version, and only resident
+ *      tensors still have device copies.
+ *
+ * Happens-before. a -> b means "a completes before b starts". Streams are FIFO
+ * and an instruction starts after its waits complete, so -> is the transitive
+ * closure of program order per stream plus wait edges. V1 makes every edge go
+ * from a lower to a higher index, so list order is a topological order: the
+ * plan cannot deadlock, and an executor issuing in list order never waits on
+ * an event not yet recorded (a CUDA wait on such an event would be silently
+ * ignored). One forward pass then gives each instruction b a vector clock,
+ * vc[b][s] = the highest index on stream s with that instruction -> b (b
+ * itself on its own stream). Since a stream is FIFO, knowing a later
+ * instruction of a's stream implies knowing a, so
+ *     a -> b  iff  vc[b][stream(a)] >= a          (O(1); hb() below).
+ * Hazards on one copy need only the last access per stream: the earlier ones
+ * on that stream precede it.
+ *
+ * Copies. A copy is (tensor, tier, offset) or a tensor's home. States and the
+ * function making each transition:
+ *
+ *     (none) --LOAD / STORE / MOVE / COMPUTE output (copy_new)--> LIVE(v, w)
+ *     LIVE --COMPUTE input, LOAD/STORE/MOVE source (copy_read)--> LIVE
+ *     LIVE --in-place COMPUTE, reload, re-store (copy_write)--> LIVE(v', w')
+ *     LIVE --DROP (copy_drop)--> FREED bytes in the interval map
+ *     FREED --claimed by a writer (seg_claim)--> LIVE of the new occupant
+ *
+ * LIVE(v, w) holds version v written by instruction w and the last access per
+ * stream since w. Homes are LIVE from the start (or invalid until stored, for
+ * OUTPUT) and never dropped. A copy is stale when v is older than the
+ * tensor's current version; COMPUTEs run on one stream, so list order is the
+ * true order of versions, and a copy's version is what its producing chain
+ * actually wrote there (each link is RAW-ordered and WAR-protected).
+ *
+ * Space. The device arena and the two spill areas are each an interval map (a
+ * treap of disjoint segments keyed by start offset) from bytes to their latest
+ * occupant: a live copy, or a freed one with the DROP that freed it and its
+ * accesses. Only the latest occupant of a byte matters: a claim is ordered
+ * after the previous occupant's drop and accesses, which were ordered after
+ * theirs. A claim costs O(log n + segments it covers), so the whole replay is
+ * about O(n log n) over instructions.
+ */
+#include "plan/plan.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <string.h>
+
+#define NS TIDE_STREAM_COUNT
+#define NONE (-1)
+
+/* Who holds (or last held) a byte range. */
+typedef struct vocc {
+    int copy;     /* live holder (index into cp), NONE when freed */
+    int tensor;   /* tensor of the holder, NONE for op scratch */
+    int freed_by; /* when freed: the DROP (or the COMPUTE using scratch) */
+    int writer;   /* when freed: last writer of the bytes */
+    int acc[NS];  /* when freed: last access per stream since that writer */
+} vocc;
+
+typedef struct vseg {
+    uint64_t lo, hi; /* [lo, hi) */
+    vocc o;
+    int left, right; /* treap children; left links the free list */
+    uint32_t prio;
+} vseg;
+
+typedef struct vcopy {
+    int tensor;
+    int next;        /* next live copy of the tensor; next free record */
+    tide_tier tier;
+    bool valid;      /* holds data (a home of an OUTPUT starts invalid) */
+    uint64_t off;    /* device or spill offset; TIDE_HOME for a home */
+    uint32_t ver;    /* version of the tensor it holds */
+    int writer;      /* instruction that wrote it, NONE: before the plan */
+    int acc[NS];     /* last access per stream since (and including) writer */
+} vcopy;
+
+typedef struct vstate {
+    const tide_plan *p;
+    const tide_graph *g;
+    tide_ctx *ctx;
+    int32_t (*vc)[NS];      /* per instruction vector clock */
+    int last[NS];           /* last instruction seen per stream */
+    vseg *seg;
+    int n_seg, cap_seg, free_seg;
+    int root[TIDE_TIER_COUNT]; /* interval map per tier (spill areas for host, ssd) */
+    uint64_t rng;
+    vcopy *cp;              /* cp[t] for t < n_tensors is t's home */
+    int n_cp, cap_cp, free_cp;
+    int *head;              /* per tensor: first live non-home copy */
+    uint32_t *cur;          /* per tensor: current version = writes so far */
+    int *n_cur;             /* per tensor: live copies holding the current version */
+    int *lost;              /* per tensor: DROP that removed the last current copy */
+    int *wrote;             /* per tensor: COMPUTE that wrote the current version */
+    int exp_op, exp_iter;   /* next COMPUTE expected (V2) */
+} vstate;
+
+/* ---------------------------------------------------------------- messages */
+
+static const char *tname(const vstate *v, int t) {
+    return t >= 0 && t < v->g->n_tensors ? v->g->tensors[t].name : "?";
+}
+
+/* "device offset 4096", "host home", "ssd spill offset 0" */
+static void place(char *b, size_t n, tide_tier tier, uint64_t off) {
+    if (tier != TIDE_TIER_DEVICE && off == TIDE_HOME)
+        snprintf(b, n, "%s home", tide_tier_name(tier));
+    else
+        snprintf(b, n, "%s %s %" PRIu64, tide_tier_name(tier),
+                 tier == TIDE_TIER_DEVICE ? "offset" : "spill offset", off);
+}
+
+static void describe(const vstate *v, int i, char *b, size_t n) {
+    const tide_ins *in = &v->p->ins[i];
+    char s1[64], s2[64];
+    size_t k = 0;
+    switch (in->kind) {
+    case TIDE_INS_COMPUTE:
+        if (in->op >= 0 && in->op < v->g->n_ops) {
+            const tide_op *op = &v->g->ops[in->op];
+            k = (size_t)snprintf(b, n, "compute %s op %d '%s'", tide_op_name(op->kind), in->op,
+                                 op->n_out ? tname(v, op->out[0]) : "");
+        } else
+            k = (size_t)snprintf(b, n, "compute op %d", in->op);
+        break;
+    case TIDE_INS_LOAD:
+        place(s1, sizeof s1, in->src, in->tier_off);
+        k = (size_t)snprintf(b, n, "load '%s' %s -> device offset %" PRIu64, tname(v, in->tensor),
+                             s1, in->dev_off[0]);
+        break;
+    case TIDE_INS_STORE:
+        place(s2, sizeof s2, in->dst, in->tier_off);
+        k = (size_t)snprintf(b, n, "store '%s' device offset %" PRIu64 " -> %s",
+                             tname(v, in->tensor), in->dev_off[0], s2);
+        break;
+    case TIDE_INS_MOVE:
+        place(s1, sizeof s1, in->src, in->src_off);
+        place(s2, sizeof s2, in->dst, in->tier_off);
+        k = (size_t)snprintf(b, n, "move '%s' %s -> %s", tname(v, in->tensor), s1, s2);
+        break;
+    case TIDE_INS_DROP:
+        place(s1, sizeof s1, in->src, in->src == TIDE_TIER_DEVICE ? in->dev_off[0] : in->tier_off);
+        k = (size_t)snprintf(b, n, "drop '%s' %s", tname(v, in->tensor), s1);
+        break;
+    default:
+        k = (size_t)snprintf(b, n, "kind %d", (int)in->kind);
+    }
+    if (k < n) k += (size_t)snprintf(b + k, n - k, ", stream %s", tide_stream_name(in->stream));
+    if (k < n && v->p->n_iter > 1) snprintf(b + k, n - k, ", iter %d", in->iter);
+}
+
+/* "instruction 12 (load 'w' host home -> device offset 0, stream h2d)" */
+typedef struct vref { char s[256]; } vref;
+static vref ref(const vstate *v, int j) {
+    vref r;
+    char d[200];
+    if (j < 0) {
+        snprintf(r.s, sizeof r.s, "the initial state");
+    } else {
+        describe(v, j, d, sizeof d);
+        snprintf(r.s, sizeof r.s, "instruction %d (%s)", j, d);
+    }
+    return r;
+}
+
+/* Records the violation of instruction x (x < 0: of the plan's end) on the
+ * plan's context; returns TIDE_E_VERIFY. */
+__attribute__((format(printf, 3, 4)))
+static tide_status fail(vstate *v, int x, const char *fmt, ...) {
+    char what[800];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (x < 0) return tide_err(v->ctx, TIDE_E_VERIFY, "at the end of the plan: %s", what);
+    return tide_err(v->ctx, TIDE_E_VERIFY, "%s %s", ref(v, x).s, what);
+}
+
+static tide_status nomem(vstate *v) {
+    return tide_err(v->ctx, TIDE_E_NOMEM, "out of memory verifying a plan of %d instructions",
+                    v->p->n_ins);
+}
+
+/* ---------------------------------------------------------------- happens-before */
+
+/* a -> b: a completes before b starts (a == b counts: an op may read and
+ * rewrite its own bytes). Needs vc[b] computed. */
+static inline bool hb(const vstate *v, int a, int b) {
+    return v->vc[b][v->p->ins[a].stream] >= a;
+}
+
+/* The first access in acc[] not ordered before x, or NONE. */
+static int unordered(const vstate *v, const int acc[NS], int x) {
+    for (int s = 0; s < NS; s++)
+        if (acc[s] != NONE && v->vc[x][s] < acc[s]) return acc[s];
+    return NONE;
+}
+
+/* ---------------------------------------------------------------- interval maps */
+
+static int seg_new(vstate *v) {
+    int s;
+    if (v->free_seg != NONE) {
+        s = v->free_seg;
+        v->free_seg = v->seg[s].left;
+    } else {
+        if (tide_grow((void **)&v->seg, &v->cap_seg, v->n_seg + 1, sizeof *v->seg)) return NONE;
+        s = v->n_seg++;
+    }
+    v->rng ^= v->rng << 13;
+    v->rng ^= v->rng >> 7;
+    v->rng ^= v->rng << 17;
+    v->seg[s].left = v->seg[s].right = NONE;
+    v->seg[s].prio = (uint32_t)(v->rng >> 32);
+    return s;
+}
+
+static void seg_release(vstate *v, int s) {
+    v->seg[s].left = v->free_seg;
+    v->free_seg = s;
+}
+
+static void seg_release_tree(vstate *v, int t) {
+    if (t == NONE) return;
+    int l = v->seg[t].left, r = v->seg[t].right;
+    seg_release_tree(v, l);
+    seg_release_tree(v, r);
+    seg_release(v, t);
+}
+
+/* Splits tree t into *l (segments starting below key) and *r (the rest). */
+static void seg_split(vseg *sg, int t, uint64_t key, int *l, int *r) {
+    if (t == NONE) {
+        *l = *r = NONE;
+    } else if (sg[t].lo < key) {
+        *l = t;
+        seg_split(sg, sg[t].right, key, &sg[t].right, r);
+    } else {
+        *r = t;
+        seg_split(sg, sg[t].left, key, l, &sg[t].left);
+    }
+}
+
+/* Joins a and b, every segment of a starting below every segment of b. */
+static int seg_merge(vseg *sg, int a, int b) {
+    if (a == NONE) return b;
+    if (b == NONE) return a;
+    if (sg[a].prio >= sg[b].prio) {
+        sg[a].right = seg_merge(sg, sg[a].right, b);
+        return a;
+    }
+    sg[b].left = seg_merge(sg, a, sg[b].left);
+    return b;
+}
+
+static int seg_rightmost(const vseg *sg, int t) {
+    while (sg[t].right != NONE) t = sg[t].right;
+    return t;
+}
+
+/* V3: may writer x take [lo, hi) of tier from segment s's occupant? */
+static tide_status seg_check(vstate *v, int s, int x, tide_tier tier, uint64_t lo, uint64_t hi) {
+    const vseg *g = &v->seg[s];
+    const char *area = tier == TIDE_TIER_DEVICE ? "device" : tier == TIDE_TIER_HOST ? "host spill" : "ssd spill";
+    uint64_t a = TIDE_MAX(lo, g->lo), b = TIDE_MIN(hi, g->hi);
+    if (g->o.copy != NONE) {
+        const vcopy *c = &v->cp[g->o.copy];
+        return fail(v, x,
+                    "writes %s bytes [%" PRIu64 ", %" PRIu64 ") while '%s' still lives at %s [%" PRIu64
+                    ", %" PRIu64 ") (written by %s, not dropped): live ranges overlap",
+                    area, lo, hi, tname(v, c->tensor), area, c->off,
+                    c->off + v->g->tensors[c->tensor].nbytes, ref(v, c->writer).s);
+    }
+    const char *who = g->o.tensor == NONE ? "op scratch" : tname(v, g->o.tensor);
+    if (!hb(v, g->o.freed_by, x))
+        return fail(v, x,
+                    "writes %s bytes [%" PRIu64 ", %" PRIu64 ") that held '%s' before %s, which frees "
+                    "them, has completed: the two lives overlap (missing wait on the drop)",
+                    area, a, b, who, ref(v, g->o.freed_by).s);
+    int u = unordered(v, g->o.acc, x);
+    if (u != NONE) {
+        bool w = u == g->o.writer;
+        return fail(v, x,
+                    "writes %s bytes [%" PRIu64 ", %" PRIu64 ") that held '%s' while %s may still %s "
+                    "them (missing wait: write-after-%s)",
+                    area, a, b, who, ref(v, u).s, w ? "write" : "read", w ? "write" : "read");
+    }
+    return TIDE_OK;
+}
+
+static tide_status seg_check_tree(vstate *v, int t, int x, tide_tier tier, uint64_t lo, uint64_t hi) {
+    if (t == NONE) return TIDE_OK;
+    tide_status st = seg_check_tree(v, v->seg[t].left, x, tier, lo, hi);
+    if (!st) st = seg_check(v, t, x, tier, lo, hi);
+    if (!st) st = seg_check_tree(v, v->seg[t].right, x, tier, lo, hi);
+    return st;
+}
+
+/* Instruction x starts writing [lo, hi) of tier's map for occupant o (a new
+ * live copy, or op scratch freed by x itself). Checks V3 against every
+ * segment it covers, then makes o their occupant. */
+static tide_status seg_claim(vstate *v, int x, tide_tier tier, uint64_t lo, uint64_t hi, vocc o) {
+    int nn = seg_new(v), tail = seg_new(v);
+    if (nn == NONE || tail == NONE) return nomem(v);
+    vseg *sg = v->seg; /* no allocation below: the pointer stays valid */
+    int l, m, r;
+    bool tailed = false;
+    tide_status st;
+    seg_split(sg, v->root[tier], lo, &l, &r);
+    seg_split(sg, r, hi, &m, &r);
+    if (l != NONE) { /* the segment starting before lo may reach into it */
+        int last = seg_rightmost(sg, l);
+        if (sg[last].hi > lo) {
+            if ((st = seg_check(v, last, x, tier, lo, hi))) return st;
+            if (sg[last].hi > hi) {
+                sg[tail].lo = hi, sg[tail].hi = sg[last].hi, sg[tail].o = sg[last].o;
+                tailed = true;
+            }
+            sg[last].hi = lo;
+        }
+    }
+    if (m != NONE) { /* every segment starting in [lo, hi) */
+        if ((st = seg_check_tree(v, m, x, tier, lo, hi))) return st;
+        int last = seg_rightmost(sg, m);
+        if (sg[last].hi > hi) {
+            sg[tail].lo = hi, sg[tail].hi = sg[last].hi, sg[tail].o = sg[last].o;
+            tailed = true;
+        }
+        seg_release_tree(v, m);
+    }
+    sg[nn].lo = lo, sg[nn].hi = hi, sg[nn].o = o;
+    if (tailed) r = seg_merge(sg, tail, r);
+    else seg_release(v, tail);
+    v->root[tier] = seg_merge(sg, seg_merge(sg, l, nn), r);
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- copies */
+
+static int copy_find(const vstate *v, int t, tide_tier tier, uint64_t off) {
+    for (int c = v->head[t]; c != NONE; c = v->cp[c].next)
+        if (v->cp[c].tier == tier && v->cp[c].off == off) return c;
+    return NONE;
+}
+
+/* Instruction x reads copy c (found live, current version checked). */
+static tide_status copy_read(vstate *v, int x, int c) {
+    vcopy *cp = &v->cp[c];
+    if (cp->writer != NONE && !hb(v, cp->writer, x)) {
+        char pl[64];
+        place(pl, sizeof pl, cp->tier, cp->off);
+        return fail(v, x, "reads '%s' from %s, written by %s, without waiting on it (missing wait: "
+                    "read-after-write)", tname(v, cp->tensor), pl, ref(v, cp->writer).s);
+    }
+    cp->acc[v->p->ins[x].stream] = x;
+    return TIDE_OK;
+}
+
+/* Instruction x rewrites existing copy c with version ver. */
+static tide_status copy_write(vstate *v, int x, int c, uint32_t ver) {
+    vcopy *cp = &v->cp[c];
+    int u = unordered(v, cp->acc, x);
+    if (u != NONE) {
+        char pl[64];
+        bool w = u == cp->writer;
+        place(pl, sizeof pl, cp->tier, cp->off);
+        return fail(v, x, "overwrites '%s' at %s while %s may still %s it (missing wait: "
+                    "write-after-%s)", tname(v, cp->tensor), pl, ref(v, u).s,
+                    w ? "write" : "read", w ? "write" : "read");
+    }
+    int t = cp->tensor;
+    bool was = cp->valid && cp->ver == v->cur[t];
+    cp->valid = true;
+    cp->ver = ver;
+    cp->writer = x;
+    for (int s = 0; s < NS; s++) cp->acc[s] = NONE;
+    cp->acc[v->p->ins[x].stream] = x;
+    v->n_cur[t] += (int)(ver == v->cur[t]) - (int)was;
+    return TIDE_OK;
+}
+
+/* Instruction x creates a copy of t at (tier, off) holding ver: claims its
+ * bytes, then links it to t's live copies. */
+static tide_status copy_new(vstate *v, int x, int t, tide_tier tier, uint64_t off, uint32_t ver) {
+    int c;
+    if (v->free_cp != NONE) {
+        c = v->free_cp;
+        v->free_cp = v->cp[c].next;
+    } else {
+        if (tide_grow((void **)&v->cp, &v->cap_cp, v->n_cp + 1, sizeof *v->cp)) return nomem(v);
+        c = v->n_cp++;
+    }
+    vcopy *cp = &v->cp[c];
+    cp->tensor = t, cp->tier = tier, cp->valid = true, cp->off = off, cp->ver = ver, cp->writer = x;
+    for (int s = 0; s < NS; s++) cp->acc[s] = NONE;
+    cp->acc[v->p->ins[x].stream] = x;
+    cp->next = v->head[t];
+    v->head[t] = c;
+    vocc o = {.copy = c, .tensor = t, .freed_by = NONE, .writer = NONE};
+    tide_status st = seg_claim(v, x, tier, off, off + v->g->tensors[t].nbytes, o);
+    if (st) return st;
+    if (ver == v->cur[t]) v->n_cur[t]++;
+    return TIDE_OK;
+}
+
+/* DROP x ends live copy c: its bytes become FREED by x in the interval map. */
+static tide_status copy_drop(vstate *v, int x, int c) {
+    vcopy *cp = &v->cp[c];
+    int t = cp->tensor;
+    int s = v->root[cp->tier];
+    while (s != NONE && v->seg[s].lo != cp->off) s = cp->off < v->seg[s].lo ? v->seg[s].left : v->seg[s].right;
+    if (s == NONE || v->seg[s].o.copy != c)
+        return fail(v, x, "finds the verifier's map of '%s' inconsistent (internal error)", tname(v, t));
+    vocc *o = &v->seg[s].o;
+    o->copy = NONE;
+    o->freed_by = x;
+    o->writer = cp->writer;
+    memcpy(o->acc, cp->acc, sizeof o->acc);
+    int *pp = &v->head[t];
+    while (*pp != c) pp = &v->cp[*pp].next;
+    *pp = cp->next;
+    if (cp->ver == v->cur[t] && --v->n_cur[t] == 0) v->lost[t] = x;
+    cp->next = v->free_cp;
+    v->free_cp = c;
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- V1: structure */
+
+static bool in_area(uint64_t off, uint64_t n, uint64_t size) { return off <= size && n <= size - off; }
+
+static tide_status check_dev(vstate *v, int x, const char *what, int t, uint64_t off, uint64_t n) {
+    if (in_area(off, n, v->p->device_budget)) return TIDE_OK;
+    return fail(v, x, "%s %s%s%s at device [%" PRIu64 ", %" PRIu64 "), past the device budget of "
+                "%" PRIu64 " bytes (budget overflow)", what, t == NONE ? "" : "'", t == NONE ? "op scratch" : tname(v, t),
+                t == NONE ? "" : "'", off, off + n, v->p->device_budget);
+}
+
+static tide_status check_spill(vstate *v, int x, int t, tide_tier tier, uint64_t off) {
+    uint64_t size = tier == TIDE_TIER_HOST ? v->p->host_spill_bytes : v->p->ssd_spill_bytes;
+    uint64_t n = v->g->tensors[t].nbytes;
+    if (off == TIDE_HOME || in_area(off, n, size)) return TIDE_OK;
+    return fail(v, x, "places '%s' at %s spill [%" PRIu64 ", %" PRIu64 "), past the plan's %s spill "
+                "area of %" PRIu64 " bytes", tname(v, t), tide_tier_name(tier), off, off + n,
+                tide_tier_name(tier), size);
+}
+
+static bool off_tier(tide_tier t) { return t == TIDE_TIER_HOST || t == TIDE_TIER_SSD; }
+
+static tide_status check_fields(vstate *v, int x) {
+    const tide_plan *p = v->p;
+    const tide_ins *in = &p->ins[x];
+    tide_status st;
+    if ((unsigned)in->kind >= TIDE_INS_COUNT) return fail(v, x, "has an unknown kind %d", (int)in->kind);
+    if ((unsigned)in->stream >= NS) return fail(v, x, "is on an unknown stream %d", (int)in->stream);
+    if (in->iter < 0 || in->iter >= p->n_iter)
+        return fail(v, x, "names iteration %d of a plan of %d", in->iter, p->n_iter);
+    if (in->n_wait < 0 || in->wait_at < 0 || in->wait_at > p->n_waits - in->n_wait)
+        return fail(v, x, "has waits [%d, +%d) outside the plan's %d waits", in->wait_at, in->n_wait, p->n_waits);
+    for (int k = 0; k < in->n_wait; k++) {
+        int w = p->waits[in->wait_at + k];
+        if (w < 0 || w >= p->n_ins) return fail(v, x, "waits on %d, which is not an instruction", w);
+        if (w >= x)
+            return fail(v, x, "waits on instruction %d, which is not earlier: a wait must name an "
+                        "earlier instruction (a wait on a later one can deadlock, or be ignored by "
+                        "an executor issuing in list order)", w);
+    }
+    if (in->kind == TIDE_INS_COMPUTE) {
+        if (in->stream != TIDE_STREAM_COMPUTE) return fail(v, x, "computes off the compute stream");
+        if (in->op < 0 || in->op >= v->g->n_ops) return fail(v, x, "names op %d of a graph of %d", in->op, v->g->n_ops);
+        if (in->tensor != NONE) return fail(v, x, "names tensor %d; a COMPUTE's tensor must be -1", in->tensor);
+        const tide_op *op = &v->g->ops[in->op];
+        for (int i = 0; i < op->n_in; i++)
+            if ((st = check_dev(v, x, "reads", op->in[i], in->dev_off[i], v->g->tensors[op->in[i]].nbytes))) return st;
+        for (int j = 0; j < op->n_out; j++)
+            if ((st = check_dev(v, x, "writes", op->out[j], in->dev_off[op->n_in + j],
+                                v->g->tensors[op->out[j]].nbytes))) return st;
+        if (op->scratch_bytes && (st = check_dev(v, x, "uses", NONE, in->scratch_off, op->scratch_bytes))) return st;
+        return TIDE_OK;
+    }
+    if (in->tensor < 0 || in->tensor >= v->g->n_tensors)
+        return fail(v, x, "names tensor %d of a graph of %d", in->tensor, v->g->n_tensors);
+    if (in->op != NONE) return fail(v, x, "names op %d; only a COMPUTE names an op (must be -1)", in->op);
+    int t = in->tensor;
+    uint64_t n = v->g->tensors[t].nbytes;
+    switch (in->kind) {
+    case TIDE_INS_LOAD:
+        if (!off_tier(in->src) || in->dst != TIDE_TIER_DEVICE)
+            return fail(v, x, "loads from %s to %s; a LOAD goes host|ssd -> device", tide_tier_name(in->src),
+                        tide_tier_name(in->dst));
+        if (in->stream != TIDE_STREAM_H2D && in->stream != TIDE_STREAM_IO)
+            return fail(v, x, "loads on the %s stream; a LOAD runs on h2d or io", tide_stream_name(in->stream));
+        if ((st = check_dev(v, x, "loads", t, in->dev_off[0], n))) return st;
+        return check_spill(v, x, t, in->src, in->tier_off);
+    case TIDE_INS_STORE:
+        if (in->src != TIDE_TIER_DEVICE || !off_tier(in->dst))
+            return fail(v, x, "stores from %s to %s; a STORE goes device -> host|ssd", tide_tier_name(in->src),
+                        tide_tier_name(in->dst));
+        if (in->stream != TIDE_STREAM_D2H && in->stream != TIDE_STREAM_IO)
+            return fail(v, x, "stores on the %s stream; a STORE runs on d2h or io", tide_stream_name(in->stream));
+        if ((st = check_dev(v, x, "stores", t, in->dev_off[0], n))) return st;
+        return check_spill(v, x, t, in->dst, in->tier_off);
+    case TIDE_INS_MOVE:
+        if (!off_tier(in->src) || !off_tier(in->dst) || in->src == in->dst)
+            return fail(v, x, "moves from %s to %s; a MOVE goes host <-> ssd", tide_tier_name(in->src),
+                        tide_tier_name(in->dst));
+        if (in->stream != TIDE_STREAM_IO)
+            return fail(v, x, "moves on the %s stream; a MOVE runs on io", tide_stream_name(in->stream));
+        if ((st = check_spill(v, x, t, in->src, in->src_off))) return st;
+        return check_spill(v, x, t, in->dst, in->tier_off);
+    case TIDE_INS_DROP:
+        if ((unsigned)in->src >= TIDE_TIER_COUNT) return fail(v, x, "drops from unknown tier %d", (int)in->src);
+        if (in->src == TIDE_TIER_DEVICE) return check_dev(v, x, "drops", t, in->dev_off[0], n);
+        if (in->tier_off == TIDE_HOME)
+            return fail(v, x, "drops the home copy of '%s'; a plan never drops a home", tname(v, t));
+        return check_spill(v, x, t, in->src, in->tier_off);
+    default:
+        return TIDE_OK;
+    }
+}
+
+/* ---------------------------------------------------------------- V2-V4: replay */
+
+/* Finds the copy instruction x reads from (tier, off): live, valid, current. */
+static tide_status source(vstate *v, int x, int t, tide_tier tier, uint64_t off, int *out) {
+    const tide_tensor *tt = &v->g->tensors[t];
+    const char *verb = v->p->ins[x].kind == TIDE_INS_COMPUTE ? "reads" :
+                       v->p->ins[x].kind == TIDE_INS_LOAD ? "loads" :
+                       v->p->ins[x].kind == TIDE_INS_STORE ? "stores" : "moves";
+    char pl[64];
+    place(pl, sizeof pl, tier, off);
+    int c;
+    if (tier != TIDE_TIER_DEVICE && off == TIDE_HOME) {
+        if (tt->role == TIDE_ROLE_TEMP) return fail(v, x, "%s '%s' from %s, but a temp has no home", verb, tt->name, pl);
+        if (tier != v->p->home[t])
+            return fail(v, x, "%s '%s' from %s, but its home is %s", verb, tt->name, pl, tide_tier_name(v->p->home[t]));
+        c = t;
+        if (!v->cp[c].valid)
+            return fail(v, x, "%s '%s' from its %s, which holds no valid copy (an output is valid "
+                        "there only once stored)", verb, tt->name, pl);
+    } else {
+        c = copy_find(v, t, tier, off);
+        if (c == NONE) {
+            if (v->cur[t] == 0 && (tt->role == TIDE_ROLE_TEMP || tt->role == TIDE_ROLE_OUTPUT))
+                return fail(v, x, "%s '%s', a %s tensor no instruction has written yet (read of a %s "
+                            "never written)", verb, tt->name, tide_role_name(tt->role), tide_role_name(tt->role));
+            char why[320] = "";
+            int other = NONE;
+            for (int d = v->head[t]; d != NONE && other == NONE; d = v->cp[d].next)
+                if (v->cp[d].tier == tier) other = d;
+            if (v->n_cur[t] == 0 && v->lost[t] != NONE)
+                snprintf(why, sizeof why, "; its current version was lost when %s dropped its last copy",
+                         ref(v, v->lost[t]).s);
+            else if (other != NONE)
+                snprintf(why, sizeof why, "; its live %s copy is at offset %" PRIu64, tide_tier_name(tier),
+                         v->cp[other].off);
+            return fail(v, x, "%s '%s' from %s where no copy of it is live (never %s there, or dropped)%s",
+                        verb, tt->name, pl, tier == TIDE_TIER_DEVICE ? "loaded or computed" : "stored", why);
+        }
+    }
+    if (v->cp[c].ver != v->cur[t])
+        return fail(v, x, "%s '%s' from %s that holds version %u, current is %u (stale read)", verb,
+                    tt->name, pl, v->cp[c].ver, v->cur[t]);
+    *out = c;
+    return copy_read(v, x, c);
+}
+
+/* Instruction x writes t's copy at (tier, off) with version ver. */
+static tide_status dest(vstate *v, int x, int t, tide_tier tier, uint64_t off, uint32_t ver) {
+    const tide_tensor *tt = &v->g->tensors[t];
+    if (tier != TIDE_TIER_DEVICE && off == TIDE_HOME) {
+        if (tt->role != TIDE_ROLE_STATE && tt->role != TIDE_ROLE_OUTPUT)
+            return fail(v, x, "writes the home of %s '%s'; only state and output homes are written "
+                        "(%s)", tide_role_name(tt->role), tt->name,
+                        tt->role == TIDE_ROLE_TEMP ? "a temp has no home" : "it is read-only");
+        if (tier != v->p->home[t])
+            return fail(v, x, "writes '%s' to a %s home, but its home is %s", tt->name,
+                        tide_tier_name(tier), tide_tier_name(v->p->home[t]));
+        return copy_write(v, x, t, ver);
+    }
+    int c = copy_find(v, t, tier, off);
+    return c != NONE ? copy_write(v, x, c, ver) : copy_new(v, x, t, tier, off, ver);
+}
+
+static tide_status do_compute(vstate *v, int x) {
+    const tide_ins *in = &v->p->ins[x];
+    const tide_op *op = &v->g->ops[in->op];
+    tide_status st;
+    if (in->iter != v->exp_iter || in->op != v->exp_op) {
+        const tide_op *want = &v->g->ops[v->exp_op % (v->g->n_ops ? v->g->n_ops : 1)];
+        if (v->exp_iter >= v->p->n_iter)
+            return fail(v, x, "computes op %d of iteration %d after every iteration is complete (op "
+                        "computed twice)", in->op, in->iter);
+        return fail(v, x, "computes op %d of iteration %d, but op %d ('%s') of iteration %d comes "
+                    "next: every op runs once per iteration, in graph order (op missing or out of order)",
+                    in->op, in->iter, v->exp_op, tname(v, want->out[0]), v->exp_iter);
+    }
+    if (++v->exp_op == v->g->n_ops) v->exp_op = 0, v->exp_iter++;
+    for (int i = 0; i < op->n_in; i++) {
+        int c;
+        if ((st = source(v, x, op->in[i], TIDE_TIER_DEVICE, in->dev_off[i], &c))) return st;
+    }
+    for (int j = 0; j < op->n_out; j++) {
+        int t = op->out[j];
+        bool first = true;
+        for (int k = 0; k < j; k++) first = first && op->out[k] != t;
+        if (first) { /* one new version per tensor per op */
+            v->cur[t]++;
+            v->n_cur[t] = 0;
+            v->lost[t] = NONE;
+            v->wrote[t] = x;
+        }
+        if ((st = dest(v, x, t, TIDE_TIER_DEVICE, in->dev_off[op->n_in + j], v->cur[t]))) return st;
+    }
+    if (op->scratch_bytes) {
+        vocc o = {.copy = NONE, .tensor = NONE, .freed_by = x, .writer = x,
+                  .acc = {NONE, NONE, NONE, NONE}};
+        o.acc[TIDE_STREAM_COMPUTE] = x;
+        if ((st = seg_claim(v, x, TIDE_TIER_DEVICE, in->scratch_off, in->scratch_off + op->scratch_bytes, o)))
+            return st;
+    }
+    return TIDE_OK;
+}
+
+static tide_status step(vstate *v, int x) {
+    const tide_plan *p = v->p;
+    const tide_ins *in = &p->ins[x];
+    tide_status st = check_fields(v, x);
+    if (st) return st;
+    int32_t *c = v->vc[x];
+    int prev = v->last[in->stream];
+    for (int s = 0; s < NS; s++) c[s] = prev != NONE ? v->vc[prev][s] : NONE;
+    for (int k = 0; k < in->n_wait; k++) {
+        const int32_t *w = v->vc[p->waits[in->wait_at + k]];
+        for (int s = 0; s < NS; s++) c[s] = TIDE_MAX(c[s], w[s]);
+    }
+    c[in->stream] = x;
+    v->last[in->stream] = x;
+    int t = in->tensor, src;
+    switch (in->kind) {
+    case TIDE_INS_COMPUTE:
+        return do_compute(v, x);
+    case TIDE_INS_LOAD:
+        if ((st = source(v, x, t, in->src, in->tier_off, &src))) return st;
+        return dest(v, x, t, TIDE_TIER_DEVICE, in->dev_off[0], v->cp[src].ver);
+    case TIDE_INS_STORE:
+        if ((st = source(v, x, t, TIDE_TIER_DEVICE, in->dev_off[0], &src))) return st;
+        return dest(v, x, t, in->dst, in->tier_off, v->cp[src].ver);
+    case TIDE_INS_MOVE:
+        if ((st = source(v, x, t, in->src, in->src_off, &src))) return st;
+        return dest(v, x, t, in->dst, in->tier_off, v->cp[src].ver);
+    case TIDE_INS_DROP: {
+        uint64_t off = in->src == TIDE_TIER_DEVICE ? in->dev_off[0] : in->tier_off;
+        int d = copy_find(v, t, in->src, off);
+        if (d == NONE) {
+            char pl[64];
+            place(pl, sizeof pl, in->src, off);
+            return fail(v, x, "drops '%s' at %s where no copy of it is live (never written there, or "
+                        "already dropped)", tname(v, t), pl);
+        }
+        return copy_drop(v, x, d);
+    }
+    default:
+        return TIDE_OK;
+    }
+}
+
+/* ---------------------------------------------------------------- V5: ends */
+
+static tide_status check_homes(vstate *v) {
+    for (int t = 0; t < v->g->n_tensors; t++) {
+        tide_role r = v->g->tensors[t].role;
+        tide_tier h = v->p->home[t];
+        bool ok = r == TIDE_ROLE_TEMP ? h == TIDE_TIER_DEVICE
+                : r == TIDE_ROLE_WEIGHT || r == TIDE_ROLE_STATE ? off_tier(h)
+                : h == TIDE_TIER_HOST;
+        if (!ok)
+            return tide_err(v->ctx, TIDE_E_VERIFY, "the plan gives %s '%s' home tier %d (%s); a weight "
+                            "or state lives on host or ssd, an input or output on host, a temp has "
+                            "none (device)", tide_role_name(r), tname(v, t), (int)h, tide_tier_name(h));
+    }
+    return TIDE_OK;
+}
+
+static tide_status check_end(vstate *v) {
+    const tide_graph *g = v->g;
+    if (v->exp_iter < v->p->n_iter && g->n_ops > 0)
+        return fail(v, NONE, "op %d ('%s') of iteration %d is never computed (op missing)", v->exp_op,
+                    tname(v, g->ops[v->exp_op].out[0]), v->exp_iter);
+    for (int t = 0; t < g->n_tensors; t++) {
+        tide_role r = g->tensors[t].role;
+        const vcopy *h = &v->cp[t];
+        if (r != TIDE_ROLE_WEIGHT && r != TIDE_ROLE_STATE && r != TIDE_ROLE_OUTPUT) continue;
+        if (h->valid && h->ver == v->cur[t]) continue;
+        if (!h->valid)
+            return fail(v, NONE, "%s '%s' (version %u, written by %s) is never stored to its %s home "
+                        "(output never stored)", tide_role_name(r), tname(v, t), v->cur[t],
+                        ref(v, v->wrote[t]).s, tide_tier_name(v->p->home[t]));
+        if (v->n_cur[t] == 0 && v->lost[t] != NONE)
+            return fail(v, NONE, "%s '%s' ends with version %u at its %s home, but its latest version "
+                        "%u (written by %s) was lost when %s dropped its last copy without a STORE "
+                        "home (lost dirty state)", tide_role_name(r), tname(v, t), h->ver,
+                        tide_tier_name(v->p->home[t]), v->cur[t], ref(v, v->wrote[t]).s,
+                        ref(v, v->lost[t]).s);
+        return fail(v, NONE, "%s '%s' ends with version %u at its %s home, but its latest version %u "
+                    "(written by %s) is never stored home (missing STORE)", tide_role_name(r),
+                    tname(v, t), h->ver, tide_tier_name(v->p->home[t]), v->cur[t], ref(v, v->wrote[t]).s);
+    }
+    for (int t = 0; t < g->n_tensors; t++) {
+        if (v->p->resident && v->p->resident[t]) continue;
+        for (int c = v->head[t]; c != NONE; c = v->cp[c].next)
+            if (v->cp[c].tier == TIDE_TIER_DEVICE)
+                return fail(v, NONE, "'%s' still lives at device offset %" PRIu64 " (written by %s); "
+                            "only resident tensors stay on the device (missing DROP)", tname(v, t),
+                            v->cp[c].off, ref(v, v->cp[c].writer).s);
+    }
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- entry */
+
+static tide_status vstate_init(vstate *v) {
+    int nt = v->g->n_tensors;
+    size_t n = (size_t)(nt ? nt : 1);
+    v->vc = tide_malloc((size_t)(v->p->n_ins ? v->p->n_ins : 1) * sizeof *v->vc);
+    v->head = tide_malloc(n * sizeof *v->head);
+    v->cur = tide_calloc(n, sizeof *v->cur);
+    v->n_cur = tide_malloc(n * sizeof *v->n_cur);
+    v->lost = tide_malloc(n * sizeof *v->lost);
+    v->wrote = tide_malloc(n * sizeof *v->wrote);
+    if (!v->vc || !v->head || !v->cur || !v->n_cur || !v->lost || !v->wrote ||
+        tide_grow((void **)&v->cp, &v->cap_cp, nt + 64, sizeof *v->cp))
+        return nomem(v);
+    for (int s = 0; s < NS; s++) v->last[s] = NONE;
+    for (int k = 0; k < TIDE_TIER_COUNT; k++) v->root[k] = NONE;
+    v->free_seg = v->free_cp = NONE;
+    v->rng = 0x9e3779b97f4a7c15ull;
+    for (int t = 0; t < nt; t++) { /* V5, start: homes of weights, state, inputs hold version 0 */
+        tide_role r = v->g->tensors[t].role;
+        vcopy *h = &v->cp[t];
+        memset(h, 0, sizeof *h);
+        h->tensor = t;
+        h->next = NONE;
+        h->tier = v->p->home[t];
+        h->off = TIDE_HOME;
+        h->valid = r == TIDE_ROLE_WEIGHT || r == TIDE_ROLE_STATE || r == TIDE_ROLE_INPUT;
+        h->writer = NONE;
+        for (int s = 0; s < NS; s++) h->acc[s] = NONE;
+        v->head[t] = NONE;
+        v->n_cur[t] = h->valid ? 1 : 0;
+        v->lost[t] = NONE;
+        v->wrote[t] = NONE;
+    }
+    v->n_cp = nt;
+    return TIDE_OK;
+}
+
+static void vstate_free(vstate *v) {
+    tide_free(v->vc);
+    tide_free(v->seg);
+    tide_free(v->cp);
+    tide_free(v->head);
+    tide_free(v->cur);
+    tide_free(v->n_cur);
+    tide_free(v->lost);
+    tide_free(v->wrote);
+}
+
+tide_status tide_plan_verify(const tide_plan *p) {
+    if (!p) return TIDE_E_INVALID;
+    if (!p->g || !p->home || (p->n_ins > 0 && !p->ins) || (p->n_waits > 0 && !p->waits))
+        return tide_err(p->ctx, TIDE_E_INVALID, "plan verification: the plan is incomplete (no graph, "
+                        "homes or instructions)");
+    if (p->n_iter < 1)
+        return tide_err(p->ctx, TIDE_E_VERIFY, "the plan runs %d iterations; at least 1 is needed", p->n_iter);
+    vstate v = {.p = p, .g = p->g, .ctx = p->ctx};
+    tide_status st = check_homes(&v);
+    if (!st) st = vstate_init(&v);
+    for (int x = 0; !st && x < p->n_ins; x++) st = step(&v, x);
+    if (!st) st = check_end(&v);
+    vstate_free(&v);
+    return st;
+}
