@@ -4,6 +4,7 @@
  */
 #include "core/core.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +44,8 @@ void tide_ctx_set_threads(tide_ctx *ctx, int n) { ctx->n_threads = n < 0 ? 0 : n
 
 int tide_ctx_threads(const tide_ctx *ctx) {
     if (ctx && ctx->n_threads > 0) return ctx->n_threads;
+    const char *env = getenv("TIDE_THREADS");
+    if (env && atoi(env) > 0) return atoi(env);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }

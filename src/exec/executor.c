@@ -174,7 +174,8 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
         for (char *tok = strtok(buf, ","); tok && n < 16; tok = strtok(NULL, ",")) list[n++] = tok;
         tide_ssd_opts so = {.force_fallback = opts->force_pread,
                             .fail_read_nth = opts->fail_ssd_read_nth,
-                            .fail_write_nth = opts->fail_ssd_write_nth};
+                            .fail_write_nth = opts->fail_ssd_write_nth,
+                            .fallocate_enospc_dir = opts->fail_ssd_enospc ? 1 : 0};
         uint64_t cap = (p->ssd_spill_bytes + ALIGN - 1) / ALIGN * ALIGN + ALIGN;
         if ((st = tide_ssd_open(ctx, list, n, cap, &so, &ex->ssd))) goto fail;
         tide_ssd_register(ex->ssd, ex->bounce, BOUNCE_BYTES);

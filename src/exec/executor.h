@@ -25,6 +25,8 @@ typedef struct tide_exec_opts {
     bool no_pin;              /* do not try to pin the host pool */
     long fail_ssd_read_nth;   /* fault injection (tests): Nth SSD read/write fails */
     long fail_ssd_write_nth;
+    bool fail_ssd_enospc;     /* fault injection (tests): the spill file's fallocate
+                                 fails with ENOSPC */
     void *arena;              /* device memory of at least the plan's budget to use
                                  instead of allocating one (shared by several
                                  executors that never run at once); not freed */
