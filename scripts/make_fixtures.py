@@ -20,7 +20,8 @@ Per fixture directory DIR/<name>/:
                                       "rope_parameters"; the classic keys
                                       "torch_dtype" and "rope_theta" are added with
                                       the same values so that loaders that follow
-                                      the older layout (most Hub checkpoints) read it.
+                                      the older layout (most Hub checkpoints) read
+                                      it; tiny-bf16-gqa keeps the new layout only.
     model.safetensors                 or model-0000k-of-0000n.safetensors shards plus
                                       model.safetensors.index.json
     logits.f32                        (T, V) float32 little-endian, row-major: logits
@@ -171,13 +172,19 @@ def save(model, dtype, shard, d):
     gc = os.path.join(d, "generation_config.json")
     if os.path.exists(gc):  # not part of a tide checkpoint
         os.remove(gc)
-    # Add the classic keys next to the transformers-5 ones (see the top comment).
+    # Add the classic keys next to the transformers-5 ones (see the top comment),
+    # except in tiny-bf16-gqa, which keeps the transformers-5 layout as written
+    # so that the loader's reading of "dtype" and "rope_parameters" is tested.
     path = os.path.join(d, "config.json")
     with open(path) as f:
         cj = json.load(f)
-    cj.setdefault("torch_dtype", DTYPE_NAME[dtype])
-    theta = cj.get("rope_theta", (cj.get("rope_parameters") or {}).get("rope_theta"))
-    cj["rope_theta"] = theta
+    if os.path.basename(d) != "tiny-bf16-gqa":
+        cj.setdefault("torch_dtype", DTYPE_NAME[dtype])
+        theta = cj.get("rope_theta", (cj.get("rope_parameters") or {}).get("rope_theta"))
+        cj["rope_theta"] = theta
+    else:
+        cj.pop("torch_dtype", None)
+        cj.pop("rope_theta", None)
     with open(path, "w") as f:
         json.dump(cj, f, indent=2, sort_keys=True)
         f.write("\n")

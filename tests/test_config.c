@@ -477,6 +477,29 @@ static void test_load_odd_head_dim(void **state) {
     expect_load_fails(f, TIDE_E_FORMAT, "odd");
 }
 
+/* transformers 5 writes rope_theta inside "rope_parameters". */
+static void test_load_rope_parameters(void **state) {
+    fixture *f = *state;
+    cJSON *o = base_json();
+    cJSON_DeleteItemFromObject(o, "rope_theta");
+    cJSON *rp = cJSON_CreateObject();
+    cJSON_AddNumberToObject(rp, "rope_theta", 500000.0);
+    cJSON_AddStringToObject(rp, "rope_type", "default");
+    cJSON_AddItemToObject(o, "rope_parameters", rp);
+    write_json(f->path, o);
+    tide_llama_config cfg;
+    assert_int_equal(tide_llama_config_load(f->ctx, f->path, &cfg), TIDE_OK);
+    assert_true(cfg.rope_theta == 500000.0f);
+
+    o = base_json();
+    rp = cJSON_CreateObject();
+    cJSON_AddNumberToObject(rp, "rope_theta", 500000.0);
+    cJSON_AddStringToObject(rp, "rope_type", "llama3");
+    cJSON_AddItemToObject(o, "rope_parameters", rp);
+    write_json(f->path, o);
+    expect_load_fails(f, TIDE_E_UNSUPPORTED, "llama3");
+}
+
 static void test_load_unsupported(void **state) {
     fixture *f = *state;
     cJSON *o = base_json();
@@ -565,6 +588,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_save_fails, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_defaults, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_missing_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_load_rope_parameters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_malformed_json, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_not_object, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_wrong_types, setup, teardown),

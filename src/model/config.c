@@ -369,6 +369,21 @@ static tide_status parse_config(tide_ctx *ctx, const char *path, const cJSON *ro
         return st;
     if (c.num_key_value_heads == -1) c.num_key_value_heads = c.num_attention_heads;
 
+    /* transformers 5 moves rope_theta into "rope_parameters" (with a rope_type);
+     * a top-level rope_theta, when present, agrees with it. */
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
+    if (rp && !cJSON_IsNull(rp)) {
+        if (!cJSON_IsObject(rp))
+            return tide_err(ctx, TIDE_E_FORMAT, "%s: field 'rope_parameters' must be an object", path);
+        const cJSON *rt = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
+        if (rt && !cJSON_IsNull(rt) && (!cJSON_IsString(rt) || strcmp(rt->valuestring, "default") != 0))
+            return tide_err(ctx, TIDE_E_UNSUPPORTED, "%s: rope_parameters.rope_type '%s' is not supported "
+                            "(only 'default')", path, cJSON_IsString(rt) ? rt->valuestring : "?");
+        if (!cJSON_GetObjectItemCaseSensitive(root, "rope_theta") &&
+            (st = get_float(ctx, path, rp, "rope_theta", false, &c.rope_theta)))
+            return st;
+    }
+
     /* transformers >= 4.56 writes "dtype"; older versions "torch_dtype". */
     const char *dt_field = "torch_dtype";
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, dt_field);
