@@ -27,6 +27,7 @@ static const char usage[] =
     "Each command takes --help. Exit status: 0 success, 1 failure, 2 usage error.\n";
 
 int main(int argc, char **argv) {
+    char *help_args[3] = {NULL, "--help", NULL};
     if (argc < 2) {
         fputs(usage, stderr);
         return 2;
@@ -45,8 +46,8 @@ int main(int argc, char **argv) {
             fputs(usage, stdout);
             return 0;
         }
-        char *args[] = {argv[2], "--help", NULL};
-        argv = args;
+        help_args[0] = argv[2];
+        argv = help_args;
         argc = 2;
         cmd = argv[0];
     } else {
@@ -56,7 +57,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return cmd_run(argc, argv);
     if (!strcmp(cmd, "make-model")) return cmd_make_model(argc, argv);
     if (!strcmp(cmd, "plan")) return cmd_plan(argc, argv);
-    /* PROBE_DISPATCH */
+    if (!strcmp(cmd, "probe")) return cmd_probe(argc, argv);
     fprintf(stderr, "tide: unknown command '%s'\n", cmd);
     fputs(usage, stderr);
     return 2;
