@@ -1,0 +1,158 @@
+/*
+ * cpu_backend.c - the CPU backend: "device" memory is host RAM (64-byte
+ * aligned blocks), transfers are memcpy, and compute reads an op's shapes from
+ * the graph and calls the matching kernel of kernels.h. Work is synchronous,
+ * so there is nothing to synchronize.
+ *
+ * Workspace: the only workspace an op gets is op->scratch_bytes of `scratch`
+ * (MATMUL with non-f32 weights, see graph.c). Attention works in bounded tiles
+ * on each thread's stack (under 96 KiB), so nothing is allocated in compute and
+ * nothing needs reserving before a run.
+ */
+#include "backend/backend.h"
+#include "backend/cpu/kernels.h"
+
+#include <string.h>
+
+#define CPU_ALIGN 64
+
+static void cpu_destroy(tide_backend *be) { tide_free(be); }
+
+static tide_status cpu_alloc(tide_backend *be, size_t n, void **ptr) {
+    *ptr = tide_malloc_aligned(n ? n : 1, CPU_ALIGN);
+    if (!*ptr) return tide_err(be->ctx, TIDE_E_NOMEM, "cpu backend: out of memory allocating %zu bytes", n);
+    return TIDE_OK;
+}
+
+static void cpu_dealloc(tide_backend *be, void *ptr) { tide_free_aligned(ptr); }
+
+static tide_status cpu_copy(tide_backend *be, void *dst, const void *src, size_t n) {
+    if (n) memcpy(dst, src, n);
+    return TIDE_OK;
+}
+
+static const tide_tensor *tin(const tide_graph *g, const tide_op *op, int i) {
+    return &g->tensors[op->in[i]];
+}
+
+static const tide_tensor *tout(const tide_graph *g, const tide_op *op, int i) {
+    return &g->tensors[op->out[i]];
+}
+
+static tide_status cpu_compute(tide_backend *be, const tide_graph *g, const tide_op *op,
+                               void *const *in, void *const *out, void *scratch) {
+    tide_ctx *ctx = be->ctx;
+    const char *nm = tide_op_name(op->kind);
+    for (int i = 0; i < op->n_in; i++)
+        if (!in[i]) return tide_err(ctx, TIDE_E_INVALID, "cpu %s: input %d has no data", nm, i);
+    for (int i = 0; i < op->n_out; i++)
+        if (!out[i]) return tide_err(ctx, TIDE_E_INVALID, "cpu %s: output %d has no data", nm, i);
+    int nt = tide_ctx_threads(ctx);
+    const tide_op_params *p = &op->p;
+    switch (op->kind) {
+    case TIDE_OP_EMBED: {
+        const tide_tensor *tab = tin(g, op, 0), *tok = tin(g, op, 1);
+        int64_t R = tide_tensor_numel(tok), bad = -1;
+        tide_status st = tk_embed(in[0], tab->dtype, tab->shape[0], tab->shape[1], in[1], R,
+                                  out[0], &bad, nt);
+        if (st == TIDE_E_RANGE)
+            return tide_err(ctx, st, "embed: token id %d at position %lld of '%s' is outside the vocabulary (size %lld)",
+                            ((const int32_t *)in[1])[bad], (long long)bad, tok->name,
+                            (long long)tab->shape[0]);
+        return st;
+    }
+    case TIDE_OP_RMSNORM: {
+        const tide_tensor *x = tin(g, op, 0);
+        tk_rmsnorm(in[0], in[1], tin(g, op, 1)->dtype, x->shape[0], x->shape[1], p->eps, out[0], nt);
+        return TIDE_OK;
+    }
+    case TIDE_OP_MATMUL: {
+        const tide_tensor *x = tin(g, op, 0), *w = tin(g, op, 1);
+        tide_status st = tk_matmul(in[0], in[1], w->dtype, x->shape[0], x->shape[1], w->shape[0],
+                                   out[0], scratch, scratch ? (size_t)op->scratch_bytes : 0, nt);
+        if (st)
+            return tide_err(ctx, st, "matmul '%s': dimensions beyond what BLAS takes", w->name);
+        return TIDE_OK;
+    }
+    case TIDE_OP_ROPE: {
+        const tide_tensor *x = tin(g, op, 0);
+        tk_rope(in[0], in[1], x->shape[0], tide_tensor_numel(tin(g, op, 1)), p->n_heads,
+                p->head_dim, p->rope_theta, out[0], nt);
+        return TIDE_OK;
+    }
+    case TIDE_OP_ATTENTION: {
+        const tide_tensor *pos = tin(g, op, 3), *kc = tin(g, op, 4);
+        tk_attn_dims d = {.B = p->batch, .T = tide_tensor_numel(pos), .C = kc->shape[1],
+                          .H = p->n_heads, .KV = p->n_kv_heads, .hd = p->head_dim};
+        int64_t bad = -1;
+        tide_status st = tk_attention(in[0], in[1], in[2], in[3], in[4], in[5], out[0], &d, &bad, nt);
+        if (st == TIDE_E_RANGE)
+            return tide_err(ctx, st, "attention: position %d at index %lld of '%s' is outside the cache '%s' (capacity %lld)",
+                            ((const int32_t *)in[3])[bad], (long long)bad, pos->name, kc->name,
+                            (long long)d.C);
+        if (st == TIDE_E_UNSUPPORTED)
+            return tide_err(ctx, st, "attention: head_dim %d is above the cpu backend's limit %d",
+                            d.hd, TK_ATTN_MAX_HD);
+        return st;
+    }
+    case TIDE_OP_SILU_MUL:
+        tk_silu_mul(in[0], in[1], out[0], tide_tensor_numel(tin(g, op, 0)), nt);
+        return TIDE_OK;
+    case TIDE_OP_ADD:
+        tk_add(in[0], in[1], out[0], tide_tensor_numel(tin(g, op, 0)), nt);
+        return TIDE_OK;
+    case TIDE_OP_TAKE_LAST: {
+        const tide_tensor *x = tin(g, op, 0);
+        tk_take_last(in[0], p->batch, x->shape[0] / p->batch, x->shape[1], out[0]);
+        return TIDE_OK;
+    }
+    case TIDE_OP_ARGMAX: {
+        const tide_tensor *x = tin(g, op, 0);
+        tk_argmax(in[0], x->shape[0], x->shape[1], out[0], nt);
+        return TIDE_OK;
+    }
+    case TIDE_OP_GENERIC: {
+        const uint8_t *ip[TIDE_OP_MAX_IN];
+        uint8_t *op_[TIDE_OP_MAX_OUT];
+        uint64_t ib[TIDE_OP_MAX_IN], ob[TIDE_OP_MAX_OUT];
+        for (int i = 0; i < op->n_in; i++) {
+            ip[i] = in[i];
+            ib[i] = tin(g, op, i)->nbytes;
+        }
+        for (int i = 0; i < op->n_out; i++) {
+            op_[i] = out[i];
+            ob[i] = tout(g, op, i)->nbytes;
+        }
+        tk_generic(op->n_in, ip, ib, op->n_out, op_, ob, nt);
+        return TIDE_OK;
+    }
+    default:
+        break;
+    }
+    return tide_err(ctx, TIDE_E_UNSUPPORTED, "cpu backend: op kind %d is not supported", (int)op->kind);
+}
+
+static const tide_backend_vt cpu_vt = {
+    .name = "cpu",
+    .device_is_host = true,
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .dealloc = cpu_dealloc,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .compute = cpu_compute,
+    .synchronize = NULL,
+};
+
+/* Returns TIDE_OK with *out a new CPU backend on ctx, or TIDE_E_NOMEM. */
+tide_status tide_cpu_backend_new(tide_ctx *ctx, tide_backend **out) {
+    *out = NULL;
+    tide_backend *be = tide_calloc(1, sizeof *be);
+    if (!be) return tide_err(ctx, TIDE_E_NOMEM, "out of memory creating the cpu backend");
+    tk_init();
+    be->vt = &cpu_vt;
+    be->ctx = ctx;
+    be->kind = TIDE_BACKEND_CPU;
+    *out = be;
+    return TIDE_OK;
+}

@@ -1,0 +1,121 @@
+/*
+ * kernels.h - the CPU backend's kernels: pure functions on raw pointers, one
+ * per op kind (tide.h documents the op contracts). They know nothing of graphs,
+ * contexts or backends; cpu_backend.c reads shapes from the graph and calls
+ * them. Activations are f32 row-major; weights may be f32, f16 or bf16.
+ *
+ * Every kernel:
+ *   - is deterministic: the same input and thread count give the same output
+ *     bits on every run. No reduction order in this file depends on how work
+ *     is split between threads; MATMUL's sgemm tiles are cut by thread count,
+ *     which in practice does not change bits but BLAS does not promise it;
+ *   - allocates nothing: workspace is the caller's `scratch` or a bounded tile
+ *     on the calling thread's stack (attention: under 96 KiB per thread);
+ *   - uses `nt` OpenMP threads (nt >= 1). MATMUL sets OpenBLAS to one thread
+ *     and calls it from each OpenMP thread on its own tile, so the process
+ *     has one thread pool and no pool spins on cores the other one needs;
+ *     it restores OpenBLAS's (process-wide) thread setting before returning,
+ *     so two MATMULs must not run at the same time from different threads;
+ *   - is safe in place (out == x) unless its comment says otherwise.
+ *
+ * On x86-64 CPUs with AVX2 and FMA, the hot loops (conversion, small-batch
+ * matmul, attention tiles) run hand-vectorised code chosen at run time; other
+ * CPUs run portable loops. Results are bit-identical run to run on one machine;
+ * the two code paths may differ in the last bits (FMA rounding).
+ */
+#ifndef TIDE_CPU_KERNELS_H
+#define TIDE_CPU_KERNELS_H
+
+#include "core/core.h"
+
+/* Detects CPU features once (thread-safe, idempotent). Kernels call it
+ * themselves; calling it early only moves the cost. */
+void tk_init(void);
+/* Tests: true makes every kernel take its portable path even on AVX2 CPUs. */
+void tk_force_generic(bool on);
+/* True if the AVX2/FMA paths are in use. */
+bool tk_have_avx2(void);
+
+/* dst[i] = (float)src[i] for n elements of dt (f32, f16, bf16), single
+ * threaded. Bit-identical to tide_convert_to_f32 for every input, NaN
+ * payloads included. */
+void tk_convert(const void *src, tide_dtype dt, float *dst, size_t n);
+
+/* EMBED. table (V, D) of dt, tokens (R), out (R, D) f32: out[r] = table[tokens[r]].
+ * Checks every id first: returns TIDE_OK, or TIDE_E_RANGE with *bad set to
+ * the first position whose id is outside [0, V); nothing is written then. */
+tide_status tk_embed(const void *table, tide_dtype dt, int64_t V, int64_t D,
+                     const int32_t *tokens, int64_t R, float *out, int64_t *bad, int nt);
+
+/* RMSNORM (Hugging Face LlamaRMSNorm). x (R, D), w (D) of wdt, out (R, D):
+ * out = w * (x * 1/sqrtf(mean(x^2) + eps)); mean(x^2) accumulated in double. */
+void tk_rmsnorm(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t D, float eps,
+                float *out, int nt);
+
+/* MATMUL. x (R, K), w (N, K) of wdt, out (R, N) = x . w^T; out must not
+ * overlap x or w. f32 weights go straight to cblas_sgemm. Other dtypes are
+ * converted block by block (as many rows of w as fit in scratch_bytes of
+ * scratch, which may be NULL/0), all threads converting a block together, then
+ * each running sgemm on its tile of the block's output columns. Small batches
+ * (R < TK_MATMUL_FUSED_R) or a scratch too small for one row of w use a fused
+ * convert-and-dot kernel instead, which reads each weight once. Returns
+ * TIDE_OK, or TIDE_E_UNSUPPORTED if a dimension exceeds what BLAS takes
+ * (INT_MAX). */
+#define TK_MATMUL_FUSED_R 16
+tide_status tk_matmul(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K,
+                      int64_t N, float *out, void *scratch, size_t scratch_bytes, int nt);
+
+/* ROPE, Hugging Face rotate_half convention. x (R, H*hd), pos (T), out
+ * (R, H*hd); row r has position pos[r % T]. For i < hd/2:
+ * inv = 1/powf(theta, (float)(2i)/hd), a = (float)pos * inv,
+ * out[i] = x[i]*cos a - x[i+hd/2]*sin a, out[i+hd/2] = x[i+hd/2]*cos a + x[i]*sin a.
+ * hd must be even. */
+void tk_rope(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd,
+             float theta, float *out, int nt);
+
+/* ATTENTION shapes: B batch, T tokens per batch row (R = B*T), C cache
+ * positions, H query heads, KV key/value heads (H % KV == 0), hd head size. */
+typedef struct tk_attn_dims {
+    int64_t B, T, C;
+    int H, KV, hd;
+} tk_attn_dims;
+
+/* Largest head_dim the attention tiles take. */
+#define TK_ATTN_MAX_HD 512
+
+/* ATTENTION. q (R, H*hd), k, v (R, KV*hd), pos (T), kcache, vcache
+ * (B, C, KV*hd), o (R, H*hd); o must not overlap the others.
+ * First writes k/v row (b, t) into cache[b][pos[t]], then for each query
+ * (b, t) and head h (kv head h / (H/KV)): softmax over cache positions
+ * j <= pos[t] of q.k_j / sqrtf(hd), o = sum p_j v_j (online softmax over key
+ * tiles; masked positions are never read, so stale cache bytes cannot leak).
+ * Returns TIDE_OK; TIDE_E_RANGE with *bad = t when pos[t] is outside [0, C)
+ * (checked before anything is written); TIDE_E_UNSUPPORTED when hd >
+ * TK_ATTN_MAX_HD. */
+tide_status tk_attention(const float *q, const float *k, const float *v, const int32_t *pos,
+                         float *kcache, float *vcache, float *o, const tk_attn_dims *d,
+                         int64_t *bad, int nt);
+
+/* SILU_MUL. gate, up, out (n): out = gate / (1 + expf(-gate)) * up. */
+void tk_silu_mul(const float *gate, const float *up, float *out, int64_t n, int nt);
+
+/* ADD. a, b, out (n): out = a + b. */
+void tk_add(const float *a, const float *b, float *out, int64_t n, int nt);
+
+/* TAKE_LAST. x (B*T, D), out (B, D): out[b] = x[b*T + T-1]. out must not
+ * overlap x. */
+void tk_take_last(const float *x, int64_t B, int64_t T, int64_t D, float *out);
+
+/* ARGMAX. x (R, V), out (R) i32: index of the largest value of each row; the
+ * first one on ties; the first NaN if the row holds a NaN (as torch.argmax). */
+void tk_argmax(const float *x, int64_t R, int64_t V, int32_t *out, int nt);
+
+/* GENERIC (synthetic op for planner tests). Every tensor is bytes. For output
+ * k of nbytes n: out_k[j] = (uint8_t)(sum_i (i+1) * in_i[j % in_bytes[i]]
+ * + 31*j + 17*k), i over the n_in inputs. Outputs are written in order
+ * k = 0, 1, ...; an output that is also an input is read at j before j is
+ * written, so in-place use is deterministic. */
+void tk_generic(int n_in, const uint8_t *const *in, const uint64_t *in_bytes, int n_out,
+                uint8_t *const *out, const uint64_t *out_bytes, int nt);
+
+#endif
