@@ -33,6 +33,17 @@ typedef struct tide_backend_vt {
                            void *const *in, void *const *out, void *scratch);
     /* Waits until all work issued so far is complete (NULL: nothing to wait). */
     tide_status (*synchronize)(tide_backend *be);
+    /* Optional: the calling thread will issue the work of plan stream `stream`
+     * (0 compute, 1 h2d, 2 d2h, 3 io) from now on; the backend may bind it to
+     * its own queue (a CUDA stream). Every call made by that thread afterwards
+     * (compute, to_device, to_host) completes before it returns. NULL: nothing
+     * to do. */
+    tide_status (*stream_begin)(tide_backend *be, int stream);
+    /* Optional: page-locked host memory for the host pool and bounce buffers
+     * (cudaHostAlloc). NULL, or TIDE_E_UNSUPPORTED: the caller pins with mlock
+     * or uses pageable memory. */
+    tide_status (*host_alloc)(tide_backend *be, size_t n, void **ptr);
+    void (*host_free)(tide_backend *be, void *ptr);
 } tide_backend_vt;
 
 struct tide_backend {
@@ -42,7 +53,10 @@ struct tide_backend {
     void *impl;
 };
 
-/* Constructors of the built-in backends. */
+/* Constructors of the built-in backends. tide_cuda_backend_new exists only in
+ * builds with TIDE_HAVE_CUDA; it returns TIDE_E_NO_DEVICE when no GPU is
+ * usable (driver or device absent: CUDA errors 35 and 100). */
 tide_status tide_cpu_backend_new(tide_ctx *ctx, tide_backend **out);
+tide_status tide_cuda_backend_new(tide_ctx *ctx, tide_backend **out);
 
 #endif

@@ -58,6 +58,7 @@ struct tide_exec {
     unsigned char *host_pool;
     size_t host_pool_bytes;
     bool host_pinned;
+    bool host_by_backend;       /* host_pool came from be->vt->host_alloc */
     char notice[256];
     tide_ssd *ssd;
     unsigned char *bounce;      /* BOUNCE_BYTES, 4 KiB aligned */
@@ -85,6 +86,13 @@ static const char *tname(const tide_exec *ex, int t) { return ex->g->tensors[t].
 static tide_status alloc_host_pool(tide_exec *ex, size_t n, bool no_pin) {
     if (!n) return TIDE_OK;
     n = (n + ALIGN - 1) & ~(size_t)(ALIGN - 1);
+    tide_backend *be = ex->be;
+    if (!no_pin && be->vt->host_alloc && be->vt->host_alloc(be, n, (void **)&ex->host_pool) == TIDE_OK) {
+        ex->host_pool_bytes = n;
+        ex->host_pinned = ex->host_by_backend = true;
+        return TIDE_OK;
+    }
+    tide_err_clear(ex->ctx);
     void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
         return tide_err(ex->ctx, TIDE_E_NOMEM, "cannot reserve %zu bytes of host spill memory: %s", n,
@@ -190,7 +198,9 @@ fail:
 void tide_exec_free(tide_exec *ex) {
     if (!ex) return;
     if (ex->arena && !ex->arena_lent) ex->be->vt->dealloc(ex->be, ex->arena);
-    if (ex->host_pool) {
+    if (ex->host_pool && ex->host_by_backend) {
+        ex->be->vt->host_free(ex->be, ex->host_pool);
+    } else if (ex->host_pool) {
         if (ex->host_pinned) munlock(ex->host_pool, ex->host_pool_bytes);
         munmap(ex->host_pool, ex->host_pool_bytes);
     }
@@ -420,6 +430,13 @@ static void *worker(void *arg) {
     worker_arg *wa = arg;
     tide_exec *ex = wa->ex;
     const tide_plan *p = ex->p;
+    if (ex->be->vt->stream_begin) {
+        tide_status st = ex->be->vt->stream_begin(ex->be, wa->stream);
+        if (st) {
+            fail_run(ex, st);
+            return NULL;
+        }
+    }
     for (int k = 0; k < ex->stream_n[wa->stream]; k++) {
         int i = ex->stream_ins[wa->stream][k];
         const tide_ins *in = &p->ins[i];

@@ -35,6 +35,7 @@ void tide_model_free(tide_model *m) {
     tide_model_offload_release(m);
     for (int i = 0; i < m->n_state; i++) {
         if (m->state[i].data) m->be->vt->dealloc(m->be, m->state[i].data);
+        tide_free_aligned(m->state[i].host);
         tide_free(m->state[i].name);
     }
     tide_free(m->state);
@@ -117,18 +118,6 @@ tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
         m->n_weights = tide_checkpoint_n_tensors(ck);
     }
     tide_graph_free(g);
-    if (!st && !be->vt->device_is_host) {
-        /* upload every checkpoint tensor once, indexed as in the checkpoint */
-        m->weights = tide_calloc((size_t)m->n_weights, sizeof *m->weights);
-        if (!m->weights) st = tide_err(ctx, TIDE_E_NOMEM, "out of memory for the weight table");
-        for (int i = 0; !st && i < m->n_weights; i++) {
-            tide_tensor_info ti;
-            st = tide_checkpoint_get_index(ck, i, &ti);
-            if (!st) st = be->vt->alloc(be, ti.nbytes, &m->weights[i]);
-            if (!st) st = be->vt->to_device(be, m->weights[i], ti.data, ti.nbytes);
-            tide_progress(ctx, "uploading", (uint64_t)i + 1, (uint64_t)m->n_weights);
-        }
-    }
     if (!st) st = alloc_state(m);
     if (st) {
         tide_model_free(m);
@@ -136,6 +125,24 @@ tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
     }
     *out = m;
     return TIDE_OK;
+}
+
+/* A backend whose memory is not host memory gets every checkpoint tensor
+ * uploaded once, on the first resident run (offloaded runs never need it). */
+static tide_status upload_weights(tide_model *m) {
+    if (m->weights || m->be->vt->device_is_host) return TIDE_OK;
+    tide_backend *be = m->be;
+    m->weights = tide_calloc((size_t)m->n_weights, sizeof *m->weights);
+    if (!m->weights) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for the weight table");
+    tide_status st = TIDE_OK;
+    for (int i = 0; !st && i < m->n_weights; i++) {
+        tide_tensor_info ti;
+        st = tide_checkpoint_get_index(m->ck, i, &ti);
+        if (!st) st = be->vt->alloc(be, ti.nbytes, &m->weights[i]);
+        if (!st) st = be->vt->to_device(be, m->weights[i], ti.data, ti.nbytes);
+        tide_progress(m->ctx, "uploading", (uint64_t)i + 1, (uint64_t)m->n_weights);
+    }
+    return st;
 }
 
 /* Device pointer of a weight, by name. */
@@ -200,6 +207,7 @@ static tide_status run_resident(tide_model *m, tide_graph *g, const run_io *io) 
         scratch_bytes = TIDE_MAX(scratch_bytes, op->scratch_bytes);
     }
     uint64_t live = m->weight_bytes + m->state_bytes + scratch_bytes;
+    if ((st = upload_weights(m))) goto done;
     if (scratch_bytes && (st = be->vt->alloc(be, scratch_bytes, &scratch))) goto done;
 
     for (int t = 0; t < nt && !st; t++) {

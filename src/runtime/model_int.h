@@ -12,6 +12,8 @@
 typedef struct state_buf {
     char *name;
     void *data;      /* device memory (host memory for host backends) */
+    void *host;      /* the home of offloaded runs when device memory is not host
+                        memory (NULL otherwise: data is the home) */
     uint64_t nbytes;
 } state_buf;
 

@@ -52,6 +52,16 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
         if (st) return st;
     }
     m->hw_ready = true;
+    if (!m->be->vt->device_is_host) {
+        /* the KV cache's home must be host memory the executor can copy from */
+        for (int i = 0; i < m->n_state; i++) {
+            state_buf *sb = &m->state[i];
+            if (sb->host) continue;
+            sb->host = tide_malloc_aligned(sb->nbytes, 4096);
+            if (!sb->host) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for the host KV cache");
+            memset(sb->host, 0, sb->nbytes);
+        }
+    }
     return TIDE_OK;
 }
 
@@ -102,7 +112,7 @@ static tide_status bind_homes(tide_model *m, graph_slot *s) {
         } else if (tt->role == TIDE_ROLE_STATE) {
             state_buf *sb = tide_model_state(m, tt->name, tt->nbytes);
             if (!sb) return tide_err(m->ctx, TIDE_E_NOT_FOUND, "state '%s' is not held by the model", tt->name);
-            st = tide_exec_bind_host(s->ex, t, sb->data);
+            st = tide_exec_bind_host(s->ex, t, sb->host ? sb->host : sb->data);
         }
         if (st) return st;
     }
