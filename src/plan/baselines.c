@@ -1,0 +1,397 @@
+/*
+ * baselines.c - the two baseline policies of DESIGN section 6, planned by the
+ * same engine as tide (planner_engine.c) so that policy is compared, not
+ * engine; their plans are ordinary plans, checked by the same verifier.
+ *
+ * lru (vDNN / UVM-like): no prefetch. At each op every missing input is
+ * loaded on demand: the LOAD is issued when the op's turn comes and waits for
+ * the previous COMPUTE (a page fault happens when the kernel runs), and the
+ * op waits for the LOAD. Outputs are allocated on demand. When the arena is
+ * full the least recently used tensors are evicted (dirty ones stored first).
+ * Dead values are freed, as any allocator would.
+ *
+ * static-layer (ZeRO-Inference, llama.cpp -ngl): whole decoder layers (the
+ * persistent tensors of a layer, used only by that layer's ops) are kept
+ * resident from layer 0 up to what the budget allows; the other layers stream
+ * through two fixed buffers, each the size of the largest streamed layer: the
+ * next streamed layer is loaded into one while the current one computes from
+ * the other (resident layers are likewise loaded one layer ahead, the first
+ * time). Everything else (activations, non-layer weights such as the
+ * embedding table, inputs, outputs) lives in the rest of the arena, managed
+ * like lru. Layout, low to high offsets:
+ *
+ *     [ resident layers | buffer 0 | buffer 1 | dynamic region ]
+ *
+ * The dynamic region is first given what the activations want at their peak,
+ * then resident layers take what is left. The smallest feasible budget is
+ * therefore two buffers of the largest layer plus that peak.
+ */
+#include "plan/planner_int.h"
+
+#include <string.h>
+
+/* ---------------------------------------------------------------- lru */
+
+/* LRU victim cost: older last use is cheaper; never what step *user uses. */
+static double lru_cost(pe *e, int t, void *user) {
+    int step = *(const int *)user;
+    if (pe_next_use(e, t) <= step) return -1;
+    bool store, reread;
+    int next;
+    if (!pe_evict_info(e, t, &store, &reread, &next)) return -1;
+    return 1.0 + (double)(e->t[t].last_use + 1);
+}
+
+tide_status pe_run_lru(pe *e) {
+    e->lru_loads = true;
+    for (int step = 0; step < e->n_steps; step++) {
+        e->exec = step;
+        e->prepared = step + 1;
+        tide_status st = pe_prepare_forced(e, step, lru_cost, &step);
+        if (!st) st = pe_compute(e, step);
+        if (st) return st;
+    }
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- static-layer analysis */
+
+typedef struct sl_layout {
+    int n_layers;         /* layer indices 0..n_layers-1 */
+    int *t_layer;         /* per tensor: its layer when layered, else -1 */
+    uint64_t *t_off;      /* per layered tensor: offset inside its layer's slot */
+    uint64_t *bytes;      /* per layer: bytes of its layered tensors */
+    int *first_op;        /* per layer: first op, -1 when the layer is not usable */
+    int *order;           /* usable layers by first op */
+    int n_ok;
+    uint64_t dyn_min;     /* largest working set of non-layered tensors of one op */
+    uint64_t dyn_want;    /* peak of live non-layered tensors over an iteration */
+} sl_layout;
+
+static void sl_free(sl_layout *L) {
+    tide_free(L->t_layer);
+    tide_free(L->t_off);
+    tide_free(L->bytes);
+    tide_free(L->first_op);
+    tide_free(L->order);
+    memset(L, 0, sizeof *L);
+}
+
+static bool is_persistent(tide_role r) { return r == TIDE_ROLE_WEIGHT || r == TIDE_ROLE_STATE; }
+
+/* Finds the layers a static-layer plan can treat as units: a layer's ops are
+ * one contiguous run, and its layered tensors are the persistent tensors of
+ * that layer used only by its ops. Returns 0 or -1 (no memory). */
+static int sl_analyse(const tide_graph *g, sl_layout *L) {
+    memset(L, 0, sizeof *L);
+    int nl = 0;
+    for (int t = 0; t < g->n_tensors; t++) nl = TIDE_MAX(nl, g->tensors[t].layer + 1);
+    for (int i = 0; i < g->n_ops; i++) nl = TIDE_MAX(nl, g->ops[i].layer + 1);
+    L->n_layers = nl;
+    size_t nt = (size_t)(g->n_tensors ? g->n_tensors : 1), n = (size_t)(nl ? nl : 1);
+    L->t_layer = tide_malloc(nt * sizeof *L->t_layer);
+    L->t_off = tide_calloc(nt, sizeof *L->t_off);
+    L->bytes = tide_calloc(n, sizeof *L->bytes);
+    L->first_op = tide_malloc(n * sizeof *L->first_op);
+    L->order = tide_malloc(n * sizeof *L->order);
+    int *last = tide_malloc(n * sizeof *last), *count = tide_calloc(n, sizeof *count);
+    int *first_use = tide_malloc(nt * sizeof *first_use), *last_use = tide_malloc(nt * sizeof *last_use);
+    int64_t *delta = tide_calloc((size_t)g->n_ops + 1, sizeof *delta);
+    if (!L->t_layer || !L->t_off || !L->bytes || !L->first_op || !L->order || !last || !count ||
+        !first_use || !last_use || !delta) {
+        tide_free(last), tide_free(count), tide_free(first_use), tide_free(last_use), tide_free(delta);
+        sl_free(L);
+        return -1;
+    }
+    for (int l = 0; l < nl; l++) L->first_op[l] = last[l] = -1;
+    for (int i = 0; i < g->n_ops; i++) {
+        int l = g->ops[i].layer;
+        if (l < 0) continue;
+        if (L->first_op[l] < 0) L->first_op[l] = i;
+        last[l] = i;
+        count[l]++;
+    }
+    for (int l = 0; l < nl; l++)
+        if (L->first_op[l] >= 0 && count[l] != last[l] - L->first_op[l] + 1) L->first_op[l] = -1;
+    for (int t = 0; t < g->n_tensors; t++) {
+        const tide_tensor *tt = &g->tensors[t];
+        L->t_layer[t] = is_persistent(tt->role) && tt->layer >= 0 && L->first_op[tt->layer] >= 0 ? tt->layer : -1;
+        first_use[t] = last_use[t] = -1;
+    }
+    for (int i = 0; i < g->n_ops; i++) {
+        const tide_op *op = &g->ops[i];
+        for (int k = 0; k < op->n_in + op->n_out; k++) {
+            int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
+            if (L->t_layer[t] >= 0 && L->t_layer[t] != op->layer) L->t_layer[t] = -2; /* shared: dynamic */
+            if (first_use[t] < 0) first_use[t] = i;
+            last_use[t] = i;
+        }
+    }
+    for (int t = 0; t < g->n_tensors; t++) {
+        if (L->t_layer[t] == -2 || first_use[t] < 0) L->t_layer[t] = -1;
+        int l = L->t_layer[t];
+        if (l >= 0) {
+            L->t_off[t] = L->bytes[l];
+            L->bytes[l] += tide_plan_align(g->tensors[t].nbytes);
+        } else if (first_use[t] >= 0) {
+            /* live over [first use, last use] of an iteration */
+            delta[first_use[t]] += (int64_t)tide_plan_align(g->tensors[t].nbytes);
+            delta[last_use[t] + 1] -= (int64_t)tide_plan_align(g->tensors[t].nbytes);
+        }
+    }
+    int64_t live = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        const tide_op *op = &g->ops[i];
+        live += delta[i];
+        uint64_t sc = tide_plan_align(op->scratch_bytes);
+        L->dyn_want = TIDE_MAX(L->dyn_want, (uint64_t)live + sc);
+        uint64_t ws = sc;
+        for (int k = 0; k < op->n_in + op->n_out; k++) {
+            int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
+            bool seen = false;
+            for (int j = 0; j < k && !seen; j++) seen = (j < op->n_in ? op->in[j] : op->out[j - op->n_in]) == t;
+            if (!seen && L->t_layer[t] < 0) ws += tide_plan_align(g->tensors[t].nbytes);
+        }
+        L->dyn_min = TIDE_MAX(L->dyn_min, ws);
+    }
+    L->dyn_want = TIDE_MAX(L->dyn_want, L->dyn_min);
+    /* usable layers in op order; a layer with no layered tensor is just ops */
+    for (int l = 0; l < nl; l++)
+        if (L->first_op[l] >= 0 && L->bytes[l] > 0) L->order[L->n_ok++] = l;
+    for (int i = 1; i < L->n_ok; i++)
+        for (int j = i; j > 0 && L->first_op[L->order[j]] < L->first_op[L->order[j - 1]]; j--) {
+            int x = L->order[j];
+            L->order[j] = L->order[j - 1];
+            L->order[j - 1] = x;
+        }
+    tide_free(last), tide_free(count), tide_free(first_use), tide_free(last_use), tide_free(delta);
+    return 0;
+}
+
+/* Bytes of R resident layers (the first R in order), two buffers for the
+ * rest, and dyn. */
+static uint64_t sl_need(const sl_layout *L, int R, uint64_t dyn, uint64_t *buf) {
+    uint64_t res = 0, mx = 0;
+    for (int k = 0; k < L->n_ok; k++) {
+        uint64_t b = L->bytes[L->order[k]];
+        if (k < R) res += b;
+        else mx = TIDE_MAX(mx, b);
+    }
+    if (buf) *buf = mx;
+    return res + 2 * mx + dyn;
+}
+
+/* Smallest budget any number of resident layers works with. */
+static uint64_t sl_min(const sl_layout *L) {
+    uint64_t best = UINT64_MAX;
+    for (int r = 0; r <= L->n_ok; r++) best = TIDE_MIN(best, sl_need(L, r, L->dyn_want, NULL));
+    return best;
+}
+
+uint64_t tide_static_layer_min_budget(const tide_graph *g) {
+    sl_layout L;
+    if (sl_analyse(g, &L)) return UINT64_MAX;
+    uint64_t a = sl_min(&L);
+    sl_free(&L);
+    return TIDE_MAX(a, tide_graph_max_working_set(g, NULL));
+}
+
+/* ---------------------------------------------------------------- static-layer plan */
+
+typedef struct sl_run {
+    int layer;
+    int first_step;       /* first step of the run */
+    bool resident;
+} sl_run;
+
+typedef struct sl_state {
+    pe *e;
+    sl_layout *L;
+    sl_run *runs;
+    int n_runs, next_issue;
+    int *rank;            /* per layer: position in L->order */
+    int R;                /* resident layers: order[0..R) */
+    uint64_t *res_off;    /* per layer: base of its resident slot */
+    uint64_t buf_base[2];
+    int cur_buf;          /* buffer of the last streamed run issued, -1 */
+    int buf_layer[2];     /* layer whose tensors hold each buffer, -1 */
+    pe_waits buf_rel[2];  /* what the current layer's loads into it waited for */
+} sl_state;
+
+/* Layered tensors of layer l (in tensor order). */
+#define FOR_LAYER_TENSORS(S, l, t) \
+    for (int t = 0; t < (S)->e->g->n_tensors; t++) if ((S)->L->t_layer[t] == (l))
+
+/* Places (and loads, when the run reads it first) every layered tensor of
+ * run r not yet on the device. */
+static tide_status sl_issue(sl_state *S, int r) {
+    pe *e = S->e;
+    const sl_run *run = &S->runs[r];
+    int l = run->layer;
+    pe_waits w;
+    pw_init(&w);
+    uint64_t base;
+    if (run->resident) {
+        base = S->res_off[l];
+    } else {
+        bool all_there = true;
+        FOR_LAYER_TENSORS(S, l, t) all_there = all_there && e->t[t].dev != PE_DEV_NONE;
+        if (all_there) return TIDE_OK; /* the only streamed layer, still in its buffer */
+        int b = S->cur_buf < 0 ? 0 : 1 - S->cur_buf;
+        int old = S->buf_layer[b];
+        if (old >= 0) {
+            FOR_LAYER_TENSORS(S, old, t) {
+                if (e->t[t].dev == PE_DEV_ALLOC) pe_unplace(e, t);
+                if (e->t[t].dev == PE_DEV_VALID && pe_evict(e, t, TIDE_STREAM_H2D, run->first_step) < 0)
+                    return e->st;
+                pw_add(e, &w, e->t[t].drop_ins);
+            }
+        }
+        S->cur_buf = b;
+        S->buf_layer[b] = l;
+        S->buf_rel[b] = w;
+        base = S->buf_base[b];
+    }
+    FOR_LAYER_TENSORS(S, l, t) {
+        pe_tensor *T = &e->t[t];
+        if (T->dev != PE_DEV_NONE) continue;
+        int rw = 0;
+        int u = tide_lifetime_use_from(&e->lt, t, run->first_step, &rw);
+        if (u == TIDE_NEVER) continue; /* dead: nothing left to do here */
+        pe_place_at(e, t, base + S->L->t_off[t], w.w, -1);
+        if ((rw & TIDE_USE_READ) && pe_load(e, t, run->first_step, -1) < 0) return e->st;
+    }
+    return TIDE_OK;
+}
+
+/* Puts back into its slot a layered tensor of step's op that left the
+ * device (a dead value dropped before its next write), if its layer holds
+ * its slot now. */
+static tide_status sl_ensure(sl_state *S, int step) {
+    pe *e = S->e;
+    const tide_op *op = &e->g->ops[step % e->n_ops];
+    for (int k = 0; k < op->n_in + op->n_out; k++) {
+        int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
+        int l = S->L->t_layer[t];
+        if (l < 0 || e->t[t].dev != PE_DEV_NONE) continue;
+        pe_waits w;
+        uint64_t base;
+        if (S->rank[l] < S->R) {
+            pw_init(&w);
+            base = S->res_off[l];
+        } else {
+            int b = S->buf_layer[0] == l ? 0 : S->buf_layer[1] == l ? 1 : -1;
+            if (b < 0) continue; /* not in a buffer: the dynamic region takes it */
+            w = S->buf_rel[b];
+            base = S->buf_base[b];
+        }
+        pw_add(e, &w, e->t[t].drop_ins);
+        pe_place_at(e, t, base + S->L->t_off[t], w.w, -1);
+        if (tide_op_reads(op, t) && pe_load(e, t, step, -1) < 0) return e->st;
+    }
+    return TIDE_OK;
+}
+
+/* Issues runs up to r + 1: while run r computes, the next layer loads (a
+ * streamed one into the other buffer). */
+static tide_status sl_issue_ahead(sl_state *S, int r) {
+    while (S->next_issue < S->n_runs && S->next_issue <= r + 1) {
+        tide_status st = sl_issue(S, S->next_issue++);
+        if (st) return st;
+    }
+    return TIDE_OK;
+}
+
+tide_status pe_run_static_layer(pe *e, uint64_t *min_needed) {
+    const tide_graph *g = e->g;
+    uint64_t budget = e->plan->device_budget;
+    sl_layout L;
+    if (sl_analyse(g, &L)) return e->st = tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
+    sl_state S;
+    memset(&S, 0, sizeof S);
+    S.e = e;
+    S.L = &L;
+    tide_status st = TIDE_OK;
+    /* Layout: the dynamic region gets its peak if it can; resident layers
+     * take the rest; else the fewest bytes that work. */
+    int R = -1;
+    uint64_t bufsz = 0;
+    /* Slack for fragmentation first (as real systems size their compute
+     * buffers generously), then the bare peak. */
+    for (int pass = 0; pass < 2 && R < 0; pass++)
+        for (int r = L.n_ok; r >= 0; r--)
+            if (sl_need(&L, r, pass ? L.dyn_want : L.dyn_want + L.dyn_want / 2, &bufsz) <= budget) {
+                R = r;
+                break;
+            }
+    if (R < 0) {
+        uint64_t need = sl_min(&L);
+        if (min_needed) *min_needed = need;
+        st = tide_err(e->ctx, TIDE_E_INFEASIBLE,
+                      "plan: static-layer: a device budget of %llu bytes is too small: it needs at least "
+                      "%llu bytes (two layer buffers and the activations' peak)",
+                      (unsigned long long)budget, (unsigned long long)need);
+        sl_free(&L);
+        return e->st = st;
+    }
+    S.R = R;
+    S.cur_buf = -1;
+    S.buf_layer[0] = S.buf_layer[1] = -1;
+    S.n_runs = e->n_iter * L.n_ok;
+    size_t nl = (size_t)(L.n_layers ? L.n_layers : 1);
+    S.runs = tide_malloc((size_t)(S.n_runs ? S.n_runs : 1) * sizeof *S.runs);
+    S.res_off = tide_calloc(nl, sizeof *S.res_off);
+    S.rank = tide_malloc(nl * sizeof *S.rank);
+    if (!S.runs || !S.res_off || !S.rank) {
+        st = e->st = tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
+        goto out;
+    }
+    uint64_t at = 0;
+    for (int k = 0; k < L.n_ok; k++) {
+        int l = L.order[k];
+        S.rank[l] = k;
+        if (k < R) {
+            S.res_off[l] = at;
+            at += L.bytes[l];
+        }
+    }
+    if (R < L.n_ok) {
+        S.buf_base[0] = at;
+        S.buf_base[1] = at + bufsz;
+        at += 2 * bufsz;
+    }
+    if (at > 0) { /* the static region is out of the dynamic allocator's reach */
+        tide_blk *f = e->dev.head;
+        if (!tide_arena_take(&e->dev, f, 0, at, TIDE_BLK_RESERVED)) {
+            st = e->st = tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
+            goto out;
+        }
+    }
+    for (int it = 0, n = 0; it < e->n_iter; it++)
+        for (int k = 0; k < L.n_ok; k++, n++) {
+            int l = L.order[k];
+            S.runs[n].layer = l;
+            S.runs[n].first_step = it * e->n_ops + L.first_op[l];
+            S.runs[n].resident = k < R;
+        }
+    /* Before the first op: the first layer. */
+    if ((st = sl_issue_ahead(&S, -1))) goto out;
+    int run = 0;
+    for (int step = 0; step < e->n_steps; step++) {
+        e->exec = step;
+        e->prepared = step + 1;
+        while (run < S.n_runs && S.runs[run].first_step <= step) {
+            if ((st = sl_issue_ahead(&S, run))) goto out;
+            run++;
+        }
+        if ((st = sl_ensure(&S, step))) goto out;
+        if ((st = pe_prepare_forced(e, step, lru_cost, &step))) goto out;
+        if ((st = pe_compute(e, step))) goto out;
+    }
+out:
+    tide_free(S.runs);
+    tide_free(S.res_off);
+    tide_free(S.rank);
+    sl_free(&L);
+    return st;
+}

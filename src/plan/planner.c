@@ -1,0 +1,595 @@
+/*
+ * planner.c - the planner (DESIGN section 4): turns a graph, a device budget
+ * and a cost model into a plan of COMPUTE/LOAD/STORE/DROP instructions on four
+ * streams. This file holds the `tide` policy and the public entry points
+ * (tide_plan_make, tide_plan_min_budget, tide_plan_unconstrained_peak,
+ * tide_plan_bounds). The machinery every policy shares is the engine
+ * (planner_int.h): books and emission in planner_engine.c, device space in
+ * planner_alloc.c, the allocator in planner_arena.c; the baselines are in
+ * baselines.c and the lifetime analysis in lifetime.c.
+ *
+ * ---------------------------------------------------------------- design note
+ *
+ * The tide policy is a simulated execution with two horizons over the
+ * n_iter-unrolled op sequence (step = iter * n_ops + op):
+ *
+ *   exec   the execution horizon: the next step whose COMPUTE is emitted. A
+ *          simulated clock per stream and per link (the cost model of hw.c,
+ *          the resource model of simulate.c) says when each instruction would
+ *          run.
+ *   alloc  the allocation horizon, alloc >= exec: steps [exec, alloc) are
+ *          prepared (inputs loaded or loading, outputs and scratch placed).
+ *          prepare() advances it as long as space is found without evicting a
+ *          tensor used in [exec, alloc]; the prefetch distance is therefore
+ *          set by free memory. TIDE_HORIZON_STEPS only caps the work.
+ *
+ * Each prepared step's LOADs are emitted at once, in step order, so a LOAD
+ * starts as early as its destination window is free: it waits on the DROP of
+ * the window's previous occupant (write-after-read), and its COMPUTE waits on
+ * it (read-after-write). When a step cannot be prepared and exec reaches it,
+ * preparation is forced: anything not used by that step may be evicted; if
+ * fragmentation leaves no window, tensors of the step itself move (a last
+ * resort priced above any other eviction), and failing that pe_compact lays
+ * the working set out in an emptied arena. A single op's working set is the
+ * only hard floor: "needs at least N bytes".
+ *
+ * Space is found by best fit on the arena's free blocks (a treap by size,
+ * preferring blocks whose previous occupant is already gone in simulated
+ * time), and failing that by the contiguous window of least eviction cost
+ * (belady_cost): reload time divided by the distance to the next use (Belady:
+ * furthest next use first), dirty victims dearer by their STORE, tensors used
+ * before the allocation horizon never. Windows are searched around the few
+ * resident tensors used furthest ahead (a lazy max-heap), so an allocation
+ * costs O(log n) plus the window, not a scan of the arena.
+ *
+ * Prefetching is conservative (Cao et al.): ahead of execution a victim is
+ * taken only if MIN, arriving at that step, would evict it too, so tide's
+ * loads on unit-size tensors equal Belady's optimum (tests/test_planner.c).
+ * When the load would then arrive late (the link is the bottleneck), a tensor
+ * used just before the horizon may go instead: one extra load buys overlap.
+ *
+ * A dead value's space is released when alloc passes its last use, ahead of
+ * exec (pe_doom): later COMPUTE outputs may reuse it at once (the compute
+ * stream orders them after the DROP), LOADs only once exec has emitted that
+ * DROP. Which instruction released which bytes is kept exactly (a release
+ * map beside the arena), so an occupant waits for its own bytes only.
+ *
+ * Steady state (n_iter > 1, choose_residents): the iterations repeat one
+ * access pattern, where MIN streams through a single slot and loses all
+ * overlap. tide keeps a fixed resident set, packed at the top of the arena,
+ * as large as the budget allows beside the activations and a streaming
+ * buffer, and streams the rest as in one pass.
+ *
+ * Residency of a tensor's device copy (the function making each transition):
+ *
+ *   ON_HOST/ON_SSD --pe_alloc+pe_place--> PLACED --pe_load--> LOADING
+ *   LOADING --(LOAD completes; COMPUTE waits on it)--> ON_DEVICE
+ *   (none) --pe_alloc+pe_place--> PLACED --pe_compute (output)--> ON_DEVICE dirty
+ *   ON_DEVICE dirty --pe_evict: pe_store--> STORING --DROP--> ON_HOST/ON_SSD
+ *   ON_DEVICE clean --pe_evict: DROP--> ON_HOST/ON_SSD (home or spill copy valid)
+ *   ON_DEVICE, value dead --pe_doom (ahead)--> DOOMED --pe_compute: DROP--> (none)
+ *   ON_DEVICE, value dead --pe_compute: DROP--> (none)
+ *   ON_DEVICE, last write of STATE/OUTPUT --pe_compute: pe_store home--> clean
+ *   PLACED (never written) --pe_unplace--> (none)
+ *   end --pe_finish: STORE home if dirty, DROP unless resident--> at home
+ *
+ * Invariants (checked by pe_check in debug builds; the verifier proves the
+ * plan-level ones independently):
+ *   I1 Every arena byte is in exactly one block; a tensor block belongs to a
+ *      tensor whose device copy is PLACED or ON_DEVICE at that offset; no two
+ *      live device copies overlap, so the budget is never exceeded.
+ *   I2 The release map records, for every byte, the instruction (or the
+ *      compute step, for a release ahead of execution) that freed it last; a
+ *      new occupant's first writer waits for exactly those.
+ *   I3 Every instruction's waits name earlier instructions: list order is a
+ *      topological order, and same-stream order is implicit.
+ *   I4 A tensor used in [exec, alloc] is never evicted; the COMPUTE of a step
+ *      finds all its inputs ON_DEVICE (or LOADING, waited on).
+ *   I5 A value still needed (read again, or the latest version of a STATE or
+ *      OUTPUT) always has a valid copy on some tier.
+ *   I6 At the end, every WEIGHT/STATE/OUTPUT home holds its latest version and
+ *      only resident tensors remain on the device.
+ */
+#include "plan/planner_int.h"
+
+#include <assert.h>
+#include <string.h>
+
+/* Safety cap on the allocation horizon's lead, in steps (must not exceed the
+ * engine's scratch ring). The real limit is free memory. */
+#define TIDE_HORIZON_STEPS 4096
+/* A STORE costs less than a reload: the d2h link is usually idle. */
+#define DIRTY_WEIGHT 0.25
+
+/* ---------------------------------------------------------------- tide policy */
+
+/* What belady_cost knows of the step being prepared. */
+typedef struct horizon {
+    int a;                        /* the step being prepared */
+    int floor, floor_min;         /* see horizon_floor; floor -2: not computed yet */
+    uint64_t size;                /* bytes being allocated */
+    int pending;                  /* see pending_fit; -1: not computed yet */
+} horizon;
+
+/* True if a free block of at least size bytes is released ahead of
+ * execution, not yet usable by a LOAD: it held a tensor dead before step a,
+ * which MIN would evict first, so a prefetch must wait for it. O(pending). */
+static bool pending_fit(const pe *e, uint64_t size) {
+    for (int i = 0; i < e->n_pend; i++) {
+        const tide_blk *b = e->pend[i].b;
+        if (b->owner == TIDE_BLK_FREE && b->off == e->pend[i].off && b->size >= size &&
+            b->rel_step > e->last_compute_step)
+            return true;
+    }
+    return false;
+}
+
+/* Ahead of execution, a prefetch may only make the eviction Belady's MIN
+ * would make when step a comes: MIN evicts the tensor used furthest after a
+ * among all not used at a. Tensors still protected by a use in [exec, a) are
+ * among those candidates. Sets h->floor to the furthest next use after a of
+ * theirs: a victim used no sooner keeps the prefetch conservative (it adds
+ * no load to MIN's), else the prefetch waits; and h->floor_min to the
+ * soonest (see belady_cost). Looks back HORIZON_FLOOR_STEPS steps at most
+ * (exact on short horizons, a bound on the work on long ones). */
+#define HORIZON_FLOOR_STEPS 16
+static void horizon_floor(pe *e, horizon *h) {
+    int a = h->a, f = -1, fmin = TIDE_NEVER;
+    int lo = a - HORIZON_FLOOR_STEPS > e->exec ? a - HORIZON_FLOOR_STEPS : e->exec;
+    for (int s = a - 1; s >= lo; s--) {
+        const tide_op *op = &e->g->ops[s % e->n_ops];
+        for (int k = 0; k < op->n_in + op->n_out; k++) {
+            int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
+            if (!e->t[t].blk) continue;
+            int n = tide_lifetime_use_from(&e->lt, t, a, NULL);
+            if (n == a) continue;
+            if (n > f) f = n;
+            if (n < fmin) fmin = n;
+        }
+    }
+    h->floor = f;
+    h->floor_min = f < 0 ? -1 : fmin;
+}
+
+/* Cost of evicting t to prepare step h->a; < 0: not allowed. */
+static double belady_cost(pe *e, int t, void *user) {
+    horizon *h = user;
+    int a = h->a;
+    int nu = pe_next_use(e, t);
+    if (nu <= a) return PE_COST_STOP; /* needed before the allocation horizon */
+
+    if (a > e->exec) {
+        /* Conservative (MIN's own evictions, made early) while the load
+         * would still arrive before the compute reaches a. When it would be
+         * late (the link is the bottleneck, e.g. weights cycling through
+         * iterations, where MIN evicts the tensor just used and so loads one
+         * step at a time), a tensor used just before the horizon may go too:
+         * a streaming slot that keeps the link busy, at the price of one
+         * load; the long-lived residents, used longer ago, stay. */
+        bool starving = e->res_free[PE_RES_H2D] + tide_hw_h2d_seconds(e->hw, h->size) >=
+                        e->stream_end[TIDE_STREAM_COMPUTE] + pe_compute_seconds(e, e->exec, a);
+        if (h->floor == -2) horizon_floor(e, h);
+        if (starving) {
+            if (nu < h->floor && e->t[t].last_use < e->exec - (a - e->exec) - 1) return -1;
+        } else {
+            if (nu < h->floor) return PE_COST_STOP;
+            if (h->pending < 0) h->pending = pending_fit(e, h->size);
+            if (h->pending) return PE_COST_STOP;
+        }
+        /* evicting what would come back about as soon as the prefetch pays
+         * off trades traffic for nothing: wait instead (a pure write next
+         * brings nothing back, but comes later still) */
+        if ((int64_t)nu - a <= 2 * (int64_t)(a - e->exec)) return PE_COST_STOP;
+    }
+    bool store, reread;
+    int next;
+    if (!pe_evict_info(e, t, &store, &reread, &next)) return -1;
+    double c = 1e-18 * (double)e->t[t].asize; /* ties: fewer bytes */
+    if (reread) c += pe_load_seconds(e, t) / (1.0 + (double)(next - a));
+    if (store) {
+        tide_tier tier = e->t[t].role == TIDE_ROLE_TEMP ? (tide_tier)pe_spill_tier(e, t) : e->plan->home[t];
+        c += DIRTY_WEIGHT * pe_store_seconds(e, t, tier);
+    }
+    return c;
+}
+
+/* Releases what dies at step a ahead of execution (alloc has passed it). */
+static int finish_prepare(pe *e, int a, const int *ts, int n) {
+    for (int i = 0; i < n; i++)
+        if (pe_can_doom(e, ts[i], a)) pe_doom(e, ts[i], a);
+    pe_scratch_doom(e, a);
+    return 1;
+}
+
+/* Prepares step a: loads its inputs, places its outputs and scratch, then
+ * releases what dies at a. Returns 1 when done, 0 when space is lacking (only
+ * when !forced), -1 on failure (e->st). */
+static int prepare(pe *e, int a, bool forced) {
+    const tide_op *op = &e->g->ops[a % e->n_ops];
+    int ts[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
+    int n = 0;
+    for (int k = 0; k < op->n_in + op->n_out; k++) {
+        int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
+        bool seen = false;
+        for (int j = 0; j < n && !seen; j++) seen = ts[j] == t;
+        if (!seen) ts[n++] = t;
+    }
+    /* A tensor rewritten at a while its previous value's DROP is still
+     * pending needs that DROP first. */
+    for (int i = 0; i < n; i++)
+        if (e->t[ts[i]].doomed) {
+            assert(!forced);
+            return 0;
+        }
+    horizon h = {a, -2, -2, 0, -1};
+    for (int i = 0; i < n; i++) {
+        int t = ts[i];
+        pe_tensor *T = &e->t[t];
+        if (T->dev != PE_DEV_NONE) continue;
+        bool ld = tide_op_reads(op, t);
+        if (pe_place_pinned(e, t)) {
+            if (ld && pe_load(e, t, a, -1) < 0) return -1;
+            continue;
+        }
+        tide_stream s = !ld ? TIDE_STREAM_COMPUTE
+                      : T->cp[TIDE_TIER_HOST].valid ? TIDE_STREAM_H2D : TIDE_STREAM_IO;
+        h.size = T->asize;
+        h.pending = -1;
+        tide_blk *b = pe_alloc(e, T->asize, t, ld, s, a, belady_cost, &h, false);
+        if (!b) goto no_space;
+        pe_place(e, t, b);
+        if (ld && pe_load(e, t, a, -1) < 0) return -1;
+    }
+    if (op->scratch_bytes && e->scratch[a % e->scratch_cap].step != a) {
+        h.size = tide_plan_align(op->scratch_bytes);
+        h.pending = -1;
+        tide_blk *b = pe_alloc(e, tide_plan_align(op->scratch_bytes), TIDE_BLK_SCRATCH, false,
+                               TIDE_STREAM_COMPUTE, a, belady_cost, &h, false);
+        if (!b) goto no_space;
+        pe_scratch_set(e, a, b);
+    }
+    return finish_prepare(e, a, ts, n);
+no_space:
+    if (e->st) return -1;
+    if (!forced) return 0;
+    if (pe_prepare_forced(e, a, belady_cost, &h)) return -1;
+    return finish_prepare(e, a, ts, n);
+}
+
+/* Steady state of a multi-iteration plan. Every iteration uses the same
+ * tensors in the same order, a periodic pattern: MIN keeps a fixed set and
+ * cycles everything else through one slot, so each load waits for the op
+ * before it. Instead, keep a fixed resident set R as large as the budget
+ * allows after room for the activations and a streaming buffer (two
+ * neighbouring ops' persistent tensors), and stream the rest like a single
+ * pass: each
+ * leaves after its last use of the iteration (a dirty STATE through a STORE
+ * home) and is prefetched for the next. R is spread evenly over the
+ * iteration (streaming interleaves with compute), the dearest to stream
+ * first. Nothing changes when everything fits. */
+static int resident_class(const pe *e, int t) {
+    if (e->plan->home[t] == TIDE_TIER_SSD) return 0;
+    return e->g->tensors[t].role == TIDE_ROLE_STATE ? 1 : 2;
+}
+
+static tide_status choose_residents(pe *e) {
+    const tide_graph *g = e->g;
+    const tide_lifetime *lt = &e->lt;
+    int nt = g->n_tensors, n = e->n_ops;
+    if (e->n_iter < 2 || n == 0) return TIDE_OK;
+    int64_t *delta = tide_calloc((size_t)n + 1, sizeof *delta);
+    if (!delta) return e->st = tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
+    uint64_t cand = 0, state = 0, wmax = 0, act = 0;
+    for (int t = 0; t < nt; t++) {
+        int a = lt->start[t], b = lt->start[t + 1];
+        if (a == b) continue;
+        tide_role r = g->tensors[t].role;
+        uint64_t sz = e->t[t].asize;
+        if (r == TIDE_ROLE_TEMP || r == TIDE_ROLE_OUTPUT) {
+            delta[lt->use_op[a]] += (int64_t)sz;
+            delta[lt->use_op[b - 1] + 1] -= (int64_t)sz;
+        } else {
+            cand += sz;
+            if (r == TIDE_ROLE_STATE) state += sz;
+        }
+    }
+    /* The streaming buffer holds an op's persistent tensors while the next
+     * op's load: the largest pair of neighbours (the last op's neighbour is
+     * the first of the next iteration). */
+    int64_t live = 0;
+    uint64_t w0 = 0, wprev = 0;
+    for (int i = 0; i < n; i++) {
+        const tide_op *op = &g->ops[i];
+        live += delta[i];
+        act = TIDE_MAX(act, (uint64_t)live + tide_plan_align(op->scratch_bytes));
+        uint64_t w = 0;
+        for (int k = 0; k < op->n_in + op->n_out; k++) {
+            int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
+            tide_role r = g->tensors[t].role;
+            if (r != TIDE_ROLE_TEMP && r != TIDE_ROLE_OUTPUT) w += e->t[t].asize;
+        }
+        if (i == 0) w0 = w;
+        else wmax = TIDE_MAX(wmax, wprev + w);
+        wprev = w;
+    }
+    wmax = TIDE_MAX(wmax, wprev + w0);
+    tide_free(delta);
+    uint64_t budget = e->plan->device_budget;
+    if (cand + act <= budget) return TIDE_OK; /* all of it stays: nothing to stream */
+    uint64_t room = act + wmax;
+    uint64_t target = budget > room ? budget - room : 0;
+    e->pinned = tide_calloc((size_t)nt, sizeof *e->pinned);
+    e->stream = tide_calloc((size_t)nt, sizeof *e->stream);
+    e->pin_off = tide_calloc((size_t)nt, sizeof *e->pin_off);
+    int *order = tide_malloc((size_t)(nt ? nt : 1) * sizeof *order);
+    if (!e->pinned || !e->stream || !e->pin_off || !order) {
+        tide_free(order);
+        return e->st = tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
+    }
+    /* candidates in order of first use (counting sort by op) */
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        const tide_op *op = &g->ops[i];
+        for (int k = 0; k < op->n_in + op->n_out; k++) {
+            int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
+            tide_role r = g->tensors[t].role;
+            if (r == TIDE_ROLE_TEMP || r == TIDE_ROLE_OUTPUT || lt->use_op[lt->start[t]] != i || e->stream[t]) continue;
+            e->stream[t] = true; /* marks "listed" until decided below */
+            order[m++] = t;
+        }
+    }
+    /* Classes by what streaming one byte costs: SSD-homed first (the
+     * slowest path), then STATE (a LOAD and a STORE), then the rest. Each
+     * class fills what the ones before left, spread evenly over the
+     * iteration. */
+    uint64_t cls_bytes[3] = {0, 0, 0};
+    for (int i = 0; i < m; i++) cls_bytes[resident_class(e, order[i])] += e->t[order[i]].asize;
+    double f[3];
+    uint64_t left = target;
+    for (int c = 0; c < 3; c++) {
+        uint64_t take = TIDE_MIN(left, cls_bytes[c]);
+        f[c] = cls_bytes[c] ? (double)take / (double)cls_bytes[c] : 0;
+        left -= take;
+    }
+    (void)state;
+    double seen[3] = {0, 0, 0}, kept[3] = {0, 0, 0};
+    uint64_t total = 0;
+    for (int i = 0; i < m; i++) {
+        int t = order[i];
+        int c = resident_class(e, t);
+        double sz = (double)e->t[t].asize;
+        seen[c] += sz;
+        bool keep = kept[c] + sz <= f[c] * seen[c] + 0.5 && total + e->t[t].asize <= target;
+        if (keep) {
+            kept[c] += sz;
+            total += e->t[t].asize;
+        }
+        e->pinned[t] = keep;
+        e->stream[t] = !keep;
+    }
+    tide_free(order);
+    /* The residents' slots, packed at the top of the arena, away from the
+     * streaming below them (which then finds its space in one piece). */
+    if (total) {
+        uint64_t at = budget - total;
+        tide_blk *f = e->dev.head;
+        if (!tide_arena_take(&e->dev, f, at, total, TIDE_BLK_RESERVED))
+            return e->st = tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
+        for (int t = 0; t < nt; t++)
+            if (e->pinned[t]) {
+                e->pin_off[t] = at;
+                at += e->t[t].asize;
+            }
+    }
+    return TIDE_OK;
+}
+
+tide_status pe_run_tide(pe *e) {
+    const int S = e->n_steps;
+    e->use_cand = true;
+    if (choose_residents(e)) return e->st;
+    int alloc = 0;
+    for (int exec = 0; exec < S; exec++) {
+        e->exec = exec;
+        while (alloc < S && alloc - exec < TIDE_HORIZON_STEPS) {
+            int r = prepare(e, alloc, alloc == exec);
+            if (r < 0) return e->st;
+            if (r == 0) break;
+            alloc++;
+        }
+        e->prepared = alloc;
+        assert(alloc > exec);
+        if (pe_compute(e, exec)) return e->st;
+#ifndef NDEBUG
+        if (e->g->n_tensors < 2000 || exec % 1024 == 0) assert(pe_check(e));
+#endif
+    }
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- entry points */
+
+static tide_status check_opts(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *o) {
+    if (!g || !o) return tide_err(ctx, TIDE_E_INVALID, "plan: no graph or options");
+    if (!o->hw) return tide_err(ctx, TIDE_E_INVALID, "plan: no hardware profile given");
+    if (o->n_iter < 1) return tide_err(ctx, TIDE_E_INVALID, "plan: n_iter must be >= 1 (got %d)", o->n_iter);
+    if ((unsigned)o->policy >= TIDE_POLICY_COUNT)
+        return tide_err(ctx, TIDE_E_INVALID, "plan: unknown policy %d", (int)o->policy);
+    return TIDE_OK;
+}
+
+/* Plans g under o; simulate: fill makespan from the simulator (else from the
+ * planner's own clock). */
+static tide_status plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *o, bool simulate,
+                             tide_plan **out) {
+    double t0 = tide_now();
+    *out = NULL;
+    tide_status st = check_opts(ctx, g, o);
+    if (st) return st;
+    pe e;
+    st = pe_init(&e, ctx, g, o);
+    if (!st) {
+        switch (o->policy) {
+        case TIDE_POLICY_STATIC_LAYER: st = pe_run_static_layer(&e, NULL); break;
+        case TIDE_POLICY_LRU: st = pe_run_lru(&e); break;
+        default: st = pe_run_tide(&e); break;
+        }
+    }
+    if (!st) st = pe_finish(&e, simulate, t0);
+    if (st) {
+        pe_free(&e, false);
+        return st;
+    }
+    *out = e.plan;
+    pe_free(&e, true);
+    return TIDE_OK;
+}
+
+tide_status tide_plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, tide_plan **out) {
+    return plan_make(ctx, g, opts, true, out);
+}
+
+/* Bytes that hold every tensor and the largest scratch at once. */
+static uint64_t everything_bytes(const tide_graph *g) {
+    uint64_t s = 0, sc = 0;
+    for (int t = 0; t < g->n_tensors; t++) s += tide_plan_align(g->tensors[t].nbytes);
+    for (int i = 0; i < g->n_ops; i++) sc = TIDE_MAX(sc, tide_plan_align(g->ops[i].scratch_bytes));
+    return s + sc + TIDE_PLAN_ALIGN;
+}
+
+uint64_t tide_plan_unconstrained_peak(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, int n_iter) {
+    uint64_t all = everything_bytes(g);
+    tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .device_budget = all, .n_iter = n_iter, .hw = hw};
+    tide_plan *p = NULL;
+    if (plan_make(ctx, g, &o, false, &p)) return all;
+    uint64_t peak = p->stats.peak_device_bytes;
+    tide_plan_free(p);
+    return peak;
+}
+
+/* 0: feasible; 1: infeasible for lack of device memory; else the failure. */
+static int try_budget(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *o, uint64_t budget,
+                      tide_status *st) {
+    tide_plan_opts b = *o;
+    b.device_budget = budget;
+    tide_plan *p = NULL;
+    *st = plan_make(ctx, g, &b, false, &p);
+    tide_plan_free(p);
+    return *st == TIDE_OK ? 0 : *st == TIDE_E_INFEASIBLE ? 1 : 2;
+}
+
+tide_status tide_plan_min_budget(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts,
+                                 uint64_t *min_budget) {
+    tide_status st = check_opts(ctx, g, opts);
+    if (st) return st;
+    uint64_t lo = tide_graph_max_working_set(g, NULL);
+    if (opts->policy == TIDE_POLICY_STATIC_LAYER) lo = TIDE_MAX(lo, tide_static_layer_min_budget(g));
+    int r = try_budget(ctx, g, opts, lo, &st);
+    if (r == 0) {
+        *min_budget = lo;
+        return TIDE_OK;
+    }
+    if (r == 2) return st;
+    uint64_t hi = TIDE_MAX(tide_plan_unconstrained_peak(ctx, g, opts->hw, opts->n_iter), lo + TIDE_PLAN_ALIGN);
+    for (int k = 0; (r = try_budget(ctx, g, opts, hi, &st)) == 1 && k < 4; k++) hi *= 2;
+    if (r != 0) return st; /* not for lack of device memory (host, spill space) */
+    /* invariant: lo infeasible, hi feasible */
+    while (hi - lo > TIDE_PLAN_ALIGN) {
+        uint64_t mid = tide_plan_align(lo + (hi - lo) / 2);
+        if (mid <= lo || mid >= hi) break;
+        r = try_budget(ctx, g, opts, mid, &st);
+        if (r == 2) return st;
+        if (r == 0) hi = mid;
+        else lo = mid;
+    }
+    tide_err_clear(ctx);
+    *min_budget = hi;
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- bounds */
+
+tide_status tide_plan_bounds(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, tide_bounds *out) {
+    memset(out, 0, sizeof *out);
+    tide_status st = check_opts(ctx, g, opts);
+    if (st) return st;
+    pe e; /* for the homes the planner would choose, and the lifetimes */
+    st = pe_init(&e, ctx, g, opts);
+    if (st && st != TIDE_E_INFEASIBLE) {
+        pe_free(&e, false);
+        return st;
+    }
+    if (st) { /* a budget below the working set still has bounds */
+        pe_free(&e, false);
+        tide_plan_opts o = *opts;
+        o.device_budget = everything_bytes(g);
+        if ((st = pe_init(&e, ctx, g, &o))) {
+            pe_free(&e, false);
+            return st;
+        }
+    }
+    const tide_hw *hw = opts->hw;
+    const int n_iter = opts->n_iter;
+    double compute = 0;
+    for (int i = 0; i < g->n_ops; i++) compute += e.op_s[i];
+    compute *= n_iter;
+
+    /* Per iteration, the bytes that must arrive from a home: tensors whose
+     * value comes from outside the iteration (WEIGHT, INPUT, STATE read
+     * before written). The first iteration moves them all; a later one only
+     * what cannot stay resident, at most the budget left beside the largest
+     * non-persistent working set of any op. */
+    uint64_t in_host = 0, in_ssd = 0, out_host = 0, out_ssd = 0;
+    for (int t = 0; t < g->n_tensors; t++) {
+        tide_role r = g->tensors[t].role;
+        int a = e.lt.start[t], b = e.lt.start[t + 1];
+        if (a == b || r == TIDE_ROLE_TEMP) continue;
+        uint64_t nb = g->tensors[t].nbytes;
+        bool ssd = e.plan->home[t] == TIDE_TIER_SSD;
+        if (r != TIDE_ROLE_OUTPUT && (e.lt.use_rw[a] & TIDE_USE_READ)) *(ssd ? &in_ssd : &in_host) += nb;
+        if ((r == TIDE_ROLE_STATE || r == TIDE_ROLE_OUTPUT) && e.lt.last_write_op[t] >= 0)
+            *(ssd ? &out_ssd : &out_host) += nb;
+    }
+    uint64_t temp_ws = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        const tide_op *op = &g->ops[i];
+        uint64_t s = tide_plan_align(op->scratch_bytes);
+        for (int k = 0; k < op->n_in + op->n_out; k++) {
+            int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
+            tide_role r = g->tensors[t].role;
+            bool seen = false;
+            for (int j = 0; j < k && !seen; j++) seen = (j < op->n_in ? op->in[j] : op->out[j - op->n_in]) == t;
+            if (!seen && (r == TIDE_ROLE_TEMP || r == TIDE_ROLE_OUTPUT)) s += tide_plan_align(g->tensors[t].nbytes);
+        }
+        temp_ws = TIDE_MAX(temp_ws, s);
+    }
+    uint64_t room = opts->device_budget > temp_ws ? opts->device_budget - temp_ws : 0;
+    /* the slower SSD-homed bytes are the ones worth keeping */
+    uint64_t later_ssd = in_ssd > room ? in_ssd - room : 0;
+    uint64_t room2 = room > in_ssd ? room - in_ssd : 0;
+    uint64_t later_host = in_host > room2 ? in_host - room2 : 0;
+    double r_host = (double)in_host + (double)(n_iter - 1) * (double)later_host;
+    double r_ssd = (double)in_ssd + (double)(n_iter - 1) * (double)later_ssd;
+    /* An SSD transfer goes through the host link too (bounce buffers) and
+     * holds it for its whole, slower duration (simulate.c's model). */
+    int k = hw->ssd_count > 0 ? hw->ssd_count : 1;
+    double rd = e.has_ssd ? TIDE_MAX(1.0 / (hw->ssd_read_bw * k), 1.0 / hw->h2d_bw) : 0;
+    double wr = e.has_ssd ? TIDE_MAX(1.0 / (hw->ssd_write_bw * k), 1.0 / hw->d2h_bw) : 0;
+    double h2d = r_host / hw->h2d_bw + r_ssd * rd;
+    double d2h = (double)out_host / hw->d2h_bw + (double)out_ssd * wr;
+    double ssd = e.has_ssd ? r_ssd / (hw->ssd_read_bw * k) + (double)out_ssd / (hw->ssd_write_bw * k) : 0;
+    double link = TIDE_MAX(h2d, TIDE_MAX(d2h, ssd));
+    pe_free(&e, false);
+
+    out->compute_s = compute;
+    out->link_s = link;
+    out->lower_bound_s = TIDE_MAX(compute, link);
+    tide_plan_opts o = *opts;
+    o.policy = TIDE_POLICY_TIDE;
+    o.device_budget = everything_bytes(g);
+    tide_plan *p = NULL;
+    if ((st = plan_make(ctx, g, &o, true, &p))) return st;
+    out->ideal_s = p->stats.makespan_s;
+    tide_plan_free(p);
+    return TIDE_OK;
+}

@@ -1,0 +1,565 @@
+/*
+ * test_planner.c - the planner (src/plan/planner.c, baselines.c, lifetime.c):
+ *   1. hundreds of random DAGs (every role, STATE read and written, n_iter 1-3)
+ *      planned by all three policies at random budgets above each policy's
+ *      minimum: every plan passes the verifier and stays inside its budget;
+ *      below the minimum, TIDE_E_INFEASIBLE names the number of bytes needed;
+ *   2. on unit-size read-only tensors, tide's number of loads equals the
+ *      optimum found by exhaustive search (Belady's bound);
+ *   3. LLaMA graphs at 100%, 50%, 25% of the unconstrained peak and at the
+ *      minimum budget verify, and tide's makespan is no worse than either
+ *      baseline's;
+ *   4. tide's minimum budget is no larger than static-layer's;
+ *   plus the lifetime queries and the lower bound.
+ * The hardware profile is filled in by hand (an H100-like machine).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "core/alloc_test.h"
+#include "plan/lifetime.h"
+#include "plan/plan.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static tide_hw test_hw(void) {
+    tide_hw h;
+    memset(&h, 0, sizeof h);
+    snprintf(h.name, sizeof h.name, "test-h100");
+    h.device_mem_bytes = UINT64_C(80) << 30;
+    h.flops[TIDE_F32] = 67e12;
+    h.flops[TIDE_F16] = h.flops[TIDE_BF16] = 989e12;
+    h.flops[TIDE_I32] = 67e12;
+    h.matmul_efficiency = 0.75;
+    h.mem_bw = 3350e9;
+    h.h2d_bw = h.d2h_bw = 50e9;
+    h.link_latency_s = 1e-5;
+    h.launch_s = 5e-6;
+    h.host_mem_bytes = UINT64_C(512) << 30;
+    h.ssd_count = 2;
+    h.ssd_read_bw = 6.5e9;
+    h.ssd_write_bw = 3.5e9;
+    h.ssd_latency_s = 1e-4;
+    return h;
+}
+
+/* xorshift64* */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) {
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 2685821657736338717ull;
+}
+static int rint_(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); } /* [lo, hi] */
+
+#define CHECK_OK(ctx, expr)                                                                    \
+    do {                                                                                       \
+        tide_status st_ = (expr);                                                              \
+        if (st_) fail_msg("%s: %s (%s)", #expr, tide_status_str(st_), tide_ctx_last_error(ctx)); \
+    } while (0)
+
+/* Prints a plan (debugging a failure: TIDE_TEST_DUMP=1). */
+static void dump_plan(const tide_plan *p) {
+    const tide_graph *g = p->g;
+    for (int i = 0; i < p->n_ins; i++) {
+        const tide_ins *in = &p->ins[i];
+        fprintf(stderr, "%4d %-7s %-7s it%d %-12s dev %8" PRIu64 " tier %s/%s off %" PRIu64 " waits", i,
+                tide_ins_name(in->kind), tide_stream_name(in->stream), in->iter,
+                in->kind == TIDE_INS_COMPUTE ? g->tensors[g->ops[in->op].out[0]].name : g->tensors[in->tensor].name,
+                in->dev_off[0], tide_tier_name(in->src), tide_tier_name(in->dst), in->tier_off);
+        for (int k = 0; k < in->n_wait; k++) fprintf(stderr, " %d", p->waits[in->wait_at + k]);
+        fprintf(stderr, "\n");
+    }
+}
+
+/* Plans, verifies and checks the budget; returns the plan (caller frees). */
+static tide_plan *plan_ok(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *o) {
+    tide_plan *p = NULL;
+    tide_status st = tide_plan_make(ctx, g, o, &p);
+    if (st) fail_msg("%s plan at budget %" PRIu64 " failed: %s", tide_policy_name(o->policy),
+                     o->device_budget, tide_ctx_last_error(ctx));
+    st = tide_plan_verify(p);
+    if (st && getenv("TIDE_TEST_DUMP")) dump_plan(p);
+    if (st) fail_msg("%s plan (budget %" PRIu64 ", n_iter %d) fails verification: %s", tide_policy_name(o->policy),
+                     o->device_budget, o->n_iter, tide_ctx_last_error(ctx));
+    assert_true(p->stats.peak_device_bytes <= o->device_budget);
+    assert_int_equal(p->device_budget, o->device_budget);
+    for (int i = 0; i < p->n_ins; i++) {
+        const tide_ins *in = &p->ins[i];
+        for (int k = 0; k < in->n_wait; k++) assert_true(p->waits[in->wait_at + k] < i);
+    }
+    return p;
+}
+
+/* ---------------------------------------------------------------- lifetime */
+
+static void test_lifetime(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_graph *g = tide_graph_new(ctx);
+    int64_t sh[1] = {1000};
+    int w, s, x, t1, t2;
+    assert_int_equal(tide_graph_add_tensor(g, "w", TIDE_F32, TIDE_ROLE_WEIGHT, 1, sh, &w), TIDE_OK);
+    assert_int_equal(tide_graph_add_tensor(g, "s", TIDE_F32, TIDE_ROLE_STATE, 1, sh, &s), TIDE_OK);
+    assert_int_equal(tide_graph_add_tensor(g, "x", TIDE_F32, TIDE_ROLE_INPUT, 1, sh, &x), TIDE_OK);
+    assert_int_equal(tide_graph_add_tensor(g, "t1", TIDE_F32, TIDE_ROLE_TEMP, 1, sh, &t1), TIDE_OK);
+    assert_int_equal(tide_graph_add_tensor(g, "t2", TIDE_F32, TIDE_ROLE_OUTPUT, 1, sh, &t2), TIDE_OK);
+    tide_op_params p = {.flops = 1e6};
+    int in0[2] = {x, w}, o0[1] = {t1};            /* op 0: t1 = f(x, w) */
+    int in1[2] = {t1, s}, o1[2] = {t2, s};        /* op 1: t2, s = f(t1, s) */
+    int in2[1] = {t2}, o2[1] = {t1};              /* op 2: t1 = f(t2) (rewrite) */
+    assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 2, in0, 1, o0, &p, -1, NULL), TIDE_OK);
+    assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 2, in1, 2, o1, &p, -1, NULL), TIDE_OK);
+    assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 1, in2, 1, o2, &p, -1, NULL), TIDE_OK);
+    tide_lifetime lt;
+    assert_int_equal(tide_lifetime_build(ctx, g, 3, &lt), TIDE_OK);
+    assert_int_equal(lt.n_steps, 9);
+    int rw;
+    assert_int_equal(tide_lifetime_use_from(&lt, w, 1, &rw), 3);
+    assert_int_equal(rw, TIDE_USE_READ);
+    assert_int_equal(tide_lifetime_next_use(&lt, s, 1, &rw), 4);
+    assert_int_equal(rw, TIDE_USE_READ | TIDE_USE_WRITE);
+    assert_int_equal(tide_lifetime_next_use(&lt, t1, 1, &rw), 2);
+    assert_int_equal(rw, TIDE_USE_WRITE);
+    assert_true(tide_lifetime_dead_after(&lt, t1, 1));  /* next access rewrites it */
+    assert_false(tide_lifetime_dead_after(&lt, t1, 0)); /* read by op 1 */
+    assert_true(tide_lifetime_dead_after(&lt, t1, 8));  /* never read again */
+    assert_int_equal(tide_lifetime_next_use(&lt, x, 6, NULL), TIDE_NEVER);
+    assert_int_equal(tide_lifetime_last_use(&lt, t2), 8);
+    assert_int_equal(tide_lifetime_last_write(&lt, s), 7);
+    assert_int_equal(tide_lifetime_n_uses(&lt, t1), 3);
+    tide_lifetime_free(&lt);
+    /* working set: distinct tensors, granule-rounded */
+    assert_int_equal(tide_op_working_set(g, &g->ops[1]), 3 * tide_plan_align(4000));
+    /* a temp read before it is written is rejected */
+    int in3[1] = {t1}, o3[1] = {t2};
+    tide_graph *g2 = tide_graph_new(ctx);
+    int a, b;
+    assert_int_equal(tide_graph_add_tensor(g2, "a", TIDE_F32, TIDE_ROLE_TEMP, 1, sh, &a), TIDE_OK);
+    assert_int_equal(tide_graph_add_tensor(g2, "b", TIDE_F32, TIDE_ROLE_OUTPUT, 1, sh, &b), TIDE_OK);
+    in3[0] = a, o3[0] = b;
+    assert_int_equal(tide_graph_add_op(g2, TIDE_OP_GENERIC, 1, in3, 1, o3, &p, -1, NULL), TIDE_OK);
+    assert_int_equal(tide_lifetime_build(ctx, g2, 1, &lt), TIDE_E_INVALID);
+    assert_non_null(strstr(tide_ctx_last_error(ctx), "before any op writes it"));
+    tide_lifetime_free(&lt);
+    tide_graph_free(g2);
+    tide_graph_free(g);
+    tide_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- random DAGs */
+
+/* A random graph of GENERIC ops over tensors of every role. Layers are
+ * contiguous runs of ops; a layer's weights are mostly used by its own ops. */
+static tide_graph *random_graph(tide_ctx *ctx, int n_ops, uint64_t max_bytes) {
+    tide_graph *g = tide_graph_new(ctx);
+    int n_layers = rint_(1, 4);
+    int wl[8][6], nwl[8] = {0}, glob[3], nglob = rint_(0, 2), st[4], nst = rint_(0, 3);
+    int inp[2], ninp = rint_(1, 2), outp[3], nout = rint_(1, 2);
+    int *temps = malloc(sizeof(int) * (size_t)(n_ops * 4 + 8)), ntemps = 0;
+    bool *written = calloc((size_t)(n_ops * 4 + 64), sizeof *written);
+    char name[64];
+    int id;
+#define ADD(role, layer, arr, cnt, fmt, ...)                                                            \
+    do {                                                                                                \
+        snprintf(name, sizeof name, fmt, __VA_ARGS__);                                                  \
+        int64_t sh[1] = {(int64_t)(1 + rnd() % (max_bytes / 4))};                                       \
+        assert_int_equal(tide_graph_add_tensor(g, name, rnd() % 2 ? TIDE_F32 : TIDE_F16, role, 1, sh, &id), \
+                         TIDE_OK);                                                                      \
+        tide_graph_set_tensor_layer(g, id, layer);                                                      \
+        arr[cnt++] = id;                                                                                \
+    } while (0)
+    for (int l = 0; l < n_layers; l++) {
+        int k = rint_(1, 6);
+        for (int j = 0; j < k; j++) ADD(TIDE_ROLE_WEIGHT, l, wl[l], nwl[l], "w.%d.%d", l, j);
+    }
+    int n = 0;
+    for (int j = 0; j < nglob; j++) ADD(TIDE_ROLE_WEIGHT, -1, glob, n, "g.%d", j);
+    n = 0;
+    for (int j = 0; j < nst; j++) ADD(TIDE_ROLE_STATE, rint_(-1, n_layers - 1), st, n, "s.%d", j);
+    n = 0;
+    for (int j = 0; j < ninp; j++) ADD(TIDE_ROLE_INPUT, -1, inp, n, "in.%d", j);
+    n = 0;
+    for (int j = 0; j < nout; j++) ADD(TIDE_ROLE_OUTPUT, -1, outp, n, "out.%d", j);
+    for (int i = 0; i < n_ops; i++) {
+        int layer = i * n_layers / n_ops;
+        int in[TIDE_OP_MAX_IN], ni = 0, out[TIDE_OP_MAX_OUT], no = 0;
+        int want = rint_(0, 4);
+        for (int k = 0; k < want; k++) {
+            int c = rint_(0, 9), t = -1;
+            if (c <= 3) t = wl[layer][rint_(0, nwl[layer] - 1)];
+            else if (c == 4 && nglob) t = glob[rint_(0, nglob - 1)];
+            else if (c == 5 && nst) t = st[rint_(0, nst - 1)];
+            else if (c == 6) t = inp[rint_(0, ninp - 1)];
+            else if (c == 7 && rnd() % 4 == 0) t = wl[rint_(0, n_layers - 1)][0]; /* shared weight */
+            else if (ntemps) t = temps[rint_(0, ntemps - 1)];
+            if (t < 0) continue;
+            tide_role r = g->tensors[t].role;
+            if ((r == TIDE_ROLE_TEMP || r == TIDE_ROLE_OUTPUT) && !written[t]) continue;
+            in[ni++] = t;
+        }
+        for (int j = 0; j < nout; j++) /* outputs may be read once written */
+            if (written[outp[j]] && ni < TIDE_OP_MAX_IN && rnd() % 8 == 0) in[ni++] = outp[j];
+        int k_out = rint_(1, 2);
+        for (int k = 0; k < k_out; k++) {
+            int c = rint_(0, 9), t;
+            if (c <= 5 || !ntemps) {
+                ADD(TIDE_ROLE_TEMP, layer, temps, ntemps, "t.%d.%d", i, k);
+                t = temps[ntemps - 1];
+            } else if (c == 6) {
+                t = temps[rint_(0, ntemps - 1)]; /* rewrite (maybe in place) */
+            } else if (c == 7 && nst) {
+                t = st[rint_(0, nst - 1)];
+                if (rnd() % 2 && ni < TIDE_OP_MAX_IN) in[ni++] = t; /* read-modify-write */
+            } else {
+                t = outp[rint_(0, nout - 1)];
+            }
+            out[no++] = t;
+        }
+        if (i == n_ops - 1) /* every output is written at least once */
+            for (int j = 0; j < nout; j++)
+                if (!written[outp[j]] && no < TIDE_OP_MAX_OUT) out[no++] = outp[j];
+        tide_op_params p = {.flops = (double)(rnd() % 1000000000ull)};
+        assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, ni, in, no, out, &p, layer, NULL), TIDE_OK);
+        for (int k = 0; k < no; k++) written[out[k]] = true;
+    }
+#undef ADD
+    free(temps);
+    free(written);
+    return g;
+}
+
+static void check_infeasible(tide_ctx *ctx, const tide_graph *g, tide_plan_opts o, uint64_t min) {
+    char want[64];
+    snprintf(want, sizeof want, "needs at least %" PRIu64 " bytes", min);
+    o.device_budget = min - 1;
+    tide_plan *p = NULL;
+    tide_status st = tide_plan_make(ctx, g, &o, &p);
+    if (st != TIDE_E_INFEASIBLE)
+        fail_msg("%s below its minimum %" PRIu64 ": status %d (%s)", tide_policy_name(o.policy), min, (int)st,
+                 tide_ctx_last_error(ctx));
+    if (!strstr(tide_ctx_last_error(ctx), want))
+        fail_msg("%s: message '%s' lacks '%s'", tide_policy_name(o.policy), tide_ctx_last_error(ctx), want);
+    assert_null(p);
+}
+
+static void test_random_dags(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_hw hw = test_hw();
+    tide_hw no_ssd = hw;
+    no_ssd.ssd_count = 0;
+    int n_plans = 0;
+    for (int gi = 0; gi < 300; gi++) {
+        tide_graph *g = random_graph(ctx, rint_(1, 40), gi % 3 == 0 ? 4096 : 65536);
+        uint64_t ws = tide_graph_max_working_set(g, NULL);
+        int n_iter = rint_(1, 3);
+        uint64_t peak = tide_plan_unconstrained_peak(ctx, g, &hw, n_iter);
+        assert_true(peak >= ws);
+        for (int pol = 0; pol < TIDE_POLICY_COUNT; pol++) {
+            tide_plan_opts o = {.policy = (tide_policy)pol, .n_iter = n_iter, .hw = gi % 5 == 4 ? &no_ssd : &hw};
+            o.weights_on_ssd = gi % 7 == 3;
+            if (o.weights_on_ssd) o.hw = &hw;
+            uint64_t min = 0;
+            o.device_budget = peak;
+            tide_status st = tide_plan_min_budget(ctx, g, &o, &min);
+            if (st) fail_msg("min budget (%s): %s", tide_policy_name(o.policy), tide_ctx_last_error(ctx));
+            assert_true(min >= ws);
+            if (pol != TIDE_POLICY_STATIC_LAYER && min != ws) { /* tide and lru reach the bound */
+                tide_plan *p = NULL;
+                o.device_budget = ws;
+                tide_status s2 = tide_plan_make(ctx, g, &o, &p);
+                fail_msg("graph %d: %s min budget %" PRIu64 " above the largest working set %" PRIu64 ": %s",
+                         gi, tide_policy_name(o.policy), min, ws, s2 ? tide_ctx_last_error(ctx) : "plans there");
+            }
+            check_infeasible(ctx, g, o, min);
+            uint64_t top = peak > min ? peak : min;
+            uint64_t budgets[4] = {min, top, min + rnd() % (top + top / 5 - min + 1), min + rnd() % (top - min + 1)};
+            for (int b = 0; b < 4; b++) {
+                o.device_budget = budgets[b];
+                tide_plan *p = plan_ok(ctx, g, &o);
+                assert_true(p->stats.makespan_s >= 0);
+                tide_plan_free(p);
+                n_plans++;
+            }
+        }
+        tide_graph_free(g);
+    }
+    print_message("  %d random plans verified\n", n_plans);
+    tide_ctx_free(ctx);
+}
+
+/* A small host budget pushes weights' homes to SSD and spills to SSD. */
+static void test_small_host(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_hw hw = test_hw();
+    for (int gi = 0; gi < 40; gi++) {
+        tide_graph *g = random_graph(ctx, rint_(5, 40), 65536);
+        uint64_t io = tide_graph_role_bytes(g, TIDE_ROLE_INPUT) + tide_graph_role_bytes(g, TIDE_ROLE_OUTPUT) +
+                      tide_graph_role_bytes(g, TIDE_ROLE_STATE);
+        uint64_t ws = tide_graph_max_working_set(g, NULL);
+        for (int pol = 0; pol < TIDE_POLICY_COUNT; pol++) {
+            tide_plan_opts o = {.policy = (tide_policy)pol, .n_iter = rint_(1, 3), .hw = &hw,
+                                .host_budget = io + 1 + rnd() % 65536};
+            uint64_t min;
+            o.device_budget = ws * 4;
+            CHECK_OK(ctx, tide_plan_min_budget(ctx, g, &o, &min));
+            o.device_budget = min;
+            tide_plan *p = plan_ok(ctx, g, &o);
+            assert_true(p->host_spill_bytes + io <= o.host_budget || p->host_spill_bytes == 0);
+            tide_plan_free(p);
+        }
+        tide_graph_free(g);
+    }
+    /* inputs and outputs alone over the host budget: infeasible, whatever the device */
+    tide_graph *g = random_graph(ctx, 10, 65536);
+    tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = &hw, .host_budget = 16,
+                        .device_budget = UINT64_C(1) << 30};
+    tide_plan *p = NULL;
+    assert_int_equal(tide_plan_make(ctx, g, &o, &p), TIDE_E_INFEASIBLE);
+    assert_non_null(strstr(tide_ctx_last_error(ctx), "host memory"));
+    tide_graph_free(g);
+    tide_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- Belady */
+
+/* Fewest loads serving the op sequence (each op needs every tensor of its
+ * set present at once) with a cache of k unit slots, starting empty:
+ * dynamic programming over cache contents, i.e. exhaustive search over every
+ * eviction choice. */
+static int optimal_loads(const unsigned *need, int n_ops, int n_t, int k) {
+    enum { BIG = 1 << 20 };
+    int n_masks = 1 << n_t;
+    int *cur = malloc(sizeof(int) * (size_t)n_masks), *nxt = malloc(sizeof(int) * (size_t)n_masks);
+    for (int m = 0; m < n_masks; m++) cur[m] = m == 0 ? 0 : BIG;
+    for (int i = 0; i < n_ops; i++) {
+        for (int m = 0; m < n_masks; m++) nxt[m] = BIG;
+        for (int m = 0; m < n_masks; m++) {
+            if (cur[m] >= BIG) continue;
+            unsigned avail = (unsigned)m | need[i];
+            /* every subset of what is there or loaded that keeps the need set */
+            for (unsigned s = avail;; s = (s - 1) & avail) {
+                if ((s & need[i]) == need[i] && __builtin_popcount(s) <= k) {
+                    int c = cur[m] + __builtin_popcount(need[i] & ~(unsigned)m);
+                    if (c < nxt[s]) nxt[s] = c;
+                }
+                if (s == 0) break;
+            }
+        }
+        int *t = cur;
+        cur = nxt;
+        nxt = t;
+    }
+    int best = BIG;
+    for (int m = 0; m < n_masks; m++) best = cur[m] < best ? cur[m] : best;
+    free(cur);
+    free(nxt);
+    return best;
+}
+
+static void test_belady(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_hw hw = test_hw();
+    const int64_t unit = 1024; /* f32 elements: 4 KiB, a multiple of the granule */
+    int checked = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        int n_t = rint_(4, 6), n_ops = rint_(6, 10), k = rint_(2, n_t - 1);
+        unsigned need[10];
+        tide_graph *g = tide_graph_new(ctx);
+        int w[6], acc, id;
+        /* an accumulator read and written by every op: always resident, in
+         * the arena's first granule, so the weights' slots stay aligned */
+        int64_t sh1[1] = {64}, shu[1] = {unit};
+        assert_int_equal(tide_graph_add_tensor(g, "acc", TIDE_F32, TIDE_ROLE_STATE, 1, sh1, &acc), TIDE_OK);
+        for (int j = 0; j < n_t; j++) {
+            char nm[16];
+            snprintf(nm, sizeof nm, "w%d", j);
+            assert_int_equal(tide_graph_add_tensor(g, nm, TIDE_F32, TIDE_ROLE_WEIGHT, 1, shu, &id), TIDE_OK);
+            w[j] = id;
+        }
+        for (int i = 0; i < n_ops; i++) {
+            int in[TIDE_OP_MAX_IN], ni = 0;
+            in[ni++] = acc;
+            need[i] = 0;
+            int r = rint_(1, k);
+            while (__builtin_popcount(need[i]) < r) need[i] |= 1u << rint_(0, n_t - 1);
+            for (int j = 0; j < n_t; j++)
+                if (need[i] >> j & 1) in[ni++] = w[j];
+            int out[1] = {acc};
+            /* compute-bound (each op ~20 ms, a load ~0.1 ms): the regime where
+             * tide keeps to MIN's evictions; when the link would idle it
+             * trades a load for overlap instead */
+            tide_op_params p = {.flops = 1e12 * (double)(1 + rnd() % 4)};
+            assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, ni, in, 1, out, &p, -1, NULL), TIDE_OK);
+        }
+        tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = &hw,
+                            .device_budget = TIDE_PLAN_ALIGN + (uint64_t)k * (uint64_t)unit * 4};
+        tide_plan *p = plan_ok(ctx, g, &o);
+        int loads = 0;
+        for (int i = 0; i < p->n_ins; i++)
+            if (p->ins[i].kind == TIDE_INS_LOAD && p->ins[i].tensor != acc) loads++;
+        int opt = optimal_loads(need, n_ops, n_t, k);
+        if (loads != opt) {
+            char seq[256];
+            int at = 0;
+            for (int i = 0; i < n_ops; i++) at += snprintf(seq + at, sizeof seq - (size_t)at, " %x", need[i]);
+            fail_msg("trial %d: tide loads %d, optimum %d (k %d, need sets:%s)", trial, loads, opt, k, seq);
+        }
+        checked++;
+        tide_plan_free(p);
+        tide_graph_free(g);
+    }
+    print_message("  %d sequences match the optimum\n", checked);
+    tide_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- LLaMA */
+
+static void llama_case(tide_ctx *ctx, const char *model, int layers, int batch, int seq, int n_iter,
+                       uint64_t *min_tide, uint64_t *min_static) {
+    tide_hw hw = test_hw();
+    tide_llama_config cfg;
+    assert_int_equal(tide_llama_config_named(ctx, model, &cfg), TIDE_OK);
+    if (layers) cfg.num_hidden_layers = layers;
+    cfg.dtype = TIDE_F16;
+    tide_llama_graph_opts go = {.batch = batch, .seq = seq};
+    tide_graph *g = NULL;
+    assert_int_equal(tide_llama_build(ctx, &cfg, &go, &g), TIDE_OK);
+    uint64_t peak = tide_plan_unconstrained_peak(ctx, g, &hw, n_iter);
+    tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .n_iter = n_iter, .hw = &hw, .device_budget = peak};
+    uint64_t mins[TIDE_POLICY_COUNT];
+    for (int pol = 0; pol < TIDE_POLICY_COUNT; pol++) {
+        o.policy = (tide_policy)pol;
+        CHECK_OK(ctx, tide_plan_min_budget(ctx, g, &o, &mins[pol]));
+    }
+    double fr[4] = {1.0, 0.5, 0.25, 0};
+    for (int b = 0; b < 4; b++) {
+        uint64_t budget = fr[b] > 0 ? (uint64_t)((double)peak * fr[b]) : mins[TIDE_POLICY_TIDE];
+        double ms[TIDE_POLICY_COUNT];
+        tide_bounds bd;
+        o.device_budget = budget;
+        CHECK_OK(ctx, tide_plan_bounds(ctx, g, &o, &bd));
+        for (int pol = 0; pol < TIDE_POLICY_COUNT; pol++) {
+            ms[pol] = -1;
+            if (budget < mins[pol]) continue;
+            o.policy = (tide_policy)pol;
+            tide_plan *p = plan_ok(ctx, g, &o);
+            ms[pol] = p->stats.makespan_s;
+            assert_true(ms[pol] >= bd.lower_bound_s * 0.999);
+            tide_plan_free(p);
+        }
+        print_message("  %s x%d b%d s%d iter %d, budget %.0f%% (%.2f GB): tide %.4f s (%.3fx LB), static-layer %.4f, "
+                      "lru %.4f\n", model, cfg.num_hidden_layers, batch, seq, n_iter, fr[b] * 100, budget / 1e9,
+                      ms[0], ms[0] / bd.lower_bound_s, ms[1], ms[2]);
+        for (int pol = 1; pol < TIDE_POLICY_COUNT; pol++)
+            if (ms[pol] >= 0 && ms[0] > ms[pol] * (1 + 1e-9))
+                fail_msg("tide (%.6f s) slower than %s (%.6f s)", ms[0], tide_policy_name((tide_policy)pol), ms[pol]);
+    }
+    *min_tide = mins[TIDE_POLICY_TIDE];
+    *min_static = mins[TIDE_POLICY_STATIC_LAYER];
+    tide_graph_free(g);
+}
+
+static void test_llama(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    uint64_t mt, ms;
+    llama_case(ctx, "tinyllama-1.1b", 0, 1, 128, 1, &mt, &ms);
+    assert_true(mt <= ms);
+    llama_case(ctx, "llama-7b", 8, 2, 256, 2, &mt, &ms);
+    assert_true(mt <= ms);
+    llama_case(ctx, "llama-7b", 0, 8, 2048, 1, &mt, &ms);
+    assert_true(mt <= ms);
+    llama_case(ctx, "llama-65b", 0, 1, 512, 1, &mt, &ms);
+    assert_true(mt * 5 <= ms);
+    print_message("  llama-65b min budget: tide %.3f GB, static-layer %.3f GB\n", mt / 1e9, ms / 1e9);
+    tide_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- bounds */
+
+static void test_bounds(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_hw hw = test_hw();
+    tide_graph *g = random_graph(ctx, 30, 65536);
+    tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .n_iter = 2, .hw = &hw};
+    o.device_budget = tide_plan_unconstrained_peak(ctx, g, &hw, 2);
+    tide_bounds b;
+    CHECK_OK(ctx, tide_plan_bounds(ctx, g, &o, &b));
+    assert_true(b.lower_bound_s >= b.compute_s && b.lower_bound_s >= b.link_s);
+    assert_true(b.ideal_s >= b.lower_bound_s * 0.999);
+    double c = 0;
+    for (int i = 0; i < g->n_ops; i++) c += tide_hw_op_seconds(&hw, g, &g->ops[i]);
+    assert_true(b.compute_s > 2 * c * 0.999 && b.compute_s < 2 * c * 1.001);
+    tide_plan *p = plan_ok(ctx, g, &o);
+    assert_true(p->stats.makespan_s >= b.lower_bound_s * 0.999);
+    tide_plan_free(p);
+    tide_graph_free(g);
+    tide_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- faults */
+
+/* Fails the Nth allocation of planning, for every N until one succeeds:
+ * each failure is TIDE_E_NOMEM with nothing leaked. */
+static void test_alloc_faults(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_hw hw = test_hw();
+    for (int gi = 0; gi < 6; gi++) {
+        tide_graph *g = random_graph(ctx, 25, 65536);
+        uint64_t ws = tide_graph_max_working_set(g, NULL);
+        for (int pol = 0; pol < TIDE_POLICY_COUNT; pol++) {
+            tide_plan_opts o = {.policy = (tide_policy)pol, .n_iter = 1 + gi % 3, .hw = &hw,
+                                .device_budget = pol == TIDE_POLICY_STATIC_LAYER ? ws * 8 : ws + ws / 2};
+            bool done = false;
+            for (long n = 1; !done && n < 100000; n++) {
+                int64_t live = tide_alloc_live_bytes();
+                tide_plan *p = NULL;
+                tide_alloc_fail_nth(n);
+                tide_status st = tide_plan_make(ctx, g, &o, &p);
+                tide_alloc_fail_nth(0);
+                if (st == TIDE_OK) {
+                    assert_int_equal(tide_plan_verify(p), TIDE_OK);
+                    tide_plan_free(p);
+                    done = true;
+                } else if (st != TIDE_E_NOMEM && !(pol == TIDE_POLICY_STATIC_LAYER && st == TIDE_E_INFEASIBLE)) {
+                    fail_msg("allocation %ld failed: status %d (%s)", n, (int)st, tide_ctx_last_error(ctx));
+                } else {
+                    assert_null(p);
+                    if (st == TIDE_E_INFEASIBLE) done = true;
+                }
+                if (tide_alloc_live_bytes() != live)
+                    fail_msg("%s, allocation %ld failed: %lld bytes leaked", tide_policy_name(o.policy), n,
+                             (long long)(tide_alloc_live_bytes() - live));
+            }
+            assert_true(done);
+        }
+        tide_graph_free(g);
+    }
+    tide_ctx_free(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lifetime),
+        cmocka_unit_test(test_belady),
+        cmocka_unit_test(test_random_dags),
+        cmocka_unit_test(test_small_host),
+        cmocka_unit_test(test_bounds),
+        cmocka_unit_test(test_alloc_faults),
+        cmocka_unit_test(test_llama),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
