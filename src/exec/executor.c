@@ -32,6 +32,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -261,6 +262,19 @@ static tide_status fail_io(tide_exec *ex, int i, const char *what) {
  * bounce buffer when dst or the extent is not 4 KiB aligned. */
 static tide_status ssd_read_into(tide_exec *ex, int fd, bool direct, uint64_t off, unsigned char *dst,
                                  uint64_t n, bool to_device) {
+    /* Host-addressable destination with aligned extents: the store reads the
+     * whole aligned part straight into it, many requests in flight; only a
+     * partial last page goes through the bounce buffer. */
+    bool host_dst = !to_device || ex->be->vt->device_is_host;
+    if (host_dst && direct && !(off & (ALIGN - 1)) && !((uintptr_t)dst & (ALIGN - 1)) && n >= ALIGN) {
+        uint64_t bulk = n & ~(uint64_t)(ALIGN - 1);
+        tide_status st = fd < 0 ? tide_ssd_read(ex->ssd, off, dst, bulk)
+                                : tide_ssd_read_file(ex->ssd, fd, off, dst, bulk);
+        if (st) return st;
+        off += bulk;
+        dst += bulk;
+        n -= bulk;
+    }
     while (n > 0) {
         uint64_t a0 = off & ~(uint64_t)(ALIGN - 1);
         uint64_t skip = off - a0;

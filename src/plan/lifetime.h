@@ -68,7 +68,7 @@ bool tide_lifetime_dead_after(const tide_lifetime *lt, int t, int step);
 
 /* Bytes rounded up to the arena's allocation granule (every device offset and
  * size is a multiple of it). */
-#define TIDE_PLAN_ALIGN 256u
+#define TIDE_PLAN_ALIGN 4096u
 static inline uint64_t tide_plan_align(uint64_t n) {
     return (n + TIDE_PLAN_ALIGN - 1) / TIDE_PLAN_ALIGN * TIDE_PLAN_ALIGN;
 }

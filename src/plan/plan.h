@@ -34,9 +34,9 @@
  * Device memory: one arena of exactly device_budget bytes; every device copy
  * has an offset decided here. Live device ranges are those between the first
  * write of a range (the LOAD or the COMPUTE that produces the tensor) and the
- * completion of its DROP. Every tensor on the device at the end of an
- * iteration that is not kept resident is DROPped; at the end of the plan every
- * device copy is dropped.
+ * completion of its DROP. A tensor not kept resident is DROPped after its
+ * last use (or when evicted); at the end of the plan only resident tensors may
+ * still have device copies, and their homes hold the latest version.
  *
  * Homes: WEIGHT and STATE tensors have a home tier (HOST or SSD) where a clean
  * copy lives before the run and where their latest version must be when the
