@@ -265,6 +265,9 @@ typedef struct tide_tensor_info {
 } tide_tensor_info;
 tide_status tide_checkpoint_get(const tide_checkpoint *ck, const char *name, tide_tensor_info *info);
 tide_status tide_checkpoint_get_index(const tide_checkpoint *ck, int i, tide_tensor_info *info);
+/* Reads the whole mapped checkpoint into memory once (progress "loading"), so
+ * that later runs are not slowed by page faults. Returns TIDE_OK or TIDE_E_IO. */
+tide_status tide_checkpoint_prefetch(tide_checkpoint *ck);
 /* Checks that every WEIGHT tensor of g is in the checkpoint with the same dtype
  * and shape, and that the checkpoint has no tensor the graph does not use.
  * Returns TIDE_OK or TIDE_E_FORMAT naming the first offending tensor. */

@@ -313,6 +313,12 @@ int cmd_run(int argc, char **argv) {
         rc = cli_fail(ctx, "loading the model");
         goto out;
     }
+    /* weights homed in memory: read them in now, so no run is timed on faults */
+    if (!a.weights_on_ssd && tide_checkpoint_prefetch(ck)) {
+        rc = cli_fail(ctx, "loading the model");
+        goto out;
+    }
+    cli_progress_end(&ps);
     const tide_llama_config *cfg = tide_checkpoint_config(ck);
     if (!prompt) {
         n_prompt = (int)a.prompt_len;
