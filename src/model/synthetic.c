@@ -134,13 +134,19 @@ static inline uint16_t bf16_rne(float f) {
 
 /* Whole blocks: a constant trip count lets -O2 vectorize these loops, and the
  * AVX2 clone runs where the CPU has it (same results: integer and exact
- * float operations only). */
-__attribute__((target_clones("avx2", "default")))
+ * float operations only). Sanitizer builds take the default only: a clone's
+ * resolver runs during relocation, before a sanitizer's runtime is up. */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define TIDE_CLONES
+#else
+#define TIDE_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+TIDE_CLONES
 static void block_bf16(uint16_t *restrict o, gen_params p) {
     for (uint32_t i = 0; i < BLOCK_ELEMS; i++) o[i] = bf16_rne(gen_value(p, i));
 }
 
-__attribute__((target_clones("avx2", "default")))
+TIDE_CLONES
 static void block_f32(float *restrict o, gen_params p) {
     for (uint32_t i = 0; i < BLOCK_ELEMS; i++) o[i] = gen_value(p, i);
 }

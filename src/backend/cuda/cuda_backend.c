@@ -1,0 +1,522 @@
+/*
+ * cuda_backend.c - the CUDA backend: device memory is cudaMalloc'ed memory of
+ * GPU 0, transfers are cudaMemcpyAsync, compute launches the kernels of
+ * cuda_kernels.cu (MATMUL through cuBLAS), and every call completes before it
+ * returns, as backend.h requires.
+ *
+ * Streams. The backend owns four CUDA streams, one per plan stream ("lanes":
+ * 0 compute, 1 h2d, 2 d2h, 3 io), each with its own cuBLAS handle (made on the
+ * lane's first MATMUL; lane 0's at creation), its own range-check flag and
+ * its own mutex. The executor runs one worker thread per plan stream, and each
+ * calls stream_begin once, which binds the thread (thread-local) to that
+ * lane; a thread that never called it (the resident runner in model.c) uses
+ * lane 0. A call enqueues its work on the thread's lane and then synchronizes
+ * that stream only, so a copy on lane 1 overlaps a kernel on lane 0 (the copy
+ * engines and the SMs run side by side) while the host-side ordering of the
+ * executor's events stays the only ordering needed between lanes. The lane
+ * mutex serializes two threads that share a lane (uncontended in the
+ * executor). Nothing calls cudaDeviceSynchronize; `synchronize` waits for the
+ * four streams. Streams are non-blocking: no implicit ordering with the
+ * legacy default stream, which nothing here uses.
+ *
+ * MATMUL. out (R, N) = x (R, K) . w (N, K)^T. Row-major out is column-major
+ * out^T (N, R) = w (N, K) . x^T (K, R); in column-major terms w is a (K, N)
+ * matrix with leading dimension K used transposed and x a (K, R) matrix used
+ * as is: cublasSgemm(T, N, m=N, n=R, k=K, w, lda=K, x, ldb=K, out, ldc=N).
+ *   - f32 weights: that call directly.
+ *   - f16/bf16 weights: converted exactly to f32 in the op's scratch (as many
+ *     rows of w as fit, equal blocks, as the CPU does) and multiplied block by
+ *     block: cublasSgemm(T, N, cnt, R, K, scratch, K, x, K, out + n0, N).
+ *     The activations are never rounded to 16 bits, so results match the CPU
+ *     within f32 summation error.
+ *   - f16/bf16 with R < TCU_MATMUL_FUSED_R (decoding) or a scratch too small
+ *     for one row: tcu_matmul_fused, which reads each weight once.
+ * cuBLAS runs in CUBLAS_DEFAULT_MATH (no TF32) with atomics off, each handle
+ * on a fixed stream with its own fixed workspace, so results are
+ * bit-reproducible run to run on one GPU model and toolkit.
+ *
+ * Range errors (EMBED token ids, ATTENTION positions) are found on the GPU:
+ * a check kernel leaves the smallest bad index in the lane's flag, which is
+ * read back before anything is written, so an out-of-range op writes nothing,
+ * as on the CPU.
+ *
+ * Errors: every CUDA or cuBLAS failure becomes TIDE_E_BACKEND (TIDE_E_NOMEM
+ * for an allocation) with a message naming the call and the error; nothing
+ * aborts.
+ */
+#include "backend/backend.h"
+#include "backend/cuda/cuda_kernels.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <string.h>
+
+#define CU_LANES 4
+
+typedef struct cu_lane {
+    cudaStream_t stream;
+    cublasHandle_t blas; /* NULL until the lane's first MATMUL (lane 0: from the start) */
+    void *blas_ws;       /* the handle's workspace (ws_bytes of device memory) */
+    int32_t *flag;       /* device (2): range-check result */
+    int32_t *hbuf;       /* pinned host (2): its read-back */
+    pthread_mutex_t mu;
+    bool mu_ready;
+} cu_lane;
+
+typedef struct cu_impl {
+    int device;
+    int cc_major, cc_minor;
+    size_t ws_bytes;
+    cu_lane lane[CU_LANES];
+} cu_impl;
+
+/* The lane of the calling thread (stream_begin); 0 until it is set. */
+static _Thread_local int tl_lane;
+
+static cu_impl *impl_of(tide_backend *be) { return be->impl; }
+
+static cu_lane *lane_of(tide_backend *be) { return &impl_of(be)->lane[tl_lane]; }
+
+/* Records a CUDA failure: "cuda: <what>: <error string> (<name>, error N)".
+ * Clears the (non-sticky) error state so that later calls start clean. */
+static tide_status cu_fail(tide_ctx *ctx, tide_status st, cudaError_t e, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static tide_status cu_fail(tide_ctx *ctx, tide_status st, cudaError_t e, const char *fmt, ...) {
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    (void)cudaGetLastError();
+    return tide_err(ctx, st, "cuda: %s: %s (%s, error %d)", what, cudaGetErrorString(e), cudaGetErrorName(e),
+                    (int)e);
+}
+
+static tide_status blas_fail(tide_ctx *ctx, cublasStatus_t s, const char *what) {
+    return tide_err(ctx, TIDE_E_BACKEND, "cuda: %s: %s (%s, status %d)", what, cublasGetStatusString(s),
+                    cublasGetStatusName(s), (int)s);
+}
+
+/* Evaluates a CUDA call; on failure returns TIDE_E_BACKEND naming it. */
+#define CU_TRY(ctx, call, ...)                                                        \
+    do {                                                                              \
+        cudaError_t e_ = (call);                                                      \
+        if (e_ != cudaSuccess) return cu_fail((ctx), TIDE_E_BACKEND, e_, __VA_ARGS__); \
+    } while (0)
+
+/* ---------------------------------------------------------------- lanes */
+
+/* Makes the lane's cuBLAS handle: fixed stream, fixed workspace, FP32 math
+ * without TF32, no atomics. Called with the lane's mutex held. */
+static tide_status lane_blas(tide_backend *be, cu_lane *ln) {
+    if (ln->blas) return TIDE_OK;
+    cu_impl *im = impl_of(be);
+    cublasHandle_t h = NULL;
+    cublasStatus_t bs = cublasCreate(&h);
+    if (bs != CUBLAS_STATUS_SUCCESS) return blas_fail(be->ctx, bs, "cublasCreate");
+    cudaError_t e = cudaMalloc(&ln->blas_ws, im->ws_bytes);
+    if (e != cudaSuccess) {
+        ln->blas_ws = NULL;
+        cublasDestroy(h);
+        return cu_fail(be->ctx, e == cudaErrorMemoryAllocation ? TIDE_E_NOMEM : TIDE_E_BACKEND, e,
+                       "cudaMalloc of the %zu-byte cuBLAS workspace", im->ws_bytes);
+    }
+    const char *what = "cublasSetStream";
+    bs = cublasSetStream(h, ln->stream);
+    if (bs == CUBLAS_STATUS_SUCCESS) what = "cublasSetWorkspace", bs = cublasSetWorkspace(h, ln->blas_ws, im->ws_bytes);
+    if (bs == CUBLAS_STATUS_SUCCESS) what = "cublasSetMathMode", bs = cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
+    if (bs == CUBLAS_STATUS_SUCCESS)
+        what = "cublasSetAtomicsMode", bs = cublasSetAtomicsMode(h, CUBLAS_ATOMICS_NOT_ALLOWED);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        cublasDestroy(h);
+        cudaFree(ln->blas_ws);
+        ln->blas_ws = NULL;
+        return blas_fail(be->ctx, bs, what);
+    }
+    ln->blas = h;
+    return TIDE_OK;
+}
+
+static tide_status lane_sync(tide_backend *be, cu_lane *ln, const char *what) {
+    CU_TRY(be->ctx, cudaStreamSynchronize(ln->stream), "cudaStreamSynchronize after %s", what);
+    return TIDE_OK;
+}
+
+static void lane_release(cu_lane *ln) {
+    if (ln->stream) cudaStreamSynchronize(ln->stream);
+    if (ln->blas) cublasDestroy(ln->blas);
+    if (ln->blas_ws) cudaFree(ln->blas_ws);
+    if (ln->flag) cudaFree(ln->flag);
+    if (ln->hbuf) cudaFreeHost(ln->hbuf);
+    if (ln->stream) cudaStreamDestroy(ln->stream);
+    if (ln->mu_ready) pthread_mutex_destroy(&ln->mu);
+    memset(ln, 0, sizeof *ln);
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static void cu_destroy(tide_backend *be) {
+    cu_impl *im = impl_of(be);
+    if (im) {
+        cudaSetDevice(im->device);
+        for (int i = 0; i < CU_LANES; i++) lane_release(&im->lane[i]);
+        tide_free(im);
+    }
+    tide_free(be);
+}
+
+static tide_status cu_alloc(tide_backend *be, size_t n, void **ptr) {
+    *ptr = NULL;
+    cudaError_t e = cudaMalloc(ptr, n ? n : 1);
+    if (e == cudaSuccess) return TIDE_OK;
+    *ptr = NULL;
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        return tide_err(be->ctx, TIDE_E_NOMEM,
+                        "cuda: out of device memory allocating %zu bytes (%zu of %zu bytes free)", n, fr, tot);
+    }
+    return cu_fail(be->ctx, TIDE_E_BACKEND, e, "cudaMalloc of %zu bytes", n);
+}
+
+static void cu_dealloc(tide_backend *be, void *ptr) {
+    if (ptr) cudaFree(ptr);
+}
+
+static tide_status cu_copy(tide_backend *be, void *dst, const void *src, size_t n, enum cudaMemcpyKind kind) {
+    if (!n) return TIDE_OK;
+    cu_lane *ln = lane_of(be);
+    const char *what = kind == cudaMemcpyHostToDevice ? "host to device" : "device to host";
+    pthread_mutex_lock(&ln->mu);
+    cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, ln->stream);
+    tide_status st = TIDE_OK;
+    if (e != cudaSuccess)
+        st = cu_fail(be->ctx, TIDE_E_BACKEND, e, "cudaMemcpyAsync %s of %zu bytes (stream %d)", what, n, tl_lane);
+    else if ((e = cudaStreamSynchronize(ln->stream)) != cudaSuccess)
+        st = cu_fail(be->ctx, TIDE_E_BACKEND, e, "cudaStreamSynchronize after a %s copy of %zu bytes (stream %d)",
+                     what, n, tl_lane);
+    pthread_mutex_unlock(&ln->mu);
+    return st;
+}
+
+static tide_status cu_to_device(tide_backend *be, void *dst, const void *src, size_t n) {
+    return cu_copy(be, dst, src, n, cudaMemcpyHostToDevice);
+}
+
+static tide_status cu_to_host(tide_backend *be, void *dst, const void *src, size_t n) {
+    return cu_copy(be, dst, src, n, cudaMemcpyDeviceToHost);
+}
+
+static tide_status cu_host_alloc(tide_backend *be, size_t n, void **ptr) {
+    *ptr = NULL;
+    cudaError_t e = cudaHostAlloc(ptr, n ? n : 1, cudaHostAllocPortable);
+    if (e == cudaSuccess) return TIDE_OK;
+    *ptr = NULL;
+    return cu_fail(be->ctx, TIDE_E_NOMEM, e, "cudaHostAlloc of %zu pinned bytes", n);
+}
+
+static void cu_host_free(tide_backend *be, void *ptr) {
+    if (ptr) cudaFreeHost(ptr);
+}
+
+static tide_status cu_synchronize(tide_backend *be) {
+    cu_impl *im = impl_of(be);
+    for (int i = 0; i < CU_LANES; i++)
+        CU_TRY(be->ctx, cudaStreamSynchronize(im->lane[i].stream), "cudaStreamSynchronize (stream %d)", i);
+    return TIDE_OK;
+}
+
+static tide_status cu_stream_begin(tide_backend *be, int stream) {
+    if (stream < 0 || stream >= CU_LANES)
+        return tide_err(be->ctx, TIDE_E_INVALID, "cuda: stream %d does not exist (0 to %d)", stream, CU_LANES - 1);
+    CU_TRY(be->ctx, cudaSetDevice(impl_of(be)->device), "cudaSetDevice(%d) on stream %d's thread",
+           impl_of(be)->device, stream);
+    tl_lane = stream;
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- compute */
+
+static const tide_tensor *tin(const tide_graph *g, const tide_op *op, int i) { return &g->tensors[op->in[i]]; }
+static const tide_tensor *tout(const tide_graph *g, const tide_op *op, int i) { return &g->tensors[op->out[i]]; }
+
+/* Runs the range check of ids (n) against [0, hi) on the lane and waits for
+ * it: *bad = -1 when all are in range, else the first bad index and *value
+ * its id. */
+static tide_status range_check(tide_backend *be, cu_lane *ln, const int32_t *ids, int64_t n, int64_t hi,
+                               int64_t *bad, int32_t *value, const char *what) {
+    *bad = -1;
+    if (n >= TCU_FLAG_OK)
+        return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "cuda %s: %lld ids are more than the range check takes", what,
+                        (long long)n);
+    CU_TRY(be->ctx, tcu_range_check(ln->stream, ids, n, hi, ln->flag), "%s range check kernel", what);
+    CU_TRY(be->ctx, cudaMemcpyAsync(ln->hbuf, ln->flag, sizeof(int32_t), cudaMemcpyDeviceToHost, ln->stream),
+           "cudaMemcpyAsync of the %s range flag", what);
+    CU_TRY(be->ctx, cudaStreamSynchronize(ln->stream), "cudaStreamSynchronize after the %s range check", what);
+    if (ln->hbuf[0] == TCU_FLAG_OK) return TIDE_OK;
+    *bad = ln->hbuf[0];
+    CU_TRY(be->ctx, cudaMemcpyAsync(ln->hbuf + 1, ids + *bad, sizeof(int32_t), cudaMemcpyDeviceToHost, ln->stream),
+           "cudaMemcpyAsync of a bad %s id", what);
+    CU_TRY(be->ctx, cudaStreamSynchronize(ln->stream), "cudaStreamSynchronize after reading a bad %s id", what);
+    *value = ln->hbuf[1];
+    return TIDE_OK;
+}
+
+/* cublasSgemm of row-major out (R, N) (leading dimension ldo) = x (R, K) .
+ * w (N, K)^T, as column-major out^T = w^T^T . x^T (see the note at the top). */
+static tide_status sgemm_rows(tide_backend *be, cu_lane *ln, const float *x, const float *w, int R, int K, int N,
+                              float *out, int ldo, const char *wname) {
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t bs =
+        cublasSgemm(ln->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, R, K, &one, w, K, x, K, &zero, out, ldo);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        char what[300];
+        snprintf(what, sizeof what, "cublasSgemm of matmul '%s' (%d x %d x %d)", wname, R, N, K);
+        return blas_fail(be->ctx, bs, what);
+    }
+    return TIDE_OK;
+}
+
+static tide_status op_matmul(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
+                             void *const *in, void *const *out, void *scratch) {
+    const tide_tensor *xt = tin(g, op, 0), *wt = tin(g, op, 1);
+    int64_t R = xt->shape[0], K = xt->shape[1], N = wt->shape[0];
+    if (R > INT_MAX || K > INT_MAX || N > INT_MAX)
+        return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "matmul '%s': dimensions beyond what cuBLAS takes", wt->name);
+    const float *x = in[0];
+    float *o = out[0];
+    if (wt->dtype == TIDE_F32) {
+        tide_status st = lane_blas(be, ln);
+        return st ? st : sgemm_rows(be, ln, x, in[1], (int)R, (int)K, (int)N, o, (int)N, wt->name);
+    }
+    int64_t nb = scratch && K > 0 ? (int64_t)(op->scratch_bytes / ((uint64_t)K * sizeof(float))) : 0;
+    if (R < TCU_MATMUL_FUSED_R || nb < 1) {
+        CU_TRY(be->ctx, tcu_matmul_fused(ln->stream, x, in[1], wt->dtype, R, K, N, o), "matmul '%s' kernel",
+               wt->name);
+        return TIDE_OK;
+    }
+    tide_status st = lane_blas(be, ln);
+    if (st) return st;
+    nb = TIDE_MIN(nb, N);
+    int64_t nblk = (N + nb - 1) / nb;
+    nb = (N + nblk - 1) / nblk; /* equal blocks, as the CPU cuts them */
+    size_t es = tide_dtype_size(wt->dtype);
+    const uint8_t *wb = in[1];
+    for (int64_t n0 = 0; n0 < N && !st; n0 += nb) {
+        int64_t cnt = TIDE_MIN(nb, N - n0);
+        CU_TRY(be->ctx, tcu_convert(ln->stream, wb + (size_t)n0 * (size_t)K * es, wt->dtype, scratch, cnt * K),
+               "matmul '%s' weight conversion kernel", wt->name);
+        st = sgemm_rows(be, ln, x, scratch, (int)R, (int)K, (int)cnt, o + n0, (int)N, wt->name);
+    }
+    return st;
+}
+
+static tide_status op_attention(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
+                                void *const *in, void *const *out) {
+    const tide_op_params *p = &op->p;
+    const tide_tensor *pos = tin(g, op, 3), *kc = tin(g, op, 4);
+    int64_t B = p->batch, T = tide_tensor_numel(pos), C = kc->shape[1];
+    int H = p->n_heads, KV = p->n_kv_heads, hd = p->head_dim;
+    if (hd > TCU_ATTN_MAX_HD)
+        return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "attention: head_dim %d is above the cuda backend's limit %d",
+                        hd, TCU_ATTN_MAX_HD);
+    if (KV <= 0 || H % KV || B * T * H > INT_MAX)
+        return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "attention: %lld x %lld x %d heads (%d kv heads) is beyond "
+                        "the cuda kernel's grid", (long long)B, (long long)T, H, KV);
+    int64_t bad = -1;
+    int32_t val = 0;
+    tide_status st = range_check(be, ln, in[3], T, C, &bad, &val, "attention");
+    if (st) return st;
+    if (bad >= 0)
+        return tide_err(be->ctx, TIDE_E_RANGE, "attention: position %d at index %lld of '%s' is outside the cache "
+                        "'%s' (capacity %lld)", val, (long long)bad, pos->name, kc->name, (long long)C);
+    CU_TRY(be->ctx, tcu_cache_write(ln->stream, in[1], in[2], in[3], B, T, C, (int64_t)KV * hd, in[4], in[5]),
+           "attention cache write kernel");
+    CU_TRY(be->ctx, tcu_attention(ln->stream, in[0], in[3], in[4], in[5], out[0], B, T, C, H, KV, hd),
+           "attention kernel");
+    return TIDE_OK;
+}
+
+/* Enqueues op on the lane; the caller synchronizes. */
+static tide_status compute_op(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
+                              void *const *in, void *const *out, void *scratch) {
+    tide_ctx *ctx = be->ctx;
+    const tide_op_params *p = &op->p;
+    cudaStream_t s = ln->stream;
+    switch (op->kind) {
+    case TIDE_OP_EMBED: {
+        const tide_tensor *tab = tin(g, op, 0), *tok = tin(g, op, 1);
+        int64_t R = tide_tensor_numel(tok), bad = -1;
+        int32_t val = 0;
+        tide_status st = range_check(be, ln, in[1], R, tab->shape[0], &bad, &val, "embed");
+        if (st) return st;
+        if (bad >= 0)
+            return tide_err(ctx, TIDE_E_RANGE, "embed: token id %d at position %lld of '%s' is outside the "
+                            "vocabulary (size %lld)", val, (long long)bad, tok->name, (long long)tab->shape[0]);
+        CU_TRY(ctx, tcu_embed(s, in[0], tab->dtype, tab->shape[1], in[1], R, out[0]), "embed kernel");
+        return TIDE_OK;
+    }
+    case TIDE_OP_RMSNORM: {
+        const tide_tensor *x = tin(g, op, 0);
+        CU_TRY(ctx, tcu_rmsnorm(s, in[0], in[1], tin(g, op, 1)->dtype, x->shape[0], x->shape[1], p->eps, out[0]),
+               "rmsnorm kernel");
+        return TIDE_OK;
+    }
+    case TIDE_OP_MATMUL:
+        return op_matmul(be, ln, g, op, in, out, scratch);
+    case TIDE_OP_ROPE: {
+        const tide_tensor *x = tin(g, op, 0);
+        CU_TRY(ctx, tcu_rope(s, in[0], in[1], x->shape[0], tide_tensor_numel(tin(g, op, 1)), p->n_heads,
+                             p->head_dim, p->rope_theta, out[0]),
+               "rope kernel");
+        return TIDE_OK;
+    }
+    case TIDE_OP_ATTENTION:
+        return op_attention(be, ln, g, op, in, out);
+    case TIDE_OP_SILU_MUL:
+        CU_TRY(ctx, tcu_silu_mul(s, in[0], in[1], out[0], tide_tensor_numel(tin(g, op, 0))), "silu_mul kernel");
+        return TIDE_OK;
+    case TIDE_OP_ADD:
+        CU_TRY(ctx, tcu_add(s, in[0], in[1], out[0], tide_tensor_numel(tin(g, op, 0))), "add kernel");
+        return TIDE_OK;
+    case TIDE_OP_TAKE_LAST: {
+        const tide_tensor *x = tin(g, op, 0);
+        int64_t B = p->batch, T = x->shape[0] / p->batch, D = x->shape[1];
+        size_t row = (size_t)D * sizeof(float);
+        if (B > 0 && row > 0)
+            CU_TRY(ctx, cudaMemcpy2DAsync(out[0], row, (const float *)in[0] + (T - 1) * D, (size_t)T * row, row,
+                                          (size_t)B, cudaMemcpyDeviceToDevice, s),
+                   "cudaMemcpy2DAsync of take_last");
+        return TIDE_OK;
+    }
+    case TIDE_OP_ARGMAX: {
+        const tide_tensor *x = tin(g, op, 0);
+        if (x->shape[0] > INT_MAX)
+            return tide_err(ctx, TIDE_E_UNSUPPORTED, "argmax: %lld rows are beyond the cuda kernel's grid",
+                            (long long)x->shape[0]);
+        CU_TRY(ctx, tcu_argmax(s, in[0], x->shape[0], x->shape[1], out[0]), "argmax kernel");
+        return TIDE_OK;
+    }
+    case TIDE_OP_GENERIC: {
+        const uint8_t *ip[TIDE_OP_MAX_IN];
+        uint64_t ib[TIDE_OP_MAX_IN];
+        for (int i = 0; i < op->n_in; i++) {
+            ip[i] = in[i];
+            ib[i] = tin(g, op, i)->nbytes;
+            if (!ib[i]) return tide_err(ctx, TIDE_E_INVALID, "generic: input %d has no bytes", i);
+        }
+        for (int k = 0; k < op->n_out; k++)
+            CU_TRY(ctx, tcu_generic(s, op->n_in, ip, ib, k, out[k], tout(g, op, k)->nbytes),
+                   "generic kernel (output %d)", k);
+        return TIDE_OK;
+    }
+    default:
+        break;
+    }
+    return tide_err(ctx, TIDE_E_UNSUPPORTED, "cuda backend: op kind %d is not supported", (int)op->kind);
+}
+
+static tide_status cu_compute(tide_backend *be, const tide_graph *g, const tide_op *op, void *const *in,
+                              void *const *out, void *scratch) {
+    const char *nm = tide_op_name(op->kind);
+    for (int i = 0; i < op->n_in; i++)
+        if (!in[i]) return tide_err(be->ctx, TIDE_E_INVALID, "cuda %s: input %d has no data", nm, i);
+    for (int i = 0; i < op->n_out; i++)
+        if (!out[i]) return tide_err(be->ctx, TIDE_E_INVALID, "cuda %s: output %d has no data", nm, i);
+    cu_lane *ln = lane_of(be);
+    pthread_mutex_lock(&ln->mu);
+    tide_status st = compute_op(be, ln, g, op, in, out, scratch);
+    if (st == TIDE_OK) {
+        st = lane_sync(be, ln, nm);
+    } else {
+        /* leave the lane idle: work enqueued before the failure must not run on */
+        cudaStreamSynchronize(ln->stream);
+        (void)cudaGetLastError();
+    }
+    pthread_mutex_unlock(&ln->mu);
+    return st;
+}
+
+static const tide_backend_vt cuda_vt = {
+    .name = "cuda",
+    .device_is_host = false,
+    .destroy = cu_destroy,
+    .alloc = cu_alloc,
+    .dealloc = cu_dealloc,
+    .to_device = cu_to_device,
+    .to_host = cu_to_host,
+    .compute = cu_compute,
+    .synchronize = cu_synchronize,
+    .stream_begin = cu_stream_begin,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
+};
+
+/* ---------------------------------------------------------------- creation */
+
+static tide_status lane_init(tide_backend *be, cu_lane *ln, int i) {
+    if (pthread_mutex_init(&ln->mu, NULL) != 0)
+        return tide_err(be->ctx, TIDE_E_NOMEM, "cuda: cannot create stream %d's mutex", i);
+    ln->mu_ready = true;
+    CU_TRY(be->ctx, cudaStreamCreateWithFlags(&ln->stream, cudaStreamNonBlocking), "cudaStreamCreate (stream %d)", i);
+    CU_TRY(be->ctx, cudaMalloc((void **)&ln->flag, 2 * sizeof(int32_t)), "cudaMalloc of stream %d's flag", i);
+    CU_TRY(be->ctx, cudaHostAlloc((void **)&ln->hbuf, 2 * sizeof(int32_t), cudaHostAllocPortable),
+           "cudaHostAlloc of stream %d's flag", i);
+    return TIDE_OK;
+}
+
+/* Returns TIDE_OK with *out a CUDA backend on GPU 0; TIDE_E_NO_DEVICE when
+ * the driver or the device is absent or unusable; TIDE_E_UNSUPPORTED when
+ * this build has no kernels for the GPU; TIDE_E_BACKEND or TIDE_E_NOMEM when
+ * setting it up fails. */
+tide_status tide_cuda_backend_new(tide_ctx *ctx, tide_backend **out) {
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return tide_err(ctx, TIDE_E_NO_DEVICE, "no CUDA device: %s (error %d)", cudaGetErrorString(e), (int)e);
+    }
+    if (n < 1) return tide_err(ctx, TIDE_E_NO_DEVICE, "no CUDA device: the driver reports none");
+    const int dev = 0;
+    if ((e = cudaSetDevice(dev)) != cudaSuccess)
+        return cu_fail(ctx, TIDE_E_NO_DEVICE, e, "device %d is not usable (cudaSetDevice)", dev);
+    struct cudaDeviceProp prop;
+    if ((e = cudaGetDeviceProperties(&prop, dev)) != cudaSuccess)
+        return cu_fail(ctx, TIDE_E_NO_DEVICE, e, "cudaGetDeviceProperties of device %d", dev);
+    if ((e = tcu_probe()) != cudaSuccess)
+        return cu_fail(ctx, e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction
+                                ? TIDE_E_UNSUPPORTED : TIDE_E_BACKEND,
+                       e, "this build has no kernels for %s (compute capability %d.%d); reconfigure with "
+                       "-DCMAKE_CUDA_ARCHITECTURES=%d%d", prop.name, prop.major, prop.minor, prop.major, prop.minor);
+
+    tide_backend *be = tide_calloc(1, sizeof *be);
+    cu_impl *im = tide_calloc(1, sizeof *im);
+    if (!be || !im) {
+        tide_free(be);
+        tide_free(im);
+        return tide_err(ctx, TIDE_E_NOMEM, "out of memory creating the cuda backend");
+    }
+    be->vt = &cuda_vt;
+    be->ctx = ctx;
+    be->kind = TIDE_BACKEND_CUDA;
+    be->impl = im;
+    im->device = dev;
+    im->cc_major = prop.major;
+    im->cc_minor = prop.minor;
+    /* cuBLAS's advice: 32 MiB of workspace on Hopper and later, 4 MiB before */
+    im->ws_bytes = prop.major >= 9 ? (size_t)32 << 20 : (size_t)4 << 20;
+    tide_status st = TIDE_OK;
+    for (int i = 0; i < CU_LANES && !st; i++) st = lane_init(be, &im->lane[i], i);
+    if (!st) st = lane_blas(be, &im->lane[0]);
+    if (st) {
+        cu_destroy(be);
+        return st;
+    }
+    *out = be;
+    return TIDE_OK;
+}

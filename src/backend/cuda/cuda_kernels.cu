@@ -1,0 +1,573 @@
+/*
+ * cuda_kernels.cu - the CUDA backend's kernels (cuda_kernels.h), one per op
+ * kind, with the CPU kernels' semantics (src/backend/cpu/kernels.c).
+ *
+ * Layout of the work:
+ *   - elementwise ops (convert, ADD, SILU_MUL, GENERIC): grid-stride loops;
+ *   - row ops (EMBED, RMSNORM, ARGMAX): a block per row, threads over the row;
+ *     RMSNORM and ARGMAX reduce through warp shuffles and a shared-memory
+ *     stage in an order fixed by thread index;
+ *   - MATMUL without BLAS: a warp per weight row, lanes over K, up to
+ *     TCU_MATMUL_FUSED_R rows of x at a time (the x rows stay in L1/L2);
+ *   - ATTENTION: a block of 128 threads per (batch, query, head): the query
+ *     in shared memory, keys in tiles of 128 (a warp per key computes a score,
+ *     lanes over head_dim), an online softmax (running max m, running sum l)
+ *     and P.V accumulated by threads over head_dim, keys in ascending order.
+ *
+ * Determinism: no reduction uses atomics; every sum is a sequence per thread
+ * followed by a butterfly (xor) shuffle tree and a tree over warps, fixed by
+ * the block size alone. (A butterfly leaves the same bits in every lane: each
+ * step adds the same two values, in either order.) The only atomic is the
+ * range check's atomicMin, whose result does not depend on order.
+ *
+ * Numerics: weights are converted exactly. ROPE's powf/cosf/sinf and
+ * SILU_MUL's expf are evaluated in double and rounded once, which reproduces
+ * the CPU's (glibc's, below 1 ulp) results in all but rare cases; products
+ * and sums the CPU rounds separately are rounded separately here too
+ * (__fmul_rn / __fadd_rn keep nvcc from fusing them). Attention and matmul
+ * sum in a different order than the CPU (f32, as the CPU) and agree within
+ * rounding.
+ */
+#include "backend/cuda/cuda_kernels.h"
+
+#include <math.h>
+
+#define TCU_BLOCK 256
+#define TCU_MAX_GRID (1 << 20)
+#define TCU_ATTN_BLOCK 128
+#define FULL_MASK 0xffffffffu
+
+static unsigned grid_for(int64_t n, int block) {
+    int64_t g = (n + block - 1) / block;
+    if (g < 1) g = 1;
+    if (g > TCU_MAX_GRID) g = TCU_MAX_GRID;
+    return (unsigned)g;
+}
+
+/* ------------------------------------------------------------- conversion */
+
+/* Bit-exact with tide_f16_to_f32 / the CPU's h2f: rebias the exponent; inf
+ * and NaN keep their payload; subnormals become normal f32 exactly. */
+__device__ __forceinline__ float f16_to_f32(uint32_t h) {
+    uint32_t sign = (h & 0x8000u) << 16;
+    uint32_t o = (h & 0x7fffu) << 13;
+    uint32_t e = o & 0x0f800000u;
+    o += 0x38000000u;
+    if (e == 0x0f800000u)
+        o += 0x38000000u;
+    else if (e == 0)
+        o = __float_as_uint(__fsub_rn(__uint_as_float(o + 0x00800000u), __uint_as_float(0x38800000u)));
+    return __uint_as_float(o | sign);
+}
+
+__device__ __forceinline__ float bf16_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
+
+/* Element i of a weight of dtype DT as f32. */
+template <int DT>
+__device__ __forceinline__ float load_w(const void *w, int64_t i) {
+    if (DT == TIDE_F32) return ((const float *)w)[i];
+    uint32_t h = ((const uint16_t *)w)[i];
+    return DT == TIDE_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+/* Eight consecutive weights from a 16-byte aligned address. */
+template <int DT>
+__device__ __forceinline__ void load_w8(const void *w, int64_t i, float *o) {
+    if (DT == TIDE_F32) {
+        const float4 *p = (const float4 *)((const float *)w + i);
+        float4 a = p[0], b = p[1];
+        o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
+        o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+        return;
+    }
+    uint4 u = *(const uint4 *)((const uint16_t *)w + i);
+    uint32_t v[4] = {u.x, u.y, u.z, u.w};
+    for (int j = 0; j < 4; j++) {
+        uint32_t lo = v[j] & 0xffffu, hi = v[j] >> 16;
+        o[2 * j] = DT == TIDE_F16 ? f16_to_f32(lo) : bf16_to_f32(lo);
+        o[2 * j + 1] = DT == TIDE_F16 ? f16_to_f32(hi) : bf16_to_f32(hi);
+    }
+}
+
+template <int DT>
+__global__ void k_convert(const void *src, float *dst, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = load_w<DT>(src, i);
+}
+
+extern "C" cudaError_t tcu_convert(cudaStream_t s, const void *src, tide_dtype dt, float *dst, int64_t n) {
+    if (n <= 0) return cudaSuccess;
+    unsigned g = grid_for(n, TCU_BLOCK);
+    switch (dt) {
+    case TIDE_F32: return cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, s);
+    case TIDE_F16: k_convert<TIDE_F16><<<g, TCU_BLOCK, 0, s>>>(src, dst, n); break;
+    case TIDE_BF16: k_convert<TIDE_BF16><<<g, TCU_BLOCK, 0, s>>>(src, dst, n); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------- reductions */
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+ * thread gets the same bits. sh holds 32 values; the call begins with a
+ * barrier, so sh may be reused from one call to the next. */
+template <typename T>
+__device__ T block_sum(T v, T *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : (T)0;
+    return warp_sum(v);
+}
+
+__device__ float block_max(float v, float *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+/* ------------------------------------------------------------- range check */
+
+__global__ void k_range_check(const int32_t *ids, int64_t n, int64_t hi, int32_t *flag) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int32_t v = ids[i];
+        if (v < 0 || (int64_t)v >= hi) atomicMin(flag, (int32_t)i);
+    }
+}
+
+extern "C" cudaError_t tcu_range_check(cudaStream_t s, const int32_t *ids, int64_t n, int64_t hi, int32_t *flag) {
+    cudaError_t e = cudaMemsetAsync(flag, 0x7f, sizeof(int32_t), s); /* TCU_FLAG_OK */
+    if (e != cudaSuccess || n <= 0) return e;
+    k_range_check<<<grid_for(n, TCU_BLOCK), TCU_BLOCK, 0, s>>>(ids, n, hi, flag);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------- embed, norm */
+
+template <int DT>
+__global__ void k_embed(const void *table, int64_t D, const int32_t *tokens, int64_t R, float *out) {
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        int64_t base = (int64_t)tokens[r] * D;
+        float *o = out + r * D;
+        for (int64_t i = threadIdx.x; i < D; i += blockDim.x) o[i] = load_w<DT>(table, base + i);
+    }
+}
+
+extern "C" cudaError_t tcu_embed(cudaStream_t s, const void *table, tide_dtype dt, int64_t D,
+                                 const int32_t *tokens, int64_t R, float *out) {
+    if (R <= 0 || D <= 0) return cudaSuccess;
+    unsigned g = (unsigned)(R < TCU_MAX_GRID ? R : TCU_MAX_GRID);
+    switch (dt) {
+    case TIDE_F32: k_embed<TIDE_F32><<<g, TCU_BLOCK, 0, s>>>(table, D, tokens, R, out); break;
+    case TIDE_F16: k_embed<TIDE_F16><<<g, TCU_BLOCK, 0, s>>>(table, D, tokens, R, out); break;
+    case TIDE_BF16: k_embed<TIDE_BF16><<<g, TCU_BLOCK, 0, s>>>(table, D, tokens, R, out); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+template <int DT>
+__global__ void k_rmsnorm(const float *x, const void *w, int64_t R, int64_t D, float eps, float *out) {
+    __shared__ double sh[32];
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        const float *xr = x + r * D;
+        float *orow = out + r * D;
+        double ss = 0;
+        for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+            double v = (double)xr[i];
+            ss = __dadd_rn(ss, __dmul_rn(v, v));
+        }
+        ss = block_sum(ss, sh);
+        float rs = 1.0f / sqrtf(__fadd_rn((float)(ss / (double)D), eps));
+        for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
+            orow[i] = __fmul_rn(load_w<DT>(w, i), __fmul_rn(xr[i], rs)); /* own element: in place is safe */
+    }
+}
+
+extern "C" cudaError_t tcu_rmsnorm(cudaStream_t s, const float *x, const void *w, tide_dtype wdt, int64_t R,
+                                   int64_t D, float eps, float *out) {
+    if (R <= 0 || D <= 0) return cudaSuccess;
+    unsigned g = (unsigned)(R < TCU_MAX_GRID ? R : TCU_MAX_GRID);
+    switch (wdt) {
+    case TIDE_F32: k_rmsnorm<TIDE_F32><<<g, TCU_BLOCK, 0, s>>>(x, w, R, D, eps, out); break;
+    case TIDE_F16: k_rmsnorm<TIDE_F16><<<g, TCU_BLOCK, 0, s>>>(x, w, R, D, eps, out); break;
+    case TIDE_BF16: k_rmsnorm<TIDE_BF16><<<g, TCU_BLOCK, 0, s>>>(x, w, R, D, eps, out); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------- matmul */
+
+#define MM_WARPS 8
+
+/* out (R, N) = x (R, K) . w (N, K)^T; warp per weight row n. VEC: K % 8 == 0
+ * and x, w 16-byte aligned, so each lane loads 8 weights and 2 float4 of x. */
+template <int DT, bool VEC>
+__global__ void __launch_bounds__(MM_WARPS * 32) k_matmul_fused(const float *x, const void *w, int64_t R,
+                                                                 int64_t K, int64_t N, float *out) {
+    const int lane = threadIdx.x & 31;
+    const int64_t n = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    if (n >= N) return; /* whole warps leave together: no shuffle misses a lane */
+    const int64_t wrow = n * K;
+    for (int64_t r0 = 0; r0 < R; r0 += TCU_MATMUL_FUSED_R) {
+        const int nr = (int)(R - r0 < TCU_MATMUL_FUSED_R ? R - r0 : TCU_MATMUL_FUSED_R);
+        const float *xb = x + r0 * K;
+        float acc[TCU_MATMUL_FUSED_R];
+#pragma unroll
+        for (int r = 0; r < TCU_MATMUL_FUSED_R; r++) acc[r] = 0.0f;
+        if (VEC) {
+            for (int64_t k = (int64_t)lane * 8; k < K; k += 32 * 8) {
+                float wv[8];
+                load_w8<DT>(w, wrow + k, wv);
+#pragma unroll
+                for (int r = 0; r < TCU_MATMUL_FUSED_R; r++) {
+                    if (r < nr) {
+                        const float4 *xp = (const float4 *)(xb + r * K + k);
+                        float4 a = xp[0], b = xp[1];
+                        float t = acc[r];
+                        t = fmaf(a.x, wv[0], t);
+                        t = fmaf(a.y, wv[1], t);
+                        t = fmaf(a.z, wv[2], t);
+                        t = fmaf(a.w, wv[3], t);
+                        t = fmaf(b.x, wv[4], t);
+                        t = fmaf(b.y, wv[5], t);
+                        t = fmaf(b.z, wv[6], t);
+                        t = fmaf(b.w, wv[7], t);
+                        acc[r] = t;
+                    }
+                }
+            }
+        } else {
+            for (int64_t k = lane; k < K; k += 32) {
+                float wv = load_w<DT>(w, wrow + k);
+#pragma unroll
+                for (int r = 0; r < TCU_MATMUL_FUSED_R; r++)
+                    if (r < nr) acc[r] = fmaf(xb[r * K + k], wv, acc[r]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < TCU_MATMUL_FUSED_R; r++) {
+            float v = warp_sum(acc[r]);
+            if (r < nr && lane == r) out[(r0 + r) * N + n] = v;
+        }
+    }
+}
+
+template <int DT>
+static void launch_matmul_fused(cudaStream_t s, const float *x, const void *w, int64_t R, int64_t K, int64_t N,
+                                float *out) {
+    unsigned g = (unsigned)((N + MM_WARPS - 1) / MM_WARPS);
+    bool vec = K % 8 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0;
+    if (vec)
+        k_matmul_fused<DT, true><<<g, MM_WARPS * 32, 0, s>>>(x, w, R, K, N, out);
+    else
+        k_matmul_fused<DT, false><<<g, MM_WARPS * 32, 0, s>>>(x, w, R, K, N, out);
+}
+
+extern "C" cudaError_t tcu_matmul_fused(cudaStream_t s, const float *x, const void *w, tide_dtype wdt, int64_t R,
+                                        int64_t K, int64_t N, float *out) {
+    if (R <= 0 || N <= 0) return cudaSuccess;
+    switch (wdt) {
+    case TIDE_F32: launch_matmul_fused<TIDE_F32>(s, x, w, R, K, N, out); break;
+    case TIDE_F16: launch_matmul_fused<TIDE_F16>(s, x, w, R, K, N, out); break;
+    case TIDE_BF16: launch_matmul_fused<TIDE_BF16>(s, x, w, R, K, N, out); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------- rope */
+
+/* A thread per (row, i < hd/2): the angle's cos and sin once, then every
+ * head of the row. */
+__global__ void k_rope(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd, float theta,
+                       float *out) {
+    const int half = hd / 2;
+    const int64_t D = (int64_t)H * hd, n = R * half;
+    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = idx / half;
+        int i = (int)(idx % half);
+        float p = (float)pos[r % T];
+        /* as HF and the CPU: inv_freq = 1 / theta ** ((2i) / hd) in f32 */
+        float e = __fdiv_rn((float)(2 * i), (float)hd);
+        float inv = __fdiv_rn(1.0f, (float)pow((double)theta, (double)e));
+        float a = __fmul_rn(p, inv);
+        float c = (float)cos((double)a), sn = (float)sin((double)a);
+        for (int h = 0; h < H; h++) {
+            const float *xr = x + r * D + (int64_t)h * hd;
+            float *orow = out + r * D + (int64_t)h * hd;
+            float x0 = xr[i], x1 = xr[i + half];
+            orow[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+            orow[i + half] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, sn));
+        }
+    }
+}
+
+extern "C" cudaError_t tcu_rope(cudaStream_t s, const float *x, const int32_t *pos, int64_t R, int64_t T, int H,
+                                int hd, float theta, float *out) {
+    int64_t n = R * (hd / 2);
+    if (n <= 0 || T <= 0) return cudaSuccess;
+    k_rope<<<grid_for(n, TCU_BLOCK), TCU_BLOCK, 0, s>>>(x, pos, R, T, H, hd, theta, out);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------- attention */
+
+/* A block per row (b, t): copies k/v row into the caches at pos[t], unless a
+ * later t' of the same batch row has the same position (the CPU copies in
+ * order of t, so the last one stays). */
+__global__ void k_cache_write(const float *k, const float *v, const int32_t *pos, int64_t B, int64_t T,
+                              int64_t C, int64_t kd, float *kcache, float *vcache) {
+    for (int64_t row = blockIdx.x; row < B * T; row += gridDim.x) {
+        int64_t b = row / T, t = row % T;
+        int32_t p = pos[t];
+        int later = 0;
+        for (int64_t u = t + 1 + threadIdx.x; u < T; u += blockDim.x) later |= pos[u] == p;
+        if (__syncthreads_or(later)) continue; /* uniform across the block */
+        const float *ks = k + row * kd, *vs = v + row * kd;
+        float *kd_ = kcache + (b * C + p) * kd, *vd = vcache + (b * C + p) * kd;
+        for (int64_t i = threadIdx.x; i < kd; i += blockDim.x) {
+            kd_[i] = ks[i];
+            vd[i] = vs[i];
+        }
+    }
+}
+
+extern "C" cudaError_t tcu_cache_write(cudaStream_t s, const float *k, const float *v, const int32_t *pos,
+                                       int64_t B, int64_t T, int64_t C, int64_t kd, float *kcache,
+                                       float *vcache) {
+    int64_t rows = B * T;
+    if (rows <= 0 || kd <= 0) return cudaSuccess;
+    unsigned g = (unsigned)(rows < TCU_MAX_GRID ? rows : TCU_MAX_GRID);
+    k_cache_write<<<g, TCU_BLOCK, 0, s>>>(k, v, pos, B, T, C, kd, kcache, vcache);
+    return cudaGetLastError();
+}
+
+#define ATT_TILE TCU_ATTN_BLOCK                       /* keys per tile: one score per thread */
+#define ATT_PER_THREAD (TCU_ATTN_MAX_HD / TCU_ATTN_BLOCK) /* output elements per thread */
+
+/* Block index -> (b, t, h), later queries (more keys) first. */
+__global__ void __launch_bounds__(TCU_ATTN_BLOCK)
+    k_attention(const float *q, const int32_t *pos, const float *kcache, const float *vcache, float *o,
+                int64_t T, int64_t C, int H, int KV, int hd, float scale) {
+    __shared__ float qs[TCU_ATTN_MAX_HD];
+    __shared__ float S[ATT_TILE];
+    __shared__ float red[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarp = TCU_ATTN_BLOCK / 32;
+    const int64_t idx = blockIdx.x;
+    const int h = (int)(idx % H);
+    const int64_t rest = idx / H;
+    const int64_t t = T - 1 - rest % T, b = rest / T;
+    const int g = h / (H / KV);
+    const int64_t qd = (int64_t)H * hd, kd = (int64_t)KV * hd;
+    const int64_t row = b * T + t;
+    const float *qr = q + row * qd + (int64_t)h * hd;
+    for (int d = tid; d < hd; d += TCU_ATTN_BLOCK) qs[d] = qr[d];
+    const float *kb = kcache + b * C * kd + (int64_t)g * hd;
+    const float *vb = vcache + b * C * kd + (int64_t)g * hd;
+    const int64_t nkeys = (int64_t)pos[t] + 1;
+    float acc[ATT_PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < ATT_PER_THREAD; i++) acc[i] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    __syncthreads();
+    for (int64_t j0 = 0; j0 < nkeys; j0 += ATT_TILE) {
+        const int nk = (int)(nkeys - j0 < ATT_TILE ? nkeys - j0 : ATT_TILE);
+        /* scores: a warp per key, lanes over head_dim */
+        for (int jj = warp; jj < nk; jj += nwarp) {
+            const float *kr = kb + (j0 + jj) * kd;
+            float dot = 0.0f;
+            for (int d = lane; d < hd; d += 32) dot = fmaf(qs[d], kr[d], dot);
+            dot = warp_sum(dot);
+            if (lane == 0) S[jj] = __fmul_rn(dot, scale);
+        }
+        __syncthreads();
+        float sv = tid < nk ? S[tid] : -INFINITY;
+        float mx = block_max(sv, red);
+        float mnew = mx > m ? mx : m;
+        float p = tid < nk ? expf(sv - mnew) : 0.0f;
+        float sum = block_sum(p, red);
+        float corr = expf(m - mnew);
+        l = l * corr + sum;
+        m = mnew;
+        if (tid < nk) S[tid] = p;
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < ATT_PER_THREAD; i++) {
+            int d = tid + i * TCU_ATTN_BLOCK;
+            if (d < hd) {
+                float a = acc[i] * corr;
+                const float *vp = vb + j0 * kd + d;
+                for (int jj = 0; jj < nk; jj++) a = fmaf(S[jj], vp[jj * kd], a);
+                acc[i] = a;
+            }
+        }
+        __syncthreads(); /* S is rewritten by the next tile */
+    }
+    float *orow = o + row * qd + (int64_t)h * hd;
+#pragma unroll
+    for (int i = 0; i < ATT_PER_THREAD; i++) {
+        int d = tid + i * TCU_ATTN_BLOCK;
+        if (d < hd) orow[d] = acc[i] / l;
+    }
+}
+
+extern "C" cudaError_t tcu_attention(cudaStream_t s, const float *q, const int32_t *pos, const float *kcache,
+                                     const float *vcache, float *o, int64_t B, int64_t T, int64_t C, int H, int KV,
+                                     int hd) {
+    int64_t nblk = B * T * H;
+    if (nblk <= 0) return cudaSuccess;
+    if (hd > TCU_ATTN_MAX_HD || nblk > 0x7fffffff || KV <= 0 || H % KV) return cudaErrorInvalidValue;
+    float scale = 1.0f / sqrtf((float)hd);
+    k_attention<<<(unsigned)nblk, TCU_ATTN_BLOCK, 0, s>>>(q, pos, kcache, vcache, o, T, C, H, KV, hd, scale);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------- elementwise */
+
+__global__ void k_silu_mul(const float *gate, const float *up, float *out, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float g = gate[i];
+        float e = (float)exp(-(double)g);
+        out[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, e)), up[i]);
+    }
+}
+
+extern "C" cudaError_t tcu_silu_mul(cudaStream_t s, const float *gate, const float *up, float *out, int64_t n) {
+    if (n <= 0) return cudaSuccess;
+    k_silu_mul<<<grid_for(n, TCU_BLOCK), TCU_BLOCK, 0, s>>>(gate, up, out, n);
+    return cudaGetLastError();
+}
+
+__global__ void k_add(const float *a, const float *b, float *out, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __fadd_rn(a[i], b[i]);
+}
+
+extern "C" cudaError_t tcu_add(cudaStream_t s, const float *a, const float *b, float *out, int64_t n) {
+    if (n <= 0) return cudaSuccess;
+    k_add<<<grid_for(n, TCU_BLOCK), TCU_BLOCK, 0, s>>>(a, b, out, n);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------- argmax */
+
+/* True if (v, i) comes before (bv, bi): any NaN before any number, the first
+ * NaN among NaNs; among numbers the larger, the first on ties. A total order
+ * with a unique winner, so any reduction tree gives the sequential answer. */
+__device__ __forceinline__ bool am_better(float v, int64_t i, float bv, int64_t bi) {
+    bool n = isnan(v), bn = isnan(bv);
+    if (n != bn) return n;
+    if (n || v == bv) return i < bi;
+    return v > bv;
+}
+
+__global__ void k_argmax(const float *x, int64_t R, int64_t V, int32_t *out) {
+    __shared__ float shv[32];
+    __shared__ int64_t shi[32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        const float *xr = x + r * V;
+        float bv = -INFINITY;
+        int64_t bi = INT64_MAX;
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
+            if (am_better(xr[j], j, bv, bi)) {
+                bv = xr[j];
+                bi = j;
+            }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+            int64_t oi = __shfl_xor_sync(FULL_MASK, bi, o);
+            if (am_better(ov, oi, bv, bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        __syncthreads();
+        if (lane == 0) {
+            shv[w] = bv;
+            shi[w] = bi;
+        }
+        __syncthreads();
+        if (w == 0) {
+            bv = lane < nw ? shv[lane] : -INFINITY;
+            bi = lane < nw ? shi[lane] : INT64_MAX;
+            for (int o = 16; o > 0; o >>= 1) {
+                float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+                int64_t oi = __shfl_xor_sync(FULL_MASK, bi, o);
+                if (am_better(ov, oi, bv, bi)) {
+                    bv = ov;
+                    bi = oi;
+                }
+            }
+            /* V >= 1: some lane saw index 0 at least, so bi < V */
+            if (lane == 0) out[r] = (int32_t)(bi < V ? bi : 0);
+        }
+    }
+}
+
+extern "C" cudaError_t tcu_argmax(cudaStream_t s, const float *x, int64_t R, int64_t V, int32_t *out) {
+    if (R <= 0) return cudaSuccess;
+    unsigned g = (unsigned)(R < TCU_MAX_GRID ? R : TCU_MAX_GRID);
+    k_argmax<<<g, TCU_BLOCK, 0, s>>>(x, R, V, out);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------- generic */
+
+typedef struct gen_args {
+    const uint8_t *in[TIDE_OP_MAX_IN];
+    uint64_t in_bytes[TIDE_OP_MAX_IN];
+    int n_in;
+    uint32_t k;
+} gen_args;
+
+__global__ void k_generic(gen_args a, uint8_t *out, uint64_t n) {
+    for (uint64_t j = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; j < n; j += (uint64_t)gridDim.x * blockDim.x) {
+        uint32_t s = 31u * (uint32_t)j + 17u * a.k;
+        for (int i = 0; i < a.n_in; i++) s += (uint32_t)(i + 1) * a.in[i][j % a.in_bytes[i]];
+        out[j] = (uint8_t)s;
+    }
+}
+
+extern "C" cudaError_t tcu_generic(cudaStream_t s, int n_in, const uint8_t *const *in, const uint64_t *in_bytes,
+                                   int k, uint8_t *out, uint64_t n) {
+    if (n == 0) return cudaSuccess;
+    if (n_in < 0 || n_in > TIDE_OP_MAX_IN) return cudaErrorInvalidValue;
+    gen_args a;
+    a.n_in = n_in;
+    a.k = (uint32_t)k;
+    for (int i = 0; i < TIDE_OP_MAX_IN; i++) {
+        a.in[i] = i < n_in ? in[i] : NULL;
+        a.in_bytes[i] = i < n_in ? in_bytes[i] : 1;
+    }
+    k_generic<<<grid_for((int64_t)(n < (uint64_t)INT64_MAX ? n : (uint64_t)INT64_MAX), TCU_BLOCK), TCU_BLOCK, 0, s>>>(a, out, n);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------- probe */
+
+extern "C" cudaError_t tcu_probe(void) {
+    struct cudaFuncAttributes a;
+    return cudaFuncGetAttributes(&a, k_add);
+}

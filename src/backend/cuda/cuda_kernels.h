@@ -1,0 +1,106 @@
+/*
+ * cuda_kernels.h - the CUDA backend's kernels, as launchers callable from C:
+ * each enqueues its kernel(s) on `s` and returns the launch status
+ * (cudaSuccess, or the error of the launch; errors of the execution surface
+ * at the caller's stream synchronisation). They know nothing of graphs,
+ * contexts or backends; cuda_backend.c reads shapes from the graph, checks
+ * ranges and calls them.
+ *
+ * Semantics are those of the CPU kernels (src/backend/cpu/kernels.h), which
+ * are the reference:
+ *   - activations f32 row-major; weights f32, f16 or bf16 converted exactly
+ *     to f32 (bit-identical to tide_convert_to_f32, NaN payloads included);
+ *   - every reduction has a fixed order (warp shuffles and shared-memory
+ *     trees indexed by thread, no atomics), so the same input gives the same
+ *     bits on every run of the same GPU;
+ *   - nothing is allocated: workspace is the caller's.
+ * Pointers are device pointers unless a comment says otherwise. Sizes are
+ * int64_t; the caller has checked that they fit the grids (see each entry).
+ */
+#ifndef TIDE_CUDA_KERNELS_H
+#define TIDE_CUDA_KERNELS_H
+
+#include "tide.h"
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Checks that this build has kernels the current device can run: returns
+ * cudaSuccess, or cudaErrorNoKernelImageForDevice (or the error of the
+ * query). Launches nothing. */
+cudaError_t tcu_probe(void);
+
+/* The value a range-check flag holds when every id was in range; the flag
+ * holds the smallest bad index otherwise (so the caller can name it). */
+#define TCU_FLAG_OK 0x7f7f7f7f
+
+/* Range check. ids (n) i32, flag (1) i32: sets *flag to TCU_FLAG_OK, then to
+ * the smallest index i with ids[i] outside [0, hi). n < TCU_FLAG_OK. */
+cudaError_t tcu_range_check(cudaStream_t s, const int32_t *ids, int64_t n, int64_t hi, int32_t *flag);
+
+/* dst (n) f32 = src (n) of dt (f32, f16, bf16), exactly. */
+cudaError_t tcu_convert(cudaStream_t s, const void *src, tide_dtype dt, float *dst, int64_t n);
+
+/* EMBED. table (V, D) of dt, tokens (R) i32 already range-checked, out (R, D)
+ * f32: out[r] = table[tokens[r]]. */
+cudaError_t tcu_embed(cudaStream_t s, const void *table, tide_dtype dt, int64_t D, const int32_t *tokens,
+                      int64_t R, float *out);
+
+/* RMSNORM. x (R, D), w (D) of wdt, out (R, D) (may equal x):
+ * out = w * (x * (1/sqrtf((float)(sum x^2 / D) + eps))), sum in double. */
+cudaError_t tcu_rmsnorm(cudaStream_t s, const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t D,
+                        float eps, float *out);
+
+/* MATMUL without BLAS, for weights of any dtype: out (R, N) = x (R, K) .
+ * w (N, K)^T; a warp per weight row converts it once per group of up to
+ * TCU_MATMUL_FUSED_R rows of x and dots it with them (f32 accumulation).
+ * The path for small batches (decoding) and for scratch too small for one
+ * converted weight row. out must not overlap x or w. N < 2^31 * 8. */
+#define TCU_MATMUL_FUSED_R 16
+cudaError_t tcu_matmul_fused(cudaStream_t s, const float *x, const void *w, tide_dtype wdt, int64_t R,
+                             int64_t K, int64_t N, float *out);
+
+/* ROPE (HF rotate_half). x (R, H*hd), pos (T) i32, out (R, H*hd) (may equal
+ * x); row r has position pos[r % T]; hd even. */
+cudaError_t tcu_rope(cudaStream_t s, const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd,
+                     float theta, float *out);
+
+/* ATTENTION, part 1. k, v (B*T, KV*hd), pos (T) range-checked, kcache,
+ * vcache (B, C, KV*hd): cache[b][pos[t]] = row (b, t); where positions
+ * repeat, the last t wins (as the CPU's ordered copy). */
+cudaError_t tcu_cache_write(cudaStream_t s, const float *k, const float *v, const int32_t *pos, int64_t B,
+                            int64_t T, int64_t C, int64_t kd, float *kcache, float *vcache);
+
+/* ATTENTION, part 2. q (B*T, H*hd), pos (T), kcache, vcache (B, C, KV*hd),
+ * o (B*T, H*hd): for each (b, t, h), softmax over cache positions
+ * j <= pos[t] of (q . k_j) / sqrtf(hd), o = sum p_j v_j, with an online
+ * softmax over tiles of 128 keys. hd <= TCU_ATTN_MAX_HD. B*T*H < 2^31. */
+#define TCU_ATTN_MAX_HD 512
+cudaError_t tcu_attention(cudaStream_t s, const float *q, const int32_t *pos, const float *kcache,
+                          const float *vcache, float *o, int64_t B, int64_t T, int64_t C, int H, int KV,
+                          int hd);
+
+/* SILU_MUL. gate, up, out (n): out = gate / (1 + expf(-gate)) * up. */
+cudaError_t tcu_silu_mul(cudaStream_t s, const float *gate, const float *up, float *out, int64_t n);
+
+/* ADD. a, b, out (n): out = a + b. */
+cudaError_t tcu_add(cudaStream_t s, const float *a, const float *b, float *out, int64_t n);
+
+/* ARGMAX. x (R, V), out (R) i32: first index of the row's maximum; the
+ * first NaN when the row holds one. R < 2^31. */
+cudaError_t tcu_argmax(cudaStream_t s, const float *x, int64_t R, int64_t V, int32_t *out);
+
+/* GENERIC output k (nbytes n) from n_in inputs (bytes in_bytes[i] > 0):
+ * out[j] = (uint8_t)(sum_i (i+1) * in_i[j % in_bytes[i]] + 31*j + 17*k).
+ * An output that is also an input is read at j before j is written. */
+cudaError_t tcu_generic(cudaStream_t s, int n_in, const uint8_t *const *in, const uint64_t *in_bytes, int k,
+                        uint8_t *out, uint64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
