@@ -48,6 +48,13 @@ char *tide_strdup(const char *s);
 void *tide_malloc_aligned(size_t n, size_t alignment);
 void tide_free_aligned(void *p);
 
+/* Reads the whole regular file at path into a NUL-terminated buffer (free it
+ * with tide_free); max_bytes (0: no limit) bounds its size. Messages start
+ * with the path. Returns TIDE_OK, TIDE_E_NOT_FOUND, TIDE_E_IO, TIDE_E_FORMAT
+ * (larger than max_bytes) or TIDE_E_NOMEM. */
+tide_status tide_read_text_file(tide_ctx *ctx, const char *path, uint64_t max_bytes, char **out,
+                                size_t *len);
+
 /* Monotonic wall clock in seconds. */
 double tide_now(void);
 

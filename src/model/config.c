@@ -161,52 +161,6 @@ uint64_t tide_llama_config_params(const tide_llama_config *cfg) {
 
 /* ---------------------------------------------------------------- loading */
 
-/* Reads a whole small file into a NUL-terminated buffer. */
-static tide_status read_file(tide_ctx *ctx, const char *path, char **out, size_t *len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return tide_err(ctx, errno == ENOENT ? TIDE_E_NOT_FOUND : TIDE_E_IO, "%s: cannot open: %s",
-                        path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return tide_err(ctx, TIDE_E_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return tide_err(ctx, TIDE_E_IO, "%s: not a regular file", path);
-    }
-    if ((uint64_t)st.st_size > CONFIG_FILE_MAX) {
-        close(fd);
-        return tide_err(ctx, TIDE_E_FORMAT, "%s: %lld bytes, too large for a JSON config", path,
-                        (long long)st.st_size);
-    }
-    size_t n = (size_t)st.st_size;
-    char *buf = tide_malloc(n + 1);
-    if (!buf) {
-        close(fd);
-        return tide_err(ctx, TIDE_E_NOMEM, "%s: out of memory reading it", path);
-    }
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            int e = r < 0 ? errno : EIO;
-            close(fd);
-            tide_free(buf);
-            return tide_err(ctx, TIDE_E_IO, "%s: read failed: %s", path,
-                            r < 0 ? strerror(e) : "file shrank while reading");
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return TIDE_OK;
-}
 
 /* Line and column of byte offset off in text, for parse error messages. */
 static void line_col(const char *text, size_t off, int *line, int *col) {
@@ -425,7 +379,7 @@ tide_status tide_llama_config_load(tide_ctx *ctx, const char *path, tide_llama_c
     if (!path || !cfg) return tide_err(ctx, TIDE_E_INVALID, "config_load: NULL argument");
     char *text = NULL;
     size_t len = 0;
-    tide_status st = read_file(ctx, path, &text, &len);
+    tide_status st = tide_read_text_file(ctx, path, CONFIG_FILE_MAX, &text, &len);
     if (st) return st;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);

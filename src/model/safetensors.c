@@ -314,46 +314,6 @@ static tide_status open_file(tide_checkpoint *ck, const char *name) {
 
 /* ---------------------------------------------------------------- index */
 
-/* Reads a whole small file into a NUL-terminated buffer. */
-static tide_status slurp(tide_ctx *ctx, const char *path, char **out, size_t *len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return tide_err(ctx, errno == ENOENT ? TIDE_E_NOT_FOUND : TIDE_E_IO, "%s: cannot open: %s",
-                        path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return tide_err(ctx, TIDE_E_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if ((uint64_t)st.st_size > INDEX_MAX) {
-        close(fd);
-        return tide_err(ctx, TIDE_E_FORMAT, "%s: %lld bytes, too large for an index", path,
-                        (long long)st.st_size);
-    }
-    size_t n = (size_t)st.st_size, got = 0;
-    char *buf = tide_malloc(n + 1);
-    if (!buf) {
-        close(fd);
-        return tide_err(ctx, TIDE_E_NOMEM, "%s: out of memory", path);
-    }
-    while (got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            int e = r < 0 ? errno : EIO;
-            close(fd);
-            tide_free(buf);
-            return tide_err(ctx, TIDE_E_IO, "%s: read failed: %s", path, strerror(e));
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return TIDE_OK;
-}
 
 static int file_index(const tide_checkpoint *ck, const char *name) {
     for (int i = 0; i < ck->n_files; i++)
@@ -368,7 +328,7 @@ static tide_status open_sharded(tide_checkpoint *ck, const char *index_path,
     tide_ctx *ctx = ck->ctx;
     char *text = NULL;
     size_t len = 0;
-    tide_status st = slurp(ctx, index_path, &text, &len);
+    tide_status st = tide_read_text_file(ctx, index_path, INDEX_MAX, &text, &len);
     if (st) return st;
     char why[128];
     cJSON *root = parse_object(text, len, why, sizeof why);

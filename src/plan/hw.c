@@ -141,37 +141,6 @@ static const char *hw_check(const tide_hw *hw) {
 
 /* ---------------------------------------------------------------- files */
 
-/* Reads a whole file into a NUL-terminated buffer (tide_free it). Returns
- * TIDE_OK, TIDE_E_NOT_FOUND, TIDE_E_IO or TIDE_E_NOMEM with a message. */
-static tide_status read_text(tide_ctx *ctx, const char *what, const char *path, char **out,
-                             size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return tide_err(ctx, errno == ENOENT ? TIDE_E_NOT_FOUND : TIDE_E_IO, "%s '%s': %s", what,
-                        path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return tide_err(ctx, TIDE_E_IO, "%s '%s': not a regular file", what, path);
-    }
-    size_t n = (size_t)st.st_size;
-    char *buf = tide_malloc(n + 1);
-    if (!buf) {
-        fclose(f);
-        return tide_err(ctx, TIDE_E_NOMEM, "out of memory reading %s '%s'", what, path);
-    }
-    size_t got = fread(buf, 1, n, f);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad || got != n) {
-        tide_free(buf);
-        return tide_err(ctx, TIDE_E_IO, "%s '%s': read failed", what, path);
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return TIDE_OK;
-}
 
 /* Writes len bytes to path through a temporary file in the same directory,
  * flushed to disk and renamed over path, so path is either the old file or
@@ -361,7 +330,7 @@ static bool looks_like_path(const char *s) {
 static tide_status load_path(tide_ctx *ctx, const char *path, tide_hw *hw) {
     char *text = NULL;
     size_t len = 0;
-    tide_status st = read_text(ctx, "hardware profile", path, &text, &len);
+    tide_status st = tide_read_text_file(ctx, path, 0, &text, &len);
     if (st) return st;
     st = hw_parse(ctx, path, text, len, hw);
     tide_free(text);

@@ -579,29 +579,10 @@ fail:
 tide_status tide_plan_load_json(tide_ctx *ctx, const tide_graph *g, const char *path, tide_plan **out) {
     *out = NULL;
     if (!g || !path || !*path) return tide_err(ctx, TIDE_E_INVALID, "plan load: no graph or path");
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return tide_err(ctx, errno == ENOENT ? TIDE_E_NOT_FOUND : TIDE_E_IO, "plan file '%s': %s", path,
-                        strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return tide_err(ctx, TIDE_E_IO, "plan file '%s': not a regular file", path);
-    }
-    size_t n = (size_t)sb.st_size;
-    char *text = tide_malloc(n + 1);
-    if (!text) {
-        fclose(f);
-        return tide_err(ctx, TIDE_E_NOMEM, "out of memory reading plan file '%s'", path);
-    }
-    size_t got = fread(text, 1, n, f);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad || got != n) {
-        tide_free(text);
-        return tide_err(ctx, TIDE_E_IO, "plan file '%s': read failed", path);
-    }
-    text[n] = '\0';
+    char *text = NULL;
+    size_t n = 0;
+    tide_status rst = tide_read_text_file(ctx, path, 0, &text, &n);
+    if (rst) return rst;
     const char *end = NULL;
     /* the length includes the terminating NUL: cJSON then rejects trailing garbage */
     cJSON *root = cJSON_ParseWithLengthOpts(text, n + 1, &end, true);
