@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# cli_plan.sh - `tide plan` end to end: the table, the JSON, minimum budgets,
+# and every kind of bad input (exit status and the message naming the cause).
+source "$(dirname "$0")/lib_cli.sh" "$1"
+
+expect 0 "help" -- "$TIDE" plan --help
+contains "$TMP/out" "--budget" "plan help lists --budget"
+
+expect 0 "llama-65b at 20% of v100-32g" -- "$TIDE" plan --config llama-65b --hw v100-32g --budget 20% --seq 2048
+for w in "verified    yes" "peak device" "bytes host->device" "predicted makespan" "of ideal" "x of lower bound" "planning time"; do
+    contains "$TMP/out" "$w" "plan table"
+done
+
+expect 0 "json" -- "$TIDE" plan --config llama-7b --hw h100-80g --budget 25% --batch 8 --seq 2048 --json \
+    --trace "$TMP/trace.json" --out "$TMP/plan.json"
+for f in feasible policy budget_bytes peak_device_bytes bytes_h2d bytes_d2h bytes_ssd_read bytes_ssd_write \
+         makespan_s ideal_s lower_bound_s plan_seconds; do
+    json_field "$TMP/out" "$f"
+done
+contains "$TMP/out" '"feasible":true' "feasible plan"
+contains "$TMP/trace.json" '"traceEvents"' "trace written"
+contains "$TMP/plan.json" '"tide-plan"' "plan written"
+if command -v python3 >/dev/null; then
+    expect 0 "trace is valid JSON" -- python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$TMP/trace.json"
+fi
+
+for p in tide static-layer lru; do
+    expect 0 "min budget, $p" -- "$TIDE" plan --config llama-7b --budget min --seq 512 --policy $p
+    contains "$TMP/out" "the minimum for $p" "min budget note"
+done
+expect 0 "decode steps" -- "$TIDE" plan --config llama-2-70b --hw h100-80g --batch 4 --seq 512 --decode 8 --budget 25%
+expect 0 "weights on ssd" -- "$TIDE" plan --config llama-7b --hw h100-80g --budget 10% --seq 512 --weights-on-ssd --json
+json_field "$TMP/out" bytes_ssd_read
+
+# bad input
+expect 1 "budget below the minimum" -- "$TIDE" plan --config llama-7b --budget 1M --seq 512
+contains "$TMP/err" "needs at least" "below-minimum message gives the minimum"
+expect 1 "budget above the device" -- "$TIDE" plan --config llama-7b --hw v100-32g --budget 100G --seq 512
+contains "$TMP/err" "100.00 GiB" "message gives the budget"
+contains "$TMP/err" "32.00 GiB" "message gives the device memory"
+expect 1 "unknown profile" -- "$TIDE" plan --config llama-7b --hw no-such-gpu --budget 50%
+contains "$TMP/err" "h100-80g" "unknown profile lists the shipped ones"
+expect 1 "unknown config" -- "$TIDE" plan --config llama-9000b --budget 50%
+contains "$TMP/err" "tinyllama-1.1b" "unknown config lists the built-in ones"
+printf '{"name": "x", "device_mem_bytes": "lots"}' >"$TMP/bad.json"
+expect 1 "malformed profile" -- "$TIDE" plan --config llama-7b --hw "$TMP/bad.json" --budget 50%
+contains "$TMP/err" "bad.json" "malformed profile message names the file"
+mkdir -p "$TMP/m"
+printf '{"hidden_size": 64, ' >"$TMP/m/config.json"
+expect 1 "malformed config.json" -- "$TIDE" plan --model "$TMP/m" --budget 50%
+contains "$TMP/err" "config.json" "malformed config message names the file"
+expect 2 "negative seq" -- "$TIDE" plan --config llama-7b --budget 50% --seq -5
+expect 2 "absurd budget" -- "$TIDE" plan --config llama-7b --budget 12parsecs
+expect 2 "percentage over 100" -- "$TIDE" plan --config llama-7b --budget 150%
+expect 2 "no budget" -- "$TIDE" plan --config llama-7b
+expect 2 "unknown policy" -- "$TIDE" plan --config llama-7b --budget 50% --policy fifo
+expect 2 "unknown option" -- "$TIDE" plan --config llama-7b --budget 50% --frobnicate
+finish

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# cli_run.sh - `tide run` and `tide make-model` end to end on small models:
+# the summary and JSON, offloaded runs checked bit for bit for every policy,
+# traces, spill directories left empty, and bad input (exit status, message).
+source "$(dirname "$0")/lib_cli.sh" "$1"
+: "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
+FX=$TIDE_FIXTURES/tiny-bf16-gqa
+
+expect 0 "help" -- "$TIDE" run --help
+for o in --budget --policy --host-budget --ssd --check --trace --trace-svg --json; do
+    contains "$TMP/out" "$o" "run help lists $o"
+done
+expect 0 "top-level help" -- "$TIDE" --help
+contains "$TMP/out" "make-model" "help lists make-model"
+
+# a synthetic model from a Hugging Face config.json, more layers than the fixture
+expect 0 "make-model" -- "$TIDE" make-model --config "$FX/config.json" --layers 6 --seed 3 "$TMP/m"
+contains "$TMP/out" "6 layers" "make-model summary"
+expect 0 "make-model is deterministic" -- "$TIDE" make-model --config "$FX/config.json" --layers 6 --seed 3 "$TMP/m2"
+expect 0 "same bytes" -- cmp "$TMP/m/model.safetensors" "$TMP/m2/model.safetensors"
+
+expect 0 "resident run" -- "$TIDE" run --model "$TMP/m" --new-tokens 5 --json
+for f in tokens prefill_tokens_per_s decode_tokens_per_s peak_bytes; do json_field "$TMP/out" "$f"; done
+cp "$TMP/out" "$TMP/resident.json"
+expect 0 "run on an HF checkpoint" -- "$TIDE" run --model "$FX" --tokens 1,2,3,4 --new-tokens 3
+contains "$TMP/out" "generated" "summary shows the generated ids"
+
+mkdir -p "$TMP/spill"
+for p in tide static-layer lru; do
+    expect 0 "offloaded at 50%, $p, checked" -- "$TIDE" run --model "$TMP/m" --new-tokens 5 --budget 50% \
+        --policy $p --check --json --ssd "$TMP/spill"
+    contains "$TMP/out" '"check_passed":true' "$p: bit-identical to the unconstrained run"
+    for f in policy budget_bytes peak_device_bytes bytes_h2d bytes_d2h bytes_ssd_read bytes_ssd_write wall_s \
+             predicted_makespan_s unconstrained_wall_s; do
+        json_field "$TMP/out" "$f"
+    done
+done
+expect 0 "minimum budget, weights on SSD, pread path" -- "$TIDE" run --model "$TMP/m" --new-tokens 4 --budget min \
+    --weights-on-ssd --pread --check --ssd "$TMP/spill" --trace "$TMP/t.json" --trace-svg "$TMP/t.svg"
+contains "$TMP/out" "check      passed" "min budget check passes"
+contains "$TMP/t.json" '"device bytes"' "trace has the device-bytes counter"
+contains "$TMP/t.svg" "measured" "svg has the measured panel"
+contains "$TMP/t.svg" "predicted" "svg has the predicted panel"
+if [ -z "$(ls -A "$TMP/spill")" ]; then PASSES=$((PASSES + 1)); else
+    echo "FAIL: spill directory not empty: $(ls "$TMP/spill")"; FAILS=$((FAILS + 1)); fi
+
+# bad input
+expect 1 "token id past the vocabulary" -- "$TIDE" run --model "$TMP/m" --tokens 1,2,99999 --new-tokens 2
+contains "$TMP/err" "99999" "message names the id"
+expect 1 "budget below the minimum" -- "$TIDE" run --model "$TMP/m" --budget 4K --new-tokens 2
+contains "$TMP/err" "needs at least" "message gives the minimum"
+expect 1 "spill directory that does not exist" -- "$TIDE" run --model "$TMP/m" --budget min --weights-on-ssd \
+    --new-tokens 2 --ssd /nonexistent/tide-spill
+contains "$TMP/err" "/nonexistent/tide-spill" "message names the directory"
+touch "$TMP/afile"
+expect 1 "spill directory that is a file" -- "$TIDE" run --model "$TMP/m" --budget min --weights-on-ssd \
+    --new-tokens 2 --ssd "$TMP/afile"
+expect 1 "missing model" -- "$TIDE" run --model "$TMP/nothing-here"
+contains "$TMP/err" "nothing-here" "message names the directory"
+mkdir -p "$TMP/trunc" && cp "$TMP/m/config.json" "$TMP/trunc/" && head -c 100 "$TMP/m/model.safetensors" >"$TMP/trunc/model.safetensors"
+expect 1 "truncated checkpoint" -- "$TIDE" run --model "$TMP/trunc"
+contains "$TMP/err" "model.safetensors" "message names the file"
+expect 1 "too many positions" -- "$TIDE" run --model "$TMP/m" --prompt-len 100 --new-tokens 100
+expect 2 "bad budget" -- "$TIDE" run --model "$TMP/m" --budget lots
+expect 2 "trace without a budget" -- "$TIDE" run --model "$TMP/m" --trace "$TMP/x.json"
+expect 2 "bad tokens" -- "$TIDE" run --model "$TMP/m" --tokens 1,,x
+expect 2 "unknown option" -- "$TIDE" run --frobnicate
+expect 1 "host budget too small for what must live on host" -- "$TIDE" run --model "$TMP/m" --budget 50% \
+    --host-budget 4K --new-tokens 2
+contains "$TMP/err" "must live there" "message says what must live on host"
+expect 2 "make-model without a config" -- "$TIDE" make-model "$TMP/x"
+expect 1 "make-model, unknown config" -- "$TIDE" make-model --config nope "$TMP/x"
+finish

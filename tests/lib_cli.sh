@@ -1,0 +1,48 @@
+# lib_cli.sh - helpers for the command-line tests (sourced, not run).
+# Usage in a test: source "$(dirname "$0")/lib_cli.sh" "$1"
+set -u
+TIDE=${1:?usage: $0 PATH_TO_TIDE}
+TMP=$(mktemp -d /tmp/tide-cli-XXXXXX)
+export TIDE_CACHE=$TMP/cache   # never touch the user's cache
+trap 'rm -rf "$TMP"' EXIT
+FAILS=0
+PASSES=0
+
+# expect CODE DESCRIPTION -- command...: runs it, checks the exit status, keeps
+# stdout in $TMP/out and stderr in $TMP/err.
+expect() {
+    local want=$1 what=$2
+    shift 3
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    local got=$?
+    if [ "$got" -ne "$want" ]; then
+        echo "FAIL: $what: exit $got, wanted $want"
+        echo "  command: $*"
+        sed 's/^/  stderr: /' "$TMP/err" | head -5
+        FAILS=$((FAILS + 1))
+        return 1
+    fi
+    PASSES=$((PASSES + 1))
+    return 0
+}
+
+# contains FILE TEXT DESCRIPTION: the file holds the text.
+contains() {
+    if grep -qF -- "$2" "$1"; then
+        PASSES=$((PASSES + 1))
+    else
+        echo "FAIL: $3: '$2' not in $(basename "$1")"
+        sed 's/^/  | /' "$1" | head -8
+        FAILS=$((FAILS + 1))
+    fi
+}
+
+# json_field FILE FIELD: the one-line JSON object in FILE has the field.
+json_field() {
+    contains "$1" "\"$2\":" "JSON field $2"
+}
+
+finish() {
+    echo "$PASSES passed, $FAILS failed"
+    [ "$FAILS" -eq 0 ]
+}
