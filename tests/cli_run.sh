@@ -67,7 +67,7 @@ expect 2 "bad tokens" -- "$TIDE" run --model "$TMP/m" --tokens 1,,x
 expect 2 "unknown option" -- "$TIDE" run --frobnicate
 expect 1 "host budget too small for what must live on host" -- "$TIDE" run --model "$TMP/m" --budget 50% \
     --host-budget 4K --new-tokens 2
-contains "$TMP/err" "must live there" "message says what must live on host"
+contains "$TMP/err" "must live" "message says what must live on host"
 expect 2 "make-model without a config" -- "$TIDE" make-model "$TMP/x"
 expect 1 "make-model, unknown config" -- "$TIDE" make-model --config nope "$TMP/x"
 finish

@@ -125,6 +125,14 @@ static tide_status prepare(tide_model *m, graph_slot *s) {
     if (!m->budget && (st = resolve_budget(m, s->g))) return st;
     tide_plan_opts po = plan_opts(m, m->budget);
     if ((st = tide_plan_make(ctx, s->g, &po, &s->plan))) return st;
+    /* the model keeps its KV cache in host memory: a plan that homes it on
+     * SSD (host budget too small) cannot run here */
+    uint64_t state_bytes = tide_graph_role_bytes(s->g, TIDE_ROLE_STATE);
+    for (int t = 0; t < s->g->n_tensors; t++)
+        if (s->g->tensors[t].role == TIDE_ROLE_STATE && s->plan->home[t] != TIDE_TIER_HOST)
+            return tide_err(ctx, TIDE_E_INFEASIBLE, "the host budget of %llu bytes cannot hold the KV cache "
+                            "(%llu bytes), which must live in host memory", (unsigned long long)m->off.host_budget,
+                            (unsigned long long)state_bytes);
     /* invariant 3: a plan the verifier rejects never runs */
     if ((st = tide_plan_verify(s->plan)))
         return tide_err(ctx, st, "the plan failed verification and was not run: %s", tide_ctx_last_error(ctx));
