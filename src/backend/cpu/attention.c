@@ -1,0 +1,424 @@
+/*
+ * attention.c - causal grouped-query attention over the KV cache on the CPU
+ * (the ATTENTION op of tide.h).
+ *
+ * Tiled flash-style: a task is (batch b, kv head g, a few query heads of that
+ * group, a block of queries); its rows (head, query) share each key tile,
+ * which is transposed once into a stack tile; scores, an online softmax
+ * (running max m, running sum l) and P.V are accumulated tile by tile into an
+ * output tile. Each row reads only keys j <= its position, so stale cache rows
+ * are never touched. A task's result does not depend on which thread runs it,
+ * so tasks are handed out dynamically, heaviest first; the output bits do not
+ * depend on the thread count.
+ */
+#include "backend/cpu/kernels_int.h"
+
+#include <limits.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+/* ------------------------------------------------------------- attention */
+
+/* Tile budget: the transposed key tile and the output tile hold at most
+ * ATT_BUF floats each, so a task's stack is < 96 KiB for any head_dim. */
+#define ATT_BUF 8192
+#define ATT_MAX_ROWS 64
+#define ATT_MAX_KEYS 64
+
+typedef struct att_task {
+    int nrows;
+    const float *qrow[ATT_MAX_ROWS];
+    float *orow[ATT_MAX_ROWS];
+    int64_t rpos[ATT_MAX_ROWS];
+} att_task;
+
+/* S[i][j] = scale * q_i . Kt[:, j] for rows i, keys j < jmax[i] rounded up to
+ * 8 or 16. Kt (hd, ldk) holds keys as columns, zero past the tile's keys. */
+static void att_scores_generic(const att_task *tk, const float *Kt, int ldk, const int *jmax,
+                               int hd, float scale, float *S, int lds) {
+    for (int i = 0; i < tk->nrows; i++) {
+        float *s = S + i * lds;
+        int n = jmax[i];
+        for (int j = 0; j < n; j++) s[j] = 0;
+        for (int d = 0; d < hd; d++) {
+            float qd = tk->qrow[i][d];
+            const float *kt = Kt + d * ldk;
+#pragma omp simd
+            for (int j = 0; j < n; j++) s[j] += qd * kt[j];
+        }
+        for (int j = 0; j < n; j++) s[j] *= scale;
+    }
+}
+
+/* O[i] += sum_{ja <= j < jb} P[i][j] * V_j; V_j = vb + j * vs. */
+static void att_pv_row_generic(const float *p, int ja, int jb, const float *vb, int64_t vs,
+                               int hd, float *o) {
+    for (int j = ja; j < jb; j++) {
+        float pj = p[j];
+        const float *vr = vb + j * vs;
+#pragma omp simd
+        for (int d = 0; d < hd; d++) o[d] += pj * vr[d];
+    }
+}
+
+#ifdef TK_X86
+TK_AVX2 static void att_scores_avx2(const att_task *tk, const float *Kt, int ldk, const int *jmax,
+                                    int hd, float scale, float *S, int lds) {
+    __m256 sc = _mm256_set1_ps(scale);
+    int i = 0;
+    for (; i + 4 <= tk->nrows; i += 4) {
+        int n = TIDE_MAX(TIDE_MAX(jmax[i], jmax[i + 1]), TIDE_MAX(jmax[i + 2], jmax[i + 3]));
+        const float *q0 = tk->qrow[i], *q1 = tk->qrow[i + 1], *q2 = tk->qrow[i + 2],
+                    *q3 = tk->qrow[i + 3];
+        for (int j = 0; j < n; j += 16) {
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00,
+                   a21 = a00, a30 = a00, a31 = a00;
+            const float *kt = Kt + j;
+            for (int d = 0; d < hd; d++, kt += ldk) {
+                __m256 k0 = _mm256_load_ps(kt), k1 = _mm256_load_ps(kt + 8), b;
+                b = _mm256_broadcast_ss(q0 + d);
+                a00 = _mm256_fmadd_ps(b, k0, a00);
+                a01 = _mm256_fmadd_ps(b, k1, a01);
+                b = _mm256_broadcast_ss(q1 + d);
+                a10 = _mm256_fmadd_ps(b, k0, a10);
+                a11 = _mm256_fmadd_ps(b, k1, a11);
+                b = _mm256_broadcast_ss(q2 + d);
+                a20 = _mm256_fmadd_ps(b, k0, a20);
+                a21 = _mm256_fmadd_ps(b, k1, a21);
+                b = _mm256_broadcast_ss(q3 + d);
+                a30 = _mm256_fmadd_ps(b, k0, a30);
+                a31 = _mm256_fmadd_ps(b, k1, a31);
+            }
+            float *s = S + i * lds + j;
+            _mm256_store_ps(s, _mm256_mul_ps(a00, sc));
+            _mm256_store_ps(s + 8, _mm256_mul_ps(a01, sc));
+            _mm256_store_ps(s + lds, _mm256_mul_ps(a10, sc));
+            _mm256_store_ps(s + lds + 8, _mm256_mul_ps(a11, sc));
+            _mm256_store_ps(s + 2 * lds, _mm256_mul_ps(a20, sc));
+            _mm256_store_ps(s + 2 * lds + 8, _mm256_mul_ps(a21, sc));
+            _mm256_store_ps(s + 3 * lds, _mm256_mul_ps(a30, sc));
+            _mm256_store_ps(s + 3 * lds + 8, _mm256_mul_ps(a31, sc));
+        }
+    }
+    for (; i < tk->nrows; i++) {
+        const float *q0 = tk->qrow[i];
+        for (int j = 0; j < jmax[i]; j += 16) {
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00;
+            const float *kt = Kt + j;
+            for (int d = 0; d < hd; d++, kt += ldk) {
+                __m256 b = _mm256_broadcast_ss(q0 + d);
+                a00 = _mm256_fmadd_ps(b, _mm256_load_ps(kt), a00);
+                a01 = _mm256_fmadd_ps(b, _mm256_load_ps(kt + 8), a01);
+            }
+            _mm256_store_ps(S + i * lds + j, _mm256_mul_ps(a00, sc));
+            _mm256_store_ps(S + i * lds + j + 8, _mm256_mul_ps(a01, sc));
+        }
+    }
+}
+
+/* One row, keys ja..jb-1, hd % 16 == 0; per element the same FMA sequence as
+ * the 4-row kernel, so grouping never changes a bit. */
+TK_AVX2 static void att_pv_row_avx2(const float *p, int ja, int jb, const float *vb, int64_t vs,
+                                    int hd, float *o) {
+    for (int d = 0; d < hd; d += 16) {
+        __m256 o0 = _mm256_loadu_ps(o + d), o1 = _mm256_loadu_ps(o + d + 8);
+        for (int j = ja; j < jb; j++) {
+            __m256 b = _mm256_broadcast_ss(p + j);
+            const float *vr = vb + j * vs + d;
+            o0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(vr), o0);
+            o1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(vr + 8), o1);
+        }
+        _mm256_storeu_ps(o + d, o0);
+        _mm256_storeu_ps(o + d + 8, o1);
+    }
+}
+
+TK_AVX2 static void att_pv_avx2(const float *P, int lds, const int *lim, int nrows,
+                                const float *vb, int64_t vs, int hd, float *O) {
+    int i = 0;
+    for (; i + 4 <= nrows; i += 4) {
+        int jc = TIDE_MIN(TIDE_MIN(lim[i], lim[i + 1]), TIDE_MIN(lim[i + 2], lim[i + 3]));
+        const float *p0 = P + i * lds, *p1 = p0 + lds, *p2 = p1 + lds, *p3 = p2 + lds;
+        for (int d = 0; d < hd; d += 16) {
+            float *o = O + i * hd + d;
+            __m256 a00 = _mm256_loadu_ps(o), a01 = _mm256_loadu_ps(o + 8);
+            __m256 a10 = _mm256_loadu_ps(o + hd), a11 = _mm256_loadu_ps(o + hd + 8);
+            __m256 a20 = _mm256_loadu_ps(o + 2 * hd), a21 = _mm256_loadu_ps(o + 2 * hd + 8);
+            __m256 a30 = _mm256_loadu_ps(o + 3 * hd), a31 = _mm256_loadu_ps(o + 3 * hd + 8);
+            for (int j = 0; j < jc; j++) {
+                const float *vr = vb + j * vs + d;
+                __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8), b;
+                b = _mm256_broadcast_ss(p0 + j);
+                a00 = _mm256_fmadd_ps(b, v0, a00);
+                a01 = _mm256_fmadd_ps(b, v1, a01);
+                b = _mm256_broadcast_ss(p1 + j);
+                a10 = _mm256_fmadd_ps(b, v0, a10);
+                a11 = _mm256_fmadd_ps(b, v1, a11);
+                b = _mm256_broadcast_ss(p2 + j);
+                a20 = _mm256_fmadd_ps(b, v0, a20);
+                a21 = _mm256_fmadd_ps(b, v1, a21);
+                b = _mm256_broadcast_ss(p3 + j);
+                a30 = _mm256_fmadd_ps(b, v0, a30);
+                a31 = _mm256_fmadd_ps(b, v1, a31);
+            }
+            _mm256_storeu_ps(o, a00);
+            _mm256_storeu_ps(o + 8, a01);
+            _mm256_storeu_ps(o + hd, a10);
+            _mm256_storeu_ps(o + hd + 8, a11);
+            _mm256_storeu_ps(o + 2 * hd, a20);
+            _mm256_storeu_ps(o + 2 * hd + 8, a21);
+            _mm256_storeu_ps(o + 3 * hd, a30);
+            _mm256_storeu_ps(o + 3 * hd + 8, a31);
+        }
+        for (int r = 0; r < 4; r++)
+            if (lim[i + r] > jc)
+                att_pv_row_avx2(P + (i + r) * lds, jc, lim[i + r], vb, vs, hd, O + (i + r) * hd);
+    }
+    for (; i < nrows; i++) att_pv_row_avx2(P + i * lds, 0, lim[i], vb, vs, hd, O + i * hd);
+}
+#endif
+
+/* Online-softmax step for one row: s holds n > 0 scores of this key tile;
+ * replaces them with p_j = exp(s_j - m'), m' = max(*m, max s), updates the
+ * running max *m and sum *l, and returns the factor exp(*m - m') that earlier
+ * accumulations must be scaled by. */
+static float att_softmax_generic(float *s, int n, float *m, float *l) {
+    float mx = s[0];
+    for (int j = 1; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    float mnew = mx > *m ? mx : *m;
+    float corr = expf(*m - mnew), sum = 0;
+    for (int j = 0; j < n; j++) {
+        float pj = expf(s[j] - mnew);
+        s[j] = pj;
+        sum += pj;
+    }
+    *l = *l * corr + sum;
+    *m = mnew;
+    return corr;
+}
+
+/* Kt[d * ldk + j] = key j's element d, for keys j < nk (key j at kb + j * vs). */
+static void att_transpose_generic(const float *kb, int64_t vs, int nk, int hd, float *Kt, int ldk) {
+    for (int j = 0; j < nk; j++) {
+        const float *kr = kb + j * vs;
+        for (int d = 0; d < hd; d++) Kt[d * ldk + j] = kr[d];
+    }
+}
+
+#ifdef TK_X86
+/* exp(x) for x <= 0 (softmax arguments): Cody-Waite reduction by ln 2 and a
+ * degree-6 polynomial, within 2 ulp of expf; results below the smallest
+ * normal float flush to 0; NaN stays NaN. */
+TK_AVX2 static __m256 exp_neg_avx2(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(lo, x); /* keeps NaN: MAXPS returns the second operand */
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* att_softmax_generic in 8-float blocks; s has room for n rounded up to 8
+ * (lanes past n become 0). */
+TK_AVX2 static float att_softmax_avx2(float *s, int n, float *m, float *l) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 vmx = ninf;
+    for (int j = 0; j < n; j += 8) {
+        __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - j), lane));
+        vmx = _mm256_max_ps(vmx, _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + j), valid));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float mx = _mm_cvtss_f32(h);
+    float mnew = mx > *m ? mx : *m;
+    __m256 vm = _mm256_set1_ps(mnew), vsum = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8) {
+        __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - j), lane));
+        __m256 p = exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        p = _mm256_and_ps(p, valid);
+        _mm256_storeu_ps(s + j, p);
+        vsum = _mm256_add_ps(vsum, p);
+    }
+    float corr = _mm_cvtss_f32(_mm256_castps256_ps128(exp_neg_avx2(_mm256_set1_ps(*m - mnew))));
+    *l = *l * corr + hsum8(vsum);
+    *m = mnew;
+    return corr;
+}
+
+/* att_transpose_generic with 8x8 register transposes (hd % 8 == 0). */
+TK_AVX2 static void att_transpose_avx2(const float *kb, int64_t vs, int nk, int hd, float *Kt, int ldk) {
+    int j = 0;
+    for (; j + 8 <= nk; j += 8) {
+        for (int d = 0; d < hd; d += 8) {
+            __m256 r0 = _mm256_loadu_ps(kb + (j + 0) * vs + d), r1 = _mm256_loadu_ps(kb + (j + 1) * vs + d);
+            __m256 r2 = _mm256_loadu_ps(kb + (j + 2) * vs + d), r3 = _mm256_loadu_ps(kb + (j + 3) * vs + d);
+            __m256 r4 = _mm256_loadu_ps(kb + (j + 4) * vs + d), r5 = _mm256_loadu_ps(kb + (j + 5) * vs + d);
+            __m256 r6 = _mm256_loadu_ps(kb + (j + 6) * vs + d), r7 = _mm256_loadu_ps(kb + (j + 7) * vs + d);
+            __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+            __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+            __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+            __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+            __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+            __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+            __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+            __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+            float *o = Kt + d * ldk + j;
+            _mm256_store_ps(o + 0 * ldk, _mm256_permute2f128_ps(u0, u4, 0x20));
+            _mm256_store_ps(o + 1 * ldk, _mm256_permute2f128_ps(u1, u5, 0x20));
+            _mm256_store_ps(o + 2 * ldk, _mm256_permute2f128_ps(u2, u6, 0x20));
+            _mm256_store_ps(o + 3 * ldk, _mm256_permute2f128_ps(u3, u7, 0x20));
+            _mm256_store_ps(o + 4 * ldk, _mm256_permute2f128_ps(u0, u4, 0x31));
+            _mm256_store_ps(o + 5 * ldk, _mm256_permute2f128_ps(u1, u5, 0x31));
+            _mm256_store_ps(o + 6 * ldk, _mm256_permute2f128_ps(u2, u6, 0x31));
+            _mm256_store_ps(o + 7 * ldk, _mm256_permute2f128_ps(u3, u7, 0x31));
+        }
+    }
+    if (j < nk) att_transpose_generic(kb + j * vs, vs, nk - j, hd, Kt + j, ldk);
+}
+#endif
+
+/* Runs one task: its rows against cache positions 0..max rpos of kv head g
+ * (kb/vb point at position 0 of that head, vs floats between positions). */
+static void att_run_task(const att_task *tk, const float *kb, const float *vb, int64_t vs, int hd,
+                         int BK, bool avx) {
+    _Alignas(32) float Kt[ATT_BUF];
+    _Alignas(32) float O[ATT_BUF];
+    _Alignas(32) float S[ATT_MAX_ROWS * ATT_MAX_KEYS];
+    float m[ATT_MAX_ROWS], l[ATT_MAX_ROWS];
+    int lim[ATT_MAX_ROWS], jmax[ATT_MAX_ROWS];
+    int nr = tk->nrows;
+    int64_t maxp = 0;
+    for (int i = 0; i < nr; i++) {
+        maxp = TIDE_MAX(maxp, tk->rpos[i]);
+        m[i] = -INFINITY;
+        l[i] = 0;
+    }
+    memset(O, 0, (size_t)nr * (size_t)hd * sizeof(float));
+    float scale = 1.0f / sqrtf((float)hd);
+    bool avx_pv = avx && hd % 16 == 0;
+    for (int64_t j0 = 0; j0 <= maxp; j0 += BK) {
+        int nk = (int)TIDE_MIN((int64_t)BK, maxp + 1 - j0);
+        int nkp = (nk + 15) & ~15;
+#ifdef TK_X86
+        if (avx && hd % 8 == 0)
+            att_transpose_avx2(kb + j0 * vs, vs, nk, hd, Kt, BK);
+        else
+#endif
+            att_transpose_generic(kb + j0 * vs, vs, nk, hd, Kt, BK);
+        for (int d = 0; d < hd; d++)
+            for (int j = nk; j < nkp; j++) Kt[d * BK + j] = 0;
+        for (int i = 0; i < nr; i++) {
+            int64_t n = tk->rpos[i] - j0 + 1;
+            lim[i] = n <= 0 ? 0 : (int)TIDE_MIN(n, (int64_t)nk);
+            jmax[i] = (lim[i] + 15) & ~15;
+        }
+#ifdef TK_X86
+        if (avx)
+            att_scores_avx2(tk, Kt, BK, jmax, hd, scale, S, BK);
+        else
+#endif
+            att_scores_generic(tk, Kt, BK, jmax, hd, scale, S, BK);
+        /* online softmax: rescale what was accumulated to the new running max */
+        for (int i = 0; i < nr; i++) {
+            if (lim[i] == 0) continue;
+            float corr;
+#ifdef TK_X86
+            if (avx)
+                corr = att_softmax_avx2(S + i * BK, lim[i], &m[i], &l[i]);
+            else
+#endif
+                corr = att_softmax_generic(S + i * BK, lim[i], &m[i], &l[i]);
+            if (corr != 1.0f) {
+                float *o = O + i * hd;
+#pragma omp simd
+                for (int d = 0; d < hd; d++) o[d] *= corr;
+            }
+        }
+        const float *vt = vb + j0 * vs;
+#ifdef TK_X86
+        if (avx_pv) {
+            att_pv_avx2(S, BK, lim, nr, vt, vs, hd, O);
+            continue;
+        }
+#endif
+        for (int i = 0; i < nr; i++) att_pv_row_generic(S + i * BK, 0, lim[i], vt, vs, hd, O + i * hd);
+    }
+    for (int i = 0; i < nr; i++) {
+        const float *o = O + i * hd;
+        float *dst = tk->orow[i], li = l[i];
+#pragma omp simd
+        for (int d = 0; d < hd; d++) dst[d] = o[d] / li;
+    }
+}
+
+tide_status tk_attention(const float *q, const float *k, const float *v, const int32_t *pos,
+                         float *kcache, float *vcache, float *o, const tk_attn_dims *dm,
+                         int64_t *bad, int nt) {
+    const int64_t B = dm->B, T = dm->T, C = dm->C;
+    const int H = dm->H, KV = dm->KV, hd = dm->hd;
+    if (hd > TK_ATTN_MAX_HD) return TIDE_E_UNSUPPORTED;
+    for (int64_t t = 0; t < T; t++)
+        if (pos[t] < 0 || pos[t] >= C) {
+            *bad = t;
+            return TIDE_E_RANGE;
+        }
+    const int64_t kd = (int64_t)KV * hd, qd = (int64_t)H * hd;
+    /* cache write; t in order within b, so a repeated position keeps its last row */
+#pragma omp parallel for schedule(static) num_threads(nt) if (B * T * kd >= TK_PAR_MIN)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            size_t dst = (size_t)((b * C + pos[t]) * kd), src = (size_t)((b * T + t) * kd);
+            memcpy(kcache + dst, k + src, (size_t)kd * sizeof(float));
+            memcpy(vcache + dst, v + src, (size_t)kd * sizeof(float));
+        }
+
+    const int BK = TIDE_MIN(ATT_MAX_KEYS, (ATT_BUF / hd) & ~15);
+    const int NQ = TIDE_MIN(ATT_MAX_ROWS, ATT_BUF / hd);
+    const int G = H / KV;
+    const int HB = TIDE_MIN(G, NQ);          /* query heads per task */
+    const int n_hb = (G + HB - 1) / HB;
+    const int64_t BQ = TIDE_MAX(1, NQ / HB); /* queries per task */
+    const int64_t n_qb = (T + BQ - 1) / BQ;
+    const int64_t n_task = B * KV * n_hb * n_qb;
+    const bool avx = tk_have_avx2();
+    /* dynamic: a task's output does not depend on which thread runs it */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (n_task > 1)
+    for (int64_t task = 0; task < n_task; task++) {
+        int64_t qb = n_qb - 1 - task % n_qb; /* later queries see more keys: first */
+        int64_t rest = task / n_qb;
+        int hb = (int)(rest % n_hb);
+        rest /= n_hb;
+        int g = (int)(rest % KV);
+        int64_t b = rest / KV;
+        att_task tk;
+        tk.nrows = 0;
+        int64_t t0 = qb * BQ, t1 = TIDE_MIN(T, t0 + BQ);
+        int h0 = g * G + hb * HB, h1 = TIDE_MIN(g * G + G, h0 + HB);
+        for (int h = h0; h < h1; h++)
+            for (int64_t t = t0; t < t1; t++) {
+                int64_t row = b * T + t;
+                tk.qrow[tk.nrows] = q + row * qd + (int64_t)h * hd;
+                tk.orow[tk.nrows] = o + row * qd + (int64_t)h * hd;
+                tk.rpos[tk.nrows] = pos[t];
+                tk.nrows++;
+            }
+        const float *kb = kcache + b * C * kd + (int64_t)g * hd;
+        const float *vb = vcache + b * C * kd + (int64_t)g * hd;
+        att_run_task(&tk, kb, vb, kd, hd, BK, avx);
+    }
+    return TIDE_OK;
+}
+
