@@ -16,7 +16,7 @@ static const char help[] =
     "                [--budget BYTES|PCT%|auto|min|none] [--policy tide|static-layer|lru]\n"
     "                [--host-budget BYTES] [--ssd DIR[,DIR]] [--weights-on-ssd] [--pread]\n"
     "                [--hw PROFILE] [--verify] [--check] [--trace FILE] [--trace-svg FILE]\n"
-    "                [--backend auto|cpu] [--threads N] [--json] [--quiet]\n"
+    "                [--backend auto|cpu|cuda] [--threads N] [--json] [--quiet]\n"
     "\n"
     "Prefills the prompt, then generates tokens greedily (argmax). With a budget,\n"
     "every graph runs through a verified plan that pages tensors between a device\n"
@@ -52,7 +52,7 @@ static const char help[] =
     "                      arguments); exit status 1 when they differ\n"
     "  --trace FILE        Perfetto trace JSON of the offloaded prefill, measured\n"
     "  --trace-svg FILE    device memory over time, measured and predicted\n"
-    "  --backend B         auto (CUDA when a GPU is present, else CPU) or cpu\n"
+    "  --backend B         auto (CUDA when a GPU is present, else CPU), cpu or cuda\n"
     "  --threads N         CPU threads (default: all cores)\n"
     "  --json              print one JSON object instead of the summary\n"
     "  --quiet             no progress lines\n";

@@ -49,7 +49,7 @@ int cli_parse_bytes(const char *s, uint64_t *out) {
     if (*end) return -1;
     double r = v * mul;
     if (r >= 1.8e19) return -1;
-    *out = (uint64_t)llround(r);
+    *out = (uint64_t)floor(r + 0.5); /* llround would overflow past 2^63 */
     return 0;
 }
 

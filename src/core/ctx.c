@@ -61,11 +61,16 @@ void tide_progress(tide_ctx *ctx, const char *what, uint64_t done, uint64_t tota
 
 tide_status tide_err(tide_ctx *ctx, tide_status status, const char *fmt, ...) {
     if (!ctx) return status;
-    ctx->last_status = status;
+    /* formatted aside first: callers wrap the previous message
+     * ("...: %s", tide_ctx_last_error(ctx)), which must not be overwritten
+     * while it is being read */
+    char msg[sizeof ctx->last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(ctx->last_error, sizeof ctx->last_error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(ctx->last_error, msg, sizeof msg);
+    ctx->last_status = status;
     return status;
 }
 

@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define ALIGN 4096u
@@ -44,9 +45,12 @@
 
 typedef struct home_ref {
     void *host;          /* host home, or NULL */
-    int fd;              /* file home (O_DIRECT when direct), or -1 */
+    int fd;              /* file home (O_DIRECT when direct), or -1; one descriptor
+                            per file, shared by the tensors homed in it */
     bool direct;
     uint64_t file_off;
+    dev_t dev;           /* the file's identity, to share its descriptor */
+    ino_t ino;
 } home_ref;
 
 struct tide_exec {
@@ -76,8 +80,9 @@ struct tide_exec {
     tide_sim_event *timeline;
     int n_layers;               /* for progress reports: highest op layer + 1 */
     double t0;
-    uint64_t bytes[4];          /* h2d, d2h, ssd read, ssd write */
-    double ssd_read_s;
+    _Atomic uint64_t bytes[4];  /* h2d, d2h, ssd read, ssd write: a host LOAD or STORE
+                                   may run on io as well as on h2d/d2h */
+    double ssd_read_s;          /* written by the io stream only */
 };
 
 static const char *tname(const tide_exec *ex, int t) { return ex->g->tensors[t].name; }
@@ -149,7 +154,19 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
         }
     }
     for (int i = 0; i < p->n_ins; i++) {
-        int s = p->ins[i].stream;
+        const tide_ins *in = &p->ins[i];
+        /* SSD transfers share the bounce buffer and the store (one thread at a
+         * time), so they must all be on one stream; the verifier allows a LOAD
+         * on h2d and a STORE on d2h whatever their tier */
+        bool ssd = in->kind == TIDE_INS_MOVE || (in->kind == TIDE_INS_LOAD && in->src == TIDE_TIER_SSD) ||
+                   (in->kind == TIDE_INS_STORE && in->dst == TIDE_TIER_SSD);
+        if (ssd && in->stream != TIDE_STREAM_IO) {
+            st = tide_err(ctx, TIDE_E_UNSUPPORTED, "instruction %d (%s '%s') moves SSD data on the %s stream; "
+                          "this executor runs every SSD transfer on the io stream", i, tide_ins_name(in->kind),
+                          tname(ex, in->tensor), tide_stream_name(in->stream));
+            goto fail;
+        }
+        int s = in->stream;
         ex->stream_ins[s][ex->stream_n[s]++] = i;
     }
     for (int i = 0; i < ex->g->n_ops; i++) ex->n_layers = TIDE_MAX(ex->n_layers, ex->g->ops[i].layer + 1);
@@ -196,6 +213,17 @@ fail:
     return st;
 }
 
+/* Forgets tensor t's file home; closes the descriptor unless another tensor
+ * still shares it. */
+static void release_fd(tide_exec *ex, int t) {
+    int fd = ex->home[t].fd;
+    ex->home[t].fd = -1;
+    if (fd < 0) return;
+    for (int u = 0; u < ex->g->n_tensors; u++)
+        if (ex->home[u].fd == fd) return;
+    close(fd);
+}
+
 void tide_exec_free(tide_exec *ex) {
     if (!ex) return;
     if (ex->arena && !ex->arena_lent) ex->be->vt->dealloc(ex->be, ex->arena);
@@ -208,8 +236,7 @@ void tide_exec_free(tide_exec *ex) {
     tide_ssd_close(ex->ssd);
     tide_free_aligned(ex->bounce);
     if (ex->home)
-        for (int t = 0; t < ex->g->n_tensors; t++)
-            if (ex->home[t].fd >= 0) close(ex->home[t].fd);
+        for (int t = 0; t < ex->g->n_tensors; t++) release_fd(ex, t);
     tide_free(ex->home);
     tide_free((void *)ex->done);
     for (int s = 0; s < TIDE_STREAM_COUNT; s++) tide_free(ex->stream_ins[s]);
@@ -234,8 +261,22 @@ tide_status tide_exec_bind_file(tide_exec *ex, int t, const char *path, uint64_t
         return tide_err(ex->ctx, TIDE_E_UNSUPPORTED, "only weights can be homed in a file ('%s' is %s)",
                         tname(ex, t), tide_role_name(ex->g->tensors[t].role));
     home_ref *h = &ex->home[t];
-    if (h->fd >= 0) close(h->fd);
-    h->fd = -1;
+    release_fd(ex, t);
+    /* a checkpoint file holds many weights: one descriptor for all of them, so
+     * that a large model does not run out of descriptors */
+    struct stat sb;
+    if (stat(path, &sb) == 0)
+        for (int u = 0; u < ex->g->n_tensors; u++) {
+            const home_ref *o = &ex->home[u];
+            if (o->fd >= 0 && o->dev == sb.st_dev && o->ino == sb.st_ino) {
+                h->fd = o->fd;
+                h->direct = o->direct;
+                h->dev = o->dev;
+                h->ino = o->ino;
+                h->file_off = off;
+                return TIDE_OK;
+            }
+        }
     int fd = -1;
     if (tide_ssd_open_direct(path, &fd) == TIDE_OK) {
         h->direct = true;
@@ -246,6 +287,10 @@ tide_status tide_exec_bind_file(tide_exec *ex, int t, const char *path, uint64_t
     }
     h->fd = fd;
     h->file_off = off;
+    if (fstat(fd, &sb) == 0) {
+        h->dev = sb.st_dev;
+        h->ino = sb.st_ino;
+    }
     return TIDE_OK;
 }
 
@@ -498,7 +543,7 @@ tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_sta
     for (int i = 0; i < p->n_ins; i++) atomic_store(&ex->done[i], 0);
     atomic_store(&ex->failed, false);
     ex->fail_status = TIDE_OK;
-    memset(ex->bytes, 0, sizeof ex->bytes);
+    for (int k = 0; k < 4; k++) atomic_store(&ex->bytes[k], 0);
     ex->ssd_read_s = 0;
     ex->timeline = timeline;
     ex->t0 = tide_now();

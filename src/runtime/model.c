@@ -142,6 +142,13 @@ static tide_status upload_weights(tide_model *m) {
         if (!st) st = be->vt->to_device(be, m->weights[i], ti.data, ti.nbytes);
         tide_progress(m->ctx, "uploading", (uint64_t)i + 1, (uint64_t)m->n_weights);
     }
+    if (st) {
+        /* no half-uploaded table: it would pass for a complete one next time */
+        for (int i = 0; i < m->n_weights; i++)
+            if (m->weights[i]) be->vt->dealloc(be, m->weights[i]);
+        tide_free(m->weights);
+        m->weights = NULL;
+    }
     return st;
 }
 

@@ -33,8 +33,11 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
     for (int i = 0; i < 2; i++) tide_model_slot_clear(&m->slots[i]);
     m->last_planned = NULL;
     tide_model_offload_release(m);
-    m->offload = o && o->budget_kind != TIDE_BUDGET_NONE;
-    if (!m->offload) return TIDE_OK;
+    /* offloading is switched on only once everything it needs is ready: a
+     * failure below leaves the model running resident */
+    m->offload = false;
+    m->hw_ready = false;
+    if (!o || o->budget_kind == TIDE_BUDGET_NONE) return TIDE_OK;
     m->off = *o;
     m->policy = pol;
     if (o->ssd_dirs) {
@@ -51,7 +54,6 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
         tide_status st = tide_probe(m->ctx, m->off_ssd_dirs, 1.0, &m->hw);
         if (st) return st;
     }
-    m->hw_ready = true;
     if (!m->be->vt->device_is_host) {
         /* the KV cache's home must be host memory the executor can copy from */
         for (int i = 0; i < m->n_state; i++) {
@@ -62,6 +64,8 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
             memset(sb->host, 0, sb->nbytes);
         }
     }
+    m->hw_ready = true;
+    m->offload = true;
     return TIDE_OK;
 }
 
@@ -89,7 +93,7 @@ static tide_status resolve_budget(tide_model *m, const tide_graph *g) {
     }
     default: return tide_err(ctx, TIDE_E_INVALID, "no budget");
     }
-    b = (b + 255) & ~(uint64_t)255;
+    if (m->off.budget_kind != TIDE_BUDGET_BYTES) b = (b + 255) & ~(uint64_t)255; /* BYTES is exact */
     tide_status st = m->be->vt->alloc(m->be, b, &m->arena);
     if (st) return tide_err(ctx, st, "cannot allocate the device arena of %llu bytes: %s", (unsigned long long)b,
                             tide_ctx_last_error(ctx));
@@ -162,15 +166,20 @@ tide_status tide_model_run_planned(tide_model *m, graph_slot *s, const run_io *i
     int tt = tide_graph_find(g, "tokens"), tp = tide_graph_find(g, "pos");
     int tl = tide_graph_find(g, "logits"), tn = tide_graph_find(g, "next_token");
     int32_t next_scratch[1];
-    int32_t *next = io->next;
+    int32_t *next = io->next, *own_next = NULL;
     if (!next && g->tensors[tn].nbytes <= sizeof next_scratch) next = next_scratch;
-    if (!next) return tide_err(m->ctx, TIDE_E_INVALID, "no buffer for next_token");
-    if ((st = tide_exec_bind_host(s->ex, tt, (void *)io->tokens)) ||
-        (st = tide_exec_bind_host(s->ex, tp, (void *)io->pos)) ||
-        (st = tide_exec_bind_host(s->ex, tl, io->logits)) || (st = tide_exec_bind_host(s->ex, tn, next)))
-        return st;
+    if (!next) {
+        /* all-logits graphs (tide_model_forward) have one next token per row */
+        next = own_next = tide_malloc(g->tensors[tn].nbytes);
+        if (!next) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for next_token");
+    }
     tide_exec_stats es;
-    if ((st = tide_exec_run(s->ex, s->timeline, &es))) return st;
+    if (!(st = tide_exec_bind_host(s->ex, tt, (void *)io->tokens)) &&
+        !(st = tide_exec_bind_host(s->ex, tp, (void *)io->pos)) &&
+        !(st = tide_exec_bind_host(s->ex, tl, io->logits)) && !(st = tide_exec_bind_host(s->ex, tn, next)))
+        st = tide_exec_run(s->ex, s->timeline, &es);
+    tide_free(own_next);
+    if (st) return st;
     tide_gen_stats *a = &m->acc;
     a->bytes_h2d += es.bytes_h2d;
     a->bytes_d2h += es.bytes_d2h;
