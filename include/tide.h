@@ -319,7 +319,8 @@ typedef enum tide_budget_kind {
     TIDE_BUDGET_BYTES,    /* exactly `bytes` */
     TIDE_BUDGET_FRACTION, /* `fraction` of the unconstrained peak of the largest graph */
     TIDE_BUDGET_MIN,      /* the smallest budget the policy can plan */
-    TIDE_BUDGET_AUTO,     /* free device memory minus a margin, at most the unconstrained peak */
+    TIDE_BUDGET_AUTO,     /* 90% of the hardware profile's device memory, at most the
+                             unconstrained peak */
 } tide_budget_kind;
 
 typedef struct tide_offload_opts {
@@ -339,6 +340,10 @@ typedef struct tide_offload_opts {
 /* Switches the model to offloaded runs (or back, with TIDE_BUDGET_NONE).
  * Plans are made lazily per graph. Returns TIDE_OK or TIDE_E_INVALID. */
 tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *opts);
+
+/* A one-line notice from the last offloaded run that the caller may show
+ * once (the host pool could not be pinned and pageable memory is used), or "". */
+const char *tide_model_notice(const tide_model *m);
 
 /* Writes the timeline of the most recent offloaded prefill (the first graph
  * run through a plan) as Perfetto trace JSON (json_path, may be NULL) and as an

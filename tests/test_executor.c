@@ -305,11 +305,12 @@ static tide_graph *spill_graph(tide_ctx *ctx, int *t_in, int *t_out) {
     return g;
 }
 
-static tide_status run_spill(tide_ctx *ctx, tide_backend *be, uint64_t budget, const tide_exec_opts *eo,
-                             unsigned char *out, tide_plan_stats *ps) {
+static tide_status run_spill_host(tide_ctx *ctx, tide_backend *be, uint64_t budget, uint64_t host_budget,
+                                  const tide_exec_opts *eo, unsigned char *out, tide_plan_stats *ps,
+                                  char *notice, size_t notice_len) {
     int t_in, t_out;
     tide_graph *g = spill_graph(ctx, &t_in, &t_out);
-    tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .device_budget = budget, .host_budget = 8192,
+    tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .device_budget = budget, .host_budget = host_budget,
                          .n_iter = 1, .hw = &hw};
     tide_plan *p = NULL;
     tide_status st = tide_plan_make(ctx, g, &po, &p);
@@ -322,10 +323,39 @@ static tide_status run_spill(tide_ctx *ctx, tide_backend *be, uint64_t budget, c
     if (!st) st = tide_exec_bind_host(ex, t_in, in);
     if (!st) st = tide_exec_bind_host(ex, t_out, out);
     if (!st) st = tide_exec_run(ex, NULL, NULL);
+    if (ex && notice) snprintf(notice, notice_len, "%s", tide_exec_notice(ex));
     tide_exec_free(ex);
     tide_plan_free(p);
     tide_graph_free(g);
     return st;
+}
+
+static tide_status run_spill(tide_ctx *ctx, tide_backend *be, uint64_t budget, const tide_exec_opts *eo,
+                             unsigned char *out, tide_plan_stats *ps) {
+    return run_spill_host(ctx, be, budget, 8192, eo, out, ps, NULL, 0);
+}
+
+/* With host room the spill goes to the host pool; when it is not pinned the
+ * executor says so (one line for the caller to show) and still runs right. */
+static void test_host_spill_unpinned(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_backend *be = NULL;
+    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    unsigned char ref[4000], got[4000];
+    char notice[256] = "";
+    tide_exec_opts eo = {.ssd_dirs = spill_dir};
+    assert_int_equal(run_spill(ctx, be, UINT64_C(64) << 20, &eo, ref, NULL), TIDE_OK);
+    tide_plan_stats ps;
+    tide_exec_opts np = {.ssd_dirs = spill_dir, .no_pin = true};
+    tide_status st = run_spill_host(ctx, be, 2 * (UINT64_C(1) << 20) + 65536, UINT64_C(1) << 30, &np, got, &ps,
+                                    notice, sizeof notice);
+    if (st) fail_msg("%s", tide_ctx_last_error(ctx));
+    assert_memory_equal(got, ref, sizeof ref);
+    assert_true(ps.bytes_d2h >= (UINT64_C(1) << 20)); /* spilled to host and back */
+    assert_non_null(strstr(notice, "not pinned"));
+    tide_backend_free(be);
+    tide_ctx_free(ctx);
 }
 
 static void test_ssd_spill_faults(void **state) {
@@ -408,6 +438,7 @@ int main(void) {
         cmocka_unit_test(test_pread_fallback),
         cmocka_unit_test(test_ssd_read_fault),
         cmocka_unit_test(test_ssd_spill_faults),
+        cmocka_unit_test(test_host_spill_unpinned),
         cmocka_unit_test(test_alloc_faults),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -33,8 +33,9 @@ static const char help[] =
     "  --prompt-len N      a deterministic prompt of N token ids (default 32)\n"
     "  --new-tokens N      tokens to generate (default 16)\n"
     "  --budget X          device memory: bytes (2G), a percentage of the\n"
-    "                      unconstrained peak (25%), auto (free device memory less\n"
-    "                      a margin), min (the smallest the policy can plan) or none\n"
+    "                      unconstrained peak (25%), auto (90% of the device memory\n"
+    "                      in the hardware profile, at most the unconstrained\n"
+    "                      peak), min (the smallest the policy can plan) or none\n"
     "                      (everything resident). Default: 25% with no --model\n"
     "                      and no --budget given; none otherwise\n"
     "  --policy P          tide (default), static-layer or lru\n"
@@ -278,8 +279,11 @@ int cmd_run(int argc, char **argv) {
         a.check = true;
     }
     bool offload = off.budget_kind != TIDE_BUDGET_NONE;
-    if (!offload && (a.trace || a.trace_svg || a.weights_on_ssd || a.ssd))
-        return cli_usage_error("run", "--trace, --trace-svg, --ssd and --weights-on-ssd need a --budget");
+    if (!offload && (a.trace || a.trace_svg || a.weights_on_ssd || a.ssd || a.check || a.hw || a.host_budget ||
+                     a.pread || strcmp(a.policy, "tide")))
+        return cli_usage_error("run", "--check, --trace, --trace-svg, --ssd, --weights-on-ssd, --policy, --hw, "
+                               "--host-budget and --pread need a --budget");
+    if (a.check && a.new_tokens < 1) return cli_usage_error("run", "--check needs --new-tokens of at least 1");
     off.policy = a.policy;
     off.host_budget = a.host_budget;
     off.ssd_dirs = a.ssd;
@@ -374,6 +378,7 @@ int cmd_run(int argc, char **argv) {
     }
     tide_status st = tide_model_generate(m, prompt, n_prompt, (int)a.new_tokens, gen, &stats);
     cli_progress_end(&ps);
+    if (!a.quiet && tide_model_notice(m)[0]) fprintf(stderr, "tide: note: %s\n", tide_model_notice(m));
     if (st) {
         rc = cli_fail(ctx, "run");
         goto out;

@@ -60,6 +60,7 @@ struct tide_model {
     void *arena;           /* one arena of `budget` bytes, lent to every executor */
     graph_slot *last_planned; /* for traces: the slot whose plan ran first (prefill) */
     tide_gen_stats acc;    /* offload counters of the current generation */
+    char notice[256];      /* first executor notice (unpinned host pool) */
 };
 
 void tide_model_slot_clear(graph_slot *s);

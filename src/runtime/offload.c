@@ -12,6 +12,7 @@
 #include "plan/trace_svg.h"
 #include "runtime/model_int.h"
 
+#include <stdio.h>
 #include <string.h>
 
 void tide_model_offload_release(tide_model *m) {
@@ -146,6 +147,8 @@ static tide_status prepare(tide_model *m, graph_slot *s) {
     tide_exec_opts eo = {.ssd_dirs = m->off_ssd_dirs, .force_pread = m->off.force_pread,
                          .arena = m->arena, .arena_bytes = m->budget};
     if ((st = tide_exec_new(ctx, m->be, s->plan, &eo, &s->ex))) return st;
+    if (!m->notice[0] && tide_exec_notice(s->ex)[0])
+        snprintf(m->notice, sizeof m->notice, "%s", tide_exec_notice(s->ex));
     if (!m->last_planned) m->last_planned = s;
     return bind_homes(m, s);
 }
@@ -209,3 +212,5 @@ tide_status tide_model_write_trace(tide_model *m, const char *json_path, const c
     }
     return st;
 }
+
+const char *tide_model_notice(const tide_model *m) { return m->notice; }
