@@ -47,7 +47,7 @@ static int build(const workload *w, tide_graph **g, int *n_iter) {
     tide_llama_config cfg;
     if (tide_llama_config_named(ctx, w->config, &cfg)) return -1;
     int ctx_len = w->seq + w->decode;
-    tide_llama_graph_opts pre = {.batch = w->batch, .seq = w->seq, .ctx_len = ctx_len};
+    tide_llama_graph_opts pre = {.batch = w->batch, .seq = w->seq, .ctx_len = ctx_len, .fresh_cache = true};
     if (tide_llama_build(ctx, &cfg, &pre, &g[0])) return -1;
     n_iter[0] = 1;
     if (!w->decode) return 1;
@@ -202,7 +202,7 @@ static void table3(void) {
         for (int b = 0; b < 5; b++) {
             printf("| %d |", batches[b]);
             for (int s = 0; s < 5; s++) {
-                tide_llama_graph_opts go = {.batch = batches[b], .seq = seqs[s], .ctx_len = seqs[s]};
+                tide_llama_graph_opts go = {.batch = batches[b], .seq = seqs[s], .ctx_len = seqs[s], .fresh_cache = true};
                 tide_graph *g = NULL;
                 char cell[8] = "";
                 if (tide_llama_build(ctx, &cfg, &go, &g) == TIDE_OK) {
@@ -254,7 +254,7 @@ static void table4(void) {
     tide_hw_load(ctx, "v100-32g", &hw);
     tide_llama_config cfg;
     tide_llama_config_named(ctx, "llama-65b", &cfg);
-    tide_llama_graph_opts go = {.batch = 1, .seq = 2048, .ctx_len = 2048};
+    tide_llama_graph_opts go = {.batch = 1, .seq = 2048, .ctx_len = 2048, .fresh_cache = true};
     tide_graph *g = NULL;
     tide_llama_build(ctx, &cfg, &go, &g);
     tide_graph *rg = random_graph(100000, 1);

@@ -113,6 +113,9 @@ const char *tide_role_name(tide_role r);
  *              out: o (R, H*hd), kcache, vcache
  *              writes k,v rows at cache position pos[t], then causal GQA
  *              attention of each query over cache positions 0..pos[t].
+ *              With only the first 4 inputs the caches are written fresh: pos
+ *              must be 0..T-1, so nothing but what this op writes is read, and
+ *              the caches' old contents need not be loaded.
  *              [n_heads, n_kv_heads, head_dim, batch]
  *   SILU_MUL   in: gate (R, I), up (R, I)                     out: silu(gate)*up
  *   ADD        in: a (R, D), b (R, D)                         out: a + b
@@ -229,6 +232,8 @@ typedef struct tide_llama_graph_opts {
     int seq;          /* T >= 1: tokens processed by this graph */
     int ctx_len;      /* KV cache capacity C >= positions used (0: seq) */
     bool all_logits;  /* logits for every row (B*T, V) instead of the last (B, V) */
+    bool fresh_cache; /* the run starts at position 0: attention writes the caches
+                         without reading their old contents (pos must be 0..T-1) */
 } tide_llama_graph_opts;
 
 /* Builds the forward graph of a LLaMA-style decoder. Tensor names of weights

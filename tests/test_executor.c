@@ -393,6 +393,77 @@ static void test_ssd_spill_faults(void **state) {
     tide_ctx_free(ctx);
 }
 
+/* A prefill from position 0 writes the caches fresh: its plans never load
+ * their old contents, and the logits are the same bits. */
+static void test_fresh_cache(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_checkpoint *ck = NULL;
+    tide_backend *be = NULL;
+    assert_int_equal(tide_checkpoint_open(ctx, model_dir, &ck), TIDE_OK);
+    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    const tide_llama_config *cfg = tide_checkpoint_config(ck);
+    uint64_t h2d[2], state_bytes = 0;
+    for (int fresh = 0; fresh < 2; fresh++) {
+        tide_llama_graph_opts go = {.batch = 1, .seq = SEQ, .ctx_len = SEQ, .all_logits = true, .fresh_cache = fresh};
+        tide_graph *g = NULL;
+        assert_int_equal(tide_llama_build(ctx, cfg, &go, &g), TIDE_OK);
+        state_bytes = tide_graph_role_bytes(g, TIDE_ROLE_STATE);
+        tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = &hw,
+                             .device_budget = tide_plan_unconstrained_peak(ctx, g, &hw, 1)};
+        tide_plan *p = NULL;
+        assert_int_equal(tide_plan_make(ctx, g, &po, &p), TIDE_OK);
+        assert_int_equal(tide_plan_verify(p), TIDE_OK);
+        h2d[fresh] = p->stats.bytes_h2d;
+        tide_plan_free(p);
+        tide_graph_free(g);
+    }
+    assert_true(h2d[1] + state_bytes <= h2d[0]);
+    /* same logits through the model API: forward from 0 uses the fresh graph,
+     * from 0 again after a run reads nothing stale */
+    float *ref = resident_logits(ck, be, ctx);
+    tide_model *m = NULL;
+    tide_model_opts mo = {.max_batch = 1, .ctx_len = SEQ};
+    assert_int_equal(tide_model_new(ctx, ck, be, &mo, &m), TIDE_OK);
+    tide_offload_opts o = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.5, .ssd_dirs = spill_dir,
+                           .hw = TIDE_DATA_PATH "/hw/h100-80g.json"};
+    assert_int_equal(tide_model_set_offload(m, &o), TIDE_OK);
+    float *got = malloc((size_t)SEQ * cfg->vocab_size * sizeof *got);
+    int32_t tok[SEQ];
+    prompt(tok, cfg->vocab_size);
+    assert_int_equal(tide_model_forward(m, tok, 1, SEQ, 0, got), TIDE_OK);
+    assert_memory_equal(got, ref, (size_t)SEQ * cfg->vocab_size * sizeof *got);
+    free(got);
+    free(ref);
+    tide_model_free(m);
+    /* a fresh attention op refuses positions that are not 0..T-1 */
+    tide_graph *g = tide_graph_new(ctx);
+    int64_t qs[2] = {2, 8}, ps[1] = {2}, cs[3] = {1, 4, 8};
+    int q, k, v, pos, kc, vc, o_;
+    assert_int_equal(tide_graph_add_tensor(g, "q", TIDE_F32, TIDE_ROLE_INPUT, 2, qs, &q), TIDE_OK);
+    assert_int_equal(tide_graph_add_tensor(g, "k", TIDE_F32, TIDE_ROLE_INPUT, 2, qs, &k), TIDE_OK);
+    assert_int_equal(tide_graph_add_tensor(g, "v", TIDE_F32, TIDE_ROLE_INPUT, 2, qs, &v), TIDE_OK);
+    assert_int_equal(tide_graph_add_tensor(g, "pos", TIDE_I32, TIDE_ROLE_INPUT, 1, ps, &pos), TIDE_OK);
+    assert_int_equal(tide_graph_add_tensor(g, "kc", TIDE_F32, TIDE_ROLE_STATE, 3, cs, &kc), TIDE_OK);
+    assert_int_equal(tide_graph_add_tensor(g, "vc", TIDE_F32, TIDE_ROLE_STATE, 3, cs, &vc), TIDE_OK);
+    assert_int_equal(tide_graph_add_tensor(g, "o", TIDE_F32, TIDE_ROLE_OUTPUT, 2, qs, &o_), TIDE_OK);
+    tide_op_params ap = {.n_heads = 1, .n_kv_heads = 1, .head_dim = 8, .batch = 1};
+    int in[4] = {q, k, v, pos}, out[3] = {o_, kc, vc};
+    assert_int_equal(tide_graph_add_op(g, TIDE_OP_ATTENTION, 4, in, 3, out, &ap, -1, NULL), TIDE_OK);
+    float qd[16] = {0}, cache[2][32] = {{0}}, od[16];
+    int32_t pd[2] = {1, 2};
+    void *ip[4] = {qd, qd, qd, pd}, *op_[3] = {od, cache[0], cache[1]};
+    assert_int_equal(be->vt->compute(be, g, &g->ops[0], ip, op_, NULL), TIDE_E_RANGE);
+    assert_non_null(strstr(tide_ctx_last_error(ctx), "fresh"));
+    pd[0] = 0;
+    pd[1] = 1;
+    assert_int_equal(be->vt->compute(be, g, &g->ops[0], ip, op_, NULL), TIDE_OK);
+    tide_graph_free(g);
+    tide_backend_free(be);
+    tide_checkpoint_free(ck);
+    tide_ctx_free(ctx);
+}
+
 /* The Nth allocation fails anywhere in plan + prepare + run: never a crash,
  * and a failure is reported as a status. */
 static void test_alloc_faults(void **state) {
@@ -439,6 +510,7 @@ int main(void) {
         cmocka_unit_test(test_ssd_read_fault),
         cmocka_unit_test(test_ssd_spill_faults),
         cmocka_unit_test(test_host_spill_unpinned),
+        cmocka_unit_test(test_fresh_cache),
         cmocka_unit_test(test_alloc_faults),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -181,7 +181,7 @@ int cmd_plan(int argc, char **argv) {
     }
     int n_iter = a.decode ? (int)a.decode : 1;
     tide_llama_graph_opts go = {.batch = (int)a.batch, .seq = a.decode ? 1 : (int)a.seq,
-                                .ctx_len = (int)(a.seq + a.decode)};
+                                .ctx_len = (int)(a.seq + a.decode), .fresh_cache = !a.decode};
     if (go.ctx_len > cfg.max_position_embeddings)
         fprintf(stderr, "tide plan: note: %d positions exceed the model's max_position_embeddings %d\n",
                 go.ctx_len, cfg.max_position_embeddings);

@@ -137,7 +137,10 @@ static tide_status check_op(tide_graph *g, tide_op_kind kind, int n_in, const in
         [TIDE_OP_ADD] = {2, 1},      [TIDE_OP_TAKE_LAST] = {1, 1}, [TIDE_OP_ARGMAX] = {1, 1},
         [TIDE_OP_GENERIC] = {-1, -1},
     };
-    if (arity[kind][0] >= 0 && (n_in != arity[kind][0] || n_out != arity[kind][1]))
+    /* ATTENTION takes 4 inputs when its cache is written fresh (never read beyond
+     * what it writes itself), 6 when it reads the caches too */
+    if (kind == TIDE_OP_ATTENTION && n_in == 4 && n_out == 3) {
+    } else if (arity[kind][0] >= 0 && (n_in != arity[kind][0] || n_out != arity[kind][1]))
         FAIL("%s takes %d inputs and %d outputs, got %d and %d", nm, arity[kind][0],
              arity[kind][1], n_in, n_out);
     *flops = 0;
@@ -189,7 +192,7 @@ static tide_status check_op(tide_graph *g, tide_op_kind kind, int n_in, const in
         break;
     }
     case TIDE_OP_ATTENTION: {
-        const tide_tensor *q = T(0), *k = T(1), *v = T(2), *pos = T(3), *kc = T(4), *vc = T(5);
+        const tide_tensor *q = T(0), *k = T(1), *v = T(2), *pos = T(3), *kc = O(1), *vc = O(2);
         const tide_tensor *o = O(0);
         if (p->n_heads <= 0 || p->n_kv_heads <= 0 || p->head_dim <= 0 || p->batch <= 0 ||
             p->n_heads % p->n_kv_heads)
@@ -208,19 +211,21 @@ static tide_status check_op(tide_graph *g, tide_op_kind kind, int n_in, const in
         if (pos->dtype != TIDE_I32 || T_ * p->batch != R)
             FAIL("attention: batch %d x positions '%s' must cover %lld rows", p->batch, pos->name,
                  (long long)R);
-        for (int c = 4; c <= 5; c++) {
-            const tide_tensor *cc = T(c);
+        for (int c = 1; c <= 2; c++) {
+            const tide_tensor *cc = O(c);
             if (cc->dtype != TIDE_F32 || cc->ndim != 3 || cc->shape[0] != p->batch ||
                 cc->shape[2] != kd || cc->shape[1] < T_)
                 FAIL("attention: cache '%s' must be f32 (%d, >= %lld, %lld)", cc->name, p->batch,
                      (long long)T_, (long long)kd);
         }
         if (kc->shape[1] != vc->shape[1]) FAIL("attention: k and v caches differ in length");
-        if (out[1] != in[4] || out[2] != in[5])
+        if (n_in == 6 && (out[1] != in[4] || out[2] != in[5]))
             FAIL("attention: outputs 2 and 3 must be the caches it reads ('%s', '%s')", kc->name,
                  vc->name);
-        /* QK^T and PV over an average causal span of about T/2 + what precedes. */
-        *flops = 4.0 * (double)R * (double)qd * (double)kc->shape[1] * 0.5;
+        if (out[1] == out[2]) FAIL("attention: the k and v caches must be two tensors");
+        /* QK^T and PV over the causal span: about T/2 keys per query when the
+         * cache is fresh, about half the cache otherwise. */
+        *flops = 4.0 * (double)R * (double)qd * (double)(n_in == 4 ? T_ : kc->shape[1]) * 0.5;
         break;
     }
     case TIDE_OP_SILU_MUL:

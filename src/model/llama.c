@@ -12,6 +12,7 @@
  *     q,k,v = xn . q_proj^T (H*hd), k_proj^T (KV*hd), v_proj^T   (R, *)
  *     qr,kr = rope(q), rope(k)
  *     attn = attention(qr, kr, v, pos, cache.L.k, cache.L.v)     (R, H*hd)
+ *            (with fresh_cache the caches are only written: the run starts at 0)
  *            cache.L.k / cache.L.v (B, C, KV*hd) f32             STATE
  *     hm   = h.L + attn . o_proj^T                               (R, D)
  *     xn2  = rmsnorm(hm, post_attention_layernorm)
@@ -121,7 +122,7 @@ tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
         int kr = op1(&b, TIDE_OP_ROPE, k, pos, act(&b, "k_rope", R, KV * hd), &rope_k);
         int ao = act(&b, "attn", R, H * hd);
         int ain[6] = {qr, kr, v, pos, kc, vc}, aout[3] = {ao, kc, vc};
-        op(&b, TIDE_OP_ATTENTION, 6, ain, 3, aout, &attn);
+        op(&b, TIDE_OP_ATTENTION, o->fresh_cache ? 4 : 6, ain, 3, aout, &attn);
         int proj = op1(&b, TIDE_OP_MATMUL, ao, wo, act(&b, "attn_out", R, D), NULL);
         int hm = op1(&b, TIDE_OP_ADD, h, proj, act(&b, "h_mid", R, D), NULL);
         int xn2 = op1(&b, TIDE_OP_RMSNORM, hm, w_post, act(&b, "mlp_norm", R, D), &norm);

@@ -171,15 +171,18 @@ static tide_status weight_ptr(tide_model *m, const char *name, void **ptr) {
     return tide_err(m->ctx, TIDE_E_NOT_FOUND, "weight '%s' was not uploaded", name);
 }
 
-static tide_status get_graph(tide_model *m, int batch, int seq, bool all_logits, graph_slot **out) {
+/* The graph for (batch, seq); `fresh` when the run starts at position 0, so the
+ * caches are written without being read (and never loaded when offloading). */
+static tide_status get_graph(tide_model *m, int batch, int seq, bool all_logits, bool fresh, graph_slot **out) {
     for (int i = 0; i < 2; i++) {
         graph_slot *s = &m->slots[i];
-        if (s->g && s->batch == batch && s->seq == seq && s->all_logits == all_logits) {
+        if (s->g && s->batch == batch && s->seq == seq && s->all_logits == all_logits && s->fresh == fresh) {
             *out = s;
             return TIDE_OK;
         }
     }
-    tide_llama_graph_opts go = {.batch = batch, .seq = seq, .ctx_len = m->ctx_len, .all_logits = all_logits};
+    tide_llama_graph_opts go = {.batch = batch, .seq = seq, .ctx_len = m->ctx_len, .all_logits = all_logits,
+                                .fresh_cache = fresh};
     tide_graph *g = NULL;
     tide_status st = tide_llama_build(m->ctx, &m->cfg, &go, &g);
     if (st) return st;
@@ -187,7 +190,7 @@ static tide_status get_graph(tide_model *m, int batch, int seq, bool all_logits,
     m->next_slot ^= 1;
     if (m->last_planned == s) m->last_planned = NULL;
     tide_model_slot_clear(s);
-    *s = (graph_slot){.g = g, .batch = batch, .seq = seq, .all_logits = all_logits};
+    *s = (graph_slot){.g = g, .batch = batch, .seq = seq, .all_logits = all_logits, .fresh = fresh};
     *out = s;
     return TIDE_OK;
 }
@@ -318,7 +321,7 @@ tide_status tide_model_forward(tide_model *m, const int32_t *tokens, int batch, 
     tide_status st = check_tokens(m, tokens, batch * seq);
     if (st) return st;
     graph_slot *s = NULL;
-    if ((st = get_graph(m, batch, seq, true, &s))) return st;
+    if ((st = get_graph(m, batch, seq, true, start_pos == 0, &s))) return st;
     int32_t *pos = tide_malloc((size_t)seq * sizeof *pos);
     if (!pos) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
     for (int i = 0; i < seq; i++) pos[i] = start_pos + i;
@@ -345,7 +348,7 @@ tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prom
     int32_t next = 0;
     double t0 = tide_now(), pred0 = 0;
     if (n_new > 0) {
-        st = get_graph(m, 1, n_prompt, false, &s);
+        st = get_graph(m, 1, n_prompt, false, true, &s);
         if (!st) st = run_graph(m, s, (run_io){.tokens = prompt, .pos = pos, .next = &next});
         if (!st) out_tokens[0] = next;
         pred0 = m->acc.predicted_s;
@@ -354,7 +357,7 @@ tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prom
     tide_free(pos);
     for (int i = 1; i < n_new && !st; i++) {
         int32_t p = n_prompt + i - 1, tok = next;
-        st = get_graph(m, 1, 1, false, &s);
+        st = get_graph(m, 1, 1, false, false, &s);
         if (!st) st = run_graph(m, s, (run_io){.tokens = &tok, .pos = &p, .next = &next});
         if (!st) out_tokens[i] = next;
         tide_progress(m->ctx, "token", (uint64_t)i + 1, (uint64_t)n_new);

@@ -21,7 +21,7 @@ typedef struct state_buf {
 typedef struct graph_slot {
     tide_graph *g;
     int batch, seq;
-    bool all_logits;
+    bool all_logits, fresh;
     tide_plan *plan;
     tide_exec *ex;
     tide_sim_event *timeline; /* measured, one per instruction of plan */

@@ -83,11 +83,18 @@ static tide_status cpu_compute(tide_backend *be, const tide_graph *g, const tide
         return TIDE_OK;
     }
     case TIDE_OP_ATTENTION: {
-        const tide_tensor *pos = tin(g, op, 3), *kc = tin(g, op, 4);
+        /* the caches are outputs 1 and 2 (also inputs 4 and 5 unless fresh) */
+        const tide_tensor *pos = tin(g, op, 3), *kc = &g->tensors[op->out[1]];
         tk_attn_dims d = {.B = p->batch, .T = tide_tensor_numel(pos), .C = kc->shape[1],
                           .H = p->n_heads, .KV = p->n_kv_heads, .hd = p->head_dim};
+        if (op->n_in == 4)
+            for (int64_t t = 0; t < d.T; t++)
+                if (((const int32_t *)in[3])[t] != t)
+                    return tide_err(ctx, TIDE_E_RANGE, "attention: a fresh cache needs positions 0..%lld, but "
+                                    "'%s'[%lld] is %d", (long long)d.T - 1, pos->name, (long long)t,
+                                    ((const int32_t *)in[3])[t]);
         int64_t bad = -1;
-        tide_status st = tk_attention(in[0], in[1], in[2], in[3], in[4], in[5], out[0], &d, &bad, nt);
+        tide_status st = tk_attention(in[0], in[1], in[2], in[3], out[1], out[2], out[0], &d, &bad, nt);
         if (st == TIDE_E_RANGE)
             return tide_err(ctx, st, "attention: position %d at index %lld of '%s' is outside the cache '%s' (capacity %lld)",
                             ((const int32_t *)in[3])[bad], (long long)bad, pos->name, kc->name,

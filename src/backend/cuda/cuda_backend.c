@@ -318,7 +318,9 @@ static tide_status op_matmul(tide_backend *be, cu_lane *ln, const tide_graph *g,
 static tide_status op_attention(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
                                 void *const *in, void *const *out) {
     const tide_op_params *p = &op->p;
-    const tide_tensor *pos = tin(g, op, 3), *kc = tin(g, op, 4);
+    /* the caches are outputs 1 and 2 (also inputs 4 and 5 unless fresh; a fresh
+     * cache's positions 0..T-1 are the caller's guarantee, see tide.h) */
+    const tide_tensor *pos = tin(g, op, 3), *kc = &g->tensors[op->out[1]];
     int64_t B = p->batch, T = tide_tensor_numel(pos), C = kc->shape[1];
     int H = p->n_heads, KV = p->n_kv_heads, hd = p->head_dim;
     if (hd > TCU_ATTN_MAX_HD)
@@ -334,9 +336,9 @@ static tide_status op_attention(tide_backend *be, cu_lane *ln, const tide_graph 
     if (bad >= 0)
         return tide_err(be->ctx, TIDE_E_RANGE, "attention: position %d at index %lld of '%s' is outside the cache "
                         "'%s' (capacity %lld)", val, (long long)bad, pos->name, kc->name, (long long)C);
-    CU_TRY(be->ctx, tcu_cache_write(ln->stream, in[1], in[2], in[3], B, T, C, (int64_t)KV * hd, in[4], in[5]),
+    CU_TRY(be->ctx, tcu_cache_write(ln->stream, in[1], in[2], in[3], B, T, C, (int64_t)KV * hd, out[1], out[2]),
            "attention cache write kernel");
-    CU_TRY(be->ctx, tcu_attention(ln->stream, in[0], in[3], in[4], in[5], out[0], B, T, C, H, KV, hd),
+    CU_TRY(be->ctx, tcu_attention(ln->stream, in[0], in[3], out[1], out[2], out[0], B, T, C, H, KV, hd),
            "attention kernel");
     return TIDE_OK;
 }
