@@ -445,8 +445,28 @@ static tide_status plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan
     return TIDE_OK;
 }
 
+/* The tide policy also simulates the layer-streaming schedule (the
+ * static-layer policy) at the same budget and keeps whichever plan finishes
+ * first: where whole layers fit and double buffering hides every load, that
+ * regular schedule can beat fine-grained paging by a hair, and tide should
+ * never lose to a baseline it can compute. */
 tide_status tide_plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, tide_plan **out) {
-    return plan_make(ctx, g, opts, true, out);
+    double t0 = tide_now();
+    tide_status st = plan_make(ctx, g, opts, true, out);
+    if (st || opts->policy != TIDE_POLICY_TIDE) return st;
+    tide_plan_opts so = *opts;
+    so.policy = TIDE_POLICY_STATIC_LAYER;
+    tide_plan *alt = NULL;
+    if (plan_make(ctx, g, &so, true, &alt) == TIDE_OK && alt->stats.makespan_s < (*out)->stats.makespan_s) {
+        tide_plan_free(*out);
+        alt->policy = TIDE_POLICY_TIDE;
+        *out = alt;
+    } else {
+        tide_plan_free(alt);
+    }
+    tide_err_clear(ctx);
+    (*out)->stats.plan_seconds = tide_now() - t0;
+    return TIDE_OK;
 }
 
 /* Bytes that hold every tensor and the largest scratch at once. */
