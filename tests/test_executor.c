@@ -68,6 +68,27 @@ static int teardown(void **state) {
     return system(cmd) == 0 ? 0 : -1;
 }
 
+/* A context, the test model's checkpoint (when with_model) and a CPU backend. */
+typedef struct env {
+    tide_ctx *ctx;
+    tide_checkpoint *ck;
+    tide_backend *be;
+} env;
+
+static env env_open(bool with_model) {
+    env e = {.ctx = tide_ctx_new()};
+    assert_non_null(e.ctx);
+    if (with_model) assert_int_equal(tide_checkpoint_open(e.ctx, model_dir, &e.ck), TIDE_OK);
+    assert_int_equal(tide_backend_new(e.ctx, TIDE_BACKEND_CPU, &e.be), TIDE_OK);
+    return e;
+}
+
+static void env_close(env *e) {
+    tide_backend_free(e->be);
+    tide_checkpoint_free(e->ck);
+    tide_ctx_free(e->ctx);
+}
+
 static void prompt(int32_t *tok, int vocab) {
     for (int i = 0; i < SEQ; i++) tok[i] = (int32_t)((3 + 17 * i) % vocab);
 }
@@ -161,11 +182,10 @@ static tide_status run_planned(tide_ctx *ctx, tide_checkpoint *ck, tide_backend 
 
 static void test_bit_identical(void **state) {
     (void)state;
-    tide_ctx *ctx = tide_ctx_new();
-    tide_checkpoint *ck = NULL;
-    tide_backend *be = NULL;
-    assert_int_equal(tide_checkpoint_open(ctx, model_dir, &ck), TIDE_OK);
-    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    env e = env_open(true);
+    tide_ctx *ctx = e.ctx;
+    tide_checkpoint *ck = e.ck;
+    tide_backend *be = e.be;
     const tide_llama_config *cfg = tide_checkpoint_config(ck);
     size_t nbytes = (size_t)SEQ * cfg->vocab_size * sizeof(float);
     float *ref = resident_logits(ck, be, ctx);
@@ -195,21 +215,18 @@ static void test_bit_identical(void **state) {
     assert_true(runs >= 16);
     assert_int_equal(dir_entries(spill_dir), 0);
     free(ref);
-    tide_backend_free(be);
-    tide_checkpoint_free(ck);
-    tide_ctx_free(ctx);
+    env_close(&e);
 }
 
 /* The same through the model API with generation: tokens and every logit of
  * prefill and decode steps equal (logits_hash). */
 static void test_generate_offloaded(void **state) {
     (void)state;
-    tide_ctx *ctx = tide_ctx_new();
-    tide_checkpoint *ck = NULL;
-    tide_backend *be = NULL;
+    env e = env_open(true);
+    tide_ctx *ctx = e.ctx;
+    tide_checkpoint *ck = e.ck;
+    tide_backend *be = e.be;
     tide_model *m = NULL;
-    assert_int_equal(tide_checkpoint_open(ctx, model_dir, &ck), TIDE_OK);
-    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
     tide_model_opts mo = {.max_batch = 1, .ctx_len = 24};
     assert_int_equal(tide_model_new(ctx, ck, be, &mo, &m), TIDE_OK);
     int32_t tok[SEQ], ref[12], got[12];
@@ -229,18 +246,15 @@ static void test_generate_offloaded(void **state) {
         assert_true(gs.bytes_h2d > 0);
     }
     tide_model_free(m);
-    tide_backend_free(be);
-    tide_checkpoint_free(ck);
-    tide_ctx_free(ctx);
+    env_close(&e);
 }
 
 static void test_pread_fallback(void **state) {
     (void)state;
-    tide_ctx *ctx = tide_ctx_new();
-    tide_checkpoint *ck = NULL;
-    tide_backend *be = NULL;
-    assert_int_equal(tide_checkpoint_open(ctx, model_dir, &ck), TIDE_OK);
-    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    env e = env_open(true);
+    tide_ctx *ctx = e.ctx;
+    tide_checkpoint *ck = e.ck;
+    tide_backend *be = e.be;
     size_t nbytes = (size_t)SEQ * tide_checkpoint_config(ck)->vocab_size * sizeof(float);
     float *ref = resident_logits(ck, be, ctx), *got = NULL;
     run_cfg rc = {.policy = TIDE_POLICY_TIDE, .fraction = 0, .weights_on_ssd = true,
@@ -249,20 +263,17 @@ static void test_pread_fallback(void **state) {
     assert_memory_equal(got, ref, nbytes);
     free(got);
     free(ref);
-    tide_backend_free(be);
-    tide_checkpoint_free(ck);
-    tide_ctx_free(ctx);
+    env_close(&e);
 }
 
 /* The Nth SSD read fails: a clean TIDE_E_IO naming the instruction, no spill
  * file left, no output claimed. */
 static void test_ssd_read_fault(void **state) {
     (void)state;
-    tide_ctx *ctx = tide_ctx_new();
-    tide_checkpoint *ck = NULL;
-    tide_backend *be = NULL;
-    assert_int_equal(tide_checkpoint_open(ctx, model_dir, &ck), TIDE_OK);
-    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    env e = env_open(true);
+    tide_ctx *ctx = e.ctx;
+    tide_checkpoint *ck = e.ck;
+    tide_backend *be = e.be;
     for (long n = 1; n <= 5; n += 2) {
         run_cfg rc = {.policy = TIDE_POLICY_TIDE, .fraction = 0, .weights_on_ssd = true,
                       .eo = {.ssd_dirs = spill_dir, .fail_ssd_read_nth = n}};
@@ -272,9 +283,7 @@ static void test_ssd_read_fault(void **state) {
         assert_non_null(strstr(tide_ctx_last_error(ctx), "instruction"));
         assert_int_equal(dir_entries(spill_dir), 0);
     }
-    tide_backend_free(be);
-    tide_checkpoint_free(ck);
-    tide_ctx_free(ctx);
+    env_close(&e);
 }
 
 /* A chain of GENERIC ops where an early result is read again at the end: under
@@ -339,9 +348,9 @@ static tide_status run_spill(tide_ctx *ctx, tide_backend *be, uint64_t budget, c
  * executor says so (one line for the caller to show) and still runs right. */
 static void test_host_spill_unpinned(void **state) {
     (void)state;
-    tide_ctx *ctx = tide_ctx_new();
-    tide_backend *be = NULL;
-    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    env e = env_open(false);
+    tide_ctx *ctx = e.ctx;
+    tide_backend *be = e.be;
     unsigned char ref[4000], got[4000];
     char notice[256] = "";
     tide_exec_opts eo = {.ssd_dirs = spill_dir};
@@ -354,15 +363,14 @@ static void test_host_spill_unpinned(void **state) {
     assert_memory_equal(got, ref, sizeof ref);
     assert_true(ps.bytes_d2h >= (UINT64_C(1) << 20)); /* spilled to host and back */
     assert_non_null(strstr(notice, "not pinned"));
-    tide_backend_free(be);
-    tide_ctx_free(ctx);
+    env_close(&e);
 }
 
 static void test_ssd_spill_faults(void **state) {
     (void)state;
-    tide_ctx *ctx = tide_ctx_new();
-    tide_backend *be = NULL;
-    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    env e = env_open(false);
+    tide_ctx *ctx = e.ctx;
+    tide_backend *be = e.be;
     unsigned char ref[4000], got[4000];
     tide_exec_opts eo = {.ssd_dirs = spill_dir};
     assert_int_equal(run_spill(ctx, be, UINT64_C(64) << 20, &eo, ref, NULL), TIDE_OK);
@@ -389,19 +397,17 @@ static void test_ssd_spill_faults(void **state) {
     tide_exec_opts bad = {.ssd_dirs = "/nonexistent/tide-spill"};
     assert_int_equal(run_spill(ctx, be, 2 * (UINT64_C(1) << 20) + 65536, &bad, got, NULL), TIDE_E_IO);
     assert_non_null(strstr(tide_ctx_last_error(ctx), "/nonexistent/tide-spill"));
-    tide_backend_free(be);
-    tide_ctx_free(ctx);
+    env_close(&e);
 }
 
 /* A prefill from position 0 writes the caches fresh: its plans never load
  * their old contents, and the logits are the same bits. */
 static void test_fresh_cache(void **state) {
     (void)state;
-    tide_ctx *ctx = tide_ctx_new();
-    tide_checkpoint *ck = NULL;
-    tide_backend *be = NULL;
-    assert_int_equal(tide_checkpoint_open(ctx, model_dir, &ck), TIDE_OK);
-    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    env e = env_open(true);
+    tide_ctx *ctx = e.ctx;
+    tide_checkpoint *ck = e.ck;
+    tide_backend *be = e.be;
     const tide_llama_config *cfg = tide_checkpoint_config(ck);
     uint64_t h2d[2], state_bytes = 0;
     for (int fresh = 0; fresh < 2; fresh++) {
@@ -459,20 +465,17 @@ static void test_fresh_cache(void **state) {
     pd[1] = 1;
     assert_int_equal(be->vt->compute(be, g, &g->ops[0], ip, op_, NULL), TIDE_OK);
     tide_graph_free(g);
-    tide_backend_free(be);
-    tide_checkpoint_free(ck);
-    tide_ctx_free(ctx);
+    env_close(&e);
 }
 
 /* The Nth allocation fails anywhere in plan + prepare + run: never a crash,
  * and a failure is reported as a status. */
 static void test_alloc_faults(void **state) {
     (void)state;
-    tide_ctx *ctx = tide_ctx_new();
-    tide_checkpoint *ck = NULL;
-    tide_backend *be = NULL;
-    assert_int_equal(tide_checkpoint_open(ctx, model_dir, &ck), TIDE_OK);
-    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    env e = env_open(true);
+    tide_ctx *ctx = e.ctx;
+    tide_checkpoint *ck = e.ck;
+    tide_backend *be = e.be;
     tide_model_opts mo = {.max_batch = 1, .ctx_len = SEQ + 2};
     int32_t tok[SEQ], out[3];
     prompt(tok, tide_checkpoint_config(ck)->vocab_size);
@@ -497,9 +500,7 @@ static void test_alloc_faults(void **state) {
     }
     assert_true(failures > 5);
     assert_int_equal(dir_entries(spill_dir), 0);
-    tide_backend_free(be);
-    tide_checkpoint_free(ck);
-    tide_ctx_free(ctx);
+    env_close(&e);
 }
 
 int main(void) {
