@@ -25,6 +25,8 @@ void tide_model_slot_clear(graph_slot *s) {
     tide_exec_free(s->ex);
     tide_plan_free(s->plan);
     tide_free(s->timeline);
+    tide_free(s->logits);
+    tide_free(s->next);
     tide_graph_free(s->g);
     memset(s, 0, sizeof *s);
 }
@@ -191,6 +193,12 @@ static tide_status get_graph(tide_model *m, int batch, int seq, bool all_logits,
     if (m->last_planned == s) m->last_planned = NULL;
     tide_model_slot_clear(s);
     *s = (graph_slot){.g = g, .batch = batch, .seq = seq, .all_logits = all_logits, .fresh = fresh};
+    s->logits = tide_malloc(tide_graph_tensor_bytes(g, tide_graph_find(g, "logits")));
+    s->next = tide_malloc(tide_graph_tensor_bytes(g, tide_graph_find(g, "next_token")));
+    if (!s->logits || !s->next) {
+        tide_model_slot_clear(s);
+        return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for a graph's outputs");
+    }
     *out = s;
     return TIDE_OK;
 }
@@ -273,7 +281,7 @@ static tide_status run_resident(tide_model *m, tide_graph *g, const run_io *io) 
     if (!st && be->vt->synchronize) st = be->vt->synchronize(be);
     int tl = tide_graph_find(g, "logits"), tn = tide_graph_find(g, "next_token");
     if (!st) st = be->vt->to_host(be, io->logits, ptr[tl], g->tensors[tl].nbytes);
-    if (!st && io->next) st = be->vt->to_host(be, io->next, ptr[tn], g->tensors[tn].nbytes);
+    if (!st) st = be->vt->to_host(be, io->next, ptr[tn], g->tensors[tn].nbytes);
 done:
     if (ptr)
         for (int t = 0; t < nt; t++) {
@@ -287,18 +295,14 @@ done:
 }
 
 /* Runs a graph slot once (planned when offloading) and folds its logits into
- * the model's hash. io->logits may be NULL: a buffer is then borrowed. */
+ * the model's hash. Outputs the caller does not want (NULL) go to the slot's
+ * own buffers. */
 static tide_status run_graph(tide_model *m, graph_slot *s, run_io io) {
     uint64_t lb = tide_graph_tensor_bytes(s->g, tide_graph_find(s->g, "logits"));
-    float *own = NULL;
-    if (!io.logits) {
-        own = tide_malloc(lb);
-        if (!own) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for the logits");
-        io.logits = own;
-    }
+    if (!io.logits) io.logits = s->logits;
+    if (!io.next) io.next = s->next;
     tide_status st = m->offload ? tide_model_run_planned(m, s, &io) : run_resident(m, s->g, &io);
     if (!st) m->logits_hash = tide_hash_bytes(m->logits_hash, io.logits, lb);
-    tide_free(own);
     return st;
 }
 

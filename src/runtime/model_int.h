@@ -25,14 +25,16 @@ typedef struct graph_slot {
     tide_plan *plan;
     tide_exec *ex;
     tide_sim_event *timeline; /* measured, one per instruction of plan */
+    float *logits;            /* host outputs used when the caller gives none: */
+    int32_t *next;            /* allocated once with the slot, not per run */
     double predicted_s;
 } graph_slot;
 
 /* What one graph run produces on the host. */
 typedef struct run_io {
     const int32_t *tokens, *pos;  /* inputs */
-    float *logits;                /* (rows, V), required */
-    int32_t *next;                /* (rows), may be NULL */
+    float *logits;                /* (rows, V) */
+    int32_t *next;                /* (rows) */
 } run_io;
 
 struct tide_model {

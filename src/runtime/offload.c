@@ -168,20 +168,11 @@ tide_status tide_model_run_planned(tide_model *m, graph_slot *s, const run_io *i
     const tide_graph *g = s->g;
     int tt = tide_graph_find(g, "tokens"), tp = tide_graph_find(g, "pos");
     int tl = tide_graph_find(g, "logits"), tn = tide_graph_find(g, "next_token");
-    int32_t next_scratch[1];
-    int32_t *next = io->next, *own_next = NULL;
-    if (!next && g->tensors[tn].nbytes <= sizeof next_scratch) next = next_scratch;
-    if (!next) {
-        /* all-logits graphs (tide_model_forward) have one next token per row */
-        next = own_next = tide_malloc(g->tensors[tn].nbytes);
-        if (!next) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for next_token");
-    }
     tide_exec_stats es;
     if (!(st = tide_exec_bind_host(s->ex, tt, (void *)io->tokens)) &&
         !(st = tide_exec_bind_host(s->ex, tp, (void *)io->pos)) &&
-        !(st = tide_exec_bind_host(s->ex, tl, io->logits)) && !(st = tide_exec_bind_host(s->ex, tn, next)))
+        !(st = tide_exec_bind_host(s->ex, tl, io->logits)) && !(st = tide_exec_bind_host(s->ex, tn, io->next)))
         st = tide_exec_run(s->ex, s->timeline, &es);
-    tide_free(own_next);
     if (st) return st;
     tide_gen_stats *a = &m->acc;
     a->bytes_h2d += es.bytes_h2d;
