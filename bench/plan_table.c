@@ -165,9 +165,90 @@ static void table1(bool quick) {
            "than a baseline at the same budget: %d (target 0)\n", rows, worst_lb, slower);
 }
 
+/* tide's minimum budget for a workload when its graphs may be tiled: the
+ * largest over its graphs of each graph's smallest minimum over the tiling
+ * levels; *level gets the finest level used and *xlb the makespan at that
+ * budget (each graph re-tiled for it, as tide run does) over the lower bound
+ * of the untiled graphs. */
+static uint64_t tiled_min(const workload *w, const tide_hw *hw, int *level, double *xlb) {
+    tide_llama_config cfg;
+    tide_llama_config_named(ctx, w->config, &cfg);
+    int ctx_len = w->seq + w->decode;
+    tide_llama_graph_opts go[2] = {{.batch = w->batch, .seq = w->seq, .ctx_len = ctx_len, .fresh_cache = true},
+                                   {.batch = w->batch, .seq = 1, .ctx_len = ctx_len}};
+    int n_iter[2] = {1, w->decode - 1}, ng = w->decode ? 2 : 1;
+    uint64_t m = 0;
+    *level = 0;
+    for (int k = 0; k < ng; k++) {
+        tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = n_iter[k], .hw = hw};
+        tide_graph *g = NULL;
+        uint64_t b = 0;
+        int lv = 0;
+        if (tide_plan_tiled_graph(ctx, &cfg, &go[k], &po, TIDE_TILE_AUTO, &g, &lv, &b)) return 0;
+        tide_graph_free(g);
+        m = TIDE_MAX(m, b);
+    }
+    double mk = 0, lb = 0;
+    for (int k = 0; k < ng; k++) {
+        tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .device_budget = m, .n_iter = n_iter[k], .hw = hw};
+        tide_graph *g = NULL, *g0 = NULL;
+        int lv = 0;
+        tide_plan *p = NULL;
+        tide_bounds bd;
+        if (tide_plan_tiled_graph(ctx, &cfg, &go[k], &po, TIDE_TILE_AUTO, &g, &lv, NULL) ||
+            tide_plan_make(ctx, g, &po, &p) || tide_plan_verify(p) || tide_llama_build(ctx, &cfg, &go[k], &g0) ||
+            tide_plan_bounds(ctx, g0, &po, &bd)) {
+            fprintf(stderr, "bench: tiled plan at the minimum: %s\n", tide_ctx_last_error(ctx));
+            exit(1);
+        }
+        *level = TIDE_MAX(*level, lv);
+        mk += p->stats.makespan_s;
+        lb += bd.lower_bound_s;
+        tide_plan_free(p);
+        tide_graph_free(g);
+        tide_graph_free(g0);
+    }
+    *xlb = lb > 0 ? mk / lb : 0;
+    return m;
+}
+
+/* tide's makespan over the lower bound at budget b, each graph of the
+ * workload tiled as tide run would (the coarsest level that fits); 0 when
+ * nothing fits. */
+static double tiled_xlb_at(const workload *w, const tide_hw *hw, uint64_t b, int *level) {
+    tide_llama_config cfg;
+    tide_llama_config_named(ctx, w->config, &cfg);
+    int ctx_len = w->seq + w->decode;
+    tide_llama_graph_opts go[2] = {{.batch = w->batch, .seq = w->seq, .ctx_len = ctx_len, .fresh_cache = true},
+                                   {.batch = w->batch, .seq = 1, .ctx_len = ctx_len}};
+    int n_iter[2] = {1, w->decode - 1}, ng = w->decode ? 2 : 1;
+    double mk = 0, lb = 0;
+    *level = 0;
+    for (int k = 0; k < ng; k++) {
+        tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .device_budget = b, .n_iter = n_iter[k], .hw = hw};
+        tide_graph *g = NULL, *g0 = NULL;
+        int lv = 0;
+        tide_plan *p = NULL;
+        tide_bounds bd;
+        bool ok = !tide_plan_tiled_graph(ctx, &cfg, &go[k], &po, TIDE_TILE_AUTO, &g, &lv, NULL) &&
+                  !tide_plan_make(ctx, g, &po, &p) && !tide_plan_verify(p) &&
+                  !tide_llama_build(ctx, &cfg, &go[k], &g0) && !tide_plan_bounds(ctx, g0, &po, &bd);
+        if (ok) {
+            mk += p->stats.makespan_s;
+            lb += bd.lower_bound_s;
+            *level = TIDE_MAX(*level, lv);
+        }
+        tide_plan_free(p);
+        tide_graph_free(g);
+        tide_graph_free(g0);
+        if (!ok) return 0;
+    }
+    return lb > 0 ? mk / lb : 0;
+}
+
 static void table2(bool quick) {
     printf("\n## Table 2: minimum feasible budget, tide vs static-layer (double-buffered)\n\n");
-    printf("| workload | hw | tide min GiB | static-layer min GiB | lru min GiB | static / tide |\n|---|---|---|---|---|---|\n");
+    printf("| workload | hw | tide min GiB (tiled) | tiling level | tide x LB there | tide min GiB (untiled) | static-layer min GiB | lru min GiB | static / tide | tide x LB at static/5 (level) |\n|---|---|---|---|---|---|---|---|---|---|\n");
     int nw = quick ? 2 : (int)(sizeof workloads / sizeof workloads[0]);
     for (int wi = 0; wi < nw; wi++) {
         tide_graph *g[2] = {0};
@@ -176,11 +257,20 @@ static void table2(bool quick) {
         tide_hw_load(ctx, "h100-80g", &hw);
         uint64_t m[3];
         for (int pol = 0; pol < 3; pol++) m[pol] = min_budget(g, n_iter, ng, &hw, pol);
-        printf("| %s | h100-80g | %.3f | %.3f | %.3f | %.1fx |\n", workloads[wi].name, m[0] / 1073741824.0,
-               m[1] / 1073741824.0, m[2] / 1073741824.0, m[0] ? (double)m[1] / m[0] : 0);
+        int level = 0;
+        double xlb = 0, t0 = tide_now();
+        uint64_t mt = tiled_min(&workloads[wi], &hw, &level, &xlb);
+        double secs = tide_now() - t0;
+        int lv5 = 0;
+        double x5 = tiled_xlb_at(&workloads[wi], &hw, m[1] / 5, &lv5);
+        printf("| %s | h100-80g | %.3f | %d | %.2f | %.3f | %.3f | %.3f | %.1fx | %.2f (%d) |\n", workloads[wi].name,
+               mt / 1073741824.0, level, xlb, m[0] / 1073741824.0, m[1] / 1073741824.0, m[2] / 1073741824.0,
+               mt ? (double)m[1] / mt : 0, x5, lv5);
         if (json)
-            fprintf(json, "{\"table\":2,\"workload\":\"%s\",\"tide_min\":%llu,\"static_min\":%llu,\"lru_min\":%llu}\n",
-                    workloads[wi].name, (unsigned long long)m[0], (unsigned long long)m[1], (unsigned long long)m[2]);
+            fprintf(json, "{\"table\":2,\"workload\":\"%s\",\"tide_min\":%llu,\"tide_min_untiled\":%llu,"
+                    "\"tile_level\":%d,\"x_lb\":%.4f,\"search_s\":%.3f,\"static_min\":%llu,\"lru_min\":%llu}\n",
+                    workloads[wi].name, (unsigned long long)mt, (unsigned long long)m[0], level, xlb, secs,
+                    (unsigned long long)m[1], (unsigned long long)m[2]);
         for (int k = 0; k < ng; k++) tide_graph_free(g[k]);
         fflush(stdout);
     }
@@ -194,7 +284,7 @@ static void table3(void) {
         tide_hw_load(ctx, cases[c].hw, &hw);
         tide_llama_config cfg;
         tide_llama_config_named(ctx, cases[c].config, &cfg);
-        printf("\n## Table 3: %s on %s (whole device memory): policies that can plan each cell (T tide, S static-layer, L lru)\n\n",
+        printf("\n## Table 3: %s on %s (whole device memory): policies that can plan each cell (T tide, Tk tide tiled at level k, S static-layer, L lru)\n\n",
                cases[c].config, cases[c].hw);
         printf("| batch \\ seq |");
         for (int s = 0; s < 5; s++) printf(" %d |", seqs[s]);
@@ -211,6 +301,23 @@ static void table3(void) {
                     for (int pol = 0; pol < 3; pol++)
                         if (run_policy(&g, &one, 1, &hw, pol, hw.device_mem_bytes).ok) strcat(cell, letter[pol]);
                     tide_graph_free(g);
+                    if (!strchr(cell, 'T')) { /* tide tiles what does not fit */
+                        tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .device_budget = hw.device_mem_bytes,
+                                             .n_iter = 1, .hw = &hw};
+                        tide_graph *tg = NULL;
+                        int lv = 0;
+                        if (tide_plan_tiled_graph(ctx, &cfg, &go, &po, TIDE_TILE_AUTO, &tg, &lv, NULL) == TIDE_OK) {
+                            tide_plan *p = NULL;
+                            if (!tide_plan_make(ctx, tg, &po, &p) && !tide_plan_verify(p)) {
+                                char t[8];
+                                snprintf(t, sizeof t, "T%d", lv);
+                                memmove(cell + strlen(t), cell, strlen(cell) + 1);
+                                memcpy(cell, t, strlen(t));
+                            }
+                            tide_plan_free(p);
+                        }
+                        tide_graph_free(tg);
+                    }
                 }
                 printf(" %s |", cell[0] ? cell : "-");
                 fflush(stdout);

@@ -104,10 +104,19 @@ const char *tide_role_name(tide_role r);
  * f32, f16 or bf16 and are converted to f32 where the CPU computes.
  *
  *   EMBED      in: table (V, D), tokens i32 (B, T)            out: (B*T, D)
+ *              Tiled forms: the table may be rows [vocab0, vocab0 + V) of a
+ *              vocabulary of `vocab` ids (0: V), and the op may take rows
+ *              [idx0, idx0 + R) of a longer tokens tensor. The first chunk (2
+ *              inputs) zeroes the rows whose id is not in its table; later
+ *              chunks take the output as a third input and fill in their ids.
  *   RMSNORM    in: x (R, D), w (D)                            out: (R, D)   [eps]
  *   MATMUL     in: x (R, K), w (N, K)                         out: (R, N) = x . w^T
+ *              Tiled form: the result is the block at (row0, col0) of a larger
+ *              output; a third input naming the output keeps the rest of it
+ *              (a read-modify-write, as the caches in ATTENTION).
  *   ROPE       in: x (R, H*hd), pos i32 (T)                   out: (R, H*hd)
- *              [n_heads, head_dim, rope_theta, batch]; HF rotate_half convention
+ *              [n_heads, head_dim, rope_theta, batch]; HF rotate_half convention;
+ *              T = R / batch positions from pos[idx0]
  *   ATTENTION  in: q (R, H*hd), k (R, KV*hd), v (R, KV*hd), pos i32 (T),
  *                  kcache (B, C, KV*hd), vcache (B, C, KV*hd)
  *              out: o (R, H*hd), kcache, vcache
@@ -120,6 +129,8 @@ const char *tide_role_name(tide_role r);
  *   SILU_MUL   in: gate (R, I), up (R, I)                     out: silu(gate)*up
  *   ADD        in: a (R, D), b (R, D)                         out: a + b
  *   TAKE_LAST  in: x (B*T, D)                                 out: (B, D) [batch]
+ *              Tiled form: rows [row0, row0 + B) of a larger output; a second
+ *              input naming the output keeps its other rows.
  *   ARGMAX     in: x (R, V)                                   out: i32 (R)
  *   GENERIC    any tensors; a synthetic op for planning tests and benchmarks:
  *              the CPU backend fills each output with a deterministic function
@@ -151,6 +162,12 @@ typedef struct tide_op_params {
     int head_dim;     /* ROPE, ATTENTION */
     int batch;        /* ROPE, ATTENTION, TAKE_LAST: B (rows = B*T) */
     double flops;     /* GENERIC: floating-point operations it stands for */
+    /* tiles (all 0 for a whole op) */
+    int64_t idx0;     /* EMBED: first tokens entry; ROPE, ATTENTION: first pos entry */
+    int64_t row0;     /* MATMUL, TAKE_LAST: first output row written */
+    int64_t col0;     /* MATMUL: first output column written */
+    int64_t vocab0;   /* EMBED: id of the table's first row */
+    int64_t vocab;    /* EMBED: whole vocabulary (0: the table's rows) */
 } tide_op_params;
 
 typedef struct tide_graph tide_graph;
@@ -234,6 +251,15 @@ typedef struct tide_llama_graph_opts {
     bool all_logits;  /* logits for every row (B*T, V) instead of the last (B, V) */
     bool fresh_cache; /* the run starts at position 0: attention writes the caches
                          without reading their old contents (pos must be 0..T-1) */
+    /* Tiling, for budgets below the largest op's working set (0: none). The
+     * rows become tiles of at most tile_rows tokens of one sequence, each op
+     * run tile by tile (attention reading the cache written by the tiles
+     * before it); weights larger than tile_weight_bytes are split into row
+     * blocks (contiguous in the checkpoint), each matmul writing its block of
+     * columns and the embedding filling in its ids. Results are bit-identical
+     * to the untiled graph's on the CPU backend. */
+    int tile_rows;
+    uint64_t tile_weight_bytes;
 } tide_llama_graph_opts;
 
 /* Builds the forward graph of a LLaMA-style decoder. Tensor names of weights
@@ -242,6 +268,22 @@ typedef struct tide_llama_graph_opts {
  * outputs are "logits" and "next_token". */
 tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
                              const tide_llama_graph_opts *opts, tide_graph **out);
+
+/* Tiling levels tried when a budget is below a graph's working set: level 0
+ * is no tiling; each next level halves the tile rows (from the sequence
+ * length, at least 16) and the largest weight block (from 64 MiB, at least
+ * 1 MiB). Sets o's tile fields for level `level` of a graph of (batch, seq);
+ * returns false past the last level. */
+#define TIDE_TILE_LEVELS 7
+bool tide_llama_tile_level(tide_llama_graph_opts *o, int level);
+
+/* A persistent tensor may be a byte range of a larger one: a weight block of a
+ * checkpoint tensor, a batch row of a KV cache. home names the whole tensor
+ * (checkpoint or state name), offset its first byte; TIDE_OK or TIDE_E_NOMEM.
+ * tide_graph_tensor_home returns the tensor's own name and offset 0 when it is
+ * whole. */
+tide_status tide_graph_set_tensor_home(tide_graph *g, int tensor, const char *home, uint64_t offset);
+const char *tide_graph_tensor_home(const tide_graph *g, int tensor, uint64_t *offset);
 
 /* ---------------------------------------------------------------- checkpoints */
 
@@ -340,6 +382,10 @@ typedef struct tide_offload_opts {
     bool verify;              /* verify every plan (always done in debug builds) */
     const char *hw;           /* profile for predictions (name or path; NULL: "cpu-probed"
                                  from the cache, else a quick probe) */
+    int tile;                 /* 0: auto (a graph whose largest op does not fit the budget
+                                 is tiled, see tide_llama_graph_opts; with TIDE_BUDGET_MIN
+                                 the tiling with the smallest minimum); -1: never;
+                                 1..TIDE_TILE_LEVELS-1: that tiling level */
 } tide_offload_opts;
 
 /* Switches the model to offloaded runs (or back, with TIDE_BUDGET_NONE).
@@ -378,6 +424,7 @@ typedef struct tide_gen_stats {
     double ssd_read_s;          /* time the io stream spent reading from SSD */
     uint64_t logits_hash;       /* FNV-1a of every logits output, in order: equal
                                    hashes of two runs mean bit-identical logits */
+    int tile_level;             /* finest tiling level an offloaded graph used (0: none) */
 } tide_gen_stats;
 
 /* Greedy generation for one sequence: prefill `prompt` (n_prompt tokens), then

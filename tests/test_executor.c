@@ -113,6 +113,8 @@ typedef struct run_cfg {
     bool weights_on_ssd;
     uint64_t host_budget;
     tide_exec_opts eo;
+    int tile_rows;        /* graph tiling (tide_llama_graph_opts) */
+    uint64_t tile_weight_bytes;
 } run_cfg;
 
 /* Plans, verifies and executes the all-logits prefill graph under rc; returns
@@ -120,7 +122,8 @@ typedef struct run_cfg {
 static tide_status run_planned(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be, const run_cfg *rc,
                                float **out, tide_plan_stats *ps) {
     const tide_llama_config *cfg = tide_checkpoint_config(ck);
-    tide_llama_graph_opts go = {.batch = 1, .seq = SEQ, .ctx_len = SEQ, .all_logits = true};
+    tide_llama_graph_opts go = {.batch = 1, .seq = SEQ, .ctx_len = SEQ, .all_logits = true, .fresh_cache = true,
+                                .tile_rows = rc->tile_rows, .tile_weight_bytes = rc->tile_weight_bytes};
     tide_graph *g = NULL;
     assert_int_equal(tide_llama_build(ctx, cfg, &go, &g), TIDE_OK);
     tide_plan_opts po = {.policy = rc->policy, .host_budget = rc->host_budget, .n_iter = 1, .hw = &hw,
@@ -153,9 +156,11 @@ static tide_status run_planned(tide_ctx *ctx, tide_checkpoint *ck, tide_backend 
             const tide_tensor *tt = &g->tensors[t];
             if (tt->role == TIDE_ROLE_WEIGHT) {
                 tide_tensor_info ti;
-                assert_int_equal(tide_checkpoint_get(ck, tt->name, &ti), TIDE_OK);
-                st = p->home[t] == TIDE_TIER_SSD ? tide_exec_bind_file(ex, t, ti.file, ti.file_offset)
-                                                 : tide_exec_bind_host(ex, t, (void *)ti.data);
+                uint64_t off = 0; /* a block of a split weight is a byte range of it */
+                assert_int_equal(tide_checkpoint_get(ck, tide_graph_tensor_home(g, t, &off), &ti), TIDE_OK);
+                assert_true(off + tt->nbytes <= ti.nbytes);
+                st = p->home[t] == TIDE_TIER_SSD ? tide_exec_bind_file(ex, t, ti.file, ti.file_offset + off)
+                                                 : tide_exec_bind_host(ex, t, (char *)ti.data + off);
             } else if (tt->role == TIDE_ROLE_STATE) {
                 state[t] = calloc(1, tt->nbytes);
                 st = tide_exec_bind_host(ex, t, state[t]);
@@ -215,6 +220,89 @@ static void test_bit_identical(void **state) {
     assert_true(runs >= 16);
     assert_int_equal(dir_entries(spill_dir), 0);
     free(ref);
+    env_close(&e);
+}
+
+/* Tiled graphs (rows in tiles of 3 and 1 tokens, every weight cut into
+ * blocks of at most 2 KiB, so the embedding, every matmul and the head run
+ * block by block) give the unconstrained untiled run's logits bit for bit, at
+ * the full budget and at their own (much smaller) minimum, weights on host and
+ * on SSD (block offsets not aligned to anything). */
+static void test_tiled_bit_identical(void **state) {
+    (void)state;
+    env e = env_open(true);
+    const tide_llama_config *cfg = tide_checkpoint_config(e.ck);
+    size_t nbytes = (size_t)SEQ * cfg->vocab_size * sizeof(float);
+    float *ref = resident_logits(e.ck, e.be, e.ctx);
+    uint64_t min_untiled = 0;
+    {
+        tide_llama_graph_opts go = {.batch = 1, .seq = SEQ, .ctx_len = SEQ, .all_logits = true, .fresh_cache = true};
+        tide_graph *g = NULL;
+        assert_int_equal(tide_llama_build(e.ctx, cfg, &go, &g), TIDE_OK);
+        tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = &hw};
+        assert_int_equal(tide_plan_min_budget(e.ctx, g, &po, &min_untiled), TIDE_OK);
+        tide_graph_free(g);
+    }
+    const struct { int rows; uint64_t wbytes; } tilings[] = {{3, 0}, {0, 2048}, {3, 2048}, {1, 1024}};
+    for (size_t i = 0; i < sizeof tilings / sizeof tilings[0]; i++)
+        for (int f = 0; f < 2; f++)
+            for (int ssd = 0; ssd < 2; ssd++) {
+                run_cfg rc = {.policy = TIDE_POLICY_TIDE, .fraction = f ? 0 : 1.0, .weights_on_ssd = ssd,
+                              .eo = {.ssd_dirs = spill_dir}, .tile_rows = tilings[i].rows,
+                              .tile_weight_bytes = tilings[i].wbytes};
+                float *got = NULL;
+                tide_plan_stats ps;
+                tide_status st = run_planned(e.ctx, e.ck, e.be, &rc, &got, &ps);
+                if (st) fail_msg("tiles %d/%llu: %s", tilings[i].rows, (unsigned long long)tilings[i].wbytes,
+                                 tide_ctx_last_error(e.ctx));
+                if (memcmp(got, ref, nbytes))
+                    fail_msg("tiles of %d rows, weight blocks %llu bytes, %s budget, weights on %s: logits differ",
+                             tilings[i].rows, (unsigned long long)tilings[i].wbytes, f ? "min" : "full",
+                             ssd ? "ssd" : "host");
+                if (f && tilings[i].wbytes) /* cutting the weights lowers the floor */
+                    assert_true(ps.peak_device_bytes < min_untiled);
+                free(got);
+            }
+    free(ref);
+    env_close(&e);
+}
+
+/* Batch 2 through the model API: with per-sequence tiles (forced level 1 and
+ * the automatic choice under the minimum budget) the logits of a batched
+ * forward pass and a generation's tokens and logits equal the resident run's. */
+static void test_tiled_model_api(void **state) {
+    (void)state;
+    env e = env_open(true);
+    const tide_llama_config *cfg = tide_checkpoint_config(e.ck);
+    const int B = 2;
+    int32_t tok[2 * SEQ];
+    for (int i = 0; i < B * SEQ; i++) tok[i] = (int32_t)((5 + 13 * i) % cfg->vocab_size);
+    size_t n = (size_t)B * SEQ * cfg->vocab_size;
+    float *ref = malloc(n * sizeof *ref), *got = malloc(n * sizeof *got);
+    int32_t gen_ref[6], gen[6];
+    tide_gen_stats s_ref, s;
+    tide_model *m = NULL;
+    tide_model_opts mo = {.max_batch = B, .ctx_len = 16};
+    assert_int_equal(tide_model_new(e.ctx, e.ck, e.be, &mo, &m), TIDE_OK);
+    assert_int_equal(tide_model_forward(m, tok, B, SEQ, 0, ref), TIDE_OK);
+    assert_int_equal(tide_model_generate(m, tok, SEQ, 6, gen_ref, &s_ref), TIDE_OK);
+    const int tiles[] = {1, 3, TIDE_TILE_AUTO};
+    for (int i = 0; i < 3; i++) {
+        tide_offload_opts oo = {.budget_kind = tiles[i] == TIDE_TILE_AUTO ? TIDE_BUDGET_MIN : TIDE_BUDGET_FRACTION,
+                                .fraction = 0.5, .hw = "h100-80g", .ssd_dirs = spill_dir, .tile = tiles[i]};
+        assert_int_equal(tide_model_set_offload(m, &oo), TIDE_OK);
+        tide_status st = tide_model_forward(m, tok, B, SEQ, 0, got);
+        if (st) fail_msg("tile %d: %s", tiles[i], tide_ctx_last_error(e.ctx));
+        if (memcmp(got, ref, n * sizeof *got)) fail_msg("tile %d: batched logits differ", tiles[i]);
+        assert_int_equal(tide_model_generate(m, tok, SEQ, 6, gen, &s), TIDE_OK);
+        assert_memory_equal(gen, gen_ref, sizeof gen);
+        assert_true(s.logits_hash == s_ref.logits_hash);
+    }
+    tide_offload_opts bad = {.budget_kind = TIDE_BUDGET_MIN, .tile = TIDE_TILE_LEVELS};
+    assert_int_equal(tide_model_set_offload(m, &bad), TIDE_E_INVALID);
+    tide_model_free(m);
+    free(ref);
+    free(got);
     env_close(&e);
 }
 
@@ -506,6 +594,8 @@ static void test_alloc_faults(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bit_identical),
+        cmocka_unit_test(test_tiled_bit_identical),
+        cmocka_unit_test(test_tiled_model_api),
         cmocka_unit_test(test_generate_offloaded),
         cmocka_unit_test(test_pread_fallback),
         cmocka_unit_test(test_ssd_read_fault),

@@ -14,8 +14,8 @@
 static const char help[] =
     "Usage: tide plan (--model DIR | --config NAME) [--batch B] [--seq S] [--decode N]\n"
     "                 --budget BYTES|PCT%|min [--hw PROFILE] [--policy P]\n"
-    "                 [--host-budget BYTES] [--weights-on-ssd] [--json] [--trace FILE]\n"
-    "                 [--out PLAN.json]\n"
+    "                 [--host-budget BYTES] [--weights-on-ssd] [--tile auto|none|LEVEL]\n"
+    "                 [--json] [--trace FILE] [--out PLAN.json]\n"
     "\n"
     "Plans every tensor move of a LLaMA-style model's forward pass under a device\n"
     "memory budget, checks the plan with the independent verifier, and predicts its\n"
@@ -39,6 +39,11 @@ static const char help[] =
     "  --host-budget X    host memory for weights homed on host and spills\n"
     "                     (default: the profile's host memory)\n"
     "  --weights-on-ssd   home the weights on SSD instead of host memory\n"
+    "  --tile T           split ops into tiles when the budget is below the largest\n"
+    "                     op's working set: auto (default: the coarsest tiling that\n"
+    "                     fits; with --budget min the one with the smallest minimum),\n"
+    "                     none, or a level 1-6 (level k: tiles of seq/2^(k-1) tokens\n"
+    "                     of one sequence, weights cut into blocks of 64 MiB/2^(k-1))\n"
     "  --json             print one JSON object\n"
     "  --trace FILE       write the predicted timeline as Perfetto trace JSON\n"
     "  --out FILE         write the plan as JSON\n";
@@ -49,16 +54,31 @@ typedef struct plan_args {
     uint64_t host_budget;
     tide_policy policy;
     bool json, weights_on_ssd;
+    int tile;
 } plan_args;
 
+/* What the chosen tiling is, in words. */
+static void tile_words(const tide_graph *g, int level, long seq, char *buf, size_t n) {
+    tide_llama_graph_opts o = {.seq = (int)seq};
+    if (!level || !tide_llama_tile_level(&o, level)) {
+        snprintf(buf, n, "none");
+        return;
+    }
+    char w[32];
+    snprintf(buf, n, "level %d (tiles of <= %d tokens of one sequence, weight blocks <= %s; %d ops)", level,
+             o.tile_rows, cli_fmt_bytes(o.tile_weight_bytes, w, sizeof w), g->n_ops);
+}
+
 static void print_human(const plan_args *a, const tide_llama_config *cfg, const tide_hw *hw,
-                        const tide_plan *p, uint64_t peak, const tide_bounds *b, const char *budget_note) {
+                        const tide_plan *p, uint64_t peak, const tide_bounds *b, const char *budget_note,
+                        const char *tiling) {
     char b1[32], b2[32], b3[32], b4[32];
     const tide_plan_stats *s = &p->stats;
     printf("plan        %s %s, batch %ld, %s %ld, policy %s, hw %s\n", cfg->name,
            a->decode ? "decode" : "prefill", a->batch, a->decode ? "steps" : "seq",
            a->decode ? a->decode : a->seq, tide_policy_name(p->policy), hw->name);
     printf("verified    yes (%d instructions, %d ops x %d iterations)\n", p->n_ins, p->g->n_ops, p->n_iter);
+    printf("tiling      %s\n", tiling);
     printf("budget      %s %s; unconstrained peak %s\n", cli_fmt_bytes(p->device_budget, b1, sizeof b1),
            budget_note, cli_fmt_bytes(peak, b2, sizeof b2));
     printf("\n%-22s %14s\n", "", "value");
@@ -78,7 +98,7 @@ static void print_human(const plan_args *a, const tide_llama_config *cfg, const 
 }
 
 static void print_json(const plan_args *a, const tide_llama_config *cfg, const tide_hw *hw,
-                       const tide_plan *p, uint64_t peak, const tide_bounds *b) {
+                       const tide_plan *p, uint64_t peak, const tide_bounds *b, int level) {
     const tide_plan_stats *s = &p->stats;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddBoolToObject(o, "feasible", 1);
@@ -100,6 +120,8 @@ static void print_json(const plan_args *a, const tide_llama_config *cfg, const t
     cJSON_AddNumberToObject(o, "bytes_ssd_read", (double)s->bytes_ssd_read);
     cJSON_AddNumberToObject(o, "bytes_ssd_write", (double)s->bytes_ssd_write);
     cJSON_AddNumberToObject(o, "n_instructions", p->n_ins);
+    cJSON_AddNumberToObject(o, "n_ops", p->g->n_ops);
+    cJSON_AddNumberToObject(o, "tile_level", level);
     cJSON_AddNumberToObject(o, "makespan_s", s->makespan_s);
     cJSON_AddNumberToObject(o, "compute_s", s->compute_s);
     cJSON_AddNumberToObject(o, "ideal_s", b->ideal_s);
@@ -122,6 +144,7 @@ int cmd_plan(int argc, char **argv) {
         {"host-budget", required_argument, 0, 'H'}, {"weights-on-ssd", no_argument, 0, 's'},
         {"json", no_argument, 0, 'j'},         {"trace", required_argument, 0, 't'},
         {"out", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
+        {"tile", required_argument, 0, 'T'},
         {0, 0, 0, 0},
     };
     plan_args a = {.hw_name = "h100-80g", .batch = 1, .seq = 2048, .policy = TIDE_POLICY_TIDE};
@@ -154,6 +177,14 @@ int cmd_plan(int argc, char **argv) {
         case 'j': a.json = true; break;
         case 't': a.trace = optarg; break;
         case 'o': a.out = optarg; break;
+        case 'T': {
+            tide_ctx *tc = tide_ctx_new();
+            tide_status ts = tc ? tide_tile_parse(tc, optarg, &a.tile) : TIDE_E_NOMEM;
+            tide_ctx_free(tc);
+            if (ts) return cli_usage_error("plan", "bad --tile '%s' (auto, none or a level 1 to %d)", optarg,
+                                           TIDE_TILE_LEVELS - 1);
+            break;
+        }
         case 'h': fputs(help, stdout); return 0;
         default: return cli_usage_error("plan", "unknown option");
         }
@@ -193,11 +224,16 @@ int cmd_plan(int argc, char **argv) {
                          .hw = &hw, .weights_on_ssd = a.weights_on_ssd};
     uint64_t peak = tide_plan_unconstrained_peak(ctx, g, &hw, n_iter);
     char note[96] = "";
-    if (!strcmp(a.budget, "min")) {
-        if (tide_plan_min_budget(ctx, g, &po, &po.device_budget)) {
+    int level = 0;
+    bool is_min = !strcmp(a.budget, "min");
+    if (is_min) {
+        tide_graph *tg = NULL;
+        if (tide_plan_tiled_graph(ctx, &cfg, &go, &po, a.tile, &tg, &level, &po.device_budget)) {
             rc = cli_fail(ctx, "finding the minimum budget");
             goto out;
         }
+        tide_graph_free(g);
+        g = tg;
         snprintf(note, sizeof note, "(the minimum for %s)", tide_policy_name(a.policy));
     } else if (a.budget[0] && a.budget[strlen(a.budget) - 1] == '%') {
         char *end;
@@ -221,6 +257,18 @@ int cmd_plan(int argc, char **argv) {
                 cli_fmt_bytes(hw.device_mem_bytes, b2, sizeof b2));
         rc = 1;
         goto out;
+    }
+    if (!is_min) { /* the coarsest tiling that fits (none when the budget allows) */
+        tide_graph *tg = NULL;
+        if (tide_plan_tiled_graph(ctx, &cfg, &go, &po, a.tile, &tg, &level, NULL)) {
+            if (a.json && tide_ctx_last_status(ctx) == TIDE_E_INFEASIBLE)
+                printf("{\"feasible\":false,\"policy\":\"%s\",\"budget_bytes\":%llu}\n",
+                       tide_policy_name(a.policy), (unsigned long long)po.device_budget);
+            rc = cli_fail(ctx, "planning");
+            goto out;
+        }
+        tide_graph_free(g);
+        g = tg;
     }
     if (tide_plan_make(ctx, g, &po, &p)) {
         if (a.json && tide_ctx_last_status(ctx) == TIDE_E_INFEASIBLE)
@@ -254,8 +302,10 @@ int cmd_plan(int argc, char **argv) {
         rc = cli_fail(ctx, "writing the plan");
         goto out;
     }
-    if (a.json) print_json(&a, &cfg, &hw, p, peak, &bounds);
-    else print_human(&a, &cfg, &hw, p, peak, &bounds, note);
+    char tiling[160];
+    tile_words(g, level, go.seq, tiling, sizeof tiling);
+    if (a.json) print_json(&a, &cfg, &hw, p, peak, &bounds, level);
+    else print_human(&a, &cfg, &hw, p, peak, &bounds, note, tiling);
 out:
     tide_plan_free(p);
     tide_graph_free(g);

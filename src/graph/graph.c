@@ -25,7 +25,10 @@ tide_graph *tide_graph_new(tide_ctx *ctx) {
 
 void tide_graph_free(tide_graph *g) {
     if (!g) return;
-    for (int i = 0; i < g->n_tensors; i++) tide_free(g->tensors[i].name);
+    for (int i = 0; i < g->n_tensors; i++) {
+        tide_free(g->tensors[i].name);
+        tide_free(g->tensors[i].home);
+    }
     tide_free(g->tensors);
     tide_free(g->ops);
     tide_free(g->index);
@@ -107,6 +110,23 @@ void tide_graph_set_tensor_layer(tide_graph *g, int tensor, int layer) {
     if (tensor >= 0 && tensor < g->n_tensors) g->tensors[tensor].layer = layer;
 }
 
+tide_status tide_graph_set_tensor_home(tide_graph *g, int tensor, const char *home, uint64_t offset) {
+    if (tensor < 0 || tensor >= g->n_tensors) return tide_err(g->ctx, TIDE_E_INVALID, "no tensor %d", tensor);
+    tide_tensor *t = &g->tensors[tensor];
+    char *h = tide_strdup(home);
+    if (!h) return tide_err(g->ctx, TIDE_E_NOMEM, "out of memory naming the home of '%s'", t->name);
+    tide_free(t->home);
+    t->home = h;
+    t->home_off = offset;
+    return TIDE_OK;
+}
+
+const char *tide_graph_tensor_home(const tide_graph *g, int tensor, uint64_t *offset) {
+    const tide_tensor *t = &g->tensors[tensor];
+    if (offset) *offset = t->home ? t->home_off : 0;
+    return t->home ? t->home : t->name;
+}
+
 bool tide_op_reads(const tide_op *op, int t) {
     for (int i = 0; i < op->n_in; i++)
         if (op->in[i] == t) return true;
@@ -131,27 +151,37 @@ static bool is_float(tide_dtype d) { return d == TIDE_F32 || d == TIDE_F16 || d 
 static tide_status check_op(tide_graph *g, tide_op_kind kind, int n_in, const int *in, int n_out,
                             const int *out, const tide_op_params *p, double *flops) {
     const char *nm = tide_op_name(kind);
-    static const signed char arity[TIDE_OP_COUNT][2] = {
-        [TIDE_OP_EMBED] = {2, 1},    [TIDE_OP_RMSNORM] = {2, 1},  [TIDE_OP_MATMUL] = {2, 1},
-        [TIDE_OP_ROPE] = {2, 1},     [TIDE_OP_ATTENTION] = {6, 3}, [TIDE_OP_SILU_MUL] = {2, 1},
-        [TIDE_OP_ADD] = {2, 1},      [TIDE_OP_TAKE_LAST] = {1, 1}, [TIDE_OP_ARGMAX] = {1, 1},
-        [TIDE_OP_GENERIC] = {-1, -1},
+    /* inputs: fewest, most (-1: any); outputs */
+    static const signed char arity[TIDE_OP_COUNT][3] = {
+        [TIDE_OP_EMBED] = {2, 3, 1},     [TIDE_OP_RMSNORM] = {2, 2, 1}, [TIDE_OP_MATMUL] = {2, 3, 1},
+        [TIDE_OP_ROPE] = {2, 2, 1},      [TIDE_OP_ATTENTION] = {4, 6, 3}, [TIDE_OP_SILU_MUL] = {2, 2, 1},
+        [TIDE_OP_ADD] = {2, 2, 1},       [TIDE_OP_TAKE_LAST] = {1, 2, 1}, [TIDE_OP_ARGMAX] = {1, 1, 1},
+        [TIDE_OP_GENERIC] = {-1, -1, -1},
     };
     /* ATTENTION takes 4 inputs when its cache is written fresh (never read beyond
-     * what it writes itself), 6 when it reads the caches too */
-    if (kind == TIDE_OP_ATTENTION && n_in == 4 && n_out == 3) {
-    } else if (arity[kind][0] >= 0 && (n_in != arity[kind][0] || n_out != arity[kind][1]))
-        FAIL("%s takes %d inputs and %d outputs, got %d and %d", nm, arity[kind][0],
-             arity[kind][1], n_in, n_out);
+     * what it writes itself), 6 when it reads the caches too. The tiled forms
+     * of EMBED, MATMUL and TAKE_LAST take their own output as a last input. */
+    if (arity[kind][0] >= 0 && (n_in < arity[kind][0] || n_in > arity[kind][1] || n_out != arity[kind][2] ||
+                                (kind == TIDE_OP_ATTENTION && n_in == 5)))
+        FAIL("%s takes %d%s inputs and %d outputs, got %d and %d", nm, arity[kind][0],
+             arity[kind][1] > arity[kind][0] ? " or more" : "", arity[kind][2], n_in, n_out);
+    if ((kind == TIDE_OP_EMBED || kind == TIDE_OP_MATMUL || kind == TIDE_OP_TAKE_LAST) &&
+        n_in == arity[kind][1] && in[n_in - 1] != out[0])
+        FAIL("%s: its last input must be its output '%s' (a tile written into it)", nm, O(0)->name);
+    if (p->idx0 < 0 || p->row0 < 0 || p->col0 < 0 || p->vocab0 < 0 || p->vocab < 0)
+        FAIL("%s: negative tile offset", nm);
     *flops = 0;
     switch (kind) {
     case TIDE_OP_EMBED: {
         const tide_tensor *tab = T(0), *tok = T(1), *o = O(0);
         if (tab->ndim != 2 || !is_float(tab->dtype)) FAIL("embed: table '%s' must be a 2-D float tensor", tab->name);
         if (tok->dtype != TIDE_I32) FAIL("embed: tokens '%s' must be i32", tok->name);
-        if (!is_act(o) || o->shape[0] != tide_tensor_numel(tok) || o->shape[1] != tab->shape[1])
-            FAIL("embed: output '%s' must be f32 (%lld, %lld)", o->name,
-                 (long long)tide_tensor_numel(tok), (long long)tab->shape[1]);
+        if (!is_act(o) || o->shape[1] != tab->shape[1] || p->idx0 + o->shape[0] > tide_tensor_numel(tok))
+            FAIL("embed: output '%s' must be f32 (rows, %lld) with rows from '%s'[%lld] on", o->name,
+                 (long long)tab->shape[1], tok->name, (long long)p->idx0);
+        if (p->vocab && p->vocab0 + tab->shape[0] > p->vocab)
+            FAIL("embed: table '%s' (ids %lld..) runs past the vocabulary of %lld", tab->name,
+                 (long long)p->vocab0, (long long)p->vocab);
         break;
     }
     case TIDE_OP_RMSNORM: {
@@ -168,10 +198,12 @@ static tide_status check_op(tide_graph *g, tide_op_kind kind, int n_in, const in
         const tide_tensor *x = T(0), *w = T(1), *o = O(0);
         if (!is_act(x) || !is_act(o)) FAIL("matmul: '%s' and '%s' must be 2-D f32", x->name, o->name);
         if (w->ndim != 2 || !is_float(w->dtype)) FAIL("matmul: weight '%s' must be 2-D float", w->name);
-        if (w->shape[1] != x->shape[1] || o->shape[0] != x->shape[0] || o->shape[1] != w->shape[0])
-            FAIL("matmul: shapes (%lld,%lld) x (%lld,%lld)^T -> (%lld,%lld) do not agree ('%s')",
+        if (w->shape[1] != x->shape[1] || o->shape[0] < p->row0 + x->shape[0] ||
+            o->shape[1] < p->col0 + w->shape[0])
+            FAIL("matmul: shapes (%lld,%lld) x (%lld,%lld)^T -> (%lld,%lld) at (%lld,%lld) do not agree ('%s')",
                  (long long)x->shape[0], (long long)x->shape[1], (long long)w->shape[0],
-                 (long long)w->shape[1], (long long)o->shape[0], (long long)o->shape[1], w->name);
+                 (long long)w->shape[1], (long long)o->shape[0], (long long)o->shape[1],
+                 (long long)p->row0, (long long)p->col0, w->name);
         *flops = 2.0 * (double)x->shape[0] * (double)w->shape[0] * (double)w->shape[1];
         break;
     }
@@ -183,10 +215,10 @@ static tide_status check_op(tide_graph *g, tide_op_kind kind, int n_in, const in
             (int64_t)p->n_heads * p->head_dim != x->shape[1])
             FAIL("rope: n_heads %d x head_dim %d (even) must equal %lld", p->n_heads, p->head_dim,
                  (long long)x->shape[1]);
-        if (pos->dtype != TIDE_I32 || p->batch <= 0 ||
-            (int64_t)p->batch * tide_tensor_numel(pos) != x->shape[0])
-            FAIL("rope: batch %d x positions '%s' must cover %lld rows", p->batch, pos->name,
-                 (long long)x->shape[0]);
+        if (pos->dtype != TIDE_I32 || p->batch <= 0 || x->shape[0] % p->batch ||
+            p->idx0 + x->shape[0] / p->batch > tide_tensor_numel(pos))
+            FAIL("rope: batch %d x positions '%s' (from %lld) must cover %lld rows", p->batch, pos->name,
+                 (long long)p->idx0, (long long)x->shape[0]);
         if (!(p->rope_theta > 0)) FAIL("rope: rope_theta must be positive");
         *flops = 6.0 * (double)tide_tensor_numel(x);
         break;
@@ -207,10 +239,12 @@ static tide_status check_op(tide_graph *g, tide_op_kind kind, int n_in, const in
             k->shape[1] != kd || v->shape[1] != kd)
             FAIL("attention: k '%s' and v '%s' must be f32 (%lld, %lld)", k->name, v->name,
                  (long long)R, (long long)kd);
-        int64_t T_ = tide_tensor_numel(pos);
-        if (pos->dtype != TIDE_I32 || T_ * p->batch != R)
-            FAIL("attention: batch %d x positions '%s' must cover %lld rows", p->batch, pos->name,
-                 (long long)R);
+        int64_t T_ = R % p->batch ? -1 : R / p->batch;
+        if (pos->dtype != TIDE_I32 || T_ < 0 || p->idx0 + T_ > tide_tensor_numel(pos))
+            FAIL("attention: batch %d x positions '%s' (from %lld) must cover %lld rows", p->batch, pos->name,
+                 (long long)p->idx0, (long long)R);
+        if (n_in == 4 && p->idx0)
+            FAIL("attention: a fresh cache is written from position 0; a later tile reads it (6 inputs)");
         for (int c = 1; c <= 2; c++) {
             const tide_tensor *cc = O(c);
             if (cc->dtype != TIDE_F32 || cc->ndim != 3 || cc->shape[0] != p->batch ||
@@ -224,8 +258,11 @@ static tide_status check_op(tide_graph *g, tide_op_kind kind, int n_in, const in
                  vc->name);
         if (out[1] == out[2]) FAIL("attention: the k and v caches must be two tensors");
         /* QK^T and PV over the causal span: about T/2 keys per query when the
-         * cache is fresh, about half the cache otherwise. */
-        *flops = 4.0 * (double)R * (double)qd * (double)(n_in == 4 ? T_ : kc->shape[1]) * 0.5;
+         * cache is fresh, idx0 + T/2 for a later tile of a prefill, about half
+         * the cache otherwise. */
+        double keys = n_in == 4 ? 0.5 * (double)T_
+                    : p->idx0 ? (double)p->idx0 + 0.5 * (double)T_ : 0.5 * (double)kc->shape[1];
+        *flops = 4.0 * (double)R * (double)qd * keys;
         break;
     }
     case TIDE_OP_SILU_MUL:
@@ -239,10 +276,10 @@ static tide_status check_op(tide_graph *g, tide_op_kind kind, int n_in, const in
     }
     case TIDE_OP_TAKE_LAST: {
         const tide_tensor *x = T(0), *o = O(0);
-        if (!is_act(x) || !is_act(o) || p->batch <= 0 || o->shape[0] != p->batch ||
+        if (!is_act(x) || !is_act(o) || p->batch <= 0 || o->shape[0] < p->row0 + p->batch ||
             o->shape[1] != x->shape[1] || x->shape[0] % p->batch)
-            FAIL("take_last: '%s' must be f32 (%d, %lld) taken from rows of '%s'", o->name, p->batch,
-                 (long long)x->shape[1], x->name);
+            FAIL("take_last: '%s' must be f32 (>= %lld, %lld) taken from rows of '%s'", o->name,
+                 (long long)(p->row0 + p->batch), (long long)x->shape[1], x->name);
         break;
     }
     case TIDE_OP_ARGMAX: {

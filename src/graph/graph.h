@@ -20,6 +20,8 @@ typedef struct tide_tensor {
     int64_t shape[TIDE_MAX_DIMS];
     uint64_t nbytes;
     int layer; /* decoder layer, -1 for none */
+    char *home;        /* persistent tensor that is a byte range of another: its name */
+    uint64_t home_off; /* ... and the range's first byte */
 } tide_tensor;
 
 typedef struct tide_op {

@@ -428,10 +428,16 @@ static double rate_of(const tide_hw *hw, tide_dtype dt) {
 static double op_bytes(const tide_graph *g, const tide_op *op) {
     const tide_tensor *T = g->tensors;
     switch (op->kind) {
-    case TIDE_OP_EMBED: /* gathers one table row per token */
-        return (double)T[op->in[1]].nbytes + 2.0 * (double)T[op->out[0]].nbytes;
+    case TIDE_OP_EMBED: { /* gathers one table row per token (its share of them for a chunk) */
+        const tide_tensor *tab = &T[op->in[0]], *o = &T[op->out[0]];
+        double share = op->p.vocab ? (double)tab->shape[0] / (double)op->p.vocab : 1.0;
+        return 4.0 * (double)o->shape[0] + 2.0 * share * (double)o->nbytes;
+    }
     case TIDE_OP_TAKE_LAST: /* copies B rows */
-        return 2.0 * (double)T[op->out[0]].nbytes;
+        return 2.0 * 4.0 * (double)op->p.batch * (double)T[op->out[0]].shape[1];
+    case TIDE_OP_MATMUL: /* x and w read, the output block written */
+        return (double)T[op->in[0]].nbytes + (double)T[op->in[1]].nbytes +
+               4.0 * (double)T[op->in[0]].shape[0] * (double)T[op->in[1]].shape[0];
     default: break;
     }
     double b = 0;

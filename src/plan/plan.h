@@ -200,6 +200,27 @@ tide_status tide_plan_min_budget(tide_ctx *ctx, const tide_graph *g, const tide_
  * unlimited budget (persistent tensors resident, temps freed after last use). */
 uint64_t tide_plan_unconstrained_peak(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, int n_iter);
 
+/* ---------------------------------------------------------------- tiling */
+
+/* How a LLaMA graph is tiled (tide_llama_tile_level): TIDE_TILE_AUTO picks a
+ * level, TIDE_TILE_NONE never tiles, 1..TIDE_TILE_LEVELS-1 forces a level. */
+#define TIDE_TILE_AUTO 0
+#define TIDE_TILE_NONE (-1)
+/* Graphs with more ops than this are not tried by TIDE_TILE_AUTO. */
+#define TIDE_TILE_MAX_OPS 150000
+
+/* Builds the graph of (cfg, base) tiled for opts. With min_budget NULL: the
+ * coarsest level (from none) whose plan fits opts->device_budget; with
+ * min_budget: the level with the smallest minimum budget (coarsest on ties),
+ * that minimum in *min_budget. `tile` limits the choice (above). On success
+ * *g is the graph and *level its level. TIDE_E_INFEASIBLE when no level fits
+ * (the message gives what the finest level tried needs). */
+tide_status tide_plan_tiled_graph(tide_ctx *ctx, const tide_llama_config *cfg,
+                                  const tide_llama_graph_opts *base, const tide_plan_opts *opts, int tile,
+                                  tide_graph **g, int *level, uint64_t *min_budget);
+/* Parses "auto", "none" or a level number; TIDE_E_INVALID otherwise. */
+tide_status tide_tile_parse(tide_ctx *ctx, const char *s, int *tile);
+
 /* ---------------------------------------------------------------- verifier */
 
 /* Replays p against its graph and proves DESIGN section 5's invariants: every

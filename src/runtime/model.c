@@ -154,23 +154,45 @@ static tide_status upload_weights(tide_model *m) {
     return st;
 }
 
-/* Device pointer of a weight, by name. */
-static tide_status weight_ptr(tide_model *m, const char *name, void **ptr) {
+/* The checkpoint tensor behind graph weight t, and the byte offset of t in it
+ * (a block of a split weight is a byte range of its checkpoint tensor). */
+tide_status tide_model_weight_home(tide_model *m, const tide_graph *g, int t, tide_tensor_info *ti,
+                                   uint64_t *off) {
+    const char *home = tide_graph_tensor_home(g, t, off);
+    if (tide_checkpoint_get(m->ck, home, ti))
+        return tide_err(m->ctx, TIDE_E_NOT_FOUND, "weight '%s' is not in the checkpoint", home);
+    if (*off + g->tensors[t].nbytes > ti->nbytes || ti->dtype != g->tensors[t].dtype)
+        return tide_err(m->ctx, TIDE_E_FORMAT, "weight '%s' is not a %s range of checkpoint tensor '%s'",
+                        g->tensors[t].name, tide_dtype_name(g->tensors[t].dtype), home);
+    return TIDE_OK;
+}
+
+/* The state buffer behind graph state t, and t's byte offset in it. */
+tide_status tide_model_state_home(tide_model *m, const tide_graph *g, int t, state_buf **sb, uint64_t *off) {
+    const char *home = tide_graph_tensor_home(g, t, off);
+    *sb = tide_model_state(m, home, *off + g->tensors[t].nbytes);
+    if (!*sb) return tide_err(m->ctx, TIDE_E_NOT_FOUND, "state '%s' is not held by the model", g->tensors[t].name);
+    return TIDE_OK;
+}
+
+/* Device pointer of graph weight t. */
+static tide_status weight_ptr(tide_model *m, const tide_graph *g, int t, void **ptr) {
     tide_tensor_info ti;
-    if (tide_checkpoint_get(m->ck, name, &ti))
-        return tide_err(m->ctx, TIDE_E_NOT_FOUND, "weight '%s' is not in the checkpoint", name);
+    uint64_t off = 0;
+    tide_status st = tide_model_weight_home(m, g, t, &ti, &off);
+    if (st) return st;
     if (!m->weights) {
-        *ptr = (void *)ti.data;
+        *ptr = (char *)ti.data + off;
         return TIDE_OK;
     }
     for (int i = 0; i < m->n_weights; i++) {
         tide_tensor_info tj;
         if (tide_checkpoint_get_index(m->ck, i, &tj) == TIDE_OK && tj.data == ti.data) {
-            *ptr = m->weights[i];
+            *ptr = (char *)m->weights[i] + off;
             return TIDE_OK;
         }
     }
-    return tide_err(m->ctx, TIDE_E_NOT_FOUND, "weight '%s' was not uploaded", name);
+    return tide_err(m->ctx, TIDE_E_NOT_FOUND, "weight '%s' was not uploaded", g->tensors[t].name);
 }
 
 /* The graph for (batch, seq); `fresh` when the run starts at position 0, so the
@@ -231,11 +253,11 @@ static tide_status run_resident(tide_model *m, tide_graph *g, const run_io *io) 
     for (int t = 0; t < nt && !st; t++) {
         const tide_tensor *tt = &g->tensors[t];
         if (tt->role == TIDE_ROLE_WEIGHT) {
-            st = weight_ptr(m, tt->name, &ptr[t]);
+            st = weight_ptr(m, g, t, &ptr[t]);
         } else if (tt->role == TIDE_ROLE_STATE) {
-            state_buf *sb = tide_model_state(m, tt->name, tt->nbytes);
-            if (sb) ptr[t] = sb->data;
-            else st = tide_err(ctx, TIDE_E_NOT_FOUND, "state '%s' is not held by the model", tt->name);
+            state_buf *sb = NULL;
+            uint64_t off = 0;
+            if (!(st = tide_model_state_home(m, g, t, &sb, &off))) ptr[t] = (char *)sb->data + off;
         } else if (tt->role == TIDE_ROLE_INPUT) {
             const void *src = !strcmp(tt->name, "tokens") ? (const void *)io->tokens
                             : !strcmp(tt->name, "pos") ? (const void *)io->pos : NULL;

@@ -28,6 +28,7 @@ typedef struct graph_slot {
     float *logits;            /* host outputs used when the caller gives none: */
     int32_t *next;            /* allocated once with the slot, not per run */
     double predicted_s;
+    int tile_level;           /* tiling of g chosen for the budget */
 } graph_slot;
 
 /* What one graph run produces on the host. */
@@ -71,6 +72,12 @@ void tide_model_offload_release(tide_model *m);
 tide_status tide_model_run_planned(tide_model *m, graph_slot *s, const run_io *io);
 /* Device pointer of state tensor `name` ("cache.L.k"), or NULL. */
 state_buf *tide_model_state(tide_model *m, const char *name, uint64_t min_bytes);
+/* Where graph tensor t's data lives: the checkpoint tensor of a weight (t may
+ * be a byte range of it) or the state buffer of a KV cache, with t's offset
+ * there. TIDE_OK, or TIDE_E_NOT_FOUND / TIDE_E_FORMAT naming t. */
+tide_status tide_model_weight_home(tide_model *m, const tide_graph *g, int t, tide_tensor_info *ti,
+                                   uint64_t *off);
+tide_status tide_model_state_home(tide_model *m, const tide_graph *g, int t, state_buf **sb, uint64_t *off);
 uint64_t tide_hash_bytes(uint64_t h, const void *data, uint64_t n);
 
 #endif

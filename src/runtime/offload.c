@@ -29,6 +29,9 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
         return tide_err(m->ctx, TIDE_E_INVALID, "unknown policy '%s' (tide, static-layer or lru)", o->policy);
     if (o && o->budget_kind == TIDE_BUDGET_FRACTION && !(o->fraction > 0 && o->fraction <= 1))
         return tide_err(m->ctx, TIDE_E_INVALID, "budget fraction %g is not in (0, 1]", o->fraction);
+    if (o && (o->tile < TIDE_TILE_NONE || o->tile >= TIDE_TILE_LEVELS))
+        return tide_err(m->ctx, TIDE_E_INVALID, "tiling %d is not auto (0), none (-1) or a level 1 to %d", o->tile,
+                        TIDE_TILE_LEVELS - 1);
     if (o && o->budget_kind == TIDE_BUDGET_BYTES && !o->bytes)
         return tide_err(m->ctx, TIDE_E_INVALID, "a budget of 0 bytes");
     for (int i = 0; i < 2; i++) tide_model_slot_clear(&m->slots[i]);
@@ -76,9 +79,21 @@ static tide_plan_opts plan_opts(const tide_model *m, uint64_t budget) {
                             .weights_on_ssd = m->off.weights_on_ssd};
 }
 
+static tide_llama_graph_opts slot_graph_opts(const tide_model *m, const graph_slot *s) {
+    return (tide_llama_graph_opts){.batch = s->batch, .seq = s->seq, .ctx_len = m->ctx_len,
+                                   .all_logits = s->all_logits, .fresh_cache = s->fresh};
+}
+
+/* Puts g in the slot in place of its graph (same inputs and outputs). */
+static void slot_swap_graph(graph_slot *s, tide_graph *g) {
+    tide_graph_free(s->g);
+    s->g = g;
+}
+
 /* Resolves the budget from the first graph planned and allocates the arena. */
-static tide_status resolve_budget(tide_model *m, const tide_graph *g) {
+static tide_status resolve_budget(tide_model *m, graph_slot *s) {
     tide_ctx *ctx = m->ctx;
+    const tide_graph *g = s->g;
     uint64_t peak = tide_plan_unconstrained_peak(ctx, g, &m->hw, 1);
     if (!peak) return tide_err(ctx, TIDE_E_INVALID, "cannot size the unconstrained run: %s", tide_ctx_last_error(ctx));
     uint64_t b = 0;
@@ -88,8 +103,12 @@ static tide_status resolve_budget(tide_model *m, const tide_graph *g) {
     case TIDE_BUDGET_AUTO: b = TIDE_MIN(peak, m->hw.device_mem_bytes / 10 * 9); break;
     case TIDE_BUDGET_MIN: {
         tide_plan_opts po = plan_opts(m, 0);
-        tide_status st = tide_plan_min_budget(ctx, g, &po, &b);
+        tide_llama_graph_opts go = slot_graph_opts(m, s);
+        tide_graph *tg = NULL;
+        int level = 0;
+        tide_status st = tide_plan_tiled_graph(ctx, &m->cfg, &go, &po, m->off.tile, &tg, &level, &b);
         if (st) return st;
+        slot_swap_graph(s, tg);
         break;
     }
     default: return tide_err(ctx, TIDE_E_INVALID, "no budget");
@@ -108,16 +127,16 @@ static tide_status bind_homes(tide_model *m, graph_slot *s) {
     for (int t = 0; t < g->n_tensors; t++) {
         const tide_tensor *tt = &g->tensors[t];
         tide_status st = TIDE_OK;
+        uint64_t off = 0;
         if (tt->role == TIDE_ROLE_WEIGHT) {
             tide_tensor_info ti;
-            if (tide_checkpoint_get(m->ck, tt->name, &ti))
-                return tide_err(m->ctx, TIDE_E_NOT_FOUND, "weight '%s' is not in the checkpoint", tt->name);
-            st = s->plan->home[t] == TIDE_TIER_SSD ? tide_exec_bind_file(s->ex, t, ti.file, ti.file_offset)
-                                                   : tide_exec_bind_host(s->ex, t, (void *)ti.data);
+            if ((st = tide_model_weight_home(m, g, t, &ti, &off))) return st;
+            st = s->plan->home[t] == TIDE_TIER_SSD ? tide_exec_bind_file(s->ex, t, ti.file, ti.file_offset + off)
+                                                   : tide_exec_bind_host(s->ex, t, (char *)ti.data + off);
         } else if (tt->role == TIDE_ROLE_STATE) {
-            state_buf *sb = tide_model_state(m, tt->name, tt->nbytes);
-            if (!sb) return tide_err(m->ctx, TIDE_E_NOT_FOUND, "state '%s' is not held by the model", tt->name);
-            st = tide_exec_bind_host(s->ex, t, sb->host ? sb->host : sb->data);
+            state_buf *sb = NULL;
+            if ((st = tide_model_state_home(m, g, t, &sb, &off))) return st;
+            st = tide_exec_bind_host(s->ex, t, (char *)(sb->host ? sb->host : sb->data) + off);
         }
         if (st) return st;
     }
@@ -127,8 +146,17 @@ static tide_status bind_homes(tide_model *m, graph_slot *s) {
 static tide_status prepare(tide_model *m, graph_slot *s) {
     tide_ctx *ctx = m->ctx;
     tide_status st;
-    if (!m->budget && (st = resolve_budget(m, s->g))) return st;
+    if (!m->budget && (st = resolve_budget(m, s))) return st;
     tide_plan_opts po = plan_opts(m, m->budget);
+    if (m->off.tile != TIDE_TILE_NONE) {
+        /* the coarsest tiling whose plan fits the budget (none when it allows) */
+        tide_llama_graph_opts go = slot_graph_opts(m, s);
+        tide_graph *tg = NULL;
+        int level = 0;
+        if ((st = tide_plan_tiled_graph(ctx, &m->cfg, &go, &po, m->off.tile, &tg, &level, NULL))) return st;
+        slot_swap_graph(s, tg);
+        s->tile_level = level;
+    }
     if ((st = tide_plan_make(ctx, s->g, &po, &s->plan))) return st;
     /* the model keeps its KV cache in host memory: a plan that homes it on
      * SSD (host budget too small) cannot run here */
@@ -184,6 +212,7 @@ tide_status tide_model_run_planned(tide_model *m, graph_slot *s, const run_io *i
     a->predicted_s += s->predicted_s;
     a->peak_device_bytes = TIDE_MAX(a->peak_device_bytes, s->plan->stats.peak_device_bytes);
     a->budget_bytes = m->budget;
+    a->tile_level = TIDE_MAX(a->tile_level, s->tile_level);
     return TIDE_OK;
 }
 

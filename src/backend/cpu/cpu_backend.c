@@ -53,14 +53,15 @@ static tide_status cpu_compute(tide_backend *be, const tide_graph *g, const tide
     const tide_op_params *p = &op->p;
     switch (op->kind) {
     case TIDE_OP_EMBED: {
-        const tide_tensor *tab = tin(g, op, 0), *tok = tin(g, op, 1);
-        int64_t R = tide_tensor_numel(tok), bad = -1;
-        tide_status st = tk_embed(in[0], tab->dtype, tab->shape[0], tab->shape[1], in[1], R,
-                                  out[0], &bad, nt);
+        const tide_tensor *tab = tin(g, op, 0), *tok = tin(g, op, 1), *o = tout(g, op, 0);
+        const int32_t *ids = (const int32_t *)in[1] + p->idx0;
+        int64_t R = o->shape[0], bad = -1;
+        tide_status st = tk_embed(in[0], tab->dtype, tab->shape[0], tab->shape[1], p->vocab0, p->vocab,
+                                  op->n_in == 2, ids, R, out[0], &bad, nt);
         if (st == TIDE_E_RANGE)
             return tide_err(ctx, st, "embed: token id %d at position %lld of '%s' is outside the vocabulary (size %lld)",
-                            ((const int32_t *)in[1])[bad], (long long)bad, tok->name,
-                            (long long)tab->shape[0]);
+                            ids[bad], (long long)(p->idx0 + bad), tok->name,
+                            (long long)(p->vocab ? p->vocab : tab->shape[0]));
         return st;
     }
     case TIDE_OP_RMSNORM: {
@@ -69,35 +70,37 @@ static tide_status cpu_compute(tide_backend *be, const tide_graph *g, const tide
         return TIDE_OK;
     }
     case TIDE_OP_MATMUL: {
-        const tide_tensor *x = tin(g, op, 0), *w = tin(g, op, 1);
-        tide_status st = tk_matmul(in[0], in[1], w->dtype, x->shape[0], x->shape[1], w->shape[0],
-                                   out[0], scratch, scratch ? (size_t)op->scratch_bytes : 0, nt);
+        const tide_tensor *x = tin(g, op, 0), *w = tin(g, op, 1), *o = tout(g, op, 0);
+        float *dst = (float *)out[0] + p->row0 * o->shape[1] + p->col0;
+        tide_status st = tk_matmul(in[0], in[1], w->dtype, x->shape[0], x->shape[1], w->shape[0], dst,
+                                   o->shape[1], scratch, scratch ? (size_t)op->scratch_bytes : 0, nt);
         if (st)
             return tide_err(ctx, st, "matmul '%s': dimensions beyond what BLAS takes", w->name);
         return TIDE_OK;
     }
     case TIDE_OP_ROPE: {
         const tide_tensor *x = tin(g, op, 0);
-        tk_rope(in[0], in[1], x->shape[0], tide_tensor_numel(tin(g, op, 1)), p->n_heads,
+        tk_rope(in[0], (const int32_t *)in[1] + p->idx0, x->shape[0], x->shape[0] / p->batch, p->n_heads,
                 p->head_dim, p->rope_theta, out[0], nt);
         return TIDE_OK;
     }
     case TIDE_OP_ATTENTION: {
         /* the caches are outputs 1 and 2 (also inputs 4 and 5 unless fresh) */
         const tide_tensor *pos = tin(g, op, 3), *kc = &g->tensors[op->out[1]];
-        tk_attn_dims d = {.B = p->batch, .T = tide_tensor_numel(pos), .C = kc->shape[1],
+        const int32_t *pp = (const int32_t *)in[3] + p->idx0;
+        tk_attn_dims d = {.B = p->batch, .T = tin(g, op, 0)->shape[0] / p->batch, .C = kc->shape[1],
                           .H = p->n_heads, .KV = p->n_kv_heads, .hd = p->head_dim};
         if (op->n_in == 4)
             for (int64_t t = 0; t < d.T; t++)
-                if (((const int32_t *)in[3])[t] != t)
+                if (pp[t] != t)
                     return tide_err(ctx, TIDE_E_RANGE, "attention: a fresh cache needs positions 0..%lld, but "
                                     "'%s'[%lld] is %d", (long long)d.T - 1, pos->name, (long long)t,
-                                    ((const int32_t *)in[3])[t]);
+                                    pp[t]);
         int64_t bad = -1;
-        tide_status st = tk_attention(in[0], in[1], in[2], in[3], out[1], out[2], out[0], &d, &bad, nt);
+        tide_status st = tk_attention(in[0], in[1], in[2], pp, out[1], out[2], out[0], &d, &bad, nt);
         if (st == TIDE_E_RANGE)
             return tide_err(ctx, st, "attention: position %d at index %lld of '%s' is outside the cache '%s' (capacity %lld)",
-                            ((const int32_t *)in[3])[bad], (long long)bad, pos->name, kc->name,
+                            pp[bad], (long long)(p->idx0 + bad), pos->name, kc->name,
                             (long long)d.C);
         if (st == TIDE_E_UNSUPPORTED)
             return tide_err(ctx, st, "attention: head_dim %d is above the cpu backend's limit %d",
@@ -112,7 +115,7 @@ static tide_status cpu_compute(tide_backend *be, const tide_graph *g, const tide
         return TIDE_OK;
     case TIDE_OP_TAKE_LAST: {
         const tide_tensor *x = tin(g, op, 0);
-        tk_take_last(in[0], p->batch, x->shape[0] / p->batch, x->shape[1], out[0]);
+        tk_take_last(in[0], p->batch, x->shape[0] / p->batch, x->shape[1], (float *)out[0] + p->row0 * x->shape[1]);
         return TIDE_OK;
     }
     case TIDE_OP_ARGMAX: {

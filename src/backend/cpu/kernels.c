@@ -120,18 +120,25 @@ void tk_convert(const void *src, tide_dtype dt, float *dst, size_t n) {
 
 /* ------------------------------------------------------------- embed, norm */
 
-tide_status tk_embed(const void *table, tide_dtype dt, int64_t V, int64_t D,
-                     const int32_t *tokens, int64_t R, float *out, int64_t *bad, int nt) {
+tide_status tk_embed(const void *table, tide_dtype dt, int64_t V, int64_t D, int64_t vocab0,
+                     int64_t vocab, bool first, const int32_t *tokens, int64_t R, float *out,
+                     int64_t *bad, int nt) {
+    if (!vocab) vocab = V;
     for (int64_t r = 0; r < R; r++)
-        if (tokens[r] < 0 || tokens[r] >= V) {
+        if (tokens[r] < 0 || tokens[r] >= vocab) {
             *bad = r;
             return TIDE_E_RANGE;
         }
     size_t es = tide_dtype_size(dt);
     const uint8_t *tab = table;
 #pragma omp parallel for schedule(static) num_threads(nt) if (R * D >= TK_PAR_MIN)
-    for (int64_t r = 0; r < R; r++)
-        tk_convert(tab + (size_t)tokens[r] * (size_t)D * es, dt, out + r * D, (size_t)D);
+    for (int64_t r = 0; r < R; r++) {
+        int64_t id = (int64_t)tokens[r] - vocab0;
+        if (id >= 0 && id < V)
+            tk_convert(tab + (size_t)id * (size_t)D * es, dt, out + r * D, (size_t)D);
+        else if (first)
+            memset(out + r * D, 0, (size_t)D * sizeof(float));
+    }
     return TIDE_OK;
 }
 
@@ -245,7 +252,7 @@ static void dots(bool avx, const float *x, int64_t ldx, int nr, const float *w, 
  * chunks into a stack buffer and dotted with every row of x, so weights are
  * read once; the right shape for decoding, where R is the batch. */
 static void matmul_fused(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K,
-                         int64_t N, float *out, int nt) {
+                         int64_t N, float *out, int64_t ldo, int nt) {
     bool avx = tk_have_avx2();
     size_t es = tide_dtype_size(wdt);
     const uint8_t *wb = w;
@@ -265,7 +272,7 @@ static void matmul_fused(const float *x, const void *w, tide_dtype wdt, int64_t 
                     tk_convert(wr + (size_t)k0 * es, wdt, buf, (size_t)len);
                 dots(avx, x + r0 * K + k0, K, nr, wf, len, acc);
             }
-            for (int r = 0; r < nr; r++) out[(r0 + r) * N + n] = acc[r];
+            for (int r = 0; r < nr; r++) out[(r0 + r) * ldo + n] = acc[r];
         }
     }
 }
@@ -299,20 +306,20 @@ static void grid_tile(int tid, int nt, int pm, int64_t R, int64_t N, int64_t *r0
 }
 
 /* One single-threaded sgemm of a tile: out[r0:r1, c0:c1] = x[r0:r1] . wf^T
- * where wf holds w rows c0.. (row stride K). */
-static void sgemm_tile(const float *x, const float *wf, int64_t K, int64_t N, float *out,
+ * where wf holds w rows c0.. (row stride K) and out has row stride ldo. */
+static void sgemm_tile(const float *x, const float *wf, int64_t K, int64_t ldo, float *out,
                        int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     if (r1 <= r0 || c1 <= c0) return;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)(c1 - c0), (int)K,
-                1.0f, x + r0 * K, (int)K, wf, (int)K, 0.0f, out + r0 * N + c0, (int)N);
+                1.0f, x + r0 * K, (int)K, wf, (int)K, 0.0f, out + r0 * ldo + c0, (int)ldo);
 }
 
 tide_status tk_matmul(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K,
-                      int64_t N, float *out, void *scratch, size_t scratch_bytes, int nt) {
-    if (R > INT_MAX || K > INT_MAX || N > INT_MAX) return TIDE_E_UNSUPPORTED;
+                      int64_t N, float *out, int64_t ldo, void *scratch, size_t scratch_bytes, int nt) {
+    if (R > INT_MAX || K > INT_MAX || N > INT_MAX || ldo > INT_MAX) return TIDE_E_UNSUPPORTED;
     int64_t nb = wdt == TIDE_F32 ? N : scratch ? (int64_t)(scratch_bytes / ((size_t)K * sizeof(float))) : 0;
     if (R < TK_MATMUL_FUSED_R || nb < 1) {
-        matmul_fused(x, w, wdt, R, K, N, out, nt);
+        matmul_fused(x, w, wdt, R, K, N, out, ldo, nt);
         return TIDE_OK;
     }
     /* OpenBLAS runs single-threaded inside our OpenMP threads: one thread
@@ -343,9 +350,9 @@ tide_status tk_matmul(const float *x, const void *w, tide_dtype wdt, int64_t R, 
             int64_t r0, r1, c0, c1;
             if (nthr == nth) {
                 grid_tile(tid, nth, pm, R, cnt, &r0, &r1, &c0, &c1);
-                sgemm_tile(x, blk + c0 * K, K, N, out + n0, r0, r1, c0, c1);
+                sgemm_tile(x, blk + c0 * K, K, ldo, out + n0, r0, r1, c0, c1);
             } else if (tid == 0) { /* the runtime gave fewer threads: one tile */
-                sgemm_tile(x, blk, K, N, out + n0, 0, R, 0, cnt);
+                sgemm_tile(x, blk, K, ldo, out + n0, 0, R, 0, cnt);
             }
 #pragma omp barrier
         }

@@ -41,19 +41,24 @@ bool tk_have_avx2(void);
  * payloads included. */
 void tk_convert(const void *src, tide_dtype dt, float *dst, size_t n);
 
-/* EMBED. table (V, D) of dt, tokens (R), out (R, D) f32: out[r] = table[tokens[r]].
- * Checks every id first: returns TIDE_OK, or TIDE_E_RANGE with *bad set to
- * the first position whose id is outside [0, V); nothing is written then. */
-tide_status tk_embed(const void *table, tide_dtype dt, int64_t V, int64_t D,
-                     const int32_t *tokens, int64_t R, float *out, int64_t *bad, int nt);
+/* EMBED. table (V, D) of dt holding ids [vocab0, vocab0 + V) of a vocabulary
+ * of `vocab` ids (0: V), tokens (R), out (R, D) f32: out[r] = the table row of
+ * tokens[r] where the table holds it; other rows are zeroed when `first`, else
+ * left as they are (a later chunk of a split table). Checks every id first:
+ * returns TIDE_OK, or TIDE_E_RANGE with *bad set to the first position whose
+ * id is outside [0, vocab); nothing is written then. */
+tide_status tk_embed(const void *table, tide_dtype dt, int64_t V, int64_t D, int64_t vocab0,
+                     int64_t vocab, bool first, const int32_t *tokens, int64_t R, float *out,
+                     int64_t *bad, int nt);
 
 /* RMSNORM (Hugging Face LlamaRMSNorm). x (R, D), w (D) of wdt, out (R, D):
  * out = w * (x * 1/sqrtf(mean(x^2) + eps)); mean(x^2) accumulated in double. */
 void tk_rmsnorm(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t D, float eps,
                 float *out, int nt);
 
-/* MATMUL. x (R, K), w (N, K) of wdt, out (R, N) = x . w^T; out must not
- * overlap x or w. f32 weights go straight to cblas_sgemm. Other dtypes are
+/* MATMUL. x (R, K), w (N, K) of wdt, out (R, N) = x . w^T, out's rows ldo
+ * floats apart (ldo >= N: a block of a wider output); out must not overlap x
+ * or w. f32 weights go straight to cblas_sgemm. Other dtypes are
  * converted block by block (as many rows of w as fit in scratch_bytes of
  * scratch, which may be NULL/0), all threads converting a block together, then
  * each running sgemm on its tile of the block's output columns. Small batches
@@ -63,7 +68,7 @@ void tk_rmsnorm(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_
  * (INT_MAX). */
 #define TK_MATMUL_FUSED_R 16
 tide_status tk_matmul(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K,
-                      int64_t N, float *out, void *scratch, size_t scratch_bytes, int nt);
+                      int64_t N, float *out, int64_t ldo, void *scratch, size_t scratch_bytes, int nt);
 
 /* ROPE, Hugging Face rotate_half convention. x (R, H*hd), pos (T), out
  * (R, H*hd); row r has position pos[r % T]. For i < hd/2:

@@ -287,15 +287,19 @@ static tide_status op_matmul(tide_backend *be, cu_lane *ln, const tide_graph *g,
     int64_t R = xt->shape[0], K = xt->shape[1], N = wt->shape[0];
     if (R > INT_MAX || K > INT_MAX || N > INT_MAX)
         return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "matmul '%s': dimensions beyond what cuBLAS takes", wt->name);
+    const tide_tensor *ot = tout(g, op, 0);
+    int64_t ldo = ot->shape[1];
+    if (ldo > INT_MAX)
+        return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "matmul '%s': dimensions beyond what cuBLAS takes", wt->name);
     const float *x = in[0];
-    float *o = out[0];
+    float *o = (float *)out[0] + op->p.row0 * ldo + op->p.col0; /* a tile writes its block */
     if (wt->dtype == TIDE_F32) {
         tide_status st = lane_blas(be, ln);
-        return st ? st : sgemm_rows(be, ln, x, in[1], (int)R, (int)K, (int)N, o, (int)N, wt->name);
+        return st ? st : sgemm_rows(be, ln, x, in[1], (int)R, (int)K, (int)N, o, (int)ldo, wt->name);
     }
     int64_t nb = scratch && K > 0 ? (int64_t)(op->scratch_bytes / ((uint64_t)K * sizeof(float))) : 0;
     if (R < TCU_MATMUL_FUSED_R || nb < 1) {
-        CU_TRY(be->ctx, tcu_matmul_fused(ln->stream, x, in[1], wt->dtype, R, K, N, o), "matmul '%s' kernel",
+        CU_TRY(be->ctx, tcu_matmul_fused(ln->stream, x, in[1], wt->dtype, R, K, N, o, ldo), "matmul '%s' kernel",
                wt->name);
         return TIDE_OK;
     }
@@ -310,7 +314,7 @@ static tide_status op_matmul(tide_backend *be, cu_lane *ln, const tide_graph *g,
         int64_t cnt = TIDE_MIN(nb, N - n0);
         CU_TRY(be->ctx, tcu_convert(ln->stream, wb + (size_t)n0 * (size_t)K * es, wt->dtype, scratch, cnt * K),
                "matmul '%s' weight conversion kernel", wt->name);
-        st = sgemm_rows(be, ln, x, scratch, (int)R, (int)K, (int)cnt, o + n0, (int)N, wt->name);
+        st = sgemm_rows(be, ln, x, scratch, (int)R, (int)K, (int)cnt, o + n0, (int)ldo, wt->name);
     }
     return st;
 }
@@ -321,7 +325,8 @@ static tide_status op_attention(tide_backend *be, cu_lane *ln, const tide_graph 
     /* the caches are outputs 1 and 2 (also inputs 4 and 5 unless fresh; a fresh
      * cache's positions 0..T-1 are the caller's guarantee, see tide.h) */
     const tide_tensor *pos = tin(g, op, 3), *kc = &g->tensors[op->out[1]];
-    int64_t B = p->batch, T = tide_tensor_numel(pos), C = kc->shape[1];
+    int64_t B = p->batch, T = tin(g, op, 0)->shape[0] / p->batch, C = kc->shape[1];
+    const int32_t *pp = (const int32_t *)in[3] + p->idx0; /* a tile's positions */
     int H = p->n_heads, KV = p->n_kv_heads, hd = p->head_dim;
     if (hd > TCU_ATTN_MAX_HD)
         return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "attention: head_dim %d is above the cuda backend's limit %d",
@@ -331,14 +336,14 @@ static tide_status op_attention(tide_backend *be, cu_lane *ln, const tide_graph 
                         "the cuda kernel's grid", (long long)B, (long long)T, H, KV);
     int64_t bad = -1;
     int32_t val = 0;
-    tide_status st = range_check(be, ln, in[3], T, C, &bad, &val, "attention");
+    tide_status st = range_check(be, ln, pp, T, C, &bad, &val, "attention");
     if (st) return st;
     if (bad >= 0)
         return tide_err(be->ctx, TIDE_E_RANGE, "attention: position %d at index %lld of '%s' is outside the cache "
-                        "'%s' (capacity %lld)", val, (long long)bad, pos->name, kc->name, (long long)C);
-    CU_TRY(be->ctx, tcu_cache_write(ln->stream, in[1], in[2], in[3], B, T, C, (int64_t)KV * hd, out[1], out[2]),
+                        "'%s' (capacity %lld)", val, (long long)(p->idx0 + bad), pos->name, kc->name, (long long)C);
+    CU_TRY(be->ctx, tcu_cache_write(ln->stream, in[1], in[2], pp, B, T, C, (int64_t)KV * hd, out[1], out[2]),
            "attention cache write kernel");
-    CU_TRY(be->ctx, tcu_attention(ln->stream, in[0], in[3], out[1], out[2], out[0], B, T, C, H, KV, hd),
+    CU_TRY(be->ctx, tcu_attention(ln->stream, in[0], pp, out[1], out[2], out[0], B, T, C, H, KV, hd),
            "attention kernel");
     return TIDE_OK;
 }
@@ -352,14 +357,17 @@ static tide_status compute_op(tide_backend *be, cu_lane *ln, const tide_graph *g
     switch (op->kind) {
     case TIDE_OP_EMBED: {
         const tide_tensor *tab = tin(g, op, 0), *tok = tin(g, op, 1);
-        int64_t R = tide_tensor_numel(tok), bad = -1;
+        const int32_t *ids = (const int32_t *)in[1] + p->idx0; /* a tile's tokens */
+        int64_t R = tout(g, op, 0)->shape[0], bad = -1, vocab = p->vocab ? p->vocab : tab->shape[0];
         int32_t val = 0;
-        tide_status st = range_check(be, ln, in[1], R, tab->shape[0], &bad, &val, "embed");
+        tide_status st = range_check(be, ln, ids, R, vocab, &bad, &val, "embed");
         if (st) return st;
         if (bad >= 0)
             return tide_err(ctx, TIDE_E_RANGE, "embed: token id %d at position %lld of '%s' is outside the "
-                            "vocabulary (size %lld)", val, (long long)bad, tok->name, (long long)tab->shape[0]);
-        CU_TRY(ctx, tcu_embed(s, in[0], tab->dtype, tab->shape[1], in[1], R, out[0]), "embed kernel");
+                            "vocabulary (size %lld)", val, (long long)(p->idx0 + bad), tok->name, (long long)vocab);
+        CU_TRY(ctx, tcu_embed(s, in[0], tab->dtype, tab->shape[0], tab->shape[1], p->vocab0, op->n_in == 2, ids, R,
+                              out[0]),
+               "embed kernel");
         return TIDE_OK;
     }
     case TIDE_OP_RMSNORM: {
@@ -372,7 +380,7 @@ static tide_status compute_op(tide_backend *be, cu_lane *ln, const tide_graph *g
         return op_matmul(be, ln, g, op, in, out, scratch);
     case TIDE_OP_ROPE: {
         const tide_tensor *x = tin(g, op, 0);
-        CU_TRY(ctx, tcu_rope(s, in[0], in[1], x->shape[0], tide_tensor_numel(tin(g, op, 1)), p->n_heads,
+        CU_TRY(ctx, tcu_rope(s, in[0], (const int32_t *)in[1] + p->idx0, x->shape[0], x->shape[0] / p->batch, p->n_heads,
                              p->head_dim, p->rope_theta, out[0]),
                "rope kernel");
         return TIDE_OK;
@@ -390,7 +398,7 @@ static tide_status compute_op(tide_backend *be, cu_lane *ln, const tide_graph *g
         int64_t B = p->batch, T = x->shape[0] / p->batch, D = x->shape[1];
         size_t row = (size_t)D * sizeof(float);
         if (B > 0 && row > 0)
-            CU_TRY(ctx, cudaMemcpy2DAsync(out[0], row, (const float *)in[0] + (T - 1) * D, (size_t)T * row, row,
+            CU_TRY(ctx, cudaMemcpy2DAsync((float *)out[0] + p->row0 * D, row, (const float *)in[0] + (T - 1) * D, (size_t)T * row, row,
                                           (size_t)B, cudaMemcpyDeviceToDevice, s),
                    "cudaMemcpy2DAsync of take_last");
         return TIDE_OK;

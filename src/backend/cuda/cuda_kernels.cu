@@ -163,22 +163,27 @@ extern "C" cudaError_t tcu_range_check(cudaStream_t s, const int32_t *ids, int64
 /* ------------------------------------------------------------- embed, norm */
 
 template <int DT>
-__global__ void k_embed(const void *table, int64_t D, const int32_t *tokens, int64_t R, float *out) {
+__global__ void k_embed(const void *table, int64_t V, int64_t D, int64_t vocab0, bool first,
+                        const int32_t *tokens, int64_t R, float *out) {
     for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
-        int64_t base = (int64_t)tokens[r] * D;
+        int64_t id = (int64_t)tokens[r] - vocab0;
         float *o = out + r * D;
-        for (int64_t i = threadIdx.x; i < D; i += blockDim.x) o[i] = load_w<DT>(table, base + i);
+        if (id >= 0 && id < V) {
+            for (int64_t i = threadIdx.x; i < D; i += blockDim.x) o[i] = load_w<DT>(table, id * D + i);
+        } else if (first) {
+            for (int64_t i = threadIdx.x; i < D; i += blockDim.x) o[i] = 0.0f;
+        }
     }
 }
 
-extern "C" cudaError_t tcu_embed(cudaStream_t s, const void *table, tide_dtype dt, int64_t D,
-                                 const int32_t *tokens, int64_t R, float *out) {
+extern "C" cudaError_t tcu_embed(cudaStream_t s, const void *table, tide_dtype dt, int64_t V, int64_t D,
+                                 int64_t vocab0, bool first, const int32_t *tokens, int64_t R, float *out) {
     if (R <= 0 || D <= 0) return cudaSuccess;
     unsigned g = (unsigned)(R < TCU_MAX_GRID ? R : TCU_MAX_GRID);
     switch (dt) {
-    case TIDE_F32: k_embed<TIDE_F32><<<g, TCU_BLOCK, 0, s>>>(table, D, tokens, R, out); break;
-    case TIDE_F16: k_embed<TIDE_F16><<<g, TCU_BLOCK, 0, s>>>(table, D, tokens, R, out); break;
-    case TIDE_BF16: k_embed<TIDE_BF16><<<g, TCU_BLOCK, 0, s>>>(table, D, tokens, R, out); break;
+    case TIDE_F32: k_embed<TIDE_F32><<<g, TCU_BLOCK, 0, s>>>(table, V, D, vocab0, first, tokens, R, out); break;
+    case TIDE_F16: k_embed<TIDE_F16><<<g, TCU_BLOCK, 0, s>>>(table, V, D, vocab0, first, tokens, R, out); break;
+    case TIDE_BF16: k_embed<TIDE_BF16><<<g, TCU_BLOCK, 0, s>>>(table, V, D, vocab0, first, tokens, R, out); break;
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
@@ -223,7 +228,7 @@ extern "C" cudaError_t tcu_rmsnorm(cudaStream_t s, const float *x, const void *w
  * and x, w 16-byte aligned, so each lane loads 8 weights and 2 float4 of x. */
 template <int DT, bool VEC>
 __global__ void __launch_bounds__(MM_WARPS * 32) k_matmul_fused(const float *x, const void *w, int64_t R,
-                                                                 int64_t K, int64_t N, float *out) {
+                                                                 int64_t K, int64_t N, float *out, int64_t ldo) {
     const int lane = threadIdx.x & 31;
     const int64_t n = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
     if (n >= N) return; /* whole warps leave together: no shuffle misses a lane */
@@ -267,29 +272,29 @@ __global__ void __launch_bounds__(MM_WARPS * 32) k_matmul_fused(const float *x, 
 #pragma unroll
         for (int r = 0; r < TCU_MATMUL_FUSED_R; r++) {
             float v = warp_sum(acc[r]);
-            if (r < nr && lane == r) out[(r0 + r) * N + n] = v;
+            if (r < nr && lane == r) out[(r0 + r) * ldo + n] = v;
         }
     }
 }
 
 template <int DT>
 static void launch_matmul_fused(cudaStream_t s, const float *x, const void *w, int64_t R, int64_t K, int64_t N,
-                                float *out) {
+                                float *out, int64_t ldo) {
     unsigned g = (unsigned)((N + MM_WARPS - 1) / MM_WARPS);
     bool vec = K % 8 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0;
     if (vec)
-        k_matmul_fused<DT, true><<<g, MM_WARPS * 32, 0, s>>>(x, w, R, K, N, out);
+        k_matmul_fused<DT, true><<<g, MM_WARPS * 32, 0, s>>>(x, w, R, K, N, out, ldo);
     else
-        k_matmul_fused<DT, false><<<g, MM_WARPS * 32, 0, s>>>(x, w, R, K, N, out);
+        k_matmul_fused<DT, false><<<g, MM_WARPS * 32, 0, s>>>(x, w, R, K, N, out, ldo);
 }
 
 extern "C" cudaError_t tcu_matmul_fused(cudaStream_t s, const float *x, const void *w, tide_dtype wdt, int64_t R,
-                                        int64_t K, int64_t N, float *out) {
+                                        int64_t K, int64_t N, float *out, int64_t ldo) {
     if (R <= 0 || N <= 0) return cudaSuccess;
     switch (wdt) {
-    case TIDE_F32: launch_matmul_fused<TIDE_F32>(s, x, w, R, K, N, out); break;
-    case TIDE_F16: launch_matmul_fused<TIDE_F16>(s, x, w, R, K, N, out); break;
-    case TIDE_BF16: launch_matmul_fused<TIDE_BF16>(s, x, w, R, K, N, out); break;
+    case TIDE_F32: launch_matmul_fused<TIDE_F32>(s, x, w, R, K, N, out, ldo); break;
+    case TIDE_F16: launch_matmul_fused<TIDE_F16>(s, x, w, R, K, N, out, ldo); break;
+    case TIDE_BF16: launch_matmul_fused<TIDE_BF16>(s, x, w, R, K, N, out, ldo); break;
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();

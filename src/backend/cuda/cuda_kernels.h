@@ -45,10 +45,11 @@ cudaError_t tcu_range_check(cudaStream_t s, const int32_t *ids, int64_t n, int64
 /* dst (n) f32 = src (n) of dt (f32, f16, bf16), exactly. */
 cudaError_t tcu_convert(cudaStream_t s, const void *src, tide_dtype dt, float *dst, int64_t n);
 
-/* EMBED. table (V, D) of dt, tokens (R) i32 already range-checked, out (R, D)
- * f32: out[r] = table[tokens[r]]. */
-cudaError_t tcu_embed(cudaStream_t s, const void *table, tide_dtype dt, int64_t D, const int32_t *tokens,
-                      int64_t R, float *out);
+/* EMBED. table (V, D) of dt holding ids [vocab0, vocab0 + V), tokens (R) i32
+ * already range-checked, out (R, D) f32: out[r] = the table row of tokens[r]
+ * where the table holds it; other rows zeroed when `first`, else kept. */
+cudaError_t tcu_embed(cudaStream_t s, const void *table, tide_dtype dt, int64_t V, int64_t D, int64_t vocab0,
+                      bool first, const int32_t *tokens, int64_t R, float *out);
 
 /* RMSNORM. x (R, D), w (D) of wdt, out (R, D) (may equal x):
  * out = w * (x * (1/sqrtf((float)(sum x^2 / D) + eps))), sum in double. */
@@ -59,10 +60,11 @@ cudaError_t tcu_rmsnorm(cudaStream_t s, const float *x, const void *w, tide_dtyp
  * w (N, K)^T; a warp per weight row converts it once per group of up to
  * TCU_MATMUL_FUSED_R rows of x and dots it with them (f32 accumulation).
  * The path for small batches (decoding) and for scratch too small for one
- * converted weight row. out must not overlap x or w. N < 2^31 * 8. */
+ * converted weight row. out (rows ldo floats apart) must not overlap x or w.
+ * N < 2^31 * 8. */
 #define TCU_MATMUL_FUSED_R 16
 cudaError_t tcu_matmul_fused(cudaStream_t s, const float *x, const void *w, tide_dtype wdt, int64_t R,
-                             int64_t K, int64_t N, float *out);
+                             int64_t K, int64_t N, float *out, int64_t ldo);
 
 /* ROPE (HF rotate_half). x (R, H*hd), pos (T) i32, out (R, H*hd) (may equal
  * x); row r has position pos[r % T]; hd even. */

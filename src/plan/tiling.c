@@ -1,0 +1,111 @@
+/*
+ * tiling.c - picks how finely a LLaMA graph is tiled for a device budget.
+ *
+ * Tiling (tide_llama_tile_level) lowers the largest op's working set, which is
+ * the floor of any budget, at the price of more ops, smaller matmuls and, when
+ * little fits, weights read once per weight block instead of once per layer.
+ * So the coarsest level that fits is used; for the minimum budget, the level
+ * whose minimum is smallest. A level's largest working set bounds its minimum
+ * from below, so a level that cannot beat the best so far is not planned.
+ */
+#include "plan/plan.h"
+#include "plan/lifetime.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+tide_status tide_tile_parse(tide_ctx *ctx, const char *s, int *tile) {
+    if (!strcmp(s, "auto")) *tile = TIDE_TILE_AUTO;
+    else if (!strcmp(s, "none")) *tile = TIDE_TILE_NONE;
+    else {
+        char *end = NULL;
+        long v = strtol(s, &end, 10);
+        if (!*s || *end || v < 1 || v >= TIDE_TILE_LEVELS)
+            return tide_err(ctx, TIDE_E_INVALID, "tiling '%s' is not auto, none or a level 1 to %d", s,
+                            TIDE_TILE_LEVELS - 1);
+        *tile = (int)v;
+    }
+    return TIDE_OK;
+}
+
+static tide_status build_level(tide_ctx *ctx, const tide_llama_config *cfg, const tide_llama_graph_opts *base,
+                               int level, tide_graph **g) {
+    tide_llama_graph_opts o = *base;
+    tide_llama_tile_level(&o, level);
+    return tide_llama_build(ctx, cfg, &o, g);
+}
+
+tide_status tide_plan_tiled_graph(tide_ctx *ctx, const tide_llama_config *cfg,
+                                  const tide_llama_graph_opts *base, const tide_plan_opts *opts, int tile,
+                                  tide_graph **g, int *level, uint64_t *min_budget) {
+    *g = NULL;
+    *level = 0;
+    int first = tile > 0 ? tile : 0, last = tile == TIDE_TILE_NONE ? 0 : tile > 0 ? tile : TIDE_TILE_LEVELS - 1;
+    tide_graph *best = NULL;
+    uint64_t best_min = 0;
+    tide_status st = TIDE_OK, last_st = TIDE_E_INFEASIBLE;
+    char why[512] = "";
+    for (int k = first; k <= last; k++) {
+        tide_graph *gk = NULL;
+        if ((st = build_level(ctx, cfg, base, k, &gk))) break;
+        if (k > first && gk->n_ops > TIDE_TILE_MAX_OPS) { /* finer levels only grow */
+            tide_graph_free(gk);
+            break;
+        }
+        uint64_t lo = tide_graph_max_working_set(gk, NULL);
+        if (!min_budget) {
+            if (lo > opts->device_budget) { /* cannot fit: skip the planning */
+                char lv[48] = "untiled";
+                if (k) snprintf(lv, sizeof lv, "tiled at level %d", k);
+                snprintf(why, sizeof why, "a device budget of %llu bytes is too small: it needs at least %llu "
+                         "bytes (the largest op's working set, %s)", (unsigned long long)opts->device_budget,
+                         (unsigned long long)lo, lv);
+                tide_graph_free(gk);
+                continue;
+            }
+            tide_plan *p = NULL;
+            last_st = tide_plan_make(ctx, gk, opts, &p);
+            tide_plan_free(p);
+            if (last_st == TIDE_OK) {
+                *g = gk;
+                *level = k;
+                return TIDE_OK;
+            }
+            snprintf(why, sizeof why, "%s", tide_ctx_last_error(ctx));
+            tide_graph_free(gk);
+            if (last_st != TIDE_E_INFEASIBLE) return last_st;
+            continue;
+        }
+        if (best && lo >= best_min) { /* its minimum is at least lo: cannot do better */
+            tide_graph_free(gk);
+            continue;
+        }
+        uint64_t m = 0;
+        last_st = tide_plan_min_budget(ctx, gk, opts, &m);
+        if (last_st) {
+            snprintf(why, sizeof why, "%s", tide_ctx_last_error(ctx));
+            tide_graph_free(gk);
+            if (last_st != TIDE_E_INFEASIBLE) return last_st;
+            continue;
+        }
+        if (!best || m < best_min) {
+            tide_graph_free(best);
+            best = gk;
+            best_min = m;
+            *level = k;
+        } else {
+            tide_graph_free(gk);
+        }
+    }
+    if (st) {
+        tide_graph_free(best);
+        return st;
+    }
+    if (best) {
+        tide_err_clear(ctx);
+        *g = best;
+        *min_budget = best_min;
+        return TIDE_OK;
+    }
+    return tide_err(ctx, TIDE_E_INFEASIBLE, "%s", why[0] ? why : "no tiling level fits");
+}
