@@ -28,6 +28,22 @@ for p in tide static-layer lru; do
     expect 0 "min budget, $p" -- "$TIDE" plan --config llama-7b --budget min --seq 512 --policy $p
     contains "$TMP/out" "the minimum for $p" "min budget note"
 done
+# tiling: the minimum with tiles is far below the untiled one (the largest
+# op's working set), and a budget below the untiled minimum plans tiled
+expect 0 "min budget untiled" -- "$TIDE" plan --config llama-7b --budget min --seq 512 --tile none --json
+untiled=$(sed -n 's/.*"budget_bytes":\([0-9.e+]*\).*/\1/p' "$TMP/out")
+contains "$TMP/out" '"tile_level":0' "untiled level"
+expect 0 "min budget tiled" -- "$TIDE" plan --config llama-7b --budget min --seq 512 --json
+tiled=$(sed -n 's/.*"budget_bytes":\([0-9.e+]*\).*/\1/p' "$TMP/out")
+expect 0 "tiled minimum ($tiled) below a quarter of the untiled one ($untiled)" -- \
+    awk -v a="$tiled" -v b="$untiled" 'BEGIN { exit !(a > 0 && a * 4 < b) }'
+expect 0 "below the untiled minimum" -- "$TIDE" plan --config llama-7b --budget 100M --seq 512
+contains "$TMP/out" "tiling      level" "tiling named in the table"
+expect 1 "below the untiled minimum, tiling off" -- "$TIDE" plan --config llama-7b --budget 100M --seq 512 --tile none
+contains "$TMP/err" "needs at least" "untiled message gives the minimum"
+expect 2 "bad --tile" -- "$TIDE" plan --config llama-7b --budget min --tile 9
+contains "$TMP/err" "--tile" "message names --tile"
+
 expect 0 "decode steps" -- "$TIDE" plan --config llama-2-70b --hw h100-80g --batch 4 --seq 512 --decode 8 --budget 25%
 expect 0 "weights on ssd" -- "$TIDE" plan --config llama-7b --hw h100-80g --budget 10% --seq 512 --weights-on-ssd --json
 json_field "$TMP/out" bytes_ssd_read

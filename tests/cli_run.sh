@@ -47,7 +47,12 @@ if [ -z "$(ls -A "$TMP/spill")" ]; then PASSES=$((PASSES + 1)); else
 # bad input
 expect 1 "token id past the vocabulary" -- "$TIDE" run --model "$TMP/m" --tokens 1,2,99999 --new-tokens 2
 contains "$TMP/err" "99999" "message names the id"
-expect 1 "budget below the minimum" -- "$TIDE" run --model "$TMP/m" --budget 4K --new-tokens 2
+expect 2 "bad --tile" -- "$TIDE" run --model "$TMP/m" --budget min --tile fine --new-tokens 2
+contains "$TMP/err" "--tile" "message names --tile"
+expect 2 "--tile without a budget" -- "$TIDE" run --model "$TMP/m" --tile none --new-tokens 2
+expect 0 "tiled at the minimum, checked" -- "$TIDE" run --model "$TMP/m" --budget min --check --new-tokens 3 --json
+contains "$TMP/out" '"check_passed":true' "tiled run checked against the unconstrained run"
+expect 1 "budget below the minimum" -- "$TIDE" run --model "$TMP/m" --budget 4K --tile none --new-tokens 2
 contains "$TMP/err" "needs at least" "message gives the minimum"
 expect 1 "spill directory that does not exist" -- "$TIDE" run --model "$TMP/m" --budget min --weights-on-ssd \
     --new-tokens 2 --ssd /nonexistent/tide-spill

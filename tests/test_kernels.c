@@ -857,6 +857,94 @@ static void test_take_last(void **state) {
     fx_close(&f);
 }
 
+/* The tiled forms: a table split in two blocks filling in their ids over a
+ * tokens range (the first zeroing the rest), a matmul writing its block of a
+ * wider output in place, take_last into a row of a larger output. Each equals
+ * the whole op bit for bit; malformed tiles are refused by the graph. */
+static void test_tiled_forms(void **state) {
+    (void)state;
+    const int V = 11, D = 8, R = 6, K = 16, N = 10;
+    fx f;
+    fx_open(&f);
+    int t1 = fx_tensor(&f, "tab[0:4]", TIDE_F32, TIDE_ROLE_WEIGHT, 2, 4, D, 0);
+    int t2 = fx_tensor(&f, "tab[4:11]", TIDE_F32, TIDE_ROLE_WEIGHT, 2, V - 4, D, 0);
+    int tok = fx_tensor(&f, "tok", TIDE_I32, TIDE_ROLE_INPUT, 1, R + 2, 0, 0);
+    int h = fx_tensor(&f, "h", TIDE_F32, TIDE_ROLE_TEMP, 2, R, D, 0);
+    tide_op_params e1 = {.idx0 = 2, .vocab0 = 0, .vocab = V}, e2 = {.idx0 = 2, .vocab0 = 4, .vocab = V};
+    int in_a[2] = {t1, tok}, in_b[3] = {t2, tok, h};
+    int ea = fx_op(&f, TIDE_OP_EMBED, 2, in_a, 1, &h, &e1), eb = fx_op(&f, TIDE_OP_EMBED, 3, in_b, 1, &h, &e2);
+    float *tab = fx_buf(&f, (size_t)V * D * 4), *hb = fx_buf(&f, (size_t)R * D * 4);
+    fill(tab, (size_t)V * D, 1);
+    int32_t *ids = fx_buf(&f, (R + 2) * 4);
+    const int32_t want[8] = {99, 99, 3, 10, 4, 0, 7, 3}; /* the first two are not this tile's */
+    memcpy(ids, want, sizeof want);
+    for (int i = 0; i < R * D; i++) hb[i] = 5.0f;
+    void *ia[2] = {tab, ids}, *ib[3] = {tab + 4 * D, ids, hb}, *oh[1] = {hb};
+    assert_int_equal(fx_run(&f, ea, ia, oh), TIDE_OK);
+    assert_true(hb[1 * D] == 0.0f); /* id 10 is the second block's: zeroed by the first */
+    assert_int_equal(fx_run(&f, eb, ib, oh), TIDE_OK);
+    for (int r = 0; r < R; r++) assert_memory_equal(hb + r * D, tab + want[r + 2] * D, D * 4);
+    ids[4] = V; /* outside the whole vocabulary, not only the block: refused */
+    assert_int_equal(fx_run(&f, ea, ia, oh), TIDE_E_RANGE);
+
+    /* matmul: two column blocks and two row blocks of one output */
+    int x = fx_tensor(&f, "x", TIDE_F32, TIDE_ROLE_INPUT, 2, R, K, 0);
+    int xa = fx_tensor(&f, "xa", TIDE_F32, TIDE_ROLE_INPUT, 2, R / 2, K, 0);
+    int w = fx_tensor(&f, "w", TIDE_F32, TIDE_ROLE_WEIGHT, 2, N, K, 0);
+    int w1 = fx_tensor(&f, "w[0:3]", TIDE_F32, TIDE_ROLE_WEIGHT, 2, 3, K, 0);
+    int w2 = fx_tensor(&f, "w[3:10]", TIDE_F32, TIDE_ROLE_WEIGHT, 2, N - 3, K, 0);
+    int o = fx_tensor(&f, "o", TIDE_F32, TIDE_ROLE_TEMP, 2, R, N, 0);
+    int ow = fx_tensor(&f, "ow", TIDE_F32, TIDE_ROLE_TEMP, 2, R, N, 0);
+    int iw[2] = {x, w};
+    int whole = fx_op(&f, TIDE_OP_MATMUL, 2, iw, 1, &ow, NULL);
+    int blk[4];
+    for (int i = 0; i < 4; i++) {
+        tide_op_params mp = {.row0 = (i & 1) * (R / 2), .col0 = i < 2 ? 0 : 3};
+        int in3[3] = {xa, i < 2 ? w1 : w2, o};
+        blk[i] = fx_op(&f, TIDE_OP_MATMUL, i ? 3 : 2, in3, 1, &o, &mp);
+    }
+    float *xb = fx_buf(&f, (size_t)R * K * 4), *wb = fx_buf(&f, (size_t)N * K * 4);
+    float *ob = fx_buf(&f, (size_t)R * N * 4), *owb = fx_buf(&f, (size_t)R * N * 4);
+    fill(xb, (size_t)R * K, 1);
+    fill(wb, (size_t)N * K, 1);
+    void *iwp[2] = {xb, wb}, *owp[1] = {owb}, *op_[1] = {ob};
+    assert_int_equal(fx_run(&f, whole, iwp, owp), TIDE_OK);
+    for (int i = 0; i < 4; i++) {
+        void *ip[3] = {xb + (i & 1) * (R / 2) * K, i < 2 ? wb : wb + 3 * K, ob};
+        assert_int_equal(fx_run(&f, blk[i], ip, op_), TIDE_OK);
+    }
+    for (int i = 0; i < R * N; i++) assert_int_equal(bits(ob[i]), bits(owb[i]));
+
+    /* take_last into row 2 of a (3, D) output */
+    int xs = fx_tensor(&f, "xs", TIDE_F32, TIDE_ROLE_INPUT, 2, 4, D, 0);
+    int last = fx_tensor(&f, "last", TIDE_F32, TIDE_ROLE_TEMP, 2, 3, D, 0);
+    tide_op_params tp = {.batch = 1, .row0 = 2};
+    int in_t[2] = {xs, last};
+    int tl = fx_op(&f, TIDE_OP_TAKE_LAST, 2, in_t, 1, &last, &tp);
+    float *xsb = fx_buf(&f, 4 * D * 4), *lb = fx_buf(&f, 3 * D * 4);
+    fill(xsb, 4 * D, 1);
+    for (int i = 0; i < 3 * D; i++) lb[i] = 9.0f;
+    void *it[2] = {xsb, lb}, *ot[1] = {lb};
+    assert_int_equal(fx_run(&f, tl, it, ot), TIDE_OK);
+    assert_memory_equal(lb + 2 * D, xsb + 3 * D, D * 4);
+    assert_true(lb[0] == 9.0f && lb[D] == 9.0f);
+
+    /* malformed tiles */
+    tide_graph *g = f.g;
+    int bad3[3] = {x, w, ow};
+    tide_op_params off = {.col0 = 1};
+    assert_int_equal(tide_graph_add_op(g, TIDE_OP_MATMUL, 2, iw, 1, &ow, &off, -1, NULL), TIDE_E_INVALID);
+    bad3[2] = o; /* the in-place input must be the output */
+    assert_int_equal(tide_graph_add_op(g, TIDE_OP_MATMUL, 3, bad3, 1, &ow, NULL, -1, NULL), TIDE_E_INVALID);
+    tide_op_params past = {.vocab0 = 8, .vocab = V};
+    assert_int_equal(tide_graph_add_op(g, TIDE_OP_EMBED, 2, in_a, 1, &h, &past, -1, NULL), TIDE_E_INVALID);
+    tide_op_params far = {.idx0 = 3};
+    assert_int_equal(tide_graph_add_op(g, TIDE_OP_EMBED, 2, in_a, 1, &h, &far, -1, NULL), TIDE_E_INVALID);
+    tide_op_params neg = {.row0 = -1, .batch = 1};
+    assert_int_equal(tide_graph_add_op(g, TIDE_OP_TAKE_LAST, 1, &xs, 1, &last, &neg, -1, NULL), TIDE_E_INVALID);
+    fx_close(&f);
+}
+
 static void test_argmax(void **state) {
     (void)state;
     const int R = 6, V = 7;
@@ -988,6 +1076,7 @@ int main(void) {
         cmocka_unit_test(test_attention_deterministic),
         cmocka_unit_test(test_silu_mul_add),
         cmocka_unit_test(test_take_last),
+        cmocka_unit_test(test_tiled_forms),
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_generic),
         cmocka_unit_test(test_deterministic),
