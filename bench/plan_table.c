@@ -43,18 +43,15 @@ static tide_ctx *ctx;
 static FILE *json;
 
 /* Graphs of a workload: one (prefill) or two (prefill, then decode steps). */
+static int workload_opts(const workload *w, tide_llama_config *cfg, tide_llama_graph_opts go[2], int n_iter[2]);
+
 static int build(const workload *w, tide_graph **g, int *n_iter) {
     tide_llama_config cfg;
-    if (tide_llama_config_named(ctx, w->config, &cfg)) return -1;
-    int ctx_len = w->seq + w->decode;
-    tide_llama_graph_opts pre = {.batch = w->batch, .seq = w->seq, .ctx_len = ctx_len, .fresh_cache = true};
-    if (tide_llama_build(ctx, &cfg, &pre, &g[0])) return -1;
-    n_iter[0] = 1;
-    if (!w->decode) return 1;
-    tide_llama_graph_opts dec = {.batch = w->batch, .seq = 1, .ctx_len = ctx_len};
-    if (tide_llama_build(ctx, &cfg, &dec, &g[1])) return -1;
-    n_iter[1] = w->decode - 1; /* the prefill yields the first new token */
-    return 2;
+    tide_llama_graph_opts go[2];
+    int ng = workload_opts(w, &cfg, go, n_iter);
+    for (int k = 0; k < ng; k++) /* ng < 0: none */
+        if (tide_llama_build(ctx, &cfg, &go[k], &g[k])) return -1;
+    return ng;
 }
 
 static result run_policy(tide_graph **g, const int *n_iter, int ng, const tide_hw *hw, tide_policy pol,
@@ -98,16 +95,26 @@ static uint64_t min_budget(tide_graph **g, const int *n_iter, int ng, const tide
     return m;
 }
 
+/* The graph options and iteration counts of a workload's graphs (prefill,
+ * then the decode steps); returns how many graphs it has, -1 for an unknown
+ * configuration. */
+static int workload_opts(const workload *w, tide_llama_config *cfg, tide_llama_graph_opts go[2], int n_iter[2]) {
+    if (tide_llama_config_named(ctx, w->config, cfg)) return -1;
+    int ctx_len = w->seq + w->decode;
+    go[0] = (tide_llama_graph_opts){.batch = w->batch, .seq = w->seq, .ctx_len = ctx_len, .fresh_cache = true};
+    go[1] = (tide_llama_graph_opts){.batch = w->batch, .seq = 1, .ctx_len = ctx_len};
+    n_iter[0] = 1;
+    n_iter[1] = w->decode - 1; /* the prefill yields the first new token */
+    return w->decode ? 2 : 1;
+}
+
 /* tide's makespan over the lower bound at budget b, each graph of the
  * workload tiled as tide run would (the coarsest level that fits); 0 when
  * nothing fits. */
 static double tiled_xlb_at(const workload *w, const tide_hw *hw, uint64_t b, int *level) {
     tide_llama_config cfg;
-    tide_llama_config_named(ctx, w->config, &cfg);
-    int ctx_len = w->seq + w->decode;
-    tide_llama_graph_opts go[2] = {{.batch = w->batch, .seq = w->seq, .ctx_len = ctx_len, .fresh_cache = true},
-                                   {.batch = w->batch, .seq = 1, .ctx_len = ctx_len}};
-    int n_iter[2] = {1, w->decode - 1}, ng = w->decode ? 2 : 1;
+    tide_llama_graph_opts go[2];
+    int n_iter[2], ng = workload_opts(w, &cfg, go, n_iter);
     double mk = 0, lb = 0;
     *level = 0;
     for (int k = 0; k < ng; k++) {
@@ -116,8 +123,8 @@ static double tiled_xlb_at(const workload *w, const tide_hw *hw, uint64_t b, int
         int lv = 0;
         tide_plan *p = NULL;
         tide_bounds bd;
-        bool ok = !tide_plan_tiled_graph(ctx, &cfg, &go[k], &po, TIDE_TILE_AUTO, &g, &lv, NULL) &&
-                  !tide_plan_make(ctx, g, &po, &p) && !tide_plan_verify(p) &&
+        bool ok = !tide_plan_tiled_graph(ctx, &cfg, &go[k], &po, TIDE_TILE_AUTO, &g, &lv, &p, NULL) &&
+                  !tide_plan_verify(p) &&
                   !tide_llama_build(ctx, &cfg, &go[k], &g0) && !tide_plan_bounds(ctx, g0, &po, &bd);
         if (ok) {
             mk += p->stats.makespan_s;
@@ -213,11 +220,8 @@ static void table1(bool quick) {
  * of the untiled graphs. */
 static uint64_t tiled_min(const workload *w, const tide_hw *hw, int *level, double *xlb) {
     tide_llama_config cfg;
-    tide_llama_config_named(ctx, w->config, &cfg);
-    int ctx_len = w->seq + w->decode;
-    tide_llama_graph_opts go[2] = {{.batch = w->batch, .seq = w->seq, .ctx_len = ctx_len, .fresh_cache = true},
-                                   {.batch = w->batch, .seq = 1, .ctx_len = ctx_len}};
-    int n_iter[2] = {1, w->decode - 1}, ng = w->decode ? 2 : 1;
+    tide_llama_graph_opts go[2];
+    int n_iter[2], ng = workload_opts(w, &cfg, go, n_iter);
     uint64_t m = 0;
     *level = 0;
     for (int k = 0; k < ng; k++) {
@@ -225,31 +229,17 @@ static uint64_t tiled_min(const workload *w, const tide_hw *hw, int *level, doub
         tide_graph *g = NULL;
         uint64_t b = 0;
         int lv = 0;
-        if (tide_plan_tiled_graph(ctx, &cfg, &go[k], &po, TIDE_TILE_AUTO, &g, &lv, &b)) return 0;
+        if (tide_plan_tiled_graph(ctx, &cfg, &go[k], &po, TIDE_TILE_AUTO, &g, &lv, NULL, &b)) return 0;
         tide_graph_free(g);
         m = TIDE_MAX(m, b);
     }
-    double mk = 0, lb = 0;
-    for (int k = 0; k < ng; k++) {
-        tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .device_budget = m, .n_iter = n_iter[k], .hw = hw};
-        tide_graph *g = NULL, *g0 = NULL;
-        int lv = 0;
-        tide_plan *p = NULL;
-        tide_bounds bd;
-        if (tide_plan_tiled_graph(ctx, &cfg, &go[k], &po, TIDE_TILE_AUTO, &g, &lv, NULL) ||
-            tide_plan_make(ctx, g, &po, &p) || tide_plan_verify(p) || tide_llama_build(ctx, &cfg, &go[k], &g0) ||
-            tide_plan_bounds(ctx, g0, &po, &bd)) {
-            fprintf(stderr, "bench: tiled plan at the minimum: %s\n", tide_ctx_last_error(ctx));
-            exit(1);
-        }
-        *level = TIDE_MAX(*level, lv);
-        mk += p->stats.makespan_s;
-        lb += bd.lower_bound_s;
-        tide_plan_free(p);
-        tide_graph_free(g);
-        tide_graph_free(g0);
+    /* at that budget each graph is tiled again as tide run does */
+    double x = tiled_xlb_at(w, hw, m, level);
+    if (!(x > 0)) {
+        fprintf(stderr, "bench: tiled plan at the minimum: %s\n", tide_ctx_last_error(ctx));
+        exit(1);
     }
-    *xlb = lb > 0 ? mk / lb : 0;
+    *xlb = x;
     return m;
 }
 
@@ -313,9 +303,9 @@ static void table3(void) {
                                              .n_iter = 1, .hw = &hw};
                         tide_graph *tg = NULL;
                         int lv = 0;
-                        if (tide_plan_tiled_graph(ctx, &cfg, &go, &po, TIDE_TILE_AUTO, &tg, &lv, NULL) == TIDE_OK) {
-                            tide_plan *p = NULL;
-                            if (!tide_plan_make(ctx, tg, &po, &p) && !tide_plan_verify(p)) {
+                        tide_plan *p = NULL;
+                        if (tide_plan_tiled_graph(ctx, &cfg, &go, &po, TIDE_TILE_AUTO, &tg, &lv, &p, NULL) == TIDE_OK) {
+                            if (!tide_plan_verify(p)) {
                                 char t[8];
                                 snprintf(t, sizeof t, "T%d", lv);
                                 memmove(cell + strlen(t), cell, strlen(cell) + 1);

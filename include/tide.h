@@ -257,7 +257,9 @@ typedef struct tide_llama_graph_opts {
      * before it); weights larger than tile_weight_bytes are split into row
      * blocks (contiguous in the checkpoint), each matmul writing its block of
      * columns and the embedding filling in its ids. Results are bit-identical
-     * to the untiled graph's on the CPU backend. */
+     * to the untiled graph's where only weights are split; row tiles make
+     * OpenBLAS sum each matmul over fewer rows, in another order, so logits
+     * then agree to f32 rounding. */
     int tile_rows;
     uint64_t tile_weight_bytes;
 } tide_llama_graph_opts;

@@ -122,7 +122,7 @@ typedef struct run_cfg {
 static tide_status run_planned(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be, const run_cfg *rc,
                                float **out, tide_plan_stats *ps) {
     const tide_llama_config *cfg = tide_checkpoint_config(ck);
-    tide_llama_graph_opts go = {.batch = 1, .seq = SEQ, .ctx_len = SEQ, .all_logits = true, .fresh_cache = true,
+    tide_llama_graph_opts go = {.batch = 1, .seq = SEQ, .ctx_len = SEQ, .all_logits = true,
                                 .tile_rows = rc->tile_rows, .tile_weight_bytes = rc->tile_weight_bytes};
     tide_graph *g = NULL;
     assert_int_equal(tide_llama_build(ctx, cfg, &go, &g), TIDE_OK);
@@ -236,7 +236,7 @@ static void test_tiled_bit_identical(void **state) {
     float *ref = resident_logits(e.ck, e.be, e.ctx);
     uint64_t min_untiled = 0;
     {
-        tide_llama_graph_opts go = {.batch = 1, .seq = SEQ, .ctx_len = SEQ, .all_logits = true, .fresh_cache = true};
+        tide_llama_graph_opts go = {.batch = 1, .seq = SEQ, .ctx_len = SEQ, .all_logits = true};
         tide_graph *g = NULL;
         assert_int_equal(tide_llama_build(e.ctx, cfg, &go, &g), TIDE_OK);
         tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = &hw};

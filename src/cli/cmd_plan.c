@@ -177,14 +177,11 @@ int cmd_plan(int argc, char **argv) {
         case 'j': a.json = true; break;
         case 't': a.trace = optarg; break;
         case 'o': a.out = optarg; break;
-        case 'T': {
-            tide_ctx *tc = tide_ctx_new();
-            tide_status ts = tc ? tide_tile_parse(tc, optarg, &a.tile) : TIDE_E_NOMEM;
-            tide_ctx_free(tc);
-            if (ts) return cli_usage_error("plan", "bad --tile '%s' (auto, none or a level 1 to %d)", optarg,
-                                           TIDE_TILE_LEVELS - 1);
+        case 'T':
+            if (tide_tile_parse(NULL, optarg, &a.tile))
+                return cli_usage_error("plan", "bad --tile '%s' (auto, none or a level 1 to %d)", optarg,
+                                       TIDE_TILE_LEVELS - 1);
             break;
-        }
         case 'h': fputs(help, stdout); return 0;
         default: return cli_usage_error("plan", "unknown option");
         }
@@ -228,7 +225,7 @@ int cmd_plan(int argc, char **argv) {
     bool is_min = !strcmp(a.budget, "min");
     if (is_min) {
         tide_graph *tg = NULL;
-        if (tide_plan_tiled_graph(ctx, &cfg, &go, &po, a.tile, &tg, &level, &po.device_budget)) {
+        if (tide_plan_tiled_graph(ctx, &cfg, &go, &po, a.tile, &tg, &level, NULL, &po.device_budget)) {
             rc = cli_fail(ctx, "finding the minimum budget");
             goto out;
         }
@@ -260,7 +257,7 @@ int cmd_plan(int argc, char **argv) {
     }
     if (!is_min) { /* the coarsest tiling that fits (none when the budget allows) */
         tide_graph *tg = NULL;
-        if (tide_plan_tiled_graph(ctx, &cfg, &go, &po, a.tile, &tg, &level, NULL)) {
+        if (tide_plan_tiled_graph(ctx, &cfg, &go, &po, a.tile, &tg, &level, &p, NULL)) {
             if (a.json && tide_ctx_last_status(ctx) == TIDE_E_INFEASIBLE)
                 printf("{\"feasible\":false,\"policy\":\"%s\",\"budget_bytes\":%llu}\n",
                        tide_policy_name(a.policy), (unsigned long long)po.device_budget);
@@ -270,7 +267,7 @@ int cmd_plan(int argc, char **argv) {
         tide_graph_free(g);
         g = tg;
     }
-    if (tide_plan_make(ctx, g, &po, &p)) {
+    if (!p && tide_plan_make(ctx, g, &po, &p)) {
         if (a.json && tide_ctx_last_status(ctx) == TIDE_E_INFEASIBLE)
             printf("{\"feasible\":false,\"policy\":\"%s\",\"budget_bytes\":%llu}\n", tide_policy_name(a.policy),
                    (unsigned long long)po.device_budget);

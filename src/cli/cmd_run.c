@@ -279,15 +279,12 @@ int cmd_run(int argc, char **argv) {
         case 'X': a.trace_svg = optarg; break;
         case 'j': a.json = true; break;
         case 'q': a.quiet = true; break;
-        case 'L': {
+        case 'L':
             a.tile = optarg;
-            tide_ctx *tc = tide_ctx_new();
-            tide_status ts = tc ? tide_tile_parse(tc, optarg, &off.tile) : TIDE_E_NOMEM;
-            tide_ctx_free(tc);
-            if (ts) return cli_usage_error("run", "bad --tile '%s' (auto, none or a level 1 to %d)", optarg,
-                                           TIDE_TILE_LEVELS - 1);
+            if (tide_tile_parse(NULL, optarg, &off.tile))
+                return cli_usage_error("run", "bad --tile '%s' (auto, none or a level 1 to %d)", optarg,
+                                       TIDE_TILE_LEVELS - 1);
             break;
-        }
         case 'h': fputs(help, stdout); return 0;
         default: return cli_usage_error("run", "unknown option");
         }

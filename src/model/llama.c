@@ -202,9 +202,7 @@ tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
     split(&b, ws, wt, V, D, wmax, "model.embed_tokens.weight", 0);
     for (int j = 0; j < ws->n && !b.st; j++)
         for (int k = 0; k < NT && !b.st; k++) {
-            char nm[32];
-            snprintf(nm, sizeof nm, "h.0");
-            if (j == 0) h[k] = tact(&b, nm, k, NT, ROWS(k), D);
+            if (j == 0) h[k] = tact(&b, "h.0", k, NT, ROWS(k), D);
             tide_op_params ep = {.idx0 = (int64_t)tl[k].b0 * T + tl[k].t0, .vocab0 = ws->row0[j],
                                  .vocab = ws->n > 1 ? V : 0};
             int in3[3] = {ws->id[j], tokens, h[k]};

@@ -210,15 +210,18 @@ uint64_t tide_plan_unconstrained_peak(tide_ctx *ctx, const tide_graph *g, const 
 #define TIDE_TILE_MAX_OPS 150000
 
 /* Builds the graph of (cfg, base) tiled for opts. With min_budget NULL: the
- * coarsest level (from none) whose plan fits opts->device_budget; with
+ * coarsest level (from none) whose plan fits opts->device_budget, and, when
+ * plan is not NULL, that plan (of *g; the caller frees both); with
  * min_budget: the level with the smallest minimum budget (coarsest on ties),
- * that minimum in *min_budget. `tile` limits the choice (above). On success
- * *g is the graph and *level its level. TIDE_E_INFEASIBLE when no level fits
- * (the message gives what the finest level tried needs). */
+ * that minimum in *min_budget (and no plan). `tile` limits the choice
+ * (above). On success *g is the graph and *level its level.
+ * TIDE_E_INFEASIBLE when no level fits (the message gives what the finest
+ * level tried needs). */
 tide_status tide_plan_tiled_graph(tide_ctx *ctx, const tide_llama_config *cfg,
                                   const tide_llama_graph_opts *base, const tide_plan_opts *opts, int tile,
-                                  tide_graph **g, int *level, uint64_t *min_budget);
-/* Parses "auto", "none" or a level number; TIDE_E_INVALID otherwise. */
+                                  tide_graph **g, int *level, tide_plan **plan, uint64_t *min_budget);
+/* Parses "auto", "none" or a level number; TIDE_E_INVALID otherwise (with a
+ * message in ctx, which may be NULL). */
 tide_status tide_tile_parse(tide_ctx *ctx, const char *s, int *tile);
 
 /* ---------------------------------------------------------------- verifier */

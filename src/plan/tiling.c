@@ -37,9 +37,10 @@ static tide_status build_level(tide_ctx *ctx, const tide_llama_config *cfg, cons
 
 tide_status tide_plan_tiled_graph(tide_ctx *ctx, const tide_llama_config *cfg,
                                   const tide_llama_graph_opts *base, const tide_plan_opts *opts, int tile,
-                                  tide_graph **g, int *level, uint64_t *min_budget) {
+                                  tide_graph **g, int *level, tide_plan **plan, uint64_t *min_budget) {
     *g = NULL;
     *level = 0;
+    if (plan) *plan = NULL;
     int first = tile > 0 ? tile : 0, last = tile == TIDE_TILE_NONE ? 0 : tile > 0 ? tile : TIDE_TILE_LEVELS - 1;
     tide_graph *best = NULL;
     uint64_t best_min = 0;
@@ -65,12 +66,14 @@ tide_status tide_plan_tiled_graph(tide_ctx *ctx, const tide_llama_config *cfg,
             }
             tide_plan *p = NULL;
             last_st = tide_plan_make(ctx, gk, opts, &p);
-            tide_plan_free(p);
-            if (last_st == TIDE_OK) {
+            if (last_st == TIDE_OK) { /* the plan is handed out, not made again */
+                if (plan) *plan = p;
+                else tide_plan_free(p);
                 *g = gk;
                 *level = k;
                 return TIDE_OK;
             }
+            tide_plan_free(p);
             snprintf(why, sizeof why, "%s", tide_ctx_last_error(ctx));
             tide_graph_free(gk);
             if (last_st != TIDE_E_INFEASIBLE) return last_st;

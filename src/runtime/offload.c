@@ -106,7 +106,7 @@ static tide_status resolve_budget(tide_model *m, graph_slot *s) {
         tide_llama_graph_opts go = slot_graph_opts(m, s);
         tide_graph *tg = NULL;
         int level = 0;
-        tide_status st = tide_plan_tiled_graph(ctx, &m->cfg, &go, &po, m->off.tile, &tg, &level, &b);
+        tide_status st = tide_plan_tiled_graph(ctx, &m->cfg, &go, &po, m->off.tile, &tg, &level, NULL, &b);
         if (st) return st;
         slot_swap_graph(s, tg);
         break;
@@ -153,11 +153,13 @@ static tide_status prepare(tide_model *m, graph_slot *s) {
         tide_llama_graph_opts go = slot_graph_opts(m, s);
         tide_graph *tg = NULL;
         int level = 0;
-        if ((st = tide_plan_tiled_graph(ctx, &m->cfg, &go, &po, m->off.tile, &tg, &level, NULL))) return st;
+        if ((st = tide_plan_tiled_graph(ctx, &m->cfg, &go, &po, m->off.tile, &tg, &level, &s->plan, NULL)))
+            return st;
         slot_swap_graph(s, tg);
         s->tile_level = level;
+    } else if ((st = tide_plan_make(ctx, s->g, &po, &s->plan))) {
+        return st;
     }
-    if ((st = tide_plan_make(ctx, s->g, &po, &s->plan))) return st;
     /* the model keeps its KV cache in host memory: a plan that homes it on
      * SSD (host budget too small) cannot run here */
     uint64_t state_bytes = tide_graph_role_bytes(s->g, TIDE_ROLE_STATE);
