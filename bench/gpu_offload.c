@@ -4,8 +4,8 @@
  *
  *   bench_gpu_offload [--quick] [--config NAME|FILE] [--layers N] [--seq N]
  *                     [--budgets 100,50,25,10] [--policies tide,static-layer,lru]
- *                     [--reps N] [--hw PROFILE] [--f32-matmul] [--json FILE]
- *                     [--cpu] MODEL_DIR
+ *                     [--reps N] [--hw PROFILE] [--matmul auto|f32|fast]
+ *                     [--f32-matmul] [--json FILE] [--cpu] MODEL_DIR
  *
  * MODEL_DIR holds a checkpoint; when it has no config.json a synthetic one is
  * generated there first: --config (default llama-7b, true shapes) cut to
@@ -374,8 +374,8 @@ static void emit_row(const row *R, int seq, double unc_s, double speedup, const 
 static void usage(const char *argv0) {
     fprintf(stderr,
             "usage: %s [--quick] [--config NAME|FILE] [--layers N] [--seq N] [--budgets 100,50,25,10]\n"
-            "          [--policies tide,static-layer,lru] [--reps N] [--hw PROFILE] [--f32-matmul]\n"
-            "          [--json FILE] [--cpu] MODEL_DIR\n",
+            "          [--policies tide,static-layer,lru] [--reps N] [--hw PROFILE]\n"
+            "          [--matmul auto|f32|fast] [--f32-matmul] [--json FILE] [--cpu] MODEL_DIR\n",
             argv0);
 }
 
@@ -384,11 +384,13 @@ int main(int argc, char **argv) {
     const char *budgets_arg = "100,50,25,10", *policies_arg = "tide,static-layer,lru";
     int seq = 2048, layers = 0, reps = -1;
     bool quick = false, f32_matmul = false, use_cpu = false, bad = false;
+    tide_matmul_mode mm = TIDE_MATMUL_AUTO;
     for (int i = 1; i < argc && !bad; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
         if (!strcmp(a, "--quick")) quick = true;
-        else if (!strcmp(a, "--f32-matmul")) f32_matmul = true;
+        else if (!strcmp(a, "--f32-matmul")) mm = TIDE_MATMUL_F32;
+        else if (!strcmp(a, "--matmul") && has) bad = tide_matmul_parse(NULL, argv[++i], &mm) != TIDE_OK;
         else if (!strcmp(a, "--cpu")) use_cpu = true;
         else if (!strcmp(a, "--config") && has) config = argv[++i];
         else if (!strcmp(a, "--layers") && has) layers = atoi(argv[++i]), bad = layers < 1;
@@ -436,6 +438,10 @@ int main(int argc, char **argv) {
         exit(77);
     }
     if (bst) die("opening the CUDA backend");
+    if (tide_backend_set_matmul(be, mm)) die("--matmul");
+    /* the profile's f16/bf16 rates are tensor-core rates: in the f32 mode the
+     * GPU multiplies those weights at its f32 rate */
+    f32_matmul = !use_cpu && tide_backend_matmul(be) == TIDE_MATMUL_F32;
     if (use_cpu)
         fprintf(stderr, "bench_gpu_offload: --cpu: running on the CPU backend to test the benchmark; these are "
                         "not GPU figures\n");
@@ -445,8 +451,8 @@ int main(int argc, char **argv) {
     if (tide_hw_load(ctx, hw_name, &hw)) die("hardware profile");
     const char *hw_for_model = hw_name;
     if (f32_matmul) {
-        /* the CUDA backend converts f16/bf16 weights to f32 and multiplies in
-         * true f32 (no TF32, no tensor cores): model that */
+        /* in the f32 mode the CUDA backend converts f16/bf16 weights to f32
+         * and multiplies in true f32 (no TF32, no tensor cores): model that */
         hw.flops[TIDE_F16] = hw.flops[TIDE_BF16] = hw.flops[TIDE_F32];
         size_t nl = strlen(hw.name);
         if (nl + sizeof "-f32matmul" <= sizeof hw.name) memcpy(hw.name + nl, "-f32matmul", sizeof "-f32matmul");
@@ -549,19 +555,20 @@ int main(int argc, char **argv) {
     }
     printf("# bench gpu_offload: %s, %d layers, %s weights (%.2f GiB), prefill %d tokens, batch 1\n\n", cfg->name,
            cfg->num_hidden_layers, tide_dtype_name(cfg->dtype), (double)ck_bytes / GIB, seq);
-    printf("backend %s; profile %s%s; unconstrained peak on the profile %.2f GiB; %d timed run(s) per row after "
+    printf("backend %s, matmul %s; profile %s%s; unconstrained peak on the profile %.2f GiB; %d timed run(s) per row after "
            "one untimed; checkpoint read in %.1f s\n",
-           tide_backend_name(be), hw.name, f32_matmul ? " (f16/bf16 matmul rate set to the f32 rate)" : "",
+           tide_backend_name(be), tide_matmul_name(tide_backend_matmul(be)), hw.name, f32_matmul ? " (f16/bf16 matmul rate set to the f32 rate)" : "",
            (double)peak / GIB, reps, t_load);
     printf("plain %s copies of 256 MiB: h2d %.2f GB/s, d2h %.2f GB/s; every checkpoint tensor from the "
            "memory-mapped checkpoint (pageable, as tide's weight loads read it): h2d %.2f GB/s\n",
            pinned ? "pinned" : "PAGEABLE (no host_alloc)", big_h2d, big_d2h, pageable_bw);
     char line[4096], umsg[512];
     snprintf(line, sizeof line,
-             "{\"bench\":\"gpu_offload\",\"row\":\"setup\",\"backend\":\"%s\",\"config\":\"%s\",\"layers\":%d,"
+             "{\"bench\":\"gpu_offload\",\"row\":\"setup\",\"backend\":\"%s\",\"matmul\":\"%s\",\"config\":\"%s\",\"layers\":%d,"
              "\"seq\":%d,\"hw\":\"%s\",\"weight_bytes\":%llu,\"unconstrained_peak_bytes\":%llu,\"reps\":%d,"
              "\"plain_pinned\":%s,\"plain_h2d_256m_bw\":%.0f,\"plain_d2h_256m_bw\":%.0f,\"pageable_ckpt_h2d_bw\":%.0f}",
-             tide_backend_name(be), cfg->name, cfg->num_hidden_layers, seq, hw.name, (unsigned long long)ck_bytes,
+             tide_backend_name(be), tide_matmul_name(tide_backend_matmul(be)), cfg->name, cfg->num_hidden_layers, seq,
+             hw.name, (unsigned long long)ck_bytes,
              (unsigned long long)peak, reps, pinned ? "true" : "false", big_h2d * 1e9, big_d2h * 1e9,
              pageable_bw * 1e9);
     emit(line);

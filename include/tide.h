@@ -346,6 +346,28 @@ tide_status tide_backend_new(tide_ctx *ctx, tide_backend_kind kind, tide_backend
 void tide_backend_free(tide_backend *be);
 const char *tide_backend_name(const tide_backend *be);
 
+/* How MATMUL multiplies f16/bf16 weights (f32 weights are always multiplied
+ * in f32, and every mode accumulates in f32 and writes f32 outputs). */
+typedef enum tide_matmul_mode {
+    TIDE_MATMUL_AUTO = 0, /* FAST on CUDA, F32 on the CPU */
+    TIDE_MATMUL_F32,      /* weights widened exactly to f32, activations kept in
+                             f32: the CPU's results up to f32 summation order */
+    TIDE_MATMUL_FAST,     /* CUDA only: weights multiplied as stored, on tensor
+                             cores, activations rounded to the weights' dtype
+                             (the precision of a bf16/f16 PyTorch model) */
+} tide_matmul_mode;
+
+/* Sets the backend's matmul mode (AUTO resolves to the backend's default).
+ * TIDE_E_UNSUPPORTED for FAST on the CPU backend. Takes effect on the next op;
+ * results are bit-reproducible within one mode, not across modes. */
+tide_status tide_backend_set_matmul(tide_backend *be, tide_matmul_mode mode);
+/* The mode in effect (never AUTO). */
+tide_matmul_mode tide_backend_matmul(const tide_backend *be);
+/* The mode's name ("auto", "f32", "fast"; NULL for an unknown value), and
+ * its parser (TIDE_E_INVALID naming the string; ctx may be NULL). */
+const char *tide_matmul_name(tide_matmul_mode mode);
+tide_status tide_matmul_parse(tide_ctx *ctx, const char *s, tide_matmul_mode *out);
+
 /* ---------------------------------------------------------------- running */
 
 /* A model ready to run: checkpoint weights bound to a backend, plus the state
@@ -368,8 +390,10 @@ typedef enum tide_budget_kind {
     TIDE_BUDGET_BYTES,    /* exactly `bytes` */
     TIDE_BUDGET_FRACTION, /* `fraction` of the unconstrained peak of the largest graph */
     TIDE_BUDGET_MIN,      /* the smallest budget the policy can plan */
-    TIDE_BUDGET_AUTO,     /* 90% of the hardware profile's device memory, at most the
-                             unconstrained peak */
+    TIDE_BUDGET_AUTO,     /* on a GPU, its free memory less a margin (the larger of
+                             512 MiB and 1/32 of its memory); on the CPU backend 90%
+                             of the hardware profile's device memory; at most the
+                             unconstrained peak either way */
 } tide_budget_kind;
 
 typedef struct tide_offload_opts {
@@ -382,8 +406,9 @@ typedef struct tide_offload_opts {
     bool weights_on_ssd;      /* home the weights on SSD: read from the checkpoint file */
     bool force_pread;         /* SSD store without io_uring */
     bool verify;              /* verify every plan (always done in debug builds) */
-    const char *hw;           /* profile for predictions (name or path; NULL: "cpu-probed"
-                                 from the cache, else a quick probe) */
+    const char *hw;           /* profile for plans and predictions (name or path; NULL:
+                                 a quick measurement of this machine through the
+                                 model's backend, as `tide probe` makes for 1 s) */
     int tile;                 /* 0: auto (a graph whose largest op does not fit the budget
                                  is tiled, see tide_llama_graph_opts; with TIDE_BUDGET_MIN
                                  the tiling with the smallest minimum); -1: never;
@@ -391,7 +416,12 @@ typedef struct tide_offload_opts {
 } tide_offload_opts;
 
 /* Switches the model to offloaded runs (or back, with TIDE_BUDGET_NONE).
- * Plans are made lazily per graph. Returns TIDE_OK or TIDE_E_INVALID. */
+ * Plans are made lazily per graph. On a GPU, offloaded runs hold one arena of
+ * the budget and no other device memory: the KV cache lives in host memory
+ * and the resident runs' device copies are freed (the cache's contents are not
+ * carried from one mode to the other). The backend's matmul mode (set before
+ * this call) decides the 16-bit matmul rate the plans assume. Returns TIDE_OK
+ * or TIDE_E_INVALID. */
 tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *opts);
 
 /* A one-line notice from the last offloaded run that the caller may show

@@ -73,6 +73,37 @@ expect 2 "unknown option" -- "$TIDE" run --frobnicate
 expect 1 "host budget too small for what must live on host" -- "$TIDE" run --model "$TMP/m" --budget 50% \
     --host-budget 4K --new-tokens 2
 contains "$TMP/err" "must live" "message says what must live on host"
+# matmul modes: the CPU has f32 only; the summary and the JSON say which ran
+json_field "$TMP/resident.json" matmul
+contains "$TMP/resident.json" '"matmul":"f32"' "JSON gives the matmul mode"
+expect 0 "--matmul f32" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --matmul f32 --backend cpu
+contains "$TMP/out" "matmul f32" "summary gives the matmul mode"
+expect 1 "--matmul fast on the CPU" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --matmul fast --backend cpu
+contains "$TMP/err" "no fast matmul" "message says the CPU has no fast matmul"
+expect 2 "bad --matmul" -- "$TIDE" run --model "$TMP/m" --matmul tf32
+contains "$TMP/err" "--matmul" "message names --matmul"
+if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here
+    expect 1 "--backend cuda without a GPU" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --backend cuda
+    contains "$TMP/err" "CUDA" "message says there is no CUDA device or backend"
+fi
+
+# tide probe: the CPU through the backend, a bad directory, a GPU that is absent
+expect 0 "probe" -- "$TIDE" probe --seconds 1 --ssd "$TMP" --out "$TMP/probed.json"
+contains "$TMP/err" "probing the cpu backend" "probe says what it measures"
+json_field "$TMP/probed.json" h2d_bw
+expect 0 "plan with the probed profile" -- "$TIDE" plan --config tinyllama-1.1b --hw "$TMP/probed.json" \
+    --budget 50% --seq 16
+expect 1 "probe, missing directory" -- "$TIDE" probe --seconds 1 --ssd /nonexistent/tide-probe
+contains "$TMP/err" "/nonexistent/tide-probe" "message names the directory"
+expect 1 "probe --matmul fast on the CPU" -- "$TIDE" probe --seconds 1 --backend cpu --matmul fast
+expect 1 "probe, unknown --base" -- "$TIDE" probe --seconds 1 --base no-such-gpu
+contains "$TMP/err" "no-such-gpu" "message names the profile"
+expect 2 "probe, bad --backend" -- "$TIDE" probe --backend tpu
+if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here
+    expect 1 "probe --backend cuda without a GPU" -- "$TIDE" probe --backend cuda
+    contains "$TMP/err" "CUDA" "message says there is no CUDA device or backend"
+fi
+
 expect 2 "make-model without a config" -- "$TIDE" make-model "$TMP/x"
 expect 1 "make-model, unknown config" -- "$TIDE" make-model --config nope "$TMP/x"
 finish

@@ -26,6 +26,7 @@
 #include "core/alloc_test.h"
 #include "plan/plan.h"
 #include "plan/probe.h"
+#include "backend/backend.h"
 
 static char tmpdir[256];
 
@@ -1031,6 +1032,68 @@ static void test_probe(void **state) {
     tide_ctx_free(ctx);
 }
 
+/* The backend-level probe (the one a GPU gets), run through the CPU
+ * backend's vtable: every figure it owns is measured and plausible, the rest
+ * of the profile is left alone; and the matmul modes of the CPU backend. */
+static void test_probe_backend_ops(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_backend *be = NULL;
+    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    tide_hw hw;
+    memset(&hw, 0, sizeof hw);
+    hw.ssd_count = 7;
+    hw.host_mem_bytes = 12345;
+    double t0 = tide_now();
+    tide_status st = tide_probe_ops(ctx, be, 0.5, &hw);
+    if (st) fail_msg("%s", tide_ctx_last_error(ctx));
+    double took = tide_now() - t0;
+    print_message("cpu backend ops: matmul f32 %.1f, f16 %.1f, bf16 %.1f GFLOP/s; mem %.2f GB/s; copies %.2f / "
+                  "%.2f GB/s; launch %.1f us; copy latency %.1f us (%.2f s)\n",
+                  hw.flops[TIDE_F32] / 1e9, hw.flops[TIDE_F16] / 1e9, hw.flops[TIDE_BF16] / 1e9, hw.mem_bw / 1e9,
+                  hw.h2d_bw / 1e9, hw.d2h_bw / 1e9, hw.launch_s * 1e6, hw.link_latency_s * 1e6, took);
+    assert_true(took < 30);
+    for (int d = 0; d < TIDE_DTYPE_COUNT; d++) assert_true(hw.flops[d] > 1e8 && hw.flops[d] < 1e15);
+    assert_true(hw.matmul_efficiency == 1.0);
+    assert_true(hw.mem_bw > 1e8 && hw.h2d_bw > 1e8 && hw.d2h_bw > 1e8);
+    assert_true(hw.launch_s > 0 && hw.launch_s < 0.01);
+    assert_true(hw.link_latency_s > 0 && hw.link_latency_s < 0.01);
+    /* not its fields: untouched */
+    assert_int_equal(hw.ssd_count, 7);
+    assert_true(hw.host_mem_bytes == 12345 && hw.ssd_read_bw == 0);
+    /* the profile it makes is a valid one once the drive is measured too */
+    assert_int_equal(tide_probe_drives(ctx, tmpdir, 0.2, &hw), TIDE_OK);
+    hw.device_mem_bytes = hw.host_mem_bytes = UINT64_C(1) << 30;
+    strcpy(hw.name, "ops");
+    const char *path = tmp_path("ops.json");
+    if (tide_hw_save(ctx, &hw, path)) fail_msg("%s", tide_ctx_last_error(ctx));
+    /* on a host backend, tide_probe_backend is the CPU probe */
+    assert_int_equal(tide_probe_backend(ctx, be, tmpdir, 0.3, NULL, &hw), TIDE_OK);
+    assert_true(!strncmp(hw.name, "probed-", 7) && hw.device_mem_bytes == hw.host_mem_bytes);
+    assert_int_equal(tide_probe_backend(ctx, be, "/nonexistent-dir/x", 0.2, NULL, &hw), TIDE_E_IO);
+
+    /* matmul modes: the CPU has f32 only */
+    assert_int_equal(tide_backend_matmul(be), TIDE_MATMUL_F32);
+    assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_FAST), TIDE_E_UNSUPPORTED);
+    assert_non_null(strstr(tide_ctx_last_error(ctx), "no fast matmul"));
+    assert_int_equal(tide_backend_matmul(be), TIDE_MATMUL_F32);
+    assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_AUTO), TIDE_OK);
+    assert_int_equal(tide_backend_matmul(be), TIDE_MATMUL_F32);
+    assert_int_equal(tide_backend_set_matmul(be, (tide_matmul_mode)9), TIDE_E_INVALID);
+    tide_matmul_mode mm = TIDE_MATMUL_AUTO;
+    assert_int_equal(tide_matmul_parse(ctx, "fast", &mm), TIDE_OK);
+    assert_int_equal(mm, TIDE_MATMUL_FAST);
+    assert_int_equal(tide_matmul_parse(ctx, "f32", &mm), TIDE_OK);
+    assert_int_equal(mm, TIDE_MATMUL_F32);
+    assert_int_equal(tide_matmul_parse(ctx, "tf32", &mm), TIDE_E_INVALID);
+    assert_non_null(strstr(tide_ctx_last_error(ctx), "'tf32'"));
+    assert_int_equal(tide_matmul_parse(NULL, NULL, &mm), TIDE_E_INVALID);
+    assert_string_equal(tide_matmul_name(TIDE_MATMUL_AUTO), "auto");
+    assert_null(tide_matmul_name((tide_matmul_mode)9));
+    tide_backend_free(be);
+    tide_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shipped_profiles_load),
@@ -1048,6 +1111,7 @@ int main(void) {
         cmocka_unit_test(test_plan_json_corrupt),
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_probe),
+        cmocka_unit_test(test_probe_backend_ops),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }

@@ -4,6 +4,8 @@
  */
 #include "backend/backend.h"
 
+#include <string.h>
+
 tide_status tide_backend_new(tide_ctx *ctx, tide_backend_kind kind, tide_backend **out) {
     *out = NULL;
     switch (kind) {
@@ -31,3 +33,43 @@ void tide_backend_free(tide_backend *be) {
 }
 
 const char *tide_backend_name(const tide_backend *be) { return be->vt->name; }
+
+tide_status tide_backend_set_matmul(tide_backend *be, tide_matmul_mode mode) {
+    switch (mode) {
+    case TIDE_MATMUL_AUTO:
+        be->matmul = be->kind == TIDE_BACKEND_CUDA ? TIDE_MATMUL_FAST : TIDE_MATMUL_F32;
+        return TIDE_OK;
+    case TIDE_MATMUL_F32:
+        be->matmul = mode;
+        return TIDE_OK;
+    case TIDE_MATMUL_FAST:
+        if (be->kind != TIDE_BACKEND_CUDA)
+            return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "the %s backend has no fast matmul: it multiplies 16-bit "
+                            "weights in f32 (use matmul mode auto or f32)", be->vt->name);
+        be->matmul = mode;
+        return TIDE_OK;
+    }
+    return tide_err(be->ctx, TIDE_E_INVALID, "unknown matmul mode %d", (int)mode);
+}
+
+tide_matmul_mode tide_backend_matmul(const tide_backend *be) { return be->matmul; }
+
+const char *tide_matmul_name(tide_matmul_mode mode) {
+    switch (mode) {
+    case TIDE_MATMUL_AUTO: return "auto";
+    case TIDE_MATMUL_F32: return "f32";
+    case TIDE_MATMUL_FAST: return "fast";
+    }
+    return NULL;
+}
+
+tide_status tide_matmul_parse(tide_ctx *ctx, const char *s, tide_matmul_mode *out) {
+    static const tide_matmul_mode all[] = {TIDE_MATMUL_AUTO, TIDE_MATMUL_F32, TIDE_MATMUL_FAST};
+    for (size_t i = 0; s && i < sizeof all / sizeof all[0]; i++)
+        if (!strcmp(s, tide_matmul_name(all[i]))) {
+            *out = all[i];
+            return TIDE_OK;
+        }
+    return ctx ? tide_err(ctx, TIDE_E_INVALID, "unknown matmul mode '%s' (auto, f32 or fast)", s ? s : "")
+               : TIDE_E_INVALID;
+}

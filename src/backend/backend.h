@@ -44,12 +44,16 @@ typedef struct tide_backend_vt {
      * or uses pageable memory. */
     tide_status (*host_alloc)(tide_backend *be, size_t n, void **ptr);
     void (*host_free)(tide_backend *be, void *ptr);
+    /* Optional: free and total bytes of device memory now (cudaMemGetInfo).
+     * NULL: device memory is host memory, sized by the hardware profile. */
+    tide_status (*mem_info)(tide_backend *be, uint64_t *free_bytes, uint64_t *total_bytes);
 } tide_backend_vt;
 
 struct tide_backend {
     const tide_backend_vt *vt;
     tide_ctx *ctx;
     tide_backend_kind kind;
+    tide_matmul_mode matmul; /* in effect (never AUTO): read by compute */
     void *impl;
 };
 

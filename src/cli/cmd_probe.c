@@ -11,13 +11,28 @@
 #include <unistd.h>
 
 static const char help[] =
-    "Usage: tide probe [--ssd DIR] [--seconds S] [--out FILE]\n"
+    "Usage: tide probe [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--base PROFILE]\n"
+    "                  [--ssd DIR] [--seconds S] [--out FILE]\n"
     "\n"
-    "Measures this machine as the CPU backend sees it (sgemm rate, with bf16 and\n"
-    "f16 weights converted as the backend does; memory copy bandwidth; O_DIRECT\n"
-    "sequential write and read of a temporary file, unlinked at once) and prints\n"
-    "a hardware profile for `tide plan --hw FILE` and `tide run --hw FILE`.\n"
+    "Measures this machine as the chosen backend sees it and prints a hardware\n"
+    "profile for `tide plan --hw FILE` and `tide run --hw FILE`.\n"
     "\n"
+    "On the CPU backend: sgemm rate (bf16 and f16 weights converted as the backend\n"
+    "does), memory copy bandwidth. On a GPU (CUDA backend): everything through the\n"
+    "backend as the executor uses it: matmul ops of llama-7b's shape with f32, f16\n"
+    "and bf16 weights in the --matmul mode, less the per-op overhead (launch and\n"
+    "wait, measured on a tiny op); device memory bandwidth of an ADD; copies of\n"
+    "64 MiB to and from pinned host memory, and of 4 bytes for the latency; the\n"
+    "device's memory. Both: O_DIRECT sequential write and read of a temporary\n"
+    "file, unlinked at once.\n"
+    "\n"
+    "  --backend B    auto (CUDA when a GPU is present, else CPU; default), cpu, cuda\n"
+    "  --matmul M     the matmul mode measured: auto (default: fast on CUDA), f32,\n"
+    "                 fast (CUDA only); see `tide run --help`\n"
+    "  --base PROFILE start from this profile (a name such as h100-80g, or a path)\n"
+    "                 and replace what is measured: refines a datasheet profile\n"
+    "                 with this machine's figures (GPU only; the CPU probe\n"
+    "                 measures every field)\n"
     "  --ssd DIRS     directories on the drives to measure, comma-separated\n"
     "                 (default $TMPDIR or /tmp)\n"
     "  --seconds S    rough time to spend (default 10)\n"
@@ -25,11 +40,15 @@ static const char help[] =
 
 int cmd_probe(int argc, char **argv) {
     static const struct option opts[] = {
-        {"ssd", required_argument, 0, 's'}, {"seconds", required_argument, 0, 't'},
-        {"out", required_argument, 0, 'o'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+        {"ssd", required_argument, 0, 's'},     {"seconds", required_argument, 0, 't'},
+        {"out", required_argument, 0, 'o'},     {"backend", required_argument, 0, 'b'},
+        {"base", required_argument, 0, 'B'},    {"matmul", required_argument, 0, 'm'},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
     };
-    const char *ssd = NULL, *out = NULL;
+    const char *ssd = NULL, *out = NULL, *base = NULL;
     long seconds = 10;
+    tide_backend_kind kind = TIDE_BACKEND_AUTO;
+    tide_matmul_mode mm = TIDE_MATMUL_AUTO;
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -39,6 +58,15 @@ int cmd_probe(int argc, char **argv) {
             if (cli_parse_int(optarg, 1, 3600, &seconds)) return cli_usage_error("probe", "bad --seconds '%s'", optarg);
             break;
         case 'o': out = optarg; break;
+        case 'B': base = optarg; break;
+        case 'b':
+            if (cli_parse_backend(optarg, &kind))
+                return cli_usage_error("probe", "unknown --backend '%s' (auto, cpu or cuda)", optarg);
+            break;
+        case 'm':
+            if (tide_matmul_parse(NULL, optarg, &mm))
+                return cli_usage_error("probe", "unknown --matmul '%s' (auto, f32 or fast)", optarg);
+            break;
         case 'h': fputs(help, stdout); return 0;
         default: return cli_usage_error("probe", "unknown option");
         }
@@ -47,14 +75,33 @@ int cmd_probe(int argc, char **argv) {
     tide_ctx *ctx = tide_ctx_new();
     if (!ctx) return 1;
     int rc = 0;
+    tide_backend *be = NULL;
+    tide_hw base_hw;
+    if (tide_backend_new(ctx, kind, &be)) {
+        rc = cli_fail(ctx, "backend");
+    } else if (tide_backend_set_matmul(be, mm)) {
+        rc = cli_fail(ctx, "--matmul");
+    } else if (base && tide_hw_load(ctx, base, &base_hw)) {
+        rc = cli_fail(ctx, "--base");
+    }
+    if (rc) {
+        tide_backend_free(be);
+        tide_ctx_free(ctx);
+        return rc;
+    }
+    if (base && !strcmp(tide_backend_name(be), "cpu"))
+        fprintf(stderr, "tide: probe: --base is for GPUs; the CPU probe measures every field of its profile\n");
     tide_hw hw;
-    if (tide_probe(ctx, ssd, (double)seconds, &hw)) {
+    fprintf(stderr, "tide: probing the %s backend (matmul %s) for about %ld s\n", tide_backend_name(be),
+            tide_matmul_name(tide_backend_matmul(be)), seconds);
+    if (tide_probe_backend(ctx, be, ssd, (double)seconds, base ? &base_hw : NULL, &hw)) {
         rc = cli_fail(ctx, "probe");
     } else if (out) {
         if (tide_hw_save(ctx, &hw, out)) rc = cli_fail(ctx, "writing the profile");
         else
-            fprintf(stderr, "tide: wrote %s: sgemm %.1f GFLOP/s, memcpy %.2f GB/s, ssd read %.2f GB/s, write %.2f GB/s\n",
-                    out, hw.flops[TIDE_F32] / 1e9, hw.h2d_bw / 1e9, hw.ssd_read_bw / 1e9, hw.ssd_write_bw / 1e9);
+            fprintf(stderr, "tide: wrote %s: matmul f32 %.1f, bf16 %.1f GFLOP/s; h2d %.2f, d2h %.2f GB/s; "
+                    "ssd read %.2f, write %.2f GB/s\n", out, hw.flops[TIDE_F32] / 1e9, hw.flops[TIDE_BF16] / 1e9,
+                    hw.h2d_bw / 1e9, hw.d2h_bw / 1e9, hw.ssd_read_bw / 1e9, hw.ssd_write_bw / 1e9);
     } else {
         /* the profile writer goes through a file (temporary name + rename) */
         char tmp[] = "/tmp/tide-probe-XXXXXX";
@@ -76,6 +123,7 @@ int cmd_probe(int argc, char **argv) {
             unlink(tmp);
         }
     }
+    tide_backend_free(be);
     tide_ctx_free(ctx);
     return rc;
 }

@@ -18,7 +18,8 @@ static const char help[] =
     "                [--host-budget BYTES] [--ssd DIR[,DIR]] [--weights-on-ssd] [--pread]\n"
     "                [--tile auto|none|LEVEL] [--hw PROFILE] [--verify] [--check]\n"
     "                [--trace FILE] [--trace-svg FILE]\n"
-    "                [--backend auto|cpu|cuda] [--threads N] [--json] [--quiet]\n"
+    "                [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--threads N]\n"
+    "                [--json] [--quiet]\n"
     "\n"
     "Prefills the prompt, then generates tokens greedily (argmax). With a budget,\n"
     "every graph runs through a verified plan that pages tensors between a device\n"
@@ -35,8 +36,9 @@ static const char help[] =
     "  --prompt-len N      a deterministic prompt of N token ids (default 32)\n"
     "  --new-tokens N      tokens to generate (default 16)\n"
     "  --budget X          device memory: bytes (2G), a percentage of the\n"
-    "                      unconstrained peak (25%), auto (90% of the device memory\n"
-    "                      in the hardware profile, at most the unconstrained\n"
+    "                      unconstrained peak (25%), auto (on a GPU its free memory\n"
+    "                      less max(512 MiB, 1/32 of its memory); on the CPU 90% of\n"
+    "                      the profile's device memory; at most the unconstrained\n"
     "                      peak), min (the smallest the policy can plan) or none\n"
     "                      (everything resident). Default: 25% with no --model\n"
     "                      and no --budget given; none otherwise\n"
@@ -59,6 +61,12 @@ static const char help[] =
     "  --trace FILE        Perfetto trace JSON of the offloaded prefill, measured\n"
     "  --trace-svg FILE    device memory over time, measured and predicted\n"
     "  --backend B         auto (CUDA when a GPU is present, else CPU), cpu or cuda\n"
+    "  --matmul M          how matmuls treat bf16/f16 weights: auto (default: fast\n"
+    "                      on CUDA, f32 on the CPU), f32 (weights widened to f32,\n"
+    "                      activations kept in f32: the CPU's results up to\n"
+    "                      summation order) or fast (CUDA: tensor cores, activations\n"
+    "                      rounded to the weights' dtype, f32 accumulation, as a\n"
+    "                      bf16 PyTorch model computes)\n"
     "  --threads N         CPU threads (default: all cores)\n"
     "  --json              print one JSON object instead of the summary\n"
     "  --quiet             no progress lines\n";
@@ -111,6 +119,7 @@ typedef struct run_args {
     uint64_t host_budget;
     bool json, quiet, check, weights_on_ssd, pread, verify;
     tide_backend_kind backend;
+    tide_matmul_mode matmul;
     const char *tile;
 } run_args;
 
@@ -139,7 +148,8 @@ static void print_summary(const run_args *a, const char *model_dir, const tide_l
     char b1[32], b2[32], b3[32], b4[32];
     printf("model      %s (%s, %d layers, %s)\n", model_dir, cfg->name, cfg->num_hidden_layers,
            tide_dtype_name(cfg->dtype));
-    printf("backend    %s, %d threads\n", tide_backend_name(be), tide_ctx_threads(ctx));
+    printf("backend    %s, matmul %s, %d threads\n", tide_backend_name(be),
+           tide_matmul_name(tide_backend_matmul(be)), tide_ctx_threads(ctx));
     printf("prompt     %d tokens\n", n_prompt);
     printf("generated ");
     for (long i = 0; i < a->new_tokens; i++) printf(" %d", gen[i]);
@@ -181,6 +191,7 @@ static void print_json(const run_args *a, const char *model_dir, const tide_llam
     cJSON_AddStringToObject(o, "model", model_dir);
     cJSON_AddStringToObject(o, "config", cfg->name);
     cJSON_AddStringToObject(o, "backend", tide_backend_name(be));
+    cJSON_AddStringToObject(o, "matmul", tide_matmul_name(tide_backend_matmul(be)));
     cJSON_AddNumberToObject(o, "threads", tide_ctx_threads(ctx));
     cJSON_AddNumberToObject(o, "prompt_tokens", n_prompt);
     cJSON_AddNumberToObject(o, "new_tokens", (double)a->new_tokens);
@@ -230,7 +241,8 @@ int cmd_run(int argc, char **argv) {
         {"check", no_argument, 0, 'c'},            {"trace", required_argument, 0, 'x'},
         {"trace-svg", required_argument, 0, 'X'},  {"json", no_argument, 0, 'j'},
         {"quiet", no_argument, 0, 'q'},            {"help", no_argument, 0, 'h'},
-        {"tile", required_argument, 0, 'L'},       {0, 0, 0, 0},
+        {"tile", required_argument, 0, 'L'},       {"matmul", required_argument, 0, 'M'},
+        {0, 0, 0, 0},
     };
     run_args a = {.prompt_len = 32, .new_tokens = 16, .policy = "tide", .backend = TIDE_BACKEND_AUTO};
     tide_offload_opts off = {0};
@@ -250,10 +262,8 @@ int cmd_run(int argc, char **argv) {
             if (cli_parse_int(optarg, 1, 4096, &a.threads)) return cli_usage_error("run", "bad --threads '%s'", optarg);
             break;
         case 'b':
-            if (!strcmp(optarg, "auto")) a.backend = TIDE_BACKEND_AUTO;
-            else if (!strcmp(optarg, "cpu")) a.backend = TIDE_BACKEND_CPU;
-            else if (!strcmp(optarg, "cuda")) a.backend = TIDE_BACKEND_CUDA;
-            else return cli_usage_error("run", "unknown --backend '%s' (auto, cpu or cuda)", optarg);
+            if (cli_parse_backend(optarg, &a.backend))
+                return cli_usage_error("run", "unknown --backend '%s' (auto, cpu or cuda)", optarg);
             break;
         case 'B':
             a.budget = optarg;
@@ -284,6 +294,10 @@ int cmd_run(int argc, char **argv) {
             if (tide_tile_parse(NULL, optarg, &off.tile))
                 return cli_usage_error("run", "bad --tile '%s' (auto, none or a level 1 to %d)", optarg,
                                        TIDE_TILE_LEVELS - 1);
+            break;
+        case 'M':
+            if (tide_matmul_parse(NULL, optarg, &a.matmul))
+                return cli_usage_error("run", "unknown --matmul '%s' (auto, f32 or fast)", optarg);
             break;
         case 'h': fputs(help, stdout); return 0;
         default: return cli_usage_error("run", "unknown option");
@@ -355,6 +369,10 @@ int cmd_run(int argc, char **argv) {
     }
     if (tide_backend_new(ctx, a.backend, &be)) {
         rc = cli_fail(ctx, "backend");
+        goto out;
+    }
+    if (tide_backend_set_matmul(be, a.matmul)) {
+        rc = cli_fail(ctx, "--matmul");
         goto out;
     }
     int ctx_len = n_prompt + (int)(a.new_tokens > 0 ? a.new_tokens - 1 : 0);

@@ -167,3 +167,11 @@ int cli_ensure_default_model(tide_ctx *ctx, char *dir, size_t len, cli_progress_
     if (s) return cli_fail(ctx, "generating the default model");
     return 0;
 }
+
+int cli_parse_backend(const char *s, tide_backend_kind *out) {
+    if (!strcmp(s, "auto")) *out = TIDE_BACKEND_AUTO;
+    else if (!strcmp(s, "cpu")) *out = TIDE_BACKEND_CPU;
+    else if (!strcmp(s, "cuda")) *out = TIDE_BACKEND_CUDA;
+    else return -1;
+    return 0;
+}

@@ -269,6 +269,21 @@ static tide_status probe_drives(tide_ctx *ctx, const char *dirs, double budget, 
     return TIDE_OK;
 }
 
+tide_status tide_probe_drives(tide_ctx *ctx, const char *ssd_dir, double seconds_budget, tide_hw *h) {
+    const char *dir = ssd_dir;
+    if (!dir || !*dir) dir = getenv("TMPDIR");
+    if (!dir || !*dir) dir = "/tmp";
+    io_rates io = {0};
+    int n = 1;
+    tide_status st = probe_drives(ctx, dir, seconds_budget > 0 ? seconds_budget : 4.5, &io, &n);
+    if (st) return st;
+    h->ssd_count = n;
+    h->ssd_read_bw = io.read_bw;
+    h->ssd_write_bw = io.write_bw;
+    h->ssd_latency_s = io.latency_s;
+    return TIDE_OK;
+}
+
 /* ---------------------------------------------------------------- probe */
 
 tide_status tide_probe(tide_ctx *ctx, const char *ssd_dir, double seconds_budget, tide_hw *out) {

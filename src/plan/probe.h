@@ -39,4 +39,40 @@
  * TIDE_E_NOMEM; *out is written only on success. */
 tide_status tide_probe(tide_ctx *ctx, const char *ssd_dir, double seconds_budget, tide_hw *out);
 
+/* The drive part of tide_probe alone: fills h's ssd_* fields (ssd_dir and
+ * errors as above), leaves the rest of h as it is. */
+tide_status tide_probe_drives(tide_ctx *ctx, const char *ssd_dir, double seconds_budget, tide_hw *h);
+
+/* Measures the machine as backend `be` sees it. On a backend computing in host
+ * memory (the CPU) this is tide_probe. On a device backend (CUDA), every rate
+ * is measured through the backend itself, as the executor will use it, and
+ * *out is `base` (NULL: all fields measured) with these fields replaced:
+ *   flops[f32], [f16], [bf16]  MATMUL ops of llama-7b's shape (2048 x 4096 x
+ *                       4096, smaller when the budget is small) with weights
+ *                       of each dtype, in the backend's current matmul mode,
+ *                       less the per-op overhead below; flops[i32] = f32;
+ *   matmul_efficiency   1 (achieved rates);
+ *   mem_bw              bytes read + written per second by an ADD op over
+ *                       128 MiB tensors;
+ *   launch_s            time of one tiny op, launch and wait included (the
+ *                       executor waits for every op);
+ *   h2d_bw, d2h_bw      copies of 64 MiB from / to pinned host memory
+ *                       (host_alloc; pageable when it has none);
+ *   link_latency_s      time of a 4-byte copy;
+ *   device_mem_bytes    the device's memory (mem_info), host_mem_bytes the
+ *                       host's physical memory;
+ *   ssd_*               as tide_probe_drives.
+ * Named "probed-<hostname>-<backend>". Temporary device memory is freed
+ * before returning. TIDE_E_NOMEM when the device cannot hold the test
+ * tensors; other errors as tide_probe. */
+/* The compute and link part of tide_probe_backend, through be's vtable on any
+ * backend (the CPU's too, where "device" memory is host memory): fills
+ * flops, matmul_efficiency, mem_bw, launch_s, h2d_bw, d2h_bw and
+ * link_latency_s of h as described below, leaves the rest. seconds_budget
+ * <= 0: 6.5 s; below 1.3 s the tensors are an eighth of the size. */
+tide_status tide_probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_budget, tide_hw *h);
+
+tide_status tide_probe_backend(tide_ctx *ctx, tide_backend *be, const char *ssd_dir, double seconds_budget,
+                               const tide_hw *base, tide_hw *out);
+
 #endif

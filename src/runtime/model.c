@@ -55,6 +55,12 @@ state_buf *tide_model_state(tide_model *m, const char *name, uint64_t min_bytes)
     return NULL;
 }
 
+/* The KV cache table: one buffer per layer and k/v. On a backend computing in
+ * host memory the buffers are allocated (zeroed) now and serve both kinds of
+ * runs. On a device backend their device copies are made by the first
+ * resident run (ensure_device_state) and released when offloading starts,
+ * whose home for the cache is host memory (offload.c): an offloaded run then
+ * holds no device memory but its arena. */
 static tide_status alloc_state(tide_model *m) {
     const tide_llama_config *c = &m->cfg;
     int L = c->num_hidden_layers;
@@ -62,35 +68,59 @@ static tide_status alloc_state(tide_model *m) {
     uint64_t nbytes = (uint64_t)m->max_batch * (uint64_t)m->ctx_len * kd * sizeof(float);
     m->state = tide_calloc((size_t)L * 2, sizeof *m->state);
     if (!m->state) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for the KV cache table");
-    void *zero = tide_calloc(1, 1 << 20);
-    if (!zero) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory zeroing the KV cache");
-    tide_status st = TIDE_OK;
-    for (int l = 0; l < L && !st; l++)
-        for (int kv = 0; kv < 2 && !st; kv++) {
+    for (int l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++) {
             state_buf *s = &m->state[m->n_state];
             char name[64];
             snprintf(name, sizeof name, "cache.%d.%c", l, kv ? 'v' : 'k');
             s->name = tide_strdup(name);
-            if (!s->name) {
-                st = tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for the KV cache");
-                break;
-            }
+            if (!s->name) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for the KV cache");
             m->n_state++;
-            st = m->be->vt->alloc(m->be, nbytes, &s->data);
-            if (st) {
-                st = tide_err(m->ctx, st, "cannot allocate the KV cache (%llu bytes per layer): %s",
-                              (unsigned long long)(2 * nbytes), tide_ctx_last_error(m->ctx));
-                break;
-            }
             s->nbytes = nbytes;
             m->state_bytes += nbytes;
-            /* zero it so that nothing unwritten is ever read as garbage */
-            for (uint64_t off = 0; off < nbytes && !st; off += 1 << 20)
-                st = m->be->vt->to_device(m->be, (char *)s->data + off, zero,
-                                          TIDE_MIN(nbytes - off, (uint64_t)1 << 20));
         }
+    return m->be->vt->device_is_host ? tide_model_device_state(m) : TIDE_OK;
+}
+
+tide_status tide_model_device_state(tide_model *m) {
+    tide_backend *be = m->be;
+    void *zero = NULL;
+    tide_status st = TIDE_OK;
+    for (int i = 0; i < m->n_state && !st; i++) {
+        state_buf *s = &m->state[i];
+        if (s->data) continue;
+        if (!zero && !(zero = tide_calloc(1, 1 << 20))) {
+            st = tide_err(m->ctx, TIDE_E_NOMEM, "out of memory zeroing the KV cache");
+            break;
+        }
+        st = be->vt->alloc(be, s->nbytes, &s->data);
+        if (st) {
+            st = tide_err(m->ctx, st, "cannot allocate the KV cache (%llu bytes per layer): %s",
+                          (unsigned long long)(2 * s->nbytes), tide_ctx_last_error(m->ctx));
+            break;
+        }
+        /* zero it so that nothing unwritten is ever read as garbage */
+        for (uint64_t off = 0; off < s->nbytes && !st; off += 1 << 20)
+            st = be->vt->to_device(be, (char *)s->data + off, zero, TIDE_MIN(s->nbytes - off, (uint64_t)1 << 20));
+    }
     tide_free(zero);
     return st;
+}
+
+void tide_model_release_device(tide_model *m) {
+    tide_backend *be = m->be;
+    if (be->vt->device_is_host) return;
+    for (int i = 0; i < m->n_state; i++)
+        if (m->state[i].data) {
+            be->vt->dealloc(be, m->state[i].data);
+            m->state[i].data = NULL;
+        }
+    if (m->weights) {
+        for (int i = 0; i < m->n_weights; i++)
+            if (m->weights[i]) be->vt->dealloc(be, m->weights[i]);
+        tide_free(m->weights);
+        m->weights = NULL;
+    }
 }
 
 tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
@@ -247,7 +277,7 @@ static tide_status run_resident(tide_model *m, tide_graph *g, const run_io *io) 
         scratch_bytes = TIDE_MAX(scratch_bytes, op->scratch_bytes);
     }
     uint64_t live = m->weight_bytes + m->state_bytes + scratch_bytes;
-    if ((st = upload_weights(m))) goto done;
+    if ((st = upload_weights(m)) || (st = tide_model_device_state(m))) goto done;
     if (scratch_bytes && (st = be->vt->alloc(be, scratch_bytes, &scratch))) goto done;
 
     for (int t = 0; t < nt && !st; t++) {

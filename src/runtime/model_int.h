@@ -11,7 +11,8 @@
 
 typedef struct state_buf {
     char *name;
-    void *data;      /* device memory (host memory for host backends) */
+    void *data;      /* device memory (host memory for host backends); on a
+                        device backend NULL until a resident run needs it */
     void *host;      /* the home of offloaded runs when device memory is not host
                         memory (NULL otherwise: data is the home) */
     uint64_t nbytes;
@@ -66,7 +67,17 @@ struct tide_model {
     char notice[256];      /* first executor notice (unpinned host pool) */
 };
 
+/* Device memory `--budget auto` leaves free for the runtime (cuBLAS
+ * workspaces, kernel images, later allocations of the CUDA runtime): the
+ * larger of 512 MiB and 1/32 of the device's memory. */
+#define TIDE_AUTO_MARGIN(total) TIDE_MAX((uint64_t)512 << 20, (uint64_t)(total) / 32)
+
 void tide_model_slot_clear(graph_slot *s);
+/* Allocates (zeroed) the device copies of the KV cache that are missing. */
+tide_status tide_model_device_state(tide_model *m);
+/* On a device backend, frees the device KV cache and the uploaded weights:
+ * offloaded runs keep both in host memory and use the arena alone. */
+void tide_model_release_device(tide_model *m);
 void tide_model_offload_release(tide_model *m);
 /* Runs s through its plan (made, verified and prepared on first use). */
 tide_status tide_model_run_planned(tide_model *m, graph_slot *s, const run_io *io);

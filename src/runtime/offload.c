@@ -55,10 +55,18 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
         if (st) return st;
     } else {
         /* a quick measurement of this machine, so predictions mean something */
-        tide_status st = tide_probe(m->ctx, m->off_ssd_dirs, 1.0, &m->hw);
+        tide_status st = tide_probe_backend(m->ctx, m->be, m->off_ssd_dirs, 1.0, NULL, &m->hw);
         if (st) return st;
     }
+    if (!m->be->vt->device_is_host && m->be->matmul == TIDE_MATMUL_F32) {
+        /* 16-bit weights are widened and multiplied at the f32 rate */
+        for (int d = 0; d < TIDE_DTYPE_COUNT; d++)
+            if (d == TIDE_F16 || d == TIDE_BF16) m->hw.flops[d] = TIDE_MIN(m->hw.flops[d], m->hw.flops[TIDE_F32]);
+    }
     if (!m->be->vt->device_is_host) {
+        /* the device holds the arena and nothing else: the resident runs'
+         * device copies of the cache and the weights go */
+        tide_model_release_device(m);
         /* the KV cache's home must be host memory the executor can copy from */
         for (int i = 0; i < m->n_state; i++) {
             state_buf *sb = &m->state[i];
@@ -100,7 +108,24 @@ static tide_status resolve_budget(tide_model *m, graph_slot *s) {
     switch (m->off.budget_kind) {
     case TIDE_BUDGET_BYTES: b = m->off.bytes; break;
     case TIDE_BUDGET_FRACTION: b = (uint64_t)((double)peak * m->off.fraction); break;
-    case TIDE_BUDGET_AUTO: b = TIDE_MIN(peak, m->hw.device_mem_bytes / 10 * 9); break;
+    case TIDE_BUDGET_AUTO: {
+        uint64_t fr = 0, tot = 0;
+        if (m->be->vt->mem_info) {
+            /* the device's free memory less a margin for the runtime's own
+             * allocations (cuBLAS workspaces, kernels, streams) */
+            tide_status st = m->be->vt->mem_info(m->be, &fr, &tot);
+            if (st) return st;
+            uint64_t margin = TIDE_AUTO_MARGIN(tot);
+            if (fr <= margin)
+                return tide_err(ctx, TIDE_E_NOMEM, "--budget auto: the device has %llu bytes free, no more than the "
+                                "%llu-byte margin kept for the runtime", (unsigned long long)fr,
+                                (unsigned long long)margin);
+            b = TIDE_MIN(peak, fr - margin);
+        } else {
+            b = TIDE_MIN(peak, m->hw.device_mem_bytes / 10 * 9);
+        }
+        break;
+    }
     case TIDE_BUDGET_MIN: {
         tide_plan_opts po = plan_opts(m, 0);
         tide_llama_graph_opts go = slot_graph_opts(m, s);

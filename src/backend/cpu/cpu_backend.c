@@ -165,6 +165,7 @@ tide_status tide_cpu_backend_new(tide_ctx *ctx, tide_backend **out) {
     be->vt = &cpu_vt;
     be->ctx = ctx;
     be->kind = TIDE_BACKEND_CPU;
+    be->matmul = TIDE_MATMUL_F32;
     *out = be;
     return TIDE_OK;
 }

@@ -24,14 +24,21 @@
  * matrix with leading dimension K used transposed and x a (K, R) matrix used
  * as is: cublasSgemm(T, N, m=N, n=R, k=K, w, lda=K, x, ldb=K, out, ldc=N).
  *   - f32 weights: that call directly.
- *   - f16/bf16 weights: converted exactly to f32 in the op's scratch (as many
+ *   - f16/bf16 weights in the f32 mode (TIDE_MATMUL_F32): converted exactly
+ *     to f32 in the op's scratch (as many
  *     rows of w as fit, equal blocks, as the CPU does) and multiplied block by
  *     block: cublasSgemm(T, N, cnt, R, K, scratch, K, x, K, out + n0, N).
  *     The activations are never rounded to 16 bits, so results match the CPU
  *     within f32 summation error.
+ *   - f16/bf16 in the fast mode (TIDE_MATMUL_FAST, the default here): x
+ *     rounded to the weight's dtype in the scratch, chunk of rows by chunk,
+ *     then cublasGemmEx on tensor cores with f32 accumulation and f32
+ *     output (see gemm_fast).
  *   - f16/bf16 with R < TCU_MATMUL_FUSED_R (decoding) or a scratch too small
- *     for one row: tcu_matmul_fused, which reads each weight once.
- * cuBLAS runs in CUBLAS_DEFAULT_MATH (no TF32) with atomics off, each handle
+ *     for one row: tcu_matmul_fused, which reads each weight once (in either
+ *     mode: decoding is bound by reading the weights, not by arithmetic).
+ * cuBLAS runs in CUBLAS_DEFAULT_MATH (no TF32 for f32 operands; tensor cores
+ * for 16-bit ones) with atomics off, each handle
  * on a fixed stream with its own fixed workspace, so results are
  * bit-reproducible run to run on one GPU model and toolkit.
  *
@@ -45,6 +52,7 @@
  * aborts.
  */
 #include "backend/backend.h"
+#include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_kernels.h"
 
 #include <cublas_v2.h>
@@ -223,6 +231,15 @@ static void cu_host_free(tide_backend *be, void *ptr) {
     if (ptr) cudaFreeHost(ptr);
 }
 
+static tide_status cu_mem_info(tide_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
+    size_t fr = 0, tot = 0;
+    CU_TRY(be->ctx, cudaSetDevice(impl_of(be)->device), "cudaSetDevice(%d)", impl_of(be)->device);
+    CU_TRY(be->ctx, cudaMemGetInfo(&fr, &tot), "cudaMemGetInfo");
+    *free_bytes = fr;
+    *total_bytes = tot;
+    return TIDE_OK;
+}
+
 static tide_status cu_synchronize(tide_backend *be) {
     cu_impl *im = impl_of(be);
     for (int i = 0; i < CU_LANES; i++)
@@ -281,6 +298,40 @@ static tide_status sgemm_rows(tide_backend *be, cu_lane *ln, const float *x, con
     return TIDE_OK;
 }
 
+/* The fast mode (TIDE_MATMUL_FAST) for f16/bf16 weights: the rows of x are
+ * rounded to the weights' dtype in the op's scratch, as many as fit, in
+ * equal chunks, and each chunk is multiplied on tensor cores:
+ * cublasGemmEx(T, N, m=N, n=cnt, k=K, w (16-bit), lda=K, x16, ldb=K,
+ * out + r0*ldo (f32), ldc=ldo), f32 compute. The chunking depends on the
+ * scratch size alone (a property of the graph, not of the budget), so an
+ * offloaded run repeats the unconstrained run's arithmetic. */
+static tide_status gemm_fast(tide_backend *be, cu_lane *ln, const tide_op *op, const float *x, const void *w,
+                             const tide_tensor *wt, int R, int K, int N, float *out, int ldo, void *scratch) {
+    tide_status st = lane_blas(be, ln);
+    if (st) return st;
+    const cudaDataType dt = wt->dtype == TIDE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    int64_t rows = (int64_t)(op->scratch_bytes / ((uint64_t)K * 2));
+    rows = TIDE_MIN(rows, (int64_t)R);
+    int64_t nchunk = (R + rows - 1) / rows;
+    rows = (R + nchunk - 1) / nchunk;
+    const float one = 1.0f, zero = 0.0f;
+    for (int64_t r0 = 0; r0 < R; r0 += rows) {
+        int64_t cnt = TIDE_MIN(rows, (int64_t)R - r0);
+        CU_TRY(be->ctx, tcu_round_to_16(ln->stream, x + r0 * K, wt->dtype, scratch, cnt * K),
+               "matmul '%s' activation rounding kernel", wt->name);
+        cublasStatus_t bs = cublasGemmEx(ln->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, (int)cnt, K, &one, w, dt, K,
+                                         scratch, dt, K, &zero, out + r0 * ldo, CUDA_R_32F, ldo,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (bs != CUBLAS_STATUS_SUCCESS) {
+            char what[300];
+            snprintf(what, sizeof what, "cublasGemmEx of matmul '%s' (%lld x %d x %d, %s)", wt->name,
+                     (long long)cnt, N, K, tide_dtype_name(wt->dtype));
+            return blas_fail(be->ctx, bs, what);
+        }
+    }
+    return TIDE_OK;
+}
+
 static tide_status op_matmul(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
                              void *const *in, void *const *out, void *scratch) {
     const tide_tensor *xt = tin(g, op, 0), *wt = tin(g, op, 1);
@@ -297,6 +348,9 @@ static tide_status op_matmul(tide_backend *be, cu_lane *ln, const tide_graph *g,
         tide_status st = lane_blas(be, ln);
         return st ? st : sgemm_rows(be, ln, x, in[1], (int)R, (int)K, (int)N, o, (int)ldo, wt->name);
     }
+    if (be->matmul == TIDE_MATMUL_FAST && R >= TCU_MATMUL_FUSED_R && scratch && K > 0 &&
+        op->scratch_bytes / ((uint64_t)K * 2) >= 1)
+        return gemm_fast(be, ln, op, x, in[1], wt, (int)R, (int)K, (int)N, o, (int)ldo, scratch);
     int64_t nb = scratch && K > 0 ? (int64_t)(op->scratch_bytes / ((uint64_t)K * sizeof(float))) : 0;
     if (R < TCU_MATMUL_FUSED_R || nb < 1) {
         CU_TRY(be->ctx, tcu_matmul_fused(ln->stream, x, in[1], wt->dtype, R, K, N, o, ldo), "matmul '%s' kernel",
@@ -464,6 +518,7 @@ static const tide_backend_vt cuda_vt = {
     .stream_begin = cu_stream_begin,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
+    .mem_info = cu_mem_info,
 };
 
 /* ---------------------------------------------------------------- creation */
@@ -514,6 +569,7 @@ tide_status tide_cuda_backend_new(tide_ctx *ctx, tide_backend **out) {
     be->vt = &cuda_vt;
     be->ctx = ctx;
     be->kind = TIDE_BACKEND_CUDA;
+    be->matmul = TIDE_MATMUL_FAST;
     be->impl = im;
     im->device = dev;
     im->cc_major = prop.major;

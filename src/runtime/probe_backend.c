@@ -1,0 +1,219 @@
+/*
+ * probe_backend.c - measuring a device backend into a hardware profile
+ * (tide_probe_backend, declared in plan/probe.h). Everything is timed through
+ * the backend vtable, the way the executor uses it: one-op graphs computed by
+ * be->vt->compute (which waits for its op), copies by to_device / to_host
+ * from host_alloc'ed (pinned) memory. So the figures include what the
+ * executor pays per op and per transfer, and the plans predicted from them
+ * are predictions of what tide's executor will do on this machine.
+ *
+ * Each measurement runs once untimed (cuBLAS picks and loads its kernels,
+ * the driver maps the memory), then repeats while its share of the time
+ * budget lasts, at least twice, and keeps the best time.
+ */
+#include "backend/backend.h"
+#include "plan/probe.h"
+
+#include <string.h>
+#include <unistd.h>
+
+#define PB_COPY_BYTES ((size_t)64 << 20)
+#define PB_ADD_ELEMS ((int64_t)32 << 20) /* 128 MiB per f32 tensor */
+
+/* The device buffers and the one-op graph of a measurement. */
+typedef struct pb_op {
+    tide_graph *g;
+    int op;
+    void *buf[4];   /* device data of tensors 0..n_t-1 */
+    int n_t;
+    void *scratch;
+} pb_op;
+
+static void pb_free(tide_backend *be, pb_op *p) {
+    for (int i = 0; i < p->n_t; i++)
+        if (p->buf[i]) be->vt->dealloc(be, p->buf[i]);
+    if (p->scratch) be->vt->dealloc(be, p->scratch);
+    tide_graph_free(p->g);
+    memset(p, 0, sizeof *p);
+}
+
+/* Allocates every tensor of p->g on the device, filled with small values
+ * (bytes 0x3c: 0.0117 as f32, 1.06 as f16, 0.0117 as bf16), and the op's
+ * scratch. */
+static tide_status pb_alloc(tide_ctx *ctx, tide_backend *be, pb_op *p) {
+    p->n_t = tide_graph_n_tensors(p->g);
+    uint64_t most = 0;
+    for (int t = 0; t < p->n_t; t++) most = TIDE_MAX(most, tide_graph_tensor_bytes(p->g, t));
+    void *fill = tide_malloc((size_t)TIDE_MIN(most, (uint64_t)16 << 20));
+    if (!fill) return tide_err(ctx, TIDE_E_NOMEM, "probe: out of memory");
+    memset(fill, 0x3c, (size_t)TIDE_MIN(most, (uint64_t)16 << 20));
+    tide_status st = TIDE_OK;
+    for (int t = 0; t < p->n_t && !st; t++) {
+        uint64_t n = tide_graph_tensor_bytes(p->g, t);
+        st = be->vt->alloc(be, n, &p->buf[t]);
+        for (uint64_t off = 0; !st && off < n; off += (uint64_t)16 << 20)
+            st = be->vt->to_device(be, (char *)p->buf[t] + off, fill, TIDE_MIN(n - off, (uint64_t)16 << 20));
+    }
+    tide_free(fill);
+    const tide_op *op = &p->g->ops[p->op];
+    if (!st && op->scratch_bytes) st = be->vt->alloc(be, op->scratch_bytes, &p->scratch);
+    return st;
+}
+
+/* Best wall time of one compute of p's op over at least two timed runs and
+ * until `seconds` are spent. */
+static tide_status pb_time(tide_backend *be, pb_op *p, double seconds, double *best) {
+    const tide_op *op = &p->g->ops[p->op];
+    void *in[TIDE_OP_MAX_IN], *out[TIDE_OP_MAX_OUT];
+    for (int i = 0; i < op->n_in; i++) in[i] = p->buf[op->in[i]];
+    for (int i = 0; i < op->n_out; i++) out[i] = p->buf[op->out[i]];
+    tide_status st = be->vt->compute(be, p->g, op, in, out, p->scratch); /* untimed */
+    double deadline = tide_now() + seconds;
+    *best = 1e30;
+    for (int rep = 0; !st && (rep < 2 || tide_now() < deadline); rep++) {
+        double t0 = tide_now();
+        st = be->vt->compute(be, p->g, op, in, out, p->scratch);
+        double t = tide_now() - t0;
+        if (t < *best) *best = t;
+    }
+    return st;
+}
+
+static tide_status pb_tensor(tide_graph *g, const char *name, tide_dtype dt, tide_role role, int64_t d0, int64_t d1,
+                             int *id) {
+    int64_t shape[2] = {d0, d1};
+    return tide_graph_add_tensor(g, name, dt, role, d1 ? 2 : 1, shape, id);
+}
+
+/* MATMUL out (R, N) = x (R, K) . w (N, K)^T with w of dtype dt. */
+static tide_status pb_matmul(tide_ctx *ctx, tide_backend *be, tide_dtype dt, int64_t R, int64_t K, int64_t N,
+                             double seconds, double launch_s, double *rate) {
+    pb_op p = {.g = tide_graph_new(ctx)};
+    if (!p.g) return tide_err(ctx, TIDE_E_NOMEM, "probe: out of memory");
+    int x = -1, w = -1, o = -1;
+    tide_status st = pb_tensor(p.g, "x", TIDE_F32, TIDE_ROLE_INPUT, R, K, &x);
+    if (!st) st = pb_tensor(p.g, "w", dt, TIDE_ROLE_WEIGHT, N, K, &w);
+    if (!st) st = pb_tensor(p.g, "out", TIDE_F32, TIDE_ROLE_TEMP, R, N, &o);
+    if (!st) st = tide_graph_add_op(p.g, TIDE_OP_MATMUL, 2, (int[]){x, w}, 1, &o, &(tide_op_params){0}, -1, &p.op);
+    if (!st) st = pb_alloc(ctx, be, &p);
+    double t = 0;
+    if (!st) st = pb_time(be, &p, seconds, &t);
+    pb_free(be, &p);
+    if (st) return st;
+    double work = 2.0 * (double)R * (double)K * (double)N;
+    double busy = t - launch_s > t * 0.05 ? t - launch_s : t * 0.05;
+    *rate = work / busy;
+    return TIDE_OK;
+}
+
+/* ADD of n f32 elements (n = 1 or a multiple of 1024): the op's best time. */
+static tide_status pb_add(tide_ctx *ctx, tide_backend *be, int64_t n, double seconds, double *t) {
+    pb_op p = {.g = tide_graph_new(ctx)};
+    if (!p.g) return tide_err(ctx, TIDE_E_NOMEM, "probe: out of memory");
+    int a = -1, b = -1, o = -1;
+    int64_t cols = n >= 1024 ? 1024 : 1, rows = n / cols; /* ADD takes 2-D tensors */
+    tide_status st = pb_tensor(p.g, "a", TIDE_F32, TIDE_ROLE_INPUT, rows, cols, &a);
+    if (!st) st = pb_tensor(p.g, "b", TIDE_F32, TIDE_ROLE_INPUT, rows, cols, &b);
+    if (!st) st = pb_tensor(p.g, "out", TIDE_F32, TIDE_ROLE_TEMP, rows, cols, &o);
+    if (!st) st = tide_graph_add_op(p.g, TIDE_OP_ADD, 2, (int[]){a, b}, 1, &o, &(tide_op_params){0}, -1, &p.op);
+    if (!st) st = pb_alloc(ctx, be, &p);
+    if (!st) st = pb_time(be, &p, seconds, t);
+    pb_free(be, &p);
+    return st;
+}
+
+/* Best times of copies of n bytes each way between host memory and the
+ * device, until `seconds` are spent. */
+static tide_status pb_copies(tide_ctx *ctx, tide_backend *be, size_t n, double seconds, double *h2d, double *d2h) {
+    void *host = NULL, *dev = NULL;
+    bool pinned = be->vt->host_alloc && be->vt->host_alloc(be, n, &host) == TIDE_OK;
+    if (!pinned) {
+        tide_err_clear(ctx);
+        host = tide_malloc_aligned(n, 4096);
+        if (!host) return tide_err(ctx, TIDE_E_NOMEM, "probe: out of memory for the copy test");
+    }
+    memset(host, 0x3c, n);
+    tide_status st = be->vt->alloc(be, n, &dev);
+    if (!st) st = be->vt->to_device(be, dev, host, n); /* untimed */
+    if (!st) st = be->vt->to_host(be, host, dev, n);
+    double deadline = tide_now() + seconds;
+    *h2d = *d2h = 1e30;
+    for (int rep = 0; !st && (rep < 2 || tide_now() < deadline); rep++) {
+        double t0 = tide_now();
+        st = be->vt->to_device(be, dev, host, n);
+        double t1 = tide_now();
+        if (!st) st = be->vt->to_host(be, host, dev, n);
+        double t2 = tide_now();
+        if (t1 - t0 < *h2d) *h2d = t1 - t0;
+        if (t2 - t1 < *d2h) *d2h = t2 - t1;
+    }
+    if (dev) be->vt->dealloc(be, dev);
+    if (pinned) be->vt->host_free(be, host);
+    else tide_free_aligned(host);
+    return st;
+}
+
+tide_status tide_probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_budget, tide_hw *h) {
+    double budget = seconds_budget > 0 ? seconds_budget : 6.5;
+    bool big = budget >= 1.3;
+    /* per-op and per-copy overheads first: the rates subtract them */
+    double t_tiny = 0, t_big = 0, t_h2d = 0, t_d2h = 0, t_lat_h2d = 0, t_lat_d2h = 0;
+    tide_status st = pb_add(ctx, be, 1, budget * 0.03, &t_tiny);
+    int64_t n_add = big ? PB_ADD_ELEMS : PB_ADD_ELEMS / 8;
+    if (!st) st = pb_add(ctx, be, n_add, budget * 0.08, &t_big);
+    if (!st) st = pb_copies(ctx, be, 4, budget * 0.03, &t_lat_h2d, &t_lat_d2h);
+    size_t n_copy = big ? PB_COPY_BYTES : PB_COPY_BYTES / 8;
+    if (!st) st = pb_copies(ctx, be, n_copy, budget * 0.16, &t_h2d, &t_d2h);
+    /* llama-7b's projection shape; an eighth of the rows when time is short */
+    int64_t R = big ? 2048 : 256, K = 4096, N = 4096;
+    double r32 = 0, r16 = 0, rbf = 0, share = budget * 0.70 / 3;
+    if (!st) st = pb_matmul(ctx, be, TIDE_F32, R, K, N, share, t_tiny, &r32);
+    if (!st) st = pb_matmul(ctx, be, TIDE_F16, R, K, N, share, t_tiny, &r16);
+    if (!st) st = pb_matmul(ctx, be, TIDE_BF16, R, K, N, share, t_tiny, &rbf);
+    if (st) return st;
+
+    h->flops[TIDE_F32] = r32;
+    h->flops[TIDE_F16] = r16;
+    h->flops[TIDE_BF16] = rbf;
+    h->flops[TIDE_I32] = r32;
+    h->matmul_efficiency = 1.0;
+    h->launch_s = t_tiny;
+    double busy = t_big - t_tiny > t_big * 0.05 ? t_big - t_tiny : t_big * 0.05;
+    h->mem_bw = 3.0 * (double)n_add * sizeof(float) / busy;
+    h->link_latency_s = (t_lat_h2d + t_lat_d2h) / 2;
+    double lat = h->link_latency_s < t_h2d * 0.5 ? h->link_latency_s : 0;
+    h->h2d_bw = (double)n_copy / (t_h2d - lat);
+    lat = h->link_latency_s < t_d2h * 0.5 ? h->link_latency_s : 0;
+    h->d2h_bw = (double)n_copy / (t_d2h - lat);
+    return TIDE_OK;
+}
+
+tide_status tide_probe_backend(tide_ctx *ctx, tide_backend *be, const char *ssd_dir, double seconds_budget,
+                               const tide_hw *base, tide_hw *out) {
+    if (!out || !be) return tide_err(ctx, TIDE_E_INVALID, "probe: no backend or no profile to fill");
+    if (be->vt->device_is_host) return tide_probe(ctx, ssd_dir, seconds_budget, out);
+    double budget = seconds_budget > 0 ? seconds_budget : 10.0;
+    tide_hw h;
+    if (base) h = *base;
+    else memset(&h, 0, sizeof h);
+    /* the drive first: it fails fast on a bad directory */
+    tide_status st = tide_probe_drives(ctx, ssd_dir, budget * 0.35, &h);
+    if (!st) st = tide_probe_ops(ctx, be, budget * 0.65, &h);
+    uint64_t fr = 0, tot = 0;
+    if (!st && be->vt->mem_info && !(st = be->vt->mem_info(be, &fr, &tot))) h.device_mem_bytes = tot;
+    if (st) return st;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) h.host_mem_bytes = (uint64_t)pages * (uint64_t)page;
+    if (!h.device_mem_bytes) h.device_mem_bytes = h.host_mem_bytes;
+
+    char host[128];
+    if (gethostname(host, sizeof host) != 0) strcpy(host, "localhost");
+    host[sizeof host - 1] = '\0';
+    snprintf(h.name, sizeof h.name, "probed-%.40s-%s", host, be->vt->name);
+    for (char *c = h.name; *c; c++)
+        if (!(*c == '-' || *c == '_' || *c == '.' || (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'z') ||
+              (*c >= 'A' && *c <= 'Z')))
+            *c = '-';
+    *out = h;
+    return TIDE_OK;
+}
