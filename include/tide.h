@@ -413,6 +413,13 @@ typedef struct tide_offload_opts {
                                  is tiled, see tide_llama_graph_opts; with TIDE_BUDGET_MIN
                                  the tiling with the smallest minimum); -1: never;
                                  1..TIDE_TILE_LEVELS-1: that tiling level */
+    int pin_weights;          /* weights homed in host memory are copied once into
+                                 pinned (page-locked) memory, so that their loads run
+                                 at the link's full rate without a driver bounce:
+                                 0 auto (on a GPU), 1 also on the CPU backend, -1
+                                 never (loads read the memory-mapped checkpoint).
+                                 At most half the available host memory is pinned;
+                                 the rest stays in the mapping (see the notice) */
 } tide_offload_opts;
 
 /* Switches the model to offloaded runs (or back, with TIDE_BUDGET_NONE).
@@ -457,6 +464,7 @@ typedef struct tide_gen_stats {
     uint64_t logits_hash;       /* FNV-1a of every logits output, in order: equal
                                    hashes of two runs mean bit-identical logits */
     int tile_level;             /* finest tiling level an offloaded graph used (0: none) */
+    uint64_t pinned_weight_bytes; /* weight bytes loaded from pinned copies */
 } tide_gen_stats;
 
 /* Greedy generation for one sequence: prefill `prompt` (n_prompt tokens), then

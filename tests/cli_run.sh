@@ -87,6 +87,17 @@ if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here
     contains "$TMP/err" "CUDA" "message says there is no CUDA device or backend"
 fi
 
+# pinned weight copies: forced on the CPU, the same tokens and logits
+expect 0 "--pin-weights yes, checked" -- "$TIDE" run --model "$TMP/m" --new-tokens 4 --budget 50% \
+    --pin-weights yes --check --json
+contains "$TMP/out" '"check_bit_identical":true' "pinned weights: bit-identical"
+if grep -q '"pinned_weight_bytes":0[,}]' "$TMP/out"; then
+    echo "FAIL: --pin-weights yes pinned nothing"; FAILS=$((FAILS + 1)); else PASSES=$((PASSES + 1)); fi
+expect 0 "--pin-weights no" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --budget 50% --pin-weights no
+contains "$TMP/out" "weights    0 B pinned" "summary gives the pinned bytes"
+expect 2 "bad --pin-weights" -- "$TIDE" run --model "$TMP/m" --budget 50% --pin-weights maybe
+expect 2 "--pin-weights without a budget" -- "$TIDE" run --model "$TMP/m" --pin-weights yes
+
 # tide probe: the CPU through the backend, a bad directory, a GPU that is absent
 expect 0 "probe" -- "$TIDE" probe --seconds 1 --ssd "$TMP" --out "$TMP/probed.json"
 contains "$TMP/err" "probing the cpu backend" "probe says what it measures"

@@ -306,6 +306,84 @@ static void test_tiled_model_api(void **state) {
     env_close(&e);
 }
 
+/* Weights homed in pinned copies (pin_weights 1 forces them on the CPU
+ * backend, where auto means no): the same tokens and logits as the resident
+ * run, whole weights and weight blocks of a tiled graph alike, and every
+ * weight byte counted as pinned; never / auto / weights on SSD pin nothing. */
+static void test_pinned_weights(void **state) {
+    (void)state;
+    env e = env_open(true);
+    tide_model *m = NULL;
+    tide_model_opts mo = {.max_batch = 1, .ctx_len = 24};
+    assert_int_equal(tide_model_new(e.ctx, e.ck, e.be, &mo, &m), TIDE_OK);
+    int32_t tok[SEQ], ref[8], got[8];
+    prompt(tok, tide_checkpoint_config(e.ck)->vocab_size);
+    tide_gen_stats rs, gs;
+    assert_int_equal(tide_model_generate(m, tok, SEQ, 8, ref, &rs), TIDE_OK);
+    struct {
+        int pin, tile;
+        bool ssd, pinned;
+    } cs[] = {{1, TIDE_TILE_NONE, false, true}, {1, 3, false, true}, {-1, TIDE_TILE_NONE, false, false},
+              {0, TIDE_TILE_NONE, false, false}, {1, TIDE_TILE_NONE, true, false}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        tide_offload_opts o = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.5, .ssd_dirs = spill_dir,
+                               .hw = "h100-80g", .pin_weights = cs[i].pin, .tile = cs[i].tile,
+                               .weights_on_ssd = cs[i].ssd};
+        assert_int_equal(tide_model_set_offload(m, &o), TIDE_OK);
+        tide_status st = tide_model_generate(m, tok, SEQ, 8, got, &gs);
+        if (st) fail_msg("case %zu: %s", i, tide_ctx_last_error(e.ctx));
+        assert_memory_equal(got, ref, sizeof ref);
+        if (cs[i].tile == TIDE_TILE_NONE) assert_true(gs.logits_hash == rs.logits_hash);
+        if (cs[i].pinned) assert_true(gs.pinned_weight_bytes == gs.weight_bytes && gs.weight_bytes > 0);
+        else assert_true(gs.pinned_weight_bytes == 0);
+        assert_string_equal(tide_model_notice(m), "");
+    }
+    tide_offload_opts bad = {.budget_kind = TIDE_BUDGET_MIN, .pin_weights = 2};
+    assert_int_equal(tide_model_set_offload(m, &bad), TIDE_E_INVALID);
+    tide_model_free(m);
+    env_close(&e);
+
+    /* weight blocks (byte ranges) of pinned copies: a model whose MLP weights
+     * (4 MiB) are split at tiling level 6 (blocks of at most 2 MiB) */
+    tide_llama_config big = {.name = "pin-blocks", .hidden_size = 256, .intermediate_size = 8192,
+                             .num_hidden_layers = 1, .num_attention_heads = 4, .num_key_value_heads = 2,
+                             .vocab_size = 512, .max_position_embeddings = 32, .rms_norm_eps = 1e-5f,
+                             .rope_theta = 10000.0f, .dtype = TIDE_BF16};
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/pin-blocks", spill_dir);
+    tide_ctx *ctx = tide_ctx_new();
+    tide_checkpoint *ck = NULL;
+    tide_backend *be = NULL;
+    assert_int_equal(tide_checkpoint_make_synthetic(ctx, &big, 5, 0, dir), TIDE_OK);
+    assert_int_equal(tide_checkpoint_open(ctx, dir, &ck), TIDE_OK);
+    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    assert_int_equal(tide_model_new(ctx, ck, be, &mo, &m), TIDE_OK);
+    assert_int_equal(tide_model_generate(m, tok, SEQ, 4, ref, &rs), TIDE_OK);
+    tide_offload_opts o = {.budget_kind = TIDE_BUDGET_MIN, .ssd_dirs = spill_dir, .hw = "h100-80g",
+                           .pin_weights = 1, .tile = 6};
+    assert_int_equal(tide_model_set_offload(m, &o), TIDE_OK);
+    tide_status st = tide_model_generate(m, tok, SEQ, 4, got, &gs);
+    if (st) fail_msg("blocks: %s", tide_ctx_last_error(ctx));
+    assert_int_equal(gs.tile_level, 6);
+    assert_true(gs.pinned_weight_bytes == gs.weight_bytes);
+    assert_memory_equal(got, ref, 4 * sizeof *ref);
+    /* row tiles change f32 summation order, so the bit-for-bit reference is
+     * the same tiled plan reading the memory-mapped checkpoint */
+    tide_gen_stats us;
+    o.pin_weights = -1;
+    assert_int_equal(tide_model_set_offload(m, &o), TIDE_OK);
+    assert_int_equal(tide_model_generate(m, tok, SEQ, 4, got, &us), TIDE_OK);
+    assert_true(us.pinned_weight_bytes == 0 && us.tile_level == 6);
+    assert_true(us.logits_hash == gs.logits_hash);
+    tide_model_free(m);
+    tide_backend_free(be);
+    tide_checkpoint_free(ck);
+    tide_ctx_free(ctx);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* The same through the model API with generation: tokens and every logit of
  * prefill and decode steps equal (logits_hash). */
 static void test_generate_offloaded(void **state) {
@@ -596,6 +674,7 @@ int main(void) {
         cmocka_unit_test(test_bit_identical),
         cmocka_unit_test(test_tiled_bit_identical),
         cmocka_unit_test(test_tiled_model_api),
+        cmocka_unit_test(test_pinned_weights),
         cmocka_unit_test(test_generate_offloaded),
         cmocka_unit_test(test_pread_fallback),
         cmocka_unit_test(test_ssd_read_fault),

@@ -16,7 +16,8 @@ static const char help[] =
     "Usage: tide run [--model DIR] [--tokens 1,2,3 | --prompt-len N] [--new-tokens N]\n"
     "                [--budget BYTES|PCT%|auto|min|none] [--policy tide|static-layer|lru]\n"
     "                [--host-budget BYTES] [--ssd DIR[,DIR]] [--weights-on-ssd] [--pread]\n"
-    "                [--tile auto|none|LEVEL] [--hw PROFILE] [--verify] [--check]\n"
+    "                [--tile auto|none|LEVEL] [--pin-weights auto|yes|no] [--hw PROFILE]\n"
+    "                [--verify] [--check]\n"
     "                [--trace FILE] [--trace-svg FILE]\n"
     "                [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--threads N]\n"
     "                [--json] [--quiet]\n"
@@ -52,8 +53,14 @@ static const char help[] =
     "  --tile T            split ops into tiles when a graph's largest op does not\n"
     "                      fit the budget: auto (default; with --budget min the\n"
     "                      tiling with the smallest minimum), none, or a level 1-6\n"
-    "  --hw PROFILE        hardware profile for the predicted makespan (default: a\n"
-    "                      quick measurement of this machine)\n"
+    "  --pin-weights P     copy the weights once into pinned host memory, so their\n"
+    "                      loads run at the link's full rate: auto (default: on a\n"
+    "                      GPU), yes (on the CPU backend too), no (load from the\n"
+    "                      memory-mapped checkpoint); at most half the available\n"
+    "                      host memory is pinned\n"
+    "  --hw PROFILE        hardware profile for plans and the predicted makespan\n"
+    "                      (default: a quick measurement of this machine through\n"
+    "                      the backend, see `tide probe`)\n"
     "  --verify            verify every plan (always done; kept for scripts)\n"
     "  --check             also run unconstrained and compare the generated tokens\n"
     "                      and every logit bit for bit (on by default with no\n"
@@ -120,6 +127,7 @@ typedef struct run_args {
     bool json, quiet, check, weights_on_ssd, pread, verify;
     tide_backend_kind backend;
     tide_matmul_mode matmul;
+    const char *pin;
     const char *tile;
 } run_args;
 
@@ -165,6 +173,8 @@ static void print_summary(const run_args *a, const char *model_dir, const tide_l
         printf("links      host->device %s, device->host %s, ssd read %s, ssd write %s\n",
                cli_fmt_bytes(s->bytes_h2d, b1, sizeof b1), cli_fmt_bytes(s->bytes_d2h, b2, sizeof b2),
                cli_fmt_bytes(s->bytes_ssd_read, b3, sizeof b3), cli_fmt_bytes(s->bytes_ssd_write, b4, sizeof b4));
+        printf("weights    %s pinned in host memory of %s\n", cli_fmt_bytes(s->pinned_weight_bytes, b1, sizeof b1),
+               cli_fmt_bytes(s->weight_bytes, b2, sizeof b2));
         printf("time       wall %.3f s; predicted makespan %.3f s, measured %.3f s (%+.1f%%)\n",
                s->prefill_s + s->decode_s, s->predicted_s, s->exec_s,
                s->predicted_s > 0 ? 100.0 * (s->exec_s - s->predicted_s) / s->predicted_s : 0);
@@ -209,6 +219,7 @@ static void print_json(const run_args *a, const char *model_dir, const tide_llam
     cJSON_AddStringToObject(o, "policy", offload ? policy : "none");
     cJSON_AddNumberToObject(o, "budget_bytes", (double)s->budget_bytes);
     cJSON_AddNumberToObject(o, "tile_level", s->tile_level);
+    cJSON_AddNumberToObject(o, "pinned_weight_bytes", (double)s->pinned_weight_bytes);
     cJSON_AddNumberToObject(o, "peak_device_bytes", (double)(offload ? s->peak_device_bytes : s->peak_bytes));
     cJSON_AddNumberToObject(o, "bytes_h2d", (double)s->bytes_h2d);
     cJSON_AddNumberToObject(o, "bytes_d2h", (double)s->bytes_d2h);
@@ -242,7 +253,7 @@ int cmd_run(int argc, char **argv) {
         {"trace-svg", required_argument, 0, 'X'},  {"json", no_argument, 0, 'j'},
         {"quiet", no_argument, 0, 'q'},            {"help", no_argument, 0, 'h'},
         {"tile", required_argument, 0, 'L'},       {"matmul", required_argument, 0, 'M'},
-        {0, 0, 0, 0},
+        {"pin-weights", required_argument, 0, 'N'}, {0, 0, 0, 0},
     };
     run_args a = {.prompt_len = 32, .new_tokens = 16, .policy = "tide", .backend = TIDE_BACKEND_AUTO};
     tide_offload_opts off = {0};
@@ -295,6 +306,13 @@ int cmd_run(int argc, char **argv) {
                 return cli_usage_error("run", "bad --tile '%s' (auto, none or a level 1 to %d)", optarg,
                                        TIDE_TILE_LEVELS - 1);
             break;
+        case 'N':
+            a.pin = optarg;
+            if (!strcmp(optarg, "auto")) off.pin_weights = 0;
+            else if (!strcmp(optarg, "yes")) off.pin_weights = 1;
+            else if (!strcmp(optarg, "no")) off.pin_weights = -1;
+            else return cli_usage_error("run", "bad --pin-weights '%s' (auto, yes or no)", optarg);
+            break;
         case 'M':
             if (tide_matmul_parse(NULL, optarg, &a.matmul))
                 return cli_usage_error("run", "unknown --matmul '%s' (auto, f32 or fast)", optarg);
@@ -312,9 +330,9 @@ int cmd_run(int argc, char **argv) {
     }
     bool offload = off.budget_kind != TIDE_BUDGET_NONE;
     if (!offload && (a.trace || a.trace_svg || a.weights_on_ssd || a.ssd || a.check || a.hw || a.host_budget ||
-                     a.pread || a.tile || strcmp(a.policy, "tide")))
+                     a.pread || a.tile || a.pin || strcmp(a.policy, "tide")))
         return cli_usage_error("run", "--check, --trace, --trace-svg, --ssd, --weights-on-ssd, --policy, --hw, "
-                               "--host-budget, --tile and --pread need a --budget");
+                               "--host-budget, --tile, --pin-weights and --pread need a --budget");
     if (a.check && a.new_tokens < 1) return cli_usage_error("run", "--check needs --new-tokens of at least 1");
     off.policy = a.policy;
     off.host_budget = a.host_budget;

@@ -35,6 +35,7 @@ void tide_model_free(tide_model *m) {
     if (!m) return;
     for (int i = 0; i < 2; i++) tide_model_slot_clear(&m->slots[i]);
     tide_model_offload_release(m);
+    tide_model_unpin(m);
     for (int i = 0; i < m->n_state; i++) {
         if (m->state[i].data) m->be->vt->dealloc(m->be, m->state[i].data);
         tide_free_aligned(m->state[i].host);

@@ -64,7 +64,10 @@ struct tide_model {
     void *arena;           /* one arena of `budget` bytes, lent to every executor */
     graph_slot *last_planned; /* for traces: the slot whose plan ran first (prefill) */
     tide_gen_stats acc;    /* offload counters of the current generation */
-    char notice[256];      /* first executor notice (unpinned host pool) */
+    char notice[256];      /* first notice of offloading (memory left unpinned) */
+    void **pinned;         /* per checkpoint tensor: its pinned copy, or NULL */
+    bool pinned_by_be;     /* the copies come from be->vt->host_alloc */
+    uint64_t pinned_bytes;
 };
 
 /* Device memory `--budget auto` leaves free for the runtime (cuBLAS
@@ -79,6 +82,8 @@ tide_status tide_model_device_state(tide_model *m);
  * offloaded runs keep both in host memory and use the arena alone. */
 void tide_model_release_device(tide_model *m);
 void tide_model_offload_release(tide_model *m);
+/* Frees the pinned copies of the weights. */
+void tide_model_unpin(tide_model *m);
 /* Runs s through its plan (made, verified and prepared on first use). */
 tide_status tide_model_run_planned(tide_model *m, graph_slot *s, const run_io *io);
 /* Device pointer of state tensor `name` ("cache.L.k"), or NULL. */

@@ -3,8 +3,11 @@
  * under the device budget, verified, and executed by the executor over one
  * arena of exactly the budget shared by all the model's graphs.
  *
- * Homes: weights live in the memory-mapped checkpoint (host home) or are read
- * straight from the checkpoint file (SSD home); the KV cache lives in the
+ * Homes: weights live in the memory-mapped checkpoint or in pinned copies of
+ * it (host home; pinned by default on a GPU, where a copy from pageable
+ * memory goes through a driver bounce buffer at a fraction of the link's
+ * rate) or are read straight from the checkpoint file (SSD home); the KV
+ * cache lives in the
  * model's state buffers; inputs and outputs are the caller's host buffers,
  * bound again before every run.
  */
@@ -14,6 +17,8 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 void tide_model_offload_release(tide_model *m) {
     if (m->arena) m->be->vt->dealloc(m->be, m->arena);
@@ -21,6 +26,105 @@ void tide_model_offload_release(tide_model *m) {
     m->budget = 0;
     tide_free(m->off_ssd_dirs);
     m->off_ssd_dirs = NULL;
+}
+
+void tide_model_unpin(tide_model *m) {
+    if (!m->pinned) return;
+    for (int i = 0; i < m->n_weights; i++) {
+        if (!m->pinned[i]) continue;
+        if (m->pinned_by_be) {
+            m->be->vt->host_free(m->be, m->pinned[i]);
+        } else {
+            tide_tensor_info ti;
+            if (tide_checkpoint_get_index(m->ck, i, &ti) == TIDE_OK) munlock(m->pinned[i], ti.nbytes);
+            tide_free_aligned(m->pinned[i]);
+        }
+    }
+    tide_free(m->pinned);
+    m->pinned = NULL;
+    m->pinned_bytes = 0;
+}
+
+/* Bytes of host memory available now (MemAvailable), 0 when unknown. */
+static uint64_t host_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    if (kb) return (uint64_t)kb * 1024;
+    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
+/* Copies the checkpoint's tensors into pinned host memory (host_alloc; on a
+ * backend without it, aligned memory locked with mlock), in checkpoint order,
+ * while the copies stay within half the host memory available before the
+ * first copy. A refused allocation ends the pinning without failing: the
+ * tensors left out are loaded from the memory-mapped checkpoint, and the
+ * model's notice says how much was pinned. */
+static tide_status pin_weights(tide_model *m) {
+    tide_backend *be = m->be;
+    if (!m->pinned) {
+        m->pinned = tide_calloc((size_t)(m->n_weights ? m->n_weights : 1), sizeof *m->pinned);
+        if (!m->pinned) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for the pinned weight table");
+        m->pinned_by_be = be->vt->host_alloc != NULL;
+    }
+    uint64_t total = 0;
+    for (int i = 0; i < m->n_weights; i++) {
+        tide_tensor_info ti;
+        if (tide_checkpoint_get_index(m->ck, i, &ti) == TIDE_OK) total += ti.nbytes;
+    }
+    uint64_t limit = m->pinned_bytes + host_available() / 2;
+    const char *why = NULL;
+    for (int i = 0; i < m->n_weights && !why; i++) {
+        tide_tensor_info ti;
+        tide_status st = tide_checkpoint_get_index(m->ck, i, &ti);
+        if (st) return st;
+        if (m->pinned[i]) continue;
+        if (m->pinned_bytes + ti.nbytes > limit) {
+            why = "half the available host memory";
+            break;
+        }
+        void *p = NULL;
+        if (m->pinned_by_be) {
+            if (be->vt->host_alloc(be, ti.nbytes ? ti.nbytes : 1, &p)) {
+                tide_err_clear(m->ctx);
+                why = "the pinned allocation was refused";
+                break;
+            }
+        } else {
+            p = tide_malloc_aligned(ti.nbytes ? ti.nbytes : 1, 4096);
+            if (!p) {
+                why = "out of host memory";
+                break;
+            }
+            /* where locking is refused the copy is still a private, resident one */
+            if (ti.nbytes) (void)mlock(p, ti.nbytes);
+        }
+        memcpy(p, ti.data, ti.nbytes);
+        m->pinned[i] = p;
+        m->pinned_bytes += ti.nbytes;
+        tide_progress(m->ctx, "pinning", (uint64_t)i + 1, (uint64_t)m->n_weights);
+    }
+    if (why && !m->notice[0])
+        snprintf(m->notice, sizeof m->notice, "%llu of %llu weight bytes pinned (%s); the rest is loaded from the "
+                 "memory-mapped checkpoint (pageable memory)", (unsigned long long)m->pinned_bytes,
+                 (unsigned long long)total, why);
+    return TIDE_OK;
+}
+
+/* The host home of weight t: its pinned copy when it has one, else the
+ * memory-mapped checkpoint. */
+static void *weight_host_home(tide_model *m, const tide_tensor_info *ti, uint64_t off) {
+    if (m->pinned)
+        for (int i = 0; i < m->n_weights; i++) {
+            tide_tensor_info tj;
+            if (m->pinned[i] && tide_checkpoint_get_index(m->ck, i, &tj) == TIDE_OK && tj.data == ti->data)
+                return (char *)m->pinned[i] + off;
+        }
+    return (char *)ti->data + off;
 }
 
 tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
@@ -34,6 +138,9 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
                         TIDE_TILE_LEVELS - 1);
     if (o && o->budget_kind == TIDE_BUDGET_BYTES && !o->bytes)
         return tide_err(m->ctx, TIDE_E_INVALID, "a budget of 0 bytes");
+    if (o && (o->pin_weights < -1 || o->pin_weights > 1))
+        return tide_err(m->ctx, TIDE_E_INVALID, "pin_weights %d is not auto (0), always (1) or never (-1)",
+                        o->pin_weights);
     for (int i = 0; i < 2; i++) tide_model_slot_clear(&m->slots[i]);
     m->last_planned = NULL;
     tide_model_offload_release(m);
@@ -41,7 +148,10 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
      * failure below leaves the model running resident */
     m->offload = false;
     m->hw_ready = false;
-    if (!o || o->budget_kind == TIDE_BUDGET_NONE) return TIDE_OK;
+    if (!o || o->budget_kind == TIDE_BUDGET_NONE) {
+        tide_model_unpin(m);
+        return TIDE_OK;
+    }
     m->off = *o;
     m->policy = pol;
     if (o->ssd_dirs) {
@@ -75,6 +185,14 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
             if (!sb->host) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for the host KV cache");
             memset(sb->host, 0, sb->nbytes);
         }
+    }
+    m->notice[0] = '\0';
+    bool pin = !o->weights_on_ssd && (o->pin_weights == 1 || (o->pin_weights == 0 && !m->be->vt->device_is_host));
+    if (!pin) {
+        tide_model_unpin(m);
+    } else {
+        tide_status st = pin_weights(m);
+        if (st) return st;
     }
     m->hw_ready = true;
     m->offload = true;
@@ -157,7 +275,7 @@ static tide_status bind_homes(tide_model *m, graph_slot *s) {
             tide_tensor_info ti;
             if ((st = tide_model_weight_home(m, g, t, &ti, &off))) return st;
             st = s->plan->home[t] == TIDE_TIER_SSD ? tide_exec_bind_file(s->ex, t, ti.file, ti.file_offset + off)
-                                                   : tide_exec_bind_host(s->ex, t, (char *)ti.data + off);
+                                                   : tide_exec_bind_host(s->ex, t, weight_host_home(m, &ti, off));
         } else if (tt->role == TIDE_ROLE_STATE) {
             state_buf *sb = NULL;
             if ((st = tide_model_state_home(m, g, t, &sb, &off))) return st;
@@ -240,6 +358,7 @@ tide_status tide_model_run_planned(tide_model *m, graph_slot *s, const run_io *i
     a->peak_device_bytes = TIDE_MAX(a->peak_device_bytes, s->plan->stats.peak_device_bytes);
     a->budget_bytes = m->budget;
     a->tile_level = TIDE_MAX(a->tile_level, s->tile_level);
+    a->pinned_weight_bytes = m->pinned_bytes;
     return TIDE_OK;
 }
 
