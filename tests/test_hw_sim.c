@@ -1055,6 +1055,7 @@ static void test_probe_backend_ops(void **state) {
     assert_true(took < 30);
     for (int d = 0; d < TIDE_DTYPE_COUNT; d++) assert_true(hw.flops[d] > 1e8 && hw.flops[d] < 1e15);
     assert_true(hw.matmul_efficiency == 1.0);
+    assert_true(hw.attention_efficiency > 0 && hw.attention_efficiency <= 1.0);
     assert_true(hw.mem_bw > 1e8 && hw.h2d_bw > 1e8 && hw.d2h_bw > 1e8);
     assert_true(hw.launch_s > 0 && hw.launch_s < 0.01);
     assert_true(hw.link_latency_s > 0 && hw.link_latency_s < 0.01);
@@ -1067,6 +1068,36 @@ static void test_probe_backend_ops(void **state) {
     strcpy(hw.name, "ops");
     const char *path = tmp_path("ops.json");
     if (tide_hw_save(ctx, &hw, path)) fail_msg("%s", tide_ctx_last_error(ctx));
+    tide_hw back;
+    assert_int_equal(tide_hw_load(ctx, path, &back), TIDE_OK);
+    assert_true(back.attention_efficiency == hw.attention_efficiency && back.launch_s == hw.launch_s);
+    /* the attention rate it measured is the one the cost model uses */
+    {
+        tide_graph *g = tide_graph_new(ctx);
+        int64_t s2[2] = {64, 256}, sp[1] = {64}, sc[3] = {1, 64, 256};
+        int q, k, v, pos, o, kc, vc, op;
+        assert_int_equal(tide_graph_add_tensor(g, "q", TIDE_F32, TIDE_ROLE_INPUT, 2, s2, &q), TIDE_OK);
+        assert_int_equal(tide_graph_add_tensor(g, "k", TIDE_F32, TIDE_ROLE_INPUT, 2, s2, &k), TIDE_OK);
+        assert_int_equal(tide_graph_add_tensor(g, "v", TIDE_F32, TIDE_ROLE_INPUT, 2, s2, &v), TIDE_OK);
+        assert_int_equal(tide_graph_add_tensor(g, "pos", TIDE_I32, TIDE_ROLE_INPUT, 1, sp, &pos), TIDE_OK);
+        assert_int_equal(tide_graph_add_tensor(g, "o", TIDE_F32, TIDE_ROLE_TEMP, 2, s2, &o), TIDE_OK);
+        assert_int_equal(tide_graph_add_tensor(g, "ck", TIDE_F32, TIDE_ROLE_STATE, 3, sc, &kc), TIDE_OK);
+        assert_int_equal(tide_graph_add_tensor(g, "cv", TIDE_F32, TIDE_ROLE_STATE, 3, sc, &vc), TIDE_OK);
+        tide_op_params prm = {.n_heads = 2, .n_kv_heads = 2, .head_dim = 128, .batch = 1};
+        assert_int_equal(tide_graph_add_op(g, TIDE_OP_ATTENTION, 4, (int[]){q, k, v, pos}, 3, (int[]){o, kc, vc},
+                                           &prm, -1, &op), TIDE_OK);
+        tide_hw slow = back;
+        slow.attention_efficiency = back.attention_efficiency / 2;
+        slow.mem_bw = back.mem_bw = 1e15; /* compute-bound */
+        double t1 = tide_hw_op_seconds(&back, g, &g->ops[op]) - back.launch_s;
+        double t2 = tide_hw_op_seconds(&slow, g, &g->ops[op]) - slow.launch_s;
+        assert_true(fabs(t2 / t1 - 2.0) < 1e-9);
+        tide_graph_free(g);
+    }
+    tide_hw bad = back;
+    bad.attention_efficiency = 1.5;
+    assert_int_equal(tide_hw_save(ctx, &bad, path), TIDE_E_INVALID);
+    assert_non_null(strstr(tide_ctx_last_error(ctx), "attention_efficiency"));
     /* on a host backend, tide_probe_backend is the CPU probe */
     assert_int_equal(tide_probe_backend(ctx, be, tmpdir, 0.3, NULL, &hw), TIDE_OK);
     assert_true(!strncmp(hw.name, "probed-", 7) && hw.device_mem_bytes == hw.host_mem_bytes);

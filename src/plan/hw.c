@@ -15,7 +15,9 @@
  * The cost model (tide_hw_op_seconds) is deliberately simple and monotone:
  *   MATMUL     max(flops / (peak[weight dtype] * matmul_efficiency),
  *                  bytes touched / mem_bw) + launch_s
- *   ATTENTION  as MATMUL at the rate of its activation dtype, efficiency 0.5
+ *   ATTENTION  as MATMUL at the rate of its activation dtype, efficiency
+ *              attention_efficiency (optional in a profile: 0.5 when absent;
+ *              `tide probe` on a GPU measures it)
  *   GENERIC    as MATMUL at the f32 rate
  *   others     max(bytes touched / mem_bw, flops / (peak f32 * 0.5)) + launch_s
  * "Bytes touched" is the sum of the distinct input and output tensors' sizes,
@@ -136,6 +138,8 @@ static const char *hw_check(const tide_hw *hw) {
                                                              "flops.i32"};
     for (int d = 0; d < TIDE_DTYPE_COUNT; d++)
         if (!value_ok(F_POSITIVE, hw->flops[d])) return flops_keys[d];
+    if (hw->attention_efficiency != 0 && !value_ok(F_FRACTION, hw->attention_efficiency))
+        return "attention_efficiency";
     return NULL;
 }
 
@@ -231,6 +235,12 @@ static tide_status hw_parse(tide_ctx *ctx, const char *path, const char *text, s
         st = parse_number(ctx, path, root, fields[i].key, fields[i].key, fields[i].kind, &v);
         if (st) goto done;
         field_set(&h, &fields[i], v);
+    }
+    h.attention_efficiency = 0; /* optional: the cost model's default when absent */
+    if (cJSON_GetObjectItemCaseSensitive(root, "attention_efficiency")) {
+        st = parse_number(ctx, path, root, "attention_efficiency", "attention_efficiency", F_FRACTION,
+                          &h.attention_efficiency);
+        if (st) goto done;
     }
     const cJSON *fl = cJSON_GetObjectItemCaseSensitive(root, "flops");
     if (!fl) {
@@ -407,6 +417,11 @@ tide_status tide_hw_save(tide_ctx *ctx, const tide_hw *hw, const char *path) {
         append_number(buf, cap, &n, field_get(hw, &fields[i]));
         append(buf, cap, &n, ",\n");
     }
+    if (hw->attention_efficiency > 0) {
+        append(buf, cap, &n, "  \"attention_efficiency\": ");
+        append_number(buf, cap, &n, hw->attention_efficiency);
+        append(buf, cap, &n, ",\n");
+    }
     append(buf, cap, &n, "  \"flops\": {");
     for (int d = 0; d < TIDE_DTYPE_COUNT; d++) {
         append(buf, cap, &n, "%s\"%s\": ", d ? ", " : " ", tide_dtype_name((tide_dtype)d));
@@ -455,7 +470,8 @@ double tide_hw_op_seconds(const tide_hw *hw, const tide_graph *g, const tide_op 
         rate = rate_of(hw, g->tensors[op->in[1]].dtype) * hw->matmul_efficiency;
         break;
     case TIDE_OP_ATTENTION:
-        rate = rate_of(hw, g->tensors[op->in[0]].dtype) * TIDE_ATTENTION_EFFICIENCY;
+        rate = rate_of(hw, g->tensors[op->in[0]].dtype) *
+               (hw->attention_efficiency > 0 ? hw->attention_efficiency : TIDE_ATTENTION_EFFICIENCY);
         break;
     case TIDE_OP_GENERIC:
         rate = hw->flops[TIDE_F32] * hw->matmul_efficiency;

@@ -150,6 +150,8 @@ typedef struct tide_hw {
     double flops[TIDE_DTYPE_COUNT]; /* peak dense matmul FLOP/s by activation dtype
                                        (compute dtype; f32 for the CPU backend) */
     double matmul_efficiency;     /* fraction of peak large matmuls reach */
+    double attention_efficiency;  /* fraction of the peak of its dtype ATTENTION
+                                     reaches; 0: the default (0.5) */
     double mem_bw;                /* device memory bandwidth, bytes/s */
     double h2d_bw, d2h_bw;        /* host<->device link, bytes/s each way */
     double link_latency_s;        /* per transfer */

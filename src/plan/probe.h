@@ -52,6 +52,9 @@ tide_status tide_probe_drives(tide_ctx *ctx, const char *ssd_dir, double seconds
  *                       of each dtype, in the backend's current matmul mode,
  *                       less the per-op overhead below; flops[i32] = f32;
  *   matmul_efficiency   1 (achieved rates);
+ *   attention_efficiency  achieved FLOP/s of an ATTENTION op (a fresh
+ *                       prefill of 1024 tokens, 32 heads of 128) over
+ *                       flops[f32], at most 1;
  *   mem_bw              bytes read + written per second by an ADD op over
  *                       128 MiB tensors;
  *   launch_s            time of one tiny op, launch and wait included (the
@@ -67,8 +70,8 @@ tide_status tide_probe_drives(tide_ctx *ctx, const char *ssd_dir, double seconds
  * tensors; other errors as tide_probe. */
 /* The compute and link part of tide_probe_backend, through be's vtable on any
  * backend (the CPU's too, where "device" memory is host memory): fills
- * flops, matmul_efficiency, mem_bw, launch_s, h2d_bw, d2h_bw and
- * link_latency_s of h as described below, leaves the rest. seconds_budget
+ * flops, matmul_efficiency, attention_efficiency, mem_bw, launch_s, h2d_bw,
+ * d2h_bw and link_latency_s of h as described below, leaves the rest. seconds_budget
  * <= 0: 6.5 s; below 1.3 s the tensors are an eighth of the size. */
 tide_status tide_probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_budget, tide_hw *h);
 

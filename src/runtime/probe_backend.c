@@ -24,7 +24,7 @@
 typedef struct pb_op {
     tide_graph *g;
     int op;
-    void *buf[4];   /* device data of tensors 0..n_t-1 */
+    void *buf[8];   /* device data of tensors 0..n_t-1 */
     int n_t;
     void *scratch;
 } pb_op;
@@ -41,7 +41,10 @@ static void pb_free(tide_backend *be, pb_op *p) {
  * (bytes 0x3c: 0.0117 as f32, 1.06 as f16, 0.0117 as bf16), and the op's
  * scratch. */
 static tide_status pb_alloc(tide_ctx *ctx, tide_backend *be, pb_op *p) {
-    p->n_t = tide_graph_n_tensors(p->g);
+    int nt = tide_graph_n_tensors(p->g);
+    if (nt > (int)(sizeof p->buf / sizeof p->buf[0]))
+        return tide_err(ctx, TIDE_E_INVALID, "probe: a test op with %d tensors", nt);
+    p->n_t = nt;
     uint64_t most = 0;
     for (int t = 0; t < p->n_t; t++) most = TIDE_MAX(most, tide_graph_tensor_bytes(p->g, t));
     void *fill = tide_malloc((size_t)TIDE_MIN(most, (uint64_t)16 << 20));
@@ -122,6 +125,41 @@ static tide_status pb_add(tide_ctx *ctx, tide_backend *be, int64_t n, double sec
     return st;
 }
 
+/* ATTENTION of a fresh prefill of T tokens, llama-7b's heads (32 x 128):
+ * achieved FLOP/s, the per-op overhead subtracted. */
+static tide_status pb_attention(tide_ctx *ctx, tide_backend *be, int64_t T, double seconds, double launch_s,
+                                double *rate) {
+    const int H = 32, hd = 128;
+    pb_op p = {.g = tide_graph_new(ctx)};
+    if (!p.g) return tide_err(ctx, TIDE_E_NOMEM, "probe: out of memory");
+    int q = -1, k = -1, v = -1, pos = -1, o = -1, kc = -1, vc = -1;
+    int64_t cshape[3] = {1, T, (int64_t)H * hd};
+    tide_status st = pb_tensor(p.g, "q", TIDE_F32, TIDE_ROLE_INPUT, T, (int64_t)H * hd, &q);
+    if (!st) st = pb_tensor(p.g, "k", TIDE_F32, TIDE_ROLE_INPUT, T, (int64_t)H * hd, &k);
+    if (!st) st = pb_tensor(p.g, "v", TIDE_F32, TIDE_ROLE_INPUT, T, (int64_t)H * hd, &v);
+    if (!st) st = pb_tensor(p.g, "pos", TIDE_I32, TIDE_ROLE_INPUT, T, 0, &pos);
+    if (!st) st = pb_tensor(p.g, "o", TIDE_F32, TIDE_ROLE_TEMP, T, (int64_t)H * hd, &o);
+    if (!st) st = tide_graph_add_tensor(p.g, "cache.k", TIDE_F32, TIDE_ROLE_STATE, 3, cshape, &kc);
+    if (!st) st = tide_graph_add_tensor(p.g, "cache.v", TIDE_F32, TIDE_ROLE_STATE, 3, cshape, &vc);
+    tide_op_params prm = {.n_heads = H, .n_kv_heads = H, .head_dim = hd, .batch = 1};
+    if (!st) st = tide_graph_add_op(p.g, TIDE_OP_ATTENTION, 4, (int[]){q, k, v, pos}, 3, (int[]){o, kc, vc}, &prm, -1,
+                                    &p.op);
+    if (!st) st = pb_alloc(ctx, be, &p);
+    int32_t *ids = st ? NULL : tide_malloc((size_t)T * sizeof *ids);
+    if (!st && !ids) st = tide_err(ctx, TIDE_E_NOMEM, "probe: out of memory");
+    for (int64_t i = 0; ids && i < T; i++) ids[i] = (int32_t)i; /* positions 0..T-1 */
+    if (!st) st = be->vt->to_device(be, p.buf[pos], ids, (size_t)T * sizeof *ids);
+    tide_free(ids);
+    double t = 0;
+    if (!st) st = pb_time(be, &p, seconds, &t);
+    double flops = st ? 0 : p.g->ops[p.op].flops;
+    pb_free(be, &p);
+    if (st) return st;
+    double busy = t - launch_s > t * 0.05 ? t - launch_s : t * 0.05;
+    *rate = flops / busy;
+    return TIDE_OK;
+}
+
 /* Best times of copies of n bytes each way between host memory and the
  * device, until `seconds` are spent. */
 static tide_status pb_copies(tide_ctx *ctx, tide_backend *be, size_t n, double seconds, double *h2d, double *d2h) {
@@ -166,11 +204,13 @@ tide_status tide_probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_budge
     if (!st) st = pb_copies(ctx, be, n_copy, budget * 0.16, &t_h2d, &t_d2h);
     /* llama-7b's projection shape; an eighth of the rows when time is short */
     int64_t R = big ? 2048 : 256, K = 4096, N = 4096;
-    double r32 = 0, r16 = 0, rbf = 0, share = budget * 0.70 / 3;
+    double r32 = 0, r16 = 0, rbf = 0, ratt = 0, share = budget * 0.60 / 3;
     if (!st) st = pb_matmul(ctx, be, TIDE_F32, R, K, N, share, t_tiny, &r32);
     if (!st) st = pb_matmul(ctx, be, TIDE_F16, R, K, N, share, t_tiny, &r16);
     if (!st) st = pb_matmul(ctx, be, TIDE_BF16, R, K, N, share, t_tiny, &rbf);
+    if (!st) st = pb_attention(ctx, be, big ? 1024 : 128, budget * 0.10, t_tiny, &ratt);
     if (st) return st;
+    h->attention_efficiency = TIDE_MIN(1.0, ratt / r32);
 
     h->flops[TIDE_F32] = r32;
     h->flops[TIDE_F16] = r16;
