@@ -40,9 +40,10 @@
  *     backend is exactly one cudaMemcpyAsync plus cudaStreamSynchronize per
  *     call. Ratio target >= 0.9. Also shown, to explain a gap: the part of
  *     tide's traffic that comes from the tensors' homes (weights are read from
- *     the memory-mapped checkpoint, i.e. pageable memory; the KV cache's home
- *     is ordinary host memory), and a plain copy of every checkpoint tensor
- *     from that same mapping.
+ *     their pinned copies, tide_offload_opts.pin_weights' default on a GPU,
+ *     or from the memory-mapped checkpoint where pinning was refused; the KV
+ *     cache's home is ordinary host memory), and a plain copy of every
+ *     checkpoint tensor from the mapping (what unpinned loads would get).
  *
  * Output: markdown tables on stdout and one JSON line per row (also to --json
  * FILE). Progress goes to stderr. Exit status: 0 when every run that ran was
@@ -539,8 +540,8 @@ int main(int argc, char **argv) {
     const uint64_t big = 256ull << 20;
     double big_h2d = gbps(big, time_copy(be, dev, host, big, true));
     double big_d2h = gbps(big, time_copy(be, dev, host, big, false));
-    /* every checkpoint tensor once, from the memory-mapped checkpoint (what
-     * tide's weight LOADs read: pageable memory) */
+    /* every checkpoint tensor once, from the memory-mapped checkpoint
+     * (pageable memory: what tide's weight LOADs would read unpinned) */
     double tp = tide_now();
     for (int i = 0; i < tide_checkpoint_n_tensors(ck); i++) {
         tide_tensor_info ti;
@@ -560,7 +561,7 @@ int main(int argc, char **argv) {
            tide_backend_name(be), tide_matmul_name(tide_backend_matmul(be)), hw.name, f32_matmul ? " (f16/bf16 matmul rate set to the f32 rate)" : "",
            (double)peak / GIB, reps, t_load);
     printf("plain %s copies of 256 MiB: h2d %.2f GB/s, d2h %.2f GB/s; every checkpoint tensor from the "
-           "memory-mapped checkpoint (pageable, as tide's weight loads read it): h2d %.2f GB/s\n",
+           "memory-mapped checkpoint (pageable, as unpinned weight loads read it): h2d %.2f GB/s\n",
            pinned ? "pinned" : "PAGEABLE (no host_alloc)", big_h2d, big_d2h, pageable_bw);
     char line[4096], umsg[512];
     snprintf(line, sizeof line,
@@ -771,8 +772,8 @@ int main(int argc, char **argv) {
                gbps(h->home_bytes, h->home_s), (double)d->bytes / GIB, d->busy_s, td, pd, pd > 0 ? td / pd : 0);
     }
     printf("\nbusy: the union of the measured intervals of the run's host LOADs (STOREs); plain: the same copies, "
-           "one call each, back to back; from homes: the part read from the tensors' homes (weights: the "
-           "memory-mapped checkpoint, pageable)\n");
+           "one call each, back to back; from homes: the part read from the tensors' homes (weights: their "
+           "pinned copies, see the notes of the rows for any left in the pageable checkpoint mapping)\n");
 
     printf("\n## Summary per budget (wall time, exec x LB)\n\n| budget | GiB |");
     for (int k = 0; k < n_pol; k++) printf(" %s s | %s xLB |", pol_s[k], pol_s[k]);
