@@ -40,7 +40,8 @@ typedef struct tide_backend_vt {
      * to do. */
     tide_status (*stream_begin)(tide_backend *be, int stream);
     /* Optional: page-locked host memory for the host pool and bounce buffers
-     * (cudaHostAlloc). NULL, or TIDE_E_UNSUPPORTED: the caller pins with mlock
+     * (CUDA: anonymous pages registered with cudaHostRegister, which O_DIRECT
+     * can read into). NULL, or TIDE_E_UNSUPPORTED: the caller pins with mlock
      * or uses pageable memory. */
     tide_status (*host_alloc)(tide_backend *be, size_t n, void **ptr);
     void (*host_free)(tide_backend *be, void *ptr);

@@ -67,6 +67,7 @@ struct tide_exec {
     char notice[256];
     tide_ssd *ssd;
     unsigned char *bounce;      /* BOUNCE_BYTES, 4 KiB aligned */
+    bool bounce_by_backend;     /* pinned, from be->vt->host_alloc */
     home_ref *home;
     int *stream_ins[TIDE_STREAM_COUNT];
     int stream_n[TIDE_STREAM_COUNT];
@@ -186,7 +187,15 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
     }
     if ((st = alloc_host_pool(ex, p->host_spill_bytes, opts->no_pin))) goto fail;
     if (plan_uses_ssd(p)) {
-        ex->bounce = tide_malloc_aligned(BOUNCE_BYTES, ALIGN);
+        /* on a GPU the bounce buffer is pinned, so its copies to the device
+         * run at the link's rate */
+        if (!be->vt->device_is_host && be->vt->host_alloc &&
+            be->vt->host_alloc(be, BOUNCE_BYTES, (void **)&ex->bounce) == TIDE_OK) {
+            ex->bounce_by_backend = true;
+        } else {
+            tide_err_clear(ctx);
+            ex->bounce = tide_malloc_aligned(BOUNCE_BYTES, ALIGN);
+        }
         if (!ex->bounce) {
             st = tide_err(ctx, TIDE_E_NOMEM, "out of memory for the SSD bounce buffers");
             goto fail;
@@ -234,7 +243,8 @@ void tide_exec_free(tide_exec *ex) {
         munmap(ex->host_pool, ex->host_pool_bytes);
     }
     tide_ssd_close(ex->ssd);
-    tide_free_aligned(ex->bounce);
+    if (ex->bounce_by_backend) ex->be->vt->host_free(ex->be, ex->bounce);
+    else tide_free_aligned(ex->bounce);
     if (ex->home)
         for (int t = 0; t < ex->g->n_tensors; t++) release_fd(ex, t);
     tide_free(ex->home);

@@ -57,10 +57,12 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define CU_LANES 4
 
@@ -219,16 +221,40 @@ static tide_status cu_to_host(tide_backend *be, void *dst, const void *src, size
     return cu_copy(be, dst, src, n, cudaMemcpyDeviceToHost);
 }
 
+/* Pinned host memory: anonymous pages from mmap, registered with
+ * cudaHostRegister, rather than cudaHostAlloc. Both are page-locked and
+ * mapped for the GPU's copy engines, but memory a driver allocates and maps
+ * itself may be refused by the kernel's pinning for I/O (O_DIRECT reads into
+ * such mappings can fail with EFAULT), while registered pages are ordinary
+ * anonymous pages: the SSD store reads straight into the same buffers the
+ * copy engines read from. The region's first page holds its length. */
+#define CU_HOST_HDR ((size_t)4096)
+
 static tide_status cu_host_alloc(tide_backend *be, size_t n, void **ptr) {
     *ptr = NULL;
-    cudaError_t e = cudaHostAlloc(ptr, n ? n : 1, cudaHostAllocPortable);
-    if (e == cudaSuccess) return TIDE_OK;
-    *ptr = NULL;
-    return cu_fail(be->ctx, TIDE_E_NOMEM, e, "cudaHostAlloc of %zu pinned bytes", n);
+    size_t total = (n + CU_HOST_HDR + CU_HOST_HDR - 1) & ~(CU_HOST_HDR - 1);
+    void *base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED)
+        return tide_err(be->ctx, TIDE_E_NOMEM, "cuda: cannot map %zu bytes of host memory to pin: %s", n,
+                        strerror(errno));
+    *(size_t *)base = total;
+    cudaError_t e = cudaHostRegister(base, total, cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+        munmap(base, total);
+        return cu_fail(be->ctx, TIDE_E_NOMEM, e, "cudaHostRegister of %zu bytes of host memory", n);
+    }
+    *ptr = (char *)base + CU_HOST_HDR;
+    return TIDE_OK;
 }
 
 static void cu_host_free(tide_backend *be, void *ptr) {
-    if (ptr) cudaFreeHost(ptr);
+    (void)be;
+    if (!ptr) return;
+    char *base = (char *)ptr - CU_HOST_HDR;
+    size_t total = *(size_t *)base;
+    cudaHostUnregister(base);
+    (void)cudaGetLastError();
+    munmap(base, total);
 }
 
 static tide_status cu_mem_info(tide_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
