@@ -41,6 +41,10 @@
 #                      is left, and steps that cannot get 15 s are skipped
 #   TIDE_SUITE_BUDGET  GPU budget in bytes for hf, tide and probe (default: the
 #                      25% row of the bench's JSON)
+#   TIDE_SUITE_BUNDLE  a tarball from scripts/bundle.sh (built elsewhere): the
+#                      build stage unpacks it into build-gpu/ instead of
+#                      compiling, for a machine without the libraries' dev
+#                      packages; the test stage then runs each test program
 #   TIDE_SUITE_CPU=1   smoke mode for a machine without a GPU: the benchmarks,
 #                      tide and Accelerate run on the CPU on a tiny model with
 #                      a 64-token prompt, to check this script; not GPU figures
@@ -96,6 +100,8 @@ NEW_TOKENS=32
 
 HAVE_GPU=0
 nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && HAVE_GPU=1
+# shellcheck disable=SC1091  # a bundle unpacked by an earlier run (scripts/bundle.sh)
+[ -f "$BUILD/.bundle" ] && . "$BUILD/env.sh"
 
 DEADLINE=
 [ -n "${TIDE_SUITE_LIMIT:-}" ] && DEADLINE=$(( $(date +%s) + TIDE_SUITE_LIMIT ))
@@ -297,9 +303,19 @@ except Exception:
   record info ok 0 - "${gpu:-no GPU}; info.txt"
 }
 
-# build (1-2 min on 16 cores): Release, CUDA for sm_90 only, into build-gpu/.
+# build (1-2 min on 16 cores): Release, CUDA for sm_90 only, into build-gpu/;
+# with TIDE_SUITE_BUNDLE, the bundle unpacked there instead (seconds).
 stage_build() {
   local gen=() tests=ON note
+  if [ -n "${TIDE_SUITE_BUNDLE:-}" ]; then
+    [ -f "$BUILD/CMakeCache.txt" ] && { say "$BUILD is a build tree: not replacing it with the bundle"; BUILD_FAILED=1; return 1; }
+    rm -rf "$BUILD"
+    mkdir -p "$BUILD"
+    STEP_NOTE_FN=bundle_note
+    step build.unpack 120 build.log - -- tar -C "$BUILD" -xJf "$TIDE_SUITE_BUNDLE" || { BUILD_FAILED=1; return 1; }
+    use_bundle
+    return 0
+  fi
   if [ ! -f "$BUILD/CMakeCache.txt" ]; then # an existing tree keeps its generator
     if command -v ninja >/dev/null; then gen=(-G Ninja); else gen=(-G "Unix Makefiles"); fi
   fi
@@ -318,6 +334,14 @@ stage_build() {
   STEP_NOTE=$note
   step build.compile 480 build.log - -- cmake --build "$BUILD" -j "$NPROC" || { BUILD_FAILED=1; return 1; }
 }
+
+# use_bundle: a bundle's programs load its libraries (scripts/bundle.sh).
+use_bundle() {
+  # shellcheck disable=SC1091  # written by scripts/bundle.sh
+  [ -f "$BUILD/.bundle" ] && . "$BUILD/env.sh"
+  return 0
+}
+bundle_note() { sed -n 's/^commit /bundle of /p' "$BUILD/BUNDLE" 2>/dev/null | cut -c 1-100; }
 
 # The binaries the later stages need; builds first on a machine that has none.
 ensure_built() {
@@ -360,7 +384,19 @@ stage_test() {
   else
     skip test.backends "not built (no cmocka)"
   fi
-  if [ -f "$BUILD/CTestTestfile.cmake" ] && grep -q add_test "$BUILD/CTestTestfile.cmake"; then
+  if [ -f "$BUILD/.bundle" ]; then
+    # a bundle has no ctest files: each test program, as ctest would run it
+    local t n
+    for t in "$BUILD"/test_*; do
+      n=$(basename "$t")
+      [ "$n" = test_backends ] && continue # ran above
+      step "test.$n" 300 "test-$n.log" - -- env TIDE_FIXTURES="$ROOT/tests/fixtures" TIDE_CLI="$BUILD/tide" "$t"
+    done
+    for t in "$ROOT"/tests/cli_*.sh; do
+      n=$(basename "$t" .sh)
+      step "test.$n" 240 "test-$n.log" - -- env TIDE_FIXTURES="$ROOT/tests/fixtures" bash "$t" "$BUILD/tide"
+    done
+  elif [ -f "$BUILD/CTestTestfile.cmake" ] && grep -q add_test "$BUILD/CTestTestfile.cmake"; then
     # test_backends runs again here; seconds, and ctest's own record of it
     STEP_NOTE_FN=ctest_note
     # shellcheck disable=SC2016  # expanded by the inner shell

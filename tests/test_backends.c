@@ -1144,7 +1144,7 @@ static void test_model(void **state) {
             assert_memory_equal(g1, g2, sizeof g1);
             assert_true(s1.logits_hash == s2.logits_hash);
             tide_offload_opts o = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.5, .ssd_dirs = spill_dir,
-                                   .hw = TIDE_DATA_PATH "/hw/h100-80g.json"};
+                                   .hw = "h100-80g"};
             st = tide_model_set_offload(m, &o);
             if (!st) st = tide_model_generate(m, prompt, MT, NEW, g3, &s3);
             if (st) fail_msg("%s offloaded generate: %s", bn, tide_ctx_last_error(ctx));
