@@ -9,10 +9,16 @@
  *     stage in an order fixed by thread index;
  *   - MATMUL without BLAS: a warp per weight row, lanes over K, up to
  *     TCU_MATMUL_FUSED_R rows of x at a time (the x rows stay in L1/L2);
- *   - ATTENTION: a block of 128 threads per (batch, query, head): the query
- *     in shared memory, keys in tiles of 128 (a warp per key computes a score,
- *     lanes over head_dim), an online softmax (running max m, running sum l)
- *     and P.V accumulated by threads over head_dim, keys in ascending order.
+ *   - ATTENTION, an online softmax (running max m, running sum l) over key
+ *     tiles in ascending order, by one of two kernels:
+ *     for prefill (many queries, head_dim <= 128) a block of 256 threads per
+ *     (batch, head, 64 queries) stages tiles of 64 keys and values in shared
+ *     memory once for all 64 queries and computes S = Q K^T and P.V as
+ *     register-tiled products (4 x 4 scores per thread, a row's softmax
+ *     reduced over its half-warp); for decoding (and head_dim > 128) a block
+ *     of 128 threads per (batch, query, head): the query in shared memory,
+ *     keys in tiles of 128 (a warp per key computes a score, lanes over
+ *     head_dim) and P.V accumulated by threads over head_dim.
  *
  * Determinism: no reduction uses atomics; every sum is a sequence per thread
  * followed by a butterfly (xor) shuffle tree and a tree over warps, fixed by
@@ -31,6 +37,8 @@
 #include "backend/cuda/cuda_kernels.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define TCU_BLOCK 256
 #define TCU_MAX_GRID (1 << 20)
@@ -368,6 +376,7 @@ extern "C" cudaError_t tcu_cache_write(cudaStream_t s, const float *k, const flo
     return cudaGetLastError();
 }
 
+/* Per-row kernel, for decoding (few queries) and head_dim > 128. */
 #define ATT_TILE TCU_ATTN_BLOCK                       /* keys per tile: one score per thread */
 #define ATT_PER_THREAD (TCU_ATTN_MAX_HD / TCU_ATTN_BLOCK) /* output elements per thread */
 
@@ -437,6 +446,275 @@ __global__ void __launch_bounds__(TCU_ATTN_BLOCK)
     }
 }
 
+/*
+ * Query-tiled kernel, for prefill (T >= TCU_ATTN_TILED_MIN_T, hd <=
+ * TCU_ATTN_TILED_MAX_HD). The per-row kernel reads every key and value once
+ * per query row; here a block takes ATQ_ROWS consecutive query rows of one
+ * (b, h) and streams tiles of ATQ_KEYS keys through shared memory once for
+ * all of them, so the cache is read T / ATQ_ROWS times less and the work is
+ * two small matrix products per tile, S = Q K^T and O += P V, done as in a
+ * SIMT GEMM: each thread computes a 4 x 4 block of S and a 4 x (HD / 16)
+ * block of O from float4 reads of shared memory (2 float4 reads per 16 FMAs
+ * for S, 1 + HD / 64 per 4 * HD / 16 for P.V).
+ *
+ * Threads: 256 as 16 x 16, ty = tid / 16, tx = tid % 16. Thread (ty, tx) owns
+ * query rows 4ty..4ty+3 of the tile throughout: in S the keys 4tx..4tx+3, in
+ * O the head_dim columns 64g + 4tx + c. A row's 16 threads are one half-warp,
+ * so its max and sum over the tile are 4-step xor shuffles within it, and the
+ * row's running max m, sum l and rescale factor stay in registers (the same
+ * bits in all 16 threads) for the P.V step that follows.
+ *
+ * Shared memory, HD = 64 or 128:
+ *   Qs [HD][64]  the query tile transposed (d-major: a thread's 4 rows at one
+ *                d are one float4, the same for its half-warp);
+ *   Ks [HD][64]  the key tile transposed; once the scores are in registers
+ *                it holds P [64 keys][64 rows] instead;
+ *   Vs [64][HD]  the value tile as in the cache.
+ * Columns d from hd to hd rounded up to 32 are zero, so the score loop runs
+ * in whole steps of 32. 3 * 64 * HD floats: 96 KiB at HD = 128 (below the
+ * 99 KiB a block may opt in to on every sm_80+ device), 48 KiB at 64. Ks
+ * and P permute the float4 chunks of each row (atq_at): row d of Ks by
+ * (d >> 2) & 7, row j of P by (j >> 2) & 7. float4 accesses stay whole, and
+ * the transposing stores of K (a warp writes 4 columns x 32 rows d) and the
+ * stores of P (a half-warp writes 16 rows j = 4tx + c) fall in distinct
+ * banks instead of 4 or 2; reads of a row by 16 threads still cover it once.
+ *
+ * Masking: key j counts for a row iff j <= its position. Key tiles go from 0
+ * to the largest position among the tile's rows, in ascending order; key 0 is
+ * in every row's range, so m is finite after the first tile and later tiles
+ * out of a row's range leave it exactly as it was (p = 0, rescale by 1).
+ * Scores out of range are replaced, never computed on, and P.V stops at each
+ * row's last key, so cache rows past a row's position (stale, perhaps never
+ * written) do not reach it. Rows of the last tile past T compute with
+ * position 0 and are not stored, so every thread reaches every barrier.
+ *
+ * Per row the sums run in a fixed order (d ascending for a score, keys
+ * ascending for O, the butterfly for the row sum), independent of the other
+ * rows and of the launch, so results are the same bits on every run.
+ */
+#define ATQ_ROWS 64     /* query rows per block (16 ty x 4) */
+#define ATQ_KEYS 64     /* keys per tile (16 tx x 4); both are the 64 of the layouts */
+#define ATQ_THREADS 256 /* 16 x 16 */
+#define ATQ_SMEM(HD) ((size_t)3 * 64 * (HD) * sizeof(float))
+
+/* Offset of (r, c) in a [.][64] tile whose row r has its float4 chunks
+ * permuted by k: c ^ ((k & 7) << 2) keeps 4 aligned columns together. */
+__device__ __forceinline__ int atq_at(int r, int c, int k) { return r * 64 + (c ^ ((k & 7) << 2)); }
+
+/* dst [HD][64] = src rows 0..n-1 (ld floats apart), columns 0..hd-1,
+ * transposed: element (r, d) at atq_at(d, r, d >> 2) when SWZ, else at
+ * d * 64 + r; zero for rows n..63 and columns hd..dpad-1 (dpad = hd rounded
+ * up to 32). A warp moves 4 rows x 32 columns, 4 per lane (one float4 when
+ * vec: hd % 4 == 0 and src 16-byte aligned): 4 cache lines of global memory;
+ * with SWZ each of its 4 stores covers the 32 banks (lane (r, e) writes row
+ * d = 4e + c, chunk (r / 4) ^ e), without it they conflict 8 ways, which the
+ * query tile, stored once per block, can afford. */
+template <bool SWZ>
+__device__ __forceinline__ void atq_load_t(float *dst, const float *src, int64_t ld, int n, int hd, int dpad,
+                                           bool vec) {
+    const int nw = dpad / 32 * 512;
+    for (int w = threadIdx.x; w < nw; w += ATQ_THREADS) {
+        const int lane = w & 31, grp = w >> 5;
+        const int r = ((grp & 15) << 2) + (lane >> 3), d = ((grp >> 4) << 5) + ((lane & 7) << 2);
+        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (r < n) {
+            const float *sp = src + r * ld + d;
+            if (vec) {
+                if (d < hd) {
+                    const float4 v = *(const float4 *)sp;
+                    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+                }
+            } else {
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    if (d + c < hd) x[c] = sp[c];
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < 4; c++) dst[SWZ ? atq_at(d + c, r, d >> 2) : (d + c) * 64 + r] = x[c];
+    }
+}
+
+/* Block index -> (query tile, b, h), later tiles (more keys) first. */
+template <int HD>
+__global__ void __launch_bounds__(ATQ_THREADS, 2)
+    k_attention_tiled(const float *q, const int32_t *pos, const float *kcache, const float *vcache, float *o,
+                      int64_t B, int64_t T, int64_t C, int H, int KV, int hd, float scale, bool vec) {
+    extern __shared__ float4 atq_smem[];
+    float *Qs = (float *)atq_smem, *Ks = Qs + HD * 64, *Vs = Ks + HD * 64, *Ps = Ks;
+    const int NG = HD / 64; /* groups of 64 output columns */
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, lane = tid & 31;
+    const int64_t nbh = B * H, ntile = (T + ATQ_ROWS - 1) / ATQ_ROWS;
+    const int64_t bh = blockIdx.x % nbh, t0 = (ntile - 1 - blockIdx.x / nbh) * ATQ_ROWS;
+    const int h = (int)(bh % H);
+    const int64_t b = bh / H;
+    const int g = h / (H / KV);
+    const int64_t qd = (int64_t)H * hd, kd = (int64_t)KV * hd;
+    const int nq = (int)(T - t0 < ATQ_ROWS ? T - t0 : ATQ_ROWS);
+    const float *kb = kcache + b * C * kd + (int64_t)g * hd;
+    const float *vb = vcache + b * C * kd + (int64_t)g * hd;
+
+    /* keys 0..kmax: the tile's largest position, the same in every warp */
+    int kmax = 0;
+    for (int r = lane; r < nq; r += 32) kmax = max(kmax, (int)pos[t0 + r]);
+    for (int x = 16; x > 0; x >>= 1) kmax = max(kmax, __shfl_xor_sync(FULL_MASK, kmax, x));
+    const int64_t nkeys = (int64_t)kmax + 1;
+
+    int prow[4];
+    float m[4], l[4], acc[4][4 * NG];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        prow[i] = 4 * ty + i < nq ? (int)pos[t0 + 4 * ty + i] : 0;
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4 * NG; e++) acc[i][e] = 0.0f;
+    }
+    const int dpad = (hd + 31) & ~31; /* Qs, Ks columns hd..dpad-1 are zero */
+    atq_load_t<false>(Qs, q + (b * T + t0) * qd + (int64_t)h * hd, qd, nq, hd, dpad, vec);
+
+    for (int64_t j0 = 0; j0 < nkeys; j0 += ATQ_KEYS) {
+        const int nk = (int)(nkeys - j0 < ATQ_KEYS ? nkeys - j0 : ATQ_KEYS);
+        __syncthreads(); /* the previous tile's P and V are consumed */
+        atq_load_t<true>(Ks, kb + j0 * kd, kd, nk, hd, dpad, vec);
+        if (vec) {
+            for (int w = tid; w < ATQ_KEYS * HD / 4; w += ATQ_THREADS) {
+                const int j = w / (HD / 4), d = w % (HD / 4) * 4;
+                float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (j < nk && d < hd) x = *(const float4 *)&vb[(j0 + j) * kd + d];
+                *(float4 *)&Vs[j * HD + d] = x;
+            }
+        } else {
+            for (int w = tid; w < ATQ_KEYS * HD; w += ATQ_THREADS) {
+                const int j = w / HD, d = w % HD;
+                Vs[w] = j < nk && d < hd ? vb[(j0 + j) * kd + d] : 0.0f;
+            }
+        }
+        __syncthreads();
+
+        /* S = Q K^T for rows 4ty+i, keys 4tx+c; d in steps of 32 so that the
+         * swizzle of row d of Ks, (d >> 2) & 7, is a constant of the unrolled
+         * body and every address an immediate offset */
+        float s[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) s[i][c] = 0.0f;
+        for (int d0 = 0; d0 < dpad; d0 += 32) {
+#pragma unroll
+            for (int k = 0; k < 32; k++) {
+                const float4 qv = *(const float4 *)&Qs[(d0 + k) * 64 + 4 * ty];
+                const float4 kv = *(const float4 *)&Ks[atq_at(d0 + k, 4 * tx, k >> 2)];
+                const float qa[4] = {qv.x, qv.y, qv.z, qv.w}, ka[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) s[i][c] = fmaf(qa[i], ka[c], s[i][c]);
+            }
+        }
+        __syncthreads(); /* Ks is free: P goes there */
+
+        /* online softmax per row, over its half-warp */
+        float corr[4];
+        int lim[4], jlo = nk, jhi = 0; /* row i uses keys jj < lim[i] of this tile */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int64_t last = (int64_t)prow[i] - j0; /* last key of the row, tile-relative */
+            float mx = -INFINITY;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                s[i][c] = 4 * tx + c <= last ? __fmul_rn(s[i][c], scale) : -INFINITY;
+                mx = fmaxf(mx, s[i][c]);
+            }
+            for (int x = 8; x > 0; x >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, x));
+            const float mnew = fmaxf(m[i], mx);
+            float sum = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                s[i][c] = 4 * tx + c <= last ? expf(s[i][c] - mnew) : 0.0f;
+                sum += s[i][c];
+            }
+            for (int x = 8; x > 0; x >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, x);
+            corr[i] = expf(m[i] - mnew);
+            l[i] = l[i] * corr[i] + sum;
+            m[i] = mnew;
+            lim[i] = (int)(last < 0 ? 0 : last >= nk ? nk : last + 1);
+            jlo = min(jlo, lim[i]);
+            jhi = max(jhi, lim[i]);
+        }
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            *(float4 *)&Ps[atq_at(4 * tx + c, 4 * ty, tx)] = make_float4(s[0][c], s[1][c], s[2][c], s[3][c]);
+        __syncthreads();
+
+        /* O = O * corr + P V; keys every row of the thread uses, then the
+         * ragged end where some rows have stopped */
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 4 * NG; e++) acc[i][e] *= corr[i];
+        int jj = 0;
+#pragma unroll 4
+        for (; jj < jlo; jj++) {
+            const float4 pv = *(const float4 *)&Ps[atq_at(jj, 4 * ty, jj >> 2)];
+            const float pa[4] = {pv.x, pv.y, pv.z, pv.w};
+#pragma unroll
+            for (int gi = 0; gi < NG; gi++) {
+                const float4 vv = *(const float4 *)&Vs[jj * HD + 64 * gi + 4 * tx];
+                const float va[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) acc[i][4 * gi + c] = fmaf(pa[i], va[c], acc[i][4 * gi + c]);
+            }
+        }
+        for (; jj < jhi; jj++) {
+            const float4 pv = *(const float4 *)&Ps[atq_at(jj, 4 * ty, jj >> 2)];
+            const float pa[4] = {pv.x, pv.y, pv.z, pv.w};
+#pragma unroll
+            for (int gi = 0; gi < NG; gi++) {
+                const float4 vv = *(const float4 *)&Vs[jj * HD + 64 * gi + 4 * tx];
+                const float va[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    if (jj < lim[i])
+#pragma unroll
+                        for (int c = 0; c < 4; c++) acc[i][4 * gi + c] = fmaf(pa[i], va[c], acc[i][4 * gi + c]);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (4 * ty + i >= nq) continue;
+        float *orow = o + (b * T + t0 + 4 * ty + i) * qd + (int64_t)h * hd;
+#pragma unroll
+        for (int gi = 0; gi < NG; gi++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int d = 64 * gi + 4 * tx + c;
+                if (d < hd) orow[d] = acc[i][4 * gi + c] / l[i];
+            }
+    }
+}
+
+template <int HD>
+static cudaError_t attention_tiled(cudaStream_t s, const float *q, const int32_t *pos, const float *kcache,
+                                   const float *vcache, float *o, int64_t B, int64_t T, int64_t C, int H, int KV,
+                                   int hd, float scale) {
+    /* float4 loads where every row start is 16-byte aligned */
+    bool vec = hd % 4 == 0 && ((uintptr_t)q | (uintptr_t)kcache | (uintptr_t)vcache) % 16 == 0;
+    /* above 48 KiB of dynamic shared memory a kernel must opt in (per device;
+     * cheap, so done on every launch) */
+    cudaError_t e = cudaFuncSetAttribute(k_attention_tiled<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)ATQ_SMEM(HD));
+    if (e != cudaSuccess) return e;
+    unsigned nblk = (unsigned)(B * H * ((T + ATQ_ROWS - 1) / ATQ_ROWS));
+    k_attention_tiled<HD><<<nblk, ATQ_THREADS, ATQ_SMEM(HD), s>>>(q, pos, kcache, vcache, o, B, T, C, H, KV, hd,
+                                                                 scale, vec);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t tcu_attention(cudaStream_t s, const float *q, const int32_t *pos, const float *kcache,
                                      const float *vcache, float *o, int64_t B, int64_t T, int64_t C, int H, int KV,
                                      int hd) {
@@ -444,6 +722,18 @@ extern "C" cudaError_t tcu_attention(cudaStream_t s, const float *q, const int32
     if (nblk <= 0) return cudaSuccess;
     if (hd > TCU_ATTN_MAX_HD || nblk > 0x7fffffff || KV <= 0 || H % KV) return cudaErrorInvalidValue;
     float scale = 1.0f / sqrtf((float)hd);
+    /* TIDE_CUDA_ATTENTION=rows keeps every launch on the per-row kernel, to
+     * compare the two on a GPU */
+    const char *force = getenv("TIDE_CUDA_ATTENTION");
+    bool rows_only = force && !strcmp(force, "rows");
+    if (!rows_only && T >= TCU_ATTN_TILED_MIN_T && hd <= TCU_ATTN_TILED_MAX_HD) {
+        cudaError_t e = hd <= 64 ? attention_tiled<64>(s, q, pos, kcache, vcache, o, B, T, C, H, KV, hd, scale)
+                                 : attention_tiled<128>(s, q, pos, kcache, vcache, o, B, T, C, H, KV, hd, scale);
+        /* a GPU that refuses the tiled kernel's shared memory takes the
+         * per-row one; any other error is the caller's */
+        if (e != cudaErrorInvalidValue) return e;
+        (void)cudaGetLastError();
+    }
     k_attention<<<(unsigned)nblk, TCU_ATTN_BLOCK, 0, s>>>(q, pos, kcache, vcache, o, T, C, H, KV, hd, scale);
     return cudaGetLastError();
 }

@@ -79,9 +79,22 @@ cudaError_t tcu_cache_write(cudaStream_t s, const float *k, const float *v, cons
 
 /* ATTENTION, part 2. q (B*T, H*hd), pos (T), kcache, vcache (B, C, KV*hd),
  * o (B*T, H*hd): for each (b, t, h), softmax over cache positions
- * j <= pos[t] of (q . k_j) / sqrtf(hd), o = sum p_j v_j, with an online
- * softmax over tiles of 128 keys. hd <= TCU_ATTN_MAX_HD. B*T*H < 2^31. */
+ * j <= pos[t] of (q . k_j) * (1/sqrtf(hd)), o = sum p_j v_j (kv head
+ * h / (H/KV)), an online softmax over key tiles in ascending order, f32.
+ * Two kernels:
+ *   - T >= TCU_ATTN_TILED_MIN_T and hd <= TCU_ATTN_TILED_MAX_HD (prefill):
+ *     a block per (b, h, 64 consecutive queries) sharing tiles of 64 keys
+ *     and values staged in shared memory (96 KiB dynamic at hd > 64, opted
+ *     in on each call); keys up to the tile's largest position;
+ *   - otherwise (decoding, hd > 128), on a GPU that refuses the first one's
+ *     shared memory, or with the environment variable TIDE_CUDA_ATTENTION=rows
+ *     (for comparing the two): a block per (b, t, h) reading its keys from
+ *     global memory, 128 at a time.
+ * A row's result depends on which kernel runs (summation orders differ), not
+ * on B or on the other rows. hd <= TCU_ATTN_MAX_HD. B*T*H < 2^31. */
 #define TCU_ATTN_MAX_HD 512
+#define TCU_ATTN_TILED_MIN_T 16
+#define TCU_ATTN_TILED_MAX_HD 128
 cudaError_t tcu_attention(cudaStream_t s, const float *q, const int32_t *pos, const float *kcache,
                           const float *vcache, float *o, int64_t B, int64_t T, int64_t C, int H, int KV,
                           int hd);
