@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "core/alloc_test.h"
+#include "backend/backend.h"
 #include "exec/executor.h"
 #include "plan/plan.h"
 
@@ -384,6 +385,72 @@ static void test_pinned_weights(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* The paths a GPU takes, run on the CPU: a CPU backend whose vtable says its
+ * memory is not host memory, so the model uploads weights for resident runs,
+ * keeps the KV cache's home in host memory, pins weight copies by default,
+ * and the executor reads SSD-homed weights through the bounce buffer into
+ * "device" memory, double buffered for weights above half of it (8 MiB MLP
+ * weights here), with io_uring and with the pread store. Every offloaded
+ * generation equals the resident one bit for bit. */
+static void test_device_paths(void **state) {
+    (void)state;
+    tide_llama_config cfg = {.name = "device-paths", .hidden_size = 256, .intermediate_size = 16384,
+                             .num_hidden_layers = 1, .num_attention_heads = 4, .num_key_value_heads = 2,
+                             .vocab_size = 512, .max_position_embeddings = 32, .rms_norm_eps = 1e-5f,
+                             .rope_theta = 10000.0f, .dtype = TIDE_BF16};
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/device-paths", spill_dir);
+    tide_ctx *ctx = tide_ctx_new();
+    tide_checkpoint *ck = NULL;
+    tide_backend *be = NULL;
+    assert_int_equal(tide_checkpoint_make_synthetic(ctx, &cfg, 9, 0, dir), TIDE_OK);
+    assert_int_equal(tide_checkpoint_open(ctx, dir, &ck), TIDE_OK);
+    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    const tide_backend_vt *host_vt = be->vt;
+    tide_backend_vt dev_vt = *host_vt;
+    dev_vt.device_is_host = false;
+    be->vt = &dev_vt;
+
+    tide_model *m = NULL;
+    tide_model_opts mo = {.max_batch = 1, .ctx_len = 24};
+    assert_int_equal(tide_model_new(ctx, ck, be, &mo, &m), TIDE_OK);
+    int32_t tok[SEQ], ref[6], got[6];
+    prompt(tok, cfg.vocab_size);
+    tide_gen_stats rs, gs;
+    assert_int_equal(tide_model_generate(m, tok, SEQ, 6, ref, &rs), TIDE_OK);
+    struct {
+        bool ssd, pread;
+    } cs[] = {{true, false}, {true, true}, {false, false}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        tide_offload_opts o = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.7, .ssd_dirs = spill_dir,
+                               .hw = "h100-80g", .weights_on_ssd = cs[i].ssd, .force_pread = cs[i].pread,
+                               .tile = TIDE_TILE_NONE};
+        assert_int_equal(tide_model_set_offload(m, &o), TIDE_OK);
+        tide_status st = tide_model_generate(m, tok, SEQ, 6, got, &gs);
+        if (st) fail_msg("case %zu: %s", i, tide_ctx_last_error(ctx));
+        assert_memory_equal(got, ref, sizeof ref);
+        if (gs.logits_hash != rs.logits_hash) fail_msg("case %zu: logits differ from the resident run", i);
+        if (cs[i].ssd) {
+            assert_true(gs.bytes_ssd_read >= (UINT64_C(8) << 20) && gs.pinned_weight_bytes == 0);
+        } else {
+            /* on a device backend weights are pinned by default */
+            assert_true(gs.pinned_weight_bytes == gs.weight_bytes && gs.bytes_ssd_read == 0);
+        }
+    }
+    /* back to resident: the device copies come back */
+    assert_int_equal(tide_model_set_offload(m, NULL), TIDE_OK);
+    assert_int_equal(tide_model_generate(m, tok, SEQ, 6, got, &gs), TIDE_OK);
+    assert_true(gs.logits_hash == rs.logits_hash);
+    tide_model_free(m);
+    be->vt = host_vt;
+    tide_backend_free(be);
+    tide_checkpoint_free(ck);
+    tide_ctx_free(ctx);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* The same through the model API with generation: tokens and every logit of
  * prefill and decode steps equal (logits_hash). */
 static void test_generate_offloaded(void **state) {
@@ -675,6 +742,7 @@ int main(void) {
         cmocka_unit_test(test_tiled_bit_identical),
         cmocka_unit_test(test_tiled_model_api),
         cmocka_unit_test(test_pinned_weights),
+        cmocka_unit_test(test_device_paths),
         cmocka_unit_test(test_generate_offloaded),
         cmocka_unit_test(test_pread_fallback),
         cmocka_unit_test(test_ssd_read_fault),

@@ -23,7 +23,10 @@
  * SSD transfers go through 4 KiB-aligned bounce buffers: an extent that does
  * not start or end on a 4 KiB boundary is read-modify-written at its edges, so
  * tier offsets need no alignment. All SSD instructions run on the io stream,
- * one at a time, which makes the edge read-modify-write safe.
+ * one at a time, which makes the edge read-modify-write safe. A read into
+ * device memory (a GPU's) longer than half the bounce buffer is double
+ * buffered: a reader thread fills one half while the io stream copies the
+ * other to the device.
  */
 #include "exec/executor.h"
 #include "store/ssd.h"
@@ -313,8 +316,112 @@ static tide_status fail_io(tide_exec *ex, int i, const char *what) {
                     tname(ex, in->tensor), in->iter, what, tide_ctx_last_error(ex->ctx));
 }
 
-/* Reads [off, off+n) of a file or the SSD store into dst (host memory), via the
- * bounce buffer when dst or the extent is not 4 KiB aligned. */
+/* One bounce-buffer read: the 4 KiB-aligned span holding the start of
+ * [off, off+n), at most cap bytes, into buf; *skip is where off lies in buf and
+ * *take how many of its bytes belong to the extent. */
+static tide_status read_chunk(tide_exec *ex, int fd, bool direct, uint64_t off, uint64_t n, unsigned char *buf,
+                              uint64_t cap, uint64_t *skip, uint64_t *take) {
+    uint64_t a0 = off & ~(uint64_t)(ALIGN - 1);
+    *skip = off - a0;
+    uint64_t span = TIDE_MIN(cap, (*skip + n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1));
+    *take = TIDE_MIN(n, span - *skip);
+    if (fd < 0) return tide_ssd_read(ex->ssd, a0, buf, span);
+    if (direct) return tide_ssd_read_file(ex->ssd, fd, a0, buf, span);
+    ssize_t r = pread(fd, buf + *skip, *take, (off_t)off);
+    return r == (ssize_t)*take ? TIDE_OK
+                               : tide_err(ex->ctx, TIDE_E_IO, "read of %llu bytes at %llu: %s",
+                                          (unsigned long long)*take, (unsigned long long)off,
+                                          r < 0 ? strerror(errno) : "short read");
+}
+
+/* A read from SSD to device memory through the two halves of the bounce
+ * buffer: a reader thread fills one half while this thread copies the other
+ * to the device, so the drive and the host link work at the same time. */
+typedef struct dbuf {
+    tide_exec *ex;
+    int fd;
+    bool direct;
+    uint64_t off, n;            /* what is left to read */
+    unsigned char *half[2];
+    uint64_t skip[2], take[2];
+    int filled, copied;         /* chunks read, chunks copied */
+    bool done, stop;            /* the reader read everything / must stop */
+    tide_status st;             /* the reader's failure */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} dbuf;
+
+#define HALF_BYTES ((uint64_t)BOUNCE_BYTES / 2)
+
+static void *dbuf_reader(void *arg) {
+    dbuf *d = arg;
+    for (int k = 0;; k++) {
+        pthread_mutex_lock(&d->mu);
+        while (!d->stop && k - d->copied >= 2) pthread_cond_wait(&d->cv, &d->mu); /* both halves busy */
+        bool stop = d->stop;
+        pthread_mutex_unlock(&d->mu);
+        if (stop) return NULL;
+        uint64_t skip = 0, take = 0;
+        tide_status st = read_chunk(d->ex, d->fd, d->direct, d->off, d->n, d->half[k & 1], HALF_BYTES, &skip, &take);
+        pthread_mutex_lock(&d->mu);
+        if (st) {
+            d->st = st;
+        } else {
+            d->skip[k & 1] = skip;
+            d->take[k & 1] = take;
+            d->off += take;
+            d->n -= take;
+            d->filled = k + 1;
+            d->done = d->n == 0;
+        }
+        bool end = st || d->done;
+        pthread_cond_broadcast(&d->cv);
+        pthread_mutex_unlock(&d->mu);
+        if (end) return NULL;
+    }
+}
+
+static tide_status ssd_read_to_device_pipelined(tide_exec *ex, int fd, bool direct, uint64_t off,
+                                                unsigned char *dst, uint64_t n) {
+    dbuf d = {.ex = ex, .fd = fd, .direct = direct, .off = off, .n = n,
+              .half = {ex->bounce, ex->bounce + HALF_BYTES}};
+    pthread_mutex_init(&d.mu, NULL);
+    pthread_cond_init(&d.cv, NULL);
+    pthread_t th;
+    if (pthread_create(&th, NULL, dbuf_reader, &d) != 0) {
+        pthread_cond_destroy(&d.cv);
+        pthread_mutex_destroy(&d.mu);
+        return tide_err(ex->ctx, TIDE_E_NOMEM, "cannot start the SSD reader thread: %s", strerror(errno));
+    }
+    tide_status st = TIDE_OK;
+    for (int k = 0; !st; k++) {
+        pthread_mutex_lock(&d.mu);
+        while (d.filled <= k && !d.st) pthread_cond_wait(&d.cv, &d.mu);
+        bool have = d.filled > k;
+        uint64_t skip = d.skip[k & 1], take = d.take[k & 1];
+        bool last = have && d.done && d.filled == k + 1;
+        if (!have) st = d.st;
+        pthread_mutex_unlock(&d.mu);
+        if (!have) break;
+        st = ex->be->vt->to_device(ex->be, dst, d.half[k & 1] + skip, take);
+        dst += take;
+        pthread_mutex_lock(&d.mu);
+        d.copied = k + 1;
+        if (st) d.stop = true;
+        pthread_cond_broadcast(&d.cv);
+        pthread_mutex_unlock(&d.mu);
+        if (last) break;
+    }
+    pthread_join(th, NULL);
+    if (!st) st = d.st;
+    pthread_cond_destroy(&d.cv);
+    pthread_mutex_destroy(&d.mu);
+    return st;
+}
+
+/* Reads [off, off+n) of a file or the SSD store into dst (host memory, or
+ * device memory when to_device), via the bounce buffer when dst or the extent
+ * is not 4 KiB aligned. */
 static tide_status ssd_read_into(tide_exec *ex, int fd, bool direct, uint64_t off, unsigned char *dst,
                                  uint64_t n, bool to_device) {
     /* Host-addressable destination with aligned extents: the store reads the
@@ -330,23 +437,11 @@ static tide_status ssd_read_into(tide_exec *ex, int fd, bool direct, uint64_t of
         dst += bulk;
         n -= bulk;
     }
+    /* device memory, more than one half of the bounce buffer: pipelined */
+    if (!host_dst && n > HALF_BYTES) return ssd_read_to_device_pipelined(ex, fd, direct, off, dst, n);
     while (n > 0) {
-        uint64_t a0 = off & ~(uint64_t)(ALIGN - 1);
-        uint64_t skip = off - a0;
-        uint64_t span = TIDE_MIN((uint64_t)BOUNCE_BYTES, (skip + n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1));
-        uint64_t take = TIDE_MIN(n, span - skip);
-        tide_status st;
-        if (fd < 0) {
-            st = tide_ssd_read(ex->ssd, a0, ex->bounce, span);
-        } else if (direct) {
-            st = tide_ssd_read_file(ex->ssd, fd, a0, ex->bounce, span);
-        } else {
-            ssize_t r = pread(fd, ex->bounce + skip, take, (off_t)off);
-            st = r == (ssize_t)take ? TIDE_OK
-                                    : tide_err(ex->ctx, TIDE_E_IO, "read of %llu bytes at %llu: %s",
-                                               (unsigned long long)take, (unsigned long long)off,
-                                               r < 0 ? strerror(errno) : "short read");
-        }
+        uint64_t skip = 0, take = 0;
+        tide_status st = read_chunk(ex, fd, direct, off, n, ex->bounce, BOUNCE_BYTES, &skip, &take);
         if (st) return st;
         st = to_device ? ex->be->vt->to_device(ex->be, dst, ex->bounce + skip, take)
                        : (memcpy(dst, ex->bounce + skip, take), TIDE_OK);
