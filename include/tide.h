@@ -405,6 +405,11 @@ typedef struct tide_offload_opts {
     const char *ssd_dirs;     /* comma-separated spill directories (NULL: $TMPDIR or /tmp) */
     bool weights_on_ssd;      /* home the weights on SSD: read from the checkpoint file */
     bool force_pread;         /* SSD store without io_uring */
+    bool direct_storage;      /* with weights_on_ssd on a GPU: read the weights straight
+                                 into device memory with GPUDirect Storage (cuFile) where
+                                 this build and machine have it; where not, through
+                                 pinned host buffers, with a notice. No effect on the
+                                 CPU backend, whose device memory is host memory */
     bool verify;              /* verify every plan (always done in debug builds) */
     const char *hw;           /* profile for plans and predictions (name or path; NULL:
                                  a quick measurement of this machine through the

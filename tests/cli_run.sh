@@ -97,6 +97,10 @@ expect 0 "--pin-weights no" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --bud
 contains "$TMP/out" "weights    0 B pinned" "summary gives the pinned bytes"
 expect 2 "bad --pin-weights" -- "$TIDE" run --model "$TMP/m" --budget 50% --pin-weights maybe
 expect 2 "--pin-weights without a budget" -- "$TIDE" run --model "$TMP/m" --pin-weights yes
+expect 2 "--direct-storage without --weights-on-ssd" -- "$TIDE" run --model "$TMP/m" --budget 50% --direct-storage
+contains "$TMP/err" "--weights-on-ssd" "message names --weights-on-ssd"
+expect 0 "--direct-storage on the CPU (no effect), checked" -- "$TIDE" run --model "$TMP/m" --budget 50% \
+    --weights-on-ssd --direct-storage --check --new-tokens 3
 
 # tide probe: the CPU through the backend, a bad directory, a GPU that is absent
 expect 0 "probe" -- "$TIDE" probe --seconds 1 --ssd "$TMP" --out "$TMP/probed.json"

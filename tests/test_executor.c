@@ -385,6 +385,25 @@ static void test_pinned_weights(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* A stand-in for GPUDirect Storage: pread straight into "device" memory,
+ * counted; or a refusal, as on a machine without it. */
+static int direct_reads;
+static tide_status fake_file_read(tide_backend *be, int fd, uint64_t off, void *dst, size_t n) {
+    (void)be;
+    direct_reads++;
+    for (size_t done = 0; done < n;) {
+        ssize_t r = pread(fd, (char *)dst + done, n - done, (off_t)(off + done));
+        if (r <= 0) return TIDE_E_IO;
+        done += (size_t)r;
+    }
+    return TIDE_OK;
+}
+static tide_status no_file_read(tide_backend *be, int fd, uint64_t off, void *dst, size_t n) {
+    (void)fd, (void)off, (void)dst, (void)n;
+    direct_reads++;
+    return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "no direct storage on this test machine");
+}
+
 /* The paths a GPU takes, run on the CPU: a CPU backend whose vtable says its
  * memory is not host memory, so the model uploads weights for resident runs,
  * keeps the KV cache's home in host memory, pins weight copies by default,
@@ -437,6 +456,29 @@ static void test_device_paths(void **state) {
             assert_true(gs.pinned_weight_bytes == gs.weight_bytes && gs.bytes_ssd_read == 0);
         }
     }
+    /* direct storage reads (a stand-in for cuFile), then a backend that
+     * refuses them: the first refusal turns them off with a notice, and the
+     * run goes on through the bounce buffer */
+    tide_status (*const reads[2])(tide_backend *, int, uint64_t, void *, size_t) = {fake_file_read, no_file_read};
+    for (int k = 0; k < 2; k++) {
+        dev_vt.file_read = reads[k];
+        direct_reads = 0;
+        tide_offload_opts o = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.7, .ssd_dirs = spill_dir,
+                               .hw = "h100-80g", .weights_on_ssd = true, .direct_storage = true,
+                               .tile = TIDE_TILE_NONE};
+        assert_int_equal(tide_model_set_offload(m, &o), TIDE_OK);
+        tide_status st = tide_model_generate(m, tok, SEQ, 6, got, &gs);
+        if (st) fail_msg("direct storage %d: %s", k, tide_ctx_last_error(ctx));
+        assert_true(gs.logits_hash == rs.logits_hash);
+        if (k == 0) {
+            assert_true(direct_reads > 6);
+            assert_string_equal(tide_model_notice(m), "");
+        } else {
+            assert_true(direct_reads >= 1 && direct_reads <= 2); /* once per graph's executor */
+            assert_non_null(strstr(tide_model_notice(m), "no direct storage on this test machine"));
+        }
+    }
+    dev_vt.file_read = NULL;
     /* back to resident: the device copies come back */
     assert_int_equal(tide_model_set_offload(m, NULL), TIDE_OK);
     assert_int_equal(tide_model_generate(m, tok, SEQ, 6, got, &gs), TIDE_OK);

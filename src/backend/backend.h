@@ -48,6 +48,10 @@ typedef struct tide_backend_vt {
     /* Optional: free and total bytes of device memory now (cudaMemGetInfo).
      * NULL: device memory is host memory, sized by the hardware profile. */
     tide_status (*mem_info)(tide_backend *be, uint64_t *free_bytes, uint64_t *total_bytes);
+    /* Optional: reads n bytes at offset off of file fd straight into device
+     * memory dst (GPUDirect Storage). TIDE_E_UNSUPPORTED when not usable here:
+     * the caller reads through host memory instead. */
+    tide_status (*file_read)(tide_backend *be, int fd, uint64_t off, void *dst, size_t n);
 } tide_backend_vt;
 
 struct tide_backend {

@@ -16,6 +16,7 @@ static const char help[] =
     "Usage: tide run [--model DIR] [--tokens 1,2,3 | --prompt-len N] [--new-tokens N]\n"
     "                [--budget BYTES|PCT%|auto|min|none] [--policy tide|static-layer|lru]\n"
     "                [--host-budget BYTES] [--ssd DIR[,DIR]] [--weights-on-ssd] [--pread]\n"
+    "                [--direct-storage]\n"
     "                [--tile auto|none|LEVEL] [--pin-weights auto|yes|no] [--hw PROFILE]\n"
     "                [--verify] [--check]\n"
     "                [--trace FILE] [--trace-svg FILE]\n"
@@ -50,6 +51,10 @@ static const char help[] =
     "  --weights-on-ssd    home the weights on SSD: read from the checkpoint file\n"
     "                      with O_DIRECT instead of from memory\n"
     "  --pread             SSD transfers with a pread/pwrite pool, not io_uring\n"
+    "  --direct-storage    with --weights-on-ssd on a GPU: read the weights straight\n"
+    "                      into device memory with GPUDirect Storage (cuFile),\n"
+    "                      where this build and machine have it (else a notice,\n"
+    "                      and pinned host buffers as without it)\n"
     "  --tile T            split ops into tiles when a graph's largest op does not\n"
     "                      fit the budget: auto (default; with --budget min the\n"
     "                      tiling with the smallest minimum), none, or a level 1-6\n"
@@ -128,6 +133,7 @@ typedef struct run_args {
     tide_backend_kind backend;
     tide_matmul_mode matmul;
     const char *pin;
+    bool direct_storage;
     const char *tile;
 } run_args;
 
@@ -253,7 +259,8 @@ int cmd_run(int argc, char **argv) {
         {"trace-svg", required_argument, 0, 'X'},  {"json", no_argument, 0, 'j'},
         {"quiet", no_argument, 0, 'q'},            {"help", no_argument, 0, 'h'},
         {"tile", required_argument, 0, 'L'},       {"matmul", required_argument, 0, 'M'},
-        {"pin-weights", required_argument, 0, 'N'}, {0, 0, 0, 0},
+        {"pin-weights", required_argument, 0, 'N'}, {"direct-storage", no_argument, 0, 'D'},
+        {0, 0, 0, 0},
     };
     run_args a = {.prompt_len = 32, .new_tokens = 16, .policy = "tide", .backend = TIDE_BACKEND_AUTO};
     tide_offload_opts off = {0};
@@ -293,6 +300,7 @@ int cmd_run(int argc, char **argv) {
         case 'S': a.ssd = optarg; break;
         case 'W': a.weights_on_ssd = true; break;
         case 'R': a.pread = true; break;
+        case 'D': a.direct_storage = true; break;
         case 'w': a.hw = optarg; break;
         case 'v': a.verify = true; break;
         case 'c': a.check = true; break;
@@ -330,15 +338,18 @@ int cmd_run(int argc, char **argv) {
     }
     bool offload = off.budget_kind != TIDE_BUDGET_NONE;
     if (!offload && (a.trace || a.trace_svg || a.weights_on_ssd || a.ssd || a.check || a.hw || a.host_budget ||
-                     a.pread || a.tile || a.pin || strcmp(a.policy, "tide")))
+                     a.pread || a.tile || a.pin || a.direct_storage || strcmp(a.policy, "tide")))
         return cli_usage_error("run", "--check, --trace, --trace-svg, --ssd, --weights-on-ssd, --policy, --hw, "
-                               "--host-budget, --tile, --pin-weights and --pread need a --budget");
+                               "--host-budget, --tile, --pin-weights, --direct-storage and --pread need a --budget");
     if (a.check && a.new_tokens < 1) return cli_usage_error("run", "--check needs --new-tokens of at least 1");
+    if (a.direct_storage && !a.weights_on_ssd)
+        return cli_usage_error("run", "--direct-storage reads weights homed on SSD: it needs --weights-on-ssd");
     off.policy = a.policy;
     off.host_budget = a.host_budget;
     off.ssd_dirs = a.ssd;
     off.weights_on_ssd = a.weights_on_ssd;
     off.force_pread = a.pread;
+    off.direct_storage = a.direct_storage;
     off.verify = true;
     off.hw = a.hw;
 

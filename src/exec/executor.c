@@ -70,6 +70,8 @@ struct tide_exec {
     char notice[256];
     tide_ssd *ssd;
     unsigned char *bounce;      /* BOUNCE_BYTES, 4 KiB aligned */
+    bool direct_storage;        /* try be->vt->file_read for file homes; cleared
+                                   when the backend answers it cannot */
     bool bounce_by_backend;     /* pinned, from be->vt->host_alloc */
     home_ref *home;
     int *stream_ins[TIDE_STREAM_COUNT];
@@ -189,6 +191,7 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
         goto fail;
     }
     if ((st = alloc_host_pool(ex, p->host_spill_bytes, opts->no_pin))) goto fail;
+    ex->direct_storage = opts->direct_storage && be->vt->file_read && !be->vt->device_is_host;
     if (plan_uses_ssd(p)) {
         /* on a GPU the bounce buffer is pinned, so its copies to the device
          * run at the link's rate */
@@ -436,6 +439,15 @@ static tide_status ssd_read_into(tide_exec *ex, int fd, bool direct, uint64_t of
         off += bulk;
         dst += bulk;
         n -= bulk;
+    }
+    /* a file straight into device memory (GPUDirect Storage) where it works;
+     * the first refusal turns it off for this executor, with a notice */
+    if (!host_dst && fd >= 0 && ex->direct_storage && n > 0) {
+        tide_status st = ex->be->vt->file_read(ex->be, fd, off, dst, n);
+        if (st != TIDE_E_UNSUPPORTED) return st;
+        ex->direct_storage = false;
+        snprintf(ex->notice, sizeof ex->notice, "direct storage reads are off: %s", tide_ctx_last_error(ex->ctx));
+        tide_err_clear(ex->ctx);
     }
     /* device memory, more than one half of the bounce buffer: pipelined */
     if (!host_dst && n > HALF_BYTES) return ssd_read_to_device_pipelined(ex, fd, direct, off, dst, n);

@@ -23,6 +23,9 @@ typedef struct tide_exec_opts {
     const char *ssd_dirs;     /* comma-separated spill directories (NULL: $TMPDIR or /tmp) */
     bool force_pread;         /* SSD store without io_uring */
     bool no_pin;              /* do not try to pin the host pool */
+    bool direct_storage;      /* read SSD-homed weights straight into device memory
+                                 (be->vt->file_read: GPUDirect Storage) where the
+                                 backend can; else through the bounce buffer */
     long fail_ssd_read_nth;   /* fault injection (tests): Nth SSD read/write fails */
     long fail_ssd_write_nth;
     bool fail_ssd_enospc;     /* fault injection (tests): the spill file's fallocate

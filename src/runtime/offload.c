@@ -318,6 +318,7 @@ static tide_status prepare(tide_model *m, graph_slot *s) {
     s->timeline = tide_calloc((size_t)(s->plan->n_ins ? s->plan->n_ins : 1), sizeof *s->timeline);
     if (!s->timeline) return tide_err(ctx, TIDE_E_NOMEM, "out of memory for the timeline");
     tide_exec_opts eo = {.ssd_dirs = m->off_ssd_dirs, .force_pread = m->off.force_pread,
+                         .direct_storage = m->off.direct_storage,
                          .arena = m->arena, .arena_bytes = m->budget};
     if ((st = tide_exec_new(ctx, m->be, s->plan, &eo, &s->ex))) return st;
     if (!m->notice[0] && tide_exec_notice(s->ex)[0])
@@ -346,6 +347,8 @@ tide_status tide_model_run_planned(tide_model *m, graph_slot *s, const run_io *i
         !(st = tide_exec_bind_host(s->ex, tp, (void *)io->pos)) &&
         !(st = tide_exec_bind_host(s->ex, tl, io->logits)) && !(st = tide_exec_bind_host(s->ex, tn, io->next)))
         st = tide_exec_run(s->ex, s->timeline, &es);
+    if (!m->notice[0] && tide_exec_notice(s->ex)[0])
+        snprintf(m->notice, sizeof m->notice, "%s", tide_exec_notice(s->ex));
     if (st) return st;
     tide_gen_stats *a = &m->acc;
     a->bytes_h2d += es.bytes_h2d;

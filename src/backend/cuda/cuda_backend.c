@@ -52,6 +52,7 @@
  * aborts.
  */
 #include "backend/backend.h"
+#include "backend/cuda/cuda_file.h"
 #include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -264,6 +265,11 @@ static tide_status cu_mem_info(tide_backend *be, uint64_t *free_bytes, uint64_t 
     *free_bytes = fr;
     *total_bytes = tot;
     return TIDE_OK;
+}
+
+static tide_status cu_file_read(tide_backend *be, int fd, uint64_t off, void *dst, size_t n) {
+    CU_TRY(be->ctx, cudaSetDevice(impl_of(be)->device), "cudaSetDevice(%d)", impl_of(be)->device);
+    return tide_cuda_file_read(be, fd, off, dst, n);
 }
 
 static tide_status cu_synchronize(tide_backend *be) {
@@ -545,6 +551,7 @@ static const tide_backend_vt cuda_vt = {
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
     .mem_info = cu_mem_info,
+    .file_read = cu_file_read,
 };
 
 /* ---------------------------------------------------------------- creation */
