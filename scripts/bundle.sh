@@ -31,11 +31,12 @@ case $OUT in /*) ;; *) OUT=$PWD/$OUT ;; esac
 
 gen=()
 if [ ! -f "$BUILD/CMakeCache.txt" ] && command -v ninja >/dev/null; then gen=(-G Ninja); fi
+mkdir -p "$BUILD"
+log=$BUILD/bundle-configure.log
 cmake -S "$ROOT" -B "$BUILD" ${gen[@]+"${gen[@]}"} -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" -DTIDE_CUDA=ON >"$BUILD.configure.log" 2>&1 ||
-  { cat "$BUILD.configure.log" >&2; exit 1; }
-if ! grep -q "CUDA backend enabled" "$BUILD.configure.log"; then
-  echo "bundle: the CUDA backend is not enabled here (no nvcc or no CUDA toolkit); see $BUILD.configure.log" >&2
+  -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" -DTIDE_CUDA=ON >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
+if ! grep -q "CUDA backend enabled" "$log"; then
+  echo "bundle: the CUDA backend is not enabled here (no nvcc or no CUDA toolkit); see $log" >&2
   exit 1
 fi
 cmake --build "$BUILD" -j "$(nproc)"
