@@ -30,6 +30,9 @@ typedef struct graph_slot {
     int32_t *next;            /* allocated once with the slot, not per run */
     double predicted_s;
     int tile_level;           /* tiling of g chosen for the budget */
+    int min_tile;             /* with --budget min, the tiling the minimum was found
+                                 at for this graph (a tide_offload_opts.tile value;
+                                 0: none found here), planned again at once */
 } graph_slot;
 
 /* What one graph run produces on the host. */

@@ -251,7 +251,8 @@ static tide_status resolve_budget(tide_model *m, graph_slot *s) {
         int level = 0;
         tide_status st = tide_plan_tiled_graph(ctx, &m->cfg, &go, &po, m->off.tile, &tg, &level, NULL, &b);
         if (st) return st;
-        slot_swap_graph(s, tg);
+        tide_graph_free(tg); /* prepare plans the graph of that level again, at the budget */
+        s->min_tile = level > 0 ? level : TIDE_TILE_NONE;
         break;
     }
     default: return tide_err(ctx, TIDE_E_INVALID, "no budget");
@@ -291,12 +292,14 @@ static tide_status prepare(tide_model *m, graph_slot *s) {
     tide_status st;
     if (!m->budget && (st = resolve_budget(m, s))) return st;
     tide_plan_opts po = plan_opts(m, m->budget);
-    if (m->off.tile != TIDE_TILE_NONE) {
+    /* the graph whose minimum is the budget has its tiling known: no search */
+    int tile = s->min_tile ? s->min_tile : m->off.tile;
+    if (tile != TIDE_TILE_NONE) {
         /* the coarsest tiling whose plan fits the budget (none when it allows) */
         tide_llama_graph_opts go = slot_graph_opts(m, s);
         tide_graph *tg = NULL;
         int level = 0;
-        if ((st = tide_plan_tiled_graph(ctx, &m->cfg, &go, &po, m->off.tile, &tg, &level, &s->plan, NULL)))
+        if ((st = tide_plan_tiled_graph(ctx, &m->cfg, &go, &po, tile, &tg, &level, &s->plan, NULL)))
             return st;
         slot_swap_graph(s, tg);
         s->tile_level = level;
