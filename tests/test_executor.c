@@ -307,6 +307,40 @@ static void test_tiled_model_api(void **state) {
     env_close(&e);
 }
 
+/* A one-layer synthetic model of its own (hidden 256, 4 heads, 2 kv heads,
+ * vocabulary 512, bf16) with MLP width `inter`, written under the spill
+ * directory, opened on a CPU backend: for tests that need weights larger
+ * than the shared model's. synth_close frees it and removes its files. */
+typedef struct synth {
+    char dir[300];
+    tide_ctx *ctx;
+    tide_checkpoint *ck;
+    tide_backend *be;
+} synth;
+
+static synth synth_open(const char *name, int64_t inter, uint64_t seed) {
+    tide_llama_config cfg = {.hidden_size = 256, .intermediate_size = inter,
+                             .num_hidden_layers = 1, .num_attention_heads = 4, .num_key_value_heads = 2,
+                             .vocab_size = 512, .max_position_embeddings = 32, .rms_norm_eps = 1e-5f,
+                             .rope_theta = 10000.0f, .dtype = TIDE_BF16};
+    snprintf(cfg.name, sizeof cfg.name, "%s", name);
+    synth y = {.ctx = tide_ctx_new()};
+    snprintf(y.dir, sizeof y.dir, "%s/%s", spill_dir, name);
+    assert_int_equal(tide_checkpoint_make_synthetic(y.ctx, &cfg, seed, 0, y.dir), TIDE_OK);
+    assert_int_equal(tide_checkpoint_open(y.ctx, y.dir, &y.ck), TIDE_OK);
+    assert_int_equal(tide_backend_new(y.ctx, TIDE_BACKEND_CPU, &y.be), TIDE_OK);
+    return y;
+}
+
+static void synth_close(synth *y) {
+    tide_backend_free(y->be);
+    tide_checkpoint_free(y->ck);
+    tide_ctx_free(y->ctx);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", y->dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* Weights homed in pinned copies (pin_weights 1 forces them on the CPU
  * backend, where auto means no): the same tokens and logits as the resident
  * run, whole weights and weight blocks of a tiled graph alike, and every
@@ -346,19 +380,9 @@ static void test_pinned_weights(void **state) {
 
     /* weight blocks (byte ranges) of pinned copies: a model whose MLP weights
      * (4 MiB) are split at tiling level 6 (blocks of at most 2 MiB) */
-    tide_llama_config big = {.name = "pin-blocks", .hidden_size = 256, .intermediate_size = 8192,
-                             .num_hidden_layers = 1, .num_attention_heads = 4, .num_key_value_heads = 2,
-                             .vocab_size = 512, .max_position_embeddings = 32, .rms_norm_eps = 1e-5f,
-                             .rope_theta = 10000.0f, .dtype = TIDE_BF16};
-    char dir[300];
-    snprintf(dir, sizeof dir, "%s/pin-blocks", spill_dir);
-    tide_ctx *ctx = tide_ctx_new();
-    tide_checkpoint *ck = NULL;
-    tide_backend *be = NULL;
-    assert_int_equal(tide_checkpoint_make_synthetic(ctx, &big, 5, 0, dir), TIDE_OK);
-    assert_int_equal(tide_checkpoint_open(ctx, dir, &ck), TIDE_OK);
-    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
-    assert_int_equal(tide_model_new(ctx, ck, be, &mo, &m), TIDE_OK);
+    synth y = synth_open("pin-blocks", 8192, 5);
+    tide_ctx *ctx = y.ctx;
+    assert_int_equal(tide_model_new(ctx, y.ck, y.be, &mo, &m), TIDE_OK);
     assert_int_equal(tide_model_generate(m, tok, SEQ, 4, ref, &rs), TIDE_OK);
     tide_offload_opts o = {.budget_kind = TIDE_BUDGET_MIN, .ssd_dirs = spill_dir, .hw = "h100-80g",
                            .pin_weights = 1, .tile = 6};
@@ -377,12 +401,7 @@ static void test_pinned_weights(void **state) {
     assert_true(us.pinned_weight_bytes == 0 && us.tile_level == 6);
     assert_true(us.logits_hash == gs.logits_hash);
     tide_model_free(m);
-    tide_backend_free(be);
-    tide_checkpoint_free(ck);
-    tide_ctx_free(ctx);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    synth_close(&y);
 }
 
 /* A stand-in for GPUDirect Storage: pread straight into "device" memory,
@@ -413,18 +432,9 @@ static tide_status no_file_read(tide_backend *be, int fd, uint64_t off, void *ds
  * generation equals the resident one bit for bit. */
 static void test_device_paths(void **state) {
     (void)state;
-    tide_llama_config cfg = {.name = "device-paths", .hidden_size = 256, .intermediate_size = 16384,
-                             .num_hidden_layers = 1, .num_attention_heads = 4, .num_key_value_heads = 2,
-                             .vocab_size = 512, .max_position_embeddings = 32, .rms_norm_eps = 1e-5f,
-                             .rope_theta = 10000.0f, .dtype = TIDE_BF16};
-    char dir[300];
-    snprintf(dir, sizeof dir, "%s/device-paths", spill_dir);
-    tide_ctx *ctx = tide_ctx_new();
-    tide_checkpoint *ck = NULL;
-    tide_backend *be = NULL;
-    assert_int_equal(tide_checkpoint_make_synthetic(ctx, &cfg, 9, 0, dir), TIDE_OK);
-    assert_int_equal(tide_checkpoint_open(ctx, dir, &ck), TIDE_OK);
-    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    synth y = synth_open("device-paths", 16384, 9);
+    tide_ctx *ctx = y.ctx;
+    tide_backend *be = y.be;
     const tide_backend_vt *host_vt = be->vt;
     tide_backend_vt dev_vt = *host_vt;
     dev_vt.device_is_host = false;
@@ -432,9 +442,9 @@ static void test_device_paths(void **state) {
 
     tide_model *m = NULL;
     tide_model_opts mo = {.max_batch = 1, .ctx_len = 24};
-    assert_int_equal(tide_model_new(ctx, ck, be, &mo, &m), TIDE_OK);
+    assert_int_equal(tide_model_new(ctx, y.ck, be, &mo, &m), TIDE_OK);
     int32_t tok[SEQ], ref[6], got[6];
-    prompt(tok, cfg.vocab_size);
+    prompt(tok, tide_checkpoint_config(y.ck)->vocab_size);
     tide_gen_stats rs, gs;
     assert_int_equal(tide_model_generate(m, tok, SEQ, 6, ref, &rs), TIDE_OK);
     struct {
@@ -485,12 +495,7 @@ static void test_device_paths(void **state) {
     assert_true(gs.logits_hash == rs.logits_hash);
     tide_model_free(m);
     be->vt = host_vt;
-    tide_backend_free(be);
-    tide_checkpoint_free(ck);
-    tide_ctx_free(ctx);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    synth_close(&y);
 }
 
 /* The same through the model API with generation: tokens and every logit of
