@@ -469,7 +469,8 @@ typedef struct tide_gen_stats {
     uint64_t logits_hash;       /* FNV-1a of every logits output, in order: equal
                                    hashes of two runs mean bit-identical logits */
     int tile_level;             /* finest tiling level an offloaded graph used (0: none) */
-    uint64_t pinned_weight_bytes; /* weight bytes loaded from pinned copies */
+    uint64_t pinned_weight_bytes; /* weight bytes held in pinned copies (the loads of
+                                   these read pinned memory) */
 } tide_gen_stats;
 
 /* Greedy generation for one sequence: prefill `prompt` (n_prompt tokens), then

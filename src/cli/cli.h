@@ -23,9 +23,9 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 /* Parses a byte count: "123", "4096B", "1.5G", "512MiB", "2GB" (K/M/G/T are
  * powers of 1024). Returns 0 or -1. */
 int cli_parse_bytes(const char *s, uint64_t *out);
-/* Parses an int in [lo, hi]. Returns 0 or -1. */
 /* "auto", "cpu" or "cuda" into *out; -1 for anything else. */
 int cli_parse_backend(const char *s, tide_backend_kind *out);
+/* Parses an int in [lo, hi]. Returns 0 or -1. */
 int cli_parse_int(const char *s, long lo, long hi, long *out);
 /* Formats bytes as "1.23 GiB" into buf. */
 const char *cli_fmt_bytes(uint64_t n, char *buf, size_t len);

@@ -391,10 +391,11 @@ static tide_status ssd_read_to_device_pipelined(tide_exec *ex, int fd, bool dire
     pthread_mutex_init(&d.mu, NULL);
     pthread_cond_init(&d.cv, NULL);
     pthread_t th;
-    if (pthread_create(&th, NULL, dbuf_reader, &d) != 0) {
+    int rc = pthread_create(&th, NULL, dbuf_reader, &d);
+    if (rc != 0) {
         pthread_cond_destroy(&d.cv);
         pthread_mutex_destroy(&d.mu);
-        return tide_err(ex->ctx, TIDE_E_NOMEM, "cannot start the SSD reader thread: %s", strerror(errno));
+        return tide_err(ex->ctx, TIDE_E_NOMEM, "cannot start the SSD reader thread: %s", strerror(rc));
     }
     tide_status st = TIDE_OK;
     for (int k = 0; !st; k++) {
@@ -446,8 +447,9 @@ static tide_status ssd_read_into(tide_exec *ex, int fd, bool direct, uint64_t of
         tide_status st = ex->be->vt->file_read(ex->be, fd, off, dst, n);
         if (st != TIDE_E_UNSUPPORTED) return st;
         ex->direct_storage = false;
+        /* the message stays on the context too: clearing it here could wipe
+         * another stream's failure */
         snprintf(ex->notice, sizeof ex->notice, "direct storage reads are off: %s", tide_ctx_last_error(ex->ctx));
-        tide_err_clear(ex->ctx);
     }
     /* device memory, more than one half of the bounce buffer: pipelined */
     if (!host_dst && n > HALF_BYTES) return ssd_read_to_device_pipelined(ex, fd, direct, off, dst, n);

@@ -43,6 +43,14 @@ tide_status tide_probe(tide_ctx *ctx, const char *ssd_dir, double seconds_budget
  * errors as above), leaves the rest of h as it is. */
 tide_status tide_probe_drives(tide_ctx *ctx, const char *ssd_dir, double seconds_budget, tide_hw *h);
 
+/* The compute and link part of tide_probe_backend (below), through be's
+ * vtable on any backend (the CPU's too, where "device" memory is host
+ * memory): fills flops, matmul_efficiency, attention_efficiency, mem_bw,
+ * launch_s, h2d_bw, d2h_bw and link_latency_s of h as tide_probe_backend
+ * describes them, leaves the rest. seconds_budget <= 0: 6.5 s; below 1.3 s
+ * the tensors are an eighth of the size. */
+tide_status tide_probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_budget, tide_hw *h);
+
 /* Measures the machine as backend `be` sees it. On a backend computing in host
  * memory (the CPU) this is tide_probe. On a device backend (CUDA), every rate
  * is measured through the backend itself, as the executor will use it, and
@@ -68,13 +76,6 @@ tide_status tide_probe_drives(tide_ctx *ctx, const char *ssd_dir, double seconds
  * Named "probed-<hostname>-<backend>". Temporary device memory is freed
  * before returning. TIDE_E_NOMEM when the device cannot hold the test
  * tensors; other errors as tide_probe. */
-/* The compute and link part of tide_probe_backend, through be's vtable on any
- * backend (the CPU's too, where "device" memory is host memory): fills
- * flops, matmul_efficiency, attention_efficiency, mem_bw, launch_s, h2d_bw,
- * d2h_bw and link_latency_s of h as described below, leaves the rest. seconds_budget
- * <= 0: 6.5 s; below 1.3 s the tensors are an eighth of the size. */
-tide_status tide_probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_budget, tide_hw *h);
-
 tide_status tide_probe_backend(tide_ctx *ctx, tide_backend *be, const char *ssd_dir, double seconds_budget,
                                const tide_hw *base, tide_hw *out);
 

@@ -103,6 +103,10 @@ tide_status tide_model_device_state(tide_model *m) {
         /* zero it so that nothing unwritten is ever read as garbage */
         for (uint64_t off = 0; off < s->nbytes && !st; off += 1 << 20)
             st = be->vt->to_device(be, (char *)s->data + off, zero, TIDE_MIN(s->nbytes - off, (uint64_t)1 << 20));
+        if (st) { /* half zeroed: not a cache to keep */
+            be->vt->dealloc(be, s->data);
+            s->data = NULL;
+        }
     }
     tide_free(zero);
     return st;

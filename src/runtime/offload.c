@@ -160,6 +160,11 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
     }
     m->off.ssd_dirs = m->off_ssd_dirs;
     m->off.hw = NULL; /* resolved now: the caller's string need not outlive this call */
+    /* the device holds the arena and nothing else: the resident runs' device
+     * copies of the cache and the weights go first, before the probe below
+     * needs device memory (a failure after this point leaves the model
+     * running resident, with those copies made again, the cache zeroed) */
+    if (!m->be->vt->device_is_host) tide_model_release_device(m);
     if (o->hw) {
         tide_status st = tide_hw_load(m->ctx, o->hw, &m->hw);
         if (st) return st;
@@ -174,9 +179,6 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
             if (d == TIDE_F16 || d == TIDE_BF16) m->hw.flops[d] = TIDE_MIN(m->hw.flops[d], m->hw.flops[TIDE_F32]);
     }
     if (!m->be->vt->device_is_host) {
-        /* the device holds the arena and nothing else: the resident runs'
-         * device copies of the cache and the weights go */
-        tide_model_release_device(m);
         /* the KV cache's home must be host memory the executor can copy from */
         for (int i = 0; i < m->n_state; i++) {
             state_buf *sb = &m->state[i];

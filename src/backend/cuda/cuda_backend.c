@@ -233,6 +233,7 @@ static tide_status cu_to_host(tide_backend *be, void *dst, const void *src, size
 
 static tide_status cu_host_alloc(tide_backend *be, size_t n, void **ptr) {
     *ptr = NULL;
+    if (!n) n = 1;
     size_t total = (n + CU_HOST_HDR + CU_HOST_HDR - 1) & ~(CU_HOST_HDR - 1);
     void *base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED)

@@ -79,9 +79,11 @@ tide_status tide_cuda_file_read(tide_backend *be, int fd, uint64_t off, void *ds
     d.handle.fd = fd;
     CUfileHandle_t fh;
     CUfileError_t e = api.handle_register(&fh, &d);
+    /* a file cuFile cannot take (its file system, its open flags) is not an
+     * I/O error: the caller reads it through host memory instead */
     if (e.err != CU_FILE_SUCCESS)
-        return tide_err(be->ctx, TIDE_E_IO, "cuFileHandleRegister of fd %d failed (cuFile error %d, CUDA error %d)",
-                        fd, (int)e.err, (int)e.cu_err);
+        return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "cuFileHandleRegister of fd %d failed (cuFile error %d, CUDA "
+                        "error %d): this file cannot be read with GPUDirect Storage", fd, (int)e.err, (int)e.cu_err);
     tide_status st = TIDE_OK;
     size_t done = 0;
     while (done < n) {

@@ -19,9 +19,9 @@ bool tide_cuda_file_available(void);
  * 4 KiB aligned for the direct DMA path; anything else still works through
  * cuFile's own bounce buffers (its compatibility mode), only slower.
  * Synchronous: the bytes are in dst when it returns. Returns
- * TIDE_OK; TIDE_E_UNSUPPORTED (no cuFile here, or be is not a CUDA backend);
- * TIDE_E_IO (registration or read failed, or a short read), with a message
- * on be->ctx. */
+ * TIDE_OK; TIDE_E_UNSUPPORTED (no cuFile here, be is not a CUDA backend, or
+ * cuFile refuses to register the file); TIDE_E_IO (the read failed or came
+ * short), with a message on be->ctx. */
 tide_status tide_cuda_file_read(tide_backend *be, int fd, uint64_t off, void *dst, size_t n);
 
 #endif
