@@ -64,13 +64,6 @@
 
 static tide_ctx *ctx;
 static FILE *json_file;
-static char hw_tmp[] = "/tmp/tide-bench-gpu-hw-XXXXXX";
-static bool hw_tmp_made;
-
-static void remove_hw_tmp(void) {
-    if (hw_tmp_made) unlink(hw_tmp);
-}
-
 #define GIB 1073741824.0
 #define MAX_LIST 16
 
@@ -450,23 +443,14 @@ int main(int argc, char **argv) {
     /* 2. the hardware profile the plans and bounds are made for */
     tide_hw hw;
     if (tide_hw_load(ctx, hw_name, &hw)) die("hardware profile");
-    const char *hw_for_model = hw_name;
     if (f32_matmul) {
         /* in the f32 mode the CUDA backend converts f16/bf16 weights to f32
-         * and multiplies in true f32 (no TF32, no tensor cores): model that */
+         * and multiplies in true f32 (no TF32, no tensor cores): the bounds
+         * here use that rate, as the model's plans do (tide_model_set_offload
+         * lowers the same rates for a backend in the f32 mode) */
         hw.flops[TIDE_F16] = hw.flops[TIDE_BF16] = hw.flops[TIDE_F32];
         size_t nl = strlen(hw.name);
         if (nl + sizeof "-f32matmul" <= sizeof hw.name) memcpy(hw.name + nl, "-f32matmul", sizeof "-f32matmul");
-        int fd = mkstemp(hw_tmp);
-        if (fd < 0) {
-            perror("bench_gpu_offload: mkstemp");
-            return 1;
-        }
-        close(fd);
-        hw_tmp_made = true;
-        atexit(remove_hw_tmp);
-        if (tide_hw_save(ctx, &hw, hw_tmp)) die("saving the profile");
-        hw_for_model = hw_tmp;
     }
 
     /* 3. the checkpoint, generated when the directory has none */
@@ -661,7 +645,7 @@ int main(int argc, char **argv) {
             } else {
                 fprintf(stderr, "bench_gpu_offload: %s at %g%% (%.3f GiB)\n", R->policy, R->pct, (double)budget / GIB);
                 tide_offload_opts o = {.budget_kind = TIDE_BUDGET_BYTES, .bytes = budget, .policy = R->policy,
-                                       .verify = true, .hw = hw_for_model};
+                                       .verify = true, .hw = hw_name};
                 st = tide_model_set_offload(m, &o);
             }
             R->best.prefill_s = 1e30;

@@ -269,6 +269,18 @@ static tide_status probe_drives(tide_ctx *ctx, const char *dirs, double budget, 
     return TIDE_OK;
 }
 
+void tide_probe_name(tide_hw *h, const char *suffix) {
+    char host[256];
+    if (gethostname(host, sizeof host) != 0) strcpy(host, "localhost");
+    host[sizeof host - 1] = '\0';
+    if (suffix) snprintf(h->name, sizeof h->name, "probed-%.40s-%.15s", host, suffix);
+    else snprintf(h->name, sizeof h->name, "probed-%.56s", host);
+    for (char *c = h->name; *c; c++)
+        if (!(*c == '-' || *c == '_' || *c == '.' || (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'z') ||
+              (*c >= 'A' && *c <= 'Z')))
+            *c = '-';
+}
+
 tide_status tide_probe_drives(tide_ctx *ctx, const char *ssd_dir, double seconds_budget, tide_hw *h) {
     const char *dir = ssd_dir;
     if (!dir || !*dir) dir = getenv("TMPDIR");
@@ -310,14 +322,7 @@ tide_status tide_probe(tide_ctx *ctx, const char *ssd_dir, double seconds_budget
     st = probe_memory(ctx, budget * 0.15, h.host_mem_bytes, &mem_bw, &copy_bw);
     if (st) return st;
 
-    char host[256];
-    if (gethostname(host, sizeof host) != 0) strcpy(host, "localhost");
-    host[sizeof host - 1] = '\0';
-    snprintf(h.name, sizeof h.name, "probed-%.56s", host);
-    for (char *c = h.name; *c; c++)
-        if (!(*c == '-' || *c == '_' || *c == '.' || (*c >= '0' && *c <= '9') ||
-              (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z')))
-            *c = '-';
+    tide_probe_name(&h, NULL);
     h.flops[TIDE_F32] = mm.f32;
     h.flops[TIDE_BF16] = mm.bf16;
     h.flops[TIDE_F16] = mm.f16;

@@ -39,6 +39,10 @@
  * TIDE_E_NOMEM; *out is written only on success. */
 tide_status tide_probe(tide_ctx *ctx, const char *ssd_dir, double seconds_budget, tide_hw *out);
 
+/* Names a measured profile "probed-<hostname>[-<suffix>]", every character
+ * outside [A-Za-z0-9._-] replaced by '-'. */
+void tide_probe_name(tide_hw *h, const char *suffix);
+
 /* The drive part of tide_probe alone: fills h's ssd_* fields (ssd_dir and
  * errors as above), leaves the rest of h as it is. */
 tide_status tide_probe_drives(tide_ctx *ctx, const char *ssd_dir, double seconds_budget, tide_hw *h);

@@ -210,6 +210,14 @@ tide_status tide_model_state_home(tide_model *m, const tide_graph *g, int t, sta
     return TIDE_OK;
 }
 
+int tide_model_weight_index(const tide_model *m, const tide_tensor_info *ti) {
+    for (int i = 0; i < m->n_weights; i++) {
+        tide_tensor_info tj;
+        if (tide_checkpoint_get_index(m->ck, i, &tj) == TIDE_OK && tj.data == ti->data) return i;
+    }
+    return -1;
+}
+
 /* Device pointer of graph weight t. */
 static tide_status weight_ptr(tide_model *m, const tide_graph *g, int t, void **ptr) {
     tide_tensor_info ti;
@@ -220,12 +228,10 @@ static tide_status weight_ptr(tide_model *m, const tide_graph *g, int t, void **
         *ptr = (char *)ti.data + off;
         return TIDE_OK;
     }
-    for (int i = 0; i < m->n_weights; i++) {
-        tide_tensor_info tj;
-        if (tide_checkpoint_get_index(m->ck, i, &tj) == TIDE_OK && tj.data == ti.data) {
-            *ptr = (char *)m->weights[i] + off;
-            return TIDE_OK;
-        }
+    int i = tide_model_weight_index(m, &ti);
+    if (i >= 0) {
+        *ptr = (char *)m->weights[i] + off;
+        return TIDE_OK;
     }
     return tide_err(m->ctx, TIDE_E_NOT_FOUND, "weight '%s' was not uploaded", g->tensors[t].name);
 }

@@ -96,6 +96,8 @@ state_buf *tide_model_state(tide_model *m, const char *name, uint64_t min_bytes)
  * there. TIDE_OK, or TIDE_E_NOT_FOUND / TIDE_E_FORMAT naming t. */
 tide_status tide_model_weight_home(tide_model *m, const tide_graph *g, int t, tide_tensor_info *ti,
                                    uint64_t *off);
+/* The checkpoint index of the tensor ti describes, or -1. */
+int tide_model_weight_index(const tide_model *m, const tide_tensor_info *ti);
 tide_status tide_model_state_home(tide_model *m, const tide_graph *g, int t, state_buf **sb, uint64_t *off);
 uint64_t tide_hash_bytes(uint64_t h, const void *data, uint64_t n);
 

@@ -118,13 +118,8 @@ static tide_status pin_weights(tide_model *m) {
 /* The host home of weight t: its pinned copy when it has one, else the
  * memory-mapped checkpoint. */
 static void *weight_host_home(tide_model *m, const tide_tensor_info *ti, uint64_t off) {
-    if (m->pinned)
-        for (int i = 0; i < m->n_weights; i++) {
-            tide_tensor_info tj;
-            if (m->pinned[i] && tide_checkpoint_get_index(m->ck, i, &tj) == TIDE_OK && tj.data == ti->data)
-                return (char *)m->pinned[i] + off;
-        }
-    return (char *)ti->data + off;
+    int i = m->pinned ? tide_model_weight_index(m, ti) : -1;
+    return i >= 0 && m->pinned[i] ? (char *)m->pinned[i] + off : (char *)ti->data + off;
 }
 
 tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {

@@ -246,14 +246,7 @@ tide_status tide_probe_backend(tide_ctx *ctx, tide_backend *be, const char *ssd_
     if (pages > 0 && page > 0) h.host_mem_bytes = (uint64_t)pages * (uint64_t)page;
     if (!h.device_mem_bytes) h.device_mem_bytes = h.host_mem_bytes;
 
-    char host[128];
-    if (gethostname(host, sizeof host) != 0) strcpy(host, "localhost");
-    host[sizeof host - 1] = '\0';
-    snprintf(h.name, sizeof h.name, "probed-%.40s-%s", host, be->vt->name);
-    for (char *c = h.name; *c; c++)
-        if (!(*c == '-' || *c == '_' || *c == '.' || (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'z') ||
-              (*c >= 'A' && *c <= 'Z')))
-            *c = '-';
+    tide_probe_name(&h, be->vt->name);
     *out = h;
     return TIDE_OK;
 }
