@@ -471,6 +471,8 @@ typedef struct tide_gen_stats {
     int tile_level;             /* finest tiling level an offloaded graph used (0: none) */
     uint64_t pinned_weight_bytes; /* weight bytes held in pinned copies (the loads of
                                    these read pinned memory) */
+    bool async_issue;           /* device work was queued ahead and ordered by events
+                                   (a backend with events, TIDE_EXEC_SYNC unset) */
 } tide_gen_stats;
 
 /* Greedy generation for one sequence: prefill `prompt` (n_prompt tokens), then

@@ -62,6 +62,7 @@
  * passed.
  */
 #include "tide.h"
+#include "async_backend.h"
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
 
@@ -961,7 +962,7 @@ static int add_once(tide_backend *be, const tcase *c) {
 static void *stream_worker(void *p) {
     stream_arg *a = p;
     tide_backend *be = a->be;
-    if (be->vt->stream_begin && be->vt->stream_begin(be, a->stream) != TIDE_OK) {
+    if (be->vt->stream_begin && be->vt->stream_begin(be, a->stream, false) != TIDE_OK) {
         a->errors++;
         return NULL;
     }
@@ -1008,9 +1009,233 @@ static void test_streams(void **state) {
         if (errors) fail_msg("%s: %d errors on concurrent streams (%s)", tide_backend_name(bes[b].be), errors,
                              tide_ctx_last_error(bes[b].ctx));
         if (bes[b].be->vt->stream_begin)
-            assert_int_equal(bes[b].be->vt->stream_begin(bes[b].be, 9), TIDE_E_INVALID);
+            assert_int_equal(bes[b].be->vt->stream_begin(bes[b].be, 9, false), TIDE_E_INVALID);
         tc_close(&add);
     }
+}
+
+/* ------------------------------------------------------------- events */
+
+/* A three-stage pipeline as the executor issues one, on backends with events:
+ * the h2d stream copies input k into one of two device buffers, the compute
+ * stream adds a constant into one of two outputs, the d2h stream copies the
+ * output back, each stream on its own thread in the asynchronous mode. Every
+ * edge is an event recorded by the producer and waited on by the consumer's
+ * queue (input ready, output ready) or by the producer of the next use of a
+ * buffer (input consumed, output read back), after the host learnt that the
+ * record was issued. Nothing else orders the streams, so a missing or
+ * misplaced wait in the backend shows up as a wrong result. */
+#define EV_ITERS 24
+#define EV_FLOATS ((size_t)1 << 20)
+
+typedef struct ev_pipe {
+    tide_backend *be;
+    const tcase *add;            /* ADD of two (EV_FLOATS) tensors */
+    float *h_in[EV_ITERS], *h_out[EV_ITERS];
+    void *x[2], *y, *z[2];       /* device */
+    void *in_ready[EV_ITERS], *in_used[EV_ITERS], *out_ready[EV_ITERS], *out_read[EV_ITERS];
+    int issued[3];               /* per stage: iterations issued (records made) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int errors;
+    char why[256];
+} ev_pipe;
+
+static void ev_issued(ev_pipe *e, int stage, int k) {
+    pthread_mutex_lock(&e->mu);
+    e->issued[stage] = k + 1;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Waits until stage has issued iteration k (k < 0: nothing to wait for). */
+static void ev_await(ev_pipe *e, int stage, int k) {
+    if (k < 0) return;
+    pthread_mutex_lock(&e->mu);
+    while (e->issued[stage] <= k && !e->errors) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void ev_error(ev_pipe *e, const char *what) {
+    pthread_mutex_lock(&e->mu);
+    if (!e->errors++) snprintf(e->why, sizeof e->why, "%s: %s", what, tide_ctx_last_error(e->be->ctx));
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+typedef struct ev_arg {
+    ev_pipe *e;
+    int stage; /* 0 h2d (stream 1), 1 compute (stream 0), 2 d2h (stream 2) */
+} ev_arg;
+
+static void *ev_stage(void *p) {
+    ev_arg *a = p;
+    ev_pipe *e = a->e;
+    tide_backend *be = e->be;
+    const tide_backend_vt *vt = be->vt;
+    static const int stream_of[3] = {1, 0, 2};
+    if (vt->stream_begin(be, stream_of[a->stage], true)) {
+        ev_error(e, "stream_begin");
+        return NULL;
+    }
+    size_t nb = EV_FLOATS * sizeof(float);
+    for (int k = 0; k < EV_ITERS && !e->errors; k++) {
+        int b = k & 1;
+        tide_status st = TIDE_OK;
+        if (a->stage == 0) {
+            /* x[b] is free once the compute of iteration k - 2 has read it */
+            ev_await(e, 1, k - 2);
+            if (k >= 2) st = vt->event_wait(be, e->in_used[k - 2]);
+            if (!st) st = vt->to_device(be, e->x[b], e->h_in[k], nb);
+            if (!st) st = vt->event_record(be, e->in_ready[k]);
+        } else if (a->stage == 1) {
+            ev_await(e, 0, k);
+            ev_await(e, 2, k - 2);
+            st = vt->event_wait(be, e->in_ready[k]);
+            if (!st && k >= 2) st = vt->event_wait(be, e->out_read[k - 2]);
+            void *in[2] = {e->x[b], e->y}, *out[1] = {e->z[b]};
+            if (!st) st = vt->compute(be, e->add->g, &e->add->g->ops[e->add->op], in, out, NULL);
+            if (!st) st = vt->event_record(be, e->in_used[k]);
+            if (!st) st = vt->event_record(be, e->out_ready[k]);
+        } else {
+            ev_await(e, 1, k);
+            st = vt->event_wait(be, e->out_ready[k]);
+            if (!st) st = vt->to_host(be, e->h_out[k], e->z[b], nb);
+            if (!st) st = vt->event_record(be, e->out_read[k]);
+        }
+        if (st) {
+            ev_error(e, "a pipeline stage");
+            return NULL;
+        }
+        ev_issued(e, a->stage, k);
+    }
+    if (vt->stream_begin(be, stream_of[a->stage], false)) ev_error(e, "stream_begin (back to synchronous)");
+    return NULL;
+}
+
+static void events_on(tide_backend *be, const tcase *add) {
+    const tide_backend_vt *vt = be->vt;
+    const char *bn = tide_backend_name(be);
+    size_t nb = EV_FLOATS * sizeof(float);
+    ev_pipe e = {.be = be, .add = add};
+    pthread_mutex_init(&e.mu, NULL);
+    pthread_cond_init(&e.cv, NULL);
+    /* pinned host buffers where the backend has them: the copies are then
+     * truly asynchronous */
+    bool pinned = vt->host_alloc != NULL;
+    for (int k = 0; k < EV_ITERS; k++) {
+        if (!pinned || vt->host_alloc(be, nb, (void **)&e.h_in[k]) || vt->host_alloc(be, nb, (void **)&e.h_out[k])) {
+            pinned = false;
+            e.h_in[k] = e.h_in[k] ? e.h_in[k] : malloc(nb);
+            e.h_out[k] = e.h_out[k] ? e.h_out[k] : malloc(nb);
+        }
+        assert_non_null(e.h_in[k]);
+        assert_non_null(e.h_out[k]);
+        for (size_t i = 0; i < EV_FLOATS; i++) {
+            e.h_in[k][i] = (float)((i * 7 + (size_t)k * 131) % 1009);
+            e.h_out[k][i] = -1.0f;
+        }
+        void **evs[4] = {&e.in_ready[k], &e.in_used[k], &e.out_ready[k], &e.out_read[k]};
+        for (int j = 0; j < 4; j++) assert_int_equal(vt->event_new(be, false, evs[j]), TIDE_OK);
+    }
+    float *yh = malloc(nb);
+    assert_non_null(yh);
+    for (size_t i = 0; i < EV_FLOATS; i++) yh[i] = (float)(i % 17) * 0.5f;
+    assert_int_equal(vt->alloc(be, nb, &e.y), TIDE_OK);
+    assert_int_equal(vt->to_device(be, e.y, yh, nb), TIDE_OK);
+    for (int b = 0; b < 2; b++) {
+        assert_int_equal(vt->alloc(be, nb, &e.x[b]), TIDE_OK);
+        assert_int_equal(vt->alloc(be, nb, &e.z[b]), TIDE_OK);
+    }
+    pthread_t th[3];
+    ev_arg args[3];
+    for (int s = 0; s < 3; s++) {
+        args[s] = (ev_arg){&e, s};
+        assert_int_equal(pthread_create(&th[s], NULL, ev_stage, &args[s]), 0);
+    }
+    for (int s = 0; s < 3; s++) pthread_join(th[s], NULL);
+    assert_int_equal(vt->synchronize ? vt->synchronize(be) : TIDE_OK, TIDE_OK);
+    if (e.errors) fail_msg("%s: %s", bn, e.why);
+    int wrong = 0;
+    for (int k = 0; k < EV_ITERS; k++)
+        for (size_t i = 0; i < EV_FLOATS; i++) wrong += e.h_out[k][i] != e.h_in[k][i] + yh[i];
+    if (wrong) fail_msg("%s: %d wrong values through the event pipeline", bn, wrong);
+
+    /* event_sync waits for the work before the record; an event never
+     * recorded is complete; elapsed time between timing events */
+    void *t0 = NULL, *t1 = NULL, *never = NULL;
+    assert_int_equal(vt->event_new(be, true, &t0), TIDE_OK);
+    assert_int_equal(vt->event_new(be, true, &t1), TIDE_OK);
+    assert_int_equal(vt->event_new(be, false, &never), TIDE_OK);
+    assert_int_equal(vt->event_sync(be, never), TIDE_OK);
+    assert_int_equal(vt->event_wait(be, never), TIDE_OK);
+    assert_int_equal(vt->stream_begin(be, 2, true), TIDE_OK);
+    assert_int_equal(vt->event_record(be, t0), TIDE_OK);
+    for (int k = 0; k < EV_ITERS; k++) assert_int_equal(vt->to_host(be, e.h_out[k], e.y, nb), TIDE_OK);
+    assert_int_equal(vt->event_record(be, t1), TIDE_OK);
+    assert_int_equal(vt->event_sync(be, t1), TIDE_OK);
+    for (int k = 0; k < EV_ITERS; k++) assert_memory_equal(e.h_out[k], yh, nb);
+    double sec = -1;
+    assert_int_equal(vt->event_elapsed(be, t0, t1, &sec), TIDE_OK);
+    assert_true(sec >= 0 && sec < 60);
+    print_message("  %-9s %d pipelined iterations right; %d copies of %zu MiB timed by events: %.3f ms\n", bn,
+                  EV_ITERS, EV_ITERS, nb >> 20, sec * 1e3);
+    assert_int_equal(vt->stream_begin(be, 0, false), TIDE_OK);
+    vt->event_free(be, t0);
+    vt->event_free(be, t1);
+    vt->event_free(be, never);
+
+    for (int b = 0; b < 2; b++) {
+        vt->dealloc(be, e.x[b]);
+        vt->dealloc(be, e.z[b]);
+    }
+    vt->dealloc(be, e.y);
+    free(yh);
+    for (int k = 0; k < EV_ITERS; k++) {
+        if (pinned) {
+            vt->host_free(be, e.h_in[k]);
+            vt->host_free(be, e.h_out[k]);
+        } else {
+            free(e.h_in[k]);
+            free(e.h_out[k]);
+        }
+        void *evs[4] = {e.in_ready[k], e.in_used[k], e.out_ready[k], e.out_read[k]};
+        for (int j = 0; j < 4; j++) vt->event_free(be, evs[j]);
+    }
+    pthread_mutex_destroy(&e.mu);
+    pthread_cond_destroy(&e.cv);
+}
+
+static void test_events(void **state) {
+    (void)state;
+    tcase add;
+    tc_open(&add, "add through events");
+    int x = tc_tensor(&add, "a", TIDE_F32, TIDE_ROLE_INPUT, 1024, (int64_t)EV_FLOATS / 1024, 0, 1);
+    int y = tc_tensor(&add, "b", TIDE_F32, TIDE_ROLE_INPUT, 1024, (int64_t)EV_FLOATS / 1024, 0, 1);
+    int o = tc_tensor(&add, "c", TIDE_F32, TIDE_ROLE_TEMP, 1024, (int64_t)EV_FLOATS / 1024, 0, 1);
+    tc_op(&add, TIDE_OP_ADD, 2, (int[]){x, y}, 1, &o, NULL);
+    for (int b = 0; b < n_be; b++) {
+        tide_backend *be = bes[b].be;
+        if (!be->vt->event_new) {
+            /* all six or none, and no asynchronous mode without them */
+            assert_null(be->vt->event_record);
+            assert_null(be->vt->event_wait);
+            assert_null(be->vt->event_sync);
+            if (be->vt->stream_begin) assert_int_equal(be->vt->stream_begin(be, 0, true), TIDE_E_UNSUPPORTED);
+            continue;
+        }
+        events_on(be, &add);
+    }
+    /* and on queues that run behind the caller with random delays
+     * (tests/async_backend.h), where a missing wait would show */
+    tide_ctx *ctx = tide_ctx_new();
+    tide_backend *ab = NULL;
+    tide_async_opts ao = {.jitter_us = 300, .seed = 3};
+    assert_int_equal(tide_async_backend_new(ctx, &ao, &ab), TIDE_OK);
+    events_on(ab, &add);
+    tide_backend_free(ab);
+    tide_ctx_free(ctx);
+    tc_close(&add);
 }
 
 /* ------------------------------------------------------------- selection */
@@ -1233,6 +1458,7 @@ int main(void) {
     fflush(stdout);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_selection), cmocka_unit_test(test_memory),      cmocka_unit_test(test_streams),
+        cmocka_unit_test(test_events),
         cmocka_unit_test(test_embed),     cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_rope),      cmocka_unit_test(test_attention),   cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_take_last), cmocka_unit_test(test_argmax),      cmocka_unit_test(test_generic),

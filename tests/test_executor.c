@@ -10,12 +10,14 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include "async_backend.h"
 #include "core/alloc_test.h"
 #include "backend/backend.h"
 #include "exec/executor.h"
 #include "plan/plan.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,7 +118,34 @@ typedef struct run_cfg {
     tide_exec_opts eo;
     int tile_rows;        /* graph tiling (tide_llama_graph_opts) */
     uint64_t tile_weight_bytes;
+    bool bad_token;       /* the last prompt token is out of the vocabulary */
+    bool timeline;        /* measure the timeline and check it against the plan */
+    tide_exec_stats *es;  /* receives the run's stats (may be NULL) */
 } run_cfg;
+
+/* A measured timeline respects the plan: every instruction starts after each
+ * one it waits on ended (both streams' clocks are one clock), and after the
+ * one before it on its stream. */
+static void check_timeline(const tide_plan *p, const tide_sim_event *tl, double wall) {
+    int last[TIDE_STREAM_COUNT];
+    for (int s = 0; s < TIDE_STREAM_COUNT; s++) last[s] = -1;
+    for (int i = 0; i < p->n_ins; i++) {
+        const tide_ins *in = &p->ins[i];
+        assert_int_equal(tl[i].ins, i);
+        if (!(tl[i].start_s >= 0 && tl[i].start_s <= tl[i].end_s && tl[i].end_s <= wall + 1e-3))
+            fail_msg("instruction %d: measured [%g, %g] s in a run of %g s", i, tl[i].start_s, tl[i].end_s, wall);
+        for (int k = 0; k < in->n_wait; k++) {
+            int w = p->waits[in->wait_at + k];
+            if (tl[i].start_s < tl[w].end_s)
+                fail_msg("instruction %d (%s) started at %.6f s, before instruction %d (%s) it waits on ended "
+                         "(%.6f s)", i, tide_stream_name(in->stream), tl[i].start_s, w,
+                         tide_stream_name(p->ins[w].stream), tl[w].end_s);
+        }
+        if (last[in->stream] >= 0 && tl[i].start_s < tl[last[in->stream]].end_s)
+            fail_msg("instruction %d started before the previous one on its stream ended", i);
+        last[in->stream] = i;
+    }
+}
 
 /* Plans, verifies and executes the all-logits prefill graph under rc; returns
  * the status of the run and the logits in *out (caller frees). */
@@ -151,6 +180,7 @@ static tide_status run_planned(tide_ctx *ctx, tide_checkpoint *ck, tide_backend 
     if (!st) {
         int32_t tok[SEQ], pos[SEQ], next[SEQ];
         prompt(tok, cfg->vocab_size);
+        if (rc->bad_token) tok[SEQ - 1] = (int32_t)cfg->vocab_size + 5;
         for (int i = 0; i < SEQ; i++) pos[i] = i;
         logits = calloc((size_t)SEQ * cfg->vocab_size, sizeof *logits);
         for (int t = 0; t < g->n_tensors && !st; t++) {
@@ -171,7 +201,12 @@ static tide_status run_planned(tide_ctx *ctx, tide_checkpoint *ck, tide_backend 
         if (!st) st = tide_exec_bind_host(ex, tide_graph_find(g, "pos"), pos);
         if (!st) st = tide_exec_bind_host(ex, tide_graph_find(g, "logits"), logits);
         if (!st) st = tide_exec_bind_host(ex, tide_graph_find(g, "next_token"), next);
-        if (!st) st = tide_exec_run(ex, NULL, NULL);
+        tide_sim_event *tl = rc->timeline ? calloc((size_t)p->n_ins, sizeof *tl) : NULL;
+        tide_exec_stats es = {0};
+        if (!st) st = tide_exec_run(ex, tl, &es);
+        if (!st && tl) check_timeline(p, tl, es.wall_s);
+        if (rc->es) *rc->es = es;
+        free(tl);
     }
     for (int t = 0; t < g->n_tensors; t++) free(state[t]);
     free(state);
@@ -410,12 +445,20 @@ static int direct_reads;
 static tide_status fake_file_read(tide_backend *be, int fd, uint64_t off, void *dst, size_t n) {
     (void)be;
     direct_reads++;
-    for (size_t done = 0; done < n;) {
-        ssize_t r = pread(fd, (char *)dst + done, n - done, (off_t)(off + done));
-        if (r <= 0) return TIDE_E_IO;
-        done += (size_t)r;
+    /* the descriptor may be O_DIRECT, which refuses unaligned buffers: read
+     * through a second descriptor of the same file without it */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int fd2 = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd2 < 0) return tide_err(be->ctx, TIDE_E_IO, "cannot reopen descriptor %d", fd);
+    tide_status st = TIDE_OK;
+    for (size_t done = 0; done < n && !st;) {
+        ssize_t r = pread(fd2, (char *)dst + done, n - done, (off_t)(off + done));
+        if (r <= 0) st = tide_err(be->ctx, TIDE_E_IO, "stand-in direct read failed");
+        else done += (size_t)r;
     }
-    return TIDE_OK;
+    close(fd2);
+    return st;
 }
 static tide_status no_file_read(tide_backend *be, int fd, uint64_t off, void *dst, size_t n) {
     (void)fd, (void)off, (void)dst, (void)n;
@@ -646,6 +689,150 @@ static void test_host_spill_unpinned(void **state) {
     env_close(&e);
 }
 
+/* Asynchronous issue, on a backend with events whose queues really run
+ * behind the caller (tests/async_backend.h: each stream a thread that sleeps
+ * at random before each item): the executor's compute, h2d and d2h workers
+ * queue their work and order it by events only, the io worker waits on the
+ * host, and the resident runner queues a whole graph. Every run gives the CPU
+ * backend's logits bit for bit (policies, budgets, weights on host and SSD,
+ * activations spilled to host and to SSD), the measured timeline (from timing
+ * events) respects every wait of the plan, the queues really waited on
+ * events, an out-of-range token found by a queued op fails the run with the
+ * kernel's message (and the next run is clean), and the synchronous mode
+ * (sync_issue, TIDE_EXEC_SYNC=1) gives the same results. */
+static void test_async_issue(void **state) {
+    (void)state;
+    env e = env_open(true);
+    tide_ctx *ctx = e.ctx;
+    tide_checkpoint *ck = e.ck;
+    const tide_llama_config *cfg = tide_checkpoint_config(ck);
+    size_t nbytes = (size_t)SEQ * cfg->vocab_size * sizeof(float);
+    float *ref = resident_logits(ck, e.be, ctx);
+    tide_backend *ab = NULL;
+    tide_async_opts ao = {.jitter_us = 150, .seed = 11, .device_is_host = false};
+    assert_int_equal(tide_async_backend_new(ctx, &ao, &ab), TIDE_OK);
+    assert_non_null(ab->vt->event_new);
+
+    float *got = resident_logits(ck, ab, ctx);
+    if (memcmp(got, ref, nbytes)) fail_msg("resident run on queues: logits differ from the CPU backend's");
+    free(got);
+
+    const double fractions[] = {1.0, 0.5, 0};
+    const tide_policy pols[] = {TIDE_POLICY_TIDE, TIDE_POLICY_STATIC_LAYER, TIDE_POLICY_LRU};
+    int runs = 0;
+    for (int pi = 0; pi < 3; pi++)
+        for (int f = 0; f < 3; f++)
+            for (int ssd = 0; ssd < 2; ssd++) {
+                tide_exec_stats es = {0};
+                run_cfg rc = {.policy = pols[pi], .fraction = fractions[f], .weights_on_ssd = ssd,
+                              .eo = {.ssd_dirs = spill_dir}, .timeline = true, .es = &es};
+                tide_status st = run_planned(ctx, ck, ab, &rc, &got, NULL);
+                if (st == TIDE_E_INFEASIBLE && pols[pi] != TIDE_POLICY_TIDE) continue;
+                if (st) fail_msg("%s f=%g ssd=%d: %s", tide_policy_name(pols[pi]), fractions[f], ssd,
+                                 tide_ctx_last_error(ctx));
+                assert_true(es.async);
+                if (memcmp(got, ref, nbytes))
+                    fail_msg("%s at %g of peak, weights on %s, queued: logits differ from the CPU backend's",
+                             tide_policy_name(pols[pi]), fractions[f], ssd ? "ssd" : "host");
+                free(got);
+                runs++;
+            }
+    assert_true(runs >= 12);
+
+    /* weights read from SSD straight into "device" memory by the io worker
+     * (a stand-in for cuFile, which no queue orders): the io worker must have
+     * waited on the host for the readers of the range it overwrites */
+    const tide_backend_vt *queued_vt = ab->vt;
+    tide_backend_vt direct_vt = *queued_vt;
+    direct_vt.file_read = fake_file_read;
+    ab->vt = &direct_vt;
+    direct_reads = 0;
+    for (int pi = 0; pi < 3; pi += 2)
+        for (int f = 1; f < 3; f++) {
+            run_cfg rc = {.policy = pols[pi], .fraction = fractions[f], .weights_on_ssd = true,
+                          .eo = {.ssd_dirs = spill_dir, .direct_storage = true}, .timeline = true};
+            tide_status st = run_planned(ctx, ck, ab, &rc, &got, NULL);
+            if (st) fail_msg("direct %s f=%g: %s", tide_policy_name(pols[pi]), fractions[f], tide_ctx_last_error(ctx));
+            if (memcmp(got, ref, nbytes))
+                fail_msg("direct reads, %s at %g of peak: logits differ from the CPU backend's",
+                         tide_policy_name(pols[pi]), fractions[f]);
+            free(got);
+        }
+    assert_true(direct_reads > 20);
+    ab->vt = queued_vt;
+
+    /* activations spilled to host, then through the host to SSD */
+    unsigned char want[4000], have[4000];
+    tide_exec_opts eo = {.ssd_dirs = spill_dir};
+    assert_int_equal(run_spill(ctx, e.be, UINT64_C(64) << 20, &eo, want, NULL), TIDE_OK);
+    uint64_t small = 2 * (UINT64_C(1) << 20) + 65536;
+    const uint64_t host_room[2] = {UINT64_C(1) << 30, 8192};
+    for (int h = 0; h < 2; h++) {
+        tide_plan_stats ps;
+        memset(have, 0, sizeof have);
+        tide_status st = run_spill_host(ctx, ab, small, host_room[h], &eo, have, &ps, NULL, 0);
+        if (st) fail_msg("spill %d: %s", h, tide_ctx_last_error(ctx));
+        assert_memory_equal(have, want, sizeof have);
+        if (h) assert_true(ps.bytes_ssd_write > 0);
+        else assert_true(ps.bytes_d2h > 0);
+    }
+
+    uint64_t items = 0, blocked = 0;
+    tide_async_backend_counts(ab, &items, &blocked);
+    print_message("  %d planned runs and 2 spilling runs on queues: %llu items run, %llu waits held a queue\n",
+                  runs, (unsigned long long)items, (unsigned long long)blocked);
+    assert_true(items > 1000 && blocked > 0);
+
+    /* a bad token is found by a queued EMBED: the run fails with its message,
+     * and the next one is clean */
+    run_cfg bad = {.policy = TIDE_POLICY_TIDE, .fraction = 0.5, .eo = {.ssd_dirs = spill_dir}, .bad_token = true};
+    assert_int_equal(run_planned(ctx, ck, ab, &bad, &got, NULL), TIDE_E_RANGE);
+    assert_null(got);
+    assert_non_null(strstr(tide_ctx_last_error(ctx), "outside the vocabulary"));
+    bad.bad_token = false;
+    assert_int_equal(run_planned(ctx, ck, ab, &bad, &got, NULL), TIDE_OK);
+    assert_memory_equal(got, ref, nbytes);
+    free(got);
+
+    /* the synchronous mode on the same backend */
+    tide_exec_stats es = {0};
+    run_cfg sy = {.policy = TIDE_POLICY_TIDE, .fraction = 0, .weights_on_ssd = true,
+                  .eo = {.ssd_dirs = spill_dir, .sync_issue = true}, .timeline = true, .es = &es};
+    assert_int_equal(run_planned(ctx, ck, ab, &sy, &got, NULL), TIDE_OK);
+    assert_false(es.async);
+    assert_memory_equal(got, ref, nbytes);
+    free(got);
+
+    /* generation through the model API, queued and with TIDE_EXEC_SYNC=1 */
+    tide_model *m = NULL;
+    tide_model_opts mo = {.max_batch = 1, .ctx_len = 24};
+    int32_t tok[SEQ], want_tok[8], got_tok[8];
+    prompt(tok, cfg->vocab_size);
+    tide_gen_stats rs, gs;
+    assert_int_equal(tide_model_new(ctx, ck, e.be, &mo, &m), TIDE_OK);
+    assert_int_equal(tide_model_generate(m, tok, SEQ, 8, want_tok, &rs), TIDE_OK);
+    assert_false(rs.async_issue);
+    tide_model_free(m);
+    assert_int_equal(tide_model_new(ctx, ck, ab, &mo, &m), TIDE_OK);
+    for (int k = 0; k < 4; k++) {
+        bool sync = k & 1, offload = k & 2;
+        if (sync) setenv("TIDE_EXEC_SYNC", "1", 1);
+        tide_offload_opts o = {.budget_kind = TIDE_BUDGET_MIN, .ssd_dirs = spill_dir, .hw = "h100-80g"};
+        assert_int_equal(tide_model_set_offload(m, offload ? &o : NULL), TIDE_OK);
+        tide_status st = tide_model_generate(m, tok, SEQ, 8, got_tok, &gs);
+        unsetenv("TIDE_EXEC_SYNC");
+        if (st) fail_msg("generation %d: %s", k, tide_ctx_last_error(ctx));
+        assert_memory_equal(got_tok, want_tok, sizeof want_tok);
+        assert_true(gs.logits_hash == rs.logits_hash);
+        assert_int_equal(gs.async_issue, !sync);
+    }
+    tide_model_free(m);
+    tide_backend_free(ab);
+    assert_int_equal(dir_entries(spill_dir), 0);
+    free(ref);
+    env_close(&e);
+}
+
 static void test_ssd_spill_faults(void **state) {
     (void)state;
     env e = env_open(false);
@@ -790,6 +977,7 @@ int main(void) {
         cmocka_unit_test(test_tiled_model_api),
         cmocka_unit_test(test_pinned_weights),
         cmocka_unit_test(test_device_paths),
+        cmocka_unit_test(test_async_issue),
         cmocka_unit_test(test_generate_offloaded),
         cmocka_unit_test(test_pread_fallback),
         cmocka_unit_test(test_ssd_read_fault),

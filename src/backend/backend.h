@@ -31,14 +31,36 @@ typedef struct tide_backend_vt {
      * (a token id >= vocab). */
     tide_status (*compute)(tide_backend *be, const tide_graph *g, const tide_op *op,
                            void *const *in, void *const *out, void *scratch);
-    /* Waits until all work issued so far is complete (NULL: nothing to wait). */
+    /* Waits until all work issued so far, by every thread, is complete, and
+     * returns the first error an asynchronous call met (NULL: nothing to
+     * wait). */
     tide_status (*synchronize)(tide_backend *be);
     /* Optional: the calling thread will issue the work of plan stream `stream`
-     * (0 compute, 1 h2d, 2 d2h, 3 io) from now on; the backend may bind it to
-     * its own queue (a CUDA stream). Every call made by that thread afterwards
-     * (compute, to_device, to_host) completes before it returns. NULL: nothing
-     * to do. */
-    tide_status (*stream_begin)(tide_backend *be, int stream);
+     * (0 compute, 1 h2d, 2 d2h, 3 io) from now on; the backend binds it to
+     * its own queue for that stream (a CUDA stream). With async false, every
+     * call made by that thread afterwards (compute, to_device, to_host)
+     * completes before it returns. With async true (only where the event
+     * slots below exist; TIDE_E_UNSUPPORTED otherwise) a call returns once
+     * its work is queued: the queue runs it after everything queued before
+     * it, and its completion is seen through an event or synchronize; an
+     * error found while it runs is returned by synchronize. A thread that
+     * never called it issues on queue 0, synchronously. NULL: nothing to
+     * do, every call is synchronous. */
+    tide_status (*stream_begin)(tide_backend *be, int stream, bool async);
+    /* Optional, all six or none: events mark a point in a queue, as CUDA
+     * events do. event_record marks the end of what the calling thread's
+     * queue holds now (the event is complete when that work is);
+     * event_wait makes the calling thread's queue hold later work until the
+     * event's latest record is complete, without blocking the thread;
+     * event_sync blocks the thread until then; event_elapsed gives the
+     * seconds between two complete records of events made with timing. An
+     * event never recorded counts as complete. */
+    tide_status (*event_new)(tide_backend *be, bool timing, void **ev);
+    void (*event_free)(tide_backend *be, void *ev);
+    tide_status (*event_record)(tide_backend *be, void *ev);
+    tide_status (*event_wait)(tide_backend *be, void *ev);
+    tide_status (*event_sync)(tide_backend *be, void *ev);
+    tide_status (*event_elapsed)(tide_backend *be, void *from, void *to, double *seconds);
     /* Optional: page-locked host memory for the host pool and bounce buffers
      * (CUDA: anonymous pages registered with cudaHostRegister, which O_DIRECT
      * can read into). NULL, or TIDE_E_UNSUPPORTED: the caller pins with mlock

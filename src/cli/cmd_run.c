@@ -162,8 +162,9 @@ static void print_summary(const run_args *a, const char *model_dir, const tide_l
     char b1[32], b2[32], b3[32], b4[32];
     printf("model      %s (%s, %d layers, %s)\n", model_dir, cfg->name, cfg->num_hidden_layers,
            tide_dtype_name(cfg->dtype));
-    printf("backend    %s, matmul %s, %d threads\n", tide_backend_name(be),
-           tide_matmul_name(tide_backend_matmul(be)), tide_ctx_threads(ctx));
+    printf("backend    %s, matmul %s, %d threads, %s issue\n", tide_backend_name(be),
+           tide_matmul_name(tide_backend_matmul(be)), tide_ctx_threads(ctx),
+           s->async_issue ? "asynchronous (events)" : "synchronous");
     printf("prompt     %d tokens\n", n_prompt);
     printf("generated ");
     for (long i = 0; i < a->new_tokens; i++) printf(" %d", gen[i]);
@@ -209,6 +210,7 @@ static void print_json(const run_args *a, const char *model_dir, const tide_llam
     cJSON_AddStringToObject(o, "backend", tide_backend_name(be));
     cJSON_AddStringToObject(o, "matmul", tide_matmul_name(tide_backend_matmul(be)));
     cJSON_AddNumberToObject(o, "threads", tide_ctx_threads(ctx));
+    cJSON_AddBoolToObject(o, "async_issue", s->async_issue);
     cJSON_AddNumberToObject(o, "prompt_tokens", n_prompt);
     cJSON_AddNumberToObject(o, "new_tokens", (double)a->new_tokens);
     cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(gen, (int)a->new_tokens));

@@ -7,9 +7,17 @@
  *       in tide_exec_new; host spill and SSD spill space likewise. Nothing is
  *       allocated in tide_exec_run.
  *   E2. An instruction starts only after its stream's previous instruction and
- *       every instruction it waits on have completed (wait_done), and its
- *       completion is published (mark_done) only after its effects are visible
- *       in memory (the mutex orders them for the other threads).
+ *       every instruction it waits on have completed, and its completion is
+ *       published only after its effects are visible in memory. Without
+ *       events (synchronous issue): the worker waits for the producers'
+ *       done flags (wait_done) and sets its own (mark_done) after the call
+ *       returned; the mutex orders the memory for the other threads. With
+ *       events (asynchronous issue): a done flag means "issued, and its event
+ *       recorded"; a device queue waits for a producer on another stream
+ *       with event_wait after its flag is set (the event then holds the
+ *       producer's record), the io worker with event_sync, since its own
+ *       work is done by the host; a producer on the same stream is ordered
+ *       by the queue itself.
  *   E3. The first failure stops every worker (ex->failed); the run returns that
  *       failure's status and message; no later instruction starts.
  *   The executor makes no decision: offsets, tiers and order all come from the
@@ -74,6 +82,13 @@ struct tide_exec {
                                    when the backend answers it cannot */
     bool bounce_by_backend;     /* pinned, from be->vt->host_alloc */
     home_ref *home;
+    /* asynchronous issue (backend events) */
+    bool async;
+    void **ev;                  /* per instruction: the event its waiters on other
+                                   streams use, or NULL when none waits on it */
+    void **ev_time;             /* 2 per instruction (start, end) and the run's base
+                                   last: timing events, made at the first timed run */
+    void *ev_layer[2];          /* the compute stream's run-ahead bound */
     int *stream_ins[TIDE_STREAM_COUNT];
     int stream_n[TIDE_STREAM_COUNT];
     /* run state */
@@ -92,6 +107,7 @@ struct tide_exec {
 };
 
 static const char *tname(const tide_exec *ex, int t) { return ex->g->tensors[t].name; }
+static tide_status make_events(tide_exec *ex, bool sync_issue);
 
 /* ---------------------------------------------------------------- setup */
 
@@ -176,6 +192,7 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
         ex->stream_ins[s][ex->stream_n[s]++] = i;
     }
     for (int i = 0; i < ex->g->n_ops; i++) ex->n_layers = TIDE_MAX(ex->n_layers, ex->g->ops[i].layer + 1);
+    if ((st = make_events(ex, opts->sync_issue))) goto fail;
     /* E1: the arena is allocated once, exactly the budget (or lent by the caller) */
     if (opts->arena) {
         if (opts->arena_bytes < p->device_budget) {
@@ -228,6 +245,65 @@ fail:
     return st;
 }
 
+static bool has_events(const tide_backend_vt *vt) {
+    return vt->stream_begin && vt->event_new && vt->event_free && vt->event_record && vt->event_wait &&
+           vt->event_sync && vt->event_elapsed;
+}
+
+/* Asynchronous issue: one event per instruction that an instruction of another
+ * stream waits on (same-stream order is the queue's own), and the compute
+ * stream's two layer events. */
+static tide_status make_events(tide_exec *ex, bool sync_issue) {
+    tide_backend *be = ex->be;
+    const tide_plan *p = ex->p;
+    if (sync_issue || !has_events(be->vt)) return TIDE_OK;
+    ex->async = true;
+    ex->ev = tide_calloc((size_t)(p->n_ins ? p->n_ins : 1), sizeof *ex->ev);
+    if (!ex->ev) return tide_err(ex->ctx, TIDE_E_NOMEM, "out of memory for the executor's events");
+    for (int i = 0; i < p->n_ins; i++) {
+        const tide_ins *in = &p->ins[i];
+        for (int k = 0; k < in->n_wait; k++) {
+            int w = p->waits[in->wait_at + k];
+            if (p->ins[w].stream == in->stream || ex->ev[w]) continue;
+            tide_status st = be->vt->event_new(be, false, &ex->ev[w]);
+            if (st) return tide_err(ex->ctx, st, "cannot create the executor's events: %s", tide_ctx_last_error(ex->ctx));
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        tide_status st = be->vt->event_new(be, false, &ex->ev_layer[k]);
+        if (st) return tide_err(ex->ctx, st, "cannot create the executor's events: %s", tide_ctx_last_error(ex->ctx));
+    }
+    return TIDE_OK;
+}
+
+/* The timing events of a timed run, made once. */
+static tide_status make_time_events(tide_exec *ex) {
+    if (ex->ev_time) return TIDE_OK;
+    int n = 2 * ex->p->n_ins + 1;
+    ex->ev_time = tide_calloc((size_t)n, sizeof *ex->ev_time);
+    if (!ex->ev_time) return tide_err(ex->ctx, TIDE_E_NOMEM, "out of memory for the executor's timing events");
+    for (int i = 0; i < n; i++) {
+        tide_status st = ex->be->vt->event_new(ex->be, true, &ex->ev_time[i]);
+        if (st) return tide_err(ex->ctx, st, "cannot create the executor's timing events: %s",
+                                tide_ctx_last_error(ex->ctx));
+    }
+    return TIDE_OK;
+}
+
+static void free_events(tide_exec *ex) {
+    tide_backend *be = ex->be;
+    if (ex->ev)
+        for (int i = 0; i < ex->p->n_ins; i++)
+            if (ex->ev[i]) be->vt->event_free(be, ex->ev[i]);
+    if (ex->ev_time)
+        for (int i = 0; i < 2 * ex->p->n_ins + 1; i++)
+            if (ex->ev_time[i]) be->vt->event_free(be, ex->ev_time[i]);
+    for (int k = 0; k < 2; k++)
+        if (ex->ev_layer[k]) be->vt->event_free(be, ex->ev_layer[k]);
+    tide_free(ex->ev);
+    tide_free(ex->ev_time);
+}
+
 /* Forgets tensor t's file home; closes the descriptor unless another tensor
  * still shares it. */
 static void release_fd(tide_exec *ex, int t) {
@@ -241,6 +317,7 @@ static void release_fd(tide_exec *ex, int t) {
 
 void tide_exec_free(tide_exec *ex) {
     if (!ex) return;
+    free_events(ex);
     if (ex->arena && !ex->arena_lent) ex->be->vt->dealloc(ex->be, ex->arena);
     if (ex->host_pool && ex->host_by_backend) {
         ex->be->vt->host_free(ex->be, ex->host_pool);
@@ -604,48 +681,120 @@ typedef struct worker_arg {
     int stream;
 } worker_arg;
 
+/* Whether op `o` ends its layer (for progress reports). */
+static bool ends_layer(const tide_graph *g, int o) {
+    return g->ops[o].layer >= 0 && (o + 1 == g->n_ops || g->ops[o + 1].layer != g->ops[o].layer);
+}
+
+/* Asynchronous issue on the compute stream: after issuing the last op of a
+ * layer, waits until the layer two before it has completed, reports it, and
+ * marks this one, so the worker stays at most two layers ahead of the device
+ * and progress reports what has been computed. A failed report is the
+ * backend's failure. */
+static tide_status layer_issued(tide_exec *ex, int layer, int *pending) {
+    tide_backend *be = ex->be;
+    void *ev = ex->ev_layer[layer & 1];
+    if (pending[layer & 1] >= 0) {
+        tide_status st = be->vt->event_sync(be, ev);
+        if (st) return st;
+        tide_progress(ex->ctx, "layer", (uint64_t)pending[layer & 1] + 1, (uint64_t)ex->n_layers);
+    }
+    pending[layer & 1] = layer;
+    return be->vt->event_record(be, ev);
+}
+
+/* Issues instruction i on the calling worker's stream. */
+static tide_status run_ins(tide_exec *ex, int i) {
+    switch (ex->p->ins[i].kind) {
+    case TIDE_INS_COMPUTE: return run_compute(ex, i);
+    case TIDE_INS_LOAD: return run_load(ex, i);
+    case TIDE_INS_STORE: return run_store(ex, i);
+    case TIDE_INS_MOVE: return run_move(ex, i);
+    case TIDE_INS_DROP: return TIDE_OK; /* the arena range is free once this completes */
+    default: return tide_err(ex->ctx, TIDE_E_INVALID, "instruction %d has kind %d", i, (int)ex->p->ins[i].kind);
+    }
+}
+
+static tide_status event_fail(tide_exec *ex, int i, const char *what, tide_status st) {
+    return tide_err(ex->ctx, st, "instruction %d (%s '%s'): %s: %s", i, tide_ins_name(ex->p->ins[i].kind),
+                    tname(ex, ex->p->ins[i].tensor), what, tide_ctx_last_error(ex->ctx));
+}
+
 static void *worker(void *arg) {
     worker_arg *wa = arg;
     tide_exec *ex = wa->ex;
+    tide_backend *be = ex->be;
     const tide_plan *p = ex->p;
-    if (ex->be->vt->stream_begin) {
-        tide_status st = ex->be->vt->stream_begin(ex->be, wa->stream);
+    /* the io stream's work is done by the host: it issues synchronously */
+    bool async = ex->async && wa->stream != TIDE_STREAM_IO;
+    bool timed = ex->timeline && ex->async;
+    int pending[2] = {-1, -1}; /* layers issued and not yet reported (async compute) */
+    if (be->vt->stream_begin) {
+        tide_status st = be->vt->stream_begin(be, wa->stream, async);
         if (st) {
             fail_run(ex, st);
             return NULL;
         }
     }
-    for (int k = 0; k < ex->stream_n[wa->stream]; k++) {
+    tide_status st = TIDE_OK;
+    for (int k = 0; k < ex->stream_n[wa->stream] && !st; k++) {
         int i = ex->stream_ins[wa->stream][k];
         const tide_ins *in = &p->ins[i];
-        for (int w = 0; w < in->n_wait; w++)
-            if (!wait_done(ex, p->waits[in->wait_at + w])) return NULL;
-        if (atomic_load(&ex->failed)) return NULL;
+        for (int w = 0; w < in->n_wait && !st; w++) {
+            int j = p->waits[in->wait_at + w];
+            if (!wait_done(ex, j)) return NULL;
+            if (ex->async && p->ins[j].stream != wa->stream) {
+                st = async ? be->vt->event_wait(be, ex->ev[j]) : be->vt->event_sync(be, ex->ev[j]);
+                if (st) st = event_fail(ex, i, "waiting for instruction's producer", st);
+            }
+        }
+        if (st || atomic_load(&ex->failed)) break;
         double t0 = tide_now();
-        tide_status st = TIDE_OK;
-        switch (in->kind) {
-        case TIDE_INS_COMPUTE: st = run_compute(ex, i); break;
-        case TIDE_INS_LOAD: st = run_load(ex, i); break;
-        case TIDE_INS_STORE: st = run_store(ex, i); break;
-        case TIDE_INS_MOVE: st = run_move(ex, i); break;
-        case TIDE_INS_DROP: break; /* the arena range is free once this completes */
-        default: st = tide_err(ex->ctx, TIDE_E_INVALID, "instruction %d has kind %d", i, (int)in->kind);
+        if (timed && (st = be->vt->event_record(be, ex->ev_time[2 * i]))) break;
+        if ((st = run_ins(ex, i))) break;
+        if (timed && (st = be->vt->event_record(be, ex->ev_time[2 * i + 1]))) break;
+        if (ex->ev && ex->ev[i] && (st = be->vt->event_record(be, ex->ev[i]))) {
+            st = event_fail(ex, i, "recording its completion", st);
+            break;
         }
-        if (st) {
-            fail_run(ex, st);
-            return NULL;
-        }
-        if (ex->timeline) {
+        if (ex->timeline && !ex->async) {
             ex->timeline[i].ins = i;
             ex->timeline[i].start_s = t0 - ex->t0;
             ex->timeline[i].end_s = tide_now() - ex->t0;
         }
         mark_done(ex, i);
-        if (in->kind == TIDE_INS_COMPUTE && ex->g->ops[in->op].layer >= 0 &&
-            (in->op + 1 == ex->g->n_ops || ex->g->ops[in->op + 1].layer != ex->g->ops[in->op].layer))
-            tide_progress(ex->ctx, "layer", (uint64_t)ex->g->ops[in->op].layer + 1, (uint64_t)ex->n_layers);
+        if (in->kind == TIDE_INS_COMPUTE && ends_layer(ex->g, in->op)) {
+            if (async) st = layer_issued(ex, ex->g->ops[in->op].layer, pending);
+            else tide_progress(ex->ctx, "layer", (uint64_t)ex->g->ops[in->op].layer + 1, (uint64_t)ex->n_layers);
+        }
     }
+    /* the last layers issued are reported once complete */
+    int first = pending[1] >= 0 && (pending[0] < 0 || pending[1] < pending[0]) ? 1 : 0;
+    for (int k = 0; k < 2 && !st && async; k++) {
+        int slot = first ^ k;
+        if (pending[slot] < 0) continue;
+        if (!(st = be->vt->event_sync(be, ex->ev_layer[slot])))
+            tide_progress(ex->ctx, "layer", (uint64_t)pending[slot] + 1, (uint64_t)ex->n_layers);
+    }
+    if (st) fail_run(ex, st);
     return NULL;
+}
+
+/* Fills the timeline of an asynchronous run from its timing events (all
+ * complete: the run has been synchronized). */
+static tide_status read_timeline(tide_exec *ex) {
+    tide_backend *be = ex->be;
+    void *base = ex->ev_time[2 * ex->p->n_ins];
+    for (int i = 0; i < ex->p->n_ins; i++) {
+        double a = 0, b = 0;
+        tide_status st = be->vt->event_elapsed(be, base, ex->ev_time[2 * i], &a);
+        if (!st) st = be->vt->event_elapsed(be, base, ex->ev_time[2 * i + 1], &b);
+        if (st) return tide_err(ex->ctx, st, "reading the run's timeline: %s", tide_ctx_last_error(ex->ctx));
+        ex->timeline[i].ins = i;
+        ex->timeline[i].start_s = TIDE_MAX(a, 0.0);
+        ex->timeline[i].end_s = TIDE_MAX(b, ex->timeline[i].start_s);
+    }
+    return TIDE_OK;
 }
 
 tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_stats *stats) {
@@ -665,11 +814,17 @@ tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_sta
     for (int k = 0; k < 4; k++) atomic_store(&ex->bytes[k], 0);
     ex->ssd_read_s = 0;
     ex->timeline = timeline;
+    tide_status st = TIDE_OK;
+    if (timeline && ex->async) {
+        /* the base every timing event is measured from, first on queue 0 */
+        if ((st = make_time_events(ex))) return st;
+        if ((st = ex->be->vt->event_record(ex->be, ex->ev_time[2 * p->n_ins])))
+            return tide_err(ex->ctx, st, "starting the run's timeline: %s", tide_ctx_last_error(ex->ctx));
+    }
     ex->t0 = tide_now();
     pthread_t th[TIDE_STREAM_COUNT];
     worker_arg wa[TIDE_STREAM_COUNT];
     bool started[TIDE_STREAM_COUNT] = {0};
-    tide_status st = TIDE_OK;
     for (int s = 0; s < TIDE_STREAM_COUNT; s++) {
         if (!ex->stream_n[s]) continue;
         wa[s] = (worker_arg){ex, s};
@@ -682,11 +837,15 @@ tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_sta
     }
     for (int s = 0; s < TIDE_STREAM_COUNT; s++)
         if (started[s]) pthread_join(th[s], NULL);
-    if (!st && ex->be->vt->synchronize) st = ex->be->vt->synchronize(ex->be);
+    /* always: after a failure, work already queued must finish before the
+     * caller may reuse or free the memory it touches */
+    tide_status sync_st = ex->be->vt->synchronize ? ex->be->vt->synchronize(ex->be) : TIDE_OK;
     double wall = tide_now() - ex->t0;
     if (atomic_load(&ex->failed)) {
         return tide_err(ex->ctx, ex->fail_status ? ex->fail_status : TIDE_E_BACKEND, "%s", ex->fail_msg);
     }
+    if (!st) st = sync_st;
+    if (!st && timeline && ex->async) st = read_timeline(ex);
     if (st) return st;
     if (stats) {
         stats->wall_s = wall;
@@ -697,6 +856,7 @@ tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_sta
         stats->ssd_read_s = ex->ssd_read_s;
         stats->host_pinned = ex->host_pinned || !ex->host_pool;
         stats->ssd_backend = ex->ssd ? tide_ssd_backend_name(ex->ssd) : "none";
+        stats->async = ex->async;
     }
     return TIDE_OK;
 }

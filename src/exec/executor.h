@@ -7,6 +7,16 @@
  * waiting on the instructions the plan says it waits on. Nothing is allocated
  * while the plan runs.
  *
+ * Issue. On a backend without events (the CPU) every call completes before it
+ * returns, so an instruction is complete when its worker marks it done. On a
+ * backend with events (CUDA) the compute, h2d and d2h workers issue without
+ * waiting: each plan edge between streams is an event recorded after the
+ * producer and waited on by the consumer's queue, so the host never waits on
+ * the hot path; the io worker, whose work is done by the host (SSD reads and
+ * writes, host copies), waits for its producers' events on the host. The
+ * compute worker keeps at most two layers issued ahead of the GPU, so progress
+ * reports stay true.
+ *
  * Homes: before running, every WEIGHT, STATE, INPUT and OUTPUT tensor of the
  * graph is bound to its home copy: host memory (a pointer the caller owns) or a
  * file extent (weights homed on SSD are read straight from the checkpoint).
@@ -34,6 +44,9 @@ typedef struct tide_exec_opts {
                                  instead of allocating one (shared by several
                                  executors that never run at once); not freed */
     uint64_t arena_bytes;
+    bool sync_issue;          /* issue each instruction only after the previous one
+                                 completed, even where the backend has events (the
+                                 slower mode, for comparison and diagnosis) */
 } tide_exec_opts;
 
 typedef struct tide_exec_stats {
@@ -42,6 +55,7 @@ typedef struct tide_exec_stats {
     double ssd_read_s;        /* time the io stream spent reading from SSD */
     bool host_pinned;
     const char *ssd_backend;  /* "io_uring", "pread" or "none" */
+    bool async;               /* the device streams were issued ahead with events */
 } tide_exec_stats;
 
 /* Prepares to run p (already verified) on be: allocates the arena (exactly

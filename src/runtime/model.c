@@ -42,6 +42,7 @@ void tide_model_free(tide_model *m) {
         tide_free(m->state[i].name);
     }
     tide_free(m->state);
+    if (m->act) m->be->vt->dealloc(m->be, m->act);
     if (m->weights) {
         for (int i = 0; i < m->n_weights; i++)
             if (m->weights[i]) m->be->vt->dealloc(m->be, m->weights[i]);
@@ -115,6 +116,9 @@ tide_status tide_model_device_state(tide_model *m) {
 void tide_model_release_device(tide_model *m) {
     tide_backend *be = m->be;
     if (be->vt->device_is_host) return;
+    if (m->act) be->vt->dealloc(be, m->act);
+    m->act = NULL;
+    m->act_bytes = 0;
     for (int i = 0; i < m->n_state; i++)
         if (m->state[i].data) {
             be->vt->dealloc(be, m->state[i].data);
@@ -266,30 +270,155 @@ static tide_status get_graph(tide_model *m, int batch, int seq, bool all_logits,
     return TIDE_OK;
 }
 
-/* Runs g once with everything resident; copies the outputs to io. */
+/* ---------------------------------------------------------------- resident runs */
+
+#define ACT_ALIGN ((uint64_t)256)
+
+typedef struct act_free {
+    uint64_t off, size;
+} act_free;
+
+/* The offset allocator of a resident run's layout: free ranges below `top`,
+ * in address order, merged when adjacent; best fit, else the top grows. */
+typedef struct act_alloc {
+    act_free *f;
+    int n, cap;
+    uint64_t top;
+} act_alloc;
+
+static int act_take(act_alloc *a, uint64_t size, uint64_t *off) {
+    size = (size + ACT_ALIGN - 1) & ~(ACT_ALIGN - 1);
+    int best = -1;
+    for (int i = 0; i < a->n; i++)
+        if (a->f[i].size >= size && (best < 0 || a->f[i].size < a->f[best].size)) best = i;
+    if (best >= 0) {
+        *off = a->f[best].off;
+        a->f[best].off += size;
+        a->f[best].size -= size;
+        if (!a->f[best].size) memmove(&a->f[best], &a->f[best + 1], (size_t)(--a->n - best) * sizeof *a->f);
+        return 0;
+    }
+    /* a free range ending at the top grows with it */
+    if (a->n && a->f[a->n - 1].off + a->f[a->n - 1].size == a->top) {
+        *off = a->f[a->n - 1].off;
+        a->top = *off + size;
+        a->n--;
+        return 0;
+    }
+    *off = a->top;
+    a->top += size;
+    return 0;
+}
+
+static int act_give(act_alloc *a, uint64_t off, uint64_t size) {
+    size = (size + ACT_ALIGN - 1) & ~(ACT_ALIGN - 1);
+    int i = 0;
+    while (i < a->n && a->f[i].off < off) i++;
+    bool left = i > 0 && a->f[i - 1].off + a->f[i - 1].size == off;
+    bool right = i < a->n && off + size == a->f[i].off;
+    if (left && right) {
+        a->f[i - 1].size += size + a->f[i].size;
+        memmove(&a->f[i], &a->f[i + 1], (size_t)(--a->n - i) * sizeof *a->f);
+    } else if (left) {
+        a->f[i - 1].size += size;
+    } else if (right) {
+        a->f[i].off = off;
+        a->f[i].size += size;
+    } else {
+        if (tide_grow((void **)&a->f, &a->cap, a->n + 1, sizeof *a->f)) return -1;
+        memmove(&a->f[i + 1], &a->f[i], (size_t)(a->n - i) * sizeof *a->f);
+        a->f[i] = (act_free){off, size};
+        a->n++;
+    }
+    return 0;
+}
+
+/* Lays out the inputs, outputs and activations of g (everything that is not a
+ * weight or the KV cache) in one buffer, in op order: a tensor takes its range
+ * when first written (inputs from the start) and gives it back after its last
+ * use (outputs never). off[t] = UINT64_MAX for the rest. Returns the bytes
+ * needed (the op scratch, shared by all ops, comes last), or 0 with a message
+ * when out of memory. */
+static uint64_t layout_resident(tide_ctx *ctx, const tide_graph *g, int *last_use, uint64_t *off,
+                                uint64_t *scratch_off) {
+    act_alloc a = {0};
+    int nt = g->n_tensors;
+    int fail = 0;
+    uint64_t scratch = 0;
+    for (int t = 0; t < nt; t++) off[t] = UINT64_MAX;
+    for (int t = 0; t < nt && !fail; t++)
+        if (g->tensors[t].role == TIDE_ROLE_INPUT) fail = act_take(&a, g->tensors[t].nbytes, &off[t]);
+    for (int i = 0; i < g->n_ops && !fail; i++) {
+        const tide_op *op = &g->ops[i];
+        scratch = TIDE_MAX(scratch, op->scratch_bytes);
+        for (int j = 0; j < op->n_out && !fail; j++) {
+            int t = op->out[j];
+            tide_role r = g->tensors[t].role;
+            if (off[t] == UINT64_MAX && r != TIDE_ROLE_WEIGHT && r != TIDE_ROLE_STATE)
+                fail = act_take(&a, g->tensors[t].nbytes, &off[t]);
+        }
+        for (int j = 0; j < op->n_in + op->n_out && !fail; j++) {
+            int t = j < op->n_in ? op->in[j] : op->out[j - op->n_in];
+            tide_role r = g->tensors[t].role;
+            if (last_use[t] == i && off[t] != UINT64_MAX && (r == TIDE_ROLE_TEMP || r == TIDE_ROLE_INPUT)) {
+                fail = act_give(&a, off[t], g->tensors[t].nbytes);
+                last_use[t] = -2; /* given back once, though an op may name it twice */
+            }
+        }
+    }
+    tide_free(a.f);
+    if (fail) {
+        tide_err(ctx, TIDE_E_NOMEM, "out of memory laying out a graph's activations");
+        return 0;
+    }
+    *scratch_off = a.top;
+    return a.top + TIDE_MAX(scratch, 1);
+}
+
+/* Runs g once with everything resident; copies the outputs to io. The
+ * activations live in one device buffer (m->act, kept from run to run and
+ * grown when a graph needs more), so nothing is allocated or freed per op: on
+ * a GPU a free would wait for the device. The ops are issued asynchronously
+ * on queue 0 where the backend has events, and waited for once, at the end. */
 static tide_status run_resident(tide_model *m, tide_graph *g, const run_io *io) {
     tide_ctx *ctx = m->ctx;
     tide_backend *be = m->be;
     int nt = g->n_tensors;
-    void **ptr = tide_calloc((size_t)nt, sizeof *ptr);
-    int *last_use = tide_malloc((size_t)nt * sizeof *last_use);
-    void *scratch = NULL;
+    int *last_use = tide_malloc((size_t)(nt ? nt : 1) * sizeof *last_use);
+    uint64_t *off = tide_malloc((size_t)(nt ? nt : 1) * sizeof *off);
+    void **ptr = tide_calloc((size_t)(nt ? nt : 1), sizeof *ptr);
+    bool async = false;
     tide_status st = TIDE_OK;
-    if (!ptr || !last_use) {
+    if (!ptr || !last_use || !off) {
         st = tide_err(ctx, TIDE_E_NOMEM, "out of memory running a graph");
         goto done;
     }
-    uint64_t scratch_bytes = 0;
     for (int t = 0; t < nt; t++) last_use[t] = -1;
     for (int i = 0; i < g->n_ops; i++) {
         const tide_op *op = &g->ops[i];
         for (int j = 0; j < op->n_in; j++) last_use[op->in[j]] = i;
         for (int j = 0; j < op->n_out; j++) last_use[op->out[j]] = i;
-        scratch_bytes = TIDE_MAX(scratch_bytes, op->scratch_bytes);
     }
-    uint64_t live = m->weight_bytes + m->state_bytes + scratch_bytes;
+    uint64_t scratch_off = 0, need = layout_resident(ctx, g, last_use, off, &scratch_off);
+    if (!need) {
+        st = TIDE_E_NOMEM;
+        goto done;
+    }
     if ((st = upload_weights(m)) || (st = tide_model_device_state(m))) goto done;
-    if (scratch_bytes && (st = be->vt->alloc(be, scratch_bytes, &scratch))) goto done;
+    if (need > m->act_bytes) {
+        if (m->act) be->vt->dealloc(be, m->act);
+        m->act = NULL;
+        m->act_bytes = 0;
+        if ((st = be->vt->alloc(be, need, &m->act))) {
+            st = tide_err(ctx, st, "cannot allocate %llu bytes of activations: %s", (unsigned long long)need,
+                          tide_ctx_last_error(ctx));
+            goto done;
+        }
+        m->act_bytes = need;
+    }
+    m->peak_bytes = TIDE_MAX(m->peak_bytes, m->weight_bytes + m->state_bytes + need);
+    char *act = m->act;
+    void *scratch = act + scratch_off;
 
     for (int t = 0; t < nt && !st; t++) {
         const tide_tensor *tt = &g->tensors[t];
@@ -297,62 +426,47 @@ static tide_status run_resident(tide_model *m, tide_graph *g, const run_io *io) 
             st = weight_ptr(m, g, t, &ptr[t]);
         } else if (tt->role == TIDE_ROLE_STATE) {
             state_buf *sb = NULL;
-            uint64_t off = 0;
-            if (!(st = tide_model_state_home(m, g, t, &sb, &off))) ptr[t] = (char *)sb->data + off;
-        } else if (tt->role == TIDE_ROLE_INPUT) {
+            uint64_t soff = 0;
+            if (!(st = tide_model_state_home(m, g, t, &sb, &soff))) ptr[t] = (char *)sb->data + soff;
+        } else if (off[t] != UINT64_MAX) {
+            ptr[t] = act + off[t];
+        }
+        if (!st && tt->role == TIDE_ROLE_INPUT) {
             const void *src = !strcmp(tt->name, "tokens") ? (const void *)io->tokens
                             : !strcmp(tt->name, "pos") ? (const void *)io->pos : NULL;
-            if (!src) {
-                st = tide_err(ctx, TIDE_E_INVALID, "no data for input '%s'", tt->name);
-                break;
-            }
-            st = be->vt->alloc(be, tt->nbytes, &ptr[t]);
-            if (!st) st = be->vt->to_device(be, ptr[t], src, tt->nbytes);
-            live += tt->nbytes;
+            if (!src) st = tide_err(ctx, TIDE_E_INVALID, "no data for input '%s'", tt->name);
+            else st = be->vt->to_device(be, ptr[t], src, tt->nbytes);
         }
     }
-    m->peak_bytes = TIDE_MAX(m->peak_bytes, live);
-
+    /* asynchronous from here: the inputs above were copied synchronously, so
+     * the caller's buffers are free again */
+    if (!st && tide_model_async_issue(m)) {
+        if ((st = be->vt->stream_begin(be, 0, true))) goto done;
+        async = true;
+    }
     void *in[TIDE_OP_MAX_IN], *outp[TIDE_OP_MAX_OUT];
     for (int i = 0; i < g->n_ops && !st; i++) {
         const tide_op *op = &g->ops[i];
-        for (int j = 0; j < op->n_out && !st; j++) {
-            int t = op->out[j];
-            if (!ptr[t]) {
-                st = be->vt->alloc(be, g->tensors[t].nbytes, &ptr[t]);
-                live += g->tensors[t].nbytes;
-            }
-            outp[j] = ptr[t];
-        }
-        if (st) break;
+        for (int j = 0; j < op->n_out; j++) outp[j] = ptr[op->out[j]];
         for (int j = 0; j < op->n_in; j++) in[j] = ptr[op->in[j]];
-        m->peak_bytes = TIDE_MAX(m->peak_bytes, live);
-        st = be->vt->compute(be, g, op, in, outp, scratch);
-        if (op->layer >= 0 && (i + 1 == g->n_ops || g->ops[i + 1].layer != op->layer))
+        st = be->vt->compute(be, g, op, in, outp, op->scratch_bytes ? scratch : NULL);
+        if (!async && op->layer >= 0 && (i + 1 == g->n_ops || g->ops[i + 1].layer != op->layer))
             tide_progress(ctx, "layer", (uint64_t)op->layer + 1, (uint64_t)m->cfg.num_hidden_layers);
-        /* release activations after their last use */
-        for (int j = 0; j < op->n_in + op->n_out && !st; j++) {
-            int t = j < op->n_in ? op->in[j] : op->out[j - op->n_in];
-            tide_role r = g->tensors[t].role;
-            if (last_use[t] == i && ptr[t] && (r == TIDE_ROLE_TEMP || r == TIDE_ROLE_INPUT)) {
-                be->vt->dealloc(be, ptr[t]);
-                ptr[t] = NULL;
-                live -= g->tensors[t].nbytes;
-            }
-        }
     }
-    if (!st && be->vt->synchronize) st = be->vt->synchronize(be);
+    /* always waited for: nothing may still run on the buffers when this returns */
+    tide_status sync_st = be->vt->synchronize ? be->vt->synchronize(be) : TIDE_OK;
+    if (!st) st = sync_st;
+    if (async) {
+        tide_status st2 = be->vt->stream_begin(be, 0, false);
+        if (!st) st = st2;
+        if (!st) tide_progress(ctx, "layer", (uint64_t)m->cfg.num_hidden_layers, (uint64_t)m->cfg.num_hidden_layers);
+    }
     int tl = tide_graph_find(g, "logits"), tn = tide_graph_find(g, "next_token");
     if (!st) st = be->vt->to_host(be, io->logits, ptr[tl], g->tensors[tl].nbytes);
     if (!st) st = be->vt->to_host(be, io->next, ptr[tn], g->tensors[tn].nbytes);
 done:
-    if (ptr)
-        for (int t = 0; t < nt; t++) {
-            tide_role r = g->tensors[t].role;
-            if (ptr[t] && r != TIDE_ROLE_WEIGHT && r != TIDE_ROLE_STATE) be->vt->dealloc(be, ptr[t]);
-        }
-    if (scratch) be->vt->dealloc(be, scratch);
     tide_free(ptr);
+    tide_free(off);
     tide_free(last_use);
     return st;
 }
@@ -443,6 +557,7 @@ tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prom
     r.state_bytes = m->state_bytes;
     r.predicted_prefill_s = pred0;
     r.logits_hash = m->logits_hash;
+    r.async_issue = tide_model_async_issue(m);
     if (stats) *stats = r;
     return TIDE_OK;
 }

@@ -9,6 +9,9 @@
 #include "exec/executor.h"
 #include "plan/plan.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 typedef struct state_buf {
     char *name;
     void *data;      /* device memory (host memory for host backends); on a
@@ -55,6 +58,8 @@ struct tide_model {
     graph_slot slots[2];   /* the prefill and the decode graph */
     int next_slot;
     uint64_t weight_bytes, state_bytes, peak_bytes;
+    void *act;             /* resident runs: inputs, activations and scratch */
+    uint64_t act_bytes;
     uint64_t logits_hash;  /* FNV-1a over every logits output, in run order */
     /* offloading (offload.c) */
     bool offload;
@@ -77,6 +82,17 @@ struct tide_model {
  * workspaces, kernel images, later allocations of the CUDA runtime): the
  * larger of 512 MiB and 1/32 of the device's memory. */
 #define TIDE_AUTO_MARGIN(total) TIDE_MAX((uint64_t)512 << 20, (uint64_t)(total) / 32)
+
+/* TIDE_EXEC_SYNC=1: every device call completes before the next is issued,
+ * even on a backend with events (slower; for comparison and diagnosis). */
+static inline bool tide_model_sync_issue(void) {
+    const char *v = getenv("TIDE_EXEC_SYNC");
+    return v && *v && strcmp(v, "0") != 0;
+}
+/* Whether runs on m's backend issue device work ahead (events). */
+static inline bool tide_model_async_issue(const tide_model *m) {
+    return m->be->vt->event_new && m->be->vt->stream_begin && !tide_model_sync_issue();
+}
 
 void tide_model_slot_clear(graph_slot *s);
 /* Allocates (zeroed) the device copies of the KV cache that are missing. */

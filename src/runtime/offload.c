@@ -319,7 +319,8 @@ static tide_status prepare(tide_model *m, graph_slot *s) {
     if (!s->timeline) return tide_err(ctx, TIDE_E_NOMEM, "out of memory for the timeline");
     tide_exec_opts eo = {.ssd_dirs = m->off_ssd_dirs, .force_pread = m->off.force_pread,
                          .direct_storage = m->off.direct_storage,
-                         .arena = m->arena, .arena_bytes = m->budget};
+                         .arena = m->arena, .arena_bytes = m->budget,
+                         .sync_issue = tide_model_sync_issue()};
     if ((st = tide_exec_new(ctx, m->be, s->plan, &eo, &s->ex))) return st;
     if (!m->notice[0] && tide_exec_notice(s->ex)[0])
         snprintf(m->notice, sizeof m->notice, "%s", tide_exec_notice(s->ex));

@@ -1,8 +1,7 @@
 /*
  * cuda_backend.c - the CUDA backend: device memory is cudaMalloc'ed memory of
  * GPU 0, transfers are cudaMemcpyAsync, compute launches the kernels of
- * cuda_kernels.cu (MATMUL through cuBLAS), and every call completes before it
- * returns, as backend.h requires.
+ * cuda_kernels.cu (MATMUL through cuBLAS); events are CUDA events.
  *
  * Streams. The backend owns four CUDA streams, one per plan stream ("lanes":
  * 0 compute, 1 h2d, 2 d2h, 3 io), each with its own cuBLAS handle (made on the
@@ -10,14 +9,20 @@
  * its own mutex. The executor runs one worker thread per plan stream, and each
  * calls stream_begin once, which binds the thread (thread-local) to that
  * lane; a thread that never called it (the resident runner in model.c) uses
- * lane 0. A call enqueues its work on the thread's lane and then synchronizes
- * that stream only, so a copy on lane 1 overlaps a kernel on lane 0 (the copy
- * engines and the SMs run side by side) while the host-side ordering of the
- * executor's events stays the only ordering needed between lanes. The lane
- * mutex serializes two threads that share a lane (uncontended in the
- * executor). Nothing calls cudaDeviceSynchronize; `synchronize` waits for the
- * four streams. Streams are non-blocking: no implicit ordering with the
- * legacy default stream, which nothing here uses.
+ * lane 0. A call enqueues its work on the thread's lane; in the synchronous
+ * mode it then synchronizes that stream only, in the asynchronous mode
+ * (stream_begin's async, used by the executor's compute, h2d and d2h workers
+ * and by the resident runner) it returns at once, and the ordering between
+ * lanes is the executor's: CUDA events recorded after a producer and waited on
+ * by the consumer's stream (cudaStreamWaitEvent), so the host waits on
+ * nothing while a plan runs. Either way a copy on lane 1 overlaps a kernel on
+ * lane 0 (the copy engines and the SMs run side by side). The lane mutex
+ * serializes two threads that share a lane (uncontended in the executor).
+ * Nothing calls cudaDeviceSynchronize; `synchronize` waits for the four
+ * streams and returns the first error found there. Streams are non-blocking:
+ * no implicit ordering with the legacy default stream, which nothing here
+ * uses. Range checks (below) wait for their lane even in the asynchronous
+ * mode: one wait per EMBED and per ATTENTION op.
  *
  * MATMUL. out (R, N) = x (R, K) . w (N, K)^T. Row-major out is column-major
  * out^T (N, R) = w (N, K) . x^T (K, R); in column-major terms w is a (K, N)
@@ -84,8 +89,10 @@ typedef struct cu_impl {
     cu_lane lane[CU_LANES];
 } cu_impl;
 
-/* The lane of the calling thread (stream_begin); 0 until it is set. */
+/* The lane of the calling thread and its mode (stream_begin); lane 0,
+ * synchronous, until it is set. */
 static _Thread_local int tl_lane;
+static _Thread_local bool tl_async;
 
 static cu_impl *impl_of(tide_backend *be) { return be->impl; }
 
@@ -207,7 +214,7 @@ static tide_status cu_copy(tide_backend *be, void *dst, const void *src, size_t 
     tide_status st = TIDE_OK;
     if (e != cudaSuccess)
         st = cu_fail(be->ctx, TIDE_E_BACKEND, e, "cudaMemcpyAsync %s of %zu bytes (stream %d)", what, n, tl_lane);
-    else if ((e = cudaStreamSynchronize(ln->stream)) != cudaSuccess)
+    else if (!tl_async && (e = cudaStreamSynchronize(ln->stream)) != cudaSuccess)
         st = cu_fail(be->ctx, TIDE_E_BACKEND, e, "cudaStreamSynchronize after a %s copy of %zu bytes (stream %d)",
                      what, n, tl_lane);
     pthread_mutex_unlock(&ln->mu);
@@ -280,12 +287,59 @@ static tide_status cu_synchronize(tide_backend *be) {
     return TIDE_OK;
 }
 
-static tide_status cu_stream_begin(tide_backend *be, int stream) {
+static tide_status cu_stream_begin(tide_backend *be, int stream, bool async) {
     if (stream < 0 || stream >= CU_LANES)
         return tide_err(be->ctx, TIDE_E_INVALID, "cuda: stream %d does not exist (0 to %d)", stream, CU_LANES - 1);
     CU_TRY(be->ctx, cudaSetDevice(impl_of(be)->device), "cudaSetDevice(%d) on stream %d's thread",
            impl_of(be)->device, stream);
     tl_lane = stream;
+    tl_async = async;
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- events */
+
+static tide_status cu_event_new(tide_backend *be, bool timing, void **ev) {
+    cudaEvent_t e = NULL;
+    *ev = NULL;
+    CU_TRY(be->ctx, cudaSetDevice(impl_of(be)->device), "cudaSetDevice(%d)", impl_of(be)->device);
+    CU_TRY(be->ctx, cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming),
+           "cudaEventCreate");
+    *ev = e;
+    return TIDE_OK;
+}
+
+static void cu_event_free(tide_backend *be, void *ev) {
+    (void)be;
+    if (ev) cudaEventDestroy((cudaEvent_t)ev);
+    (void)cudaGetLastError();
+}
+
+static tide_status cu_event_record(tide_backend *be, void *ev) {
+    cu_lane *ln = lane_of(be);
+    pthread_mutex_lock(&ln->mu);
+    cudaError_t e = cudaEventRecord((cudaEvent_t)ev, ln->stream);
+    pthread_mutex_unlock(&ln->mu);
+    return e == cudaSuccess ? TIDE_OK : cu_fail(be->ctx, TIDE_E_BACKEND, e, "cudaEventRecord (stream %d)", tl_lane);
+}
+
+static tide_status cu_event_wait(tide_backend *be, void *ev) {
+    cu_lane *ln = lane_of(be);
+    pthread_mutex_lock(&ln->mu);
+    cudaError_t e = cudaStreamWaitEvent(ln->stream, (cudaEvent_t)ev, 0);
+    pthread_mutex_unlock(&ln->mu);
+    return e == cudaSuccess ? TIDE_OK : cu_fail(be->ctx, TIDE_E_BACKEND, e, "cudaStreamWaitEvent (stream %d)", tl_lane);
+}
+
+static tide_status cu_event_sync(tide_backend *be, void *ev) {
+    CU_TRY(be->ctx, cudaEventSynchronize((cudaEvent_t)ev), "cudaEventSynchronize (stream %d)", tl_lane);
+    return TIDE_OK;
+}
+
+static tide_status cu_event_elapsed(tide_backend *be, void *from, void *to, double *seconds) {
+    float ms = 0;
+    CU_TRY(be->ctx, cudaEventElapsedTime(&ms, (cudaEvent_t)from, (cudaEvent_t)to), "cudaEventElapsedTime");
+    *seconds = ms * 1e-3;
     return TIDE_OK;
 }
 
@@ -528,7 +582,7 @@ static tide_status cu_compute(tide_backend *be, const tide_graph *g, const tide_
     pthread_mutex_lock(&ln->mu);
     tide_status st = compute_op(be, ln, g, op, in, out, scratch);
     if (st == TIDE_OK) {
-        st = lane_sync(be, ln, nm);
+        if (!tl_async) st = lane_sync(be, ln, nm);
     } else {
         /* leave the lane idle: work enqueued before the failure must not run on */
         cudaStreamSynchronize(ln->stream);
@@ -553,6 +607,12 @@ static const tide_backend_vt cuda_vt = {
     .host_free = cu_host_free,
     .mem_info = cu_mem_info,
     .file_read = cu_file_read,
+    .event_new = cu_event_new,
+    .event_free = cu_event_free,
+    .event_record = cu_event_record,
+    .event_wait = cu_event_wait,
+    .event_sync = cu_event_sync,
+    .event_elapsed = cu_event_elapsed,
 };
 
 /* ---------------------------------------------------------------- creation */
