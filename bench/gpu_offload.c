@@ -51,6 +51,11 @@
  * 1 otherwise; 2 for a usage error; 77 when there is no CUDA backend or device
  * (the message says which).
  *
+ * With TIDE_EXEC_SYNC=1 in the environment every run issues its device work
+ * synchronously (each call waits for its stream) instead of queueing it ahead
+ * with events: run both to see what asynchronous issue gains (the setup row
+ * says which mode ran).
+ *
  * --cpu runs everything on the CPU backend instead: only for testing this
  * benchmark on a machine without a GPU; its figures are not GPU figures.
  */
@@ -540,19 +545,22 @@ int main(int argc, char **argv) {
     }
     printf("# bench gpu_offload: %s, %d layers, %s weights (%.2f GiB), prefill %d tokens, batch 1\n\n", cfg->name,
            cfg->num_hidden_layers, tide_dtype_name(cfg->dtype), (double)ck_bytes / GIB, seq);
-    printf("backend %s, matmul %s; profile %s%s; unconstrained peak on the profile %.2f GiB; %d timed run(s) per row after "
+    bool async_issue = be->vt->event_new && be->vt->stream_begin && !tide_model_sync_issue();
+    printf("backend %s, matmul %s, %s issue; profile %s%s; unconstrained peak on the profile %.2f GiB; %d timed run(s) per row after "
            "one untimed; checkpoint read in %.1f s\n",
-           tide_backend_name(be), tide_matmul_name(tide_backend_matmul(be)), hw.name, f32_matmul ? " (f16/bf16 matmul rate set to the f32 rate)" : "",
+           tide_backend_name(be), tide_matmul_name(tide_backend_matmul(be)),
+           async_issue ? "asynchronous (events)" : "synchronous (TIDE_EXEC_SYNC or no events)", hw.name, f32_matmul ? " (f16/bf16 matmul rate set to the f32 rate)" : "",
            (double)peak / GIB, reps, t_load);
     printf("plain %s copies of 256 MiB: h2d %.2f GB/s, d2h %.2f GB/s; every checkpoint tensor from the "
            "memory-mapped checkpoint (pageable, as unpinned weight loads read it): h2d %.2f GB/s\n",
            pinned ? "pinned" : "PAGEABLE (no host_alloc)", big_h2d, big_d2h, pageable_bw);
     char line[4096], umsg[512];
     snprintf(line, sizeof line,
-             "{\"bench\":\"gpu_offload\",\"row\":\"setup\",\"backend\":\"%s\",\"matmul\":\"%s\",\"config\":\"%s\",\"layers\":%d,"
+             "{\"bench\":\"gpu_offload\",\"row\":\"setup\",\"backend\":\"%s\",\"matmul\":\"%s\",\"async_issue\":%s,\"config\":\"%s\",\"layers\":%d,"
              "\"seq\":%d,\"hw\":\"%s\",\"weight_bytes\":%llu,\"unconstrained_peak_bytes\":%llu,\"reps\":%d,"
              "\"plain_pinned\":%s,\"plain_h2d_256m_bw\":%.0f,\"plain_d2h_256m_bw\":%.0f,\"pageable_ckpt_h2d_bw\":%.0f}",
-             tide_backend_name(be), tide_matmul_name(tide_backend_matmul(be)), cfg->name, cfg->num_hidden_layers, seq,
+             tide_backend_name(be), tide_matmul_name(tide_backend_matmul(be)), async_issue ? "true" : "false", cfg->name,
+             cfg->num_hidden_layers, seq,
              hw.name, (unsigned long long)ck_bytes,
              (unsigned long long)peak, reps, pinned ? "true" : "false", big_h2d * 1e9, big_d2h * 1e9,
              pageable_bw * 1e9);

@@ -11,7 +11,8 @@
 #            into build-gpu/; tests off when cmocka is absent        (1-2 min)
 #   test     test_backends, then ctest (or, without cmocka, the CLI
 #            tests), then compute-sanitizer memcheck of test_backends  (2-4 min)
-#   quick    bench_gpu_offload --quick on a 4-layer llama-7b          (about 1 min)
+#   quick    bench_gpu_offload --quick on a 4-layer llama-7b, then
+#            again with TIDE_EXEC_SYNC=1 (synchronous issue)        (about 2 min)
 #   bench    bench_gpu_offload on llama-7b, --matmul auto, then
 #            --matmul f32 --reps 1; writes the model on first use      (5-8 min)
 #   hf       bench/hf_accelerate.py at the bench's 25% budget and
@@ -21,7 +22,7 @@
 #   probe    tide probe of this GPU, then the 25% run predicted with
 #            the probed profile                                      (1-2 min)
 #   compare  tables and ratios from the JSON files                   (seconds)
-# All stages: about 17-22 min on one H100 with 16 cores.
+# All stages: about 18-23 min on one H100 with 16 cores.
 #
 # Every log and JSON goes to OUTDIR under a fixed name (see bench/README.md);
 # OUTDIR/summary.txt gets one line per step as soon as it ends: status (ok,
@@ -426,13 +427,18 @@ stage_test() {
   fi
 }
 
-# quick (about 1 min; exits 77 at once without a GPU): 4-layer llama-7b.
+# quick (about 2 min; exits 77 at once without a GPU): 4-layer llama-7b, with
+# asynchronous issue and with TIDE_EXEC_SYNC=1.
 stage_quick() {
   ensure_built || return 1
-  fresh gpu-quick.json
+  fresh gpu-quick.json gpu-quick-sync.json
   step quick 240 quick.log - -- "$BUILD/bench_gpu_offload" --quick ${BENCH_ARGS[@]+"${BENCH_ARGS[@]}"} \
     --json "$OUT/gpu-quick.json" "$QUICK_MODEL"
   keep gpu-quick.json
+  # the same with every device call waited for: what asynchronous issue gains
+  step quick.sync 240 quick-sync.log - -- env TIDE_EXEC_SYNC=1 "$BUILD/bench_gpu_offload" --quick \
+    ${BENCH_ARGS[@]+"${BENCH_ARGS[@]}"} --json "$OUT/gpu-quick-sync.json" "$QUICK_MODEL"
+  keep gpu-quick-sync.json
 }
 
 # bench (5-8 min: writing the 13.5 GB model about 1, --matmul auto 3-5 with
@@ -524,7 +530,7 @@ stage_probe() {
 # compare (seconds): reads the JSON files (OUTDIR first, then WORK).
 stage_compare() {
   local files=() f p
-  for f in gpu-offload.json gpu-offload-f32.json gpu-quick.json hf-25.json hf-none.json tide-25.json \
+  for f in gpu-offload.json gpu-offload-f32.json gpu-quick.json gpu-quick-sync.json hf-25.json hf-none.json tide-25.json \
            tide-none.json tide-25-probe.json probe.json; do
     p=$(result "$f") || p=
     files+=("$f=$p")
@@ -570,7 +576,7 @@ print("inputs:", ", ".join(f"{k} ({v})" for k, v in paths.items() if v) or "none
 print("missing:", ", ".join(k for k, v in paths.items() if not v) or "none")
 found = 0
 
-for name in ("gpu-offload.json", "gpu-offload-f32.json", "gpu-quick.json"):
+for name in ("gpu-offload.json", "gpu-offload-f32.json", "gpu-quick.json", "gpu-quick-sync.json"):
     rows = lines(name)
     if not rows:
         continue
@@ -608,6 +614,28 @@ for name in ("gpu-offload.json", "gpu-offload-f32.json", "gpu-quick.json"):
     print(f"rows ok {len(okr)} of {len(off)}; all bit-identical: {res[name]['all_bit_identical']}; "
           f"lowest tide h2d ratio {f(res[name]['tide_h2d_ratio_min'])} (target >= 0.9); "
           f"tide never slower than a baseline: {res[name]['tide_never_slower']}")
+
+# asynchronous issue (events) vs TIDE_EXEC_SYNC=1, on the quick model: wall
+# time of each row, ratio sync / async (above 1: asynchronous issue faster)
+qa, qs = lines("gpu-quick.json"), lines("gpu-quick-sync.json")
+if qa and qs:
+    def rows_of(rows):
+        d = {}
+        for r in rows:
+            if r.get("row") == "unconstrained" and r.get("status") == "ok":
+                d[("unconstrained", 100)] = r.get("wall_s")
+            elif r.get("row") == "offloaded" and r.get("status") == "ok":
+                d[(r.get("policy"), r.get("budget_pct"))] = r.get("wall_s")
+        return d
+    da, ds = rows_of(qa), rows_of(qs)
+    print("\n## asynchronous issue vs TIDE_EXEC_SYNC=1 (quick model; wall s; sync / async)")
+    gains = {}
+    for k in da:
+        if k in ds:
+            g = ratio(ds[k], da[k])
+            gains[f"{k[0]}@{k[1]}"] = g
+            print(f"{k[0]:>14} {f(k[1], 'g'):>4}%: async {f(da[k])} s, sync {f(ds[k])} s = {f(g, '.2f')}x")
+    res["async_vs_sync"] = gains
 
 # Hugging Face Accelerate vs tide: tokens/s, ratio tide / HF (above 1: tide faster)
 bench25 = next((r for r in lines("gpu-offload.json") if r.get("row") == "offloaded" and r.get("budget_pct") == 25
