@@ -94,6 +94,7 @@ typedef struct be_slot {
 static be_slot bes[MAX_BE];   /* under test: [0] cpu, [1] cuda when present */
 static int n_be;
 static be_slot ref;           /* the CPU reference */
+static be_slot queued;        /* the asynchronous test backend (tests/async_backend.h) */
 static bool have_cuda;
 static tide_status cuda_status;
 static char cuda_why[1024];
@@ -201,7 +202,12 @@ static tide_status tc_run(const tcase *c, tide_backend *be, void **res) {
     for (int i = 0; i < op->n_in; i++) in[i] = dev[op->in[i]];
     for (int i = 0; i < op->n_out; i++) out[i] = dev[op->out[i]];
     tide_status st = be->vt->compute(be, g, op, in, out, scratch);
-    if (be->vt->synchronize) assert_int_equal(be->vt->synchronize(be), TIDE_OK);
+    if (be->vt->synchronize) {
+        /* in the asynchronous mode an op's error comes from synchronize */
+        tide_status ss = be->vt->synchronize(be);
+        if (!st) st = ss;
+        else assert_int_equal(ss, TIDE_OK);
+    }
     for (int t = 0; t < nt; t++) {
         size_t nb = (size_t)tide_graph_tensor_bytes(g, t);
         res[t] = malloc(nb ? nb : 1);
@@ -350,6 +356,27 @@ static void tc_expect_range(const tcase *c, const char *needle) {
         res_free(res, nt);
     }
     tk_force_generic(false);
+    /* issued asynchronously, on every backend with events: nothing waits for
+     * the op, so its error comes from synchronize, with the same message
+     * (what it wrote is not checked: queued work may run on), and once */
+    be_slot async_bes[MAX_BE + 1];
+    int n_async = 0;
+    for (int b = 0; b < n_be; b++)
+        if (bes[b].be->vt->event_new) async_bes[n_async++] = bes[b];
+    async_bes[n_async++] = queued;
+    for (int b = 0; b < n_async; b++) {
+        tide_backend *be = async_bes[b].be;
+        void *res[MAX_T];
+        assert_int_equal(be->vt->stream_begin(be, 0, true), TIDE_OK);
+        tide_status st = tc_run(c, be, res);
+        assert_int_equal(be->vt->stream_begin(be, 0, false), TIDE_OK);
+        const char *msg = tide_ctx_last_error(async_bes[b].ctx);
+        if (st != TIDE_E_RANGE || !strstr(msg, needle))
+            fail_msg("%s, queued (%s): status %s, message '%s'; want a range error naming '%s'",
+                     tide_backend_name(be), c->what, tide_status_str(st), msg, needle);
+        assert_int_equal(be->vt->synchronize(be), TIDE_OK);
+        res_free(res, nt);
+    }
 }
 
 static const tide_dtype wdts[3] = {TIDE_F32, TIDE_F16, TIDE_BF16};
@@ -1422,6 +1449,9 @@ static int open_backends(void) {
     if (tide_backend_new(ref.ctx, TIDE_BACKEND_CPU, &ref.be) || tide_backend_new(bes[0].ctx, TIDE_BACKEND_CPU, &bes[0].be))
         return -1;
     n_be = 1;
+    queued.ctx = tide_ctx_new();
+    tide_async_opts ao = {.jitter_us = 50, .seed = 5};
+    if (!queued.ctx || tide_async_backend_new(queued.ctx, &ao, &queued.be)) return -1;
     bes[1].ctx = tide_ctx_new();
     if (!bes[1].ctx) return -1;
     cuda_status = tide_backend_new(bes[1].ctx, TIDE_BACKEND_CUDA, &bes[1].be);
@@ -1444,6 +1474,8 @@ static void close_backends(void) {
     }
     tide_backend_free(ref.be);
     tide_ctx_free(ref.ctx);
+    tide_backend_free(queued.be);
+    tide_ctx_free(queued.ctx);
 }
 
 int main(void) {

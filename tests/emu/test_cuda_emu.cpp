@@ -707,6 +707,102 @@ void test_rope() {
     }
 }
 
+/* The deferred check of asynchronous issue: the first bad id claims an empty
+ * record (any bad one: which thread finds it first is not fixed, but every
+ * schedule must leave a bad one, with its value and the range), a claimed
+ * record is kept, and all-good ids leave the record alone. */
+void test_range_record() {
+    struct C {
+        int64_t n, hi, base;
+        std::vector<int64_t> bad;
+        int32_t kind0; /* the record's kind before the launch (0: empty) */
+    } cs[] = {{1000, 500, 0, {}, 0},          {1000, 500, 7, {900, 700, 3}, 0}, {70000, 3, 40, {69999}, 0},
+              {300, (int64_t)1 << 40, 0, {299}, 0}, {100, 50, 0, {10}, 2}};
+    for (const C &c : cs) {
+        begin_case("n=%lld hi=%lld bad=%zu record %s", (long long)c.n, (long long)c.hi, c.bad.size(),
+                   c.kind0 ? "claimed" : "empty");
+        std::vector<int32_t> ids(c.n);
+        for (auto &v : ids) v = (int32_t)(rnd() % (uint64_t)std::min(c.hi, (int64_t)INT32_MAX));
+        for (size_t j = 0; j < c.bad.size(); j++)
+            ids[c.bad[j]] = j % 2 ? -1 - irand(5) : (int32_t)std::min(c.hi, (int64_t)INT32_MAX - 3) + irand(3);
+        if (c.hi > INT32_MAX) ids[c.bad.empty() ? 0 : c.bad[0]] = -9; /* the only way below a range that large */
+        std::vector<int32_t> rec0 = {c.kind0, 11, 22, 33};
+        std::vector<Bytes> got = under_schedules([&](int) {
+            Dev d;
+            int32_t *di = d.put(ids, 4, "ids");
+            int32_t *rec = d.put(rec0, 0, "record");
+            expect_status(emu::tcu_range_record(nullptr, di, c.n, c.hi, 1, c.base, rec), cudaSuccess,
+                          "tcu_range_record");
+            expect_launches({(const void *)emu::k_range_record});
+            std::vector<int32_t> r = from_bytes<int32_t>(as_bytes(rec, 4));
+            /* which bad id claims the record may differ between schedules:
+             * return only what every schedule must agree on */
+            int32_t ok = c.kind0 || c.bad.empty() ? r == rec0
+                                               : r[0] == 1 && r[3] == (int32_t)std::min(c.hi, (int64_t)INT32_MAX) &&
+                                                     r[1] >= c.base && r[1] < c.base + c.n &&
+                                                     ids[r[1] - c.base] == r[2] &&
+                                                     std::find(c.bad.begin(), c.bad.end(), r[1] - c.base) !=
+                                                         c.bad.end();
+            return std::vector<Bytes>{as_bytes(&ok, 1)};
+        });
+        if (!from_bytes<int32_t>(got[0])[0]) fail("the record does not name a bad id (or changed when it must not)");
+        end_case();
+    }
+    begin_case("kind 0 refused, n=0 launches nothing");
+    emu::launch_log.clear();
+    {
+        emu::Buffer rec(16);
+        expect_status(emu::tcu_range_record(nullptr, nullptr, 0, 5, 1, 0, rec.as<int32_t>()), cudaSuccess, "n=0");
+        expect_status(emu::tcu_range_record(nullptr, nullptr, 4, 5, 0, 0, rec.as<int32_t>()), cudaErrorInvalidValue,
+                      "kind 0");
+    }
+    expect_launches({});
+    end_case();
+}
+
+/* Positions out of the cache reach the kernels when their range check is
+ * still queued (asynchronous issue): the cache write skips those rows and
+ * both attention kernels read no key past the cache (buffers end at guard
+ * pages), whatever they compute; rows with good positions are written as
+ * usual. */
+void test_attention_bad_positions() {
+    for (int tiled = 0; tiled < 2; tiled++) {
+        const int64_t B = 1, T = tiled ? 64 : 3, C = 80, H = 2, KV = 1, hd = 64, kd = KV * hd, qd = H * hd;
+        begin_case("%s kernel, positions -4 and C+9 among good ones", tiled ? "tiled" : "per-row");
+        std::vector<int32_t> pos(T);
+        for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)t;
+        pos[1] = -4;
+        pos[T - 1] = (int32_t)C + 9;
+        std::vector<float> q = frands((size_t)(T * qd)), k = frands((size_t)(T * kd)), v = frands((size_t)(T * kd));
+        std::vector<float> kc = frands((size_t)(C * kd)), vc = frands((size_t)(C * kd));
+        if (!tiled) setenv("TIDE_CUDA_ATTENTION", "rows", 1);
+        std::vector<Bytes> got = under_schedules([&](int) {
+            Dev d;
+            float *dq = d.put(q, 0, "q"), *dk = d.put(k, 0, "k"), *dv = d.put(v, 0, "v");
+            int32_t *dp = d.put(pos, 0, "pos");
+            float *dkc = d.put(kc, 0, "kcache"), *dvc = d.put(vc, 0, "vcache");
+            float *o = (float *)d.put(nullptr, q.size() * 4, 0, "o");
+            expect_status(emu::tcu_cache_write(nullptr, dk, dv, dp, B, T, C, kd, dkc, dvc), cudaSuccess,
+                          "tcu_cache_write");
+            expect_status(emu::tcu_attention(nullptr, dq, dp, dkc, dvc, o, B, T, C, (int)H, (int)KV, (int)hd),
+                          cudaSuccess, "tcu_attention");
+            return std::vector<Bytes>{as_bytes(dkc, kc.size()), as_bytes(dvc, vc.size())};
+        });
+        unsetenv("TIDE_CUDA_ATTENTION");
+        /* the caches: rows of good positions written, the rest untouched */
+        std::vector<float> kw = kc, vw = vc;
+        for (int64_t t = 0; t < T; t++)
+            if (pos[t] >= 0 && pos[t] < C)
+                for (int64_t e = 0; e < kd; e++) {
+                    kw[pos[t] * kd + e] = k[t * kd + e];
+                    vw[pos[t] * kd + e] = v[t * kd + e];
+                }
+        expect_same("kcache", got[0], as_bytes(kw.data(), kw.size()), 4);
+        expect_same("vcache", got[1], as_bytes(vw.data(), vw.size()), 4);
+        end_case();
+    }
+}
+
 /* ------------------------------------------------------------- attention */
 
 enum { P_PREFILL, P_CONTINUE, P_RANDOM, P_DESCENDING, P_DECODE, P_POISONED };
@@ -1116,11 +1212,13 @@ int main(int argc, char **argv) {
         {"emulation", test_selfcheck},
         {"convert", test_convert},
         {"range_check", test_range_check},
+        {"range_record", test_range_record},
         {"embed", test_embed},
         {"rmsnorm", test_rmsnorm},
         {"matmul_fused", test_matmul},
         {"rope", test_rope},
         {"attention", test_attention},
+        {"attention_bad_pos", test_attention_bad_positions},
         {"silu_mul", [] { test_elementwise(false); }},
         {"add", [] { test_elementwise(true); }},
         {"argmax", test_argmax},

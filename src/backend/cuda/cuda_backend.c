@@ -21,8 +21,7 @@
  * Nothing calls cudaDeviceSynchronize; `synchronize` waits for the four
  * streams and returns the first error found there. Streams are non-blocking:
  * no implicit ordering with the legacy default stream, which nothing here
- * uses. Range checks (below) wait for their lane even in the asynchronous
- * mode: one wait per EMBED and per ATTENTION op.
+ * uses.
  *
  * MATMUL. out (R, N) = x (R, K) . w (N, K)^T. Row-major out is column-major
  * out^T (N, R) = w (N, K) . x^T (K, R); in column-major terms w is a (K, N)
@@ -47,10 +46,14 @@
  * on a fixed stream with its own fixed workspace, so results are
  * bit-reproducible run to run on one GPU model and toolkit.
  *
- * Range errors (EMBED token ids, ATTENTION positions) are found on the GPU:
- * a check kernel leaves the smallest bad index in the lane's flag, which is
- * read back before anything is written, so an out-of-range op writes nothing,
- * as on the CPU.
+ * Range errors (EMBED token ids, ATTENTION positions) are found on the GPU.
+ * Synchronous mode: a check kernel leaves the smallest bad index in the
+ * lane's flag, which is read back before anything is written, so an
+ * out-of-range op writes nothing and fails, as on the CPU. Asynchronous mode
+ * (nothing may wait): the check claims the lane's record instead, the op's
+ * kernels, which stay inside their buffers whatever the ids, run anyway, and
+ * `synchronize` reads the records and fails with the first one's message;
+ * what ran after the bad op is wrong but wrote only its own outputs.
  *
  * Errors: every CUDA or cuBLAS failure becomes TIDE_E_BACKEND (TIDE_E_NOMEM
  * for an allocation) with a message naming the call and the error; nothing
@@ -77,7 +80,9 @@ typedef struct cu_lane {
     cublasHandle_t blas; /* NULL until the lane's first MATMUL (lane 0: from the start) */
     void *blas_ws;       /* the handle's workspace (ws_bytes of device memory) */
     int32_t *flag;       /* device (2): range-check result */
-    int32_t *hbuf;       /* pinned host (2): its read-back */
+    int32_t *rec;        /* device (4): deferred range-check record (asynchronous mode) */
+    bool rec_armed;      /* a deferred check was queued since synchronize last read rec */
+    int32_t *hbuf;       /* pinned host (4): their read-back */
     pthread_mutex_t mu;
     bool mu_ready;
 } cu_lane;
@@ -168,6 +173,7 @@ static void lane_release(cu_lane *ln) {
     if (ln->blas) cublasDestroy(ln->blas);
     if (ln->blas_ws) cudaFree(ln->blas_ws);
     if (ln->flag) cudaFree(ln->flag);
+    if (ln->rec) cudaFree(ln->rec);
     if (ln->hbuf) cudaFreeHost(ln->hbuf);
     if (ln->stream) cudaStreamDestroy(ln->stream);
     if (ln->mu_ready) pthread_mutex_destroy(&ln->mu);
@@ -280,11 +286,45 @@ static tide_status cu_file_read(tide_backend *be, int fd, uint64_t off, void *ds
     return tide_cuda_file_read(be, fd, off, dst, n);
 }
 
+enum { REC_EMBED = 1, REC_ATTENTION = 2 };
+
+/* Reads and clears lane i's deferred range-check record (its stream is
+ * idle); TIDE_E_RANGE naming the first bad id when one was found. */
+static tide_status read_record(tide_backend *be, cu_lane *ln, int i) {
+    if (!ln->rec_armed) return TIDE_OK;
+    ln->rec_armed = false;
+    CU_TRY(be->ctx, cudaMemcpyAsync(ln->hbuf, ln->rec, 4 * sizeof(int32_t), cudaMemcpyDeviceToHost, ln->stream),
+           "cudaMemcpyAsync of stream %d's range record", i);
+    CU_TRY(be->ctx, cudaStreamSynchronize(ln->stream), "cudaStreamSynchronize after reading a range record");
+    int32_t r[4];
+    memcpy(r, ln->hbuf, sizeof r);
+    if (!r[0]) return TIDE_OK;
+    CU_TRY(be->ctx, cudaMemsetAsync(ln->rec, 0, 4 * sizeof(int32_t), ln->stream), "cudaMemsetAsync of a range record");
+    CU_TRY(be->ctx, cudaStreamSynchronize(ln->stream), "cudaStreamSynchronize after clearing a range record");
+    if (r[0] == REC_EMBED)
+        return tide_err(be->ctx, TIDE_E_RANGE, "embed: token id %d at position %d is outside the vocabulary (size %d); "
+                        "found by a queued op (stream %d), so what ran after it is not valid", r[2], r[1], r[3], i);
+    return tide_err(be->ctx, TIDE_E_RANGE, "attention: position %d at index %d is outside the cache (capacity %d); "
+                    "found by a queued op (stream %d), so what ran after it is not valid", r[2], r[1], r[3], i);
+}
+
 static tide_status cu_synchronize(tide_backend *be) {
     cu_impl *im = impl_of(be);
     for (int i = 0; i < CU_LANES; i++)
         CU_TRY(be->ctx, cudaStreamSynchronize(im->lane[i].stream), "cudaStreamSynchronize (stream %d)", i);
-    return TIDE_OK;
+    tide_status first = TIDE_OK;
+    char msg[TIDE_ERRMSG_MAX] = "";
+    for (int i = 0; i < CU_LANES; i++) {
+        cu_lane *ln = &im->lane[i];
+        pthread_mutex_lock(&ln->mu);
+        tide_status st = read_record(be, ln, i);
+        pthread_mutex_unlock(&ln->mu);
+        if (st && !first) {
+            first = st;
+            snprintf(msg, sizeof msg, "%s", tide_ctx_last_error(be->ctx));
+        }
+    }
+    return first ? tide_err(be->ctx, first, "%s", msg) : TIDE_OK;
 }
 
 static tide_status cu_stream_begin(tide_backend *be, int stream, bool async) {
@@ -477,8 +517,14 @@ static tide_status op_attention(tide_backend *be, cu_lane *ln, const tide_graph 
                         "the cuda kernel's grid", (long long)B, (long long)T, H, KV);
     int64_t bad = -1;
     int32_t val = 0;
-    tide_status st = range_check(be, ln, pp, T, C, &bad, &val, "attention");
-    if (st) return st;
+    tide_status st = TIDE_OK;
+    if (tl_async) {
+        CU_TRY(be->ctx, tcu_range_record(ln->stream, pp, T, C, REC_ATTENTION, p->idx0, ln->rec),
+               "attention range record kernel");
+        ln->rec_armed = true;
+    } else if ((st = range_check(be, ln, pp, T, C, &bad, &val, "attention"))) {
+        return st;
+    }
     if (bad >= 0)
         return tide_err(be->ctx, TIDE_E_RANGE, "attention: position %d at index %lld of '%s' is outside the cache "
                         "'%s' (capacity %lld)", val, (long long)(p->idx0 + bad), pos->name, kc->name, (long long)C);
@@ -501,8 +547,13 @@ static tide_status compute_op(tide_backend *be, cu_lane *ln, const tide_graph *g
         const int32_t *ids = (const int32_t *)in[1] + p->idx0; /* a tile's tokens */
         int64_t R = tout(g, op, 0)->shape[0], bad = -1, vocab = p->vocab ? p->vocab : tab->shape[0];
         int32_t val = 0;
-        tide_status st = range_check(be, ln, ids, R, vocab, &bad, &val, "embed");
-        if (st) return st;
+        tide_status st = TIDE_OK;
+        if (tl_async) {
+            CU_TRY(ctx, tcu_range_record(s, ids, R, vocab, REC_EMBED, p->idx0, ln->rec), "embed range record kernel");
+            ln->rec_armed = true;
+        } else if ((st = range_check(be, ln, ids, R, vocab, &bad, &val, "embed"))) {
+            return st;
+        }
         if (bad >= 0)
             return tide_err(ctx, TIDE_E_RANGE, "embed: token id %d at position %lld of '%s' is outside the "
                             "vocabulary (size %lld)", val, (long long)(p->idx0 + bad), tok->name, (long long)vocab);
@@ -623,7 +674,9 @@ static tide_status lane_init(tide_backend *be, cu_lane *ln, int i) {
     ln->mu_ready = true;
     CU_TRY(be->ctx, cudaStreamCreateWithFlags(&ln->stream, cudaStreamNonBlocking), "cudaStreamCreate (stream %d)", i);
     CU_TRY(be->ctx, cudaMalloc((void **)&ln->flag, 2 * sizeof(int32_t)), "cudaMalloc of stream %d's flag", i);
-    CU_TRY(be->ctx, cudaHostAlloc((void **)&ln->hbuf, 2 * sizeof(int32_t), cudaHostAllocPortable),
+    CU_TRY(be->ctx, cudaMalloc((void **)&ln->rec, 4 * sizeof(int32_t)), "cudaMalloc of stream %d's range record", i);
+    CU_TRY(be->ctx, cudaMemset(ln->rec, 0, 4 * sizeof(int32_t)), "cudaMemset of stream %d's range record", i);
+    CU_TRY(be->ctx, cudaHostAlloc((void **)&ln->hbuf, 4 * sizeof(int32_t), cudaHostAllocPortable),
            "cudaHostAlloc of stream %d's flag", i);
     return TIDE_OK;
 }

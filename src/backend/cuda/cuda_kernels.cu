@@ -168,6 +168,29 @@ extern "C" cudaError_t tcu_range_check(cudaStream_t s, const int32_t *ids, int64
     return cudaGetLastError();
 }
 
+/* The first thread to find a bad id claims the record (kind 0 -> kind) and
+ * fills it; a record already claimed, by this launch or an earlier one, is
+ * left as it is. */
+__global__ void k_range_record(const int32_t *ids, int64_t n, int64_t hi, int32_t kind, int64_t base,
+                               int32_t *rec) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int32_t v = ids[i];
+        if ((v < 0 || (int64_t)v >= hi) && atomicCAS(rec, 0, kind) == 0) {
+            rec[1] = (int32_t)(base + i < INT32_MAX ? base + i : INT32_MAX);
+            rec[2] = v;
+            rec[3] = (int32_t)(hi < INT32_MAX ? hi : INT32_MAX);
+        }
+    }
+}
+
+extern "C" cudaError_t tcu_range_record(cudaStream_t s, const int32_t *ids, int64_t n, int64_t hi, int32_t kind,
+                                        int64_t base, int32_t *rec) {
+    if (n <= 0) return cudaSuccess;
+    if (kind == 0) return cudaErrorInvalidValue;
+    k_range_record<<<grid_for(n, TCU_BLOCK), TCU_BLOCK, 0, s>>>(ids, n, hi, kind, base, rec);
+    return cudaGetLastError();
+}
+
 /* ------------------------------------------------------------- embed, norm */
 
 template <int DT>
@@ -357,6 +380,7 @@ __global__ void k_cache_write(const float *k, const float *v, const int32_t *pos
         int later = 0;
         for (int64_t u = t + 1 + threadIdx.x; u < T; u += blockDim.x) later |= pos[u] == p;
         if (__syncthreads_or(later)) continue; /* uniform across the block */
+        if (p < 0 || p >= C) continue;          /* not range-checked yet: writes nothing */
         const float *ks = k + row * kd, *vs = v + row * kd;
         float *kd_ = kcache + (b * C + p) * kd, *vd = vcache + (b * C + p) * kd;
         for (int64_t i = threadIdx.x; i < kd; i += blockDim.x) {
@@ -399,7 +423,8 @@ __global__ void __launch_bounds__(TCU_ATTN_BLOCK)
     for (int d = tid; d < hd; d += TCU_ATTN_BLOCK) qs[d] = qr[d];
     const float *kb = kcache + b * C * kd + (int64_t)g * hd;
     const float *vb = vcache + b * C * kd + (int64_t)g * hd;
-    const int64_t nkeys = (int64_t)pos[t] + 1;
+    /* clamped to the cache, for positions whose range check is still queued */
+    const int64_t nkeys = min(max((int64_t)pos[t] + 1, (int64_t)0), C);
     float acc[ATT_PER_THREAD];
 #pragma unroll
     for (int i = 0; i < ATT_PER_THREAD; i++) acc[i] = 0.0f;
@@ -558,7 +583,8 @@ __global__ void __launch_bounds__(ATQ_THREADS, 2)
     int kmax = 0;
     for (int r = lane; r < nq; r += 32) kmax = max(kmax, (int)pos[t0 + r]);
     for (int x = 16; x > 0; x >>= 1) kmax = max(kmax, __shfl_xor_sync(FULL_MASK, kmax, x));
-    const int64_t nkeys = (int64_t)kmax + 1;
+    /* clamped to the cache, for positions whose range check is still queued */
+    const int64_t nkeys = min((int64_t)kmax + 1, C);
 
     int prow[4];
     float m[4], l[4], acc[4][4 * NG];

@@ -42,6 +42,16 @@ cudaError_t tcu_probe(void);
  * the smallest index i with ids[i] outside [0, hi). n < TCU_FLAG_OK. */
 cudaError_t tcu_range_check(cudaStream_t s, const int32_t *ids, int64_t n, int64_t hi, int32_t *flag);
 
+/* Deferred range check (asynchronous issue, where nobody waits for a flag):
+ * rec (4) i32 is a record that stays claimed once set. When some ids[i] lies
+ * outside [0, hi) and rec[0] is 0, one such i claims it: rec = {kind, base +
+ * i, ids[i], hi} (index and hi saturated to INT32_MAX). kind != 0. The kernels
+ * that index by ids or positions (embed, cache write, attention) stay inside
+ * their buffers whatever the values, so work queued behind a failed check
+ * is wrong but harmless. */
+cudaError_t tcu_range_record(cudaStream_t s, const int32_t *ids, int64_t n, int64_t hi, int32_t kind,
+                             int64_t base, int32_t *rec);
+
 /* dst (n) f32 = src (n) of dt (f32, f16, bf16), exactly. */
 cudaError_t tcu_convert(cudaStream_t s, const void *src, tide_dtype dt, float *dst, int64_t n);
 
@@ -73,7 +83,8 @@ cudaError_t tcu_rope(cudaStream_t s, const float *x, const int32_t *pos, int64_t
 
 /* ATTENTION, part 1. k, v (B*T, KV*hd), pos (T) range-checked, kcache,
  * vcache (B, C, KV*hd): cache[b][pos[t]] = row (b, t); where positions
- * repeat, the last t wins (as the CPU's ordered copy). */
+ * repeat, the last t wins (as the CPU's ordered copy). A position outside
+ * [0, C) writes nothing. */
 cudaError_t tcu_cache_write(cudaStream_t s, const float *k, const float *v, const int32_t *pos, int64_t B,
                             int64_t T, int64_t C, int64_t kd, float *kcache, float *vcache);
 
@@ -91,7 +102,8 @@ cudaError_t tcu_cache_write(cudaStream_t s, const float *k, const float *v, cons
  *     (for comparing the two): a block per (b, t, h) reading its keys from
  *     global memory, 128 at a time.
  * A row's result depends on which kernel runs (summation orders differ), not
- * on B or on the other rows. hd <= TCU_ATTN_MAX_HD. B*T*H < 2^31. */
+ * on B or on the other rows. hd <= TCU_ATTN_MAX_HD. B*T*H < 2^31. Positions
+ * outside [0, C) (not range-checked yet) read no key beyond the cache. */
 #define TCU_ATTN_MAX_HD 512
 #define TCU_ATTN_TILED_MIN_T 16
 #define TCU_ATTN_TILED_MAX_HD 128
