@@ -425,6 +425,10 @@ typedef struct tide_offload_opts {
                                  never (loads read the memory-mapped checkpoint).
                                  At most half the available host memory is pinned;
                                  the rest stays in the mapping (see the notice) */
+    bool timeline;            /* measure every instruction's start and end, for
+                                 tide_model_write_trace: free on the CPU; on a GPU
+                                 two timing events per instruction, read after each
+                                 run (a measurable cost for short decode steps) */
 } tide_offload_opts;
 
 /* Switches the model to offloaded runs (or back, with TIDE_BUDGET_NONE).

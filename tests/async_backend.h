@@ -36,6 +36,7 @@
  *     only that.
  *   - event_free may come while queued items still name the event: those hold
  *     references, and the last one frees it.
+ *   - dealloc waits for every lane's queued work first, as cudaFree does.
  *
  * The double's own memory (queues, events, the backend struct) comes from the
  * C library, not the tide_malloc hooks: which allocation is "the Nth" must not
@@ -338,9 +339,23 @@ static tide_status ta_alloc(tide_backend *be, size_t n, void **ptr) {
     return in->vt->alloc(in, n, ptr);
 }
 
+/* Waits until every lane has run what was queued on it before this call. */
+static void ta_drain(ta_async *a) {
+    for (int i = 0; i < TIDE_ASYNC_LANES; i++) {
+        ta_lane *l = &a->lanes[i];
+        pthread_mutex_lock(&l->mu);
+        uint64_t upto = l->issued;
+        while (l->done < upto) pthread_cond_wait(&l->done_cv, &l->mu);
+        pthread_mutex_unlock(&l->mu);
+    }
+}
+
+/* As cudaFree does, waits for all queued work first: a copy or kernel still
+ * queued may use the memory. */
 static void ta_dealloc(tide_backend *be, void *ptr) {
-    tide_backend *in = ((ta_async *)be->impl)->inner;
-    in->vt->dealloc(in, ptr);
+    ta_async *a = be->impl;
+    ta_drain(a);
+    a->inner->vt->dealloc(a->inner, ptr);
 }
 
 static tide_status ta_copy(tide_backend *be, void *dst, const void *src, size_t n) {
@@ -370,13 +385,7 @@ static tide_status ta_synchronize(tide_backend *be) {
     ta_async *a = be->impl;
     /* what was issued before this call: work queued meanwhile by other threads
      * is not waited for, so a busy lane cannot keep synchronize waiting */
-    for (int i = 0; i < TIDE_ASYNC_LANES; i++) {
-        ta_lane *l = &a->lanes[i];
-        pthread_mutex_lock(&l->mu);
-        uint64_t upto = l->issued;
-        while (l->done < upto) pthread_cond_wait(&l->done_cv, &l->mu);
-        pthread_mutex_unlock(&l->mu);
-    }
+    ta_drain(a);
     char msg[TIDE_ERRMSG_MAX];
     pthread_mutex_lock(&a->err_mu);
     tide_status st = a->err;

@@ -1151,10 +1151,12 @@ static void events_on(tide_backend *be, const tcase *add) {
      * truly asynchronous */
     bool pinned = vt->host_alloc != NULL;
     for (int k = 0; k < EV_ITERS; k++) {
-        if (!pinned || vt->host_alloc(be, nb, (void **)&e.h_in[k]) || vt->host_alloc(be, nb, (void **)&e.h_out[k])) {
-            pinned = false;
-            e.h_in[k] = e.h_in[k] ? e.h_in[k] : malloc(nb);
-            e.h_out[k] = e.h_out[k] ? e.h_out[k] : malloc(nb);
+        if (pinned) {
+            assert_int_equal(vt->host_alloc(be, nb, (void **)&e.h_in[k]), TIDE_OK);
+            assert_int_equal(vt->host_alloc(be, nb, (void **)&e.h_out[k]), TIDE_OK);
+        } else {
+            e.h_in[k] = malloc(nb);
+            e.h_out[k] = malloc(nb);
         }
         assert_non_null(e.h_in[k]);
         assert_non_null(e.h_out[k]);

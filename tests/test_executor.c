@@ -17,6 +17,7 @@
 #include "plan/plan.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,7 +175,9 @@ static tide_status run_planned(tide_ctx *ctx, tide_checkpoint *ck, tide_backend 
     assert_int_equal(tide_plan_verify(p), TIDE_OK);
     if (ps) *ps = p->stats;
     tide_exec *ex = NULL;
-    st = tide_exec_new(ctx, be, p, &rc->eo, &ex);
+    tide_exec_opts eo = rc->eo;
+    eo.timed = rc->timeline;
+    st = tide_exec_new(ctx, be, p, &eo, &ex);
     float *logits = NULL;
     void **state = calloc((size_t)g->n_tensors, sizeof *state);
     if (!st) {
@@ -833,6 +836,126 @@ static void test_async_issue(void **state) {
     env_close(&e);
 }
 
+/* Event calls that fail (as CUDA's do once a queued kernel has faulted):
+ * failing the Nth event_wait, event_record or event_sync of a run ends it
+ * with a status and a message that says how to name the culprit, never a
+ * crash; nothing the run queued is still running when it returns; the next
+ * run on the same executor is right. Progress of an asynchronous run reports
+ * each layer once, in order. */
+static int fail_kind, fail_at, fail_calls;
+static tide_status (*real_wait)(tide_backend *, void *), (*real_record)(tide_backend *, void *),
+    (*real_sync)(tide_backend *, void *);
+static pthread_mutex_t fail_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool fail_now(int kind, tide_backend *be) {
+    pthread_mutex_lock(&fail_mu);
+    bool f = kind == fail_kind && ++fail_calls == fail_at;
+    pthread_mutex_unlock(&fail_mu);
+    if (f) tide_err(be->ctx, TIDE_E_BACKEND, "injected event failure");
+    return f;
+}
+static tide_status failing_wait(tide_backend *be, void *ev) {
+    return fail_now(0, be) ? TIDE_E_BACKEND : real_wait(be, ev);
+}
+static tide_status failing_record(tide_backend *be, void *ev) {
+    return fail_now(1, be) ? TIDE_E_BACKEND : real_record(be, ev);
+}
+static tide_status failing_sync(tide_backend *be, void *ev) {
+    return fail_now(2, be) ? TIDE_E_BACKEND : real_sync(be, ev);
+}
+
+static uint64_t layers_seen[64], items_at[64];
+static int n_layers_seen;
+static void on_progress(void *user, const char *what, uint64_t done, uint64_t total) {
+    (void)total;
+    if (strcmp(what, "layer") || n_layers_seen >= 64) return;
+    tide_async_backend_counts(user, &items_at[n_layers_seen], NULL);
+    layers_seen[n_layers_seen++] = done;
+}
+
+static void test_async_failures(void **state) {
+    (void)state;
+    env e = env_open(true);
+    tide_ctx *ctx = e.ctx;
+    const tide_llama_config *cfg = tide_checkpoint_config(e.ck);
+    size_t nbytes = (size_t)SEQ * cfg->vocab_size * sizeof(float);
+    float *ref = resident_logits(e.ck, e.be, ctx);
+    tide_backend *ab = NULL;
+    tide_async_opts ao = {.jitter_us = 1000, .seed = 23, .device_is_host = false};
+    assert_int_equal(tide_async_backend_new(ctx, &ao, &ab), TIDE_OK);
+    const tide_backend_vt *queued_vt = ab->vt;
+    tide_backend_vt vt = *queued_vt;
+    real_wait = vt.event_wait;
+    real_record = vt.event_record;
+    real_sync = vt.event_sync;
+    vt.event_wait = failing_wait;
+    vt.event_record = failing_record;
+    vt.event_sync = failing_sync;
+    ab->vt = &vt;
+    static const char *const kinds[3] = {"event_wait", "event_record", "event_sync"};
+    float *got = NULL;
+    for (int kind = 0; kind < 3; kind++)
+        for (int at = 1; at <= 40; at += 13) {
+            fail_kind = kind;
+            fail_at = at;
+            fail_calls = 0;
+            /* weights on SSD at the minimum budget: the io worker syncs on events too */
+            run_cfg rc = {.policy = TIDE_POLICY_TIDE, .fraction = 0, .weights_on_ssd = true,
+                          .eo = {.ssd_dirs = spill_dir}, .timeline = kind == 1};
+            tide_status st = run_planned(ctx, e.ck, ab, &rc, &got, NULL);
+            if (fail_calls < at) { /* fewer calls of this kind than `at` in a run */
+                assert_int_equal(st, TIDE_OK);
+                free(got);
+                continue;
+            }
+            if (st != TIDE_E_BACKEND) fail_msg("%s #%d failing: status %s", kinds[kind], at, tide_status_str(st));
+            const char *msg = tide_ctx_last_error(ctx);
+            /* the base of the timeline is recorded before anything is queued */
+            bool before = !strncmp(msg, "starting the run's timeline", 27);
+            if (!strstr(msg, "injected event failure") || (!before && !strstr(msg, "TIDE_EXEC_SYNC=1")))
+                fail_msg("%s #%d failing: message '%s'", kinds[kind], at, msg);
+            assert_null(got);
+            /* nothing the failed run queued runs on */
+            uint64_t a = 0, b = 0, blocked = 0;
+            tide_async_backend_counts(ab, &a, &blocked);
+            usleep(20000);
+            tide_async_backend_counts(ab, &b, &blocked);
+            assert_true(a == b);
+        }
+    fail_kind = -1;
+    ab->vt = queued_vt;
+
+    /* progress: each layer once, in order, and only once the queues have
+     * run it (at least as many items run as the graph has ops up to the end
+     * of that layer), though the run queues ahead */
+    tide_llama_graph_opts go = {.batch = 1, .seq = SEQ, .ctx_len = SEQ, .all_logits = true};
+    tide_graph *g = NULL;
+    assert_int_equal(tide_llama_build(ctx, cfg, &go, &g), TIDE_OK);
+    uint64_t ops_through[64] = {0};
+    for (int i = 0; i < g->n_ops; i++)
+        if (g->ops[i].layer >= 0 && g->ops[i].layer < 64) ops_through[g->ops[i].layer] = (uint64_t)i + 1;
+    tide_graph_free(g);
+    uint64_t items0 = 0;
+    tide_async_backend_counts(ab, &items0, NULL);
+    tide_ctx_set_progress(ctx, on_progress, ab);
+    n_layers_seen = 0;
+    run_cfg rc = {.policy = TIDE_POLICY_TIDE, .fraction = 0.5, .eo = {.ssd_dirs = spill_dir}};
+    assert_int_equal(run_planned(ctx, e.ck, ab, &rc, &got, NULL), TIDE_OK);
+    tide_ctx_set_progress(ctx, NULL, NULL);
+    assert_memory_equal(got, ref, nbytes);
+    free(got);
+    assert_int_equal(n_layers_seen, cfg->num_hidden_layers);
+    for (int l = 0; l < n_layers_seen; l++) {
+        assert_int_equal(layers_seen[l], l + 1);
+        if (items_at[l] - items0 < ops_through[l])
+            fail_msg("layer %d reported when %llu items had run; its ops alone are %llu", l + 1,
+                     (unsigned long long)(items_at[l] - items0), (unsigned long long)ops_through[l]);
+    }
+
+    tide_backend_free(ab);
+    free(ref);
+    env_close(&e);
+}
+
 static void test_ssd_spill_faults(void **state) {
     (void)state;
     env e = env_open(false);
@@ -978,6 +1101,7 @@ int main(void) {
         cmocka_unit_test(test_pinned_weights),
         cmocka_unit_test(test_device_paths),
         cmocka_unit_test(test_async_issue),
+        cmocka_unit_test(test_async_failures),
         cmocka_unit_test(test_generate_offloaded),
         cmocka_unit_test(test_pread_fallback),
         cmocka_unit_test(test_ssd_read_fault),

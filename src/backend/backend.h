@@ -84,6 +84,13 @@ struct tide_backend {
     void *impl;
 };
 
+/* Whether be has the asynchronous mode: stream_begin and all six event slots. */
+static inline bool tide_backend_has_events(const tide_backend *be) {
+    const tide_backend_vt *vt = be->vt;
+    return vt->stream_begin && vt->event_new && vt->event_free && vt->event_record && vt->event_wait &&
+           vt->event_sync && vt->event_elapsed;
+}
+
 /* Constructors of the built-in backends. tide_cuda_backend_new exists only in
  * builds with TIDE_HAVE_CUDA; it returns TIDE_E_NO_DEVICE when no GPU is
  * usable (driver or device absent: CUDA errors 35 and 100). */

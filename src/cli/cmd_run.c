@@ -339,6 +339,7 @@ int cmd_run(int argc, char **argv) {
         a.check = true;
     }
     bool offload = off.budget_kind != TIDE_BUDGET_NONE;
+    off.timeline = a.trace || a.trace_svg; /* measured on a GPU only when written */
     if (!offload && (a.trace || a.trace_svg || a.weights_on_ssd || a.ssd || a.check || a.hw || a.host_budget ||
                      a.pread || a.tile || a.pin || a.direct_storage || strcmp(a.policy, "tide")))
         return cli_usage_error("run", "--check, --trace, --trace-svg, --ssd, --weights-on-ssd, --policy, --hw, "

@@ -107,7 +107,8 @@ struct tide_exec {
 };
 
 static const char *tname(const tide_exec *ex, int t) { return ex->g->tensors[t].name; }
-static tide_status make_events(tide_exec *ex, bool sync_issue);
+static tide_status make_events(tide_exec *ex, bool sync_issue, bool timed);
+static tide_status make_time_events(tide_exec *ex);
 
 /* ---------------------------------------------------------------- setup */
 
@@ -192,7 +193,7 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
         ex->stream_ins[s][ex->stream_n[s]++] = i;
     }
     for (int i = 0; i < ex->g->n_ops; i++) ex->n_layers = TIDE_MAX(ex->n_layers, ex->g->ops[i].layer + 1);
-    if ((st = make_events(ex, opts->sync_issue))) goto fail;
+    if ((st = make_events(ex, opts->sync_issue, opts->timed))) goto fail;
     /* E1: the arena is allocated once, exactly the budget (or lent by the caller) */
     if (opts->arena) {
         if (opts->arena_bytes < p->device_budget) {
@@ -245,18 +246,13 @@ fail:
     return st;
 }
 
-static bool has_events(const tide_backend_vt *vt) {
-    return vt->stream_begin && vt->event_new && vt->event_free && vt->event_record && vt->event_wait &&
-           vt->event_sync && vt->event_elapsed;
-}
-
 /* Asynchronous issue: one event per instruction that an instruction of another
  * stream waits on (same-stream order is the queue's own), and the compute
  * stream's two layer events. */
-static tide_status make_events(tide_exec *ex, bool sync_issue) {
+static tide_status make_events(tide_exec *ex, bool sync_issue, bool timed) {
     tide_backend *be = ex->be;
     const tide_plan *p = ex->p;
-    if (sync_issue || !has_events(be->vt)) return TIDE_OK;
+    if (sync_issue || !tide_backend_has_events(be)) return TIDE_OK;
     ex->async = true;
     ex->ev = tide_calloc((size_t)(p->n_ins ? p->n_ins : 1), sizeof *ex->ev);
     if (!ex->ev) return tide_err(ex->ctx, TIDE_E_NOMEM, "out of memory for the executor's events");
@@ -273,12 +269,11 @@ static tide_status make_events(tide_exec *ex, bool sync_issue) {
         tide_status st = be->vt->event_new(be, false, &ex->ev_layer[k]);
         if (st) return tide_err(ex->ctx, st, "cannot create the executor's events: %s", tide_ctx_last_error(ex->ctx));
     }
-    return TIDE_OK;
+    return timed ? make_time_events(ex) : TIDE_OK;
 }
 
-/* The timing events of a timed run, made once. */
+/* The timing events of timed runs: two per instruction and the base. */
 static tide_status make_time_events(tide_exec *ex) {
-    if (ex->ev_time) return TIDE_OK;
     int n = 2 * ex->p->n_ins + 1;
     ex->ev_time = tide_calloc((size_t)n, sizeof *ex->ev_time);
     if (!ex->ev_time) return tide_err(ex->ctx, TIDE_E_NOMEM, "out of memory for the executor's timing events");
@@ -715,9 +710,19 @@ static tide_status run_ins(tide_exec *ex, int i) {
     }
 }
 
+/* A failed event call. With asynchronous issue the error may belong to any
+ * device work queued before it (a kernel's fault surfaces at the next call),
+ * so the message says how to find the instruction that caused it. */
 static tide_status event_fail(tide_exec *ex, int i, const char *what, tide_status st) {
-    return tide_err(ex->ctx, st, "instruction %d (%s '%s'): %s: %s", i, tide_ins_name(ex->p->ins[i].kind),
-                    tname(ex, ex->p->ins[i].tensor), what, tide_ctx_last_error(ex->ctx));
+    const tide_ins *in = &ex->p->ins[i];
+    char who[200];
+    if (in->kind == TIDE_INS_COMPUTE)
+        snprintf(who, sizeof who, "%s, op %d", tide_op_name(ex->g->ops[in->op].kind), in->op);
+    else
+        snprintf(who, sizeof who, "%s '%s'", tide_ins_name(in->kind), in->tensor >= 0 ? tname(ex, in->tensor) : "?");
+    return tide_err(ex->ctx, st, "instruction %d (%s): %s: %s (device work is queued ahead: the failing "
+                    "operation may be an earlier one; TIDE_EXEC_SYNC=1 names it)", i, who, what,
+                    tide_ctx_last_error(ex->ctx));
 }
 
 static void *worker(void *arg) {
@@ -745,14 +750,24 @@ static void *worker(void *arg) {
             if (!wait_done(ex, j)) return NULL;
             if (ex->async && p->ins[j].stream != wa->stream) {
                 st = async ? be->vt->event_wait(be, ex->ev[j]) : be->vt->event_sync(be, ex->ev[j]);
-                if (st) st = event_fail(ex, i, "waiting for instruction's producer", st);
+                if (st) {
+                    char what[64];
+                    snprintf(what, sizeof what, "waiting for instruction %d", j);
+                    st = event_fail(ex, i, what, st);
+                }
             }
         }
         if (st || atomic_load(&ex->failed)) break;
         double t0 = tide_now();
-        if (timed && (st = be->vt->event_record(be, ex->ev_time[2 * i]))) break;
+        if (timed && (st = be->vt->event_record(be, ex->ev_time[2 * i]))) {
+            st = event_fail(ex, i, "recording its start", st);
+            break;
+        }
         if ((st = run_ins(ex, i))) break;
-        if (timed && (st = be->vt->event_record(be, ex->ev_time[2 * i + 1]))) break;
+        if (timed && (st = be->vt->event_record(be, ex->ev_time[2 * i + 1]))) {
+            st = event_fail(ex, i, "recording its end", st);
+            break;
+        }
         if (ex->ev && ex->ev[i] && (st = be->vt->event_record(be, ex->ev[i]))) {
             st = event_fail(ex, i, "recording its completion", st);
             break;
@@ -764,8 +779,10 @@ static void *worker(void *arg) {
         }
         mark_done(ex, i);
         if (in->kind == TIDE_INS_COMPUTE && ends_layer(ex->g, in->op)) {
-            if (async) st = layer_issued(ex, ex->g->ops[in->op].layer, pending);
-            else tide_progress(ex->ctx, "layer", (uint64_t)ex->g->ops[in->op].layer + 1, (uint64_t)ex->n_layers);
+            if (!async)
+                tide_progress(ex->ctx, "layer", (uint64_t)ex->g->ops[in->op].layer + 1, (uint64_t)ex->n_layers);
+            else if ((st = layer_issued(ex, ex->g->ops[in->op].layer, pending)))
+                st = event_fail(ex, i, "waiting for the layer two before it", st);
         }
     }
     /* the last layers issued are reported once complete */
@@ -816,8 +833,10 @@ tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_sta
     ex->timeline = timeline;
     tide_status st = TIDE_OK;
     if (timeline && ex->async) {
+        if (!ex->ev_time)
+            return tide_err(ex->ctx, TIDE_E_INVALID, "a timeline was asked of an executor made without "
+                            "timing events (tide_exec_opts.timed)");
         /* the base every timing event is measured from, first on queue 0 */
-        if ((st = make_time_events(ex))) return st;
         if ((st = ex->be->vt->event_record(ex->be, ex->ev_time[2 * p->n_ins])))
             return tide_err(ex->ctx, st, "starting the run's timeline: %s", tide_ctx_last_error(ex->ctx));
     }
@@ -844,7 +863,10 @@ tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_sta
     if (atomic_load(&ex->failed)) {
         return tide_err(ex->ctx, ex->fail_status ? ex->fail_status : TIDE_E_BACKEND, "%s", ex->fail_msg);
     }
-    if (!st) st = sync_st;
+    if (!st && sync_st && ex->async && sync_st != TIDE_E_RANGE)
+        st = tide_err(ex->ctx, sync_st, "%s (device work was queued ahead: TIDE_EXEC_SYNC=1 names the failing "
+                      "instruction)", tide_ctx_last_error(ex->ctx));
+    else if (!st) st = sync_st;
     if (!st && timeline && ex->async) st = read_timeline(ex);
     if (st) return st;
     if (stats) {

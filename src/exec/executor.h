@@ -44,6 +44,8 @@ typedef struct tide_exec_opts {
                                  instead of allocating one (shared by several
                                  executors that never run at once); not freed */
     uint64_t arena_bytes;
+    bool timed;               /* runs will be given a timeline: on a backend with
+                                 events, its timing events are made here */
     bool sync_issue;          /* issue each instruction only after the previous one
                                  completed, even where the backend has events (the
                                  slower mode, for comparison and diagnosis) */
@@ -73,9 +75,11 @@ tide_status tide_exec_bind_host(tide_exec *ex, int t, void *data);
 tide_status tide_exec_bind_file(tide_exec *ex, int t, const char *path, uint64_t off);
 
 /* Runs the whole plan once. On failure every worker stops, the status and the
- * message of the first failure are returned, and the outputs must not be used.
- * timeline (may be NULL) receives one event per instruction (start and end in
- * seconds from the start of the run); it must hold p->n_ins events. */
+ * message of the first failure are returned, and the outputs must not be used;
+ * nothing the run queued is still running when it returns. timeline (may be
+ * NULL) receives one event per instruction (start and end in seconds from the
+ * start of the run); it must hold p->n_ins events, and on a backend with
+ * events the executor must have been made with opts.timed. */
 tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_stats *stats);
 
 /* Notice printed once by the caller when pinning was refused ("" when pinned). */

@@ -444,6 +444,7 @@ static tide_status run_resident(tide_model *m, tide_graph *g, const run_io *io) 
         if ((st = be->vt->stream_begin(be, 0, true))) goto done;
         async = true;
     }
+    m->acc.async_issue = async;
     void *in[TIDE_OP_MAX_IN], *outp[TIDE_OP_MAX_OUT];
     for (int i = 0; i < g->n_ops && !st; i++) {
         const tide_op *op = &g->ops[i];
@@ -557,7 +558,6 @@ tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prom
     r.state_bytes = m->state_bytes;
     r.predicted_prefill_s = pred0;
     r.logits_hash = m->logits_hash;
-    r.async_issue = tide_model_async_issue(m);
     if (stats) *stats = r;
     return TIDE_OK;
 }

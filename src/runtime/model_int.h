@@ -91,7 +91,7 @@ static inline bool tide_model_sync_issue(void) {
 }
 /* Whether runs on m's backend issue device work ahead (events). */
 static inline bool tide_model_async_issue(const tide_model *m) {
-    return m->be->vt->event_new && m->be->vt->stream_begin && !tide_model_sync_issue();
+    return tide_backend_has_events(m->be) && !tide_model_sync_issue();
 }
 
 void tide_model_slot_clear(graph_slot *s);

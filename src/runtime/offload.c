@@ -315,12 +315,17 @@ static tide_status prepare(tide_model *m, graph_slot *s) {
     if ((st = tide_plan_verify(s->plan)))
         return tide_err(ctx, st, "the plan failed verification and was not run: %s", tide_ctx_last_error(ctx));
     s->predicted_s = s->plan->stats.makespan_s;
-    s->timeline = tide_calloc((size_t)(s->plan->n_ins ? s->plan->n_ins : 1), sizeof *s->timeline);
-    if (!s->timeline) return tide_err(ctx, TIDE_E_NOMEM, "out of memory for the timeline");
+    /* measured where it costs nothing (synchronous issue: host clocks), or
+     * where asked for (timing events on a GPU) */
+    bool timed = m->off.timeline || !tide_model_async_issue(m);
+    if (timed) {
+        s->timeline = tide_calloc((size_t)(s->plan->n_ins ? s->plan->n_ins : 1), sizeof *s->timeline);
+        if (!s->timeline) return tide_err(ctx, TIDE_E_NOMEM, "out of memory for the timeline");
+    }
     tide_exec_opts eo = {.ssd_dirs = m->off_ssd_dirs, .force_pread = m->off.force_pread,
                          .direct_storage = m->off.direct_storage,
                          .arena = m->arena, .arena_bytes = m->budget,
-                         .sync_issue = tide_model_sync_issue()};
+                         .sync_issue = tide_model_sync_issue(), .timed = timed};
     if ((st = tide_exec_new(ctx, m->be, s->plan, &eo, &s->ex))) return st;
     if (!m->notice[0] && tide_exec_notice(s->ex)[0])
         snprintf(m->notice, sizeof m->notice, "%s", tide_exec_notice(s->ex));
@@ -363,13 +368,17 @@ tide_status tide_model_run_planned(tide_model *m, graph_slot *s, const run_io *i
     a->budget_bytes = m->budget;
     a->tile_level = TIDE_MAX(a->tile_level, s->tile_level);
     a->pinned_weight_bytes = m->pinned_bytes;
+    a->async_issue = es.async;
     return TIDE_OK;
 }
 
 tide_status tide_model_write_trace(tide_model *m, const char *json_path, const char *svg_path) {
     graph_slot *s = m->last_planned;
-    if (!s || !s->plan || !s->timeline)
+    if (!s || !s->plan)
         return tide_err(m->ctx, TIDE_E_INVALID, "no offloaded run to trace (run with a budget first)");
+    if (!s->timeline)
+        return tide_err(m->ctx, TIDE_E_INVALID, "no measured timeline: on a GPU it is measured only when asked "
+                        "for (tide_offload_opts.timeline, tide run --trace)");
     tide_status st = TIDE_OK;
     if (json_path) st = tide_trace_write(s->plan, s->timeline, s->plan->n_ins, json_path);
     if (!st && svg_path) {

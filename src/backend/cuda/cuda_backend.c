@@ -310,11 +310,17 @@ static tide_status read_record(tide_backend *be, cu_lane *ln, int i) {
 
 static tide_status cu_synchronize(tide_backend *be) {
     cu_impl *im = impl_of(be);
-    for (int i = 0; i < CU_LANES; i++)
-        CU_TRY(be->ctx, cudaStreamSynchronize(im->lane[i].stream), "cudaStreamSynchronize (stream %d)", i);
     tide_status first = TIDE_OK;
     char msg[TIDE_ERRMSG_MAX] = "";
+    /* every stream is waited for, whatever failed first */
     for (int i = 0; i < CU_LANES; i++) {
+        cudaError_t e = cudaStreamSynchronize(im->lane[i].stream);
+        if (e != cudaSuccess && !first) {
+            first = cu_fail(be->ctx, TIDE_E_BACKEND, e, "cudaStreamSynchronize (stream %d)", i);
+            snprintf(msg, sizeof msg, "%s", tide_ctx_last_error(be->ctx));
+        }
+    }
+    for (int i = 0; i < CU_LANES && !first; i++) {
         cu_lane *ln = &im->lane[i];
         pthread_mutex_lock(&ln->mu);
         tide_status st = read_record(be, ln, i);
@@ -330,10 +336,12 @@ static tide_status cu_synchronize(tide_backend *be) {
 static tide_status cu_stream_begin(tide_backend *be, int stream, bool async) {
     if (stream < 0 || stream >= CU_LANES)
         return tide_err(be->ctx, TIDE_E_INVALID, "cuda: stream %d does not exist (0 to %d)", stream, CU_LANES - 1);
-    CU_TRY(be->ctx, cudaSetDevice(impl_of(be)->device), "cudaSetDevice(%d) on stream %d's thread",
-           impl_of(be)->device, stream);
+    /* set first: a thread going back to synchronous issue must get there even
+     * when the device has failed */
     tl_lane = stream;
     tl_async = async;
+    CU_TRY(be->ctx, cudaSetDevice(impl_of(be)->device), "cudaSetDevice(%d) on stream %d's thread",
+           impl_of(be)->device, stream);
     return TIDE_OK;
 }
 
