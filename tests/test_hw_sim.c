@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "async_backend.h"
 #include "core/alloc_test.h"
 #include "plan/plan.h"
 #include "plan/probe.h"
@@ -1121,6 +1122,28 @@ static void test_probe_backend_ops(void **state) {
     assert_int_equal(tide_matmul_parse(NULL, NULL, &mm), TIDE_E_INVALID);
     assert_string_equal(tide_matmul_name(TIDE_MATMUL_AUTO), "auto");
     assert_null(tide_matmul_name((tide_matmul_mode)9));
+    tide_backend_free(be);
+
+    /* on a backend with events the probe times queued items, as the
+     * executor issues them there: batches waited for once */
+    tide_async_opts ao = {.seed = 1};
+    assert_int_equal(tide_async_backend_new(ctx, &ao, &be), TIDE_OK);
+    memset(&hw, 0, sizeof hw);
+    if (tide_probe_ops(ctx, be, 0.5, &hw)) fail_msg("%s", tide_ctx_last_error(ctx));
+    uint64_t items = 0;
+    tide_async_backend_counts(be, &items, NULL);
+    print_message("queued ops: launch %.1f us, copy latency %.1f us, %llu items queued\n", hw.launch_s * 1e6,
+                  hw.link_latency_s * 1e6, (unsigned long long)items);
+    assert_true(items >= 8 * 2 * 16); /* at least two batches of 16 for each of 8 measurements */
+    assert_true(hw.launch_s > 0 && hw.launch_s < 0.01 && hw.flops[TIDE_BF16] > 1e8 && hw.h2d_bw > 1e8);
+    /* and the thread issues synchronously again afterwards */
+    void *d = NULL;
+    float x = 1.5f, y = 0;
+    assert_int_equal(be->vt->alloc(be, sizeof x, &d), TIDE_OK);
+    assert_int_equal(be->vt->to_device(be, d, &x, sizeof x), TIDE_OK);
+    assert_int_equal(be->vt->to_host(be, &y, d, sizeof y), TIDE_OK);
+    assert_true(y == x);
+    be->vt->dealloc(be, d);
     tide_backend_free(be);
     tide_ctx_free(ctx);
 }
