@@ -782,7 +782,7 @@ static void *worker(void *arg) {
             if (!async)
                 tide_progress(ex->ctx, "layer", (uint64_t)ex->g->ops[in->op].layer + 1, (uint64_t)ex->n_layers);
             else if ((st = layer_issued(ex, ex->g->ops[in->op].layer, pending)))
-                st = event_fail(ex, i, "waiting for the layer two before it", st);
+                st = event_fail(ex, i, "keeping at most two layers ahead of the device", st);
         }
     }
     /* the last layers issued are reported once complete */
@@ -861,7 +861,12 @@ tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_sta
     tide_status sync_st = ex->be->vt->synchronize ? ex->be->vt->synchronize(ex->be) : TIDE_OK;
     double wall = tide_now() - ex->t0;
     if (atomic_load(&ex->failed)) {
-        return tide_err(ex->ctx, ex->fail_status ? ex->fail_status : TIDE_E_BACKEND, "%s", ex->fail_msg);
+        /* a device fault surfaces at whatever call comes next: with work
+         * queued ahead, that need not be the instruction that caused it */
+        bool hint = ex->async && ex->fail_status == TIDE_E_BACKEND && !strstr(ex->fail_msg, "TIDE_EXEC_SYNC");
+        return tide_err(ex->ctx, ex->fail_status ? ex->fail_status : TIDE_E_BACKEND, "%s%s", ex->fail_msg,
+                        hint ? " (device work was queued ahead: TIDE_EXEC_SYNC=1 names the failing instruction)"
+                             : "");
     }
     if (!st && sync_st && ex->async && sync_st != TIDE_E_RANGE)
         st = tide_err(ex->ctx, sync_st, "%s (device work was queued ahead: TIDE_EXEC_SYNC=1 names the failing "

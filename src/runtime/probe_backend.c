@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "plan/probe.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -32,9 +33,15 @@ static tide_status pb_queue(tide_backend *be, bool *queued) {
     return *queued ? be->vt->stream_begin(be, 0, true) : TIDE_OK;
 }
 
-/* Back to synchronous issue; `st` is kept unless it was TIDE_OK. */
+/* Back to synchronous issue, nothing left queued (the caller frees what the
+ * queue may still use); `st` is kept unless it was TIDE_OK. */
 static tide_status pb_unqueue(tide_backend *be, bool queued, tide_status st) {
     if (!queued) return st;
+    if (st && be->vt->synchronize) {
+        char msg[TIDE_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", tide_ctx_last_error(be->ctx));
+        if (be->vt->synchronize(be)) tide_err(be->ctx, st, "%s", msg); /* the first failure's message */
+    }
     tide_status s2 = be->vt->stream_begin(be, 0, false);
     return st ? st : s2;
 }

@@ -293,9 +293,14 @@ enum { REC_EMBED = 1, REC_ATTENTION = 2 };
 static tide_status read_record(tide_backend *be, cu_lane *ln, int i) {
     if (!ln->rec_armed) return TIDE_OK;
     ln->rec_armed = false;
-    CU_TRY(be->ctx, cudaMemcpyAsync(ln->hbuf, ln->rec, 4 * sizeof(int32_t), cudaMemcpyDeviceToHost, ln->stream),
-           "cudaMemcpyAsync of stream %d's range record", i);
-    CU_TRY(be->ctx, cudaStreamSynchronize(ln->stream), "cudaStreamSynchronize after reading a range record");
+    cudaError_t e = cudaMemcpyAsync(ln->hbuf, ln->rec, 4 * sizeof(int32_t), cudaMemcpyDeviceToHost, ln->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(ln->stream);
+    if (e != cudaSuccess) {
+        tide_status st = cu_fail(be->ctx, TIDE_E_BACKEND, e, "reading stream %d's range record", i);
+        cudaMemsetAsync(ln->rec, 0, 4 * sizeof(int32_t), ln->stream); /* not reported later either */
+        (void)cudaGetLastError();
+        return st;
+    }
     int32_t r[4];
     memcpy(r, ln->hbuf, sizeof r);
     if (!r[0]) return TIDE_OK;
@@ -319,6 +324,18 @@ static tide_status cu_synchronize(tide_backend *be) {
             first = cu_fail(be->ctx, TIDE_E_BACKEND, e, "cudaStreamSynchronize (stream %d)", i);
             snprintf(msg, sizeof msg, "%s", tide_ctx_last_error(be->ctx));
         }
+    }
+    if (first) {
+        /* the records cannot be read now: clear them, so that no later run
+         * reports this one's range error */
+        for (int i = 0; i < CU_LANES; i++) {
+            cu_lane *ln = &im->lane[i];
+            pthread_mutex_lock(&ln->mu);
+            if (ln->rec_armed) cudaMemsetAsync(ln->rec, 0, 4 * sizeof(int32_t), ln->stream);
+            ln->rec_armed = false;
+            pthread_mutex_unlock(&ln->mu);
+        }
+        (void)cudaGetLastError();
     }
     for (int i = 0; i < CU_LANES && !first; i++) {
         cu_lane *ln = &im->lane[i];
@@ -683,7 +700,9 @@ static tide_status lane_init(tide_backend *be, cu_lane *ln, int i) {
     CU_TRY(be->ctx, cudaStreamCreateWithFlags(&ln->stream, cudaStreamNonBlocking), "cudaStreamCreate (stream %d)", i);
     CU_TRY(be->ctx, cudaMalloc((void **)&ln->flag, 2 * sizeof(int32_t)), "cudaMalloc of stream %d's flag", i);
     CU_TRY(be->ctx, cudaMalloc((void **)&ln->rec, 4 * sizeof(int32_t)), "cudaMalloc of stream %d's range record", i);
-    CU_TRY(be->ctx, cudaMemset(ln->rec, 0, 4 * sizeof(int32_t)), "cudaMemset of stream %d's range record", i);
+    /* on the lane's own stream: the lanes do not wait for the legacy stream */
+    CU_TRY(be->ctx, cudaMemsetAsync(ln->rec, 0, 4 * sizeof(int32_t), ln->stream),
+           "cudaMemsetAsync of stream %d's range record", i);
     CU_TRY(be->ctx, cudaHostAlloc((void **)&ln->hbuf, 4 * sizeof(int32_t), cudaHostAllocPortable),
            "cudaHostAlloc of stream %d's flag", i);
     return TIDE_OK;
