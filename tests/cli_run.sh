@@ -7,7 +7,7 @@ source "$(dirname "$0")/lib_cli.sh" "$1"
 FX=$TIDE_FIXTURES/tiny-bf16-gqa
 
 expect 0 "help" -- "$TIDE" run --help
-for o in --budget --policy --host-budget --ssd --check --trace --trace-svg --json; do
+for o in --budget --policy --host-budget --ssd --check --trace --trace-svg --json TIDE_EXEC_SYNC; do
     contains "$TMP/out" "$o" "run help lists $o"
 done
 expect 0 "top-level help" -- "$TIDE" --help
@@ -21,9 +21,12 @@ expect 0 "same bytes" -- cmp "$TMP/m/model.safetensors" "$TMP/m2/model.safetenso
 
 expect 0 "resident run" -- "$TIDE" run --model "$TMP/m" --new-tokens 5 --json
 for f in tokens prefill_tokens_per_s decode_tokens_per_s peak_bytes; do json_field "$TMP/out" "$f"; done
+# the CPU backend has no events: it issues synchronously, and says so
+contains "$TMP/out" '"async_issue":false' "JSON says the CPU issues synchronously"
 cp "$TMP/out" "$TMP/resident.json"
 expect 0 "run on an HF checkpoint" -- "$TIDE" run --model "$FX" --tokens 1,2,3,4 --new-tokens 3
 contains "$TMP/out" "generated" "summary shows the generated ids"
+contains "$TMP/out" "synchronous issue" "summary shows how device work was issued"
 
 mkdir -p "$TMP/spill"
 for p in tide static-layer lru; do

@@ -81,7 +81,13 @@ static const char help[] =
     "                      bf16 PyTorch model computes)\n"
     "  --threads N         CPU threads (default: all cores)\n"
     "  --json              print one JSON object instead of the summary\n"
-    "  --quiet             no progress lines\n";
+    "  --quiet             no progress lines\n"
+    "\n"
+    "Environment: TIDE_THREADS (CPU threads without --threads), TIDE_CACHE (where\n"
+    "the built-in model is written), TIDE_DATA (hardware profiles), on a GPU\n"
+    "TIDE_EXEC_SYNC=1 (wait for every op and copy instead of queueing them ahead\n"
+    "with events, to compare) and TIDE_CUDA_ATTENTION=rows (per-row attention\n"
+    "kernel only). See the README's Environment section.\n";
 
 static int parse_tokens(const char *s, int32_t **out, int *n) {
     int cap = 16, cnt = 0;
