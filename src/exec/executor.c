@@ -5,7 +5,8 @@
  *   Invariants kept:
  *   E1. Device memory is one arena of exactly p->device_budget bytes, allocated
  *       in tide_exec_new; host spill and SSD spill space likewise. Nothing is
- *       allocated in tide_exec_run.
+ *       allocated in tide_exec_run (the first run starts the stream workers,
+ *       which wait between runs until tide_exec_free).
  *   E2. An instruction starts only after its stream's previous instruction and
  *       every instruction it waits on have completed, and its completion is
  *       published only after its effects are visible in memory. Without
@@ -64,6 +65,11 @@ typedef struct home_ref {
     ino_t ino;
 } home_ref;
 
+typedef struct worker_arg {
+    tide_exec *ex;
+    int stream;
+} worker_arg;
+
 struct tide_exec {
     tide_ctx *ctx;
     tide_backend *be;
@@ -91,6 +97,16 @@ struct tide_exec {
     void *ev_layer[2];          /* the compute stream's run-ahead bound */
     int *stream_ins[TIDE_STREAM_COUNT];
     int stream_n[TIDE_STREAM_COUNT];
+    /* the stream workers: started by the first run, kept until tide_exec_free
+     * (a decoding step is short; starting threads for each would show) */
+    pthread_t th[TIDE_STREAM_COUNT];
+    bool th_started[TIDE_STREAM_COUNT];
+    worker_arg wa[TIDE_STREAM_COUNT];
+    pthread_mutex_t pool_mu;
+    pthread_cond_t pool_go, pool_idle;
+    uint64_t run_gen;           /* runs started */
+    int running;                /* workers still in the current run */
+    bool quit;
     /* run state */
     atomic_uchar *done;
     pthread_mutex_t mu;
@@ -160,6 +176,9 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
     ex->g = p->g;
     pthread_mutex_init(&ex->mu, NULL);
     pthread_cond_init(&ex->cv, NULL);
+    pthread_mutex_init(&ex->pool_mu, NULL);
+    pthread_cond_init(&ex->pool_go, NULL);
+    pthread_cond_init(&ex->pool_idle, NULL);
     tide_status st = TIDE_OK;
     int nt = ex->g->n_tensors;
     ex->home = tide_calloc((size_t)(nt ? nt : 1), sizeof *ex->home);
@@ -310,8 +329,18 @@ static void release_fd(tide_exec *ex, int t) {
     close(fd);
 }
 
+static void stop_workers(tide_exec *ex) {
+    pthread_mutex_lock(&ex->pool_mu);
+    ex->quit = true;
+    pthread_cond_broadcast(&ex->pool_go);
+    pthread_mutex_unlock(&ex->pool_mu);
+    for (int s = 0; s < TIDE_STREAM_COUNT; s++)
+        if (ex->th_started[s]) pthread_join(ex->th[s], NULL);
+}
+
 void tide_exec_free(tide_exec *ex) {
     if (!ex) return;
+    stop_workers(ex);
     free_events(ex);
     if (ex->arena && !ex->arena_lent) ex->be->vt->dealloc(ex->be, ex->arena);
     if (ex->host_pool && ex->host_by_backend) {
@@ -330,6 +359,9 @@ void tide_exec_free(tide_exec *ex) {
     for (int s = 0; s < TIDE_STREAM_COUNT; s++) tide_free(ex->stream_ins[s]);
     pthread_mutex_destroy(&ex->mu);
     pthread_cond_destroy(&ex->cv);
+    pthread_mutex_destroy(&ex->pool_mu);
+    pthread_cond_destroy(&ex->pool_go);
+    pthread_cond_destroy(&ex->pool_idle);
     tide_free(ex);
 }
 
@@ -671,11 +703,6 @@ static void fail_run(tide_exec *ex, tide_status st) {
     pthread_mutex_unlock(&ex->mu);
 }
 
-typedef struct worker_arg {
-    tide_exec *ex;
-    int stream;
-} worker_arg;
-
 /* Whether op `o` ends its layer (for progress reports). */
 static bool ends_layer(const tide_graph *g, int o) {
     return g->ops[o].layer >= 0 && (o + 1 == g->n_ops || g->ops[o + 1].layer != g->ops[o].layer);
@@ -725,8 +752,8 @@ static tide_status event_fail(tide_exec *ex, int i, const char *what, tide_statu
                     tide_ctx_last_error(ex->ctx));
 }
 
-static void *worker(void *arg) {
-    worker_arg *wa = arg;
+/* One run of stream wa->stream's instructions. */
+static void worker_run(worker_arg *wa) {
     tide_exec *ex = wa->ex;
     tide_backend *be = ex->be;
     const tide_plan *p = ex->p;
@@ -738,7 +765,7 @@ static void *worker(void *arg) {
         tide_status st = be->vt->stream_begin(be, wa->stream, async);
         if (st) {
             fail_run(ex, st);
-            return NULL;
+            return;
         }
     }
     tide_status st = TIDE_OK;
@@ -747,7 +774,7 @@ static void *worker(void *arg) {
         const tide_ins *in = &p->ins[i];
         for (int w = 0; w < in->n_wait && !st; w++) {
             int j = p->waits[in->wait_at + w];
-            if (!wait_done(ex, j)) return NULL;
+            if (!wait_done(ex, j)) return;
             if (ex->async && p->ins[j].stream != wa->stream) {
                 st = async ? be->vt->event_wait(be, ex->ev[j]) : be->vt->event_sync(be, ex->ev[j]);
                 if (st) {
@@ -794,7 +821,26 @@ static void *worker(void *arg) {
             tide_progress(ex->ctx, "layer", (uint64_t)pending[slot] + 1, (uint64_t)ex->n_layers);
     }
     if (st) fail_run(ex, st);
-    return NULL;
+}
+
+/* A stream's worker thread: one run of its instructions per run started,
+ * until the executor is freed. */
+static void *worker_main(void *arg) {
+    worker_arg *wa = arg;
+    tide_exec *ex = wa->ex;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&ex->pool_mu);
+        while (!ex->quit && ex->run_gen == seen) pthread_cond_wait(&ex->pool_go, &ex->pool_mu);
+        bool quit = ex->quit;
+        seen = ex->run_gen;
+        pthread_mutex_unlock(&ex->pool_mu);
+        if (quit) return NULL;
+        worker_run(wa);
+        pthread_mutex_lock(&ex->pool_mu);
+        if (--ex->running == 0) pthread_cond_broadcast(&ex->pool_idle);
+        pthread_mutex_unlock(&ex->pool_mu);
+    }
 }
 
 /* Fills the timeline of an asynchronous run from its timing events (all
@@ -841,21 +887,26 @@ tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_sta
             return tide_err(ex->ctx, st, "starting the run's timeline: %s", tide_ctx_last_error(ex->ctx));
     }
     ex->t0 = tide_now();
-    pthread_t th[TIDE_STREAM_COUNT];
-    worker_arg wa[TIDE_STREAM_COUNT];
-    bool started[TIDE_STREAM_COUNT] = {0};
-    for (int s = 0; s < TIDE_STREAM_COUNT; s++) {
+    /* the workers of streams with instructions, started once */
+    int active = 0;
+    for (int s = 0; s < TIDE_STREAM_COUNT && !st; s++) {
         if (!ex->stream_n[s]) continue;
-        wa[s] = (worker_arg){ex, s};
-        if (pthread_create(&th[s], NULL, worker, &wa[s]) != 0) {
-            st = tide_err(ex->ctx, TIDE_E_NOMEM, "cannot start the %s stream's thread", tide_stream_name(s));
-            fail_run(ex, st);
-            break;
-        }
-        started[s] = true;
+        active++;
+        if (ex->th_started[s]) continue;
+        ex->wa[s] = (worker_arg){ex, s};
+        int rc = pthread_create(&ex->th[s], NULL, worker_main, &ex->wa[s]);
+        if (rc != 0)
+            st = tide_err(ex->ctx, TIDE_E_NOMEM, "cannot start the %s stream's thread: %s", tide_stream_name(s),
+                          strerror(rc));
+        else ex->th_started[s] = true;
     }
-    for (int s = 0; s < TIDE_STREAM_COUNT; s++)
-        if (started[s]) pthread_join(th[s], NULL);
+    if (st) return st; /* nothing was issued */
+    pthread_mutex_lock(&ex->pool_mu);
+    ex->running = active;
+    ex->run_gen++;
+    pthread_cond_broadcast(&ex->pool_go);
+    while (ex->running > 0) pthread_cond_wait(&ex->pool_idle, &ex->pool_mu);
+    pthread_mutex_unlock(&ex->pool_mu);
     /* always: after a failure, work already queued must finish before the
      * caller may reuse or free the memory it touches */
     tide_status sync_st = ex->be->vt->synchronize ? ex->be->vt->synchronize(ex->be) : TIDE_OK;
