@@ -545,7 +545,7 @@ int main(int argc, char **argv) {
     }
     printf("# bench gpu_offload: %s, %d layers, %s weights (%.2f GiB), prefill %d tokens, batch 1\n\n", cfg->name,
            cfg->num_hidden_layers, tide_dtype_name(cfg->dtype), (double)ck_bytes / GIB, seq);
-    bool async_issue = tide_backend_has_events(be) && !tide_model_sync_issue();
+    bool async_issue = tide_async_issue(be);
     printf("backend %s, matmul %s, %s issue; profile %s%s; unconstrained peak on the profile %.2f GiB; %d timed run(s) per row after "
            "one untimed; checkpoint read in %.1f s\n",
            tide_backend_name(be), tide_matmul_name(tide_backend_matmul(be)),

@@ -737,9 +737,8 @@ static tide_status run_ins(tide_exec *ex, int i) {
     }
 }
 
-/* A failed event call. With asynchronous issue the error may belong to any
- * device work queued before it (a kernel's fault surfaces at the next call),
- * so the message says how to find the instruction that caused it. */
+/* A failed event call on instruction i (tide_exec_run adds where to look for
+ * the cause: with work queued ahead it may be an earlier instruction). */
 static tide_status event_fail(tide_exec *ex, int i, const char *what, tide_status st) {
     const tide_ins *in = &ex->p->ins[i];
     char who[200];
@@ -747,9 +746,7 @@ static tide_status event_fail(tide_exec *ex, int i, const char *what, tide_statu
         snprintf(who, sizeof who, "%s, op %d", tide_op_name(ex->g->ops[in->op].kind), in->op);
     else
         snprintf(who, sizeof who, "%s '%s'", tide_ins_name(in->kind), in->tensor >= 0 ? tname(ex, in->tensor) : "?");
-    return tide_err(ex->ctx, st, "instruction %d (%s): %s: %s (device work is queued ahead: the failing "
-                    "operation may be an earlier one; TIDE_EXEC_SYNC=1 names it)", i, who, what,
-                    tide_ctx_last_error(ex->ctx));
+    return tide_err(ex->ctx, st, "instruction %d (%s): %s: %s", i, who, what, tide_ctx_last_error(ex->ctx));
 }
 
 /* One run of stream wa->stream's instructions. */
@@ -911,20 +908,20 @@ tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_sta
      * caller may reuse or free the memory it touches */
     tide_status sync_st = ex->be->vt->synchronize ? ex->be->vt->synchronize(ex->be) : TIDE_OK;
     double wall = tide_now() - ex->t0;
-    if (atomic_load(&ex->failed)) {
-        /* a device fault surfaces at whatever call comes next: with work
-         * queued ahead, that need not be the instruction that caused it */
-        bool hint = ex->async && ex->fail_status == TIDE_E_BACKEND && !strstr(ex->fail_msg, "TIDE_EXEC_SYNC");
-        return tide_err(ex->ctx, ex->fail_status ? ex->fail_status : TIDE_E_BACKEND, "%s%s", ex->fail_msg,
+    bool failed = atomic_load(&ex->failed);
+    if (failed || sync_st) {
+        /* the first worker failure, else the synchronize's. A device fault
+         * surfaces at whatever call comes next: with work queued ahead, that
+         * need not be the instruction that caused it */
+        char msg[TIDE_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", failed ? ex->fail_msg : tide_ctx_last_error(ex->ctx));
+        st = failed ? (ex->fail_status ? ex->fail_status : TIDE_E_BACKEND) : sync_st;
+        bool hint = ex->async && st == TIDE_E_BACKEND;
+        return tide_err(ex->ctx, st, "%s%s", msg,
                         hint ? " (device work was queued ahead: TIDE_EXEC_SYNC=1 names the failing instruction)"
                              : "");
     }
-    if (!st && sync_st && ex->async && sync_st != TIDE_E_RANGE)
-        st = tide_err(ex->ctx, sync_st, "%s (device work was queued ahead: TIDE_EXEC_SYNC=1 names the failing "
-                      "instruction)", tide_ctx_last_error(ex->ctx));
-    else if (!st) st = sync_st;
-    if (!st && timeline && ex->async) st = read_timeline(ex);
-    if (st) return st;
+    if (timeline && ex->async && (st = read_timeline(ex))) return st;
     if (stats) {
         stats->wall_s = wall;
         stats->bytes_h2d = ex->bytes[0];

@@ -286,28 +286,23 @@ typedef struct act_alloc {
     uint64_t top;
 } act_alloc;
 
-static int act_take(act_alloc *a, uint64_t size, uint64_t *off) {
+static uint64_t act_take(act_alloc *a, uint64_t size) {
     size = (size + ACT_ALIGN - 1) & ~(ACT_ALIGN - 1);
     int best = -1;
     for (int i = 0; i < a->n; i++)
         if (a->f[i].size >= size && (best < 0 || a->f[i].size < a->f[best].size)) best = i;
     if (best >= 0) {
-        *off = a->f[best].off;
+        uint64_t off = a->f[best].off;
         a->f[best].off += size;
         a->f[best].size -= size;
         if (!a->f[best].size) memmove(&a->f[best], &a->f[best + 1], (size_t)(--a->n - best) * sizeof *a->f);
-        return 0;
+        return off;
     }
     /* a free range ending at the top grows with it */
-    if (a->n && a->f[a->n - 1].off + a->f[a->n - 1].size == a->top) {
-        *off = a->f[a->n - 1].off;
-        a->top = *off + size;
-        a->n--;
-        return 0;
-    }
-    *off = a->top;
-    a->top += size;
-    return 0;
+    uint64_t off = a->top;
+    if (a->n && a->f[a->n - 1].off + a->f[a->n - 1].size == a->top) off = a->f[--a->n].off;
+    a->top = off + size;
+    return off;
 }
 
 static int act_give(act_alloc *a, uint64_t off, uint64_t size) {
@@ -339,15 +334,19 @@ static int act_give(act_alloc *a, uint64_t off, uint64_t size) {
  * use (outputs never). off[t] = UINT64_MAX for the rest. Returns the bytes
  * needed (the op scratch, shared by all ops, comes last), or 0 with a message
  * when out of memory. */
-static uint64_t layout_resident(tide_ctx *ctx, const tide_graph *g, int *last_use, uint64_t *off,
-                                uint64_t *scratch_off) {
+static uint64_t layout_resident(tide_ctx *ctx, const tide_graph *g, uint64_t *off, uint64_t *scratch_off) {
     act_alloc a = {0};
     int nt = g->n_tensors;
-    int fail = 0;
+    int *last_use = tide_malloc((size_t)(nt ? nt : 1) * sizeof *last_use);
+    int fail = !last_use;
     uint64_t scratch = 0;
     for (int t = 0; t < nt; t++) off[t] = UINT64_MAX;
+    for (int t = 0; t < nt && !fail; t++) last_use[t] = -1;
+    for (int i = 0; i < g->n_ops && !fail; i++)
+        for (int j = 0; j < g->ops[i].n_in + g->ops[i].n_out; j++)
+            last_use[j < g->ops[i].n_in ? g->ops[i].in[j] : g->ops[i].out[j - g->ops[i].n_in]] = i;
     for (int t = 0; t < nt && !fail; t++)
-        if (g->tensors[t].role == TIDE_ROLE_INPUT) fail = act_take(&a, g->tensors[t].nbytes, &off[t]);
+        if (g->tensors[t].role == TIDE_ROLE_INPUT) off[t] = act_take(&a, g->tensors[t].nbytes);
     for (int i = 0; i < g->n_ops && !fail; i++) {
         const tide_op *op = &g->ops[i];
         scratch = TIDE_MAX(scratch, op->scratch_bytes);
@@ -355,7 +354,7 @@ static uint64_t layout_resident(tide_ctx *ctx, const tide_graph *g, int *last_us
             int t = op->out[j];
             tide_role r = g->tensors[t].role;
             if (off[t] == UINT64_MAX && r != TIDE_ROLE_WEIGHT && r != TIDE_ROLE_STATE)
-                fail = act_take(&a, g->tensors[t].nbytes, &off[t]);
+                off[t] = act_take(&a, g->tensors[t].nbytes);
         }
         for (int j = 0; j < op->n_in + op->n_out && !fail; j++) {
             int t = j < op->n_in ? op->in[j] : op->out[j - op->n_in];
@@ -367,6 +366,7 @@ static uint64_t layout_resident(tide_ctx *ctx, const tide_graph *g, int *last_us
         }
     }
     tide_free(a.f);
+    tide_free(last_use);
     if (fail) {
         tide_err(ctx, TIDE_E_NOMEM, "out of memory laying out a graph's activations");
         return 0;
@@ -384,22 +384,15 @@ static tide_status run_resident(tide_model *m, tide_graph *g, const run_io *io) 
     tide_ctx *ctx = m->ctx;
     tide_backend *be = m->be;
     int nt = g->n_tensors;
-    int *last_use = tide_malloc((size_t)(nt ? nt : 1) * sizeof *last_use);
     uint64_t *off = tide_malloc((size_t)(nt ? nt : 1) * sizeof *off);
     void **ptr = tide_calloc((size_t)(nt ? nt : 1), sizeof *ptr);
     bool async = false;
     tide_status st = TIDE_OK;
-    if (!ptr || !last_use || !off) {
+    if (!ptr || !off) {
         st = tide_err(ctx, TIDE_E_NOMEM, "out of memory running a graph");
         goto done;
     }
-    for (int t = 0; t < nt; t++) last_use[t] = -1;
-    for (int i = 0; i < g->n_ops; i++) {
-        const tide_op *op = &g->ops[i];
-        for (int j = 0; j < op->n_in; j++) last_use[op->in[j]] = i;
-        for (int j = 0; j < op->n_out; j++) last_use[op->out[j]] = i;
-    }
-    uint64_t scratch_off = 0, need = layout_resident(ctx, g, last_use, off, &scratch_off);
+    uint64_t scratch_off = 0, need = layout_resident(ctx, g, off, &scratch_off);
     if (!need) {
         st = TIDE_E_NOMEM;
         goto done;
@@ -440,7 +433,7 @@ static tide_status run_resident(tide_model *m, tide_graph *g, const run_io *io) 
     }
     /* asynchronous from here: the inputs above were copied synchronously, so
      * the caller's buffers are free again */
-    if (!st && tide_model_async_issue(m)) {
+    if (!st && tide_async_issue(be)) {
         if ((st = be->vt->stream_begin(be, 0, true))) goto done;
         async = true;
     }
@@ -468,7 +461,6 @@ static tide_status run_resident(tide_model *m, tide_graph *g, const run_io *io) 
 done:
     tide_free(ptr);
     tide_free(off);
-    tide_free(last_use);
     return st;
 }
 

@@ -89,9 +89,9 @@ static inline bool tide_model_sync_issue(void) {
     const char *v = getenv("TIDE_EXEC_SYNC");
     return v && *v && strcmp(v, "0") != 0;
 }
-/* Whether runs on m's backend issue device work ahead (events). */
-static inline bool tide_model_async_issue(const tide_model *m) {
-    return tide_backend_has_events(m->be) && !tide_model_sync_issue();
+/* Whether runs on be issue device work ahead (events, TIDE_EXEC_SYNC unset). */
+static inline bool tide_async_issue(const tide_backend *be) {
+    return tide_backend_has_events(be) && !tide_model_sync_issue();
 }
 
 void tide_model_slot_clear(graph_slot *s);

@@ -317,7 +317,7 @@ static tide_status prepare(tide_model *m, graph_slot *s) {
     s->predicted_s = s->plan->stats.makespan_s;
     /* measured where it costs nothing (synchronous issue: host clocks), or
      * where asked for (timing events on a GPU) */
-    bool timed = m->off.timeline || !tide_model_async_issue(m);
+    bool timed = m->off.timeline || !tide_async_issue(m->be);
     if (timed) {
         s->timeline = tide_calloc((size_t)(s->plan->n_ins ? s->plan->n_ins : 1), sizeof *s->timeline);
         if (!s->timeline) return tide_err(ctx, TIDE_E_NOMEM, "out of memory for the timeline");
