@@ -52,7 +52,7 @@
  * and stay correct; a whole model (synthetic bf16 checkpoint) gives the CPU's
  * logits within 1e-4 of their scale, generates the same tokens twice, and an
  * offloaded run is bit-identical to the resident one on the same backend.
- * Backend selection: AUTO gives CUDA when it works, else the CPU; asking for
+ * Backend selection: AUTO gives CUDA when a GPU answers, else the CPU; asking for
  * CUDA without a GPU is TIDE_E_NO_DEVICE with a message, never a crash.
  * Matmul modes: AUTO is FAST on CUDA and F32 on the CPU, which refuses FAST.
  *
@@ -439,11 +439,15 @@ static void test_rmsnorm(void **state) {
  * result is the block at (row0, col0) of a pre-filled (Ro, No) output that is
  * also the op's last input, and every element outside the block must keep its
  * pre-filled bits. no_scratch removes the op's scratch (both backends then
- * take their fused, scratch-free path). rtol 0 means 2e-5 (see the top). */
+ * take their fused, scratch-free path); scratch > 0 shrinks it to that many
+ * bytes (weights converted in more blocks; in CUDA's fast mode, activations
+ * rounded and multiplied in chunks of rows). rtol 0 means 2e-5 (see the
+ * top). */
 typedef struct mm_case {
     tide_dtype dt;
     int64_t R, K, N;
     bool no_scratch;
+    uint64_t scratch;
     int64_t Ro, No, row0, col0;
     double rtol;
     const char *mode; /* printed before the case ("fast"), or NULL */
@@ -454,9 +458,11 @@ static void matmul_case(const mm_case *m) {
     char what[96], tile[48] = "";
     if (m->Ro) snprintf(tile, sizeof tile, " at (%lld,%lld) of (%lld,%lld)", (long long)m->row0,
                         (long long)m->col0, (long long)Ro, (long long)No);
-    snprintf(what, sizeof what, "%s%s%s R=%lld K=%lld N=%lld%s%s", m->mode ? m->mode : "", m->mode ? " " : "",
+    char scr[40] = "";
+    if (m->scratch) snprintf(scr, sizeof scr, " scratch %llu", (unsigned long long)m->scratch);
+    snprintf(what, sizeof what, "%s%s%s R=%lld K=%lld N=%lld%s%s%s", m->mode ? m->mode : "", m->mode ? " " : "",
              tide_dtype_name(m->dt), (long long)R, (long long)K, (long long)N, tile,
-             m->no_scratch ? " no scratch" : "");
+             m->no_scratch ? " no scratch" : "", scr);
     tcase c;
     tc_open(&c, what);
     int x = tc_tensor(&c, "x", TIDE_F32, TIDE_ROLE_INPUT, R, K, 0, 1);
@@ -465,6 +471,10 @@ static void matmul_case(const mm_case *m) {
     int in[3] = {x, w, o};
     tc_op(&c, TIDE_OP_MATMUL, m->Ro ? 3 : 2, in, 1, &o, &(tide_op_params){.row0 = m->row0, .col0 = m->col0});
     if (m->no_scratch) c.g->ops[c.op].scratch_bytes = 0;
+    if (m->scratch) {
+        assert_true(m->scratch <= c.g->ops[c.op].scratch_bytes);
+        c.g->ops[c.op].scratch_bytes = m->scratch;
+    }
     /* scale = sum_k |x_rk| |w_nk| over the weights' exact f32 values in the
      * block, 0 (exact bits) outside it */
     float *wf = malloc((size_t)(N * K) * sizeof(float));
@@ -512,6 +522,8 @@ static void test_matmul(void **state) {
     matmul_case(&(mm_case){.dt = TIDE_BF16, .R = 17, .K = 4096, .N = 1100});
     matmul_case(&(mm_case){.dt = TIDE_F16, .R = 20, .K = 96, .N = 70, .no_scratch = true});
     matmul_case(&(mm_case){.dt = TIDE_BF16, .R = 20, .K = 96, .N = 70, .no_scratch = true});
+    /* scratch for 9 weight rows: 8 blocks of rows of w (9 x 7, 7) */
+    matmul_case(&(mm_case){.dt = TIDE_BF16, .R = 20, .K = 96, .N = 70, .scratch = 9 * 96 * 4});
 }
 
 /* The fast matmul mode of the backends that have one (CUDA): activations are
@@ -555,6 +567,11 @@ static void test_matmul_fast(void **state) {
                                    .rtol = rtol, .mode = "fast"});
         matmul_case(&(mm_case){.dt = wdts[d], .R = 20, .K = 300, .N = 70, .Ro = 45, .No = 200, .row0 = 25,
                                .col0 = 130, .rtol = rtol, .mode = "fast"});
+        /* scratch for 7 rows: 6 chunks of rows (7, 7, 7, 7, 7, 5), into a block of a wider output */
+        matmul_case(&(mm_case){.dt = wdts[d], .R = 40, .K = 300, .N = 70, .scratch = 7 * 300 * 2, .rtol = rtol,
+                               .mode = "fast"});
+        matmul_case(&(mm_case){.dt = wdts[d], .R = 40, .K = 300, .N = 70, .Ro = 50, .No = 90, .row0 = 3,
+                               .col0 = 11, .scratch = 7 * 300 * 2, .rtol = rtol, .mode = "fast"});
     }
 }
 

@@ -1,9 +1,14 @@
 /*
  * backend.c - backend selection at run time: one binary runs with or without a
  * GPU. AUTO takes CUDA when the build has it and a GPU answers, else the CPU.
+ * A GPU that answers but cannot be used (no kernels for its architecture, no
+ * memory left for the backend's streams, a driver error) is an error under
+ * AUTO too, naming the cause: falling back to the CPU would leave a user
+ * who has a GPU running hundreds of times slower without knowing why.
  */
 #include "backend/backend.h"
 
+#include <stdio.h>
 #include <string.h>
 
 tide_status tide_backend_new(tide_ctx *ctx, tide_backend_kind kind, tide_backend **out) {
@@ -11,8 +16,16 @@ tide_status tide_backend_new(tide_ctx *ctx, tide_backend_kind kind, tide_backend
     switch (kind) {
     case TIDE_BACKEND_AUTO:
 #ifdef TIDE_HAVE_CUDA
-        if (tide_cuda_backend_new(ctx, out) == TIDE_OK) return TIDE_OK;
+    {
+        tide_status st = tide_cuda_backend_new(ctx, out);
+        if (st == TIDE_OK) return TIDE_OK;
+        if (st != TIDE_E_NO_DEVICE) {
+            char why[TIDE_ERRMSG_MAX];
+            snprintf(why, sizeof why, "%s", tide_ctx_last_error(ctx));
+            return tide_err(ctx, st, "%s; the GPU is present but unusable (the cpu backend runs without it)", why);
+        }
         tide_err_clear(ctx);
+    }
 #endif
         return tide_cpu_backend_new(ctx, out);
     case TIDE_BACKEND_CPU:

@@ -72,6 +72,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <random>
 #include <string>
 #include <tuple>
@@ -554,12 +556,16 @@ struct Buffer {
         } else {
             p = lo + off;
         }
+        std::lock_guard<std::mutex> g(registry_mu());
         registry().push_back(this);
     }
     ~Buffer() {
         check();
-        auto &r = registry();
-        r.erase(std::find(r.begin(), r.end(), this));
+        {
+            std::lock_guard<std::mutex> g(registry_mu());
+            auto &r = registry();
+            r.erase(std::find(r.begin(), r.end(), this));
+        }
         munmap(map, maplen);
     }
     /* Out-of-bounds writes: the canary around the buffer must be intact. */
@@ -579,8 +585,13 @@ struct Buffer {
         static std::vector<Buffer *> r;
         return r;
     }
+    static std::mutex &registry_mu() {
+        static std::mutex m;
+        return m;
+    }
     /* The buffer holding [q, q + n), or null. */
     static const Buffer *find(const void *q, size_t n) {
+        std::lock_guard<std::mutex> g(registry_mu());
         for (Buffer *b : registry())
             if ((const char *)q >= b->p && (const char *)q + n <= b->p + b->bytes) return b;
         return nullptr;
@@ -621,9 +632,32 @@ inline void install_fault_handler() {
 #endif
 }
 
+/* ---------------------------------------------------------------- streams */
+
+/* Where the launchers' work goes. Unset (test_cuda_emu), a launch, copy or
+ * memset runs at once on the calling thread. Set (the emulated CUDA runtime
+ * of tests/emu/cuda_rt_emu.cpp), the call is checked at once as the real
+ * runtime checks it, and the work is queued on its stream and run later by
+ * the emulated device's thread: `enqueue` (kernel: the work is a launch)
+ * returns the sticky error of a failed device (the work is then dropped) or
+ * cudaSuccess; `is_device` says
+ * whether [p, p + n) lies inside one device allocation. */
+struct StreamHooks {
+    cudaError_t (*enqueue)(cudaStream_t s, std::function<void()> &&work, bool kernel) = nullptr;
+    bool (*is_device)(const void *p, size_t n) = nullptr;
+    cudaError_t (*synchronize)(cudaStream_t s) = nullptr;
+};
+inline StreamHooks hooks;
+/* Serializes what launchers do on the host (launch checks, statistics,
+ * opt-ins) when several host threads launch at once (hooks set). */
+inline std::mutex host_mu;
+
+inline bool is_device_range(const void *p, size_t n) { return hooks.is_device ? hooks.is_device(p, n) : Buffer::find(p, n) != nullptr; }
+
 /* ---------------------------------------------------------------- runtime API */
 
-inline cudaError_t last_error = cudaSuccess;
+/* Per host thread, as the runtime's. */
+inline thread_local cudaError_t last_error = cudaSuccess;
 
 inline cudaError_t cudaGetLastError() {
     cudaError_t e = last_error;
@@ -631,15 +665,26 @@ inline cudaError_t cudaGetLastError() {
     return e;
 }
 inline cudaError_t cudaPeekAtLastError() { return last_error; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { return hooks.synchronize ? hooks.synchronize(s) : cudaSuccess; }
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+
+/* Runs work now, or queues it on s (hooks set); the status of queueing. */
+inline cudaError_t run_or_queue(cudaStream_t s, std::function<void()> &&work, bool kernel = false) {
+    if (!hooks.enqueue) {
+        work();
+        return cudaSuccess;
+    }
+    cudaError_t e = hooks.enqueue(s, std::move(work), kernel);
+    if (e != cudaSuccess) last_error = e;
+    return e;
+}
 
 /* Device-to-device copies and memsets must stay inside one device buffer
  * (emu::Buffer), as an out-of-range one would fault; copies between
  * overlapping ranges are undefined in CUDA and refused here. */
-inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t = nullptr) {
+inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s = nullptr) {
     if (n == 0) return cudaSuccess;
-    bool dd = Buffer::find(dst, n), sd = Buffer::find(src, n);
+    bool dd = is_device_range(dst, n), sd = is_device_range(src, n);
     bool ok = kind == cudaMemcpyDeviceToDevice ? dd && sd
               : kind == cudaMemcpyHostToDevice ? dd
               : kind == cudaMemcpyDeviceToHost ? sd
@@ -647,16 +692,14 @@ inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMem
     if (!ok) die("cudaMemcpyAsync of %zu bytes (kind %d): a pointer is not in a device buffer of that size", n, kind);
     if ((const char *)dst < (const char *)src + n && (const char *)src < (const char *)dst + n)
         die("cudaMemcpyAsync between overlapping ranges");
-    memcpy(dst, src, n);
-    return cudaSuccess;
+    return run_or_queue(s, [=] { memcpy(dst, src, n); });
 }
 inline cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
     return cudaMemcpyAsync(dst, src, n, kind);
 }
-inline cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t = nullptr) {
-    if (n && !Buffer::find(dst, n)) die("cudaMemsetAsync of %zu bytes outside any device buffer", n);
-    memset(dst, v, n);
-    return cudaSuccess;
+inline cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s = nullptr) {
+    if (n && !is_device_range(dst, n)) die("cudaMemsetAsync of %zu bytes outside any device buffer", n);
+    return run_or_queue(s, [=] { memset(dst, v, n); });
 }
 inline cudaError_t cudaMemset(void *dst, int v, size_t n) { return cudaMemsetAsync(dst, v, n); }
 
@@ -670,6 +713,7 @@ inline std::vector<FuncAttr> func_attrs;
  * limit (optin_limit), as cudaFuncSetAttribute does. */
 template <class F> inline cudaError_t cudaFuncSetAttribute(F *k, cudaFuncAttribute attr, int v) {
     if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+    std::lock_guard<std::mutex> g(host_mu);
     if (v < 0 || (size_t)v > optin_limit) return cudaErrorInvalidValue;
     for (FuncAttr &a : func_attrs)
         if (a.k == (const void *)k) return a.max_dyn = v, cudaSuccess;
@@ -695,6 +739,7 @@ inline const char *cudaGetErrorString(cudaError_t e) {
 struct LaunchCfg {
     unsigned long long grid, block;
     size_t smem;
+    cudaStream_t stream;
 };
 inline unsigned long long dim_of(unsigned long long v) { return v; }
 inline unsigned long long dim_of(dim3 d) {
@@ -702,8 +747,8 @@ inline unsigned long long dim_of(dim3 d) {
     return d.x;
 }
 template <class G, class B>
-inline LaunchCfg emu_cfg(G g, B b, size_t smem = 0, cudaStream_t = nullptr) {
-    return LaunchCfg{dim_of(g), dim_of(b), smem};
+inline LaunchCfg emu_cfg(G g, B b, size_t smem = 0, cudaStream_t s = nullptr) {
+    return LaunchCfg{dim_of(g), dim_of(b), smem, s};
 }
 
 /* Per kernel (instantiation) launched or tried: what ran. */
@@ -807,11 +852,45 @@ inline void deadlock() {
         bar_name(blk.bar_kind), done, warp);
 }
 
-/* kernel<<<cfg>>>(args...) */
+/* Runs the grid of a launch that passed its checks. */
+template <auto K, class Tup> inline void run_grid(const LaunchCfg &c, size_t smem_limit, Tup &args) {
+    const char *name = kernel_name<K>();
+    install_fault_handler();
+    Buffer dyn(c.smem, 0, "dynamic shared memory");
+    dyn_smem = dyn.p;
+    body_fn = trampoline<K, Tup>;
+    body_arg = &args;
+    blockDim = dim3((unsigned)c.block);
+    gridDim = dim3((unsigned)c.grid);
+    cur_kernel = name;
+    std::mt19937_64 rng(sched.seed);
+    std::vector<unsigned> order;
+    if (sched.order == 2) {
+        order.resize(c.grid);
+        for (unsigned i = 0; i < c.grid; i++) order[i] = i;
+        std::shuffle(order.begin(), order.end(), rng);
+    }
+    for (unsigned long long i = 0; i < c.grid; i++) {
+        unsigned b = sched.order == 0 ? (unsigned)i : sched.order == 1 ? (unsigned)(c.grid - 1 - i) : order[i];
+        blockIdx.x = cur_block = b;
+        memset(dyn.p, sched.poison, c.smem);
+        shared_static_bytes = 0;
+        run_block((int)c.block, rng);
+        if (i == 0 && shared_static_bytes + c.smem > smem_limit)
+            die("%zu bytes of static and %zu of dynamic shared memory exceed the %zu a block may use",
+                shared_static_bytes, c.smem, smem_limit);
+    }
+    cur_kernel = nullptr;
+    dyn_smem = nullptr;
+}
+
+/* kernel<<<cfg>>>(args...): checked now; run now, or queued on the stream
+ * (hooks set). */
 template <auto K, class... A> inline void emu_launch(LaunchCfg c, A... a) {
     using Tup = typename kernel_args<decltype(K)>::tuple;
     const void *kp = (const void *)K;
     const char *name = kernel_name<K>();
+    std::unique_lock<std::mutex> g(host_mu);
     launch_log.push_back(kp);
     KernelStat *ks = nullptr;
     for (KernelStat &s : kernel_stats)
@@ -840,34 +919,13 @@ template <auto K, class... A> inline void emu_launch(LaunchCfg c, A... a) {
     ks->launches++;
     ks->blocks += (long long)c.grid;
     ks->threads += (long long)(c.grid * c.block);
-
-    install_fault_handler();
-    Buffer dyn(c.smem, 0, "dynamic shared memory");
-    dyn_smem = dyn.p;
-    body_fn = trampoline<K, Tup>;
-    body_arg = &args;
-    blockDim = dim3((unsigned)c.block);
-    gridDim = dim3((unsigned)c.grid);
-    cur_kernel = name;
-    std::mt19937_64 rng(sched.seed);
-    std::vector<unsigned> order;
-    if (sched.order == 2) {
-        order.resize(c.grid);
-        for (unsigned i = 0; i < c.grid; i++) order[i] = i;
-        std::shuffle(order.begin(), order.end(), rng);
+    g.unlock();
+    if (!hooks.enqueue) {
+        run_grid<K>(c, smem_limit, args);
+        return;
     }
-    for (unsigned long long i = 0; i < c.grid; i++) {
-        unsigned b = sched.order == 0 ? (unsigned)i : sched.order == 1 ? (unsigned)(c.grid - 1 - i) : order[i];
-        blockIdx.x = cur_block = b;
-        memset(dyn.p, sched.poison, c.smem);
-        shared_static_bytes = 0;
-        run_block((int)c.block, rng);
-        if (i == 0 && shared_static_bytes + c.smem > smem_limit)
-            die("%zu bytes of static and %zu of dynamic shared memory exceed the %zu a block may use",
-                shared_static_bytes, c.smem, smem_limit);
-    }
-    cur_kernel = nullptr;
-    dyn_smem = nullptr;
+    run_or_queue(
+        c.stream, [c, smem_limit, args]() mutable { run_grid<K>(c, smem_limit, args); }, true);
 }
 
 /* ---------------------------------------------------------------- math */

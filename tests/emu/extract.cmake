@@ -9,7 +9,9 @@
 #   - #include lines are emptied: the test includes the backend's headers and
 #     the emulation's CUDA definitions itself, outside the namespace;
 #   - extern "C" is dropped: the launchers become emu::tcu_*, C++ functions
-#     that cannot clash with the real ones of a CUDA build of libtide;
+#     that cannot clash with the real ones of a CUDA build of libtide
+#     (-DKEEP_C=ON keeps it: the emulated CUDA runtime's library, which has
+#     no real ones, exports the launchers to the backend's C code);
 #   - k<<<grid, block, smem, stream>>>(args) becomes
 #     emu_launch<&k>(emu_cfg(grid, block, smem, stream), args);
 #   - extern __shared__ T name[]; becomes a pointer to the launch's dynamic
@@ -48,7 +50,9 @@ endif()
 
 # Includes (the first line included), keeping the line count.
 string(REGEX REPLACE "(^|\n)#[ \t]*include[^\n]*" "\\1" text "${text}")
-string(REPLACE "extern \"C\" " "" text "${text}")
+if(NOT KEEP_C)
+  string(REPLACE "extern \"C\" " "" text "${text}")
+endif()
 
 # Grid caps.
 string(REGEX REPLACE "#define (${name}_MAX_GRID)[ \t]+([^\n]*)" "#define \\1 emu_grid_cap(\\2)" text "${text}")

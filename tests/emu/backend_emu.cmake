@@ -1,0 +1,85 @@
+# backend_emu.cmake - the whole CUDA backend on an emulated GPU, so that CI
+# (no GPU) runs src/backend/cuda/cuda_backend.c and everything above it.
+# Included by the top CMakeLists.txt in its tests section, after emu.cmake.
+#
+#   tide_cudaemu         the library again (every source of `tide`), plus the
+#                        CUDA backend built against the toolkit's headers, its
+#                        kernels on the host emulation (cuda_kern_emu.cpp) and
+#                        an emulated CUDA runtime and cuBLAS (cuda_rt_emu.cpp)
+#                        in place of libcudart and libcublas;
+#   tide-cudaemu         the command-line tool on it;
+#   test_backends_cudaemu  tests/test_backends.c on it: every op on "cuda"
+#                        against the CPU, models offloaded and resident;
+#   cli_cuda_emu         tests/emu/cli_cuda_emu.sh: `tide run` and `tide probe`
+#                        on the emulated GPU, and its failures.
+#
+# Needs a C++17 compiler and the CUDA toolkit's headers (not nvcc, not a GPU).
+# Not under ThreadSanitizer: the emulation switches stacks (emu.cmake).
+
+if(NOT CMAKE_CXX_COMPILER OR TIDE_SANITIZE STREQUAL "thread")
+  return()
+endif()
+find_package(CUDAToolkit QUIET)
+if(NOT CUDAToolkit_FOUND OR NOT EXISTS "${CUDAToolkit_INCLUDE_DIRS}/cublas_v2.h")
+  message(STATUS "tide: no CUDA toolkit headers: the CUDA backend's emulated-GPU tests are not built")
+  return()
+endif()
+
+set(_emu_dir ${CMAKE_CURRENT_LIST_DIR})
+set(_emu_gen ${CMAKE_CURRENT_BINARY_DIR}/emu_c)
+set(_emu_inc "")
+foreach(f cuda_kernels cuda_gemm)
+  add_custom_command(
+    OUTPUT ${_emu_gen}/${f}.inc
+    COMMAND ${CMAKE_COMMAND} -DSRC=${PROJECT_SOURCE_DIR}/src/backend/cuda/${f}.cu -DOUT=${_emu_gen}/${f}.inc
+            -DKEEP_C=ON -P ${_emu_dir}/extract.cmake
+    DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/cuda/${f}.cu ${_emu_dir}/extract.cmake
+    COMMENT "Rewriting ${f}.cu for the emulated GPU"
+    VERBATIM)
+  list(APPEND _emu_inc ${_emu_gen}/${f}.inc)
+endforeach()
+
+# The kernels: against the stub runtime header (tests/emu/stub), never the
+# toolkit's, whose types the emulation defines differently.
+add_library(tide_cudaemu_kern OBJECT ${_emu_dir}/cuda_kern_emu.cpp ${_emu_inc})
+target_include_directories(tide_cudaemu_kern BEFORE PRIVATE ${_emu_dir}/stub ${_emu_gen} ${_emu_dir}
+                                                             ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
+# The emulated runtime: against the toolkit's headers, so that its functions
+# have the signatures and symbol names the backend was compiled against.
+add_library(tide_cudaemu_rt OBJECT ${_emu_dir}/cuda_rt_emu.cpp)
+target_include_directories(tide_cudaemu_rt PRIVATE ${_emu_dir} ${CUDAToolkit_INCLUDE_DIRS})
+foreach(t tide_cudaemu_kern tide_cudaemu_rt)
+  set_target_properties(${t} PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
+  target_compile_options(${t} PRIVATE -ffp-contract=off -Wno-unknown-pragmas)
+  if(TIDE_SANITIZE STREQUAL "address")
+    target_compile_options(${t} PRIVATE -fno-sanitize-recover=undefined)
+  endif()
+endforeach()
+
+add_library(tide_cudaemu STATIC ${TIDE_LIB_SRC} ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_backend.c
+            ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_file.c
+            $<TARGET_OBJECTS:tide_cudaemu_kern> $<TARGET_OBJECTS:tide_cudaemu_rt>)
+target_include_directories(tide_cudaemu PUBLIC ${PROJECT_SOURCE_DIR}/include
+                                        PRIVATE ${PROJECT_SOURCE_DIR}/src ${CUDAToolkit_INCLUDE_DIRS})
+target_compile_definitions(tide_cudaemu PRIVATE TIDE_DATA_DIR="${PROJECT_SOURCE_DIR}/data"
+                                        PUBLIC TIDE_HAVE_CUDA=1)
+target_link_libraries(tide_cudaemu PUBLIC PkgConfig::CJSON PkgConfig::URING PkgConfig::OPENBLAS
+                                          OpenMP::OpenMP_C Threads::Threads m stdc++)
+
+add_executable(tide-cudaemu ${TIDE_CLI_SRC})
+target_include_directories(tide-cudaemu PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(tide-cudaemu PRIVATE tide_cudaemu)
+
+add_executable(test_backends_cudaemu ${PROJECT_SOURCE_DIR}/tests/test_backends.c)
+target_include_directories(test_backends_cudaemu PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+target_compile_definitions(test_backends_cudaemu PRIVATE TIDE_DATA_PATH="${PROJECT_SOURCE_DIR}/data")
+target_link_libraries(test_backends_cudaemu PRIVATE tide_cudaemu PkgConfig::CMOCKA)
+add_test(NAME test_backends_cudaemu COMMAND test_backends_cudaemu)
+set_tests_properties(test_backends_cudaemu PROPERTIES
+  ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures;TIDE_DATA=${PROJECT_SOURCE_DIR}/data"
+  TIMEOUT 900 COST 30)
+
+add_test(NAME cli_cuda_emu COMMAND bash ${_emu_dir}/cli_cuda_emu.sh $<TARGET_FILE:tide-cudaemu>)
+set_tests_properties(cli_cuda_emu PROPERTIES
+  ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures;TIDE_DATA=${PROJECT_SOURCE_DIR}/data"
+  TIMEOUT 900 COST 20)

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# cli_cuda_emu.sh - `tide run` on the CUDA backend with an emulated GPU
+# (tide-cudaemu, tests/emu/backend_emu.cmake): the GPU's paths end to end
+# (asynchronous issue, pinned weights, the double-buffered SSD bounce buffer,
+# timing events, --budget auto from the device's free memory), offloaded runs
+# checked bit for bit, and the failures a GPU can have: no driver, no device,
+# a device that answers but cannot be used, device memory refused, pinning
+# refused, a kernel that faults.
+source "$(dirname "$0")/../lib_cli.sh" "$1"
+: "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
+FX=$TIDE_FIXTURES/tiny-bf16-gqa
+# No probe of the emulated device (its llama-7b-sized matmuls would take
+# minutes here): plans use a shipped profile.
+HW=(--hw h100-80g)
+
+expect 0 "make-model" -- "$TIDE" make-model --config "$FX/config.json" --layers 4 --seed 3 "$TMP/m"
+
+expect 0 "resident run on the GPU" -- "$TIDE" run --model "$TMP/m" --new-tokens 3 --backend cuda --json
+contains "$TMP/out" '"backend":"cuda"' "runs on cuda"
+contains "$TMP/out" '"async_issue":true' "device work queued ahead, ordered by events"
+
+mkdir -p "$TMP/spill"
+for p in tide static-layer lru; do
+    expect 0 "offloaded at 75%, $p, checked" -- "$TIDE" run --model "$TMP/m" --new-tokens 3 --budget 75% \
+        --policy $p --check --json --ssd "$TMP/spill" "${HW[@]}"
+    contains "$TMP/out" '"check_passed":true' "$p: bit-identical to the unconstrained run on the GPU"
+    contains "$TMP/out" '"async_issue":true' "$p: asynchronous issue"
+done
+grep -o '"pinned_weight_bytes":[0-9]*' "$TMP/out" >"$TMP/pinned"
+if grep -q '"pinned_weight_bytes":0$' "$TMP/pinned" || [ ! -s "$TMP/pinned" ]; then
+    echo "FAIL: weights not pinned on the GPU by default: $(cat "$TMP/pinned")"; FAILS=$((FAILS + 1))
+else PASSES=$((PASSES + 1)); fi
+
+expect 0 "minimum budget, weights on SSD through the bounce buffer, traced" -- "$TIDE" run --model "$TMP/m" \
+    --new-tokens 2 --budget min --weights-on-ssd --check --ssd "$TMP/spill" --trace "$TMP/t.json" "${HW[@]}"
+contains "$TMP/out" "check      passed" "SSD-homed weights: check passes"
+contains "$TMP/t.json" '"device bytes"' "trace from the GPU's timing events"
+expect 0 "the same with the pread pool and --direct-storage (no cuFile here: a notice)" -- "$TIDE" run \
+    --model "$TMP/m" --new-tokens 2 --budget min --weights-on-ssd --pread --direct-storage --check \
+    --ssd "$TMP/spill" "${HW[@]}"
+contains "$TMP/out" "check      passed" "pread pool: check passes"
+if [ -z "$(ls -A "$TMP/spill")" ]; then PASSES=$((PASSES + 1)); else
+    echo "FAIL: spill directory not empty: $(ls "$TMP/spill")"; FAILS=$((FAILS + 1)); fi
+
+TIDE_EXEC_SYNC=1 expect 0 "synchronous issue (TIDE_EXEC_SYNC=1), checked" -- "$TIDE" run --model "$TMP/m" \
+    --new-tokens 2 --budget 25% --check "${HW[@]}"
+contains "$TMP/out" "synchronous issue" "summary says synchronous"
+contains "$TMP/out" "check      passed" "synchronous issue: check passes"
+expect 0 "exact f32 matmul mode, checked" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --budget 25% \
+    --matmul f32 --check "${HW[@]}"
+contains "$TMP/out" "matmul f32" "summary names the matmul mode"
+expect 0 "--budget auto from the device's free memory" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 \
+    --budget auto --json "${HW[@]}"
+json_field "$TMP/out" budget_bytes
+TIDE_EMU_MEM=$((64 << 20)) expect 1 "--budget auto on a device with less free memory than the margin" -- \
+    "$TIDE" run --model "$TMP/m" --new-tokens 2 --budget auto "${HW[@]}"
+contains "$TMP/err" "margin" "message names the margin"
+
+# no GPU: auto takes the CPU, cuda is an error naming the cause
+for e in 35 100; do
+    TIDE_EMU_GPU=$e expect 0 "no GPU (error $e): auto runs on the CPU" -- "$TIDE" run --model "$TMP/m" \
+        --new-tokens 2 --json
+    contains "$TMP/out" '"backend":"cpu"' "error $e: cpu backend"
+    TIDE_EMU_GPU=$e expect 1 "no GPU (error $e): --backend cuda fails" -- "$TIDE" run --model "$TMP/m" \
+        --new-tokens 2 --backend cuda
+    contains "$TMP/err" "no CUDA device" "error $e: message names the cause"
+    contains "$TMP/err" "error $e" "error $e: message has the error number"
+done
+
+# a GPU that answers but cannot be used: an error under auto too
+TIDE_EMU_FAIL=malloc:1 expect 1 "GPU present, backend set-up fails" -- "$TIDE" run --model "$TMP/m" --new-tokens 2
+contains "$TMP/err" "out of memory" "set-up failure names the cause"
+contains "$TMP/err" "present but unusable" "set-up failure says the GPU is there"
+# the device arena refused (the backend makes 9 allocations, the arena is the 10th)
+TIDE_EMU_FAIL=malloc:10 expect 1 "device arena refused" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 \
+    --budget 50% "${HW[@]}"
+contains "$TMP/err" "device arena" "arena failure names the arena"
+contains "$TMP/err" "out of device memory" "arena failure names the cause"
+# pinning refused: the weights stay pageable, the run goes on and says so
+TIDE_EMU_FAIL=hostreg:1 expect 0 "pinning refused" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --budget 50% \
+    --check "${HW[@]}"
+contains "$TMP/err" "pinned allocation was refused" "notice says pinning was refused"
+contains "$TMP/out" "check      passed" "pinning refused: check passes"
+# a kernel faults mid-run: a clear error, no crash, whether issued ahead or not
+TIDE_EMU_FAIL=kernel:40 expect 1 "kernel fault, asynchronous issue" -- "$TIDE" run --model "$TMP/m" \
+    --new-tokens 2 --budget 50% "${HW[@]}"
+contains "$TMP/err" "unspecified launch failure" "fault named"
+contains "$TMP/err" "TIDE_EXEC_SYNC=1" "asynchronous failure says how to name the instruction"
+TIDE_EXEC_SYNC=1 TIDE_EMU_FAIL=kernel:40 expect 1 "kernel fault, synchronous issue" -- "$TIDE" run \
+    --model "$TMP/m" --new-tokens 2 --budget 50% "${HW[@]}"
+contains "$TMP/err" "unspecified launch failure" "fault named (synchronous)"
+TIDE_EMU_FAIL=kernel:40 expect 1 "kernel fault, resident run" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 \
+    --backend cuda
+contains "$TMP/err" "unspecified launch failure" "fault named (resident)"
+
+finish
