@@ -10,8 +10,12 @@
 #   tide-cudaemu         the command-line tool on it;
 #   test_backends_cudaemu  tests/test_backends.c on it: every op on "cuda"
 #                        against the CPU, models offloaded and resident;
-#   cli_cuda_emu         tests/emu/cli_cuda_emu.sh: `tide run` and `tide probe`
-#                        on the emulated GPU, and its failures.
+#   cli_cuda_emu         tests/emu/cli_cuda_emu.sh: `tide run` on the emulated
+#                        GPU, and its failures;
+#   bench_gpu_offload_cudaemu  (with the benchmarks) bench/gpu_offload.c on it,
+#                        on a 4-layer tiny model: the GPU benchmark's own code
+#                        (timing events, link busy times, plain-copy baseline,
+#                        bit-for-bit checks) runs before a GPU session needs it.
 #
 # Needs a C++17 compiler and the CUDA toolkit's headers (not nvcc, not a GPU).
 # Not under ThreadSanitizer: the emulation switches stacks (emu.cmake).
@@ -83,3 +87,15 @@ add_test(NAME cli_cuda_emu COMMAND bash ${_emu_dir}/cli_cuda_emu.sh $<TARGET_FIL
 set_tests_properties(cli_cuda_emu PROPERTIES
   ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures;TIDE_DATA=${PROJECT_SOURCE_DIR}/data"
   TIMEOUT 900 COST 20)
+
+if(TIDE_BUILD_BENCH)
+  add_executable(bench_gpu_offload_cudaemu ${PROJECT_SOURCE_DIR}/bench/gpu_offload.c)
+  target_include_directories(bench_gpu_offload_cudaemu PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(bench_gpu_offload_cudaemu PRIVATE tide_cudaemu)
+  # The model is generated into the build tree on the first run and kept.
+  add_test(NAME bench_gpu_offload_cudaemu
+           COMMAND bench_gpu_offload_cudaemu --config ${PROJECT_SOURCE_DIR}/tests/fixtures/tiny-bf16-gqa/config.json
+                   --layers 4 --seq 64 --reps 1 --hw h100-80g ${CMAKE_CURRENT_BINARY_DIR}/emu_bench_model)
+  set_tests_properties(bench_gpu_offload_cudaemu PROPERTIES
+    ENVIRONMENT "TIDE_DATA=${PROJECT_SOURCE_DIR}/data" TIMEOUT 600 COST 10)
+endif()
