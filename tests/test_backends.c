@@ -1497,7 +1497,10 @@ static void close_backends(void) {
     tide_ctx_free(queued.ctx);
 }
 
-int main(void) {
+/* argv[1], if given, runs only the cases whose names match it (cmocka's
+ * pattern: * and ? wildcards), e.g. "test_take_last*". */
+int main(int argc, char **argv) {
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
     if (open_backends()) {
         fprintf(stderr, "cannot create the cpu backends\n");
         return 1;

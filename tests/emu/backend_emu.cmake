@@ -9,7 +9,9 @@
 #                        in place of libcudart and libcublas;
 #   tide-cudaemu         the command-line tool on it;
 #   test_backends_cudaemu  tests/test_backends.c on it: every op on "cuda"
-#                        against the CPU, models offloaded and resident;
+#                        against the CPU, models offloaded and resident (and
+#                        its take_last cases again on a device with a small
+#                        2-D copy pitch limit);
 #   cli_cuda_emu         tests/emu/cli_cuda_emu.sh: `tide run` on the emulated
 #                        GPU, and its failures;
 #   bench_gpu_offload_cudaemu  (with the benchmarks) bench/gpu_offload.c on it,
@@ -82,6 +84,12 @@ add_test(NAME test_backends_cudaemu COMMAND test_backends_cudaemu)
 set_tests_properties(test_backends_cudaemu PROPERTIES
   ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures;TIDE_DATA=${PROJECT_SOURCE_DIR}/data"
   TIMEOUT 900 COST 30)
+
+# A device whose largest 2-D copy pitch (memPitch) is below the test's rows:
+# TAKE_LAST's path for sequences longer than that.
+add_test(NAME test_backends_cudaemu_pitch COMMAND test_backends_cudaemu "test_take_last*")
+set_tests_properties(test_backends_cudaemu_pitch PROPERTIES
+  ENVIRONMENT "TIDE_EMU_MEM_PITCH=64;TIDE_DATA=${PROJECT_SOURCE_DIR}/data" TIMEOUT 300)
 
 add_test(NAME cli_cuda_emu COMMAND bash ${_emu_dir}/cli_cuda_emu.sh $<TARGET_FILE:tide-cudaemu>)
 set_tests_properties(cli_cuda_emu PROPERTIES

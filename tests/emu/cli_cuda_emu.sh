@@ -56,6 +56,16 @@ TIDE_EMU_MEM=$((64 << 20)) expect 1 "--budget auto on a device with less free me
     "$TIDE" run --model "$TMP/m" --new-tokens 2 --budget auto "${HW[@]}"
 contains "$TMP/err" "margin" "message names the margin"
 
+# a device whose largest 2-D copy pitch is below a sequence's rows: take_last
+# copies sequence by sequence, to the same tokens
+expect 0 "take_last with the device's usual pitch limit" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 \
+    --backend cuda --json
+grep -o '"tokens":\[[0-9,]*\]' "$TMP/out" >"$TMP/tokens.want"
+TIDE_EMU_MEM_PITCH=1024 expect 0 "take_last past the device's pitch limit" -- "$TIDE" run --model "$TMP/m" \
+    --new-tokens 2 --backend cuda --json
+grep -o '"tokens":\[[0-9,]*\]' "$TMP/out" >"$TMP/tokens.got"
+expect 0 "same tokens either way" -- cmp "$TMP/tokens.want" "$TMP/tokens.got"
+
 # no GPU: auto takes the CPU, cuda is an error naming the cause
 for e in 35 100; do
     TIDE_EMU_GPU=$e expect 0 "no GPU (error $e): auto runs on the CPU" -- "$TIDE" run --model "$TMP/m" \

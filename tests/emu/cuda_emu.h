@@ -641,11 +641,17 @@ inline void install_fault_handler() {
  * the emulated device's thread: `enqueue` (kernel: the work is a launch)
  * returns the sticky error of a failed device (the work is then dropped) or
  * cudaSuccess; `is_device` says
- * whether [p, p + n) lies inside one device allocation. */
+ * whether [p, p + n) lies inside one device allocation; a launch whose
+ * pointer arguments are not device memory stops the program (a GPU would
+ * fault). */
 struct StreamHooks {
     cudaError_t (*enqueue)(cudaStream_t s, std::function<void()> &&work, bool kernel) = nullptr;
     bool (*is_device)(const void *p, size_t n) = nullptr;
     cudaError_t (*synchronize)(cudaStream_t s) = nullptr;
+    /* the runtime's per-thread last error (and sticky error), which the
+     * launchers share with every other runtime call, as on a GPU */
+    cudaError_t (*get_error)(bool clear) = nullptr;
+    void (*set_error)(cudaError_t e) = nullptr;
 };
 inline StreamHooks hooks;
 /* Serializes what launchers do on the host (launch checks, statistics,
@@ -660,11 +666,18 @@ inline bool is_device_range(const void *p, size_t n) { return hooks.is_device ? 
 inline thread_local cudaError_t last_error = cudaSuccess;
 
 inline cudaError_t cudaGetLastError() {
+    if (hooks.get_error) return hooks.get_error(true);
     cudaError_t e = last_error;
     last_error = cudaSuccess;
     return e;
 }
-inline cudaError_t cudaPeekAtLastError() { return last_error; }
+inline cudaError_t cudaPeekAtLastError() { return hooks.get_error ? hooks.get_error(false) : last_error; }
+inline void set_last_error(cudaError_t e) {
+    if (hooks.set_error)
+        hooks.set_error(e);
+    else
+        last_error = e;
+}
 inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { return hooks.synchronize ? hooks.synchronize(s) : cudaSuccess; }
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 
@@ -675,7 +688,7 @@ inline cudaError_t run_or_queue(cudaStream_t s, std::function<void()> &&work, bo
         return cudaSuccess;
     }
     cudaError_t e = hooks.enqueue(s, std::move(work), kernel);
-    if (e != cudaSuccess) last_error = e;
+    if (e != cudaSuccess) set_last_error(e);
     return e;
 }
 
@@ -905,14 +918,14 @@ template <auto K, class... A> inline void emu_launch(LaunchCfg c, A... a) {
         ks = &kernel_stats.back();
     }
     if (c.grid < 1 || c.grid > 0x7fffffffull || c.block < 1 || c.block > (unsigned long long)max_threads) {
-        last_error = cudaErrorInvalidConfiguration;
+        set_last_error(cudaErrorInvalidConfiguration);
         return;
     }
     size_t smem_limit = default_smem_limit;
     for (const FuncAttr &fa : func_attrs)
         if (fa.k == kp) smem_limit = std::max(smem_limit, (size_t)fa.max_dyn);
     if (c.smem > smem_limit || c.smem > std::max(default_smem_limit, optin_limit)) {
-        last_error = cudaErrorInvalidValue; /* what the runtime answers */
+        set_last_error(cudaErrorInvalidValue); /* what the runtime answers */
         return;
     }
     Tup args(a...);
@@ -924,6 +937,22 @@ template <auto K, class... A> inline void emu_launch(LaunchCfg c, A... a) {
         run_grid<K>(c, smem_limit, args);
         return;
     }
+    /* pointer arguments must point into device memory (structs holding
+     * pointers are not looked into) */
+    int argi = 0;
+    std::apply(
+        [&](const auto &...v) {
+            auto one = [&](const auto &x) {
+                using T = std::decay_t<decltype(x)>;
+                if constexpr (std::is_pointer_v<T>)
+                    if (x && !hooks.is_device((const void *)x, 1))
+                        die("%s: argument %d (%p) is not device memory (a GPU faults)", name, argi, (const void *)x);
+                argi++;
+            };
+            (void)one;
+            (one(v), ...);
+        },
+        args);
     run_or_queue(
         c.stream, [c, smem_limit, args]() mutable { run_grid<K>(c, smem_limit, args); }, true);
 }

@@ -27,11 +27,15 @@ cudaError_t hook_enqueue(cudaStream_t s, std::function<void()> &&work, bool kern
     return (cudaError_t)emu_rt::enqueue(s, std::move(work), kernel);
 }
 cudaError_t hook_sync(cudaStream_t s) { return (cudaError_t)emu_rt::synchronize(s); }
+cudaError_t hook_get_error(bool clear) { return (cudaError_t)emu_rt::get_error(clear); }
+void hook_set_error(cudaError_t e) { emu_rt::set_error((int)e); }
 
 const bool installed = [] {
     emu::hooks.enqueue = hook_enqueue;
     emu::hooks.is_device = emu_rt::is_device;
     emu::hooks.synchronize = hook_sync;
+    emu::hooks.get_error = hook_get_error;
+    emu::hooks.set_error = hook_set_error;
     emu::optin_limit = emu_rt::optin_limit();
     emu::sched.order = 2;
     const char *seed = getenv("TIDE_EMU_SEED");

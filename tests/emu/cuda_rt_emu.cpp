@@ -16,25 +16,29 @@
  * that change with TIDE_EMU_SEED, and it may sleep before an item
  * (TIDE_EMU_JITTER_US, default 20: up to that many microseconds before one
  * item in four), so the device lags behind the host by varying amounts.
- * The host waits only where CUDA waits:
- *   - cudaStreamSynchronize, cudaEventSynchronize, cudaFree, cudaFreeHost,
- *     cublasDestroy;
- *   - cudaMemcpyAsync from device to pageable (unregistered) host memory
- *     returns when the copy is done; from pageable host memory to the device
- *     it takes a copy of the source at the call. Copies from or to pinned
- *     memory (cudaHostAlloc, cudaHostRegister) run when the device gets to
- *     them, so a host that reuses such a buffer before waiting gets wrong
- *     bytes here as on a GPU.
+ * The host waits only where CUDA promises to wait: cudaStreamSynchronize,
+ * cudaEventSynchronize, cudaDeviceSynchronize, cudaFree, cublasDestroy.
+ * Everything else is queued, copies to pageable (unregistered) host memory
+ * included, which CUDA "might" make synchronous but does not promise to; a
+ * copy from pageable host memory takes a copy of its source at the call, as
+ * the runtime stages it. Copies from or to pinned memory (cudaHostAlloc,
+ * cudaHostRegister) run when the device gets to them, and a copy from pinned
+ * memory checks that the host has not written its source since it was
+ * queued (unless a copy from the device wrote there meanwhile).
  *
- * What a GPU would fault on stops the program with "EMULATED GPU FAULT" and
- * the reason: a copy, memset or GEMM operand outside the device allocations
- * (the kernels' own accesses are checked by the emulation's guard pages:
- * every allocation starts right after an inaccessible page and its last
- * page's unused bytes are checked when it is freed), and unregistering or
- * freeing pinned memory that a queued copy still uses.
+ * What a GPU would fault on, and what CUDA leaves undefined, stops the
+ * program with "EMULATED GPU FAULT" and the reason: a copy, memset or GEMM
+ * operand outside the device allocations, a kernel's pointer argument
+ * outside them (cuda_emu.h), overlapping copy ranges, unregistering or
+ * freeing pinned memory that a queued copy still uses, the host writing a
+ * pinned copy source before the copy ran, a stream or event used after it
+ * was destroyed. The kernels' own accesses are checked by guard pages: every
+ * allocation starts right after an inaccessible page, and its last page's
+ * unused bytes are checked when it is freed.
  *
  * Memory. TIDE_EMU_MEM bytes of device memory (default 2 GiB, reserved
- * lazily); allocations are 256-byte aligned and their first 16 MiB are
+ * lazily); TIDE_EMU_MEM_PITCH the largest pitch of a 2-D copy (memPitch,
+ * default INT_MAX; tests lower it to reach the paths for larger ones); allocations are 256-byte aligned and their first 16 MiB are
  * filled with 0xff bytes (NaN as f32), as a GPU's memory is not zeroed.
  *
  * Failures, for the tests of tide's error paths:
@@ -65,12 +69,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <climits>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -119,6 +125,7 @@ struct Item {
     bool kernel = false;
     const char *host = nullptr; /* pinned host bytes the work reads or writes */
     size_t host_n = 0;
+    struct Pinned *to_pinned = nullptr; /* a copy into pinned memory: counted there when it runs */
     Stream *ws = nullptr; /* WAIT: until ws has run ws_seq items */
     uint64_t ws_seq = 0;
     std::shared_ptr<EventState> ev; /* MARK */
@@ -129,6 +136,7 @@ struct Stream {
     std::deque<Item> q;
     uint64_t enq = 0, done = 0;
     int id = 0;
+    bool destroyed = false;
 };
 
 struct Alloc {
@@ -140,6 +148,7 @@ struct Pinned {
     char *p;
     size_t n;
     bool hostalloc;
+    uint64_t dev_writes = 0; /* copies from the device into it that have run */
 };
 
 struct Device {
@@ -149,7 +158,9 @@ struct Device {
     Stream *legacy = nullptr;
     std::map<uintptr_t, Alloc> allocs;
     std::map<uintptr_t, Pinned> pinned;
+    std::set<void *> events; /* live event handles */
     size_t cap = (size_t)2 << 30, used = 0;
+    size_t mem_pitch = INT_MAX;
     cudaError_t sticky = cudaSuccess;
     const Item *running = nullptr; /* the item the device is running */
     bool started = false;
@@ -175,6 +186,7 @@ Device &dev() {
     static Device *d = [] {
         Device *x = new Device;
         x->cap = env_size("TIDE_EMU_MEM", x->cap);
+        x->mem_pitch = env_size("TIDE_EMU_MEM_PITCH", x->mem_pitch);
         x->jitter_us = (unsigned)env_size("TIDE_EMU_JITTER_US", 20);
         x->rng.seed(env_size("TIDE_EMU_SEED", 1));
         if (const char *f = getenv("TIDE_EMU_FAIL")) {
@@ -246,21 +258,40 @@ void device_main() {
         if (run) it.fn();
         lk.lock();
         d.running = nullptr;
+        if (run && it.to_pinned) it.to_pinned->dev_writes++;
         if (it.kind == MARK && it.ev->gen == it.gen) it.ev->t_ms = now_ms(d);
         s->done++;
         d.cv_done.notify_all();
     }
 }
 
+void wait_idle(Device &d, std::unique_lock<std::mutex> &lk);
+
+/* At exit the device finishes what it runs before static destructors (the
+ * emulation's) run under it. */
+void drain_at_exit() {
+    Device &d = dev();
+    std::unique_lock<std::mutex> lk(d.mu);
+    wait_idle(d, lk);
+}
+
+uint64_t fnv1a(const void *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ull;
+    return h;
+}
+
 /* Queues an item on s (null: the legacy stream). mu held. */
 cudaError_t push(Device &d, Stream *s, Item &&it) {
     if (d.sticky != cudaSuccess) return d.sticky;
     if (!s) s = d.legacy;
+    if (s->destroyed) fault("work queued on stream %d after cudaStreamDestroy", s->id);
     s->q.push_back(std::move(it));
     s->enq++;
     if (!d.started) {
         d.started = true;
         std::thread(device_main).detach();
+        atexit(drain_at_exit);
     }
     d.cv_work.notify_one();
     return cudaSuccess;
@@ -330,6 +361,17 @@ int synchronize(CUstream_st *s) { return cudaStreamSynchronize((cudaStream_t)s);
 
 size_t optin_limit() { return 99 * 1024; }
 
+int get_error(bool clear) {
+    Device &d = dev();
+    std::lock_guard<std::mutex> g(d.mu);
+    if (d.sticky != cudaSuccess) return d.sticky;
+    cudaError_t e = tl_err;
+    if (clear) tl_err = cudaSuccess;
+    return e;
+}
+
+void set_error(int e) { ret((cudaError_t)e); }
+
 } // namespace emu_rt
 
 /* ---------------------------------------------------------------- runtime API */
@@ -370,20 +412,9 @@ const char *cudaGetErrorString(cudaError_t e) {
     }
 }
 
-cudaError_t cudaGetLastError(void) {
-    Device &d = dev();
-    std::lock_guard<std::mutex> g(d.mu);
-    if (d.sticky != cudaSuccess) return d.sticky;
-    cudaError_t e = tl_err;
-    tl_err = cudaSuccess;
-    return e;
-}
+cudaError_t cudaGetLastError(void) { return (cudaError_t)emu_rt::get_error(true); }
 
-cudaError_t cudaPeekAtLastError(void) {
-    Device &d = dev();
-    std::lock_guard<std::mutex> g(d.mu);
-    return d.sticky != cudaSuccess ? d.sticky : tl_err;
-}
+cudaError_t cudaPeekAtLastError(void) { return (cudaError_t)emu_rt::get_error(false); }
 
 cudaError_t cudaGetDeviceCount(int *count) {
     *count = 0;
@@ -413,6 +444,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
     prop->sharedMemPerBlockOptin = emu_rt::optin_limit();
     prop->warpSize = 32;
     prop->maxThreadsPerBlock = 1024;
+    prop->memPitch = dev().mem_pitch; /* the largest pitch cudaMemcpy2D takes */
     prop->major = 9;
     prop->minor = 0;
     prop->multiProcessorCount = 4;
@@ -488,7 +520,8 @@ cudaError_t cudaFreeHost(void *ptr) {
     std::unique_lock<std::mutex> lk(d.mu);
     auto it = d.pinned.find((uintptr_t)ptr);
     if (it == d.pinned.end() || !it->second.hostalloc) return ret(cudaErrorInvalidValue);
-    wait_idle(d, lk); /* as cudaFree */
+    /* CUDA does not promise to wait here: memory a queued copy uses is a bug */
+    check_unused(d, it->second.p, it->second.n, "cudaFreeHost");
     d.pinned.erase(it);
     free(ptr);
     return cudaSuccess;
@@ -531,13 +564,29 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags) {
 
 cudaError_t cudaStreamCreate(cudaStream_t *out) { return cudaStreamCreateWithFlags(out, cudaStreamDefault); }
 
-/* The stream's work still runs; the object stays (queued waits may name it). */
-cudaError_t cudaStreamDestroy(cudaStream_t s) { return s ? cudaSuccess : ret(cudaErrorInvalidResourceHandle); }
+/* The stream's queued work still runs; the object stays (queued waits may
+ * name it), marked so that any later use of it faults. */
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (!s) return ret(cudaErrorInvalidResourceHandle);
+    Device &d = dev();
+    std::lock_guard<std::mutex> g(d.mu);
+    Stream *st = (Stream *)s;
+    if (st->destroyed) fault("cudaStreamDestroy of stream %d, already destroyed", st->id);
+    st->destroyed = true;
+    return cudaSuccess;
+}
+
+/* The stream s names (null: the legacy stream); faults if destroyed. */
+static Stream *stream_of(Device &d, cudaStream_t s, const char *what) {
+    Stream *st = s ? (Stream *)s : d.legacy;
+    if (st->destroyed) fault("%s on stream %d after cudaStreamDestroy", what, st->id);
+    return st;
+}
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     Device &d = dev();
     std::unique_lock<std::mutex> lk(d.mu);
-    Stream *st = s ? (Stream *)s : d.legacy;
+    Stream *st = stream_of(d, s, "cudaStreamSynchronize");
     wait_stream(d, lk, st, st->enq);
     return d.sticky != cudaSuccess ? ret(d.sticky) : cudaSuccess;
 }
@@ -556,6 +605,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags) {
     if (d.sticky != cudaSuccess) return ret(d.sticky);
     auto *h = new std::shared_ptr<EventState>(std::make_shared<EventState>());
     (*h)->timing = !(flags & cudaEventDisableTiming);
+    d.events.insert(h);
     *out = (cudaEvent_t)h;
     return cudaSuccess;
 }
@@ -566,18 +616,23 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
     if (!e) return ret(cudaErrorInvalidResourceHandle);
     Device &d = dev();
     std::lock_guard<std::mutex> g(d.mu);
+    if (!d.events.erase(e)) fault("cudaEventDestroy of an event that is not live (destroyed already?)");
     delete (std::shared_ptr<EventState> *)e;
     return cudaSuccess;
 }
 
-static EventState &ev_of(cudaEvent_t e) { return **(std::shared_ptr<EventState> *)e; }
+/* A live event's state; faults on a destroyed one. mu held. */
+static EventState &ev_of(Device &d, cudaEvent_t e, const char *what) {
+    if (!d.events.count(e)) fault("%s of an event that is not live (used after cudaEventDestroy?)", what);
+    return **(std::shared_ptr<EventState> *)e;
+}
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!e) return ret(cudaErrorInvalidResourceHandle);
     Device &d = dev();
     std::lock_guard<std::mutex> g(d.mu);
-    Stream *st = s ? (Stream *)s : d.legacy;
-    EventState &ev = ev_of(e);
+    Stream *st = stream_of(d, s, "cudaEventRecord");
+    EventState &ev = ev_of(d, e, "cudaEventRecord");
     Item it;
     it.kind = MARK;
     it.ev = *(std::shared_ptr<EventState> *)e;
@@ -595,20 +650,21 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
     if (!e) return ret(cudaErrorInvalidResourceHandle);
     Device &d = dev();
     std::lock_guard<std::mutex> g(d.mu);
-    EventState &ev = ev_of(e);
+    EventState &ev = ev_of(d, e, "cudaStreamWaitEvent");
+    Stream *st = stream_of(d, s, "cudaStreamWaitEvent");
     if (!ev.s) return d.sticky != cudaSuccess ? ret(d.sticky) : cudaSuccess; /* never recorded: nothing to wait for */
     Item it;
     it.kind = WAIT;
     it.ws = ev.s;
     it.ws_seq = ev.seq;
-    return ret(push(d, s ? (Stream *)s : d.legacy, std::move(it)));
+    return ret(push(d, st, std::move(it)));
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     if (!e) return ret(cudaErrorInvalidResourceHandle);
     Device &d = dev();
     std::unique_lock<std::mutex> lk(d.mu);
-    EventState &ev = ev_of(e);
+    EventState &ev = ev_of(d, e, "cudaEventSynchronize");
     if (ev.s) wait_stream(d, lk, ev.s, ev.seq);
     return d.sticky != cudaSuccess ? ret(d.sticky) : cudaSuccess;
 }
@@ -618,7 +674,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     Device &d = dev();
     std::lock_guard<std::mutex> g(d.mu);
     if (d.sticky != cudaSuccess) return ret(d.sticky);
-    EventState &x = ev_of(a), &y = ev_of(b);
+    EventState &x = ev_of(d, a, "cudaEventElapsedTime"), &y = ev_of(d, b, "cudaEventElapsedTime");
     if (!x.timing || !y.timing || !x.s || !y.s) return ret(cudaErrorInvalidResourceHandle);
     if (x.t_ms < 0 || y.t_ms < 0) return ret(cudaErrorNotReady);
     *ms = (float)(y.t_ms - x.t_ms);
@@ -634,7 +690,11 @@ static cudaError_t memcpy_impl(void *dst, size_t dpitch, const void *src, size_t
     if (d.sticky != cudaSuccess) return ret(d.sticky);
     if (!width || !height) return cudaSuccess;
     if (width > dpitch || width > spitch) return ret(cudaErrorInvalidPitchValue);
+    if (height > 1 && (dpitch > d.mem_pitch || spitch > d.mem_pitch)) return ret(cudaErrorInvalidPitchValue);
     size_t dext = dpitch * (height - 1) + width, sext = spitch * (height - 1) + width;
+    if ((const char *)dst < (const char *)src + sext && (const char *)src < (const char *)dst + dext)
+        fault("%s: the destination [%p, +%zu) overlaps the source [%p, +%zu) (CUDA: \"may not overlap\")", what,
+              dst, dext, src, sext);
     bool dd = find_alloc(d, dst, dext), sd = find_alloc(d, src, sext);
     if (kind == cudaMemcpyDefault)
         kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
@@ -655,29 +715,29 @@ static cudaError_t memcpy_impl(void *dst, size_t dpitch, const void *src, size_t
     const char *host = want_sd ? (const char *)dst : (const char *)src;
     size_t host_n = want_sd ? dext : sext;
     bool host_side = kind != cudaMemcpyDeviceToDevice;
-    bool pinned = host_side && find_pinned(d, host, host_n);
+    Pinned *pin = host_side ? const_cast<Pinned *>(find_pinned(d, host, host_n)) : nullptr;
     std::shared_ptr<std::vector<char>> staged;
-    if (host_side && !pinned && kind != cudaMemcpyDeviceToHost) {
+    if (host_side && !pin && !want_sd) {
         /* pageable source: the runtime stages it before returning */
         staged = std::make_shared<std::vector<char>>(sext);
         memcpy(staged->data(), src, sext);
         src = staged->data();
     }
-    if (pinned) it.host = host, it.host_n = host_n;
+    /* a pinned source must not change between the call and the copy, but
+     * for what a copy from the device writes there meanwhile */
+    uint64_t hash = 0, writes = 0;
+    if (pin && !want_sd) hash = fnv1a(src, sext), writes = pin->dev_writes;
+    if (pin) it.host = host, it.host_n = host_n;
+    if (pin && want_sd) it.to_pinned = pin;
     it.fn = [=] {
         (void)staged;
-        for (size_t r = 0; r < height; r++)
-            memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+        if (pin && !want_sd && pin->dev_writes == writes && fnv1a(src, sext) != hash)
+            fault("%s: the host wrote the pinned source [%p, +%zu) after queueing the copy and before it ran", what,
+                  src, sext);
+        for (size_t r = 0; r < height; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
     };
-    Stream *st = s ? (Stream *)s : d.legacy;
-    cudaError_t e = push(d, st, std::move(it));
-    if (e != cudaSuccess) return ret(e);
-    if (host_side && !pinned && kind == cudaMemcpyDeviceToHost) {
-        /* pageable destination: returns once the copy is done */
-        wait_stream(d, lk, st, st->enq);
-        if (d.sticky != cudaSuccess) return ret(d.sticky);
-    }
-    return cudaSuccess;
+    Stream *st = stream_of(d, s, what);
+    return ret(push(d, st, std::move(it)));
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s) {
@@ -702,7 +762,7 @@ cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) {
     if (!find_alloc(d, dst, n)) fault("cudaMemsetAsync: [%p, +%zu) is not inside a device allocation", dst, n);
     Item it;
     it.fn = [=] { memset(dst, v, n); };
-    return ret(push(d, (Stream *)s, std::move(it)));
+    return ret(push(d, stream_of(d, s, "cudaMemsetAsync"), std::move(it)));
 }
 
 } // extern "C"
@@ -765,7 +825,7 @@ cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation
                          float alpha, const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt,
                          int ldb, float beta, float *C, int ldc, const char *what) {
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
-    auto op_ok = [](cublasOperation_t o) { return o == CUBLAS_OP_N || o == CUBLAS_OP_T; };
+    auto op_ok = [](cublasOperation_t o) { return o == CUBLAS_OP_N || o == CUBLAS_OP_T || o == CUBLAS_OP_C; };
     if (!op_ok(ta) || !op_ok(tb) || m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
     if (lda < std::max(1, ta == CUBLAS_OP_N ? m : k) || ldb < std::max(1, tb == CUBLAS_OP_N ? k : n) ||
         ldc < std::max(1, m))
@@ -784,10 +844,14 @@ cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation
         fault("%s: B (%zu elements from %p) is not inside a device allocation", what, bext, B);
     if (!find_alloc(d, C, cext * sizeof(float)))
         fault("%s: C (%zu elements from %p) is not inside a device allocation", what, cext, (void *)C);
+    if (h->ws_n && !find_alloc(d, h->ws, h->ws_n))
+        fault("%s: the handle's workspace (%zu bytes at %p) was freed", what, h->ws_n, h->ws);
     Item it;
     it.fn = [=] { gemm_host(ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, C, ldc); };
     it.kernel = true;
-    return push(d, h->stream, std::move(it)) == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+    return push(d, stream_of(d, (cudaStream_t)h->stream, what), std::move(it)) == cudaSuccess
+               ? CUBLAS_STATUS_SUCCESS
+               : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 
 } // namespace
@@ -809,6 +873,8 @@ cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
 cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s) {
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
     h->stream = (Stream *)s;
+    h->ws = nullptr; /* "unconditionally resets the cuBLAS library workspace" to the default pool */
+    h->ws_n = 0;
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -28,6 +28,12 @@ bool is_device(const void *p, size_t n);
 /* Waits until everything queued on s has run: 0, or the sticky error. */
 int synchronize(CUstream_st *s);
 
+/* The calling thread's last error (the device's sticky error, if it has
+ * one), cleared when `clear` and not sticky; set_error records one. Shared
+ * by the runtime calls and the kernels' launchers, as in CUDA. */
+int get_error(bool clear);
+void set_error(int e);
+
 /* The device's dynamic shared memory opt-in limit (cudaDeviceProp's
  * sharedMemPerBlockOptin), which the kernels' emulation enforces. */
 size_t optin_limit();

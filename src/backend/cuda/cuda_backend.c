@@ -91,6 +91,7 @@ typedef struct cu_impl {
     int device;
     int cc_major, cc_minor;
     size_t ws_bytes;
+    size_t mem_pitch; /* the largest pitch cudaMemcpy2DAsync takes (cudaDeviceProp.memPitch) */
     cu_lane lane[CU_LANES];
 } cu_impl;
 
@@ -614,10 +615,18 @@ static tide_status compute_op(tide_backend *be, cu_lane *ln, const tide_graph *g
         const tide_tensor *x = tin(g, op, 0);
         int64_t B = p->batch, T = x->shape[0] / p->batch, D = x->shape[1];
         size_t row = (size_t)D * sizeof(float);
-        if (B > 0 && row > 0)
-            CU_TRY(ctx, cudaMemcpy2DAsync((float *)out[0] + p->row0 * D, row, (const float *)in[0] + (T - 1) * D, (size_t)T * row, row,
-                                          (size_t)B, cudaMemcpyDeviceToDevice, s),
+        float *dst = (float *)out[0] + p->row0 * D;
+        const float *src = (const float *)in[0] + (T - 1) * D;
+        if (B <= 0 || row == 0) return TIDE_OK;
+        if ((size_t)T * row <= impl_of(be)->mem_pitch) {
+            CU_TRY(ctx, cudaMemcpy2DAsync(dst, row, src, (size_t)T * row, row, (size_t)B, cudaMemcpyDeviceToDevice, s),
                    "cudaMemcpy2DAsync of take_last");
+            return TIDE_OK;
+        }
+        /* sequences longer than the largest pitch: a copy per sequence */
+        for (int64_t b = 0; b < B; b++)
+            CU_TRY(ctx, cudaMemcpyAsync(dst + b * D, src + b * T * D, row, cudaMemcpyDeviceToDevice, s),
+                   "cudaMemcpyAsync of take_last (sequence %lld)", (long long)b);
         return TIDE_OK;
     }
     case TIDE_OP_ARGMAX: {
@@ -748,6 +757,7 @@ tide_status tide_cuda_backend_new(tide_ctx *ctx, tide_backend **out) {
     im->device = dev;
     im->cc_major = prop.major;
     im->cc_minor = prop.minor;
+    im->mem_pitch = prop.memPitch;
     /* cuBLAS's advice: 32 MiB of workspace on Hopper and later, 4 MiB before */
     im->ws_bytes = prop.major >= 9 ? (size_t)32 << 20 : (size_t)4 << 20;
     tide_status st = TIDE_OK;
