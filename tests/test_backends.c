@@ -1497,10 +1497,14 @@ static void close_backends(void) {
     tide_ctx_free(queued.ctx);
 }
 
-/* argv[1], if given, runs only the cases whose names match it (cmocka's
- * pattern: * and ? wildcards), e.g. "test_take_last*". */
+/* `test_backends PATTERN` runs only the cases whose names match it, and
+ * `test_backends --skip PATTERN` all but those (cmocka's patterns: * and ?
+ * wildcards), e.g. "test_take_last*". */
 int main(int argc, char **argv) {
-    if (argc > 1) cmocka_set_test_filter(argv[1]);
+    if (argc > 2 && !strcmp(argv[1], "--skip"))
+        cmocka_set_skip_filter(argv[2]);
+    else if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
     if (open_backends()) {
         fprintf(stderr, "cannot create the cpu backends\n");
         return 1;

@@ -640,10 +640,9 @@ inline void install_fault_handler() {
  * runtime checks it, and the work is queued on its stream and run later by
  * the emulated device's thread: `enqueue` (kernel: the work is a launch)
  * returns the sticky error of a failed device (the work is then dropped) or
- * cudaSuccess; `is_device` says
- * whether [p, p + n) lies inside one device allocation; a launch whose
- * pointer arguments are not device memory stops the program (a GPU would
- * fault). */
+ * cudaSuccess; `is_device` says whether [p, p + n) lies inside one device
+ * allocation; a launch whose pointer arguments are not device memory stops
+ * the program (a GPU would fault). */
 struct StreamHooks {
     cudaError_t (*enqueue)(cudaStream_t s, std::function<void()> &&work, bool kernel) = nullptr;
     bool (*is_device)(const void *p, size_t n) = nullptr;
@@ -658,7 +657,9 @@ inline StreamHooks hooks;
  * opt-ins) when several host threads launch at once (hooks set). */
 inline std::mutex host_mu;
 
-inline bool is_device_range(const void *p, size_t n) { return hooks.is_device ? hooks.is_device(p, n) : Buffer::find(p, n) != nullptr; }
+inline bool is_device_range(const void *p, size_t n) {
+    return hooks.is_device ? hooks.is_device(p, n) : Buffer::find(p, n) != nullptr;
+}
 
 /* ---------------------------------------------------------------- runtime API */
 
