@@ -46,6 +46,7 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/lib"
 progs=()
 for f in "$BUILD"/tide "$BUILD"/test_* "$BUILD"/bench_*; do
+  case $f in *cudaemu* | *cuda_emu*) continue ;; esac # the emulated GPU's programs: for machines without one
   [ -f "$f" ] && [ -x "$f" ] && progs+=("$f")
 done
 [ ${#progs[@]} -gt 0 ] || { echo "bundle: nothing built in $BUILD" >&2; exit 1; }
