@@ -45,6 +45,15 @@ contains "$TMP/out" "check      passed" "pread pool: check passes"
 if [ -z "$(ls -A "$TMP/spill")" ]; then PASSES=$((PASSES + 1)); else
     echo "FAIL: spill directory not empty: $(ls "$TMP/spill")"; FAILS=$((FAILS + 1)); fi
 
+# a device that runs nothing until the host waits for it: whatever the host
+# reads or rewrites too early is wrong every time, not by chance
+TIDE_EMU_LAZY=1 expect 0 "offloaded on a lazy device, checked" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 \
+    --budget 50% --check "${HW[@]}"
+contains "$TMP/out" "check      passed" "lazy device: check passes"
+TIDE_EMU_LAZY=1 expect 0 "SSD-homed weights on a lazy device, checked" -- "$TIDE" run --model "$TMP/m" \
+    --new-tokens 2 --budget min --weights-on-ssd --check --ssd "$TMP/spill" "${HW[@]}"
+contains "$TMP/out" "check      passed" "lazy device, SSD: check passes"
+
 TIDE_EXEC_SYNC=1 expect 0 "synchronous issue (TIDE_EXEC_SYNC=1), checked" -- "$TIDE" run --model "$TMP/m" \
     --new-tokens 2 --budget 25% --check "${HW[@]}"
 contains "$TMP/out" "synchronous issue" "summary says synchronous"

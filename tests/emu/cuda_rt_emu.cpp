@@ -16,6 +16,10 @@
  * that change with TIDE_EMU_SEED, and it may sleep before an item
  * (TIDE_EMU_JITTER_US, default 20: up to that many microseconds before one
  * item in four), so the device lags behind the host by varying amounts.
+ * TIDE_EMU_LAZY=1 makes it lag as far as it can: it runs nothing until some
+ * host thread waits for it (a synchronize, cudaFree, ...), so a host that
+ * reads what a queued copy will write, or writes what it will read, before
+ * waiting always sees the wrong bytes.
  * The host waits only where CUDA promises to wait: cudaStreamSynchronize,
  * cudaEventSynchronize, cudaDeviceSynchronize, cudaFree, cublasDestroy.
  * Everything else is queued, copies to pageable (unregistered) host memory
@@ -166,6 +170,8 @@ struct Device {
     bool started = false;
     std::mt19937_64 rng;
     unsigned jitter_us = 20;
+    bool lazy = false; /* TIDE_EMU_LAZY: run only while a host thread waits */
+    int waiters = 0;   /* host threads blocked in a wait for the device */
     long fail_at[3] = {0, 0, 0}, count[3] = {0, 0, 0}; /* malloc, hostreg, kernel */
     Clock::time_point t0 = Clock::now();
 };
@@ -188,6 +194,7 @@ Device &dev() {
         x->cap = env_size("TIDE_EMU_MEM", x->cap);
         x->mem_pitch = env_size("TIDE_EMU_MEM_PITCH", x->mem_pitch);
         x->jitter_us = (unsigned)env_size("TIDE_EMU_JITTER_US", 20);
+        x->lazy = env_size("TIDE_EMU_LAZY", 0) != 0;
         x->rng.seed(env_size("TIDE_EMU_SEED", 1));
         if (const char *f = getenv("TIDE_EMU_FAIL")) {
             std::string s = f;
@@ -237,7 +244,7 @@ void device_main() {
             if (h.kind == WAIT && h.ws->done < h.ws_seq) continue;
             ready.push_back(s);
         }
-        if (ready.empty()) {
+        if (ready.empty() || (d.lazy && d.waiters == 0)) {
             d.cv_work.wait(lk);
             continue;
         }
@@ -297,12 +304,21 @@ cudaError_t push(Device &d, Stream *s, Item &&it) {
     return cudaSuccess;
 }
 
+/* A host thread waits until pred holds; a lazy device runs meanwhile. */
+template <class P> void host_wait(Device &d, std::unique_lock<std::mutex> &lk, P pred) {
+    if (pred()) return;
+    d.waiters++;
+    d.cv_work.notify_one();
+    d.cv_done.wait(lk, pred);
+    d.waiters--;
+}
+
 void wait_stream(Device &d, std::unique_lock<std::mutex> &lk, Stream *s, uint64_t seq) {
-    d.cv_done.wait(lk, [&] { return s->done >= seq; });
+    host_wait(d, lk, [&] { return s->done >= seq; });
 }
 
 void wait_idle(Device &d, std::unique_lock<std::mutex> &lk) {
-    d.cv_done.wait(lk, [&] {
+    host_wait(d, lk, [&] {
         for (Stream *s : d.streams)
             if (s->done < s->enq) return false;
         return true;
