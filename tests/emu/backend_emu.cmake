@@ -2,7 +2,7 @@
 # (no GPU) runs src/backend/cuda/cuda_backend.c and everything above it.
 # Included by the top CMakeLists.txt in its tests section, after emu.cmake.
 #
-#   tide_cudaemu         the library again (every source of `tide`), plus the
+#   tide_cudaemu         the library again (the objects of `tide`), plus the
 #                        CUDA backend built against the toolkit's headers, its
 #                        kernels on the host emulation (cuda_kern_emu.cpp) and
 #                        an emulated CUDA runtime and cuBLAS (cuda_rt_emu.cpp)
@@ -62,15 +62,15 @@ foreach(t tide_cudaemu_kern tide_cudaemu_rt)
   endif()
 endforeach()
 
-add_library(tide_cudaemu STATIC ${TIDE_LIB_SRC} ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_backend.c
-            ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_file.c
+# The library's objects (tide_objs, compiled once for both), the backend
+# selection with TIDE_HAVE_CUDA, the CUDA backend and the emulation.
+add_library(tide_cudaemu STATIC ${TIDE_BACKEND_SELECT} ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_backend.c
+            ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_file.c $<TARGET_OBJECTS:tide_objs>
             $<TARGET_OBJECTS:tide_cudaemu_kern> $<TARGET_OBJECTS:tide_cudaemu_rt>)
 target_include_directories(tide_cudaemu PUBLIC ${PROJECT_SOURCE_DIR}/include
                                         PRIVATE ${PROJECT_SOURCE_DIR}/src ${CUDAToolkit_INCLUDE_DIRS})
-target_compile_definitions(tide_cudaemu PRIVATE TIDE_DATA_DIR="${PROJECT_SOURCE_DIR}/data"
-                                        PUBLIC TIDE_HAVE_CUDA=1)
-target_link_libraries(tide_cudaemu PUBLIC PkgConfig::CJSON PkgConfig::URING PkgConfig::OPENBLAS
-                                          OpenMP::OpenMP_C Threads::Threads m stdc++)
+target_compile_definitions(tide_cudaemu PUBLIC TIDE_HAVE_CUDA=1)
+target_link_libraries(tide_cudaemu PUBLIC ${TIDE_LIB_DEPS} stdc++)
 
 add_executable(tide-cudaemu ${TIDE_CLI_SRC})
 target_include_directories(tide-cudaemu PRIVATE ${PROJECT_SOURCE_DIR}/src)

@@ -530,7 +530,10 @@ inline const unsigned char canary = 0xa5;
 /* A device buffer of `bytes` whose address is `off` mod 16 (vector paths
  * depend on alignment; the test picks it), between two PROT_NONE pages:
  * against the one after it when sched.at_end, else against the one before
- * it (then the first `off` bytes of the page are canary). */
+ * it (then the first `off` bytes of the page are canary). One thread makes
+ * and looks up Buffers: the test's, or with the hooks set the emulated
+ * device's (for a launch's shared memory; device allocations are then the
+ * runtime's own), so the registry needs no lock. */
 struct Buffer {
     char *map = nullptr, *lo = nullptr, *hi = nullptr, *p = nullptr;
     size_t maplen = 0, bytes = 0;
@@ -556,16 +559,12 @@ struct Buffer {
         } else {
             p = lo + off;
         }
-        std::lock_guard<std::mutex> g(registry_mu());
         registry().push_back(this);
     }
     ~Buffer() {
         check();
-        {
-            std::lock_guard<std::mutex> g(registry_mu());
-            auto &r = registry();
-            r.erase(std::find(r.begin(), r.end(), this));
-        }
+        auto &r = registry();
+        r.erase(std::find(r.begin(), r.end(), this));
         munmap(map, maplen);
     }
     /* Out-of-bounds writes: the canary around the buffer must be intact. */
@@ -585,13 +584,8 @@ struct Buffer {
         static std::vector<Buffer *> r;
         return r;
     }
-    static std::mutex &registry_mu() {
-        static std::mutex m;
-        return m;
-    }
     /* The buffer holding [q, q + n), or null. */
     static const Buffer *find(const void *q, size_t n) {
-        std::lock_guard<std::mutex> g(registry_mu());
         for (Buffer *b : registry())
             if ((const char *)q >= b->p && (const char *)q + n <= b->p + b->bytes) return b;
         return nullptr;

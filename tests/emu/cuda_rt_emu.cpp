@@ -50,7 +50,7 @@
  *     driver, no device); 0: it reports no device;
  *   - TIDE_EMU_FAIL=what:N[,what:N...]: the Nth call (from 1) of `malloc`
  *     (cudaMalloc: out of memory), `hostreg` (cudaHostRegister: refused),
- *     `kernel` (the Nth kernel to run faults: the device's error becomes
+ *     `kernel` (the Nth kernel or GEMM to run faults: the device's error becomes
  *     sticky, cudaErrorLaunchFailure, as after a real fault: every later
  *     call returns it and queued work is dropped).
  *
@@ -430,8 +430,6 @@ const char *cudaGetErrorString(cudaError_t e) {
 
 cudaError_t cudaGetLastError(void) { return (cudaError_t)emu_rt::get_error(true); }
 
-cudaError_t cudaPeekAtLastError(void) { return (cudaError_t)emu_rt::get_error(false); }
-
 cudaError_t cudaGetDeviceCount(int *count) {
     *count = 0;
     const char *g = getenv("TIDE_EMU_GPU");
@@ -578,8 +576,6 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags) {
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreate(cudaStream_t *out) { return cudaStreamCreateWithFlags(out, cudaStreamDefault); }
-
 /* The stream's queued work still runs; the object stays (queued waits may
  * name it), marked so that any later use of it faults. */
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
@@ -625,8 +621,6 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags) {
     *out = (cudaEvent_t)h;
     return cudaSuccess;
 }
-
-cudaError_t cudaEventCreate(cudaEvent_t *out) { return cudaEventCreateWithFlags(out, cudaEventDefault); }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     if (!e) return ret(cudaErrorInvalidResourceHandle);
@@ -758,11 +752,6 @@ static cudaError_t memcpy_impl(void *dst, size_t dpitch, const void *src, size_t
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s) {
     return memcpy_impl(dst, n, src, n, n, 1, kind, s, "cudaMemcpyAsync");
-}
-
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
-    cudaError_t e = memcpy_impl(dst, n, src, n, n, 1, kind, nullptr, "cudaMemcpy");
-    return e != cudaSuccess ? e : cudaStreamSynchronize(nullptr);
 }
 
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
