@@ -14,7 +14,7 @@
  *    the measured executor time of each offloaded prefill (target within 15%).
  * Offloaded outputs are checked bit for bit against the unconstrained run.
  */
-#include "plan/probe.h"
+#include "probe/probe.h"
 #include "store/ssd.h"
 
 #include <stdio.h>

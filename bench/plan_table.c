@@ -14,7 +14,9 @@
  * Table 4: planning time of llama-65b prefill and of a 100k-op random graph.
  * Every plan is verified before it is counted.
  */
-#include "plan/plan.h"
+#include "runtime/tiling.h"
+#include "sim/sim.h"
+#include "verify/verify.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,7 +125,7 @@ static double tiled_xlb_at(const workload *w, const tide_hw *hw, uint64_t b, int
         int lv = 0;
         tide_plan *p = NULL;
         tide_bounds bd;
-        bool ok = !tide_plan_tiled_graph(ctx, &cfg, &go[k], &po, TIDE_TILE_AUTO, &g, &lv, &p, NULL) &&
+        bool ok = !tide_llama_plan_tiled(ctx, &cfg, &go[k], &po, TIDE_TILE_AUTO, &g, &lv, &p, NULL) &&
                   !tide_plan_verify(p) &&
                   !tide_llama_build(ctx, &cfg, &go[k], &g0) && !tide_plan_bounds(ctx, g0, &po, &bd);
         if (ok) {
@@ -229,7 +231,7 @@ static uint64_t tiled_min(const workload *w, const tide_hw *hw, int *level, doub
         tide_graph *g = NULL;
         uint64_t b = 0;
         int lv = 0;
-        if (tide_plan_tiled_graph(ctx, &cfg, &go[k], &po, TIDE_TILE_AUTO, &g, &lv, NULL, &b)) return 0;
+        if (tide_llama_plan_tiled(ctx, &cfg, &go[k], &po, TIDE_TILE_AUTO, &g, &lv, NULL, &b)) return 0;
         tide_graph_free(g);
         m = TIDE_MAX(m, b);
     }
@@ -304,7 +306,7 @@ static void table3(void) {
                         tide_graph *tg = NULL;
                         int lv = 0;
                         tide_plan *p = NULL;
-                        if (tide_plan_tiled_graph(ctx, &cfg, &go, &po, TIDE_TILE_AUTO, &tg, &lv, &p, NULL) == TIDE_OK) {
+                        if (tide_llama_plan_tiled(ctx, &cfg, &go, &po, TIDE_TILE_AUTO, &tg, &lv, &p, NULL) == TIDE_OK) {
                             if (!tide_plan_verify(p)) {
                                 char t[8];
                                 snprintf(t, sizeof t, "T%d", lv);

@@ -14,7 +14,11 @@
 #include "core/alloc_test.h"
 #include "backend/backend.h"
 #include "exec/executor.h"
-#include "plan/plan.h"
+#include "planner/planner.h"
+#include "runtime/tiling.h"
+#include "sim/sim.h"
+#include "trace/trace.h"
+#include "verify/verify.h"
 
 #include <dirent.h>
 #include <pthread.h>

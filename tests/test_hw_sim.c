@@ -1,5 +1,5 @@
 /*
- * test_hw_sim.c - hardware profiles and cost model (hw.c), the simulator
+ * test_hw_sim.c - hardware profiles and cost model (cost/hw.c, cost/cost.c), the simulator
  * (simulate.c), Perfetto traces (trace.c), plan JSON (plan_json.c) and the
  * machine probe (probe.c).
  *
@@ -25,8 +25,11 @@
 
 #include "async_backend.h"
 #include "core/alloc_test.h"
-#include "plan/plan.h"
-#include "plan/probe.h"
+#include "planner/planner.h"
+#include "sim/sim.h"
+#include "trace/trace.h"
+#include "verify/verify.h"
+#include "probe/probe.h"
 #include "backend/backend.h"
 
 static char tmpdir[256];
@@ -268,14 +271,14 @@ static void test_cost_model(void **state) {
     assert_int_equal(tide_graph_add_op(g, TIDE_OP_ADD, 2, (int[]){y, y2}, 1, (int[]){x}, NULL, 0, NULL), 0);
     double flops = 2.0 * 4096 * 4096 * 4096;
     /* prefill matmul, bf16 weight: compute-bound at the bf16 rate */
-    assert_near(tide_hw_op_seconds(&hw, g, &g->ops[0]), flops / (312e12 * 0.75) + 5e-6);
+    assert_near(tide_cost_op(&hw, g, &g->ops[0]), flops / (312e12 * 0.75) + 5e-6);
     /* the same with an f32 weight: the f32 rate */
-    assert_near(tide_hw_op_seconds(&hw, g, &g->ops[1]), flops / (19.5e12 * 0.75) + 5e-6);
+    assert_near(tide_cost_op(&hw, g, &g->ops[1]), flops / (19.5e12 * 0.75) + 5e-6);
     /* decode matmul (one row): memory-bound on the weight */
     double bytes = 4096.0 * 4 + 4096.0 * 4096 * 2 + 4096.0 * 4;
-    assert_near(tide_hw_op_seconds(&hw, g, &g->ops[2]), bytes / 2039e9 + 5e-6);
+    assert_near(tide_cost_op(&hw, g, &g->ops[2]), bytes / 2039e9 + 5e-6);
     /* element-wise add: memory-bound on 3 tensors */
-    assert_near(tide_hw_op_seconds(&hw, g, &g->ops[3]), 3.0 * 4096 * 4096 * 4 / 2039e9 + 5e-6);
+    assert_near(tide_cost_op(&hw, g, &g->ops[3]), 3.0 * 4096 * 4096 * 4 / 2039e9 + 5e-6);
     /* links and drives: n / bw + latency; two SSDs striped */
     assert_near(tide_hw_h2d_seconds(&hw, 25000000000ull), 1 + 1e-5);
     assert_near(tide_hw_d2h_seconds(&hw, 50000000000ull), 2 + 1e-5);
@@ -1098,8 +1101,8 @@ static void test_probe_backend_ops(void **state) {
         tide_hw slow = back;
         slow.attention_efficiency = back.attention_efficiency / 2;
         slow.mem_bw = back.mem_bw = 1e15; /* compute-bound */
-        double t1 = tide_hw_op_seconds(&back, g, &g->ops[op]) - back.launch_s;
-        double t2 = tide_hw_op_seconds(&slow, g, &g->ops[op]) - slow.launch_s;
+        double t1 = tide_cost_op(&back, g, &g->ops[op]) - back.launch_s;
+        double t2 = tide_cost_op(&slow, g, &g->ops[op]) - slow.launch_s;
         assert_true(fabs(t2 / t1 - 2.0) < 1e-9);
         tide_graph_free(g);
     }

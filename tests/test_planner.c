@@ -1,5 +1,5 @@
 /*
- * test_planner.c - the planner (src/plan/planner.c, baselines.c, lifetime.c):
+ * test_planner.c - the planner (src/planner/: planner.c, baselines.c, lifetime.c):
  *   1. hundreds of random DAGs (every role, STATE read and written, n_iter 1-3)
  *      planned by all three policies at random budgets above each policy's
  *      minimum: every plan passes the verifier and stays inside its budget;
@@ -20,8 +20,11 @@
 #include <cmocka.h>
 
 #include "core/alloc_test.h"
-#include "plan/lifetime.h"
-#include "plan/plan.h"
+#include "planner/lifetime.h"
+#include "planner/planner.h"
+#include "sim/sim.h"
+#include "trace/trace.h"
+#include "verify/verify.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -500,7 +503,7 @@ static void test_bounds(void **state) {
     assert_true(b.lower_bound_s >= b.compute_s && b.lower_bound_s >= b.link_s);
     assert_true(b.ideal_s >= b.lower_bound_s * 0.999);
     double c = 0;
-    for (int i = 0; i < g->n_ops; i++) c += tide_hw_op_seconds(&hw, g, &g->ops[i]);
+    for (int i = 0; i < g->n_ops; i++) c += tide_cost_op(&hw, g, &g->ops[i]);
     assert_true(b.compute_s > 2 * c * 0.999 && b.compute_s < 2 * c * 1.001);
     tide_plan *p = plan_ok(ctx, g, &o);
     assert_true(p->stats.makespan_s >= b.lower_bound_s * 0.999);

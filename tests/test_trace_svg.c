@@ -1,5 +1,5 @@
 /*
- * test_trace_svg.c - the device-memory picture (src/plan/trace_svg.c).
+ * test_trace_svg.c - the device-memory picture (src/trace/trace_svg.c).
  *
  * A hand-built plan of 17 instructions on all four streams (a 3-op graph:
  * weights on host and ssd, an input, two temps, one spilled to host then ssd,
@@ -29,8 +29,11 @@
 #include <unistd.h>
 
 #include "core/alloc_test.h"
-#include "plan/plan.h"
-#include "plan/trace_svg.h"
+#include "planner/planner.h"
+#include "sim/sim.h"
+#include "trace/trace.h"
+#include "verify/verify.h"
+#include "trace/trace.h"
 
 #define KIB 1024u
 #define W(...) (const int[]){__VA_ARGS__}, (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int))

@@ -1,5 +1,5 @@
 /*
- * test_verify.c - the plan verifier (src/plan/verify.c): hand-written plans
+ * test_verify.c - the plan verifier (src/verify/verify.c): hand-written plans
  * that must verify, then the same plans with exactly one thing broken, each
  * of which must fail with TIDE_E_VERIFY and a message naming the violation.
  *
@@ -25,7 +25,10 @@
 #include <string.h>
 
 #include "core/alloc_test.h"
-#include "plan/plan.h"
+#include "planner/planner.h"
+#include "sim/sim.h"
+#include "trace/trace.h"
+#include "verify/verify.h"
 
 #define K 1024u /* every tensor here is 256 f32 = 1 KiB */
 #define SKIP INT_MIN /* a wait left out (by a fault) */

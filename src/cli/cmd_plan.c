@@ -3,7 +3,10 @@
  * verify the plan, and predict its timeline on a hardware profile.
  */
 #include "cli.h"
-#include "plan/plan.h"
+#include "runtime/tiling.h"
+#include "sim/sim.h"
+#include "trace/trace.h"
+#include "verify/verify.h"
 
 #include <cjson/cJSON.h>
 #include <getopt.h>
@@ -225,7 +228,7 @@ int cmd_plan(int argc, char **argv) {
     bool is_min = !strcmp(a.budget, "min");
     if (is_min) {
         tide_graph *tg = NULL;
-        if (tide_plan_tiled_graph(ctx, &cfg, &go, &po, a.tile, &tg, &level, NULL, &po.device_budget)) {
+        if (tide_llama_plan_tiled(ctx, &cfg, &go, &po, a.tile, &tg, &level, NULL, &po.device_budget)) {
             rc = cli_fail(ctx, "finding the minimum budget");
             goto out;
         }
@@ -257,7 +260,7 @@ int cmd_plan(int argc, char **argv) {
     }
     if (!is_min) { /* the coarsest tiling that fits (none when the budget allows) */
         tide_graph *tg = NULL;
-        if (tide_plan_tiled_graph(ctx, &cfg, &go, &po, a.tile, &tg, &level, &p, NULL)) {
+        if (tide_llama_plan_tiled(ctx, &cfg, &go, &po, a.tile, &tg, &level, &p, NULL)) {
             if (a.json && tide_ctx_last_status(ctx) == TIDE_E_INFEASIBLE)
                 printf("{\"feasible\":false,\"policy\":\"%s\",\"budget_bytes\":%llu}\n",
                        tide_policy_name(a.policy), (unsigned long long)po.device_budget);

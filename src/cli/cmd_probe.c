@@ -2,7 +2,7 @@
  * cmd_probe.c - `tide probe`: measure this machine into a hardware profile.
  */
 #include "cli.h"
-#include "plan/probe.h"
+#include "probe/probe.h"
 
 #include <getopt.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
  * cmd_run.c - `tide run`: prefill a prompt and generate tokens greedily.
  */
 #include "cli.h"
-#include "plan/plan.h"
+#include "runtime/tiling.h"
 
 #include <cjson/cJSON.h>
 #include <getopt.h>

@@ -25,7 +25,7 @@
 #define TIDE_EXECUTOR_H
 
 #include "backend/backend.h"
-#include "plan/plan.h"
+#include "ir/plan.h"
 
 typedef struct tide_exec tide_exec;
 

@@ -7,7 +7,11 @@
 
 #include "backend/backend.h"
 #include "exec/executor.h"
-#include "plan/plan.h"
+#include "planner/planner.h"
+#include "runtime/tiling.h"
+#include "sim/sim.h"
+#include "trace/trace.h"
+#include "verify/verify.h"
 
 #include <stdlib.h>
 #include <string.h>

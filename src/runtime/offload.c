@@ -11,8 +11,8 @@
  * model's state buffers; inputs and outputs are the caller's host buffers,
  * bound again before every run.
  */
-#include "plan/probe.h"
-#include "plan/trace_svg.h"
+#include "probe/probe.h"
+#include "trace/trace.h"
 #include "runtime/model_int.h"
 
 #include <stdio.h>
@@ -246,7 +246,7 @@ static tide_status resolve_budget(tide_model *m, graph_slot *s) {
         tide_llama_graph_opts go = slot_graph_opts(m, s);
         tide_graph *tg = NULL;
         int level = 0;
-        tide_status st = tide_plan_tiled_graph(ctx, &m->cfg, &go, &po, m->off.tile, &tg, &level, NULL, &b);
+        tide_status st = tide_llama_plan_tiled(ctx, &m->cfg, &go, &po, m->off.tile, &tg, &level, NULL, &b);
         if (st) return st;
         tide_graph_free(tg); /* prepare plans the graph of that level again, at the budget */
         s->min_tile = level > 0 ? level : TIDE_TILE_NONE;
@@ -296,7 +296,7 @@ static tide_status prepare(tide_model *m, graph_slot *s) {
         tide_llama_graph_opts go = slot_graph_opts(m, s);
         tide_graph *tg = NULL;
         int level = 0;
-        if ((st = tide_plan_tiled_graph(ctx, &m->cfg, &go, &po, tile, &tg, &level, &s->plan, NULL)))
+        if ((st = tide_llama_plan_tiled(ctx, &m->cfg, &go, &po, tile, &tg, &level, &s->plan, NULL)))
             return st;
         slot_swap_graph(s, tg);
         s->tile_level = level;

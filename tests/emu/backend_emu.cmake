@@ -62,10 +62,10 @@ foreach(t tide_cudaemu_kern tide_cudaemu_rt)
   endif()
 endforeach()
 
-# The library's objects (tide_objs, compiled once for both), the backend
+# The library's objects (TIDE_LIB_OBJECTS, compiled once for both), the backend
 # selection with TIDE_HAVE_CUDA, the CUDA backend and the emulation.
 add_library(tide_cudaemu STATIC ${TIDE_BACKEND_SELECT} ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_backend.c
-            ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_file.c $<TARGET_OBJECTS:tide_objs>
+            ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_file.c ${TIDE_LIB_OBJECTS}
             $<TARGET_OBJECTS:tide_cudaemu_kern> $<TARGET_OBJECTS:tide_cudaemu_rt>)
 target_include_directories(tide_cudaemu PUBLIC ${PROJECT_SOURCE_DIR}/include
                                         PRIVATE ${PROJECT_SOURCE_DIR}/src ${CUDAToolkit_INCLUDE_DIRS})

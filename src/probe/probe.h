@@ -7,7 +7,7 @@
 #ifndef TIDE_PROBE_H
 #define TIDE_PROBE_H
 
-#include "plan/plan.h"
+#include "cost/cost.h"
 
 /* Measures this machine as the CPU backend sees it and fills *out, named
  * "probed-<hostname>":

@@ -1,8 +1,9 @@
 /*
- * hw.c - hardware profiles (JSON files under data/hw/) and the cost model that
- * the planner, the simulator and the bounds use to predict time.
+ * hw.c - hardware profiles: JSON files under data/hw/ (shipped) or anywhere
+ * (measured by `tide probe`), read and written here; cost.c turns them into
+ * predicted seconds.
  *
- * A profile is a flat JSON object with one field per member of tide_hw (plan.h)
+ * A profile is a flat JSON object with one field per member of tide_hw (cost.h)
  * plus "notes" (ignored: where the figures come from). Every field but
  * "notes" and "flops.i32" is required, and every value is checked: a malformed
  * profile is TIDE_E_FORMAT with a message naming the file and the field.
@@ -11,21 +12,8 @@
  *   1. $TIDE_DATA/hw/NAME.json            (tests, relocated installs)
  *   2. <dir of the executable>/../share/tide/hw/NAME.json   (installed tree)
  *   3. TIDE_DATA_DIR/hw/NAME.json         (compile time: the source tree's data/)
- *
- * The cost model (tide_hw_op_seconds) is deliberately simple and monotone:
- *   MATMUL     max(flops / (peak[weight dtype] * matmul_efficiency),
- *                  bytes touched / mem_bw) + launch_s
- *   ATTENTION  as MATMUL at the rate of its activation dtype, efficiency
- *              attention_efficiency (optional in a profile: 0.5 when absent;
- *              `tide probe` on a GPU measures it)
- *   GENERIC    as MATMUL at the f32 rate
- *   others     max(bytes touched / mem_bw, flops / (peak f32 * 0.5)) + launch_s
- * "Bytes touched" is the sum of the distinct input and output tensors' sizes,
- * except for the gathers (EMBED, TAKE_LAST), which touch only the rows they
- * copy. Transfers cost n / bandwidth + latency; the SSD tier is striped over
- * ssd_count drives, so its bandwidth is ssd_count times one drive's.
  */
-#include "plan/plan.h"
+#include "cost/cost.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -44,11 +32,6 @@
 #define TIDE_DATA_DIR ""
 #endif
 
-/* Fraction of the matmul peak that attention reaches (softmax, masking and
- * small per-head tiles keep it well below large GEMMs). */
-#define TIDE_ATTENTION_EFFICIENCY 0.5
-/* Fraction of the f32 peak that element-wise and reduction ops reach. */
-#define TIDE_VECTOR_EFFICIENCY 0.5
 /* Integers stored as JSON numbers must be exact doubles. */
 #define TIDE_JSON_MAX_INT 9007199254740992.0 /* 2^53 */
 
@@ -430,74 +413,4 @@ tide_status tide_hw_save(tide_ctx *ctx, const tide_hw *hw, const char *path) {
     append(buf, cap, &n, " }\n}\n");
     if (n >= cap) return tide_err(ctx, TIDE_E_INVALID, "hardware profile '%s' is too long to write", path);
     return write_whole(ctx, "hardware profile", path, buf, n);
-}
-
-/* ---------------------------------------------------------------- cost model */
-
-static double rate_of(const tide_hw *hw, tide_dtype dt) {
-    double r = (unsigned)dt < TIDE_DTYPE_COUNT ? hw->flops[dt] : 0;
-    return r > 0 ? r : hw->flops[TIDE_F32];
-}
-
-/* Bytes an op moves through device memory. */
-static double op_bytes(const tide_graph *g, const tide_op *op) {
-    const tide_tensor *T = g->tensors;
-    switch (op->kind) {
-    case TIDE_OP_EMBED: { /* gathers one table row per token (its share of them for a chunk) */
-        const tide_tensor *tab = &T[op->in[0]], *o = &T[op->out[0]];
-        double share = op->p.vocab ? (double)tab->shape[0] / (double)op->p.vocab : 1.0;
-        return 4.0 * (double)o->shape[0] + 2.0 * share * (double)o->nbytes;
-    }
-    case TIDE_OP_TAKE_LAST: /* copies B rows */
-        return 2.0 * 4.0 * (double)op->p.batch * (double)T[op->out[0]].shape[1];
-    case TIDE_OP_MATMUL: /* x and w read, the output block written */
-        return (double)T[op->in[0]].nbytes + (double)T[op->in[1]].nbytes +
-               4.0 * (double)T[op->in[0]].shape[0] * (double)T[op->in[1]].shape[0];
-    default: break;
-    }
-    double b = 0;
-    for (int i = 0; i < op->n_in; i++) b += (double)T[op->in[i]].nbytes;
-    for (int j = 0; j < op->n_out; j++)
-        if (!tide_op_reads(op, op->out[j])) b += (double)T[op->out[j]].nbytes;
-    return b;
-}
-
-double tide_hw_op_seconds(const tide_hw *hw, const tide_graph *g, const tide_op *op) {
-    double mem_s = op_bytes(g, op) / hw->mem_bw;
-    double rate;
-    switch (op->kind) {
-    case TIDE_OP_MATMUL:
-        rate = rate_of(hw, g->tensors[op->in[1]].dtype) * hw->matmul_efficiency;
-        break;
-    case TIDE_OP_ATTENTION:
-        rate = rate_of(hw, g->tensors[op->in[0]].dtype) *
-               (hw->attention_efficiency > 0 ? hw->attention_efficiency : TIDE_ATTENTION_EFFICIENCY);
-        break;
-    case TIDE_OP_GENERIC:
-        rate = hw->flops[TIDE_F32] * hw->matmul_efficiency;
-        break;
-    default:
-        rate = hw->flops[TIDE_F32] * TIDE_VECTOR_EFFICIENCY;
-        break;
-    }
-    double comp_s = op->flops > 0 ? op->flops / rate : 0;
-    return (comp_s > mem_s ? comp_s : mem_s) + hw->launch_s;
-}
-
-double tide_hw_h2d_seconds(const tide_hw *hw, uint64_t n) {
-    return (double)n / hw->h2d_bw + hw->link_latency_s;
-}
-
-double tide_hw_d2h_seconds(const tide_hw *hw, uint64_t n) {
-    return (double)n / hw->d2h_bw + hw->link_latency_s;
-}
-
-double tide_hw_ssd_read_seconds(const tide_hw *hw, uint64_t n) {
-    int k = hw->ssd_count > 0 ? hw->ssd_count : 1;
-    return (double)n / (hw->ssd_read_bw * k) + hw->ssd_latency_s;
-}
-
-double tide_hw_ssd_write_seconds(const tide_hw *hw, uint64_t n) {
-    int k = hw->ssd_count > 0 ? hw->ssd_count : 1;
-    return (double)n / (hw->ssd_write_bw * k) + hw->ssd_latency_s;
 }

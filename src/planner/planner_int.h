@@ -14,8 +14,10 @@
 #ifndef TIDE_PLANNER_INT_H
 #define TIDE_PLANNER_INT_H
 
-#include "plan/lifetime.h"
-#include "plan/planner_arena.h"
+#include "planner/lifetime.h"
+#include "planner/planner.h"
+#include "planner/planner_arena.h"
+#include "sim/sim.h"
 
 /* Device copy states (DESIGN 3; the diagram is in planner.c). */
 enum { PE_DEV_NONE = 0, PE_DEV_ALLOC, PE_DEV_VALID };
@@ -59,8 +61,8 @@ typedef struct pe_scratch {
     int pre_step;
 } pe_scratch;
 
-/* Simulated shared resources (mirrors simulate.c). */
-enum { PE_RES_COMPUTE = 0, PE_RES_H2D, PE_RES_D2H, PE_RES_SSD, PE_RES_COUNT };
+/* Index of a resource bit (cost.h) in res_free. */
+enum { PE_RES_H2D = 1 };
 
 typedef struct pe {
     tide_ctx *ctx;
@@ -79,7 +81,7 @@ typedef struct pe {
     double *ins_end;              /* simulated end of each instruction */
     int cap_end;
     double stream_end[TIDE_STREAM_COUNT];
-    double res_free[PE_RES_COUNT];
+    double res_free[TIDE_RES_COUNT]; /* per resource bit (cost.h): when it is free */
     int *cs_after;                /* per step: last compute-stream instruction
                                      emitted before the next COMPUTE */
     int last_compute_step;        /* step of the last COMPUTE emitted, -1 */

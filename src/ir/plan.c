@@ -2,7 +2,7 @@
  * plan.c - the plan container: instruction list with per-instruction waits,
  * names of tiers, streams, instruction kinds and policies.
  */
-#include "plan/plan.h"
+#include "ir/plan.h"
 
 #include <string.h>
 

@@ -74,7 +74,7 @@
  * theirs. A claim costs O(log n + segments it covers), so the whole replay is
  * about O(n log n) over instructions.
  */
-#include "plan/plan.h"
+#include "verify/verify.h"
 
 #include <inttypes.h>
 #include <stdarg.h>

@@ -25,69 +25,20 @@
  *   - When several instructions could take a resource at the same instant, the
  *     one that became ready first wins, ties going to the lower instruction
  *     index. The replay is therefore deterministic.
- *   - Durations come from the cost model (hw.c). A pipelined SSD transfer of n
- *     bytes through chunks of TIDE_SIM_CHUNK bytes takes the slower stage's
- *     time for all n bytes plus the faster stage's time for one chunk (the
- *     pipeline's fill).
+ *   - Durations and resources come from the cost model (cost/cost.c), the
+ *     same functions the planner's clock and the lower bound use. A pipelined
+ *     SSD transfer takes the slower stage's time for all its bytes plus the
+ *     faster stage's time for one chunk (the pipeline's fill).
  *
  * Cost: every stream runs one instruction at a time, so at most
  * TIDE_STREAM_COUNT instructions are in flight and each step of the replay
  * looks at TIDE_STREAM_COUNT stream heads: O(instructions + waits) time and
  * memory.
  */
-#include "plan/plan.h"
+#include "sim/sim.h"
 
 #include <math.h>
 #include <string.h>
-
-/* Bounce-buffer chunk of an SSD <-> device transfer. */
-#define TIDE_SIM_CHUNK ((uint64_t)4 << 20)
-
-enum {
-    RES_COMPUTE = 1u << 0,
-    RES_H2D = 1u << 1,
-    RES_D2H = 1u << 2,
-    RES_SSD = 1u << 3,
-};
-
-static double pipelined(double whole_a, double whole_b, double chunk_a, double chunk_b) {
-    return (whole_a > whole_b ? whole_a : whole_b) + (chunk_a < chunk_b ? chunk_a : chunk_b);
-}
-
-/* Duration of instruction ins and the resources it holds. */
-static double ins_seconds(const tide_plan *p, const tide_hw *hw, const tide_ins *ins, unsigned *res) {
-    const tide_graph *g = p->g;
-    uint64_t n = ins->tensor >= 0 ? g->tensors[ins->tensor].nbytes : 0;
-    uint64_t c = n < TIDE_SIM_CHUNK ? n : TIDE_SIM_CHUNK;
-    switch (ins->kind) {
-    case TIDE_INS_COMPUTE:
-        *res = RES_COMPUTE;
-        return tide_hw_op_seconds(hw, g, &g->ops[ins->op]);
-    case TIDE_INS_LOAD:
-        if (ins->src == TIDE_TIER_SSD) {
-            *res = RES_SSD | RES_H2D;
-            return pipelined(tide_hw_ssd_read_seconds(hw, n), tide_hw_h2d_seconds(hw, n),
-                             tide_hw_ssd_read_seconds(hw, c), tide_hw_h2d_seconds(hw, c));
-        }
-        *res = RES_H2D;
-        return tide_hw_h2d_seconds(hw, n);
-    case TIDE_INS_STORE:
-        if (ins->dst == TIDE_TIER_SSD) {
-            *res = RES_D2H | RES_SSD;
-            return pipelined(tide_hw_d2h_seconds(hw, n), tide_hw_ssd_write_seconds(hw, n),
-                             tide_hw_d2h_seconds(hw, c), tide_hw_ssd_write_seconds(hw, c));
-        }
-        *res = RES_D2H;
-        return tide_hw_d2h_seconds(hw, n);
-    case TIDE_INS_MOVE:
-        *res = RES_SSD;
-        return ins->dst == TIDE_TIER_SSD ? tide_hw_ssd_write_seconds(hw, n)
-                                         : tide_hw_ssd_read_seconds(hw, n);
-    default:
-        *res = 0;
-        return 0;
-    }
-}
 
 /* Checks what the replay relies on: kinds, streams, op/tensor indices and
  * waits in range. Returns the index of the first bad instruction or -1. */
@@ -150,7 +101,7 @@ tide_status tide_simulate(const tide_plan *p, const tide_hw *hw, tide_sim_result
     for (int i = 0; i < n; i++) {
         const tide_ins *in = &p->ins[i];
         unsigned r = 0;
-        dur[i] = ins_seconds(p, hw, in, &r);
+        dur[i] = tide_cost_ins(hw, p->g, in, &r);
         res[i] = (unsigned char)r;
         pending[i] = in->n_wait;
         ev[i].ins = i;

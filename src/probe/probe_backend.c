@@ -1,6 +1,6 @@
 /*
  * probe_backend.c - measuring a device backend into a hardware profile
- * (tide_probe_backend, declared in plan/probe.h). Everything is timed through
+ * (tide_probe_backend, declared in probe/probe.h). Everything is timed through
  * the backend vtable, the way the executor uses it: one-op graphs computed by
  * be->vt->compute, copies by to_device / to_host from host_alloc'ed (pinned)
  * memory. On a backend with events, as the executor does there, each is
@@ -16,7 +16,7 @@
  * budget lasts, at least twice, and keeps the best time.
  */
 #include "backend/backend.h"
-#include "plan/probe.h"
+#include "probe/probe.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -8,7 +8,7 @@
  * machine's capability, not its noise) and stops early when its share is
  * spent, always after at least one full repetition.
  */
-#include "plan/probe.h"
+#include "probe/probe.h"
 
 #include <cblas.h>
 #include <errno.h>

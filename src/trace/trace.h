@@ -1,14 +1,27 @@
 /*
- * trace_svg.h - a plan's device memory over time, drawn as an SVG picture:
+ * trace.h - timelines of a plan written for people: Perfetto trace JSON
+ * (tide_trace_write) and an SVG picture of the device arena over time
+ * (tide_trace_svg_write).
+ *
+ * The SVG shows a plan's device memory over time:
  * one panel per timeline (measured by the executor, predicted by the
  * simulator, ...) stacked vertically, so runs of one plan can be compared by
  * eye. The Perfetto trace (tide_trace_write) is for zooming into one run; this
  * picture is for seeing a whole run at once.
  */
-#ifndef TIDE_PLAN_TRACE_SVG_H
-#define TIDE_PLAN_TRACE_SVG_H
+#ifndef TIDE_TRACE_H
+#define TIDE_TRACE_H
 
-#include "plan/plan.h"
+#include "ir/plan.h"
+
+/* Perfetto / Chrome trace JSON: one track per stream (instruction slices named
+ * "op name" / "load tensor" ...), a counter track "device bytes" of arena bytes
+ * in use. `timeline` gives each instruction's start and end (from the simulator
+ * or measured by the executor). Written via a temporary file and rename.
+ * Returns TIDE_OK, TIDE_E_INVALID (a malformed timeline), TIDE_E_IO or
+ * TIDE_E_NOMEM. */
+tide_status tide_trace_write(const tide_plan *p, const tide_sim_event *timeline, int n,
+                             const char *path);
 
 /* Writes an SVG of p's device arena over time to path.
  *

@@ -8,8 +8,7 @@
  * whose minimum is smallest. A level's largest working set bounds its minimum
  * from below, so a level that cannot beat the best so far is not planned.
  */
-#include "plan/plan.h"
-#include "plan/lifetime.h"
+#include "runtime/tiling.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +34,7 @@ static tide_status build_level(tide_ctx *ctx, const tide_llama_config *cfg, cons
     return tide_llama_build(ctx, cfg, &o, g);
 }
 
-tide_status tide_plan_tiled_graph(tide_ctx *ctx, const tide_llama_config *cfg,
+tide_status tide_llama_plan_tiled(tide_ctx *ctx, const tide_llama_config *cfg,
                                   const tide_llama_graph_opts *base, const tide_plan_opts *opts, int tile,
                                   tide_graph **g, int *level, tide_plan **plan, uint64_t *min_budget) {
     *g = NULL;

@@ -25,7 +25,7 @@
 #ifndef TIDE_PLANNER_ARENA_H
 #define TIDE_PLANNER_ARENA_H
 
-#include "plan/plan.h"
+#include "ir/plan.h"
 
 enum { TIDE_BLK_FREE = -1, TIDE_BLK_SCRATCH = -2, TIDE_BLK_RESERVED = -3, TIDE_BLK_RECYCLED = -4 };
 

@@ -66,17 +66,4 @@ int tide_lifetime_last_write(const tide_lifetime *lt, int t);
  * is a pure write, or there is none. */
 bool tide_lifetime_dead_after(const tide_lifetime *lt, int t, int step);
 
-/* Bytes rounded up to the arena's allocation granule (every device offset and
- * size is a multiple of it). */
-#define TIDE_PLAN_ALIGN 4096u
-static inline uint64_t tide_plan_align(uint64_t n) {
-    return (n + TIDE_PLAN_ALIGN - 1) / TIDE_PLAN_ALIGN * TIDE_PLAN_ALIGN;
-}
-/* Device bytes op needs at once: every distinct input and output tensor plus
- * its scratch, each rounded up to the granule. No plan of g fits a budget
- * below the largest of these. */
-uint64_t tide_op_working_set(const tide_graph *g, const tide_op *op);
-/* Largest working set over the ops of g (*which: the op, may be NULL). */
-uint64_t tide_graph_max_working_set(const tide_graph *g, int *which);
-
 #endif

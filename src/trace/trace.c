@@ -30,7 +30,7 @@
  * The file is streamed with fprintf (traces reach millions of events) into a
  * temporary file that is renamed over `path` only when complete.
  */
-#include "plan/plan.h"
+#include "trace/trace.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -6,7 +6,7 @@
  * of execution and their resolution, scratch, the forced preparation of a
  * step and the fallback of a fresh layout.
  */
-#include "plan/planner_int.h"
+#include "planner/planner_int.h"
 
 #include <assert.h>
 #include <string.h>

@@ -34,7 +34,7 @@
  * temporary file renamed over the path when complete. Loading parses the
  * whole file with cJSON: about 1 KB of memory per instruction while loading.
  */
-#include "plan/plan.h"
+#include "ir/plan.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

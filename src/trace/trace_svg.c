@@ -37,7 +37,7 @@
  * are applied before allocations, so a verified plan never draws above its
  * budget.
  */
-#include "plan/trace_svg.h"
+#include "trace/trace.h"
 
 #include <errno.h>
 #include <fcntl.h>

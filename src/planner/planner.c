@@ -14,8 +14,8 @@
  * n_iter-unrolled op sequence (step = iter * n_ops + op):
  *
  *   exec   the execution horizon: the next step whose COMPUTE is emitted. A
- *          simulated clock per stream and per link (the cost model of hw.c,
- *          the resource model of simulate.c) says when each instruction would
+ *          simulated clock per stream and per link (the cost model of cost/cost.c,
+ *          the same one the simulator replays with) says when each instruction would
  *          run.
  *   alloc  the allocation horizon, alloc >= exec: steps [exec, alloc) are
  *          prepared (inputs loaded or loading, outputs and scratch placed).
@@ -90,7 +90,7 @@
  *   I6 At the end, every WEIGHT/STATE/OUTPUT home holds its latest version and
  *      only resident tensors remain on the device.
  */
-#include "plan/planner_int.h"
+#include "planner/planner_int.h"
 
 #include <assert.h>
 #include <string.h>
@@ -166,7 +166,7 @@ static double belady_cost(pe *e, int t, void *user) {
          * step at a time), a tensor used just before the horizon may go too:
          * a streaming slot that keeps the link busy, at the price of one
          * load; the long-lived residents, used longer ago, stay. */
-        bool starving = e->res_free[PE_RES_H2D] + tide_hw_h2d_seconds(e->hw, h->size) >=
+        bool starving = e->res_free[PE_RES_H2D] + tide_cost_load(e->hw, TIDE_TIER_HOST, h->size, NULL) >=
                         e->stream_end[TIDE_STREAM_COMPUTE] + pe_compute_seconds(e, e->exec, a);
         if (h->floor == -2) horizon_floor(e, h);
         if (starving) {
@@ -588,17 +588,26 @@ tide_status tide_plan_bounds(tide_ctx *ctx, const tide_graph *g, const tide_plan
     uint64_t later_ssd = in_ssd > room ? in_ssd - room : 0;
     uint64_t room2 = room > in_ssd ? room - in_ssd : 0;
     uint64_t later_host = in_host > room2 ? in_host - room2 : 0;
-    double r_host = (double)in_host + (double)(n_iter - 1) * (double)later_host;
-    double r_ssd = (double)in_ssd + (double)(n_iter - 1) * (double)later_ssd;
-    /* An SSD transfer goes through the host link too (bounce buffers) and
-     * holds it for its whole, slower duration (simulate.c's model). */
-    int k = hw->ssd_count > 0 ? hw->ssd_count : 1;
-    double rd = e.has_ssd ? TIDE_MAX(1.0 / (hw->ssd_read_bw * k), 1.0 / hw->h2d_bw) : 0;
-    double wr = e.has_ssd ? TIDE_MAX(1.0 / (hw->ssd_write_bw * k), 1.0 / hw->d2h_bw) : 0;
-    double h2d = r_host / hw->h2d_bw + r_ssd * rd;
-    double d2h = (double)out_host / hw->d2h_bw + (double)out_ssd * wr;
-    double ssd = e.has_ssd ? r_ssd / (hw->ssd_read_bw * k) + (double)out_ssd / (hw->ssd_write_bw * k) : 0;
-    double link = TIDE_MAX(h2d, TIDE_MAX(d2h, ssd));
+    uint64_t r_host = in_host + (uint64_t)(n_iter - 1) * later_host;
+    uint64_t r_ssd = in_ssd + (uint64_t)(n_iter - 1) * later_ssd;
+    /* Each link's busy time if its bytes crossed in one transfer, priced by
+     * the cost model the simulator uses (an SSD load holds the SSDs and the
+     * h2d link): splitting them into more transfers only
+     * adds latencies and pipeline fills. */
+    double busy[TIDE_RES_COUNT] = {0};
+    struct { uint64_t n; double s; unsigned res; } xfer[4] = {
+        {r_host, 0, 0}, {r_ssd, 0, 0}, {out_host, 0, 0}, {out_ssd, 0, 0}};
+    for (int k = 0; k < 4; k++) {
+        if (!xfer[k].n) continue;
+        tide_tier tier = k % 2 ? TIDE_TIER_SSD : TIDE_TIER_HOST;
+        xfer[k].s = k < 2 ? tide_cost_load(hw, tier, xfer[k].n, &xfer[k].res)
+                          : tide_cost_store(hw, tier, xfer[k].n, &xfer[k].res);
+        for (int r = 0; r < TIDE_RES_COUNT; r++)
+            if (xfer[k].res >> r & 1) busy[r] += xfer[k].s;
+    }
+    double link = 0;
+    for (int r = 0; r < TIDE_RES_COUNT; r++)
+        if (!((1u << r) & TIDE_RES_COMPUTE)) link = TIDE_MAX(link, busy[r]);
     pe_free(&e, false);
 
     out->compute_s = compute;

@@ -26,7 +26,7 @@
  * then resident layers take what is left. The smallest feasible budget is
  * therefore two buffers of the largest layer plus that peak.
  */
-#include "plan/planner_int.h"
+#include "planner/planner_int.h"
 
 #include <string.h>
 

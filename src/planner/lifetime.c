@@ -2,7 +2,8 @@
  * lifetime.c - per-tensor use lists over one iteration, queried as the
  * n_iter-unrolled sequence (lifetime.h).
  */
-#include "plan/lifetime.h"
+#include "planner/planner.h"
+#include "planner/lifetime.h"
 
 #include <string.h>
 

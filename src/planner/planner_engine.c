@@ -5,7 +5,7 @@
  * stats. The design note (invariants, state diagram) is at the top of
  * planner.c.
  */
-#include "plan/planner_int.h"
+#include "planner/planner_int.h"
 
 #include <assert.h>
 #include <string.h>
@@ -54,18 +54,12 @@ int pe_next_use(pe *e, int t) {
 
 double pe_load_seconds(const pe *e, int t) {
     const pe_tensor *T = &e->t[t];
-    if (T->cp[TIDE_TIER_HOST].valid || !T->cp[TIDE_TIER_SSD].valid)
-        return tide_hw_h2d_seconds(e->hw, T->nbytes);
-    double a = tide_hw_ssd_read_seconds(e->hw, T->nbytes), b = tide_hw_h2d_seconds(e->hw, T->nbytes);
-    return a > b ? a : b;
+    tide_tier src = T->cp[TIDE_TIER_HOST].valid || !T->cp[TIDE_TIER_SSD].valid ? TIDE_TIER_HOST : TIDE_TIER_SSD;
+    return tide_cost_load(e->hw, src, T->nbytes, NULL);
 }
 
 double pe_store_seconds(const pe *e, int t, tide_tier tier) {
-    const pe_tensor *T = &e->t[t];
-    double a = tide_hw_d2h_seconds(e->hw, T->nbytes);
-    if (tier != TIDE_TIER_SSD) return a;
-    double b = tide_hw_ssd_write_seconds(e->hw, T->nbytes);
-    return a > b ? a : b;
+    return tide_cost_store(e->hw, tier, e->t[t].nbytes, NULL);
 }
 
 static uint64_t tier_size(const pe *e, int t, tide_tier tier) {
@@ -87,44 +81,18 @@ int pe_spill_tier(pe *e, int t) {
     if (e->host_used + n <= e->host.size / 4 * 3) return TIDE_TIER_HOST;
     int next = pe_next_use(e, t);
     double idle = next == TIDE_NEVER ? 1e30 : pe_compute_seconds(e, e->exec, next);
-    double trip = pe_store_seconds(e, t, TIDE_TIER_SSD) + tide_hw_ssd_read_seconds(e->hw, e->t[t].nbytes);
+    double trip = pe_store_seconds(e, t, TIDE_TIER_SSD) + tide_cost_load(e->hw, TIDE_TIER_SSD, e->t[t].nbytes, NULL);
     return idle >= trip ? TIDE_TIER_SSD : TIDE_TIER_HOST;
 }
 
 /* ---------------------------------------------------------------- emission */
 
-/* Duration and resources of an instruction (as simulate.c models them). */
+/* Duration and resources of an instruction: the cost model's, with the ops'
+ * costs cached. */
 static double ins_cost(const pe *e, const tide_ins *in, unsigned *res) {
-    uint64_t n = in->tensor >= 0 ? e->t[in->tensor].nbytes : 0;
-    const tide_hw *hw = e->hw;
-    double a, b;
-    switch (in->kind) {
-    case TIDE_INS_COMPUTE:
-        *res = 1u << PE_RES_COMPUTE;
-        return e->op_s[in->op];
-    case TIDE_INS_LOAD:
-        if (in->src == TIDE_TIER_SSD) {
-            *res = 1u << PE_RES_SSD | 1u << PE_RES_H2D;
-            a = tide_hw_ssd_read_seconds(hw, n), b = tide_hw_h2d_seconds(hw, n);
-            return a > b ? a : b;
-        }
-        *res = 1u << PE_RES_H2D;
-        return tide_hw_h2d_seconds(hw, n);
-    case TIDE_INS_STORE:
-        if (in->dst == TIDE_TIER_SSD) {
-            *res = 1u << PE_RES_SSD | 1u << PE_RES_D2H;
-            a = tide_hw_ssd_write_seconds(hw, n), b = tide_hw_d2h_seconds(hw, n);
-            return a > b ? a : b;
-        }
-        *res = 1u << PE_RES_D2H;
-        return tide_hw_d2h_seconds(hw, n);
-    case TIDE_INS_MOVE:
-        *res = 1u << PE_RES_SSD;
-        return in->dst == TIDE_TIER_SSD ? tide_hw_ssd_write_seconds(hw, n) : tide_hw_ssd_read_seconds(hw, n);
-    default:
-        *res = 0;
-        return 0;
-    }
+    if (in->kind != TIDE_INS_COMPUTE) return tide_cost_ins(e->hw, e->g, in, res);
+    *res = TIDE_RES_COMPUTE;
+    return e->op_s[in->op];
 }
 
 int pe_emit(pe *e, tide_ins *ins, const pe_waits *w) {
@@ -142,10 +110,10 @@ int pe_emit(pe *e, tide_ins *ins, const pe_waits *w) {
     }
     unsigned res = 0;
     double dur = ins_cost(e, ins, &res);
-    for (int r = 0; r < PE_RES_COUNT; r++)
+    for (int r = 0; r < TIDE_RES_COUNT; r++)
         if ((res >> r & 1) && e->res_free[r] > ready) ready = e->res_free[r];
     double end = ready + dur;
-    for (int r = 0; r < PE_RES_COUNT; r++)
+    for (int r = 0; r < TIDE_RES_COUNT; r++)
         if (res >> r & 1) e->res_free[r] = end;
     e->ins_end[idx] = end;
     e->stream_end[ins->stream] = end;
@@ -562,7 +530,7 @@ tide_status pe_init(pe *e, tide_ctx *ctx, const tide_graph *g, const tide_plan_o
     p->device_budget = o->device_budget;
     e->op_cum[0] = 0;
     for (int i = 0; i < g->n_ops; i++) {
-        e->op_s[i] = tide_hw_op_seconds(hw, g, &g->ops[i]);
+        e->op_s[i] = tide_cost_op(hw, g, &g->ops[i]);
         e->op_cum[i + 1] = e->op_cum[i] + e->op_s[i];
     }
     /* About three instructions a step: reserve once rather than copy while

@@ -2,7 +2,7 @@
  * planner_arena.c - the planner's range allocator (planner_arena.h): blocks in
  * address order, free blocks in a treap by (size, offset), release records.
  */
-#include "plan/planner_arena.h"
+#include "planner/planner_arena.h"
 
 #include <string.h>
 

@@ -1,0 +1,150 @@
+/*
+ * cost.c - the cost model (cost.h): predicted seconds of every instruction
+ * kind on a hardware profile. The planner prices its choices with these, the
+ * simulator replays plans with them and the lower bound sums them, so the
+ * three never disagree about what a transfer or an op costs.
+ *
+ * Ops:
+ *   MATMUL     max(flops / (peak[weight dtype] * matmul_efficiency),
+ *                  bytes / mem_bw) + launch_s
+ *   ATTENTION  as MATMUL at the rate of its activation dtype, efficiency
+ *              attention_efficiency (0.5 when the profile has none)
+ *   GENERIC    as MATMUL at the f32 rate
+ *   others     max(bytes / mem_bw, flops / (peak f32 * 0.5)) + launch_s
+ * "Bytes" is the sum of the distinct input and output tensors' sizes, except
+ * for the gathers (EMBED, TAKE_LAST), which touch only the rows they copy,
+ * and MATMUL tiles, which write only their block.
+ *
+ * Transfers: n / bandwidth + latency per stage; the SSD tier is striped over
+ * ssd_count drives, so its bandwidth is ssd_count times one drive's. An SSD
+ * <-> device transfer is two stages pipelined through chunks (the executor's
+ * bounce buffer): the slower stage for all the bytes plus the faster one for
+ * the first chunk.
+ */
+#include "cost/cost.h"
+
+/* Fraction of the matmul peak that attention reaches (softmax, masking and
+ * small per-head tiles keep it well below large GEMMs). */
+#define TIDE_ATTENTION_EFFICIENCY 0.5
+/* Fraction of the f32 peak that element-wise and reduction ops reach. */
+#define TIDE_VECTOR_EFFICIENCY 0.5
+
+static double rate_of(const tide_hw *hw, tide_dtype dt) {
+    double r = (unsigned)dt < TIDE_DTYPE_COUNT ? hw->flops[dt] : 0;
+    return r > 0 ? r : hw->flops[TIDE_F32];
+}
+
+/* Bytes an op moves through device memory. */
+static double op_bytes(const tide_graph *g, const tide_op *op) {
+    const tide_tensor *T = g->tensors;
+    switch (op->kind) {
+    case TIDE_OP_EMBED: { /* gathers one table row per token (its share of them for a chunk) */
+        const tide_tensor *tab = &T[op->in[0]], *o = &T[op->out[0]];
+        double share = op->p.vocab ? (double)tab->shape[0] / (double)op->p.vocab : 1.0;
+        return 4.0 * (double)o->shape[0] + 2.0 * share * (double)o->nbytes;
+    }
+    case TIDE_OP_TAKE_LAST: /* copies B rows */
+        return 2.0 * 4.0 * (double)op->p.batch * (double)T[op->out[0]].shape[1];
+    case TIDE_OP_MATMUL: /* x and w read, the output block written */
+        return (double)T[op->in[0]].nbytes + (double)T[op->in[1]].nbytes +
+               4.0 * (double)T[op->in[0]].shape[0] * (double)T[op->in[1]].shape[0];
+    default: break;
+    }
+    double b = 0;
+    for (int i = 0; i < op->n_in; i++) b += (double)T[op->in[i]].nbytes;
+    for (int j = 0; j < op->n_out; j++)
+        if (!tide_op_reads(op, op->out[j])) b += (double)T[op->out[j]].nbytes;
+    return b;
+}
+
+double tide_cost_op(const tide_hw *hw, const tide_graph *g, const tide_op *op) {
+    double mem_s = op_bytes(g, op) / hw->mem_bw;
+    double rate;
+    switch (op->kind) {
+    case TIDE_OP_MATMUL:
+        rate = rate_of(hw, g->tensors[op->in[1]].dtype) * hw->matmul_efficiency;
+        break;
+    case TIDE_OP_ATTENTION:
+        rate = rate_of(hw, g->tensors[op->in[0]].dtype) *
+               (hw->attention_efficiency > 0 ? hw->attention_efficiency : TIDE_ATTENTION_EFFICIENCY);
+        break;
+    case TIDE_OP_GENERIC:
+        rate = hw->flops[TIDE_F32] * hw->matmul_efficiency;
+        break;
+    default:
+        rate = hw->flops[TIDE_F32] * TIDE_VECTOR_EFFICIENCY;
+        break;
+    }
+    double comp_s = op->flops > 0 ? op->flops / rate : 0;
+    return (comp_s > mem_s ? comp_s : mem_s) + hw->launch_s;
+}
+
+double tide_hw_h2d_seconds(const tide_hw *hw, uint64_t n) {
+    return (double)n / hw->h2d_bw + hw->link_latency_s;
+}
+
+double tide_hw_d2h_seconds(const tide_hw *hw, uint64_t n) {
+    return (double)n / hw->d2h_bw + hw->link_latency_s;
+}
+
+double tide_hw_ssd_read_seconds(const tide_hw *hw, uint64_t n) {
+    int k = hw->ssd_count > 0 ? hw->ssd_count : 1;
+    return (double)n / (hw->ssd_read_bw * k) + hw->ssd_latency_s;
+}
+
+double tide_hw_ssd_write_seconds(const tide_hw *hw, uint64_t n) {
+    int k = hw->ssd_count > 0 ? hw->ssd_count : 1;
+    return (double)n / (hw->ssd_write_bw * k) + hw->ssd_latency_s;
+}
+
+/* Two stages of one transfer pipelined through chunks: the slower stage for
+ * the whole, the faster for the first chunk. */
+static double pipelined(double whole_a, double whole_b, double chunk_a, double chunk_b) {
+    return (whole_a > whole_b ? whole_a : whole_b) + (chunk_a < chunk_b ? chunk_a : chunk_b);
+}
+
+static void set_res(unsigned *res, unsigned r) {
+    if (res) *res = r;
+}
+
+double tide_cost_load(const tide_hw *hw, tide_tier src, uint64_t n, unsigned *res) {
+    if (src != TIDE_TIER_SSD) {
+        set_res(res, TIDE_RES_H2D);
+        return tide_hw_h2d_seconds(hw, n);
+    }
+    uint64_t c = n < TIDE_COST_CHUNK ? n : TIDE_COST_CHUNK;
+    set_res(res, TIDE_RES_SSD | TIDE_RES_H2D);
+    return pipelined(tide_hw_ssd_read_seconds(hw, n), tide_hw_h2d_seconds(hw, n), tide_hw_ssd_read_seconds(hw, c),
+                     tide_hw_h2d_seconds(hw, c));
+}
+
+double tide_cost_store(const tide_hw *hw, tide_tier dst, uint64_t n, unsigned *res) {
+    if (dst != TIDE_TIER_SSD) {
+        set_res(res, TIDE_RES_D2H);
+        return tide_hw_d2h_seconds(hw, n);
+    }
+    uint64_t c = n < TIDE_COST_CHUNK ? n : TIDE_COST_CHUNK;
+    set_res(res, TIDE_RES_D2H | TIDE_RES_SSD);
+    return pipelined(tide_hw_d2h_seconds(hw, n), tide_hw_ssd_write_seconds(hw, n), tide_hw_d2h_seconds(hw, c),
+                     tide_hw_ssd_write_seconds(hw, c));
+}
+
+double tide_cost_move(const tide_hw *hw, tide_tier dst, uint64_t n, unsigned *res) {
+    set_res(res, TIDE_RES_SSD);
+    return dst == TIDE_TIER_SSD ? tide_hw_ssd_write_seconds(hw, n) : tide_hw_ssd_read_seconds(hw, n);
+}
+
+double tide_cost_ins(const tide_hw *hw, const tide_graph *g, const tide_ins *in, unsigned *res) {
+    uint64_t n = in->tensor >= 0 ? g->tensors[in->tensor].nbytes : 0;
+    switch (in->kind) {
+    case TIDE_INS_COMPUTE:
+        set_res(res, TIDE_RES_COMPUTE);
+        return tide_cost_op(hw, g, &g->ops[in->op]);
+    case TIDE_INS_LOAD: return tide_cost_load(hw, in->src, n, res);
+    case TIDE_INS_STORE: return tide_cost_store(hw, in->dst, n, res);
+    case TIDE_INS_MOVE: return tide_cost_move(hw, in->dst, n, res);
+    default:
+        set_res(res, 0);
+        return 0;
+    }
+}

@@ -1,0 +1,161 @@
+/*
+ * plan.h - the plan IR: what the planner produces, the verifier proves, the
+ * simulator replays, the executor runs and traces draw (DESIGN sections 3-5).
+ * It is the contract every pipeline stage shares; nothing here plans,
+ * checks or runs anything.
+ *
+ * A plan runs a graph n_iter times. It is a list of instructions; each sits on
+ * one stream and streams run their instructions in list order (FIFO). Across
+ * streams, an instruction starts only after every instruction in its wait list
+ * has completed. Nothing else orders streams.
+ *
+ * Instructions:
+ *   COMPUTE op            reads every input at dev_off[i], writes every output at
+ *                         dev_off[n_in + j] in the device arena; scratch at
+ *                         scratch_off (scratch_bytes = op->scratch_bytes).
+ *   LOAD  t  src -> dev   copies tensor t from its copy on tier src (HOST or SSD)
+ *                         to the device arena at dev_off[0].
+ *   STORE t  dev -> dst   copies the device copy at dev_off[0] to tier dst
+ *                         (HOST or SSD) at tier_off; that copy becomes valid.
+ *   MOVE  t  src -> dst   copies between HOST and SSD (tier_off: destination
+ *                         offset; src_off: source offset).
+ *   DROP  t  tier         ends a copy's life: on DEVICE its arena range
+ *                         [dev_off[0], +nbytes) is free once DROP completes; on
+ *                         HOST or SSD its spill space is free.
+ *   FREE t  (not an instruction): a tensor is dead after its last DROP.
+ *
+ * Conventions (the verifier enforces them): op = -1 on every instruction but
+ * COMPUTE and tensor = -1 on a COMPUTE; COMPUTE runs on the compute stream, LOAD
+ * on h2d or io, STORE on d2h or io, MOVE on io, DROP on any; waits name earlier
+ * instructions only (list order is then a topological order: no deadlock, and a
+ * CUDA event is always recorded before it is waited on). A DROP need not wait
+ * for the copy's readers, but whoever reuses its bytes waits on the DROP and on
+ * every access of the previous occupant. Homes are never dropped; WEIGHT and
+ * INPUT homes are never written.
+ *
+ * Device memory: one arena of exactly device_budget bytes; every device copy
+ * has an offset decided here. Live device ranges are those between the first
+ * write of a range (the LOAD or the COMPUTE that produces the tensor) and the
+ * completion of its DROP. A tensor not kept resident is DROPped after its
+ * last use (or when evicted); at the end of the plan only resident tensors may
+ * still have device copies, and their homes hold the latest version.
+ *
+ * Homes: WEIGHT and STATE tensors have a home tier (HOST or SSD) where a clean
+ * copy lives before the run and where their latest version must be when the
+ * plan ends. INPUT tensors start valid on HOST; OUTPUT tensors must end valid on
+ * HOST. TEMP tensors have no home; they may be spilled to HOST or SSD space
+ * (tier_off in the spill area of that tier) and reloaded.
+ *
+ * Host and SSD spill areas: host_spill_bytes and ssd_spill_bytes are the
+ * highest tier_off + nbytes used by spilled copies (offsets are planned like the
+ * arena's). Home copies of persistent tensors are not in the spill areas: the
+ * executor keeps them where the checkpoint (or the state) lives.
+ */
+#ifndef TIDE_IR_PLAN_H
+#define TIDE_IR_PLAN_H
+
+#include "graph/graph.h"
+
+typedef enum tide_tier { TIDE_TIER_DEVICE = 0, TIDE_TIER_HOST, TIDE_TIER_SSD, TIDE_TIER_COUNT } tide_tier;
+typedef enum tide_stream {
+    TIDE_STREAM_COMPUTE = 0, TIDE_STREAM_H2D, TIDE_STREAM_D2H, TIDE_STREAM_IO, TIDE_STREAM_COUNT
+} tide_stream;
+typedef enum tide_ins_kind {
+    TIDE_INS_COMPUTE = 0, TIDE_INS_LOAD, TIDE_INS_STORE, TIDE_INS_MOVE, TIDE_INS_DROP, TIDE_INS_COUNT
+} tide_ins_kind;
+
+const char *tide_tier_name(tide_tier t);
+const char *tide_stream_name(tide_stream s);
+const char *tide_ins_name(tide_ins_kind k);
+
+#define TIDE_INS_MAX_OFF (TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT)
+
+typedef struct tide_ins {
+    tide_ins_kind kind;
+    tide_stream stream;
+    int iter;          /* iteration 0..n_iter-1 */
+    int op;            /* COMPUTE: op index in the graph; else -1 */
+    int tensor;        /* LOAD/STORE/MOVE/DROP: tensor index; else -1 */
+    tide_tier src, dst;/* LOAD: src=HOST|SSD, dst=DEVICE; STORE: src=DEVICE, dst=HOST|SSD;
+                          MOVE: HOST<->SSD; DROP: src = tier whose copy ends */
+    uint64_t dev_off[TIDE_INS_MAX_OFF]; /* COMPUTE: in then out; LOAD/STORE/DROP(device): [0] */
+    uint64_t scratch_off;
+    uint64_t tier_off; /* STORE/MOVE: destination offset in the spill area
+                          (UINT64_MAX: the tensor's home); LOAD: source offset
+                          likewise; DROP(host/ssd): the spill offset */
+    uint64_t src_off;  /* MOVE: source offset (UINT64_MAX: home) */
+    int n_wait;
+    int wait_at;       /* waits are plan->waits[wait_at .. wait_at + n_wait) */
+} tide_ins;
+
+#define TIDE_HOME UINT64_MAX
+
+typedef enum tide_policy { TIDE_POLICY_TIDE = 0, TIDE_POLICY_STATIC_LAYER, TIDE_POLICY_LRU, TIDE_POLICY_COUNT } tide_policy;
+const char *tide_policy_name(tide_policy p);
+int tide_policy_parse(const char *s, tide_policy *out); /* 0 or -1 */
+
+typedef struct tide_plan_stats {
+    uint64_t peak_device_bytes;   /* highest byte in use of the arena at any instant */
+    uint64_t peak_host_bytes;     /* spill area high water (homes excluded) */
+    uint64_t peak_ssd_bytes;
+    uint64_t bytes_h2d, bytes_d2h, bytes_ssd_read, bytes_ssd_write;
+    uint64_t n_loads, n_stores, n_moves;
+    double compute_s;             /* sum of op costs (cost model) */
+    double makespan_s;            /* simulated */
+    double plan_seconds;          /* wall time spent planning */
+} tide_plan_stats;
+
+typedef struct tide_plan {
+    const tide_graph *g;          /* not owned */
+    tide_ctx *ctx;
+    tide_policy policy;
+    int n_iter;
+    uint64_t device_budget;
+    uint64_t host_budget;         /* spill + homes on host must fit (0: unlimited) */
+    tide_tier *home;              /* per tensor: HOST or SSD for WEIGHT/STATE, HOST for
+                                     INPUT/OUTPUT, DEVICE for TEMP (no home) */
+    bool *resident;               /* per tensor: kept on device across iterations and at
+                                     the end (its home is then updated by a final STORE) */
+    tide_ins *ins;
+    int n_ins, cap_ins;
+    int *waits;
+    int n_waits, cap_waits;
+    uint64_t host_spill_bytes, ssd_spill_bytes;
+    tide_plan_stats stats;
+} tide_plan;
+
+/* Creation and building. tide_plan_alloc makes an empty plan for g; the
+ * builders append instructions. Each returns 0, or -1 when memory is exhausted
+ * (the plan is then unusable and must be freed). */
+tide_plan *tide_plan_alloc(tide_ctx *ctx, const tide_graph *g, int n_iter);
+void tide_plan_free(tide_plan *p);
+/* Appends ins (its wait_at/n_wait ignored) with the given waits; returns the new
+ * instruction's index or -1. */
+int tide_plan_push(tide_plan *p, const tide_ins *ins, const int *waits, int n_wait);
+/* Adds one wait to an existing instruction only if it is the last one pushed.
+ * Returns 0 or -1. */
+int tide_plan_add_wait(tide_plan *p, int ins, int wait_on);
+
+/* JSON (cJSON). The graph is not serialised: loading needs the same graph (the
+ * file records the graph's op and tensor counts and a fingerprint of names and
+ * sizes, checked on load: TIDE_E_FORMAT on mismatch or any malformed field). */
+tide_status tide_plan_save_json(const tide_plan *p, const char *path);
+tide_status tide_plan_load_json(tide_ctx *ctx, const tide_graph *g, const char *path, tide_plan **out);
+uint64_t tide_graph_fingerprint(const tide_graph *g);
+
+/* Bytes rounded up to the arena's allocation granule (every device offset and
+ * size a planner chooses is a multiple of it). */
+#define TIDE_PLAN_ALIGN 4096u
+static inline uint64_t tide_plan_align(uint64_t n) {
+    return (n + TIDE_PLAN_ALIGN - 1) / TIDE_PLAN_ALIGN * TIDE_PLAN_ALIGN;
+}
+
+/* One instruction's start and end in seconds from the start of a run:
+ * predicted by the simulator or measured by the executor, drawn by traces
+ * (DESIGN invariant 5: both come in this one format). */
+typedef struct tide_sim_event {
+    int ins;                      /* instruction index */
+    double start_s, end_s;
+} tide_sim_event;
+
+#endif

@@ -1,0 +1,54 @@
+/*
+ * planner.h - the planner's entry points (DESIGN section 4): a graph, a
+ * device budget and a cost model in, a plan out; the smallest budget a policy
+ * can plan, the unconstrained peak, and the lower bound and ideal of DESIGN
+ * section 6. The planner plans graphs; it never builds them (the runtime
+ * does) and never runs them (the executor does).
+ */
+#ifndef TIDE_PLANNER_H
+#define TIDE_PLANNER_H
+
+#include "cost/cost.h"
+
+typedef struct tide_plan_opts {
+    tide_policy policy;
+    uint64_t device_budget;       /* bytes of the arena */
+    uint64_t host_budget;         /* 0: the profile's host memory */
+    int n_iter;                   /* >= 1 */
+    const tide_hw *hw;            /* cost model */
+    bool weights_on_ssd;          /* home WEIGHTs on SSD instead of host */
+} tide_plan_opts;
+
+/* Plans g under opts. Returns TIDE_OK with *out set; TIDE_E_INFEASIBLE with a
+ * message "needs at least N bytes" when the budget is below what one op's
+ * working set needs (or host memory cannot hold what must live there);
+ * TIDE_E_NOMEM. The plan's stats are filled in (makespan from the simulator). */
+tide_status tide_plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts,
+                           tide_plan **out);
+/* Smallest device budget for which the policy finds a plan (binary search
+ * between the largest op working set and the unconstrained peak). */
+tide_status tide_plan_min_budget(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts,
+                                 uint64_t *min_budget);
+/* Bytes the device needs with no limit: every tensor resident for the whole run
+ * would be an upper bound; this is the peak of the tide policy's plan with an
+ * unlimited budget (persistent tensors resident, temps freed after last use). */
+uint64_t tide_plan_unconstrained_peak(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, int n_iter);
+
+/* Device bytes op needs at once: every distinct input and output tensor plus
+ * its scratch, each rounded up to the granule. No plan of g fits a budget
+ * below the largest of these. */
+uint64_t tide_op_working_set(const tide_graph *g, const tide_op *op);
+/* Largest working set over the ops of g (*which: the op, may be NULL). */
+uint64_t tide_graph_max_working_set(const tide_graph *g, int *which);
+
+/* Lower bound (DESIGN section 6) and ideal for a graph on hw at a budget. */
+typedef struct tide_bounds {
+    double compute_s;             /* sum of op costs */
+    double link_s;                /* minimum bytes per link / bandwidth, max over links */
+    double lower_bound_s;         /* max(compute_s, link_s) */
+    double ideal_s;               /* simulated makespan with an unlimited budget */
+} tide_bounds;
+tide_status tide_plan_bounds(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts,
+                             tide_bounds *out);
+
+#endif
