@@ -1,6 +1,6 @@
 /*
- * ctx.c - the context: last error, thread count, progress callback; status,
- * dtype, role and op names.
+ * ctx.c - the context: last error, thread count, progress callback; status
+ * and role names (op names are in the op descriptor table, graph/ops.c).
  */
 #include "core/core.h"
 
@@ -100,12 +100,4 @@ int tide_grow(void **arr, int *cap, int need, size_t elem) {
 static const char *const role_names[] = {"weight", "state", "input", "output", "temp"};
 const char *tide_role_name(tide_role r) {
     return (unsigned)r < TIDE_ROLE_COUNT ? role_names[r] : "?";
-}
-
-static const char *const op_names[] = {
-    "embed", "rmsnorm", "matmul", "rope", "attention",
-    "silu_mul", "add", "take_last", "argmax", "generic",
-};
-const char *tide_op_name(tide_op_kind k) {
-    return (unsigned)k < TIDE_OP_COUNT ? op_names[k] : "?";
 }

@@ -4,16 +4,17 @@
  * simulator replays plans with them and the lower bound sums them, so the
  * three never disagree about what a transfer or an op costs.
  *
- * Ops:
+ * Ops, by the class of their descriptor (graph/ops.c):
  *   MATMUL     max(flops / (peak[weight dtype] * matmul_efficiency),
  *                  bytes / mem_bw) + launch_s
  *   ATTENTION  as MATMUL at the rate of its activation dtype, efficiency
  *              attention_efficiency (0.5 when the profile has none)
  *   GENERIC    as MATMUL at the f32 rate
- *   others     max(bytes / mem_bw, flops / (peak f32 * 0.5)) + launch_s
- * "Bytes" is the sum of the distinct input and output tensors' sizes, except
- * for the gathers (EMBED, TAKE_LAST), which touch only the rows they copy,
- * and MATMUL tiles, which write only their block.
+ *   VECTOR     max(bytes / mem_bw, flops / (peak f32 * 0.5)) + launch_s
+ * FLOPs and bytes come from the descriptor too: bytes are the distinct input
+ * and output tensors' sizes, except for the gathers (EMBED, TAKE_LAST), which
+ * touch only the rows they copy, and MATMUL tiles, which write only their
+ * block.
  *
  * Transfers: n / bandwidth + latency per stage; the SSD tier is striped over
  * ssd_count drives, so its bandwidth is ssd_count times one drive's. An SSD
@@ -34,41 +35,19 @@ static double rate_of(const tide_hw *hw, tide_dtype dt) {
     return r > 0 ? r : hw->flops[TIDE_F32];
 }
 
-/* Bytes an op moves through device memory. */
-static double op_bytes(const tide_graph *g, const tide_op *op) {
-    const tide_tensor *T = g->tensors;
-    switch (op->kind) {
-    case TIDE_OP_EMBED: { /* gathers one table row per token (its share of them for a chunk) */
-        const tide_tensor *tab = &T[op->in[0]], *o = &T[op->out[0]];
-        double share = op->p.vocab ? (double)tab->shape[0] / (double)op->p.vocab : 1.0;
-        return 4.0 * (double)o->shape[0] + 2.0 * share * (double)o->nbytes;
-    }
-    case TIDE_OP_TAKE_LAST: /* copies B rows */
-        return 2.0 * 4.0 * (double)op->p.batch * (double)T[op->out[0]].shape[1];
-    case TIDE_OP_MATMUL: /* x and w read, the output block written */
-        return (double)T[op->in[0]].nbytes + (double)T[op->in[1]].nbytes +
-               4.0 * (double)T[op->in[0]].shape[0] * (double)T[op->in[1]].shape[0];
-    default: break;
-    }
-    double b = 0;
-    for (int i = 0; i < op->n_in; i++) b += (double)T[op->in[i]].nbytes;
-    for (int j = 0; j < op->n_out; j++)
-        if (!tide_op_reads(op, op->out[j])) b += (double)T[op->out[j]].nbytes;
-    return b;
-}
-
 double tide_cost_op(const tide_hw *hw, const tide_graph *g, const tide_op *op) {
-    double mem_s = op_bytes(g, op) / hw->mem_bw;
+    double mem_s = tide_op_bytes(g, op) / hw->mem_bw;
+    const tide_op_desc *d = tide_op_desc_of(op->kind);
     double rate;
-    switch (op->kind) {
-    case TIDE_OP_MATMUL:
+    switch (d ? d->cls : TIDE_OPC_VECTOR) {
+    case TIDE_OPC_MATMUL: /* the weight's dtype */
         rate = rate_of(hw, g->tensors[op->in[1]].dtype) * hw->matmul_efficiency;
         break;
-    case TIDE_OP_ATTENTION:
+    case TIDE_OPC_ATTENTION: /* the activations' dtype */
         rate = rate_of(hw, g->tensors[op->in[0]].dtype) *
                (hw->attention_efficiency > 0 ? hw->attention_efficiency : TIDE_ATTENTION_EFFICIENCY);
         break;
-    case TIDE_OP_GENERIC:
+    case TIDE_OPC_GENERIC:
         rate = hw->flops[TIDE_F32] * hw->matmul_efficiency;
         break;
     default:

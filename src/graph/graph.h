@@ -60,4 +60,44 @@ static inline int64_t tide_tensor_cols(const tide_tensor *t) { return t->ndim > 
 bool tide_op_reads(const tide_op *op, int t);
 bool tide_op_writes(const tide_op *op, int t);
 
+/* ---------------------------------------------------------------- op descriptors (ops.c)
+ *
+ * One row per op kind: what every stage needs to know of it. Backends keep a
+ * kernel table indexed by kind beside it (a kind without a kernel there is
+ * TIDE_E_UNSUPPORTED on that backend). */
+
+/* The rate an op runs at in the cost model (cost/cost.c). */
+typedef enum tide_op_class {
+    TIDE_OPC_VECTOR = 0, /* element-wise and reductions: half the f32 peak, or memory-bound */
+    TIDE_OPC_MATMUL,     /* the peak of the weight's dtype x matmul_efficiency */
+    TIDE_OPC_ATTENTION,  /* the peak of the activation dtype x attention_efficiency */
+    TIDE_OPC_GENERIC,    /* the f32 matmul rate (synthetic ops of tests and benchmarks) */
+} tide_op_class;
+
+typedef struct tide_op_desc {
+    const char *name;
+    signed char min_in, max_in, n_out; /* arity; -1: any (checked by the kind's check) */
+    tide_op_class cls;
+    bool tile_rmw;      /* the form with max_in inputs takes its own output as its last
+                           input: a tile written into a larger output */
+    /* Checks shapes, dtypes and parameters of an op whose arity was checked;
+     * sets *flops. TIDE_OK or TIDE_E_INVALID with a message naming the op. */
+    tide_status (*check)(tide_graph *g, int n_in, const int *in, int n_out, const int *out,
+                         const tide_op_params *p, double *flops);
+    /* Bytes the op moves through memory; NULL: its distinct inputs and outputs. */
+    double (*bytes)(const tide_graph *g, const tide_op *op);
+    /* Backend workspace beside its tensors; NULL: none. */
+    uint64_t (*scratch)(const tide_graph *g, const tide_op *op);
+} tide_op_desc;
+
+/* The row of kind k, or NULL for an unknown kind. */
+const tide_op_desc *tide_op_desc_of(tide_op_kind k);
+/* Checks an op of kind k against its row (arity, the tiled form's output,
+ * tile offsets, then the kind's own check); sets *flops. TIDE_OK or
+ * TIDE_E_INVALID naming the problem. */
+tide_status tide_op_check(tide_graph *g, tide_op_kind kind, int n_in, const int *in, int n_out, const int *out,
+                          const tide_op_params *p, double *flops);
+/* Bytes op moves through memory (the cost model's memory-bound term). */
+double tide_op_bytes(const tide_graph *g, const tide_op *op);
+
 #endif

@@ -527,7 +527,7 @@ static tide_status op_matmul(tide_backend *be, cu_lane *ln, const tide_graph *g,
 }
 
 static tide_status op_attention(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
-                                void *const *in, void *const *out) {
+                                void *const *in, void *const *out, void *scratch) {
     const tide_op_params *p = &op->p;
     /* the caches are outputs 1 and 2 (also inputs 4 and 5 unless fresh; a fresh
      * cache's positions 0..T-1 are the caller's guarantee, see tide.h) */
@@ -561,100 +561,139 @@ static tide_status op_attention(tide_backend *be, cu_lane *ln, const tide_graph 
     return TIDE_OK;
 }
 
-/* Enqueues op on the lane; the caller synchronizes. */
-static tide_status compute_op(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
+static tide_status op_embed(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
+                            void *const *in, void *const *out, void *scratch) {
+    tide_ctx *ctx = be->ctx;
+    const tide_op_params *p = &op->p;
+    cudaStream_t s = ln->stream;
+    const tide_tensor *tab = tin(g, op, 0), *tok = tin(g, op, 1);
+    const int32_t *ids = (const int32_t *)in[1] + p->idx0; /* a tile's tokens */
+    int64_t R = tout(g, op, 0)->shape[0], bad = -1, vocab = p->vocab ? p->vocab : tab->shape[0];
+    int32_t val = 0;
+    tide_status st = TIDE_OK;
+    if (tl_async) {
+        CU_TRY(ctx, tcu_range_record(s, ids, R, vocab, REC_EMBED, p->idx0, ln->rec), "embed range record kernel");
+        ln->rec_armed = true;
+    } else if ((st = range_check(be, ln, ids, R, vocab, &bad, &val, "embed"))) {
+        return st;
+    }
+    if (bad >= 0)
+        return tide_err(ctx, TIDE_E_RANGE, "embed: token id %d at position %lld of '%s' is outside the "
+                        "vocabulary (size %lld)", val, (long long)(p->idx0 + bad), tok->name, (long long)vocab);
+    CU_TRY(ctx, tcu_embed(s, in[0], tab->dtype, tab->shape[0], tab->shape[1], p->vocab0, op->n_in == 2, ids, R,
+                          out[0]),
+           "embed kernel");
+    return TIDE_OK;
+}
+
+static tide_status op_rmsnorm(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
                               void *const *in, void *const *out, void *scratch) {
     tide_ctx *ctx = be->ctx;
     const tide_op_params *p = &op->p;
     cudaStream_t s = ln->stream;
-    switch (op->kind) {
-    case TIDE_OP_EMBED: {
-        const tide_tensor *tab = tin(g, op, 0), *tok = tin(g, op, 1);
-        const int32_t *ids = (const int32_t *)in[1] + p->idx0; /* a tile's tokens */
-        int64_t R = tout(g, op, 0)->shape[0], bad = -1, vocab = p->vocab ? p->vocab : tab->shape[0];
-        int32_t val = 0;
-        tide_status st = TIDE_OK;
-        if (tl_async) {
-            CU_TRY(ctx, tcu_range_record(s, ids, R, vocab, REC_EMBED, p->idx0, ln->rec), "embed range record kernel");
-            ln->rec_armed = true;
-        } else if ((st = range_check(be, ln, ids, R, vocab, &bad, &val, "embed"))) {
-            return st;
-        }
-        if (bad >= 0)
-            return tide_err(ctx, TIDE_E_RANGE, "embed: token id %d at position %lld of '%s' is outside the "
-                            "vocabulary (size %lld)", val, (long long)(p->idx0 + bad), tok->name, (long long)vocab);
-        CU_TRY(ctx, tcu_embed(s, in[0], tab->dtype, tab->shape[0], tab->shape[1], p->vocab0, op->n_in == 2, ids, R,
-                              out[0]),
-               "embed kernel");
-        return TIDE_OK;
-    }
-    case TIDE_OP_RMSNORM: {
-        const tide_tensor *x = tin(g, op, 0);
-        CU_TRY(ctx, tcu_rmsnorm(s, in[0], in[1], tin(g, op, 1)->dtype, x->shape[0], x->shape[1], p->eps, out[0]),
-               "rmsnorm kernel");
-        return TIDE_OK;
-    }
-    case TIDE_OP_MATMUL:
-        return op_matmul(be, ln, g, op, in, out, scratch);
-    case TIDE_OP_ROPE: {
-        const tide_tensor *x = tin(g, op, 0);
-        CU_TRY(ctx, tcu_rope(s, in[0], (const int32_t *)in[1] + p->idx0, x->shape[0], x->shape[0] / p->batch, p->n_heads,
-                             p->head_dim, p->rope_theta, out[0]),
-               "rope kernel");
-        return TIDE_OK;
-    }
-    case TIDE_OP_ATTENTION:
-        return op_attention(be, ln, g, op, in, out);
-    case TIDE_OP_SILU_MUL:
-        CU_TRY(ctx, tcu_silu_mul(s, in[0], in[1], out[0], tide_tensor_numel(tin(g, op, 0))), "silu_mul kernel");
-        return TIDE_OK;
-    case TIDE_OP_ADD:
-        CU_TRY(ctx, tcu_add(s, in[0], in[1], out[0], tide_tensor_numel(tin(g, op, 0))), "add kernel");
-        return TIDE_OK;
-    case TIDE_OP_TAKE_LAST: {
-        const tide_tensor *x = tin(g, op, 0);
-        int64_t B = p->batch, T = x->shape[0] / p->batch, D = x->shape[1];
-        size_t row = (size_t)D * sizeof(float);
-        float *dst = (float *)out[0] + p->row0 * D;
-        const float *src = (const float *)in[0] + (T - 1) * D;
-        if (B <= 0 || row == 0) return TIDE_OK;
-        if ((size_t)T * row <= impl_of(be)->mem_pitch) {
-            CU_TRY(ctx, cudaMemcpy2DAsync(dst, row, src, (size_t)T * row, row, (size_t)B, cudaMemcpyDeviceToDevice, s),
-                   "cudaMemcpy2DAsync of take_last");
-            return TIDE_OK;
-        }
-        /* sequences longer than the largest pitch: a copy per sequence */
-        for (int64_t b = 0; b < B; b++)
-            CU_TRY(ctx, cudaMemcpyAsync(dst + b * D, src + b * T * D, row, cudaMemcpyDeviceToDevice, s),
-                   "cudaMemcpyAsync of take_last (sequence %lld)", (long long)b);
-        return TIDE_OK;
-    }
-    case TIDE_OP_ARGMAX: {
-        const tide_tensor *x = tin(g, op, 0);
-        if (x->shape[0] > INT_MAX)
-            return tide_err(ctx, TIDE_E_UNSUPPORTED, "argmax: %lld rows are beyond the cuda kernel's grid",
-                            (long long)x->shape[0]);
-        CU_TRY(ctx, tcu_argmax(s, in[0], x->shape[0], x->shape[1], out[0]), "argmax kernel");
-        return TIDE_OK;
-    }
-    case TIDE_OP_GENERIC: {
-        const uint8_t *ip[TIDE_OP_MAX_IN];
-        uint64_t ib[TIDE_OP_MAX_IN];
-        for (int i = 0; i < op->n_in; i++) {
-            ip[i] = in[i];
-            ib[i] = tin(g, op, i)->nbytes;
-            if (!ib[i]) return tide_err(ctx, TIDE_E_INVALID, "generic: input %d has no bytes", i);
-        }
-        for (int k = 0; k < op->n_out; k++)
-            CU_TRY(ctx, tcu_generic(s, op->n_in, ip, ib, k, out[k], tout(g, op, k)->nbytes),
-                   "generic kernel (output %d)", k);
-        return TIDE_OK;
-    }
-    default:
-        break;
-    }
-    return tide_err(ctx, TIDE_E_UNSUPPORTED, "cuda backend: op kind %d is not supported", (int)op->kind);
+    const tide_tensor *x = tin(g, op, 0);
+    CU_TRY(ctx, tcu_rmsnorm(s, in[0], in[1], tin(g, op, 1)->dtype, x->shape[0], x->shape[1], p->eps, out[0]),
+           "rmsnorm kernel");
+    return TIDE_OK;
 }
+
+static tide_status op_rope(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
+                           void *const *in, void *const *out, void *scratch) {
+    tide_ctx *ctx = be->ctx;
+    const tide_op_params *p = &op->p;
+    cudaStream_t s = ln->stream;
+    const tide_tensor *x = tin(g, op, 0);
+    CU_TRY(ctx, tcu_rope(s, in[0], (const int32_t *)in[1] + p->idx0, x->shape[0], x->shape[0] / p->batch, p->n_heads,
+                         p->head_dim, p->rope_theta, out[0]),
+           "rope kernel");
+    return TIDE_OK;
+}
+
+static tide_status op_silu_mul(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
+                               void *const *in, void *const *out, void *scratch) {
+    tide_ctx *ctx = be->ctx;
+    cudaStream_t s = ln->stream;
+    CU_TRY(ctx, tcu_silu_mul(s, in[0], in[1], out[0], tide_tensor_numel(tin(g, op, 0))), "silu_mul kernel");
+    return TIDE_OK;
+}
+
+static tide_status op_add(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
+                          void *const *in, void *const *out, void *scratch) {
+    tide_ctx *ctx = be->ctx;
+    cudaStream_t s = ln->stream;
+    CU_TRY(ctx, tcu_add(s, in[0], in[1], out[0], tide_tensor_numel(tin(g, op, 0))), "add kernel");
+    return TIDE_OK;
+}
+
+static tide_status op_take_last(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
+                                void *const *in, void *const *out, void *scratch) {
+    tide_ctx *ctx = be->ctx;
+    const tide_op_params *p = &op->p;
+    cudaStream_t s = ln->stream;
+    const tide_tensor *x = tin(g, op, 0);
+    int64_t B = p->batch, T = x->shape[0] / p->batch, D = x->shape[1];
+    size_t row = (size_t)D * sizeof(float);
+    float *dst = (float *)out[0] + p->row0 * D;
+    const float *src = (const float *)in[0] + (T - 1) * D;
+    if (B <= 0 || row == 0) return TIDE_OK;
+    if ((size_t)T * row <= impl_of(be)->mem_pitch) {
+        CU_TRY(ctx, cudaMemcpy2DAsync(dst, row, src, (size_t)T * row, row, (size_t)B, cudaMemcpyDeviceToDevice, s),
+               "cudaMemcpy2DAsync of take_last");
+        return TIDE_OK;
+    }
+    /* sequences longer than the largest pitch: a copy per sequence */
+    for (int64_t b = 0; b < B; b++)
+        CU_TRY(ctx, cudaMemcpyAsync(dst + b * D, src + b * T * D, row, cudaMemcpyDeviceToDevice, s),
+               "cudaMemcpyAsync of take_last (sequence %lld)", (long long)b);
+    return TIDE_OK;
+}
+
+static tide_status op_argmax(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
+                             void *const *in, void *const *out, void *scratch) {
+    tide_ctx *ctx = be->ctx;
+    cudaStream_t s = ln->stream;
+    const tide_tensor *x = tin(g, op, 0);
+    if (x->shape[0] > INT_MAX)
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "argmax: %lld rows are beyond the cuda kernel's grid",
+                        (long long)x->shape[0]);
+    CU_TRY(ctx, tcu_argmax(s, in[0], x->shape[0], x->shape[1], out[0]), "argmax kernel");
+    return TIDE_OK;
+}
+
+static tide_status op_generic(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
+                              void *const *in, void *const *out, void *scratch) {
+    tide_ctx *ctx = be->ctx;
+    cudaStream_t s = ln->stream;
+    const uint8_t *ip[TIDE_OP_MAX_IN];
+    uint64_t ib[TIDE_OP_MAX_IN];
+    for (int i = 0; i < op->n_in; i++) {
+        ip[i] = in[i];
+        ib[i] = tin(g, op, i)->nbytes;
+        if (!ib[i]) return tide_err(ctx, TIDE_E_INVALID, "generic: input %d has no bytes", i);
+    }
+    for (int k = 0; k < op->n_out; k++)
+        CU_TRY(ctx, tcu_generic(s, op->n_in, ip, ib, k, out[k], tout(g, op, k)->nbytes),
+               "generic kernel (output %d)", k);
+    return TIDE_OK;
+}
+
+/* The kernel of each op kind (graph/ops.c has the kinds' contracts): each
+ * enqueues its work on the lane; the caller synchronizes. A kind without one
+ * here is unsupported on CUDA. */
+typedef tide_status (*cu_kernel)(tide_backend *be, cu_lane *ln, const tide_graph *g, const tide_op *op,
+                                 void *const *in, void *const *out, void *scratch);
+static const cu_kernel cu_kernels[TIDE_OP_COUNT] = {
+    [TIDE_OP_EMBED] = op_embed,
+    [TIDE_OP_RMSNORM] = op_rmsnorm,
+    [TIDE_OP_MATMUL] = op_matmul,
+    [TIDE_OP_ROPE] = op_rope,
+    [TIDE_OP_ATTENTION] = op_attention,
+    [TIDE_OP_SILU_MUL] = op_silu_mul,
+    [TIDE_OP_ADD] = op_add,
+    [TIDE_OP_TAKE_LAST] = op_take_last,
+    [TIDE_OP_ARGMAX] = op_argmax,
+    [TIDE_OP_GENERIC] = op_generic,
+};
 
 static tide_status cu_compute(tide_backend *be, const tide_graph *g, const tide_op *op, void *const *in,
                               void *const *out, void *scratch) {
@@ -663,9 +702,11 @@ static tide_status cu_compute(tide_backend *be, const tide_graph *g, const tide_
         if (!in[i]) return tide_err(be->ctx, TIDE_E_INVALID, "cuda %s: input %d has no data", nm, i);
     for (int i = 0; i < op->n_out; i++)
         if (!out[i]) return tide_err(be->ctx, TIDE_E_INVALID, "cuda %s: output %d has no data", nm, i);
+    cu_kernel k = (unsigned)op->kind < TIDE_OP_COUNT ? cu_kernels[op->kind] : NULL;
+    if (!k) return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "cuda backend: op kind %d is not supported", (int)op->kind);
     cu_lane *ln = lane_of(be);
     pthread_mutex_lock(&ln->mu);
-    tide_status st = compute_op(be, ln, g, op, in, out, scratch);
+    tide_status st = k(be, ln, g, op, in, out, scratch);
     if (st == TIDE_OK) {
         if (!tl_async) st = lane_sync(be, ln, nm);
     } else {

@@ -1,0 +1,243 @@
+/*
+ * ops.c - the op descriptor table: for every op kind, its name, its arity,
+ * its shape contract (tide.h documents each kind), its FLOPs, the bytes it
+ * moves through memory, the class of rate it runs at, and the backend
+ * workspace it needs. Every stage asks this table instead of switching on the
+ * kind, so a new op kind is one row here and its kernels in each backend's
+ * kernel table (backend/cpu/cpu_backend.c, backend/cuda/cuda_backend.c).
+ *
+ * A check function sees an op whose arity, tensor indices and output roles
+ * were checked already (graph.c, tide_op_check); it checks shapes, dtypes
+ * and parameters and sets *flops. Messages name the op and the tensor.
+ */
+#include "graph/graph.h"
+
+#include <math.h>
+
+#define T(i) (&g->tensors[in[i]])
+#define O(i) (&g->tensors[out[i]])
+#define FAIL(...) return tide_err(g->ctx, TIDE_E_INVALID, __VA_ARGS__)
+#define CHECK_ARGS tide_graph *g, int n_in, const int *in, int n_out, const int *out, const tide_op_params *p, \
+                   double *flops
+
+static bool is_act(const tide_tensor *t) { return t->dtype == TIDE_F32 && t->ndim == 2; }
+static bool is_float(tide_dtype d) { return d == TIDE_F32 || d == TIDE_F16 || d == TIDE_BF16; }
+
+/* ---------------------------------------------------------------- shape contracts */
+
+static tide_status check_embed(CHECK_ARGS) {
+    const tide_tensor *tab = T(0), *tok = T(1), *o = O(0);
+    if (tab->ndim != 2 || !is_float(tab->dtype)) FAIL("embed: table '%s' must be a 2-D float tensor", tab->name);
+    if (tok->dtype != TIDE_I32) FAIL("embed: tokens '%s' must be i32", tok->name);
+    if (!is_act(o) || o->shape[1] != tab->shape[1] || p->idx0 + o->shape[0] > tide_tensor_numel(tok))
+        FAIL("embed: output '%s' must be f32 (rows, %lld) with rows from '%s'[%lld] on", o->name,
+             (long long)tab->shape[1], tok->name, (long long)p->idx0);
+    if (p->vocab && p->vocab0 + tab->shape[0] > p->vocab)
+        FAIL("embed: table '%s' (ids %lld..) runs past the vocabulary of %lld", tab->name, (long long)p->vocab0,
+             (long long)p->vocab);
+    return TIDE_OK;
+}
+
+static tide_status check_rmsnorm(CHECK_ARGS) {
+    const tide_tensor *x = T(0), *w = T(1), *o = O(0);
+    if (!is_act(x) || !is_act(o) || x->shape[0] != o->shape[0] || x->shape[1] != o->shape[1])
+        FAIL("rmsnorm: input '%s' and output '%s' must be f32 of one 2-D shape", x->name, o->name);
+    if (!is_float(w->dtype) || tide_tensor_numel(w) != x->shape[1])
+        FAIL("rmsnorm: weight '%s' must have %lld elements", w->name, (long long)x->shape[1]);
+    if (!(p->eps > 0)) FAIL("rmsnorm: eps must be positive");
+    *flops = 4.0 * (double)tide_tensor_numel(x);
+    return TIDE_OK;
+}
+
+static tide_status check_matmul(CHECK_ARGS) {
+    const tide_tensor *x = T(0), *w = T(1), *o = O(0);
+    if (!is_act(x) || !is_act(o)) FAIL("matmul: '%s' and '%s' must be 2-D f32", x->name, o->name);
+    if (w->ndim != 2 || !is_float(w->dtype)) FAIL("matmul: weight '%s' must be 2-D float", w->name);
+    if (w->shape[1] != x->shape[1] || o->shape[0] < p->row0 + x->shape[0] || o->shape[1] < p->col0 + w->shape[0])
+        FAIL("matmul: shapes (%lld,%lld) x (%lld,%lld)^T -> (%lld,%lld) at (%lld,%lld) do not agree ('%s')",
+             (long long)x->shape[0], (long long)x->shape[1], (long long)w->shape[0], (long long)w->shape[1],
+             (long long)o->shape[0], (long long)o->shape[1], (long long)p->row0, (long long)p->col0, w->name);
+    *flops = 2.0 * (double)x->shape[0] * (double)w->shape[0] * (double)w->shape[1];
+    return TIDE_OK;
+}
+
+static tide_status check_rope(CHECK_ARGS) {
+    const tide_tensor *x = T(0), *pos = T(1), *o = O(0);
+    if (!is_act(x) || !is_act(o) || x->shape[0] != o->shape[0] || x->shape[1] != o->shape[1])
+        FAIL("rope: '%s' and '%s' must be f32 of one 2-D shape", x->name, o->name);
+    if (p->n_heads <= 0 || p->head_dim <= 0 || p->head_dim % 2 || (int64_t)p->n_heads * p->head_dim != x->shape[1])
+        FAIL("rope: n_heads %d x head_dim %d (even) must equal %lld", p->n_heads, p->head_dim,
+             (long long)x->shape[1]);
+    if (pos->dtype != TIDE_I32 || p->batch <= 0 || x->shape[0] % p->batch ||
+        p->idx0 + x->shape[0] / p->batch > tide_tensor_numel(pos))
+        FAIL("rope: batch %d x positions '%s' (from %lld) must cover %lld rows", p->batch, pos->name,
+             (long long)p->idx0, (long long)x->shape[0]);
+    if (!(p->rope_theta > 0)) FAIL("rope: rope_theta must be positive");
+    *flops = 6.0 * (double)tide_tensor_numel(x);
+    return TIDE_OK;
+}
+
+static tide_status check_attention(CHECK_ARGS) {
+    /* 4 inputs when the cache is written fresh (never read beyond what the
+     * op writes itself), 6 when it reads the caches too */
+    if (n_in == 5) FAIL("attention takes 4 or 6 inputs and 3 outputs, got %d and %d", n_in, n_out);
+    const tide_tensor *q = T(0), *k = T(1), *v = T(2), *pos = T(3), *kc = O(1), *vc = O(2);
+    const tide_tensor *o = O(0);
+    if (p->n_heads <= 0 || p->n_kv_heads <= 0 || p->head_dim <= 0 || p->batch <= 0 || p->n_heads % p->n_kv_heads)
+        FAIL("attention: n_heads %d must be a positive multiple of n_kv_heads %d", p->n_heads, p->n_kv_heads);
+    int64_t R = q->shape[0], qd = (int64_t)p->n_heads * p->head_dim, kd = (int64_t)p->n_kv_heads * p->head_dim;
+    if (!is_act(q) || q->shape[1] != qd || !is_act(o) || o->shape[0] != R || o->shape[1] != qd)
+        FAIL("attention: q '%s' and output '%s' must be f32 (%lld, %lld)", q->name, o->name, (long long)R,
+             (long long)qd);
+    if (!is_act(k) || !is_act(v) || k->shape[0] != R || v->shape[0] != R || k->shape[1] != kd ||
+        v->shape[1] != kd)
+        FAIL("attention: k '%s' and v '%s' must be f32 (%lld, %lld)", k->name, v->name, (long long)R,
+             (long long)kd);
+    int64_t T_ = R % p->batch ? -1 : R / p->batch;
+    if (pos->dtype != TIDE_I32 || T_ < 0 || p->idx0 + T_ > tide_tensor_numel(pos))
+        FAIL("attention: batch %d x positions '%s' (from %lld) must cover %lld rows", p->batch, pos->name,
+             (long long)p->idx0, (long long)R);
+    if (n_in == 4 && p->idx0)
+        FAIL("attention: a fresh cache is written from position 0; a later tile reads it (6 inputs)");
+    for (int c = 1; c <= 2; c++) {
+        const tide_tensor *cc = O(c);
+        if (cc->dtype != TIDE_F32 || cc->ndim != 3 || cc->shape[0] != p->batch || cc->shape[2] != kd ||
+            cc->shape[1] < T_)
+            FAIL("attention: cache '%s' must be f32 (%d, >= %lld, %lld)", cc->name, p->batch, (long long)T_,
+                 (long long)kd);
+    }
+    if (kc->shape[1] != vc->shape[1]) FAIL("attention: k and v caches differ in length");
+    if (n_in == 6 && (out[1] != in[4] || out[2] != in[5]))
+        FAIL("attention: outputs 2 and 3 must be the caches it reads ('%s', '%s')", kc->name, vc->name);
+    if (out[1] == out[2]) FAIL("attention: the k and v caches must be two tensors");
+    /* QK^T and PV over the causal span: about T/2 keys per query when the
+     * cache is fresh, idx0 + T/2 for a later tile of a prefill, about half
+     * the cache otherwise. */
+    double keys = n_in == 4 ? 0.5 * (double)T_
+                : p->idx0   ? (double)p->idx0 + 0.5 * (double)T_
+                            : 0.5 * (double)kc->shape[1];
+    *flops = 4.0 * (double)R * (double)qd * keys;
+    return TIDE_OK;
+}
+
+/* SILU_MUL and ADD: three f32 tensors of one shape. */
+static tide_status check_elementwise(tide_graph *g, const char *nm, const int *in, const int *out) {
+    const tide_tensor *a = T(0), *b = T(1), *o = O(0);
+    if (!is_act(a) || !is_act(b) || !is_act(o) || a->shape[0] != b->shape[0] || a->shape[1] != b->shape[1] ||
+        a->shape[0] != o->shape[0] || a->shape[1] != o->shape[1])
+        FAIL("%s: '%s', '%s' and '%s' must be f32 of one 2-D shape", nm, a->name, b->name, o->name);
+    return TIDE_OK;
+}
+
+static tide_status check_silu_mul(CHECK_ARGS) {
+    *flops = 6.0 * (double)tide_tensor_numel(T(0));
+    return check_elementwise(g, "silu_mul", in, out);
+}
+
+static tide_status check_add(CHECK_ARGS) {
+    *flops = (double)tide_tensor_numel(T(0));
+    return check_elementwise(g, "add", in, out);
+}
+
+static tide_status check_take_last(CHECK_ARGS) {
+    const tide_tensor *x = T(0), *o = O(0);
+    if (!is_act(x) || !is_act(o) || p->batch <= 0 || o->shape[0] < p->row0 + p->batch || o->shape[1] != x->shape[1] ||
+        x->shape[0] % p->batch)
+        FAIL("take_last: '%s' must be f32 (>= %lld, %lld) taken from rows of '%s'", o->name,
+             (long long)(p->row0 + p->batch), (long long)x->shape[1], x->name);
+    return TIDE_OK;
+}
+
+static tide_status check_argmax(CHECK_ARGS) {
+    const tide_tensor *x = T(0), *o = O(0);
+    if (!is_act(x) || o->dtype != TIDE_I32 || tide_tensor_numel(o) != x->shape[0])
+        FAIL("argmax: '%s' must be i32 with one element per row of '%s'", o->name, x->name);
+    *flops = (double)tide_tensor_numel(x);
+    return TIDE_OK;
+}
+
+static tide_status check_generic(CHECK_ARGS) {
+    if (n_in < 0 || n_in > TIDE_OP_MAX_IN || n_out < 1 || n_out > TIDE_OP_MAX_OUT)
+        FAIL("generic: 0 to %d inputs and 1 to %d outputs allowed", TIDE_OP_MAX_IN, TIDE_OP_MAX_OUT);
+    if (!(p->flops >= 0) || !isfinite(p->flops)) FAIL("generic: flops must be finite and >= 0");
+    *flops = p->flops;
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- bytes and workspace */
+
+/* EMBED gathers one table row per token (its share of them for a chunk). */
+static double bytes_embed(const tide_graph *g, const tide_op *op) {
+    const tide_tensor *tab = &g->tensors[op->in[0]], *o = &g->tensors[op->out[0]];
+    double share = op->p.vocab ? (double)tab->shape[0] / (double)op->p.vocab : 1.0;
+    return 4.0 * (double)o->shape[0] + 2.0 * share * (double)o->nbytes;
+}
+
+/* TAKE_LAST copies B rows. */
+static double bytes_take_last(const tide_graph *g, const tide_op *op) {
+    return 2.0 * 4.0 * (double)op->p.batch * (double)g->tensors[op->out[0]].shape[1];
+}
+
+/* MATMUL reads x and w and writes its output block. */
+static double bytes_matmul(const tide_graph *g, const tide_op *op) {
+    const tide_tensor *x = &g->tensors[op->in[0]], *w = &g->tensors[op->in[1]];
+    return (double)x->nbytes + (double)w->nbytes + 4.0 * (double)x->shape[0] * (double)w->shape[0];
+}
+
+/* The CPU converts a 16-bit weight to f32 in column blocks of at most 16 MiB. */
+static uint64_t scratch_matmul(const tide_graph *g, const tide_op *op) {
+    const tide_tensor *w = &g->tensors[op->in[1]];
+    if (w->dtype == TIDE_F32) return 0;
+    uint64_t wb = (uint64_t)tide_tensor_numel(w) * 4;
+    return TIDE_MIN(wb, UINT64_C(16) << 20);
+}
+
+/* ---------------------------------------------------------------- the table */
+
+static const tide_op_desc descs[TIDE_OP_COUNT] = {
+    [TIDE_OP_EMBED] = {"embed", 2, 3, 1, TIDE_OPC_VECTOR, true, check_embed, bytes_embed, NULL},
+    [TIDE_OP_RMSNORM] = {"rmsnorm", 2, 2, 1, TIDE_OPC_VECTOR, false, check_rmsnorm, NULL, NULL},
+    [TIDE_OP_MATMUL] = {"matmul", 2, 3, 1, TIDE_OPC_MATMUL, true, check_matmul, bytes_matmul, scratch_matmul},
+    [TIDE_OP_ROPE] = {"rope", 2, 2, 1, TIDE_OPC_VECTOR, false, check_rope, NULL, NULL},
+    [TIDE_OP_ATTENTION] = {"attention", 4, 6, 3, TIDE_OPC_ATTENTION, false, check_attention, NULL, NULL},
+    [TIDE_OP_SILU_MUL] = {"silu_mul", 2, 2, 1, TIDE_OPC_VECTOR, false, check_silu_mul, NULL, NULL},
+    [TIDE_OP_ADD] = {"add", 2, 2, 1, TIDE_OPC_VECTOR, false, check_add, NULL, NULL},
+    [TIDE_OP_TAKE_LAST] = {"take_last", 1, 2, 1, TIDE_OPC_VECTOR, true, check_take_last, bytes_take_last, NULL},
+    [TIDE_OP_ARGMAX] = {"argmax", 1, 1, 1, TIDE_OPC_VECTOR, false, check_argmax, NULL, NULL},
+    [TIDE_OP_GENERIC] = {"generic", -1, -1, -1, TIDE_OPC_GENERIC, false, check_generic, NULL, NULL},
+};
+
+const tide_op_desc *tide_op_desc_of(tide_op_kind k) {
+    return (unsigned)k < TIDE_OP_COUNT && descs[k].name ? &descs[k] : NULL;
+}
+
+const char *tide_op_name(tide_op_kind k) {
+    const tide_op_desc *d = tide_op_desc_of(k);
+    return d ? d->name : "?";
+}
+
+tide_status tide_op_check(tide_graph *g, tide_op_kind kind, int n_in, const int *in, int n_out, const int *out,
+                          const tide_op_params *p, double *flops) {
+    const tide_op_desc *d = tide_op_desc_of(kind);
+    if (!d) FAIL("unknown op kind %d", (int)kind);
+    if (d->min_in >= 0 && (n_in < d->min_in || n_in > d->max_in || n_out != d->n_out))
+        FAIL("%s takes %d%s inputs and %d outputs, got %d and %d", d->name, d->min_in,
+             d->max_in > d->min_in ? " or more" : "", d->n_out, n_in, n_out);
+    /* the tiled form (most inputs) takes its own output as its last input */
+    if (d->tile_rmw && n_in == d->max_in && in[n_in - 1] != out[0])
+        FAIL("%s: its last input must be its output '%s' (a tile written into it)", d->name, O(0)->name);
+    if (p->idx0 < 0 || p->row0 < 0 || p->col0 < 0 || p->vocab0 < 0 || p->vocab < 0)
+        FAIL("%s: negative tile offset", d->name);
+    *flops = 0;
+    return d->check(g, n_in, in, n_out, out, p, flops);
+}
+
+double tide_op_bytes(const tide_graph *g, const tide_op *op) {
+    const tide_op_desc *d = tide_op_desc_of(op->kind);
+    if (d && d->bytes) return d->bytes(g, op);
+    double b = 0;
+    for (int i = 0; i < op->n_in; i++) b += (double)g->tensors[op->in[i]].nbytes;
+    for (int j = 0; j < op->n_out; j++)
+        if (!tide_op_reads(op, op->out[j])) b += (double)g->tensors[op->out[j]].nbytes;
+    return b;
+}
