@@ -12,13 +12,18 @@
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/alloc_test.h"
+#include "core/core.h"
 #include "tide.h"
 
 typedef struct fixture {
@@ -323,6 +328,110 @@ static void test_save_fails(void **state) {
     assert_int_not_equal(access(f->path, F_OK), 0);
 }
 
+/* Entries of dir other than "." and "..". */
+static int n_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) n += strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+static void assert_file_holds(const char *path, const char *text) {
+    FILE *fp = fopen(path, "r");
+    assert_non_null(fp);
+    char buf[64] = {0};
+    size_t n = fread(buf, 1, sizeof buf - 1, fp);
+    fclose(fp);
+    buf[n] = '\0';
+    assert_string_equal(buf, text);
+}
+
+/* The whole-file writer under every config, profile, plan and trace save
+ * (core.h): a write that fails part way (the file size limit: EFBIG, as a
+ * full disk would be ENOSPC), a rename that fails, and an abort each leave
+ * the old file as it was and no temporary beside it; the messages name the
+ * path and the cause. */
+static void test_file_atomic(void **state) {
+    fixture *f = *state;
+    tide_atomic_file af;
+    write_text(f->path, "old");
+
+    /* Writes refused past 64 bytes (SIGXFSZ ignored: write returns EFBIG). */
+    struct rlimit was;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &was), 0);
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+    struct rlimit small = {64, was.rlim_max};
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &small), 0);
+    char big[4096];
+    memset(big, 'x', sizeof big);
+    tide_status st_buf = tide_write_file_atomic(f->ctx, "test file", f->path, big, sizeof big);
+    char msg_buf[TIDE_ERRMSG_MAX];
+    snprintf(msg_buf, sizeof msg_buf, "%s", tide_ctx_last_error(f->ctx));
+    tide_status st_begin = tide_file_begin(f->ctx, "test file", f->path, &af), st_stream = TIDE_OK;
+    if (st_begin == TIDE_OK) {
+        for (int i = 0; i < 1000; i++) fprintf(af.fp, "line %d\n", i);
+        st_stream = tide_file_commit(&af);
+    }
+    setrlimit(RLIMIT_FSIZE, &was);
+    signal(SIGXFSZ, old_handler);
+    assert_int_equal(st_buf, TIDE_E_IO);
+    assert_non_null(strstr(msg_buf, f->path));
+    assert_non_null(strstr(msg_buf, "write failed"));
+    assert_non_null(strstr(msg_buf, strerror(EFBIG)));
+    assert_int_equal(st_begin, TIDE_OK);
+    assert_int_equal(st_stream, TIDE_E_IO);
+    assert_non_null(strstr(tide_ctx_last_error(f->ctx), "write failed"));
+    assert_null(af.fp);
+    assert_file_holds(f->path, "old");
+    assert_int_equal(n_entries(f->dir), 1);
+
+    /* Abort: nothing written, nothing left. */
+    assert_int_equal(tide_file_begin(f->ctx, "test file", f->path, &af), TIDE_OK);
+    fputs("new", af.fp);
+    assert_int_equal(n_entries(f->dir), 2);
+    tide_file_abort(&af);
+    tide_file_abort(&af); /* a no-op the second time */
+    assert_file_holds(f->path, "old");
+    assert_int_equal(n_entries(f->dir), 1);
+
+    /* A directory in the way: the rename fails, the temporary goes. */
+    char sub[160];
+    snprintf(sub, sizeof sub, "%s/adir", f->dir);
+    assert_int_equal(mkdir(sub, 0777), 0);
+    assert_int_equal(tide_write_file_atomic(f->ctx, "test file", sub, "abc", 3), TIDE_E_IO);
+    assert_non_null(strstr(tide_ctx_last_error(f->ctx), "cannot rename"));
+    assert_non_null(strstr(tide_ctx_last_error(f->ctx), sub));
+    assert_int_equal(n_entries(f->dir), 2);
+    assert_int_equal(rmdir(sub), 0);
+
+    /* No directory: nothing to create the temporary in. */
+    snprintf(sub, sizeof sub, "%s/no/such/x.json", f->dir);
+    assert_int_equal(tide_file_begin(f->ctx, "test file", sub, &af), TIDE_E_IO);
+    assert_non_null(strstr(tide_ctx_last_error(f->ctx), "cannot create"));
+    assert_non_null(strstr(tide_ctx_last_error(f->ctx), sub));
+    assert_null(af.fp);
+    tide_file_abort(&af);
+
+    /* Success replaces the old file, streamed or whole; mode 0644 (umask 022). */
+    mode_t um = umask(022);
+    assert_int_equal(tide_file_begin(f->ctx, "test file", f->path, &af), TIDE_OK);
+    fprintf(af.fp, "new %d", 1);
+    assert_int_equal(tide_file_commit(&af), TIDE_OK);
+    umask(um);
+    assert_file_holds(f->path, "new 1");
+    struct stat sb;
+    assert_int_equal(stat(f->path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0644);
+    assert_int_equal(tide_write_file_atomic(f->ctx, "test file", f->path, "new 2", 5), TIDE_OK);
+    assert_file_holds(f->path, "new 2");
+    assert_int_equal(tide_write_file_atomic(f->ctx, "test file", f->path, NULL, 0), TIDE_OK);
+    assert_file_holds(f->path, "");
+    assert_int_equal(n_entries(f->dir), 1);
+}
+
 static void test_load_defaults(void **state) {
     fixture *f = *state;
     cJSON *o = base_json();
@@ -586,6 +695,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_save_load_roundtrip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_save_hf_fields, setup, teardown),
         cmocka_unit_test_setup_teardown(test_save_fails, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_file_atomic, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_defaults, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_missing_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_rope_parameters, setup, teardown),

@@ -16,6 +16,7 @@
 
 #include "tide.h"
 
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -54,6 +55,47 @@ void tide_free_aligned(void *p);
  * (larger than max_bytes) or TIDE_E_NOMEM. */
 tide_status tide_read_text_file(tide_ctx *ctx, const char *path, uint64_t max_bytes, char **out,
                                 size_t *len);
+
+/* Writing a whole file so that its path holds either the old file or the
+ * whole new one, never a part: the bytes go to a temporary file beside path
+ * (same directory, so the rename cannot cross file systems), which is flushed
+ * to disk and renamed over path only when complete; a failure on any step
+ * removes the temporary. Messages read "<what> '<path>': <cause>".
+ *
+ *   tide_atomic_file af;
+ *   if ((st = tide_file_begin(ctx, "trace", path, &af))) return st;
+ *   fprintf(af.fp, ...);                  // any stdio output into af.fp
+ *   if (failed) { tide_file_abort(&af); return ...; }
+ *   return tide_file_commit(&af);
+ */
+typedef struct tide_atomic_file {
+    tide_ctx *ctx;
+    const char *what; /* "plan file", "trace", ...: names the file in messages */
+    const char *path; /* the caller's string; must outlive the commit */
+    FILE *fp;         /* stream into this; NULL once committed or aborted */
+    char *buf;        /* the stream's buffer (NULL: stdio's default) */
+    char tmp[PATH_MAX];
+} tide_atomic_file;
+
+/* Creates the temporary file "<path>.tmp.<pid>.<n>" (O_EXCL, mode 0644 less
+ * the umask) and opens f->fp on it with a 1 MiB buffer when one can be had.
+ * Returns TIDE_OK, TIDE_E_INVALID (no path, or too long) or TIDE_E_IO
+ * ("cannot create" with the cause); on failure nothing is left on disk and
+ * f->fp is NULL, so tide_file_abort(f) is a no-op. */
+tide_status tide_file_begin(tide_ctx *ctx, const char *what, const char *path, tide_atomic_file *f);
+/* Flushes f->fp, checks it for earlier write errors, fsyncs and closes the
+ * temporary, renames it over the path and fsyncs the directory (best effort:
+ * the file is whole either way). Returns TIDE_OK or TIDE_E_IO ("write failed"
+ * or "cannot rename", with the cause); on failure the temporary is removed and
+ * the path keeps what it held before. f->fp is NULL afterwards either way. */
+tide_status tide_file_commit(tide_atomic_file *f);
+/* Closes and removes the temporary; records no error (the caller reports its
+ * own cause). A no-op when f->fp is NULL. */
+void tide_file_abort(tide_atomic_file *f);
+/* The whole of buf[0..n) written to path through tide_file_begin/commit.
+ * Returns what they return. */
+tide_status tide_write_file_atomic(tide_ctx *ctx, const char *what, const char *path, const void *buf,
+                                   size_t n);
 
 /* Monotonic wall clock in seconds. */
 double tide_now(void);

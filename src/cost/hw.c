@@ -18,7 +18,6 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -124,45 +123,6 @@ static const char *hw_check(const tide_hw *hw) {
     if (hw->attention_efficiency != 0 && !value_ok(F_FRACTION, hw->attention_efficiency))
         return "attention_efficiency";
     return NULL;
-}
-
-/* ---------------------------------------------------------------- files */
-
-
-/* Writes len bytes to path through a temporary file in the same directory,
- * flushed to disk and renamed over path, so path is either the old file or
- * the whole new one. */
-static tide_status write_whole(tide_ctx *ctx, const char *what, const char *path,
-                               const char *data, size_t len) {
-    char tmp[PATH_MAX];
-    static _Atomic unsigned counter;
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), counter++) >= (int)sizeof tmp)
-        return tide_err(ctx, TIDE_E_INVALID, "%s path '%s' is too long", what, path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0) return tide_err(ctx, TIDE_E_IO, "cannot create %s '%s': %s", what, tmp, strerror(errno));
-    size_t done = 0;
-    while (done < len) {
-        ssize_t w = write(fd, data + done, len - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int e = w < 0 ? errno : ENOSPC;
-            close(fd);
-            unlink(tmp);
-            return tide_err(ctx, TIDE_E_IO, "writing %s '%s': %s", what, tmp, strerror(e));
-        }
-        done += (size_t)w;
-    }
-    if (fsync(fd) != 0 || close(fd) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return tide_err(ctx, TIDE_E_IO, "writing %s '%s': %s", what, tmp, strerror(e));
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return tide_err(ctx, TIDE_E_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(e));
-    }
-    return TIDE_OK;
 }
 
 /* ---------------------------------------------------------------- parsing */
@@ -412,5 +372,5 @@ tide_status tide_hw_save(tide_ctx *ctx, const tide_hw *hw, const char *path) {
     }
     append(buf, cap, &n, " }\n}\n");
     if (n >= cap) return tide_err(ctx, TIDE_E_INVALID, "hardware profile '%s' is too long to write", path);
-    return write_whole(ctx, "hardware profile", path, buf, n);
+    return tide_write_file_atomic(ctx, "hardware profile", path, buf, n);
 }

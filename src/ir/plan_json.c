@@ -31,20 +31,17 @@
  * Whether the plan is *correct* (hazards, versions) is the verifier's job.
  *
  * Saving streams with fprintf (plans reach millions of instructions) into a
- * temporary file renamed over the path when complete. Loading parses the
+ * temporary file renamed over the path when complete (tide_file_begin). Loading parses the
  * whole file with cJSON: about 1 KB of memory per instruction while loading.
  */
 #include "ir/plan.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define JSON_EXACT_LIMIT 9007199254740992.0 /* 2^53 */
 #define N_INS_FIELDS 12
@@ -202,37 +199,11 @@ tide_status tide_plan_save_json(const tide_plan *p, const char *path) {
             in->wait_at < 0 || in->wait_at > p->n_waits - in->n_wait)
             return tide_err(ctx, TIDE_E_INVALID, "plan save '%s': instruction %d is malformed", path, i);
     }
-    char tmp[PATH_MAX];
-    static _Atomic unsigned counter;
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), counter++) >= (int)sizeof tmp)
-        return tide_err(ctx, TIDE_E_INVALID, "plan path '%s' is too long", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (!f) {
-        tide_status st = tide_err(ctx, TIDE_E_IO, "cannot create plan file '%s': %s", tmp, strerror(errno));
-        if (fd >= 0) {
-            close(fd);
-            unlink(tmp);
-        }
-        return st;
-    }
-    char *buf = tide_malloc((size_t)1 << 20);
-    if (buf) setvbuf(f, buf, _IOFBF, (size_t)1 << 20);
-    put_plan(f, p);
-    tide_status st = TIDE_OK;
-    if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0) {
-        st = tide_err(ctx, TIDE_E_IO, "writing plan file '%s': %s", tmp, strerror(errno));
-        fclose(f);
-        unlink(tmp);
-    } else if (fclose(f) != 0) {
-        st = tide_err(ctx, TIDE_E_IO, "writing plan file '%s': %s", tmp, strerror(errno));
-        unlink(tmp);
-    } else if (rename(tmp, path) != 0) {
-        st = tide_err(ctx, TIDE_E_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-        unlink(tmp);
-    }
-    tide_free(buf);
-    return st;
+    tide_atomic_file af;
+    tide_status st = tide_file_begin(ctx, "plan file", path, &af);
+    if (st) return st;
+    put_plan(af.fp, p);
+    return tide_file_commit(&af);
 }
 
 /* ---------------------------------------------------------------- loading */

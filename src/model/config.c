@@ -14,14 +14,9 @@
 #include "core/core.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 /* Largest accepted dimension and layer count: keep every product of two sizes
  * far inside int64 and every config readable by int arithmetic. */
@@ -475,60 +470,6 @@ static char *config_json(const tide_llama_config *cfg) {
     return text;
 }
 
-/* Writes len bytes to path via path.tmp + fsync + rename + fsync of the
- * directory. Returns TIDE_OK or TIDE_E_IO naming the file; the temporary file
- * is removed on failure. */
-static tide_status write_atomic(tide_ctx *ctx, const char *path, const char *data, size_t len) {
-    size_t pl = strlen(path);
-    char *tmp = tide_malloc(pl + 5);
-    char *dir = tide_strdup(path);
-    if (!tmp || !dir) {
-        tide_free(tmp);
-        tide_free(dir);
-        return tide_err(ctx, TIDE_E_NOMEM, "%s: out of memory", path);
-    }
-    memcpy(tmp, path, pl);
-    memcpy(tmp + pl, ".tmp", 5);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    int e = fd < 0 ? errno : 0;
-    size_t done = 0;
-    while (!e && done < len) {
-        ssize_t w = write(fd, data + done, len - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            e = w < 0 ? errno : EIO;
-            break;
-        }
-        done += (size_t)w;
-    }
-    if (fd >= 0) {
-        if (!e && fsync(fd) != 0) e = errno;
-        if (close(fd) != 0 && !e) e = errno;
-        if (!e && rename(tmp, path) != 0) e = errno;
-        if (e) unlink(tmp);
-    }
-    tide_free(tmp);
-    if (e) {
-        tide_free(dir);
-        return tide_err(ctx, TIDE_E_IO, "%s: write failed: %s", path, strerror(e));
-    }
-    /* Make the rename durable; failing that still leaves a whole file. */
-    char *slash = strrchr(dir, '/');
-    const char *d = ".";
-    if (slash == dir) d = "/";
-    else if (slash) {
-        *slash = '\0';
-        d = dir;
-    }
-    int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        (void)fsync(dfd);
-        close(dfd);
-    }
-    tide_free(dir);
-    return TIDE_OK;
-}
-
 /* Returns TIDE_OK; TIDE_E_INVALID (bad cfg), TIDE_E_NOMEM or TIDE_E_IO naming
  * the file. The file appears whole or not at all. */
 tide_status tide_llama_config_save(tide_ctx *ctx, const tide_llama_config *cfg, const char *path) {
@@ -548,7 +489,7 @@ tide_status tide_llama_config_save(tide_ctx *ctx, const tide_llama_config *cfg, 
     withnl[len] = '\n';
     withnl[len + 1] = '\0';
     cJSON_free(text);
-    st = write_atomic(ctx, path, withnl, len + 1);
+    st = tide_write_file_atomic(ctx, "config", path, withnl, len + 1);
     tide_free(withnl);
     return st;
 }

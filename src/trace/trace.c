@@ -28,17 +28,14 @@
  * exceeds its budget.
  *
  * The file is streamed with fprintf (traces reach millions of events) into a
- * temporary file that is renamed over `path` only when complete.
+ * temporary file that is renamed over `path` only when complete
+ * (tide_file_begin).
  */
 #include "trace/trace.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* Writes s as the body of a JSON string (no quotes). */
 static void put_escaped(FILE *f, const char *s) {
@@ -334,28 +331,13 @@ tide_status tide_trace_write(const tide_plan *p, const tide_sim_event *timeline,
     }
     tide_free(by_ins);
 
-    char tmp[PATH_MAX];
-    static _Atomic unsigned counter;
-    tide_status st = TIDE_OK;
-    FILE *f = NULL;
-    char *buf = NULL;
-    int fd = -1;
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), counter++) >= (int)sizeof tmp) {
-        st = tide_err(ctx, TIDE_E_INVALID, "trace path '%s' is too long", path);
-        goto done;
+    tide_atomic_file af;
+    tide_status st = tide_file_begin(ctx, "trace", path, &af);
+    if (st) {
+        tide_free(ds.d);
+        return st;
     }
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 || !(f = fdopen(fd, "w"))) {
-        st = tide_err(ctx, TIDE_E_IO, "cannot create trace '%s': %s", tmp, strerror(errno));
-        if (fd >= 0) {
-            close(fd);
-            unlink(tmp);
-        }
-        goto done;
-    }
-    buf = tide_malloc((size_t)1 << 20);
-    if (buf) setvbuf(f, buf, _IOFBF, (size_t)1 << 20);
-
+    FILE *f = af.fp;
     fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"
           "{\"ph\":\"M\",\"pid\":1,\"name\":\"process_name\",\"args\":{\"name\":\"tide\"}}", f);
     for (int s = 0; s < TIDE_STREAM_COUNT; s++)
@@ -373,24 +355,6 @@ tide_status tide_trace_write(const tide_plan *p, const tide_sim_event *timeline,
                 t * 1e6, (long long)in_use);
     }
     fputs("\n]}\n", f);
-
-    if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0) {
-        st = tide_err(ctx, TIDE_E_IO, "writing trace '%s': %s", tmp, strerror(errno));
-        fclose(f);
-        unlink(tmp);
-        goto done;
-    }
-    if (fclose(f) != 0) {
-        st = tide_err(ctx, TIDE_E_IO, "writing trace '%s': %s", tmp, strerror(errno));
-        unlink(tmp);
-        goto done;
-    }
-    if (rename(tmp, path) != 0) {
-        st = tide_err(ctx, TIDE_E_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-        unlink(tmp);
-    }
-done:
-    tide_free(buf);
     tide_free(ds.d);
-    return st;
+    return tide_file_commit(&af);
 }

@@ -39,13 +39,9 @@
  */
 #include "trace/trace.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* ---------------------------------------------------------------- layout */
 
@@ -660,26 +656,10 @@ tide_status tide_trace_svg_write(const tide_plan *p, const tide_sim_event *const
         }
     }
 
-    char tmp[PATH_MAX];
-    static _Atomic unsigned counter;
-    tide_status st = TIDE_OK;
-    FILE *f = NULL;
-    char *buf = NULL;
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), counter++) >= (int)sizeof tmp) {
-        st = tide_err(ctx, TIDE_E_INVALID, "trace svg path '%s' is too long", path);
-        goto out;
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 || !(f = fdopen(fd, "w"))) {
-        st = tide_err(ctx, TIDE_E_IO, "cannot create SVG '%s' (temporary '%s'): %s", path, tmp, strerror(errno));
-        if (fd >= 0) {
-            close(fd);
-            unlink(tmp);
-        }
-        goto out;
-    }
-    buf = tide_malloc((size_t)1 << 16);
-    if (buf) setvbuf(f, buf, _IOFBF, (size_t)1 << 16);
+    tide_atomic_file af;
+    tide_status st = tide_file_begin(ctx, "SVG", path, &af);
+    if (st) goto out;
+    FILE *f = af.fp;
 
     write_header(f, p, HEADER_H + n_timelines * PANEL_H + (n_timelines - 1) * PANEL_GAP + 8);
     for (int k = 0; k < n_timelines && st == TIDE_OK; k++) {
@@ -697,28 +677,9 @@ tide_status tide_trace_svg_write(const tide_plan *p, const tide_sim_event *const
     }
     fputs("</svg>\n", f);
 
-    if (st != TIDE_OK) {
-        fclose(f);
-        unlink(tmp);
-        goto out;
-    }
-    if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0) {
-        st = tide_err(ctx, TIDE_E_IO, "writing SVG '%s': %s", path, strerror(errno));
-        fclose(f);
-        unlink(tmp);
-        goto out;
-    }
-    if (fclose(f) != 0) {
-        st = tide_err(ctx, TIDE_E_IO, "writing SVG '%s': %s", path, strerror(errno));
-        unlink(tmp);
-        goto out;
-    }
-    if (rename(tmp, path) != 0) {
-        st = tide_err(ctx, TIDE_E_IO, "cannot rename '%s' to SVG '%s': %s", tmp, path, strerror(errno));
-        unlink(tmp);
-    }
+    if (st == TIDE_OK) st = tide_file_commit(&af);
+    else tide_file_abort(&af);
 out:
-    tide_free(buf);
     tide_free(by_ins);
     tide_free(pn);
     return st;
