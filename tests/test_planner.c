@@ -426,6 +426,92 @@ static void test_belady(void **state) {
     tide_ctx_free(ctx);
 }
 
+/* ---------------------------------------------------------------- placements */
+
+/* Random DAGs planned with (a) some ops forced onto the host CPU, (b) the
+ * device addressing host memory (tensors homed on host used in place), (c)
+ * every weight warm at the top of the arena, and (a)+(b): every plan
+ * verifies, host ops compute on the host stream with host operands, in-place
+ * tensors are never loaded, warm ones never loaded nor dropped. The
+ * baselines refuse all three. */
+static void test_placements(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_hw hw = test_hw();
+    int n_plans = 0, n_host = 0;
+    for (int gi = 0; gi < 200; gi++) {
+        tide_graph *g = random_graph(ctx, rint_(1, 30), gi % 3 == 0 ? 4096 : 65536);
+        int n_iter = rint_(1, 3), mode = gi % 4;
+        bool *host = calloc((size_t)g->n_ops + 1, sizeof *host);
+        uint64_t *warm = malloc(((size_t)g->n_tensors + 1) * sizeof *warm);
+        for (int i = 0; i < g->n_ops; i++) host[i] = (mode == 0 || mode == 3) && rnd() % 4 == 0;
+        tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .n_iter = n_iter, .hw = &hw};
+        o.weights_on_ssd = mode == 0 && gi % 8 == 0;
+        if (mode == 0 || mode == 3) o.host_ops = host;
+        o.host_addressable = mode == 1 || mode == 3;
+        uint64_t peak = 0, warm_bytes = 0;
+        CHECK_OK(ctx, tide_plan_peak_unbounded(ctx, g, &o, &peak));
+        if (!peak) peak = TIDE_PLAN_ALIGN; /* everything on the host */
+        if (mode == 2) { /* every weight warm, packed above what the plan needs */
+            for (int t = 0; t < g->n_tensors; t++) {
+                warm[t] = TIDE_HOME;
+                if (g->tensors[t].role != TIDE_ROLE_WEIGHT) continue;
+                warm[t] = peak + warm_bytes;
+                warm_bytes += tide_plan_align(g->tensors[t].nbytes);
+            }
+            o.warm_off = warm;
+        }
+        uint64_t budgets[2] = {peak + warm_bytes, peak / 2 + rnd() % (peak / 2 + 1)};
+        for (int b = 0; b < 2; b++) {
+            o.device_budget = budgets[b] + (b ? warm_bytes : 0);
+            if (mode == 2 && b) o.device_budget = budgets[0]; /* the warm offsets need their top */
+            tide_plan *p = NULL;
+            tide_status st = tide_plan_make(ctx, g, &o, &p);
+            if (st == TIDE_E_INFEASIBLE && b) continue; /* below what some op needs */
+            if (st) fail_msg("graph %d mode %d budget %" PRIu64 ": %s: %s", gi, mode, o.device_budget, tide_status_str(st),
+                             tide_ctx_last_error(ctx));
+            if (tide_plan_verify(p)) {
+                if (getenv("TIDE_TEST_DUMP")) dump_plan(p);
+                fail_msg("graph %d mode %d (n_iter %d) fails verification: %s", gi, mode, n_iter, tide_ctx_last_error(ctx));
+            }
+            assert_true(p->stats.peak_device_bytes <= o.device_budget);
+            for (int i = 0; i < p->n_ins; i++) {
+                const tide_ins *in = &p->ins[i];
+                if (in->kind == TIDE_INS_COMPUTE) {
+                    bool h = host[in->op] && o.host_ops;
+                    assert_int_equal(in->place, h ? TIDE_PLACE_HOST : TIDE_PLACE_DEVICE);
+                    assert_int_equal(in->stream, h ? TIDE_STREAM_HOST : TIDE_STREAM_COMPUTE);
+                    n_host += h;
+                    continue;
+                }
+                tide_role r = g->tensors[in->tensor].role;
+                if (o.host_addressable && r != TIDE_ROLE_TEMP && p->home[in->tensor] == TIDE_TIER_HOST)
+                    assert_true(in->kind == TIDE_INS_MOVE || (in->kind == TIDE_INS_DROP && in->src != TIDE_TIER_DEVICE));
+                if (mode == 2 && warm[in->tensor] != TIDE_HOME)
+                    fail_msg("graph %d: warm '%s' is moved by a %s", gi, g->tensors[in->tensor].name, tide_ins_name(in->kind));
+            }
+            if (mode == 2)
+                for (int t = 0; t < g->n_tensors; t++) assert_true(p->warm_off[t] == warm[t]);
+            tide_plan_free(p);
+            n_plans++;
+        }
+        /* the baselines plan none of it */
+        if (mode != 1 || gi % 8 == 1) {
+            tide_plan_opts ob = o;
+            ob.policy = TIDE_POLICY_LRU;
+            tide_plan *p = NULL;
+            assert_int_equal(tide_plan_make(ctx, g, &ob, &p), TIDE_E_UNSUPPORTED);
+            assert_null(p);
+        }
+        free(host);
+        free(warm);
+        tide_graph_free(g);
+    }
+    print_message("  %d plans with host computes (%d of them), in-place or warm tensors verified\n", n_plans, n_host);
+    assert_true(n_host > 100);
+    tide_ctx_free(ctx);
+}
+
 /* ---------------------------------------------------------------- LLaMA */
 
 static void llama_case(tide_ctx *ctx, const char *model, int layers, int batch, int seq, int n_iter,
@@ -560,6 +646,7 @@ int main(void) {
         cmocka_unit_test(test_belady),
         cmocka_unit_test(test_random_dags),
         cmocka_unit_test(test_small_host),
+        cmocka_unit_test(test_placements),
         cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_alloc_faults),
         cmocka_unit_test(test_llama),

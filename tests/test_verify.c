@@ -776,6 +776,194 @@ static void test_large_plan_is_fast(void **state) {
     fx_free(f);
 }
 
+/* ---------------------------------------------------------------- recomputation */
+
+/* a = f(s); b = g(a); y = h(b, a), where a is dropped after op 1 and
+ * recomputed (op 0 again) into another range before op 2: accepted. fault 1:
+ * op 1 also updates the state s in place, so recomputing a from s reads a
+ * newer s than the first compute did (a recomputation from a stale input). */
+static void build_recompute(fx *f, int fault) {
+    int s = ten(f, "s", TIDE_ROLE_STATE), a = ten(f, "a", TIDE_ROLE_TEMP), b = ten(f, "b", TIDE_ROLE_TEMP);
+    int y = ten(f, "y", TIDE_ROLE_OUTPUT);
+    gop(f, W(s), W(a));          /* op0 a = f(s) */
+    if (fault == 1)
+        gop(f, W(a, s), W(b, s));  /* op1 b = g(a), and s updated in place */
+    else
+        gop(f, W(a), W(b));        /* op1 b = g(a) */
+    gop(f, W(b, a), W(y));       /* op2 y = h(b, a) */
+    tide_plan *p = plan_new(f, 1, 4 * K);
+    int Ls = load(p, 0, TIDE_STREAM_H2D, s, HOST, HOME, 0, NOW);
+    int C0 = compute(p, 0, 0, OFFS(0, K), W(Ls));
+    int C1 = fault == 1 ? compute(p, 0, 1, OFFS(K, 0, 2 * K, 0), (const int[]){C0}, 1)
+                        : compute(p, 0, 1, OFFS(K, 2 * K), (const int[]){C0}, 1);
+    int Da = drop_dev(p, 0, TIDE_STREAM_COMPUTE, a, K, NOW); /* a leaves the device... */
+    int R0 = compute(p, 0, 0, OFFS(0, 3 * K), W(Da));         /* ...and is recomputed at 3K */
+    int C2 = compute(p, 0, 2, OFFS(2 * K, 3 * K, K), W(R0, C1));
+    int Sy = store(p, 0, TIDE_STREAM_D2H, y, K, HOST, HOME, W(C2));
+    drop_dev(p, 0, TIDE_STREAM_D2H, y, K, NOW);
+    drop_dev(p, 0, TIDE_STREAM_COMPUTE, a, 3 * K, NOW);
+    drop_dev(p, 0, TIDE_STREAM_COMPUTE, b, 2 * K, NOW);
+    if (fault == 1) store(p, 0, TIDE_STREAM_D2H, s, 0, HOST, HOME, W(C1, Sy));
+    drop_dev(p, 0, fault == 1 ? TIDE_STREAM_D2H : TIDE_STREAM_COMPUTE, s, 0, NOW);
+}
+
+static void test_recompute(void **state) {
+    fx *f = fx_new();
+    build_recompute(f, 0);
+    expect_ok(f);
+    fx_free(f);
+    f = fx_new();
+    build_recompute(f, 1);
+    expect_fail(f, "recomputes op 0, but its input 's' is at version 1, not version 0 that its first compute read",
+                "(recomputation from a stale input)");
+    fx_free(f);
+}
+
+/* A recomputation of an op whose output was rewritten since: a = f(x);
+ * a = g(a) in place; then op 0 again would bring back the old a. */
+static void test_recompute_stale_output(void **state) {
+    fx *f = fx_new();
+    int x = ten(f, "x", TIDE_ROLE_INPUT), a = ten(f, "a", TIDE_ROLE_TEMP), y = ten(f, "y", TIDE_ROLE_OUTPUT);
+    gop(f, W(x), W(a));    /* op0 a = f(x) */
+    gop(f, W(a), W(a));    /* op1 a = g(a), in place */
+    gop(f, W(a), W(y));    /* op2 y = h(a) */
+    tide_plan *p = plan_new(f, 1, 3 * K);
+    int Lx = load(p, 0, TIDE_STREAM_H2D, x, HOST, HOME, 0, NOW);
+    int C0 = compute(p, 0, 0, OFFS(0, K), W(Lx));
+    int C1 = compute(p, 0, 1, OFFS(K, K), W(C0));
+    compute(p, 0, 0, OFFS(0, K), W(C1)); /* a = f(x) again: version 1, current is 2 */
+    expect_fail(f, "recomputes op 0, whose output 'a' has moved on to version 2 since its first compute wrote version 1",
+                NULL);
+    fx_free(f);
+}
+
+/* ---------------------------------------------------------------- host placement */
+
+/* a = f(x, w) on the device; b = g(a, s) on the host, s updated in place at
+ * its home; y = h(b) on the device. faults: 1 the host compute reads a from
+ * the device; 2 it runs on the compute stream; 3 it reads a's host spill
+ * copy without waiting for the STORE; 4 a device compute reads w at its home
+ * in a plan that is not host_addressable. */
+static void build_host(fx *f, int fault) {
+    int x = ten(f, "x", TIDE_ROLE_INPUT), w = ten(f, "w", TIDE_ROLE_WEIGHT), s = ten(f, "s", TIDE_ROLE_STATE);
+    int a = ten(f, "a", TIDE_ROLE_TEMP), b = ten(f, "b", TIDE_ROLE_TEMP), y = ten(f, "y", TIDE_ROLE_OUTPUT);
+    gop(f, W(x, w), W(a));
+    gop(f, W(a, s), W(b, s));
+    gop(f, W(b), W(y));
+    tide_plan *p = plan_new(f, 1, 3 * K);
+    p->host_spill_bytes = 2 * K;
+    int Lx = load(p, 0, TIDE_STREAM_H2D, x, HOST, HOME, 0, NOW);
+    int C0;
+    if (fault == 4) {
+        tide_ins in = ins(TIDE_INS_COMPUTE, TIDE_STREAM_COMPUTE, 0);
+        in.op = 0, in.host_opnd = 2, in.dev_off[0] = 0, in.dev_off[1] = HOME, in.dev_off[2] = K;
+        C0 = push(p, &in, W(Lx));
+    } else {
+        int Lw = load(p, 0, TIDE_STREAM_H2D, w, HOST, HOME, K, NOW);
+        C0 = compute(p, 0, 0, OFFS(0, K, 2 * K), W(Lx, Lw));
+        drop_dev(p, 0, TIDE_STREAM_COMPUTE, w, K, NOW);
+    }
+    int DROPx = drop_dev(p, 0, TIDE_STREAM_COMPUTE, x, 0, NOW);
+    int Sa = store(p, 0, TIDE_STREAM_D2H, a, fault == 4 ? K : 2 * K, HOST, 0, W(C0));
+    tide_ins in = ins(TIDE_INS_COMPUTE, fault == 2 ? TIDE_STREAM_COMPUTE : TIDE_STREAM_HOST, 0);
+    in.op = 1, in.place = TIDE_PLACE_HOST;
+    in.host_opnd = fault == 1 ? 0xe : 0xf; /* a, s, b, s */
+    in.dev_off[0] = fault == 1 ? 2 * K : 0, in.dev_off[1] = HOME, in.dev_off[2] = K, in.dev_off[3] = HOME;
+    int H = push(p, &in, (const int[]){fault == 3 ? SKIP : Sa}, 1);
+    int Da = drop_dev(p, 0, TIDE_STREAM_D2H, a, fault == 4 ? K : 2 * K, W(Sa));
+    drop_tier(p, 0, TIDE_STREAM_HOST, a, HOST, 0, NOW);
+    int Lb = load(p, 0, TIDE_STREAM_H2D, b, HOST, K, 0, W(H, DROPx, Da));
+    drop_tier(p, 0, TIDE_STREAM_H2D, b, HOST, K, NOW);
+    int C2 = compute(p, 0, 2, OFFS(0, K), W(Lb));
+    store(p, 0, TIDE_STREAM_D2H, y, K, HOST, HOME, W(C2));
+    drop_dev(p, 0, TIDE_STREAM_D2H, y, K, NOW);
+    drop_dev(p, 0, TIDE_STREAM_COMPUTE, b, 0, NOW);
+}
+
+static void test_host_compute(void **state) {
+    fx *f = fx_new();
+    build_host(f, 0);
+    expect_ok(f);
+    fx_free(f);
+    f = fx_new();
+    build_host(f, 1);
+    expect_fail(f, "runs on the host but reads 'a' on the device", NULL);
+    fx_free(f);
+    f = fx_new();
+    build_host(f, 2);
+    expect_fail(f, "computes off the host stream (on the compute stream)", NULL);
+    fx_free(f);
+    f = fx_new();
+    build_host(f, 3);
+    expect_fail(f, "on the host", "reads 'a' from host spill offset 0, written by instruction");
+    fx_free(f);
+    f = fx_new();
+    build_host(f, 4);
+    expect_fail(f, "reads 'w' in host memory from the device", "host_addressable is off");
+    fx_free(f);
+    /* the same device read of w's home is fine where the device addresses host memory */
+    f = fx_new();
+    build_host(f, 4);
+    f->p->host_addressable = true;
+    expect_ok(f);
+    fx_free(f);
+}
+
+/* ---------------------------------------------------------------- warm tensors */
+
+/* w (weight) and s (state) stay warm at 0 and K: s = f(s, w) in place, then
+ * y = g(s). faults: 1 s is dropped; 2 s is updated out of place (its warm
+ * copy ends stale); 3 s's home is loaded (a warm state's home is stale);
+ * 4 the two warm ranges overlap; 5 a temp is kept warm. */
+static void build_warm(fx *f, int fault) {
+    int w = ten(f, "w", TIDE_ROLE_WEIGHT), s = ten(f, "s", TIDE_ROLE_STATE), y = ten(f, "y", TIDE_ROLE_OUTPUT);
+    int t = ten(f, "t", TIDE_ROLE_TEMP);
+    gop(f, W(s, w), W(s));
+    gop(f, W(s), W(y, t));
+    tide_plan *p = plan_new(f, 1, 5 * K);
+    p->warm_off[w] = 0;
+    p->warm_off[s] = fault == 4 ? 512 : K;
+    if (fault == 5) p->warm_off[t] = 3 * K;
+    int L = -1;
+    if (fault == 3) L = load(p, 0, TIDE_STREAM_H2D, s, HOST, HOME, 2 * K, NOW);
+    int C0 = compute(p, 0, 0, fault == 2 ? OFFS(K, 0, 2 * K) : fault == 3 ? OFFS(2 * K, 0, 2 * K) : OFFS(K, 0, K),
+                     L >= 0 ? (const int[]){L} : NULL, L >= 0);
+    bool moved = fault == 2 || fault == 3; /* s's new version at 2K */
+    int C1 = compute(p, 0, 1, moved ? OFFS(2 * K, 3 * K, 4 * K) : OFFS(K, 2 * K, 3 * K), W(C0));
+    store(p, 0, TIDE_STREAM_D2H, y, moved ? 3 * K : 2 * K, HOST, HOME, W(C1));
+    drop_dev(p, 0, TIDE_STREAM_D2H, y, moved ? 3 * K : 2 * K, NOW);
+    if (fault != 5) drop_dev(p, 0, TIDE_STREAM_COMPUTE, t, moved ? 4 * K : 3 * K, NOW);
+    if (moved) drop_dev(p, 0, TIDE_STREAM_COMPUTE, s, 2 * K, NOW);
+    if (fault == 1) drop_dev(p, 0, TIDE_STREAM_COMPUTE, s, K, NOW);
+}
+
+static void test_warm(void **state) {
+    fx *f = fx_new();
+    build_warm(f, 0);
+    expect_ok(f);
+    fx_free(f);
+    f = fx_new();
+    build_warm(f, 1);
+    expect_fail(f, "drops warm 's' at its offset 1024", NULL);
+    fx_free(f);
+    f = fx_new();
+    build_warm(f, 2);
+    expect_fail(f, "warm 's' does not end at its offset 1024 with its latest version 1", NULL);
+    fx_free(f);
+    f = fx_new();
+    build_warm(f, 3);
+    expect_fail(f, "loads 's' from its host home, which holds no valid copy", NULL);
+    fx_free(f);
+    f = fx_new();
+    build_warm(f, 4);
+    expect_fail(f, "warm 'w' and 's' overlap on the device at [512, 1024)", NULL);
+    fx_free(f);
+    f = fx_new();
+    build_warm(f, 5);
+    expect_fail(f, "keeps temp 't' warm on the device", NULL);
+    fx_free(f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ref_ok_one_iteration),
@@ -799,6 +987,10 @@ int main(void) {
         cmocka_unit_test(test_spill_areas),
         cmocka_unit_test(test_resident_state),
         cmocka_unit_test(test_weights_and_scratch),
+        cmocka_unit_test(test_recompute),
+        cmocka_unit_test(test_recompute_stale_output),
+        cmocka_unit_test(test_host_compute),
+        cmocka_unit_test(test_warm),
         cmocka_unit_test(test_field_faults),
         cmocka_unit_test(test_bad_home),
         cmocka_unit_test(test_out_of_memory),

@@ -16,6 +16,10 @@
  * touch only the rows they copy, and MATMUL tiles, which write only their
  * block.
  *
+ * A COMPUTE placed on the host CPU runs at the profile's host rates
+ * (host_flops, host_mem_bw) by the same classes, holding the host's compute,
+ * so it overlaps the device's.
+ *
  * Transfers: n / bandwidth + latency per stage; the SSD tier is striped over
  * ssd_count drives, so its bandwidth is ssd_count times one drive's. An SSD
  * <-> device transfer is two stages pipelined through chunks (the executor's
@@ -56,6 +60,22 @@ double tide_cost_op(const tide_hw *hw, const tide_graph *g, const tide_op *op) {
     }
     double comp_s = op->flops > 0 ? op->flops / rate : 0;
     return (comp_s > mem_s ? comp_s : mem_s) + hw->launch_s;
+}
+
+/* Host rates when a profile does not give them: a server CPU's order of
+ * magnitude (tens of cores with wide vectors; several memory channels). */
+#define TIDE_HOST_FLOPS_DEFAULT 1e12
+#define TIDE_HOST_MEM_BW_DEFAULT 1e11
+
+double tide_cost_op_host(const tide_hw *hw, const tide_graph *g, const tide_op *op) {
+    double flops = hw->host_flops > 0 ? hw->host_flops : TIDE_HOST_FLOPS_DEFAULT;
+    double bw = hw->host_mem_bw > 0 ? hw->host_mem_bw : TIDE_HOST_MEM_BW_DEFAULT;
+    const tide_op_desc *d = tide_op_desc_of(op->kind);
+    double rate = d && (d->cls == TIDE_OPC_MATMUL || d->cls == TIDE_OPC_GENERIC) ? flops
+                : d && d->cls == TIDE_OPC_ATTENTION                         ? flops * TIDE_ATTENTION_EFFICIENCY
+                                                                            : flops * TIDE_VECTOR_EFFICIENCY;
+    double comp_s = op->flops > 0 ? op->flops / rate : 0, mem_s = tide_op_bytes(g, op) / bw;
+    return comp_s > mem_s ? comp_s : mem_s;
 }
 
 double tide_hw_h2d_seconds(const tide_hw *hw, uint64_t n) {
@@ -117,6 +137,10 @@ double tide_cost_ins(const tide_hw *hw, const tide_graph *g, const tide_ins *in,
     uint64_t n = in->tensor >= 0 ? g->tensors[in->tensor].nbytes : 0;
     switch (in->kind) {
     case TIDE_INS_COMPUTE:
+        if (in->place == TIDE_PLACE_HOST) {
+            set_res(res, TIDE_RES_HOST);
+            return tide_cost_op_host(hw, g, &g->ops[in->op]);
+        }
         set_res(res, TIDE_RES_COMPUTE);
         return tide_cost_op(hw, g, &g->ops[in->op]);
     case TIDE_INS_LOAD: return tide_cost_load(hw, in->src, n, res);

@@ -28,6 +28,9 @@ typedef struct tide_hw {
     int ssd_count;
     double ssd_read_bw, ssd_write_bw; /* per SSD, bytes/s */
     double ssd_latency_s;
+    double host_flops;            /* the host CPU's f32 matmul FLOP/s, for computes placed
+                                     on it (0: the default, 1e12) */
+    double host_mem_bw;           /* the host CPU's memory bandwidth, bytes/s (0: 1e11) */
 } tide_hw;
 
 /* Loads a profile by name (data/hw/NAME.json, shipped) or from a path (a name
@@ -50,8 +53,9 @@ typedef enum tide_res {
     TIDE_RES_H2D = 1u << 1,     /* host -> device link */
     TIDE_RES_D2H = 1u << 2,     /* device -> host link */
     TIDE_RES_SSD = 1u << 3,     /* the SSDs, reads and writes alike */
+    TIDE_RES_HOST = 1u << 4,    /* the host CPU's compute (HOST computes) */
 } tide_res;
-#define TIDE_RES_COUNT 4
+#define TIDE_RES_COUNT 5
 
 /* Bytes per pipelined chunk of an SSD <-> device transfer (the executor's
  * bounce buffer halves: 4 MiB each). */
@@ -64,6 +68,9 @@ typedef enum tide_res {
  * (0.5 when the profile has none); GENERIC at the f32 matmul rate; the rest at
  * half the f32 peak. Bytes are those the op moves through device memory. */
 double tide_cost_op(const tide_hw *hw, const tide_graph *g, const tide_op *op);
+/* COMPUTE placed on the host CPU: as tide_cost_op at the host's rates
+ * (host_flops, host_mem_bw; no launch overhead), holding TIDE_RES_HOST. */
+double tide_cost_op_host(const tide_hw *hw, const tide_graph *g, const tide_op *op);
 /* LOAD of n bytes from tier src (HOST or SSD) to the device. From HOST: the
  * h2d link. From SSD: the SSD read and the h2d copy pipelined through chunks
  * of TIDE_COST_CHUNK bytes: the slower stage for all n bytes plus the faster
@@ -75,8 +82,8 @@ double tide_cost_load(const tide_hw *hw, tide_tier src, uint64_t n, unsigned *re
 double tide_cost_store(const tide_hw *hw, tide_tier dst, uint64_t n, unsigned *res);
 /* MOVE of n bytes between HOST and SSD (dst: where they go): the SSDs. */
 double tide_cost_move(const tide_hw *hw, tide_tier dst, uint64_t n, unsigned *res);
-/* Any instruction of a plan for g: the function of its kind (a DROP takes no
- * time and holds nothing). */
+/* Any instruction of a plan for g: the function of its kind and placement (a
+ * DROP takes no time and holds nothing). */
 double tide_cost_ins(const tide_hw *hw, const tide_graph *g, const tide_ins *in, unsigned *res);
 
 /* One stage of a transfer alone: n bytes over the h2d / d2h link, or read /

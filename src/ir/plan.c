@@ -7,13 +7,15 @@
 #include <string.h>
 
 static const char *const tier_names[] = {"device", "host", "ssd"};
-static const char *const stream_names[] = {"compute", "h2d", "d2h", "io"};
+static const char *const stream_names[] = {"compute", "h2d", "d2h", "io", "host"};
 static const char *const ins_names[] = {"compute", "load", "store", "move", "drop"};
 static const char *const policy_names[] = {"tide", "static-layer", "lru"};
+static const char *const place_names[] = {"device", "host"};
 
 const char *tide_tier_name(tide_tier t) { return (unsigned)t < TIDE_TIER_COUNT ? tier_names[t] : "?"; }
 const char *tide_stream_name(tide_stream s) { return (unsigned)s < TIDE_STREAM_COUNT ? stream_names[s] : "?"; }
 const char *tide_ins_name(tide_ins_kind k) { return (unsigned)k < TIDE_INS_COUNT ? ins_names[k] : "?"; }
+const char *tide_place_name(tide_place p) { return (unsigned)p < TIDE_PLACE_COUNT ? place_names[p] : "?"; }
 const char *tide_policy_name(tide_policy p) { return (unsigned)p < TIDE_POLICY_COUNT ? policy_names[p] : "?"; }
 
 int tide_policy_parse(const char *s, tide_policy *out) {
@@ -34,13 +36,15 @@ tide_plan *tide_plan_alloc(tide_ctx *ctx, const tide_graph *g, int n_iter) {
     int n = g->n_tensors ? g->n_tensors : 1;
     p->home = tide_calloc((size_t)n, sizeof *p->home);
     p->resident = tide_calloc((size_t)n, sizeof *p->resident);
-    if (!p->home || !p->resident) {
+    p->warm_off = tide_malloc((size_t)n * sizeof *p->warm_off);
+    if (!p->home || !p->resident || !p->warm_off) {
         tide_plan_free(p);
         return NULL;
     }
     for (int t = 0; t < g->n_tensors; t++) {
         tide_role r = g->tensors[t].role;
         p->home[t] = r == TIDE_ROLE_TEMP ? TIDE_TIER_DEVICE : TIDE_TIER_HOST;
+        p->warm_off[t] = TIDE_HOME;
     }
     return p;
 }
@@ -49,6 +53,7 @@ void tide_plan_free(tide_plan *p) {
     if (!p) return;
     tide_free(p->home);
     tide_free(p->resident);
+    tide_free(p->warm_off);
     tide_free(p->ins);
     tide_free(p->waits);
     tide_free(p);
@@ -65,12 +70,4 @@ int tide_plan_push(tide_plan *p, const tide_ins *ins, const int *waits, int n_wa
     if (n_wait > 0) memcpy(p->waits + p->n_waits, waits, (size_t)n_wait * sizeof *waits);
     p->n_waits += d->n_wait;
     return p->n_ins++;
-}
-
-int tide_plan_add_wait(tide_plan *p, int ins, int wait_on) {
-    if (ins != p->n_ins - 1) return -1;
-    if (tide_grow((void **)&p->waits, &p->cap_waits, p->n_waits + 1, sizeof *p->waits)) return -1;
-    p->waits[p->n_waits++] = wait_on;
-    p->ins[ins].n_wait++;
-    return 0;
 }

@@ -10,9 +10,24 @@
  * has completed. Nothing else orders streams.
  *
  * Instructions:
- *   COMPUTE op            reads every input at dev_off[i], writes every output at
- *                         dev_off[n_in + j] in the device arena; scratch at
- *                         scratch_off (scratch_bytes = op->scratch_bytes).
+ *   COMPUTE op  place     runs op on the device (place DEVICE, compute stream)
+ *                         or on the host CPU (place HOST, host stream). It
+ *                         reads every input at dev_off[i] and writes every
+ *                         output at dev_off[n_in + j]; operand k is a device
+ *                         copy at arena offset dev_off[k], or, when bit k of
+ *                         host_opnd is set, a HOST copy: its home (dev_off[k]
+ *                         = TIDE_HOME) or a host spill copy at that offset.
+ *                         A HOST compute's operands are all host copies; a
+ *                         DEVICE compute may have host operands only in a
+ *                         plan whose host_addressable is set (the backend's
+ *                         device memory is host memory, so it can read and
+ *                         write host copies in place). Scratch: a DEVICE
+ *                         compute's is in the arena at scratch_off
+ *                         (op->scratch_bytes); a HOST compute's is the
+ *                         executor's own. An op may be computed more than once
+ *                         in an iteration (recomputation): every later compute
+ *                         must read the same versions of its inputs as the
+ *                         first one and so writes the same versions again.
  *   LOAD  t  src -> dev   copies tensor t from its copy on tier src (HOST or SSD)
  *                         to the device arena at dev_off[0].
  *   STORE t  dev -> dst   copies the device copy at dev_off[0] to tier dst
@@ -25,20 +40,29 @@
  *   FREE t  (not an instruction): a tensor is dead after its last DROP.
  *
  * Conventions (the verifier enforces them): op = -1 on every instruction but
- * COMPUTE and tensor = -1 on a COMPUTE; COMPUTE runs on the compute stream, LOAD
- * on h2d or io, STORE on d2h or io, MOVE on io, DROP on any; waits name earlier
- * instructions only (list order is then a topological order: no deadlock, and a
- * CUDA event is always recorded before it is waited on). A DROP need not wait
- * for the copy's readers, but whoever reuses its bytes waits on the DROP and on
- * every access of the previous occupant. Homes are never dropped; WEIGHT and
- * INPUT homes are never written.
+ * COMPUTE and tensor = -1 on a COMPUTE; a DEVICE COMPUTE runs on the compute
+ * stream and a HOST one on the host stream, LOAD on h2d or io, STORE on d2h or
+ * io, MOVE on io, DROP on any; waits name earlier instructions only (list
+ * order is then a topological order: no deadlock, and a CUDA event is always
+ * recorded before it is waited on). A DROP need not wait for the copy's
+ * readers, but whoever reuses its bytes waits on the DROP and on every access
+ * of the previous occupant. Homes are never dropped; WEIGHT and INPUT homes
+ * are never written.
  *
  * Device memory: one arena of exactly device_budget bytes; every device copy
  * has an offset decided here. Live device ranges are those between the first
  * write of a range (the LOAD or the COMPUTE that produces the tensor) and the
  * completion of its DROP. A tensor not kept resident is DROPped after its
- * last use (or when evicted); at the end of the plan only resident tensors may
- * still have device copies, and their homes hold the latest version.
+ * last use (or when evicted); at the end of the plan only resident and warm
+ * tensors may still have device copies; the homes of resident ones hold the
+ * latest version.
+ *
+ * Warm tensors (warm_off[t] != TIDE_HOME) are kept on the device across runs
+ * of plans sharing the arena: a warm tensor's latest version is at arena
+ * offset warm_off[t] when the plan starts (put there by an earlier run, or by
+ * the caller before the first one) and must be there when it ends; that range
+ * is never dropped or reused, and its home is neither read (for a STATE it may
+ * be stale) nor updated.
  *
  * Homes: WEIGHT and STATE tensors have a home tier (HOST or SSD) where a clean
  * copy lives before the run and where their latest version must be when the
@@ -57,9 +81,12 @@
 #include "graph/graph.h"
 
 typedef enum tide_tier { TIDE_TIER_DEVICE = 0, TIDE_TIER_HOST, TIDE_TIER_SSD, TIDE_TIER_COUNT } tide_tier;
+/* The host stream runs HOST computes on the host CPU beside the device's. */
 typedef enum tide_stream {
-    TIDE_STREAM_COMPUTE = 0, TIDE_STREAM_H2D, TIDE_STREAM_D2H, TIDE_STREAM_IO, TIDE_STREAM_COUNT
+    TIDE_STREAM_COMPUTE = 0, TIDE_STREAM_H2D, TIDE_STREAM_D2H, TIDE_STREAM_IO, TIDE_STREAM_HOST, TIDE_STREAM_COUNT
 } tide_stream;
+/* Where a COMPUTE runs. */
+typedef enum tide_place { TIDE_PLACE_DEVICE = 0, TIDE_PLACE_HOST, TIDE_PLACE_COUNT } tide_place;
 typedef enum tide_ins_kind {
     TIDE_INS_COMPUTE = 0, TIDE_INS_LOAD, TIDE_INS_STORE, TIDE_INS_MOVE, TIDE_INS_DROP, TIDE_INS_COUNT
 } tide_ins_kind;
@@ -67,6 +94,7 @@ typedef enum tide_ins_kind {
 const char *tide_tier_name(tide_tier t);
 const char *tide_stream_name(tide_stream s);
 const char *tide_ins_name(tide_ins_kind k);
+const char *tide_place_name(tide_place p);
 
 #define TIDE_INS_MAX_OFF (TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT)
 
@@ -76,6 +104,10 @@ typedef struct tide_ins {
     int iter;          /* iteration 0..n_iter-1 */
     int op;            /* COMPUTE: op index in the graph; else -1 */
     int tensor;        /* LOAD/STORE/MOVE/DROP: tensor index; else -1 */
+    tide_place place;  /* COMPUTE: device or host CPU; else DEVICE */
+    uint16_t host_opnd;/* COMPUTE: bit k set when operand k (inputs, then outputs)
+                          is a host copy (dev_off[k]: TIDE_HOME or a host spill
+                          offset); else 0 */
     tide_tier src, dst;/* LOAD: src=HOST|SSD, dst=DEVICE; STORE: src=DEVICE, dst=HOST|SSD;
                           MOVE: HOST<->SSD; DROP: src = tier whose copy ends */
     uint64_t dev_off[TIDE_INS_MAX_OFF]; /* COMPUTE: in then out; LOAD/STORE/DROP(device): [0] */
@@ -116,6 +148,9 @@ typedef struct tide_plan {
                                      INPUT/OUTPUT, DEVICE for TEMP (no home) */
     bool *resident;               /* per tensor: kept on device across iterations and at
                                      the end (its home is then updated by a final STORE) */
+    uint64_t *warm_off;           /* per tensor: TIDE_HOME, or the arena offset where a warm
+                                     tensor lives across runs (see above) */
+    bool host_addressable;        /* DEVICE computes may use host copies in place */
     tide_ins *ins;
     int n_ins, cap_ins;
     int *waits;
@@ -132,9 +167,8 @@ void tide_plan_free(tide_plan *p);
 /* Appends ins (its wait_at/n_wait ignored) with the given waits; returns the new
  * instruction's index or -1. */
 int tide_plan_push(tide_plan *p, const tide_ins *ins, const int *waits, int n_wait);
-/* Adds one wait to an existing instruction only if it is the last one pushed.
- * Returns 0 or -1. */
-int tide_plan_add_wait(tide_plan *p, int ins, int wait_on);
+/* Whether operand k of COMPUTE in is a host copy. */
+static inline bool tide_ins_host_opnd(const tide_ins *in, int k) { return in->host_opnd >> k & 1; }
 
 /* JSON (cJSON). The graph is not serialised: loading needs the same graph (the
  * file records the graph's op and tensor counts and a fingerprint of names and

@@ -2,19 +2,23 @@
  * plan_json.c - saving and loading plans as JSON, and the graph fingerprint
  * that ties a plan file to the graph it was made for.
  *
- * The file (version 1):
- *   {"format":"tide-plan", "version":1, "policy":"tide", "n_iter":N,
- *    "device_budget":B, "host_budget":H,
+ * The file (version 2):
+ *   {"format":"tide-plan", "version":2, "policy":"tide", "n_iter":N,
+ *    "device_budget":B, "host_budget":H, "host_addressable":false,
  *    "graph":{"n_tensors":..,"n_ops":..,"fingerprint":"16 hex digits"},
  *    "home":["host","ssd","device",...]      one tier name per tensor
  *    "resident":[0,1,...]                     one flag per tensor
+ *    "warm_off":[-1,4096,...]                 one offset per tensor (-1: not warm)
  *    "host_spill_bytes":.., "ssd_spill_bytes":..,
  *    "stats":{ every member of tide_plan_stats },
  *    "ins_fields":[...names of the columns below, for readers...],
  *    "ins":[[kind, stream, iter, op, tensor, src, dst, [dev_off...],
- *            scratch_off, tier_off, src_off, [waits...]], ...]}
- * kind, stream, src and dst are the enum values of plan.h. dev_off holds
- * n_in + n_out offsets for a COMPUTE, one for any other instruction.
+ *            scratch_off, tier_off, src_off, [waits...], place, host_opnd], ...]}
+ * kind, stream, src, dst and place are the enum values of plan.h; host_opnd
+ * is the bit mask of a COMPUTE's host operands. dev_off holds n_in + n_out
+ * offsets for a COMPUTE (-1: a host operand's home), one for any other
+ * instruction. Version 1 files (no host_addressable, warm_off, place or
+ * host_opnd: nothing on the host, nothing warm) load too.
  *
  * Integers: JSON numbers are doubles in most readers (cJSON included), exact
  * only below 2^53. A 64-bit value is written as a number when below 2^53 and
@@ -44,7 +48,8 @@
 #include <string.h>
 
 #define JSON_EXACT_LIMIT 9007199254740992.0 /* 2^53 */
-#define N_INS_FIELDS 12
+#define N_INS_FIELDS_V1 12
+#define N_INS_FIELDS 14
 
 /* ---------------------------------------------------------------- fingerprint */
 
@@ -139,18 +144,24 @@ static int n_dev_off(const tide_plan *p, const tide_ins *in) {
 
 static void put_plan(FILE *f, const tide_plan *p) {
     const tide_graph *g = p->g;
-    fprintf(f, "{\"format\":\"tide-plan\",\"version\":1,\"policy\":\"%s\",\"n_iter\":%d,\n",
+    fprintf(f, "{\"format\":\"tide-plan\",\"version\":2,\"policy\":\"%s\",\"n_iter\":%d,\n",
             tide_policy_name(p->policy), p->n_iter);
     fputs("\"device_budget\":", f);
     put_u64(f, p->device_budget);
     fputs(",\"host_budget\":", f);
     put_u64(f, p->host_budget);
+    fprintf(f, ",\"host_addressable\":%s", p->host_addressable ? "true" : "false");
     fprintf(f, ",\n\"graph\":{\"n_tensors\":%d,\"n_ops\":%d,\"fingerprint\":\"%016llx\"},\n\"home\":[",
             g->n_tensors, g->n_ops, (unsigned long long)tide_graph_fingerprint(g));
     for (int t = 0; t < g->n_tensors; t++)
         fprintf(f, "%s\"%s\"", t ? "," : "", tide_tier_name(p->home[t]));
     fputs("],\n\"resident\":[", f);
     for (int t = 0; t < g->n_tensors; t++) fprintf(f, "%s%d", t ? "," : "", p->resident[t] ? 1 : 0);
+    fputs("],\n\"warm_off\":[", f);
+    for (int t = 0; t < g->n_tensors; t++) {
+        if (t) fputc(',', f);
+        put_off(f, p->warm_off[t]);
+    }
     fputs("],\n\"host_spill_bytes\":", f);
     put_u64(f, p->host_spill_bytes);
     fputs(",\"ssd_spill_bytes\":", f);
@@ -165,7 +176,7 @@ static void put_plan(FILE *f, const tide_plan *p) {
             put_u64(f, *(const uint64_t *)base);
     }
     fputs("},\n\"ins_fields\":[\"kind\",\"stream\",\"iter\",\"op\",\"tensor\",\"src\",\"dst\","
-          "\"dev_off\",\"scratch_off\",\"tier_off\",\"src_off\",\"waits\"],\n\"ins\":[",
+          "\"dev_off\",\"scratch_off\",\"tier_off\",\"src_off\",\"waits\",\"place\",\"host_opnd\"],\n\"ins\":[",
           f);
     for (int i = 0; i < p->n_ins; i++) {
         const tide_ins *in = &p->ins[i];
@@ -174,7 +185,8 @@ static void put_plan(FILE *f, const tide_plan *p) {
         int nd = n_dev_off(p, in);
         for (int k = 0; k < nd; k++) {
             if (k) fputc(',', f);
-            put_u64(f, in->dev_off[k]);
+            if (in->kind == TIDE_INS_COMPUTE && tide_ins_host_opnd(in, k)) put_off(f, in->dev_off[k]);
+            else put_u64(f, in->dev_off[k]);
         }
         fputs("],", f);
         put_u64(f, in->scratch_off);
@@ -184,7 +196,7 @@ static void put_plan(FILE *f, const tide_plan *p) {
         put_off(f, in->src_off);
         fputs(",[", f);
         for (int k = 0; k < in->n_wait; k++) fprintf(f, "%s%d", k ? "," : "", p->waits[in->wait_at + k]);
-        fputs("]]", f);
+        fprintf(f, "],%d,%u]", (int)in->place, (unsigned)in->host_opnd);
     }
     fputs("\n]}\n", f);
 }
@@ -286,15 +298,15 @@ static bool inside(uint64_t off, uint64_t n, uint64_t limit) {
 }
 
 /* Parses and checks one instruction array into *in and its waits. */
-static tide_status parse_ins(reader *r, const tide_plan *p, int i, const cJSON *a, tide_ins *in,
+static tide_status parse_ins(reader *r, const tide_plan *p, int version, int i, const cJSON *a, tide_ins *in,
                              int **waits, int *cap_waits, int *n_wait) {
     const tide_graph *g = p->g;
-    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != N_INS_FIELDS)
-        return BAD("plan file '%s': instruction %d must be an array of %d fields", r->path, i,
-                   N_INS_FIELDS);
+    int nf = version == 1 ? N_INS_FIELDS_V1 : N_INS_FIELDS;
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != nf)
+        return BAD("plan file '%s': instruction %d must be an array of %d fields", r->path, i, nf);
     const cJSON *it[N_INS_FIELDS];
     int k = 0;
-    for (const cJSON *c = a->child; c && k < N_INS_FIELDS; c = c->next) it[k++] = c;
+    for (const cJSON *c = a->child; c && k < nf; c = c->next) it[k++] = c;
     long long v[7];
     static const char *const names[7] = {"kind", "stream", "iter", "op", "tensor", "src", "dst"};
     const long long lo[7] = {0, 0, 0, -1, -1, 0, 0};
@@ -315,6 +327,18 @@ static tide_status parse_ins(reader *r, const tide_plan *p, int i, const cJSON *
     if (in->kind == TIDE_INS_COMPUTE ? (in->op < 0 || in->tensor != -1) : (in->tensor < 0 || in->op != -1))
         return BAD("plan file '%s': instruction %d: a %s needs %s", r->path, i, tide_ins_name(in->kind),
                    in->kind == TIDE_INS_COMPUTE ? "an op and tensor -1" : "a tensor and op -1");
+    if (nf > N_INS_FIELDS_V1) {
+        long long pl, mask;
+        int n_opnd = in->kind == TIDE_INS_COMPUTE ? g->ops[in->op].n_in + g->ops[in->op].n_out : 0;
+        if (!get_int(it[12], 0, in->kind == TIDE_INS_COMPUTE ? TIDE_PLACE_COUNT - 1 : 0, &pl))
+            return BAD("plan file '%s': instruction %d: field 'place' must be %s", r->path, i,
+                       in->kind == TIDE_INS_COMPUTE ? "0 (device) or 1 (host)" : "0 (device)");
+        if (!get_int(it[13], 0, (1ll << n_opnd) - 1, &mask))
+            return BAD("plan file '%s': instruction %d: field 'host_opnd' must be a mask of its %d operands",
+                       r->path, i, n_opnd);
+        in->place = (tide_place)pl;
+        in->host_opnd = (uint16_t)mask;
+    }
     bool host_or_ssd_src = in->src == TIDE_TIER_HOST || in->src == TIDE_TIER_SSD;
     bool host_or_ssd_dst = in->dst == TIDE_TIER_HOST || in->dst == TIDE_TIER_SSD;
     if ((in->kind == TIDE_INS_LOAD && !(host_or_ssd_src && in->dst == TIDE_TIER_DEVICE)) ||
@@ -329,10 +353,12 @@ static tide_status parse_ins(reader *r, const tide_plan *p, int i, const cJSON *
         return BAD("plan file '%s': instruction %d: field 'dev_off' must be an array of %d offsets",
                    r->path, i, nd);
     k = 0;
-    for (const cJSON *c = it[7]->child; c; c = c->next, k++)
-        if (!get_u64(c, false, &in->dev_off[k]))
-            return BAD("plan file '%s': instruction %d: dev_off[%d] must be an unsigned 64-bit integer",
-                       r->path, i, k);
+    for (const cJSON *c = it[7]->child; c; c = c->next, k++) {
+        bool host = in->kind == TIDE_INS_COMPUTE && tide_ins_host_opnd(in, k);
+        if (!get_u64(c, host, &in->dev_off[k]))
+            return BAD("plan file '%s': instruction %d: dev_off[%d] must be an unsigned 64-bit integer%s",
+                       r->path, i, k, host ? " or -1 (home)" : "");
+    }
     if (!get_u64(it[8], false, &in->scratch_off))
         return BAD("plan file '%s': instruction %d: field 'scratch_off' must be an unsigned 64-bit "
                    "integer", r->path, i);
@@ -345,13 +371,23 @@ static tide_status parse_ins(reader *r, const tide_plan *p, int i, const cJSON *
         const tide_op *op = &g->ops[in->op];
         for (k = 0; k < nd; k++) {
             int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
+            if (tide_ins_host_opnd(in, k)) {
+                bool ok = in->dev_off[k] == TIDE_HOME ? p->home[t] == TIDE_TIER_HOST
+                                                      : inside(in->dev_off[k], g->tensors[t].nbytes, p->host_spill_bytes);
+                if (!ok)
+                    return BAD("plan file '%s': instruction %d: host operand %d of '%s' is neither its host home "
+                               "nor inside the host spill area of %llu bytes", r->path, i, k, g->tensors[t].name,
+                               (unsigned long long)p->host_spill_bytes);
+                continue;
+            }
             if (!inside(in->dev_off[k], g->tensors[t].nbytes, p->device_budget))
                 return BAD("plan file '%s': instruction %d: dev_off[%d] = %llu puts '%s' outside the "
                            "device budget of %llu bytes", r->path, i, k,
                            (unsigned long long)in->dev_off[k], g->tensors[t].name,
                            (unsigned long long)p->device_budget);
         }
-        if (op->scratch_bytes && !inside(in->scratch_off, op->scratch_bytes, p->device_budget))
+        if (op->scratch_bytes && in->place == TIDE_PLACE_DEVICE &&
+            !inside(in->scratch_off, op->scratch_bytes, p->device_budget))
             return BAD("plan file '%s': instruction %d: scratch_off %llu is outside the device budget",
                        r->path, i, (unsigned long long)in->scratch_off);
     } else {
@@ -424,8 +460,9 @@ static tide_status parse_plan(reader *r, const tide_graph *g, const cJSON *root,
     if (!cJSON_IsString(it) || strcmp(it->valuestring, "tide-plan") != 0)
         return BAD("plan file '%s': field 'format' must be \"tide-plan\"", r->path);
     long long v;
-    if (!get_int(member(root, "version"), 1, 1, &v))
-        return BAD("plan file '%s': field 'version' must be 1", r->path);
+    if (!get_int(member(root, "version"), 1, 2, &v))
+        return BAD("plan file '%s': field 'version' must be 1 or 2", r->path);
+    int version = (int)v;
     tide_policy policy;
     it = member(root, "policy");
     if (!cJSON_IsString(it) || tide_policy_parse(it->valuestring, &policy) != 0)
@@ -459,6 +496,26 @@ static tide_status parse_plan(reader *r, const tide_graph *g, const cJSON *root,
         (st = need_u64(r, root, "host_spill_bytes", &p->host_spill_bytes)) ||
         (st = need_u64(r, root, "ssd_spill_bytes", &p->ssd_spill_bytes)))
         goto fail;
+    if (version >= 2) {
+        const cJSON *ha = member(root, "host_addressable"), *wo = member(root, "warm_off");
+        if (!cJSON_IsBool(ha)) {
+            st = BAD("plan file '%s': field 'host_addressable' must be true or false", r->path);
+            goto fail;
+        }
+        p->host_addressable = cJSON_IsTrue(ha);
+        if (!cJSON_IsArray(wo) || cJSON_GetArraySize(wo) != g->n_tensors) {
+            st = BAD("plan file '%s': field 'warm_off' must be an array of %d offsets", r->path, g->n_tensors);
+            goto fail;
+        }
+        int t = 0;
+        for (const cJSON *c = wo->child; c; c = c->next, t++)
+            if (!get_u64(c, true, &p->warm_off[t]) ||
+                (p->warm_off[t] != TIDE_HOME && !inside(p->warm_off[t], g->tensors[t].nbytes, p->device_budget))) {
+                st = BAD("plan file '%s': warm_off[%d] must be -1 or an offset of '%s' inside the device budget",
+                         r->path, t, g->tensors[t].name);
+                goto fail;
+            }
+    }
 
     const cJSON *home = member(root, "home"), *res = member(root, "resident");
     if (!cJSON_IsArray(home) || cJSON_GetArraySize(home) != g->n_tensors) {
@@ -532,7 +589,7 @@ static tide_status parse_plan(reader *r, const tide_graph *g, const cJSON *root,
         }
         tide_ins in;
         int nw = 0;
-        if ((st = parse_ins(r, p, i, c, &in, &waits, &cap_waits, &nw))) goto fail;
+        if ((st = parse_ins(r, p, version, i, c, &in, &waits, &cap_waits, &nw))) goto fail;
         if (tide_plan_push(p, &in, waits, nw) < 0) {
             st = tide_err(r->ctx, TIDE_E_NOMEM, "out of memory loading plan '%s'", r->path);
             goto fail;

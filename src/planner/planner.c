@@ -193,6 +193,15 @@ static double belady_cost(pe *e, int t, void *user) {
     return c;
 }
 
+/* The first step at or after `from` whose op is placed on the host
+ * (INT_MAX: none). */
+static int next_host_step(const pe *e, int from) {
+    int o = from % e->n_ops, base = from - o;
+    int s = e->next_host[o] < e->n_ops ? base + e->next_host[o]
+          : e->next_host[0] < e->n_ops ? base + e->n_ops + e->next_host[0] : INT_MAX;
+    return s < e->n_steps ? s : INT_MAX;
+}
+
 /* Releases what dies at step a ahead of execution (alloc has passed it). */
 static int finish_prepare(pe *e, int a, const int *ts, int n) {
     for (int i = 0; i < n; i++)
@@ -205,6 +214,11 @@ static int finish_prepare(pe *e, int a, const int *ts, int n) {
  * releases what dies at a. Returns 1 when done, 0 when space is lacking (only
  * when !forced), -1 on failure (e->st). */
 static int prepare(pe *e, int a, bool forced) {
+    /* A host step needs no device space; the steps after it are prepared only
+     * once it is computed (their inputs may be its outputs, in host memory,
+     * and it drops the device copies of what it writes) */
+    if (pe_on_host(e, a)) return a == e->exec;
+    if (e->host_op && a > e->exec && next_host_step(e, e->exec) < a) return 0;
     const tide_op *op = &e->g->ops[a % e->n_ops];
     int ts[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
     int n = 0;
@@ -225,7 +239,7 @@ static int prepare(pe *e, int a, bool forced) {
     for (int i = 0; i < n; i++) {
         int t = ts[i];
         pe_tensor *T = &e->t[t];
-        if (T->dev != PE_DEV_NONE) continue;
+        if (T->dev != PE_DEV_NONE || T->in_place) continue;
         bool ld = tide_op_reads(op, t);
         if (pe_place_pinned(e, t)) {
             if (ld && pe_load(e, t, a, -1) < 0) return -1;
@@ -277,6 +291,10 @@ static tide_status choose_residents(pe *e) {
     const tide_lifetime *lt = &e->lt;
     int nt = g->n_tensors, n = e->n_ops;
     if (e->n_iter < 2 || n == 0) return TIDE_OK;
+    /* warm tensors stay where they are, and the resident region below is
+     * packed into an arena that has no other reservation */
+    for (int t = 0; t < nt; t++)
+        if (e->t[t].warm) return TIDE_OK;
     int64_t *delta = tide_calloc((size_t)n + 1, sizeof *delta);
     if (!delta) return e->st = tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
     uint64_t cand = 0, state = 0, wmax = 0, act = 0;
@@ -285,6 +303,7 @@ static tide_status choose_residents(pe *e) {
         if (a == b) continue;
         tide_role r = g->tensors[t].role;
         uint64_t sz = e->t[t].asize;
+        if (e->t[t].in_place) continue; /* never on the device */
         if (r == TIDE_ROLE_TEMP || r == TIDE_ROLE_OUTPUT) {
             delta[lt->use_op[a]] += (int64_t)sz;
             delta[lt->use_op[b - 1] + 1] -= (int64_t)sz;
@@ -306,7 +325,7 @@ static tide_status choose_residents(pe *e) {
         for (int k = 0; k < op->n_in + op->n_out; k++) {
             int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
             tide_role r = g->tensors[t].role;
-            if (r != TIDE_ROLE_TEMP && r != TIDE_ROLE_OUTPUT) w += e->t[t].asize;
+            if (r != TIDE_ROLE_TEMP && r != TIDE_ROLE_OUTPUT && !e->t[t].in_place) w += e->t[t].asize;
         }
         if (i == 0) w0 = w;
         else wmax = TIDE_MAX(wmax, wprev + w);
@@ -333,7 +352,9 @@ static tide_status choose_residents(pe *e) {
         for (int k = 0; k < op->n_in + op->n_out; k++) {
             int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
             tide_role r = g->tensors[t].role;
-            if (r == TIDE_ROLE_TEMP || r == TIDE_ROLE_OUTPUT || lt->use_op[lt->start[t]] != i || e->stream[t]) continue;
+            if (r == TIDE_ROLE_TEMP || r == TIDE_ROLE_OUTPUT || lt->use_op[lt->start[t]] != i || e->stream[t] ||
+                e->t[t].in_place)
+                continue;
             e->stream[t] = true; /* marks "listed" until decided below */
             order[m++] = t;
         }
@@ -415,6 +436,9 @@ static tide_status check_opts(tide_ctx *ctx, const tide_graph *g, const tide_pla
     if (o->n_iter < 1) return tide_err(ctx, TIDE_E_INVALID, "plan: n_iter must be >= 1 (got %d)", o->n_iter);
     if ((unsigned)o->policy >= TIDE_POLICY_COUNT)
         return tide_err(ctx, TIDE_E_INVALID, "plan: unknown policy %d", (int)o->policy);
+    if (o->policy != TIDE_POLICY_TIDE && (o->host_ops || o->host_addressable || o->warm_off))
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "plan: the %s policy plans neither host placements, in-place host "
+                        "tensors nor warm ones (the tide policy does)", tide_policy_name(o->policy));
     return TIDE_OK;
 }
 
@@ -453,7 +477,8 @@ static tide_status plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan
 tide_status tide_plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, tide_plan **out) {
     double t0 = tide_now();
     tide_status st = plan_make(ctx, g, opts, true, out);
-    if (st || opts->policy != TIDE_POLICY_TIDE) return st;
+    if (st || opts->policy != TIDE_POLICY_TIDE || opts->host_ops || opts->host_addressable || opts->warm_off)
+        return st;
     tide_plan_opts so = *opts;
     so.policy = TIDE_POLICY_STATIC_LAYER;
     tide_plan *alt = NULL;
@@ -478,13 +503,22 @@ static uint64_t everything_bytes(const tide_graph *g) {
 }
 
 uint64_t tide_plan_unconstrained_peak(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, int n_iter) {
-    uint64_t all = everything_bytes(g);
-    tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .device_budget = all, .n_iter = n_iter, .hw = hw};
+    tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .n_iter = n_iter, .hw = hw};
+    uint64_t peak = 0;
+    return tide_plan_peak_unbounded(ctx, g, &o, &peak) ? everything_bytes(g) : peak;
+}
+
+tide_status tide_plan_peak_unbounded(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, uint64_t *peak) {
+    tide_plan_opts o = *opts;
+    o.policy = TIDE_POLICY_TIDE;
+    o.device_budget = everything_bytes(g);
+    o.warm_off = NULL;
     tide_plan *p = NULL;
-    if (plan_make(ctx, g, &o, false, &p)) return all;
-    uint64_t peak = p->stats.peak_device_bytes;
+    tide_status st = plan_make(ctx, g, &o, false, &p);
+    if (st) return st;
+    *peak = p->stats.peak_device_bytes;
     tide_plan_free(p);
-    return peak;
+    return TIDE_OK;
 }
 
 /* 0: feasible; 1: infeasible for lack of device memory; else the failure. */

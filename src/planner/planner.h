@@ -17,6 +17,17 @@ typedef struct tide_plan_opts {
     int n_iter;                   /* >= 1 */
     const tide_hw *hw;            /* cost model */
     bool weights_on_ssd;          /* home WEIGHTs on SSD instead of host */
+    /* The following are planned by the tide policy only (the baselines
+     * refuse them with TIDE_E_UNSUPPORTED). */
+    const bool *host_ops;         /* per op of g, or NULL: place that op's COMPUTE on the
+                                     host CPU (its operands in host memory) */
+    bool host_addressable;        /* the backend's device memory is host memory: tensors
+                                     homed on host are read and written in place by
+                                     device computes, never loaded or stored (the
+                                     arena then holds what lives nowhere else) */
+    const uint64_t *warm_off;     /* per tensor of g, or NULL: TIDE_HOME, or the arena
+                                     offset where a weight or state is kept across runs
+                                     (ir/plan.h: warm tensors) */
 } tide_plan_opts;
 
 /* Plans g under opts. Returns TIDE_OK with *out set; TIDE_E_INFEASIBLE with a
@@ -33,6 +44,11 @@ tide_status tide_plan_min_budget(tide_ctx *ctx, const tide_graph *g, const tide_
  * would be an upper bound; this is the peak of the tide policy's plan with an
  * unlimited budget (persistent tensors resident, temps freed after last use). */
 uint64_t tide_plan_unconstrained_peak(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, int n_iter);
+/* The same under opts (its policy, budget and warm offsets ignored) into
+ * *peak: with host_addressable, only what does not live in host memory
+ * counts; with host placements, only what device computes need. TIDE_OK, or
+ * the failure of planning. */
+tide_status tide_plan_peak_unbounded(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, uint64_t *peak);
 
 /* Device bytes op needs at once: every distinct input and output tensor plus
  * its scratch, each rounded up to the granule. No plan of g fits a budget

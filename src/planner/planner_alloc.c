@@ -145,7 +145,8 @@ bool pe_can_doom(pe *e, int t, int step) {
 
 void pe_doom(pe *e, int t, int step) {
     pe_tensor *T = &e->t[t];
-    int rel[TIDE_STREAM_COUNT] = {-1, -1, -1, -1};
+    int rel[TIDE_STREAM_COUNT];
+    pe_rel_one(rel, 0, -1);
     pe_devrel(e, T->off, T->asize, -1, step);
     e->last_freed = tide_arena_release(&e->dev, T->blk, rel, step);
     pend_push(e, e->last_freed, step);
@@ -353,7 +354,8 @@ void pe_scratch_set(pe *e, int step, tide_blk *b) {
 void pe_scratch_doom(pe *e, int step) {
     pe_scratch *sl = &e->scratch[step % e->scratch_cap];
     if (sl->step != step || !sl->blk) return;
-    int rel[TIDE_STREAM_COUNT] = {-1, -1, -1, -1};
+    int rel[TIDE_STREAM_COUNT];
+    pe_rel_one(rel, 0, -1);
     pe_devrel(e, sl->off, sl->blk->size, -1, step);
     e->last_freed = tide_arena_release(&e->dev, sl->blk, rel, step);
     pend_push(e, e->last_freed, step);
@@ -377,7 +379,7 @@ tide_status pe_prepare_forced(pe *e, int step, pe_cost_fn cost, void *user) {
         for (int i = 0; i <= n; i++) {
             bool scratch = i == n;
             if (scratch ? !op->scratch_bytes || e->scratch[step % e->scratch_cap].step == step
-                        : e->t[ts[i]].dev != PE_DEV_NONE)
+                        : e->t[ts[i]].dev != PE_DEV_NONE || e->t[ts[i]].in_place)
                 continue;
             int t = scratch ? TIDE_BLK_SCRATCH : ts[i];
             bool ld = !scratch && is_in[i];
@@ -397,7 +399,7 @@ tide_status pe_prepare_forced(pe *e, int step, pe_cost_fn cost, void *user) {
             pe_place(e, t, b);
             if (ld && pe_load(e, t, step, e->lru_loads ? e->last_compute : -1) < 0) return e->st;
         }
-        for (int i = 0; i < n; i++) done = done && e->t[ts[i]].dev != PE_DEV_NONE;
+        for (int i = 0; i < n; i++) done = done && (e->t[ts[i]].dev != PE_DEV_NONE || e->t[ts[i]].in_place);
         if (op->scratch_bytes) done = done && e->scratch[step % e->scratch_cap].step == step;
         if (done) return TIDE_OK;
     }
@@ -447,7 +449,8 @@ tide_status pe_compact(pe *e, int step) {
         int i = order[k];
         bool scratch = i < 0;
         int t = scratch ? TIDE_BLK_SCRATCH : ts[i];
-        if (!scratch && e->t[t].dev != PE_DEV_NONE) continue; /* placed by its policy, outside the arena */
+        if (!scratch && (e->t[t].dev != PE_DEV_NONE || e->t[t].in_place)) continue; /* placed already, or
+                                                                                       used in place */
         if (!scratch && pe_place_pinned(e, t)) {
             if (is_in[i] && pe_load(e, t, step, e->lru_loads ? e->last_compute : -1) < 0) return e->st;
             continue;

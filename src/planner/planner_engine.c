@@ -90,7 +90,7 @@ int pe_spill_tier(pe *e, int t) {
 /* Duration and resources of an instruction: the cost model's, with the ops'
  * costs cached. */
 static double ins_cost(const pe *e, const tide_ins *in, unsigned *res) {
-    if (in->kind != TIDE_INS_COMPUTE) return tide_cost_ins(e->hw, e->g, in, res);
+    if (in->kind != TIDE_INS_COMPUTE || in->place != TIDE_PLACE_DEVICE) return tide_cost_ins(e->hw, e->g, in, res);
     *res = TIDE_RES_COMPUTE;
     return e->op_s[in->op];
 }
@@ -122,12 +122,13 @@ int pe_emit(pe *e, tide_ins *ins, const pe_waits *w) {
     uint64_t nb = ins->tensor >= 0 ? e->t[ins->tensor].nbytes : 0;
     switch (ins->kind) {
     case TIDE_INS_COMPUTE: {
+        ps->compute_s += dur;
+        if (ins->place != TIDE_PLACE_DEVICE) break; /* the books below are the compute stream's */
         int step = ins->iter * e->n_ops + ins->op;
         e->last_compute_step = step;
         e->dev.resolved = step;
         e->last_compute = idx;
         e->cs_after[step] = idx;
-        ps->compute_s += dur;
         break;
     }
     case TIDE_INS_LOAD:
@@ -237,6 +238,33 @@ int pe_load(pe *e, int t, int step, int extra) {
     return idx;
 }
 
+/* Gives t a spill copy on tier (none there yet): space in the tier's spill
+ * area, whose previous occupants *w then waits for. Returns 0, or -1 with
+ * e->st set (no space left). */
+static int spill_copy(pe *e, int t, tide_tier tier, pe_waits *w) {
+    pe_copy *c = &e->t[t].cp[tier];
+    assert(!c->exists);
+    tide_arena *a = tier_arena(e, tier);
+    uint64_t n = tier_size(e, t, tier);
+    tide_blk *b = tide_arena_best_fit(a, n, NULL, NULL, 1);
+    if (b) b = tide_arena_take(a, b, b->off, n, t);
+    if (b && tier == TIDE_TIER_HOST) e->host_used += b->size;
+    if (!b) {
+        e->st = tide_err(e->ctx, TIDE_E_INFEASIBLE, "plan: no %s spill space left for '%s' (%llu bytes)",
+                         tide_tier_name(tier), e->g->tensors[t].name, (unsigned long long)e->t[t].nbytes);
+        return -1;
+    }
+    c->exists = true;
+    c->home = false;
+    c->blk = b;
+    c->w_ins = -1;
+    for (int s = 0; s < TIDE_STREAM_COUNT; s++) c->r_ins[s] = -1;
+    pw_add_rel(e, w, b->rel, -1);
+    return 0;
+}
+
+static uint64_t copy_off(const pe_copy *c) { return c->home ? TIDE_HOME : c->blk->off; }
+
 /* STORE of t's device copy to tier (its home there, else a spill copy).
  * Returns the STORE or -1. */
 static int pe_store(pe *e, int t, tide_tier tier, int step) {
@@ -249,26 +277,8 @@ static int pe_store(pe *e, int t, tide_tier tier, int step) {
     in.dev_off[0] = T->off;
     pe_waits w;
     pw_init(&w);
-    if (!c->exists) {
-        tide_arena *a = tier_arena(e, tier);
-        uint64_t n = tier_size(e, t, tier);
-        tide_blk *b = tide_arena_best_fit(a, n, NULL, NULL, 1);
-        if (b) b = tide_arena_take(a, b, b->off, n, t);
-        if (b && tier == TIDE_TIER_HOST) e->host_used += b->size;
-        if (!b) {
-            e->st = tide_err(e->ctx, TIDE_E_INFEASIBLE,
-                             "plan: no %s spill space left for '%s' (%llu bytes)", tide_tier_name(tier),
-                             e->g->tensors[t].name, (unsigned long long)T->nbytes);
-            return -1;
-        }
-        c->exists = true;
-        c->home = false;
-        c->blk = b;
-        c->w_ins = -1;
-        for (int s = 0; s < TIDE_STREAM_COUNT; s++) c->r_ins[s] = -1;
-        pw_add_rel(e, &w, b->rel, -1);
-    }
-    in.tier_off = c->home ? TIDE_HOME : c->blk->off;
+    if (!c->exists && spill_copy(e, t, tier, &w)) return -1;
+    in.tier_off = copy_off(c);
     pw_add(e, &w, T->w_ins);
     pw_add(e, &w, c->w_ins);
     for (int s = 0; s < TIDE_STREAM_COUNT; s++) pw_add(e, &w, c->r_ins[s]);
@@ -301,8 +311,8 @@ static int drop_tier(pe *e, int t, tide_tier tier, int step) {
     for (int s = 0; s < TIDE_STREAM_COUNT; s++) pw_add(e, &w, c->r_ins[s]);
     int idx = pe_emit(e, &in, &w);
     if (idx < 0) return -1;
-    int rel[TIDE_STREAM_COUNT] = {-1, -1, -1, -1};
-    rel[s0] = idx;
+    int rel[TIDE_STREAM_COUNT];
+    pe_rel_one(rel, s0, idx);
     if (tier == TIDE_TIER_HOST) e->host_used -= c->blk->size;
     tide_arena_release(tier_arena(e, tier), c->blk, rel, -1);
     memset(c, 0, sizeof *c);
@@ -340,8 +350,8 @@ static int drop_dev(pe *e, int t, tide_stream s, int step) {
      * another tensor by now: their record already covers this DROP. */
     if (!T->doomed) pe_devrel(e, T->off, T->asize, idx, -1);
     if (T->blk) {
-        int rel[TIDE_STREAM_COUNT] = {-1, -1, -1, -1};
-        rel[s] = idx;
+        int rel[TIDE_STREAM_COUNT];
+        pe_rel_one(rel, s, idx);
         e->last_freed = tide_arena_release(&e->dev, T->blk, rel, -1);
     }
     T->blk = NULL;
@@ -392,7 +402,30 @@ int pe_evict(pe *e, int t, tide_stream stream, int step) {
 
 /* ---------------------------------------------------------------- compute */
 
+/* Operand k of a COMPUTE is tensor t's host home, used in place: waits for
+ * its last writer (a read) or every access since (a write). */
+static void in_place_opnd(pe *e, tide_ins *in, pe_waits *w, int k, int t, bool write) {
+    pe_copy *c = &e->t[t].cp[TIDE_TIER_HOST];
+    in->host_opnd |= (uint16_t)(1u << k);
+    in->dev_off[k] = TIDE_HOME;
+    pw_add(e, w, c->w_ins);
+    if (write)
+        for (int s = 0; s < TIDE_STREAM_COUNT; s++) pw_add(e, w, c->r_ins[s]);
+}
+
+/* After COMPUTE c (on stream s) wrote host copy cp of t: it holds the only
+ * current version. */
+static void host_written(pe *e, int t, pe_copy *cp, int c, tide_stream s) {
+    pe_tensor *T = &e->t[t];
+    T->cp[TIDE_TIER_HOST].valid = T->cp[TIDE_TIER_SSD].valid = false;
+    cp->valid = true;
+    cp->w_ins = c;
+    for (int k = 0; k < TIDE_STREAM_COUNT; k++) cp->r_ins[k] = -1;
+    cp->r_ins[s] = c;
+}
+
 tide_status pe_compute(pe *e, int step) {
+    if (pe_on_host(e, step)) return pe_compute_host(e, step);
     const tide_op *op = &e->g->ops[pe_op_index(e, step)];
     tide_ins in = ins_new(e, TIDE_INS_COMPUTE, TIDE_STREAM_COMPUTE, step, -1);
     in.op = pe_op_index(e, step);
@@ -400,6 +433,10 @@ tide_status pe_compute(pe *e, int step) {
     pw_init(&w);
     for (int i = 0; i < op->n_in; i++) {
         pe_tensor *T = &e->t[op->in[i]];
+        if (T->in_place) {
+            in_place_opnd(e, &in, &w, i, op->in[i], false);
+            continue;
+        }
         if (T->dev != PE_DEV_VALID)
             return e->st = tide_err(e->ctx, TIDE_E_INVALID, "plan: internal error: op %d input '%s' not on the device",
                                     in.op, e->g->tensors[op->in[i]].name);
@@ -408,6 +445,10 @@ tide_status pe_compute(pe *e, int step) {
     }
     for (int j = 0; j < op->n_out; j++) {
         pe_tensor *T = &e->t[op->out[j]];
+        if (T->in_place) {
+            in_place_opnd(e, &in, &w, op->n_in + j, op->out[j], true);
+            continue;
+        }
         if (T->dev == PE_DEV_NONE)
             return e->st = tide_err(e->ctx, TIDE_E_INVALID, "plan: internal error: op %d output '%s' not placed",
                                     in.op, e->g->tensors[op->out[j]].name);
@@ -430,8 +471,8 @@ tide_status pe_compute(pe *e, int step) {
     if (c < 0) return e->st;
     if (op->scratch_bytes) {
         if (sl->blk) {
-            int rel[TIDE_STREAM_COUNT] = {-1, -1, -1, -1};
-            rel[TIDE_STREAM_COMPUTE] = c;
+            int rel[TIDE_STREAM_COUNT];
+            pe_rel_one(rel, TIDE_STREAM_COMPUTE, c);
             pe_devrel(e, sl->off, sl->blk->size, c, -1);
             tide_arena_release(&e->dev, sl->blk, rel, -1);
         }
@@ -440,16 +481,21 @@ tide_status pe_compute(pe *e, int step) {
     }
     for (int i = 0; i < op->n_in; i++) {
         pe_tensor *T = &e->t[op->in[i]];
-        T->r_ins[TIDE_STREAM_COMPUTE] = c;
+        if (T->in_place) T->cp[TIDE_TIER_HOST].r_ins[TIDE_STREAM_COMPUTE] = c;
+        else T->r_ins[TIDE_STREAM_COMPUTE] = c;
         T->last_use = step;
     }
     for (int j = 0; j < op->n_out; j++) {
         pe_tensor *T = &e->t[op->out[j]];
+        T->last_use = step;
+        if (T->in_place) {
+            host_written(e, op->out[j], &T->cp[TIDE_TIER_HOST], c, TIDE_STREAM_COMPUTE);
+            continue;
+        }
         T->dev = PE_DEV_VALID;
         T->w_ins = c;
         for (int s = 0; s < TIDE_STREAM_COUNT; s++) T->r_ins[s] = -1;
         T->cp[TIDE_TIER_HOST].valid = T->cp[TIDE_TIER_SSD].valid = false;
-        T->last_use = step;
     }
     /* After the op: drops of what died, final stores. */
     int ts[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
@@ -458,6 +504,7 @@ tide_status pe_compute(pe *e, int step) {
     for (int i = 0; i < n; i++) {
         int t = ts[i];
         pe_tensor *T = &e->t[t];
+        if (T->in_place || T->warm) continue; /* where they live for the whole plan */
         bool written = tide_op_writes(op, t);
         int nrw = 0;
         int next = tide_lifetime_next_use(&e->lt, t, step, &nrw);
@@ -492,7 +539,150 @@ tide_status pe_compute(pe *e, int step) {
     return e->st;
 }
 
+/* ---------------------------------------------------------------- host computes */
+
+/* MOVE of t's valid SSD copy to host memory (its home there, else a spill
+ * copy). Returns the MOVE or -1. */
+static int move_to_host(pe *e, int t, int step) {
+    pe_tensor *T = &e->t[t];
+    pe_copy *src = &T->cp[TIDE_TIER_SSD], *dst = &T->cp[TIDE_TIER_HOST];
+    assert(src->valid);
+    pe_waits w;
+    pw_init(&w);
+    if (!dst->exists && spill_copy(e, t, TIDE_TIER_HOST, &w)) return -1;
+    tide_ins in = ins_new(e, TIDE_INS_MOVE, TIDE_STREAM_IO, step, t);
+    in.src = TIDE_TIER_SSD;
+    in.dst = TIDE_TIER_HOST;
+    in.src_off = copy_off(src);
+    in.tier_off = copy_off(dst);
+    pw_add(e, &w, src->w_ins);
+    pw_add(e, &w, dst->w_ins);
+    for (int s = 0; s < TIDE_STREAM_COUNT; s++) pw_add(e, &w, dst->r_ins[s]);
+    int idx = pe_emit(e, &in, &w);
+    if (idx < 0) return -1;
+    dst->valid = true;
+    dst->w_ins = idx;
+    for (int s = 0; s < TIDE_STREAM_COUNT; s++) dst->r_ins[s] = -1;
+    src->r_ins[TIDE_STREAM_IO] = idx;
+    return idx;
+}
+
+tide_status pe_compute_host(pe *e, int step) {
+    const int o = pe_op_index(e, step);
+    const tide_op *op = &e->g->ops[o];
+    int ts[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
+    bool is_in[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
+    int n = pe_op_tensors(op, ts, is_in);
+    pe_waits w;
+    pw_init(&w);
+    for (int i = 0; i < n; i++) {
+        int t = ts[i];
+        pe_tensor *T = &e->t[t];
+        const char *nm = e->g->tensors[t].name;
+        if (T->warm && tide_op_writes(op, t))
+            return e->st = tide_err(e->ctx, TIDE_E_UNSUPPORTED, "plan: op %d, placed on the host, writes '%s', "
+                                    "which is kept warm on the device", o, nm);
+        if (tide_op_writes(op, t) && T->role != TIDE_ROLE_TEMP && e->plan->home[t] != TIDE_TIER_HOST)
+            return e->st = tide_err(e->ctx, TIDE_E_UNSUPPORTED, "plan: op %d, placed on the host, writes '%s', "
+                                    "whose home is on SSD", o, nm);
+        if (tide_op_reads(op, t) && !T->cp[TIDE_TIER_HOST].valid) {
+            /* its value into host memory: from the device, else from SSD */
+            int r = T->dev == PE_DEV_VALID    ? pe_store(e, t, TIDE_TIER_HOST, step)
+                  : T->cp[TIDE_TIER_SSD].valid ? move_to_host(e, t, step)
+                                               : (e->st = tide_err(e->ctx, TIDE_E_INVALID, "plan: internal error: "
+                                                                   "'%s' has no valid copy for op %d", nm, o), -1);
+            if (r < 0) return e->st;
+        } else if (!T->cp[TIDE_TIER_HOST].exists && spill_copy(e, t, TIDE_TIER_HOST, &w)) {
+            return e->st;
+        }
+    }
+    tide_ins in = ins_new(e, TIDE_INS_COMPUTE, TIDE_STREAM_HOST, step, -1);
+    in.op = o;
+    in.place = TIDE_PLACE_HOST;
+    for (int k = 0; k < op->n_in + op->n_out; k++) {
+        bool out = k >= op->n_in;
+        pe_copy *c = &e->t[out ? op->out[k - op->n_in] : op->in[k]].cp[TIDE_TIER_HOST];
+        in.host_opnd |= (uint16_t)(1u << k);
+        in.dev_off[k] = copy_off(c);
+        pw_add(e, &w, c->w_ins);
+        if (out)
+            for (int s = 0; s < TIDE_STREAM_COUNT; s++) pw_add(e, &w, c->r_ins[s]);
+    }
+    int c = pe_emit(e, &in, &w);
+    if (c < 0) return e->st;
+    for (int i = 0; i < n; i++) {
+        pe_tensor *T = &e->t[ts[i]];
+        T->last_use = step;
+        if (tide_op_writes(op, ts[i])) host_written(e, ts[i], &T->cp[TIDE_TIER_HOST], c, TIDE_STREAM_HOST);
+        else T->cp[TIDE_TIER_HOST].r_ins[TIDE_STREAM_HOST] = c;
+    }
+    /* device copies of what it wrote are stale; what died here goes everywhere */
+    for (int i = 0; i < n; i++) {
+        int t = ts[i], nrw = 0;
+        pe_tensor *T = &e->t[t];
+        if (T->in_place || T->warm) continue;
+        bool written = tide_op_writes(op, t);
+        int next = tide_lifetime_next_use(&e->lt, t, step, &nrw);
+        bool dead = next == TIDE_NEVER || nrw == TIDE_USE_WRITE;
+        if (written || dead) {
+            if (T->dev == PE_DEV_ALLOC) pe_unplace(e, t);
+            else if (T->dev == PE_DEV_VALID && drop_dev(e, t, TIDE_STREAM_COMPUTE, step) < 0) return e->st;
+            T->doomed = false;
+        }
+        if (drop_spills(e, t, step, dead && !written) < 0) return e->st;
+        if (dead && written && T->role == TIDE_ROLE_TEMP && drop_spills(e, t, step, true) < 0) return e->st;
+    }
+    return e->st;
+}
+
 /* ---------------------------------------------------------------- set-up and end */
+
+uint64_t pe_working_set(const pe *e, int o) {
+    const tide_op *op = &e->g->ops[o];
+    if (e->host_op && e->host_op[o]) return 0;
+    int ts[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
+    bool is_in[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
+    int n = pe_op_tensors(op, ts, is_in);
+    uint64_t s = tide_plan_align(op->scratch_bytes);
+    for (int i = 0; i < n; i++)
+        if (!e->t[ts[i]].in_place && !e->t[ts[i]].warm) s += e->t[ts[i]].asize;
+    return s;
+}
+
+/* Reserves the warm tensors' arena ranges and makes their device copies
+ * valid from the start (a warm state's home is stale). *bytes: their sum.
+ * TIDE_E_INVALID names a warm tensor that is not a weight or state, lies
+ * past the budget or overlaps another. */
+static tide_status place_warm(pe *e, const uint64_t *warm_off, uint64_t *bytes) {
+    const tide_graph *g = e->g;
+    for (int t = 0; t < g->n_tensors; t++) {
+        if (warm_off[t] == TIDE_HOME) continue;
+        pe_tensor *T = &e->t[t];
+        const char *nm = g->tensors[t].name;
+        uint64_t off = warm_off[t], n = T->asize;
+        if (T->role != TIDE_ROLE_WEIGHT && T->role != TIDE_ROLE_STATE)
+            return tide_err(e->ctx, TIDE_E_INVALID, "plan: %s '%s' cannot be warm: only weights and state persist "
+                            "across runs", tide_role_name(T->role), nm);
+        if (off % TIDE_PLAN_ALIGN || off > e->dev.size || n > e->dev.size - off)
+            return tide_err(e->ctx, TIDE_E_INVALID, "plan: warm '%s' at arena offset %llu (%llu bytes) is not an "
+                            "aligned range inside the budget of %llu bytes", nm, (unsigned long long)off,
+                            (unsigned long long)n, (unsigned long long)e->dev.size);
+        tide_blk *b = e->dev.head;
+        while (b && b->off + b->size <= off) b = b->next;
+        if (!b || b->owner != TIDE_BLK_FREE || b->off + b->size < off + n)
+            return tide_err(e->ctx, TIDE_E_INVALID, "plan: warm '%s' at arena offset %llu overlaps another warm "
+                            "tensor", nm, (unsigned long long)off);
+        if (!tide_arena_take(&e->dev, b, off, n, TIDE_BLK_RESERVED))
+            return tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
+        T->warm = true;
+        T->in_place = false;
+        T->dev = PE_DEV_VALID;
+        T->off = off;
+        if (T->role == TIDE_ROLE_STATE) T->cp[e->plan->home[t]].valid = false;
+        *bytes += n;
+    }
+    return TIDE_OK;
+}
 
 tide_status pe_init(pe *e, tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *o) {
     memset(e, 0, sizeof *e);
@@ -602,16 +792,31 @@ tide_status pe_init(pe *e, tide_ctx *ctx, const tide_graph *g, const tide_plan_o
             pe_copy *c = &T->cp[p->home[t]];
             c->exists = c->home = true;
             c->valid = gt->role != TIDE_ROLE_OUTPUT;
+            T->in_place = o->host_addressable && p->home[t] == TIDE_TIER_HOST;
         }
     }
-    /* Every op's working set must fit. */
+    p->host_addressable = o->host_addressable;
+    e->host_op = o->host_ops;
+    if (e->host_op) {
+        if (!(e->next_host = tide_malloc((size_t)(g->n_ops + 1) * sizeof *e->next_host)))
+            return tide_err(ctx, TIDE_E_NOMEM, "out of memory planning");
+        e->next_host[g->n_ops] = g->n_ops;
+        for (int i = g->n_ops - 1; i >= 0; i--) e->next_host[i] = e->host_op[i] ? i : e->next_host[i + 1];
+    }
+    uint64_t warm_bytes = 0;
+    if (o->warm_off && (st = place_warm(e, o->warm_off, &warm_bytes))) return st;
+    /* Every op's working set must fit beside the warm tensors. */
     int which = -1;
-    uint64_t need = tide_graph_max_working_set(g, &which);
-    if (g->n_ops && need > o->device_budget)
+    uint64_t need = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        uint64_t ws = pe_working_set(e, i);
+        if (ws > need) need = ws, which = i;
+    }
+    if (g->n_ops && need > o->device_budget - warm_bytes)
         return tide_err(ctx, TIDE_E_INFEASIBLE,
-                        "plan: a device budget of %llu bytes is too small: op %d (%s) needs at least %llu bytes",
+                        "plan: a device budget of %llu bytes is too small: op %d (%s) needs at least %llu bytes%s",
                         (unsigned long long)o->device_budget, which, tide_op_name(g->ops[which].kind),
-                        (unsigned long long)need);
+                        (unsigned long long)(need + warm_bytes), warm_bytes ? " with the warm tensors" : "");
     return TIDE_OK;
 }
 
@@ -622,6 +827,7 @@ void pe_free(pe *e, bool keep_plan) {
     tide_free(e->t);
     tide_free(e->op_s);
     tide_free(e->op_cum);
+    tide_free(e->next_host);
     tide_free(e->pinned);
     tide_free(e->pin_off);
     tide_free(e->stream);
@@ -647,10 +853,12 @@ tide_status pe_finish(pe *e, bool simulate, double t0) {
     for (int t = 0; t < e->g->n_tensors; t++) {
         pe_tensor *T = &e->t[t];
         p->resident[t] = e->n_iter > 1 && persistent(T->role) && T->dev == PE_DEV_VALID && !T->evicted &&
-                         T->n_loads <= 1;
+                         T->n_loads <= 1 && !T->warm;
+        if (T->warm) p->warm_off[t] = T->off;
     }
     for (int t = 0; t < e->g->n_tensors; t++) {
         pe_tensor *T = &e->t[t];
+        if (T->warm) continue; /* stays, with its latest version */
         if (T->dev == PE_DEV_ALLOC) pe_unplace(e, t);
         if (T->dev != PE_DEV_VALID) continue;
         int sidx = -1;

@@ -49,6 +49,9 @@ typedef struct pe_tensor {
     int n_loads;                  /* device copies made by LOAD */
     int drop_ins;                 /* last DROP of a device copy, -1 */
     bool evicted;                 /* dropped from the device before the end */
+    bool in_place;                /* used where its host home is (host_addressable): never
+                                     on the device */
+    bool warm;                    /* kept at a fixed arena offset across runs (off) */
     pe_copy cp[TIDE_TIER_COUNT];  /* [HOST], [SSD] ([DEVICE] unused) */
 } pe_tensor;
 
@@ -106,8 +109,17 @@ typedef struct pe {
     int *vict;                    /* victims of one eviction window */
     int cap_vict;
     bool lru_loads;               /* LOADs wait for the previous COMPUTE (on demand) */
+    const bool *host_op;          /* per op, or NULL: computed on the host CPU */
+    int *next_host;               /* with host_op: per op o, the first op >= o placed on
+                                     the host (n_ops: none) */
     tide_status st;               /* first failure */
 } pe;
+
+/* A release record naming instruction ins of stream s only (ins -1: none). */
+static inline void pe_rel_one(int rel[TIDE_STREAM_COUNT], int s, int ins) {
+    for (int k = 0; k < TIDE_STREAM_COUNT; k++) rel[k] = -1;
+    if (ins >= 0) rel[s] = ins;
+}
 
 /* Waits being gathered for one instruction: per stream the latest one. */
 typedef struct pe_waits {
@@ -120,6 +132,11 @@ static inline void pw_init(pe_waits *w) {
 void pw_add(const pe *e, pe_waits *w, int ins);
 /* Adds a release record (per-stream instructions and a compute step). */
 void pw_add_rel(const pe *e, pe_waits *w, const int rel[TIDE_STREAM_COUNT], int rel_step);
+
+/* Device bytes op o needs at once in e: its distinct tensors that live in
+ * the arena (neither used in place nor warm) and its scratch; 0 for an op
+ * placed on the host. */
+uint64_t pe_working_set(const pe *e, int o);
 
 /* Sets up e for g under opts (homes, spill areas, lifetime, costs) and
  * allocates its plan. Returns TIDE_OK, TIDE_E_INVALID, TIDE_E_INFEASIBLE or
@@ -198,8 +215,16 @@ tide_status pe_prepare_forced(pe *e, int step, pe_cost_fn cost, void *user);
 
 /* COMPUTE of step (inputs valid, outputs placed), then the bookkeeping after
  * it: DROPs of doomed and dead copies, final STOREs of persistent and OUTPUT
- * tensors after their last write, release of the scratch. */
+ * tensors after their last write, release of the scratch. A step placed on
+ * the host goes to pe_compute_host. */
 tide_status pe_compute(pe *e, int step);
+/* Whether step's op is placed on the host CPU. */
+static inline bool pe_on_host(const pe *e, int step) { return e->host_op && e->host_op[step % e->n_ops]; }
+/* COMPUTE of a host step on the host stream: each input gets a valid host
+ * copy first (a STORE from the device, or a MOVE from SSD), each output a
+ * host location (its home on host, else host spill space); device copies of
+ * what it writes are dropped, and what dies there is dropped everywhere. */
+tide_status pe_compute_host(pe *e, int step);
 /* End of plan: STORE home every dirty persistent tensor, DROP everything,
  * fill the stats (makespan from the simulator when simulate). */
 tide_status pe_finish(pe *e, bool simulate, double t0);

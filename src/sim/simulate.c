@@ -10,7 +10,8 @@
  *     instruction in its wait list.
  *   - Each instruction also holds the shared resources it uses for its whole
  *     duration, and starts only when they are free:
- *         COMPUTE            the compute engine
+ *         COMPUTE (device)   the compute engine
+ *         COMPUTE (host)     the host CPU
  *         LOAD  host->dev    the H2D link
  *         STORE dev->host    the D2H link
  *         LOAD  ssd->dev     the SSDs and the H2D link (pipelined through bounce

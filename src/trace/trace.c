@@ -8,7 +8,7 @@
  * Layout of the file:
  *   {"displayTimeUnit":"ms","traceEvents":[
  *     metadata: process "tide" (pid 1), one thread per stream (tid = stream + 1)
- *               named compute / h2d / d2h / io, in that order;
+ *               named compute / h2d / d2h / io / host, in that order;
  *     one "X" (complete) event per instruction of the timeline, on its
  *               stream's thread: ts and dur in microseconds, name
  *               "matmul model.layers.3.mlp.up_proj", "load <tensor>",
@@ -191,6 +191,8 @@ static int device_deltas(const tide_plan *p, const tide_sim_event *tl, const int
     if (!c.head) return -1;
     for (int t = 0; t < g->n_tensors; t++) c.head[t] = -1;
     int rc = 0;
+    for (int t = 0; t < g->n_tensors && rc == 0; t++) /* warm tensors hold their range from the start */
+        if (p->warm_off && p->warm_off[t] != TIDE_HOME) rc = copies_write(&c, t, p->warm_off[t], 0.0);
     for (int i = 0; i < p->n_ins && rc == 0; i++) {
         if (by_ins[i] < 0) continue;
         const tide_ins *in = &p->ins[i];
@@ -201,9 +203,11 @@ static int device_deltas(const tide_plan *p, const tide_sim_event *tl, const int
             break;
         case TIDE_INS_COMPUTE: {
             const tide_op *op = &g->ops[in->op];
-            for (int j = 0; j < op->n_out && rc == 0; j++)
-                rc = copies_write(&c, op->out[j], in->dev_off[op->n_in + j], e->start_s);
-            if (rc == 0) rc = deltas_range(ds, e->start_s, e->end_s, op->scratch_bytes);
+            for (int j = 0; j < op->n_out && rc == 0; j++) /* host operands hold no device bytes */
+                if (!tide_ins_host_opnd(in, op->n_in + j))
+                    rc = copies_write(&c, op->out[j], in->dev_off[op->n_in + j], e->start_s);
+            if (rc == 0 && in->place == TIDE_PLACE_DEVICE)
+                rc = deltas_range(ds, e->start_s, e->end_s, op->scratch_bytes);
             break;
         }
         case TIDE_INS_DROP: {
@@ -239,8 +243,8 @@ static void put_event(FILE *f, const tide_plan *p, const tide_sim_event *e) {
         const tide_op *op = &g->ops[in->op];
         fputs(tide_op_name(op->kind), f);
         put_op_label(f, g, op);
-        fprintf(f, "\",\"args\":{\"ins\":%d,\"iter\":%d,\"op\":%d,\"flops\":%.17g", e->ins, in->iter,
-                in->op, op->flops);
+        fprintf(f, "\",\"args\":{\"ins\":%d,\"iter\":%d,\"op\":%d,\"place\":\"%s\",\"flops\":%.17g", e->ins,
+                in->iter, in->op, tide_place_name(in->place), op->flops);
         if (op->n_out > 0) {
             fputs(",\"tensor\":\"", f);
             put_escaped(f, g->tensors[op->out[0]].name);

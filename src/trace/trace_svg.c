@@ -12,7 +12,7 @@
  *              plot   filled step area of arena bytes in use, y axis
  *                     0..max(budget, peak) with tick labels in B/KiB/MiB/GiB,
  *                     a dashed line at the budget, a dot at the peak;
- *              lanes  compute, h2d, d2h and io streams, each instruction a
+ *              lanes  compute, h2d, d2h, io and host streams, each instruction a
  *                     bar (DROPs take no time and are not drawn);
  *              axis   time in seconds, 0..this timeline's makespan.
  *
@@ -62,8 +62,9 @@ enum {
 };
 
 /* Lane colours, by stream; the area's and the budget's. */
-static const char *const lane_fill[TIDE_STREAM_COUNT] = {"#7a7a7a", "#2ca02c", "#ff7f0e", "#9467bd"};
-static const char *const lane_name[TIDE_STREAM_COUNT] = {"compute", "h2d load", "d2h store", "io (ssd)"};
+static const char *const lane_fill[TIDE_STREAM_COUNT] = {"#7a7a7a", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
+static const char *const lane_name[TIDE_STREAM_COUNT] = {"compute", "h2d load", "d2h store", "io (ssd)",
+                                                          "host compute"};
 #define AREA_FILL "#9ecae1"  /* bytes in use (the lower envelope where dense) */
 #define BAND_FILL "#deebf7"  /* range of bytes in use within a pixel column */
 #define AREA_LINE "#2166ac"
@@ -256,26 +257,33 @@ static int usage_compute(const tide_plan *p, const tide_sim_event *tl, const int
         else if (in->kind == TIDE_INS_LOAD || (in->kind == TIDE_INS_DROP && in->src == TIDE_TIER_DEVICE))
             n_ev++;
     }
+    for (int t = 0; t < g->n_tensors; t++) n_ev += p->warm_off && p->warm_off[t] != TIDE_HOME;
     copy_ev *ev = tide_malloc((n_ev ? n_ev : 1) * sizeof *ev);
     delta *d = NULL;
     size_t n_d = 0, cap_d = 0;
     if (!ev) return -1;
     int rc = 0;
     size_t k = 0;
+    /* warm tensors hold their range from the start */
+    for (int t = 0; t < g->n_tensors; t++)
+        if (p->warm_off && p->warm_off[t] != TIDE_HOME) ev[k++] = (copy_ev){t, -1, p->warm_off[t], 0.0, 1};
     for (int i = 0; i < p->n_ins && rc == 0; i++) {
         const tide_ins *in = &p->ins[i];
         const tide_sim_event *e = &tl[by_ins[i]];
         if (in->kind == TIDE_INS_COMPUTE) {
             const tide_op *op = &g->ops[in->op];
-            for (int j = 0; j < op->n_out; j++)
-                ev[k++] = (copy_ev){op->out[j], i, in->dev_off[op->n_in + j], e->start_s, 1};
-            rc = push_delta(&d, &n_d, &cap_d, e->start_s, e->end_s, op->scratch_bytes);
+            for (int j = 0; j < op->n_out; j++) /* host operands hold no device bytes */
+                if (!tide_ins_host_opnd(in, op->n_in + j))
+                    ev[k++] = (copy_ev){op->out[j], i, in->dev_off[op->n_in + j], e->start_s, 1};
+            if (in->place == TIDE_PLACE_DEVICE)
+                rc = push_delta(&d, &n_d, &cap_d, e->start_s, e->end_s, op->scratch_bytes);
         } else if (in->kind == TIDE_INS_LOAD) {
             ev[k++] = (copy_ev){in->tensor, i, in->dev_off[0], e->start_s, 1};
         } else if (in->kind == TIDE_INS_DROP && in->src == TIDE_TIER_DEVICE) {
             ev[k++] = (copy_ev){in->tensor, i, in->dev_off[0], e->end_s, 0};
         }
     }
+    n_ev = k;
     if (rc == 0) qsort(ev, n_ev, sizeof *ev, cmp_copy_ev);
     /* Pair each copy's first write with its DROP; a write into an open copy
      * (an in-place update) changes nothing. */

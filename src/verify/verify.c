@@ -8,16 +8,26 @@
  *
  * What it proves:
  *   V1 Structure. Kinds, streams, tiers, iterations, op and tensor indices are
- *      valid: a COMPUTE is on the compute stream; a LOAD (host|ssd -> device)
+ *      valid: a COMPUTE placed on the device is on the compute stream, one
+ *      placed on the host on the host stream; a LOAD (host|ssd -> device)
  *      on h2d or io; a STORE (device -> host|ssd) on d2h or io; a MOVE
  *      (host <-> ssd) on io; a DROP on any stream and never of a home. Every
  *      wait names an EARLIER instruction. Every device range (tensor copies
  *      and op scratch) lies inside device_budget, every spill range inside the
- *      plan's spill area of its tier. Homes match roles.
- *   V2 Ops. The COMPUTEs, in list order, are ops 0..n-1 of iteration 0, then
- *      of iteration 1, ...: every op once per iteration, in graph order. Other
- *      instructions' iteration tags are only range-checked: a prefetch for
- *      iteration i+1 legitimately precedes the last ops of iteration i.
+ *      plan's spill area of its tier. Homes match roles. A COMPUTE's host
+ *      operands are allowed when it runs on the host (then all are) or the
+ *      plan is host_addressable. Warm tensors are weights or state, their
+ *      ranges inside the budget and apart.
+ *   V2 Ops. The first COMPUTE of each op in an iteration comes in graph order:
+ *      ops 0..n-1 of iteration 0, then of iteration 1, ...: every op at least
+ *      once per iteration. A later COMPUTE of an op already computed in its
+ *      iteration is a recomputation: each input must hold the very version
+ *      the first compute read, and each output's version that compute wrote
+ *      must still be current, so the recomputation writes the same versions
+ *      from the same inputs (an op that updates a tensor in place can never
+ *      be recomputed: its input has moved on). Other instructions' iteration
+ *      tags are only range-checked: a prefetch for iteration i+1 legitimately
+ *      precedes the last ops of iteration i.
  *   V3 Space (invariant 1). A copy's bytes are live from the start of its
  *      first writer to the completion of its DROP; transfers in flight are
  *      live. A writer that claims bytes finds no live copy there, and it
@@ -32,9 +42,12 @@
  *      read), and their writer must happen before the reader (RAW). A write to
  *      an existing copy happens after every earlier access of it (WAR, WAW).
  *   V5 Ends. At the start WEIGHT, STATE and INPUT tensors are valid (version
- *      0) at home, OUTPUT and TEMP tensors nowhere. At the end every WEIGHT,
- *      STATE and OUTPUT home holds the latest version, and only resident
- *      tensors still have device copies.
+ *      0) at home, OUTPUT and TEMP tensors nowhere; a warm tensor is valid
+ *      (version 0) at its warm offset on the device, and a warm STATE's home
+ *      holds nothing usable. At the end every WEIGHT, STATE and OUTPUT home
+ *      holds the latest version, except a warm tensor's, whose latest version
+ *      is at its warm offset instead (a warm copy is never dropped); only
+ *      resident and warm tensors still have device copies.
  *
  * Happens-before. a -> b means "a completes before b starts". Streams are FIFO
  * and an instruction starts after its waits complete, so -> is the transitive
@@ -78,6 +91,7 @@
 
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define NS TIDE_STREAM_COUNT
@@ -127,8 +141,13 @@ typedef struct vstate {
     int *n_cur;             /* per tensor: live copies holding the current version */
     int *lost;              /* per tensor: DROP that removed the last current copy */
     int *wrote;             /* per tensor: COMPUTE that wrote the current version */
-    int exp_op, exp_iter;   /* next COMPUTE expected (V2) */
+    int exp_op, exp_iter;   /* next first COMPUTE expected (V2) */
+    int *first_iter;        /* per op: iteration of its last first COMPUTE, -1 */
+    uint32_t *op_ver;       /* per op: versions its first COMPUTE read (TIDE_OP_MAX_IN)
+                               then wrote (TIDE_OP_MAX_OUT), for recomputations */
 } vstate;
+
+#define OPV (TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT)
 
 /* ---------------------------------------------------------------- messages */
 
@@ -153,8 +172,9 @@ static void describe(const vstate *v, int i, char *b, size_t n) {
     case TIDE_INS_COMPUTE:
         if (in->op >= 0 && in->op < v->g->n_ops) {
             const tide_op *op = &v->g->ops[in->op];
-            k = (size_t)snprintf(b, n, "compute %s op %d '%s'", tide_op_name(op->kind), in->op,
-                                 op->n_out ? tname(v, op->out[0]) : "");
+            k = (size_t)snprintf(b, n, "compute %s op %d '%s'%s", tide_op_name(op->kind), in->op,
+                                 op->n_out ? tname(v, op->out[0]) : "",
+                                 in->place == TIDE_PLACE_HOST ? " on the host" : "");
         } else
             k = (size_t)snprintf(b, n, "compute op %d", in->op);
         break;
@@ -428,7 +448,7 @@ static tide_status copy_new(vstate *v, int x, int t, tide_tier tier, uint64_t of
     vcopy *cp = &v->cp[c];
     cp->tensor = t, cp->tier = tier, cp->valid = true, cp->off = off, cp->ver = ver, cp->writer = x;
     for (int s = 0; s < NS; s++) cp->acc[s] = NONE;
-    cp->acc[v->p->ins[x].stream] = x;
+    if (x != NONE) cp->acc[v->p->ins[x].stream] = x;
     cp->next = v->head[t];
     v->head[t] = c;
     vocc o = {.copy = c, .tensor = t, .freed_by = NONE, .writer = NONE};
@@ -501,18 +521,39 @@ static tide_status check_fields(vstate *v, int x) {
                         "an executor issuing in list order)", w);
     }
     if (in->kind == TIDE_INS_COMPUTE) {
-        if (in->stream != TIDE_STREAM_COMPUTE) return fail(v, x, "computes off the compute stream");
+        bool host = in->place == TIDE_PLACE_HOST;
+        if ((unsigned)in->place >= TIDE_PLACE_COUNT) return fail(v, x, "has an unknown placement %d", (int)in->place);
+        if (in->stream != (host ? TIDE_STREAM_HOST : TIDE_STREAM_COMPUTE))
+            return fail(v, x, "computes off the %s stream (on the %s stream): a compute placed on the %s runs on "
+                        "the %s stream", host ? "host" : "compute", tide_stream_name(in->stream),
+                        tide_place_name(in->place), host ? "host" : "compute");
         if (in->op < 0 || in->op >= v->g->n_ops) return fail(v, x, "names op %d of a graph of %d", in->op, v->g->n_ops);
         if (in->tensor != NONE) return fail(v, x, "names tensor %d; a COMPUTE's tensor must be -1", in->tensor);
         const tide_op *op = &v->g->ops[in->op];
-        for (int i = 0; i < op->n_in; i++)
-            if ((st = check_dev(v, x, "reads", op->in[i], in->dev_off[i], v->g->tensors[op->in[i]].nbytes))) return st;
-        for (int j = 0; j < op->n_out; j++)
-            if ((st = check_dev(v, x, "writes", op->out[j], in->dev_off[op->n_in + j],
-                                v->g->tensors[op->out[j]].nbytes))) return st;
-        if (op->scratch_bytes && (st = check_dev(v, x, "uses", NONE, in->scratch_off, op->scratch_bytes))) return st;
+        if (in->host_opnd >> (op->n_in + op->n_out))
+            return fail(v, x, "marks host operands beyond its op's %d", op->n_in + op->n_out);
+        for (int k = 0; k < op->n_in + op->n_out; k++) {
+            bool out = k >= op->n_in;
+            int t = out ? op->out[k - op->n_in] : op->in[k];
+            if (!tide_ins_host_opnd(in, k)) {
+                if (host)
+                    return fail(v, x, "runs on the host but %s '%s' on the device: a host compute's operands "
+                                "are host copies", out ? "writes" : "reads", tname(v, t));
+                if ((st = check_dev(v, x, out ? "writes" : "reads", t, in->dev_off[k], v->g->tensors[t].nbytes)))
+                    return st;
+                continue;
+            }
+            if (!host && !v->p->host_addressable)
+                return fail(v, x, "%s '%s' in host memory from the device, in a plan whose device cannot "
+                            "address host memory (host_addressable is off)", out ? "writes" : "reads", tname(v, t));
+            if ((st = check_spill(v, x, t, TIDE_TIER_HOST, in->dev_off[k]))) return st;
+        }
+        if (!host && op->scratch_bytes && (st = check_dev(v, x, "uses", NONE, in->scratch_off, op->scratch_bytes)))
+            return st;
         return TIDE_OK;
     }
+    if (in->place != TIDE_PLACE_DEVICE || in->host_opnd)
+        return fail(v, x, "has a placement or host operands; only a COMPUTE has them");
     if (in->tensor < 0 || in->tensor >= v->g->n_tensors)
         return fail(v, x, "names tensor %d of a graph of %d", in->tensor, v->g->n_tensors);
     if (in->op != NONE) return fail(v, x, "names op %d; only a COMPUTE names an op (must be -1)", in->op);
@@ -617,27 +658,62 @@ static tide_status dest(vstate *v, int x, int t, tide_tier tier, uint64_t off, u
     return c != NONE ? copy_write(v, x, c, ver) : copy_new(v, x, t, tier, off, ver);
 }
 
+/* V2: is COMPUTE x the first of its op in its iteration (in graph order), or
+ * a recomputation whose inputs and outputs are at the versions of the first?
+ * Sets *recompute. */
+static tide_status check_order(vstate *v, int x, bool *recompute) {
+    const tide_ins *in = &v->p->ins[x];
+    const tide_op *op = &v->g->ops[in->op];
+    *recompute = false;
+    if (in->iter == v->exp_iter && in->op == v->exp_op) {
+        if (++v->exp_op == v->g->n_ops) v->exp_op = 0, v->exp_iter++;
+        v->first_iter[in->op] = in->iter;
+        return TIDE_OK;
+    }
+    if (v->first_iter[in->op] != in->iter) {
+        const tide_op *want = &v->g->ops[v->exp_op % (v->g->n_ops ? v->g->n_ops : 1)];
+        if (v->exp_iter >= v->p->n_iter)
+            return fail(v, x, "computes op %d of iteration %d after every iteration is complete", in->op,
+                        in->iter);
+        return fail(v, x, "computes op %d of iteration %d, but op %d ('%s') of iteration %d comes "
+                    "next: every op is first computed once per iteration, in graph order (op missing or "
+                    "out of order)", in->op, in->iter, v->exp_op, tname(v, want->out[0]), v->exp_iter);
+    }
+    const uint32_t *ver = &v->op_ver[(size_t)in->op * OPV];
+    for (int i = 0; i < op->n_in; i++)
+        if (v->cur[op->in[i]] != ver[i])
+            return fail(v, x, "recomputes op %d, but its input '%s' is at version %u, not version %u that its "
+                        "first compute read (recomputation from a stale input)", in->op,
+                        tname(v, op->in[i]), v->cur[op->in[i]], ver[i]);
+    for (int j = 0; j < op->n_out; j++)
+        if (v->cur[op->out[j]] != ver[TIDE_OP_MAX_IN + j])
+            return fail(v, x, "recomputes op %d, whose output '%s' has moved on to version %u since its "
+                        "first compute wrote version %u (recomputation of a stale value)", in->op,
+                        tname(v, op->out[j]), v->cur[op->out[j]], ver[TIDE_OP_MAX_IN + j]);
+    *recompute = true;
+    return TIDE_OK;
+}
+
+/* Where operand k of COMPUTE in lives. */
+static tide_tier opnd_tier(const tide_ins *in, int k) {
+    return tide_ins_host_opnd(in, k) ? TIDE_TIER_HOST : TIDE_TIER_DEVICE;
+}
+
 static tide_status do_compute(vstate *v, int x) {
     const tide_ins *in = &v->p->ins[x];
     const tide_op *op = &v->g->ops[in->op];
-    tide_status st;
-    if (in->iter != v->exp_iter || in->op != v->exp_op) {
-        const tide_op *want = &v->g->ops[v->exp_op % (v->g->n_ops ? v->g->n_ops : 1)];
-        if (v->exp_iter >= v->p->n_iter)
-            return fail(v, x, "computes op %d of iteration %d after every iteration is complete (op "
-                        "computed twice)", in->op, in->iter);
-        return fail(v, x, "computes op %d of iteration %d, but op %d ('%s') of iteration %d comes "
-                    "next: every op runs once per iteration, in graph order (op missing or out of order)",
-                    in->op, in->iter, v->exp_op, tname(v, want->out[0]), v->exp_iter);
-    }
-    if (++v->exp_op == v->g->n_ops) v->exp_op = 0, v->exp_iter++;
+    uint32_t *ver = &v->op_ver[(size_t)in->op * OPV];
+    bool again;
+    tide_status st = check_order(v, x, &again);
+    if (st) return st;
     for (int i = 0; i < op->n_in; i++) {
         int c;
-        if ((st = source(v, x, op->in[i], TIDE_TIER_DEVICE, in->dev_off[i], &c))) return st;
+        if (!again) ver[i] = v->cur[op->in[i]];
+        if ((st = source(v, x, op->in[i], opnd_tier(in, i), in->dev_off[i], &c))) return st;
     }
     for (int j = 0; j < op->n_out; j++) {
         int t = op->out[j];
-        bool first = true;
+        bool first = !again;
         for (int k = 0; k < j; k++) first = first && op->out[k] != t;
         if (first) { /* one new version per tensor per op */
             v->cur[t]++;
@@ -645,11 +721,12 @@ static tide_status do_compute(vstate *v, int x) {
             v->lost[t] = NONE;
             v->wrote[t] = x;
         }
-        if ((st = dest(v, x, t, TIDE_TIER_DEVICE, in->dev_off[op->n_in + j], v->cur[t]))) return st;
+        if (!again) ver[TIDE_OP_MAX_IN + j] = v->cur[t];
+        if ((st = dest(v, x, t, opnd_tier(in, op->n_in + j), in->dev_off[op->n_in + j], v->cur[t]))) return st;
     }
-    if (op->scratch_bytes) {
-        vocc o = {.copy = NONE, .tensor = NONE, .freed_by = x, .writer = x,
-                  .acc = {NONE, NONE, NONE, NONE}};
+    if (op->scratch_bytes && in->place == TIDE_PLACE_DEVICE) {
+        vocc o = {.copy = NONE, .tensor = NONE, .freed_by = x, .writer = x};
+        for (int s = 0; s < NS; s++) o.acc[s] = NONE;
         o.acc[TIDE_STREAM_COMPUTE] = x;
         if ((st = seg_claim(v, x, TIDE_TIER_DEVICE, in->scratch_off, in->scratch_off + op->scratch_bytes, o)))
             return st;
@@ -687,6 +764,9 @@ static tide_status step(vstate *v, int x) {
     case TIDE_INS_DROP: {
         uint64_t off = in->src == TIDE_TIER_DEVICE ? in->dev_off[0] : in->tier_off;
         int d = copy_find(v, t, in->src, off);
+        if (d != NONE && in->src == TIDE_TIER_DEVICE && v->p->warm_off && v->p->warm_off[t] == off)
+            return fail(v, x, "drops warm '%s' at its offset %" PRIu64 "; a warm tensor stays on the device "
+                        "across runs", tname(v, t), off);
         if (d == NONE) {
             char pl[64];
             place(pl, sizeof pl, in->src, off);
@@ -701,6 +781,55 @@ static tide_status step(vstate *v, int x) {
 }
 
 /* ---------------------------------------------------------------- V5: ends */
+
+static bool warm(const vstate *v, int t) { return v->p->warm_off && v->p->warm_off[t] != TIDE_HOME; }
+
+typedef struct warm_rng { uint64_t lo, hi; int t; } warm_rng;
+static int cmp_warm(const void *a, const void *b) {
+    const warm_rng *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* V1 and V5 for warm tensors: persistent, inside the budget, apart; then
+ * their device copies are live at the start. */
+static tide_status check_warm(vstate *v) {
+    const tide_graph *g = v->g;
+    int n = 0;
+    for (int t = 0; t < g->n_tensors; t++) n += warm(v, t);
+    if (!n) return TIDE_OK;
+    warm_rng *r = tide_malloc((size_t)n * sizeof *r);
+    if (!r) return nomem(v);
+    n = 0;
+    tide_status st = TIDE_OK;
+    for (int t = 0; t < g->n_tensors && !st; t++) {
+        if (!warm(v, t)) continue;
+        tide_role role = g->tensors[t].role;
+        uint64_t off = v->p->warm_off[t], nb = g->tensors[t].nbytes;
+        if (role != TIDE_ROLE_WEIGHT && role != TIDE_ROLE_STATE)
+            st = tide_err(v->ctx, TIDE_E_VERIFY, "the plan keeps %s '%s' warm on the device; only weights and "
+                          "state persist across runs", tide_role_name(role), tname(v, t));
+        else if (!in_area(off, nb, v->p->device_budget))
+            st = tide_err(v->ctx, TIDE_E_VERIFY, "warm '%s' at device [%" PRIu64 ", %" PRIu64 ") is past the "
+                          "device budget of %" PRIu64 " bytes", tname(v, t), off, off + nb, v->p->device_budget);
+        r[n++] = (warm_rng){off, off + nb, t};
+    }
+    if (!st) qsort(r, (size_t)n, sizeof *r, cmp_warm);
+    for (int k = 1; k < n && !st; k++)
+        if (r[k].lo < r[k - 1].hi)
+            st = tide_err(v->ctx, TIDE_E_VERIFY, "warm '%s' and '%s' overlap on the device at [%" PRIu64
+                          ", %" PRIu64 ")", tname(v, r[k - 1].t), tname(v, r[k].t), r[k].lo,
+                          TIDE_MIN(r[k].hi, r[k - 1].hi));
+    for (int k = 0; k < n && !st; k++) {
+        int t = r[k].t;
+        if (g->tensors[t].role == TIDE_ROLE_STATE) { /* its home may be stale: never read */
+            v->cp[t].valid = false;
+            v->n_cur[t] = 0;
+        }
+        st = copy_new(v, NONE, t, TIDE_TIER_DEVICE, r[k].lo, 0);
+    }
+    tide_free(r);
+    return st;
+}
 
 static tide_status check_homes(vstate *v) {
     for (int t = 0; t < v->g->n_tensors; t++) {
@@ -726,6 +855,13 @@ static tide_status check_end(vstate *v) {
         tide_role r = g->tensors[t].role;
         const vcopy *h = &v->cp[t];
         if (r != TIDE_ROLE_WEIGHT && r != TIDE_ROLE_STATE && r != TIDE_ROLE_OUTPUT) continue;
+        if (warm(v, t)) {
+            int c = copy_find(v, t, TIDE_TIER_DEVICE, v->p->warm_off[t]);
+            if (c == NONE || v->cp[c].ver != v->cur[t])
+                return fail(v, NONE, "warm '%s' does not end at its offset %" PRIu64 " with its latest version "
+                            "%u (written by %s)", tname(v, t), v->p->warm_off[t], v->cur[t], ref(v, v->wrote[t]).s);
+            continue;
+        }
         if (h->valid && h->ver == v->cur[t]) continue;
         if (!h->valid)
             return fail(v, NONE, "%s '%s' (version %u, written by %s) is never stored to its %s home "
@@ -744,9 +880,9 @@ static tide_status check_end(vstate *v) {
     for (int t = 0; t < g->n_tensors; t++) {
         if (v->p->resident && v->p->resident[t]) continue;
         for (int c = v->head[t]; c != NONE; c = v->cp[c].next)
-            if (v->cp[c].tier == TIDE_TIER_DEVICE)
+            if (v->cp[c].tier == TIDE_TIER_DEVICE && !(warm(v, t) && v->cp[c].off == v->p->warm_off[t]))
                 return fail(v, NONE, "'%s' still lives at device offset %" PRIu64 " (written by %s); "
-                            "only resident tensors stay on the device (missing DROP)", tname(v, t),
+                            "only resident tensors stay on the device, and warm ones at their offsets (missing DROP)", tname(v, t),
                             v->cp[c].off, ref(v, v->cp[c].writer).s);
     }
     return TIDE_OK;
@@ -763,7 +899,10 @@ static tide_status vstate_init(vstate *v) {
     v->n_cur = tide_malloc(n * sizeof *v->n_cur);
     v->lost = tide_malloc(n * sizeof *v->lost);
     v->wrote = tide_malloc(n * sizeof *v->wrote);
-    if (!v->vc || !v->head || !v->cur || !v->n_cur || !v->lost || !v->wrote ||
+    size_t no = (size_t)(v->g->n_ops ? v->g->n_ops : 1);
+    v->first_iter = tide_malloc(no * sizeof *v->first_iter);
+    v->op_ver = tide_malloc(no * OPV * sizeof *v->op_ver);
+    if (!v->vc || !v->head || !v->cur || !v->n_cur || !v->lost || !v->wrote || !v->first_iter || !v->op_ver ||
         tide_grow((void **)&v->cp, &v->cap_cp, nt + 64, sizeof *v->cp))
         return nomem(v);
     for (int s = 0; s < NS; s++) v->last[s] = NONE;
@@ -787,7 +926,8 @@ static tide_status vstate_init(vstate *v) {
         v->wrote[t] = NONE;
     }
     v->n_cp = nt;
-    return TIDE_OK;
+    for (int i = 0; i < v->g->n_ops; i++) v->first_iter[i] = -1;
+    return check_warm(v);
 }
 
 static void vstate_free(vstate *v) {
@@ -799,6 +939,8 @@ static void vstate_free(vstate *v) {
     tide_free(v->n_cur);
     tide_free(v->lost);
     tide_free(v->wrote);
+    tide_free(v->first_iter);
+    tide_free(v->op_ver);
 }
 
 tide_status tide_plan_verify(const tide_plan *p) {
