@@ -884,7 +884,7 @@ static void edit_n_iter_type(cJSON *j) { cJSON_ReplaceItemInObject(j, "n_iter", 
 static void edit_home(cJSON *j) { cJSON_ReplaceItemInArray(cJSON_GetObjectItem(j, "home"), 4, cJSON_CreateString("host")); }
 static void edit_home_mismatch(cJSON *j) { cJSON_ReplaceItemInArray(cJSON_GetObjectItem(j, "home"), 0, cJSON_CreateString("host")); }
 static void edit_short_ins(cJSON *j) { cJSON_DeleteItemFromArray(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "ins"), 3), 11); }
-static void edit_version(cJSON *j) { cJSON_ReplaceItemInObject(j, "version", cJSON_CreateNumber(2)); }
+static void edit_version(cJSON *j) { cJSON_ReplaceItemInObject(j, "version", cJSON_CreateNumber(3)); }
 static void edit_policy(cJSON *j) { cJSON_ReplaceItemInObject(j, "policy", cJSON_CreateString("random")); }
 static void edit_counts(cJSON *j) { cJSON_ReplaceItemInObject(cJSON_GetObjectItem(j, "graph"), "n_ops", cJSON_CreateNumber(3)); }
 
