@@ -66,6 +66,26 @@ int tide_ctx_threads(const tide_ctx *ctx);
 typedef void (*tide_progress_fn)(void *user, const char *what, uint64_t done, uint64_t total);
 void tide_ctx_set_progress(tide_ctx *ctx, tide_progress_fn fn, void *user);
 
+/* ---------------------------------------------------------------- memory */
+
+/* The allocator behind every host allocation of the library (tables, graphs,
+ * plans, host pools and pinned copies that are not the backend's own). Each
+ * function gets `user` first; alloc and resize return NULL when they cannot,
+ * which the library reports as TIDE_E_NOMEM; release(NULL) is never called. */
+typedef struct tide_allocator {
+    void *(*alloc)(void *user, size_t n);
+    void *(*resize)(void *user, void *p, size_t n); /* as realloc: the contents kept */
+    void (*release)(void *user, void *p);
+    void *user;
+} tide_allocator;
+
+/* Makes *a the library's allocator (NULL: the C library's malloc, realloc and
+ * free, the default). The library copies *a. Returns TIDE_OK, or
+ * TIDE_E_INVALID when a function is missing or when blocks of the current
+ * allocator are still live (free every handle first): set it before making
+ * the first context. Not thread-safe against other tide calls. */
+tide_status tide_set_allocator(const tide_allocator *a);
+
 /* ---------------------------------------------------------------- tensors */
 
 typedef enum tide_dtype {

@@ -1,12 +1,19 @@
 /*
- * alloc.c - the allocation hooks: one place for accounting and fault injection.
- * A small header in front of each block records its size so that live bytes can
- * be counted without asking the C library.
+ * alloc.c - the allocation hooks: every allocation of the library goes
+ * through here, which gives one place for accounting, fault injection, and a
+ * caller's own allocator (tide_set_allocator). A small header in front of each
+ * block records its size so that live bytes can be counted without asking the
+ * allocator.
+ *
+ * Aligned blocks are carved out of an ordinary block of the allocator: the
+ * returned pointer is aligned, and the size and the true base sit in the gap
+ * just before it.
  */
 #include "core/alloc_test.h"
 #include "core/core.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,10 +22,26 @@
 static atomic_long n_allocs;
 static atomic_long fail_at; /* allocation number that fails; 0 = none */
 static atomic_llong live_bytes;
+static tide_allocator hooks; /* all NULL: the C library */
 
 void tide_alloc_fail_nth(long n) { atomic_store(&fail_at, n > 0 ? atomic_load(&n_allocs) + n : 0); }
 long tide_alloc_count(void) { return atomic_load(&n_allocs); }
 int64_t tide_alloc_live_bytes(void) { return atomic_load(&live_bytes); }
+
+tide_status tide_set_allocator(const tide_allocator *a) {
+    if (a && (!a->alloc || !a->resize || !a->release)) return TIDE_E_INVALID;
+    if (atomic_load(&live_bytes) != 0) return TIDE_E_INVALID; /* blocks of the old one are live */
+    if (a) hooks = *a;
+    else memset(&hooks, 0, sizeof hooks);
+    return TIDE_OK;
+}
+
+static void *raw_alloc(size_t n) { return hooks.alloc ? hooks.alloc(hooks.user, n) : malloc(n); }
+static void *raw_resize(void *p, size_t n) { return hooks.resize ? hooks.resize(hooks.user, p, n) : realloc(p, n); }
+static void raw_release(void *p) {
+    if (hooks.release) hooks.release(hooks.user, p);
+    else free(p);
+}
 
 static int should_fail(void) {
     long k = atomic_fetch_add(&n_allocs, 1) + 1;
@@ -28,7 +51,7 @@ static int should_fail(void) {
 
 void *tide_malloc(size_t n) {
     if (should_fail() || n > SIZE_MAX - HDR) return NULL;
-    unsigned char *p = malloc(n + HDR);
+    unsigned char *p = raw_alloc(n + HDR);
     if (!p) return NULL;
     memcpy(p, &n, sizeof n);
     atomic_fetch_add(&live_bytes, (long long)n);
@@ -48,7 +71,7 @@ void *tide_realloc(void *ptr, size_t n) {
     unsigned char *base = (unsigned char *)ptr - HDR;
     size_t old;
     memcpy(&old, base, sizeof old);
-    unsigned char *p = realloc(base, n + HDR);
+    unsigned char *p = raw_resize(base, n + HDR);
     if (!p) return NULL;
     memcpy(p, &n, sizeof n);
     atomic_fetch_add(&live_bytes, (long long)n - (long long)old);
@@ -61,7 +84,7 @@ void tide_free(void *ptr) {
     size_t n;
     memcpy(&n, base, sizeof n);
     atomic_fetch_sub(&live_bytes, (long long)n);
-    free(base);
+    raw_release(base);
 }
 
 char *tide_strdup(const char *s) {
@@ -71,14 +94,14 @@ char *tide_strdup(const char *s) {
     return d;
 }
 
-/* Aligned blocks keep the size and the true base just before the returned
- * pointer. */
 void *tide_malloc_aligned(size_t n, size_t alignment) {
-    if (alignment < 16) alignment = 16;
-    if (should_fail() || n > SIZE_MAX - alignment - HDR) return NULL;
-    void *base = NULL;
-    if (posix_memalign(&base, alignment, n + alignment) != 0) return NULL;
-    unsigned char *p = (unsigned char *)base + alignment;
+    if (alignment < HDR) alignment = HDR;
+    if (should_fail() || n > SIZE_MAX - 2 * alignment) return NULL;
+    unsigned char *base = raw_alloc(n + 2 * alignment);
+    if (!base) return NULL;
+    /* at least HDR bytes before p hold its size and the base */
+    uintptr_t a = ((uintptr_t)base + HDR + alignment - 1) & ~(uintptr_t)(alignment - 1);
+    unsigned char *p = (unsigned char *)a;
     memcpy(p - HDR, &n, sizeof n);
     memcpy(p - sizeof(void *), &base, sizeof base);
     atomic_fetch_add(&live_bytes, (long long)n);
@@ -93,5 +116,5 @@ void tide_free_aligned(void *ptr) {
     memcpy(&n, p - HDR, sizeof n);
     memcpy(&base, p - sizeof(void *), sizeof base);
     atomic_fetch_sub(&live_bytes, (long long)n);
-    free(base);
+    raw_release(base);
 }
