@@ -25,7 +25,8 @@
 struct tide_ctx {
     tide_status last_status;
     char last_error[TIDE_ERRMSG_MAX];
-    int n_threads;
+    int n_threads;   /* tide_ctx_set_threads (0: the default) */
+    int default_threads; /* TIDE_THREADS, else the online cores: read once, by tide_ctx_new */
     tide_progress_fn progress;
     void *progress_user;
 };

@@ -30,8 +30,22 @@ const char *tide_status_str(tide_status s) {
     return "unknown status";
 }
 
+/* The number of threads used when none is set: TIDE_THREADS, else all
+ * online cores. */
+static int default_threads(void) {
+    const char *env = getenv("TIDE_THREADS");
+    int n = env ? atoi(env) : 0;
+    if (n > 0) return n;
+    long c = sysconf(_SC_NPROCESSORS_ONLN);
+    return c > 0 ? (int)c : 1;
+}
+
+/* The environment is read here, once per context, not on every call that
+ * needs it (tide_ctx_threads runs on every CPU op). */
 tide_ctx *tide_ctx_new(void) {
     tide_ctx *ctx = tide_calloc(1, sizeof *ctx);
+    if (!ctx) return NULL;
+    ctx->default_threads = default_threads();
     return ctx;
 }
 
@@ -44,10 +58,7 @@ void tide_ctx_set_threads(tide_ctx *ctx, int n) { ctx->n_threads = n < 0 ? 0 : n
 
 int tide_ctx_threads(const tide_ctx *ctx) {
     if (ctx && ctx->n_threads > 0) return ctx->n_threads;
-    const char *env = getenv("TIDE_THREADS");
-    if (env && atoi(env) > 0) return atoi(env);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
+    return ctx ? ctx->default_threads : default_threads();
 }
 
 void tide_ctx_set_progress(tide_ctx *ctx, tide_progress_fn fn, void *user) {
