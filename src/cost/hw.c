@@ -9,26 +9,34 @@
  * profile is TIDE_E_FORMAT with a message naming the file and the field.
  *
  * Where shipped profiles are looked up, first hit wins:
- *   1. $TIDE_DATA/hw/NAME.json            (tests, relocated installs)
- *   2. <dir of the executable>/../share/tide/hw/NAME.json   (installed tree)
- *   3. TIDE_DATA_DIR/hw/NAME.json         (compile time: the source tree's data/)
+ *   1. $TIDE_DATA/hw/NAME.json        (tests, a tree kept anywhere)
+ *   2. PREFIX/share/tide/hw/NAME.json, PREFIX the directory above the running
+ *      executable's (/proc/self/exe): an installed tide, even one moved
+ *      elsewhere after `cmake --install`
+ *   3. TIDE_INSTALL_DATADIR/hw/NAME.json   (compile time: the install prefix's
+ *      share/tide, for a libtide linked into a program installed elsewhere)
+ *   4. TIDE_DATA_DIR/hw/NAME.json     (compile time: the source tree's data/,
+ *      for runs from a build tree; left out with -DTIDE_SOURCE_DATA=OFF)
+ * A name found in none of them is TIDE_E_NOT_FOUND listing the known names
+ * and the directories searched.
  */
 #include "cost/cost.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef TIDE_DATA_DIR
 #define TIDE_DATA_DIR ""
+#endif
+#ifndef TIDE_INSTALL_DATADIR
+#define TIDE_INSTALL_DATADIR ""
 #endif
 
 /* Integers stored as JSON numbers must be exact doubles. */
@@ -213,22 +221,38 @@ done:
 
 /* ---------------------------------------------------------------- lookup */
 
-/* Fills dirs with the data directories to search, in order; returns how many. */
-static int data_dirs(char dirs[3][PATH_MAX]) {
+enum { MAX_DATA_DIRS = 4 };
+
+/* Adds dir to dirs unless it is empty, too long or already there. */
+static void add_dir(char dirs[MAX_DATA_DIRS][PATH_MAX], int *n, const char *dir) {
+    if (!dir[0] || strlen(dir) >= PATH_MAX || *n >= MAX_DATA_DIRS) return;
+    for (int i = 0; i < *n; i++)
+        if (strcmp(dirs[i], dir) == 0) return;
+    strcpy(dirs[(*n)++], dir);
+}
+
+/* Fills dirs with the data directories to search, in the order of the note at
+ * the top; returns how many. */
+static int data_dirs(char dirs[MAX_DATA_DIRS][PATH_MAX]) {
     int n = 0;
     const char *env = getenv("TIDE_DATA");
-    if (env && *env && strlen(env) < PATH_MAX) strcpy(dirs[n++], env);
-    char exe[PATH_MAX];
+    if (env) add_dir(dirs, &n, env);
+    /* /proc/self/exe has no symbolic links left in it, so cutting two
+     * components ("/tide", "/bin") gives the real prefix. */
+    char exe[PATH_MAX], dir[PATH_MAX];
     ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (k > 0) {
         exe[k] = '\0';
         char *slash = strrchr(exe, '/');
+        if (slash) *slash = '\0';
+        slash = strrchr(exe, '/');
         if (slash) {
             *slash = '\0';
-            if (snprintf(dirs[n], PATH_MAX, "%s/../share/tide", exe) < PATH_MAX) n++;
+            if (snprintf(dir, sizeof dir, "%s/share/tide", exe) < (int)sizeof dir) add_dir(dirs, &n, dir);
         }
     }
-    if (TIDE_DATA_DIR[0] && strlen(TIDE_DATA_DIR) < PATH_MAX) strcpy(dirs[n++], TIDE_DATA_DIR);
+    add_dir(dirs, &n, TIDE_INSTALL_DATADIR);
+    add_dir(dirs, &n, TIDE_DATA_DIR);
     return n;
 }
 
@@ -238,7 +262,7 @@ static int cmp_str(const void *a, const void *b) {
 
 /* Writes "a, b, c" — the profile names found in the data directories, or the
  * names shipped with tide when none is readable — into buf. */
-static void list_names(char dirs[3][PATH_MAX], int n_dirs, char *buf, size_t cap) {
+static void list_names(char dirs[MAX_DATA_DIRS][PATH_MAX], int n_dirs, char *buf, size_t cap) {
     enum { MAX_NAMES = 64 };
     char *names[MAX_NAMES];
     int n = 0;
@@ -299,7 +323,7 @@ tide_status tide_hw_load(tide_ctx *ctx, const char *name_or_path, tide_hw *hw) {
               (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z')))
             return tide_err(ctx, TIDE_E_INVALID, "hardware profile name '%s' has a character other "
                             "than letters, digits, '-', '_' and '.'", name_or_path);
-    char dirs[3][PATH_MAX];
+    char dirs[MAX_DATA_DIRS][PATH_MAX];
     int n_dirs = data_dirs(dirs);
     for (int d = 0; d < n_dirs; d++) {
         char path[PATH_MAX];
@@ -307,11 +331,16 @@ tide_status tide_hw_load(tide_ctx *ctx, const char *name_or_path, tide_hw *hw) {
             continue;
         if (access(path, F_OK) == 0) return load_path(ctx, path, hw);
     }
-    char names[512];
+    char names[512], searched[512];
     list_names(dirs, n_dirs, names, sizeof names);
+    size_t used = 0;
+    searched[0] = '\0';
+    for (int d = 0; d < n_dirs && used < sizeof searched; d++)
+        used += (size_t)snprintf(searched + used, sizeof searched - used, "%s%s/hw", d ? ", " : "", dirs[d]);
     return tide_err(ctx, TIDE_E_NOT_FOUND,
-                    "unknown hardware profile '%s' (known: %s; or give a path to a .json file)",
-                    name_or_path, names);
+                    "unknown hardware profile '%s' (known: %s; or give a path to a .json file; "
+                    "searched: %s)",
+                    name_or_path, names, n_dirs ? searched : "no data directory");
 }
 
 /* printf-style append to buf[cap] at *n; output past cap is dropped but
