@@ -4,9 +4,11 @@
  * predicted seconds.
  *
  * A profile is a flat JSON object with one field per member of tide_hw (cost.h)
- * plus "notes" (ignored: where the figures come from). Every field but
- * "notes" and "flops.i32" is required, and every value is checked: a malformed
- * profile is TIDE_E_FORMAT with a message naming the file and the field.
+ * plus "notes" (ignored: where the figures come from). Every field is required
+ * but "notes", "flops.i32" and the optional ones (attention_efficiency,
+ * host_flops, host_mem_bw: absent means the cost model's default), and every
+ * value is checked: a malformed profile is TIDE_E_FORMAT with a message naming
+ * the file and the field.
  *
  * Where shipped profiles are looked up, first hit wins:
  *   1. $TIDE_DATA/hw/NAME.json        (tests, a tree kept anywhere)
@@ -74,6 +76,13 @@ static const field fields[] = {
     {"ssd_write_bw", F_POSITIVE, offsetof(tide_hw, ssd_write_bw)},
     {"ssd_latency_s", F_NONNEG, offsetof(tide_hw, ssd_latency_s)},
 };
+/* Fields a profile may leave out: 0 in tide_hw, the cost model's default. */
+static const field optional_fields[] = {
+    {"attention_efficiency", F_FRACTION, offsetof(tide_hw, attention_efficiency)},
+    {"host_flops", F_POSITIVE, offsetof(tide_hw, host_flops)},
+    {"host_mem_bw", F_POSITIVE, offsetof(tide_hw, host_mem_bw)},
+};
+#define N_OPTIONAL (sizeof optional_fields / sizeof optional_fields[0])
 #define N_FIELDS (sizeof fields / sizeof fields[0])
 
 static const char *kind_rule(field_kind k) {
@@ -128,8 +137,10 @@ static const char *hw_check(const tide_hw *hw) {
                                                              "flops.i32"};
     for (int d = 0; d < TIDE_DTYPE_COUNT; d++)
         if (!value_ok(F_POSITIVE, hw->flops[d])) return flops_keys[d];
-    if (hw->attention_efficiency != 0 && !value_ok(F_FRACTION, hw->attention_efficiency))
-        return "attention_efficiency";
+    for (size_t i = 0; i < N_OPTIONAL; i++) {
+        double v = field_get(hw, &optional_fields[i]);
+        if (v != 0 && !value_ok(optional_fields[i].kind, v)) return optional_fields[i].key;
+    }
     return NULL;
 }
 
@@ -187,11 +198,13 @@ static tide_status hw_parse(tide_ctx *ctx, const char *path, const char *text, s
         if (st) goto done;
         field_set(&h, &fields[i], v);
     }
-    h.attention_efficiency = 0; /* optional: the cost model's default when absent */
-    if (cJSON_GetObjectItemCaseSensitive(root, "attention_efficiency")) {
-        st = parse_number(ctx, path, root, "attention_efficiency", "attention_efficiency", F_FRACTION,
-                          &h.attention_efficiency);
-        if (st) goto done;
+    for (size_t i = 0; i < N_OPTIONAL; i++) { /* absent: 0, the cost model's default */
+        const field *f = &optional_fields[i];
+        double v = 0;
+        if (cJSON_GetObjectItemCaseSensitive(root, f->key) &&
+            (st = parse_number(ctx, path, root, f->key, f->key, f->kind, &v)))
+            goto done;
+        field_set(&h, f, v);
     }
     const cJSON *fl = cJSON_GetObjectItemCaseSensitive(root, "flops");
     if (!fl) {
@@ -389,9 +402,11 @@ tide_status tide_hw_save(tide_ctx *ctx, const tide_hw *hw, const char *path) {
         append_number(buf, cap, &n, field_get(hw, &fields[i]));
         append(buf, cap, &n, ",\n");
     }
-    if (hw->attention_efficiency > 0) {
-        append(buf, cap, &n, "  \"attention_efficiency\": ");
-        append_number(buf, cap, &n, hw->attention_efficiency);
+    for (size_t i = 0; i < N_OPTIONAL; i++) {
+        double v = field_get(hw, &optional_fields[i]);
+        if (v <= 0) continue;
+        append(buf, cap, &n, "  \"%s\": ", optional_fields[i].key);
+        append_number(buf, cap, &n, v);
         append(buf, cap, &n, ",\n");
     }
     append(buf, cap, &n, "  \"flops\": {");

@@ -18,6 +18,8 @@
  *   flops[i32]          = flops[f32] (never a matmul dtype);
  *   matmul_efficiency   1 (the rates above are already achieved rates);
  *   mem_bw              bytes read + written per second by a parallel copy;
+ *   host_flops, host_mem_bw  flops[f32] and mem_bw again (computes placed on
+ *                       the host run on this same CPU);
  *   h2d_bw, d2h_bw      memcpy rate (the CPU backend's "device" is host RAM);
  *   ssd_*               O_DIRECT sequential write then read of a temporary
  *                       file in ssd_dir (1 MiB requests, 4 KiB-aligned

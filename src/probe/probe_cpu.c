@@ -329,6 +329,8 @@ tide_status tide_probe(tide_ctx *ctx, const char *ssd_dir, double seconds_budget
     h.flops[TIDE_I32] = mm.f32;
     h.matmul_efficiency = 1.0;
     h.mem_bw = mem_bw;
+    h.host_flops = mm.f32; /* the "device" is this CPU */
+    h.host_mem_bw = mem_bw;
     h.h2d_bw = h.d2h_bw = copy_bw;
     h.link_latency_s = PROBE_OVERHEAD_S;
     h.launch_s = PROBE_OVERHEAD_S;
