@@ -138,50 +138,53 @@ static void print_json(const plan_args *a, const tide_llama_config *cfg, const t
     cJSON_Delete(o);
 }
 
-int cmd_plan(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},  {"config", required_argument, 0, 'c'},
-        {"batch", required_argument, 0, 'B'},  {"seq", required_argument, 0, 'S'},
-        {"decode", required_argument, 0, 'D'}, {"budget", required_argument, 0, 'b'},
-        {"hw", required_argument, 0, 'w'},     {"policy", required_argument, 0, 'p'},
-        {"host-budget", required_argument, 0, 'H'}, {"weights-on-ssd", no_argument, 0, 's'},
-        {"json", no_argument, 0, 'j'},         {"trace", required_argument, 0, 't'},
-        {"out", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
-        {"tile", required_argument, 0, 'T'},
-        {0, 0, 0, 0},
-    };
-    plan_args a = {.hw_name = "h100-80g", .batch = 1, .seq = 2048, .policy = TIDE_POLICY_TIDE};
+static const struct option plan_options[] = {
+    {"model", required_argument, 0, 'm'},  {"config", required_argument, 0, 'c'},
+    {"batch", required_argument, 0, 'B'},  {"seq", required_argument, 0, 'S'},
+    {"decode", required_argument, 0, 'D'}, {"budget", required_argument, 0, 'b'},
+    {"hw", required_argument, 0, 'w'},     {"policy", required_argument, 0, 'p'},
+    {"host-budget", required_argument, 0, 'H'}, {"weights-on-ssd", no_argument, 0, 's'},
+    {"json", no_argument, 0, 'j'},         {"trace", required_argument, 0, 't'},
+    {"out", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
+    {"tile", required_argument, 0, 'T'},
+    {0, 0, 0, 0},
+};
+
+/* Parses argv into *a. Returns -1 to go on, else the exit status (0 after
+ * --help, 2 on a usage error). */
+static int parse_args(int argc, char **argv, plan_args *a) {
+    *a = (plan_args){.hw_name = "h100-80g", .batch = 1, .seq = 2048, .policy = TIDE_POLICY_TIDE};
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", plan_options, NULL)) != -1) {
         switch (c) {
-        case 'm': a.model = optarg; break;
-        case 'c': a.config = optarg; break;
+        case 'm': a->model = optarg; break;
+        case 'c': a->config = optarg; break;
         case 'B':
-            if (cli_parse_int(optarg, 1, 1 << 16, &a.batch)) return cli_usage_error("plan", "bad --batch '%s'", optarg);
+            if (cli_parse_int(optarg, 1, 1 << 16, &a->batch)) return cli_usage_error("plan", "bad --batch '%s'", optarg);
             break;
         case 'S':
-            if (cli_parse_int(optarg, 1, 1 << 22, &a.seq)) return cli_usage_error("plan", "bad --seq '%s'", optarg);
+            if (cli_parse_int(optarg, 1, 1 << 22, &a->seq)) return cli_usage_error("plan", "bad --seq '%s'", optarg);
             break;
         case 'D':
-            if (cli_parse_int(optarg, 1, 1 << 20, &a.decode)) return cli_usage_error("plan", "bad --decode '%s'", optarg);
+            if (cli_parse_int(optarg, 1, 1 << 20, &a->decode)) return cli_usage_error("plan", "bad --decode '%s'", optarg);
             break;
-        case 'b': a.budget = optarg; break;
-        case 'w': a.hw_name = optarg; break;
+        case 'b': a->budget = optarg; break;
+        case 'w': a->hw_name = optarg; break;
         case 'p':
-            if (tide_policy_parse(optarg, &a.policy))
+            if (tide_policy_parse(optarg, &a->policy))
                 return cli_usage_error("plan", "unknown --policy '%s' (tide, static-layer or lru)", optarg);
             break;
         case 'H':
-            if (cli_parse_bytes(optarg, &a.host_budget) || !a.host_budget)
+            if (cli_parse_bytes(optarg, &a->host_budget) || !a->host_budget)
                 return cli_usage_error("plan", "bad --host-budget '%s'", optarg);
             break;
-        case 's': a.weights_on_ssd = true; break;
-        case 'j': a.json = true; break;
-        case 't': a.trace = optarg; break;
-        case 'o': a.out = optarg; break;
+        case 's': a->weights_on_ssd = true; break;
+        case 'j': a->json = true; break;
+        case 't': a->trace = optarg; break;
+        case 'o': a->out = optarg; break;
         case 'T':
-            if (tide_tile_parse(NULL, optarg, &a.tile))
+            if (tide_tile_parse(NULL, optarg, &a->tile))
                 return cli_usage_error("plan", "bad --tile '%s' (auto, none or a level 1 to %d)", optarg,
                                        TIDE_TILE_LEVELS - 1);
             break;
@@ -190,125 +193,130 @@ int cmd_plan(int argc, char **argv) {
         }
     }
     if (optind != argc) return cli_usage_error("plan", "unexpected argument '%s'", argv[optind]);
-    if (!a.model == !a.config) return cli_usage_error("plan", "give exactly one of --model and --config");
-    if (!a.budget) return cli_usage_error("plan", "--budget is required (bytes, a percentage or min)");
+    if (!a->model == !a->config) return cli_usage_error("plan", "give exactly one of --model and --config");
+    if (!a->budget) return cli_usage_error("plan", "--budget is required (bytes, a percentage or min)");
+    return -1;
+}
 
-    tide_ctx *ctx = tide_ctx_new();
-    if (!ctx) return 1;
-    int rc = 0;
-    tide_graph *g = NULL;
-    tide_plan *p = NULL;
+/* What one `tide plan` works on. */
+typedef struct plan_job {
+    tide_ctx *ctx;
     tide_llama_config cfg;
     tide_hw hw;
+    tide_llama_graph_opts go;
+    tide_plan_opts po;
+    tide_graph *g;
+    tide_plan *p;
+    uint64_t peak;                /* unconstrained peak of the untiled graph */
+    int level;                    /* tiling level of g */
+    char note[96];                /* how the budget was chosen */
+} plan_job;
+
+/* The configuration, the profile and the untiled graph. Returns 0 or the
+ * exit status. */
+static int load_job(const plan_args *a, plan_job *j) {
     char path[4096];
-    if (a.model) snprintf(path, sizeof path, "%s/config.json", a.model);
-    if (a.model ? tide_llama_config_load(ctx, path, &cfg) : tide_llama_config_named(ctx, a.config, &cfg)) {
-        rc = cli_fail(ctx, "config");
-        goto out;
-    }
-    if (tide_hw_load(ctx, a.hw_name, &hw)) {
-        rc = cli_fail(ctx, "hardware profile");
-        goto out;
-    }
-    int n_iter = a.decode ? (int)a.decode : 1;
-    tide_llama_graph_opts go = {.batch = (int)a.batch, .seq = a.decode ? 1 : (int)a.seq,
-                                .ctx_len = (int)(a.seq + a.decode), .fresh_cache = !a.decode};
-    if (go.ctx_len > cfg.max_position_embeddings)
+    if (a->model) snprintf(path, sizeof path, "%s/config.json", a->model);
+    if (a->model ? tide_llama_config_load(j->ctx, path, &j->cfg) : tide_llama_config_named(j->ctx, a->config, &j->cfg))
+        return cli_fail(j->ctx, "config");
+    if (tide_hw_load(j->ctx, a->hw_name, &j->hw)) return cli_fail(j->ctx, "hardware profile");
+    int n_iter = a->decode ? (int)a->decode : 1;
+    j->go = (tide_llama_graph_opts){.batch = (int)a->batch, .seq = a->decode ? 1 : (int)a->seq,
+                                    .ctx_len = (int)(a->seq + a->decode), .fresh_cache = !a->decode};
+    if (j->go.ctx_len > j->cfg.max_position_embeddings)
         fprintf(stderr, "tide plan: note: %d positions exceed the model's max_position_embeddings %d\n",
-                go.ctx_len, cfg.max_position_embeddings);
-    if (tide_llama_build(ctx, &cfg, &go, &g)) {
-        rc = cli_fail(ctx, "building the graph");
-        goto out;
-    }
-    tide_plan_opts po = {.policy = a.policy, .host_budget = a.host_budget, .n_iter = n_iter,
-                         .hw = &hw, .weights_on_ssd = a.weights_on_ssd};
-    uint64_t peak = tide_plan_unconstrained_peak(ctx, g, &hw, n_iter);
-    char note[96] = "";
-    int level = 0;
-    bool is_min = !strcmp(a.budget, "min");
-    if (is_min) {
+                j->go.ctx_len, j->cfg.max_position_embeddings);
+    if (tide_llama_build(j->ctx, &j->cfg, &j->go, &j->g)) return cli_fail(j->ctx, "building the graph");
+    j->po = (tide_plan_opts){.policy = a->policy, .host_budget = a->host_budget, .n_iter = n_iter, .hw = &j->hw,
+                             .weights_on_ssd = a->weights_on_ssd};
+    j->peak = tide_plan_unconstrained_peak(j->ctx, j->g, &j->hw, n_iter);
+    return 0;
+}
+
+/* The budget of --budget: bytes, a percentage of the unconstrained peak, or
+ * the minimum (which also fixes the tiling, *g then being its graph).
+ * Returns 0 or the exit status. */
+static int choose_budget(const plan_args *a, plan_job *j) {
+    if (!strcmp(a->budget, "min")) {
         tide_graph *tg = NULL;
-        if (tide_llama_plan_tiled(ctx, &cfg, &go, &po, a.tile, &tg, &level, NULL, &po.device_budget)) {
-            rc = cli_fail(ctx, "finding the minimum budget");
-            goto out;
-        }
-        tide_graph_free(g);
-        g = tg;
-        snprintf(note, sizeof note, "(the minimum for %s)", tide_policy_name(a.policy));
-    } else if (a.budget[0] && a.budget[strlen(a.budget) - 1] == '%') {
+        if (tide_llama_plan_tiled(j->ctx, &j->cfg, &j->go, &j->po, a->tile, &tg, &j->level, NULL, &j->po.device_budget))
+            return cli_fail(j->ctx, "finding the minimum budget");
+        tide_graph_free(j->g);
+        j->g = tg;
+        snprintf(j->note, sizeof j->note, "(the minimum for %s)", tide_policy_name(a->policy));
+    } else if (a->budget[0] && a->budget[strlen(a->budget) - 1] == '%') {
         char *end;
-        double pct = strtod(a.budget, &end);
-        if (end == a.budget || *end != '%' || !(pct > 0 && pct <= 100)) {
-            rc = cli_usage_error("plan", "bad --budget '%s' (a percentage in (0, 100])", a.budget);
-            goto out;
-        }
-        uint64_t base = TIDE_MIN(peak, hw.device_mem_bytes);
-        po.device_budget = (uint64_t)((double)base * pct / 100.0);
-        snprintf(note, sizeof note, "(%g%% of %s)", pct,
-                 peak > hw.device_mem_bytes ? "the device memory" : "the unconstrained peak");
-    } else if (cli_parse_bytes(a.budget, &po.device_budget) || !po.device_budget) {
-        rc = cli_usage_error("plan", "bad --budget '%s' (bytes such as 20G, a percentage, or min)", a.budget);
-        goto out;
+        double pct = strtod(a->budget, &end);
+        if (end == a->budget || *end != '%' || !(pct > 0 && pct <= 100))
+            return cli_usage_error("plan", "bad --budget '%s' (a percentage in (0, 100])", a->budget);
+        uint64_t base = TIDE_MIN(j->peak, j->hw.device_mem_bytes);
+        j->po.device_budget = (uint64_t)((double)base * pct / 100.0);
+        snprintf(j->note, sizeof j->note, "(%g%% of %s)", pct,
+                 j->peak > j->hw.device_mem_bytes ? "the device memory" : "the unconstrained peak");
+    } else if (cli_parse_bytes(a->budget, &j->po.device_budget) || !j->po.device_budget) {
+        return cli_usage_error("plan", "bad --budget '%s' (bytes such as 20G, a percentage, or min)", a->budget);
     }
-    if (po.device_budget > hw.device_mem_bytes) {
+    if (j->po.device_budget > j->hw.device_mem_bytes) {
         char b1[32], b2[32];
         fprintf(stderr, "tide: plan: budget %s is more than %s's device memory %s\n",
-                cli_fmt_bytes(po.device_budget, b1, sizeof b1), hw.name,
-                cli_fmt_bytes(hw.device_mem_bytes, b2, sizeof b2));
-        rc = 1;
-        goto out;
+                cli_fmt_bytes(j->po.device_budget, b1, sizeof b1), j->hw.name,
+                cli_fmt_bytes(j->hw.device_mem_bytes, b2, sizeof b2));
+        return 1;
     }
-    if (!is_min) { /* the coarsest tiling that fits (none when the budget allows) */
-        tide_graph *tg = NULL;
-        if (tide_llama_plan_tiled(ctx, &cfg, &go, &po, a.tile, &tg, &level, &p, NULL)) {
-            if (a.json && tide_ctx_last_status(ctx) == TIDE_E_INFEASIBLE)
-                printf("{\"feasible\":false,\"policy\":\"%s\",\"budget_bytes\":%llu}\n",
-                       tide_policy_name(a.policy), (unsigned long long)po.device_budget);
-            rc = cli_fail(ctx, "planning");
-            goto out;
-        }
-        tide_graph_free(g);
-        g = tg;
+    return 0;
+}
+
+/* Plans (the coarsest tiling that fits, unless the minimum fixed it) and
+ * verifies. Returns 0 or the exit status. */
+static int make_plan(const plan_args *a, plan_job *j) {
+    bool is_min = !strcmp(a->budget, "min");
+    tide_graph *tg = NULL;
+    tide_status st = is_min ? tide_plan_make(j->ctx, j->g, &j->po, &j->p)
+                            : tide_llama_plan_tiled(j->ctx, &j->cfg, &j->go, &j->po, a->tile, &tg, &j->level, &j->p, NULL);
+    if (st) {
+        if (a->json && st == TIDE_E_INFEASIBLE)
+            printf("{\"feasible\":false,\"policy\":\"%s\",\"budget_bytes\":%llu}\n", tide_policy_name(a->policy),
+                   (unsigned long long)j->po.device_budget);
+        return cli_fail(j->ctx, "planning");
     }
-    if (!p && tide_plan_make(ctx, g, &po, &p)) {
-        if (a.json && tide_ctx_last_status(ctx) == TIDE_E_INFEASIBLE)
-            printf("{\"feasible\":false,\"policy\":\"%s\",\"budget_bytes\":%llu}\n", tide_policy_name(a.policy),
-                   (unsigned long long)po.device_budget);
-        rc = cli_fail(ctx, "planning");
-        goto out;
+    if (tg) {
+        tide_graph_free(j->g);
+        j->g = tg;
     }
-    if (tide_plan_verify(p)) {
-        rc = cli_fail(ctx, "the plan failed verification and was not used");
-        goto out;
-    }
+    if (tide_plan_verify(j->p)) return cli_fail(j->ctx, "the plan failed verification and was not used");
+    return 0;
+}
+
+/* The bounds, the files asked for, and the report. Returns 0 or the exit status. */
+static int report(const plan_args *a, plan_job *j) {
     tide_bounds bounds;
-    if (tide_plan_bounds(ctx, g, &po, &bounds)) {
-        rc = cli_fail(ctx, "bounds");
-        goto out;
-    }
-    if (a.trace) {
+    if (tide_plan_bounds(j->ctx, j->g, &j->po, &bounds)) return cli_fail(j->ctx, "bounds");
+    if (a->trace) {
         tide_sim_result sim;
-        tide_status st = tide_simulate(p, &hw, &sim);
+        tide_status st = tide_simulate(j->p, &j->hw, &sim);
         if (!st) {
-            st = tide_trace_write(p, sim.events, sim.n_events, a.trace);
+            st = tide_trace_write(j->p, sim.events, sim.n_events, a->trace);
             tide_sim_result_free(&sim);
         }
-        if (st) {
-            rc = cli_fail(ctx, "writing the trace");
-            goto out;
-        }
+        if (st) return cli_fail(j->ctx, "writing the trace");
     }
-    if (a.out && tide_plan_save_json(p, a.out)) {
-        rc = cli_fail(ctx, "writing the plan");
-        goto out;
-    }
+    if (a->out && tide_plan_save_json(j->p, a->out)) return cli_fail(j->ctx, "writing the plan");
     char tiling[160];
-    tile_words(g, level, go.seq, tiling, sizeof tiling);
-    if (a.json) print_json(&a, &cfg, &hw, p, peak, &bounds, level);
-    else print_human(&a, &cfg, &hw, p, peak, &bounds, note, tiling);
-out:
-    tide_plan_free(p);
-    tide_graph_free(g);
-    tide_ctx_free(ctx);
+    tile_words(j->g, j->level, j->go.seq, tiling, sizeof tiling);
+    if (a->json) print_json(a, &j->cfg, &j->hw, j->p, j->peak, &bounds, j->level);
+    else print_human(a, &j->cfg, &j->hw, j->p, j->peak, &bounds, j->note, tiling);
+    return 0;
+}
+
+int cmd_plan(int argc, char **argv) {
+    plan_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+    plan_job j = {.ctx = tide_ctx_new()};
+    if (!j.ctx) return 1;
+    if (!(rc = load_job(&a, &j)) && !(rc = choose_budget(&a, &j)) && !(rc = make_plan(&a, &j))) rc = report(&a, &j);
+    tide_plan_free(j.p);
+    tide_graph_free(j.g);
+    tide_ctx_free(j.ctx);
     return rc;
 }
