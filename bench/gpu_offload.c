@@ -242,16 +242,17 @@ static const plain_entry *plain_find(uint64_t size) {
     return NULL;
 }
 
-/* Seconds per copy of n bytes, host to device (to_dev) or back: one untimed
- * copy, then enough back-to-back copies for about 512 MiB (3 to 200). */
+/* Seconds per copy of n bytes, host to device (to_dev) or back, on the
+ * backend's default queue (synchronous): one untimed copy, then enough
+ * back-to-back copies for about 512 MiB (3 to 200). */
 static double time_copy(tide_backend *be, void *dev, void *host, uint64_t n, bool to_dev) {
     uint64_t reps = (512ull << 20) / (n ? n : 1);
     reps = reps < 3 ? 3 : reps > 200 ? 200 : reps;
-    tide_status st = to_dev ? be->vt->to_device(be, dev, host, n) : be->vt->to_host(be, host, dev, n);
+    tide_status st = to_dev ? be->vt->to_device(be, NULL, dev, host, n) : be->vt->to_host(be, NULL, host, dev, n);
     if (st) die("plain copy");
     double t0 = tide_now();
     for (uint64_t r = 0; r < reps && !st; r++)
-        st = to_dev ? be->vt->to_device(be, dev, host, n) : be->vt->to_host(be, host, dev, n);
+        st = to_dev ? be->vt->to_device(be, NULL, dev, host, n) : be->vt->to_host(be, NULL, host, dev, n);
     if (st) die("plain copy");
     return (tide_now() - t0) / (double)reps;
 }
@@ -534,7 +535,7 @@ int main(int argc, char **argv) {
     double tp = tide_now();
     for (int i = 0; i < tide_checkpoint_n_tensors(ck); i++) {
         tide_tensor_info ti;
-        if (tide_checkpoint_get_index(ck, i, &ti) || be->vt->to_device(be, dev, ti.data, ti.nbytes))
+        if (tide_checkpoint_get_index(ck, i, &ti) || be->vt->to_device(be, NULL, dev, ti.data, ti.nbytes))
             die("copy from the checkpoint mapping");
     }
     double pageable_bw = gbps(ck_bytes, tide_now() - tp);

@@ -1,49 +1,59 @@
 /*
  * async_backend.h - a test double: the CPU backend behind truly asynchronous
- * queues, so that the use of streams and events (backend.h) can be tested,
+ * queues, so that the use of queues and events (backend.h) can be tested,
  * under ThreadSanitizer too, on a machine without a GPU.
  *
- * The backend ("cpu-async") has four queues, one per plan stream, each a
- * worker thread (a "lane") that runs its items in order: COMPUTE (the CPU
- * kernels), COPY (memcpy: device memory is host memory here, whatever
- * device_is_host says), RECORD and WAIT (events). Before each COMPUTE or COPY a
- * lane sleeps a pseudo-random 0..jitter_us microseconds, so that an order the
- * caller forgot to enforce shows up as wrong data or as a reported race rather
- * than happening to hold because the work was quick.
+ * The backend ("cpu-async") has a default queue and makes more with
+ * queue_new, each a worker thread that runs its items in order: COMPUTE (the
+ * CPU kernels), COPY (memcpy: device memory is host memory here, whatever
+ * device_is_host says), RECORD and WAIT (events). Before each COMPUTE or COPY
+ * a queue's thread sleeps a pseudo-random 0..jitter_us microseconds, so that
+ * an order the caller forgot to enforce shows up as wrong data or as a
+ * reported race rather than happening to hold because the work was quick.
  *
  * Semantics, as backend.h documents them for a CUDA-like backend:
- *   - stream_begin(s, async) binds the calling thread to lane s. The binding is
- *     thread-local and shared by every cpu-async backend of a program, as in the
- *     CUDA backend: a thread that uses two of them issues on the same lane, in
- *     the same mode, of each. A thread that never called it issues on lane 0
- *     synchronously; destroy resets the destroying thread to that.
- *   - Synchronous mode: a call queues its item and waits until the lane has run
- *     it (and so everything queued before it); it returns the item's status.
- *     Asynchronous mode: the call queues and returns TIDE_OK.
+ *   - Queues belong to the instance: two threads (two executors) that each
+ *     made their own never share one, and nothing is bound to a thread. The
+ *     default queue (q == NULL) is synchronous and records errors on
+ *     be->ctx; a queue from queue_new records them on the context it was
+ *     made with. At most TIDE_ASYNC_MAX_QUEUES queues, the default included.
+ *   - Synchronous queue: a call queues its item and waits until the queue has
+ *     run it (and so everything queued before it); it returns the item's
+ *     status. Asynchronous queue: the call queues and returns TIDE_OK.
  *   - A compute queued asynchronously keeps pointers to the graph and the op:
  *     they must live until the work is complete (the pointer arrays are copied).
- *   - An asynchronous COMPUTE that fails leaves a sticky error (the first one
- *     wins). From then on COMPUTE and COPY items on every lane are skipped
- *     (RECORD and WAIT still run, so nothing waits forever), and a synchronous
- *     call that is skipped returns the sticky error. synchronize waits for all
- *     work issued before it on every lane, then returns the sticky error and
- *     clears it. A synchronous COMPUTE that fails returns its error to its
- *     caller only: it is not sticky, as on the plain CPU backend.
- *   - Events count records issued (`recorded`) and the highest record a lane
+ *   - An asynchronous COMPUTE that fails leaves a sticky error on the backend
+ *     (the first one wins) and on its queue. While the backend's is set,
+ *     COMPUTE and COPY items on every queue are skipped (RECORD and WAIT
+ *     still run, so nothing waits forever): a synchronous call that is skipped
+ *     returns the sticky error, an asynchronous item skipped leaves it on its
+ *     own queue too (its work did not run, as on a GPU whose context has
+ *     faulted). queue_sync waits for what was issued on its queue before it,
+ *     then returns that queue's error and clears it, and the backend's too
+ *     when it came from that queue (work held behind the failure by an
+ *     event and not run yet then runs again: wait for it first to see it
+ *     skipped). synchronize waits for all work issued
+ *     before it on every queue, then returns the backend's sticky error (else
+ *     the first queue's) and clears them all. A synchronous COMPUTE that
+ *     fails returns its error to its caller only: it is not sticky, as on
+ *     the plain CPU backend.
+ *   - Events count records issued (`recorded`) and the highest record a queue
  *     has reached (`completed`); an event never recorded counts as complete.
- *     Every hand-over between threads goes through a mutex (of a lane or of an
- *     event), so that ThreadSanitizer sees the order the caller asked for, and
- *     only that.
+ *     Every hand-over between threads goes through a mutex (of a queue or of
+ *     an event), so that ThreadSanitizer sees the order the caller asked for,
+ *     and only that.
  *   - event_free may come while queued items still name the event: those hold
  *     references, and the last one frees it.
- *   - dealloc waits for every lane's queued work first, as cudaFree does.
+ *   - dealloc waits for every queue's queued work first, as cudaFree does;
+ *     queue_free for its queue's.
  *
  * The double's own memory (queues, events, the backend struct) comes from the
  * C library, not the tide_malloc hooks: which allocation is "the Nth" must not
- * depend on how lanes interleave, or fault-injection tests would stop being
- * reproducible. Every lane owns a tide_ctx (contexts are not thread-safe) and a
- * CPU backend on it, so kernel messages are written there and copied onto the
- * caller's context by the caller's own thread.
+ * depend on how queues interleave, or fault-injection tests would stop being
+ * reproducible. Every queue's thread owns a tide_ctx (contexts are not
+ * thread-safe) and a CPU backend on it, so kernel messages are written there
+ * and copied onto the queue's context by the thread that issued the call
+ * (synchronous items) or by queue_sync and synchronize (asynchronous ones).
  *
  * Header-only, every function static: each test program that includes it gets
  * its own copy.
@@ -59,11 +69,11 @@
 #include <string.h>
 #include <time.h>
 
-enum { TIDE_ASYNC_LANES = 4 };
+enum { TIDE_ASYNC_MAX_QUEUES = 64 };
 
 typedef struct tide_async_opts {
-    unsigned jitter_us;  /* most microseconds a lane sleeps before a COMPUTE or COPY (0: none) */
-    uint32_t seed;       /* of the lanes' jitter sequences */
+    unsigned jitter_us;  /* most microseconds a queue sleeps before a COMPUTE or COPY (0: none) */
+    uint32_t seed;       /* of the queues' jitter sequences */
     bool device_is_host; /* reported in the vtable: false takes the executor's GPU paths */
 } tide_async_opts;
 
@@ -71,7 +81,7 @@ typedef struct ta_event {
     pthread_mutex_t mu;
     pthread_cond_t cv;   /* `completed` grew */
     uint64_t recorded;   /* records issued */
-    uint64_t completed;  /* highest record generation a lane has reached */
+    uint64_t completed;  /* highest record generation a queue has reached */
     double time;         /* tide_now() when `completed` last grew */
     bool timing;
     int refs;            /* the owner's, plus one per queued item naming it */
@@ -80,7 +90,7 @@ typedef struct ta_event {
 typedef enum { TA_COMPUTE, TA_COPY, TA_RECORD, TA_WAIT } ta_kind;
 
 /* A synchronous caller's item outcome, on the caller's stack; written by the
- * lane under its mutex. */
+ * queue's thread under the queue's mutex. */
 typedef struct ta_result {
     bool done;
     tide_status status;
@@ -89,13 +99,13 @@ typedef struct ta_result {
 
 typedef struct ta_item {
     ta_kind kind;
-    uint64_t seq;    /* its place on the lane: 1, 2, ... */
+    uint64_t seq;    /* its place on the queue: 1, 2, ... */
     ta_result *res;  /* NULL: issued asynchronously */
     /* COMPUTE */
     const tide_graph *g;
     const tide_op *op;
     void *in[TIDE_OP_MAX_IN], *out[TIDE_OP_MAX_OUT], *scratch;
-    int n_threads;   /* the caller's context's setting (0: the default) */
+    int n_threads;   /* the issuing queue's context's thread count */
     tide_matmul_mode matmul;
     /* COPY */
     void *dst;
@@ -108,9 +118,12 @@ typedef struct ta_item {
 
 struct ta_async;
 
-typedef struct ta_lane {
+typedef struct ta_queue {
+    tide_ctx *ctx;          /* where errors of calls on it go (the default queue: be->ctx);
+                               first, as backend.h asks */
     struct ta_async *a;
-    int index;
+    int index;              /* 0 the default queue, then 1, 2, ... in order of creation */
+    bool async;
     pthread_mutex_t mu;
     pthread_cond_t more;    /* an item was queued, or stop was set */
     pthread_cond_t done_cv; /* an item finished */
@@ -118,27 +131,35 @@ typedef struct ta_lane {
     size_t cap, head, count;
     uint64_t issued, done;  /* seq of the last item queued / finished */
     bool stop;
-    uint32_t rng;           /* jitter state; only the lane thread touches it */
-    tide_ctx *ctx;          /* the lane's own: kernel messages land here */
-    tide_backend *cpu;      /* a CPU backend on ctx */
+    uint32_t rng;           /* jitter state; only the queue's thread touches it */
+    tide_ctx *kctx;         /* the queue thread's own: kernel messages land here */
+    tide_backend *cpu;      /* a CPU backend on kctx */
+    tide_status err;        /* deferred error of its asynchronous items (a->err_mu) */
+    char err_msg[TIDE_ERRMSG_MAX];
     pthread_t thread;
-} ta_lane;
+    bool started;
+    struct ta_queue *next;  /* the instance's list (a->mu) */
+} ta_queue;
 
 typedef struct ta_async {
     tide_backend_vt vt;
     tide_backend *inner;    /* on the caller's context: alloc and dealloc */
     unsigned jitter_us;
-    ta_lane lanes[TIDE_ASYNC_LANES];
-    int n_started;          /* lane threads running */
-    pthread_mutex_t err_mu; /* guards err and err_msg */
+    uint32_t seed;
+    pthread_mutex_t mu;     /* guards the list, held while a caller waits on all of it */
+    ta_queue *queues;       /* every queue, newest first; the default one is `def` */
+    ta_queue *def;
+    int n_queues, next_index;
+    pthread_mutex_t err_mu; /* guards the sticky error and every queue's err */
     tide_status err;
     char err_msg[TIDE_ERRMSG_MAX];
+    ta_queue *err_from;     /* the queue whose item set it */
     atomic_uint_least64_t items_run, waits_blocked;
 } ta_async;
 
-/* The calling thread's binding (stream_begin). */
-static _Thread_local int ta_tl_lane;
-static _Thread_local bool ta_tl_async;
+static ta_queue *ta_queue_of(tide_backend *be, void *q) {
+    return q ? (ta_queue *)q : ((ta_async *)be->impl)->def;
+}
 
 /* ------------------------------------------------------------------ events */
 
@@ -174,7 +195,7 @@ static void ta_event_free(tide_backend *be, void *ev) {
     ta_event_release(e);
 }
 
-/* ------------------------------------------------------------------- lanes */
+/* ------------------------------------------------------------------ queues */
 
 static uint32_t ta_rand(uint32_t *s) {
     /* xorshift32: the state is never 0 */
@@ -185,7 +206,7 @@ static uint32_t ta_rand(uint32_t *s) {
     return *s = x;
 }
 
-static void ta_jitter(ta_lane *l) {
+static void ta_jitter(ta_queue *l) {
     unsigned max = l->a->jitter_us;
     if (!max) return;
     unsigned us = ta_rand(&l->rng) % (max + 1);
@@ -195,15 +216,32 @@ static void ta_jitter(ta_lane *l) {
     }
 }
 
-/* Runs one item on lane l; for a synchronous item, its status and message go
- * to *st and msg. */
-static void ta_run(ta_lane *l, ta_item *it, tide_status *st, char *msg) {
+/* Records an asynchronous item's error s (message m) on its queue l, and on
+ * the backend when `sticky` (a failure, not a skip); first ones win. */
+static void ta_defer(ta_queue *l, tide_status s, const char *m, bool sticky) {
+    ta_async *a = l->a;
+    pthread_mutex_lock(&a->err_mu);
+    if (sticky && !a->err) {
+        a->err = s;
+        snprintf(a->err_msg, sizeof a->err_msg, "%s", m);
+        a->err_from = l;
+    }
+    if (!l->err) {
+        l->err = s;
+        snprintf(l->err_msg, sizeof l->err_msg, "%s", m);
+    }
+    pthread_mutex_unlock(&a->err_mu);
+}
+
+/* Runs one item on queue l; for a synchronous item, its status and message
+ * go to *st and msg. */
+static void ta_run(ta_queue *l, ta_item *it, tide_status *st, char *msg) {
     ta_async *a = l->a;
     ta_event *e = it->ev;
     switch (it->kind) {
     case TA_RECORD:
         pthread_mutex_lock(&e->mu);
-        /* records of one event issued on two lanes may finish out of order:
+        /* records of one event issued on two queues may finish out of order:
          * the time is that of the highest generation */
         if (it->gen > e->completed) {
             e->completed = it->gen;
@@ -224,12 +262,15 @@ static void ta_run(ta_lane *l, ta_item *it, tide_status *st, char *msg) {
     case TA_COPY:
         break;
     }
+    char m[TIDE_ERRMSG_MAX];
     pthread_mutex_lock(&a->err_mu);
     tide_status sticky = a->err;
-    if (sticky && it->res) memcpy(msg, a->err_msg, TIDE_ERRMSG_MAX);
+    if (sticky) memcpy(m, a->err_msg, sizeof m);
     pthread_mutex_unlock(&a->err_mu);
     if (sticky) {
         *st = sticky;
+        if (it->res) memcpy(msg, m, sizeof m);
+        else ta_defer(l, sticky, m, false);
         return;
     }
     ta_jitter(l);
@@ -238,31 +279,22 @@ static void ta_run(ta_lane *l, ta_item *it, tide_status *st, char *msg) {
         if (it->n) memcpy(it->dst, it->src, it->n);
         return;
     }
-    tide_ctx_set_threads(l->ctx, it->n_threads);
-    tide_err_clear(l->ctx);
+    tide_ctx_set_threads(l->kctx, it->n_threads);
+    tide_err_clear(l->kctx);
     l->cpu->matmul = it->matmul;
-    tide_status s = l->cpu->vt->compute(l->cpu, it->g, it->op, it->in, it->out, it->scratch);
+    tide_status s = l->cpu->vt->compute(l->cpu, NULL, it->g, it->op, it->in, it->out, it->scratch);
     if (!s) return;
-    char m[TIDE_ERRMSG_MAX];
-    if (tide_ctx_last_error(l->ctx)[0])
-        snprintf(m, sizeof m, "%s", tide_ctx_last_error(l->ctx));
+    if (tide_ctx_last_error(l->kctx)[0])
+        snprintf(m, sizeof m, "%s", tide_ctx_last_error(l->kctx));
     else
         snprintf(m, sizeof m, "cpu-async: %s failed (%s)", tide_op_name(it->op->kind), tide_status_str(s));
     *st = s;
-    if (it->res) {
-        memcpy(msg, m, sizeof m);
-        return;
-    }
-    pthread_mutex_lock(&a->err_mu);
-    if (!a->err) {
-        a->err = s;
-        memcpy(a->err_msg, m, sizeof m);
-    }
-    pthread_mutex_unlock(&a->err_mu);
+    if (it->res) memcpy(msg, m, sizeof m);
+    else ta_defer(l, s, m, true);
 }
 
-static void *ta_lane_main(void *arg) {
-    ta_lane *l = arg;
+static void *ta_queue_main(void *arg) {
+    ta_queue *l = arg;
     pthread_mutex_lock(&l->mu);
     for (;;) {
         while (!l->count && !l->stop) pthread_cond_wait(&l->more, &l->mu);
@@ -288,7 +320,7 @@ static void *ta_lane_main(void *arg) {
 }
 
 /* Makes room for one more item on l (l->mu held); false when out of memory. */
-static bool ta_reserve(ta_lane *l) {
+static bool ta_reserve(ta_queue *l) {
     if (l->count < l->cap) return true;
     size_t cap = l->cap ? 2 * l->cap : 64;
     ta_item *q = malloc(cap * sizeof *q);
@@ -302,34 +334,137 @@ static bool ta_reserve(ta_lane *l) {
 }
 
 /* Appends it to l (l->mu held, room reserved). */
-static void ta_push(ta_lane *l, ta_item *it) {
+static void ta_push(ta_queue *l, ta_item *it) {
     it->seq = ++l->issued;
     l->q[(l->head + l->count++) % l->cap] = *it;
     pthread_cond_signal(&l->more);
 }
 
-static tide_status ta_nomem(tide_backend *be, ta_lane *l) {
-    return tide_err(be->ctx, TIDE_E_NOMEM, "cpu-async: out of memory queueing work on lane %d", l->index);
+static tide_status ta_nomem(ta_queue *l) {
+    return tide_err(l->ctx, TIDE_E_NOMEM, "cpu-async: out of memory queueing work on queue %d", l->index);
 }
 
-/* Queues a COMPUTE or COPY on the calling thread's lane; in synchronous mode
- * waits for it and returns its status. */
-static tide_status ta_issue(tide_backend *be, ta_item *it) {
-    ta_async *a = be->impl;
-    ta_lane *l = &a->lanes[ta_tl_lane];
+/* Queues a COMPUTE or COPY on l; on a synchronous queue waits for it and
+ * returns its status. */
+static tide_status ta_issue(ta_queue *l, ta_item *it) {
     ta_result res = {.done = false};
-    it->res = ta_tl_async ? NULL : &res;
+    it->res = l->async ? NULL : &res;
     pthread_mutex_lock(&l->mu);
     if (!ta_reserve(l)) {
         pthread_mutex_unlock(&l->mu);
-        return ta_nomem(be, l);
+        return ta_nomem(l);
     }
     ta_push(l, it);
     if (it->res)
         while (!res.done) pthread_cond_wait(&l->done_cv, &l->mu);
     pthread_mutex_unlock(&l->mu);
-    if (res.status) return tide_err(be->ctx, res.status, "%s", res.msg);
+    if (res.status) return tide_err(l->ctx, res.status, "%s", res.msg);
     return TIDE_OK;
+}
+
+/* Waits until l has run what was queued on it before this call. */
+static void ta_drain_one(ta_queue *l) {
+    pthread_mutex_lock(&l->mu);
+    uint64_t upto = l->issued;
+    while (l->done < upto) pthread_cond_wait(&l->done_cv, &l->mu);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* Stops l's thread once it has run everything queued, then frees l (not
+ * linked in any list any more). Also frees a half-built queue. */
+static void ta_queue_destroy(ta_queue *l) {
+    if (l->started) {
+        pthread_mutex_lock(&l->mu);
+        l->stop = true;
+        pthread_cond_signal(&l->more);
+        pthread_mutex_unlock(&l->mu);
+        pthread_join(l->thread, NULL);
+    }
+    tide_backend_free(l->cpu);
+    tide_ctx_free(l->kctx);
+    free(l->q);
+    pthread_cond_destroy(&l->done_cv);
+    pthread_cond_destroy(&l->more);
+    pthread_mutex_destroy(&l->mu);
+    free(l);
+}
+
+/* A new queue with its thread started, errors on ctx; not linked yet. */
+static tide_status ta_queue_make(ta_async *a, int index, tide_ctx *ctx, bool async, ta_queue **out) {
+    *out = NULL;
+    ta_queue *l = calloc(1, sizeof *l);
+    if (!l) return tide_err(ctx, TIDE_E_NOMEM, "cpu-async: out of memory creating queue %d", index);
+    l->a = a;
+    l->index = index;
+    l->ctx = ctx;
+    l->async = async;
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->more, NULL);
+    pthread_cond_init(&l->done_cv, NULL);
+    l->rng = (a->seed ^ 0x9e3779b9u * (uint32_t)(index + 1)) | 1;
+    l->kctx = tide_ctx_new();
+    if (!l->kctx || tide_cpu_backend_new(l->kctx, &l->cpu)) {
+        ta_queue_destroy(l);
+        return tide_err(ctx, TIDE_E_NOMEM, "cpu-async: out of memory creating queue %d", index);
+    }
+    int rc = pthread_create(&l->thread, NULL, ta_queue_main, l);
+    if (rc) {
+        ta_queue_destroy(l);
+        return tide_err(ctx, TIDE_E_BACKEND, "cpu-async: cannot start queue %d: %s", index, strerror(rc));
+    }
+    l->started = true;
+    *out = l;
+    return TIDE_OK;
+}
+
+static tide_status ta_queue_new(tide_backend *be, tide_ctx *ctx, bool async, void **q) {
+    ta_async *a = be->impl;
+    *q = NULL;
+    pthread_mutex_lock(&a->mu);
+    bool room = a->n_queues < TIDE_ASYNC_MAX_QUEUES;
+    int index = room ? a->next_index++ : -1;
+    if (room) a->n_queues++; /* reserved while it is made */
+    pthread_mutex_unlock(&a->mu);
+    if (!room)
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "cpu-async: this backend has its %d queues already",
+                        TIDE_ASYNC_MAX_QUEUES);
+    ta_queue *l = NULL;
+    tide_status st = ta_queue_make(a, index, ctx, async, &l);
+    pthread_mutex_lock(&a->mu);
+    if (st) {
+        a->n_queues--;
+    } else {
+        l->next = a->queues;
+        a->queues = l;
+    }
+    pthread_mutex_unlock(&a->mu);
+    *q = l;
+    return st;
+}
+
+/* Runs what q holds, then releases it; an error it still holds is dropped
+ * (and the backend's sticky error, when q set it). */
+static void ta_queue_free(tide_backend *be, void *q) {
+    ta_async *a = be->impl;
+    ta_queue *l = q;
+    if (!l) return;
+    pthread_mutex_lock(&a->mu);
+    for (ta_queue **p = &a->queues; *p; p = &(*p)->next)
+        if (*p == l) {
+            *p = l->next;
+            break;
+        }
+    a->n_queues--;
+    pthread_mutex_unlock(&a->mu);
+    ta_drain_one(l);
+    pthread_mutex_lock(&a->err_mu);
+    if (a->err_from == l) {
+        a->err = TIDE_OK;
+        a->err_msg[0] = '\0';
+        a->err_from = NULL;
+    }
+    pthread_mutex_unlock(&a->err_mu);
+    ta_queue_destroy(l);
 }
 
 /* ------------------------------------------------------------------ vtable */
@@ -339,15 +474,13 @@ static tide_status ta_alloc(tide_backend *be, size_t n, void **ptr) {
     return in->vt->alloc(in, n, ptr);
 }
 
-/* Waits until every lane has run what was queued on it before this call. */
+/* Waits until every queue has run what was queued on it before this call
+ * (the list's mutex held throughout, so no queue is freed meanwhile: every
+ * WAIT queued names a RECORD already queued, so the drain ends). */
 static void ta_drain(ta_async *a) {
-    for (int i = 0; i < TIDE_ASYNC_LANES; i++) {
-        ta_lane *l = &a->lanes[i];
-        pthread_mutex_lock(&l->mu);
-        uint64_t upto = l->issued;
-        while (l->done < upto) pthread_cond_wait(&l->done_cv, &l->mu);
-        pthread_mutex_unlock(&l->mu);
-    }
+    pthread_mutex_lock(&a->mu);
+    for (ta_queue *l = a->queues; l; l = l->next) ta_drain_one(l);
+    pthread_mutex_unlock(&a->mu);
 }
 
 /* As cudaFree does, waits for all queued work first: a copy or kernel still
@@ -358,57 +491,79 @@ static void ta_dealloc(tide_backend *be, void *ptr) {
     a->inner->vt->dealloc(a->inner, ptr);
 }
 
-static tide_status ta_copy(tide_backend *be, void *dst, const void *src, size_t n) {
+static tide_status ta_copy(tide_backend *be, void *q, void *dst, const void *src, size_t n) {
     ta_item it = {.kind = TA_COPY, .dst = dst, .src = src, .n = n};
-    return ta_issue(be, &it);
+    return ta_issue(ta_queue_of(be, q), &it);
 }
 
-static tide_status ta_compute(tide_backend *be, const tide_graph *g, const tide_op *op, void *const *in,
+static tide_status ta_compute(tide_backend *be, void *q, const tide_graph *g, const tide_op *op, void *const *in,
                               void *const *out, void *scratch) {
-    ta_item it = {.kind = TA_COMPUTE, .g = g, .op = op, .scratch = scratch, .n_threads = be->ctx->n_threads,
+    ta_queue *l = ta_queue_of(be, q);
+    ta_item it = {.kind = TA_COMPUTE, .g = g, .op = op, .scratch = scratch, .n_threads = tide_ctx_threads(l->ctx),
                   .matmul = be->matmul};
     for (int i = 0; i < op->n_in && i < TIDE_OP_MAX_IN; i++) it.in[i] = in[i];
     for (int i = 0; i < op->n_out && i < TIDE_OP_MAX_OUT; i++) it.out[i] = out[i];
-    return ta_issue(be, &it);
+    return ta_issue(l, &it);
 }
 
-static tide_status ta_stream_begin(tide_backend *be, int stream, bool async) {
-    if (stream < 0 || stream >= TIDE_ASYNC_LANES)
-        return tide_err(be->ctx, TIDE_E_INVALID, "cpu-async: stream %d is not one of 0..%d", stream,
-                        TIDE_ASYNC_LANES - 1);
-    ta_tl_lane = stream;
-    ta_tl_async = async;
+static tide_status ta_queue_sync(tide_backend *be, void *q) {
+    ta_async *a = be->impl;
+    ta_queue *l = ta_queue_of(be, q);
+    ta_drain_one(l);
+    char msg[TIDE_ERRMSG_MAX];
+    pthread_mutex_lock(&a->err_mu);
+    tide_status st = l->err;
+    memcpy(msg, l->err_msg, sizeof msg);
+    l->err = TIDE_OK;
+    l->err_msg[0] = '\0';
+    if (a->err_from == l) {
+        a->err = TIDE_OK;
+        a->err_msg[0] = '\0';
+        a->err_from = NULL;
+    }
+    pthread_mutex_unlock(&a->err_mu);
+    if (st) return tide_err(l->ctx, st, "%s", msg);
     return TIDE_OK;
 }
 
 static tide_status ta_synchronize(tide_backend *be) {
     ta_async *a = be->impl;
     /* what was issued before this call: work queued meanwhile by other threads
-     * is not waited for, so a busy lane cannot keep synchronize waiting */
+     * is not waited for, so a busy queue cannot keep synchronize waiting */
     ta_drain(a);
     char msg[TIDE_ERRMSG_MAX];
+    pthread_mutex_lock(&a->mu);
     pthread_mutex_lock(&a->err_mu);
     tide_status st = a->err;
     memcpy(msg, a->err_msg, sizeof msg);
+    for (ta_queue *l = a->queues; l; l = l->next) {
+        if (!st && l->err) {
+            st = l->err;
+            memcpy(msg, l->err_msg, sizeof msg);
+        }
+        l->err = TIDE_OK;
+        l->err_msg[0] = '\0';
+    }
     a->err = TIDE_OK;
     a->err_msg[0] = '\0';
+    a->err_from = NULL;
     pthread_mutex_unlock(&a->err_mu);
+    pthread_mutex_unlock(&a->mu);
     if (st) return tide_err(be->ctx, st, "%s", msg);
     return TIDE_OK;
 }
 
-static tide_status ta_event_record(tide_backend *be, void *ev) {
-    ta_async *a = be->impl;
+static tide_status ta_event_record(tide_backend *be, void *q, void *ev) {
     ta_event *e = ev;
-    ta_lane *l = &a->lanes[ta_tl_lane];
+    ta_queue *l = ta_queue_of(be, q);
     ta_item it = {.kind = TA_RECORD, .ev = e};
-    /* the generation is taken and its RECORD queued under the lane's mutex, so
-     * a wait that sees the new generation finds the RECORD already queued (a
-     * wait can never target a record that is not on some lane) */
+    /* the generation is taken and its RECORD queued under the queue's mutex,
+     * so a wait that sees the new generation finds the RECORD already queued
+     * (a wait can never target a record that is not on some queue) */
     pthread_mutex_lock(&l->mu);
     if (!ta_reserve(l)) {
         pthread_mutex_unlock(&l->mu);
-        return ta_nomem(be, l);
+        return ta_nomem(l);
     }
     pthread_mutex_lock(&e->mu);
     it.gen = ++e->recorded;
@@ -419,21 +574,20 @@ static tide_status ta_event_record(tide_backend *be, void *ev) {
     return TIDE_OK;
 }
 
-static tide_status ta_event_wait(tide_backend *be, void *ev) {
-    ta_async *a = be->impl;
+static tide_status ta_event_wait(tide_backend *be, void *q, void *ev) {
     ta_event *e = ev;
-    ta_lane *l = &a->lanes[ta_tl_lane];
+    ta_queue *l = ta_queue_of(be, q);
     ta_item it = {.kind = TA_WAIT, .ev = e};
     pthread_mutex_lock(&l->mu);
     if (!ta_reserve(l)) {
         pthread_mutex_unlock(&l->mu);
-        return ta_nomem(be, l);
+        return ta_nomem(l);
     }
     pthread_mutex_lock(&e->mu);
     it.gen = e->recorded;
     /* nothing recorded, or already complete: this thread has seen the
      * completion under the event's mutex, and what it queues next is ordered
-     * after that through the lane's mutex */
+     * after that through the queue's mutex */
     bool needed = it.gen > e->completed;
     if (needed) e->refs++;
     pthread_mutex_unlock(&e->mu);
@@ -442,7 +596,8 @@ static tide_status ta_event_wait(tide_backend *be, void *ev) {
     return TIDE_OK;
 }
 
-static tide_status ta_event_sync(tide_backend *be, void *ev) {
+static tide_status ta_event_sync(tide_backend *be, void *q, void *ev) {
+    (void)be, (void)q;
     ta_event *e = ev;
     pthread_mutex_lock(&e->mu);
     uint64_t target = e->recorded;
@@ -475,39 +630,26 @@ static tide_status ta_event_elapsed(tide_backend *be, void *from, void *to, doub
     return TIDE_OK;
 }
 
-/* Stops the lanes once they have run everything queued, then frees all. Also
- * frees a half-built backend: lanes whose thread never started are skipped. */
-static void ta_free(tide_backend *be) {
+/* Stops every queue once they have all run everything queued, then frees
+ * all. Also frees a half-built backend. */
+static void ta_destroy(tide_backend *be) {
     ta_async *a = be->impl;
-    for (int i = 0; i < a->n_started; i++) {
-        ta_lane *l = &a->lanes[i];
+    /* all queues drain at once: a WAIT on one may need a RECORD on another */
+    for (ta_queue *l = a->queues; l; l = l->next) {
         pthread_mutex_lock(&l->mu);
         l->stop = true;
         pthread_cond_signal(&l->more);
         pthread_mutex_unlock(&l->mu);
     }
-    /* all lanes drain at once: a WAIT on one may need a RECORD on another */
-    for (int i = 0; i < a->n_started; i++) pthread_join(a->lanes[i].thread, NULL);
-    for (int i = 0; i < TIDE_ASYNC_LANES; i++) {
-        ta_lane *l = &a->lanes[i];
-        tide_backend_free(l->cpu);
-        tide_ctx_free(l->ctx);
-        free(l->q);
-        pthread_cond_destroy(&l->done_cv);
-        pthread_cond_destroy(&l->more);
-        pthread_mutex_destroy(&l->mu);
+    for (ta_queue *l = a->queues, *nx; l; l = nx) {
+        nx = l->next;
+        ta_queue_destroy(l);
     }
     tide_backend_free(a->inner);
     pthread_mutex_destroy(&a->err_mu);
+    pthread_mutex_destroy(&a->mu);
     free(a);
     free(be);
-}
-
-static void ta_destroy(tide_backend *be) {
-    ta_free(be);
-    /* a later backend starts this thread unbound, as a fresh thread */
-    ta_tl_lane = 0;
-    ta_tl_async = false;
 }
 
 /* Returns TIDE_OK with *out a new cpu-async backend on ctx (o NULL: no jitter,
@@ -524,47 +666,37 @@ static inline tide_status tide_async_backend_new(tide_ctx *ctx, const tide_async
         free(be);
         return tide_err(ctx, TIDE_E_NOMEM, "out of memory creating the cpu-async backend");
     }
+    pthread_mutex_init(&a->mu, NULL);
     pthread_mutex_init(&a->err_mu, NULL);
     atomic_init(&a->items_run, 0);
     atomic_init(&a->waits_blocked, 0);
     a->jitter_us = o->jitter_us;
-    for (int i = 0; i < TIDE_ASYNC_LANES; i++) {
-        ta_lane *l = &a->lanes[i];
-        l->a = a;
-        l->index = i;
-        pthread_mutex_init(&l->mu, NULL);
-        pthread_cond_init(&l->more, NULL);
-        pthread_cond_init(&l->done_cv, NULL);
-        l->rng = (o->seed ^ 0x9e3779b9u * (uint32_t)(i + 1)) | 1;
-    }
+    a->seed = o->seed;
     be->impl = a;
     be->ctx = ctx;
     be->kind = TIDE_BACKEND_CPU;
     be->matmul = TIDE_MATMUL_F32;
     tide_status st = tide_cpu_backend_new(ctx, &a->inner);
+    if (!st) st = ta_queue_make(a, a->next_index++, ctx, false, &a->def);
     if (st) {
-        ta_free(be);
+        ta_destroy(be);
         return st;
     }
-    for (int i = 0; i < TIDE_ASYNC_LANES; i++) {
-        ta_lane *l = &a->lanes[i];
-        l->ctx = tide_ctx_new();
-        if (!l->ctx || tide_cpu_backend_new(l->ctx, &l->cpu)) {
-            ta_free(be);
-            return tide_err(ctx, TIDE_E_NOMEM, "out of memory creating the cpu-async backend's lane %d", i);
-        }
-    }
+    a->queues = a->def;
+    a->n_queues = 1;
     a->vt = *a->inner->vt;
     a->vt.name = "cpu-async";
     a->vt.device_is_host = o->device_is_host;
     a->vt.destroy = ta_destroy;
     a->vt.alloc = ta_alloc;
     a->vt.dealloc = ta_dealloc;
+    a->vt.queue_new = ta_queue_new;
+    a->vt.queue_free = ta_queue_free;
+    a->vt.queue_sync = ta_queue_sync;
     a->vt.to_device = ta_copy;
     a->vt.to_host = ta_copy;
     a->vt.compute = ta_compute;
     a->vt.synchronize = ta_synchronize;
-    a->vt.stream_begin = ta_stream_begin;
     a->vt.event_new = ta_event_new;
     a->vt.event_free = ta_event_free;
     a->vt.event_record = ta_event_record;
@@ -576,19 +708,11 @@ static inline tide_status tide_async_backend_new(tide_ctx *ctx, const tide_async
     a->vt.mem_info = NULL;
     a->vt.file_read = NULL;
     be->vt = &a->vt;
-    for (int i = 0; i < TIDE_ASYNC_LANES; i++) {
-        int rc = pthread_create(&a->lanes[i].thread, NULL, ta_lane_main, &a->lanes[i]);
-        if (rc) {
-            ta_free(be);
-            return tide_err(ctx, TIDE_E_BACKEND, "cpu-async: cannot start lane %d: %s", i, strerror(rc));
-        }
-        a->n_started++;
-    }
     *out = be;
     return TIDE_OK;
 }
 
-/* COMPUTE and COPY items the lanes have run (skipped ones not counted), and
+/* COMPUTE and COPY items the queues have run (skipped ones not counted), and
  * WAIT items that found their event incomplete and had to block. */
 static inline void tide_async_backend_counts(tide_backend *be, uint64_t *items_run, uint64_t *waits_blocked) {
     ta_async *a = be->impl;

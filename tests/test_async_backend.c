@@ -4,8 +4,10 @@
  * run independently and are ordered only by events, which hold the data a
  * waiting queue reads; event_sync blocks until the work is done; an event
  * never recorded is complete; timings come from timing events only; a
- * failing asynchronous compute is returned once by synchronize and skips what
- * was ordered after it; destroy drains queued work.
+ * failing asynchronous compute is returned once by synchronize, or by
+ * queue_sync of its queue and of each queue whose work it skipped, on that
+ * queue's context; queues are limited in number and reused; destroy drains
+ * queued work.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -45,8 +47,13 @@ static tide_backend *async_new(tide_ctx *ctx, unsigned jitter_us, uint32_t seed)
     return be;
 }
 
-static void use_stream(tide_backend *be, int stream, bool async) {
-    assert_int_equal(be->vt->stream_begin(be, stream, async), TIDE_OK);
+/* A queue of be, errors on ctx. */
+static void *qnew(tide_backend *be, tide_ctx *ctx, bool async) {
+    void *q = NULL;
+    assert_int_equal(be->vt->queue_new(be, ctx, async, &q), TIDE_OK);
+    assert_non_null(q);
+    assert_ptr_equal(tide_backend_queue_ctx(be, q), ctx);
+    return q;
 }
 
 static void *event(tide_backend *be, bool timing) {
@@ -101,6 +108,8 @@ static void test_vtable(void **state) {
     assert_int_equal(be->kind, TIDE_BACKEND_CPU);
     assert_int_equal(be->matmul, TIDE_MATMUL_F32);
     assert_non_null(be->vt->synchronize);
+    assert_non_null(be->vt->queue_sync);
+    assert_true(tide_backend_has_events(be));
     assert_non_null(be->vt->event_elapsed);
     assert_null(be->vt->host_alloc);
     assert_null(be->vt->host_free);
@@ -113,8 +122,8 @@ static void test_vtable(void **state) {
     tide_ctx_free(ctx);
 }
 
-/* Synchronous mode (the default, or asked for): every call returns with its
- * work done, on any lane. */
+/* Synchronous queues (the default one, or made so): every call returns with
+ * its work done. */
 static void test_sync_mode(void **state) {
     (void)state;
     tide_ctx *ctx = ctx_new();
@@ -124,23 +133,24 @@ static void test_sync_mode(void **state) {
     assert_int_equal(be->vt->alloc(be, N, (void **)&dev), TIDE_OK);
     tide_graph *g = add_graph(ctx, N / 4);
     float *a = malloc(N), *b = malloc(N), *c = malloc(N);
-    for (int lane = -1; lane < TIDE_ASYNC_LANES; lane++) {
-        if (lane >= 0) use_stream(be, lane, false); /* -1: a thread never bound */
+    for (int lane = -1; lane < 4; lane++) {
+        void *q = lane >= 0 ? qnew(be, ctx, false) : NULL; /* -1: the default queue */
         for (int rep = 0; rep < 5; rep++) {
             fill(src, N, (unsigned)(lane * 5 + rep + 1));
-            assert_int_equal(be->vt->to_device(be, dev, src, N), TIDE_OK);
+            assert_int_equal(be->vt->to_device(be, q, dev, src, N), TIDE_OK);
             assert_memory_equal(dev, src, N);
             memset(dst, 0, N);
-            assert_int_equal(be->vt->to_host(be, dst, dev, N), TIDE_OK);
+            assert_int_equal(be->vt->to_host(be, q, dst, dev, N), TIDE_OK);
             assert_memory_equal(dst, src, N);
             for (int i = 0; i < N / 4; i++) {
                 a[i] = (float)(i + rep);
                 b[i] = (float)lane;
             }
             void *in[2] = {a, b}, *out[1] = {c};
-            assert_int_equal(be->vt->compute(be, g, &g->ops[0], in, out, NULL), TIDE_OK);
+            assert_int_equal(be->vt->compute(be, q, g, &g->ops[0], in, out, NULL), TIDE_OK);
             for (int i = 0; i < N / 4; i++) assert_true(c[i] == (float)(i + rep + lane));
         }
+        be->vt->queue_free(be, q);
     }
     assert_int_equal(be->vt->synchronize(be), TIDE_OK);
     uint64_t run = 0, blocked = 0;
@@ -166,13 +176,13 @@ static void test_jitter(void **state) {
     tide_backend *be = async_new(ctx, 5000, 2);
     unsigned char a[64] = {1}, b[64];
     double t0 = tide_now();
-    for (int i = 0; i < 20; i++) assert_int_equal(be->vt->to_host(be, b, a, sizeof a), TIDE_OK);
+    for (int i = 0; i < 20; i++) assert_int_equal(be->vt->to_host(be, NULL, b, a, sizeof a), TIDE_OK);
     assert_true(tide_now() - t0 >= 0.020);
     tide_backend_free(be);
     tide_ctx_free(ctx);
 }
 
-/* Lane 1 writes a device buffer, lane 0 reads it; events order the two both
+/* Queue 1 writes a device buffer, queue 0 reads it; events order the two both
  * ways (read after write, next write after read), and the data is right every
  * time however the jitter falls. The reads alternate between a copy and a
  * compute (whose pointer arrays live on this stack frame only while queued). */
@@ -188,25 +198,25 @@ static void test_events_order_lanes(void **state) {
     for (size_t i = 0; i < (size_t)ITERS * N; i++) src[i] = (float)(i % 100003);
     tide_graph *g = add_graph(ctx, N);
     void *written = event(be, false), *read = event(be, false);
+    void *q0 = qnew(be, ctx, true), *q1 = qnew(be, ctx, true);
     for (int it = 0; it < ITERS; it++) {
-        use_stream(be, 1, true);
-        assert_int_equal(be->vt->event_wait(be, read), TIDE_OK);
+        assert_int_equal(be->vt->event_wait(be, q1, read), TIDE_OK);
         for (int p = 0; p < PIECES; p++) {
             size_t n = N / PIECES;
-            assert_int_equal(be->vt->to_device(be, mid + p * n, src + (size_t)it * N + p * n, n * sizeof(float)),
+            assert_int_equal(be->vt->to_device(be, q1, mid + p * n, src + (size_t)it * N + p * n,
+                                               n * sizeof(float)),
                              TIDE_OK);
         }
-        assert_int_equal(be->vt->event_record(be, written), TIDE_OK);
-        use_stream(be, 0, true);
-        assert_int_equal(be->vt->event_wait(be, written), TIDE_OK);
+        assert_int_equal(be->vt->event_record(be, q1, written), TIDE_OK);
+        assert_int_equal(be->vt->event_wait(be, q0, written), TIDE_OK);
         float *out = dst + (size_t)it * N;
         if (it % 2) {
-            assert_int_equal(be->vt->to_host(be, out, mid, N * sizeof(float)), TIDE_OK);
+            assert_int_equal(be->vt->to_host(be, q0, out, mid, N * sizeof(float)), TIDE_OK);
         } else {
             void *in[2] = {mid, ones}, *o[1] = {out};
-            assert_int_equal(be->vt->compute(be, g, &g->ops[0], in, o, NULL), TIDE_OK);
+            assert_int_equal(be->vt->compute(be, q0, g, &g->ops[0], in, o, NULL), TIDE_OK);
         }
-        assert_int_equal(be->vt->event_record(be, read), TIDE_OK);
+        assert_int_equal(be->vt->event_record(be, q0, read), TIDE_OK);
     }
     assert_int_equal(be->vt->synchronize(be), TIDE_OK);
     for (int it = 0; it < ITERS; it++) {
@@ -220,6 +230,8 @@ static void test_events_order_lanes(void **state) {
     tide_async_backend_counts(be, &run, &blocked);
     assert_int_equal(run, (uint64_t)ITERS * (PIECES + 1));
     assert_true(blocked > 0); /* the queues really ran apart */
+    be->vt->queue_free(be, q0);
+    be->vt->queue_free(be, q1);
     be->vt->event_free(be, written);
     be->vt->event_free(be, read);
     be->vt->dealloc(be, mid);
@@ -231,9 +243,9 @@ static void test_events_order_lanes(void **state) {
     tide_ctx_free(ctx);
 }
 
-/* The jitter is real: without events, lane 0 runs ahead of lane 1. Seen
+/* The jitter is real: without events, queue 0 runs ahead of queue 1. Seen
  * through timing events (no data race: what is compared is times), and, but
- * for TSan builds, as lane 0 copying stale bytes. */
+ * for TSan builds, as queue 0 copying stale bytes. */
 static void test_unordered_lanes_race(void **state) {
     (void)state;
     tide_ctx *ctx = ctx_new();
@@ -243,27 +255,24 @@ static void test_unordered_lanes_race(void **state) {
     memset(src, 0xa5, N);
     assert_int_equal(be->vt->alloc(be, N, (void **)&mid), TIDE_OK);
     void *e1 = event(be, true), *e0 = event(be, true);
-    /* ordered by an event: lane 0's mark never comes before lane 1's */
+    void *q0 = qnew(be, ctx, true), *q1 = qnew(be, ctx, true);
+    /* ordered by an event: queue 0's mark never comes before queue 1's */
     for (int t = 0; t < 10; t++) {
-        use_stream(be, 1, true);
-        assert_int_equal(be->vt->to_device(be, mid, src, N), TIDE_OK);
-        assert_int_equal(be->vt->event_record(be, e1), TIDE_OK);
-        use_stream(be, 0, true);
-        assert_int_equal(be->vt->event_wait(be, e1), TIDE_OK);
-        assert_int_equal(be->vt->event_record(be, e0), TIDE_OK);
+        assert_int_equal(be->vt->to_device(be, q1, mid, src, N), TIDE_OK);
+        assert_int_equal(be->vt->event_record(be, q1, e1), TIDE_OK);
+        assert_int_equal(be->vt->event_wait(be, q0, e1), TIDE_OK);
+        assert_int_equal(be->vt->event_record(be, q0, e0), TIDE_OK);
         assert_int_equal(be->vt->synchronize(be), TIDE_OK);
         double s = -1;
         assert_int_equal(be->vt->event_elapsed(be, e1, e0, &s), TIDE_OK);
         assert_true(s >= 0);
     }
-    /* not ordered: lane 0's mark comes first at least once */
+    /* not ordered: queue 0's mark comes first at least once */
     bool ahead = false;
     for (int t = 0; t < TRIES && !ahead; t++) {
-        use_stream(be, 1, true);
-        assert_int_equal(be->vt->to_device(be, mid, src, N), TIDE_OK);
-        assert_int_equal(be->vt->event_record(be, e1), TIDE_OK);
-        use_stream(be, 0, true);
-        assert_int_equal(be->vt->event_record(be, e0), TIDE_OK);
+        assert_int_equal(be->vt->to_device(be, q1, mid, src, N), TIDE_OK);
+        assert_int_equal(be->vt->event_record(be, q1, e1), TIDE_OK);
+        assert_int_equal(be->vt->event_record(be, q0, e0), TIDE_OK);
         assert_int_equal(be->vt->synchronize(be), TIDE_OK);
         double s = 0;
         assert_int_equal(be->vt->event_elapsed(be, e1, e0, &s), TIDE_OK);
@@ -271,19 +280,19 @@ static void test_unordered_lanes_race(void **state) {
     }
     assert_true(ahead);
 #ifndef TSAN
-    /* the same as data: lane 0 copies the buffer before lane 1 refilled it */
+    /* the same as data: queue 0 copies the buffer before queue 1 refilled it */
     bool stale = false;
     for (int t = 0; t < TRIES && !stale; t++) {
         memset(src, t + 1, N);
-        use_stream(be, 1, true);
-        assert_int_equal(be->vt->to_device(be, mid, src, N), TIDE_OK);
-        use_stream(be, 0, true);
-        assert_int_equal(be->vt->to_host(be, dst, mid, N), TIDE_OK);
+        assert_int_equal(be->vt->to_device(be, q1, mid, src, N), TIDE_OK);
+        assert_int_equal(be->vt->to_host(be, q0, dst, mid, N), TIDE_OK);
         assert_int_equal(be->vt->synchronize(be), TIDE_OK);
         stale = memcmp(dst, src, N) != 0;
     }
     assert_true(stale);
 #endif
+    be->vt->queue_free(be, q0);
+    be->vt->queue_free(be, q1);
     be->vt->event_free(be, e1);
     be->vt->event_free(be, e0);
     be->vt->dealloc(be, mid);
@@ -302,21 +311,22 @@ static void test_event_sync(void **state) {
     enum { N = 1 << 20 };
     unsigned char *src = malloc(N), *dst = malloc(N);
     void *ev = event(be, false);
-    use_stream(be, 1, true);
+    void *q = qnew(be, ctx, true), *sq = qnew(be, ctx, false);
     for (int rep = 0; rep < 5; rep++) {
         fill(src, N, (unsigned)rep);
         memset(dst, 0, N);
-        assert_int_equal(be->vt->to_device(be, dst, src, N / 2), TIDE_OK);
-        assert_int_equal(be->vt->to_device(be, dst + N / 2, src + N / 2, N / 2), TIDE_OK);
-        assert_int_equal(be->vt->event_record(be, ev), TIDE_OK);
-        assert_int_equal(be->vt->event_sync(be, ev), TIDE_OK);
+        assert_int_equal(be->vt->to_device(be, q, dst, src, N / 2), TIDE_OK);
+        assert_int_equal(be->vt->to_device(be, q, dst + N / 2, src + N / 2, N / 2), TIDE_OK);
+        assert_int_equal(be->vt->event_record(be, q, ev), TIDE_OK);
+        assert_int_equal(be->vt->event_sync(be, q, ev), TIDE_OK);
         assert_memory_equal(dst, src, N);
     }
-    /* a record issued by a thread in synchronous mode does not block it, and
-     * still completes in order after that lane's work */
-    use_stream(be, 2, false);
-    assert_int_equal(be->vt->event_record(be, ev), TIDE_OK);
-    assert_int_equal(be->vt->event_sync(be, ev), TIDE_OK);
+    /* a record issued on a synchronous queue does not block its caller, and
+     * still completes in order after that queue's work */
+    assert_int_equal(be->vt->event_record(be, sq, ev), TIDE_OK);
+    assert_int_equal(be->vt->event_sync(be, NULL, ev), TIDE_OK);
+    be->vt->queue_free(be, q);
+    be->vt->queue_free(be, sq);
     be->vt->event_free(be, ev);
     tide_backend_free(be);
     free(src);
@@ -334,18 +344,19 @@ static void test_unrecorded_event(void **state) {
     enum { N = 4096 };
     unsigned char src[N], dst[N];
     fill(src, N, 3);
-    use_stream(be, 0, true);
-    assert_int_equal(be->vt->event_wait(be, ev), TIDE_OK);
-    assert_int_equal(be->vt->event_sync(be, ev), TIDE_OK);
-    assert_int_equal(be->vt->to_host(be, dst, src, N), TIDE_OK);
-    assert_int_equal(be->vt->synchronize(be), TIDE_OK);
+    void *q = qnew(be, ctx, true);
+    assert_int_equal(be->vt->event_wait(be, q, ev), TIDE_OK);
+    assert_int_equal(be->vt->event_sync(be, q, ev), TIDE_OK);
+    assert_int_equal(be->vt->to_host(be, q, dst, src, N), TIDE_OK);
+    assert_int_equal(be->vt->queue_sync(be, q), TIDE_OK);
     assert_memory_equal(dst, src, N);
     uint64_t run = 0, blocked = 1;
     tide_async_backend_counts(be, &run, &blocked);
     assert_int_equal(run, 1);
     assert_int_equal(blocked, 0);
-    assert_int_equal(be->vt->event_record(be, done), TIDE_OK);
-    assert_int_equal(be->vt->event_sync(be, done), TIDE_OK);
+    assert_int_equal(be->vt->event_record(be, q, done), TIDE_OK);
+    assert_int_equal(be->vt->event_sync(be, q, done), TIDE_OK);
+    be->vt->queue_free(be, q);
     double s;
     assert_int_equal(be->vt->event_elapsed(be, ev, done, &s), TIDE_E_INVALID);
     assert_non_null(strstr(tide_ctx_last_error(ctx), "never recorded"));
@@ -364,13 +375,13 @@ static void test_event_elapsed(void **state) {
     enum { N = 1 << 16 };
     unsigned char *src = calloc(N, 1), *dst = malloc(N);
     void *from = event(be, true), *to = event(be, true), *plain = event(be, false);
-    use_stream(be, 3, true);
+    void *q = qnew(be, ctx, true);
     for (int rep = 0; rep < 5; rep++) {
-        assert_int_equal(be->vt->event_record(be, from), TIDE_OK);
-        for (int i = 0; i < 3; i++) assert_int_equal(be->vt->to_host(be, dst, src, N), TIDE_OK);
-        assert_int_equal(be->vt->event_record(be, to), TIDE_OK);
-        assert_int_equal(be->vt->event_record(be, plain), TIDE_OK);
-        assert_int_equal(be->vt->event_sync(be, plain), TIDE_OK);
+        assert_int_equal(be->vt->event_record(be, q, from), TIDE_OK);
+        for (int i = 0; i < 3; i++) assert_int_equal(be->vt->to_host(be, q, dst, src, N), TIDE_OK);
+        assert_int_equal(be->vt->event_record(be, q, to), TIDE_OK);
+        assert_int_equal(be->vt->event_record(be, q, plain), TIDE_OK);
+        assert_int_equal(be->vt->event_sync(be, q, plain), TIDE_OK);
         double s = -1;
         assert_int_equal(be->vt->event_elapsed(be, from, to, &s), TIDE_OK);
         assert_true(s >= 0 && s < 10);
@@ -378,6 +389,7 @@ static void test_event_elapsed(void **state) {
         assert_non_null(strstr(tide_ctx_last_error(ctx), "timing"));
         assert_int_equal(be->vt->event_elapsed(be, from, plain, &s), TIDE_E_INVALID);
     }
+    be->vt->queue_free(be, q);
     be->vt->event_free(be, from);
     be->vt->event_free(be, to);
     be->vt->event_free(be, plain);
@@ -388,9 +400,10 @@ static void test_event_elapsed(void **state) {
 }
 
 /* A failing compute: asynchronous, it returns TIDE_OK, work ordered after it
- * (on its lane, and on another lane through an event) is skipped, synchronize
- * returns the error with its message once and then TIDE_OK, and work runs
- * again. Synchronous, the call itself fails and nothing is left sticky. */
+ * (on its queue, and on another queue through an event) is skipped,
+ * synchronize returns the error with its message once and then TIDE_OK, and
+ * work runs again. Synchronous, the call itself fails and nothing is left
+ * sticky. */
 static void test_async_error(void **state) {
     (void)state;
     tide_ctx *ctx = ctx_new();
@@ -404,13 +417,12 @@ static void test_async_error(void **state) {
     unsigned char src[256], dst0[256] = {0}, dst2[256] = {0};
     fill(src, sizeof src, 1);
     void *ev = event(be, false);
-    use_stream(be, 0, true);
-    assert_int_equal(be->vt->compute(be, g, &g->ops[0], in, out, NULL), TIDE_OK);
-    assert_int_equal(be->vt->to_host(be, dst0, src, sizeof src), TIDE_OK);
-    assert_int_equal(be->vt->event_record(be, ev), TIDE_OK);
-    use_stream(be, 2, true);
-    assert_int_equal(be->vt->event_wait(be, ev), TIDE_OK);
-    assert_int_equal(be->vt->to_host(be, dst2, src, sizeof src), TIDE_OK);
+    void *q0 = qnew(be, ctx, true), *q1 = qnew(be, ctx, false), *q2 = qnew(be, ctx, true);
+    assert_int_equal(be->vt->compute(be, q0, g, &g->ops[0], in, out, NULL), TIDE_OK);
+    assert_int_equal(be->vt->to_host(be, q0, dst0, src, sizeof src), TIDE_OK);
+    assert_int_equal(be->vt->event_record(be, q0, ev), TIDE_OK);
+    assert_int_equal(be->vt->event_wait(be, q2, ev), TIDE_OK);
+    assert_int_equal(be->vt->to_host(be, q2, dst2, src, sizeof src), TIDE_OK);
     tide_err_clear(ctx);
     assert_int_equal(be->vt->synchronize(be), TIDE_E_RANGE);
     assert_non_null(strstr(tide_ctx_last_error(ctx), "outside the vocabulary"));
@@ -422,64 +434,168 @@ static void test_async_error(void **state) {
     tide_async_backend_counts(be, &run, NULL);
     assert_int_equal(run, 1); /* the compute; both copies were skipped */
     assert_int_equal(be->vt->synchronize(be), TIDE_OK);
+    assert_int_equal(be->vt->queue_sync(be, q0), TIDE_OK); /* cleared for the queues too */
+    assert_int_equal(be->vt->queue_sync(be, q2), TIDE_OK);
     /* cleared: work runs again */
-    assert_int_equal(be->vt->to_host(be, dst2, src, sizeof src), TIDE_OK);
+    assert_int_equal(be->vt->to_host(be, q2, dst2, src, sizeof src), TIDE_OK);
     tok[1] = 3;
-    use_stream(be, 0, true);
-    assert_int_equal(be->vt->compute(be, g, &g->ops[0], in, out, NULL), TIDE_OK);
+    assert_int_equal(be->vt->compute(be, q0, g, &g->ops[0], in, out, NULL), TIDE_OK);
     assert_int_equal(be->vt->synchronize(be), TIDE_OK);
     assert_memory_equal(dst2, src, sizeof src);
     assert_memory_equal(rows[0], table[1], sizeof rows[0]);
     assert_memory_equal(rows[1], table[3], sizeof rows[1]);
     /* synchronous: the call fails itself, later calls and synchronize are fine */
-    use_stream(be, 1, false);
     tok[0] = 4;
     tide_err_clear(ctx);
-    assert_int_equal(be->vt->compute(be, g, &g->ops[0], in, out, NULL), TIDE_E_RANGE);
+    assert_int_equal(be->vt->compute(be, q1, g, &g->ops[0], in, out, NULL), TIDE_E_RANGE);
     assert_non_null(strstr(tide_ctx_last_error(ctx), "outside the vocabulary"));
     tok[0] = 2;
-    assert_int_equal(be->vt->compute(be, g, &g->ops[0], in, out, NULL), TIDE_OK);
+    assert_int_equal(be->vt->compute(be, q1, g, &g->ops[0], in, out, NULL), TIDE_OK);
     assert_memory_equal(rows[0], table[2], sizeof rows[0]);
     assert_int_equal(be->vt->synchronize(be), TIDE_OK);
-    /* a synchronous call skipped behind an asynchronous failure reports it */
-    use_stream(be, 0, true);
+    /* a synchronous call skipped behind an asynchronous failure reports it
+     * (the default queue, held by an event until the failure has run) */
     tok[0] = 7;
-    assert_int_equal(be->vt->compute(be, g, &g->ops[0], in, out, NULL), TIDE_OK);
-    assert_int_equal(be->vt->event_record(be, ev), TIDE_OK);
-    use_stream(be, 0, false);
-    assert_int_equal(be->vt->to_host(be, dst0, src, sizeof src), TIDE_E_RANGE);
+    assert_int_equal(be->vt->compute(be, q0, g, &g->ops[0], in, out, NULL), TIDE_OK);
+    assert_int_equal(be->vt->event_record(be, q0, ev), TIDE_OK);
+    assert_int_equal(be->vt->event_wait(be, NULL, ev), TIDE_OK);
+    assert_int_equal(be->vt->to_host(be, NULL, dst0, src, sizeof src), TIDE_E_RANGE);
     assert_memory_equal(dst0, zero, sizeof zero);
     assert_int_equal(be->vt->synchronize(be), TIDE_E_RANGE);
     assert_int_equal(be->vt->synchronize(be), TIDE_OK);
+    be->vt->queue_free(be, q0);
+    be->vt->queue_free(be, q1);
+    be->vt->queue_free(be, q2);
     be->vt->event_free(be, ev);
     tide_backend_free(be);
     tide_graph_free(g);
     tide_ctx_free(ctx);
 }
 
-/* Streams are 0..3. */
-static void test_stream_range(void **state) {
+/* Errors go to the context of the queue the call was made on, never to the
+ * backend's: a failing asynchronous compute on queue A is returned once by
+ * queue_sync(A), on A's context; queue B, whose copy it skipped, returns it
+ * too, on B's context; a third queue that ran before is clean; then work runs
+ * again. Two queues failing at once, from two threads, each find their own
+ * message on their own context. */
+typedef struct fail_arg {
+    tide_backend *be;
+    void *q;
+    const tide_graph *g;
+    int32_t tok[2];
+    float table[4][8], rows[2][8];
+    tide_status st;
+} fail_arg;
+
+static void *fail_thread(void *p) {
+    fail_arg *f = p;
+    void *in[2] = {f->table, f->tok}, *out[1] = {f->rows};
+    f->st = f->be->vt->compute(f->be, f->q, f->g, &f->g->ops[0], in, out, NULL);
+    return NULL;
+}
+
+static void test_queue_errors(void **state) {
     (void)state;
-    tide_ctx *ctx = ctx_new();
-    tide_backend *be = async_new(ctx, 0, 1);
-    assert_int_equal(be->vt->stream_begin(be, 9, true), TIDE_E_INVALID);
-    assert_non_null(strstr(tide_ctx_last_error(ctx), "stream 9"));
-    assert_int_equal(be->vt->stream_begin(be, -1, false), TIDE_E_INVALID);
-    assert_non_null(strstr(tide_ctx_last_error(ctx), "stream -1"));
-    for (int s = 0; s < TIDE_ASYNC_LANES; s++) use_stream(be, s, s % 2);
+    tide_ctx *ctx = ctx_new(), *ca = ctx_new(), *cb = ctx_new(), *cc = ctx_new();
+    tide_backend *be = async_new(ctx, 300, 29);
+    tide_graph *g = embed_graph(ctx);
+    float table[4][8] = {{0}}, rows[2][8];
+    int32_t tok[2] = {0, 11};
+    void *in[2] = {table, tok}, *out[1] = {rows};
+    unsigned char src[64], dst[64] = {0}, dc[64] = {0};
+    fill(src, sizeof src, 2);
+    void *ev = event(be, false);
+    void *qa = qnew(be, ca, true), *qb = qnew(be, cb, true), *qc = qnew(be, cc, true);
+    assert_int_equal(be->vt->to_host(be, qc, dc, src, sizeof src), TIDE_OK);
+    assert_int_equal(be->vt->queue_sync(be, qc), TIDE_OK);
+    assert_int_equal(be->vt->compute(be, qa, g, &g->ops[0], in, out, NULL), TIDE_OK);
+    assert_int_equal(be->vt->event_record(be, qa, ev), TIDE_OK);
+    assert_int_equal(be->vt->event_wait(be, qb, ev), TIDE_OK);
+    assert_int_equal(be->vt->to_host(be, qb, dst, src, sizeof src), TIDE_OK);
+    /* B first: its copy, held by the event, has then run (skipped) before
+     * A's wait clears the backend's sticky error */
+    assert_int_equal(be->vt->queue_sync(be, qb), TIDE_E_RANGE);
+    assert_non_null(strstr(tide_ctx_last_error(cb), "outside the vocabulary"));
+    assert_int_equal(be->vt->queue_sync(be, qb), TIDE_OK);
+    assert_int_equal(be->vt->queue_sync(be, qa), TIDE_E_RANGE);
+    assert_non_null(strstr(tide_ctx_last_error(ca), "outside the vocabulary"));
+    assert_int_equal(be->vt->queue_sync(be, qa), TIDE_OK);
+    assert_int_equal(be->vt->queue_sync(be, qc), TIDE_OK);
+    assert_string_equal(tide_ctx_last_error(cc), "");
+    assert_string_equal(tide_ctx_last_error(ctx), ""); /* nothing on the backend's */
+    unsigned char zero[64] = {0};
+    assert_memory_equal(dst, zero, sizeof dst); /* skipped */
+    assert_memory_equal(dc, src, sizeof dc);
+    /* cleared: work runs again on B */
+    assert_int_equal(be->vt->to_host(be, qb, dst, src, sizeof src), TIDE_OK);
+    assert_int_equal(be->vt->queue_sync(be, qb), TIDE_OK);
+    assert_memory_equal(dst, src, sizeof dst);
+    assert_int_equal(be->vt->synchronize(be), TIDE_OK);
+    be->vt->queue_free(be, qa);
+    be->vt->queue_free(be, qb);
+    be->vt->queue_free(be, qc);
+
+    /* two synchronous queues failing at the same time from two threads */
+    tide_err_clear(ca);
+    tide_err_clear(cb);
+    fail_arg fa[2];
+    tide_ctx *fc[2] = {ca, cb};
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) {
+        fa[k] = (fail_arg){.be = be, .q = qnew(be, fc[k], false), .g = g, .tok = {0, 20 + k}};
+    }
+    for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, fail_thread, &fa[k]), 0);
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(fa[k].st, TIDE_E_RANGE);
+        char want[32];
+        snprintf(want, sizeof want, "token id %d", 20 + k);
+        if (!strstr(tide_ctx_last_error(fc[k]), want))
+            fail_msg("queue %d: message '%s', want '%s'", k, tide_ctx_last_error(fc[k]), want);
+        be->vt->queue_free(be, fa[k].q);
+    }
+    assert_string_equal(tide_ctx_last_error(ctx), "");
+    be->vt->event_free(be, ev);
     tide_backend_free(be);
+    tide_graph_free(g);
+    tide_ctx_free(ca);
+    tide_ctx_free(cb);
+    tide_ctx_free(cc);
     tide_ctx_free(ctx);
 }
 
-/* Destroy with work queued on every lane, waits across lanes and events
+/* At most TIDE_ASYNC_MAX_QUEUES queues, the default one included: one more
+ * is refused on the caller's context, with no queue; a freed one makes room.
+ * Queue errors never reach the backend's context. */
+static void test_queue_limit(void **state) {
+    (void)state;
+    tide_ctx *ctx = ctx_new(), *qctx = ctx_new();
+    tide_backend *be = async_new(ctx, 0, 1);
+    void *q[TIDE_ASYNC_MAX_QUEUES];
+    for (int i = 0; i < TIDE_ASYNC_MAX_QUEUES - 1; i++) q[i] = qnew(be, qctx, i % 2);
+    void *extra = (void *)1;
+    assert_int_equal(be->vt->queue_new(be, qctx, true, &extra), TIDE_E_UNSUPPORTED);
+    assert_null(extra);
+    assert_non_null(strstr(tide_ctx_last_error(qctx), "queues"));
+    assert_string_equal(tide_ctx_last_error(ctx), "");
+    be->vt->queue_free(be, q[5]);
+    q[5] = qnew(be, qctx, false);
+    be->vt->queue_free(be, NULL);
+    for (int i = 0; i < TIDE_ASYNC_MAX_QUEUES - 1; i++) be->vt->queue_free(be, q[i]);
+    tide_backend_free(be);
+    tide_ctx_free(qctx);
+    tide_ctx_free(ctx);
+}
+
+/* Destroy with work queued on every queue, waits across queues and events
  * already freed: it runs everything, then returns (no hang; ASan: no leak).
  * With an asynchronous failure first, everything ordered after it is skipped
- * but still drained. */
+ * but still drained. Queues not freed are freed with the backend. */
 static void test_destroy_queued(void **state) {
     (void)state;
     tide_ctx *ctx = ctx_new();
-    enum { N = 1 << 18, PER = 10 };
-    unsigned char *src = malloc(N), *zero = calloc(N, 1), *dst[TIDE_ASYNC_LANES];
+    enum { N = 1 << 18, PER = 10, NQ = 4 };
+    unsigned char *src = malloc(N), *zero = calloc(N, 1), *dst[NQ];
     fill(src, N, 5);
     tide_graph *g = embed_graph(ctx);
     float table[4][8] = {{0}}, rows[2][8];
@@ -487,24 +603,24 @@ static void test_destroy_queued(void **state) {
     for (int round = 0; round < 3; round++) {
         bool fail = round == 1;
         tide_backend *be = async_new(ctx, 1000, (uint32_t)(round + 21));
-        void *ev[TIDE_ASYNC_LANES];
-        for (int l = 0; l < TIDE_ASYNC_LANES; l++) {
+        void *ev[NQ], *q[NQ];
+        for (int l = 0; l < NQ; l++) {
             dst[l] = calloc(N, 1);
             ev[l] = event(be, l % 2);
+            q[l] = qnew(be, ctx, true);
         }
-        for (int l = 0; l < TIDE_ASYNC_LANES; l++) {
-            use_stream(be, l, true);
-            if (l) assert_int_equal(be->vt->event_wait(be, ev[l - 1]), TIDE_OK);
+        for (int l = 0; l < NQ; l++) {
+            if (l) assert_int_equal(be->vt->event_wait(be, q[l], ev[l - 1]), TIDE_OK);
             if (!l && fail) {
                 void *in[2] = {table, tok}, *out[1] = {rows};
-                assert_int_equal(be->vt->compute(be, g, &g->ops[0], in, out, NULL), TIDE_OK);
+                assert_int_equal(be->vt->compute(be, q[l], g, &g->ops[0], in, out, NULL), TIDE_OK);
             }
-            for (int i = 0; i < PER; i++) assert_int_equal(be->vt->to_device(be, dst[l], src, N), TIDE_OK);
-            assert_int_equal(be->vt->event_record(be, ev[l]), TIDE_OK);
+            for (int i = 0; i < PER; i++) assert_int_equal(be->vt->to_device(be, q[l], dst[l], src, N), TIDE_OK);
+            assert_int_equal(be->vt->event_record(be, q[l], ev[l]), TIDE_OK);
         }
-        for (int l = 0; l < TIDE_ASYNC_LANES; l++) be->vt->event_free(be, ev[l]);
+        for (int l = 0; l < NQ; l++) be->vt->event_free(be, ev[l]);
         tide_backend_free(be);
-        for (int l = 0; l < TIDE_ASYNC_LANES; l++) {
+        for (int l = 0; l < NQ; l++) {
             assert_memory_equal(dst[l], fail ? zero : src, N); /* drained: run, or skipped after the failure */
             free(dst[l]);
         }
@@ -526,7 +642,8 @@ int main(void) {
         cmocka_unit_test(test_unrecorded_event),
         cmocka_unit_test(test_event_elapsed),
         cmocka_unit_test(test_async_error),
-        cmocka_unit_test(test_stream_range),
+        cmocka_unit_test(test_queue_errors),
+        cmocka_unit_test(test_queue_limit),
         cmocka_unit_test(test_destroy_queued),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

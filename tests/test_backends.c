@@ -181,12 +181,13 @@ static void tc_op(tcase *c, tide_op_kind kind, int n_in, const int *in, int n_ou
     if (st) fail_msg("add_op %s: %s", tide_op_name(kind), tide_ctx_last_error(c->ctx));
 }
 
-/* Runs the case's op on be starting from the host contents; res[t] gets
- * (malloc'd) every tensor's content afterwards. Returns compute's status.
+/* Runs the case's op on be, on queue q (NULL: the default one), starting
+ * from the host contents; res[t] gets (malloc'd) every tensor's content
+ * afterwards. Returns compute's status (on an asynchronous queue, queue_sync's).
  * Every tensor goes to the device, outputs too: an op that writes its output
  * only in part (the tiled forms, the caches of ATTENTION) finds the host's
  * content there, so what it must keep is compared like what it writes. */
-static tide_status tc_run(const tcase *c, tide_backend *be, void **res) {
+static tide_status tc_run_on(const tcase *c, tide_backend *be, void *q, void **res) {
     const tide_graph *g = c->g;
     tk_force_generic(be == ref.be); /* the reference: the CPU's portable kernels */
     const tide_op *op = &g->ops[c->op];
@@ -195,16 +196,16 @@ static tide_status tc_run(const tcase *c, tide_backend *be, void **res) {
     for (int t = 0; t < nt; t++) {
         size_t nb = (size_t)tide_graph_tensor_bytes(g, t);
         assert_int_equal(be->vt->alloc(be, nb, &dev[t]), TIDE_OK);
-        assert_int_equal(be->vt->to_device(be, dev[t], c->host[t], nb), TIDE_OK);
+        assert_int_equal(be->vt->to_device(be, q, dev[t], c->host[t], nb), TIDE_OK);
     }
     if (op->scratch_bytes) assert_int_equal(be->vt->alloc(be, op->scratch_bytes, &scratch), TIDE_OK);
     void *in[TIDE_OP_MAX_IN], *out[TIDE_OP_MAX_OUT];
     for (int i = 0; i < op->n_in; i++) in[i] = dev[op->in[i]];
     for (int i = 0; i < op->n_out; i++) out[i] = dev[op->out[i]];
-    tide_status st = be->vt->compute(be, g, op, in, out, scratch);
+    tide_status st = be->vt->compute(be, q, g, op, in, out, scratch);
     if (be->vt->synchronize) {
-        /* in the asynchronous mode an op's error comes from synchronize */
-        tide_status ss = be->vt->synchronize(be);
+        /* on an asynchronous queue an op's error comes from queue_sync */
+        tide_status ss = q ? tide_backend_queue_sync(be, q) : be->vt->synchronize(be);
         if (!st) st = ss;
         else assert_int_equal(ss, TIDE_OK);
     }
@@ -212,12 +213,14 @@ static tide_status tc_run(const tcase *c, tide_backend *be, void **res) {
         size_t nb = (size_t)tide_graph_tensor_bytes(g, t);
         res[t] = malloc(nb ? nb : 1);
         assert_non_null(res[t]);
-        assert_int_equal(be->vt->to_host(be, res[t], dev[t], nb), TIDE_OK);
+        assert_int_equal(be->vt->to_host(be, q, res[t], dev[t], nb), TIDE_OK);
         be->vt->dealloc(be, dev[t]);
     }
     if (scratch) be->vt->dealloc(be, scratch);
     return st;
 }
+
+static tide_status tc_run(const tcase *c, tide_backend *be, void **res) { return tc_run_on(c, be, NULL, res); }
 
 static void res_free(void **res, int n) {
     for (int t = 0; t < n; t++) free(res[t]);
@@ -357,8 +360,9 @@ static void tc_expect_range(const tcase *c, const char *needle) {
     }
     tk_force_generic(false);
     /* issued asynchronously, on every backend with events: nothing waits for
-     * the op, so its error comes from synchronize, with the same message
-     * (what it wrote is not checked: queued work may run on), and once */
+     * the op, so its error comes from queue_sync, with the same message, on
+     * the queue's context (what it wrote is not checked: queued work may run
+     * on), and once */
     be_slot async_bes[MAX_BE + 1];
     int n_async = 0;
     for (int b = 0; b < n_be; b++)
@@ -366,15 +370,19 @@ static void tc_expect_range(const tcase *c, const char *needle) {
     async_bes[n_async++] = queued;
     for (int b = 0; b < n_async; b++) {
         tide_backend *be = async_bes[b].be;
-        void *res[MAX_T];
-        assert_int_equal(be->vt->stream_begin(be, 0, true), TIDE_OK);
-        tide_status st = tc_run(c, be, res);
-        assert_int_equal(be->vt->stream_begin(be, 0, false), TIDE_OK);
-        const char *msg = tide_ctx_last_error(async_bes[b].ctx);
+        void *res[MAX_T], *q = NULL;
+        tide_ctx *qctx = tide_ctx_new();
+        assert_non_null(qctx);
+        assert_int_equal(be->vt->queue_new(be, qctx, true, &q), TIDE_OK);
+        tide_status st = tc_run_on(c, be, q, res);
+        const char *msg = tide_ctx_last_error(qctx);
         if (st != TIDE_E_RANGE || !strstr(msg, needle))
             fail_msg("%s, queued (%s): status %s, message '%s'; want a range error naming '%s'",
                      tide_backend_name(be), c->what, tide_status_str(st), msg, needle);
+        assert_int_equal(be->vt->queue_sync(be, q), TIDE_OK);
         assert_int_equal(be->vt->synchronize(be), TIDE_OK);
+        be->vt->queue_free(be, q);
+        tide_ctx_free(qctx);
         res_free(res, nt);
     }
 }
@@ -951,14 +959,14 @@ static void test_memory(void **state) {
         assert_int_equal(be->vt->alloc(be, n, &d), TIDE_OK);
         assert_int_equal(be->vt->alloc(be, 0, &z), TIDE_OK); /* zero bytes: a valid pointer */
         assert_non_null(z);
-        assert_int_equal(be->vt->to_device(be, d, src, n), TIDE_OK);
-        assert_int_equal(be->vt->to_host(be, dst, d, n), TIDE_OK);
+        assert_int_equal(be->vt->to_device(be, NULL, d, src, n), TIDE_OK);
+        assert_int_equal(be->vt->to_host(be, NULL, dst, d, n), TIDE_OK);
         assert_memory_equal(src, dst, n);
-        assert_int_equal(be->vt->to_device(be, d, src, 0), TIDE_OK);
+        assert_int_equal(be->vt->to_device(be, NULL, d, src, 0), TIDE_OK);
         if (be->vt->host_alloc) {
             void *pinned = NULL;
             assert_int_equal(be->vt->host_alloc(be, n, &pinned), TIDE_OK);
-            assert_int_equal(be->vt->to_host(be, pinned, d, n), TIDE_OK);
+            assert_int_equal(be->vt->to_host(be, NULL, pinned, d, n), TIDE_OK);
             assert_memory_equal(src, pinned, n);
             be->vt->host_free(be, pinned);
         }
@@ -980,19 +988,20 @@ typedef struct stream_arg {
     int stream;
     const tcase *add; /* stream 0 also computes this ADD (tensors 0 + 1 -> 2) */
     int errors;
+    char why[TIDE_ERRMSG_MAX];
 } stream_arg;
 
-/* One ADD of the case on be, checked; no cmocka asserts (runs off the main
- * thread). Returns the number of errors. */
-static int add_once(tide_backend *be, const tcase *c) {
+/* One ADD of the case on be's queue q, checked; no cmocka asserts (runs off
+ * the main thread). Returns the number of errors. */
+static int add_once(tide_backend *be, void *q, const tcase *c) {
     size_t nb = (size_t)tide_graph_tensor_bytes(c->g, 0), n = nb / sizeof(float);
     void *d[3] = {0};
     float *z = malloc(nb);
     int err = !z;
     for (int t = 0; t < 3 && !err; t++) err = be->vt->alloc(be, nb, &d[t]) != TIDE_OK;
-    for (int t = 0; t < 2 && !err; t++) err = be->vt->to_device(be, d[t], c->host[t], nb) != TIDE_OK;
-    if (!err) err = be->vt->compute(be, c->g, &c->g->ops[c->op], d, &d[2], NULL) != TIDE_OK;
-    if (!err) err = be->vt->to_host(be, z, d[2], nb) != TIDE_OK;
+    for (int t = 0; t < 2 && !err; t++) err = be->vt->to_device(be, q, d[t], c->host[t], nb) != TIDE_OK;
+    if (!err) err = be->vt->compute(be, q, c->g, &c->g->ops[c->op], d, &d[2], NULL) != TIDE_OK;
+    if (!err) err = be->vt->to_host(be, q, z, d[2], nb) != TIDE_OK;
     const float *x = c->host[0], *y = c->host[1];
     for (size_t i = 0; i < n && !err; i++) err = z[i] != x[i] + y[i];
     for (int t = 0; t < 3; t++)
@@ -1001,13 +1010,18 @@ static int add_once(tide_backend *be, const tcase *c) {
     return err;
 }
 
-/* A worker as the executor runs one: bound to its stream, then copies (and on
- * stream 0 computes) in a loop, checking each result. */
+/* A worker as the executor runs one: a synchronous queue of its own, errors
+ * on a context of its own, then copies (and on stream 0 computes) in a loop,
+ * checking each result. */
 static void *stream_worker(void *p) {
     stream_arg *a = p;
     tide_backend *be = a->be;
-    if (be->vt->stream_begin && be->vt->stream_begin(be, a->stream, false) != TIDE_OK) {
+    tide_ctx *ctx = tide_ctx_new();
+    void *q = NULL;
+    if (!ctx || (be->vt->queue_new && be->vt->queue_new(be, ctx, false, &q) != TIDE_OK)) {
         a->errors++;
+        snprintf(a->why, sizeof a->why, "queue_new: %s", tide_ctx_last_error(ctx));
+        tide_ctx_free(ctx);
         return NULL;
     }
     size_t n = (size_t)4 << 20;
@@ -1017,17 +1031,49 @@ static void *stream_worker(void *p) {
         a->errors++;
         free(h);
         free(back);
+        if (q) be->vt->queue_free(be, q);
+        tide_ctx_free(ctx);
         return NULL;
     }
     for (int it = 0; it < 20; it++) {
         for (size_t i = 0; i < n / 4; i++) h[i] = (uint32_t)(i * 2654435761u) ^ (uint32_t)(a->stream << 24 | it);
-        if (be->vt->to_device(be, d, h, n) || be->vt->to_host(be, back, d, n) || memcmp(h, back, n)) a->errors++;
-        if (a->add) a->errors += add_once(be, a->add);
+        if (be->vt->to_device(be, q, d, h, n) || be->vt->to_host(be, q, back, d, n) || memcmp(h, back, n)) a->errors++;
+        if (a->add) a->errors += add_once(be, q, a->add);
     }
+    if (a->errors) snprintf(a->why, sizeof a->why, "%s", tide_ctx_last_error(ctx));
     be->vt->dealloc(be, d);
+    if (q) be->vt->queue_free(be, q);
+    tide_ctx_free(ctx);
     free(h);
     free(back);
     return NULL;
+}
+
+/* The queue limit of a backend that has one (CUDA: a stream and its
+ * resources per queue): queue_new refuses past it with a message and no
+ * queue; freed queues are reused. */
+static void queue_limit(tide_backend *be) {
+    enum { MOST = 200 };
+    void *q[MOST] = {0};
+    tide_ctx *ctx = tide_ctx_new();
+    assert_non_null(ctx);
+    int n = 0;
+    tide_status st = TIDE_OK;
+    bool ev = tide_backend_has_events(be);
+    while (n < MOST && !(st = be->vt->queue_new(be, ctx, ev && n % 2, &q[n]))) n++;
+    if (be->kind == TIDE_BACKEND_CPU) {
+        assert_int_equal(n, MOST); /* a context pointer each: no limit */
+    } else {
+        assert_int_equal(st, TIDE_E_UNSUPPORTED);
+        assert_null(q[n]);
+        assert_non_null(strstr(tide_ctx_last_error(ctx), "queues"));
+        print_message("  %-4s %d queues, then: %s\n", tide_backend_name(be), n, tide_ctx_last_error(ctx));
+        be->vt->queue_free(be, q[0]);
+        assert_int_equal(be->vt->queue_new(be, ctx, ev, &q[0]), TIDE_OK);
+    }
+    for (int i = 0; i < n; i++) be->vt->queue_free(be, q[i]);
+    be->vt->queue_free(be, NULL);
+    tide_ctx_free(ctx);
 }
 
 static void test_streams(void **state) {
@@ -1050,10 +1096,10 @@ static void test_streams(void **state) {
             pthread_join(th[s], NULL);
             errors += args[s].errors;
         }
-        if (errors) fail_msg("%s: %d errors on concurrent streams (%s)", tide_backend_name(bes[b].be), errors,
-                             tide_ctx_last_error(bes[b].ctx));
-        if (bes[b].be->vt->stream_begin)
-            assert_int_equal(bes[b].be->vt->stream_begin(bes[b].be, 9, false), TIDE_E_INVALID);
+        for (int s = 0; s < 4 && errors; s++)
+            if (args[s].errors) fail_msg("%s: %d errors on concurrent queues (%s)", tide_backend_name(bes[b].be),
+                                         errors, args[s].why);
+        queue_limit(bes[b].be);
         tc_close(&add);
     }
 }
@@ -1063,7 +1109,8 @@ static void test_streams(void **state) {
 /* A three-stage pipeline as the executor issues one, on backends with events:
  * the h2d stream copies input k into one of two device buffers, the compute
  * stream adds a constant into one of two outputs, the d2h stream copies the
- * output back, each stream on its own thread in the asynchronous mode. Every
+ * output back, each stream on its own thread and its own asynchronous queue
+ * (errors on a context of its own). Every
  * edge is an event recorded by the producer and waited on by the consumer's
  * queue (input ready, output ready) or by the producer of the next use of a
  * buffer (input consumed, output read back), after the host learnt that the
@@ -1100,16 +1147,18 @@ static void ev_await(ev_pipe *e, int stage, int k) {
     pthread_mutex_unlock(&e->mu);
 }
 
-static void ev_error(ev_pipe *e, const char *what) {
+static void ev_error(ev_pipe *e, tide_ctx *ctx, const char *what) {
     pthread_mutex_lock(&e->mu);
-    if (!e->errors++) snprintf(e->why, sizeof e->why, "%s: %s", what, tide_ctx_last_error(e->be->ctx));
+    if (!e->errors++) snprintf(e->why, sizeof e->why, "%s: %s", what, tide_ctx_last_error(ctx));
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
 }
 
 typedef struct ev_arg {
     ev_pipe *e;
-    int stage; /* 0 h2d (stream 1), 1 compute (stream 0), 2 d2h (stream 2) */
+    int stage;    /* 0 h2d, 1 compute, 2 d2h */
+    void *q;      /* the stage's queue, made and freed by the main thread */
+    tide_ctx *ctx; /* its errors */
 } ev_arg;
 
 static void *ev_stage(void *p) {
@@ -1117,11 +1166,7 @@ static void *ev_stage(void *p) {
     ev_pipe *e = a->e;
     tide_backend *be = e->be;
     const tide_backend_vt *vt = be->vt;
-    static const int stream_of[3] = {1, 0, 2};
-    if (vt->stream_begin(be, stream_of[a->stage], true)) {
-        ev_error(e, "stream_begin");
-        return NULL;
-    }
+    void *q = a->q;
     size_t nb = EV_FLOATS * sizeof(float);
     for (int k = 0; k < EV_ITERS && !e->errors; k++) {
         int b = k & 1;
@@ -1129,31 +1174,30 @@ static void *ev_stage(void *p) {
         if (a->stage == 0) {
             /* x[b] is free once the compute of iteration k - 2 has read it */
             ev_await(e, 1, k - 2);
-            if (k >= 2) st = vt->event_wait(be, e->in_used[k - 2]);
-            if (!st) st = vt->to_device(be, e->x[b], e->h_in[k], nb);
-            if (!st) st = vt->event_record(be, e->in_ready[k]);
+            if (k >= 2) st = vt->event_wait(be, q, e->in_used[k - 2]);
+            if (!st) st = vt->to_device(be, q, e->x[b], e->h_in[k], nb);
+            if (!st) st = vt->event_record(be, q, e->in_ready[k]);
         } else if (a->stage == 1) {
             ev_await(e, 0, k);
             ev_await(e, 2, k - 2);
-            st = vt->event_wait(be, e->in_ready[k]);
-            if (!st && k >= 2) st = vt->event_wait(be, e->out_read[k - 2]);
+            st = vt->event_wait(be, q, e->in_ready[k]);
+            if (!st && k >= 2) st = vt->event_wait(be, q, e->out_read[k - 2]);
             void *in[2] = {e->x[b], e->y}, *out[1] = {e->z[b]};
-            if (!st) st = vt->compute(be, e->add->g, &e->add->g->ops[e->add->op], in, out, NULL);
-            if (!st) st = vt->event_record(be, e->in_used[k]);
-            if (!st) st = vt->event_record(be, e->out_ready[k]);
+            if (!st) st = vt->compute(be, q, e->add->g, &e->add->g->ops[e->add->op], in, out, NULL);
+            if (!st) st = vt->event_record(be, q, e->in_used[k]);
+            if (!st) st = vt->event_record(be, q, e->out_ready[k]);
         } else {
             ev_await(e, 1, k);
-            st = vt->event_wait(be, e->out_ready[k]);
-            if (!st) st = vt->to_host(be, e->h_out[k], e->z[b], nb);
-            if (!st) st = vt->event_record(be, e->out_read[k]);
+            st = vt->event_wait(be, q, e->out_ready[k]);
+            if (!st) st = vt->to_host(be, q, e->h_out[k], e->z[b], nb);
+            if (!st) st = vt->event_record(be, q, e->out_read[k]);
         }
         if (st) {
-            ev_error(e, "a pipeline stage");
+            ev_error(e, a->ctx, "a pipeline stage");
             return NULL;
         }
         ev_issued(e, a->stage, k);
     }
-    if (vt->stream_begin(be, stream_of[a->stage], false)) ev_error(e, "stream_begin (back to synchronous)");
     return NULL;
 }
 
@@ -1188,7 +1232,7 @@ static void events_on(tide_backend *be, const tcase *add) {
     assert_non_null(yh);
     for (size_t i = 0; i < EV_FLOATS; i++) yh[i] = (float)(i % 17) * 0.5f;
     assert_int_equal(vt->alloc(be, nb, &e.y), TIDE_OK);
-    assert_int_equal(vt->to_device(be, e.y, yh, nb), TIDE_OK);
+    assert_int_equal(vt->to_device(be, NULL, e.y, yh, nb), TIDE_OK);
     for (int b = 0; b < 2; b++) {
         assert_int_equal(vt->alloc(be, nb, &e.x[b]), TIDE_OK);
         assert_int_equal(vt->alloc(be, nb, &e.z[b]), TIDE_OK);
@@ -1196,11 +1240,17 @@ static void events_on(tide_backend *be, const tcase *add) {
     pthread_t th[3];
     ev_arg args[3];
     for (int s = 0; s < 3; s++) {
-        args[s] = (ev_arg){&e, s};
-        assert_int_equal(pthread_create(&th[s], NULL, ev_stage, &args[s]), 0);
+        args[s] = (ev_arg){.e = &e, .stage = s, .ctx = tide_ctx_new()};
+        assert_non_null(args[s].ctx);
+        assert_int_equal(vt->queue_new(be, args[s].ctx, true, &args[s].q), TIDE_OK);
     }
+    for (int s = 0; s < 3; s++) assert_int_equal(pthread_create(&th[s], NULL, ev_stage, &args[s]), 0);
     for (int s = 0; s < 3; s++) pthread_join(th[s], NULL);
     assert_int_equal(vt->synchronize ? vt->synchronize(be) : TIDE_OK, TIDE_OK);
+    for (int s = 0; s < 3; s++) {
+        vt->queue_free(be, args[s].q);
+        tide_ctx_free(args[s].ctx);
+    }
     if (e.errors) fail_msg("%s: %s", bn, e.why);
     int wrong = 0;
     for (int k = 0; k < EV_ITERS; k++)
@@ -1213,20 +1263,21 @@ static void events_on(tide_backend *be, const tcase *add) {
     assert_int_equal(vt->event_new(be, true, &t0), TIDE_OK);
     assert_int_equal(vt->event_new(be, true, &t1), TIDE_OK);
     assert_int_equal(vt->event_new(be, false, &never), TIDE_OK);
-    assert_int_equal(vt->event_sync(be, never), TIDE_OK);
-    assert_int_equal(vt->event_wait(be, never), TIDE_OK);
-    assert_int_equal(vt->stream_begin(be, 2, true), TIDE_OK);
-    assert_int_equal(vt->event_record(be, t0), TIDE_OK);
-    for (int k = 0; k < EV_ITERS; k++) assert_int_equal(vt->to_host(be, e.h_out[k], e.y, nb), TIDE_OK);
-    assert_int_equal(vt->event_record(be, t1), TIDE_OK);
-    assert_int_equal(vt->event_sync(be, t1), TIDE_OK);
+    assert_int_equal(vt->event_sync(be, NULL, never), TIDE_OK);
+    assert_int_equal(vt->event_wait(be, NULL, never), TIDE_OK);
+    void *q = NULL;
+    assert_int_equal(vt->queue_new(be, be->ctx, true, &q), TIDE_OK);
+    assert_int_equal(vt->event_record(be, q, t0), TIDE_OK);
+    for (int k = 0; k < EV_ITERS; k++) assert_int_equal(vt->to_host(be, q, e.h_out[k], e.y, nb), TIDE_OK);
+    assert_int_equal(vt->event_record(be, q, t1), TIDE_OK);
+    assert_int_equal(vt->event_sync(be, q, t1), TIDE_OK);
     for (int k = 0; k < EV_ITERS; k++) assert_memory_equal(e.h_out[k], yh, nb);
     double sec = -1;
     assert_int_equal(vt->event_elapsed(be, t0, t1, &sec), TIDE_OK);
     assert_true(sec >= 0 && sec < 60);
     print_message("  %-9s %d pipelined iterations right; %d copies of %zu MiB timed by events: %.3f ms\n", bn,
                   EV_ITERS, EV_ITERS, nb >> 20, sec * 1e3);
-    assert_int_equal(vt->stream_begin(be, 0, false), TIDE_OK);
+    vt->queue_free(be, q);
     vt->event_free(be, t0);
     vt->event_free(be, t1);
     vt->event_free(be, never);
@@ -1267,7 +1318,11 @@ static void test_events(void **state) {
             assert_null(be->vt->event_record);
             assert_null(be->vt->event_wait);
             assert_null(be->vt->event_sync);
-            if (be->vt->stream_begin) assert_int_equal(be->vt->stream_begin(be, 0, true), TIDE_E_UNSUPPORTED);
+            if (be->vt->queue_new) {
+                void *q = (void *)1;
+                assert_int_equal(be->vt->queue_new(be, bes[b].ctx, true, &q), TIDE_E_UNSUPPORTED);
+                assert_null(q);
+            }
             continue;
         }
         events_on(be, &add);
@@ -1310,7 +1365,8 @@ static void test_selection(void **state) {
             assert_int_equal(st, TIDE_OK);
             assert_string_equal(tide_backend_name(be), "cuda");
             assert_false(be->vt->device_is_host);
-            assert_non_null(be->vt->stream_begin);
+            assert_true(tide_backend_has_events(be));
+            assert_non_null(be->vt->queue_sync);
             assert_non_null(be->vt->host_alloc);
             assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK);
             assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_AUTO), TIDE_OK);

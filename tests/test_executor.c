@@ -2,8 +2,9 @@
  * test_executor.c - the executor runs verified plans for real: offloaded
  * outputs are bit-identical to the unconstrained run for every policy, budget
  * and weight home; injected faults (SSD read/write errors, a full spill
- * directory, failed allocations) end in a clean status with nothing left
- * behind.
+ * directory, failed allocations, two streams failing at once) end in a clean
+ * status, reported once, with nothing left behind; two executors share one
+ * backend at the same time.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { SEQ = 7 };
@@ -152,15 +154,39 @@ static void check_timeline(const tide_plan *p, const tide_sim_event *tl, double 
     }
 }
 
-/* Plans, verifies and executes the all-logits prefill graph under rc; returns
- * the status of the run and the logits in *out (caller frees). */
-static tide_status run_planned(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be, const run_cfg *rc,
-                               float **out, tide_plan_stats *ps) {
+/* A plan of the all-logits prefill graph under rc, verified, with its
+ * executor made and every home bound: the prompt's tokens (its last one out
+ * of the vocabulary with rc->bad_token), fresh state, logits out. */
+typedef struct planned {
+    tide_graph *g;
+    tide_plan *p;
+    tide_exec *ex;
+    void **state;
+    float *logits;
+    int32_t tok[SEQ], pos[SEQ], next[SEQ];
+} planned;
+
+static void planned_free(planned *x) {
+    tide_exec_free(x->ex);
+    if (x->state)
+        for (int t = 0; t < x->g->n_tensors; t++) free(x->state[t]);
+    free(x->state);
+    free(x->logits);
+    tide_plan_free(x->p);
+    tide_graph_free(x->g);
+    memset(x, 0, sizeof *x);
+}
+
+/* Returns the status of planning, making the executor and binding (the
+ * plan is verified); on failure *x holds nothing. */
+static tide_status plan_prepare(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be, const run_cfg *rc,
+                                planned *x, tide_plan_stats *ps) {
+    memset(x, 0, sizeof *x);
     const tide_llama_config *cfg = tide_checkpoint_config(ck);
     tide_llama_graph_opts go = {.batch = 1, .seq = SEQ, .ctx_len = SEQ, .all_logits = true,
                                 .tile_rows = rc->tile_rows, .tile_weight_bytes = rc->tile_weight_bytes};
-    tide_graph *g = NULL;
-    assert_int_equal(tide_llama_build(ctx, cfg, &go, &g), TIDE_OK);
+    assert_int_equal(tide_llama_build(ctx, cfg, &go, &x->g), TIDE_OK);
+    tide_graph *g = x->g;
     tide_plan_opts po = {.policy = rc->policy, .host_budget = rc->host_budget, .n_iter = 1, .hw = &hw,
                          .weights_on_ssd = rc->weights_on_ssd};
     uint64_t peak = tide_plan_unconstrained_peak(ctx, g, &hw, 1);
@@ -170,61 +196,63 @@ static tide_status run_planned(tide_ctx *ctx, tide_checkpoint *ck, tide_backend 
     } else {
         assert_int_equal(tide_plan_min_budget(ctx, g, &po, &po.device_budget), TIDE_OK);
     }
-    tide_plan *p = NULL;
-    tide_status st = tide_plan_make(ctx, g, &po, &p);
+    tide_status st = tide_plan_make(ctx, g, &po, &x->p);
     if (st) {
-        tide_graph_free(g);
+        planned_free(x);
         return st;
     }
+    tide_plan *p = x->p;
     assert_int_equal(tide_plan_verify(p), TIDE_OK);
     if (ps) *ps = p->stats;
-    tide_exec *ex = NULL;
     tide_exec_opts eo = rc->eo;
     eo.timed = rc->timeline;
-    st = tide_exec_new(ctx, be, p, &eo, &ex);
-    float *logits = NULL;
-    void **state = calloc((size_t)g->n_tensors, sizeof *state);
-    if (!st) {
-        int32_t tok[SEQ], pos[SEQ], next[SEQ];
-        prompt(tok, cfg->vocab_size);
-        if (rc->bad_token) tok[SEQ - 1] = (int32_t)cfg->vocab_size + 5;
-        for (int i = 0; i < SEQ; i++) pos[i] = i;
-        logits = calloc((size_t)SEQ * cfg->vocab_size, sizeof *logits);
-        for (int t = 0; t < g->n_tensors && !st; t++) {
-            const tide_tensor *tt = &g->tensors[t];
-            if (tt->role == TIDE_ROLE_WEIGHT) {
-                tide_tensor_info ti;
-                uint64_t off = 0; /* a block of a split weight is a byte range of it */
-                assert_int_equal(tide_checkpoint_get(ck, tide_graph_tensor_home(g, t, &off), &ti), TIDE_OK);
-                assert_true(off + tt->nbytes <= ti.nbytes);
-                st = p->home[t] == TIDE_TIER_SSD ? tide_exec_bind_file(ex, t, ti.file, ti.file_offset + off)
-                                                 : tide_exec_bind_host(ex, t, (char *)ti.data + off);
-            } else if (tt->role == TIDE_ROLE_STATE) {
-                state[t] = calloc(1, tt->nbytes);
-                st = tide_exec_bind_host(ex, t, state[t]);
-            }
+    st = tide_exec_new(ctx, be, p, &eo, &x->ex);
+    x->state = calloc((size_t)g->n_tensors, sizeof *x->state);
+    x->logits = calloc((size_t)SEQ * cfg->vocab_size, sizeof *x->logits);
+    prompt(x->tok, cfg->vocab_size);
+    if (rc->bad_token) x->tok[SEQ - 1] = (int32_t)cfg->vocab_size + 5;
+    for (int i = 0; i < SEQ; i++) x->pos[i] = i;
+    for (int t = 0; t < g->n_tensors && !st; t++) {
+        const tide_tensor *tt = &g->tensors[t];
+        if (tt->role == TIDE_ROLE_WEIGHT) {
+            tide_tensor_info ti;
+            uint64_t off = 0; /* a block of a split weight is a byte range of it */
+            assert_int_equal(tide_checkpoint_get(ck, tide_graph_tensor_home(g, t, &off), &ti), TIDE_OK);
+            assert_true(off + tt->nbytes <= ti.nbytes);
+            st = p->home[t] == TIDE_TIER_SSD ? tide_exec_bind_file(x->ex, t, ti.file, ti.file_offset + off)
+                                             : tide_exec_bind_host(x->ex, t, (char *)ti.data + off);
+        } else if (tt->role == TIDE_ROLE_STATE) {
+            x->state[t] = calloc(1, tt->nbytes);
+            st = tide_exec_bind_host(x->ex, t, x->state[t]);
         }
-        if (!st) st = tide_exec_bind_host(ex, tide_graph_find(g, "tokens"), tok);
-        if (!st) st = tide_exec_bind_host(ex, tide_graph_find(g, "pos"), pos);
-        if (!st) st = tide_exec_bind_host(ex, tide_graph_find(g, "logits"), logits);
-        if (!st) st = tide_exec_bind_host(ex, tide_graph_find(g, "next_token"), next);
-        tide_sim_event *tl = rc->timeline ? calloc((size_t)p->n_ins, sizeof *tl) : NULL;
-        tide_exec_stats es = {0};
-        if (!st) st = tide_exec_run(ex, tl, &es);
-        if (!st && tl) check_timeline(p, tl, es.wall_s);
-        if (rc->es) *rc->es = es;
-        free(tl);
     }
-    for (int t = 0; t < g->n_tensors; t++) free(state[t]);
-    free(state);
-    tide_exec_free(ex);
-    tide_plan_free(p);
-    tide_graph_free(g);
-    if (st) {
-        free(logits);
-        logits = NULL;
+    if (!st) st = tide_exec_bind_host(x->ex, tide_graph_find(g, "tokens"), x->tok);
+    if (!st) st = tide_exec_bind_host(x->ex, tide_graph_find(g, "pos"), x->pos);
+    if (!st) st = tide_exec_bind_host(x->ex, tide_graph_find(g, "logits"), x->logits);
+    if (!st) st = tide_exec_bind_host(x->ex, tide_graph_find(g, "next_token"), x->next);
+    if (st) planned_free(x);
+    return st;
+}
+
+/* Plans, verifies and executes the all-logits prefill graph under rc; returns
+ * the status of the run and the logits in *out (caller frees). */
+static tide_status run_planned(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be, const run_cfg *rc,
+                               float **out, tide_plan_stats *ps) {
+    *out = NULL;
+    planned x;
+    tide_status st = plan_prepare(ctx, ck, be, rc, &x, ps);
+    if (st) return st;
+    tide_sim_event *tl = rc->timeline ? calloc((size_t)x.p->n_ins, sizeof *tl) : NULL;
+    tide_exec_stats es = {0};
+    st = tide_exec_run(x.ex, tl, &es);
+    if (!st && tl) check_timeline(x.p, tl, es.wall_s);
+    if (rc->es) *rc->es = es;
+    free(tl);
+    if (!st) {
+        *out = x.logits;
+        x.logits = NULL;
     }
-    *out = logits;
+    planned_free(&x);
     return st;
 }
 
@@ -449,28 +477,28 @@ static void test_pinned_weights(void **state) {
 /* A stand-in for GPUDirect Storage: pread straight into "device" memory,
  * counted; or a refusal, as on a machine without it. */
 static int direct_reads;
-static tide_status fake_file_read(tide_backend *be, int fd, uint64_t off, void *dst, size_t n) {
-    (void)be;
+static tide_status fake_file_read(tide_backend *be, void *q, int fd, uint64_t off, void *dst, size_t n) {
+    tide_ctx *ctx = tide_backend_queue_ctx(be, q);
     direct_reads++;
     /* the descriptor may be O_DIRECT, which refuses unaligned buffers: read
      * through a second descriptor of the same file without it */
     char path[64];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     int fd2 = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd2 < 0) return tide_err(be->ctx, TIDE_E_IO, "cannot reopen descriptor %d", fd);
+    if (fd2 < 0) return tide_err(ctx, TIDE_E_IO, "cannot reopen descriptor %d", fd);
     tide_status st = TIDE_OK;
     for (size_t done = 0; done < n && !st;) {
         ssize_t r = pread(fd2, (char *)dst + done, n - done, (off_t)(off + done));
-        if (r <= 0) st = tide_err(be->ctx, TIDE_E_IO, "stand-in direct read failed");
+        if (r <= 0) st = tide_err(ctx, TIDE_E_IO, "stand-in direct read failed");
         else done += (size_t)r;
     }
     close(fd2);
     return st;
 }
-static tide_status no_file_read(tide_backend *be, int fd, uint64_t off, void *dst, size_t n) {
+static tide_status no_file_read(tide_backend *be, void *q, int fd, uint64_t off, void *dst, size_t n) {
     (void)fd, (void)off, (void)dst, (void)n;
     direct_reads++;
-    return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "no direct storage on this test machine");
+    return tide_err(tide_backend_queue_ctx(be, q), TIDE_E_UNSUPPORTED, "no direct storage on this test machine");
 }
 
 /* The paths a GPU takes, run on the CPU: a CPU backend whose vtable says its
@@ -519,7 +547,8 @@ static void test_device_paths(void **state) {
     /* direct storage reads (a stand-in for cuFile), then a backend that
      * refuses them: the first refusal turns them off with a notice, and the
      * run goes on through the bounce buffer */
-    tide_status (*const reads[2])(tide_backend *, int, uint64_t, void *, size_t) = {fake_file_read, no_file_read};
+    tide_status (*const reads[2])(tide_backend *, void *, int, uint64_t, void *, size_t) = {fake_file_read,
+                                                                                          no_file_read};
     for (int k = 0; k < 2; k++) {
         dev_vt.file_read = reads[k];
         direct_reads = 0;
@@ -847,24 +876,25 @@ static void test_async_issue(void **state) {
  * run on the same executor is right. Progress of an asynchronous run reports
  * each layer once, in order. */
 static int fail_kind, fail_at, fail_calls;
-static tide_status (*real_wait)(tide_backend *, void *), (*real_record)(tide_backend *, void *),
-    (*real_sync)(tide_backend *, void *);
+static tide_status (*real_wait)(tide_backend *, void *, void *), (*real_record)(tide_backend *, void *, void *),
+    (*real_sync)(tide_backend *, void *, void *);
 static pthread_mutex_t fail_mu = PTHREAD_MUTEX_INITIALIZER;
-static bool fail_now(int kind, tide_backend *be) {
+/* The failure goes where the queue's errors go (a worker's own context). */
+static bool fail_now(int kind, tide_backend *be, void *q) {
     pthread_mutex_lock(&fail_mu);
     bool f = kind == fail_kind && ++fail_calls == fail_at;
     pthread_mutex_unlock(&fail_mu);
-    if (f) tide_err(be->ctx, TIDE_E_BACKEND, "injected event failure");
+    if (f) tide_err(tide_backend_queue_ctx(be, q), TIDE_E_BACKEND, "injected event failure");
     return f;
 }
-static tide_status failing_wait(tide_backend *be, void *ev) {
-    return fail_now(0, be) ? TIDE_E_BACKEND : real_wait(be, ev);
+static tide_status failing_wait(tide_backend *be, void *q, void *ev) {
+    return fail_now(0, be, q) ? TIDE_E_BACKEND : real_wait(be, q, ev);
 }
-static tide_status failing_record(tide_backend *be, void *ev) {
-    return fail_now(1, be) ? TIDE_E_BACKEND : real_record(be, ev);
+static tide_status failing_record(tide_backend *be, void *q, void *ev) {
+    return fail_now(1, be, q) ? TIDE_E_BACKEND : real_record(be, q, ev);
 }
-static tide_status failing_sync(tide_backend *be, void *ev) {
-    return fail_now(2, be) ? TIDE_E_BACKEND : real_sync(be, ev);
+static tide_status failing_sync(tide_backend *be, void *q, void *ev) {
+    return fail_now(2, be, q) ? TIDE_E_BACKEND : real_sync(be, q, ev);
 }
 
 static uint64_t layers_seen[64], items_at[64];
@@ -955,6 +985,201 @@ static void test_async_failures(void **state) {
                      (unsigned long long)(items_at[l] - items0), (unsigned long long)ops_through[l]);
     }
 
+    tide_backend_free(ab);
+    free(ref);
+    env_close(&e);
+}
+
+/* Two streams of one run failing at the same moment (E4): the EMBED of a bad
+ * token on the compute stream and a host-to-device copy (a LOAD on another
+ * stream) meet at a rendezvous, then fail together, each into its own
+ * worker's context: the kernel's range error and an injected copy failure.
+ * The run returns one error, naming one of the two causes and not the other,
+ * and the caller's context holds it; under ThreadSanitizer nothing races
+ * (when the workers wrote the executor's context, this test raced there).
+ * Then an SSD read failing on the io stream (fail_ssd_read_nth) while the bad
+ * token fails the compute stream, the same. */
+static pthread_mutex_t rv_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t rv_cv = PTHREAD_COND_INITIALIZER;
+static bool rv_compute, rv_copy, rv_met; /* at the rendezvous: the EMBED, a copy; they met */
+static tide_status (*real_compute)(tide_backend *, void *, const tide_graph *, const tide_op *, void *const *,
+                                   void *const *, void *);
+static tide_status (*real_to_device)(tide_backend *, void *, void *, const void *, size_t);
+
+/* Waits (rv_mu held) until the two met or ms milliseconds passed. */
+static void rv_wait(int ms) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += (long)(ms % 1000) * 1000000L;
+    until.tv_sec += ms / 1000 + until.tv_nsec / 1000000000L;
+    until.tv_nsec %= 1000000000L;
+    while (!rv_met && pthread_cond_timedwait(&rv_cv, &rv_mu, &until) == 0) {
+    }
+}
+
+/* The EMBED waits (2 s at most) for a copy to meet, then fails for real. */
+static tide_status meeting_compute(tide_backend *be, void *q, const tide_graph *g, const tide_op *op,
+                                   void *const *in, void *const *out, void *scratch) {
+    if (op->kind == TIDE_OP_EMBED) {
+        pthread_mutex_lock(&rv_mu);
+        rv_compute = true;
+        rv_met = rv_copy;
+        pthread_cond_broadcast(&rv_cv);
+        rv_wait(2000);
+        pthread_mutex_unlock(&rv_mu);
+    }
+    return real_compute(be, q, g, op, in, out, scratch);
+}
+
+/* Each copy waits a little for the EMBED (the EMBED's own inputs time out
+ * and are copied); the one waiting when the EMBED comes fails with it. */
+static tide_status meeting_to_device(tide_backend *be, void *q, void *dst, const void *src, size_t n) {
+    pthread_mutex_lock(&rv_mu);
+    bool fail = false;
+    if (!rv_met) {
+        rv_copy = true;
+        rv_met = rv_compute;
+        pthread_cond_broadcast(&rv_cv);
+        rv_wait(200);
+        fail = rv_met;
+        rv_copy = false;
+    }
+    pthread_mutex_unlock(&rv_mu);
+    if (fail) return tide_err(tide_backend_queue_ctx(be, q), TIDE_E_IO, "injected copy failure");
+    return real_to_device(be, q, dst, src, n);
+}
+
+/* One error, naming exactly one of the two causes (a and b), with its status. */
+static void one_cause(tide_status st, tide_ctx *ctx, tide_status sa, const char *a, tide_status sb,
+                      const char *b, int *seen_a, int *seen_b) {
+    const char *msg = tide_ctx_last_error(ctx);
+    bool has_a = strstr(msg, a) != NULL, has_b = strstr(msg, b) != NULL;
+    if (has_a == has_b || st != (has_a ? sa : sb) || tide_ctx_last_status(ctx) != st ||
+        strncmp(msg, "instruction ", 12))
+        fail_msg("status %s, message '%s': want one error naming '%s' or '%s'", tide_status_str(st), msg, a, b);
+    *(has_a ? seen_a : seen_b) += 1;
+}
+
+static void test_two_failures_at_once(void **state) {
+    (void)state;
+    env e = env_open(true);
+    tide_ctx *ctx = e.ctx;
+    tide_backend *be = e.be;
+    const tide_backend_vt *host_vt = be->vt;
+    tide_backend_vt vt = *host_vt;
+    vt.device_is_host = false; /* weights are LOADed: copies on the h2d stream */
+    real_compute = vt.compute;
+    real_to_device = vt.to_device;
+    vt.compute = meeting_compute;
+    vt.to_device = meeting_to_device;
+    be->vt = &vt;
+    int met = 0, range = 0, copy = 0;
+    enum { RUNS = 6 };
+    for (int r = 0; r < RUNS; r++) {
+        rv_compute = rv_copy = rv_met = false;
+        run_cfg rc = {.policy = TIDE_POLICY_TIDE, .fraction = 0.5, .eo = {.ssd_dirs = spill_dir}, .bad_token = true};
+        float *got = NULL;
+        tide_err_clear(ctx);
+        tide_status st = run_planned(ctx, e.ck, be, &rc, &got, NULL);
+        assert_null(got);
+        one_cause(st, ctx, TIDE_E_RANGE, "outside the vocabulary", TIDE_E_IO, "injected copy failure", &range, &copy);
+        met += rv_met;
+    }
+    be->vt = host_vt;
+    print_message("  %d runs, %d with both failing at once: %d reported the range error, %d the copy\n", RUNS, met,
+                  range, copy);
+    assert_int_equal(met, RUNS);
+
+    /* the io stream's SSD read and the compute stream's bad token */
+    range = 0;
+    int io = 0;
+    for (long n = 1; n <= 6; n++) {
+        run_cfg rc = {.policy = TIDE_POLICY_TIDE, .fraction = 0, .weights_on_ssd = true, .bad_token = true,
+                      .eo = {.ssd_dirs = spill_dir, .fail_ssd_read_nth = n}};
+        float *got = NULL;
+        tide_status st = run_planned(ctx, e.ck, be, &rc, &got, NULL);
+        assert_null(got);
+        one_cause(st, ctx, TIDE_E_RANGE, "outside the vocabulary", TIDE_E_IO, "SSD read", &range, &io);
+        assert_int_equal(dir_entries(spill_dir), 0);
+    }
+    print_message("  SSD read #1..6 failing too: %d reported the range error, %d the read\n", range, io);
+    env_close(&e);
+}
+
+/* Two executors of two plans (50% of the peak with weights on host; the
+ * minimum with weights on SSD) on ONE backend instance, run at the same time
+ * from two threads, each with its own context, run after run: every run's
+ * logits equal the unconstrained run's. On the CPU backend and on the
+ * asynchronous test backend (queues with random delays), where each
+ * executor's queues are its own. */
+typedef struct shared_arg {
+    planned *x;
+    tide_ctx *ctx;
+    const float *ref;
+    size_t nbytes;
+    pthread_barrier_t *start;
+    int runs, failed, wrong;
+    char why[TIDE_ERRMSG_MAX];
+} shared_arg;
+
+/* No cmocka asserts here: off the main thread. */
+static void *shared_runner(void *p) {
+    shared_arg *a = p;
+    for (int r = 0; r < a->runs; r++) {
+        pthread_barrier_wait(a->start); /* both runs start together */
+        memset(a->x->logits, 0, a->nbytes);
+        tide_status st = tide_exec_run(a->x->ex, NULL, NULL);
+        if (st && !a->failed++) snprintf(a->why, sizeof a->why, "%s", tide_ctx_last_error(a->ctx));
+        if (!st && memcmp(a->x->logits, a->ref, a->nbytes)) a->wrong++;
+    }
+    return NULL;
+}
+
+static void shared_backend_on(tide_backend *be, tide_checkpoint *ck, const float *ref, size_t nbytes) {
+    const run_cfg rc[2] = {
+        {.policy = TIDE_POLICY_TIDE, .fraction = 0.5, .eo = {.ssd_dirs = spill_dir}},
+        {.policy = TIDE_POLICY_TIDE, .fraction = 0, .weights_on_ssd = true, .eo = {.ssd_dirs = spill_dir}},
+    };
+    planned x[2];
+    shared_arg a[2];
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, 2);
+    for (int k = 0; k < 2; k++) {
+        tide_ctx *ctx = tide_ctx_new();
+        assert_non_null(ctx);
+        tide_status st = plan_prepare(ctx, ck, be, &rc[k], &x[k], NULL);
+        if (st) fail_msg("%s, plan %d: %s", tide_backend_name(be), k, tide_ctx_last_error(ctx));
+        a[k] = (shared_arg){.x = &x[k], .ctx = ctx, .ref = ref, .nbytes = nbytes, .start = &start, .runs = 4};
+    }
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, shared_runner, &a[k]), 0);
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < 2; k++) {
+        if (a[k].failed) fail_msg("%s, executor %d: %d runs failed: %s", tide_backend_name(be), k, a[k].failed,
+                                  a[k].why);
+        if (a[k].wrong) fail_msg("%s, executor %d: %d runs gave other logits", tide_backend_name(be), k, a[k].wrong);
+        planned_free(&x[k]);
+        tide_ctx_free(a[k].ctx);
+    }
+    pthread_barrier_destroy(&start);
+    assert_int_equal(dir_entries(spill_dir), 0);
+}
+
+static void test_shared_backend(void **state) {
+    (void)state;
+    env e = env_open(true);
+    const tide_llama_config *cfg = tide_checkpoint_config(e.ck);
+    size_t nbytes = (size_t)SEQ * cfg->vocab_size * sizeof(float);
+    float *ref = resident_logits(e.ck, e.be, e.ctx);
+    shared_backend_on(e.be, e.ck, ref, nbytes);
+    tide_backend *ab = NULL;
+    tide_async_opts ao = {.jitter_us = 200, .seed = 31};
+    assert_int_equal(tide_async_backend_new(e.ctx, &ao, &ab), TIDE_OK);
+    shared_backend_on(ab, e.ck, ref, nbytes);
+    uint64_t items = 0, blocked = 0;
+    tide_async_backend_counts(ab, &items, &blocked);
+    print_message("  two executors on one cpu-async backend: %llu items run, %llu waits held a queue\n",
+                  (unsigned long long)items, (unsigned long long)blocked);
     tide_backend_free(ab);
     free(ref);
     env_close(&e);
@@ -1053,11 +1278,11 @@ static void test_fresh_cache(void **state) {
     float qd[16] = {0}, cache[2][32] = {{0}}, od[16];
     int32_t pd[2] = {1, 2};
     void *ip[4] = {qd, qd, qd, pd}, *op_[3] = {od, cache[0], cache[1]};
-    assert_int_equal(be->vt->compute(be, g, &g->ops[0], ip, op_, NULL), TIDE_E_RANGE);
+    assert_int_equal(be->vt->compute(be, NULL, g, &g->ops[0], ip, op_, NULL), TIDE_E_RANGE);
     assert_non_null(strstr(tide_ctx_last_error(ctx), "fresh"));
     pd[0] = 0;
     pd[1] = 1;
-    assert_int_equal(be->vt->compute(be, g, &g->ops[0], ip, op_, NULL), TIDE_OK);
+    assert_int_equal(be->vt->compute(be, NULL, g, &g->ops[0], ip, op_, NULL), TIDE_OK);
     tide_graph_free(g);
     env_close(&e);
 }
@@ -1106,6 +1331,8 @@ int main(void) {
         cmocka_unit_test(test_device_paths),
         cmocka_unit_test(test_async_issue),
         cmocka_unit_test(test_async_failures),
+        cmocka_unit_test(test_two_failures_at_once),
+        cmocka_unit_test(test_shared_backend),
         cmocka_unit_test(test_generate_offloaded),
         cmocka_unit_test(test_pread_fallback),
         cmocka_unit_test(test_ssd_read_fault),

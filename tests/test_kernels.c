@@ -96,7 +96,7 @@ static int fx_op(fx *f, tide_op_kind kind, int n_in, const int *in, int n_out, c
 static tide_status fx_run_op(fx *f, const tide_op *op, void *const *in, void *const *out) {
     void *scratch = NULL;
     if (op->scratch_bytes) assert_int_equal(f->be->vt->alloc(f->be, op->scratch_bytes, &scratch), TIDE_OK);
-    tide_status st = f->be->vt->compute(f->be, f->g, op, in, out, scratch);
+    tide_status st = f->be->vt->compute(f->be, NULL, f->g, op, in, out, scratch);
     if (scratch) f->be->vt->dealloc(f->be, scratch);
     return st;
 }
@@ -282,8 +282,8 @@ static void test_backend_basics(void **state) {
     assert_string_equal(tide_backend_name(f.be), "cpu");
     uint8_t *d = fx_buf(&f, 1000), host[1000], back[1000];
     for (int i = 0; i < 1000; i++) host[i] = (uint8_t)(i * 7);
-    assert_int_equal(f.be->vt->to_device(f.be, d, host, sizeof host), TIDE_OK);
-    assert_int_equal(f.be->vt->to_host(f.be, back, d, sizeof back), TIDE_OK);
+    assert_int_equal(f.be->vt->to_device(f.be, NULL, d, host, sizeof host), TIDE_OK);
+    assert_int_equal(f.be->vt->to_host(f.be, NULL, back, d, sizeof back), TIDE_OK);
     assert_memory_equal(host, back, sizeof host);
     void *z = fx_buf(&f, 0); /* zero bytes is a valid allocation */
     assert_non_null(z);
@@ -476,7 +476,7 @@ static void test_matmul_tiny_scratch(void **state) {
     fill(wsrc, N * K, 1.0f);
     store_as(wsrc, TIDE_BF16, wb, wex, N * K);
     void *ip[2] = {xb, wb}, *op_[1] = {ob};
-    assert_int_equal(f.be->vt->compute(f.be, f.g, &op, ip, op_, NULL), TIDE_OK);
+    assert_int_equal(f.be->vt->compute(f.be, NULL, f.g, &op, ip, op_, NULL), TIDE_OK);
     check_matmul(xb, wex, ob, R, K, N, "bf16 no scratch");
     fx_close(&f);
 }

@@ -21,6 +21,16 @@
  *       by the queue itself.
  *   E3. The first failure stops every worker (ex->failed); the run returns that
  *       failure's status and message; no later instruction starts.
+ *   E4. Every stream worker issues on a queue of its own, made from the
+ *       backend in tide_exec_new (queue_new), and records its failures, and
+ *       those of the calls on its queue, in a context of its own (worker.ctx).
+ *       fail_run copies the first of them under ex->mu; tide_exec_run reports
+ *       it once, on ex->ctx, from the calling thread. No worker writes ex->ctx
+ *       or be->ctx (a progress report writes no error), so two workers failing
+ *       at once do not race, and executors sharing one backend (two models)
+ *       may run at the same time from different threads, each on its own
+ *       queues and contexts. Only a backend without queue_new falls back to
+ *       its default queue, whose errors land on be->ctx.
  *   The executor makes no decision: offsets, tiers and order all come from the
  *   plan, which tide_plan_verify has proven safe.
  *
@@ -65,10 +75,14 @@ typedef struct home_ref {
     ino_t ino;
 } home_ref;
 
-typedef struct worker_arg {
+/* A stream's worker. */
+typedef struct worker {
     tide_exec *ex;
     int stream;
-} worker_arg;
+    void *q;       /* its queue (NULL: the backend's default queue, on a backend
+                      without queue_new) */
+    tide_ctx *ctx; /* its own (E4): its queue's errors and its own messages */
+} worker;
 
 struct tide_exec {
     tide_ctx *ctx;
@@ -101,7 +115,10 @@ struct tide_exec {
      * (a decoding step is short; starting threads for each would show) */
     pthread_t th[TIDE_STREAM_COUNT];
     bool th_started[TIDE_STREAM_COUNT];
-    worker_arg wa[TIDE_STREAM_COUNT];
+    worker wk[TIDE_STREAM_COUNT];  /* of the streams with instructions (ctx set) */
+    tide_ctx *ssd_ctx;          /* the SSD store's messages: used by the io worker
+                                   and its reader thread, one at a time, and
+                                   copied onto the io worker's context */
     pthread_mutex_t pool_mu;
     pthread_cond_t pool_go, pool_idle;
     uint64_t run_gen;           /* runs started */
@@ -125,6 +142,7 @@ struct tide_exec {
 static const char *tname(const tide_exec *ex, int t) { return ex->g->tensors[t].name; }
 static tide_status make_events(tide_exec *ex, bool sync_issue, bool timed);
 static tide_status make_time_events(tide_exec *ex);
+static tide_status make_workers(tide_exec *ex);
 
 /* ---------------------------------------------------------------- setup */
 
@@ -137,7 +155,7 @@ static tide_status alloc_host_pool(tide_exec *ex, size_t n, bool no_pin) {
         ex->host_pinned = ex->host_by_backend = true;
         return TIDE_OK;
     }
-    tide_err_clear(ex->ctx);
+    tide_err_clear(be->ctx);
     void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
         return tide_err(ex->ctx, TIDE_E_NOMEM, "cannot reserve %zu bytes of host spill memory: %s", n,
@@ -224,7 +242,7 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
         ex->arena_lent = true;
     } else if ((st = be->vt->alloc(be, p->device_budget ? p->device_budget : 1, (void **)&ex->arena))) {
         st = tide_err(ctx, st, "cannot allocate the device arena of %llu bytes: %s",
-                      (unsigned long long)p->device_budget, tide_ctx_last_error(ctx));
+                      (unsigned long long)p->device_budget, tide_ctx_last_error(be->ctx));
         goto fail;
     }
     if ((st = alloc_host_pool(ex, p->host_spill_bytes, opts->no_pin))) goto fail;
@@ -236,7 +254,7 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
             be->vt->host_alloc(be, BOUNCE_BYTES, (void **)&ex->bounce) == TIDE_OK) {
             ex->bounce_by_backend = true;
         } else {
-            tide_err_clear(ctx);
+            tide_err_clear(be->ctx);
             ex->bounce = tide_malloc_aligned(BOUNCE_BYTES, ALIGN);
         }
         if (!ex->bounce) {
@@ -255,14 +273,40 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
                             .fail_write_nth = opts->fail_ssd_write_nth,
                             .fallocate_enospc_dir = opts->fail_ssd_enospc ? 1 : 0};
         uint64_t cap = (p->ssd_spill_bytes + ALIGN - 1) / ALIGN * ALIGN + ALIGN;
-        if ((st = tide_ssd_open(ctx, list, n, cap, &so, &ex->ssd))) goto fail;
+        if (!(ex->ssd_ctx = tide_ctx_new())) {
+            st = tide_err(ctx, TIDE_E_NOMEM, "out of memory creating the executor");
+            goto fail;
+        }
+        if ((st = tide_ssd_open(ex->ssd_ctx, list, n, cap, &so, &ex->ssd))) {
+            st = tide_err(ctx, st, "%s", tide_ctx_last_error(ex->ssd_ctx));
+            goto fail;
+        }
         tide_ssd_register(ex->ssd, ex->bounce, BOUNCE_BYTES);
     }
+    if ((st = make_workers(ex))) goto fail;
     *out = ex;
     return TIDE_OK;
 fail:
     tide_exec_free(ex);
     return st;
+}
+
+/* E4: a context and a queue for each stream with instructions; the io
+ * stream's work is done by the host, so its queue is synchronous. */
+static tide_status make_workers(tide_exec *ex) {
+    tide_backend *be = ex->be;
+    for (int s = 0; s < TIDE_STREAM_COUNT; s++) {
+        if (!ex->stream_n[s]) continue;
+        worker *w = &ex->wk[s];
+        *w = (worker){.ex = ex, .stream = s, .ctx = tide_ctx_new()};
+        if (!w->ctx) return tide_err(ex->ctx, TIDE_E_NOMEM, "out of memory creating the executor");
+        if (!be->vt->queue_new) continue;
+        tide_status st = be->vt->queue_new(be, w->ctx, ex->async && s != TIDE_STREAM_IO, &w->q);
+        if (st)
+            return tide_err(ex->ctx, st, "cannot create the %s stream's queue: %s", tide_stream_name(s),
+                            tide_ctx_last_error(w->ctx));
+    }
+    return TIDE_OK;
 }
 
 /* Asynchronous issue: one event per instruction that an instruction of another
@@ -281,12 +325,13 @@ static tide_status make_events(tide_exec *ex, bool sync_issue, bool timed) {
             int w = p->waits[in->wait_at + k];
             if (p->ins[w].stream == in->stream || ex->ev[w]) continue;
             tide_status st = be->vt->event_new(be, false, &ex->ev[w]);
-            if (st) return tide_err(ex->ctx, st, "cannot create the executor's events: %s", tide_ctx_last_error(ex->ctx));
+            if (st)
+                return tide_err(ex->ctx, st, "cannot create the executor's events: %s", tide_ctx_last_error(be->ctx));
         }
     }
     for (int k = 0; k < 2; k++) {
         tide_status st = be->vt->event_new(be, false, &ex->ev_layer[k]);
-        if (st) return tide_err(ex->ctx, st, "cannot create the executor's events: %s", tide_ctx_last_error(ex->ctx));
+        if (st) return tide_err(ex->ctx, st, "cannot create the executor's events: %s", tide_ctx_last_error(be->ctx));
     }
     return timed ? make_time_events(ex) : TIDE_OK;
 }
@@ -299,7 +344,7 @@ static tide_status make_time_events(tide_exec *ex) {
     for (int i = 0; i < n; i++) {
         tide_status st = ex->be->vt->event_new(ex->be, true, &ex->ev_time[i]);
         if (st) return tide_err(ex->ctx, st, "cannot create the executor's timing events: %s",
-                                tide_ctx_last_error(ex->ctx));
+                                tide_ctx_last_error(ex->be->ctx));
     }
     return TIDE_OK;
 }
@@ -341,6 +386,10 @@ static void stop_workers(tide_exec *ex) {
 void tide_exec_free(tide_exec *ex) {
     if (!ex) return;
     stop_workers(ex);
+    /* the queues first: freeing one waits for its work, which may use the
+     * events and the memory below */
+    for (int s = 0; s < TIDE_STREAM_COUNT; s++)
+        if (ex->wk[s].q) ex->be->vt->queue_free(ex->be, ex->wk[s].q);
     free_events(ex);
     if (ex->arena && !ex->arena_lent) ex->be->vt->dealloc(ex->be, ex->arena);
     if (ex->host_pool && ex->host_by_backend) {
@@ -350,6 +399,8 @@ void tide_exec_free(tide_exec *ex) {
         munmap(ex->host_pool, ex->host_pool_bytes);
     }
     tide_ssd_close(ex->ssd);
+    tide_ctx_free(ex->ssd_ctx);
+    for (int s = 0; s < TIDE_STREAM_COUNT; s++) tide_ctx_free(ex->wk[s].ctx);
     if (ex->bounce_by_backend) ex->be->vt->host_free(ex->be, ex->bounce);
     else tide_free_aligned(ex->bounce);
     if (ex->home)
@@ -416,16 +467,31 @@ tide_status tide_exec_bind_file(tide_exec *ex, int t, const char *path, uint64_t
 
 /* ---------------------------------------------------------------- transfers */
 
-static tide_status fail_io(tide_exec *ex, int i, const char *what) {
+/* The context a backend call on w's queue recorded its error on. */
+static tide_ctx *queue_ctx(const worker *w) { return tide_backend_queue_ctx(w->ex->be, w->q); }
+
+/* A failed SSD store call (its message is on ex->ssd_ctx), recorded on w's
+ * context; the store is idle, so its context is not being written. */
+static tide_status ssd_fail(worker *w, tide_status st) {
+    return tide_err(w->ctx, st, "%s", tide_ctx_last_error(w->ex->ssd_ctx));
+}
+
+/* A failed backend call on w's queue, on w's context. */
+static tide_status queue_fail(worker *w, tide_status st) {
+    return w->q ? st : tide_err(w->ctx, st, "%s", tide_ctx_last_error(queue_ctx(w)));
+}
+
+static tide_status fail_io(worker *w, int i, const char *what) {
+    tide_exec *ex = w->ex;
     const tide_ins *in = &ex->p->ins[i];
-    return tide_err(ex->ctx, tide_ctx_last_status(ex->ctx) ? tide_ctx_last_status(ex->ctx) : TIDE_E_IO,
+    return tide_err(w->ctx, tide_ctx_last_status(w->ctx) ? tide_ctx_last_status(w->ctx) : TIDE_E_IO,
                     "instruction %d (%s '%s', iteration %d): %s: %s", i, tide_ins_name(in->kind),
-                    tname(ex, in->tensor), in->iter, what, tide_ctx_last_error(ex->ctx));
+                    tname(ex, in->tensor), in->iter, what, tide_ctx_last_error(w->ctx));
 }
 
 /* One bounce-buffer read: the 4 KiB-aligned span holding the start of
  * [off, off+n), at most cap bytes, into buf; *skip is where off lies in buf and
- * *take how many of its bytes belong to the extent. */
+ * *take how many of its bytes belong to the extent. Errors on ex->ssd_ctx. */
 static tide_status read_chunk(tide_exec *ex, int fd, bool direct, uint64_t off, uint64_t n, unsigned char *buf,
                               uint64_t cap, uint64_t *skip, uint64_t *take) {
     uint64_t a0 = off & ~(uint64_t)(ALIGN - 1);
@@ -436,14 +502,16 @@ static tide_status read_chunk(tide_exec *ex, int fd, bool direct, uint64_t off, 
     if (direct) return tide_ssd_read_file(ex->ssd, fd, a0, buf, span);
     ssize_t r = pread(fd, buf + *skip, *take, (off_t)off);
     return r == (ssize_t)*take ? TIDE_OK
-                               : tide_err(ex->ctx, TIDE_E_IO, "read of %llu bytes at %llu: %s",
+                               : tide_err(ex->ssd_ctx, TIDE_E_IO, "read of %llu bytes at %llu: %s",
                                           (unsigned long long)*take, (unsigned long long)off,
                                           r < 0 ? strerror(errno) : "short read");
 }
 
 /* A read from SSD to device memory through the two halves of the bounce
  * buffer: a reader thread fills one half while this thread copies the other
- * to the device, so the drive and the host link work at the same time. */
+ * to the device, so the drive and the host link work at the same time. The
+ * reader's errors go to ex->ssd_ctx (which nothing else uses meanwhile), the
+ * copies' to w's. */
 typedef struct dbuf {
     tide_exec *ex;
     int fd;
@@ -488,8 +556,9 @@ static void *dbuf_reader(void *arg) {
     }
 }
 
-static tide_status ssd_read_to_device_pipelined(tide_exec *ex, int fd, bool direct, uint64_t off,
+static tide_status ssd_read_to_device_pipelined(worker *w, int fd, bool direct, uint64_t off,
                                                 unsigned char *dst, uint64_t n) {
+    tide_exec *ex = w->ex;
     dbuf d = {.ex = ex, .fd = fd, .direct = direct, .off = off, .n = n,
               .half = {ex->bounce, ex->bounce + HALF_BYTES}};
     pthread_mutex_init(&d.mu, NULL);
@@ -499,7 +568,7 @@ static tide_status ssd_read_to_device_pipelined(tide_exec *ex, int fd, bool dire
     if (rc != 0) {
         pthread_cond_destroy(&d.cv);
         pthread_mutex_destroy(&d.mu);
-        return tide_err(ex->ctx, TIDE_E_NOMEM, "cannot start the SSD reader thread: %s", strerror(rc));
+        return tide_err(w->ctx, TIDE_E_NOMEM, "cannot start the SSD reader thread: %s", strerror(rc));
     }
     tide_status st = TIDE_OK;
     for (int k = 0; !st; k++) {
@@ -508,10 +577,10 @@ static tide_status ssd_read_to_device_pipelined(tide_exec *ex, int fd, bool dire
         bool have = d.filled > k;
         uint64_t skip = d.skip[k & 1], take = d.take[k & 1];
         bool last = have && d.done && d.filled == k + 1;
-        if (!have) st = d.st;
         pthread_mutex_unlock(&d.mu);
         if (!have) break;
-        st = ex->be->vt->to_device(ex->be, dst, d.half[k & 1] + skip, take);
+        st = ex->be->vt->to_device(ex->be, w->q, dst, d.half[k & 1] + skip, take);
+        if (st) st = queue_fail(w, st);
         dst += take;
         pthread_mutex_lock(&d.mu);
         d.copied = k + 1;
@@ -521,7 +590,7 @@ static tide_status ssd_read_to_device_pipelined(tide_exec *ex, int fd, bool dire
         if (last) break;
     }
     pthread_join(th, NULL);
-    if (!st) st = d.st;
+    if (!st && d.st) st = ssd_fail(w, d.st); /* the reader is done: its message is final */
     pthread_cond_destroy(&d.cv);
     pthread_mutex_destroy(&d.mu);
     return st;
@@ -529,9 +598,10 @@ static tide_status ssd_read_to_device_pipelined(tide_exec *ex, int fd, bool dire
 
 /* Reads [off, off+n) of a file or the SSD store into dst (host memory, or
  * device memory when to_device), via the bounce buffer when dst or the extent
- * is not 4 KiB aligned. */
-static tide_status ssd_read_into(tide_exec *ex, int fd, bool direct, uint64_t off, unsigned char *dst,
+ * is not 4 KiB aligned. Errors on w's context. */
+static tide_status ssd_read_into(worker *w, int fd, bool direct, uint64_t off, unsigned char *dst,
                                  uint64_t n, bool to_device) {
+    tide_exec *ex = w->ex;
     /* Host-addressable destination with aligned extents: the store reads the
      * whole aligned part straight into it, many requests in flight; only a
      * partial last page goes through the bounce buffer. */
@@ -540,7 +610,7 @@ static tide_status ssd_read_into(tide_exec *ex, int fd, bool direct, uint64_t of
         uint64_t bulk = n & ~(uint64_t)(ALIGN - 1);
         tide_status st = fd < 0 ? tide_ssd_read(ex->ssd, off, dst, bulk)
                                 : tide_ssd_read_file(ex->ssd, fd, off, dst, bulk);
-        if (st) return st;
+        if (st) return ssd_fail(w, st);
         off += bulk;
         dst += bulk;
         n -= bulk;
@@ -548,22 +618,21 @@ static tide_status ssd_read_into(tide_exec *ex, int fd, bool direct, uint64_t of
     /* a file straight into device memory (GPUDirect Storage) where it works;
      * the first refusal turns it off for this executor, with a notice */
     if (!host_dst && fd >= 0 && ex->direct_storage && n > 0) {
-        tide_status st = ex->be->vt->file_read(ex->be, fd, off, dst, n);
-        if (st != TIDE_E_UNSUPPORTED) return st;
+        tide_status st = ex->be->vt->file_read(ex->be, w->q, fd, off, dst, n);
+        if (st != TIDE_E_UNSUPPORTED) return st ? queue_fail(w, st) : TIDE_OK;
         ex->direct_storage = false;
-        /* the message stays on the context too: clearing it here could wipe
-         * another stream's failure */
-        snprintf(ex->notice, sizeof ex->notice, "direct storage reads are off: %s", tide_ctx_last_error(ex->ctx));
+        snprintf(ex->notice, sizeof ex->notice, "direct storage reads are off: %s",
+                 tide_ctx_last_error(queue_ctx(w)));
     }
     /* device memory, more than one half of the bounce buffer: pipelined */
-    if (!host_dst && n > HALF_BYTES) return ssd_read_to_device_pipelined(ex, fd, direct, off, dst, n);
+    if (!host_dst && n > HALF_BYTES) return ssd_read_to_device_pipelined(w, fd, direct, off, dst, n);
     while (n > 0) {
         uint64_t skip = 0, take = 0;
         tide_status st = read_chunk(ex, fd, direct, off, n, ex->bounce, BOUNCE_BYTES, &skip, &take);
-        if (st) return st;
-        st = to_device ? ex->be->vt->to_device(ex->be, dst, ex->bounce + skip, take)
-                       : (memcpy(dst, ex->bounce + skip, take), TIDE_OK);
-        if (st) return st;
+        if (st) return ssd_fail(w, st);
+        if (to_device && (st = ex->be->vt->to_device(ex->be, w->q, dst, ex->bounce + skip, take)))
+            return queue_fail(w, st);
+        if (!to_device) memcpy(dst, ex->bounce + skip, take);
         off += take;
         dst += take;
         n -= take;
@@ -572,9 +641,11 @@ static tide_status ssd_read_into(tide_exec *ex, int fd, bool direct, uint64_t of
 }
 
 /* Writes src (device memory when from_device) to [off, off+n) of the SSD store;
- * partial 4 KiB pages at the edges are read first and merged. */
-static tide_status ssd_write_from(tide_exec *ex, uint64_t off, const unsigned char *src, uint64_t n,
+ * partial 4 KiB pages at the edges are read first and merged. Errors on w's
+ * context. */
+static tide_status ssd_write_from(worker *w, uint64_t off, const unsigned char *src, uint64_t n,
                                   bool from_device) {
+    tide_exec *ex = w->ex;
     while (n > 0) {
         uint64_t a0 = off & ~(uint64_t)(ALIGN - 1);
         uint64_t skip = off - a0;
@@ -586,11 +657,11 @@ static tide_status ssd_write_from(tide_exec *ex, uint64_t off, const unsigned ch
         if (skip) st = tide_ssd_read(ex->ssd, a0, ex->bounce, ALIGN);
         if (!st && (end & (ALIGN - 1)) && (last != 0 || !skip))
             st = tide_ssd_read(ex->ssd, a0 + last, ex->bounce + last, ALIGN);
-        if (st) return st;
-        st = from_device ? ex->be->vt->to_host(ex->be, ex->bounce + skip, src, take)
-                         : (memcpy(ex->bounce + skip, src, take), TIDE_OK);
-        if (!st) st = tide_ssd_write(ex->ssd, a0, ex->bounce, span);
-        if (st) return st;
+        if (st) return ssd_fail(w, st);
+        if (from_device && (st = ex->be->vt->to_host(ex->be, w->q, ex->bounce + skip, src, take)))
+            return queue_fail(w, st);
+        if (!from_device) memcpy(ex->bounce + skip, src, take);
+        if ((st = tide_ssd_write(ex->ssd, a0, ex->bounce, span))) return ssd_fail(w, st);
         off += take;
         src += take;
         n -= take;
@@ -598,7 +669,8 @@ static tide_status ssd_write_from(tide_exec *ex, uint64_t off, const unsigned ch
     return TIDE_OK;
 }
 
-static tide_status run_load(tide_exec *ex, int i) {
+static tide_status run_load(worker *w, int i) {
+    tide_exec *ex = w->ex;
     const tide_ins *in = &ex->p->ins[i];
     const tide_tensor *t = &ex->g->tensors[in->tensor];
     unsigned char *dst = ex->arena + in->dev_off[0];
@@ -606,72 +678,78 @@ static tide_status run_load(tide_exec *ex, int i) {
     tide_status st;
     if (in->src == TIDE_TIER_HOST) {
         const void *src = in->tier_off == TIDE_HOME ? ex->home[in->tensor].host : ex->host_pool + in->tier_off;
-        if (!src) return tide_err(ex->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no host home bound", i, t->name);
-        st = be->vt->to_device(be, dst, src, t->nbytes);
+        if (!src) return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no host home bound", i, t->name);
+        if ((st = be->vt->to_device(be, w->q, dst, src, t->nbytes))) st = queue_fail(w, st);
         ex->bytes[0] += t->nbytes;
-        return st ? fail_io(ex, i, "host to device copy") : TIDE_OK;
+        return st ? fail_io(w, i, "host to device copy") : TIDE_OK;
     }
     double t0 = tide_now();
     const home_ref *h = &ex->home[in->tensor];
     if (in->tier_off == TIDE_HOME) {
-        if (h->fd >= 0) st = ssd_read_into(ex, h->fd, h->direct, h->file_off, dst, t->nbytes, true);
-        else if (h->host) st = be->vt->to_device(be, dst, h->host, t->nbytes); /* home mapped in memory */
-        else return tide_err(ex->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no SSD home bound", i, t->name);
+        if (h->fd >= 0) st = ssd_read_into(w, h->fd, h->direct, h->file_off, dst, t->nbytes, true);
+        else if (!h->host)
+            return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no SSD home bound", i, t->name);
+        else if ((st = be->vt->to_device(be, w->q, dst, h->host, t->nbytes))) /* home mapped in memory */
+            st = queue_fail(w, st);
     } else {
-        st = ssd_read_into(ex, -1, true, in->tier_off, dst, t->nbytes, true);
+        st = ssd_read_into(w, -1, true, in->tier_off, dst, t->nbytes, true);
     }
     ex->ssd_read_s += tide_now() - t0;
     ex->bytes[2] += t->nbytes;
-    return st ? fail_io(ex, i, "SSD read") : TIDE_OK;
+    return st ? fail_io(w, i, "SSD read") : TIDE_OK;
 }
 
-static tide_status run_store(tide_exec *ex, int i) {
+static tide_status run_store(worker *w, int i) {
+    tide_exec *ex = w->ex;
     const tide_ins *in = &ex->p->ins[i];
     const tide_tensor *t = &ex->g->tensors[in->tensor];
     const unsigned char *src = ex->arena + in->dev_off[0];
     tide_status st;
     if (in->dst == TIDE_TIER_HOST) {
         void *dst = in->tier_off == TIDE_HOME ? ex->home[in->tensor].host : ex->host_pool + in->tier_off;
-        if (!dst) return tide_err(ex->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no host home bound", i, t->name);
-        st = ex->be->vt->to_host(ex->be, dst, src, t->nbytes);
+        if (!dst) return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no host home bound", i, t->name);
+        if ((st = ex->be->vt->to_host(ex->be, w->q, dst, src, t->nbytes))) st = queue_fail(w, st);
         ex->bytes[1] += t->nbytes;
-        return st ? fail_io(ex, i, "device to host copy") : TIDE_OK;
+        return st ? fail_io(w, i, "device to host copy") : TIDE_OK;
     }
     if (in->tier_off == TIDE_HOME)
-        return tide_err(ex->ctx, TIDE_E_UNSUPPORTED, "instruction %d: '%s' would be written to its SSD home; "
+        return tide_err(w->ctx, TIDE_E_UNSUPPORTED, "instruction %d: '%s' would be written to its SSD home; "
                         "only weights are homed on SSD and they are never written", i, t->name);
-    st = ssd_write_from(ex, in->tier_off, src, t->nbytes, true);
+    st = ssd_write_from(w, in->tier_off, src, t->nbytes, true);
     ex->bytes[3] += t->nbytes;
-    return st ? fail_io(ex, i, "SSD write") : TIDE_OK;
+    return st ? fail_io(w, i, "SSD write") : TIDE_OK;
 }
 
-static tide_status run_move(tide_exec *ex, int i) {
+static tide_status run_move(worker *w, int i) {
+    tide_exec *ex = w->ex;
     const tide_ins *in = &ex->p->ins[i];
     const tide_tensor *t = &ex->g->tensors[in->tensor];
     if (in->tier_off == TIDE_HOME || in->src_off == TIDE_HOME)
-        return tide_err(ex->ctx, TIDE_E_UNSUPPORTED, "instruction %d: moves of home copies ('%s') are not supported", i, t->name);
+        return tide_err(w->ctx, TIDE_E_UNSUPPORTED, "instruction %d: moves of home copies ('%s') are not supported",
+                        i, t->name);
     tide_status st;
     if (in->src == TIDE_TIER_HOST && in->dst == TIDE_TIER_SSD) {
-        st = ssd_write_from(ex, in->tier_off, ex->host_pool + in->src_off, t->nbytes, false);
+        st = ssd_write_from(w, in->tier_off, ex->host_pool + in->src_off, t->nbytes, false);
         ex->bytes[3] += t->nbytes;
     } else {
-        st = ssd_read_into(ex, -1, true, in->src_off, ex->host_pool + in->tier_off, t->nbytes, false);
+        st = ssd_read_into(w, -1, true, in->src_off, ex->host_pool + in->tier_off, t->nbytes, false);
         ex->bytes[2] += t->nbytes;
     }
-    return st ? fail_io(ex, i, "move between host and SSD") : TIDE_OK;
+    return st ? fail_io(w, i, "move between host and SSD") : TIDE_OK;
 }
 
-static tide_status run_compute(tide_exec *ex, int i) {
+static tide_status run_compute(worker *w, int i) {
+    tide_exec *ex = w->ex;
     const tide_ins *in = &ex->p->ins[i];
     const tide_op *op = &ex->g->ops[in->op];
     void *ip[TIDE_OP_MAX_IN], *op_out[TIDE_OP_MAX_OUT];
     for (int j = 0; j < op->n_in; j++) ip[j] = ex->arena + in->dev_off[j];
     for (int j = 0; j < op->n_out; j++) op_out[j] = ex->arena + in->dev_off[op->n_in + j];
     void *scratch = op->scratch_bytes ? ex->arena + in->scratch_off : NULL;
-    tide_status st = ex->be->vt->compute(ex->be, ex->g, op, ip, op_out, scratch);
+    tide_status st = ex->be->vt->compute(ex->be, w->q, ex->g, op, ip, op_out, scratch);
     if (st)
-        return tide_err(ex->ctx, st, "instruction %d (%s, op %d, iteration %d): %s", i, tide_op_name(op->kind),
-                        in->op, in->iter, tide_ctx_last_error(ex->ctx));
+        return tide_err(w->ctx, st, "instruction %d (%s, op %d, iteration %d): %s", i, tide_op_name(op->kind),
+                        in->op, in->iter, tide_ctx_last_error(queue_ctx(w)));
     return TIDE_OK;
 }
 
@@ -692,11 +770,13 @@ static void mark_done(tide_exec *ex, int i) {
     pthread_mutex_unlock(&ex->mu);
 }
 
-static void fail_run(tide_exec *ex, tide_status st) {
+/* E3, E4: the first failure of the run, copied from its worker's context. */
+static void fail_run(worker *w, tide_status st) {
+    tide_exec *ex = w->ex;
     pthread_mutex_lock(&ex->mu);
     if (!atomic_load(&ex->failed)) {
         ex->fail_status = st;
-        snprintf(ex->fail_msg, sizeof ex->fail_msg, "%s", tide_ctx_last_error(ex->ctx));
+        snprintf(ex->fail_msg, sizeof ex->fail_msg, "%s", tide_ctx_last_error(w->ctx));
         atomic_store(&ex->failed, true);
     }
     pthread_cond_broadcast(&ex->cv);
@@ -713,87 +793,83 @@ static bool ends_layer(const tide_graph *g, int o) {
  * marks this one, so the worker stays at most two layers ahead of the device
  * and progress reports what has been computed. A failed report is the
  * backend's failure. */
-static tide_status layer_issued(tide_exec *ex, int layer, int *pending) {
+static tide_status layer_issued(worker *w, int layer, int *pending) {
+    tide_exec *ex = w->ex;
     tide_backend *be = ex->be;
     void *ev = ex->ev_layer[layer & 1];
     if (pending[layer & 1] >= 0) {
-        tide_status st = be->vt->event_sync(be, ev);
-        if (st) return st;
+        tide_status st = be->vt->event_sync(be, w->q, ev);
+        if (st) return queue_fail(w, st);
         tide_progress(ex->ctx, "layer", (uint64_t)pending[layer & 1] + 1, (uint64_t)ex->n_layers);
     }
     pending[layer & 1] = layer;
-    return be->vt->event_record(be, ev);
+    tide_status st = be->vt->event_record(be, w->q, ev);
+    return st ? queue_fail(w, st) : TIDE_OK;
 }
 
-/* Issues instruction i on the calling worker's stream. */
-static tide_status run_ins(tide_exec *ex, int i) {
-    switch (ex->p->ins[i].kind) {
-    case TIDE_INS_COMPUTE: return run_compute(ex, i);
-    case TIDE_INS_LOAD: return run_load(ex, i);
-    case TIDE_INS_STORE: return run_store(ex, i);
-    case TIDE_INS_MOVE: return run_move(ex, i);
+/* Issues instruction i on w's stream. */
+static tide_status run_ins(worker *w, int i) {
+    switch (w->ex->p->ins[i].kind) {
+    case TIDE_INS_COMPUTE: return run_compute(w, i);
+    case TIDE_INS_LOAD: return run_load(w, i);
+    case TIDE_INS_STORE: return run_store(w, i);
+    case TIDE_INS_MOVE: return run_move(w, i);
     case TIDE_INS_DROP: return TIDE_OK; /* the arena range is free once this completes */
-    default: return tide_err(ex->ctx, TIDE_E_INVALID, "instruction %d has kind %d", i, (int)ex->p->ins[i].kind);
+    default: return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d has kind %d", i, (int)w->ex->p->ins[i].kind);
     }
 }
 
 /* A failed event call on instruction i (tide_exec_run adds where to look for
  * the cause: with work queued ahead it may be an earlier instruction). */
-static tide_status event_fail(tide_exec *ex, int i, const char *what, tide_status st) {
+static tide_status event_fail(worker *w, int i, const char *what, tide_status st) {
+    tide_exec *ex = w->ex;
     const tide_ins *in = &ex->p->ins[i];
     char who[200];
     if (in->kind == TIDE_INS_COMPUTE)
         snprintf(who, sizeof who, "%s, op %d", tide_op_name(ex->g->ops[in->op].kind), in->op);
     else
         snprintf(who, sizeof who, "%s '%s'", tide_ins_name(in->kind), in->tensor >= 0 ? tname(ex, in->tensor) : "?");
-    return tide_err(ex->ctx, st, "instruction %d (%s): %s: %s", i, who, what, tide_ctx_last_error(ex->ctx));
+    return tide_err(w->ctx, st, "instruction %d (%s): %s: %s", i, who, what, tide_ctx_last_error(queue_ctx(w)));
 }
 
-/* One run of stream wa->stream's instructions. */
-static void worker_run(worker_arg *wa) {
-    tide_exec *ex = wa->ex;
+/* One run of stream w->stream's instructions. */
+static void worker_run(worker *w) {
+    tide_exec *ex = w->ex;
     tide_backend *be = ex->be;
     const tide_plan *p = ex->p;
-    /* the io stream's work is done by the host: it issues synchronously */
-    bool async = ex->async && wa->stream != TIDE_STREAM_IO;
+    /* the io stream's work is done by the host: its queue is synchronous */
+    bool async = ex->async && w->stream != TIDE_STREAM_IO;
     bool timed = ex->timeline && ex->async;
     int pending[2] = {-1, -1}; /* layers issued and not yet reported (async compute) */
-    if (be->vt->stream_begin) {
-        tide_status st = be->vt->stream_begin(be, wa->stream, async);
-        if (st) {
-            fail_run(ex, st);
-            return;
-        }
-    }
     tide_status st = TIDE_OK;
-    for (int k = 0; k < ex->stream_n[wa->stream] && !st; k++) {
-        int i = ex->stream_ins[wa->stream][k];
+    for (int k = 0; k < ex->stream_n[w->stream] && !st; k++) {
+        int i = ex->stream_ins[w->stream][k];
         const tide_ins *in = &p->ins[i];
-        for (int w = 0; w < in->n_wait && !st; w++) {
-            int j = p->waits[in->wait_at + w];
+        for (int j_ = 0; j_ < in->n_wait && !st; j_++) {
+            int j = p->waits[in->wait_at + j_];
             if (!wait_done(ex, j)) return;
-            if (ex->async && p->ins[j].stream != wa->stream) {
-                st = async ? be->vt->event_wait(be, ex->ev[j]) : be->vt->event_sync(be, ex->ev[j]);
+            if (ex->async && p->ins[j].stream != w->stream) {
+                st = async ? be->vt->event_wait(be, w->q, ex->ev[j]) : be->vt->event_sync(be, w->q, ex->ev[j]);
                 if (st) {
                     char what[64];
                     snprintf(what, sizeof what, "waiting for instruction %d", j);
-                    st = event_fail(ex, i, what, st);
+                    st = event_fail(w, i, what, st);
                 }
             }
         }
         if (st || atomic_load(&ex->failed)) break;
         double t0 = tide_now();
-        if (timed && (st = be->vt->event_record(be, ex->ev_time[2 * i]))) {
-            st = event_fail(ex, i, "recording its start", st);
+        if (timed && (st = be->vt->event_record(be, w->q, ex->ev_time[2 * i]))) {
+            st = event_fail(w, i, "recording its start", st);
             break;
         }
-        if ((st = run_ins(ex, i))) break;
-        if (timed && (st = be->vt->event_record(be, ex->ev_time[2 * i + 1]))) {
-            st = event_fail(ex, i, "recording its end", st);
+        if ((st = run_ins(w, i))) break;
+        if (timed && (st = be->vt->event_record(be, w->q, ex->ev_time[2 * i + 1]))) {
+            st = event_fail(w, i, "recording its end", st);
             break;
         }
-        if (ex->ev && ex->ev[i] && (st = be->vt->event_record(be, ex->ev[i]))) {
-            st = event_fail(ex, i, "recording its completion", st);
+        if (ex->ev && ex->ev[i] && (st = be->vt->event_record(be, w->q, ex->ev[i]))) {
+            st = event_fail(w, i, "recording its completion", st);
             break;
         }
         if (ex->timeline && !ex->async) {
@@ -805,8 +881,8 @@ static void worker_run(worker_arg *wa) {
         if (in->kind == TIDE_INS_COMPUTE && ends_layer(ex->g, in->op)) {
             if (!async)
                 tide_progress(ex->ctx, "layer", (uint64_t)ex->g->ops[in->op].layer + 1, (uint64_t)ex->n_layers);
-            else if ((st = layer_issued(ex, ex->g->ops[in->op].layer, pending)))
-                st = event_fail(ex, i, "keeping at most two layers ahead of the device", st);
+            else if ((st = layer_issued(w, ex->g->ops[in->op].layer, pending)))
+                st = event_fail(w, i, "keeping at most two layers ahead of the device", st);
         }
     }
     /* the last layers issued are reported once complete */
@@ -814,17 +890,17 @@ static void worker_run(worker_arg *wa) {
     for (int k = 0; k < 2 && !st && async; k++) {
         int slot = first ^ k;
         if (pending[slot] < 0) continue;
-        if (!(st = be->vt->event_sync(be, ex->ev_layer[slot])))
-            tide_progress(ex->ctx, "layer", (uint64_t)pending[slot] + 1, (uint64_t)ex->n_layers);
+        if ((st = be->vt->event_sync(be, w->q, ex->ev_layer[slot]))) st = queue_fail(w, st);
+        else tide_progress(ex->ctx, "layer", (uint64_t)pending[slot] + 1, (uint64_t)ex->n_layers);
     }
-    if (st) fail_run(ex, st);
+    if (st) fail_run(w, st);
 }
 
 /* A stream's worker thread: one run of its instructions per run started,
  * until the executor is freed. */
 static void *worker_main(void *arg) {
-    worker_arg *wa = arg;
-    tide_exec *ex = wa->ex;
+    worker *w = arg;
+    tide_exec *ex = w->ex;
     uint64_t seen = 0;
     for (;;) {
         pthread_mutex_lock(&ex->pool_mu);
@@ -833,7 +909,7 @@ static void *worker_main(void *arg) {
         seen = ex->run_gen;
         pthread_mutex_unlock(&ex->pool_mu);
         if (quit) return NULL;
-        worker_run(wa);
+        worker_run(w);
         pthread_mutex_lock(&ex->pool_mu);
         if (--ex->running == 0) pthread_cond_broadcast(&ex->pool_idle);
         pthread_mutex_unlock(&ex->pool_mu);
@@ -849,12 +925,36 @@ static tide_status read_timeline(tide_exec *ex) {
         double a = 0, b = 0;
         tide_status st = be->vt->event_elapsed(be, base, ex->ev_time[2 * i], &a);
         if (!st) st = be->vt->event_elapsed(be, base, ex->ev_time[2 * i + 1], &b);
-        if (st) return tide_err(ex->ctx, st, "reading the run's timeline: %s", tide_ctx_last_error(ex->ctx));
+        if (st) return tide_err(ex->ctx, st, "reading the run's timeline: %s", tide_ctx_last_error(be->ctx));
         ex->timeline[i].ins = i;
         ex->timeline[i].start_s = TIDE_MAX(a, 0.0);
         ex->timeline[i].end_s = TIDE_MAX(b, ex->timeline[i].start_s);
     }
     return TIDE_OK;
+}
+
+/* Waits for the work the run queued (every worker is idle): each queue's
+ * with queue_sync, whose errors land on the workers' contexts, else the
+ * whole backend's. Returns the first error, its message in msg. */
+static tide_status sync_queues(tide_exec *ex, char *msg, size_t cap) {
+    tide_backend *be = ex->be;
+    tide_status first = TIDE_OK;
+    if (!be->vt->queue_sync) {
+        first = be->vt->synchronize ? be->vt->synchronize(be) : TIDE_OK;
+        if (first) snprintf(msg, cap, "%s", tide_ctx_last_error(be->ctx));
+        return first;
+    }
+    /* every queue is waited for, whatever failed first */
+    for (int s = 0; s < TIDE_STREAM_COUNT; s++) {
+        worker *w = &ex->wk[s];
+        if (!w->ctx) continue;
+        tide_status st = be->vt->queue_sync(be, w->q);
+        if (st && !first) {
+            first = st;
+            snprintf(msg, cap, "%s", tide_ctx_last_error(queue_ctx(w)));
+        }
+    }
+    return first;
 }
 
 tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_stats *stats) {
@@ -874,14 +974,25 @@ tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_sta
     for (int k = 0; k < 4; k++) atomic_store(&ex->bytes[k], 0);
     ex->ssd_read_s = 0;
     ex->timeline = timeline;
+    /* the workers' contexts start clean, with the caller's thread count (the
+     * CPU kernels read it from the context of the queue they run on) */
+    worker *base_w = NULL;
+    for (int s = 0; s < TIDE_STREAM_COUNT; s++) {
+        worker *w = &ex->wk[s];
+        if (!w->ctx) continue;
+        tide_err_clear(w->ctx);
+        tide_ctx_set_threads(w->ctx, tide_ctx_threads(ex->ctx));
+        if (!base_w) base_w = w;
+    }
     tide_status st = TIDE_OK;
     if (timeline && ex->async) {
         if (!ex->ev_time)
             return tide_err(ex->ctx, TIDE_E_INVALID, "a timeline was asked of an executor made without "
                             "timing events (tide_exec_opts.timed)");
-        /* the base every timing event is measured from, first on queue 0 */
-        if ((st = ex->be->vt->event_record(ex->be, ex->ev_time[2 * p->n_ins])))
-            return tide_err(ex->ctx, st, "starting the run's timeline: %s", tide_ctx_last_error(ex->ctx));
+        /* the base every timing event is measured from, on the first
+         * stream's queue before anything is queued (its worker is idle) */
+        if (base_w && (st = ex->be->vt->event_record(ex->be, base_w->q, ex->ev_time[2 * p->n_ins])))
+            return tide_err(ex->ctx, st, "starting the run's timeline: %s", tide_ctx_last_error(queue_ctx(base_w)));
     }
     ex->t0 = tide_now();
     /* the workers of streams with instructions, started once */
@@ -890,8 +1001,7 @@ tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_sta
         if (!ex->stream_n[s]) continue;
         active++;
         if (ex->th_started[s]) continue;
-        ex->wa[s] = (worker_arg){ex, s};
-        int rc = pthread_create(&ex->th[s], NULL, worker_main, &ex->wa[s]);
+        int rc = pthread_create(&ex->th[s], NULL, worker_main, &ex->wk[s]);
         if (rc != 0)
             st = tide_err(ex->ctx, TIDE_E_NOMEM, "cannot start the %s stream's thread: %s", tide_stream_name(s),
                           strerror(rc));
@@ -906,18 +1016,18 @@ tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_sta
     pthread_mutex_unlock(&ex->pool_mu);
     /* always: after a failure, work already queued must finish before the
      * caller may reuse or free the memory it touches */
-    tide_status sync_st = ex->be->vt->synchronize ? ex->be->vt->synchronize(ex->be) : TIDE_OK;
+    char sync_msg[TIDE_ERRMSG_MAX] = "";
+    tide_status sync_st = sync_queues(ex, sync_msg, sizeof sync_msg);
     double wall = tide_now() - ex->t0;
     bool failed = atomic_load(&ex->failed);
     if (failed || sync_st) {
-        /* the first worker failure, else the synchronize's. A device fault
-         * surfaces at whatever call comes next: with work queued ahead, that
-         * need not be the instruction that caused it */
-        char msg[TIDE_ERRMSG_MAX];
-        snprintf(msg, sizeof msg, "%s", failed ? ex->fail_msg : tide_ctx_last_error(ex->ctx));
+        /* E3, E4: reported once, here: the first worker failure, else the
+         * first queue's. A device fault surfaces at whatever call comes next:
+         * with work queued ahead, that need not be the instruction that
+         * caused it */
         st = failed ? (ex->fail_status ? ex->fail_status : TIDE_E_BACKEND) : sync_st;
         bool hint = ex->async && st == TIDE_E_BACKEND;
-        return tide_err(ex->ctx, st, "%s%s", msg,
+        return tide_err(ex->ctx, st, "%s%s", failed ? ex->fail_msg : sync_msg,
                         hint ? " (device work was queued ahead: TIDE_EXEC_SYNC=1 names the failing instruction)"
                              : "");
     }

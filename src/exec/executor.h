@@ -17,6 +17,14 @@
  * compute worker keeps at most two layers issued ahead of the GPU, so progress
  * reports stay true.
  *
+ * Sharing a backend. Each worker issues on a queue of its own, made from the
+ * backend (queue_new, backend.h) by tide_exec_new, and records its errors in
+ * a context of its own; the first failure is reported once, on the
+ * executor's context, by tide_exec_run. So several executors (several models)
+ * may share one backend instance and run at the same time from different
+ * threads, each with its own tide_ctx; one executor runs on one thread at a
+ * time.
+ *
  * Homes: before running, every WEIGHT, STATE, INPUT and OUTPUT tensor of the
  * graph is bound to its home copy: host memory (a pointer the caller owns) or a
  * file extent (weights homed on SSD are read straight from the checkpoint).
@@ -62,8 +70,11 @@ typedef struct tide_exec_stats {
 
 /* Prepares to run p (already verified) on be: allocates the arena (exactly
  * p->device_budget bytes), the host spill pool, the SSD spill store when the
- * plan spills to SSD, and the bounce buffers. Returns TIDE_OK, TIDE_E_NOMEM
- * (arena or pool refused), TIDE_E_IO (spill directory unusable or full). */
+ * plan spills to SSD, the bounce buffers, and a queue of be for each stream
+ * with instructions. Returns TIDE_OK, TIDE_E_NOMEM (arena or pool refused),
+ * TIDE_E_IO (spill directory unusable or full), or what queue_new returns
+ * (TIDE_E_UNSUPPORTED: the backend has no queues left), with the message on
+ * ctx. */
 tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
                           const tide_exec_opts *opts, tide_exec **out);
 void tide_exec_free(tide_exec *ex);

@@ -4,7 +4,8 @@
  * the backend vtable, the way the executor uses it: one-op graphs computed by
  * be->vt->compute, copies by to_device / to_host from host_alloc'ed (pinned)
  * memory. On a backend with events, as the executor does there, each is
- * queued PB_BATCH times back to back and waited for once, so that per-op and
+ * queued PB_BATCH times back to back on an asynchronous queue of the
+ * measurement's own (queue_new) and waited for once, so that per-op and
  * per-copy overheads are what a queue pays between two items, not a round
  * trip to the host; elsewhere each call waits for its work. So the figures
  * include what the executor pays per op and per transfer, and the plans
@@ -26,30 +27,29 @@
 #define PB_ADD_ELEMS ((int64_t)32 << 20) /* 128 MiB per f32 tensor */
 #define PB_BATCH 16                      /* items queued per timing, with events */
 
-/* Queued timing (backends with events): the calling thread issues
- * asynchronously on queue 0 until pb_unqueue. */
-static tide_status pb_queue(tide_backend *be, bool *queued) {
-    *queued = tide_backend_has_events(be);
-    return *queued ? be->vt->stream_begin(be, 0, true) : TIDE_OK;
+/* Queued timing (backends with events): the measurement issues on an
+ * asynchronous queue of its own, errors on ctx, until pb_unqueue; elsewhere
+ * on the default queue (*q NULL), synchronously. */
+static tide_status pb_queue(tide_ctx *ctx, tide_backend *be, void **q) {
+    *q = NULL;
+    return tide_backend_has_events(be) ? be->vt->queue_new(be, ctx, true, q) : TIDE_OK;
 }
 
-/* Back to synchronous issue, nothing left queued (the caller frees what the
- * queue may still use); `st` is kept unless it was TIDE_OK. */
-static tide_status pb_unqueue(tide_backend *be, bool queued, tide_status st) {
-    if (!queued) return st;
-    if (st && be->vt->synchronize) {
+/* The queue freed, nothing left queued (the caller frees what the queue may
+ * still use); `st` is kept, with its message on ctx. */
+static tide_status pb_unqueue(tide_ctx *ctx, tide_backend *be, void *q, tide_status st) {
+    if (!q) return st;
+    if (st) {
         char msg[TIDE_ERRMSG_MAX];
-        snprintf(msg, sizeof msg, "%s", tide_ctx_last_error(be->ctx));
-        if (be->vt->synchronize(be)) tide_err(be->ctx, st, "%s", msg); /* the first failure's message */
+        snprintf(msg, sizeof msg, "%s", tide_ctx_last_error(ctx));
+        if (tide_backend_queue_sync(be, q)) tide_err(ctx, st, "%s", msg); /* the first failure's message */
     }
-    tide_status s2 = be->vt->stream_begin(be, 0, false);
-    return st ? st : s2;
+    be->vt->queue_free(be, q);
+    return st;
 }
 
 /* Waits for the queued items (queued timing); nothing to do otherwise. */
-static tide_status pb_wait(tide_backend *be, bool queued) {
-    return queued && be->vt->synchronize ? be->vt->synchronize(be) : TIDE_OK;
-}
+static tide_status pb_wait(tide_backend *be, void *q) { return q ? tide_backend_queue_sync(be, q) : TIDE_OK; }
 
 /* The device buffers and the one-op graph of a measurement. */
 typedef struct pb_op {
@@ -86,7 +86,7 @@ static tide_status pb_alloc(tide_ctx *ctx, tide_backend *be, pb_op *p) {
         uint64_t n = tide_graph_tensor_bytes(p->g, t);
         st = be->vt->alloc(be, n, &p->buf[t]);
         for (uint64_t off = 0; !st && off < n; off += (uint64_t)16 << 20)
-            st = be->vt->to_device(be, (char *)p->buf[t] + off, fill, TIDE_MIN(n - off, (uint64_t)16 << 20));
+            st = be->vt->to_device(be, NULL, (char *)p->buf[t] + off, fill, TIDE_MIN(n - off, (uint64_t)16 << 20));
     }
     tide_free(fill);
     const tide_op *op = &p->g->ops[p->op];
@@ -96,26 +96,26 @@ static tide_status pb_alloc(tide_ctx *ctx, tide_backend *be, pb_op *p) {
 
 /* Best wall time of one compute of p's op over at least two timed runs and
  * until `seconds` are spent. */
-static tide_status pb_time(tide_backend *be, pb_op *p, double seconds, double *best) {
+static tide_status pb_time(tide_ctx *ctx, tide_backend *be, pb_op *p, double seconds, double *best) {
     const tide_op *op = &p->g->ops[p->op];
     void *in[TIDE_OP_MAX_IN], *out[TIDE_OP_MAX_OUT];
     for (int i = 0; i < op->n_in; i++) in[i] = p->buf[op->in[i]];
     for (int i = 0; i < op->n_out; i++) out[i] = p->buf[op->out[i]];
-    bool queued = false;
-    tide_status st = pb_queue(be, &queued);
-    int batch = queued ? PB_BATCH : 1;
-    if (!st) st = be->vt->compute(be, p->g, op, in, out, p->scratch); /* untimed */
-    if (!st) st = pb_wait(be, queued);
+    void *q = NULL;
+    tide_status st = pb_queue(ctx, be, &q);
+    int batch = q ? PB_BATCH : 1;
+    if (!st) st = be->vt->compute(be, q, p->g, op, in, out, p->scratch); /* untimed */
+    if (!st) st = pb_wait(be, q);
     double deadline = tide_now() + seconds;
     *best = 1e30;
     for (int rep = 0; !st && (rep < 2 || tide_now() < deadline); rep++) {
         double t0 = tide_now();
-        for (int b = 0; b < batch && !st; b++) st = be->vt->compute(be, p->g, op, in, out, p->scratch);
-        if (!st) st = pb_wait(be, queued);
+        for (int b = 0; b < batch && !st; b++) st = be->vt->compute(be, q, p->g, op, in, out, p->scratch);
+        if (!st) st = pb_wait(be, q);
         double t = (tide_now() - t0) / batch;
         if (t < *best) *best = t;
     }
-    return pb_unqueue(be, queued, st);
+    return pb_unqueue(ctx, be, q, st);
 }
 
 static tide_status pb_tensor(tide_graph *g, const char *name, tide_dtype dt, tide_role role, int64_t d0, int64_t d1,
@@ -136,7 +136,7 @@ static tide_status pb_matmul(tide_ctx *ctx, tide_backend *be, tide_dtype dt, int
     if (!st) st = tide_graph_add_op(p.g, TIDE_OP_MATMUL, 2, (int[]){x, w}, 1, &o, &(tide_op_params){0}, -1, &p.op);
     if (!st) st = pb_alloc(ctx, be, &p);
     double t = 0;
-    if (!st) st = pb_time(be, &p, seconds, &t);
+    if (!st) st = pb_time(ctx, be, &p, seconds, &t);
     pb_free(be, &p);
     if (st) return st;
     double work = 2.0 * (double)R * (double)K * (double)N;
@@ -156,7 +156,7 @@ static tide_status pb_add(tide_ctx *ctx, tide_backend *be, int64_t n, double sec
     if (!st) st = pb_tensor(p.g, "out", TIDE_F32, TIDE_ROLE_TEMP, rows, cols, &o);
     if (!st) st = tide_graph_add_op(p.g, TIDE_OP_ADD, 2, (int[]){a, b}, 1, &o, &(tide_op_params){0}, -1, &p.op);
     if (!st) st = pb_alloc(ctx, be, &p);
-    if (!st) st = pb_time(be, &p, seconds, t);
+    if (!st) st = pb_time(ctx, be, &p, seconds, t);
     pb_free(be, &p);
     return st;
 }
@@ -184,10 +184,10 @@ static tide_status pb_attention(tide_ctx *ctx, tide_backend *be, int64_t T, doub
     int32_t *ids = st ? NULL : tide_malloc((size_t)T * sizeof *ids);
     if (!st && !ids) st = tide_err(ctx, TIDE_E_NOMEM, "probe: out of memory");
     for (int64_t i = 0; ids && i < T; i++) ids[i] = (int32_t)i; /* positions 0..T-1 */
-    if (!st) st = be->vt->to_device(be, p.buf[pos], ids, (size_t)T * sizeof *ids);
+    if (!st) st = be->vt->to_device(be, NULL, p.buf[pos], ids, (size_t)T * sizeof *ids);
     tide_free(ids);
     double t = 0;
-    if (!st) st = pb_time(be, &p, seconds, &t);
+    if (!st) st = pb_time(ctx, be, &p, seconds, &t);
     double flops = st ? 0 : p.g->ops[p.op].flops;
     pb_free(be, &p);
     if (st) return st;
@@ -207,27 +207,27 @@ static tide_status pb_copies(tide_ctx *ctx, tide_backend *be, size_t n, double s
         if (!host) return tide_err(ctx, TIDE_E_NOMEM, "probe: out of memory for the copy test");
     }
     memset(host, 0x3c, n);
-    bool queued = false;
+    void *q = NULL;
     tide_status st = be->vt->alloc(be, n, &dev);
-    if (!st) st = pb_queue(be, &queued);
-    int batch = queued ? PB_BATCH : 1;
-    if (!st) st = be->vt->to_device(be, dev, host, n); /* untimed */
-    if (!st) st = be->vt->to_host(be, host, dev, n);
-    if (!st) st = pb_wait(be, queued);
+    if (!st) st = pb_queue(ctx, be, &q);
+    int batch = q ? PB_BATCH : 1;
+    if (!st) st = be->vt->to_device(be, q, dev, host, n); /* untimed */
+    if (!st) st = be->vt->to_host(be, q, host, dev, n);
+    if (!st) st = pb_wait(be, q);
     double deadline = tide_now() + seconds;
     *h2d = *d2h = 1e30;
     for (int rep = 0; !st && (rep < 2 || tide_now() < deadline); rep++) {
         double t0 = tide_now();
-        for (int b = 0; b < batch && !st; b++) st = be->vt->to_device(be, dev, host, n);
-        if (!st) st = pb_wait(be, queued);
+        for (int b = 0; b < batch && !st; b++) st = be->vt->to_device(be, q, dev, host, n);
+        if (!st) st = pb_wait(be, q);
         double t1 = tide_now();
-        for (int b = 0; b < batch && !st; b++) st = be->vt->to_host(be, host, dev, n);
-        if (!st) st = pb_wait(be, queued);
+        for (int b = 0; b < batch && !st; b++) st = be->vt->to_host(be, q, host, dev, n);
+        if (!st) st = pb_wait(be, q);
         double t2 = tide_now();
         if ((t1 - t0) / batch < *h2d) *h2d = (t1 - t0) / batch;
         if ((t2 - t1) / batch < *d2h) *d2h = (t2 - t1) / batch;
     }
-    st = pb_unqueue(be, queued, st);
+    st = pb_unqueue(ctx, be, q, st);
     if (dev) be->vt->dealloc(be, dev);
     if (pinned) be->vt->host_free(be, host);
     else tide_free_aligned(host);

@@ -103,7 +103,8 @@ tide_status tide_model_device_state(tide_model *m) {
         }
         /* zero it so that nothing unwritten is ever read as garbage */
         for (uint64_t off = 0; off < s->nbytes && !st; off += 1 << 20)
-            st = be->vt->to_device(be, (char *)s->data + off, zero, TIDE_MIN(s->nbytes - off, (uint64_t)1 << 20));
+            st = be->vt->to_device(be, NULL, (char *)s->data + off, zero,
+                                   TIDE_MIN(s->nbytes - off, (uint64_t)1 << 20));
         if (st) { /* half zeroed: not a cache to keep */
             be->vt->dealloc(be, s->data);
             s->data = NULL;
@@ -180,7 +181,7 @@ static tide_status upload_weights(tide_model *m) {
         tide_tensor_info ti;
         st = tide_checkpoint_get_index(m->ck, i, &ti);
         if (!st) st = be->vt->alloc(be, ti.nbytes, &m->weights[i]);
-        if (!st) st = be->vt->to_device(be, m->weights[i], ti.data, ti.nbytes);
+        if (!st) st = be->vt->to_device(be, NULL, m->weights[i], ti.data, ti.nbytes);
         tide_progress(m->ctx, "uploading", (uint64_t)i + 1, (uint64_t)m->n_weights);
     }
     if (st) {
@@ -378,15 +379,17 @@ static uint64_t layout_resident(tide_ctx *ctx, const tide_graph *g, uint64_t *of
 /* Runs g once with everything resident; copies the outputs to io. The
  * activations live in one device buffer (m->act, kept from run to run and
  * grown when a graph needs more), so nothing is allocated or freed per op: on
- * a GPU a free would wait for the device. The ops are issued asynchronously
- * on queue 0 where the backend has events, and waited for once, at the end. */
+ * a GPU a free would wait for the device. The ops are issued asynchronously,
+ * on a queue of the run's own with errors on m->ctx, where the backend has
+ * events, and waited for once, at the end; elsewhere on the backend's default
+ * queue. Inputs and outputs are copied on the default queue, synchronously. */
 static tide_status run_resident(tide_model *m, tide_graph *g, const run_io *io) {
     tide_ctx *ctx = m->ctx;
     tide_backend *be = m->be;
     int nt = g->n_tensors;
     uint64_t *off = tide_malloc((size_t)(nt ? nt : 1) * sizeof *off);
     void **ptr = tide_calloc((size_t)(nt ? nt : 1), sizeof *ptr);
-    bool async = false;
+    void *q = NULL; /* the ops' queue: NULL, the default one, unless async */
     tide_status st = TIDE_OK;
     if (!ptr || !off) {
         st = tide_err(ctx, TIDE_E_NOMEM, "out of memory running a graph");
@@ -428,36 +431,40 @@ static tide_status run_resident(tide_model *m, tide_graph *g, const run_io *io) 
             const void *src = !strcmp(tt->name, "tokens") ? (const void *)io->tokens
                             : !strcmp(tt->name, "pos") ? (const void *)io->pos : NULL;
             if (!src) st = tide_err(ctx, TIDE_E_INVALID, "no data for input '%s'", tt->name);
-            else st = be->vt->to_device(be, ptr[t], src, tt->nbytes);
+            else st = be->vt->to_device(be, NULL, ptr[t], src, tt->nbytes);
         }
     }
     /* asynchronous from here: the inputs above were copied synchronously, so
      * the caller's buffers are free again */
-    if (!st && tide_async_issue(be)) {
-        if ((st = be->vt->stream_begin(be, 0, true))) goto done;
-        async = true;
-    }
+    if (!st && tide_async_issue(be) && (st = be->vt->queue_new(be, ctx, true, &q))) goto done;
+    bool async = q != NULL;
     m->acc.async_issue = async;
     void *in[TIDE_OP_MAX_IN], *outp[TIDE_OP_MAX_OUT];
     for (int i = 0; i < g->n_ops && !st; i++) {
         const tide_op *op = &g->ops[i];
         for (int j = 0; j < op->n_out; j++) outp[j] = ptr[op->out[j]];
         for (int j = 0; j < op->n_in; j++) in[j] = ptr[op->in[j]];
-        st = be->vt->compute(be, g, op, in, outp, op->scratch_bytes ? scratch : NULL);
+        st = be->vt->compute(be, q, g, op, in, outp, op->scratch_bytes ? scratch : NULL);
         if (!async && op->layer >= 0 && (i + 1 == g->n_ops || g->ops[i + 1].layer != op->layer))
             tide_progress(ctx, "layer", (uint64_t)op->layer + 1, (uint64_t)m->cfg.num_hidden_layers);
     }
-    /* always waited for: nothing may still run on the buffers when this returns */
-    tide_status sync_st = be->vt->synchronize ? be->vt->synchronize(be) : TIDE_OK;
-    if (!st) st = sync_st;
+    /* always waited for: nothing may still run on the buffers when this
+     * returns (the first failure's message is kept) */
+    if (!st) {
+        st = tide_backend_queue_sync(be, q);
+    } else {
+        tide_ctx *qc = tide_backend_queue_ctx(be, q);
+        char msg[TIDE_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", tide_ctx_last_error(qc));
+        if (tide_backend_queue_sync(be, q)) tide_err(qc, st, "%s", msg);
+    }
     if (async) {
-        tide_status st2 = be->vt->stream_begin(be, 0, false);
-        if (!st) st = st2;
+        be->vt->queue_free(be, q);
         if (!st) tide_progress(ctx, "layer", (uint64_t)m->cfg.num_hidden_layers, (uint64_t)m->cfg.num_hidden_layers);
     }
     int tl = tide_graph_find(g, "logits"), tn = tide_graph_find(g, "next_token");
-    if (!st) st = be->vt->to_host(be, io->logits, ptr[tl], g->tensors[tl].nbytes);
-    if (!st) st = be->vt->to_host(be, io->next, ptr[tn], g->tensors[tn].nbytes);
+    if (!st) st = be->vt->to_host(be, NULL, io->logits, ptr[tl], g->tensors[tl].nbytes);
+    if (!st) st = be->vt->to_host(be, NULL, io->next, ptr[tn], g->tensors[tn].nbytes);
 done:
     tide_free(ptr);
     tide_free(off);

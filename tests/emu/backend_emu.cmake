@@ -1,5 +1,6 @@
 # backend_emu.cmake - the whole CUDA backend on an emulated GPU, so that CI
-# (no GPU) runs src/backend/cuda/cuda_backend.c and everything above it.
+# (no GPU) runs src/backend/cuda/cuda_backend.c (and cuda_ops.c) and everything
+# above it.
 # Included by the top CMakeLists.txt in its tests section, after emu.cmake.
 #
 #   tide_cudaemu         the library again (the objects of `tide`), plus the
@@ -65,7 +66,8 @@ endforeach()
 # The library's objects (TIDE_LIB_OBJECTS, compiled once for both), the backend
 # selection with TIDE_HAVE_CUDA, the CUDA backend and the emulation.
 add_library(tide_cudaemu STATIC ${TIDE_BACKEND_SELECT} ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_backend.c
-            ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_file.c ${TIDE_LIB_OBJECTS}
+            ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_ops.c ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_file.c
+            ${TIDE_LIB_OBJECTS}
             $<TARGET_OBJECTS:tide_cudaemu_kern> $<TARGET_OBJECTS:tide_cudaemu_rt>)
 target_include_directories(tide_cudaemu PUBLIC ${PROJECT_SOURCE_DIR}/include
                                         PRIVATE ${PROJECT_SOURCE_DIR}/src ${CUDAToolkit_INCLUDE_DIRS})

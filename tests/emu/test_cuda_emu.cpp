@@ -28,7 +28,8 @@
  *     kernels, chosen as cuda_kernels.h documents it (query-tiled for
  *     prefill, per-row for decoding and hd > 128, per-row on a device whose
  *     opt-in limit refuses the tiled kernel's shared memory, per-row with
- *     TIDE_CUDA_ATTENTION=rows), which the test checks launch by launch;
+ *     rows_only, the backend's TIDE_CUDA_ATTENTION=rows), which the test
+ *     checks launch by launch;
  *   - tcu_round_to_16: exact against tide_f32_to_bf16 / tide_f32_to_f16
  *     for every non-NaN input (a NaN must give a NaN: the device gives the
  *     canonical 0x7fff, tide's functions keep sign and payload).
@@ -775,7 +776,6 @@ void test_attention_bad_positions() {
         pos[T - 1] = (int32_t)C + 9;
         std::vector<float> q = frands((size_t)(T * qd)), k = frands((size_t)(T * kd)), v = frands((size_t)(T * kd));
         std::vector<float> kc = frands((size_t)(C * kd)), vc = frands((size_t)(C * kd));
-        if (!tiled) setenv("TIDE_CUDA_ATTENTION", "rows", 1);
         std::vector<Bytes> got = under_schedules([&](int) {
             Dev d;
             float *dq = d.put(q, 0, "q"), *dk = d.put(k, 0, "k"), *dv = d.put(v, 0, "v");
@@ -784,11 +784,11 @@ void test_attention_bad_positions() {
             float *o = (float *)d.put(nullptr, q.size() * 4, 0, "o");
             expect_status(emu::tcu_cache_write(nullptr, dk, dv, dp, B, T, C, kd, dkc, dvc), cudaSuccess,
                           "tcu_cache_write");
-            expect_status(emu::tcu_attention(nullptr, dq, dp, dkc, dvc, o, B, T, C, (int)H, (int)KV, (int)hd),
+            expect_status(emu::tcu_attention(nullptr, dq, dp, dkc, dvc, o, B, T, C, (int)H, (int)KV, (int)hd,
+                                             !tiled),
                           cudaSuccess, "tcu_attention");
             return std::vector<Bytes>{as_bytes(dkc, kc.size()), as_bytes(dvc, vc.size())};
         });
-        unsetenv("TIDE_CUDA_ATTENTION");
         /* the caches: rows of good positions written, the rest untouched */
         std::vector<float> kw = kc, vw = vc;
         for (int64_t t = 0; t < T; t++)
@@ -810,14 +810,14 @@ const char *pmode_name[] = {"0..T-1", "continuing", "random", "descending", "dec
 
 struct AttnCase {
     int B, T, C, H, KV, hd, pmode;
-    bool rows_env = false;            /* TIDE_CUDA_ATTENTION=rows */
+    bool rows_only = false;           /* the launcher's rows_only (TIDE_CUDA_ATTENTION=rows) */
     size_t optin = 99 * 1024;         /* the device's opt-in limit */
     unsigned qoff = 0;                /* q's address mod 16 */
 };
 
 void attention_case(const AttnCase &c) {
     begin_case("B=%d T=%d C=%d H=%d KV=%d hd=%d pos %s%s%s q%%16=%u", c.B, c.T, c.C, c.H, c.KV, c.hd,
-               pmode_name[c.pmode], c.rows_env ? " TIDE_CUDA_ATTENTION=rows" : "",
+               pmode_name[c.pmode], c.rows_only ? " rows_only" : "",
                c.optin < 96 * 1024 ? " opt-in 48 KiB" : "", c.qoff);
     const int64_t B = c.B, T = c.T, C = c.C, R = B * T, qd = (int64_t)c.H * c.hd, kd = (int64_t)c.KV * c.hd;
     std::vector<int32_t> pos(T);
@@ -862,12 +862,11 @@ void attention_case(const AttnCase &c) {
         fail("tk_attention failed");
 
     const size_t smem = (size_t)3 * 64 * (c.hd <= 64 ? 64 : 128) * 4;
-    const bool tiled = !c.rows_env && T >= TCU_ATTN_TILED_MIN_T && c.hd <= TCU_ATTN_TILED_MAX_HD &&
+    const bool tiled = !c.rows_only && T >= TCU_ATTN_TILED_MIN_T && c.hd <= TCU_ATTN_TILED_MAX_HD &&
                        (smem <= emu::default_smem_limit || smem <= c.optin);
     const void *want_k = !tiled       ? (const void *)emu::k_attention
                          : c.hd <= 64 ? (const void *)emu::k_attention_tiled<64>
                                       : (const void *)emu::k_attention_tiled<128>;
-    if (c.rows_env) setenv("TIDE_CUDA_ATTENTION", "rows", 1);
     emu::optin_limit = c.optin; /* another device: its opt-ins start afresh */
     emu::func_attrs.clear();
     std::vector<Bytes> got = under_schedules([&](int) {
@@ -880,14 +879,13 @@ void attention_case(const AttnCase &c) {
                       "tcu_cache_write");
         expect_launches({(const void *)emu::k_cache_write});
         emu::launch_log.clear();
-        expect_status(emu::tcu_attention(nullptr, dq, dp, dkc, dvc, o, B, T, C, c.H, c.KV, c.hd), cudaSuccess,
-                      "tcu_attention");
+        expect_status(emu::tcu_attention(nullptr, dq, dp, dkc, dvc, o, B, T, C, c.H, c.KV, c.hd, c.rows_only),
+                      cudaSuccess, "tcu_attention");
         expect_launches({want_k});
         return std::vector<Bytes>{as_bytes(dkc, kc.size()), as_bytes(dvc, vc.size()), as_bytes(o, q.size())};
     });
     emu::optin_limit = 99 * 1024;
     emu::func_attrs.clear();
-    unsetenv("TIDE_CUDA_ATTENTION");
     expect_same("kcache", got[0], as_bytes(kc_want.data(), kc.size()), 4);
     expect_same("vcache", got[1], as_bytes(vc_want.data(), vc.size()), 4);
     std::vector<float> g = from_bytes<float>(got[2]);
@@ -964,10 +962,13 @@ void test_attention() {
         emu::Buffer b(4096);
         float *f = b.as<float>();
         int32_t *p = b.as<int32_t>();
-        expect_status(emu::tcu_attention(nullptr, f, p, f, f, f, 1, 1, 4, 2, 1, 513), cudaErrorInvalidValue, "hd=513");
-        expect_status(emu::tcu_attention(nullptr, f, p, f, f, f, 1, 1, 4, 3, 2, 8), cudaErrorInvalidValue, "H%KV");
-        expect_status(emu::tcu_attention(nullptr, f, p, f, f, f, 1, 1, 4, 2, 0, 8), cudaErrorInvalidValue, "KV=0");
-        expect_status(emu::tcu_attention(nullptr, f, p, f, f, f, 0, 1, 4, 2, 1, 8), cudaSuccess, "B=0");
+        expect_status(emu::tcu_attention(nullptr, f, p, f, f, f, 1, 1, 4, 2, 1, 513, false), cudaErrorInvalidValue,
+                      "hd=513");
+        expect_status(emu::tcu_attention(nullptr, f, p, f, f, f, 1, 1, 4, 3, 2, 8, false), cudaErrorInvalidValue,
+                      "H%KV");
+        expect_status(emu::tcu_attention(nullptr, f, p, f, f, f, 1, 1, 4, 2, 0, 8, false), cudaErrorInvalidValue,
+                      "KV=0");
+        expect_status(emu::tcu_attention(nullptr, f, p, f, f, f, 0, 1, 4, 2, 1, 8, false), cudaSuccess, "B=0");
         expect_status(emu::tcu_cache_write(nullptr, f, f, p, 1, 0, 4, 8, f, f), cudaSuccess, "T=0");
     }
     expect_launches({});
@@ -1202,7 +1203,6 @@ int main(int argc, char **argv) {
         else filter = argv[i];
     }
     setvbuf(stdout, nullptr, _IOLBF, 0);
-    unsetenv("TIDE_CUDA_ATTENTION"); /* the cases set it themselves */
     printf("CUDA kernels (src/backend/cuda) on the host emulation, against the CPU kernels%s\n",
            quick ? " (quick)" : "");
     const struct {

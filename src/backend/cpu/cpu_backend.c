@@ -4,6 +4,11 @@
  * the graph and calls its kind's kernel (cpu_kernels, over kernels.h). Work is synchronous,
  * so there is nothing to synchronize.
  *
+ * Queues (backend.h): synchronous only. A queue is a small struct holding the
+ * context its errors go to, so that a kernel failing in an executor's worker
+ * is recorded in that worker's context, not on be->ctx; the kernels' thread
+ * count is that context's too (tide_ctx_threads).
+ *
  * Workspace: the only workspace an op gets is op->scratch_bytes of `scratch`
  * (MATMUL with non-f32 weights, see graph/ops.c). Attention works in bounded tiles
  * on each thread's stack (under 96 KiB), so nothing is allocated in compute and
@@ -18,7 +23,32 @@
  * O_DIRECT straight into an arena range whose planned offset is page aligned. */
 #define CPU_ALIGN 4096
 
+/* A queue: where the errors of calls on it go (first, as backend.h asks). */
+typedef struct cpu_queue {
+    tide_ctx *ctx;
+} cpu_queue;
+
+static tide_ctx *ctx_of(tide_backend *be, void *q) { return q ? ((cpu_queue *)q)->ctx : be->ctx; }
+
 static void cpu_destroy(tide_backend *be) { tide_free(be); }
+
+/* Queues hold nothing but their context, so the instance keeps no list of
+ * them: a queue not freed by queue_free is the caller's leak. */
+static tide_status cpu_queue_new(tide_backend *be, tide_ctx *ctx, bool async, void **q) {
+    (void)be;
+    *q = NULL;
+    if (async) return tide_err(ctx, TIDE_E_UNSUPPORTED, "cpu backend: queues are synchronous only");
+    cpu_queue *cq = tide_calloc(1, sizeof *cq);
+    if (!cq) return tide_err(ctx, TIDE_E_NOMEM, "cpu backend: out of memory creating a queue");
+    cq->ctx = ctx;
+    *q = cq;
+    return TIDE_OK;
+}
+
+static void cpu_queue_free(tide_backend *be, void *q) {
+    (void)be;
+    tide_free(q);
+}
 
 static tide_status cpu_alloc(tide_backend *be, size_t n, void **ptr) {
     *ptr = tide_malloc_aligned(n ? n : 1, CPU_ALIGN);
@@ -28,7 +58,8 @@ static tide_status cpu_alloc(tide_backend *be, size_t n, void **ptr) {
 
 static void cpu_dealloc(tide_backend *be, void *ptr) { tide_free_aligned(ptr); }
 
-static tide_status cpu_copy(tide_backend *be, void *dst, const void *src, size_t n) {
+static tide_status cpu_copy(tide_backend *be, void *q, void *dst, const void *src, size_t n) {
+    (void)be, (void)q;
     if (n) memcpy(dst, src, n);
     return TIDE_OK;
 }
@@ -172,9 +203,9 @@ static const cpu_kernel cpu_kernels[TIDE_OP_COUNT] = {
     [TIDE_OP_GENERIC] = cpu_generic,
 };
 
-static tide_status cpu_compute(tide_backend *be, const tide_graph *g, const tide_op *op,
+static tide_status cpu_compute(tide_backend *be, void *q, const tide_graph *g, const tide_op *op,
                                void *const *in, void *const *out, void *scratch) {
-    tide_ctx *ctx = be->ctx;
+    tide_ctx *ctx = ctx_of(be, q);
     const char *nm = tide_op_name(op->kind);
     for (int i = 0; i < op->n_in; i++)
         if (!in[i]) return tide_err(ctx, TIDE_E_INVALID, "cpu %s: input %d has no data", nm, i);
@@ -195,6 +226,9 @@ static const tide_backend_vt cpu_vt = {
     .to_host = cpu_copy,
     .compute = cpu_compute,
     .synchronize = NULL,
+    .queue_new = cpu_queue_new,
+    .queue_free = cpu_queue_free,
+    .queue_sync = NULL,
 };
 
 /* Returns TIDE_OK with *out a new CPU backend on ctx, or TIDE_E_NOMEM. */

@@ -68,11 +68,11 @@ bool tide_cuda_file_available(void) {
     return api_ok;
 }
 
-tide_status tide_cuda_file_read(tide_backend *be, int fd, uint64_t off, void *dst, size_t n) {
+tide_status tide_cuda_file_read(tide_backend *be, tide_ctx *ctx, int fd, uint64_t off, void *dst, size_t n) {
     if (be->kind != TIDE_BACKEND_CUDA)
-        return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "cuFile reads need the cuda backend, not '%s'", be->vt->name);
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "cuFile reads need the cuda backend, not '%s'", be->vt->name);
     if (!tide_cuda_file_available())
-        return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "GPUDirect Storage is not usable: %s", api_why);
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "GPUDirect Storage is not usable: %s", api_why);
     CUfileDescr_t d;
     memset(&d, 0, sizeof d);
     d.type = CU_FILE_HANDLE_TYPE_OPAQUE_FD;
@@ -82,14 +82,14 @@ tide_status tide_cuda_file_read(tide_backend *be, int fd, uint64_t off, void *ds
     /* a file cuFile cannot take (its file system, its open flags) is not an
      * I/O error: the caller reads it through host memory instead */
     if (e.err != CU_FILE_SUCCESS)
-        return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "cuFileHandleRegister of fd %d failed (cuFile error %d, CUDA "
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "cuFileHandleRegister of fd %d failed (cuFile error %d, CUDA "
                         "error %d): this file cannot be read with GPUDirect Storage", fd, (int)e.err, (int)e.cu_err);
     tide_status st = TIDE_OK;
     size_t done = 0;
     while (done < n) {
         ssize_t r = api.read(fh, dst, n - done, (off_t)(off + done), (off_t)done);
         if (r <= 0) {
-            st = tide_err(be->ctx, TIDE_E_IO, "cuFileRead of %zu bytes at offset %llu: %s", n - done,
+            st = tide_err(ctx, TIDE_E_IO, "cuFileRead of %zu bytes at offset %llu: %s", n - done,
                           (unsigned long long)(off + done),
                           r == 0 ? "end of file" : r == -1 ? "system error" : "cuFile error");
             break;
@@ -104,8 +104,8 @@ tide_status tide_cuda_file_read(tide_backend *be, int fd, uint64_t off, void *ds
 
 bool tide_cuda_file_available(void) { return false; }
 
-tide_status tide_cuda_file_read(tide_backend *be, int fd, uint64_t off, void *dst, size_t n) {
-    return tide_err(be->ctx, TIDE_E_UNSUPPORTED, "this build of tide has no GPUDirect Storage (cufile.h was not "
+tide_status tide_cuda_file_read(tide_backend *be, tide_ctx *ctx, int fd, uint64_t off, void *dst, size_t n) {
+    return tide_err(ctx, TIDE_E_UNSUPPORTED, "this build of tide has no GPUDirect Storage (cufile.h was not "
                     "found when it was configured)");
 }
 

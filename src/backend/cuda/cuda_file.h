@@ -21,7 +21,8 @@ bool tide_cuda_file_available(void);
  * Synchronous: the bytes are in dst when it returns. Returns
  * TIDE_OK; TIDE_E_UNSUPPORTED (no cuFile here, be is not a CUDA backend, or
  * cuFile refuses to register the file); TIDE_E_IO (the read failed or came
- * short), with a message on be->ctx. */
-tide_status tide_cuda_file_read(tide_backend *be, int fd, uint64_t off, void *dst, size_t n);
+ * short), with a message on ctx (the context of the queue the caller reads
+ * for, backend.h). */
+tide_status tide_cuda_file_read(tide_backend *be, tide_ctx *ctx, int fd, uint64_t off, void *dst, size_t n);
 
 #endif

@@ -743,15 +743,11 @@ static cudaError_t attention_tiled(cudaStream_t s, const float *q, const int32_t
 
 extern "C" cudaError_t tcu_attention(cudaStream_t s, const float *q, const int32_t *pos, const float *kcache,
                                      const float *vcache, float *o, int64_t B, int64_t T, int64_t C, int H, int KV,
-                                     int hd) {
+                                     int hd, bool rows_only) {
     int64_t nblk = B * T * H;
     if (nblk <= 0) return cudaSuccess;
     if (hd > TCU_ATTN_MAX_HD || nblk > 0x7fffffff || KV <= 0 || H % KV) return cudaErrorInvalidValue;
     float scale = 1.0f / sqrtf((float)hd);
-    /* TIDE_CUDA_ATTENTION=rows keeps every launch on the per-row kernel, to
-     * compare the two on a GPU */
-    const char *force = getenv("TIDE_CUDA_ATTENTION");
-    bool rows_only = force && !strcmp(force, "rows");
     if (!rows_only && T >= TCU_ATTN_TILED_MIN_T && hd <= TCU_ATTN_TILED_MAX_HD) {
         cudaError_t e = hd <= 64 ? attention_tiled<64>(s, q, pos, kcache, vcache, o, B, T, C, H, KV, hd, scale)
                                  : attention_tiled<128>(s, q, pos, kcache, vcache, o, B, T, C, H, KV, hd, scale);

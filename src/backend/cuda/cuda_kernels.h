@@ -98,8 +98,8 @@ cudaError_t tcu_cache_write(cudaStream_t s, const float *k, const float *v, cons
  *     and values staged in shared memory (96 KiB dynamic at hd > 64, opted
  *     in on each call); keys up to the tile's largest position;
  *   - otherwise (decoding, hd > 128), on a GPU that refuses the first one's
- *     shared memory, or with the environment variable TIDE_CUDA_ATTENTION=rows
- *     (for comparing the two): a block per (b, t, h) reading its keys from
+ *     shared memory, or with rows_only (the backend's TIDE_CUDA_ATTENTION=rows,
+ *     for comparing the two): a block per (b, t, h) reading its keys from
  *     global memory, 128 at a time.
  * A row's result depends on which kernel runs (summation orders differ), not
  * on B or on the other rows. hd <= TCU_ATTN_MAX_HD. B*T*H < 2^31. Positions
@@ -109,7 +109,7 @@ cudaError_t tcu_cache_write(cudaStream_t s, const float *k, const float *v, cons
 #define TCU_ATTN_TILED_MAX_HD 128
 cudaError_t tcu_attention(cudaStream_t s, const float *q, const int32_t *pos, const float *kcache,
                           const float *vcache, float *o, int64_t B, int64_t T, int64_t C, int H, int KV,
-                          int hd);
+                          int hd, bool rows_only);
 
 /* SILU_MUL. gate, up, out (n): out = gate / (1 + expf(-gate)) * up. */
 cudaError_t tcu_silu_mul(cudaStream_t s, const float *gate, const float *up, float *out, int64_t n);
