@@ -128,6 +128,11 @@ typedef struct run_cfg {
     bool bad_token;       /* the last prompt token is out of the vocabulary */
     bool timeline;        /* measure the timeline and check it against the plan */
     tide_exec_stats *es;  /* receives the run's stats (may be NULL) */
+    /* placements (the tide policy) */
+    bool (*on_host)(const tide_graph *g, int op); /* ops computed on the host CPU */
+    bool host_addressable; /* host homes used in place (the CPU backend) */
+    bool warm;            /* every weight warm at the bottom of the arena, put there
+                             before the run; the budget is the plan's own peak */
 } run_cfg;
 
 /* A measured timeline respects the plan: every instruction starts after each
@@ -161,6 +166,10 @@ typedef struct planned {
     tide_graph *g;
     tide_plan *p;
     tide_exec *ex;
+    void *arena;          /* with rc->warm: the arena, weights already in it */
+    tide_backend *be;
+    bool *host;
+    uint64_t *warm_off;
     void **state;
     float *logits;
     int32_t tok[SEQ], pos[SEQ], next[SEQ];
@@ -168,6 +177,9 @@ typedef struct planned {
 
 static void planned_free(planned *x) {
     tide_exec_free(x->ex);
+    if (x->arena) x->be->vt->dealloc(x->be, x->arena);
+    free(x->host);
+    free(x->warm_off);
     if (x->state)
         for (int t = 0; t < x->g->n_tensors; t++) free(x->state[t]);
     free(x->state);
@@ -188,10 +200,29 @@ static tide_status plan_prepare(tide_ctx *ctx, tide_checkpoint *ck, tide_backend
     assert_int_equal(tide_llama_build(ctx, cfg, &go, &x->g), TIDE_OK);
     tide_graph *g = x->g;
     tide_plan_opts po = {.policy = rc->policy, .host_budget = rc->host_budget, .n_iter = 1, .hw = &hw,
-                         .weights_on_ssd = rc->weights_on_ssd};
-    uint64_t peak = tide_plan_unconstrained_peak(ctx, g, &hw, 1);
-    assert_true(peak > 0);
-    if (rc->fraction > 0) {
+                         .weights_on_ssd = rc->weights_on_ssd, .host_addressable = rc->host_addressable};
+    x->be = be;
+    if (rc->on_host) {
+        x->host = calloc((size_t)g->n_ops, sizeof *x->host);
+        for (int i = 0; i < g->n_ops; i++) x->host[i] = rc->on_host(g, i);
+        po.host_ops = x->host;
+    }
+    uint64_t warm_bytes = 0;
+    if (rc->warm) { /* every weight packed at the bottom of the arena */
+        x->warm_off = malloc((size_t)g->n_tensors * sizeof *x->warm_off);
+        for (int t = 0; t < g->n_tensors; t++) {
+            x->warm_off[t] = TIDE_HOME;
+            if (g->tensors[t].role != TIDE_ROLE_WEIGHT) continue;
+            x->warm_off[t] = warm_bytes;
+            warm_bytes += tide_plan_align(g->tensors[t].nbytes);
+        }
+        po.warm_off = x->warm_off;
+    }
+    uint64_t peak = 0;
+    assert_int_equal(tide_plan_peak_unbounded(ctx, g, &po, &peak), TIDE_OK);
+    if (rc->warm) {
+        po.device_budget = warm_bytes + 2 * peak + TIDE_PLAN_ALIGN; /* then shrunk to what the plan uses */
+    } else if (rc->fraction > 0) {
         po.device_budget = (uint64_t)(peak * rc->fraction);
     } else {
         assert_int_equal(tide_plan_min_budget(ctx, g, &po, &po.device_budget), TIDE_OK);
@@ -202,10 +233,23 @@ static tide_status plan_prepare(tide_ctx *ctx, tide_checkpoint *ck, tide_backend
         return st;
     }
     tide_plan *p = x->p;
+    if (rc->warm) p->device_budget = p->stats.peak_device_bytes; /* an unconstrained plan's own peak */
     assert_int_equal(tide_plan_verify(p), TIDE_OK);
     if (ps) *ps = p->stats;
     tide_exec_opts eo = rc->eo;
     eo.timed = rc->timeline;
+    if (rc->warm) { /* the weights at their warm offsets before the run */
+        assert_int_equal(be->vt->alloc(be, p->device_budget, &x->arena), TIDE_OK);
+        for (int t = 0; t < g->n_tensors; t++) {
+            if (x->warm_off[t] == TIDE_HOME) continue;
+            tide_tensor_info ti;
+            assert_int_equal(tide_checkpoint_get(ck, g->tensors[t].name, &ti), TIDE_OK);
+            assert_int_equal(be->vt->to_device(be, NULL, (char *)x->arena + x->warm_off[t], ti.data, ti.nbytes),
+                             TIDE_OK);
+        }
+        eo.arena = x->arena;
+        eo.arena_bytes = p->device_budget;
+    }
     st = tide_exec_new(ctx, be, p, &eo, &x->ex);
     x->state = calloc((size_t)g->n_tensors, sizeof *x->state);
     x->logits = calloc((size_t)SEQ * cfg->vocab_size, sizeof *x->logits);
@@ -290,6 +334,86 @@ static void test_bit_identical(void **state) {
             }
     assert_true(runs >= 16);
     assert_int_equal(dir_entries(spill_dir), 0);
+    free(ref);
+    env_close(&e);
+}
+
+/* Placements in the plan IR run for real, bit-identical to the unconstrained
+ * run: ops forced onto the host CPU (the host stream, operands in host
+ * memory; on the CPU backend and on the asynchronous test backend, so host
+ * computes interleave with queued device work), host homes used in place by
+ * device computes, weights kept warm in the arena (twice: a warm arena is
+ * reused). */
+static bool host_norms_and_some_matmuls(const tide_graph *g, int o) {
+    const tide_op *op = &g->ops[o];
+    return op->kind == TIDE_OP_RMSNORM || op->kind == TIDE_OP_SILU_MUL || (op->kind == TIDE_OP_MATMUL && o % 3 == 0) ||
+           (op->kind == TIDE_OP_ATTENTION && op->layer == 2);
+}
+
+static void test_placements(void **state) {
+    (void)state;
+    env e = env_open(true);
+    tide_ctx *ctx = e.ctx;
+    const tide_llama_config *cfg = tide_checkpoint_config(e.ck);
+    size_t nbytes = (size_t)SEQ * cfg->vocab_size * sizeof(float);
+    float *ref = resident_logits(e.ck, e.be, ctx);
+    tide_backend *async = NULL;
+    tide_async_opts ao = {.jitter_us = 50, .seed = 5, .device_is_host = false};
+    assert_int_equal(tide_async_backend_new(ctx, &ao, &async), TIDE_OK);
+    tide_backend *bes[2] = {e.be, async};
+    const double fractions[] = {1.0, 0.5, 0};
+    int runs = 0, host_ins = 0;
+    for (int b = 0; b < 2; b++)
+        for (int f = 0; f < 3; f++)
+            for (int ssd = 0; ssd < 2; ssd++) {
+                run_cfg rc = {.fraction = fractions[f], .weights_on_ssd = ssd, .eo = {.ssd_dirs = spill_dir},
+                              .on_host = host_norms_and_some_matmuls, .timeline = true};
+                planned x;
+                tide_status st = plan_prepare(ctx, e.ck, bes[b], &rc, &x, NULL);
+                if (st == TIDE_E_INFEASIBLE && fractions[f] < 1) continue; /* below a device op's working set */
+                if (st) fail_msg("host placements, %s, f=%g ssd=%d: %s", bes[b]->vt->name, fractions[f], ssd,
+                                 tide_ctx_last_error(ctx));
+                for (int i = 0; i < x.p->n_ins; i++) host_ins += x.p->ins[i].place == TIDE_PLACE_HOST;
+                tide_sim_event *tl = calloc((size_t)x.p->n_ins, sizeof *tl);
+                tide_exec_stats es = {0};
+                st = tide_exec_run(x.ex, tl, &es);
+                if (st) fail_msg("run: %s", tide_ctx_last_error(ctx));
+                check_timeline(x.p, tl, es.wall_s);
+                if (memcmp(x.logits, ref, nbytes))
+                    fail_msg("host placements on %s at %g of peak, weights on %s: logits differ from the "
+                             "unconstrained run", bes[b]->vt->name, fractions[f], ssd ? "ssd" : "host");
+                free(tl);
+                planned_free(&x);
+                runs++;
+            }
+    /* host homes used in place (the CPU backend only: its device memory is host memory) */
+    run_cfg ra = {.fraction = 1.0, .host_addressable = true};
+    float *got = NULL;
+    tide_plan_stats ps;
+    assert_int_equal(run_planned(ctx, e.ck, e.be, &ra, &got, &ps), TIDE_OK);
+    assert_memory_equal(got, ref, nbytes);
+    assert_int_equal(ps.bytes_h2d + ps.bytes_d2h, 0); /* nothing moves */
+    free(got);
+    planned x; /* a device whose memory is not host memory refuses such a plan, naming why */
+    assert_int_equal(plan_prepare(ctx, e.ck, async, &ra, &x, NULL), TIDE_E_UNSUPPORTED);
+    assert_non_null(strstr(tide_ctx_last_error(ctx), "cannot address"));
+    /* weights warm in the arena, the plan run twice on it */
+    for (int b = 0; b < 2; b++) {
+        run_cfg rw = {.warm = true};
+        assert_int_equal(plan_prepare(ctx, e.ck, bes[b], &rw, &x, &ps), TIDE_OK);
+        for (int i = 0; i < x.p->n_ins; i++)
+            if (x.p->ins[i].tensor >= 0 && x.warm_off[x.p->ins[i].tensor] != TIDE_HOME)
+                fail_msg("instruction %d moves a warm weight", i);
+        for (int k = 0; k < 2; k++) {
+            memset(x.logits, 0, nbytes);
+            assert_int_equal(tide_exec_run(x.ex, NULL, NULL), TIDE_OK);
+            assert_memory_equal(x.logits, ref, nbytes);
+        }
+        planned_free(&x);
+    }
+    print_message("    %d runs with %d host computes, in-place and warm runs: bit-identical\n", runs, host_ins);
+    assert_true(host_ins > 0);
+    tide_backend_free(async);
     free(ref);
     env_close(&e);
 }
@@ -1325,6 +1449,7 @@ static void test_alloc_faults(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bit_identical),
+        cmocka_unit_test(test_placements),
         cmocka_unit_test(test_tiled_bit_identical),
         cmocka_unit_test(test_tiled_model_api),
         cmocka_unit_test(test_pinned_weights),

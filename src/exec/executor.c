@@ -1,5 +1,11 @@
 /*
- * executor.c - runs a verified plan with one worker thread per stream.
+ * executor.c - runs a verified plan with one worker thread per stream: the
+ * device's compute stream, the h2d, d2h and io transfer streams, and the host
+ * stream, which runs the computes the plan places on the host CPU (on a CPU
+ * backend of the executor's own, reading and writing host copies: homes and
+ * the host spill pool). A device compute may use host copies in place too,
+ * where the plan is host_addressable (only on a backend whose device memory is
+ * host memory: tide_exec_new refuses it elsewhere).
  *
  * Design note.
  *   Invariants kept:
@@ -16,9 +22,9 @@
  *       events (asynchronous issue): a done flag means "issued, and its event
  *       recorded"; a device queue waits for a producer on another stream
  *       with event_wait after its flag is set (the event then holds the
- *       producer's record), the io worker with event_sync, since its own
- *       work is done by the host; a producer on the same stream is ordered
- *       by the queue itself.
+ *       producer's record), the io and host workers with event_sync, since
+ *       their own work is done by the host; a producer on the same stream is
+ *       ordered by the queue itself.
  *   E3. The first failure stops every worker (ex->failed); the run returns that
  *       failure's status and message; no later instruction starts.
  *   E4. Every stream worker issues on a queue of its own, made from the
@@ -39,16 +45,10 @@
  *     ON_DEVICE --DROP--> gone;  SPILLED(host) --MOVE (io)--> SPILLED(ssd)
  *   run_load, run_store, run_move and run_compute perform the transitions.
  *
- * SSD transfers go through 4 KiB-aligned bounce buffers: an extent that does
- * not start or end on a 4 KiB boundary is read-modify-written at its edges, so
- * tier offsets need no alignment. All SSD instructions run on the io stream,
- * one at a time, which makes the edge read-modify-write safe. A read into
- * device memory (a GPU's) longer than half the bounce buffer is double
- * buffered: a reader thread fills one half while the io stream copies the
- * other to the device.
+ * Transfers (LOAD, STORE, MOVE; the SSD's bounce buffers) are in
+ * exec_transfer.c.
  */
-#include "exec/executor.h"
-#include "store/ssd.h"
+#include "exec/exec_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -62,87 +62,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define ALIGN 4096u
-#define BOUNCE_BYTES (8u << 20)
 
-typedef struct home_ref {
-    void *host;          /* host home, or NULL */
-    int fd;              /* file home (O_DIRECT when direct), or -1; one descriptor
-                            per file, shared by the tensors homed in it */
-    bool direct;
-    uint64_t file_off;
-    dev_t dev;           /* the file's identity, to share its descriptor */
-    ino_t ino;
-} home_ref;
-
-/* A stream's worker. */
-typedef struct worker {
-    tide_exec *ex;
-    int stream;
-    void *q;       /* its queue (NULL: the backend's default queue, on a backend
-                      without queue_new) */
-    tide_ctx *ctx; /* its own (E4): its queue's errors and its own messages */
-} worker;
-
-struct tide_exec {
-    tide_ctx *ctx;
-    tide_backend *be;
-    const tide_plan *p;
-    const tide_graph *g;
-    unsigned char *arena;
-    bool arena_lent;
-    unsigned char *host_pool;
-    size_t host_pool_bytes;
-    bool host_pinned;
-    bool host_by_backend;       /* host_pool came from be->vt->host_alloc */
-    char notice[256];
-    tide_ssd *ssd;
-    unsigned char *bounce;      /* BOUNCE_BYTES, 4 KiB aligned */
-    bool direct_storage;        /* try be->vt->file_read for file homes; cleared
-                                   when the backend answers it cannot */
-    bool bounce_by_backend;     /* pinned, from be->vt->host_alloc */
-    home_ref *home;
-    /* asynchronous issue (backend events) */
-    bool async;
-    void **ev;                  /* per instruction: the event its waiters on other
-                                   streams use, or NULL when none waits on it */
-    void **ev_time;             /* 2 per instruction (start, end) and the run's base
-                                   last: timing events, made at the first timed run */
-    void *ev_layer[2];          /* the compute stream's run-ahead bound */
-    int *stream_ins[TIDE_STREAM_COUNT];
-    int stream_n[TIDE_STREAM_COUNT];
-    /* the stream workers: started by the first run, kept until tide_exec_free
-     * (a decoding step is short; starting threads for each would show) */
-    pthread_t th[TIDE_STREAM_COUNT];
-    bool th_started[TIDE_STREAM_COUNT];
-    worker wk[TIDE_STREAM_COUNT];  /* of the streams with instructions (ctx set) */
-    tide_ctx *ssd_ctx;          /* the SSD store's messages: used by the io worker
-                                   and its reader thread, one at a time, and
-                                   copied onto the io worker's context */
-    pthread_mutex_t pool_mu;
-    pthread_cond_t pool_go, pool_idle;
-    uint64_t run_gen;           /* runs started */
-    int running;                /* workers still in the current run */
-    bool quit;
-    /* run state */
-    atomic_uchar *done;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    atomic_bool failed;
-    tide_status fail_status;
-    char fail_msg[TIDE_ERRMSG_MAX];
-    tide_sim_event *timeline;
-    int n_layers;               /* for progress reports: highest op layer + 1 */
-    double t0;
-    _Atomic uint64_t bytes[4];  /* h2d, d2h, ssd read, ssd write: a host LOAD or STORE
-                                   may run on io as well as on h2d/d2h */
-    double ssd_read_s;          /* written by the io stream only */
-};
-
-static const char *tname(const tide_exec *ex, int t) { return ex->g->tensors[t].name; }
 static tide_status make_events(tide_exec *ex, bool sync_issue, bool timed);
 static tide_status make_time_events(tide_exec *ex);
 static tide_status make_workers(tide_exec *ex);
+static tide_status make_host_compute(tide_exec *ex);
 
 /* ---------------------------------------------------------------- setup */
 
@@ -230,6 +154,12 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
         ex->stream_ins[s][ex->stream_n[s]++] = i;
     }
     for (int i = 0; i < ex->g->n_ops; i++) ex->n_layers = TIDE_MAX(ex->n_layers, ex->g->ops[i].layer + 1);
+    if (p->host_addressable && !be->vt->device_is_host) {
+        st = tide_err(ctx, TIDE_E_UNSUPPORTED, "the plan computes on host memory in place, which the %s backend's "
+                      "device cannot address", be->vt->name);
+        goto fail;
+    }
+    if ((st = make_host_compute(ex))) goto fail;
     if ((st = make_events(ex, opts->sync_issue, opts->timed))) goto fail;
     /* E1: the arena is allocated once, exactly the budget (or lent by the caller) */
     if (opts->arena) {
@@ -291,17 +221,43 @@ fail:
     return st;
 }
 
-/* E4: a context and a queue for each stream with instructions; the io
- * stream's work is done by the host, so its queue is synchronous. */
+/* Computes placed on the host run on a CPU backend of the executor's own,
+ * with one scratch buffer for the largest of them (the host stream runs one
+ * at a time). */
+static tide_status make_host_compute(tide_exec *ex) {
+    uint64_t scratch = 0;
+    bool any = false;
+    for (int i = 0; i < ex->p->n_ins; i++) {
+        const tide_ins *in = &ex->p->ins[i];
+        if (in->kind != TIDE_INS_COMPUTE || in->place != TIDE_PLACE_HOST) continue;
+        any = true;
+        scratch = TIDE_MAX(scratch, ex->g->ops[in->op].scratch_bytes);
+    }
+    if (!any) return TIDE_OK;
+    tide_status st = tide_cpu_backend_new(ex->ctx, &ex->host_be);
+    if (st) return st;
+    if (scratch && !(ex->host_scratch = tide_malloc_aligned(scratch, ALIGN)))
+        return tide_err(ex->ctx, TIDE_E_NOMEM, "out of memory for the host computes' scratch (%llu bytes)",
+                        (unsigned long long)scratch);
+    return TIDE_OK;
+}
+
+/* E4: a context and a queue for each stream with instructions; the io and
+ * host streams' work is done by the host, so their queues are synchronous
+ * (the host stream's, on the device's backend, only records the events
+ * others wait on; it computes on its queue of the host backend). */
 static tide_status make_workers(tide_exec *ex) {
     tide_backend *be = ex->be;
     for (int s = 0; s < TIDE_STREAM_COUNT; s++) {
         if (!ex->stream_n[s]) continue;
         worker *w = &ex->wk[s];
+        bool by_host = s == TIDE_STREAM_IO || s == TIDE_STREAM_HOST;
         *w = (worker){.ex = ex, .stream = s, .ctx = tide_ctx_new()};
         if (!w->ctx) return tide_err(ex->ctx, TIDE_E_NOMEM, "out of memory creating the executor");
-        if (!be->vt->queue_new) continue;
-        tide_status st = be->vt->queue_new(be, w->ctx, ex->async && s != TIDE_STREAM_IO, &w->q);
+        tide_status st = TIDE_OK;
+        if (be->vt->queue_new) st = be->vt->queue_new(be, w->ctx, ex->async && !by_host, &w->q);
+        if (!st && s == TIDE_STREAM_HOST && ex->host_be)
+            st = ex->host_be->vt->queue_new(ex->host_be, w->ctx, false, &w->hq);
         if (st)
             return tide_err(ex->ctx, st, "cannot create the %s stream's queue: %s", tide_stream_name(s),
                             tide_ctx_last_error(w->ctx));
@@ -388,8 +344,12 @@ void tide_exec_free(tide_exec *ex) {
     stop_workers(ex);
     /* the queues first: freeing one waits for its work, which may use the
      * events and the memory below */
-    for (int s = 0; s < TIDE_STREAM_COUNT; s++)
+    for (int s = 0; s < TIDE_STREAM_COUNT; s++) {
         if (ex->wk[s].q) ex->be->vt->queue_free(ex->be, ex->wk[s].q);
+        if (ex->wk[s].hq) ex->host_be->vt->queue_free(ex->host_be, ex->wk[s].hq);
+    }
+    tide_backend_free(ex->host_be);
+    tide_free_aligned(ex->host_scratch);
     free_events(ex);
     if (ex->arena && !ex->arena_lent) ex->be->vt->dealloc(ex->be, ex->arena);
     if (ex->host_pool && ex->host_by_backend) {
@@ -465,291 +425,32 @@ tide_status tide_exec_bind_file(tide_exec *ex, int t, const char *path, uint64_t
     return TIDE_OK;
 }
 
-/* ---------------------------------------------------------------- transfers */
+/* ---------------------------------------------------------------- computes */
 
-/* The context a backend call on w's queue recorded its error on. */
-static tide_ctx *queue_ctx(const worker *w) { return tide_backend_queue_ctx(w->ex->be, w->q); }
-
-/* A failed SSD store call (its message is on ex->ssd_ctx), recorded on w's
- * context; the store is idle, so its context is not being written. */
-static tide_status ssd_fail(worker *w, tide_status st) {
-    return tide_err(w->ctx, st, "%s", tide_ctx_last_error(w->ex->ssd_ctx));
+/* Where operand k of COMPUTE in (tensor t) is: its arena range, or a host
+ * copy, its home or a range of the host spill pool. */
+static void *opnd_ptr(const tide_exec *ex, const tide_ins *in, int k, int t) {
+    if (!tide_ins_host_opnd(in, k)) return ex->arena + in->dev_off[k];
+    return in->dev_off[k] == TIDE_HOME ? ex->home[t].host : ex->host_pool + in->dev_off[k];
 }
 
-/* A failed backend call on w's queue, on w's context. */
-static tide_status queue_fail(worker *w, tide_status st) {
-    return w->q ? st : tide_err(w->ctx, st, "%s", tide_ctx_last_error(queue_ctx(w)));
-}
-
-static tide_status fail_io(worker *w, int i, const char *what) {
-    tide_exec *ex = w->ex;
-    const tide_ins *in = &ex->p->ins[i];
-    return tide_err(w->ctx, tide_ctx_last_status(w->ctx) ? tide_ctx_last_status(w->ctx) : TIDE_E_IO,
-                    "instruction %d (%s '%s', iteration %d): %s: %s", i, tide_ins_name(in->kind),
-                    tname(ex, in->tensor), in->iter, what, tide_ctx_last_error(w->ctx));
-}
-
-/* One bounce-buffer read: the 4 KiB-aligned span holding the start of
- * [off, off+n), at most cap bytes, into buf; *skip is where off lies in buf and
- * *take how many of its bytes belong to the extent. Errors on ex->ssd_ctx. */
-static tide_status read_chunk(tide_exec *ex, int fd, bool direct, uint64_t off, uint64_t n, unsigned char *buf,
-                              uint64_t cap, uint64_t *skip, uint64_t *take) {
-    uint64_t a0 = off & ~(uint64_t)(ALIGN - 1);
-    *skip = off - a0;
-    uint64_t span = TIDE_MIN(cap, (*skip + n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1));
-    *take = TIDE_MIN(n, span - *skip);
-    if (fd < 0) return tide_ssd_read(ex->ssd, a0, buf, span);
-    if (direct) return tide_ssd_read_file(ex->ssd, fd, a0, buf, span);
-    ssize_t r = pread(fd, buf + *skip, *take, (off_t)off);
-    return r == (ssize_t)*take ? TIDE_OK
-                               : tide_err(ex->ssd_ctx, TIDE_E_IO, "read of %llu bytes at %llu: %s",
-                                          (unsigned long long)*take, (unsigned long long)off,
-                                          r < 0 ? strerror(errno) : "short read");
-}
-
-/* A read from SSD to device memory through the two halves of the bounce
- * buffer: a reader thread fills one half while this thread copies the other
- * to the device, so the drive and the host link work at the same time. The
- * reader's errors go to ex->ssd_ctx (which nothing else uses meanwhile), the
- * copies' to w's. */
-typedef struct dbuf {
-    tide_exec *ex;
-    int fd;
-    bool direct;
-    uint64_t off, n;            /* what is left to read */
-    unsigned char *half[2];
-    uint64_t skip[2], take[2];
-    int filled, copied;         /* chunks read, chunks copied */
-    bool done, stop;            /* the reader read everything / must stop */
-    tide_status st;             /* the reader's failure */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-} dbuf;
-
-#define HALF_BYTES ((uint64_t)BOUNCE_BYTES / 2)
-
-static void *dbuf_reader(void *arg) {
-    dbuf *d = arg;
-    for (int k = 0;; k++) {
-        pthread_mutex_lock(&d->mu);
-        while (!d->stop && k - d->copied >= 2) pthread_cond_wait(&d->cv, &d->mu); /* both halves busy */
-        bool stop = d->stop;
-        pthread_mutex_unlock(&d->mu);
-        if (stop) return NULL;
-        uint64_t skip = 0, take = 0;
-        tide_status st = read_chunk(d->ex, d->fd, d->direct, d->off, d->n, d->half[k & 1], HALF_BYTES, &skip, &take);
-        pthread_mutex_lock(&d->mu);
-        if (st) {
-            d->st = st;
-        } else {
-            d->skip[k & 1] = skip;
-            d->take[k & 1] = take;
-            d->off += take;
-            d->n -= take;
-            d->filled = k + 1;
-            d->done = d->n == 0;
-        }
-        bool end = st || d->done;
-        pthread_cond_broadcast(&d->cv);
-        pthread_mutex_unlock(&d->mu);
-        if (end) return NULL;
-    }
-}
-
-static tide_status ssd_read_to_device_pipelined(worker *w, int fd, bool direct, uint64_t off,
-                                                unsigned char *dst, uint64_t n) {
-    tide_exec *ex = w->ex;
-    dbuf d = {.ex = ex, .fd = fd, .direct = direct, .off = off, .n = n,
-              .half = {ex->bounce, ex->bounce + HALF_BYTES}};
-    pthread_mutex_init(&d.mu, NULL);
-    pthread_cond_init(&d.cv, NULL);
-    pthread_t th;
-    int rc = pthread_create(&th, NULL, dbuf_reader, &d);
-    if (rc != 0) {
-        pthread_cond_destroy(&d.cv);
-        pthread_mutex_destroy(&d.mu);
-        return tide_err(w->ctx, TIDE_E_NOMEM, "cannot start the SSD reader thread: %s", strerror(rc));
-    }
-    tide_status st = TIDE_OK;
-    for (int k = 0; !st; k++) {
-        pthread_mutex_lock(&d.mu);
-        while (d.filled <= k && !d.st) pthread_cond_wait(&d.cv, &d.mu);
-        bool have = d.filled > k;
-        uint64_t skip = d.skip[k & 1], take = d.take[k & 1];
-        bool last = have && d.done && d.filled == k + 1;
-        pthread_mutex_unlock(&d.mu);
-        if (!have) break;
-        st = ex->be->vt->to_device(ex->be, w->q, dst, d.half[k & 1] + skip, take);
-        if (st) st = queue_fail(w, st);
-        dst += take;
-        pthread_mutex_lock(&d.mu);
-        d.copied = k + 1;
-        if (st) d.stop = true;
-        pthread_cond_broadcast(&d.cv);
-        pthread_mutex_unlock(&d.mu);
-        if (last) break;
-    }
-    pthread_join(th, NULL);
-    if (!st && d.st) st = ssd_fail(w, d.st); /* the reader is done: its message is final */
-    pthread_cond_destroy(&d.cv);
-    pthread_mutex_destroy(&d.mu);
-    return st;
-}
-
-/* Reads [off, off+n) of a file or the SSD store into dst (host memory, or
- * device memory when to_device), via the bounce buffer when dst or the extent
- * is not 4 KiB aligned. Errors on w's context. */
-static tide_status ssd_read_into(worker *w, int fd, bool direct, uint64_t off, unsigned char *dst,
-                                 uint64_t n, bool to_device) {
-    tide_exec *ex = w->ex;
-    /* Host-addressable destination with aligned extents: the store reads the
-     * whole aligned part straight into it, many requests in flight; only a
-     * partial last page goes through the bounce buffer. */
-    bool host_dst = !to_device || ex->be->vt->device_is_host;
-    if (host_dst && direct && !(off & (ALIGN - 1)) && !((uintptr_t)dst & (ALIGN - 1)) && n >= ALIGN) {
-        uint64_t bulk = n & ~(uint64_t)(ALIGN - 1);
-        tide_status st = fd < 0 ? tide_ssd_read(ex->ssd, off, dst, bulk)
-                                : tide_ssd_read_file(ex->ssd, fd, off, dst, bulk);
-        if (st) return ssd_fail(w, st);
-        off += bulk;
-        dst += bulk;
-        n -= bulk;
-    }
-    /* a file straight into device memory (GPUDirect Storage) where it works;
-     * the first refusal turns it off for this executor, with a notice */
-    if (!host_dst && fd >= 0 && ex->direct_storage && n > 0) {
-        tide_status st = ex->be->vt->file_read(ex->be, w->q, fd, off, dst, n);
-        if (st != TIDE_E_UNSUPPORTED) return st ? queue_fail(w, st) : TIDE_OK;
-        ex->direct_storage = false;
-        snprintf(ex->notice, sizeof ex->notice, "direct storage reads are off: %s",
-                 tide_ctx_last_error(queue_ctx(w)));
-    }
-    /* device memory, more than one half of the bounce buffer: pipelined */
-    if (!host_dst && n > HALF_BYTES) return ssd_read_to_device_pipelined(w, fd, direct, off, dst, n);
-    while (n > 0) {
-        uint64_t skip = 0, take = 0;
-        tide_status st = read_chunk(ex, fd, direct, off, n, ex->bounce, BOUNCE_BYTES, &skip, &take);
-        if (st) return ssd_fail(w, st);
-        if (to_device && (st = ex->be->vt->to_device(ex->be, w->q, dst, ex->bounce + skip, take)))
-            return queue_fail(w, st);
-        if (!to_device) memcpy(dst, ex->bounce + skip, take);
-        off += take;
-        dst += take;
-        n -= take;
-    }
-    return TIDE_OK;
-}
-
-/* Writes src (device memory when from_device) to [off, off+n) of the SSD store;
- * partial 4 KiB pages at the edges are read first and merged. Errors on w's
- * context. */
-static tide_status ssd_write_from(worker *w, uint64_t off, const unsigned char *src, uint64_t n,
-                                  bool from_device) {
-    tide_exec *ex = w->ex;
-    while (n > 0) {
-        uint64_t a0 = off & ~(uint64_t)(ALIGN - 1);
-        uint64_t skip = off - a0;
-        uint64_t span = TIDE_MIN((uint64_t)BOUNCE_BYTES, (skip + n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1));
-        uint64_t take = TIDE_MIN(n, span - skip);
-        /* keep the bytes of partly covered edge pages: read them first */
-        tide_status st = TIDE_OK;
-        uint64_t end = skip + take, last = end & ~(uint64_t)(ALIGN - 1);
-        if (skip) st = tide_ssd_read(ex->ssd, a0, ex->bounce, ALIGN);
-        if (!st && (end & (ALIGN - 1)) && (last != 0 || !skip))
-            st = tide_ssd_read(ex->ssd, a0 + last, ex->bounce + last, ALIGN);
-        if (st) return ssd_fail(w, st);
-        if (from_device && (st = ex->be->vt->to_host(ex->be, w->q, ex->bounce + skip, src, take)))
-            return queue_fail(w, st);
-        if (!from_device) memcpy(ex->bounce + skip, src, take);
-        if ((st = tide_ssd_write(ex->ssd, a0, ex->bounce, span))) return ssd_fail(w, st);
-        off += take;
-        src += take;
-        n -= take;
-    }
-    return TIDE_OK;
-}
-
-static tide_status run_load(worker *w, int i) {
-    tide_exec *ex = w->ex;
-    const tide_ins *in = &ex->p->ins[i];
-    const tide_tensor *t = &ex->g->tensors[in->tensor];
-    unsigned char *dst = ex->arena + in->dev_off[0];
-    tide_backend *be = ex->be;
-    tide_status st;
-    if (in->src == TIDE_TIER_HOST) {
-        const void *src = in->tier_off == TIDE_HOME ? ex->home[in->tensor].host : ex->host_pool + in->tier_off;
-        if (!src) return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no host home bound", i, t->name);
-        if ((st = be->vt->to_device(be, w->q, dst, src, t->nbytes))) st = queue_fail(w, st);
-        ex->bytes[0] += t->nbytes;
-        return st ? fail_io(w, i, "host to device copy") : TIDE_OK;
-    }
-    double t0 = tide_now();
-    const home_ref *h = &ex->home[in->tensor];
-    if (in->tier_off == TIDE_HOME) {
-        if (h->fd >= 0) st = ssd_read_into(w, h->fd, h->direct, h->file_off, dst, t->nbytes, true);
-        else if (!h->host)
-            return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no SSD home bound", i, t->name);
-        else if ((st = be->vt->to_device(be, w->q, dst, h->host, t->nbytes))) /* home mapped in memory */
-            st = queue_fail(w, st);
-    } else {
-        st = ssd_read_into(w, -1, true, in->tier_off, dst, t->nbytes, true);
-    }
-    ex->ssd_read_s += tide_now() - t0;
-    ex->bytes[2] += t->nbytes;
-    return st ? fail_io(w, i, "SSD read") : TIDE_OK;
-}
-
-static tide_status run_store(worker *w, int i) {
-    tide_exec *ex = w->ex;
-    const tide_ins *in = &ex->p->ins[i];
-    const tide_tensor *t = &ex->g->tensors[in->tensor];
-    const unsigned char *src = ex->arena + in->dev_off[0];
-    tide_status st;
-    if (in->dst == TIDE_TIER_HOST) {
-        void *dst = in->tier_off == TIDE_HOME ? ex->home[in->tensor].host : ex->host_pool + in->tier_off;
-        if (!dst) return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no host home bound", i, t->name);
-        if ((st = ex->be->vt->to_host(ex->be, w->q, dst, src, t->nbytes))) st = queue_fail(w, st);
-        ex->bytes[1] += t->nbytes;
-        return st ? fail_io(w, i, "device to host copy") : TIDE_OK;
-    }
-    if (in->tier_off == TIDE_HOME)
-        return tide_err(w->ctx, TIDE_E_UNSUPPORTED, "instruction %d: '%s' would be written to its SSD home; "
-                        "only weights are homed on SSD and they are never written", i, t->name);
-    st = ssd_write_from(w, in->tier_off, src, t->nbytes, true);
-    ex->bytes[3] += t->nbytes;
-    return st ? fail_io(w, i, "SSD write") : TIDE_OK;
-}
-
-static tide_status run_move(worker *w, int i) {
-    tide_exec *ex = w->ex;
-    const tide_ins *in = &ex->p->ins[i];
-    const tide_tensor *t = &ex->g->tensors[in->tensor];
-    if (in->tier_off == TIDE_HOME || in->src_off == TIDE_HOME)
-        return tide_err(w->ctx, TIDE_E_UNSUPPORTED, "instruction %d: moves of home copies ('%s') are not supported",
-                        i, t->name);
-    tide_status st;
-    if (in->src == TIDE_TIER_HOST && in->dst == TIDE_TIER_SSD) {
-        st = ssd_write_from(w, in->tier_off, ex->host_pool + in->src_off, t->nbytes, false);
-        ex->bytes[3] += t->nbytes;
-    } else {
-        st = ssd_read_into(w, -1, true, in->src_off, ex->host_pool + in->tier_off, t->nbytes, false);
-        ex->bytes[2] += t->nbytes;
-    }
-    return st ? fail_io(w, i, "move between host and SSD") : TIDE_OK;
-}
-
+/* A COMPUTE on the device's backend, or, placed on the host, on the host
+ * backend with its operands in host memory. */
 static tide_status run_compute(worker *w, int i) {
     tide_exec *ex = w->ex;
     const tide_ins *in = &ex->p->ins[i];
     const tide_op *op = &ex->g->ops[in->op];
+    bool host = in->place == TIDE_PLACE_HOST;
     void *ip[TIDE_OP_MAX_IN], *op_out[TIDE_OP_MAX_OUT];
-    for (int j = 0; j < op->n_in; j++) ip[j] = ex->arena + in->dev_off[j];
-    for (int j = 0; j < op->n_out; j++) op_out[j] = ex->arena + in->dev_off[op->n_in + j];
-    void *scratch = op->scratch_bytes ? ex->arena + in->scratch_off : NULL;
-    tide_status st = ex->be->vt->compute(ex->be, w->q, ex->g, op, ip, op_out, scratch);
+    for (int j = 0; j < op->n_in; j++) ip[j] = opnd_ptr(ex, in, j, op->in[j]);
+    for (int j = 0; j < op->n_out; j++) op_out[j] = opnd_ptr(ex, in, op->n_in + j, op->out[j]);
+    void *scratch = !op->scratch_bytes ? NULL : host ? ex->host_scratch : ex->arena + in->scratch_off;
+    tide_backend *be = host ? ex->host_be : ex->be;
+    void *q = host ? w->hq : w->q;
+    tide_status st = be->vt->compute(be, q, ex->g, op, ip, op_out, scratch);
     if (st)
-        return tide_err(w->ctx, st, "instruction %d (%s, op %d, iteration %d): %s", i, tide_op_name(op->kind),
-                        in->op, in->iter, tide_ctx_last_error(queue_ctx(w)));
+        return tide_err(w->ctx, st, "instruction %d (%s, op %d%s, iteration %d): %s", i, tide_op_name(op->kind),
+                        in->op, host ? " on the host" : "", in->iter, tide_ctx_last_error(tide_backend_queue_ctx(be, q)));
     return TIDE_OK;
 }
 
@@ -811,9 +512,9 @@ static tide_status layer_issued(worker *w, int layer, int *pending) {
 static tide_status run_ins(worker *w, int i) {
     switch (w->ex->p->ins[i].kind) {
     case TIDE_INS_COMPUTE: return run_compute(w, i);
-    case TIDE_INS_LOAD: return run_load(w, i);
-    case TIDE_INS_STORE: return run_store(w, i);
-    case TIDE_INS_MOVE: return run_move(w, i);
+    case TIDE_INS_LOAD: return exec_load(w, i);
+    case TIDE_INS_STORE: return exec_store(w, i);
+    case TIDE_INS_MOVE: return exec_move(w, i);
     case TIDE_INS_DROP: return TIDE_OK; /* the arena range is free once this completes */
     default: return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d has kind %d", i, (int)w->ex->p->ins[i].kind);
     }
@@ -837,8 +538,8 @@ static void worker_run(worker *w) {
     tide_exec *ex = w->ex;
     tide_backend *be = ex->be;
     const tide_plan *p = ex->p;
-    /* the io stream's work is done by the host: its queue is synchronous */
-    bool async = ex->async && w->stream != TIDE_STREAM_IO;
+    /* the io and host streams' work is done by the host: synchronous */
+    bool async = ex->async && w->stream != TIDE_STREAM_IO && w->stream != TIDE_STREAM_HOST;
     bool timed = ex->timeline && ex->async;
     int pending[2] = {-1, -1}; /* layers issued and not yet reported (async compute) */
     tide_status st = TIDE_OK;

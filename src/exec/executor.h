@@ -12,8 +12,9 @@
  * backend with events (CUDA) the compute, h2d and d2h workers issue without
  * waiting: each plan edge between streams is an event recorded after the
  * producer and waited on by the consumer's queue, so the host never waits on
- * the hot path; the io worker, whose work is done by the host (SSD reads and
- * writes, host copies), waits for its producers' events on the host. The
+ * the hot path; the io and host workers, whose work is done by the host (SSD
+ * reads and writes, host copies; computes placed on the host CPU), wait for
+ * their producers' events on the host. The
  * compute worker keeps at most two layers issued ahead of the GPU, so progress
  * reports stay true.
  *
