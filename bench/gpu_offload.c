@@ -174,11 +174,11 @@ static void link_free(link_use *l) {
  * its plan (which instruction moves which tensor where) and the executor's
  * measured timeline of that run. */
 static bool link_stats(const tide_model *m, link_use *h2d, link_use *d2h) {
-    const graph_slot *s = m->last_planned;
+    const tide_plan *p = NULL;
+    const tide_sim_event *tl = NULL;
     link_free(h2d);
     link_free(d2h);
-    if (!s || !s->plan || !s->timeline) return false;
-    const tide_plan *p = s->plan;
+    if (tide_model_last_run(m, &p, &tl)) return false;
     interval *all[2], *home[2];
     int n_all[2] = {0, 0}, n_home[2] = {0, 0};
     for (int d = 0; d < 2; d++) {
@@ -193,7 +193,7 @@ static bool link_stats(const tide_model *m, link_use *h2d, link_use *d2h) {
         else continue;
         link_use *l = d ? d2h : h2d;
         uint64_t nb = p->g->tensors[in->tensor].nbytes;
-        interval iv = {s->timeline[i].start_s, s->timeline[i].end_s};
+        interval iv = {tl[i].start_s, tl[i].end_s};
         l->bytes += nb;
         hist_add(&l->sizes, nb, 1);
         all[d][n_all[d]++] = iv;
@@ -546,7 +546,9 @@ int main(int argc, char **argv) {
     }
     printf("# bench gpu_offload: %s, %d layers, %s weights (%.2f GiB), prefill %d tokens, batch 1\n\n", cfg->name,
            cfg->num_hidden_layers, tide_dtype_name(cfg->dtype), (double)ck_bytes / GIB, seq);
-    bool async_issue = tide_async_issue(be);
+    const char *sync_env = getenv("TIDE_EXEC_SYNC");
+    bool sync_issue = sync_env && *sync_env && strcmp(sync_env, "0");
+    bool async_issue = tide_backend_has_events(be) && !sync_issue;
     printf("backend %s, matmul %s, %s issue; profile %s%s; unconstrained peak on the profile %.2f GiB; %d timed run(s) per row after "
            "one untimed; checkpoint read in %.1f s\n",
            tide_backend_name(be), tide_matmul_name(tide_backend_matmul(be)),
@@ -569,7 +571,7 @@ int main(int argc, char **argv) {
 
     /* 6. unconstrained: its own model, freed afterwards so its resident
      * weights do not sit beside the offloaded runs' arena */
-    tide_model_opts mo = {.max_batch = 1, .ctx_len = seq};
+    tide_model_opts mo = {.max_batch = 1, .ctx_len = seq, .sync_issue = sync_issue};
     tide_gen_stats ref = {.prefill_s = 1e30};
     bool have_unc = false, have_ref = false;
     char unc_msg[512] = "";
@@ -654,7 +656,7 @@ int main(int argc, char **argv) {
             } else {
                 fprintf(stderr, "bench_gpu_offload: %s at %g%% (%.3f GiB)\n", R->policy, R->pct, (double)budget / GIB);
                 tide_offload_opts o = {.budget_kind = TIDE_BUDGET_BYTES, .bytes = budget, .policy = R->policy,
-                                       .verify = true, .hw = hw_name, .timeline = true};
+                                       .hw = hw_name, .timeline = true};
                 st = tide_model_set_offload(m, &o);
             }
             R->best.prefill_s = 1e30;

@@ -391,17 +391,41 @@ tide_status tide_matmul_parse(tide_ctx *ctx, const char *s, tide_matmul_mode *ou
 /* ---------------------------------------------------------------- running */
 
 /* A model ready to run: checkpoint weights bound to a backend, plus the state
- * (KV cache) that persists between graph runs. */
+ * (KV cache) that persists between graph runs.
+ *
+ * Every graph runs through a verified plan on the executor (the planned
+ * engine): resident (the default, no budget) with an unconstrained plan, whose
+ * weights and cache stay in device memory across runs (or, where device
+ * memory is host memory, are used where they are), or offloaded under a
+ * budget (tide_model_set_offload). The plain engine (tide_model_set_engine)
+ * runs every op in order with no planner, verifier or executor: the
+ * independent reference bit-identity is checked against. Several models may
+ * share one backend instance and run interleaved, from one thread or several
+ * (one context per thread). */
 typedef struct tide_model tide_model;
 
 typedef struct tide_model_opts {
     int max_batch;    /* cache batch capacity (>= 1) */
     int ctx_len;      /* KV cache capacity in positions (0: config's max) */
+    bool sync_issue;  /* issue every device call only once the previous one has
+                         completed, even on a backend with events (slower; it names
+                         the failing instruction of a device fault: the tide command
+                         sets it for the environment variable TIDE_EXEC_SYNC=1) */
 } tide_model_opts;
 
 tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
                            const tide_model_opts *opts, tide_model **out);
 void tide_model_free(tide_model *m);
+
+typedef enum tide_engine {
+    TIDE_ENGINE_PLANNED = 0, /* every graph through a verified plan (the default) */
+    TIDE_ENGINE_PLAIN,       /* the reference: ops in order, all tensors in one
+                                buffer; resident runs only */
+} tide_engine;
+/* Chooses the engine of later runs. TIDE_E_INVALID for the plain engine while
+ * offloading. The cache's contents are not carried from one engine to the
+ * other. */
+tide_status tide_model_set_engine(tide_model *m, tide_engine engine);
 
 /* Offloading: run the model's graphs through verified plans under a device
  * memory budget instead of keeping everything resident. */
@@ -430,7 +454,6 @@ typedef struct tide_offload_opts {
                                  this build and machine have it; where not, through
                                  pinned host buffers, with a notice. No effect on the
                                  CPU backend, whose device memory is host memory */
-    bool verify;              /* verify every plan (always done in debug builds) */
     const char *hw;           /* profile for plans and predictions (name or path; NULL:
                                  a quick measurement of this machine through the
                                  model's backend, as `tide probe` makes for 1 s) */
@@ -451,13 +474,14 @@ typedef struct tide_offload_opts {
                                  run (a measurable cost for short decode steps) */
 } tide_offload_opts;
 
-/* Switches the model to offloaded runs (or back, with TIDE_BUDGET_NONE).
- * Plans are made lazily per graph. On a GPU, offloaded runs hold one arena of
- * the budget and no other device memory: the KV cache lives in host memory
- * and the resident runs' device copies are freed (the cache's contents are not
- * carried from one mode to the other). The backend's matmul mode (set before
- * this call) decides the 16-bit matmul rate the plans assume. Returns TIDE_OK
- * or TIDE_E_INVALID. */
+/* Switches the model to offloaded runs (or back to resident ones, with
+ * TIDE_BUDGET_NONE). Every plan is verified before it runs. Plans are made
+ * lazily per graph. On a GPU, offloaded runs hold one arena of the budget and
+ * no other device memory: the KV cache lives in host memory and the resident
+ * runs' device copies are freed (the cache's contents are not carried from one
+ * mode to the other). The backend's matmul mode (set before this call)
+ * decides the 16-bit matmul rate the plans assume. Returns TIDE_OK,
+ * TIDE_E_INVALID, or a failure of measuring the machine (no hw given). */
 tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *opts);
 
 /* A one-line notice from the last offloaded run that the caller may show
@@ -467,8 +491,8 @@ const char *tide_model_notice(const tide_model *m);
 /* Writes the timeline of the most recent offloaded prefill (the first graph
  * run through a plan) as Perfetto trace JSON (json_path, may be NULL) and as an
  * SVG of device memory over time with transfers marked, measured and predicted
- * side by side (svg_path, may be NULL). TIDE_E_INVALID when no planned run has
- * happened yet. */
+ * side by side (svg_path, may be NULL). TIDE_E_INVALID when no offloaded run
+ * has happened yet. */
 tide_status tide_model_write_trace(tide_model *m, const char *json_path, const char *svg_path);
 
 typedef struct tide_gen_stats {
@@ -496,7 +520,7 @@ typedef struct tide_gen_stats {
     uint64_t pinned_weight_bytes; /* weight bytes held in pinned copies (the loads of
                                    these read pinned memory) */
     bool async_issue;           /* device work was queued ahead and ordered by events
-                                   (a backend with events, TIDE_EXEC_SYNC unset) */
+                                   (a backend with events, sync_issue unset) */
 } tide_gen_stats;
 
 /* Greedy generation for one sequence: prefill `prompt` (n_prompt tokens), then

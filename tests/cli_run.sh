@@ -7,7 +7,7 @@ source "$(dirname "$0")/lib_cli.sh" "$1"
 FX=$TIDE_FIXTURES/tiny-bf16-gqa
 
 expect 0 "help" -- "$TIDE" run --help
-for o in --budget --policy --host-budget --ssd --check --trace --trace-svg --json TIDE_EXEC_SYNC; do
+for o in --budget --policy --host-budget --ssd --check --engine --trace --trace-svg --json TIDE_EXEC_SYNC; do
     contains "$TMP/out" "$o" "run help lists $o"
 done
 expect 0 "top-level help" -- "$TIDE" --help
@@ -27,6 +27,18 @@ cp "$TMP/out" "$TMP/resident.json"
 expect 0 "run on an HF checkpoint" -- "$TIDE" run --model "$FX" --tokens 1,2,3,4 --new-tokens 3
 contains "$TMP/out" "generated" "summary shows the generated ids"
 contains "$TMP/out" "synchronous issue" "summary shows how device work was issued"
+
+# one engine: a resident run is an unconstrained plan on the executor, checked
+# against the plain reference engine (no planner, verifier or executor)
+expect 0 "resident run checked against the plain engine" -- "$TIDE" run --model "$TMP/m" --new-tokens 5 --check --json
+contains "$TMP/out" '"engine":"planned"' "JSON names the engine"
+contains "$TMP/out" '"check_bit_identical":true' "resident planned run: bit-identical to the plain engine"
+contains "$TMP/out" '"reference_engine":"plain"' "JSON names the reference engine"
+expect 0 "the plain engine" -- "$TIDE" run --model "$TMP/m" --new-tokens 5 --engine plain
+contains "$TMP/out" "engine plain" "summary names the plain engine"
+expect 2 "--engine plain with a budget" -- "$TIDE" run --model "$TMP/m" --engine plain --budget 50%
+contains "$TMP/err" "--engine plain" "message names --engine plain"
+expect 2 "bad --engine" -- "$TIDE" run --model "$TMP/m" --engine fast
 
 mkdir -p "$TMP/spill"
 for p in tide static-layer lru; do

@@ -963,7 +963,8 @@ static void test_async_issue(void **state) {
     assert_memory_equal(got, ref, nbytes);
     free(got);
 
-    /* generation through the model API, queued and with TIDE_EXEC_SYNC=1 */
+    /* generation through the model API, queued and synchronous (sync_issue,
+     * what TIDE_EXEC_SYNC=1 sets in the tide command) */
     tide_model *m = NULL;
     tide_model_opts mo = {.max_batch = 1, .ctx_len = 24};
     int32_t tok[SEQ], want_tok[8], got_tok[8];
@@ -973,20 +974,20 @@ static void test_async_issue(void **state) {
     assert_int_equal(tide_model_generate(m, tok, SEQ, 8, want_tok, &rs), TIDE_OK);
     assert_false(rs.async_issue);
     tide_model_free(m);
-    assert_int_equal(tide_model_new(ctx, ck, ab, &mo, &m), TIDE_OK);
     for (int k = 0; k < 4; k++) {
         bool sync = k & 1, offload = k & 2;
-        if (sync) setenv("TIDE_EXEC_SYNC", "1", 1);
+        tide_model_opts mk = mo;
+        mk.sync_issue = sync;
+        assert_int_equal(tide_model_new(ctx, ck, ab, &mk, &m), TIDE_OK);
         tide_offload_opts o = {.budget_kind = TIDE_BUDGET_MIN, .ssd_dirs = spill_dir, .hw = "h100-80g"};
         assert_int_equal(tide_model_set_offload(m, offload ? &o : NULL), TIDE_OK);
         tide_status st = tide_model_generate(m, tok, SEQ, 8, got_tok, &gs);
-        unsetenv("TIDE_EXEC_SYNC");
         if (st) fail_msg("generation %d: %s", k, tide_ctx_last_error(ctx));
         assert_memory_equal(got_tok, want_tok, sizeof want_tok);
         assert_true(gs.logits_hash == rs.logits_hash);
         assert_int_equal(gs.async_issue, !sync);
+        tide_model_free(m);
     }
-    tide_model_free(m);
     tide_backend_free(ab);
     assert_int_equal(dir_entries(spill_dir), 0);
     free(ref);
@@ -1309,6 +1310,119 @@ static void test_shared_backend(void **state) {
     env_close(&e);
 }
 
+/* Two models in one process on one backend instance (the CPU's, and the
+ * asynchronous test double posing as a device, where resident runs keep
+ * weights and cache warm in each model's arena): their forward passes
+ * interleaved step by step in one thread, then whole generations from two
+ * threads at once, resident, offloaded and on the plain engine; every logit
+ * equals the model's own run alone on the plain engine. */
+enum { TM_STEPS = 4 };
+
+/* Logits of a prefill then TM_STEPS one-token steps of m (vocab v) into out. */
+static tide_status tm_forward(tide_model *m, int v, int step, float *out) {
+    int32_t tok[SEQ];
+    prompt(tok, v);
+    if (step == 0) return tide_model_forward(m, tok, 1, SEQ, 0, out);
+    int32_t t = (int32_t)((7 * step + 1) % v);
+    return tide_model_forward(m, &t, 1, 1, SEQ + step - 1, out);
+}
+
+typedef struct tm_arg {
+    tide_model *m;
+    tide_ctx *ctx;
+    int vocab;
+    int32_t tok[8];
+    tide_gen_stats gs;
+    tide_status st;
+    char why[256];
+} tm_arg;
+
+static void *tm_generate(void *p) {
+    tm_arg *a = p;
+    int32_t tok[SEQ];
+    prompt(tok, a->vocab);
+    a->st = tide_model_generate(a->m, tok, SEQ, 8, a->tok, &a->gs);
+    if (a->st) snprintf(a->why, sizeof a->why, "%s", tide_ctx_last_error(a->ctx));
+    return NULL;
+}
+
+static void two_models_on(tide_backend *be, tide_checkpoint *ck[2], tide_ctx *ctx[2]) {
+    tide_model_opts mo = {.max_batch = 1, .ctx_len = SEQ + TM_STEPS + 8};
+    int v[2];
+    float *ref[2][1 + TM_STEPS];
+    int32_t ref_tok[2][8];
+    uint64_t ref_hash[2];
+    for (int k = 0; k < 2; k++) { /* each alone, on the plain engine */
+        v[k] = tide_checkpoint_config(ck[k])->vocab_size;
+        tide_model *m = NULL;
+        assert_int_equal(tide_model_new(ctx[k], ck[k], be, &mo, &m), TIDE_OK);
+        assert_int_equal(tide_model_set_engine(m, TIDE_ENGINE_PLAIN), TIDE_OK);
+        for (int s = 0; s <= TM_STEPS; s++) {
+            ref[k][s] = malloc((size_t)(s ? 1 : SEQ) * v[k] * sizeof(float));
+            assert_int_equal(tm_forward(m, v[k], s, ref[k][s]), TIDE_OK);
+        }
+        tm_arg a = {.m = m, .ctx = ctx[k], .vocab = v[k]};
+        tm_generate(&a);
+        assert_int_equal(a.st, TIDE_OK);
+        memcpy(ref_tok[k], a.tok, sizeof a.tok);
+        ref_hash[k] = a.gs.logits_hash;
+        tide_model_free(m);
+    }
+    for (int mode = 0; mode < 3; mode++) { /* resident, offloaded, plain */
+        tide_model *m[2] = {NULL, NULL};
+        for (int k = 0; k < 2; k++) {
+            assert_int_equal(tide_model_new(ctx[k], ck[k], be, &mo, &m[k]), TIDE_OK);
+            tide_offload_opts o = {.budget_kind = k ? TIDE_BUDGET_MIN : TIDE_BUDGET_FRACTION, .fraction = 0.5,
+                                   .ssd_dirs = spill_dir, .hw = "h100-80g"};
+            if (mode == 1) assert_int_equal(tide_model_set_offload(m[k], &o), TIDE_OK);
+            if (mode == 2) assert_int_equal(tide_model_set_engine(m[k], TIDE_ENGINE_PLAIN), TIDE_OK);
+        }
+        for (int s = 0; s <= TM_STEPS; s++) /* step by step, alternating */
+            for (int k = 0; k < 2; k++) {
+                size_t n = (size_t)(s ? 1 : SEQ) * v[k];
+                float *got = malloc(n * sizeof *got);
+                tide_status st = tm_forward(m[k], v[k], s, got);
+                if (st) fail_msg("%s, mode %d, model %d, step %d: %s", tide_backend_name(be), mode, k, s,
+                                 tide_ctx_last_error(ctx[k]));
+                if (memcmp(got, ref[k][s], n * sizeof *got))
+                    fail_msg("%s, mode %d: model %d's logits at step %d differ from its run alone",
+                             tide_backend_name(be), mode, k, s);
+                free(got);
+            }
+        tm_arg a[2];
+        pthread_t th[2];
+        for (int k = 0; k < 2; k++) { /* two threads at once, each with its own context */
+            a[k] = (tm_arg){.m = m[k], .ctx = ctx[k], .vocab = v[k]};
+            assert_int_equal(pthread_create(&th[k], NULL, tm_generate, &a[k]), 0);
+        }
+        for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+        for (int k = 0; k < 2; k++) {
+            if (a[k].st) fail_msg("%s, mode %d, model %d generating: %s", tide_backend_name(be), mode, k, a[k].why);
+            assert_memory_equal(a[k].tok, ref_tok[k], sizeof ref_tok[k]);
+            assert_true(a[k].gs.logits_hash == ref_hash[k]);
+            tide_model_free(m[k]);
+        }
+    }
+    for (int k = 0; k < 2; k++)
+        for (int s = 0; s <= TM_STEPS; s++) free(ref[k][s]);
+}
+
+static void test_two_models(void **state) {
+    (void)state;
+    env e = env_open(true);
+    synth y = synth_open("second-model", 512, 77);
+    tide_checkpoint *ck[2] = {e.ck, y.ck};
+    tide_ctx *ctx[2] = {e.ctx, y.ctx};
+    two_models_on(e.be, ck, ctx);
+    tide_backend *ab = NULL;
+    tide_async_opts ao = {.jitter_us = 100, .seed = 9, .device_is_host = false};
+    assert_int_equal(tide_async_backend_new(e.ctx, &ao, &ab), TIDE_OK);
+    two_models_on(ab, ck, ctx);
+    tide_backend_free(ab);
+    synth_close(&y);
+    env_close(&e);
+}
+
 static void test_ssd_spill_faults(void **state) {
     (void)state;
     env e = env_open(false);
@@ -1458,6 +1572,7 @@ int main(void) {
         cmocka_unit_test(test_async_failures),
         cmocka_unit_test(test_two_failures_at_once),
         cmocka_unit_test(test_shared_backend),
+        cmocka_unit_test(test_two_models),
         cmocka_unit_test(test_generate_offloaded),
         cmocka_unit_test(test_pread_fallback),
         cmocka_unit_test(test_ssd_read_fault),

@@ -18,19 +18,21 @@ static const char help[] =
     "                [--host-budget BYTES] [--ssd DIR[,DIR]] [--weights-on-ssd] [--pread]\n"
     "                [--direct-storage]\n"
     "                [--tile auto|none|LEVEL] [--pin-weights auto|yes|no] [--hw PROFILE]\n"
-    "                [--verify] [--check]\n"
+    "                [--engine planned|plain] [--verify] [--check]\n"
     "                [--trace FILE] [--trace-svg FILE]\n"
     "                [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--threads N]\n"
     "                [--json] [--quiet]\n"
     "\n"
-    "Prefills the prompt, then generates tokens greedily (argmax). With a budget,\n"
-    "every graph runs through a verified plan that pages tensors between a device\n"
-    "arena of exactly that many bytes, host memory and SSD spill files.\n"
+    "Prefills the prompt, then generates tokens greedily (argmax). Every graph runs\n"
+    "through a verified plan on the executor: with a budget, one that pages\n"
+    "tensors between a device arena of exactly that many bytes, host memory and\n"
+    "SSD spill files; without, an unconstrained one (weights and KV cache stay\n"
+    "in device memory, or are used in place where it is host memory).\n"
     "\n"
     "With no arguments it demonstrates offloading: the built-in model (a\n"
     "tinyllama-1.1b-shaped synthetic bf16 checkpoint, generated once into\n"
     "$TIDE_CACHE, else $XDG_CACHE_HOME/tide, else ~/.cache/tide) at 25% of its\n"
-    "unconstrained peak, checked bit for bit against an unconstrained run.\n"
+    "unconstrained peak, checked bit for bit against the plain reference engine.\n"
     "\n"
     "  --model DIR         Hugging Face-layout LLaMA checkpoint (config.json +\n"
     "                      model.safetensors or shards with an index)\n"
@@ -66,10 +68,14 @@ static const char help[] =
     "  --hw PROFILE        hardware profile for plans and the predicted makespan\n"
     "                      (default: a quick measurement of this machine through\n"
     "                      the backend, see `tide probe`)\n"
+    "  --engine E          planned (default: every graph through a verified plan)\n"
+    "                      or plain (the reference: every op in order, all tensors\n"
+    "                      resident, no planner, verifier or executor; no budget)\n"
     "  --verify            verify every plan (always done; kept for scripts)\n"
-    "  --check             also run unconstrained and compare the generated tokens\n"
-    "                      and every logit bit for bit (on by default with no\n"
-    "                      arguments); exit status 1 when they differ\n"
+    "  --check             also run the plain reference engine and compare the\n"
+    "                      generated tokens and every logit bit for bit (on by\n"
+    "                      default with no arguments); exit status 1 when they\n"
+    "                      differ\n"
     "  --trace FILE        Perfetto trace JSON of the offloaded prefill, measured\n"
     "  --trace-svg FILE    device memory over time, measured and predicted\n"
     "  --backend B         auto (CUDA when a GPU is present, else CPU; a GPU that is\n"
@@ -137,6 +143,7 @@ typedef struct run_args {
     long prompt_len, new_tokens, threads;
     uint64_t host_budget;
     bool json, quiet, check, weights_on_ssd, pread, verify;
+    tide_engine engine;
     tide_backend_kind backend;
     tide_matmul_mode matmul;
     const char *pin;
@@ -169,9 +176,10 @@ static void print_summary(const run_args *a, const char *model_dir, const tide_l
     char b1[32], b2[32], b3[32], b4[32];
     printf("model      %s (%s, %d layers, %s)\n", model_dir, cfg->name, cfg->num_hidden_layers,
            tide_dtype_name(cfg->dtype));
-    printf("backend    %s, matmul %s, %d threads, %s issue\n", tide_backend_name(be),
+    printf("backend    %s, matmul %s, %d threads, %s issue, engine %s\n", tide_backend_name(be),
            tide_matmul_name(tide_backend_matmul(be)), tide_ctx_threads(ctx),
-           s->async_issue ? "asynchronous (events)" : "synchronous");
+           s->async_issue ? "asynchronous (events)" : "synchronous",
+           a->engine == TIDE_ENGINE_PLAIN ? "plain" : "planned");
     printf("prompt     %d tokens\n", n_prompt);
     printf("generated ");
     for (long i = 0; i < a->new_tokens; i++) printf(" %d", gen[i]);
@@ -199,7 +207,7 @@ static void print_summary(const run_args *a, const char *model_dir, const tide_l
     }
     if (ref) {
         double w = s->prefill_s + s->decode_s, rw = ref->prefill_s + ref->decode_s;
-        printf("check      %s: unconstrained run %.3f s; offloaded %.2fx its wall time (prefill %.2fx)\n",
+        printf("check      %s: plain reference run %.3f s; this run %.2fx its wall time (prefill %.2fx)\n",
                check_rc == 1 ? "FAILED, outputs differ"
                : check_rc == 2 ? "passed, tokens identical (tiled graph: logits equal up to f32 summation order)"
                                : "passed, tokens and logits bit-identical", rw,
@@ -217,6 +225,7 @@ static void print_json(const run_args *a, const char *model_dir, const tide_llam
     cJSON_AddStringToObject(o, "backend", tide_backend_name(be));
     cJSON_AddStringToObject(o, "matmul", tide_matmul_name(tide_backend_matmul(be)));
     cJSON_AddNumberToObject(o, "threads", tide_ctx_threads(ctx));
+    cJSON_AddStringToObject(o, "engine", a->engine == TIDE_ENGINE_PLAIN ? "plain" : "planned");
     cJSON_AddBoolToObject(o, "async_issue", s->async_issue);
     cJSON_AddNumberToObject(o, "prompt_tokens", n_prompt);
     cJSON_AddNumberToObject(o, "new_tokens", (double)a->new_tokens);
@@ -244,6 +253,7 @@ static void print_json(const run_args *a, const char *model_dir, const tide_llam
     cJSON_AddNumberToObject(o, "measured_makespan_s", s->exec_s);
     cJSON_AddNumberToObject(o, "ssd_read_s", s->ssd_read_s);
     if (ref) {
+        cJSON_AddStringToObject(o, "reference_engine", "plain");
         cJSON_AddNumberToObject(o, "unconstrained_wall_s", ref->prefill_s + ref->decode_s);
         cJSON_AddNumberToObject(o, "unconstrained_prefill_s", ref->prefill_s);
         cJSON_AddBoolToObject(o, "check_passed", check_rc != 1);
@@ -255,238 +265,262 @@ static void print_json(const run_args *a, const char *model_dir, const tide_llam
     cJSON_Delete(o);
 }
 
-int cmd_run(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},      {"tokens", required_argument, 0, 't'},
-        {"prompt-len", required_argument, 0, 'p'}, {"new-tokens", required_argument, 0, 'n'},
-        {"backend", required_argument, 0, 'b'},    {"threads", required_argument, 0, 'T'},
-        {"budget", required_argument, 0, 'B'},     {"policy", required_argument, 0, 'P'},
-        {"host-budget", required_argument, 0, 'H'}, {"ssd", required_argument, 0, 'S'},
-        {"weights-on-ssd", no_argument, 0, 'W'},   {"pread", no_argument, 0, 'R'},
-        {"hw", required_argument, 0, 'w'},         {"verify", no_argument, 0, 'v'},
-        {"check", no_argument, 0, 'c'},            {"trace", required_argument, 0, 'x'},
-        {"trace-svg", required_argument, 0, 'X'},  {"json", no_argument, 0, 'j'},
-        {"quiet", no_argument, 0, 'q'},            {"help", no_argument, 0, 'h'},
-        {"tile", required_argument, 0, 'L'},       {"matmul", required_argument, 0, 'M'},
-        {"pin-weights", required_argument, 0, 'N'}, {"direct-storage", no_argument, 0, 'D'},
-        {0, 0, 0, 0},
-    };
-    run_args a = {.prompt_len = 32, .new_tokens = 16, .policy = "tide", .backend = TIDE_BACKEND_AUTO};
-    tide_offload_opts off = {0};
+/* What one `tide run` works on. */
+typedef struct run_job {
+    run_args a;
+    tide_offload_opts off;
+    bool offload;
+    tide_ctx *ctx;
+    cli_progress_state ps;
+    tide_checkpoint *ck;
+    tide_backend *be;
+    tide_model *m;
+    const char *model_dir;
+    char dir[PATH_MAX];
+    int32_t *prompt, *gen, *gen_ref;
+    int n_prompt;
+    tide_gen_stats stats, ref;
+    bool have_ref;
+    int check_rc;                 /* 0 bit-identical, 1 differ, 2 tiled: tokens identical */
+} run_job;
+
+static const struct option run_options[] = {
+    {"model", required_argument, 0, 'm'},      {"tokens", required_argument, 0, 't'},
+    {"prompt-len", required_argument, 0, 'p'}, {"new-tokens", required_argument, 0, 'n'},
+    {"backend", required_argument, 0, 'b'},    {"threads", required_argument, 0, 'T'},
+    {"budget", required_argument, 0, 'B'},     {"policy", required_argument, 0, 'P'},
+    {"host-budget", required_argument, 0, 'H'}, {"ssd", required_argument, 0, 'S'},
+    {"weights-on-ssd", no_argument, 0, 'W'},   {"pread", no_argument, 0, 'R'},
+    {"hw", required_argument, 0, 'w'},         {"verify", no_argument, 0, 'v'},
+    {"check", no_argument, 0, 'c'},            {"trace", required_argument, 0, 'x'},
+    {"trace-svg", required_argument, 0, 'X'},  {"json", no_argument, 0, 'j'},
+    {"quiet", no_argument, 0, 'q'},            {"help", no_argument, 0, 'h'},
+    {"tile", required_argument, 0, 'L'},       {"matmul", required_argument, 0, 'M'},
+    {"pin-weights", required_argument, 0, 'N'}, {"direct-storage", no_argument, 0, 'D'},
+    {"engine", required_argument, 0, 'E'},
+    {0, 0, 0, 0},
+};
+
+/* Parses argv into r->a and r->off. Returns -1 to go on, else the exit
+ * status (0 after --help, 2 on a usage error). */
+static int parse_args(int argc, char **argv, run_job *r) {
+    run_args *a = &r->a;
+    *a = (run_args){.prompt_len = 32, .new_tokens = 16, .policy = "tide", .backend = TIDE_BACKEND_AUTO};
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", run_options, NULL)) != -1) {
         switch (c) {
-        case 'm': a.model_dir = optarg; break;
-        case 't': a.tokens = optarg; break;
+        case 'm': a->model_dir = optarg; break;
+        case 't': a->tokens = optarg; break;
         case 'p':
-            if (cli_parse_int(optarg, 1, 1 << 20, &a.prompt_len)) return cli_usage_error("run", "bad --prompt-len '%s'", optarg);
+            if (cli_parse_int(optarg, 1, 1 << 20, &a->prompt_len)) return cli_usage_error("run", "bad --prompt-len '%s'", optarg);
             break;
         case 'n':
-            if (cli_parse_int(optarg, 0, 1 << 20, &a.new_tokens)) return cli_usage_error("run", "bad --new-tokens '%s'", optarg);
+            if (cli_parse_int(optarg, 0, 1 << 20, &a->new_tokens)) return cli_usage_error("run", "bad --new-tokens '%s'", optarg);
             break;
         case 'T':
-            if (cli_parse_int(optarg, 1, 4096, &a.threads)) return cli_usage_error("run", "bad --threads '%s'", optarg);
+            if (cli_parse_int(optarg, 1, 4096, &a->threads)) return cli_usage_error("run", "bad --threads '%s'", optarg);
             break;
         case 'b':
-            if (cli_parse_backend(optarg, &a.backend))
+            if (cli_parse_backend(optarg, &a->backend))
                 return cli_usage_error("run", "unknown --backend '%s' (auto, cpu or cuda)", optarg);
             break;
         case 'B':
-            a.budget = optarg;
-            if (parse_budget(optarg, &off))
+            a->budget = optarg;
+            if (parse_budget(optarg, &r->off))
                 return cli_usage_error("run", "bad --budget '%s' (bytes such as 2G, a percentage such as 25%%, auto, min or none)", optarg);
             break;
         case 'P':
             if (strcmp(optarg, "tide") && strcmp(optarg, "static-layer") && strcmp(optarg, "lru"))
                 return cli_usage_error("run", "unknown --policy '%s' (tide, static-layer or lru)", optarg);
-            a.policy = optarg;
+            a->policy = optarg;
             break;
         case 'H':
-            if (cli_parse_bytes(optarg, &a.host_budget) || !a.host_budget)
+            if (cli_parse_bytes(optarg, &a->host_budget) || !a->host_budget)
                 return cli_usage_error("run", "bad --host-budget '%s'", optarg);
             break;
-        case 'S': a.ssd = optarg; break;
-        case 'W': a.weights_on_ssd = true; break;
-        case 'R': a.pread = true; break;
-        case 'D': a.direct_storage = true; break;
-        case 'w': a.hw = optarg; break;
-        case 'v': a.verify = true; break;
-        case 'c': a.check = true; break;
-        case 'x': a.trace = optarg; break;
-        case 'X': a.trace_svg = optarg; break;
-        case 'j': a.json = true; break;
-        case 'q': a.quiet = true; break;
+        case 'S': a->ssd = optarg; break;
+        case 'W': a->weights_on_ssd = true; break;
+        case 'R': a->pread = true; break;
+        case 'D': a->direct_storage = true; break;
+        case 'w': a->hw = optarg; break;
+        case 'v': a->verify = true; break;
+        case 'c': a->check = true; break;
+        case 'x': a->trace = optarg; break;
+        case 'X': a->trace_svg = optarg; break;
+        case 'j': a->json = true; break;
+        case 'q': a->quiet = true; break;
         case 'L':
-            a.tile = optarg;
-            if (tide_tile_parse(NULL, optarg, &off.tile))
+            a->tile = optarg;
+            if (tide_tile_parse(NULL, optarg, &r->off.tile))
                 return cli_usage_error("run", "bad --tile '%s' (auto, none or a level 1 to %d)", optarg,
                                        TIDE_TILE_LEVELS - 1);
             break;
         case 'N':
-            a.pin = optarg;
-            if (!strcmp(optarg, "auto")) off.pin_weights = 0;
-            else if (!strcmp(optarg, "yes")) off.pin_weights = 1;
-            else if (!strcmp(optarg, "no")) off.pin_weights = -1;
+            a->pin = optarg;
+            if (!strcmp(optarg, "auto")) r->off.pin_weights = 0;
+            else if (!strcmp(optarg, "yes")) r->off.pin_weights = 1;
+            else if (!strcmp(optarg, "no")) r->off.pin_weights = -1;
             else return cli_usage_error("run", "bad --pin-weights '%s' (auto, yes or no)", optarg);
             break;
         case 'M':
-            if (tide_matmul_parse(NULL, optarg, &a.matmul))
+            if (tide_matmul_parse(NULL, optarg, &a->matmul))
                 return cli_usage_error("run", "unknown --matmul '%s' (auto, f32 or fast)", optarg);
+            break;
+        case 'E':
+            if (!strcmp(optarg, "planned")) a->engine = TIDE_ENGINE_PLANNED;
+            else if (!strcmp(optarg, "plain")) a->engine = TIDE_ENGINE_PLAIN;
+            else return cli_usage_error("run", "unknown --engine '%s' (planned or plain)", optarg);
             break;
         case 'h': fputs(help, stdout); return 0;
         default: return cli_usage_error("run", "unknown option");
         }
     }
     if (optind != argc) return cli_usage_error("run", "unexpected argument '%s'", argv[optind]);
-    if (!a.model_dir && !a.budget) {
+    if (!a->model_dir && !a->budget && a->engine == TIDE_ENGINE_PLANNED) {
         /* the built-in demonstration: offloaded at 25%, checked */
-        off.budget_kind = TIDE_BUDGET_FRACTION;
-        off.fraction = 0.25;
-        a.check = true;
+        r->off.budget_kind = TIDE_BUDGET_FRACTION;
+        r->off.fraction = 0.25;
+        a->check = true;
     }
-    bool offload = off.budget_kind != TIDE_BUDGET_NONE;
-    off.timeline = a.trace || a.trace_svg; /* measured on a GPU only when written */
-    if (!offload && (a.trace || a.trace_svg || a.weights_on_ssd || a.ssd || a.check || a.hw || a.host_budget ||
-                     a.pread || a.tile || a.pin || a.direct_storage || strcmp(a.policy, "tide")))
-        return cli_usage_error("run", "--check, --trace, --trace-svg, --ssd, --weights-on-ssd, --policy, --hw, "
+    r->offload = r->off.budget_kind != TIDE_BUDGET_NONE;
+    r->off.timeline = a->trace || a->trace_svg; /* measured on a GPU only when written */
+    if (!r->offload && (a->trace || a->trace_svg || a->weights_on_ssd || a->ssd || a->hw || a->host_budget ||
+                        a->pread || a->tile || a->pin || a->direct_storage || strcmp(a->policy, "tide")))
+        return cli_usage_error("run", "--trace, --trace-svg, --ssd, --weights-on-ssd, --policy, --hw, "
                                "--host-budget, --tile, --pin-weights, --direct-storage and --pread need a --budget");
-    if (a.check && a.new_tokens < 1) return cli_usage_error("run", "--check needs --new-tokens of at least 1");
-    if (a.direct_storage && !a.weights_on_ssd)
+    if (a->engine == TIDE_ENGINE_PLAIN && (r->offload || a->check))
+        return cli_usage_error("run", "--engine plain runs resident, unchecked: no --budget, no --check");
+    if (a->check && a->new_tokens < 1) return cli_usage_error("run", "--check needs --new-tokens of at least 1");
+    if (a->direct_storage && !a->weights_on_ssd)
         return cli_usage_error("run", "--direct-storage reads weights homed on SSD: it needs --weights-on-ssd");
-    off.policy = a.policy;
-    off.host_budget = a.host_budget;
-    off.ssd_dirs = a.ssd;
-    off.weights_on_ssd = a.weights_on_ssd;
-    off.force_pread = a.pread;
-    off.direct_storage = a.direct_storage;
-    off.verify = true;
-    off.hw = a.hw;
+    if (a->tokens && parse_tokens(a->tokens, &r->prompt, &r->n_prompt))
+        return cli_usage_error("run", "bad --tokens '%s' (comma-separated integers)", a->tokens);
+    r->off.policy = a->policy;
+    r->off.host_budget = a->host_budget;
+    r->off.ssd_dirs = a->ssd;
+    r->off.weights_on_ssd = a->weights_on_ssd;
+    r->off.force_pread = a->pread;
+    r->off.direct_storage = a->direct_storage;
+    r->off.hw = a->hw;
+    return -1;
+}
 
-    int32_t *prompt = NULL, *gen = NULL, *gen_ref = NULL;
-    int n_prompt = 0;
-    if (a.tokens && parse_tokens(a.tokens, &prompt, &n_prompt))
-        return cli_usage_error("run", "bad --tokens '%s' (comma-separated integers)", a.tokens);
-
-    tide_ctx *ctx = tide_ctx_new();
-    if (!ctx) return 1;
-    tide_ctx_set_threads(ctx, (int)a.threads);
-    cli_progress_state ps;
-    cli_progress_init(&ps, a.quiet);
-    tide_ctx_set_progress(ctx, cli_progress, &ps);
-    tide_checkpoint *ck = NULL;
-    tide_backend *be = NULL;
-    tide_model *m = NULL;
-    int rc = 0, check_rc = 0;
-    char dir[PATH_MAX];
-    const char *model_dir = a.model_dir;
-    if (!model_dir) {
-        if ((rc = cli_ensure_default_model(ctx, dir, sizeof dir, &ps))) goto out;
-        model_dir = dir;
+/* The checkpoint (the built-in one when no --model), the prompt, the backend
+ * and the model. Returns 0 or the exit status. */
+static int open_model(run_job *r) {
+    const run_args *a = &r->a;
+    r->model_dir = a->model_dir;
+    int rc;
+    if (!r->model_dir) {
+        if ((rc = cli_ensure_default_model(r->ctx, r->dir, sizeof r->dir, &r->ps))) return rc;
+        r->model_dir = r->dir;
     }
-    if (tide_checkpoint_open(ctx, model_dir, &ck)) {
-        rc = cli_fail(ctx, "loading the model");
-        goto out;
-    }
+    if (tide_checkpoint_open(r->ctx, r->model_dir, &r->ck)) return cli_fail(r->ctx, "loading the model");
     /* weights homed in memory: read them in now, so no run is timed on faults */
-    if (!a.weights_on_ssd && tide_checkpoint_prefetch(ck)) {
-        rc = cli_fail(ctx, "loading the model");
-        goto out;
-    }
-    cli_progress_end(&ps);
-    const tide_llama_config *cfg = tide_checkpoint_config(ck);
-    if (!prompt) {
-        n_prompt = (int)a.prompt_len;
-        prompt = malloc((size_t)n_prompt * sizeof *prompt);
-        if (!prompt) {
-            rc = 1;
-            goto out;
-        }
+    if (!a->weights_on_ssd && tide_checkpoint_prefetch(r->ck)) return cli_fail(r->ctx, "loading the model");
+    cli_progress_end(&r->ps);
+    const tide_llama_config *cfg = tide_checkpoint_config(r->ck);
+    if (!r->prompt) {
+        r->n_prompt = (int)a->prompt_len;
+        if (!(r->prompt = malloc((size_t)r->n_prompt * sizeof *r->prompt))) return 1;
         /* a fixed pseudo-random prompt: the same ids on every run */
-        for (int i = 0; i < n_prompt; i++)
-            prompt[i] = (int32_t)((1u + (uint32_t)i * 2654435761u) % (uint32_t)cfg->vocab_size);
+        for (int i = 0; i < r->n_prompt; i++)
+            r->prompt[i] = (int32_t)((1u + (uint32_t)i * 2654435761u) % (uint32_t)cfg->vocab_size);
     }
-    if (tide_backend_new(ctx, a.backend, &be)) {
-        rc = cli_fail(ctx, "backend");
-        goto out;
-    }
-    if (tide_backend_set_matmul(be, a.matmul)) {
-        rc = cli_fail(ctx, "--matmul");
-        goto out;
-    }
-    int ctx_len = n_prompt + (int)(a.new_tokens > 0 ? a.new_tokens - 1 : 0);
+    if (tide_backend_new(r->ctx, a->backend, &r->be)) return cli_fail(r->ctx, "backend");
+    if (tide_backend_set_matmul(r->be, a->matmul)) return cli_fail(r->ctx, "--matmul");
+    int ctx_len = r->n_prompt + (int)(a->new_tokens > 0 ? a->new_tokens - 1 : 0);
     if (ctx_len > cfg->max_position_embeddings) {
-        fprintf(stderr, "tide: run: %d prompt + %ld new tokens exceed the model's %d positions\n", n_prompt,
-                a.new_tokens, cfg->max_position_embeddings);
-        rc = 1;
-        goto out;
+        fprintf(stderr, "tide: run: %d prompt + %ld new tokens exceed the model's %d positions\n", r->n_prompt,
+                a->new_tokens, cfg->max_position_embeddings);
+        return 1;
     }
-    tide_model_opts mo = {.max_batch = 1, .ctx_len = ctx_len};
-    if (tide_model_new(ctx, ck, be, &mo, &m)) {
-        rc = cli_fail(ctx, "preparing the model");
-        goto out;
+    const char *sync = getenv("TIDE_EXEC_SYNC"); /* read here, at the edge */
+    tide_model_opts mo = {.max_batch = 1, .ctx_len = ctx_len, .sync_issue = sync && *sync && strcmp(sync, "0")};
+    if (tide_model_new(r->ctx, r->ck, r->be, &mo, &r->m)) return cli_fail(r->ctx, "preparing the model");
+    r->gen = calloc((size_t)(a->new_tokens ? a->new_tokens : 1), sizeof *r->gen);
+    r->gen_ref = calloc((size_t)(a->new_tokens ? a->new_tokens : 1), sizeof *r->gen_ref);
+    return r->gen && r->gen_ref ? 0 : 1;
+}
+
+/* With --check: the same generation on the plain reference engine first.
+ * Returns 0 or the exit status. */
+static int reference_run(run_job *r) {
+    const run_args *a = &r->a;
+    if (!a->check) return 0;
+    if (!a->quiet && !a->json) fprintf(stderr, "tide: plain reference run (for --check)\n");
+    if (tide_model_set_engine(r->m, TIDE_ENGINE_PLAIN) ||
+        tide_model_generate(r->m, r->prompt, r->n_prompt, (int)a->new_tokens, r->gen_ref, &r->ref)) {
+        cli_progress_end(&r->ps);
+        return cli_fail(r->ctx, "reference run");
     }
-    gen = calloc((size_t)(a.new_tokens ? a.new_tokens : 1), sizeof *gen);
-    gen_ref = calloc((size_t)(a.new_tokens ? a.new_tokens : 1), sizeof *gen_ref);
-    if (!gen || !gen_ref) {
-        rc = 1;
-        goto out;
+    cli_progress_end(&r->ps);
+    r->have_ref = true;
+    return tide_model_set_engine(r->m, TIDE_ENGINE_PLANNED) ? cli_fail(r->ctx, "engine") : 0;
+}
+
+/* The run itself (offloaded when a budget was given), then the comparison
+ * with the reference. Returns 0 or the exit status. */
+static int main_run(run_job *r) {
+    const run_args *a = &r->a;
+    if (tide_model_set_engine(r->m, a->engine)) return cli_fail(r->ctx, "engine");
+    if (r->offload) {
+        if (!a->quiet && !a->json) fprintf(stderr, "tide: offloaded run (policy %s)\n", a->policy);
+        if (tide_model_set_offload(r->m, &r->off)) return cli_fail(r->ctx, "offloading");
     }
-    tide_gen_stats stats, ref;
-    bool have_ref = false;
-    if (a.check && offload) {
-        if (!a.quiet && !a.json) fprintf(stderr, "tide: unconstrained run (for --check)\n");
-        if (tide_model_generate(m, prompt, n_prompt, (int)a.new_tokens, gen_ref, &ref)) {
-            cli_progress_end(&ps);
-            rc = cli_fail(ctx, "unconstrained run");
-            goto out;
-        }
-        cli_progress_end(&ps);
-        have_ref = true;
-    }
-    if (offload) {
-        if (!a.quiet && !a.json) fprintf(stderr, "tide: offloaded run (policy %s)\n", a.policy);
-        if (tide_model_set_offload(m, &off)) {
-            rc = cli_fail(ctx, "offloading");
-            goto out;
-        }
-    }
-    tide_status st = tide_model_generate(m, prompt, n_prompt, (int)a.new_tokens, gen, &stats);
-    cli_progress_end(&ps);
-    if (!a.quiet && tide_model_notice(m)[0]) fprintf(stderr, "tide: note: %s\n", tide_model_notice(m));
-    if (st) {
-        rc = cli_fail(ctx, "run");
-        goto out;
-    }
-    if (have_ref) {
+    tide_status st = tide_model_generate(r->m, r->prompt, r->n_prompt, (int)a->new_tokens, r->gen, &r->stats);
+    cli_progress_end(&r->ps);
+    if (!a->quiet && tide_model_notice(r->m)[0]) fprintf(stderr, "tide: note: %s\n", tide_model_notice(r->m));
+    if (st) return cli_fail(r->ctx, "run");
+    if (r->have_ref) {
         /* 0: bit-identical; 2: a tiled graph's tokens are identical and its
          * logits differ only in f32 rounding (sgemm over fewer rows sums in
          * another order); 1: the outputs differ */
-        bool same_tokens = memcmp(gen, gen_ref, (size_t)a.new_tokens * sizeof *gen) == 0;
-        check_rc = !same_tokens ? 1 : stats.logits_hash == ref.logits_hash ? 0 : stats.tile_level ? 2 : 1;
+        bool same_tokens = memcmp(r->gen, r->gen_ref, (size_t)a->new_tokens * sizeof *r->gen) == 0;
+        r->check_rc = !same_tokens ? 1 : r->stats.logits_hash == r->ref.logits_hash ? 0 : r->stats.tile_level ? 2 : 1;
     }
-    if ((a.trace || a.trace_svg) && tide_model_write_trace(m, a.trace, a.trace_svg)) {
-        rc = cli_fail(ctx, "writing the trace");
-        goto out;
-    }
-    if (a.json)
-        print_json(&a, model_dir, cfg, be, ctx, n_prompt, gen, &stats, have_ref ? &ref : NULL, offload, a.policy,
-                   check_rc, peak_rss_bytes());
+    if ((a->trace || a->trace_svg) && tide_model_write_trace(r->m, a->trace, a->trace_svg))
+        return cli_fail(r->ctx, "writing the trace");
+    return 0;
+}
+
+/* The summary or the JSON; exit status 1 when --check failed. */
+static int report(run_job *r) {
+    const run_args *a = &r->a;
+    const tide_llama_config *cfg = tide_checkpoint_config(r->ck);
+    const tide_gen_stats *ref = r->have_ref ? &r->ref : NULL;
+    if (a->json)
+        print_json(a, r->model_dir, cfg, r->be, r->ctx, r->n_prompt, r->gen, &r->stats, ref, r->offload, a->policy,
+                   r->check_rc, peak_rss_bytes());
     else
-        print_summary(&a, model_dir, cfg, be, ctx, n_prompt, gen, &stats, have_ref ? &ref : NULL, offload,
-                      a.policy, check_rc);
-    if (check_rc == 1) {
-        fprintf(stderr, "tide: run: --check failed: the offloaded run's %s differ from the unconstrained run's\n",
-                memcmp(gen, gen_ref, (size_t)a.new_tokens * sizeof *gen) ? "tokens" : "logits");
-        rc = 1;
+        print_summary(a, r->model_dir, cfg, r->be, r->ctx, r->n_prompt, r->gen, &r->stats, ref, r->offload,
+                      a->policy, r->check_rc);
+    if (r->check_rc != 1) return 0;
+    fprintf(stderr, "tide: run: --check failed: this run's %s differ from the plain reference run's\n",
+            memcmp(r->gen, r->gen_ref, (size_t)a->new_tokens * sizeof *r->gen) ? "tokens" : "logits");
+    return 1;
+}
+
+int cmd_run(int argc, char **argv) {
+    run_job r;
+    memset(&r, 0, sizeof r);
+    int rc = parse_args(argc, argv, &r);
+    if (rc >= 0) {
+        free(r.prompt);
+        return rc;
     }
-out:
-    tide_model_free(m);
-    tide_backend_free(be);
-    tide_checkpoint_free(ck);
-    tide_ctx_free(ctx);
-    free(prompt);
-    free(gen);
-    free(gen_ref);
+    if (!(r.ctx = tide_ctx_new())) return 1;
+    tide_ctx_set_threads(r.ctx, (int)r.a.threads);
+    cli_progress_init(&r.ps, r.a.quiet);
+    tide_ctx_set_progress(r.ctx, cli_progress, &r.ps);
+    if (!(rc = open_model(&r)) && !(rc = reference_run(&r)) && !(rc = main_run(&r))) rc = report(&r);
+    tide_model_free(r.m);
+    tide_backend_free(r.be);
+    tide_checkpoint_free(r.ck);
+    tide_ctx_free(r.ctx);
+    free(r.prompt);
+    free(r.gen);
+    free(r.gen_ref);
     return rc;
 }

@@ -1,53 +1,60 @@
 /*
- * model_int.h - the model's internal layout, shared by the resident runner
- * (model.c) and the offloaded runner (offload.c).
+ * model_int.h - the model's internal layout. The runtime is cut by what each
+ * part owns, and calls go one way:
+ *
+ *   generate.c  the LLaMA client: graphs by shape, forward, greedy
+ *               generation, stats, traces         -> place.c, plain.c, model.c
+ *   place.c     the planned engine: a slot's graph and plan (resident or
+ *               offloaded), its runner and its homes, the shared arena and
+ *               the warm tensors kept in it       -> runner.c, tiling.c, model.c
+ *   plain.c     the plain reference engine        -> model.c
+ *   model.c     the model's resources: checkpoint, KV cache homes, pinned
+ *               and uploaded weight copies, the engine and offload settings
+ *   runner.c    a graph through a verified plan on the executor (knows no
+ *               model)
  */
 #ifndef TIDE_MODEL_INT_H
 #define TIDE_MODEL_INT_H
 
 #include "backend/backend.h"
-#include "exec/executor.h"
-#include "planner/planner.h"
+#include "runtime/runner.h"
 #include "runtime/tiling.h"
 #include "sim/sim.h"
 #include "trace/trace.h"
-#include "verify/verify.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+/* A KV cache buffer (one layer's k or v for every batch row). */
 typedef struct state_buf {
-    char *name;
-    void *data;      /* device memory (host memory for host backends); on a
-                        device backend NULL until a resident run needs it */
-    void *host;      /* the home of offloaded runs when device memory is not host
-                        memory (NULL otherwise: data is the home) */
+    char *name;      /* "cache.L.k" */
+    void *host;      /* its home: host memory, zeroed when made */
+    void *dev;       /* the plain engine's device copy on a device backend, or NULL
+                        (where device memory is host memory, host is used) */
     uint64_t nbytes;
 } state_buf;
 
-/* A graph the model runs, with its plan and executor when offloading. */
+/* A named host buffer a run reads (input) or fills (output). */
+typedef struct tide_binding {
+    const char *name;
+    void *data;
+} tide_binding;
+
+/* A graph the model runs: its shape and how it runs. */
 typedef struct graph_slot {
-    tide_graph *g;
     int batch, seq;
     bool all_logits, fresh;
-    tide_plan *plan;
-    tide_exec *ex;
-    tide_sim_event *timeline; /* measured, one per instruction of plan */
+    tide_graph *g;            /* the graph (untiled; the runner has its own, maybe tiled) */
+    tide_runner *run;         /* the planned engine's, made on first use */
+    double predicted_s;       /* simulated makespan of its plan */
+    int tile_level;           /* tiling of the runner's graph (0: none) */
+    int min_tile;             /* with --budget min, the tiling the minimum was found at
+                                 (a tide_offload_opts.tile value; 0: none found here) */
     float *logits;            /* host outputs used when the caller gives none: */
     int32_t *next;            /* allocated once with the slot, not per run */
-    double predicted_s;
-    int tile_level;           /* tiling of g chosen for the budget */
-    int min_tile;             /* with --budget min, the tiling the minimum was found
-                                 at for this graph (a tide_offload_opts.tile value;
-                                 0: none found here), planned again at once */
 } graph_slot;
 
-/* What one graph run produces on the host. */
-typedef struct run_io {
-    const int32_t *tokens, *pos;  /* inputs */
-    float *logits;                /* (rows, V) */
-    int32_t *next;                /* (rows) */
-} run_io;
+#define MODEL_SLOTS 2         /* the prefill and the decode graph */
 
 struct tide_model {
     tide_ctx *ctx;
@@ -55,31 +62,40 @@ struct tide_model {
     tide_backend *be;
     tide_llama_config cfg;
     int max_batch, ctx_len;
+    bool sync_issue;
     state_buf *state;
     int n_state;
-    void **weights;        /* device copies when the backend is not host memory */
-    int n_weights;
-    graph_slot slots[2];   /* the prefill and the decode graph */
-    int next_slot;
+    int n_weights;            /* checkpoint tensors */
     uint64_t weight_bytes, state_bytes, peak_bytes;
-    void *act;             /* resident runs: inputs, activations and scratch */
+    /* the plain engine's device copies (device backends only) */
+    void **dev_weights;
+    void *act;                /* inputs, activations and scratch of its runs */
     uint64_t act_bytes;
-    uint64_t logits_hash;  /* FNV-1a over every logits output, in run order */
-    /* offloading (offload.c) */
-    bool offload;
+    /* how graphs run */
+    tide_engine engine;
+    bool offload;             /* offloaded under off (else resident) */
     tide_offload_opts off;
     char *off_ssd_dirs;
     tide_policy policy;
-    tide_hw hw;
-    bool hw_ready;
-    uint64_t budget;       /* resolved on the first plan */
-    void *arena;           /* one arena of `budget` bytes, lent to every executor */
-    graph_slot *last_planned; /* for traces: the slot whose plan ran first (prefill) */
-    tide_gen_stats acc;    /* offload counters of the current generation */
-    char notice[256];      /* first notice of offloading (memory left unpinned) */
-    void **pinned;         /* per checkpoint tensor: its pinned copy, or NULL */
-    bool pinned_by_be;     /* the copies come from be->vt->host_alloc */
+    tide_hw hw;               /* the cost model of offloaded plans */
+    /* the planned engine's arena, lent to every runner */
+    void *arena;
+    uint64_t arena_bytes;     /* offloaded: the budget; resident: the largest plan's need */
+    uint64_t budget;          /* offloaded: resolved on the first plan; 0 before */
+    uint64_t *warm_w;         /* resident on a device: per checkpoint tensor its arena offset, */
+    uint64_t *warm_s;         /* per cache buffer likewise (NULL: nothing warm) */
+    uint64_t warm_bytes;      /* the warm region [0, warm_bytes) */
+    bool warm_loaded;         /* the arena holds the warm tensors */
+    /* pinned host copies of the weights (offloaded runs) */
+    void **pinned;            /* per checkpoint tensor, or NULL */
+    bool pinned_by_be;        /* the copies come from be->vt->host_alloc */
     uint64_t pinned_bytes;
+    graph_slot slots[MODEL_SLOTS];
+    int next_slot;
+    graph_slot *last_planned; /* for traces: the first offloaded graph run (the prefill) */
+    tide_gen_stats acc;       /* counters of the current generation */
+    uint64_t logits_hash;     /* FNV-1a over every logits output, in run order */
+    char notice[256];         /* the first notice of the planned engine */
 };
 
 /* Device memory `--budget auto` leaves free for the runtime (cuBLAS
@@ -87,38 +103,47 @@ struct tide_model {
  * larger of 512 MiB and 1/32 of the device's memory. */
 #define TIDE_AUTO_MARGIN(total) TIDE_MAX((uint64_t)512 << 20, (uint64_t)(total) / 32)
 
-/* TIDE_EXEC_SYNC=1: every device call completes before the next is issued,
- * even on a backend with events (slower; for comparison and diagnosis). */
-static inline bool tide_model_sync_issue(void) {
-    const char *v = getenv("TIDE_EXEC_SYNC");
-    return v && *v && strcmp(v, "0") != 0;
-}
-/* Whether runs on be issue device work ahead (events, TIDE_EXEC_SYNC unset). */
-static inline bool tide_async_issue(const tide_backend *be) {
-    return tide_backend_has_events(be) && !tide_model_sync_issue();
-}
+/* ---------------------------------------------------------------- model.c: resources */
 
-void tide_model_slot_clear(graph_slot *s);
-/* Allocates (zeroed) the device copies of the KV cache that are missing. */
-tide_status tide_model_device_state(tide_model *m);
-/* On a device backend, frees the device KV cache and the uploaded weights:
- * offloaded runs keep both in host memory and use the arena alone. */
-void tide_model_release_device(tide_model *m);
-void tide_model_offload_release(tide_model *m);
-/* Frees the pinned copies of the weights. */
-void tide_model_unpin(tide_model *m);
-/* Runs s through its plan (made, verified and prepared on first use). */
-tide_status tide_model_run_planned(tide_model *m, graph_slot *s, const run_io *io);
-/* Device pointer of state tensor `name` ("cache.L.k"), or NULL. */
-state_buf *tide_model_state(tide_model *m, const char *name, uint64_t min_bytes);
-/* Where graph tensor t's data lives: the checkpoint tensor of a weight (t may
- * be a byte range of it) or the state buffer of a KV cache, with t's offset
- * there. TIDE_OK, or TIDE_E_NOT_FOUND / TIDE_E_FORMAT naming t. */
+uint64_t tide_hash_bytes(uint64_t h, const void *data, uint64_t n);
+/* The checkpoint tensor behind graph weight t, and t's byte offset in it (a
+ * block of a split weight is a byte range of its checkpoint tensor). TIDE_OK,
+ * or TIDE_E_NOT_FOUND / TIDE_E_FORMAT naming t. */
 tide_status tide_model_weight_home(tide_model *m, const tide_graph *g, int t, tide_tensor_info *ti,
                                    uint64_t *off);
 /* The checkpoint index of the tensor ti describes, or -1. */
 int tide_model_weight_index(const tide_model *m, const tide_tensor_info *ti);
+/* The cache buffer behind graph state t, and t's byte offset in it. */
 tide_status tide_model_state_home(tide_model *m, const tide_graph *g, int t, state_buf **sb, uint64_t *off);
-uint64_t tide_hash_bytes(uint64_t h, const void *data, uint64_t n);
+/* The host home of weight ti at offset off: its pinned copy when it has one,
+ * else the memory-mapped checkpoint. */
+void *tide_model_weight_host(tide_model *m, const tide_tensor_info *ti, uint64_t off);
+/* Frees every slot's graph and runner (their plans are made again on next use). */
+void tide_model_clear_slots(tide_model *m);
+void tide_model_slot_clear(graph_slot *s);
+
+/* ---------------------------------------------------------------- plain.c: the reference */
+
+/* Runs g once with the plain engine: weights and cache where the model keeps
+ * them for it, every other tensor in one buffer laid out in op order; the
+ * inputs bound by name are copied in, the outputs bound by name copied out.
+ * Returns TIDE_OK or the failing step's status. */
+tide_status tide_plain_run(tide_model *m, const tide_graph *g, const tide_binding *in, int n_in,
+                           const tide_binding *out, int n_out);
+/* Frees the plain engine's device copies (weights, cache, activations). */
+void tide_plain_release(tide_model *m);
+
+/* ---------------------------------------------------------------- place.c: the planned engine */
+
+/* Runs slot s once through its plan (graph, plan and runner made on first
+ * use: resident or offloaded as the model is set), its inputs and outputs
+ * bound by name. Counts the run into m->acc. */
+tide_status tide_planned_run(tide_model *m, graph_slot *s, const tide_binding *io, int n_io);
+/* Frees the arena and forgets the warm tensors and the resolved budget. */
+void tide_planned_release(tide_model *m);
+/* The plan and measured timeline of the last offloaded prefill, for traces
+ * and benchmarks: TIDE_OK, or TIDE_E_INVALID when there is none (the message
+ * says what is missing). */
+tide_status tide_model_last_run(const tide_model *m, const tide_plan **plan, const tide_sim_event **timeline);
 
 #endif

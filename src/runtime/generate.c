@@ -1,0 +1,157 @@
+/*
+ * generate.c - the LLaMA client of the runtime: a forward pass and greedy
+ * generation through the model's graphs, one graph per shape (batch, tokens,
+ * which logits, fresh cache or not), two kept at a time (the prefill's and the
+ * decode step's). The graph's inputs ("tokens", "pos") and outputs ("logits",
+ * "next_token") are bound by name; the engines know no model.
+ */
+#include "runtime/model_int.h"
+
+#include <string.h>
+
+/* The slot of the graph of this shape, made when missing (the older slot
+ * goes). `fresh`: the run starts at position 0, so the caches are written
+ * without being read (and never loaded when offloading). */
+static tide_status get_slot(tide_model *m, int batch, int seq, bool all_logits, bool fresh, graph_slot **out) {
+    for (int i = 0; i < MODEL_SLOTS; i++) {
+        graph_slot *s = &m->slots[i];
+        if (s->g && s->batch == batch && s->seq == seq && s->all_logits == all_logits && s->fresh == fresh) {
+            *out = s;
+            return TIDE_OK;
+        }
+    }
+    tide_llama_graph_opts go = {.batch = batch, .seq = seq, .ctx_len = m->ctx_len, .all_logits = all_logits,
+                                .fresh_cache = fresh};
+    tide_graph *g = NULL;
+    tide_status st = tide_llama_build(m->ctx, &m->cfg, &go, &g);
+    if (st) return st;
+    graph_slot *s = &m->slots[m->next_slot];
+    m->next_slot = (m->next_slot + 1) % MODEL_SLOTS;
+    if (m->last_planned == s) m->last_planned = NULL;
+    tide_model_slot_clear(s);
+    *s = (graph_slot){.g = g, .batch = batch, .seq = seq, .all_logits = all_logits, .fresh = fresh};
+    s->logits = tide_malloc(tide_graph_tensor_bytes(g, tide_graph_find(g, "logits")));
+    s->next = tide_malloc(tide_graph_tensor_bytes(g, tide_graph_find(g, "next_token")));
+    if (!s->logits || !s->next) {
+        tide_model_slot_clear(s);
+        return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for a graph's outputs");
+    }
+    *out = s;
+    return TIDE_OK;
+}
+
+/* Runs slot s once on the model's engine and folds its logits into the
+ * model's hash. Outputs the caller does not want (NULL) go to the slot's own
+ * buffers. */
+static tide_status run_slot(tide_model *m, graph_slot *s, const int32_t *tokens, const int32_t *pos, float *logits,
+                            int32_t *next) {
+    if (!logits) logits = s->logits;
+    if (!next) next = s->next;
+    tide_binding in[2] = {{"tokens", (void *)tokens}, {"pos", (void *)pos}};
+    tide_binding out[2] = {{"logits", logits}, {"next_token", next}};
+    tide_status st;
+    if (m->engine == TIDE_ENGINE_PLAIN) {
+        st = tide_plain_run(m, s->g, in, 2, out, 2);
+    } else {
+        tide_binding io[4] = {in[0], in[1], out[0], out[1]};
+        st = tide_planned_run(m, s, io, 4);
+    }
+    if (!st)
+        m->logits_hash = tide_hash_bytes(m->logits_hash, logits, tide_graph_tensor_bytes(s->g, tide_graph_find(s->g, "logits")));
+    return st;
+}
+
+static tide_status check_tokens(tide_model *m, const int32_t *tokens, int n) {
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
+            return tide_err(m->ctx, TIDE_E_RANGE, "token id %d at position %d is outside the vocabulary "
+                            "(0 to %d)", tokens[i], i, m->cfg.vocab_size - 1);
+    return TIDE_OK;
+}
+
+tide_status tide_model_forward(tide_model *m, const int32_t *tokens, int batch, int seq,
+                               int start_pos, float *logits) {
+    if (batch < 1 || seq < 1 || batch > m->max_batch)
+        return tide_err(m->ctx, TIDE_E_INVALID, "batch %d (model holds %d) and seq %d must be >= 1",
+                        batch, m->max_batch, seq);
+    if (start_pos < 0 || (int64_t)start_pos + seq > m->ctx_len)
+        return tide_err(m->ctx, TIDE_E_RANGE, "positions %d..%d exceed the cache length %d", start_pos,
+                        start_pos + seq - 1, m->ctx_len);
+    tide_status st = check_tokens(m, tokens, batch * seq);
+    if (st) return st;
+    graph_slot *s = NULL;
+    if ((st = get_slot(m, batch, seq, true, start_pos == 0, &s))) return st;
+    int32_t *pos = tide_malloc((size_t)seq * sizeof *pos);
+    if (!pos) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
+    for (int i = 0; i < seq; i++) pos[i] = start_pos + i;
+    st = run_slot(m, s, tokens, pos, logits, NULL);
+    tide_free(pos);
+    return st;
+}
+
+tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prompt, int n_new,
+                                int32_t *out_tokens, tide_gen_stats *stats) {
+    if (n_prompt < 1 || n_new < 0)
+        return tide_err(m->ctx, TIDE_E_INVALID, "a prompt of at least one token is needed");
+    if ((int64_t)n_prompt + n_new - 1 > m->ctx_len)
+        return tide_err(m->ctx, TIDE_E_RANGE, "%d prompt + %d new tokens need %d positions; the cache "
+                        "holds %d", n_prompt, n_new, n_prompt + n_new - 1, m->ctx_len);
+    tide_status st = check_tokens(m, prompt, n_prompt);
+    if (st) return st;
+    int32_t *pos = tide_malloc((size_t)n_prompt * sizeof *pos);
+    if (!pos) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
+    for (int i = 0; i < n_prompt; i++) pos[i] = i;
+    memset(&m->acc, 0, sizeof m->acc);
+    m->logits_hash = 0;
+    graph_slot *s = NULL;
+    int32_t next = 0;
+    double t0 = tide_now(), pred0 = 0;
+    if (n_new > 0) {
+        st = get_slot(m, 1, n_prompt, false, true, &s);
+        if (!st) st = run_slot(m, s, prompt, pos, NULL, &next);
+        if (!st) out_tokens[0] = next;
+        pred0 = m->acc.predicted_s;
+    }
+    double t1 = tide_now();
+    tide_free(pos);
+    for (int i = 1; i < n_new && !st; i++) {
+        int32_t p = n_prompt + i - 1, tok = next;
+        st = get_slot(m, 1, 1, false, false, &s);
+        if (!st) st = run_slot(m, s, &tok, &p, NULL, &next);
+        if (!st) out_tokens[i] = next;
+        tide_progress(m->ctx, "token", (uint64_t)i + 1, (uint64_t)n_new);
+    }
+    double t2 = tide_now();
+    if (st) return st;
+    tide_gen_stats r = m->acc;
+    r.prefill_s = t1 - t0;
+    r.decode_s = t2 - t1;
+    r.prefill_tokens = n_new > 0 ? n_prompt : 0;
+    r.decode_tokens = n_new > 1 ? n_new - 1 : 0;
+    r.prefill_tokens_per_s = r.prefill_s > 0 ? r.prefill_tokens / r.prefill_s : 0;
+    r.decode_tokens_per_s = r.decode_s > 0 ? r.decode_tokens / r.decode_s : 0;
+    r.peak_bytes = m->offload ? m->weight_bytes + m->state_bytes + m->acc.peak_device_bytes : m->peak_bytes;
+    r.weight_bytes = m->weight_bytes;
+    r.state_bytes = m->state_bytes;
+    r.predicted_prefill_s = pred0;
+    r.logits_hash = m->logits_hash;
+    if (stats) *stats = r;
+    return TIDE_OK;
+}
+
+tide_status tide_model_write_trace(tide_model *m, const char *json_path, const char *svg_path) {
+    const tide_plan *p = NULL;
+    const tide_sim_event *tl = NULL;
+    tide_status st = tide_model_last_run(m, &p, &tl);
+    if (st) return st;
+    if (json_path && (st = tide_trace_write(p, tl, p->n_ins, json_path))) return st;
+    if (svg_path) {
+        tide_sim_result sim;
+        if ((st = tide_simulate(p, &m->hw, &sim))) return st;
+        const tide_sim_event *tls[2] = {tl, sim.events};
+        const char *labels[2] = {"measured", "predicted"};
+        st = tide_trace_svg_write(p, tls, labels, 2, svg_path);
+        tide_sim_result_free(&sim);
+    }
+    return st;
+}

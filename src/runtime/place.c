@@ -1,0 +1,375 @@
+/*
+ * place.c - the planned engine of a model: each graph slot gets a plan and a
+ * runner over one arena shared by every slot, made on its first run.
+ *
+ * Resident (no budget): an unconstrained plan whose budget is the arena bytes
+ * it actually uses. Where device memory is host memory (the CPU) the plan is
+ * host_addressable: weights, cache, inputs and outputs are used where they
+ * are, and the arena holds the activations alone. On a device (a GPU) every
+ * weight and cache buffer is warm: uploaded once to a fixed range at the
+ * bottom of the arena and kept there across runs and slots, the activations
+ * above; a slot that needs a larger arena grows it (the cache is copied out
+ * and back, the weights uploaded again, the other slots' runners made anew).
+ *
+ * Offloaded (a budget): the arena is exactly the budget, resolved from the
+ * first graph planned; each slot's graph is tiled as finely as the budget
+ * needs (runtime/tiling.c) and planned under it. Weights are homed in pinned
+ * copies, the memory-mapped checkpoint or the checkpoint file; the cache in
+ * its host buffers.
+ *
+ * Warm state (the arena on a device, resident):
+ *   (none) --ensure_arena: alloc + upload_warm--> LOADED
+ *   LOADED --grow: flush_warm (cache to its homes), free--> (none) --> LOADED
+ *   LOADED --tide_planned_release--> (none)   (the cache's contents are dropped)
+ */
+#include "runtime/model_int.h"
+
+#include <stdio.h>
+
+/* ---------------------------------------------------------------- the arena */
+
+void tide_planned_release(tide_model *m) {
+    for (int i = 0; i < MODEL_SLOTS; i++) {
+        tide_runner_free(m->slots[i].run);
+        m->slots[i].run = NULL;
+    }
+    if (m->arena) m->be->vt->dealloc(m->be, m->arena);
+    m->arena = NULL;
+    m->arena_bytes = 0;
+    m->budget = 0;
+    tide_free(m->warm_w);
+    tide_free(m->warm_s);
+    m->warm_w = m->warm_s = NULL;
+    m->warm_bytes = 0;
+    m->warm_loaded = false;
+    m->last_planned = NULL;
+}
+
+/* Whether resident runs keep weights and cache warm in the arena (a device
+ * whose memory is not host memory). */
+static bool uses_warm(const tide_model *m) { return !m->offload && !m->be->vt->device_is_host; }
+
+/* The warm layout: every checkpoint tensor, then every cache buffer, each at
+ * an aligned offset from 0. */
+static tide_status warm_layout(tide_model *m) {
+    if (m->warm_w) return TIDE_OK;
+    m->warm_w = tide_malloc((size_t)(m->n_weights ? m->n_weights : 1) * sizeof *m->warm_w);
+    m->warm_s = tide_malloc((size_t)(m->n_state ? m->n_state : 1) * sizeof *m->warm_s);
+    if (!m->warm_w || !m->warm_s) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory laying out the weights");
+    uint64_t at = 0;
+    for (int i = 0; i < m->n_weights; i++) {
+        tide_tensor_info ti;
+        tide_status st = tide_checkpoint_get_index(m->ck, i, &ti);
+        if (st) return st;
+        m->warm_w[i] = at;
+        at += tide_plan_align(ti.nbytes);
+    }
+    for (int i = 0; i < m->n_state; i++) {
+        m->warm_s[i] = at;
+        at += tide_plan_align(m->state[i].nbytes);
+    }
+    m->warm_bytes = at;
+    return TIDE_OK;
+}
+
+/* Copies the warm tensors into the arena: weights from the checkpoint, the
+ * cache from its homes. */
+static tide_status upload_warm(tide_model *m) {
+    tide_backend *be = m->be;
+    tide_status st = TIDE_OK;
+    for (int i = 0; !st && i < m->n_weights; i++) {
+        tide_tensor_info ti;
+        if (!(st = tide_checkpoint_get_index(m->ck, i, &ti)))
+            st = be->vt->to_device(be, NULL, (char *)m->arena + m->warm_w[i], ti.data, ti.nbytes);
+        tide_progress(m->ctx, "uploading", (uint64_t)i + 1, (uint64_t)m->n_weights);
+    }
+    for (int i = 0; !st && i < m->n_state; i++)
+        st = be->vt->to_device(be, NULL, (char *)m->arena + m->warm_s[i], m->state[i].host, m->state[i].nbytes);
+    if (st) return tide_err(m->ctx, st, "cannot upload the weights and cache: %s", tide_ctx_last_error(be->ctx));
+    m->warm_loaded = true;
+    return TIDE_OK;
+}
+
+/* Copies the warm cache back to its homes (before the arena goes). */
+static tide_status flush_warm(tide_model *m) {
+    tide_backend *be = m->be;
+    for (int i = 0; i < m->n_state; i++) {
+        tide_status st = be->vt->to_host(be, NULL, m->state[i].host, (char *)m->arena + m->warm_s[i], m->state[i].nbytes);
+        if (st) return tide_err(m->ctx, st, "cannot copy the KV cache out of the device: %s", tide_ctx_last_error(be->ctx));
+    }
+    return TIDE_OK;
+}
+
+/* Makes the arena at least need bytes, keeping the warm tensors (resident);
+ * slot `keep` keeps its runner (it is being made). */
+static tide_status ensure_arena(tide_model *m, uint64_t need, const graph_slot *keep) {
+    tide_backend *be = m->be;
+    tide_status st;
+    if (m->arena && need <= m->arena_bytes) return m->warm_w && !m->warm_loaded ? upload_warm(m) : TIDE_OK;
+    if (m->arena) {
+        if (m->warm_loaded && (st = flush_warm(m))) return st;
+        for (int i = 0; i < MODEL_SLOTS; i++)
+            if (&m->slots[i] != keep) {
+                tide_runner_free(m->slots[i].run);
+                m->slots[i].run = NULL;
+            }
+        be->vt->dealloc(be, m->arena);
+        m->arena = NULL;
+        m->arena_bytes = 0;
+        m->warm_loaded = false;
+    }
+    need = (need + 255) & ~(uint64_t)255;
+    if ((st = be->vt->alloc(be, need, &m->arena)))
+        return tide_err(m->ctx, st, "cannot allocate the device arena of %llu bytes: %s", (unsigned long long)need,
+                        tide_ctx_last_error(be->ctx));
+    m->arena_bytes = need;
+    return m->warm_w ? upload_warm(m) : TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- plans */
+
+/* The cost model of resident plans. They move nothing but inputs and
+ * outputs, so any profile gives the same plan but for the timing
+ * predictions, which resident runs do not report: a fixed one, no measuring. */
+static const tide_hw *resident_hw(void) {
+    static const tide_hw hw = {
+        .name = "resident", .device_mem_bytes = UINT64_C(1) << 40,
+        .flops = {1e13, 1e13, 1e13, 1e13}, .matmul_efficiency = 1, .mem_bw = 1e11,
+        .h2d_bw = 1e10, .d2h_bw = 1e10, .host_mem_bytes = UINT64_C(1) << 40,
+    };
+    return &hw;
+}
+
+static tide_plan_opts offload_opts(const tide_model *m, uint64_t budget) {
+    return (tide_plan_opts){.policy = m->policy, .device_budget = budget, .host_budget = m->off.host_budget,
+                            .n_iter = 1, .hw = &m->hw, .weights_on_ssd = m->off.weights_on_ssd};
+}
+
+static tide_llama_graph_opts slot_graph_opts(const tide_model *m, const graph_slot *s) {
+    return (tide_llama_graph_opts){.batch = s->batch, .seq = s->seq, .ctx_len = m->ctx_len,
+                                   .all_logits = s->all_logits, .fresh_cache = s->fresh};
+}
+
+/* The warm offset of every tensor of g (TIDE_HOME: not warm). Every cache
+ * tensor must be warm: its latest version lives nowhere else. */
+static tide_status warm_offsets(tide_model *m, const tide_graph *g, uint64_t *warm) {
+    for (int t = 0; t < g->n_tensors; t++) {
+        const tide_tensor *tt = &g->tensors[t];
+        warm[t] = TIDE_HOME;
+        uint64_t off = 0, base;
+        tide_status st;
+        if (tt->role == TIDE_ROLE_WEIGHT) {
+            tide_tensor_info ti;
+            if ((st = tide_model_weight_home(m, g, t, &ti, &off))) return st;
+            base = m->warm_w[tide_model_weight_index(m, &ti)];
+        } else if (tt->role == TIDE_ROLE_STATE) {
+            state_buf *sb = NULL;
+            if ((st = tide_model_state_home(m, g, t, &sb, &off))) return st;
+            base = m->warm_s[sb - m->state];
+        } else {
+            continue;
+        }
+        if ((base + off) % TIDE_PLAN_ALIGN == 0) warm[t] = base + off;
+        else if (tt->role == TIDE_ROLE_STATE)
+            return tide_err(m->ctx, TIDE_E_UNSUPPORTED, "cache tensor '%s' starts inside a page of its buffer: it "
+                            "cannot be kept on the device", tt->name);
+    }
+    return TIDE_OK;
+}
+
+/* A resident plan of g: unconstrained, its budget the arena bytes it uses. */
+static tide_status plan_resident(tide_model *m, tide_graph *g, tide_plan **out) {
+    tide_ctx *ctx = m->ctx;
+    tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = resident_hw(),
+                         .host_addressable = m->be->vt->device_is_host};
+    uint64_t *warm = NULL;
+    tide_status st = TIDE_OK;
+    if (uses_warm(m)) {
+        if (!(warm = tide_malloc((size_t)(g->n_tensors ? g->n_tensors : 1) * sizeof *warm)))
+            return tide_err(ctx, TIDE_E_NOMEM, "out of memory planning");
+        if ((st = warm_layout(m)) || (st = warm_offsets(m, g, warm))) goto done;
+        po.warm_off = warm;
+    }
+    uint64_t peak = 0;
+    if ((st = tide_plan_peak_unbounded(ctx, g, &po, &peak))) goto done;
+    po.device_budget = m->warm_bytes + peak + TIDE_PLAN_ALIGN;
+    if ((st = tide_plan_make(ctx, g, &po, out))) goto done;
+    /* what it uses is all it needs: the plan holds no byte above its peak */
+    (*out)->device_budget = TIDE_MAX((*out)->stats.peak_device_bytes, (uint64_t)TIDE_PLAN_ALIGN);
+done:
+    tide_free(warm);
+    return st;
+}
+
+/* Resolves the budget from the first graph planned and allocates the arena. */
+static tide_status resolve_budget(tide_model *m, graph_slot *s) {
+    tide_ctx *ctx = m->ctx;
+    uint64_t peak = tide_plan_unconstrained_peak(ctx, s->g, &m->hw, 1);
+    if (!peak) return tide_err(ctx, TIDE_E_INVALID, "cannot size the unconstrained run: %s", tide_ctx_last_error(ctx));
+    uint64_t b = 0;
+    switch (m->off.budget_kind) {
+    case TIDE_BUDGET_BYTES: b = m->off.bytes; break;
+    case TIDE_BUDGET_FRACTION: b = (uint64_t)((double)peak * m->off.fraction); break;
+    case TIDE_BUDGET_AUTO: {
+        uint64_t fr = 0, tot = 0;
+        if (m->be->vt->mem_info) {
+            /* the device's free memory less a margin for the runtime's own
+             * allocations (cuBLAS workspaces, kernels, streams) */
+            tide_status st = m->be->vt->mem_info(m->be, &fr, &tot);
+            if (st) return st;
+            uint64_t margin = TIDE_AUTO_MARGIN(tot);
+            if (fr <= margin)
+                return tide_err(ctx, TIDE_E_NOMEM, "--budget auto: the device has %llu bytes free, no more than the "
+                                "%llu-byte margin kept for the runtime", (unsigned long long)fr,
+                                (unsigned long long)margin);
+            b = TIDE_MIN(peak, fr - margin);
+        } else {
+            b = TIDE_MIN(peak, m->hw.device_mem_bytes / 10 * 9);
+        }
+        break;
+    }
+    case TIDE_BUDGET_MIN: {
+        tide_plan_opts po = offload_opts(m, 0);
+        tide_llama_graph_opts go = slot_graph_opts(m, s);
+        tide_graph *tg = NULL;
+        int level = 0;
+        tide_status st = tide_llama_plan_tiled(ctx, &m->cfg, &go, &po, m->off.tile, &tg, &level, NULL, &b);
+        if (st) return st;
+        tide_graph_free(tg); /* the slot plans the graph of that level again, at the budget */
+        s->min_tile = level > 0 ? level : TIDE_TILE_NONE;
+        break;
+    }
+    default: return tide_err(ctx, TIDE_E_INVALID, "no budget");
+    }
+    if (m->off.budget_kind != TIDE_BUDGET_BYTES) b = (b + 255) & ~(uint64_t)255; /* BYTES is exact */
+    tide_status st = m->be->vt->alloc(m->be, b, &m->arena);
+    if (st) return tide_err(ctx, st, "cannot allocate the device arena of %llu bytes: %s", (unsigned long long)b,
+                            tide_ctx_last_error(m->be->ctx));
+    m->budget = m->arena_bytes = b;
+    return TIDE_OK;
+}
+
+/* An offloaded plan of slot s: the coarsest tiling whose plan fits the budget
+ * (none when it allows). */
+static tide_status plan_offload(tide_model *m, graph_slot *s, tide_graph **g, tide_plan **p) {
+    tide_status st;
+    if (!m->budget && (st = resolve_budget(m, s))) return st;
+    tide_plan_opts po = offload_opts(m, m->budget);
+    /* the graph whose minimum is the budget has its tiling known: no search */
+    int tile = s->min_tile ? s->min_tile : m->off.tile;
+    tide_llama_graph_opts go = slot_graph_opts(m, s);
+    if ((st = tide_llama_plan_tiled(m->ctx, &m->cfg, &go, &po, tile, g, &s->tile_level, p, NULL))) return st;
+    /* the model keeps its KV cache in host memory: a plan that homes it on
+     * SSD (host budget too small) cannot run here */
+    for (int t = 0; t < (*g)->n_tensors; t++)
+        if ((*g)->tensors[t].role == TIDE_ROLE_STATE && (*p)->home[t] != TIDE_TIER_HOST)
+            return tide_err(m->ctx, TIDE_E_INFEASIBLE, "the host budget of %llu bytes cannot hold the KV cache "
+                            "(%llu bytes), which must live in host memory", (unsigned long long)m->off.host_budget,
+                            (unsigned long long)tide_graph_role_bytes(*g, TIDE_ROLE_STATE));
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- runners */
+
+/* Binds the homes of g's weights and cache. */
+static tide_status bind_homes(tide_model *m, tide_runner *r) {
+    const tide_graph *g = tide_runner_graph(r);
+    const tide_plan *p = tide_runner_plan(r);
+    for (int t = 0; t < g->n_tensors; t++) {
+        tide_status st = TIDE_OK;
+        uint64_t off = 0;
+        if (g->tensors[t].role == TIDE_ROLE_WEIGHT) {
+            tide_tensor_info ti;
+            if ((st = tide_model_weight_home(m, g, t, &ti, &off))) return st;
+            st = p->home[t] == TIDE_TIER_SSD ? tide_runner_bind_file(r, t, ti.file, ti.file_offset + off)
+                                             : tide_runner_bind_tensor(r, t, tide_model_weight_host(m, &ti, off));
+        } else if (g->tensors[t].role == TIDE_ROLE_STATE) {
+            state_buf *sb = NULL;
+            if ((st = tide_model_state_home(m, g, t, &sb, &off))) return st;
+            st = tide_runner_bind_tensor(r, t, (char *)sb->host + off);
+        }
+        if (st) return st;
+    }
+    return TIDE_OK;
+}
+
+/* Plans slot s and makes its runner. */
+static tide_status prepare(tide_model *m, graph_slot *s) {
+    tide_ctx *ctx = m->ctx;
+    tide_graph *g = NULL;
+    tide_plan *p = NULL;
+    tide_status st;
+    if (m->offload) {
+        st = plan_offload(m, s, &g, &p);
+    } else {
+        tide_llama_graph_opts go = slot_graph_opts(m, s);
+        if (!(st = tide_llama_build(ctx, &m->cfg, &go, &g))) st = plan_resident(m, g, &p);
+        if (!st) st = ensure_arena(m, p->device_budget, s);
+    }
+    if (st) {
+        tide_plan_free(p);
+        tide_graph_free(g);
+        return st;
+    }
+    s->predicted_s = p->stats.makespan_s;
+    bool async = tide_backend_has_events(m->be) && !m->sync_issue;
+    /* measured where it costs nothing (synchronous issue: host clocks), or
+     * where asked for (timing events on a GPU) */
+    tide_runner_opts ro = {.exec = {.ssd_dirs = m->off_ssd_dirs, .force_pread = m->off.force_pread,
+                                    .direct_storage = m->off.direct_storage, .arena = m->arena,
+                                    .arena_bytes = m->arena_bytes, .sync_issue = m->sync_issue,
+                                    .timed = m->offload && (m->off.timeline || !async)}};
+    if ((st = tide_runner_new(ctx, m->be, g, p, &ro, &s->run))) return st;
+    if (!m->notice[0] && tide_runner_notice(s->run)[0])
+        snprintf(m->notice, sizeof m->notice, "%s", tide_runner_notice(s->run));
+    if ((st = bind_homes(m, s->run))) {
+        tide_runner_free(s->run);
+        s->run = NULL;
+        return st;
+    }
+    if (m->offload && !m->last_planned) m->last_planned = s;
+    return TIDE_OK;
+}
+
+tide_status tide_planned_run(tide_model *m, graph_slot *s, const tide_binding *io, int n_io) {
+    tide_status st;
+    if (!s->run && (st = prepare(m, s))) return st;
+    for (int k = 0; k < n_io; k++)
+        if ((st = tide_runner_bind(s->run, io[k].name, io[k].data))) return st;
+    tide_exec_stats es;
+    st = tide_runner_run(s->run, &es);
+    if (!m->notice[0] && tide_runner_notice(s->run)[0])
+        snprintf(m->notice, sizeof m->notice, "%s", tide_runner_notice(s->run));
+    if (st) return st;
+    tide_gen_stats *a = &m->acc;
+    a->async_issue = es.async;
+    if (!m->offload) {
+        uint64_t act = m->arena_bytes - m->warm_bytes; /* what the runs add to weights and cache */
+        m->peak_bytes = TIDE_MAX(m->peak_bytes, m->weight_bytes + m->state_bytes + act);
+        return TIDE_OK;
+    }
+    a->bytes_h2d += es.bytes_h2d;
+    a->bytes_d2h += es.bytes_d2h;
+    a->bytes_ssd_read += es.bytes_ssd_read;
+    a->bytes_ssd_write += es.bytes_ssd_write;
+    a->exec_s += es.wall_s;
+    a->ssd_read_s += es.ssd_read_s;
+    a->predicted_s += s->predicted_s;
+    a->peak_device_bytes = TIDE_MAX(a->peak_device_bytes, tide_runner_plan(s->run)->stats.peak_device_bytes);
+    a->budget_bytes = m->budget;
+    a->tile_level = TIDE_MAX(a->tile_level, s->tile_level);
+    a->pinned_weight_bytes = m->pinned_bytes;
+    return TIDE_OK;
+}
+
+tide_status tide_model_last_run(const tide_model *m, const tide_plan **plan, const tide_sim_event **timeline) {
+    const graph_slot *s = m->last_planned;
+    if (!s || !s->run)
+        return tide_err(m->ctx, TIDE_E_INVALID, "no offloaded run to trace (run with a budget first)");
+    *plan = tide_runner_plan(s->run);
+    *timeline = tide_runner_timeline(s->run);
+    if (!*timeline)
+        return tide_err(m->ctx, TIDE_E_INVALID, "no measured timeline: on a GPU it is measured only when asked "
+                        "for (tide_offload_opts.timeline, tide run --trace)");
+    return TIDE_OK;
+}
