@@ -33,22 +33,22 @@
 /* ---------------------------------------------------------------- lru */
 
 /* LRU victim cost: older last use is cheaper; never what step *user uses. */
-static double lru_cost(pe *e, int t, void *user) {
+static double lru_cost(engine *e, int t, void *user) {
     int step = *(const int *)user;
-    if (pe_next_use(e, t) <= step) return -1;
+    if (engine_next_use(e, t) <= step) return -1;
     bool store, reread;
     int next;
-    if (!pe_evict_info(e, t, &store, &reread, &next)) return -1;
+    if (!engine_evict_info(e, t, &store, &reread, &next)) return -1;
     return 1.0 + (double)(e->t[t].last_use + 1);
 }
 
-tide_status pe_run_lru(pe *e) {
+tide_status policy_lru(engine *e) {
     e->lru_loads = true;
     for (int step = 0; step < e->n_steps; step++) {
         e->exec = step;
         e->prepared = step + 1;
-        tide_status st = pe_prepare_forced(e, step, lru_cost, &step);
-        if (!st) st = pe_compute(e, step);
+        tide_status st = alloc_prepare_forced(e, step, lru_cost, &step);
+        if (!st) st = engine_compute(e, step);
         if (st) return st;
     }
     return TIDE_OK;
@@ -205,7 +205,7 @@ typedef struct sl_run {
 } sl_run;
 
 typedef struct sl_state {
-    pe *e;
+    engine *e;
     sl_layout *L;
     sl_run *runs;
     int n_runs, next_issue;
@@ -215,7 +215,7 @@ typedef struct sl_state {
     uint64_t buf_base[2];
     int cur_buf;          /* buffer of the last streamed run issued, -1 */
     int buf_layer[2];     /* layer whose tensors hold each buffer, -1 */
-    pe_waits buf_rel[2];  /* what the current layer's loads into it waited for */
+    waits buf_rel[2];  /* what the current layer's loads into it waited for */
 } sl_state;
 
 /* Layered tensors of layer l (in tensor order). */
@@ -225,26 +225,26 @@ typedef struct sl_state {
 /* Places (and loads, when the run reads it first) every layered tensor of
  * run r not yet on the device. */
 static tide_status sl_issue(sl_state *S, int r) {
-    pe *e = S->e;
+    engine *e = S->e;
     const sl_run *run = &S->runs[r];
     int l = run->layer;
-    pe_waits w;
-    pw_init(&w);
+    waits w;
+    waits_init(&w);
     uint64_t base;
     if (run->resident) {
         base = S->res_off[l];
     } else {
         bool all_there = true;
-        FOR_LAYER_TENSORS(S, l, t) all_there = all_there && e->t[t].dev != PE_DEV_NONE;
+        FOR_LAYER_TENSORS(S, l, t) all_there = all_there && e->t[t].dev != DEV_NONE;
         if (all_there) return TIDE_OK; /* the only streamed layer, still in its buffer */
         int b = S->cur_buf < 0 ? 0 : 1 - S->cur_buf;
         int old = S->buf_layer[b];
         if (old >= 0) {
             FOR_LAYER_TENSORS(S, old, t) {
-                if (e->t[t].dev == PE_DEV_ALLOC) pe_unplace(e, t);
-                if (e->t[t].dev == PE_DEV_VALID && pe_evict(e, t, TIDE_STREAM_H2D, run->first_step) < 0)
+                if (e->t[t].dev == DEV_PLACED) engine_unplace(e, t);
+                if (e->t[t].dev == DEV_VALID && engine_evict(e, t, TIDE_STREAM_H2D, run->first_step) < 0)
                     return e->st;
-                pw_add(e, &w, e->t[t].drop_ins);
+                waits_add(e, &w, e->t[t].drop_ins);
             }
         }
         S->cur_buf = b;
@@ -253,13 +253,13 @@ static tide_status sl_issue(sl_state *S, int r) {
         base = S->buf_base[b];
     }
     FOR_LAYER_TENSORS(S, l, t) {
-        pe_tensor *T = &e->t[t];
-        if (T->dev != PE_DEV_NONE) continue;
+        engine_tensor *T = &e->t[t];
+        if (T->dev != DEV_NONE) continue;
         int rw = 0;
         int u = tide_lifetime_use_from(&e->lt, t, run->first_step, &rw);
         if (u == TIDE_NEVER) continue; /* dead: nothing left to do here */
-        pe_place_at(e, t, base + S->L->t_off[t], w.w, -1);
-        if ((rw & TIDE_USE_READ) && pe_load(e, t, run->first_step, -1) < 0) return e->st;
+        engine_place_at(e, t, base + S->L->t_off[t], w.w, -1);
+        if ((rw & TIDE_USE_READ) && engine_load(e, t, run->first_step, -1) < 0) return e->st;
     }
     return TIDE_OK;
 }
@@ -268,16 +268,16 @@ static tide_status sl_issue(sl_state *S, int r) {
  * device (a dead value dropped before its next write), if its layer holds
  * its slot now. */
 static tide_status sl_ensure(sl_state *S, int step) {
-    pe *e = S->e;
+    engine *e = S->e;
     const tide_op *op = &e->g->ops[step % e->n_ops];
     for (int k = 0; k < op->n_in + op->n_out; k++) {
         int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
         int l = S->L->t_layer[t];
-        if (l < 0 || e->t[t].dev != PE_DEV_NONE) continue;
-        pe_waits w;
+        if (l < 0 || e->t[t].dev != DEV_NONE) continue;
+        waits w;
         uint64_t base;
         if (S->rank[l] < S->R) {
-            pw_init(&w);
+            waits_init(&w);
             base = S->res_off[l];
         } else {
             int b = S->buf_layer[0] == l ? 0 : S->buf_layer[1] == l ? 1 : -1;
@@ -285,9 +285,9 @@ static tide_status sl_ensure(sl_state *S, int step) {
             w = S->buf_rel[b];
             base = S->buf_base[b];
         }
-        pw_add(e, &w, e->t[t].drop_ins);
-        pe_place_at(e, t, base + S->L->t_off[t], w.w, -1);
-        if (tide_op_reads(op, t) && pe_load(e, t, step, -1) < 0) return e->st;
+        waits_add(e, &w, e->t[t].drop_ins);
+        engine_place_at(e, t, base + S->L->t_off[t], w.w, -1);
+        if (tide_op_reads(op, t) && engine_load(e, t, step, -1) < 0) return e->st;
     }
     return TIDE_OK;
 }
@@ -302,7 +302,7 @@ static tide_status sl_issue_ahead(sl_state *S, int r) {
     return TIDE_OK;
 }
 
-tide_status pe_run_static_layer(pe *e, uint64_t *min_needed) {
+tide_status policy_static_layer(engine *e, uint64_t *min_needed) {
     const tide_graph *g = e->g;
     uint64_t budget = e->plan->device_budget;
     sl_layout L;
@@ -361,8 +361,8 @@ tide_status pe_run_static_layer(pe *e, uint64_t *min_needed) {
         at += 2 * bufsz;
     }
     if (at > 0) { /* the static region is out of the dynamic allocator's reach */
-        tide_blk *f = e->dev.head;
-        if (!tide_arena_take(&e->dev, f, 0, at, TIDE_BLK_RESERVED)) {
+        tide_blk *f = e->sp.dev.head;
+        if (!tide_arena_take(&e->sp.dev, f, 0, at, TIDE_BLK_RESERVED)) {
             st = e->st = tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
             goto out;
         }
@@ -385,8 +385,8 @@ tide_status pe_run_static_layer(pe *e, uint64_t *min_needed) {
             run++;
         }
         if ((st = sl_ensure(&S, step))) goto out;
-        if ((st = pe_prepare_forced(e, step, lru_cost, &step))) goto out;
-        if ((st = pe_compute(e, step))) goto out;
+        if ((st = alloc_prepare_forced(e, step, lru_cost, &step))) goto out;
+        if ((st = engine_compute(e, step))) goto out;
     }
 out:
     tide_free(S.runs);

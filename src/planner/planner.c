@@ -1,12 +1,15 @@
 /*
  * planner.c - the planner (DESIGN section 4): turns a graph, a device budget
- * and a cost model into a plan of COMPUTE/LOAD/STORE/DROP instructions on four
- * streams. This file holds the `tide` policy and the public entry points
+ * and a cost model into a plan of COMPUTE/LOAD/STORE/MOVE/DROP instructions on
+ * five streams. This file holds the `tide` policy and the public entry points
  * (tide_plan_make, tide_plan_min_budget, tide_plan_unconstrained_peak,
- * tide_plan_bounds). The machinery every policy shares is the engine
- * (planner_int.h): books and emission in planner_engine.c, device space in
- * planner_alloc.c, the allocator in planner_arena.c; the baselines are in
- * baselines.c and the lifetime analysis in lifetime.c.
+ * tide_plan_peak_unbounded, tide_plan_bounds). The machinery every policy
+ * shares is the engine (planner_int.h), in layers that call downward only:
+ * allocation with eviction (planner_alloc.c) and computes (planner_compute.c)
+ * -> residency books, copies, emission and the simulated clock
+ * (planner_engine.c) -> device space, release records and waits
+ * (planner_space.c) -> the arena allocator (planner_arena.c); the
+ * baselines are in baselines.c and the lifetime analysis in lifetime.c.
  *
  * ---------------------------------------------------------------- design note
  *
@@ -29,7 +32,7 @@
  * it (read-after-write). When a step cannot be prepared and exec reaches it,
  * preparation is forced: anything not used by that step may be evicted; if
  * fragmentation leaves no window, tensors of the step itself move (a last
- * resort priced above any other eviction), and failing that pe_compact lays
+ * resort priced above any other eviction), and failing that alloc_compact lays
  * the working set out in an emptied arena. A single op's working set is the
  * only hard floor: "needs at least N bytes".
  *
@@ -49,7 +52,7 @@
  * used just before the horizon may go instead: one extra load buys overlap.
  *
  * A dead value's space is released when alloc passes its last use, ahead of
- * exec (pe_doom): later COMPUTE outputs may reuse it at once (the compute
+ * exec (space_doom): later COMPUTE outputs may reuse it at once (the compute
  * stream orders them after the DROP), LOADs only once exec has emitted that
  * DROP. Which instruction released which bytes is kept exactly (a release
  * map beside the arena), so an occupant waits for its own bytes only.
@@ -62,18 +65,29 @@
  *
  * Residency of a tensor's device copy (the function making each transition):
  *
- *   ON_HOST/ON_SSD --pe_alloc+pe_place--> PLACED --pe_load--> LOADING
+ *   ON_HOST/ON_SSD --alloc_block+engine_place--> PLACED --engine_load--> LOADING
  *   LOADING --(LOAD completes; COMPUTE waits on it)--> ON_DEVICE
- *   (none) --pe_alloc+pe_place--> PLACED --pe_compute (output)--> ON_DEVICE dirty
- *   ON_DEVICE dirty --pe_evict: pe_store--> STORING --DROP--> ON_HOST/ON_SSD
- *   ON_DEVICE clean --pe_evict: DROP--> ON_HOST/ON_SSD (home or spill copy valid)
- *   ON_DEVICE, value dead --pe_doom (ahead)--> DOOMED --pe_compute: DROP--> (none)
- *   ON_DEVICE, value dead --pe_compute: DROP--> (none)
- *   ON_DEVICE, last write of STATE/OUTPUT --pe_compute: pe_store home--> clean
- *   PLACED (never written) --pe_unplace--> (none)
- *   end --pe_finish: STORE home if dirty, DROP unless resident--> at home
+ *   (none) --alloc_block+engine_place--> PLACED --engine_compute (output)--> ON_DEVICE dirty
+ *   ON_DEVICE dirty --engine_evict: engine_store--> STORING --DROP--> ON_HOST/ON_SSD
+ *   ON_DEVICE clean --engine_evict: DROP--> ON_HOST/ON_SSD (home or spill copy valid)
+ *   ON_DEVICE, value dead --space_doom (ahead)--> DOOMED --engine_compute: DROP--> (none)
+ *   ON_DEVICE, value dead --engine_compute: DROP--> (none)
+ *   ON_DEVICE, last write of STATE/OUTPUT --engine_compute: engine_store home--> clean
+ *   PLACED (never written) --engine_unplace--> (none)
+ *   end --engine_finish: STORE home if dirty, DROP unless resident--> at home
+ *   WARM (from the start, at its fixed offset) --every compute reads or
+ *     rewrites it in place--> WARM at the end (never evicted nor dropped)
+ *   IN PLACE (host_addressable, homed on host): no device copy at all; each
+ *     compute reads or writes its home (in_place_opnd)
+ *   ON_DEVICE --engine_compute_host, after engine_store to host if dirty--> a
+ *     host copy written by the host step; the device copy DROPped as stale
+ *   ON_SSD --engine_move_to_host--> ON_HOST (for a host step's input)
  *
- * Invariants (checked by pe_check in debug builds; the verifier proves the
+ * Host steps (a COMPUTE placed on the host CPU, on the host stream): the
+ * allocation horizon never passes one that is not yet computed, since the
+ * steps after it may read what it writes, in host memory.
+ *
+ * Invariants (checked by engine_check in debug builds; the verifier proves the
  * plan-level ones independently):
  *   I1 Every arena byte is in exactly one block; a tensor block belongs to a
  *      tensor whose device copy is PLACED or ON_DEVICE at that offset; no two
@@ -95,9 +109,11 @@
 #include <assert.h>
 #include <string.h>
 
-/* Safety cap on the allocation horizon's lead, in steps (must not exceed the
- * engine's scratch ring). The real limit is free memory. */
+/* Safety cap on the allocation horizon's lead, in steps. The real limit is
+ * free memory. A prepared step keeps its scratch in the engine's ring until
+ * computed, so the lead may not exceed the ring. */
 #define TIDE_HORIZON_STEPS 4096
+_Static_assert(TIDE_HORIZON_STEPS <= SCRATCH_RING, "the horizon's lead must fit the engine's scratch ring");
 /* A STORE costs less than a reload: the d2h link is usually idle. */
 #define DIRTY_WEIGHT 0.25
 
@@ -114,11 +130,11 @@ typedef struct horizon {
 /* True if a free block of at least size bytes is released ahead of
  * execution, not yet usable by a LOAD: it held a tensor dead before step a,
  * which MIN would evict first, so a prefetch must wait for it. O(pending). */
-static bool pending_fit(const pe *e, uint64_t size) {
-    for (int i = 0; i < e->n_pend; i++) {
-        const tide_blk *b = e->pend[i].b;
-        if (b->owner == TIDE_BLK_FREE && b->off == e->pend[i].off && b->size >= size &&
-            b->rel_step > e->last_compute_step)
+static bool pending_fit(const engine *e, uint64_t size) {
+    for (int i = 0; i < e->sp.n_pend; i++) {
+        const tide_blk *b = e->sp.pend[i].b;
+        if (b->owner == TIDE_BLK_FREE && b->off == e->sp.pend[i].off && b->size >= size &&
+            b->rel_step > e->clk.last_compute_step)
             return true;
     }
     return false;
@@ -133,7 +149,7 @@ static bool pending_fit(const pe *e, uint64_t size) {
  * soonest (see belady_cost). Looks back HORIZON_FLOOR_STEPS steps at most
  * (exact on short horizons, a bound on the work on long ones). */
 #define HORIZON_FLOOR_STEPS 16
-static void horizon_floor(pe *e, horizon *h) {
+static void horizon_floor(engine *e, horizon *h) {
     int a = h->a, f = -1, fmin = TIDE_NEVER;
     int lo = a - HORIZON_FLOOR_STEPS > e->exec ? a - HORIZON_FLOOR_STEPS : e->exec;
     for (int s = a - 1; s >= lo; s--) {
@@ -152,11 +168,11 @@ static void horizon_floor(pe *e, horizon *h) {
 }
 
 /* Cost of evicting t to prepare step h->a; < 0: not allowed. */
-static double belady_cost(pe *e, int t, void *user) {
+static double belady_cost(engine *e, int t, void *user) {
     horizon *h = user;
     int a = h->a;
-    int nu = pe_next_use(e, t);
-    if (nu <= a) return PE_COST_STOP; /* needed before the allocation horizon */
+    int nu = engine_next_use(e, t);
+    if (nu <= a) return COST_STOP; /* needed before the allocation horizon */
 
     if (a > e->exec) {
         /* Conservative (MIN's own evictions, made early) while the load
@@ -166,36 +182,36 @@ static double belady_cost(pe *e, int t, void *user) {
          * step at a time), a tensor used just before the horizon may go too:
          * a streaming slot that keeps the link busy, at the price of one
          * load; the long-lived residents, used longer ago, stay. */
-        bool starving = e->res_free[PE_RES_H2D] + tide_cost_load(e->hw, TIDE_TIER_HOST, h->size, NULL) >=
-                        e->stream_end[TIDE_STREAM_COMPUTE] + pe_compute_seconds(e, e->exec, a);
+        bool starving = e->clk.res_free[RES_H2D_INDEX] + tide_cost_load(e->hw, TIDE_TIER_HOST, h->size, NULL) >=
+                        e->clk.stream_end[TIDE_STREAM_COMPUTE] + engine_compute_seconds(e, e->exec, a);
         if (h->floor == -2) horizon_floor(e, h);
         if (starving) {
             if (nu < h->floor && e->t[t].last_use < e->exec - (a - e->exec) - 1) return -1;
         } else {
-            if (nu < h->floor) return PE_COST_STOP;
+            if (nu < h->floor) return COST_STOP;
             if (h->pending < 0) h->pending = pending_fit(e, h->size);
-            if (h->pending) return PE_COST_STOP;
+            if (h->pending) return COST_STOP;
         }
         /* evicting what would come back about as soon as the prefetch pays
          * off trades traffic for nothing: wait instead (a pure write next
          * brings nothing back, but comes later still) */
-        if ((int64_t)nu - a <= 2 * (int64_t)(a - e->exec)) return PE_COST_STOP;
+        if ((int64_t)nu - a <= 2 * (int64_t)(a - e->exec)) return COST_STOP;
     }
     bool store, reread;
     int next;
-    if (!pe_evict_info(e, t, &store, &reread, &next)) return -1;
+    if (!engine_evict_info(e, t, &store, &reread, &next)) return -1;
     double c = 1e-18 * (double)e->t[t].asize; /* ties: fewer bytes */
-    if (reread) c += pe_load_seconds(e, t) / (1.0 + (double)(next - a));
+    if (reread) c += engine_load_seconds(e, t) / (1.0 + (double)(next - a));
     if (store) {
-        tide_tier tier = e->t[t].role == TIDE_ROLE_TEMP ? (tide_tier)pe_spill_tier(e, t) : e->plan->home[t];
-        c += DIRTY_WEIGHT * pe_store_seconds(e, t, tier);
+        tide_tier tier = e->t[t].role == TIDE_ROLE_TEMP ? (tide_tier)engine_spill_tier(e, t) : e->plan->home[t];
+        c += DIRTY_WEIGHT * engine_store_seconds(e, t, tier);
     }
     return c;
 }
 
 /* The first step at or after `from` whose op is placed on the host
  * (INT_MAX: none). */
-static int next_host_step(const pe *e, int from) {
+static int next_host_step(const engine *e, int from) {
     int o = from % e->n_ops, base = from - o;
     int s = e->next_host[o] < e->n_ops ? base + e->next_host[o]
           : e->next_host[0] < e->n_ops ? base + e->n_ops + e->next_host[0] : INT_MAX;
@@ -203,21 +219,21 @@ static int next_host_step(const pe *e, int from) {
 }
 
 /* Releases what dies at step a ahead of execution (alloc has passed it). */
-static int finish_prepare(pe *e, int a, const int *ts, int n) {
+static int finish_prepare(engine *e, int a, const int *ts, int n) {
     for (int i = 0; i < n; i++)
-        if (pe_can_doom(e, ts[i], a)) pe_doom(e, ts[i], a);
-    pe_scratch_doom(e, a);
+        if (space_can_doom(e, ts[i], a)) space_doom(e, ts[i], a);
+    space_scratch_doom(e, a);
     return 1;
 }
 
 /* Prepares step a: loads its inputs, places its outputs and scratch, then
  * releases what dies at a. Returns 1 when done, 0 when space is lacking (only
  * when !forced), -1 on failure (e->st). */
-static int prepare(pe *e, int a, bool forced) {
+static int prepare(engine *e, int a, bool forced) {
     /* A host step needs no device space; the steps after it are prepared only
      * once it is computed (their inputs may be its outputs, in host memory,
      * and it drops the device copies of what it writes) */
-    if (pe_on_host(e, a)) return a == e->exec;
+    if (engine_on_host(e, a)) return a == e->exec;
     if (e->host_op && a > e->exec && next_host_step(e, e->exec) < a) return 0;
     const tide_op *op = &e->g->ops[a % e->n_ops];
     int ts[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
@@ -238,35 +254,35 @@ static int prepare(pe *e, int a, bool forced) {
     horizon h = {a, -2, -2, 0, -1};
     for (int i = 0; i < n; i++) {
         int t = ts[i];
-        pe_tensor *T = &e->t[t];
-        if (T->dev != PE_DEV_NONE || T->in_place) continue;
+        engine_tensor *T = &e->t[t];
+        if (T->dev != DEV_NONE || T->in_place) continue;
         bool ld = tide_op_reads(op, t);
-        if (pe_place_pinned(e, t)) {
-            if (ld && pe_load(e, t, a, -1) < 0) return -1;
+        if (engine_place_pinned(e, t)) {
+            if (ld && engine_load(e, t, a, -1) < 0) return -1;
             continue;
         }
         tide_stream s = !ld ? TIDE_STREAM_COMPUTE
                       : T->cp[TIDE_TIER_HOST].valid ? TIDE_STREAM_H2D : TIDE_STREAM_IO;
         h.size = T->asize;
         h.pending = -1;
-        tide_blk *b = pe_alloc(e, T->asize, t, ld, s, a, belady_cost, &h, false);
+        tide_blk *b = alloc_block(e, T->asize, t, ld, s, a, belady_cost, &h, false);
         if (!b) goto no_space;
-        pe_place(e, t, b);
-        if (ld && pe_load(e, t, a, -1) < 0) return -1;
+        engine_place(e, t, b);
+        if (ld && engine_load(e, t, a, -1) < 0) return -1;
     }
-    if (op->scratch_bytes && e->scratch[a % e->scratch_cap].step != a) {
+    if (op->scratch_bytes && e->sp.scratch[a % e->sp.scratch_cap].step != a) {
         h.size = tide_plan_align(op->scratch_bytes);
         h.pending = -1;
-        tide_blk *b = pe_alloc(e, tide_plan_align(op->scratch_bytes), TIDE_BLK_SCRATCH, false,
+        tide_blk *b = alloc_block(e, tide_plan_align(op->scratch_bytes), TIDE_BLK_SCRATCH, false,
                                TIDE_STREAM_COMPUTE, a, belady_cost, &h, false);
         if (!b) goto no_space;
-        pe_scratch_set(e, a, b);
+        space_scratch_set(e, a, b);
     }
     return finish_prepare(e, a, ts, n);
 no_space:
     if (e->st) return -1;
     if (!forced) return 0;
-    if (pe_prepare_forced(e, a, belady_cost, &h)) return -1;
+    if (alloc_prepare_forced(e, a, belady_cost, &h)) return -1;
     return finish_prepare(e, a, ts, n);
 }
 
@@ -281,12 +297,12 @@ no_space:
  * home) and is prefetched for the next. R is spread evenly over the
  * iteration (streaming interleaves with compute), the dearest to stream
  * first. Nothing changes when everything fits. */
-static int resident_class(const pe *e, int t) {
+static int resident_class(const engine *e, int t) {
     if (e->plan->home[t] == TIDE_TIER_SSD) return 0;
     return e->g->tensors[t].role == TIDE_ROLE_STATE ? 1 : 2;
 }
 
-static tide_status choose_residents(pe *e) {
+static tide_status choose_residents(engine *e) {
     const tide_graph *g = e->g;
     const tide_lifetime *lt = &e->lt;
     int nt = g->n_tensors, n = e->n_ops;
@@ -297,7 +313,7 @@ static tide_status choose_residents(pe *e) {
         if (e->t[t].warm) return TIDE_OK;
     int64_t *delta = tide_calloc((size_t)n + 1, sizeof *delta);
     if (!delta) return e->st = tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
-    uint64_t cand = 0, state = 0, wmax = 0, act = 0;
+    uint64_t cand = 0, wmax = 0, act = 0;
     for (int t = 0; t < nt; t++) {
         int a = lt->start[t], b = lt->start[t + 1];
         if (a == b) continue;
@@ -309,7 +325,6 @@ static tide_status choose_residents(pe *e) {
             delta[lt->use_op[b - 1] + 1] -= (int64_t)sz;
         } else {
             cand += sz;
-            if (r == TIDE_ROLE_STATE) state += sz;
         }
     }
     /* The streaming buffer holds an op's persistent tensors while the next
@@ -372,7 +387,6 @@ static tide_status choose_residents(pe *e) {
         f[c] = cls_bytes[c] ? (double)take / (double)cls_bytes[c] : 0;
         left -= take;
     }
-    (void)state;
     double seen[3] = {0, 0, 0}, kept[3] = {0, 0, 0};
     uint64_t total = 0;
     for (int i = 0; i < m; i++) {
@@ -393,8 +407,8 @@ static tide_status choose_residents(pe *e) {
      * streaming below them (which then finds its space in one piece). */
     if (total) {
         uint64_t at = budget - total;
-        tide_blk *f = e->dev.head;
-        if (!tide_arena_take(&e->dev, f, at, total, TIDE_BLK_RESERVED))
+        tide_blk *f = e->sp.dev.head;
+        if (!tide_arena_take(&e->sp.dev, f, at, total, TIDE_BLK_RESERVED))
             return e->st = tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
         for (int t = 0; t < nt; t++)
             if (e->pinned[t]) {
@@ -405,9 +419,9 @@ static tide_status choose_residents(pe *e) {
     return TIDE_OK;
 }
 
-tide_status pe_run_tide(pe *e) {
+tide_status policy_tide(engine *e) {
     const int S = e->n_steps;
-    e->use_cand = true;
+    e->sp.use_cand = true;
     if (choose_residents(e)) return e->st;
     int alloc = 0;
     for (int exec = 0; exec < S; exec++) {
@@ -420,9 +434,9 @@ tide_status pe_run_tide(pe *e) {
         }
         e->prepared = alloc;
         assert(alloc > exec);
-        if (pe_compute(e, exec)) return e->st;
+        if (engine_compute(e, exec)) return e->st;
 #ifndef NDEBUG
-        if (e->g->n_tensors < 2000 || exec % 1024 == 0) assert(pe_check(e));
+        if (e->g->n_tensors < 2000 || exec % 1024 == 0) assert(engine_check(e));
 #endif
     }
     return TIDE_OK;
@@ -450,22 +464,22 @@ static tide_status plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan
     *out = NULL;
     tide_status st = check_opts(ctx, g, o);
     if (st) return st;
-    pe e;
-    st = pe_init(&e, ctx, g, o);
+    engine e;
+    st = engine_init(&e, ctx, g, o);
     if (!st) {
         switch (o->policy) {
-        case TIDE_POLICY_STATIC_LAYER: st = pe_run_static_layer(&e, NULL); break;
-        case TIDE_POLICY_LRU: st = pe_run_lru(&e); break;
-        default: st = pe_run_tide(&e); break;
+        case TIDE_POLICY_STATIC_LAYER: st = policy_static_layer(&e, NULL); break;
+        case TIDE_POLICY_LRU: st = policy_lru(&e); break;
+        default: st = policy_tide(&e); break;
         }
     }
-    if (!st) st = pe_finish(&e, simulate, t0);
+    if (!st) st = engine_finish(&e, simulate, t0);
     if (st) {
-        pe_free(&e, false);
+        engine_free(&e, false);
         return st;
     }
     *out = e.plan;
-    pe_free(&e, true);
+    engine_free(&e, true);
     return TIDE_OK;
 }
 
@@ -567,18 +581,18 @@ tide_status tide_plan_bounds(tide_ctx *ctx, const tide_graph *g, const tide_plan
     memset(out, 0, sizeof *out);
     tide_status st = check_opts(ctx, g, opts);
     if (st) return st;
-    pe e; /* for the homes the planner would choose, and the lifetimes */
-    st = pe_init(&e, ctx, g, opts);
+    engine e; /* for the homes the planner would choose, and the lifetimes */
+    st = engine_init(&e, ctx, g, opts);
     if (st && st != TIDE_E_INFEASIBLE) {
-        pe_free(&e, false);
+        engine_free(&e, false);
         return st;
     }
     if (st) { /* a budget below the working set still has bounds */
-        pe_free(&e, false);
+        engine_free(&e, false);
         tide_plan_opts o = *opts;
         o.device_budget = everything_bytes(g);
-        if ((st = pe_init(&e, ctx, g, &o))) {
-            pe_free(&e, false);
+        if ((st = engine_init(&e, ctx, g, &o))) {
+            engine_free(&e, false);
             return st;
         }
     }
@@ -642,7 +656,7 @@ tide_status tide_plan_bounds(tide_ctx *ctx, const tide_graph *g, const tide_plan
     double link = 0;
     for (int r = 0; r < TIDE_RES_COUNT; r++)
         if (!((1u << r) & TIDE_RES_COMPUTE)) link = TIDE_MAX(link, busy[r]);
-    pe_free(&e, false);
+    engine_free(&e, false);
 
     out->compute_s = compute;
     out->link_s = link;

@@ -3,7 +3,9 @@
  * list proving that the plan is safe under EVERY interleaving its streams and
  * waits allow, not only the one the planner simulated (DESIGN sections 5, 8).
  * It reads the plan and the graph and nothing of the planner, so a planner bug
- * cannot hide behind shared code. The first violation in list order is
+ * cannot hide behind shared code (it is built as a library of its own, against
+ * ir/ and graph/ alone). This file is the replay; verify_books.c keeps its
+ * books (messages, happens-before, the interval maps, the copies). The first violation in list order is
  * reported: instruction index, kind, stream, tensor, and what is wrong.
  *
  * What it proves:
@@ -59,7 +61,7 @@
  * vc[b][s] = the highest index on stream s with that instruction -> b (b
  * itself on its own stream). Since a stream is FIFO, knowing a later
  * instruction of a's stream implies knowing a, so
- *     a -> b  iff  vc[b][stream(a)] >= a          (O(1); hb() below).
+ *     a -> b  iff  vc[b][stream(a)] >= a          (O(1); vhb() below).
  * Hazards on one copy need only the last access per stream: the earlier ones
  * on that stream precede it.
  *
@@ -87,416 +89,29 @@
  * theirs. A claim costs O(log n + segments it covers), so the whole replay is
  * about O(n log n) over instructions.
  */
-#include "verify/verify.h"
+#include "verify/verify_int.h"
 
-#include <inttypes.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define NS TIDE_STREAM_COUNT
-#define NONE (-1)
-
-/* Who holds (or last held) a byte range. */
-typedef struct vocc {
-    int copy;     /* live holder (index into cp), NONE when freed */
-    int tensor;   /* tensor of the holder, NONE for op scratch */
-    int freed_by; /* when freed: the DROP (or the COMPUTE using scratch) */
-    int writer;   /* when freed: last writer of the bytes */
-    int acc[NS];  /* when freed: last access per stream since that writer */
-} vocc;
-
-typedef struct vseg {
-    uint64_t lo, hi; /* [lo, hi) */
-    vocc o;
-    int left, right; /* treap children; left links the free list */
-    uint32_t prio;
-} vseg;
-
-typedef struct vcopy {
-    int tensor;
-    int next;        /* next live copy of the tensor; next free record */
-    tide_tier tier;
-    bool valid;      /* holds data (a home of an OUTPUT starts invalid) */
-    uint64_t off;    /* device or spill offset; TIDE_HOME for a home */
-    uint32_t ver;    /* version of the tensor it holds */
-    int writer;      /* instruction that wrote it, NONE: before the plan */
-    int acc[NS];     /* last access per stream since (and including) writer */
-} vcopy;
-
-typedef struct vstate {
-    const tide_plan *p;
-    const tide_graph *g;
-    tide_ctx *ctx;
-    int32_t (*vc)[NS];      /* per instruction vector clock */
-    int last[NS];           /* last instruction seen per stream */
-    vseg *seg;
-    int n_seg, cap_seg, free_seg;
-    int root[TIDE_TIER_COUNT]; /* interval map per tier (spill areas for host, ssd) */
-    uint64_t rng;
-    vcopy *cp;              /* cp[t] for t < n_tensors is t's home */
-    int n_cp, cap_cp, free_cp;
-    int *head;              /* per tensor: first live non-home copy */
-    uint32_t *cur;          /* per tensor: current version = writes so far */
-    int *n_cur;             /* per tensor: live copies holding the current version */
-    int *lost;              /* per tensor: DROP that removed the last current copy */
-    int *wrote;             /* per tensor: COMPUTE that wrote the current version */
-    int exp_op, exp_iter;   /* next first COMPUTE expected (V2) */
-    int *first_iter;        /* per op: iteration of its last first COMPUTE, -1 */
-    uint32_t *op_ver;       /* per op: versions its first COMPUTE read (TIDE_OP_MAX_IN)
-                               then wrote (TIDE_OP_MAX_OUT), for recomputations */
-} vstate;
-
-#define OPV (TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT)
-
-/* ---------------------------------------------------------------- messages */
-
-static const char *tname(const vstate *v, int t) {
-    return t >= 0 && t < v->g->n_tensors ? v->g->tensors[t].name : "?";
-}
-
-/* "device offset 4096", "host home", "ssd spill offset 0" */
-static void place(char *b, size_t n, tide_tier tier, uint64_t off) {
-    if (tier != TIDE_TIER_DEVICE && off == TIDE_HOME)
-        snprintf(b, n, "%s home", tide_tier_name(tier));
-    else
-        snprintf(b, n, "%s %s %" PRIu64, tide_tier_name(tier),
-                 tier == TIDE_TIER_DEVICE ? "offset" : "spill offset", off);
-}
-
-static void describe(const vstate *v, int i, char *b, size_t n) {
-    const tide_ins *in = &v->p->ins[i];
-    char s1[64], s2[64];
-    size_t k = 0;
-    switch (in->kind) {
-    case TIDE_INS_COMPUTE:
-        if (in->op >= 0 && in->op < v->g->n_ops) {
-            const tide_op *op = &v->g->ops[in->op];
-            k = (size_t)snprintf(b, n, "compute %s op %d '%s'%s", tide_op_name(op->kind), in->op,
-                                 op->n_out ? tname(v, op->out[0]) : "",
-                                 in->place == TIDE_PLACE_HOST ? " on the host" : "");
-        } else
-            k = (size_t)snprintf(b, n, "compute op %d", in->op);
-        break;
-    case TIDE_INS_LOAD:
-        place(s1, sizeof s1, in->src, in->tier_off);
-        k = (size_t)snprintf(b, n, "load '%s' %s -> device offset %" PRIu64, tname(v, in->tensor),
-                             s1, in->dev_off[0]);
-        break;
-    case TIDE_INS_STORE:
-        place(s2, sizeof s2, in->dst, in->tier_off);
-        k = (size_t)snprintf(b, n, "store '%s' device offset %" PRIu64 " -> %s",
-                             tname(v, in->tensor), in->dev_off[0], s2);
-        break;
-    case TIDE_INS_MOVE:
-        place(s1, sizeof s1, in->src, in->src_off);
-        place(s2, sizeof s2, in->dst, in->tier_off);
-        k = (size_t)snprintf(b, n, "move '%s' %s -> %s", tname(v, in->tensor), s1, s2);
-        break;
-    case TIDE_INS_DROP:
-        place(s1, sizeof s1, in->src, in->src == TIDE_TIER_DEVICE ? in->dev_off[0] : in->tier_off);
-        k = (size_t)snprintf(b, n, "drop '%s' %s", tname(v, in->tensor), s1);
-        break;
-    default:
-        k = (size_t)snprintf(b, n, "kind %d", (int)in->kind);
-    }
-    if (k < n) k += (size_t)snprintf(b + k, n - k, ", stream %s", tide_stream_name(in->stream));
-    if (k < n && v->p->n_iter > 1) snprintf(b + k, n - k, ", iter %d", in->iter);
-}
-
-/* "instruction 12 (load 'w' host home -> device offset 0, stream h2d)" */
-typedef struct vref { char s[256]; } vref;
-static vref ref(const vstate *v, int j) {
-    vref r;
-    char d[200];
-    if (j < 0) {
-        snprintf(r.s, sizeof r.s, "the initial state");
-    } else {
-        describe(v, j, d, sizeof d);
-        snprintf(r.s, sizeof r.s, "instruction %d (%s)", j, d);
-    }
-    return r;
-}
-
-/* Records the violation of instruction x (x < 0: of the plan's end) on the
- * plan's context; returns TIDE_E_VERIFY. */
-__attribute__((format(printf, 3, 4)))
-static tide_status fail(vstate *v, int x, const char *fmt, ...) {
-    char what[800];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    if (x < 0) return tide_err(v->ctx, TIDE_E_VERIFY, "at the end of the plan: %s", what);
-    return tide_err(v->ctx, TIDE_E_VERIFY, "%s %s", ref(v, x).s, what);
-}
-
-static tide_status nomem(vstate *v) {
-    return tide_err(v->ctx, TIDE_E_NOMEM, "out of memory verifying a plan of %d instructions",
-                    v->p->n_ins);
-}
-
-/* ---------------------------------------------------------------- happens-before */
-
-/* a -> b: a completes before b starts (a == b counts: an op may read and
- * rewrite its own bytes). Needs vc[b] computed. */
-static inline bool hb(const vstate *v, int a, int b) {
-    return v->vc[b][v->p->ins[a].stream] >= a;
-}
-
-/* The first access in acc[] not ordered before x, or NONE. */
-static int unordered(const vstate *v, const int acc[NS], int x) {
-    for (int s = 0; s < NS; s++)
-        if (acc[s] != NONE && v->vc[x][s] < acc[s]) return acc[s];
-    return NONE;
-}
-
-/* ---------------------------------------------------------------- interval maps */
-
-static int seg_new(vstate *v) {
-    int s;
-    if (v->free_seg != NONE) {
-        s = v->free_seg;
-        v->free_seg = v->seg[s].left;
-    } else {
-        if (tide_grow((void **)&v->seg, &v->cap_seg, v->n_seg + 1, sizeof *v->seg)) return NONE;
-        s = v->n_seg++;
-    }
-    v->rng ^= v->rng << 13;
-    v->rng ^= v->rng >> 7;
-    v->rng ^= v->rng << 17;
-    v->seg[s].left = v->seg[s].right = NONE;
-    v->seg[s].prio = (uint32_t)(v->rng >> 32);
-    return s;
-}
-
-static void seg_release(vstate *v, int s) {
-    v->seg[s].left = v->free_seg;
-    v->free_seg = s;
-}
-
-static void seg_release_tree(vstate *v, int t) {
-    if (t == NONE) return;
-    int l = v->seg[t].left, r = v->seg[t].right;
-    seg_release_tree(v, l);
-    seg_release_tree(v, r);
-    seg_release(v, t);
-}
-
-/* Splits tree t into *l (segments starting below key) and *r (the rest). */
-static void seg_split(vseg *sg, int t, uint64_t key, int *l, int *r) {
-    if (t == NONE) {
-        *l = *r = NONE;
-    } else if (sg[t].lo < key) {
-        *l = t;
-        seg_split(sg, sg[t].right, key, &sg[t].right, r);
-    } else {
-        *r = t;
-        seg_split(sg, sg[t].left, key, l, &sg[t].left);
-    }
-}
-
-/* Joins a and b, every segment of a starting below every segment of b. */
-static int seg_merge(vseg *sg, int a, int b) {
-    if (a == NONE) return b;
-    if (b == NONE) return a;
-    if (sg[a].prio >= sg[b].prio) {
-        sg[a].right = seg_merge(sg, sg[a].right, b);
-        return a;
-    }
-    sg[b].left = seg_merge(sg, a, sg[b].left);
-    return b;
-}
-
-static int seg_rightmost(const vseg *sg, int t) {
-    while (sg[t].right != NONE) t = sg[t].right;
-    return t;
-}
-
-/* V3: may writer x take [lo, hi) of tier from segment s's occupant? */
-static tide_status seg_check(vstate *v, int s, int x, tide_tier tier, uint64_t lo, uint64_t hi) {
-    const vseg *g = &v->seg[s];
-    const char *area = tier == TIDE_TIER_DEVICE ? "device" : tier == TIDE_TIER_HOST ? "host spill" : "ssd spill";
-    uint64_t a = TIDE_MAX(lo, g->lo), b = TIDE_MIN(hi, g->hi);
-    if (g->o.copy != NONE) {
-        const vcopy *c = &v->cp[g->o.copy];
-        return fail(v, x,
-                    "writes %s bytes [%" PRIu64 ", %" PRIu64 ") while '%s' still lives at %s [%" PRIu64
-                    ", %" PRIu64 ") (written by %s, not dropped): live ranges overlap",
-                    area, lo, hi, tname(v, c->tensor), area, c->off,
-                    c->off + v->g->tensors[c->tensor].nbytes, ref(v, c->writer).s);
-    }
-    const char *who = g->o.tensor == NONE ? "op scratch" : tname(v, g->o.tensor);
-    if (!hb(v, g->o.freed_by, x))
-        return fail(v, x,
-                    "writes %s bytes [%" PRIu64 ", %" PRIu64 ") that held '%s' before %s, which frees "
-                    "them, has completed: the two lives overlap (missing wait on the drop)",
-                    area, a, b, who, ref(v, g->o.freed_by).s);
-    int u = unordered(v, g->o.acc, x);
-    if (u != NONE) {
-        bool w = u == g->o.writer;
-        return fail(v, x,
-                    "writes %s bytes [%" PRIu64 ", %" PRIu64 ") that held '%s' while %s may still %s "
-                    "them (missing wait: write-after-%s)",
-                    area, a, b, who, ref(v, u).s, w ? "write" : "read", w ? "write" : "read");
-    }
-    return TIDE_OK;
-}
-
-static tide_status seg_check_tree(vstate *v, int t, int x, tide_tier tier, uint64_t lo, uint64_t hi) {
-    if (t == NONE) return TIDE_OK;
-    tide_status st = seg_check_tree(v, v->seg[t].left, x, tier, lo, hi);
-    if (!st) st = seg_check(v, t, x, tier, lo, hi);
-    if (!st) st = seg_check_tree(v, v->seg[t].right, x, tier, lo, hi);
-    return st;
-}
-
-/* Instruction x starts writing [lo, hi) of tier's map for occupant o (a new
- * live copy, or op scratch freed by x itself). Checks V3 against every
- * segment it covers, then makes o their occupant. */
-static tide_status seg_claim(vstate *v, int x, tide_tier tier, uint64_t lo, uint64_t hi, vocc o) {
-    int nn = seg_new(v), tail = seg_new(v);
-    if (nn == NONE || tail == NONE) return nomem(v);
-    vseg *sg = v->seg; /* no allocation below: the pointer stays valid */
-    int l, m, r;
-    bool tailed = false;
-    tide_status st;
-    seg_split(sg, v->root[tier], lo, &l, &r);
-    seg_split(sg, r, hi, &m, &r);
-    if (l != NONE) { /* the segment starting before lo may reach into it */
-        int last = seg_rightmost(sg, l);
-        if (sg[last].hi > lo) {
-            if ((st = seg_check(v, last, x, tier, lo, hi))) return st;
-            if (sg[last].hi > hi) {
-                sg[tail].lo = hi, sg[tail].hi = sg[last].hi, sg[tail].o = sg[last].o;
-                tailed = true;
-            }
-            sg[last].hi = lo;
-        }
-    }
-    if (m != NONE) { /* every segment starting in [lo, hi) */
-        if ((st = seg_check_tree(v, m, x, tier, lo, hi))) return st;
-        int last = seg_rightmost(sg, m);
-        if (sg[last].hi > hi) {
-            sg[tail].lo = hi, sg[tail].hi = sg[last].hi, sg[tail].o = sg[last].o;
-            tailed = true;
-        }
-        seg_release_tree(v, m);
-    }
-    sg[nn].lo = lo, sg[nn].hi = hi, sg[nn].o = o;
-    if (tailed) r = seg_merge(sg, tail, r);
-    else seg_release(v, tail);
-    v->root[tier] = seg_merge(sg, seg_merge(sg, l, nn), r);
-    return TIDE_OK;
-}
-
-/* ---------------------------------------------------------------- copies */
-
-static int copy_find(const vstate *v, int t, tide_tier tier, uint64_t off) {
-    for (int c = v->head[t]; c != NONE; c = v->cp[c].next)
-        if (v->cp[c].tier == tier && v->cp[c].off == off) return c;
-    return NONE;
-}
-
-/* Instruction x reads copy c (found live, current version checked). */
-static tide_status copy_read(vstate *v, int x, int c) {
-    vcopy *cp = &v->cp[c];
-    if (cp->writer != NONE && !hb(v, cp->writer, x)) {
-        char pl[64];
-        place(pl, sizeof pl, cp->tier, cp->off);
-        return fail(v, x, "reads '%s' from %s, written by %s, without waiting on it (missing wait: "
-                    "read-after-write)", tname(v, cp->tensor), pl, ref(v, cp->writer).s);
-    }
-    cp->acc[v->p->ins[x].stream] = x;
-    return TIDE_OK;
-}
-
-/* Instruction x rewrites existing copy c with version ver. */
-static tide_status copy_write(vstate *v, int x, int c, uint32_t ver) {
-    vcopy *cp = &v->cp[c];
-    int u = unordered(v, cp->acc, x);
-    if (u != NONE) {
-        char pl[64];
-        bool w = u == cp->writer;
-        place(pl, sizeof pl, cp->tier, cp->off);
-        return fail(v, x, "overwrites '%s' at %s while %s may still %s it (missing wait: "
-                    "write-after-%s)", tname(v, cp->tensor), pl, ref(v, u).s,
-                    w ? "write" : "read", w ? "write" : "read");
-    }
-    int t = cp->tensor;
-    bool was = cp->valid && cp->ver == v->cur[t];
-    cp->valid = true;
-    cp->ver = ver;
-    cp->writer = x;
-    for (int s = 0; s < NS; s++) cp->acc[s] = NONE;
-    cp->acc[v->p->ins[x].stream] = x;
-    v->n_cur[t] += (int)(ver == v->cur[t]) - (int)was;
-    return TIDE_OK;
-}
-
-/* Instruction x creates a copy of t at (tier, off) holding ver: claims its
- * bytes, then links it to t's live copies. */
-static tide_status copy_new(vstate *v, int x, int t, tide_tier tier, uint64_t off, uint32_t ver) {
-    int c;
-    if (v->free_cp != NONE) {
-        c = v->free_cp;
-        v->free_cp = v->cp[c].next;
-    } else {
-        if (tide_grow((void **)&v->cp, &v->cap_cp, v->n_cp + 1, sizeof *v->cp)) return nomem(v);
-        c = v->n_cp++;
-    }
-    vcopy *cp = &v->cp[c];
-    cp->tensor = t, cp->tier = tier, cp->valid = true, cp->off = off, cp->ver = ver, cp->writer = x;
-    for (int s = 0; s < NS; s++) cp->acc[s] = NONE;
-    if (x != NONE) cp->acc[v->p->ins[x].stream] = x;
-    cp->next = v->head[t];
-    v->head[t] = c;
-    vocc o = {.copy = c, .tensor = t, .freed_by = NONE, .writer = NONE};
-    tide_status st = seg_claim(v, x, tier, off, off + v->g->tensors[t].nbytes, o);
-    if (st) return st;
-    if (ver == v->cur[t]) v->n_cur[t]++;
-    return TIDE_OK;
-}
-
-/* DROP x ends live copy c: its bytes become FREED by x in the interval map. */
-static tide_status copy_drop(vstate *v, int x, int c) {
-    vcopy *cp = &v->cp[c];
-    int t = cp->tensor;
-    int s = v->root[cp->tier];
-    while (s != NONE && v->seg[s].lo != cp->off) s = cp->off < v->seg[s].lo ? v->seg[s].left : v->seg[s].right;
-    if (s == NONE || v->seg[s].o.copy != c)
-        return fail(v, x, "finds the verifier's map of '%s' inconsistent (internal error)", tname(v, t));
-    vocc *o = &v->seg[s].o;
-    o->copy = NONE;
-    o->freed_by = x;
-    o->writer = cp->writer;
-    memcpy(o->acc, cp->acc, sizeof o->acc);
-    int *pp = &v->head[t];
-    while (*pp != c) pp = &v->cp[*pp].next;
-    *pp = cp->next;
-    if (cp->ver == v->cur[t] && --v->n_cur[t] == 0) v->lost[t] = x;
-    cp->next = v->free_cp;
-    v->free_cp = c;
-    return TIDE_OK;
-}
-
 /* ---------------------------------------------------------------- V1: structure */
 
-static bool in_area(uint64_t off, uint64_t n, uint64_t size) { return off <= size && n <= size - off; }
+static bool vin_area(uint64_t off, uint64_t n, uint64_t size) { return off <= size && n <= size - off; }
 
 static tide_status check_dev(vstate *v, int x, const char *what, int t, uint64_t off, uint64_t n) {
-    if (in_area(off, n, v->p->device_budget)) return TIDE_OK;
-    return fail(v, x, "%s %s%s%s at device [%" PRIu64 ", %" PRIu64 "), past the device budget of "
-                "%" PRIu64 " bytes (budget overflow)", what, t == NONE ? "" : "'", t == NONE ? "op scratch" : tname(v, t),
+    if (vin_area(off, n, v->p->device_budget)) return TIDE_OK;
+    return vfail(v, x, "%s %s%s%s at device [%" PRIu64 ", %" PRIu64 "), past the device budget of "
+                "%" PRIu64 " bytes (budget overflow)", what, t == NONE ? "" : "'", t == NONE ? "op scratch" : vtname(v, t),
                 t == NONE ? "" : "'", off, off + n, v->p->device_budget);
 }
 
 static tide_status check_spill(vstate *v, int x, int t, tide_tier tier, uint64_t off) {
     uint64_t size = tier == TIDE_TIER_HOST ? v->p->host_spill_bytes : v->p->ssd_spill_bytes;
     uint64_t n = v->g->tensors[t].nbytes;
-    if (off == TIDE_HOME || in_area(off, n, size)) return TIDE_OK;
-    return fail(v, x, "places '%s' at %s spill [%" PRIu64 ", %" PRIu64 "), past the plan's %s spill "
-                "area of %" PRIu64 " bytes", tname(v, t), tide_tier_name(tier), off, off + n,
+    if (off == TIDE_HOME || vin_area(off, n, size)) return TIDE_OK;
+    return vfail(v, x, "places '%s' at %s spill [%" PRIu64 ", %" PRIu64 "), past the plan's %s spill "
+                "area of %" PRIu64 " bytes", vtname(v, t), tide_tier_name(tier), off, off + n,
                 tide_tier_name(tier), size);
 }
 
@@ -506,46 +121,46 @@ static tide_status check_fields(vstate *v, int x) {
     const tide_plan *p = v->p;
     const tide_ins *in = &p->ins[x];
     tide_status st;
-    if ((unsigned)in->kind >= TIDE_INS_COUNT) return fail(v, x, "has an unknown kind %d", (int)in->kind);
-    if ((unsigned)in->stream >= NS) return fail(v, x, "is on an unknown stream %d", (int)in->stream);
+    if ((unsigned)in->kind >= TIDE_INS_COUNT) return vfail(v, x, "has an unknown kind %d", (int)in->kind);
+    if ((unsigned)in->stream >= NS) return vfail(v, x, "is on an unknown stream %d", (int)in->stream);
     if (in->iter < 0 || in->iter >= p->n_iter)
-        return fail(v, x, "names iteration %d of a plan of %d", in->iter, p->n_iter);
+        return vfail(v, x, "names iteration %d of a plan of %d", in->iter, p->n_iter);
     if (in->n_wait < 0 || in->wait_at < 0 || in->wait_at > p->n_waits - in->n_wait)
-        return fail(v, x, "has waits [%d, +%d) outside the plan's %d waits", in->wait_at, in->n_wait, p->n_waits);
+        return vfail(v, x, "has waits [%d, +%d) outside the plan's %d waits", in->wait_at, in->n_wait, p->n_waits);
     for (int k = 0; k < in->n_wait; k++) {
         int w = p->waits[in->wait_at + k];
-        if (w < 0 || w >= p->n_ins) return fail(v, x, "waits on %d, which is not an instruction", w);
+        if (w < 0 || w >= p->n_ins) return vfail(v, x, "waits on %d, which is not an instruction", w);
         if (w >= x)
-            return fail(v, x, "waits on instruction %d, which is not earlier: a wait must name an "
+            return vfail(v, x, "waits on instruction %d, which is not earlier: a wait must name an "
                         "earlier instruction (a wait on a later one can deadlock, or be ignored by "
                         "an executor issuing in list order)", w);
     }
     if (in->kind == TIDE_INS_COMPUTE) {
         bool host = in->place == TIDE_PLACE_HOST;
-        if ((unsigned)in->place >= TIDE_PLACE_COUNT) return fail(v, x, "has an unknown placement %d", (int)in->place);
+        if ((unsigned)in->place >= TIDE_PLACE_COUNT) return vfail(v, x, "has an unknown placement %d", (int)in->place);
         if (in->stream != (host ? TIDE_STREAM_HOST : TIDE_STREAM_COMPUTE))
-            return fail(v, x, "computes off the %s stream (on the %s stream): a compute placed on the %s runs on "
+            return vfail(v, x, "computes off the %s stream (on the %s stream): a compute placed on the %s runs on "
                         "the %s stream", host ? "host" : "compute", tide_stream_name(in->stream),
                         tide_place_name(in->place), host ? "host" : "compute");
-        if (in->op < 0 || in->op >= v->g->n_ops) return fail(v, x, "names op %d of a graph of %d", in->op, v->g->n_ops);
-        if (in->tensor != NONE) return fail(v, x, "names tensor %d; a COMPUTE's tensor must be -1", in->tensor);
+        if (in->op < 0 || in->op >= v->g->n_ops) return vfail(v, x, "names op %d of a graph of %d", in->op, v->g->n_ops);
+        if (in->tensor != NONE) return vfail(v, x, "names tensor %d; a COMPUTE's tensor must be -1", in->tensor);
         const tide_op *op = &v->g->ops[in->op];
         if (in->host_opnd >> (op->n_in + op->n_out))
-            return fail(v, x, "marks host operands beyond its op's %d", op->n_in + op->n_out);
+            return vfail(v, x, "marks host operands beyond its op's %d", op->n_in + op->n_out);
         for (int k = 0; k < op->n_in + op->n_out; k++) {
             bool out = k >= op->n_in;
             int t = out ? op->out[k - op->n_in] : op->in[k];
             if (!tide_ins_host_opnd(in, k)) {
                 if (host)
-                    return fail(v, x, "runs on the host but %s '%s' on the device: a host compute's operands "
-                                "are host copies", out ? "writes" : "reads", tname(v, t));
+                    return vfail(v, x, "runs on the host but %s '%s' on the device: a host compute's operands "
+                                "are host copies", out ? "writes" : "reads", vtname(v, t));
                 if ((st = check_dev(v, x, out ? "writes" : "reads", t, in->dev_off[k], v->g->tensors[t].nbytes)))
                     return st;
                 continue;
             }
             if (!host && !v->p->host_addressable)
-                return fail(v, x, "%s '%s' in host memory from the device, in a plan whose device cannot "
-                            "address host memory (host_addressable is off)", out ? "writes" : "reads", tname(v, t));
+                return vfail(v, x, "%s '%s' in host memory from the device, in a plan whose device cannot "
+                            "address host memory (host_addressable is off)", out ? "writes" : "reads", vtname(v, t));
             if ((st = check_spill(v, x, t, TIDE_TIER_HOST, in->dev_off[k]))) return st;
         }
         if (!host && op->scratch_bytes && (st = check_dev(v, x, "uses", NONE, in->scratch_off, op->scratch_bytes)))
@@ -553,42 +168,42 @@ static tide_status check_fields(vstate *v, int x) {
         return TIDE_OK;
     }
     if (in->place != TIDE_PLACE_DEVICE || in->host_opnd)
-        return fail(v, x, "has a placement or host operands; only a COMPUTE has them");
+        return vfail(v, x, "has a placement or host operands; only a COMPUTE has them");
     if (in->tensor < 0 || in->tensor >= v->g->n_tensors)
-        return fail(v, x, "names tensor %d of a graph of %d", in->tensor, v->g->n_tensors);
-    if (in->op != NONE) return fail(v, x, "names op %d; only a COMPUTE names an op (must be -1)", in->op);
+        return vfail(v, x, "names tensor %d of a graph of %d", in->tensor, v->g->n_tensors);
+    if (in->op != NONE) return vfail(v, x, "names op %d; only a COMPUTE names an op (must be -1)", in->op);
     int t = in->tensor;
     uint64_t n = v->g->tensors[t].nbytes;
     switch (in->kind) {
     case TIDE_INS_LOAD:
         if (!off_tier(in->src) || in->dst != TIDE_TIER_DEVICE)
-            return fail(v, x, "loads from %s to %s; a LOAD goes host|ssd -> device", tide_tier_name(in->src),
+            return vfail(v, x, "loads from %s to %s; a LOAD goes host|ssd -> device", tide_tier_name(in->src),
                         tide_tier_name(in->dst));
         if (in->stream != TIDE_STREAM_H2D && in->stream != TIDE_STREAM_IO)
-            return fail(v, x, "loads on the %s stream; a LOAD runs on h2d or io", tide_stream_name(in->stream));
+            return vfail(v, x, "loads on the %s stream; a LOAD runs on h2d or io", tide_stream_name(in->stream));
         if ((st = check_dev(v, x, "loads", t, in->dev_off[0], n))) return st;
         return check_spill(v, x, t, in->src, in->tier_off);
     case TIDE_INS_STORE:
         if (in->src != TIDE_TIER_DEVICE || !off_tier(in->dst))
-            return fail(v, x, "stores from %s to %s; a STORE goes device -> host|ssd", tide_tier_name(in->src),
+            return vfail(v, x, "stores from %s to %s; a STORE goes device -> host|ssd", tide_tier_name(in->src),
                         tide_tier_name(in->dst));
         if (in->stream != TIDE_STREAM_D2H && in->stream != TIDE_STREAM_IO)
-            return fail(v, x, "stores on the %s stream; a STORE runs on d2h or io", tide_stream_name(in->stream));
+            return vfail(v, x, "stores on the %s stream; a STORE runs on d2h or io", tide_stream_name(in->stream));
         if ((st = check_dev(v, x, "stores", t, in->dev_off[0], n))) return st;
         return check_spill(v, x, t, in->dst, in->tier_off);
     case TIDE_INS_MOVE:
         if (!off_tier(in->src) || !off_tier(in->dst) || in->src == in->dst)
-            return fail(v, x, "moves from %s to %s; a MOVE goes host <-> ssd", tide_tier_name(in->src),
+            return vfail(v, x, "moves from %s to %s; a MOVE goes host <-> ssd", tide_tier_name(in->src),
                         tide_tier_name(in->dst));
         if (in->stream != TIDE_STREAM_IO)
-            return fail(v, x, "moves on the %s stream; a MOVE runs on io", tide_stream_name(in->stream));
+            return vfail(v, x, "moves on the %s stream; a MOVE runs on io", tide_stream_name(in->stream));
         if ((st = check_spill(v, x, t, in->src, in->src_off))) return st;
         return check_spill(v, x, t, in->dst, in->tier_off);
     case TIDE_INS_DROP:
-        if ((unsigned)in->src >= TIDE_TIER_COUNT) return fail(v, x, "drops from unknown tier %d", (int)in->src);
+        if ((unsigned)in->src >= TIDE_TIER_COUNT) return vfail(v, x, "drops from unknown tier %d", (int)in->src);
         if (in->src == TIDE_TIER_DEVICE) return check_dev(v, x, "drops", t, in->dev_off[0], n);
         if (in->tier_off == TIDE_HOME)
-            return fail(v, x, "drops the home copy of '%s'; a plan never drops a home", tname(v, t));
+            return vfail(v, x, "drops the home copy of '%s'; a plan never drops a home", vtname(v, t));
         return check_spill(v, x, t, in->src, in->tier_off);
     default:
         return TIDE_OK;
@@ -604,21 +219,21 @@ static tide_status source(vstate *v, int x, int t, tide_tier tier, uint64_t off,
                        v->p->ins[x].kind == TIDE_INS_LOAD ? "loads" :
                        v->p->ins[x].kind == TIDE_INS_STORE ? "stores" : "moves";
     char pl[64];
-    place(pl, sizeof pl, tier, off);
+    vplace(pl, sizeof pl, tier, off);
     int c;
     if (tier != TIDE_TIER_DEVICE && off == TIDE_HOME) {
-        if (tt->role == TIDE_ROLE_TEMP) return fail(v, x, "%s '%s' from %s, but a temp has no home", verb, tt->name, pl);
+        if (tt->role == TIDE_ROLE_TEMP) return vfail(v, x, "%s '%s' from %s, but a temp has no home", verb, tt->name, pl);
         if (tier != v->p->home[t])
-            return fail(v, x, "%s '%s' from %s, but its home is %s", verb, tt->name, pl, tide_tier_name(v->p->home[t]));
+            return vfail(v, x, "%s '%s' from %s, but its home is %s", verb, tt->name, pl, tide_tier_name(v->p->home[t]));
         c = t;
         if (!v->cp[c].valid)
-            return fail(v, x, "%s '%s' from its %s, which holds no valid copy (an output is valid "
+            return vfail(v, x, "%s '%s' from its %s, which holds no valid copy (an output is valid "
                         "there only once stored)", verb, tt->name, pl);
     } else {
-        c = copy_find(v, t, tier, off);
+        c = vcopy_find(v, t, tier, off);
         if (c == NONE) {
             if (v->cur[t] == 0 && (tt->role == TIDE_ROLE_TEMP || tt->role == TIDE_ROLE_OUTPUT))
-                return fail(v, x, "%s '%s', a %s tensor no instruction has written yet (read of a %s "
+                return vfail(v, x, "%s '%s', a %s tensor no instruction has written yet (read of a %s "
                             "never written)", verb, tt->name, tide_role_name(tt->role), tide_role_name(tt->role));
             char why[320] = "";
             int other = NONE;
@@ -626,19 +241,19 @@ static tide_status source(vstate *v, int x, int t, tide_tier tier, uint64_t off,
                 if (v->cp[d].tier == tier) other = d;
             if (v->n_cur[t] == 0 && v->lost[t] != NONE)
                 snprintf(why, sizeof why, "; its current version was lost when %s dropped its last copy",
-                         ref(v, v->lost[t]).s);
+                         vref_of(v, v->lost[t]).s);
             else if (other != NONE)
                 snprintf(why, sizeof why, "; its live %s copy is at offset %" PRIu64, tide_tier_name(tier),
                          v->cp[other].off);
-            return fail(v, x, "%s '%s' from %s where no copy of it is live (never %s there, or dropped)%s",
+            return vfail(v, x, "%s '%s' from %s where no copy of it is live (never %s there, or dropped)%s",
                         verb, tt->name, pl, tier == TIDE_TIER_DEVICE ? "loaded or computed" : "stored", why);
         }
     }
     if (v->cp[c].ver != v->cur[t])
-        return fail(v, x, "%s '%s' from %s that holds version %u, current is %u (stale read)", verb,
+        return vfail(v, x, "%s '%s' from %s that holds version %u, current is %u (stale read)", verb,
                     tt->name, pl, v->cp[c].ver, v->cur[t]);
     *out = c;
-    return copy_read(v, x, c);
+    return vcopy_read(v, x, c);
 }
 
 /* Instruction x writes t's copy at (tier, off) with version ver. */
@@ -646,16 +261,16 @@ static tide_status dest(vstate *v, int x, int t, tide_tier tier, uint64_t off, u
     const tide_tensor *tt = &v->g->tensors[t];
     if (tier != TIDE_TIER_DEVICE && off == TIDE_HOME) {
         if (tt->role != TIDE_ROLE_STATE && tt->role != TIDE_ROLE_OUTPUT)
-            return fail(v, x, "writes the home of %s '%s'; only state and output homes are written "
+            return vfail(v, x, "writes the home of %s '%s'; only state and output homes are written "
                         "(%s)", tide_role_name(tt->role), tt->name,
                         tt->role == TIDE_ROLE_TEMP ? "a temp has no home" : "it is read-only");
         if (tier != v->p->home[t])
-            return fail(v, x, "writes '%s' to a %s home, but its home is %s", tt->name,
+            return vfail(v, x, "writes '%s' to a %s home, but its home is %s", tt->name,
                         tide_tier_name(tier), tide_tier_name(v->p->home[t]));
-        return copy_write(v, x, t, ver);
+        return vcopy_write(v, x, t, ver);
     }
-    int c = copy_find(v, t, tier, off);
-    return c != NONE ? copy_write(v, x, c, ver) : copy_new(v, x, t, tier, off, ver);
+    int c = vcopy_find(v, t, tier, off);
+    return c != NONE ? vcopy_write(v, x, c, ver) : vcopy_new(v, x, t, tier, off, ver);
 }
 
 /* V2: is COMPUTE x the first of its op in its iteration (in graph order), or
@@ -673,23 +288,23 @@ static tide_status check_order(vstate *v, int x, bool *recompute) {
     if (v->first_iter[in->op] != in->iter) {
         const tide_op *want = &v->g->ops[v->exp_op % (v->g->n_ops ? v->g->n_ops : 1)];
         if (v->exp_iter >= v->p->n_iter)
-            return fail(v, x, "computes op %d of iteration %d after every iteration is complete", in->op,
+            return vfail(v, x, "computes op %d of iteration %d after every iteration is complete", in->op,
                         in->iter);
-        return fail(v, x, "computes op %d of iteration %d, but op %d ('%s') of iteration %d comes "
+        return vfail(v, x, "computes op %d of iteration %d, but op %d ('%s') of iteration %d comes "
                     "next: every op is first computed once per iteration, in graph order (op missing or "
-                    "out of order)", in->op, in->iter, v->exp_op, tname(v, want->out[0]), v->exp_iter);
+                    "out of order)", in->op, in->iter, v->exp_op, vtname(v, want->out[0]), v->exp_iter);
     }
     const uint32_t *ver = &v->op_ver[(size_t)in->op * OPV];
     for (int i = 0; i < op->n_in; i++)
         if (v->cur[op->in[i]] != ver[i])
-            return fail(v, x, "recomputes op %d, but its input '%s' is at version %u, not version %u that its "
+            return vfail(v, x, "recomputes op %d, but its input '%s' is at version %u, not version %u that its "
                         "first compute read (recomputation from a stale input)", in->op,
-                        tname(v, op->in[i]), v->cur[op->in[i]], ver[i]);
+                        vtname(v, op->in[i]), v->cur[op->in[i]], ver[i]);
     for (int j = 0; j < op->n_out; j++)
         if (v->cur[op->out[j]] != ver[TIDE_OP_MAX_IN + j])
-            return fail(v, x, "recomputes op %d, whose output '%s' has moved on to version %u since its "
+            return vfail(v, x, "recomputes op %d, whose output '%s' has moved on to version %u since its "
                         "first compute wrote version %u (recomputation of a stale value)", in->op,
-                        tname(v, op->out[j]), v->cur[op->out[j]], ver[TIDE_OP_MAX_IN + j]);
+                        vtname(v, op->out[j]), v->cur[op->out[j]], ver[TIDE_OP_MAX_IN + j]);
     *recompute = true;
     return TIDE_OK;
 }
@@ -728,7 +343,7 @@ static tide_status do_compute(vstate *v, int x) {
         vocc o = {.copy = NONE, .tensor = NONE, .freed_by = x, .writer = x};
         for (int s = 0; s < NS; s++) o.acc[s] = NONE;
         o.acc[TIDE_STREAM_COMPUTE] = x;
-        if ((st = seg_claim(v, x, TIDE_TIER_DEVICE, in->scratch_off, in->scratch_off + op->scratch_bytes, o)))
+        if ((st = vseg_claim(v, x, TIDE_TIER_DEVICE, in->scratch_off, in->scratch_off + op->scratch_bytes, o)))
             return st;
     }
     return TIDE_OK;
@@ -763,17 +378,17 @@ static tide_status step(vstate *v, int x) {
         return dest(v, x, t, in->dst, in->tier_off, v->cp[src].ver);
     case TIDE_INS_DROP: {
         uint64_t off = in->src == TIDE_TIER_DEVICE ? in->dev_off[0] : in->tier_off;
-        int d = copy_find(v, t, in->src, off);
+        int d = vcopy_find(v, t, in->src, off);
         if (d != NONE && in->src == TIDE_TIER_DEVICE && v->p->warm_off && v->p->warm_off[t] == off)
-            return fail(v, x, "drops warm '%s' at its offset %" PRIu64 "; a warm tensor stays on the device "
-                        "across runs", tname(v, t), off);
+            return vfail(v, x, "drops warm '%s' at its offset %" PRIu64 "; a warm tensor stays on the device "
+                        "across runs", vtname(v, t), off);
         if (d == NONE) {
             char pl[64];
-            place(pl, sizeof pl, in->src, off);
-            return fail(v, x, "drops '%s' at %s where no copy of it is live (never written there, or "
-                        "already dropped)", tname(v, t), pl);
+            vplace(pl, sizeof pl, in->src, off);
+            return vfail(v, x, "drops '%s' at %s where no copy of it is live (never written there, or "
+                        "already dropped)", vtname(v, t), pl);
         }
-        return copy_drop(v, x, d);
+        return vcopy_drop(v, x, d);
     }
     default:
         return TIDE_OK;
@@ -798,7 +413,7 @@ static tide_status check_warm(vstate *v) {
     for (int t = 0; t < g->n_tensors; t++) n += warm(v, t);
     if (!n) return TIDE_OK;
     warm_rng *r = tide_malloc((size_t)n * sizeof *r);
-    if (!r) return nomem(v);
+    if (!r) return vnomem(v);
     n = 0;
     tide_status st = TIDE_OK;
     for (int t = 0; t < g->n_tensors && !st; t++) {
@@ -807,17 +422,17 @@ static tide_status check_warm(vstate *v) {
         uint64_t off = v->p->warm_off[t], nb = g->tensors[t].nbytes;
         if (role != TIDE_ROLE_WEIGHT && role != TIDE_ROLE_STATE)
             st = tide_err(v->ctx, TIDE_E_VERIFY, "the plan keeps %s '%s' warm on the device; only weights and "
-                          "state persist across runs", tide_role_name(role), tname(v, t));
-        else if (!in_area(off, nb, v->p->device_budget))
+                          "state persist across runs", tide_role_name(role), vtname(v, t));
+        else if (!vin_area(off, nb, v->p->device_budget))
             st = tide_err(v->ctx, TIDE_E_VERIFY, "warm '%s' at device [%" PRIu64 ", %" PRIu64 ") is past the "
-                          "device budget of %" PRIu64 " bytes", tname(v, t), off, off + nb, v->p->device_budget);
+                          "device budget of %" PRIu64 " bytes", vtname(v, t), off, off + nb, v->p->device_budget);
         r[n++] = (warm_rng){off, off + nb, t};
     }
     if (!st) qsort(r, (size_t)n, sizeof *r, cmp_warm);
     for (int k = 1; k < n && !st; k++)
         if (r[k].lo < r[k - 1].hi)
             st = tide_err(v->ctx, TIDE_E_VERIFY, "warm '%s' and '%s' overlap on the device at [%" PRIu64
-                          ", %" PRIu64 ")", tname(v, r[k - 1].t), tname(v, r[k].t), r[k].lo,
+                          ", %" PRIu64 ")", vtname(v, r[k - 1].t), vtname(v, r[k].t), r[k].lo,
                           TIDE_MIN(r[k].hi, r[k - 1].hi));
     for (int k = 0; k < n && !st; k++) {
         int t = r[k].t;
@@ -825,7 +440,7 @@ static tide_status check_warm(vstate *v) {
             v->cp[t].valid = false;
             v->n_cur[t] = 0;
         }
-        st = copy_new(v, NONE, t, TIDE_TIER_DEVICE, r[k].lo, 0);
+        st = vcopy_new(v, NONE, t, TIDE_TIER_DEVICE, r[k].lo, 0);
     }
     tide_free(r);
     return st;
@@ -841,7 +456,7 @@ static tide_status check_homes(vstate *v) {
         if (!ok)
             return tide_err(v->ctx, TIDE_E_VERIFY, "the plan gives %s '%s' home tier %d (%s); a weight "
                             "or state lives on host or ssd, an input or output on host, a temp has "
-                            "none (device)", tide_role_name(r), tname(v, t), (int)h, tide_tier_name(h));
+                            "none (device)", tide_role_name(r), vtname(v, t), (int)h, tide_tier_name(h));
     }
     return TIDE_OK;
 }
@@ -849,41 +464,41 @@ static tide_status check_homes(vstate *v) {
 static tide_status check_end(vstate *v) {
     const tide_graph *g = v->g;
     if (v->exp_iter < v->p->n_iter && g->n_ops > 0)
-        return fail(v, NONE, "op %d ('%s') of iteration %d is never computed (op missing)", v->exp_op,
-                    tname(v, g->ops[v->exp_op].out[0]), v->exp_iter);
+        return vfail(v, NONE, "op %d ('%s') of iteration %d is never computed (op missing)", v->exp_op,
+                    vtname(v, g->ops[v->exp_op].out[0]), v->exp_iter);
     for (int t = 0; t < g->n_tensors; t++) {
         tide_role r = g->tensors[t].role;
         const vcopy *h = &v->cp[t];
         if (r != TIDE_ROLE_WEIGHT && r != TIDE_ROLE_STATE && r != TIDE_ROLE_OUTPUT) continue;
         if (warm(v, t)) {
-            int c = copy_find(v, t, TIDE_TIER_DEVICE, v->p->warm_off[t]);
+            int c = vcopy_find(v, t, TIDE_TIER_DEVICE, v->p->warm_off[t]);
             if (c == NONE || v->cp[c].ver != v->cur[t])
-                return fail(v, NONE, "warm '%s' does not end at its offset %" PRIu64 " with its latest version "
-                            "%u (written by %s)", tname(v, t), v->p->warm_off[t], v->cur[t], ref(v, v->wrote[t]).s);
+                return vfail(v, NONE, "warm '%s' does not end at its offset %" PRIu64 " with its latest version "
+                            "%u (written by %s)", vtname(v, t), v->p->warm_off[t], v->cur[t], vref_of(v, v->wrote[t]).s);
             continue;
         }
         if (h->valid && h->ver == v->cur[t]) continue;
         if (!h->valid)
-            return fail(v, NONE, "%s '%s' (version %u, written by %s) is never stored to its %s home "
-                        "(output never stored)", tide_role_name(r), tname(v, t), v->cur[t],
-                        ref(v, v->wrote[t]).s, tide_tier_name(v->p->home[t]));
+            return vfail(v, NONE, "%s '%s' (version %u, written by %s) is never stored to its %s home "
+                        "(output never stored)", tide_role_name(r), vtname(v, t), v->cur[t],
+                        vref_of(v, v->wrote[t]).s, tide_tier_name(v->p->home[t]));
         if (v->n_cur[t] == 0 && v->lost[t] != NONE)
-            return fail(v, NONE, "%s '%s' ends with version %u at its %s home, but its latest version "
+            return vfail(v, NONE, "%s '%s' ends with version %u at its %s home, but its latest version "
                         "%u (written by %s) was lost when %s dropped its last copy without a STORE "
-                        "home (lost dirty state)", tide_role_name(r), tname(v, t), h->ver,
-                        tide_tier_name(v->p->home[t]), v->cur[t], ref(v, v->wrote[t]).s,
-                        ref(v, v->lost[t]).s);
-        return fail(v, NONE, "%s '%s' ends with version %u at its %s home, but its latest version %u "
+                        "home (lost dirty state)", tide_role_name(r), vtname(v, t), h->ver,
+                        tide_tier_name(v->p->home[t]), v->cur[t], vref_of(v, v->wrote[t]).s,
+                        vref_of(v, v->lost[t]).s);
+        return vfail(v, NONE, "%s '%s' ends with version %u at its %s home, but its latest version %u "
                     "(written by %s) is never stored home (missing STORE)", tide_role_name(r),
-                    tname(v, t), h->ver, tide_tier_name(v->p->home[t]), v->cur[t], ref(v, v->wrote[t]).s);
+                    vtname(v, t), h->ver, tide_tier_name(v->p->home[t]), v->cur[t], vref_of(v, v->wrote[t]).s);
     }
     for (int t = 0; t < g->n_tensors; t++) {
         if (v->p->resident && v->p->resident[t]) continue;
         for (int c = v->head[t]; c != NONE; c = v->cp[c].next)
             if (v->cp[c].tier == TIDE_TIER_DEVICE && !(warm(v, t) && v->cp[c].off == v->p->warm_off[t]))
-                return fail(v, NONE, "'%s' still lives at device offset %" PRIu64 " (written by %s); "
-                            "only resident tensors stay on the device, and warm ones at their offsets (missing DROP)", tname(v, t),
-                            v->cp[c].off, ref(v, v->cp[c].writer).s);
+                return vfail(v, NONE, "'%s' still lives at device offset %" PRIu64 " (written by %s); "
+                            "only resident tensors stay on the device, and warm ones at their offsets (missing DROP)", vtname(v, t),
+                            v->cp[c].off, vref_of(v, v->cp[c].writer).s);
     }
     return TIDE_OK;
 }
@@ -904,7 +519,7 @@ static tide_status vstate_init(vstate *v) {
     v->op_ver = tide_malloc(no * OPV * sizeof *v->op_ver);
     if (!v->vc || !v->head || !v->cur || !v->n_cur || !v->lost || !v->wrote || !v->first_iter || !v->op_ver ||
         tide_grow((void **)&v->cp, &v->cap_cp, nt + 64, sizeof *v->cp))
-        return nomem(v);
+        return vnomem(v);
     for (int s = 0; s < NS; s++) v->last[s] = NONE;
     for (int k = 0; k < TIDE_TIER_COUNT; k++) v->root[k] = NONE;
     v->free_seg = v->free_cp = NONE;
