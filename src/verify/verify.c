@@ -4,9 +4,10 @@
  * waits allow, not only the one the planner simulated (DESIGN sections 5, 8).
  * It reads the plan and the graph and nothing of the planner, so a planner bug
  * cannot hide behind shared code (it is built as a library of its own, against
- * ir/ and graph/ alone). This file is the replay; verify_books.c keeps its
- * books (messages, happens-before, the interval maps, the copies). The first violation in list order is
- * reported: instruction index, kind, stream, tensor, and what is wrong.
+ * ir/ and graph/ alone). The first violation in list order is reported:
+ * instruction index, kind, stream, tensor, and what is wrong. This file is the
+ * replay; verify_books.c keeps its books (messages, happens-before, the
+ * interval maps, the copies).
  *
  * What it proves:
  *   V1 Structure. Kinds, streams, tiers, iterations, op and tensor indices are
