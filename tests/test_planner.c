@@ -430,7 +430,8 @@ static void test_belady(void **state) {
 
 /* Random DAGs planned with (a) some ops forced onto the host CPU, (b) the
  * device addressing host memory (tensors homed on host used in place), (c)
- * every weight warm at the top of the arena, and (a)+(b): every plan
+ * every weight warm at the top of the arena, and (a)+(b), some with one
+ * shared scratch range (whose users must all be ordered): every plan
  * verifies, host ops compute on the host stream with host operands, in-place
  * tensors are never loaded, warm ones never loaded nor dropped. The
  * baselines refuse all three. */
@@ -449,6 +450,7 @@ static void test_placements(void **state) {
         o.weights_on_ssd = mode == 0 && gi % 8 == 0;
         if (mode == 0 || mode == 3) o.host_ops = host;
         o.host_addressable = mode == 1 || mode == 3;
+        o.shared_scratch = mode == 3 || gi % 5 == 1;
         uint64_t peak = 0, warm_bytes = 0;
         CHECK_OK(ctx, tide_plan_peak_unbounded(ctx, g, &o, &peak));
         if (!peak) peak = TIDE_PLAN_ALIGN; /* everything on the host */

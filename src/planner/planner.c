@@ -270,7 +270,7 @@ static int prepare(engine *e, int a, bool forced) {
         engine_place(e, t, b);
         if (ld && engine_load(e, t, a, -1) < 0) return -1;
     }
-    if (op->scratch_bytes && e->sp.scratch[a % e->sp.scratch_cap].step != a) {
+    if (op->scratch_bytes && !e->sp.shared && e->sp.scratch[a % e->sp.scratch_cap].step != a) {
         h.size = tide_plan_align(op->scratch_bytes);
         h.pending = -1;
         tide_blk *b = alloc_block(e, tide_plan_align(op->scratch_bytes), TIDE_BLK_SCRATCH, false,
@@ -450,7 +450,7 @@ static tide_status check_opts(tide_ctx *ctx, const tide_graph *g, const tide_pla
     if (o->n_iter < 1) return tide_err(ctx, TIDE_E_INVALID, "plan: n_iter must be >= 1 (got %d)", o->n_iter);
     if ((unsigned)o->policy >= TIDE_POLICY_COUNT)
         return tide_err(ctx, TIDE_E_INVALID, "plan: unknown policy %d", (int)o->policy);
-    if (o->policy != TIDE_POLICY_TIDE && (o->host_ops || o->host_addressable || o->warm_off))
+    if (o->policy != TIDE_POLICY_TIDE && (o->host_ops || o->host_addressable || o->warm_off || o->shared_scratch))
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "plan: the %s policy plans neither host placements, in-place host "
                         "tensors nor warm ones (the tide policy does)", tide_policy_name(o->policy));
     return TIDE_OK;
@@ -491,7 +491,8 @@ static tide_status plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan
 tide_status tide_plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, tide_plan **out) {
     double t0 = tide_now();
     tide_status st = plan_make(ctx, g, opts, true, out);
-    if (st || opts->policy != TIDE_POLICY_TIDE || opts->host_ops || opts->host_addressable || opts->warm_off)
+    if (st || opts->policy != TIDE_POLICY_TIDE || opts->host_ops || opts->host_addressable || opts->warm_off ||
+        opts->shared_scratch)
         return st;
     tide_plan_opts so = *opts;
     so.policy = TIDE_POLICY_STATIC_LAYER;

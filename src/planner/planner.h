@@ -28,6 +28,12 @@ typedef struct tide_plan_opts {
     const uint64_t *warm_off;     /* per tensor of g, or NULL: TIDE_HOME, or the arena
                                      offset where a weight or state is kept across runs
                                      (ir/plan.h: warm tensors) */
+    bool shared_scratch;          /* one workspace, the largest device op's scratch, at the
+                                     lowest free range of the arena, used by every device
+                                     compute (they run one at a time on the compute stream)
+                                     instead of a range per op: the workspace stays in the
+                                     caches; for generous budgets (resident runs), since the
+                                     range is held for the whole plan */
 } tide_plan_opts;
 
 /* Plans g under opts. Returns TIDE_OK with *out set; TIDE_E_INFEASIBLE with a

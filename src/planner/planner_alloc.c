@@ -198,7 +198,7 @@ tide_status alloc_prepare_forced(engine *e, int step, victim_cost_fn cost, void 
         bool done = true;
         for (int i = 0; i <= n; i++) {
             bool scratch = i == n;
-            if (scratch ? !op->scratch_bytes || e->sp.scratch[step % e->sp.scratch_cap].step == step
+            if (scratch ? !op->scratch_bytes || e->sp.shared || e->sp.scratch[step % e->sp.scratch_cap].step == step
                         : e->t[ts[i]].dev != DEV_NONE || e->t[ts[i]].in_place)
                 continue;
             int t = scratch ? TIDE_BLK_SCRATCH : ts[i];
@@ -220,7 +220,7 @@ tide_status alloc_prepare_forced(engine *e, int step, victim_cost_fn cost, void 
             if (ld && engine_load(e, t, step, e->lru_loads ? e->clk.last_compute : -1) < 0) return e->st;
         }
         for (int i = 0; i < n; i++) done = done && (e->t[ts[i]].dev != DEV_NONE || e->t[ts[i]].in_place);
-        if (op->scratch_bytes) done = done && e->sp.scratch[step % e->sp.scratch_cap].step == step;
+        if (op->scratch_bytes && !e->sp.shared) done = done && e->sp.scratch[step % e->sp.scratch_cap].step == step;
         if (done) return TIDE_OK;
     }
     return alloc_compact(e, step);
@@ -255,7 +255,7 @@ tide_status alloc_compact(engine *e, int step) {
      * working set. */
     int order[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT + 1], m = 0;
     for (int i = 0; i < n; i++) order[m++] = i;
-    if (op->scratch_bytes) order[m++] = -1;
+    if (op->scratch_bytes && !e->sp.shared) order[m++] = -1;
     for (int i = 1; i < m; i++)
         for (int j = i; j > 0; j--) {
             uint64_t a = order[j] < 0 ? tide_plan_align(op->scratch_bytes) : e->t[ts[order[j]]].asize;

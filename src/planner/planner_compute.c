@@ -72,7 +72,9 @@ tide_status engine_compute(engine *e, int step) {
         in.dev_off[op->n_in + j] = T->off;
     }
     scratch_slot *sl = &e->sp.scratch[step % e->sp.scratch_cap];
-    if (op->scratch_bytes) {
+    bool own_scratch = op->scratch_bytes && !e->sp.shared; /* a range of its own, released after */
+    if (op->scratch_bytes && e->sp.shared) in.scratch_off = e->sp.shared_off;
+    if (own_scratch) {
         if (sl->step != step)
             return e->st = tide_err(e->ctx, TIDE_E_INVALID, "plan: internal error: op %d has no scratch", in.op);
         in.scratch_off = sl->off;
@@ -80,7 +82,7 @@ tide_status engine_compute(engine *e, int step) {
     }
     int c = engine_emit(e, &in, &w);
     if (c < 0) return e->st;
-    if (op->scratch_bytes) {
+    if (own_scratch) {
         if (sl->blk) {
             int rel[TIDE_STREAM_COUNT];
             release_one(rel, TIDE_STREAM_COMPUTE, c);

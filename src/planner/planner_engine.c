@@ -431,10 +431,31 @@ uint64_t engine_working_set(const engine *e, int o) {
     int ts[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
     bool is_in[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
     int n = op_distinct_tensors(op, ts, is_in);
-    uint64_t s = tide_plan_align(op->scratch_bytes);
+    uint64_t s = e->sp.shared ? 0 : tide_plan_align(op->scratch_bytes); /* shared: reserved apart */
     for (int i = 0; i < n; i++)
         if (!e->t[ts[i]].in_place && !e->t[ts[i]].warm) s += e->t[ts[i]].asize;
     return s;
+}
+
+/* The shared scratch: the largest device op's, at the lowest free range that
+ * holds it (after the warm tensors), reserved for the whole plan. *bytes
+ * grows by its size. TIDE_E_INFEASIBLE when no free range holds it. */
+static tide_status place_shared_scratch(engine *e, uint64_t *bytes) {
+    uint64_t n = 0;
+    for (int i = 0; i < e->g->n_ops; i++)
+        if (!(e->host_op && e->host_op[i])) n = TIDE_MAX(n, tide_plan_align(e->g->ops[i].scratch_bytes));
+    e->sp.shared = true;
+    if (!n) return TIDE_OK;
+    tide_blk *b = e->sp.dev.head;
+    while (b && !(b->owner == TIDE_BLK_FREE && b->size >= n)) b = b->next;
+    if (!b)
+        return tide_err(e->ctx, TIDE_E_INFEASIBLE, "plan: a device budget of %llu bytes has no room for the "
+                        "shared scratch of %llu bytes", (unsigned long long)e->sp.dev.size, (unsigned long long)n);
+    e->sp.shared_off = b->off;
+    if (!tide_arena_take(&e->sp.dev, b, b->off, n, TIDE_BLK_RESERVED))
+        return tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
+    *bytes += n;
+    return TIDE_OK;
 }
 
 /* Reserves the warm tensors' arena ranges and makes their device copies
@@ -593,6 +614,7 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
     }
     uint64_t warm_bytes = 0;
     if (o->warm_off && (st = place_warm(e, o->warm_off, &warm_bytes))) return st;
+    if (o->shared_scratch && (st = place_shared_scratch(e, &warm_bytes))) return st;
     /* Every op's working set must fit beside the warm tensors. */
     int which = -1;
     uint64_t need = 0;
@@ -604,7 +626,8 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
         return tide_err(ctx, TIDE_E_INFEASIBLE,
                         "plan: a device budget of %llu bytes is too small: op %d (%s) needs at least %llu bytes%s",
                         (unsigned long long)o->device_budget, which, tide_op_name(g->ops[which].kind),
-                        (unsigned long long)(need + warm_bytes), warm_bytes ? " with the warm tensors" : "");
+                        (unsigned long long)(need + warm_bytes),
+                        warm_bytes ? " beside what the plan reserves (warm tensors, shared scratch)" : "");
     return TIDE_OK;
 }
 

@@ -99,6 +99,9 @@ typedef struct engine_space {
     bool use_cand;                /* alloc_block finds victims from cand (else a full scan) */
     scratch_slot *scratch;        /* per step mod scratch_cap */
     int scratch_cap;
+    bool shared;                  /* every device compute's scratch is at shared_off
+                                     (tide_plan_opts.shared_scratch), held for the plan */
+    uint64_t shared_off;
 } engine_space;
 
 /* The simulated clock (engine_emit advances it; everything reads it): the

@@ -3,7 +3,8 @@
  * runner over one arena shared by every slot, made on its first run.
  *
  * Resident (no budget): an unconstrained plan whose budget is the arena bytes
- * it actually uses. Where device memory is host memory (the CPU) the plan is
+ * it actually uses, every op's workspace one shared range (so it stays in the
+ * caches, as the plain engine's one buffer does). Where device memory is host memory (the CPU) the plan is
  * host_addressable: weights, cache, inputs and outputs are used where they
  * are, and the arena holds the activations alone. On a device (a GPU) every
  * weight and cache buffer is warm: uploaded once to a fixed range at the
@@ -181,7 +182,7 @@ static tide_status warm_offsets(tide_model *m, const tide_graph *g, uint64_t *wa
 static tide_status plan_resident(tide_model *m, tide_graph *g, tide_plan **out) {
     tide_ctx *ctx = m->ctx;
     tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = resident_hw(),
-                         .host_addressable = m->be->vt->device_is_host};
+                         .host_addressable = m->be->vt->device_is_host, .shared_scratch = true};
     uint64_t *warm = NULL;
     tide_status st = TIDE_OK;
     if (uses_warm(m)) {
