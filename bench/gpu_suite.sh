@@ -441,6 +441,12 @@ stage_quick() {
   step quick.sync 240 quick-sync.log - -- env TIDE_EXEC_SYNC=1 "$BUILD/bench_gpu_offload" --quick \
     ${BENCH_ARGS[@]+"${BENCH_ARGS[@]}"} --json "$OUT/gpu-quick-sync.json" "$QUICK_MODEL"
   keep gpu-quick-sync.json
+  # resident runs on the planned engine against the plain one (the one-engine
+  # price on a GPU: weights and cache warm in the arena)
+  fresh engine.json
+  step quick.engine 240 quick-engine.log - -- "$BUILD/bench_engine" --backend cuda --prompt 512 --new 32 --reps 3 \
+    --json "$OUT/engine.json" "$QUICK_MODEL"
+  keep engine.json
 }
 
 # bench (5-8 min: writing the 13.5 GB model about 1, --matmul auto 3-5 with
