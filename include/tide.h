@@ -134,6 +134,9 @@ const char *tide_role_name(tide_role r);
  *              Tiled form: the result is the block at (row0, col0) of a larger
  *              output; a third input naming the output keeps the rest of it
  *              (a read-modify-write, as the caches in ATTENTION).
+ *              [no_transpose: w is (K, N) and out = x . w (the backward of the
+ *              forward matmul: dx = dy . w); accumulate: out += the product,
+ *              the output its third input]
  *   ROPE       in: x (R, H*hd), pos i32 (T)                   out: (R, H*hd)
  *              [n_heads, head_dim, rope_theta, batch]; HF rotate_half convention;
  *              T = R / batch positions from pos[idx0]
@@ -145,6 +148,9 @@ const char *tide_role_name(tide_role r);
  *              With only the first 4 inputs the caches are written fresh: pos
  *              must be 0..T-1, so nothing but what this op writes is read, and
  *              the caches' old contents need not be loaded.
+ *              With 4 inputs and o alone as output there is no cache (a
+ *              training forward): each query attends over k and v rows 0..t
+ *              of its own sequence.
  *              [n_heads, n_kv_heads, head_dim, batch]
  *   SILU_MUL   in: gate (R, I), up (R, I)                     out: silu(gate)*up
  *   ADD        in: a (R, D), b (R, D)                         out: a + b
@@ -155,6 +161,44 @@ const char *tide_role_name(tide_role r);
  *   GENERIC    any tensors; a synthetic op for planning tests and benchmarks:
  *              the CPU backend fills each output with a deterministic function
  *              of its inputs. [flops]
+ *
+ * Training ops (the backward of each forward op, the loss, the optimizer).
+ * Every gradient is f32. An op whose gradient output may be accumulated (dw,
+ * dtable) takes that output as an extra last input to add into it, and
+ * writes it fresh without. Reductions run in a fixed order: results do not
+ * depend on the thread count.
+ *   EMBED_BWD    in: dy (R, D), tokens i32 (B, T) [, dtable]  out: dtable (V, D)
+ *                dtable[tokens[idx0 + r]] += dy[r] for every row r, rows in
+ *                order; without the third input dtable is zeroed first [idx0]
+ *   RMSNORM_BWD  in: x (R, D), w (D), dy (R, D) [, dw]        out: dx (R, D), dw (D)
+ *                the gradients of y = x / sqrt(mean(x^2) + eps) * w [eps]
+ *   MATMUL_GRADW in: dy (R, N), x (R, K) [, dw]               out: dw (N, K) = dy^T . x
+ *   ROPE_BWD     in: dy (R, H*hd), pos i32 (T)                out: dx (R, H*hd)
+ *                the gradient of ROPE (the rotation by minus its angle) [as ROPE]
+ *   ATTENTION_BWD in: q, k, v, o, do (the rows of ATTENTION's q, k, v, its
+ *                output and that output's gradient), pos i32 (T)
+ *                out: dq (R, H*hd), dk (R, KV*hd), dv (R, KV*hd)
+ *                the gradients of causal GQA attention of a fresh sequence
+ *                (pos 0..T-1 for each of the batch's sequences), the softmax
+ *                recomputed from q and k [n_heads, n_kv_heads, head_dim, batch]
+ *   SILU_MUL_BWD in: gate (R, I), up (R, I), dy (R, I)        out: dgate, dup
+ *   CROSS_ENTROPY in: h (R, D), w (V, D), targets i32 (R) [, dw]
+ *                out: loss (1), dh (R, D), dw (V, D)
+ *                logits = h . w^T, computed a chunk of rows at a time (never
+ *                all R x V at once); loss = scale * sum over rows of
+ *                (logsumexp(logits) - logits[target]); dh = scale * (softmax -
+ *                onehot) . w; dw = scale * (softmax - onehot)^T . h. A
+ *                negative target contributes nothing [scale]
+ *   SUMSQ        in: g (any shape, f32) [, acc (1)]           out: acc (1) = acc + sum g^2
+ *   ADAMW        in: param, [master (f32),] m, v, grad, hyper (4), sumsq (1)
+ *                out: param, [master,] m, v
+ *                one step of torch.optim.AdamW on the f32 master (or on param
+ *                itself when it is f32, then without master), param then set
+ *                to the master rounded to its dtype. The gradient is first
+ *                scaled by min(1, max_norm / (sqrt(sumsq) + 1e-6)), the global
+ *                clipping of torch.nn.utils.clip_grad_norm_ (max_norm 0: none).
+ *                hyper = {lr, 1 - beta1^t, sqrt(1 - beta2^t), unused}, t the
+ *                step from 1. [beta1, beta2, adam_eps, weight_decay, max_norm]
  */
 typedef enum tide_op_kind {
     TIDE_OP_EMBED = 0,
@@ -167,6 +211,15 @@ typedef enum tide_op_kind {
     TIDE_OP_TAKE_LAST,
     TIDE_OP_ARGMAX,
     TIDE_OP_GENERIC,
+    TIDE_OP_EMBED_BWD,
+    TIDE_OP_RMSNORM_BWD,
+    TIDE_OP_MATMUL_GRADW,
+    TIDE_OP_ROPE_BWD,
+    TIDE_OP_ATTENTION_BWD,
+    TIDE_OP_SILU_MUL_BWD,
+    TIDE_OP_CROSS_ENTROPY,
+    TIDE_OP_SUMSQ,
+    TIDE_OP_ADAMW,
     TIDE_OP_COUNT
 } tide_op_kind;
 const char *tide_op_name(tide_op_kind k);
@@ -188,6 +241,11 @@ typedef struct tide_op_params {
     int64_t col0;     /* MATMUL: first output column written */
     int64_t vocab0;   /* EMBED: id of the table's first row */
     int64_t vocab;    /* EMBED: whole vocabulary (0: the table's rows) */
+    /* training */
+    bool no_transpose; /* MATMUL: out = x . w, w (K, N) */
+    bool accumulate;   /* MATMUL: out += the product (the output its third input) */
+    float scale;       /* CROSS_ENTROPY: the factor of the loss and its gradients */
+    float beta1, beta2, adam_eps, weight_decay, max_norm; /* ADAMW */
 } tide_op_params;
 
 typedef struct tide_graph tide_graph;

@@ -76,7 +76,8 @@ typedef enum tide_op_class {
 
 typedef struct tide_op_desc {
     const char *name;
-    signed char min_in, max_in, n_out; /* arity; -1: any (checked by the kind's check) */
+    signed char min_in, max_in, n_out; /* arity; -1: any (checked by the kind's check);
+                                          n_out alone -1: outputs checked there */
     tide_op_class cls;
     bool tile_rmw;      /* the form with max_in inputs takes its own output as its last
                            input: a tile written into a larger output */
@@ -99,5 +100,9 @@ tide_status tide_op_check(tide_graph *g, tide_op_kind kind, int n_in, const int 
                           const tide_op_params *p, double *flops);
 /* Bytes op moves through memory (the cost model's memory-bound term). */
 double tide_op_bytes(const tide_graph *g, const tide_op *op);
+/* The rows of logits a CROSS_ENTROPY of rows x vocab holds at once (its
+ * scratch: that many rows of vocab f32, then, for a 16-bit weight, a
+ * conversion block of min(16 MiB, the weight widened to f32)). */
+int64_t tide_ce_chunk_rows(int64_t rows, int64_t vocab);
 
 #endif

@@ -53,6 +53,15 @@ static tide_status check_matmul(CHECK_ARGS) {
     const tide_tensor *x = T(0), *w = T(1), *o = O(0);
     if (!is_act(x) || !is_act(o)) FAIL("matmul: '%s' and '%s' must be 2-D f32", x->name, o->name);
     if (w->ndim != 2 || !is_float(w->dtype)) FAIL("matmul: weight '%s' must be 2-D float", w->name);
+    if (p->accumulate && n_in != 3) FAIL("matmul: accumulating into '%s' takes it as a third input", o->name);
+    if (p->no_transpose) { /* x . w, w (K, N) */
+        if (w->shape[0] != x->shape[1] || o->shape[0] < p->row0 + x->shape[0] || o->shape[1] < p->col0 + w->shape[1])
+            FAIL("matmul: shapes (%lld,%lld) x (%lld,%lld) -> (%lld,%lld) at (%lld,%lld) do not agree ('%s')",
+                 (long long)x->shape[0], (long long)x->shape[1], (long long)w->shape[0], (long long)w->shape[1],
+                 (long long)o->shape[0], (long long)o->shape[1], (long long)p->row0, (long long)p->col0, w->name);
+        *flops = 2.0 * (double)x->shape[0] * (double)w->shape[0] * (double)w->shape[1];
+        return TIDE_OK;
+    }
     if (w->shape[1] != x->shape[1] || o->shape[0] < p->row0 + x->shape[0] || o->shape[1] < p->col0 + w->shape[0])
         FAIL("matmul: shapes (%lld,%lld) x (%lld,%lld)^T -> (%lld,%lld) at (%lld,%lld) do not agree ('%s')",
              (long long)x->shape[0], (long long)x->shape[1], (long long)w->shape[0], (long long)w->shape[1],
@@ -80,8 +89,9 @@ static tide_status check_rope(CHECK_ARGS) {
 static tide_status check_attention(CHECK_ARGS) {
     /* 4 inputs when the cache is written fresh (never read beyond what the
      * op writes itself), 6 when it reads the caches too */
-    if (n_in == 5) FAIL("attention takes 4 or 6 inputs and 3 outputs, got %d and %d", n_in, n_out);
-    const tide_tensor *q = T(0), *k = T(1), *v = T(2), *pos = T(3), *kc = O(1), *vc = O(2);
+    if (n_in == 5 || (n_out == 1 && n_in != 4) || n_out == 2)
+        FAIL("attention takes 4 or 6 inputs and 3 outputs (4 and 1 without a cache), got %d and %d", n_in, n_out);
+    const tide_tensor *q = T(0), *k = T(1), *v = T(2), *pos = T(3);
     const tide_tensor *o = O(0);
     if (p->n_heads <= 0 || p->n_kv_heads <= 0 || p->head_dim <= 0 || p->batch <= 0 || p->n_heads % p->n_kv_heads)
         FAIL("attention: n_heads %d must be a positive multiple of n_kv_heads %d", p->n_heads, p->n_kv_heads);
@@ -99,6 +109,12 @@ static tide_status check_attention(CHECK_ARGS) {
              (long long)p->idx0, (long long)R);
     if (n_in == 4 && p->idx0)
         FAIL("attention: a fresh cache is written from position 0; a later tile reads it (6 inputs)");
+    double keys0 = n_in == 4 ? 0.5 * (double)T_ : 0;
+    if (n_out == 1) { /* no cache: keys and values are k and v themselves */
+        *flops = 4.0 * (double)R * (double)qd * keys0;
+        return TIDE_OK;
+    }
+    const tide_tensor *kc = O(1), *vc = O(2);
     for (int c = 1; c <= 2; c++) {
         const tide_tensor *cc = O(c);
         if (cc->dtype != TIDE_F32 || cc->ndim != 3 || cc->shape[0] != p->batch || cc->shape[2] != kd ||
@@ -164,6 +180,156 @@ static tide_status check_generic(CHECK_ARGS) {
     return TIDE_OK;
 }
 
+/* ---------------------------------------------------------------- training ops */
+
+/* Output j must have shape rows x cols (cols 0: 1-D of rows elements), f32. */
+static bool is_f32_shape(const tide_tensor *t, int64_t rows, int64_t cols) {
+    if (t->dtype != TIDE_F32) return false;
+    if (!cols) return tide_tensor_numel(t) == rows;
+    return t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols;
+}
+
+/* The accumulating form (the output as an extra last input) names that output. */
+static tide_status check_accumulate(tide_graph *g, const char *nm, int n_in, int base, const int *in, int out_id) {
+    if (n_in > base && in[n_in - 1] != out_id)
+        FAIL("%s: its last input must be the gradient '%s' it adds into", nm, g->tensors[out_id].name);
+    return TIDE_OK;
+}
+
+static tide_status check_embed_bwd(CHECK_ARGS) {
+    const tide_tensor *dy = T(0), *tok = T(1), *dt = O(0);
+    if (!is_act(dy)) FAIL("embed_bwd: '%s' must be 2-D f32", dy->name);
+    if (tok->dtype != TIDE_I32 || p->idx0 + dy->shape[0] > tide_tensor_numel(tok))
+        FAIL("embed_bwd: tokens '%s' must be i32 with rows from [%lld] on", tok->name, (long long)p->idx0);
+    if (!is_act(dt) || dt->shape[1] != dy->shape[1])
+        FAIL("embed_bwd: gradient '%s' must be f32 (vocab, %lld)", dt->name, (long long)dy->shape[1]);
+    *flops = (double)tide_tensor_numel(dy);
+    return check_accumulate(g, "embed_bwd", n_in, 2, in, out[0]);
+}
+
+static tide_status check_rmsnorm_bwd(CHECK_ARGS) {
+    const tide_tensor *x = T(0), *w = T(1), *dy = T(2);
+    int64_t R = x->shape[0], D = tide_tensor_cols(x);
+    if (!is_act(x) || !is_f32_shape(dy, R, D) || !is_f32_shape(O(0), R, D))
+        FAIL("rmsnorm_bwd: x '%s', dy '%s' and dx '%s' must be f32 of one 2-D shape", x->name, dy->name, O(0)->name);
+    if (!is_float(w->dtype) || tide_tensor_numel(w) != D || !is_f32_shape(O(1), D, 0))
+        FAIL("rmsnorm_bwd: weight '%s' and its gradient '%s' must have %lld elements (the gradient f32)", w->name,
+             O(1)->name, (long long)D);
+    if (!(p->eps > 0)) FAIL("rmsnorm_bwd: eps must be positive");
+    *flops = 10.0 * (double)R * (double)D;
+    return check_accumulate(g, "rmsnorm_bwd", n_in, 3, in, out[1]);
+}
+
+static tide_status check_matmul_gradw(CHECK_ARGS) {
+    const tide_tensor *dy = T(0), *x = T(1), *dw = O(0);
+    if (!is_act(dy) || !is_act(x) || dy->shape[0] != x->shape[0])
+        FAIL("matmul_gradw: '%s' and '%s' must be f32 with the same rows", dy->name, x->name);
+    if (!is_f32_shape(dw, dy->shape[1], x->shape[1]))
+        FAIL("matmul_gradw: gradient '%s' must be f32 (%lld, %lld)", dw->name, (long long)dy->shape[1],
+             (long long)x->shape[1]);
+    *flops = 2.0 * (double)dy->shape[0] * (double)dy->shape[1] * (double)x->shape[1];
+    return check_accumulate(g, "matmul_gradw", n_in, 2, in, out[0]);
+}
+
+static tide_status check_rope_bwd(CHECK_ARGS) {
+    tide_status st = check_rope(g, n_in, in, n_out, out, p, flops);
+    if (st) return tide_err(g->ctx, st, "rope_bwd: %s", tide_ctx_last_error(g->ctx));
+    return TIDE_OK;
+}
+
+static tide_status check_attention_bwd(CHECK_ARGS) {
+    const tide_tensor *q = T(0), *k = T(1), *v = T(2), *o = T(3), *dout = T(4), *pos = T(5);
+    if (p->n_heads <= 0 || p->n_kv_heads <= 0 || p->head_dim <= 0 || p->batch <= 0 || p->n_heads % p->n_kv_heads)
+        FAIL("attention_bwd: n_heads %d must be a positive multiple of n_kv_heads %d", p->n_heads, p->n_kv_heads);
+    int64_t R = q->shape[0], qd = (int64_t)p->n_heads * p->head_dim, kd = (int64_t)p->n_kv_heads * p->head_dim;
+    if (!is_f32_shape(q, R, qd) || !is_f32_shape(o, R, qd) || !is_f32_shape(dout, R, qd) || !is_f32_shape(O(0), R, qd))
+        FAIL("attention_bwd: q '%s', o '%s', do '%s' and dq '%s' must be f32 (%lld, %lld)", q->name, o->name,
+             dout->name, O(0)->name, (long long)R, (long long)qd);
+    if (!is_f32_shape(k, R, kd) || !is_f32_shape(v, R, kd) || !is_f32_shape(O(1), R, kd) || !is_f32_shape(O(2), R, kd))
+        FAIL("attention_bwd: k '%s', v '%s', dk '%s' and dv '%s' must be f32 (%lld, %lld)", k->name, v->name,
+             O(1)->name, O(2)->name, (long long)R, (long long)kd);
+    int64_t T_ = R % p->batch ? -1 : R / p->batch;
+    if (pos->dtype != TIDE_I32 || T_ < 0 || p->idx0 || T_ > tide_tensor_numel(pos))
+        FAIL("attention_bwd: batch %d x positions '%s' must cover %lld rows of fresh sequences", p->batch, pos->name,
+             (long long)R);
+    *flops = 10.0 * (double)R * (double)qd * 0.5 * (double)T_;
+    return TIDE_OK;
+}
+
+static tide_status check_silu_mul_bwd(CHECK_ARGS) {
+    const tide_tensor *a = T(0);
+    int64_t R = a->shape[0], I = tide_tensor_cols(a);
+    for (int i = 0; i < 3; i++)
+        if (!is_f32_shape(T(i), R, I)) FAIL("silu_mul_bwd: '%s' must be f32 (%lld, %lld)", T(i)->name, (long long)R, (long long)I);
+    for (int j = 0; j < 2; j++)
+        if (!is_f32_shape(O(j), R, I)) FAIL("silu_mul_bwd: '%s' must be f32 (%lld, %lld)", O(j)->name, (long long)R, (long long)I);
+    *flops = 10.0 * (double)R * (double)I;
+    return TIDE_OK;
+}
+
+static tide_status check_cross_entropy(CHECK_ARGS) {
+    const tide_tensor *h = T(0), *w = T(1), *tg = T(2);
+    if (!is_act(h)) FAIL("cross_entropy: '%s' must be 2-D f32", h->name);
+    int64_t R = h->shape[0], D = h->shape[1];
+    if (w->ndim != 2 || !is_float(w->dtype) || w->shape[1] != D)
+        FAIL("cross_entropy: weight '%s' must be 2-D float (vocab, %lld)", w->name, (long long)D);
+    if (tg->dtype != TIDE_I32 || tide_tensor_numel(tg) != R)
+        FAIL("cross_entropy: targets '%s' must be i32 with one id per row of '%s'", tg->name, h->name);
+    if (!is_f32_shape(O(0), 1, 0) || !is_f32_shape(O(1), R, D) || !is_f32_shape(O(2), w->shape[0], D))
+        FAIL("cross_entropy: outputs must be f32: loss '%s' (1), dh '%s' (%lld, %lld), dw '%s' (%lld, %lld)",
+             O(0)->name, O(1)->name, (long long)R, (long long)D, O(2)->name, (long long)w->shape[0], (long long)D);
+    if (!isfinite(p->scale)) FAIL("cross_entropy: scale must be finite");
+    *flops = 6.0 * (double)R * (double)w->shape[0] * (double)D;
+    return check_accumulate(g, "cross_entropy", n_in, 3, in, out[2]);
+}
+
+static tide_status check_sumsq(CHECK_ARGS) {
+    if (T(0)->dtype != TIDE_F32) FAIL("sumsq: '%s' must be f32", T(0)->name);
+    if (!is_f32_shape(O(0), 1, 0)) FAIL("sumsq: '%s' must be one f32", O(0)->name);
+    *flops = 2.0 * (double)tide_tensor_numel(T(0));
+    return check_accumulate(g, "sumsq", n_in, 1, in, out[0]);
+}
+
+static tide_status check_adamw(CHECK_ARGS) {
+    bool master = n_in == 7;
+    if (n_in != 6 && n_in != 7) FAIL("adamw takes 6 or 7 inputs, got %d", n_in);
+    if (n_out != n_in - 3) FAIL("adamw with%s a master copy writes %d outputs, got %d", master ? "" : "out",
+                                n_in - 3, n_out);
+    const tide_tensor *param = T(0);
+    int64_t n = tide_tensor_numel(param);
+    if (!is_float(param->dtype)) FAIL("adamw: parameter '%s' must be float", param->name);
+    if (!master && param->dtype != TIDE_F32) FAIL("adamw: parameter '%s' is not f32: it needs an f32 master copy", param->name);
+    for (int i = 1; i < n_in - 2; i++)
+        if (T(i)->dtype != TIDE_F32 || tide_tensor_numel(T(i)) != n)
+            FAIL("adamw: '%s' must be f32 with the %lld elements of '%s'", T(i)->name, (long long)n, param->name);
+    if (!is_f32_shape(T(n_in - 2), 4, 0)) FAIL("adamw: hyperparameters '%s' must be 4 f32", T(n_in - 2)->name);
+    if (!is_f32_shape(T(n_in - 1), 1, 0)) FAIL("adamw: '%s' must be one f32 (the gradients' sum of squares)", T(n_in - 1)->name);
+    for (int j = 0; j < n_out; j++)
+        if (out[j] != in[j]) FAIL("adamw: output %d must be input %d ('%s'), updated in place", j, j, T(j)->name);
+    if (!(p->beta1 >= 0 && p->beta1 < 1 && p->beta2 >= 0 && p->beta2 < 1 && p->adam_eps > 0 && p->weight_decay >= 0 &&
+          p->max_norm >= 0))
+        FAIL("adamw: betas must be in [0, 1), eps positive, weight decay and max_norm >= 0");
+    *flops = 16.0 * (double)n;
+    return TIDE_OK;
+}
+
+/* The rows of logits CROSS_ENTROPY holds at once: 32 MiB of them, at least
+ * one row. */
+int64_t tide_ce_chunk_rows(int64_t rows, int64_t vocab) {
+    int64_t c = (INT64_C(32) << 20) / (4 * (vocab > 0 ? vocab : 1));
+    c = c < 1 ? 1 : c;
+    return c < rows ? c : rows;
+}
+
+/* CROSS_ENTROPY's workspace: a chunk's logits, then (16-bit weights) a block
+ * of up to 16 MiB for the weight widened to f32, as MATMUL's. */
+static uint64_t scratch_cross_entropy(const tide_graph *g, const tide_op *op) {
+    const tide_tensor *h = &g->tensors[op->in[0]], *w = &g->tensors[op->in[1]];
+    uint64_t logits = (uint64_t)tide_ce_chunk_rows(h->shape[0], w->shape[0]) * (uint64_t)w->shape[0] * 4;
+    uint64_t wb = w->dtype == TIDE_F32 ? 0 : TIDE_MIN((uint64_t)tide_tensor_numel(w) * 4, UINT64_C(16) << 20);
+    return logits + wb;
+}
+
 /* ---------------------------------------------------------------- bytes and workspace */
 
 /* EMBED gathers one table row per token (its share of them for a chunk). */
@@ -199,12 +365,22 @@ static const tide_op_desc descs[TIDE_OP_COUNT] = {
     [TIDE_OP_RMSNORM] = {"rmsnorm", 2, 2, 1, TIDE_OPC_VECTOR, false, check_rmsnorm, NULL, NULL},
     [TIDE_OP_MATMUL] = {"matmul", 2, 3, 1, TIDE_OPC_MATMUL, true, check_matmul, bytes_matmul, scratch_matmul},
     [TIDE_OP_ROPE] = {"rope", 2, 2, 1, TIDE_OPC_VECTOR, false, check_rope, NULL, NULL},
-    [TIDE_OP_ATTENTION] = {"attention", 4, 6, 3, TIDE_OPC_ATTENTION, false, check_attention, NULL, NULL},
+    [TIDE_OP_ATTENTION] = {"attention", 4, 6, -1, TIDE_OPC_ATTENTION, false, check_attention, NULL, NULL},
     [TIDE_OP_SILU_MUL] = {"silu_mul", 2, 2, 1, TIDE_OPC_VECTOR, false, check_silu_mul, NULL, NULL},
     [TIDE_OP_ADD] = {"add", 2, 2, 1, TIDE_OPC_VECTOR, false, check_add, NULL, NULL},
     [TIDE_OP_TAKE_LAST] = {"take_last", 1, 2, 1, TIDE_OPC_VECTOR, true, check_take_last, bytes_take_last, NULL},
     [TIDE_OP_ARGMAX] = {"argmax", 1, 1, 1, TIDE_OPC_VECTOR, false, check_argmax, NULL, NULL},
     [TIDE_OP_GENERIC] = {"generic", -1, -1, -1, TIDE_OPC_GENERIC, false, check_generic, NULL, NULL},
+    [TIDE_OP_EMBED_BWD] = {"embed_bwd", 2, 3, 1, TIDE_OPC_VECTOR, false, check_embed_bwd, NULL, NULL},
+    [TIDE_OP_RMSNORM_BWD] = {"rmsnorm_bwd", 3, 4, 2, TIDE_OPC_VECTOR, false, check_rmsnorm_bwd, NULL, NULL},
+    [TIDE_OP_MATMUL_GRADW] = {"matmul_gradw", 2, 3, 1, TIDE_OPC_MATMUL, false, check_matmul_gradw, NULL, NULL},
+    [TIDE_OP_ROPE_BWD] = {"rope_bwd", 2, 2, 1, TIDE_OPC_VECTOR, false, check_rope_bwd, NULL, NULL},
+    [TIDE_OP_ATTENTION_BWD] = {"attention_bwd", 6, 6, 3, TIDE_OPC_ATTENTION, false, check_attention_bwd, NULL, NULL},
+    [TIDE_OP_SILU_MUL_BWD] = {"silu_mul_bwd", 3, 3, 2, TIDE_OPC_VECTOR, false, check_silu_mul_bwd, NULL, NULL},
+    [TIDE_OP_CROSS_ENTROPY] = {"cross_entropy", 3, 4, 3, TIDE_OPC_MATMUL, false, check_cross_entropy, NULL,
+                               scratch_cross_entropy},
+    [TIDE_OP_SUMSQ] = {"sumsq", 1, 2, 1, TIDE_OPC_VECTOR, false, check_sumsq, NULL, NULL},
+    [TIDE_OP_ADAMW] = {"adamw", -1, -1, -1, TIDE_OPC_VECTOR, false, check_adamw, NULL, NULL},
 };
 
 const tide_op_desc *tide_op_desc_of(tide_op_kind k) {
@@ -220,7 +396,7 @@ tide_status tide_op_check(tide_graph *g, tide_op_kind kind, int n_in, const int 
                           const tide_op_params *p, double *flops) {
     const tide_op_desc *d = tide_op_desc_of(kind);
     if (!d) FAIL("unknown op kind %d", (int)kind);
-    if (d->min_in >= 0 && (n_in < d->min_in || n_in > d->max_in || n_out != d->n_out))
+    if (d->min_in >= 0 && (n_in < d->min_in || n_in > d->max_in || (d->n_out >= 0 && n_out != d->n_out)))
         FAIL("%s takes %d%s inputs and %d outputs, got %d and %d", d->name, d->min_in,
              d->max_in > d->min_in ? " or more" : "", d->n_out, n_in, n_out);
     /* the tiled form (most inputs) takes its own output as its last input */
