@@ -349,6 +349,41 @@ typedef struct tide_llama_graph_opts {
 tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
                              const tide_llama_graph_opts *opts, tide_graph **out);
 
+/* A training step (TIDE_OP_* training ops): `accum` micro-batches of
+ * (batch, seq) tokens, each a forward that keeps what its backward reads and
+ * a backward in reverse order adding into the parameters' gradients, then the
+ * global gradient norm and one AdamW update of every parameter. */
+typedef struct tide_llama_train_opts {
+    int batch, seq;    /* per micro-batch; seq <= max_position_embeddings */
+    int accum;         /* micro-batches per step, >= 1 */
+    float beta1, beta2, eps, weight_decay; /* AdamW (decay on tensors of >= 2 dims) */
+    float grad_clip;   /* the global gradient norm's limit (0: no clipping) */
+} tide_llama_train_opts;
+
+/* Builds the graph of one training step. Tensors:
+ *   parameters     Hugging Face names, the checkpoint's dtype         STATE
+ *   "master.NAME"  f32 copy of a 16-bit parameter (none for f32 ones) STATE
+ *   "exp_avg.NAME", "exp_avg_sq.NAME"  AdamW moments, f32             STATE
+ *   "tokens.M" (B, T) i32, "targets.M" (B*T) i32, micro-batch M       INPUT
+ *   "pos" (T) i32 = 0..T-1; "hyper" (4) f32 = {lr, 1 - beta1^t,
+ *   sqrt(1 - beta2^t), 0} for step t (from 1)                          INPUT
+ *   "loss.M" (1) f32: micro-batch M's mean cross-entropy / accum       OUTPUT
+ *   "grad_sumsq" (1) f32: the squared global norm of the gradients     OUTPUT
+ *   "grad.NAME" f32 gradients; "mbM.*" activations and their gradients TEMP
+ * A target < 0 is ignored (it adds nothing to the loss). */
+tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg,
+                                   const tide_llama_train_opts *opts, tide_graph **out);
+
+/* What a tensor of a training graph holds, for memory reports. */
+typedef enum tide_train_class {
+    TIDE_TRAIN_PARAM = 0, TIDE_TRAIN_MASTER, TIDE_TRAIN_MOMENT, TIDE_TRAIN_GRAD,
+    TIDE_TRAIN_ACT,       /* activations, their gradients, loss, norm */
+    TIDE_TRAIN_INPUT,     /* tokens, targets, positions, hyperparameters */
+    TIDE_TRAIN_CLASS_COUNT
+} tide_train_class;
+tide_train_class tide_train_tensor_class(const tide_graph *g, int tensor);
+const char *tide_train_class_name(tide_train_class c);
+
 /* Tiling levels tried when a budget is below a graph's working set: level 0
  * is no tiling; each next level halves the tile rows (from the sequence
  * length, at least 16) and the largest weight block (from 64 MiB, at least
@@ -593,6 +628,106 @@ tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prom
  * (batch*seq, vocab) f32 into `logits` (may be NULL). */
 tide_status tide_model_forward(tide_model *m, const int32_t *tokens, int batch, int seq,
                                int start_pos, float *logits);
+
+/* ---------------------------------------------------------------- training */
+
+/* A trainer: the training-step graph of a checkpoint's model (see
+ * tide_llama_build_train) run step after step through a verified plan on a
+ * backend. Parameters, f32 master weights (16-bit models) and AdamW moments
+ * are persistent tensors homed in host memory, or on SSD where an offloaded
+ * plan's host budget cannot hold them; they start from the checkpoint (or a
+ * saved training state, tide_trainer_resume) when the first step is planned.
+ * Resident (the default) the plan is unconstrained: on the CPU every
+ * persistent tensor is used where it lives; on a GPU they are uploaded once
+ * and stay in device memory. Offloaded (tide_trainer_set_offload, the same
+ * options as a model's), the step is planned under the budget. Every plan is
+ * verified before it runs; an offloaded step computes exactly what the
+ * resident step computes, bit for bit. */
+typedef struct tide_trainer tide_trainer;
+
+typedef struct tide_trainer_opts {
+    tide_llama_train_opts step;  /* batch, seq, accum, AdamW and clipping */
+    double lr;                   /* peak learning rate */
+    double min_lr;               /* with cosine: the rate the decay ends at */
+    bool cosine;                 /* decay from lr to min_lr over total_steps
+                                    (after the warmup); else constant lr */
+    int64_t warmup;              /* linear warmup steps: lr * (s + 1) / warmup */
+    int64_t total_steps;         /* the schedule's length (cosine) */
+    bool shuffle;                /* the data order the caller feeds (recorded in
+                                    saved states; a resume must feed the same) */
+    uint64_t seed;
+    bool sync_issue;             /* as tide_model_opts.sync_issue */
+} tide_trainer_opts;
+
+/* The learning rate of step s (from 0): s < warmup: lr * (s + 1) / warmup;
+ * then, with cosine, min_lr + (lr - min_lr) * (1 + cos(pi * (s - warmup) /
+ * (total_steps - warmup))) / 2; else lr. */
+double tide_train_lr(const tide_trainer_opts *o, int64_t s);
+
+/* Makes a trainer of ck's model (ck must outlive it) on be. Checks the
+ * options (TIDE_E_INVALID naming the bad one) and builds the step graph;
+ * nothing is planned or copied yet. */
+tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be, const tide_trainer_opts *o,
+                             tide_trainer **out);
+void tide_trainer_free(tide_trainer *t);
+/* Offloads later steps under a budget (TIDE_BUDGET_NONE: resident). Only
+ * before the first step. tile and pin_weights are ignored. */
+tide_status tide_trainer_set_offload(tide_trainer *t, const tide_offload_opts *o);
+/* Continues from the training state saved in dir (tide_trainer_save): its
+ * parameters, master weights, moments and step. Only before the first step.
+ * TIDE_E_FORMAT / TIDE_E_NOT_FOUND naming the file and tensor when the state
+ * does not belong to this model and these options. */
+tide_status tide_trainer_resume(tide_trainer *t, const char *dir);
+
+typedef struct tide_train_stats {
+    int64_t step;                /* the step just taken, from 0 */
+    double loss;                 /* mean cross-entropy over its tokens */
+    double grad_norm;            /* the global gradient norm before clipping */
+    double lr;
+    double wall_s;               /* the step's wall time */
+    double tokens_per_s;
+    uint64_t bytes_h2d, bytes_d2h, bytes_ssd_read, bytes_ssd_write;
+    uint64_t peak_device_bytes;  /* the plan's peak (resident on the CPU: the
+                                    arena of activations; tensors used in place
+                                    are not counted) */
+    uint64_t budget_bytes;       /* offloaded: the budget; resident: the arena */
+    double predicted_s;          /* the plan's simulated step time */
+    double plan_s;               /* planning time of the first step (0 later) */
+} tide_train_stats;
+
+/* Takes one step on accum micro-batches of (batch, seq) tokens: tokens and
+ * targets hold accum * batch * seq ids each, micro-batch by micro-batch,
+ * batch-major (a target < 0 is ignored). The first step plans and verifies.
+ * Returns TIDE_OK, TIDE_E_RANGE (an id outside the vocabulary), or the
+ * failure of planning or running (the parameters are then not updated
+ * consistently: discard the trainer). */
+tide_status tide_trainer_step(tide_trainer *t, const int32_t *tokens, const int32_t *targets, tide_train_stats *st);
+/* Steps taken, counting those of a resumed state. */
+int64_t tide_trainer_steps(const tide_trainer *t);
+/* Copies the current value of the training tensor named `name` (a parameter
+ * by its checkpoint name, "master.NAME", "exp_avg.NAME", "exp_avg_sq.NAME")
+ * into dst (its dtype, nbytes bytes). TIDE_E_NOT_FOUND or TIDE_E_INVALID. */
+tide_status tide_trainer_read(tide_trainer *t, const char *name, void *dst, uint64_t nbytes);
+/* Names of the persistent training tensors, in graph order (n_out set). */
+int tide_trainer_n_tensors(const tide_trainer *t);
+const char *tide_trainer_tensor(const tide_trainer *t, int i, tide_dtype *dt, uint64_t *nbytes);
+/* Saves a Hugging Face checkpoint of the current parameters (config.json and
+ * model.safetensors, in save_dtype: the model's dtype, or TIDE_F32 for the f32
+ * master weights) and the training state (optimizer.safetensors: master
+ * weights, moments, the step and `extra` key/value metadata, may be NULL) into
+ * dir. Built in a temporary directory beside dir and renamed into place, so an
+ * interrupted save never leaves a checkpoint that looks whole; a failed one
+ * leaves an existing dir as it was. */
+tide_status tide_trainer_save(tide_trainer *t, const char *dir, tide_dtype save_dtype, const char *const *extra,
+                              int n_extra);
+/* The step graph (for reports). */
+const tide_graph *tide_trainer_graph(const tide_trainer *t);
+/* Writes the measured timeline of the last step as Perfetto trace JSON
+ * (json_path) and as an SVG of device memory over time, measured and
+ * predicted (svg_path); either may be NULL. On a GPU the timeline is
+ * measured only with tide_offload_opts.timeline set. TIDE_E_INVALID when
+ * there is none. */
+tide_status tide_trainer_write_trace(tide_trainer *t, const char *json_path, const char *svg_path);
 
 #ifdef __cplusplus
 }

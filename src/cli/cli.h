@@ -14,6 +14,7 @@ int cmd_run(int argc, char **argv);
 int cmd_make_model(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
+int cmd_train(int argc, char **argv);
 
 /* Prints "tide: <what>: <ctx message>" on stderr and returns 1. */
 int cli_fail(tide_ctx *ctx, const char *what);
@@ -23,6 +24,9 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 /* Parses a byte count: "123", "4096B", "1.5G", "512MiB", "2GB" (K/M/G/T are
  * powers of 1024). Returns 0 or -1. */
 int cli_parse_bytes(const char *s, uint64_t *out);
+/* --budget: "none", "min", "auto", a percentage "25%" (of the unconstrained
+ * peak) or bytes, into o's budget fields. Returns 0 or -1. */
+int cli_parse_budget(const char *s, tide_offload_opts *o);
 /* "auto", "cpu" or "cuda" into *out; -1 for anything else. */
 int cli_parse_backend(const char *s, tide_backend_kind *out);
 /* Parses an int in [lo, hi]. Returns 0 or -1. */

@@ -3,6 +3,7 @@
  * verify the plan, and predict its timeline on a hardware profile.
  */
 #include "cli.h"
+#include "plan_int.h"
 #include "runtime/tiling.h"
 #include "sim/sim.h"
 #include "trace/trace.h"
@@ -16,6 +17,7 @@
 
 static const char help[] =
     "Usage: tide plan (--model DIR | --config NAME) [--batch B] [--seq S] [--decode N]\n"
+    "                 [--train [--accum N]]\n"
     "                 --budget BYTES|PCT%|min [--hw PROFILE] [--policy P]\n"
     "                 [--host-budget BYTES] [--weights-on-ssd] [--tile auto|none|LEVEL]\n"
     "                 [--json] [--trace FILE] [--out PLAN.json]\n"
@@ -31,6 +33,16 @@ static const char help[] =
     "  --seq S            prompt tokens (default 2048)\n"
     "  --decode N         plan N one-token decode steps after an S-token prompt\n"
     "                     (N iterations of the decode graph) instead of the prefill\n"
+    "  --train            plan a training step instead: --accum micro-batches of\n"
+    "                     --batch x --seq tokens, forward keeping activations,\n"
+    "                     backward, gradient clipping and AdamW (f32 master weights\n"
+    "                     and moments). Two steps are planned as a steady state;\n"
+    "                     the table gives one step's bytes per link, its predicted\n"
+    "                     time against the ideal (every parameter, master weight\n"
+    "                     and moment resident, no limit), and the memory of the\n"
+    "                     weights, master weights, moments, gradients and\n"
+    "                     activations\n"
+    "  --accum N          micro-batches per training step (default 1)\n"
     "  --budget X         device arena: bytes (e.g. 20G), a percentage of the\n"
     "                     unconstrained peak capped at the profile's memory (25%),\n"
     "                     or min (the smallest budget the policy can plan)\n"
@@ -51,14 +63,6 @@ static const char help[] =
     "  --trace FILE       write the predicted timeline as Perfetto trace JSON\n"
     "  --out FILE         write the plan as JSON\n";
 
-typedef struct plan_args {
-    const char *model, *config, *hw_name, *budget, *trace, *out;
-    long batch, seq, decode;
-    uint64_t host_budget;
-    tide_policy policy;
-    bool json, weights_on_ssd;
-    int tile;
-} plan_args;
 
 /* What the chosen tiling is, in words. */
 static void tile_words(const tide_graph *g, int level, long seq, char *buf, size_t n) {
@@ -146,14 +150,15 @@ static const struct option plan_options[] = {
     {"host-budget", required_argument, 0, 'H'}, {"weights-on-ssd", no_argument, 0, 's'},
     {"json", no_argument, 0, 'j'},         {"trace", required_argument, 0, 't'},
     {"out", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
-    {"tile", required_argument, 0, 'T'},
+    {"tile", required_argument, 0, 'T'},   {"train", no_argument, 0, 'r'},
+    {"accum", required_argument, 0, 'A'},
     {0, 0, 0, 0},
 };
 
 /* Parses argv into *a. Returns -1 to go on, else the exit status (0 after
  * --help, 2 on a usage error). */
 static int parse_args(int argc, char **argv, plan_args *a) {
-    *a = (plan_args){.hw_name = "h100-80g", .batch = 1, .seq = 2048, .policy = TIDE_POLICY_TIDE};
+    *a = (plan_args){.hw_name = "h100-80g", .batch = 1, .seq = 2048, .accum = 1, .policy = TIDE_POLICY_TIDE};
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "h", plan_options, NULL)) != -1) {
@@ -188,6 +193,11 @@ static int parse_args(int argc, char **argv, plan_args *a) {
                 return cli_usage_error("plan", "bad --tile '%s' (auto, none or a level 1 to %d)", optarg,
                                        TIDE_TILE_LEVELS - 1);
             break;
+        case 'r': a->train = true; break;
+        case 'A':
+            if (cli_parse_int(optarg, 1, 4096, &a->accum)) return cli_usage_error("plan", "bad --accum '%s'", optarg);
+            a->have_accum = true;
+            break;
         case 'h': fputs(help, stdout); return 0;
         default: return cli_usage_error("plan", "unknown option");
         }
@@ -195,6 +205,9 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     if (optind != argc) return cli_usage_error("plan", "unexpected argument '%s'", argv[optind]);
     if (!a->model == !a->config) return cli_usage_error("plan", "give exactly one of --model and --config");
     if (!a->budget) return cli_usage_error("plan", "--budget is required (bytes, a percentage or min)");
+    if (a->train && (a->decode || a->weights_on_ssd || a->tile))
+        return cli_usage_error("plan", "--train plans a training step: no --decode, --weights-on-ssd or --tile");
+    if (a->have_accum && !a->train) return cli_usage_error("plan", "--accum needs --train");
     return -1;
 }
 
@@ -312,6 +325,7 @@ int cmd_plan(int argc, char **argv) {
     plan_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0) return rc;
+    if (a.train) return plan_train(&a);
     plan_job j = {.ctx = tide_ctx_new()};
     if (!j.ctx) return 1;
     if (!(rc = load_job(&a, &j)) && !(rc = choose_budget(&a, &j)) && !(rc = make_plan(&a, &j))) rc = report(&a, &j);

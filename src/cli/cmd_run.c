@@ -151,24 +151,6 @@ typedef struct run_args {
     const char *tile;
 } run_args;
 
-/* Parses --budget into offload options; returns 0 or -1. */
-static int parse_budget(const char *s, tide_offload_opts *o) {
-    if (!strcmp(s, "none")) o->budget_kind = TIDE_BUDGET_NONE;
-    else if (!strcmp(s, "min")) o->budget_kind = TIDE_BUDGET_MIN;
-    else if (!strcmp(s, "auto")) o->budget_kind = TIDE_BUDGET_AUTO;
-    else if (s[0] && s[strlen(s) - 1] == '%') {
-        char *end;
-        double pct = strtod(s, &end);
-        if (end == s || *end != '%' || !(pct > 0 && pct <= 100)) return -1;
-        o->budget_kind = TIDE_BUDGET_FRACTION;
-        o->fraction = pct / 100.0;
-    } else {
-        if (cli_parse_bytes(s, &o->bytes) || !o->bytes) return -1;
-        o->budget_kind = TIDE_BUDGET_BYTES;
-    }
-    return 0;
-}
-
 static void print_summary(const run_args *a, const char *model_dir, const tide_llama_config *cfg,
                           tide_backend *be, tide_ctx *ctx, int n_prompt, const int32_t *gen,
                           const tide_gen_stats *s, const tide_gen_stats *ref, bool offload,
@@ -327,7 +309,7 @@ static int parse_args(int argc, char **argv, run_job *r) {
             break;
         case 'B':
             a->budget = optarg;
-            if (parse_budget(optarg, &r->off))
+            if (cli_parse_budget(optarg, &r->off))
                 return cli_usage_error("run", "bad --budget '%s' (bytes such as 2G, a percentage such as 25%%, auto, min or none)", optarg);
             break;
         case 'P':

@@ -175,3 +175,20 @@ int cli_parse_backend(const char *s, tide_backend_kind *out) {
     else return -1;
     return 0;
 }
+
+int cli_parse_budget(const char *s, tide_offload_opts *o) {
+    if (!strcmp(s, "none")) o->budget_kind = TIDE_BUDGET_NONE;
+    else if (!strcmp(s, "min")) o->budget_kind = TIDE_BUDGET_MIN;
+    else if (!strcmp(s, "auto")) o->budget_kind = TIDE_BUDGET_AUTO;
+    else if (s[0] && s[strlen(s) - 1] == '%') {
+        char *end;
+        double pct = strtod(s, &end);
+        if (end == s || *end != '%' || !(pct > 0 && pct <= 100)) return -1;
+        o->budget_kind = TIDE_BUDGET_FRACTION;
+        o->fraction = pct / 100.0;
+    } else {
+        if (cli_parse_bytes(s, &o->bytes) || !o->bytes) return -1;
+        o->budget_kind = TIDE_BUDGET_BYTES;
+    }
+    return 0;
+}

@@ -98,10 +98,6 @@ struct tide_model {
     char notice[256];         /* the first notice of the planned engine */
 };
 
-/* Device memory `--budget auto` leaves free for the runtime (cuBLAS
- * workspaces, kernel images, later allocations of the CUDA runtime): the
- * larger of 512 MiB and 1/32 of the device's memory. */
-#define TIDE_AUTO_MARGIN(total) TIDE_MAX((uint64_t)512 << 20, (uint64_t)(total) / 32)
 
 /* ---------------------------------------------------------------- model.c: resources */
 

@@ -15,6 +15,11 @@
 
 typedef struct tide_runner tide_runner;
 
+/* Device memory `--budget auto` leaves free for the runtime (cuBLAS
+ * workspaces, kernel images, later allocations of the CUDA runtime): the
+ * larger of 512 MiB and 1/32 of the device's memory. */
+#define TIDE_AUTO_MARGIN(total) TIDE_MAX((uint64_t)512 << 20, (uint64_t)(total) / 32)
+
 typedef struct tide_runner_opts {
     tide_exec_opts exec;          /* arena (lent: several runners may share one), spill
                                      directories, issue mode; exec.timed: measure every

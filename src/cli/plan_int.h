@@ -1,0 +1,24 @@
+/*
+ * plan_int.h - what `tide plan` (cmd_plan.c) shares with its training form
+ * (plan_train.c).
+ */
+#ifndef TIDE_CLI_PLAN_INT_H
+#define TIDE_CLI_PLAN_INT_H
+
+#include "cli.h"
+#include "ir/plan.h"
+#include "planner/planner.h"
+
+typedef struct plan_args {
+    const char *model, *config, *hw_name, *budget, *trace, *out;
+    long batch, seq, decode, accum;
+    uint64_t host_budget;
+    tide_policy policy;
+    bool json, weights_on_ssd, train, have_accum;
+    int tile;
+} plan_args;
+
+/* `tide plan --train`: returns the exit status. */
+int plan_train(const plan_args *a);
+
+#endif

@@ -1,0 +1,285 @@
+/*
+ * plan_train.c - `tide plan --train`: plan, verify and simulate a training
+ * step of a LLaMA-style model under a device memory budget.
+ *
+ * Steps are planned as a steady state: two iterations of the step graph in
+ * one plan, persistent tensors (parameters, master weights, moments) starting
+ * and ending at their homes. A step's time is the second iteration's: the
+ * end of its last instruction minus the end of the first iteration's last.
+ * The ideal is what TERAIO calls the speed with unlimited memory: the same
+ * steady step with every persistent tensor resident on the device (warm at
+ * fixed offsets, never loaded or stored) and no budget; only the batch moves.
+ */
+#include "cli.h"
+#include "plan_int.h"
+#include "sim/sim.h"
+#include "trace/trace.h"
+#include "verify/verify.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The steady step time of a 2-iteration plan (the makespan when it has one). */
+static tide_status steady_step(const tide_plan *p, const tide_hw *hw, double *step, tide_sim_result *keep) {
+    tide_sim_result sim;
+    tide_status st = tide_simulate(p, hw, &sim);
+    if (st) return st;
+    double end[2] = {0, 0};
+    for (int i = 0; i < sim.n_events; i++) {
+        int it = p->ins[sim.events[i].ins].iter;
+        if (it >= 0 && it < 2 && sim.events[i].end_s > end[it]) end[it] = sim.events[i].end_s;
+    }
+    *step = p->n_iter >= 2 ? end[1] - end[0] : sim.makespan_s;
+    if (keep) *keep = sim;
+    else tide_sim_result_free(&sim);
+    return TIDE_OK;
+}
+
+/* The ideal step: every persistent tensor warm, no budget. */
+static tide_status ideal_step(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, double *step) {
+    uint64_t *warm = tide_malloc((size_t)(g->n_tensors ? g->n_tensors : 1) * sizeof *warm);
+    if (!warm) return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
+    uint64_t at = 0;
+    for (int t = 0; t < g->n_tensors; t++) {
+        tide_role r = g->tensors[t].role;
+        warm[t] = TIDE_HOME;
+        if (r != TIDE_ROLE_STATE && r != TIDE_ROLE_WEIGHT) continue;
+        warm[t] = at;
+        at += tide_plan_align(g->tensors[t].nbytes);
+    }
+    tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 2, .hw = hw, .warm_off = warm,
+                         .host_budget = UINT64_C(1) << 62};
+    uint64_t peak = 0;
+    tide_plan *p = NULL;
+    tide_status st = tide_plan_peak_unbounded(ctx, g, &po, &peak);
+    if (!st) {
+        po.device_budget = at + peak + TIDE_PLAN_ALIGN;
+        st = tide_plan_make(ctx, g, &po, &p);
+    }
+    if (!st) st = steady_step(p, hw, step, NULL);
+    tide_plan_free(p);
+    tide_free(warm);
+    return st;
+}
+
+/* Bytes per link of the second iteration (one steady step). */
+typedef struct link_bytes {
+    uint64_t h2d, d2h, ssd_read, ssd_write;
+} link_bytes;
+
+static link_bytes step_bytes(const tide_plan *p) {
+    link_bytes b = {0};
+    for (int i = 0; i < p->n_ins; i++) {
+        const tide_ins *in = &p->ins[i];
+        if (in->iter != (p->n_iter >= 2 ? 1 : 0) || in->tensor < 0) continue;
+        uint64_t n = p->g->tensors[in->tensor].nbytes;
+        if (in->kind == TIDE_INS_LOAD) {
+            if (in->src == TIDE_TIER_SSD) b.ssd_read += n;
+            else b.h2d += n;
+        } else if (in->kind == TIDE_INS_STORE) {
+            if (in->dst == TIDE_TIER_SSD) b.ssd_write += n;
+            else b.d2h += n;
+        } else if (in->kind == TIDE_INS_MOVE) {
+            if (in->dst == TIDE_TIER_SSD) b.ssd_write += n;
+            else b.ssd_read += n;
+        }
+    }
+    return b;
+}
+
+/* Bytes of the activations a micro-batch keeps from its forward for its
+ * backward: those of the first micro-batch written before its loss and read
+ * after it. */
+static uint64_t kept_activations(const tide_graph *g) {
+    int ce = -1, next = g->n_ops;
+    for (int i = 0; i < g->n_ops; i++)
+        if (g->ops[i].kind == TIDE_OP_CROSS_ENTROPY) {
+            if (ce < 0) ce = i;
+            else {
+                next = i;
+                break;
+            }
+        }
+    char *mark = tide_calloc((size_t)(g->n_tensors ? g->n_tensors : 1), 1);
+    if (ce < 0 || !mark) {
+        tide_free(mark);
+        return 0;
+    }
+    for (int i = 0; i <= ce; i++)
+        for (int k = 0; k < g->ops[i].n_out; k++) mark[g->ops[i].out[k]] |= 1;
+    for (int i = ce + 1; i < next; i++)
+        for (int k = 0; k < g->ops[i].n_in; k++) mark[g->ops[i].in[k]] |= 2;
+    uint64_t sum = 0;
+    for (int t = 0; t < g->n_tensors; t++)
+        if (mark[t] == 3 && g->tensors[t].role == TIDE_ROLE_TEMP && tide_train_tensor_class(g, t) == TIDE_TRAIN_ACT)
+            sum += g->tensors[t].nbytes;
+    tide_free(mark);
+    return sum;
+}
+
+int plan_train(const plan_args *a) {
+    tide_ctx *ctx = tide_ctx_new();
+    if (!ctx) return 1;
+    int rc = 1;
+    tide_llama_config cfg;
+    tide_hw hw;
+    tide_graph *g = NULL;
+    tide_plan *p = NULL;
+    tide_sim_result sim = {0};
+    char path[4096], b1[32], b2[32], note[96] = "";
+    if (a->model) snprintf(path, sizeof path, "%s/config.json", a->model);
+    if (a->model ? tide_llama_config_load(ctx, path, &cfg) : tide_llama_config_named(ctx, a->config, &cfg)) {
+        rc = cli_fail(ctx, "config");
+        goto done;
+    }
+    if (tide_hw_load(ctx, a->hw_name, &hw)) {
+        rc = cli_fail(ctx, "hardware profile");
+        goto done;
+    }
+    tide_llama_train_opts to = {.batch = (int)a->batch, .seq = (int)a->seq, .accum = (int)a->accum, .beta1 = 0.9f,
+                                .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
+    if (tide_llama_build_train(ctx, &cfg, &to, &g)) {
+        rc = cli_fail(ctx, "building the training graph");
+        goto done;
+    }
+    tide_plan_opts po = {.policy = a->policy, .host_budget = a->host_budget, .n_iter = 2, .hw = &hw};
+    uint64_t peak = tide_plan_unconstrained_peak(ctx, g, &hw, 2);
+    if (!peak) {
+        rc = cli_fail(ctx, "sizing the unconstrained step");
+        goto done;
+    }
+    if (!strcmp(a->budget, "min")) {
+        if (tide_plan_min_budget(ctx, g, &po, &po.device_budget)) {
+            rc = cli_fail(ctx, "finding the minimum budget");
+            goto done;
+        }
+        snprintf(note, sizeof note, "(the minimum for %s)", tide_policy_name(a->policy));
+    } else if (a->budget[0] && a->budget[strlen(a->budget) - 1] == '%') {
+        char *end;
+        double pct = strtod(a->budget, &end);
+        if (end == a->budget || *end != '%' || !(pct > 0 && pct <= 100)) {
+            rc = cli_usage_error("plan", "bad --budget '%s' (a percentage in (0, 100])", a->budget);
+            goto done;
+        }
+        uint64_t base = TIDE_MIN(peak, hw.device_mem_bytes);
+        po.device_budget = (uint64_t)((double)base * pct / 100.0);
+        snprintf(note, sizeof note, "(%g%% of %s)", pct,
+                 peak > hw.device_mem_bytes ? "the device memory" : "the unconstrained peak");
+    } else if (cli_parse_bytes(a->budget, &po.device_budget) || !po.device_budget) {
+        rc = cli_usage_error("plan", "bad --budget '%s' (bytes such as 20G, a percentage, or min)", a->budget);
+        goto done;
+    }
+    if (po.device_budget > hw.device_mem_bytes) {
+        fprintf(stderr, "tide: plan: budget %s is more than %s's device memory %s\n",
+                cli_fmt_bytes(po.device_budget, b1, sizeof b1), hw.name,
+                cli_fmt_bytes(hw.device_mem_bytes, b2, sizeof b2));
+        goto done;
+    }
+    double t0 = tide_now();
+    tide_status st = tide_plan_make(ctx, g, &po, &p);
+    if (st) {
+        if (a->json && st == TIDE_E_INFEASIBLE)
+            printf("{\"feasible\":false,\"policy\":\"%s\",\"budget_bytes\":%llu}\n", tide_policy_name(a->policy),
+                   (unsigned long long)po.device_budget);
+        rc = cli_fail(ctx, "planning");
+        goto done;
+    }
+    double plan_s = tide_now() - t0;
+    if (tide_plan_verify(p)) {
+        rc = cli_fail(ctx, "the plan failed verification and was not used");
+        goto done;
+    }
+    double step = 0, ideal = 0;
+    tide_bounds bounds;
+    if (steady_step(p, &hw, &step, &sim) || ideal_step(ctx, g, &hw, &ideal) ||
+        tide_plan_bounds(ctx, g, &po, &bounds)) {
+        rc = cli_fail(ctx, "simulating");
+        goto done;
+    }
+    if (a->trace && tide_trace_write(p, sim.events, sim.n_events, a->trace)) {
+        rc = cli_fail(ctx, "writing the trace");
+        goto done;
+    }
+    if (a->out && tide_plan_save_json(p, a->out)) {
+        rc = cli_fail(ctx, "writing the plan");
+        goto done;
+    }
+    uint64_t cls[TIDE_TRAIN_CLASS_COUNT] = {0};
+    for (int t = 0; t < g->n_tensors; t++) cls[tide_train_tensor_class(g, t)] += g->tensors[t].nbytes;
+    uint64_t act = kept_activations(g);
+    link_bytes lb = step_bytes(p);
+    const tide_plan_stats *s = &p->stats;
+    double tokens = (double)a->batch * (double)a->seq * (double)a->accum;
+    if (a->json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "feasible", 1);
+        cJSON_AddBoolToObject(o, "verified", 1);
+        cJSON_AddStringToObject(o, "config", cfg.name);
+        cJSON_AddStringToObject(o, "workload", "train");
+        cJSON_AddNumberToObject(o, "batch", (double)a->batch);
+        cJSON_AddNumberToObject(o, "seq", (double)a->seq);
+        cJSON_AddNumberToObject(o, "accum", (double)a->accum);
+        cJSON_AddStringToObject(o, "hw", hw.name);
+        cJSON_AddStringToObject(o, "policy", tide_policy_name(p->policy));
+        cJSON_AddNumberToObject(o, "budget_bytes", (double)p->device_budget);
+        cJSON_AddNumberToObject(o, "unconstrained_peak_bytes", (double)peak);
+        cJSON_AddNumberToObject(o, "peak_device_bytes", (double)s->peak_device_bytes);
+        cJSON_AddNumberToObject(o, "peak_host_spill_bytes", (double)s->peak_host_bytes);
+        cJSON_AddNumberToObject(o, "peak_ssd_spill_bytes", (double)s->peak_ssd_bytes);
+        cJSON_AddNumberToObject(o, "weight_bytes", (double)cls[TIDE_TRAIN_PARAM]);
+        cJSON_AddNumberToObject(o, "master_bytes", (double)cls[TIDE_TRAIN_MASTER]);
+        cJSON_AddNumberToObject(o, "moment_bytes", (double)cls[TIDE_TRAIN_MOMENT]);
+        cJSON_AddNumberToObject(o, "gradient_bytes", (double)cls[TIDE_TRAIN_GRAD]);
+        cJSON_AddNumberToObject(o, "kept_activation_bytes", (double)act);
+        cJSON_AddNumberToObject(o, "step_bytes_h2d", (double)lb.h2d);
+        cJSON_AddNumberToObject(o, "step_bytes_d2h", (double)lb.d2h);
+        cJSON_AddNumberToObject(o, "step_bytes_ssd_read", (double)lb.ssd_read);
+        cJSON_AddNumberToObject(o, "step_bytes_ssd_write", (double)lb.ssd_write);
+        cJSON_AddNumberToObject(o, "n_instructions", p->n_ins);
+        cJSON_AddNumberToObject(o, "n_ops", g->n_ops);
+        cJSON_AddNumberToObject(o, "makespan_s", s->makespan_s);
+        cJSON_AddNumberToObject(o, "step_s", step);
+        cJSON_AddNumberToObject(o, "ideal_step_s", ideal);
+        cJSON_AddNumberToObject(o, "pct_of_ideal", step > 0 ? 100.0 * ideal / step : 0);
+        cJSON_AddNumberToObject(o, "lower_bound_s", bounds.lower_bound_s);
+        cJSON_AddNumberToObject(o, "x_lower_bound", bounds.lower_bound_s > 0 ? s->makespan_s / bounds.lower_bound_s : 0);
+        cJSON_AddNumberToObject(o, "tokens_per_s", step > 0 ? tokens / step : 0);
+        cJSON_AddNumberToObject(o, "plan_seconds", plan_s);
+        char *js = cJSON_PrintUnformatted(o);
+        if (js) puts(js);
+        free(js);
+        cJSON_Delete(o);
+    } else {
+        printf("plan        %s training step, batch %ld x seq %ld x accum %ld, policy %s, hw %s\n", cfg.name,
+               a->batch, a->seq, a->accum, tide_policy_name(p->policy), hw.name);
+        printf("verified    yes (%d instructions, %d ops x %d steps)\n", p->n_ins, g->n_ops, p->n_iter);
+        printf("budget      %s %s; unconstrained peak %s\n", cli_fmt_bytes(p->device_budget, b1, sizeof b1), note,
+               cli_fmt_bytes(peak, b2, sizeof b2));
+        printf("memory      weights %s, master weights %s, moments %s, gradients %s, activations %s kept "
+               "per micro-batch\n", cli_fmt_bytes(cls[TIDE_TRAIN_PARAM], b1, sizeof b1),
+               cli_fmt_bytes(cls[TIDE_TRAIN_MASTER], b2, sizeof b2), cli_fmt_bytes(cls[TIDE_TRAIN_MOMENT], path, 32),
+               cli_fmt_bytes(cls[TIDE_TRAIN_GRAD], path + 32, 32), cli_fmt_bytes(act, path + 64, 32));
+        printf("\n%-24s %14s\n", "", "value");
+        printf("%-24s %14s\n", "peak device", cli_fmt_bytes(s->peak_device_bytes, b1, sizeof b1));
+        printf("%-24s %14s\n", "peak host spill", cli_fmt_bytes(s->peak_host_bytes, b1, sizeof b1));
+        printf("%-24s %14s\n", "peak ssd spill", cli_fmt_bytes(s->peak_ssd_bytes, b1, sizeof b1));
+        printf("%-24s %14s\n", "bytes host->device/step", cli_fmt_bytes(lb.h2d, b1, sizeof b1));
+        printf("%-24s %14s\n", "bytes device->host/step", cli_fmt_bytes(lb.d2h, b1, sizeof b1));
+        printf("%-24s %14s\n", "bytes ssd read/step", cli_fmt_bytes(lb.ssd_read, b1, sizeof b1));
+        printf("%-24s %14s\n", "bytes ssd write/step", cli_fmt_bytes(lb.ssd_write, b1, sizeof b1));
+        printf("%-24s %13.4fs  (%.0f tokens/s)\n", "predicted step", step, step > 0 ? tokens / step : 0);
+        printf("%-24s %13.4fs  (%.1f%% of ideal)\n", "ideal step (no limit)", ideal, step > 0 ? 100.0 * ideal / step : 0);
+        printf("%-24s %13.4fs  (2 steps; %.3fx of lower bound %.4fs)\n", "predicted makespan", s->makespan_s,
+               bounds.lower_bound_s > 0 ? s->makespan_s / bounds.lower_bound_s : 0, bounds.lower_bound_s);
+        printf("%-24s %13.4fs\n", "planning time", plan_s);
+    }
+    rc = 0;
+done:
+    tide_sim_result_free(&sim);
+    tide_plan_free(p);
+    tide_graph_free(g);
+    tide_ctx_free(ctx);
+    return rc;
+}

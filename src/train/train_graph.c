@@ -1,0 +1,409 @@
+/*
+ * train_graph.c - the graph of one training step of a LLaMA-style decoder
+ * (tide_llama_build_train in tide.h).
+ *
+ * With R = B*T rows, per micro-batch M (names "mbM.*"):
+ *
+ *   forward, keeping what the backward reads (x = kept):
+ *     h.0 = embed(E, tokens.M)                                       x
+ *     per layer L:  xn = rmsnorm(h.L, ln1)                           x (h.L too)
+ *                   q, k, v = xn . Wq^T, Wk^T, Wv^T                    x v
+ *                   qr, kr = rope(q), rope(k)                          x qr, kr
+ *                   a = attention(qr, kr, v) (no cache)                x
+ *                   hm = h.L + a . Wo^T                                x
+ *                   xn2 = rmsnorm(hm, ln2)                             x
+ *                   g, u = xn2 . Wg^T, Wu^T                            x g, u
+ *                   s = silu(g) * u                                    x
+ *                   h.L+1 = hm + s . Wd^T                              x
+ *     hf = rmsnorm(h.N, norm)                                        x
+ *     loss.M, d_hf, grad(head) = cross_entropy(hf, head, targets.M)  (fused:
+ *                   logits never exist beyond a chunk of rows)
+ *   backward, in reverse:
+ *     d_h.N, grad(norm) = rmsnorm_bwd(h.N, norm, d_hf)
+ *     per layer L from the last:
+ *                   d_s = d_h . Wd;  grad(Wd) += d_h^T . s
+ *                   d_g, d_u = silu_mul_bwd(g, u, d_s)
+ *                   d_xn2 = d_g . Wg + d_u . Wu;  grad(Wg), grad(Wu) += ...
+ *                   d_hm = d_h + rmsnorm_bwd(hm, ln2, d_xn2)   (grad(ln2) +=)
+ *                   d_a = d_hm . Wo;  grad(Wo) += d_hm^T . a
+ *                   d_qr, d_kr, d_v = attention_bwd(qr, kr, v, a, d_a)
+ *                   d_q, d_k = rope_bwd(d_qr), rope_bwd(d_kr)
+ *                   d_xn = d_q . Wq + d_k . Wk + d_v . Wv;  grad(Wq, Wk, Wv) +=
+ *                   d_h.L = d_hm + rmsnorm_bwd(h.L, ln1, d_xn)  (grad(ln1) +=)
+ *     grad(E) += embed_bwd(d_h.0, tokens.M)
+ *
+ * The first micro-batch writes each gradient fresh, later ones add into it
+ * (the accumulating forms of the ops). A tied head is the embedding: its
+ * gradient gets both uses. Then grad_sumsq = sum over parameters of
+ * sumsq(grad) (a chain, in parameter order), and one ADAMW per parameter,
+ * in place on the parameter, its master and moments, clipped by the global
+ * norm.
+ *
+ * Loss scale: each micro-batch's cross-entropy is a mean over its B*T rows
+ * divided by accum, so the step's loss is the sum of the loss.M and its
+ * gradients the mean over every row of the step.
+ */
+#include "graph/graph.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct tb {
+    tide_graph *g;
+    tide_status st;
+    int layer;
+} tb;
+
+static int tensor(tb *b, const char *name, tide_dtype dt, tide_role role, int ndim, int64_t d0, int64_t d1) {
+    if (b->st) return -1;
+    int64_t shape[2] = {d0, d1};
+    int id = -1;
+    b->st = tide_graph_add_tensor(b->g, name, dt, role, ndim, shape, &id);
+    if (!b->st) tide_graph_set_tensor_layer(b->g, id, b->layer);
+    return id;
+}
+
+/* Activation `what` of micro-batch m, in layer b->layer when >= 0. */
+static int act(tb *b, int m, const char *what, int64_t rows, int64_t cols) {
+    char name[128];
+    if (b->layer >= 0) snprintf(name, sizeof name, "mb%d.l%d.%s", m, b->layer, what);
+    else snprintf(name, sizeof name, "mb%d.%s", m, what);
+    return tensor(b, name, TIDE_F32, TIDE_ROLE_TEMP, cols ? 2 : 1, rows, cols);
+}
+
+static void op(tb *b, tide_op_kind kind, int n_in, const int *in, int n_out, const int *out, const tide_op_params *p) {
+    if (b->st) return;
+    tide_op_params z = {0};
+    b->st = tide_graph_add_op(b->g, kind, n_in, in, n_out, out, p ? p : &z, b->layer, NULL);
+}
+
+/* A parameter and its optimizer tensors. */
+typedef struct param {
+    int w, grad, master, m, v; /* master -1 for f32 parameters */
+    bool written;              /* its gradient has been written this step */
+} param;
+
+static void add_param(tb *b, param *p, const char *name, tide_dtype dt, int64_t d0, int64_t d1) {
+    char n2[160];
+    int nd = d1 ? 2 : 1;
+    p->w = tensor(b, name, dt, TIDE_ROLE_STATE, nd, d0, d1);
+    p->master = -1;
+    if (dt != TIDE_F32) {
+        snprintf(n2, sizeof n2, "master.%s", name);
+        p->master = tensor(b, n2, TIDE_F32, TIDE_ROLE_STATE, nd, d0, d1);
+    }
+    snprintf(n2, sizeof n2, "exp_avg.%s", name);
+    p->m = tensor(b, n2, TIDE_F32, TIDE_ROLE_STATE, nd, d0, d1);
+    snprintf(n2, sizeof n2, "exp_avg_sq.%s", name);
+    p->v = tensor(b, n2, TIDE_F32, TIDE_ROLE_STATE, nd, d0, d1);
+    snprintf(n2, sizeof n2, "grad.%s", name);
+    p->grad = tensor(b, n2, TIDE_F32, TIDE_ROLE_TEMP, nd, d0, d1);
+    p->written = false;
+}
+
+/* out = x . w^T (forward) */
+static int mm(tb *b, int m, const char *what, int x, int w, int64_t rows, int64_t n) {
+    int o = act(b, m, what, rows, n), in[2] = {x, w};
+    op(b, TIDE_OP_MATMUL, 2, in, 1, &o, NULL);
+    return o;
+}
+
+/* dx (=, +=) dy . w: the input gradient of a forward x . w^T */
+static void mm_dx(tb *b, int dy, int w, int dx, bool add) {
+    tide_op_params p = {.no_transpose = true, .accumulate = add};
+    int in[3] = {dy, w, dx};
+    op(b, TIDE_OP_MATMUL, add ? 3 : 2, in, 1, &dx, &p);
+}
+
+/* grad(w) (=, +=) dy^T . x */
+static void mm_dw(tb *b, int dy, int x, param *w) {
+    int in[3] = {dy, x, w->grad};
+    op(b, TIDE_OP_MATMUL_GRADW, w->written ? 3 : 2, in, 1, &w->grad, NULL);
+    w->written = true;
+}
+
+/* dx = rmsnorm_bwd(x, w, dy); grad(w) (=, +=) */
+static void norm_bwd(tb *b, int x, param *w, int dy, int dx, float eps) {
+    tide_op_params p = {.eps = eps};
+    int in[4] = {x, w->w, dy, w->grad}, out[2] = {dx, w->grad};
+    op(b, TIDE_OP_RMSNORM_BWD, w->written ? 4 : 3, in, 2, out, &p);
+    w->written = true;
+}
+
+static int add2(tb *b, int a, int c, int out) {
+    int in[2] = {a, c};
+    op(b, TIDE_OP_ADD, 2, in, 1, &out, NULL);
+    return out;
+}
+
+enum { P_LN1, P_Q, P_K, P_V, P_O, P_LN2, P_G, P_U, P_D, P_LAYER };
+
+tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, const tide_llama_train_opts *o,
+                                   tide_graph **out) {
+    *out = NULL;
+    tide_status st = tide_llama_config_check(ctx, cfg);
+    if (st) return st;
+    const int B = o->batch, T = o->seq, A = o->accum;
+    if (B < 1 || T < 1 || A < 1)
+        return tide_err(ctx, TIDE_E_INVALID, "a training step needs batch, seq and accum >= 1 (got %d, %d, %d)", B,
+                        T, A);
+    if (T > cfg->max_position_embeddings)
+        return tide_err(ctx, TIDE_E_INVALID, "seq %d is beyond the model's %d positions (max_position_embeddings)", T,
+                        cfg->max_position_embeddings);
+    if ((int64_t)B * T > (INT64_C(1) << 31) || A > 4096)
+        return tide_err(ctx, TIDE_E_INVALID, "batch %d x seq %d x accum %d is too large", B, T, A);
+    if (!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1 && o->eps > 0 && o->weight_decay >= 0 &&
+          o->grad_clip >= 0))
+        return tide_err(ctx, TIDE_E_INVALID, "AdamW needs betas in [0, 1), eps > 0, weight decay >= 0 and a "
+                        "gradient clip >= 0");
+    const int64_t D = cfg->hidden_size, H = cfg->num_attention_heads, KV = cfg->num_key_value_heads;
+    const int64_t hd = D / H, I = cfg->intermediate_size, V = cfg->vocab_size, R = (int64_t)B * T, kd = KV * hd;
+    const int NL = cfg->num_hidden_layers;
+    const tide_dtype wt = cfg->dtype;
+    const float eps = cfg->rms_norm_eps;
+
+    param *lp = tide_calloc((size_t)NL * P_LAYER, sizeof *lp);
+    /* per layer the kept activations of the micro-batch being built */
+    enum { K_H, K_XN, K_V, K_QR, K_KR, K_A, K_HM, K_XN2, K_G, K_U, K_S, K_N };
+    int *keep = tide_calloc((size_t)(NL + 1) * K_N, sizeof *keep);
+    tb b = {.g = tide_graph_new(ctx), .layer = -1};
+    if (!lp || !keep || !b.g) {
+        tide_free(lp);
+        tide_free(keep);
+        tide_graph_free(b.g);
+        return tide_err(ctx, TIDE_E_NOMEM, "out of memory building a training graph");
+    }
+
+    /* parameters in checkpoint order: embedding, layers, norm, head */
+    param emb, fnorm, head;
+    add_param(&b, &emb, "model.embed_tokens.weight", wt, V, D);
+    static const char *const pname[P_LAYER] = {
+        "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+    const int64_t pshape[P_LAYER][2] = {{D, 0}, {H * hd, D}, {kd, D}, {kd, D}, {D, H * hd},
+                                        {D, 0}, {I, D},      {I, D},  {D, I}};
+    for (int L = 0; L < NL && !b.st; L++) {
+        b.layer = L;
+        for (int k = 0; k < P_LAYER; k++) {
+            char name[128];
+            snprintf(name, sizeof name, "model.layers.%d.%s.weight", L, pname[k]);
+            add_param(&b, &lp[L * P_LAYER + k], name, wt, pshape[k][0], pshape[k][1]);
+        }
+    }
+    b.layer = -1;
+    add_param(&b, &fnorm, "model.norm.weight", wt, D, 0);
+    param *hp = &emb;
+    if (!cfg->tie_word_embeddings) {
+        add_param(&b, &head, "lm_head.weight", wt, V, D);
+        hp = &head;
+    }
+    const int pos = tensor(&b, "pos", TIDE_I32, TIDE_ROLE_INPUT, 1, T, 0);
+    const int hyper = tensor(&b, "hyper", TIDE_F32, TIDE_ROLE_INPUT, 1, 4, 0);
+    const int sumsq = tensor(&b, "grad_sumsq", TIDE_F32, TIDE_ROLE_OUTPUT, 1, 1, 0);
+
+    tide_op_params np = {.eps = eps};
+    for (int m = 0; m < A && !b.st; m++) {
+        char nm[64];
+        b.layer = -1;
+        snprintf(nm, sizeof nm, "tokens.%d", m);
+        int tokens = tensor(&b, nm, TIDE_I32, TIDE_ROLE_INPUT, 2, B, T);
+        snprintf(nm, sizeof nm, "targets.%d", m);
+        int targets = tensor(&b, nm, TIDE_I32, TIDE_ROLE_INPUT, 1, R, 0);
+        snprintf(nm, sizeof nm, "loss.%d", m);
+        int loss = tensor(&b, nm, TIDE_F32, TIDE_ROLE_OUTPUT, 1, 1, 0);
+
+        /* forward */
+        int h = act(&b, m, "h.0", R, D);
+        {
+            int in[2] = {emb.w, tokens};
+            op(&b, TIDE_OP_EMBED, 2, in, 1, &h, NULL);
+        }
+        for (int L = 0; L < NL && !b.st; L++) {
+            b.layer = L;
+            param *P = &lp[L * P_LAYER];
+            int *k = &keep[L * K_N];
+            k[K_H] = h;
+            int in[4];
+            k[K_XN] = act(&b, m, "xn", R, D);
+            in[0] = h, in[1] = P[P_LN1].w;
+            op(&b, TIDE_OP_RMSNORM, 2, in, 1, &k[K_XN], &np);
+            int q = mm(&b, m, "q", k[K_XN], P[P_Q].w, R, H * hd);
+            int kk = mm(&b, m, "k", k[K_XN], P[P_K].w, R, kd);
+            k[K_V] = mm(&b, m, "v", k[K_XN], P[P_V].w, R, kd);
+            tide_op_params rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd, .batch = B};
+            k[K_QR] = act(&b, m, "qr", R, H * hd);
+            in[0] = q, in[1] = pos;
+            op(&b, TIDE_OP_ROPE, 2, in, 1, &k[K_QR], &rp);
+            rp.n_heads = (int)KV;
+            k[K_KR] = act(&b, m, "kr", R, kd);
+            in[0] = kk;
+            op(&b, TIDE_OP_ROPE, 2, in, 1, &k[K_KR], &rp);
+            tide_op_params ap = {.n_heads = (int)H, .n_kv_heads = (int)KV, .head_dim = (int)hd, .batch = B};
+            k[K_A] = act(&b, m, "a", R, H * hd);
+            in[0] = k[K_QR], in[1] = k[K_KR], in[2] = k[K_V], in[3] = pos;
+            op(&b, TIDE_OP_ATTENTION, 4, in, 1, &k[K_A], &ap);
+            int proj = mm(&b, m, "a_out", k[K_A], P[P_O].w, R, D);
+            k[K_HM] = add2(&b, h, proj, act(&b, m, "hm", R, D));
+            k[K_XN2] = act(&b, m, "xn2", R, D);
+            in[0] = k[K_HM], in[1] = P[P_LN2].w;
+            op(&b, TIDE_OP_RMSNORM, 2, in, 1, &k[K_XN2], &np);
+            k[K_G] = mm(&b, m, "g", k[K_XN2], P[P_G].w, R, I);
+            k[K_U] = mm(&b, m, "u", k[K_XN2], P[P_U].w, R, I);
+            k[K_S] = act(&b, m, "s", R, I);
+            in[0] = k[K_G], in[1] = k[K_U];
+            op(&b, TIDE_OP_SILU_MUL, 2, in, 1, &k[K_S], NULL);
+            int down = mm(&b, m, "s_out", k[K_S], P[P_D].w, R, D);
+            b.layer = -1;
+            char hn[32];
+            snprintf(hn, sizeof hn, "h.%d", L + 1);
+            int hn_id = act(&b, m, hn, R, D);
+            b.layer = L;
+            h = add2(&b, k[K_HM], down, hn_id);
+        }
+        b.layer = -1;
+        int hN = h;
+        int hf = act(&b, m, "hf", R, D);
+        {
+            int in[2] = {hN, fnorm.w};
+            op(&b, TIDE_OP_RMSNORM, 2, in, 1, &hf, &np);
+        }
+        /* loss and the head's gradient */
+        int dhf = act(&b, m, "d_hf", R, D);
+        {
+            tide_op_params cp = {.scale = (float)(1.0 / ((double)R * (double)A))};
+            int in[4] = {hf, hp->w, targets, hp->grad}, outs[3] = {loss, dhf, hp->grad};
+            op(&b, TIDE_OP_CROSS_ENTROPY, hp->written ? 4 : 3, in, 3, outs, &cp);
+            hp->written = true;
+        }
+        int dh = act(&b, m, "d_h.N", R, D);
+        norm_bwd(&b, hN, &fnorm, dhf, dh, eps);
+
+        /* backward through the layers */
+        for (int L = NL - 1; L >= 0 && !b.st; L--) {
+            b.layer = L;
+            param *P = &lp[L * P_LAYER];
+            int *k = &keep[L * K_N];
+            int ds = act(&b, m, "d_s", R, I);
+            mm_dx(&b, dh, P[P_D].w, ds, false);
+            mm_dw(&b, dh, k[K_S], &P[P_D]);
+            int dg = act(&b, m, "d_g", R, I), du = act(&b, m, "d_u", R, I);
+            {
+                int in[3] = {k[K_G], k[K_U], ds}, outs[2] = {dg, du};
+                op(&b, TIDE_OP_SILU_MUL_BWD, 3, in, 2, outs, NULL);
+            }
+            int dxn2 = act(&b, m, "d_xn2", R, D);
+            mm_dx(&b, dg, P[P_G].w, dxn2, false);
+            mm_dx(&b, du, P[P_U].w, dxn2, true);
+            mm_dw(&b, dg, k[K_XN2], &P[P_G]);
+            mm_dw(&b, du, k[K_XN2], &P[P_U]);
+            int dhm_n = act(&b, m, "d_hm_norm", R, D);
+            norm_bwd(&b, k[K_HM], &P[P_LN2], dxn2, dhm_n, eps);
+            int dhm = add2(&b, dh, dhm_n, act(&b, m, "d_hm", R, D));
+            int da = act(&b, m, "d_a", R, H * hd);
+            mm_dx(&b, dhm, P[P_O].w, da, false);
+            mm_dw(&b, dhm, k[K_A], &P[P_O]);
+            int dqr = act(&b, m, "d_qr", R, H * hd), dkr = act(&b, m, "d_kr", R, kd), dv = act(&b, m, "d_v", R, kd);
+            {
+                tide_op_params ap = {.n_heads = (int)H, .n_kv_heads = (int)KV, .head_dim = (int)hd, .batch = B};
+                int in[6] = {k[K_QR], k[K_KR], k[K_V], k[K_A], da, pos}, outs[3] = {dqr, dkr, dv};
+                op(&b, TIDE_OP_ATTENTION_BWD, 6, in, 3, outs, &ap);
+            }
+            int dq = act(&b, m, "d_q", R, H * hd), dk = act(&b, m, "d_k", R, kd);
+            {
+                tide_op_params rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd,
+                                     .batch = B};
+                int in[2] = {dqr, pos};
+                op(&b, TIDE_OP_ROPE_BWD, 2, in, 1, &dq, &rp);
+                rp.n_heads = (int)KV;
+                in[0] = dkr;
+                op(&b, TIDE_OP_ROPE_BWD, 2, in, 1, &dk, &rp);
+            }
+            int dxn = act(&b, m, "d_xn", R, D);
+            mm_dx(&b, dq, P[P_Q].w, dxn, false);
+            mm_dx(&b, dk, P[P_K].w, dxn, true);
+            mm_dx(&b, dv, P[P_V].w, dxn, true);
+            mm_dw(&b, dq, k[K_XN], &P[P_Q]);
+            mm_dw(&b, dk, k[K_XN], &P[P_K]);
+            mm_dw(&b, dv, k[K_XN], &P[P_V]);
+            int dh_n = act(&b, m, "d_h_norm", R, D);
+            norm_bwd(&b, k[K_H], &P[P_LN1], dxn, dh_n, eps);
+            b.layer = -1;
+            char dn[32];
+            snprintf(dn, sizeof dn, "d_h.%d", L);
+            int dh_id = act(&b, m, dn, R, D);
+            b.layer = L;
+            dh = add2(&b, dhm, dh_n, dh_id);
+        }
+        b.layer = -1;
+        {
+            int in[3] = {dh, tokens, emb.grad};
+            op(&b, TIDE_OP_EMBED_BWD, emb.written ? 3 : 2, in, 1, &emb.grad, NULL);
+            emb.written = true;
+        }
+    }
+
+    /* the optimizer: parameters in checkpoint order */
+    int n_par = 0;
+    param **all = tide_calloc((size_t)NL * P_LAYER + 3, sizeof *all);
+    if (!all && !b.st) b.st = tide_err(ctx, TIDE_E_NOMEM, "out of memory building a training graph");
+    if (all) {
+        all[n_par++] = &emb;
+        for (int L = 0; L < NL; L++)
+            for (int k = 0; k < P_LAYER; k++) all[n_par++] = &lp[L * P_LAYER + k];
+        all[n_par++] = &fnorm;
+        if (hp == &head) all[n_par++] = &head;
+    }
+    for (int i = 0; i < n_par && !b.st; i++) {
+        b.layer = i == 0 || i > NL * P_LAYER ? -1 : (i - 1) / P_LAYER;
+        int in[2] = {all[i]->grad, sumsq};
+        op(&b, TIDE_OP_SUMSQ, i ? 2 : 1, in, 1, &sumsq, NULL);
+    }
+    for (int i = 0; i < n_par && !b.st; i++) {
+        param *P = all[i];
+        b.layer = i == 0 || i > NL * P_LAYER ? -1 : (i - 1) / P_LAYER;
+        tide_op_params ap = {.beta1 = o->beta1, .beta2 = o->beta2, .adam_eps = o->eps,
+                             .weight_decay = o->weight_decay, .max_norm = o->grad_clip};
+        int in[7], outs[4], n = 0;
+        in[n++] = P->w;
+        if (P->master >= 0) in[n++] = P->master;
+        in[n++] = P->m;
+        in[n++] = P->v;
+        for (int j = 0; j < n; j++) outs[j] = in[j];
+        int n_out = n;
+        in[n++] = P->grad;
+        in[n++] = hyper;
+        in[n++] = sumsq;
+        op(&b, TIDE_OP_ADAMW, n, in, n_out, outs, &ap);
+    }
+    tide_free(all);
+    tide_free(lp);
+    tide_free(keep);
+    if (b.st) {
+        tide_graph_free(b.g);
+        return b.st;
+    }
+    *out = b.g;
+    return TIDE_OK;
+}
+
+static bool starts(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
+
+tide_train_class tide_train_tensor_class(const tide_graph *g, int t) {
+    const tide_tensor *T = &g->tensors[t];
+    if (T->role == TIDE_ROLE_INPUT) return TIDE_TRAIN_INPUT;
+    if (T->role == TIDE_ROLE_STATE) {
+        if (starts(T->name, "master.")) return TIDE_TRAIN_MASTER;
+        if (starts(T->name, "exp_avg.") || starts(T->name, "exp_avg_sq.")) return TIDE_TRAIN_MOMENT;
+        return TIDE_TRAIN_PARAM;
+    }
+    if (T->role == TIDE_ROLE_WEIGHT) return TIDE_TRAIN_PARAM;
+    if (starts(T->name, "grad.")) return TIDE_TRAIN_GRAD;
+    return TIDE_TRAIN_ACT;
+}
+
+const char *tide_train_class_name(tide_train_class c) {
+    static const char *const n[TIDE_TRAIN_CLASS_COUNT] = {"weights", "master weights", "moments", "gradients",
+                                                          "activations", "inputs"};
+    return (unsigned)c < TIDE_TRAIN_CLASS_COUNT ? n[c] : "?";
+}
