@@ -3,7 +3,7 @@
  * allocator receives every allocation of the library and gets every block
  * back; an allocator that refuses makes the library report TIDE_E_NOMEM
  * instead of crashing; it cannot be swapped while blocks of the current one
- * are live; aligned blocks are aligned.
+ * are live, blocks of 0 bytes included; aligned blocks are aligned.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -92,6 +92,30 @@ static void test_caller_allocator(void **state) {
     assert_int_equal(tide_set_allocator(&bad), TIDE_E_INVALID);
 }
 
+/* A live block of 0 bytes (plain or aligned) holds the allocator as any
+ * other does: no swap until it is freed, and it goes back to the allocator
+ * that made it. */
+static void test_zero_byte_blocks(void **state) {
+    (void)state;
+    assert_int_equal(tide_alloc_live_bytes(), 0);
+    counting c = {0}, other = {0};
+    tide_allocator a = {c_alloc, c_resize, c_release, &c}, b = {c_alloc, c_resize, c_release, &other};
+    assert_int_equal(tide_set_allocator(&a), TIDE_OK);
+    void *p = tide_malloc(0), *q = tide_malloc_aligned(0, 64);
+    assert_non_null(p);
+    assert_non_null(q);
+    assert_int_equal(tide_alloc_live_bytes(), 0); /* no bytes, two blocks */
+    assert_int_equal(tide_set_allocator(NULL), TIDE_E_INVALID);
+    assert_int_equal(tide_set_allocator(&b), TIDE_E_INVALID);
+    tide_free(p);
+    assert_int_equal(tide_set_allocator(NULL), TIDE_E_INVALID); /* q is still live */
+    tide_free_aligned(q);
+    assert_int_equal(c.allocs, 2);
+    assert_int_equal(c.releases, 2);
+    assert_int_equal(other.allocs + other.releases, 0);
+    assert_int_equal(tide_set_allocator(NULL), TIDE_OK);
+}
+
 /* An allocator that refuses after k blocks, for every k up to success:
  * TIDE_E_NOMEM (with a message) or success, and nothing leaked. */
 static void test_refusing_allocator(void **state) {
@@ -121,6 +145,7 @@ static void test_refusing_allocator(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_caller_allocator),
+        cmocka_unit_test(test_zero_byte_blocks),
         cmocka_unit_test(test_refusing_allocator),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -3,7 +3,8 @@
  * through here, which gives one place for accounting, fault injection, and a
  * caller's own allocator (tide_set_allocator). A small header in front of each
  * block records its size so that live bytes can be counted without asking the
- * allocator.
+ * allocator. Live blocks are counted apart from live bytes: a block of 0 bytes
+ * is still the allocator's, to be given back to it.
  *
  * Aligned blocks are carved out of an ordinary block of the allocator: the
  * returned pointer is aligned, and the size and the true base sit in the gap
@@ -22,6 +23,7 @@
 static atomic_long n_allocs;
 static atomic_long fail_at; /* allocation number that fails; 0 = none */
 static atomic_llong live_bytes;
+static atomic_long live_blocks;
 static tide_allocator hooks; /* all NULL: the C library */
 
 void tide_alloc_fail_nth(long n) { atomic_store(&fail_at, n > 0 ? atomic_load(&n_allocs) + n : 0); }
@@ -30,7 +32,7 @@ int64_t tide_alloc_live_bytes(void) { return atomic_load(&live_bytes); }
 
 tide_status tide_set_allocator(const tide_allocator *a) {
     if (a && (!a->alloc || !a->resize || !a->release)) return TIDE_E_INVALID;
-    if (atomic_load(&live_bytes) != 0) return TIDE_E_INVALID; /* blocks of the old one are live */
+    if (atomic_load(&live_blocks) != 0) return TIDE_E_INVALID; /* blocks of the old one are live */
     if (a) hooks = *a;
     else memset(&hooks, 0, sizeof hooks);
     return TIDE_OK;
@@ -55,6 +57,7 @@ void *tide_malloc(size_t n) {
     if (!p) return NULL;
     memcpy(p, &n, sizeof n);
     atomic_fetch_add(&live_bytes, (long long)n);
+    atomic_fetch_add(&live_blocks, 1);
     return p + HDR;
 }
 
@@ -84,6 +87,7 @@ void tide_free(void *ptr) {
     size_t n;
     memcpy(&n, base, sizeof n);
     atomic_fetch_sub(&live_bytes, (long long)n);
+    atomic_fetch_sub(&live_blocks, 1);
     raw_release(base);
 }
 
@@ -105,6 +109,7 @@ void *tide_malloc_aligned(size_t n, size_t alignment) {
     memcpy(p - HDR, &n, sizeof n);
     memcpy(p - sizeof(void *), &base, sizeof base);
     atomic_fetch_add(&live_bytes, (long long)n);
+    atomic_fetch_add(&live_blocks, 1);
     return p;
 }
 
@@ -116,5 +121,6 @@ void tide_free_aligned(void *ptr) {
     memcpy(&n, p - HDR, sizeof n);
     memcpy(&base, p - sizeof(void *), sizeof base);
     atomic_fetch_sub(&live_bytes, (long long)n);
+    atomic_fetch_sub(&live_blocks, 1);
     raw_release(base);
 }
