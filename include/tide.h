@@ -68,10 +68,13 @@ void tide_ctx_set_progress(tide_ctx *ctx, tide_progress_fn fn, void *user);
 
 /* ---------------------------------------------------------------- memory */
 
-/* The allocator behind every host allocation of the library (tables, graphs,
- * plans, host pools and pinned copies that are not the backend's own). Each
- * function gets `user` first; alloc and resize return NULL when they cannot,
- * which the library reports as TIDE_E_NOMEM; release(NULL) is never called. */
+/* The allocator behind the library's own host allocations: contexts, graphs,
+ * plans, tables, weight and training-state copies. Not behind memory the
+ * library maps from the system or a backend (the executor's host spill pool,
+ * pinned memory, checkpoint mappings) nor behind cJSON's parse trees of the
+ * JSON files it reads. Each function gets `user` first; alloc and resize
+ * return NULL when they cannot, which the library reports as TIDE_E_NOMEM;
+ * release(NULL) is never called. */
 typedef struct tide_allocator {
     void *(*alloc)(void *user, size_t n);
     void *(*resize)(void *user, void *p, size_t n); /* as realloc: the contents kept */
@@ -358,6 +361,8 @@ typedef struct tide_llama_train_opts {
     int accum;         /* micro-batches per step, >= 1 */
     float beta1, beta2, eps, weight_decay; /* AdamW (decay on tensors of >= 2 dims) */
     float grad_clip;   /* the global gradient norm's limit (0: no clipping) */
+    bool grads_out;    /* the gradients are OUTPUTs (readable after a step, before
+                          clipping: gradient checks) instead of TEMPs */
 } tide_llama_train_opts;
 
 /* Builds the graph of one training step. Tensors:
@@ -369,7 +374,8 @@ typedef struct tide_llama_train_opts {
  *   sqrt(1 - beta2^t), 0} for step t (from 1)                          INPUT
  *   "loss.M" (1) f32: micro-batch M's mean cross-entropy / accum       OUTPUT
  *   "grad_sumsq" (1) f32: the squared global norm of the gradients     OUTPUT
- *   "grad.NAME" f32 gradients; "mbM.*" activations and their gradients TEMP
+ *   "grad.NAME" f32 gradients (OUTPUT with grads_out)                  TEMP
+ *   "mbM.*" activations and their gradients                            TEMP
  * A target < 0 is ignored (it adds nothing to the loss). */
 tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg,
                                    const tide_llama_train_opts *opts, tide_graph **out);
@@ -574,7 +580,8 @@ typedef struct tide_offload_opts {
  * runs' device copies are freed (the cache's contents are not carried from one
  * mode to the other). The backend's matmul mode (set before this call)
  * decides the 16-bit matmul rate the plans assume. Returns TIDE_OK,
- * TIDE_E_INVALID, or a failure of measuring the machine (no hw given). */
+ * TIDE_E_INVALID, TIDE_E_NOMEM, a failure of loading the profile (hw given:
+ * TIDE_E_NOT_FOUND, TIDE_E_FORMAT) or of measuring the machine (no hw). */
 tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *opts);
 
 /* A one-line notice from the last offloaded run that the caller may show
@@ -705,8 +712,10 @@ tide_status tide_trainer_step(tide_trainer *t, const int32_t *tokens, const int3
 /* Steps taken, counting those of a resumed state. */
 int64_t tide_trainer_steps(const tide_trainer *t);
 /* Copies the current value of the training tensor named `name` (a parameter
- * by its checkpoint name, "master.NAME", "exp_avg.NAME", "exp_avg_sq.NAME")
- * into dst (its dtype, nbytes bytes). TIDE_E_NOT_FOUND or TIDE_E_INVALID. */
+ * by its checkpoint name, "master.NAME", "exp_avg.NAME", "exp_avg_sq.NAME";
+ * with step.grads_out, "grad.NAME": the last step's gradient before
+ * clipping) into dst (its dtype, nbytes bytes). TIDE_E_NOT_FOUND or
+ * TIDE_E_INVALID. */
 tide_status tide_trainer_read(tide_trainer *t, const char *name, void *dst, uint64_t nbytes);
 /* Names of the persistent training tensors, in graph order (n_out set). */
 int tide_trainer_n_tensors(const tide_trainer *t);

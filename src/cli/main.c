@@ -15,7 +15,10 @@ static const char usage[] =
     "Commands:\n"
     "  run          prefill a prompt and generate tokens greedily (default: the\n"
     "               built-in tinyllama-1.1b-shaped synthetic model)\n"
-    "  plan         plan a model's run under a device memory budget and predict it\n"
+    "  train        train a model on a token file with AdamW, resident or offloaded\n"
+    "               (default: the built-in tinyllama-mini on a generated corpus)\n"
+    "  plan         plan a model's run or training step under a device memory\n"
+    "               budget and predict it\n"
     "  make-model   write a deterministic synthetic checkpoint in Hugging Face layout\n"
     "  probe        measure this machine into a hardware profile\n"
     "  help         show this help, or a command's: tide help run\n"
@@ -57,6 +60,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return cmd_run(argc, argv);
     if (!strcmp(cmd, "make-model")) return cmd_make_model(argc, argv);
     if (!strcmp(cmd, "plan")) return cmd_plan(argc, argv);
+    if (!strcmp(cmd, "train")) return cmd_train(argc, argv);
     if (!strcmp(cmd, "probe")) return cmd_probe(argc, argv);
     fprintf(stderr, "tide: unknown command '%s'\n", cmd);
     fputs(usage, stderr);

@@ -84,7 +84,7 @@ typedef struct param {
     bool written;              /* its gradient has been written this step */
 } param;
 
-static void add_param(tb *b, param *p, const char *name, tide_dtype dt, int64_t d0, int64_t d1) {
+static void add_param(tb *b, param *p, const char *name, tide_dtype dt, int64_t d0, int64_t d1, bool grads_out) {
     char n2[160];
     int nd = d1 ? 2 : 1;
     p->w = tensor(b, name, dt, TIDE_ROLE_STATE, nd, d0, d1);
@@ -98,7 +98,7 @@ static void add_param(tb *b, param *p, const char *name, tide_dtype dt, int64_t 
     snprintf(n2, sizeof n2, "exp_avg_sq.%s", name);
     p->v = tensor(b, n2, TIDE_F32, TIDE_ROLE_STATE, nd, d0, d1);
     snprintf(n2, sizeof n2, "grad.%s", name);
-    p->grad = tensor(b, n2, TIDE_F32, TIDE_ROLE_TEMP, nd, d0, d1);
+    p->grad = tensor(b, n2, TIDE_F32, grads_out ? TIDE_ROLE_OUTPUT : TIDE_ROLE_TEMP, nd, d0, d1);
     p->written = false;
 }
 
@@ -177,7 +177,7 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
 
     /* parameters in checkpoint order: embedding, layers, norm, head */
     param emb, fnorm, head;
-    add_param(&b, &emb, "model.embed_tokens.weight", wt, V, D);
+    add_param(&b, &emb, "model.embed_tokens.weight", wt, V, D, o->grads_out);
     static const char *const pname[P_LAYER] = {
         "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
@@ -188,14 +188,14 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
         for (int k = 0; k < P_LAYER; k++) {
             char name[128];
             snprintf(name, sizeof name, "model.layers.%d.%s.weight", L, pname[k]);
-            add_param(&b, &lp[L * P_LAYER + k], name, wt, pshape[k][0], pshape[k][1]);
+            add_param(&b, &lp[L * P_LAYER + k], name, wt, pshape[k][0], pshape[k][1], o->grads_out);
         }
     }
     b.layer = -1;
-    add_param(&b, &fnorm, "model.norm.weight", wt, D, 0);
+    add_param(&b, &fnorm, "model.norm.weight", wt, D, 0, o->grads_out);
     param *hp = &emb;
     if (!cfg->tie_word_embeddings) {
-        add_param(&b, &head, "lm_head.weight", wt, V, D);
+        add_param(&b, &head, "lm_head.weight", wt, V, D, o->grads_out);
         hp = &head;
     }
     const int pos = tensor(&b, "pos", TIDE_I32, TIDE_ROLE_INPUT, 1, T, 0);

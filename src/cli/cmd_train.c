@@ -1,0 +1,620 @@
+/*
+ * cmd_train.c - `tide train`: train a LLaMA-style model on a token file,
+ * resident or offloaded under a budget, with checkpoints and resumption.
+ */
+#include "cli.h"
+#include "train/data.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char help[] =
+    "Usage: tide train [--model DIR] [--data FILE] [--data-dtype u16|u32] [--steps N]\n"
+    "                  [--batch B] [--seq T] [--accum N] [--lr X] [--min-lr X]\n"
+    "                  [--warmup N] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]\n"
+    "                  [--grad-clip X] [--shuffle SEED]\n"
+    "                  [--budget BYTES|PCT%|auto|min|none] [--policy tide|static-layer|lru]\n"
+    "                  [--host-budget BYTES] [--ssd DIR[,DIR]] [--pread] [--hw PROFILE]\n"
+    "                  [--check] [--out DIR] [--save-every N] [--save-dtype model|f32]\n"
+    "                  [--resume DIR] [--trace FILE] [--trace-svg FILE]\n"
+    "                  [--backend auto|cpu|cuda] [--threads N] [--json] [--quiet]\n"
+    "\n"
+    "Trains a LLaMA-style model with AdamW on a flat file of token ids. Each step\n"
+    "runs --accum micro-batches of --batch rows of --seq tokens (forward, then\n"
+    "backward, adding into the gradients), clips the gradients' global norm and\n"
+    "updates every parameter; f32 master weights and moments are kept for 16-bit\n"
+    "models. The step is one graph run through a verified plan: without a budget\n"
+    "an unconstrained one; with --budget, one that pages parameters, optimizer\n"
+    "state, gradients and activations between a device arena of that size, host\n"
+    "memory and SSD, and computes exactly what the unconstrained step computes.\n"
+    "\n"
+    "With no --model and no --data it demonstrates training: the built-in\n"
+    "tinyllama-mini model (tinyllama-1.1b's shape cut to 4 layers of width 256\n"
+    "and a 2048-token vocabulary, synthetic bf16 weights) on a generated corpus\n"
+    "(a Markov chain a model can learn down to about 1.2 nats per token), 40\n"
+    "steps at lr 1e-3 with 5 warmup steps, offloaded at 25% of the step's\n"
+    "unconstrained peak and checked bit for bit against the unconstrained run.\n"
+    "\n"
+    "  --model DIR         Hugging Face-layout LLaMA checkpoint (default with\n"
+    "                      --resume: the resumed checkpoint)\n"
+    "  --data FILE         token ids: raw little-endian uint16 (nanoGPT's\n"
+    "                      train.bin), uint32 with --data-dtype u32, or a 1-D\n"
+    "                      integer .npy. Micro-batch m of step s, row b reads the\n"
+    "                      T+1 tokens at ((((s*accum)+m)*B + b)*T) mod (n - T - 1):\n"
+    "                      inputs its first T, targets its last T\n"
+    "  --shuffle SEED      draw window starts from a generator seeded with SEED\n"
+    "  --steps N           total optimizer steps (default 100; 40 in the\n"
+    "                      demonstration); a resumed run continues to N\n"
+    "  --batch B           rows per micro-batch (default 4)\n"
+    "  --seq T             tokens per row (default 256, at most the model's\n"
+    "                      max_position_embeddings)\n"
+    "  --accum N           micro-batches per step (gradient accumulation, default 1)\n"
+    "  --lr X              peak learning rate (default 3e-4, constant)\n"
+    "  --min-lr X          cosine decay from --lr to X over the steps after warmup\n"
+    "  --warmup N          linear warmup steps: lr * (s + 1) / N (default 0)\n"
+    "  --weight-decay X    AdamW decoupled weight decay, on tensors of 2 or more\n"
+    "                      dims only (default 0.1)\n"
+    "  --beta1 X, --beta2 X, --eps X   AdamW (default 0.9, 0.95, 1e-8)\n"
+    "  --grad-clip X       clip the global gradient norm to X (default 1.0; 0: off)\n"
+    "  --budget X          device memory: bytes (2G), a percentage of the step's\n"
+    "                      unconstrained peak (25%), auto, min or none (default:\n"
+    "                      none, everything resident)\n"
+    "  --policy P          tide (default), static-layer or lru\n"
+    "  --host-budget X     host memory for the training state and spills: state\n"
+    "                      that does not fit is homed on SSD (default: the\n"
+    "                      profile's host memory)\n"
+    "  --ssd DIRS          spill and state directories, comma-separated (default\n"
+    "                      $TMPDIR or /tmp); files are unlinked once open\n"
+    "  --pread             SSD transfers with a pread/pwrite pool, not io_uring\n"
+    "  --hw PROFILE        hardware profile for offloaded plans (default: a quick\n"
+    "                      measurement of this machine)\n"
+    "  --check             also train the unconstrained (resident) run in step and\n"
+    "                      compare every step's loss and, at the end, every\n"
+    "                      parameter, master weight and moment bit for bit; exit\n"
+    "                      status 1 when they differ (needs --budget)\n"
+    "  --out DIR           save a checkpoint at the end: config.json and\n"
+    "                      model.safetensors (loads in tide run and transformers)\n"
+    "                      plus optimizer.safetensors (master weights, moments,\n"
+    "                      step); written to a temporary directory and renamed\n"
+    "  --save-every N      also save every N steps\n"
+    "  --save-dtype D      model (default: the model's dtype) or f32 (the master\n"
+    "                      weights)\n"
+    "  --resume DIR        continue from a checkpoint saved by --out: bit for bit\n"
+    "                      the run that never stopped (same --batch, --seq,\n"
+    "                      --accum and --shuffle)\n"
+    "  --trace FILE        Perfetto trace JSON of the last step, measured\n"
+    "  --trace-svg FILE    device memory over the last step, measured and predicted\n"
+    "  --backend B         auto (CUDA when a GPU is present, else CPU), cpu or cuda\n"
+    "  --threads N         CPU threads (default: all cores)\n"
+    "  --json              one JSON object per step, then a summary object\n"
+    "  --quiet             no progress lines\n"
+    "\n"
+    "Each step prints: step, loss, gradient norm (before clipping), learning rate,\n"
+    "tokens/s and the bytes moved between tiers.\n";
+
+typedef struct train_args {
+    const char *model, *data, *budget, *policy, *ssd, *hw, *out, *resume, *trace, *trace_svg;
+    tide_token_dtype data_dtype;
+    long steps, batch, seq, accum, warmup, save_every, threads;
+    double lr, min_lr, wd, beta1, beta2, eps, clip;
+    bool have_min_lr, have_steps, shuffle, check, json, quiet, pread, save_f32;
+    uint64_t seed, host_budget;
+    tide_backend_kind backend;
+    bool demo;
+} train_args;
+
+typedef struct train_job {
+    train_args a;
+    tide_offload_opts off;
+    bool offload;
+    tide_ctx *ctx;
+    cli_progress_state ps;
+    tide_checkpoint *ck;
+    tide_backend *be;
+    tide_trainer *tr, *ref;       /* ref: the unconstrained run of --check */
+    tide_tokens *tok;
+    int32_t *inputs, *targets;
+    char model_dir[PATH_MAX], data_path[PATH_MAX];
+    bool check_ok;
+    double sum_wall, sum_pred;    /* over the steps after the first */
+    int n_timed;
+    tide_train_stats last;
+} train_job;
+
+static const struct option train_options[] = {
+    {"model", required_argument, 0, 'm'},       {"data", required_argument, 0, 'd'},
+    {"data-dtype", required_argument, 0, 'D'},  {"steps", required_argument, 0, 'n'},
+    {"batch", required_argument, 0, 'B'},       {"seq", required_argument, 0, 'S'},
+    {"accum", required_argument, 0, 'A'},       {"lr", required_argument, 0, 'l'},
+    {"min-lr", required_argument, 0, 'L'},      {"warmup", required_argument, 0, 'W'},
+    {"weight-decay", required_argument, 0, 'y'}, {"beta1", required_argument, 0, '1'},
+    {"beta2", required_argument, 0, '2'},       {"eps", required_argument, 0, 'e'},
+    {"grad-clip", required_argument, 0, 'g'},   {"shuffle", required_argument, 0, 'u'},
+    {"budget", required_argument, 0, 'b'},      {"policy", required_argument, 0, 'P'},
+    {"host-budget", required_argument, 0, 'H'}, {"ssd", required_argument, 0, 's'},
+    {"pread", no_argument, 0, 'R'},             {"hw", required_argument, 0, 'w'},
+    {"check", no_argument, 0, 'c'},             {"out", required_argument, 0, 'o'},
+    {"save-every", required_argument, 0, 'v'},  {"save-dtype", required_argument, 0, 'V'},
+    {"resume", required_argument, 0, 'r'},      {"trace", required_argument, 0, 'x'},
+    {"trace-svg", required_argument, 0, 'X'},   {"backend", required_argument, 0, 'k'},
+    {"threads", required_argument, 0, 'T'},     {"json", no_argument, 0, 'j'},
+    {"quiet", no_argument, 0, 'q'},             {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
+};
+
+static int parse_double(const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+#define BAD(opt) return cli_usage_error("train", "bad " opt " '%s'", optarg)
+
+static int parse_args(int argc, char **argv, train_job *j) {
+    train_args *a = &j->a;
+    *a = (train_args){.policy = "tide", .steps = 100, .batch = 4, .seq = 256, .accum = 1, .lr = 3e-4, .wd = 0.1,
+                      .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0, .backend = TIDE_BACKEND_AUTO};
+    optind = 1;
+    int c;
+    bool have_lr = false, have_warmup = false, have_batch = false, have_seq = false;
+    while ((c = getopt_long(argc, argv, "h", train_options, NULL)) != -1) {
+        switch (c) {
+        case 'm': a->model = optarg; break;
+        case 'd': a->data = optarg; break;
+        case 'D':
+            if (!strcmp(optarg, "u16")) a->data_dtype = TIDE_TOKENS_U16;
+            else if (!strcmp(optarg, "u32")) a->data_dtype = TIDE_TOKENS_U32;
+            else return cli_usage_error("train", "bad --data-dtype '%s' (u16 or u32)", optarg);
+            break;
+        case 'n':
+            if (cli_parse_int(optarg, 1, 1L << 40, &a->steps)) BAD("--steps");
+            a->have_steps = true;
+            break;
+        case 'B':
+            if (cli_parse_int(optarg, 1, 1 << 16, &a->batch)) BAD("--batch");
+            have_batch = true;
+            break;
+        case 'S':
+            if (cli_parse_int(optarg, 1, 1 << 22, &a->seq)) BAD("--seq");
+            have_seq = true;
+            break;
+        case 'A':
+            if (cli_parse_int(optarg, 1, 4096, &a->accum)) BAD("--accum");
+            break;
+        case 'l':
+            if (parse_double(optarg, 1e-12, 10, &a->lr)) BAD("--lr");
+            have_lr = true;
+            break;
+        case 'L':
+            if (parse_double(optarg, 0, 10, &a->min_lr)) BAD("--min-lr");
+            a->have_min_lr = true;
+            break;
+        case 'W':
+            if (cli_parse_int(optarg, 0, 1L << 40, &a->warmup)) BAD("--warmup");
+            have_warmup = true;
+            break;
+        case 'y':
+            if (parse_double(optarg, 0, 10, &a->wd)) BAD("--weight-decay");
+            break;
+        case '1':
+            if (parse_double(optarg, 0, 0.999999999, &a->beta1)) BAD("--beta1");
+            break;
+        case '2':
+            if (parse_double(optarg, 0, 0.999999999, &a->beta2)) BAD("--beta2");
+            break;
+        case 'e':
+            if (parse_double(optarg, 1e-30, 1, &a->eps)) BAD("--eps");
+            break;
+        case 'g':
+            if (parse_double(optarg, 0, 1e30, &a->clip)) BAD("--grad-clip");
+            break;
+        case 'u': {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (end == optarg || *end || errno) BAD("--shuffle");
+            a->shuffle = true;
+            a->seed = v;
+            break;
+        }
+        case 'b':
+            a->budget = optarg;
+            if (cli_parse_budget(optarg, &j->off))
+                return cli_usage_error("train", "bad --budget '%s' (bytes such as 2G, a percentage such as 25%%, "
+                                       "auto, min or none)", optarg);
+            break;
+        case 'P':
+            if (strcmp(optarg, "tide") && strcmp(optarg, "static-layer") && strcmp(optarg, "lru"))
+                return cli_usage_error("train", "unknown --policy '%s' (tide, static-layer or lru)", optarg);
+            a->policy = optarg;
+            break;
+        case 'H':
+            if (cli_parse_bytes(optarg, &a->host_budget) || !a->host_budget) BAD("--host-budget");
+            break;
+        case 's': a->ssd = optarg; break;
+        case 'R': a->pread = true; break;
+        case 'w': a->hw = optarg; break;
+        case 'c': a->check = true; break;
+        case 'o': a->out = optarg; break;
+        case 'v':
+            if (cli_parse_int(optarg, 1, 1L << 40, &a->save_every)) BAD("--save-every");
+            break;
+        case 'V':
+            if (!strcmp(optarg, "model")) a->save_f32 = false;
+            else if (!strcmp(optarg, "f32")) a->save_f32 = true;
+            else return cli_usage_error("train", "bad --save-dtype '%s' (model or f32)", optarg);
+            break;
+        case 'r': a->resume = optarg; break;
+        case 'x': a->trace = optarg; break;
+        case 'X': a->trace_svg = optarg; break;
+        case 'k':
+            if (cli_parse_backend(optarg, &a->backend))
+                return cli_usage_error("train", "unknown --backend '%s' (auto, cpu or cuda)", optarg);
+            break;
+        case 'T':
+            if (cli_parse_int(optarg, 1, 4096, &a->threads)) BAD("--threads");
+            break;
+        case 'j': a->json = true; break;
+        case 'q': a->quiet = true; break;
+        case 'h': fputs(help, stdout); return 0;
+        default: return cli_usage_error("train", "unknown option");
+        }
+    }
+    if (optind != argc) return cli_usage_error("train", "unexpected argument '%s'", argv[optind]);
+    a->demo = !a->model && !a->data && !a->resume;
+    if (a->demo) {
+        /* the demonstration: a small model learning a generated corpus */
+        if (!a->have_steps) a->steps = 40;
+        if (!have_lr) a->lr = 1e-3;
+        if (!have_warmup) a->warmup = 5;
+        if (!have_batch) a->batch = 8;
+        if (!have_seq) a->seq = 128;
+        if (!a->budget) {
+            j->off.budget_kind = TIDE_BUDGET_FRACTION;
+            j->off.fraction = 0.25;
+            a->check = true;
+        }
+    }
+    j->offload = j->off.budget_kind != TIDE_BUDGET_NONE;
+    if (!a->data && !a->demo) return cli_usage_error("train", "--data is required with --model or --resume");
+    if (a->check && !j->offload)
+        return cli_usage_error("train", "--check compares an offloaded run with the unconstrained one: it needs "
+                               "--budget");
+    if (!j->offload && (a->ssd || a->hw || a->host_budget || a->pread || strcmp(a->policy, "tide")))
+        return cli_usage_error("train", "--ssd, --hw, --host-budget, --pread and --policy need a --budget");
+    if (a->save_every && !a->out) return cli_usage_error("train", "--save-every needs --out");
+    if (a->have_min_lr && a->min_lr > a->lr)
+        return cli_usage_error("train", "--min-lr %g is above --lr %g", a->min_lr, a->lr);
+    j->off.policy = a->policy;
+    j->off.host_budget = a->host_budget;
+    j->off.ssd_dirs = a->ssd;
+    j->off.force_pread = a->pread;
+    j->off.hw = a->hw;
+    j->off.timeline = a->trace || a->trace_svg;
+    return -1;
+}
+
+/* The demonstration's model and corpus, made once in the cache. */
+static int ensure_demo(train_job *j) {
+    char name[64];
+    snprintf(name, sizeof name, "tinyllama-mini-synthetic-s%d", TIDE_DEFAULT_SEED);
+    if (cli_default_model_dir(name, j->model_dir, sizeof j->model_dir)) {
+        fprintf(stderr, "tide: the cache directory path is too long\n");
+        return 1;
+    }
+    char path[PATH_MAX + 32];
+    struct stat sb;
+    tide_llama_config cfg;
+    if (tide_llama_config_named(j->ctx, "tinyllama-mini", &cfg)) return cli_fail(j->ctx, "demonstration model");
+    snprintf(path, sizeof path, "%s/model.safetensors", j->model_dir);
+    if (stat(path, &sb) != 0) {
+        if (!j->a.quiet && !j->a.json)
+            fprintf(stderr, "tide: generating the built-in tinyllama-mini model (once) in %s\n", j->model_dir);
+        if (tide_checkpoint_make_synthetic(j->ctx, &cfg, TIDE_DEFAULT_SEED, 0, j->model_dir))
+            return cli_fail(j->ctx, "generating the demonstration model");
+    }
+    int n = snprintf(j->data_path, sizeof j->data_path, "%s/corpus.u16", j->model_dir);
+    if (n < 0 || (size_t)n >= sizeof j->data_path) {
+        fprintf(stderr, "tide: the cache directory path is too long\n");
+        return 1;
+    }
+    if (stat(j->data_path, &sb) != 0 &&
+        tide_tokens_write_synthetic(j->ctx, j->data_path, TIDE_TOKENS_U16, cfg.vocab_size, 1 << 20, 1))
+        return cli_fail(j->ctx, "generating the demonstration corpus");
+    return 0;
+}
+
+static tide_trainer_opts trainer_opts(const train_args *a) {
+    tide_trainer_opts o = {
+        .step = {.batch = (int)a->batch, .seq = (int)a->seq, .accum = (int)a->accum, .beta1 = (float)a->beta1,
+                 .beta2 = (float)a->beta2, .eps = (float)a->eps, .weight_decay = (float)a->wd,
+                 .grad_clip = (float)a->clip},
+        .lr = a->lr, .min_lr = a->have_min_lr ? a->min_lr : a->lr, .cosine = a->have_min_lr, .warmup = a->warmup,
+        .total_steps = a->steps, .shuffle = a->shuffle, .seed = a->seed};
+    const char *sync = getenv("TIDE_EXEC_SYNC"); /* read here, at the edge */
+    o.sync_issue = sync && *sync && strcmp(sync, "0");
+    return o;
+}
+
+/* Refuses at once an --out that a save could not write (rather than after
+ * the training): an existing path that is not a directory, or a nearest
+ * existing ancestor that is not a writable directory. */
+static int check_out(const char *out) {
+    struct stat sb;
+    if (stat(out, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode)) {
+            fprintf(stderr, "tide: train: --out %s exists and is not a directory\n", out);
+            return 1;
+        }
+        return 0;
+    }
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", out);
+    for (;;) {
+        char *slash = strrchr(p, '/');
+        if (!slash) snprintf(p, sizeof p, ".");
+        else if (slash == p) p[1] = 0;
+        else *slash = 0;
+        if (stat(p, &sb) == 0) break;
+        if (!strcmp(p, ".") || !strcmp(p, "/")) break;
+    }
+    if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode) || access(p, W_OK | X_OK) != 0) {
+        fprintf(stderr, "tide: train: cannot write --out %s: %s is not a writable directory\n", out, p);
+        return 1;
+    }
+    return 0;
+}
+
+static int open_all(train_job *j) {
+    const train_args *a = &j->a;
+    int rc;
+    if (a->out && (rc = check_out(a->out))) return rc;
+    if (a->demo && (rc = ensure_demo(j))) return rc;
+    const char *mdir = a->demo ? j->model_dir : a->model ? a->model : a->resume;
+    const char *data = a->demo ? j->data_path : a->data;
+    if (tide_checkpoint_open(j->ctx, mdir, &j->ck)) return cli_fail(j->ctx, "loading the model");
+    const tide_llama_config *cfg = tide_checkpoint_config(j->ck);
+    if (a->seq > cfg->max_position_embeddings) {
+        fprintf(stderr, "tide: train: --seq %ld is beyond the model's %d positions (max_position_embeddings in "
+                "%s/config.json)\n", a->seq, cfg->max_position_embeddings, mdir);
+        return 1;
+    }
+    if (tide_backend_new(j->ctx, a->backend, &j->be)) return cli_fail(j->ctx, "backend");
+    tide_trainer_opts o = trainer_opts(a);
+    if (tide_trainer_new(j->ctx, j->ck, j->be, &o, &j->tr)) return cli_fail(j->ctx, "preparing training");
+    if (j->offload && tide_trainer_set_offload(j->tr, &j->off)) return cli_fail(j->ctx, "offloading");
+    if (a->resume && tide_trainer_resume(j->tr, a->resume)) return cli_fail(j->ctx, "resuming");
+    if (a->check) {
+        if (tide_trainer_new(j->ctx, j->ck, j->be, &o, &j->ref)) return cli_fail(j->ctx, "preparing the reference");
+        if (a->resume && tide_trainer_resume(j->ref, a->resume)) return cli_fail(j->ctx, "resuming");
+    }
+    /* the data last: a state that does not belong to the model is named first */
+    if (tide_tokens_open(j->ctx, data, a->data_dtype, cfg->vocab_size, a->seq, &j->tok))
+        return cli_fail(j->ctx, "training data");
+    size_t n = (size_t)a->accum * (size_t)a->batch * (size_t)a->seq;
+    j->inputs = malloc(n * sizeof *j->inputs);
+    j->targets = malloc(n * sizeof *j->targets);
+    if (!j->inputs || !j->targets) {
+        fprintf(stderr, "tide: train: out of memory for the batch\n");
+        return 1;
+    }
+    return 0;
+}
+
+static void print_header(const train_job *j) {
+    const train_args *a = &j->a;
+    const tide_llama_config *cfg = tide_checkpoint_config(j->ck);
+    char b1[32];
+    printf("model      %s (%s, %d layers, %s, %.1fM parameters)\n",
+           a->demo ? j->model_dir : a->model ? a->model : a->resume, cfg->name, cfg->num_hidden_layers,
+           tide_dtype_name(cfg->dtype), (double)tide_llama_config_params(cfg) / 1e6);
+    printf("data       %s (%lld tokens, %s, %s)\n", a->demo ? j->data_path : a->data,
+           (long long)tide_tokens_count(j->tok), tide_tokens_dtype_name(j->tok), a->shuffle ? "shuffled" : "in order");
+    printf("step       batch %ld x seq %ld x accum %ld = %ld tokens; AdamW lr %g%s, betas %g/%g, eps %g, "
+           "weight decay %g, clip %g\n", a->batch, a->seq, a->accum, a->batch * a->seq * a->accum, a->lr,
+           a->have_min_lr ? " cosine" : "", a->beta1, a->beta2, a->eps, a->wd, a->clip);
+    printf("backend    %s, %d threads; %s\n", tide_backend_name(j->be), tide_ctx_threads(j->ctx),
+           j->offload ? "offloaded" : "resident");
+    (void)b1;
+}
+
+static void print_step(const train_job *j, const tide_train_stats *s) {
+    char b1[32], b2[32], b3[32];
+    if (j->a.json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "step", (double)s->step);
+        cJSON_AddNumberToObject(o, "loss", s->loss);
+        cJSON_AddNumberToObject(o, "grad_norm", s->grad_norm);
+        cJSON_AddNumberToObject(o, "lr", s->lr);
+        cJSON_AddNumberToObject(o, "tokens_per_s", s->tokens_per_s);
+        cJSON_AddNumberToObject(o, "wall_s", s->wall_s);
+        cJSON_AddNumberToObject(o, "bytes_h2d", (double)s->bytes_h2d);
+        cJSON_AddNumberToObject(o, "bytes_d2h", (double)s->bytes_d2h);
+        cJSON_AddNumberToObject(o, "bytes_ssd_read", (double)s->bytes_ssd_read);
+        cJSON_AddNumberToObject(o, "bytes_ssd_write", (double)s->bytes_ssd_write);
+        cJSON_AddNumberToObject(o, "peak_device_bytes", (double)s->peak_device_bytes);
+        char *js = cJSON_PrintUnformatted(o);
+        if (js) puts(js);
+        free(js);
+        cJSON_Delete(o);
+        fflush(stdout);
+        return;
+    }
+    printf("step %5lld  loss %.4f  grad norm %.4f  lr %.3e  %8.0f tokens/s  %.3f s", (long long)s->step + 1,
+           s->loss, s->grad_norm, s->lr, s->tokens_per_s, s->wall_s);
+    if (j->offload)
+        printf("  moved h2d %s d2h %s ssd %s", cli_fmt_bytes(s->bytes_h2d, b1, sizeof b1),
+               cli_fmt_bytes(s->bytes_d2h, b2, sizeof b2),
+               cli_fmt_bytes(s->bytes_ssd_read + s->bytes_ssd_write, b3, sizeof b3));
+    printf("\n");
+    fflush(stdout);
+}
+
+/* Compares every persistent tensor of the two trainers bit for bit; prints
+ * the first difference. Returns 1 when all are equal, 0 when not, -1 on an
+ * error. */
+static int compare_state(train_job *j) {
+    int n = tide_trainer_n_tensors(j->tr);
+    uint64_t biggest = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t nb = 0;
+        tide_trainer_tensor(j->tr, i, NULL, &nb);
+        biggest = nb > biggest ? nb : biggest;
+    }
+    char *x = malloc(biggest ? biggest : 1), *y = malloc(biggest ? biggest : 1);
+    int rc = x && y ? 1 : -1;
+    for (int i = 0; rc == 1 && i < n; i++) {
+        uint64_t nb = 0;
+        const char *name = tide_trainer_tensor(j->tr, i, NULL, &nb);
+        if (tide_trainer_read(j->tr, name, x, nb) || tide_trainer_read(j->ref, name, y, nb)) rc = -1;
+        else if (memcmp(x, y, nb)) {
+            fprintf(stderr, "tide: train: --check: '%s' differs from the unconstrained run's\n", name);
+            rc = 0;
+        }
+    }
+    free(x);
+    free(y);
+    return rc;
+}
+
+static int save(train_job *j, const char *what) {
+    const train_args *a = &j->a;
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)a->seed);
+    const char *extra[] = {"data_file", a->demo ? j->data_path : a->data, "lr_schedule",
+                           a->have_min_lr ? "cosine" : "constant"};
+    const tide_llama_config *cfg = tide_checkpoint_config(j->ck);
+    tide_dtype dt = a->save_f32 ? TIDE_F32 : cfg->dtype;
+    if (tide_trainer_save(j->tr, a->out, dt, extra, 2)) return cli_fail(j->ctx, what);
+    if (!a->quiet && !a->json)
+        fprintf(stderr, "tide: saved step %lld to %s\n", (long long)tide_trainer_steps(j->tr), a->out);
+    return 0;
+}
+
+static int train_loop(train_job *j) {
+    const train_args *a = &j->a;
+    tide_batch_spec spec = {.batch = (int)a->batch, .seq = (int)a->seq, .accum = (int)a->accum,
+                            .shuffle = a->shuffle, .seed = a->seed};
+    size_t per = (size_t)a->batch * (size_t)a->seq;
+    j->check_ok = true;
+    int64_t s0 = tide_trainer_steps(j->tr);
+    if (s0 >= a->steps && !a->quiet && !a->json)
+        fprintf(stderr, "tide: train: the resumed state is at step %lld, not before --steps %ld: nothing to do\n",
+                (long long)s0, a->steps);
+    for (int64_t s = s0; s < a->steps; s++) {
+        for (int m = 0; m < a->accum; m++)
+            if (tide_tokens_batch(j->tok, &spec, s, m, j->inputs + m * per, j->targets + m * per))
+                return cli_fail(j->ctx, "reading a batch");
+        tide_train_stats st, rs;
+        tide_status e = tide_trainer_step(j->tr, j->inputs, j->targets, &st);
+        cli_progress_end(&j->ps);
+        if (e) return cli_fail(j->ctx, "training step");
+        if (j->ref) {
+            if (tide_trainer_step(j->ref, j->inputs, j->targets, &rs)) return cli_fail(j->ctx, "reference step");
+            float x = (float)st.loss, y = (float)rs.loss;
+            if (memcmp(&x, &y, sizeof x) || st.grad_norm != rs.grad_norm) {
+                if (j->check_ok)
+                    fprintf(stderr, "tide: train: --check: step %lld's loss %.9g differs from the unconstrained "
+                            "run's %.9g\n", (long long)s + 1, st.loss, rs.loss);
+                j->check_ok = false;
+            }
+        }
+        print_step(j, &st);
+        if (s > s0) {
+            j->sum_wall += st.wall_s;
+            j->sum_pred += st.predicted_s;
+            j->n_timed++;
+        }
+        j->last = st;
+        if (a->save_every && (s + 1) % a->save_every == 0 && s + 1 < a->steps) {
+            int rc = save(j, "saving a checkpoint");
+            if (rc) return rc;
+        }
+    }
+    if (j->ref && tide_trainer_steps(j->tr) > s0) {
+        int c = compare_state(j);
+        if (c < 0) return cli_fail(j->ctx, "--check");
+        if (!c) j->check_ok = false;
+    }
+    if ((a->trace || a->trace_svg) && tide_trainer_steps(j->tr) > s0 &&
+        tide_trainer_write_trace(j->tr, a->trace, a->trace_svg))
+        return cli_fail(j->ctx, "writing the trace");
+    if (a->out) return save(j, "saving the checkpoint");
+    return 0;
+}
+
+static int summary(train_job *j) {
+    const train_args *a = &j->a;
+    const tide_train_stats *s = &j->last;
+    double measured = j->n_timed ? j->sum_wall / j->n_timed : s->wall_s;
+    double predicted = j->n_timed ? j->sum_pred / j->n_timed : s->predicted_s;
+    char b1[32], b2[32];
+    if (a->json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "summary", 1);
+        cJSON_AddNumberToObject(o, "steps", (double)tide_trainer_steps(j->tr));
+        cJSON_AddNumberToObject(o, "final_loss", s->loss);
+        cJSON_AddStringToObject(o, "backend", tide_backend_name(j->be));
+        cJSON_AddNumberToObject(o, "threads", tide_ctx_threads(j->ctx));
+        cJSON_AddBoolToObject(o, "offloaded", j->offload);
+        cJSON_AddNumberToObject(o, "budget_bytes", (double)s->budget_bytes);
+        cJSON_AddStringToObject(o, "policy", j->offload ? a->policy : "none");
+        cJSON_AddNumberToObject(o, "peak_device_bytes", (double)s->peak_device_bytes);
+        cJSON_AddNumberToObject(o, "predicted_step_s", predicted);
+        cJSON_AddNumberToObject(o, "measured_step_s", measured);
+        if (a->check) cJSON_AddBoolToObject(o, "check_passed", j->check_ok);
+        char *js = cJSON_PrintUnformatted(o);
+        if (js) puts(js);
+        free(js);
+        cJSON_Delete(o);
+    } else if (tide_trainer_steps(j->tr)) {
+        printf("summary    %lld steps, final loss %.4f; step %.3f s measured", (long long)tide_trainer_steps(j->tr),
+               s->loss, measured);
+        if (j->offload) printf(", %.3f s predicted", predicted);
+        printf("\n");
+        if (j->offload)
+            printf("offload    policy %s, device budget %s, peak device %s\n", a->policy,
+                   cli_fmt_bytes(s->budget_bytes, b1, sizeof b1), cli_fmt_bytes(s->peak_device_bytes, b2, sizeof b2));
+        if (a->check)
+            printf("check      %s\n", j->check_ok ? "passed: every loss and the final parameters, master weights and "
+                                                    "moments bit-identical to the unconstrained run"
+                                                  : "FAILED: the offloaded run differs from the unconstrained one");
+    }
+    if (a->check && !j->check_ok) return 1;
+    return 0;
+}
+
+int cmd_train(int argc, char **argv) {
+    train_job j;
+    memset(&j, 0, sizeof j);
+    int rc = parse_args(argc, argv, &j);
+    if (rc >= 0) return rc;
+    if (!(j.ctx = tide_ctx_new())) return 1;
+    tide_ctx_set_threads(j.ctx, (int)j.a.threads);
+    cli_progress_init(&j.ps, j.a.quiet || j.a.json);
+    tide_ctx_set_progress(j.ctx, cli_progress, &j.ps);
+    if (!(rc = open_all(&j))) {
+        if (!j.a.json) print_header(&j);
+        if (!(rc = train_loop(&j))) rc = summary(&j);
+    }
+    tide_trainer_free(j.tr);
+    tide_trainer_free(j.ref);
+    tide_tokens_free(j.tok);
+    tide_backend_free(j.be);
+    tide_checkpoint_free(j.ck);
+    tide_ctx_free(j.ctx);
+    free(j.inputs);
+    free(j.targets);
+    return rc;
+}

@@ -1,0 +1,224 @@
+/*
+ * train_ckpt.c - a trainer's checkpoints (tide.h: tide_trainer_save,
+ * tide_trainer_resume), over the checkpoint files of save.h.
+ *
+ * The parameters are the graph's PARAM tensors in graph order (the
+ * checkpoint's order: embedding, layers, norm, head). Saving streams each
+ * tensor from wherever it lives now (its host or SSD home, or its warm copy
+ * on the device): the trainer reads one whole tensor at a time into a buffer
+ * and hands it out in the writer's chunks. model.safetensors holds the
+ * parameters in their dtype, or the f32 master weights (--save-dtype f32);
+ * optimizer.safetensors the f32 masters (an f32 parameter is its own) and
+ * moments. Resuming reads them back: a parameter is its master rounded to
+ * its dtype, which is what the step left it as.
+ */
+#include "train/save.h"
+#include "train/trainer_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* The graph tensors of parameter k: the parameter, its master (-1 when f32),
+ * its moments. */
+typedef struct par_ids {
+    int w, master, m, v;
+} par_ids;
+
+typedef struct par_list {
+    int n;
+    par_ids *id;
+    tide_train_param *tp;
+} par_list;
+
+static void par_list_free(par_list *pl) {
+    tide_free(pl->id);
+    tide_free(pl->tp);
+}
+
+static tide_status par_list_make(tide_trainer *t, par_list *pl) {
+    const tide_graph *g = t->g;
+    *pl = (par_list){0};
+    for (int i = 0; i < g->n_tensors; i++) pl->n += tide_train_tensor_class(g, i) == TIDE_TRAIN_PARAM;
+    pl->id = tide_calloc((size_t)pl->n + 1, sizeof *pl->id);
+    pl->tp = tide_calloc((size_t)pl->n + 1, sizeof *pl->tp);
+    if (!pl->id || !pl->tp) {
+        par_list_free(pl);
+        return tide_err(t->ctx, TIDE_E_NOMEM, "out of memory");
+    }
+    int k = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        if (tide_train_tensor_class(g, i) != TIDE_TRAIN_PARAM) continue;
+        const tide_tensor *T = &g->tensors[i];
+        char nm[300];
+        par_ids *p = &pl->id[k];
+        p->w = i;
+        snprintf(nm, sizeof nm, "master.%s", T->name);
+        p->master = tide_graph_find(g, nm);
+        snprintf(nm, sizeof nm, "exp_avg.%s", T->name);
+        p->m = tide_graph_find(g, nm);
+        snprintf(nm, sizeof nm, "exp_avg_sq.%s", T->name);
+        p->v = tide_graph_find(g, nm);
+        pl->tp[k].name = T->name;
+        pl->tp[k].ndim = T->ndim;
+        for (int d = 0; d < T->ndim; d++) pl->tp[k].shape[d] = T->shape[d];
+        k++;
+    }
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- saving */
+
+typedef struct saver {
+    tide_trainer *t;
+    par_list pl;
+    tide_dtype save_dtype;
+    int cur;           /* graph tensor held in buf, -1: none */
+    void *buf;
+} saver;
+
+/* The graph tensor behind part `part` of parameter k, and whether it must
+ * be rounded from f32 to dt. */
+static int part_tensor(const saver *s, tide_train_part part, int k, tide_dtype dt) {
+    const par_ids *p = &s->pl.id[k];
+    switch (part) {
+    case TIDE_PART_MODEL:
+        /* f32 asked of a 16-bit parameter: its master */
+        if (dt == TIDE_F32 && p->master >= 0) return p->master;
+        return p->w;
+    case TIDE_PART_MASTER: return p->master >= 0 ? p->master : p->w;
+    case TIDE_PART_EXP_AVG: return p->m;
+    case TIDE_PART_EXP_AVG_SQ: return p->v;
+    default: return -1;
+    }
+}
+
+static tide_status save_fill(void *user, tide_train_part part, int k, tide_dtype dt, uint64_t elem0, uint64_t n,
+                             void *dst) {
+    saver *s = user;
+    tide_trainer *t = s->t;
+    int i = part_tensor(s, part, k, dt);
+    if (i < 0) return tide_err(t->ctx, TIDE_E_INVALID, "no tensor for part %d of parameter %d", (int)part, k);
+    const tide_tensor *T = &t->g->tensors[i];
+    if (T->dtype != dt)
+        return tide_err(t->ctx, TIDE_E_INVALID, "'%s' is %s, %s was asked for", T->name, tide_dtype_name(T->dtype),
+                        tide_dtype_name(dt));
+    if (s->cur != i) {
+        tide_status st = train_read_tensor(t, i, s->buf);
+        if (st) return st;
+        s->cur = i;
+    }
+    size_t es = tide_dtype_size(dt);
+    memcpy(dst, (char *)s->buf + elem0 * es, n * es);
+    return TIDE_OK;
+}
+
+tide_status tide_trainer_save(tide_trainer *t, const char *dir, tide_dtype save_dtype, const char *const *extra,
+                              int n_extra) {
+    if (save_dtype != t->cfg.dtype && save_dtype != TIDE_F32)
+        return tide_err(t->ctx, TIDE_E_INVALID, "a checkpoint is saved in the model's dtype (%s) or f32, not %s",
+                        tide_dtype_name(t->cfg.dtype), tide_dtype_name(save_dtype));
+    if (n_extra < 0 || (n_extra && !extra)) return tide_err(t->ctx, TIDE_E_INVALID, "bad extra metadata");
+    saver s = {.t = t, .save_dtype = save_dtype, .cur = -1};
+    tide_status st = par_list_make(t, &s.pl);
+    if (st) return st;
+    uint64_t biggest = 0;
+    for (int i = 0; i < t->g->n_tensors; i++)
+        if (t->g->tensors[i].role == TIDE_ROLE_STATE) biggest = TIDE_MAX(biggest, t->g->tensors[i].nbytes);
+    tide_st_meta *em = tide_calloc((size_t)n_extra + 1, sizeof *em);
+    s.buf = tide_malloc_aligned((size_t)(biggest ? biggest : 1), 4096);
+    if (!em || !s.buf) {
+        st = tide_err(t->ctx, TIDE_E_NOMEM, "out of memory saving a checkpoint");
+        goto done;
+    }
+    for (int k = 0; k < n_extra; k++) em[k] = (tide_st_meta){extra[2 * k], extra[2 * k + 1]};
+    const tide_llama_train_opts *so = &t->o.step;
+    tide_train_save sv = {
+        .cfg = &t->cfg, .model_dtype = save_dtype, .params = s.pl.tp, .n_params = s.pl.n, .fill = save_fill,
+        .user = &s, .extra = em, .n_extra = n_extra,
+        .meta = {.step = t->step, .tokens_seen = t->step * so->accum * so->batch * so->seq, .batch = so->batch,
+                 .seq = so->seq, .accum = so->accum, .shuffle = t->o.shuffle, .seed = t->o.seed,
+                 .lr = (float)t->o.lr, .beta1 = so->beta1, .beta2 = so->beta2, .adam_eps = so->eps,
+                 .weight_decay = so->weight_decay, .max_norm = so->grad_clip}};
+    st = tide_train_save_dir(t->ctx, dir, &sv);
+done:
+    tide_free(em);
+    tide_free_aligned(s.buf);
+    par_list_free(&s.pl);
+    return st;
+}
+
+/* ---------------------------------------------------------------- resuming */
+
+typedef struct resumed {
+    tide_train_resume *r;
+    par_list pl;
+} resumed;
+
+void train_resume_close(tide_trainer *t) {
+    resumed *rs = t->resume;
+    if (!rs) return;
+    tide_train_resume_free(rs->r);
+    par_list_free(&rs->pl);
+    tide_free(rs);
+    t->resume = NULL;
+    tide_free(t->resume_dir);
+    t->resume_dir = NULL;
+}
+
+tide_status tide_trainer_resume(tide_trainer *t, const char *dir) {
+    if (t->run) return tide_err(t->ctx, TIDE_E_INVALID, "a trainer resumes before its first step");
+    train_resume_close(t);
+    resumed *rs = tide_calloc(1, sizeof *rs);
+    if (!rs || !(t->resume_dir = tide_strdup(dir))) {
+        tide_free(rs);
+        return tide_err(t->ctx, TIDE_E_NOMEM, "out of memory");
+    }
+    t->resume = rs;
+    tide_status st = par_list_make(t, &rs->pl);
+    if (!st) st = tide_train_resume_open(t->ctx, dir, &t->cfg, rs->pl.tp, rs->pl.n, &rs->r);
+    if (st) {
+        train_resume_close(t);
+        return st;
+    }
+    const tide_train_meta *m = tide_train_resume_meta(rs->r);
+    const tide_llama_train_opts *so = &t->o.step;
+    const char *what = m->batch != so->batch ? "batch" : m->seq != so->seq ? "seq" : m->accum != so->accum ? "accum"
+                     : m->shuffle != t->o.shuffle || (m->shuffle && m->seed != t->o.seed) ? "data order (shuffle seed)"
+                     : NULL;
+    if (what) {
+        st = tide_err(t->ctx, TIDE_E_INVALID, "%s: the state was saved with batch %d, seq %d, accum %d, %s; this run "
+                      "has batch %d, seq %d, accum %d, %s: its %s differs, so it cannot continue that run",
+                      dir, m->batch, m->seq, m->accum, m->shuffle ? "shuffled" : "in order", so->batch, so->seq,
+                      so->accum, t->o.shuffle ? "shuffled" : "in order", what);
+        train_resume_close(t);
+        return st;
+    }
+    if (m->step < 0) {
+        st = tide_err(t->ctx, TIDE_E_FORMAT, "%s: negative step %lld", dir, (long long)m->step);
+        train_resume_close(t);
+        return st;
+    }
+    t->step = m->step;
+    return TIDE_OK;
+}
+
+tide_status train_resume_value(tide_trainer *t, int i, void *dst) {
+    resumed *rs = t->resume;
+    const tide_tensor *T = &t->g->tensors[i];
+    for (int k = 0; k < rs->pl.n; k++) {
+        const par_ids *p = &rs->pl.id[k];
+        tide_train_part part;
+        if (i == p->w || i == p->master) part = TIDE_PART_MASTER;
+        else if (i == p->m) part = TIDE_PART_EXP_AVG;
+        else if (i == p->v) part = TIDE_PART_EXP_AVG_SQ;
+        else continue;
+        const float *src = tide_train_resume_tensor(rs->r, part, k, NULL);
+        if (!src) return tide_err(t->ctx, TIDE_E_FORMAT, "%s: no saved value for '%s'", t->resume_dir, T->name);
+        size_t n = (size_t)tide_tensor_numel(T);
+        /* a parameter is its master rounded to its dtype */
+        if (T->dtype == TIDE_F32) memcpy(dst, src, n * sizeof(float));
+        else tide_convert_from_f32(src, T->dtype, dst, n);
+        return TIDE_OK;
+    }
+    return tide_err(t->ctx, TIDE_E_INVALID, "'%s' is not a training tensor", T->name);
+}

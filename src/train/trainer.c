@@ -1,0 +1,614 @@
+/*
+ * trainer.c - training steps of a LLaMA-style model through the one engine
+ * (tide.h, "training"): the step graph of train_graph.c, its verified plan,
+ * the runner, and the homes of the persistent training tensors.
+ *
+ * Homes. Every STATE tensor of the step graph (parameters, master weights,
+ * moments) has one home, chosen by the plan: host memory (pinned where the
+ * backend offers it and the plan moves it, one block per tensor) or an
+ * extent of the trainer's state file on SSD (4 KiB-aligned, in the first
+ * spill directory, unlinked once the executor holds it open, so nothing is
+ * left behind). The homes are made and filled when the first step is planned:
+ * parameters from the checkpoint (or a resumed state), masters widened from
+ * them, moments zero.
+ *
+ * Resident (no budget): an unconstrained plan. On the CPU (device memory is
+ * host memory) every persistent tensor is used in place and the arena holds
+ * the activations, gradients and workspace alone. On a GPU the persistent
+ * tensors are warm: uploaded once to fixed ranges at the bottom of the arena
+ * and kept there across steps; reads (tide_trainer_read, saving) copy them
+ * out.
+ *
+ * Offloaded: the plan under the budget (bytes, a fraction of the
+ * unconstrained peak, the minimum, or auto), n_iter 1: each step loads what it
+ * needs from the homes and leaves every persistent tensor at home with its
+ * latest version (DESIGN section 8), so steps chain with no state kept on the
+ * device between them.
+ */
+#include "train/trainer_int.h"
+#include "sim/sim.h"
+#include "trace/trace.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+double tide_train_lr(const tide_trainer_opts *o, int64_t s) {
+    if (s < 0) s = 0;
+    if (o->warmup > 0 && s < o->warmup) return o->lr * (double)(s + 1) / (double)o->warmup;
+    if (!o->cosine) return o->lr;
+    int64_t span = o->total_steps - o->warmup;
+    double prog = span > 0 ? (double)(s - o->warmup) / (double)span : 1.0;
+    if (prog > 1) prog = 1;
+    return o->min_lr + 0.5 * (o->lr - o->min_lr) * (1.0 + cos(M_PI * prog));
+}
+
+/* ---------------------------------------------------------------- making */
+
+static tide_status check_opts(tide_ctx *ctx, const tide_trainer_opts *o) {
+    if (!(o->lr > 0) || !isfinite(o->lr)) return tide_err(ctx, TIDE_E_INVALID, "learning rate %g must be positive", o->lr);
+    if (o->cosine && (!(o->min_lr >= 0) || o->min_lr > o->lr))
+        return tide_err(ctx, TIDE_E_INVALID, "minimum learning rate %g must be in [0, lr = %g]", o->min_lr, o->lr);
+    if (o->warmup < 0) return tide_err(ctx, TIDE_E_INVALID, "warmup %lld is negative", (long long)o->warmup);
+    if (o->cosine && o->total_steps <= 0)
+        return tide_err(ctx, TIDE_E_INVALID, "a cosine schedule needs the number of steps");
+    return TIDE_OK;
+}
+
+tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be, const tide_trainer_opts *o,
+                             tide_trainer **out) {
+    *out = NULL;
+    tide_status st = check_opts(ctx, o);
+    if (st) return st;
+    tide_trainer *t = tide_calloc(1, sizeof *t);
+    if (!t) return tide_err(ctx, TIDE_E_NOMEM, "out of memory making a trainer");
+    t->ctx = ctx;
+    t->ck = ck;
+    t->be = be;
+    t->cfg = *tide_checkpoint_config(ck);
+    t->o = *o;
+    t->state_fd = -1;
+    if ((st = tide_llama_build_train(ctx, &t->cfg, &o->step, &t->g))) goto fail;
+    /* every parameter must be in the checkpoint with its shape and dtype */
+    for (int i = 0; i < t->g->n_tensors; i++) {
+        const tide_tensor *T = &t->g->tensors[i];
+        if (tide_train_tensor_class(t->g, i) != TIDE_TRAIN_PARAM) continue;
+        tide_tensor_info ti;
+        if (tide_checkpoint_get(ck, T->name, &ti)) {
+            st = tide_err(ctx, TIDE_E_FORMAT, "the checkpoint has no parameter '%s'", T->name);
+            goto fail;
+        }
+        if (ti.dtype != T->dtype || ti.nbytes != T->nbytes) {
+            st = tide_err(ctx, TIDE_E_FORMAT, "checkpoint tensor '%s' is %s of %llu bytes, the model needs %s of %llu",
+                          T->name, tide_dtype_name(ti.dtype), (unsigned long long)ti.nbytes,
+                          tide_dtype_name(T->dtype), (unsigned long long)T->nbytes);
+            goto fail;
+        }
+    }
+    size_t nt = (size_t)t->g->n_tensors;
+    t->home = tide_calloc(nt, sizeof *t->home);
+    const int A = o->step.accum;
+    const size_t R = (size_t)o->step.batch * (size_t)o->step.seq;
+    t->pos = tide_malloc((size_t)o->step.seq * sizeof *t->pos);
+    t->loss = tide_calloc((size_t)A, sizeof *t->loss);
+    t->in_tok = tide_calloc((size_t)A, sizeof *t->in_tok);
+    t->in_tgt = tide_calloc((size_t)A, sizeof *t->in_tgt);
+    (void)R;
+    if (!t->home || !t->pos || !t->loss || !t->in_tok || !t->in_tgt) {
+        st = tide_err(ctx, TIDE_E_NOMEM, "out of memory making a trainer");
+        goto fail;
+    }
+    for (int i = 0; i < o->step.seq; i++) t->pos[i] = i;
+    for (int m = 0; m < A; m++) {
+        char nm[32];
+        snprintf(nm, sizeof nm, "tokens.%d", m);
+        t->in_tok[m] = tide_graph_find(t->g, nm);
+        snprintf(nm, sizeof nm, "targets.%d", m);
+        t->in_tgt[m] = tide_graph_find(t->g, nm);
+    }
+    *out = t;
+    return TIDE_OK;
+fail:
+    tide_trainer_free(t);
+    return st;
+}
+
+static void free_homes(tide_trainer *t) {
+    if (!t->home) return;
+    for (int i = 0; i < t->g->n_tensors; i++) {
+        train_home *h = &t->home[i];
+        if (h->host) {
+            if (h->pinned) t->be->vt->host_free(t->be, h->host);
+            else tide_free_aligned(h->host);
+        }
+        h->host = NULL;
+    }
+    if (t->state_fd >= 0) close(t->state_fd);
+    t->state_fd = -1;
+    if (t->state_path) {
+        unlink(t->state_path); /* already gone once bound; a failure between makes it stale */
+        tide_free(t->state_path);
+        t->state_path = NULL;
+    }
+}
+
+void tide_trainer_free(tide_trainer *t) {
+    if (!t) return;
+    tide_runner_free(t->run);
+    if (t->arena) t->be->vt->dealloc(t->be, t->arena);
+    free_homes(t);
+    tide_free(t->home);
+    tide_free(t->warm);
+    tide_free(t->pos);
+    tide_free(t->loss);
+    tide_free(t->in_tok);
+    tide_free(t->in_tgt);
+    tide_free(t->ssd_dirs);
+    train_resume_close(t);
+    tide_graph_free(t->g);
+    tide_free(t);
+}
+
+tide_status tide_trainer_set_offload(tide_trainer *t, const tide_offload_opts *o) {
+    if (t->run) return tide_err(t->ctx, TIDE_E_INVALID, "offloading is set before the first step");
+    bool on = o && o->budget_kind != TIDE_BUDGET_NONE;
+    tide_policy pol = TIDE_POLICY_TIDE;
+    if (on && o->policy && tide_policy_parse(o->policy, &pol))
+        return tide_err(t->ctx, TIDE_E_INVALID, "unknown policy '%s' (tide, static-layer or lru)", o->policy);
+    if (on && o->budget_kind == TIDE_BUDGET_FRACTION && !(o->fraction > 0 && o->fraction <= 1))
+        return tide_err(t->ctx, TIDE_E_INVALID, "budget fraction %g is not in (0, 1]", o->fraction);
+    if (on && o->budget_kind == TIDE_BUDGET_BYTES && !o->bytes)
+        return tide_err(t->ctx, TIDE_E_INVALID, "a budget of 0 bytes");
+    tide_free(t->ssd_dirs);
+    t->ssd_dirs = NULL;
+    t->offload = false;
+    if (o && o->ssd_dirs && !(t->ssd_dirs = tide_strdup(o->ssd_dirs)))
+        return tide_err(t->ctx, TIDE_E_NOMEM, "out of memory");
+    if (!on) return TIDE_OK;
+    t->off = *o;
+    t->off.ssd_dirs = t->ssd_dirs;
+    t->off.hw = NULL;
+    t->policy = pol;
+    tide_status st = o->hw ? tide_hw_load(t->ctx, o->hw, &t->hw)
+                           : tide_probe_backend(t->ctx, t->be, t->ssd_dirs, 1.0, NULL, &t->hw);
+    if (st) return st;
+    if (!t->be->vt->device_is_host && t->be->matmul == TIDE_MATMUL_F32)
+        for (int d = 0; d < TIDE_DTYPE_COUNT; d++)
+            if (d == TIDE_F16 || d == TIDE_BF16) t->hw.flops[d] = TIDE_MIN(t->hw.flops[d], t->hw.flops[TIDE_F32]);
+    t->offload = true;
+    return TIDE_OK;
+}
+
+int64_t tide_trainer_steps(const tide_trainer *t) { return t->step; }
+const tide_graph *tide_trainer_graph(const tide_trainer *t) { return t->g; }
+
+int tide_trainer_n_tensors(const tide_trainer *t) {
+    int n = 0;
+    for (int i = 0; i < t->g->n_tensors; i++) n += t->g->tensors[i].role == TIDE_ROLE_STATE;
+    return n;
+}
+
+const char *tide_trainer_tensor(const tide_trainer *t, int k, tide_dtype *dt, uint64_t *nbytes) {
+    for (int i = 0; i < t->g->n_tensors; i++) {
+        if (t->g->tensors[i].role != TIDE_ROLE_STATE) continue;
+        if (k-- == 0) {
+            if (dt) *dt = t->g->tensors[i].dtype;
+            if (nbytes) *nbytes = t->g->tensors[i].nbytes;
+            return t->g->tensors[i].name;
+        }
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- plans */
+
+/* The cost model of resident plans (they move nothing but the batch, so any
+ * profile gives the same plan): a fixed one. */
+static const tide_hw *resident_hw(void) {
+    static const tide_hw hw = {
+        .name = "resident", .device_mem_bytes = UINT64_C(1) << 40,
+        .flops = {1e13, 1e13, 1e13, 1e13}, .matmul_efficiency = 1, .mem_bw = 1e11,
+        .h2d_bw = 1e10, .d2h_bw = 1e10, .host_mem_bytes = UINT64_C(1) << 40,
+    };
+    return &hw;
+}
+
+/* Resident on a device: every persistent tensor warm at the bottom of the arena. */
+static tide_status warm_layout(tide_trainer *t) {
+    size_t nt = (size_t)t->g->n_tensors;
+    if (!(t->warm = tide_malloc(nt * sizeof *t->warm))) return tide_err(t->ctx, TIDE_E_NOMEM, "out of memory planning");
+    uint64_t at = 0;
+    for (size_t i = 0; i < nt; i++) {
+        t->warm[i] = TIDE_HOME;
+        if (t->g->tensors[i].role != TIDE_ROLE_STATE) continue;
+        t->warm[i] = at;
+        at += tide_plan_align(t->g->tensors[i].nbytes);
+    }
+    t->warm_bytes = at;
+    return TIDE_OK;
+}
+
+static tide_status plan_resident(tide_trainer *t, tide_plan **out) {
+    tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = resident_hw(),
+                         .host_addressable = t->be->vt->device_is_host, .shared_scratch = true};
+    tide_status st;
+    if (!t->be->vt->device_is_host) {
+        if ((st = warm_layout(t))) return st;
+        po.warm_off = t->warm;
+    }
+    uint64_t peak = 0;
+    if ((st = tide_plan_peak_unbounded(t->ctx, t->g, &po, &peak))) return st;
+    po.device_budget = t->warm_bytes + peak + TIDE_PLAN_ALIGN;
+    if ((st = tide_plan_make(t->ctx, t->g, &po, out))) return st;
+    (*out)->device_budget = TIDE_MAX((*out)->stats.peak_device_bytes, (uint64_t)TIDE_PLAN_ALIGN);
+    return TIDE_OK;
+}
+
+static tide_plan_opts offload_opts(const tide_trainer *t, uint64_t budget) {
+    return (tide_plan_opts){.policy = t->policy, .device_budget = budget, .host_budget = t->off.host_budget,
+                            .n_iter = 1, .hw = &t->hw};
+}
+
+/* The budget of the offloaded plan. */
+static tide_status resolve_budget(tide_trainer *t, uint64_t *out) {
+    tide_ctx *ctx = t->ctx;
+    uint64_t peak = tide_plan_unconstrained_peak(ctx, t->g, &t->hw, 1);
+    if (!peak) return tide_err(ctx, TIDE_E_INVALID, "cannot size the unconstrained step: %s", tide_ctx_last_error(ctx));
+    uint64_t b = 0;
+    switch (t->off.budget_kind) {
+    case TIDE_BUDGET_BYTES: b = t->off.bytes; break;
+    case TIDE_BUDGET_FRACTION: b = (uint64_t)((double)peak * t->off.fraction); break;
+    case TIDE_BUDGET_AUTO: {
+        uint64_t fr = 0, tot = 0;
+        if (t->be->vt->mem_info) {
+            tide_status st = t->be->vt->mem_info(t->be, &fr, &tot);
+            if (st) return st;
+            uint64_t margin = TIDE_AUTO_MARGIN(tot);
+            if (fr <= margin)
+                return tide_err(ctx, TIDE_E_NOMEM, "--budget auto: the device has %llu bytes free, no more than the "
+                                "%llu-byte margin kept for the runtime", (unsigned long long)fr,
+                                (unsigned long long)margin);
+            b = TIDE_MIN(peak, fr - margin);
+        } else {
+            b = TIDE_MIN(peak, t->hw.device_mem_bytes / 10 * 9);
+        }
+        break;
+    }
+    case TIDE_BUDGET_MIN: {
+        tide_plan_opts po = offload_opts(t, 0);
+        tide_status st = tide_plan_min_budget(ctx, t->g, &po, &b);
+        if (st) return st;
+        break;
+    }
+    default: return tide_err(ctx, TIDE_E_INVALID, "no budget");
+    }
+    if (t->off.budget_kind != TIDE_BUDGET_BYTES) b = (b + 255) & ~(uint64_t)255;
+    *out = b;
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- homes */
+
+/* Makes the state file for the SSD-homed tensors of p: one 4 KiB-aligned
+ * extent each, in the first spill directory. */
+static tide_status make_state_file(tide_trainer *t, const tide_plan *p) {
+    uint64_t at = 0;
+    for (int i = 0; i < t->g->n_tensors; i++) {
+        if (t->g->tensors[i].role != TIDE_ROLE_STATE || p->home[i] != TIDE_TIER_SSD) continue;
+        t->home[i].ssd = true;
+        t->home[i].file_off = at;
+        at += (t->g->tensors[i].nbytes + 4095) & ~(uint64_t)4095;
+    }
+    if (!at) return TIDE_OK;
+    char dir[4096];
+    const char *d = t->ssd_dirs && t->ssd_dirs[0] ? t->ssd_dirs : getenv("TMPDIR");
+    if (!d || !d[0]) d = "/tmp";
+    size_t n = strcspn(d, ",");
+    snprintf(dir, sizeof dir, "%.*s", (int)n, d);
+    size_t len = strlen(dir) + 32;
+    if (!(t->state_path = tide_malloc(len))) return tide_err(t->ctx, TIDE_E_NOMEM, "out of memory");
+    snprintf(t->state_path, len, "%s/tide-train-XXXXXX", dir);
+    t->state_fd = mkostemp(t->state_path, O_CLOEXEC);
+    if (t->state_fd < 0) {
+        tide_status st = tide_err(t->ctx, TIDE_E_IO, "cannot create the training state file in %s: %s", dir,
+                                  strerror(errno));
+        tide_free(t->state_path);
+        t->state_path = NULL;
+        return st;
+    }
+    int rc = posix_fallocate(t->state_fd, 0, (off_t)at);
+    if (rc)
+        return tide_err(t->ctx, TIDE_E_IO, "no room for the %llu-byte training state in %s: %s",
+                        (unsigned long long)at, dir, strerror(rc));
+    t->state_bytes_ssd = at;
+    return TIDE_OK;
+}
+
+static tide_status write_home(tide_trainer *t, int i, const void *src) {
+    train_home *h = &t->home[i];
+    uint64_t n = t->g->tensors[i].nbytes;
+    if (!h->ssd) {
+        memcpy(h->host, src, n);
+        return TIDE_OK;
+    }
+    const char *p = src;
+    for (uint64_t done = 0; done < n;) {
+        ssize_t w = pwrite(t->state_fd, p + done, n - done, (off_t)(h->file_off + done));
+        if (w <= 0)
+            return tide_err(t->ctx, TIDE_E_IO, "writing '%s' to the training state file %s: %s",
+                            t->g->tensors[i].name, t->state_path, w < 0 ? strerror(errno) : "no progress");
+        done += (uint64_t)w;
+    }
+    return TIDE_OK;
+}
+
+/* Reads tensor i's home (not its warm copy) into dst. */
+static tide_status read_home(tide_trainer *t, int i, void *dst) {
+    train_home *h = &t->home[i];
+    uint64_t n = t->g->tensors[i].nbytes;
+    if (!h->ssd) {
+        memcpy(dst, h->host, n);
+        return TIDE_OK;
+    }
+    char *p = dst;
+    for (uint64_t done = 0; done < n;) {
+        ssize_t r = pread(t->state_fd, p + done, n - done, (off_t)(h->file_off + done));
+        if (r <= 0)
+            return tide_err(t->ctx, TIDE_E_IO, "reading '%s' from the training state file %s: %s",
+                            t->g->tensors[i].name, t->state_path, r < 0 ? strerror(errno) : "unexpected end");
+        done += (uint64_t)r;
+    }
+    return TIDE_OK;
+}
+
+/* The initial value of state tensor i into buf (its bytes): the parameter
+ * from the checkpoint or the resumed state, a master widened from it, zero
+ * moments. */
+static tide_status initial_value(tide_trainer *t, int i, void *buf) {
+    const tide_tensor *T = &t->g->tensors[i];
+    tide_train_class c = tide_train_tensor_class(t->g, i);
+    if (t->resume_dir) return train_resume_value(t, i, buf);
+    if (c == TIDE_TRAIN_MOMENT) {
+        memset(buf, 0, T->nbytes);
+        return TIDE_OK;
+    }
+    const char *pname = c == TIDE_TRAIN_MASTER ? T->name + strlen("master.") : T->name;
+    tide_tensor_info ti;
+    if (tide_checkpoint_get(t->ck, pname, &ti))
+        return tide_err(t->ctx, TIDE_E_FORMAT, "the checkpoint has no parameter '%s'", pname);
+    if (c == TIDE_TRAIN_MASTER) tide_convert_to_f32(ti.data, ti.dtype, buf, (size_t)(ti.nbytes / tide_dtype_size(ti.dtype)));
+    else memcpy(buf, ti.data, T->nbytes);
+    return TIDE_OK;
+}
+
+/* Allocates the host homes of p and fills every home with its initial value. */
+static tide_status make_homes(tide_trainer *t, const tide_plan *p) {
+    tide_status st = make_state_file(t, p);
+    if (st) return st;
+    uint64_t biggest = 0;
+    for (int i = 0; i < t->g->n_tensors; i++) {
+        const tide_tensor *T = &t->g->tensors[i];
+        if (T->role == TIDE_ROLE_OUTPUT && tide_train_tensor_class(t->g, i) == TIDE_TRAIN_GRAD) {
+            /* grads_out: the gradients the caller reads after a step */
+            if (!(t->home[i].host = tide_malloc_aligned((size_t)T->nbytes, 4096)))
+                return tide_err(t->ctx, TIDE_E_NOMEM, "out of memory for '%s'", T->name);
+            continue;
+        }
+        if (T->role != TIDE_ROLE_STATE) continue;
+        train_home *h = &t->home[i];
+        biggest = TIDE_MAX(biggest, T->nbytes);
+        if (h->ssd) continue;
+        /* pinned where transfers read it (a GPU), else page-aligned memory */
+        if (!t->be->vt->device_is_host && t->be->vt->host_alloc &&
+            t->be->vt->host_alloc(t->be, (size_t)T->nbytes, &h->host) == TIDE_OK)
+            h->pinned = true;
+        else if (!(h->host = tide_malloc_aligned((size_t)(T->nbytes ? T->nbytes : 1), 4096)))
+            return tide_err(t->ctx, TIDE_E_NOMEM, "out of memory for the %llu-byte home of '%s'",
+                            (unsigned long long)T->nbytes, T->name);
+        t->state_bytes_host += T->nbytes;
+    }
+    void *buf = tide_malloc_aligned((size_t)(biggest ? biggest : 1), 4096);
+    if (!buf) return tide_err(t->ctx, TIDE_E_NOMEM, "out of memory filling the training state");
+    int n = tide_trainer_n_tensors(t), k = 0;
+    for (int i = 0; !st && i < t->g->n_tensors; i++) {
+        if (t->g->tensors[i].role != TIDE_ROLE_STATE) continue;
+        train_home *h = &t->home[i];
+        void *dst = h->ssd ? buf : h->host;
+        if (!(st = initial_value(t, i, dst)) && h->ssd) st = write_home(t, i, dst);
+        tide_progress(t->ctx, "preparing", (uint64_t)++k, (uint64_t)n);
+    }
+    tide_free_aligned(buf);
+    return st;
+}
+
+/* Copies every warm tensor from its home into the arena. */
+static tide_status upload_warm(tide_trainer *t) {
+    tide_backend *be = t->be;
+    for (int i = 0; i < t->g->n_tensors; i++) {
+        if (!t->warm || t->warm[i] == TIDE_HOME) continue;
+        tide_status st = be->vt->to_device(be, NULL, (char *)t->arena + t->warm[i], t->home[i].host,
+                                           t->g->tensors[i].nbytes);
+        if (st) return tide_err(t->ctx, st, "cannot upload the training state: %s", tide_ctx_last_error(be->ctx));
+    }
+    if (be->vt->synchronize) return be->vt->synchronize(be);
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- the first step */
+
+static tide_status prepare(tide_trainer *t) {
+    tide_ctx *ctx = t->ctx;
+    tide_plan *p = NULL;
+    tide_graph *g = NULL;
+    tide_status st;
+    double t0 = tide_now();
+    /* the runner owns its graph: a second copy of the step graph */
+    if ((st = tide_llama_build_train(ctx, &t->cfg, &t->o.step, &g))) return st;
+    if (t->offload) {
+        uint64_t b = 0;
+        if (!(st = resolve_budget(t, &b))) {
+            tide_plan_opts po = offload_opts(t, b);
+            st = tide_plan_make(ctx, g, &po, &p);
+        }
+        if (!st && (st = t->be->vt->alloc(t->be, p->device_budget, &t->arena)))
+            st = tide_err(ctx, st, "cannot allocate the device arena of %llu bytes: %s",
+                          (unsigned long long)p->device_budget, tide_ctx_last_error(t->be->ctx));
+    } else {
+        if (!(st = plan_resident(t, &p)) && (st = t->be->vt->alloc(t->be, (p->device_budget + 255) & ~(uint64_t)255, &t->arena)))
+            st = tide_err(ctx, st, "cannot allocate the device arena of %llu bytes: %s",
+                          (unsigned long long)p->device_budget, tide_ctx_last_error(t->be->ctx));
+    }
+    if (st) {
+        tide_plan_free(p);
+        tide_graph_free(g);
+        return st;
+    }
+    t->arena_bytes = p->device_budget;
+    t->plan_s = tide_now() - t0;
+    t->predicted_s = p->stats.makespan_s;
+    t->peak_device = p->stats.peak_device_bytes;
+    if ((st = make_homes(t, p))) {
+        tide_plan_free(p);
+        tide_graph_free(g);
+        return st;
+    }
+    train_resume_close(t); /* the homes hold the resumed state now */
+    bool async = tide_backend_has_events(t->be) && !t->o.sync_issue;
+    /* measured where it costs nothing (synchronous issue: host clocks), or
+     * where asked for (timing events on a GPU) */
+    tide_runner_opts ro = {.exec = {.ssd_dirs = t->ssd_dirs, .force_pread = t->off.force_pread, .arena = t->arena,
+                                    .arena_bytes = t->arena_bytes, .sync_issue = t->o.sync_issue,
+                                    .timed = t->off.timeline || !async}};
+    if ((st = tide_runner_new(ctx, t->be, g, p, &ro, &t->run))) return st;
+    const tide_graph *rg = tide_runner_graph(t->run);
+    for (int i = 0; !st && i < rg->n_tensors; i++) {
+        if (rg->tensors[i].role == TIDE_ROLE_OUTPUT && t->home[i].host) {
+            st = tide_runner_bind_tensor(t->run, i, t->home[i].host);
+            continue;
+        }
+        if (rg->tensors[i].role != TIDE_ROLE_STATE) continue;
+        train_home *h = &t->home[i];
+        st = h->ssd ? tide_runner_bind_file(t->run, i, t->state_path, h->file_off)
+                    : tide_runner_bind_tensor(t->run, i, h->host);
+    }
+    /* the executor holds the state file open: its name is no longer needed */
+    if (t->state_path) unlink(t->state_path);
+    if (!st) st = tide_runner_bind(t->run, "pos", t->pos);
+    if (!st) st = tide_runner_bind(t->run, "hyper", t->hyper);
+    if (!st) st = tide_runner_bind(t->run, "grad_sumsq", &t->sumsq);
+    for (int m = 0; !st && m < t->o.step.accum; m++) {
+        char nm[32];
+        snprintf(nm, sizeof nm, "loss.%d", m);
+        st = tide_runner_bind(t->run, nm, &t->loss[m]);
+    }
+    if (!st && t->warm) st = upload_warm(t);
+    if (st) {
+        tide_runner_free(t->run);
+        t->run = NULL;
+    }
+    return st;
+}
+
+/* ---------------------------------------------------------------- steps */
+
+tide_status tide_trainer_step(tide_trainer *t, const int32_t *tokens, const int32_t *targets, tide_train_stats *out) {
+    tide_status st;
+    if (t->failed)
+        return tide_err(t->ctx, TIDE_E_INVALID, "an earlier step failed: the training state is not consistent");
+    bool first = !t->run;
+    if (first && (st = prepare(t))) {
+        t->failed = true;
+        return st;
+    }
+    const tide_llama_train_opts *so = &t->o.step;
+    const size_t R = (size_t)so->batch * (size_t)so->seq;
+    const int64_t V = t->cfg.vocab_size;
+    for (size_t i = 0; i < R * (size_t)so->accum; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return tide_err(t->ctx, TIDE_E_RANGE, "token %d at index %zu is outside the vocabulary of %lld", tokens[i],
+                            i, (long long)V);
+        if (targets[i] >= V)
+            return tide_err(t->ctx, TIDE_E_RANGE, "target %d at index %zu is outside the vocabulary of %lld",
+                            targets[i], i, (long long)V);
+    }
+    for (int m = 0; m < so->accum; m++) {
+        if ((st = tide_runner_bind_tensor(t->run, t->in_tok[m], (void *)(tokens + (size_t)m * R))) ||
+            (st = tide_runner_bind_tensor(t->run, t->in_tgt[m], (void *)(targets + (size_t)m * R))))
+            return st;
+    }
+    double lr = tide_train_lr(&t->o, t->step);
+    double k = (double)(t->step + 1);
+    t->hyper[0] = (float)lr;
+    t->hyper[1] = (float)(1.0 - pow((double)so->beta1, k));
+    t->hyper[2] = (float)sqrt(1.0 - pow((double)so->beta2, k));
+    t->hyper[3] = 0;
+    tide_exec_stats es;
+    double t0 = tide_now();
+    st = tide_runner_run(t->run, &es);
+    double wall = tide_now() - t0;
+    if (st) {
+        t->failed = true;
+        return st;
+    }
+    float loss = 0;
+    for (int m = 0; m < so->accum; m++) loss += t->loss[m];
+    if (out) {
+        *out = (tide_train_stats){
+            .step = t->step, .loss = loss, .grad_norm = sqrt((double)t->sumsq), .lr = lr, .wall_s = wall,
+            .tokens_per_s = wall > 0 ? (double)(R * (size_t)so->accum) / wall : 0, .bytes_h2d = es.bytes_h2d,
+            .bytes_d2h = es.bytes_d2h, .bytes_ssd_read = es.bytes_ssd_read, .bytes_ssd_write = es.bytes_ssd_write,
+            .peak_device_bytes = t->peak_device, .budget_bytes = t->arena_bytes, .predicted_s = t->predicted_s,
+            .plan_s = first ? t->plan_s : 0};
+    }
+    t->step++;
+    return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- reading */
+
+tide_status train_read_tensor(tide_trainer *t, int i, void *dst) {
+    if (t->run && t->warm && t->warm[i] != TIDE_HOME) {
+        tide_status st = t->be->vt->to_host(t->be, NULL, dst, (char *)t->arena + t->warm[i], t->g->tensors[i].nbytes);
+        if (!st && t->be->vt->synchronize) st = t->be->vt->synchronize(t->be);
+        if (st) return tide_err(t->ctx, st, "cannot copy '%s' out of the device: %s", t->g->tensors[i].name,
+                                tide_ctx_last_error(t->be->ctx));
+        return TIDE_OK;
+    }
+    if (!t->run) return initial_value(t, i, dst);
+    return read_home(t, i, dst);
+}
+
+tide_status tide_trainer_read(tide_trainer *t, const char *name, void *dst, uint64_t nbytes) {
+    int i = tide_graph_find(t->g, name);
+    bool grad = i >= 0 && t->g->tensors[i].role == TIDE_ROLE_OUTPUT && tide_train_tensor_class(t->g, i) == TIDE_TRAIN_GRAD;
+    if (i < 0 || (t->g->tensors[i].role != TIDE_ROLE_STATE && !grad))
+        return tide_err(t->ctx, TIDE_E_NOT_FOUND, "no training tensor '%s'", name);
+    if (grad && !t->run) return tide_err(t->ctx, TIDE_E_INVALID, "'%s': no step has been taken", name);
+    if (nbytes != t->g->tensors[i].nbytes)
+        return tide_err(t->ctx, TIDE_E_INVALID, "'%s' has %llu bytes, not %llu", name,
+                        (unsigned long long)t->g->tensors[i].nbytes, (unsigned long long)nbytes);
+    return train_read_tensor(t, i, dst);
+}
+
+tide_status tide_trainer_write_trace(tide_trainer *t, const char *json_path, const char *svg_path) {
+    const tide_sim_event *tl = t->run ? tide_runner_timeline(t->run) : NULL;
+    if (!tl)
+        return tide_err(t->ctx, TIDE_E_INVALID, "no measured step to trace (on a GPU it is measured only when "
+                        "asked for: tide_offload_opts.timeline)");
+    const tide_plan *p = tide_runner_plan(t->run);
+    tide_status st = TIDE_OK;
+    if (json_path && (st = tide_trace_write(p, tl, p->n_ins, json_path))) return st;
+    if (svg_path) {
+        tide_sim_result sim;
+        if ((st = tide_simulate(p, t->offload ? &t->hw : resident_hw(), &sim))) return st;
+        const tide_sim_event *tls[2] = {tl, sim.events};
+        const char *labels[2] = {"measured", "predicted"};
+        st = tide_trace_svg_write(p, tls, labels, 2, svg_path);
+        tide_sim_result_free(&sim);
+    }
+    return st;
+}

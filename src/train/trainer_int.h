@@ -1,0 +1,66 @@
+/*
+ * trainer_int.h - the trainer's internal layout, shared by trainer.c (plans,
+ * homes, steps) and train_ckpt.c (saving and resuming).
+ */
+#ifndef TIDE_TRAINER_INT_H
+#define TIDE_TRAINER_INT_H
+
+#include "backend/backend.h"
+#include "planner/planner.h"
+#include "probe/probe.h"
+#include "runtime/runner.h"
+
+/* The home of one persistent training tensor. */
+typedef struct train_home {
+    void *host;        /* host home, or NULL when on SSD */
+    bool pinned;       /* host came from be->vt->host_alloc */
+    bool ssd;          /* an extent of the state file */
+    uint64_t file_off;
+} train_home;
+
+struct tide_trainer {
+    tide_ctx *ctx;
+    tide_checkpoint *ck;          /* the model (not owned) */
+    tide_backend *be;
+    tide_llama_config cfg;
+    tide_trainer_opts o;
+    tide_graph *g;                /* the step graph (the runner has its own copy, same indices) */
+    /* how steps run */
+    bool offload;
+    tide_offload_opts off;
+    char *ssd_dirs;
+    tide_policy policy;
+    tide_hw hw;
+    /* made by the first step */
+    tide_runner *run;
+    void *arena;
+    uint64_t arena_bytes;
+    uint64_t *warm;               /* resident on a device: per tensor its arena offset or TIDE_HOME */
+    uint64_t warm_bytes;
+    double plan_s, predicted_s;
+    uint64_t peak_device;
+    train_home *home;             /* per tensor of g (STATE only) */
+    char *state_path;             /* the SSD state file (unlinked once bound) */
+    int state_fd;
+    uint64_t state_bytes_ssd, state_bytes_host;
+    /* inputs and outputs */
+    int32_t *pos;
+    float hyper[4];
+    float *loss;                  /* per micro-batch */
+    float sumsq;
+    int *in_tok, *in_tgt;         /* tensor ids of tokens.M, targets.M */
+    int64_t step;                 /* steps taken (with those of a resumed state) */
+    bool failed;                  /* a step failed: the state is not consistent */
+    /* resuming */
+    char *resume_dir;
+    void *resume;                 /* train_ckpt.c's open state */
+};
+
+/* Copies the current value of state tensor i of t->g into dst. */
+tide_status train_read_tensor(tide_trainer *t, int i, void *dst);
+/* The value a resumed state gives state tensor i of t->g, into dst. */
+tide_status train_resume_value(tide_trainer *t, int i, void *dst);
+/* Frees what tide_trainer_resume opened. */
+void train_resume_close(tide_trainer *t);
+
+#endif
