@@ -1,7 +1,7 @@
 /*
  * ssd.c - the SSD tier store (contract in ssd.h): spill files, striping, the
- * request loop shared by both engines, registered regions, and the raw
- * bandwidth helpers.
+ * request loop shared by both engines, reads and writes of callers' files,
+ * registered regions, and the raw bandwidth helpers.
  *
  * Invariants:
  *   1. Spill files never have a name once tide_ssd_open() returns (O_TMPFILE,
@@ -16,6 +16,8 @@
  *      stripe_bytes window of a caller's file) and, when fixed, inside one
  *      registered iovec; its offset, length and buffer stay 4096-aligned across
  *      resubmission (a short transfer of an unaligned count is end of file).
+ *      A caller's file opened without O_DIRECT is written outside the engine
+ *      (buffered_write), at any alignment.
  *   4. Only the first failure of a call is recorded on the context.
  */
 #include "store/ssd_engine.h"
@@ -479,13 +481,64 @@ tide_status tide_ssd_read_file(tide_ssd *s, int fd, uint64_t file_off, void *buf
     return xfer_run(s, &x);
 }
 
-tide_status tide_ssd_open_direct(const char *path, int *fd) {
-    *fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+/* A write to a descriptor without O_DIRECT: pwrite, window by window, each
+ * window a write request for fault injection (ssd.h). */
+static tide_status buffered_write(tide_ssd *s, int fd, uint64_t off, const unsigned char *buf, size_t n) {
+    while (n > 0) {
+        size_t len = n > s->stripe ? (size_t)s->stripe : n;
+        struct ssd_req r = {.fd = fd, .file = -1, .write = true, .off = off};
+        s->n_requests++;
+        s->stats.requests++;
+        if (++s->n_writes == s->faults.fail_write_nth) return req_fail(s, TIDE_OK, &r, strerror(EIO));
+        for (size_t done = 0; done < len;) {
+            ssize_t k = pwrite(fd, buf + done, len - done, (off_t)(off + done));
+            if (k < 0 && (errno == EINTR || errno == EAGAIN)) {
+                s->stats.resubmits++;
+                continue;
+            }
+            if (k <= 0) {
+                r.off = off + done;
+                return req_fail(s, TIDE_OK, &r, k < 0 ? strerror(errno) : "no progress");
+            }
+            done += (size_t)k;
+            s->stats.bytes_written += (uint64_t)k;
+            if (done < len) s->stats.resubmits++;
+        }
+        off += len;
+        buf += len;
+        n -= len;
+    }
+    return TIDE_OK;
+}
+
+tide_status tide_ssd_write_file(tide_ssd *s, int fd, uint64_t file_off, const void *buf, size_t n) {
+    if (fd < 0) return tide_err(s->ctx, TIDE_E_INVALID, "ssd file write: bad fd %d", fd);
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0) return tide_err(s->ctx, TIDE_E_INVALID, "ssd file write: fd %d: %s", fd, strerror(errno));
+    bool direct = (fl & O_DIRECT) != 0;
+    tide_status st = direct ? check_args(s, "file write", file_off, buf, n) : TIDE_OK;
+    if (st != TIDE_OK) return st;
+    if (!buf && n > 0) return tide_err(s->ctx, TIDE_E_INVALID, "ssd file write: no buffer");
+    if (file_off > (uint64_t)INT64_MAX - n)
+        return tide_err(s->ctx, TIDE_E_INVALID, "ssd file write: offset %llu too large",
+                        (unsigned long long)file_off);
+    if (n == 0) return TIDE_OK;
+    if (!direct) return buffered_write(s, fd, file_off, buf, n);
+    struct xfer x = {.kind = XFER_FILE, .write = true, .fd = fd, .off = file_off,
+                     .buf = (unsigned char *)buf, .left = n};
+    return xfer_run(s, &x);
+}
+
+static tide_status open_direct(const char *path, int flags, int *fd) {
+    *fd = open(path, flags | O_DIRECT | O_CLOEXEC);
     if (*fd >= 0) return TIDE_OK;
     if (errno == EINVAL) return TIDE_E_UNSUPPORTED;
     if (errno == ENOENT) return TIDE_E_NOT_FOUND;
     return TIDE_E_IO;
 }
+
+tide_status tide_ssd_open_direct(const char *path, int *fd) { return open_direct(path, O_RDONLY, fd); }
+tide_status tide_ssd_open_direct_rw(const char *path, int *fd) { return open_direct(path, O_RDWR, fd); }
 
 /* ------------------------------------------------------------ regions */
 

@@ -1,6 +1,7 @@
 /*
- * ssd.h - the SSD tier store: spill space on NVMe files, and direct reads of
- * checkpoint files, with many requests in flight.
+ * ssd.h - the SSD tier store: spill space on NVMe files, direct reads of
+ * checkpoint files and reads and writes of the files persistent state lives
+ * in, with many requests in flight.
  *
  * A store owns one spill file per directory it is given. The files are created
  * with O_TMPFILE (never named, so a crash leaves nothing behind; where the
@@ -33,7 +34,7 @@
  * to buffered files (tide_ssd_direct() == false), the caller may say so.
  *
  * Threads: a store is used by one thread at a time. Its calls (read, write,
- * read_file, register, unregister, close) may come from a thread other than the
+ * read_file, write_file, register, unregister, close) may come from a thread other than the
  * opener's, provided the caller orders them (thread creation, a mutex or a queue
  * between the threads). Distinct stores share nothing. The context given at
  * open receives error messages from whichever thread is calling, so the caller
@@ -109,12 +110,27 @@ tide_status tide_ssd_write(tide_ssd *s, uint64_t off, const void *buf, size_t n)
 tide_status tide_ssd_read(tide_ssd *s, uint64_t off, void *buf, size_t n);
 
 /* Reads n bytes at file_off of an open file (a checkpoint shard opened with
- * tide_ssd_open_direct) into buf, through the same engine, in requests of at
+ * tide_ssd_open_direct, or a state home) into buf, through the same engine, in requests of at
  * most stripe_bytes. Alignment rules as tide_ssd_read. Bytes past the end of
  * the file read as zeros, so a caller may round a tensor's tail up to 4096
  * (the checkpoint's size is validated when it is opened). Returns TIDE_OK,
  * TIDE_E_INVALID (misaligned, negative fd) or TIDE_E_IO naming the file. */
 tide_status tide_ssd_read_file(tide_ssd *s, int fd, uint64_t file_off, void *buf, size_t n);
+
+/* Writes n bytes of buf at file_off of an open file (a persistent tensor's
+ * home, opened with tide_ssd_open_direct_rw or buffered), the counterpart of
+ * tide_ssd_read_file. A descriptor opened with O_DIRECT goes through the
+ * same engine in the same requests of at most stripe_bytes, with the
+ * alignment rules of tide_ssd_write; a buffered one (no O_DIRECT in its
+ * flags) takes any offset, length and buffer and is written with pwrite,
+ * in windows of stripe_bytes that count as write requests for fail_write_nth
+ * (short_nth and eagain_nth do not apply there). A write past the end of
+ * the file extends it. Nothing is synced: the bytes are in the file for
+ * every later read of it, not yet durable. Returns TIDE_OK, TIDE_E_INVALID
+ * (misaligned on a direct descriptor, negative fd) or TIDE_E_IO naming the
+ * file and the system's reason; after a failure the bytes of the range are
+ * unspecified. */
+tide_status tide_ssd_write_file(tide_ssd *s, int fd, uint64_t file_off, const void *buf, size_t n);
 
 /* Opens path read-only with O_DIRECT | O_CLOEXEC into *fd (the caller closes
  * it; *fd is -1 on failure). Returns TIDE_OK; TIDE_E_UNSUPPORTED when the
@@ -123,6 +139,9 @@ tide_status tide_ssd_read_file(tide_ssd *s, int fd, uint64_t file_off, void *buf
  * why). It takes no context and records no message: the caller, who knows
  * what the file is for, words it. */
 tide_status tide_ssd_open_direct(const char *path, int *fd);
+/* The same, read-write (O_RDWR | O_DIRECT | O_CLOEXEC; the file is neither
+ * created nor truncated): a home the run writes back. */
+tide_status tide_ssd_open_direct_rw(const char *path, int *fd);
 
 /* Registers [base, base+len) (4096-aligned, e.g. the host pool or the bounce
  * buffers) so requests whose buffer lies inside it use io_uring's fixed buffers.
