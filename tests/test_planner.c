@@ -10,7 +10,8 @@
  *      minimum budget verify, and tide's makespan is no worse than either
  *      baseline's;
  *   4. tide's minimum budget is no larger than static-layer's;
- *   plus the lifetime queries and the lower bound.
+ *   plus the lifetime queries, the lower bound, and the message of a budget
+ *   below an op's need beside what the plan reserves (the two apart).
  * The hardware profile is filled in by hand (an H100-like machine).
  */
 #include <setjmp.h>
@@ -514,6 +515,40 @@ static void test_placements(void **state) {
     tide_ctx_free(ctx);
 }
 
+/* y = op(x, w0, w1) with w1 warm at offset 0 (4 KiB) and the shared scratch
+ * of a second op (4 KiB): below what the op needs beside them, the message
+ * gives the op's need and what the plan reserves apart. */
+static void test_reserve_message(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_hw hw = test_hw();
+    tide_graph *g = tide_graph_new(ctx);
+    int x, w0, w1, y, z;
+    int64_t page[1] = {1024}, two[1] = {2048};
+    CHECK_OK(ctx, tide_graph_add_tensor(g, "x", TIDE_F32, TIDE_ROLE_INPUT, 1, page, &x));
+    CHECK_OK(ctx, tide_graph_add_tensor(g, "w0", TIDE_F32, TIDE_ROLE_WEIGHT, 1, two, &w0));
+    CHECK_OK(ctx, tide_graph_add_tensor(g, "w1", TIDE_F32, TIDE_ROLE_WEIGHT, 1, page, &w1));
+    CHECK_OK(ctx, tide_graph_add_tensor(g, "y", TIDE_F32, TIDE_ROLE_TEMP, 1, page, &y));
+    CHECK_OK(ctx, tide_graph_add_tensor(g, "z", TIDE_F32, TIDE_ROLE_OUTPUT, 1, page, &z));
+    int in0[3] = {x, w0, w1}, in1[1] = {y};
+    tide_op_params prm = {.flops = 1e6};
+    CHECK_OK(ctx, tide_graph_add_op(g, TIDE_OP_GENERIC, 3, in0, 1, &y, &prm, 0, NULL));
+    CHECK_OK(ctx, tide_graph_add_op(g, TIDE_OP_GENERIC, 1, in1, 1, &z, &prm, 0, NULL));
+    g->ops[1].scratch_bytes = 100;
+    uint64_t warm[5] = {TIDE_HOME, TIDE_HOME, 0, TIDE_HOME, TIDE_HOME};
+    tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = &hw, .warm_off = warm,
+                        .shared_scratch = true, .device_budget = 5 * 4096};
+    tide_plan *p = NULL;
+    assert_int_equal(tide_plan_make(ctx, g, &o, &p), TIDE_E_INFEASIBLE);
+    const char *want = "op 0 (generic) needs 16384 bytes plus 8192 reserved";
+    if (!strstr(tide_ctx_last_error(ctx), want))
+        fail_msg("message '%s' lacks '%s'", tide_ctx_last_error(ctx), want);
+    o.device_budget = 6 * 4096;
+    tide_plan_free(plan_ok(ctx, g, &o));
+    tide_graph_free(g);
+    tide_ctx_free(ctx);
+}
+
 /* ---------------------------------------------------------------- LLaMA */
 
 static void llama_case(tide_ctx *ctx, const char *model, int layers, int batch, int seq, int n_iter,
@@ -649,6 +684,7 @@ int main(void) {
         cmocka_unit_test(test_random_dags),
         cmocka_unit_test(test_small_host),
         cmocka_unit_test(test_placements),
+        cmocka_unit_test(test_reserve_message),
         cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_alloc_faults),
         cmocka_unit_test(test_llama),

@@ -612,22 +612,26 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
         e->next_host[g->n_ops] = g->n_ops;
         for (int i = g->n_ops - 1; i >= 0; i--) e->next_host[i] = e->host_op[i] ? i : e->next_host[i + 1];
     }
-    uint64_t warm_bytes = 0;
-    if (o->warm_off && (st = place_warm(e, o->warm_off, &warm_bytes))) return st;
-    if (o->shared_scratch && (st = place_shared_scratch(e, &warm_bytes))) return st;
-    /* Every op's working set must fit beside the warm tensors. */
+    uint64_t reserved = 0; /* for the whole plan: no op's working set may use it */
+    if (o->warm_off && (st = place_warm(e, o->warm_off, &reserved))) return st;
+    if (o->shared_scratch && (st = place_shared_scratch(e, &reserved))) return st;
+    /* Every op's working set must fit beside what is reserved. */
     int which = -1;
     uint64_t need = 0;
     for (int i = 0; i < g->n_ops; i++) {
         uint64_t ws = engine_working_set(e, i);
         if (ws > need) need = ws, which = i;
     }
-    if (g->n_ops && need > o->device_budget - warm_bytes)
-        return tide_err(ctx, TIDE_E_INFEASIBLE,
-                        "plan: a device budget of %llu bytes is too small: op %d (%s) needs at least %llu bytes%s",
-                        (unsigned long long)o->device_budget, which, tide_op_name(g->ops[which].kind),
-                        (unsigned long long)(need + warm_bytes),
-                        warm_bytes ? " beside what the plan reserves (warm tensors, shared scratch)" : "");
+    if (g->n_ops && need > o->device_budget - reserved) {
+        const char *kind = tide_op_name(g->ops[which].kind);
+        unsigned long long b = o->device_budget;
+        if (!reserved)
+            return tide_err(ctx, TIDE_E_INFEASIBLE, "plan: a device budget of %llu bytes is too small: op %d (%s) "
+                            "needs at least %llu bytes", b, which, kind, (unsigned long long)need);
+        return tide_err(ctx, TIDE_E_INFEASIBLE, "plan: a device budget of %llu bytes is too small: op %d (%s) needs "
+                        "%llu bytes plus %llu reserved for the whole plan (warm tensors, shared scratch)", b, which,
+                        kind, (unsigned long long)need, (unsigned long long)reserved);
+    }
     return TIDE_OK;
 }
 
