@@ -10,6 +10,8 @@
  *      minimum budget verify, and tide's makespan is no worse than either
  *      baseline's;
  *   4. tide's minimum budget is no larger than static-layer's;
+ *   5. warm tensors with gaps in a warm region: nothing else is planned
+ *      there, and a plan that puts something there is rejected;
  *   plus the lifetime queries, the lower bound, and the message of a budget
  *   below an op's need beside what the plan reserves (the two apart).
  * The hardware profile is filled in by hand (an H100-like machine).
@@ -161,8 +163,9 @@ static void test_lifetime(void **state) {
 /* ---------------------------------------------------------------- random DAGs */
 
 /* A random graph of GENERIC ops over tensors of every role. Layers are
- * contiguous runs of ops; a layer's weights are mostly used by its own ops. */
-static tide_graph *random_graph(tide_ctx *ctx, int n_ops, uint64_t max_bytes) {
+ * contiguous runs of ops; a layer's weights are mostly used by its own ops.
+ * With scratch, about a third of the ops get a workspace of up to max_bytes. */
+static tide_graph *random_graph_s(tide_ctx *ctx, int n_ops, uint64_t max_bytes, bool scratch) {
     tide_graph *g = tide_graph_new(ctx);
     int n_layers = rint_(1, 4);
     int wl[8][6], nwl[8] = {0}, glob[3], nglob = rint_(0, 2), st[4], nst = rint_(0, 3);
@@ -232,12 +235,17 @@ static tide_graph *random_graph(tide_ctx *ctx, int n_ops, uint64_t max_bytes) {
                 if (!written[outp[j]] && no < TIDE_OP_MAX_OUT) out[no++] = outp[j];
         tide_op_params p = {.flops = (double)(rnd() % 1000000000ull)};
         assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, ni, in, no, out, &p, layer, NULL), TIDE_OK);
+        if (scratch && rnd() % 3 == 0) g->ops[g->n_ops - 1].scratch_bytes = 1 + rnd() % max_bytes;
         for (int k = 0; k < no; k++) written[out[k]] = true;
     }
 #undef ADD
     free(temps);
     free(written);
     return g;
+}
+
+static tide_graph *random_graph(tide_ctx *ctx, int n_ops, uint64_t max_bytes) {
+    return random_graph_s(ctx, n_ops, max_bytes, false);
 }
 
 static void check_infeasible(tide_ctx *ctx, const tide_graph *g, tide_plan_opts o, uint64_t min) {
@@ -549,6 +557,112 @@ static void test_reserve_message(void **state) {
     tide_ctx_free(ctx);
 }
 
+/* The first device range of p other than a warm tensor at its warm offset
+ * that overlaps [0, region): its instruction, or -1. */
+static int in_warm_region(const tide_plan *p, uint64_t region) {
+    const tide_graph *g = p->g;
+    for (int i = 0; i < p->n_ins; i++) {
+        const tide_ins *in = &p->ins[i];
+        if (in->kind == TIDE_INS_COMPUTE) {
+            if (in->place != TIDE_PLACE_DEVICE) continue;
+            const tide_op *op = &g->ops[in->op];
+            for (int k = 0; k < op->n_in + op->n_out; k++) {
+                int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
+                if (!tide_ins_host_opnd(in, k) && in->dev_off[k] < region && p->warm_off[t] != in->dev_off[k])
+                    return i;
+            }
+            if (op->scratch_bytes && in->scratch_off < region) return i;
+        } else if ((in->kind == TIDE_INS_LOAD || in->kind == TIDE_INS_STORE ||
+                    (in->kind == TIDE_INS_DROP && in->src == TIDE_TIER_DEVICE)) &&
+                   in->dev_off[0] < region && g->tensors[in->tensor].nbytes) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* Warm weights and state with gaps between them (the rows of a cache buffer
+ * a smaller batch leaves), some ops with scratch, n_iter 1-3, a shared
+ * scratch or not: planned with the warm region, nothing of the plan but the
+ * warm tensors lies in it (checked here and by the verifier), and the plan's
+ * peak covers it; planned without it, the gaps hold activations or scratch,
+ * and the verifier rejects that plan once it claims the region (a planted
+ * fault). A region past the budget or not a multiple of the granule is
+ * refused. */
+static void test_warm_region(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_hw hw = test_hw();
+    int n_plans = 0, n_rejected = 0;
+    for (int gi = 0; gi < 150; gi++) {
+        tide_graph *g = random_graph_s(ctx, rint_(2, 30), gi % 3 == 0 ? 8192 : 65536, true);
+        uint64_t *warm = malloc(((size_t)g->n_tensors + 1) * sizeof *warm), at = 0;
+        for (int t = 0; t < g->n_tensors; t++) {
+            warm[t] = TIDE_HOME;
+            tide_role r = g->tensors[t].role;
+            if ((r != TIDE_ROLE_WEIGHT && r != TIDE_ROLE_STATE) || rnd() % 4 == 0) continue;
+            at += (uint64_t)rint_(0, 3) * TIDE_PLAN_ALIGN; /* a gap no tensor of g names */
+            warm[t] = at;
+            at += tide_plan_align(g->tensors[t].nbytes);
+        }
+        uint64_t region = at + (uint64_t)rint_(0, 2) * TIDE_PLAN_ALIGN, peak = 0;
+        tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .n_iter = rint_(1, 3), .hw = &hw, .warm_off = warm,
+                            .shared_scratch = gi % 2 == 1};
+        CHECK_OK(ctx, tide_plan_peak_unbounded(ctx, g, &o, &peak));
+        uint64_t budgets[2] = {region + peak + TIDE_PLAN_ALIGN, region + peak / 2 + rnd() % (peak / 2 + 1)};
+        for (int b = 0; b < 2; b++) {
+            o.device_budget = tide_plan_align(budgets[b]);
+            o.warm_region = region;
+            tide_plan *p = NULL;
+            tide_status st = tide_plan_make(ctx, g, &o, &p);
+            if (st == TIDE_E_INFEASIBLE && b) continue; /* below what some op needs beside the region */
+            if (st) fail_msg("graph %d budget %" PRIu64 ": %s (%s)", gi, o.device_budget, tide_status_str(st),
+                             tide_ctx_last_error(ctx));
+            if (tide_plan_verify(p)) {
+                if (getenv("TIDE_TEST_DUMP")) dump_plan(p);
+                fail_msg("graph %d (n_iter %d) with a warm region fails verification: %s", gi, o.n_iter,
+                         tide_ctx_last_error(ctx));
+            }
+            assert_true(p->warm_region == region);
+            assert_true(p->stats.peak_device_bytes >= region && p->stats.peak_device_bytes <= o.device_budget);
+            int i = in_warm_region(p, region);
+            if (i >= 0) fail_msg("graph %d: instruction %d lies in the warm region [0, %" PRIu64 ")", gi, i, region);
+            tide_plan_free(p);
+            n_plans++;
+            /* the same without the region: what lands in the gaps is rejected once claimed */
+            o.warm_region = 0;
+            p = plan_ok(ctx, g, &o);
+            if (in_warm_region(p, region) >= 0) {
+                p->warm_region = region;
+                assert_int_equal(tide_plan_verify(p), TIDE_E_VERIFY);
+                if (!strstr(tide_ctx_last_error(ctx), "inside the warm region"))
+                    fail_msg("graph %d: rejected for '%s', not for the warm region", gi, tide_ctx_last_error(ctx));
+                n_rejected++;
+            }
+            p->warm_region = p->device_budget + TIDE_PLAN_ALIGN; /* past the budget */
+            assert_int_equal(tide_plan_verify(p), TIDE_E_VERIFY);
+            tide_plan_free(p);
+        }
+        o.device_budget = tide_plan_align(budgets[0]);
+        tide_plan *p = NULL;
+        o.warm_region = region + 100;
+        assert_int_equal(tide_plan_make(ctx, g, &o, &p), TIDE_E_INVALID);
+        o.warm_region = o.device_budget + TIDE_PLAN_ALIGN;
+        assert_int_equal(tide_plan_make(ctx, g, &o, &p), TIDE_E_INVALID);
+        o.warm_region = region;
+        o.policy = TIDE_POLICY_LRU;
+        o.warm_off = NULL;
+        assert_int_equal(tide_plan_make(ctx, g, &o, &p), TIDE_E_UNSUPPORTED); /* the baselines plan no region */
+        assert_null(p);
+        free(warm);
+        tide_graph_free(g);
+    }
+    print_message("  %d plans with a warm region verified; %d planned without it used the region's gaps and "
+                  "were rejected once claiming it\n", n_plans, n_rejected);
+    assert_true(n_plans > 150 && n_rejected > 20);
+    tide_ctx_free(ctx);
+}
+
 /* ---------------------------------------------------------------- LLaMA */
 
 static void llama_case(tide_ctx *ctx, const char *model, int layers, int batch, int seq, int n_iter,
@@ -685,6 +799,7 @@ int main(void) {
         cmocka_unit_test(test_small_host),
         cmocka_unit_test(test_placements),
         cmocka_unit_test(test_reserve_message),
+        cmocka_unit_test(test_warm_region),
         cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_alloc_faults),
         cmocka_unit_test(test_llama),

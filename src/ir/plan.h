@@ -62,7 +62,12 @@
  * offset warm_off[t] when the plan starts (put there by an earlier run, or by
  * the caller before the first one) and must be there when it ends; that range
  * is never dropped or reused, and its home is neither read (for a STATE it may
- * be stale) nor updated.
+ * be stale) nor updated. The warm region [0, warm_region) is the warm tensors'
+ * alone: no other device range of the plan (a copy of a tensor elsewhere than
+ * at its warm offset, an op's scratch) overlaps it, whether a warm tensor of
+ * this plan covers those bytes or not. Plans sharing an arena keep their warm
+ * tensors there, and bytes one plan's graph does not name (the rows of a
+ * cache buffer a smaller batch leaves) still hold another's.
  *
  * Homes: WEIGHT and STATE tensors have a home tier (HOST or SSD) where a clean
  * copy lives before the run and where their latest version must be when the
@@ -150,6 +155,7 @@ typedef struct tide_plan {
                                      the end (its home is then updated by a final STORE) */
     uint64_t *warm_off;           /* per tensor: TIDE_HOME, or the arena offset where a warm
                                      tensor lives across runs (see above) */
+    uint64_t warm_region;         /* [0, warm_region) holds warm tensors only (0: no region) */
     bool host_addressable;        /* DEVICE computes may use host copies in place */
     tide_ins *ins;
     int n_ins, cap_ins;

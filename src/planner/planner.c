@@ -450,7 +450,8 @@ static tide_status check_opts(tide_ctx *ctx, const tide_graph *g, const tide_pla
     if (o->n_iter < 1) return tide_err(ctx, TIDE_E_INVALID, "plan: n_iter must be >= 1 (got %d)", o->n_iter);
     if ((unsigned)o->policy >= TIDE_POLICY_COUNT)
         return tide_err(ctx, TIDE_E_INVALID, "plan: unknown policy %d", (int)o->policy);
-    if (o->policy != TIDE_POLICY_TIDE && (o->host_ops || o->host_addressable || o->warm_off || o->shared_scratch))
+    if (o->policy != TIDE_POLICY_TIDE &&
+        (o->host_ops || o->host_addressable || o->warm_off || o->warm_region || o->shared_scratch))
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "plan: the %s policy plans neither host placements, in-place host "
                         "tensors nor warm ones (the tide policy does)", tide_policy_name(o->policy));
     return TIDE_OK;
@@ -492,7 +493,7 @@ tide_status tide_plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_o
     double t0 = tide_now();
     tide_status st = plan_make(ctx, g, opts, true, out);
     if (st || opts->policy != TIDE_POLICY_TIDE || opts->host_ops || opts->host_addressable || opts->warm_off ||
-        opts->shared_scratch)
+        opts->warm_region || opts->shared_scratch)
         return st;
     tide_plan_opts so = *opts;
     so.policy = TIDE_POLICY_STATIC_LAYER;
@@ -528,6 +529,7 @@ tide_status tide_plan_peak_unbounded(tide_ctx *ctx, const tide_graph *g, const t
     o.policy = TIDE_POLICY_TIDE;
     o.device_budget = everything_bytes(g);
     o.warm_off = NULL;
+    o.warm_region = 0;
     tide_plan *p = NULL;
     tide_status st = plan_make(ctx, g, &o, false, &p);
     if (st) return st;

@@ -28,6 +28,10 @@ typedef struct tide_plan_opts {
     const uint64_t *warm_off;     /* per tensor of g, or NULL: TIDE_HOME, or the arena
                                      offset where a weight or state is kept across runs
                                      (ir/plan.h: warm tensors) */
+    uint64_t warm_region;         /* a multiple of TIDE_PLAN_ALIGN within the budget, or 0:
+                                     [0, warm_region) is left to the warm tensors whole,
+                                     the bytes no warm tensor of g covers included (the
+                                     arena's other users keep theirs there) */
     bool shared_scratch;          /* one workspace, the largest device op's scratch, at the
                                      lowest free range of the arena, used by every device
                                      compute (they run one at a time on the compute stream)

@@ -493,6 +493,26 @@ static tide_status place_warm(engine *e, const uint64_t *warm_off, uint64_t *byt
     return TIDE_OK;
 }
 
+/* Reserves what the warm tensors leave of the warm region [0, n): nothing
+ * else of the plan goes there (the arena's other plans keep warm tensors in
+ * those bytes). *bytes grows by what it reserves. TIDE_E_INVALID when n is
+ * not an aligned size within the budget. */
+static tide_status reserve_warm_region(engine *e, uint64_t n, uint64_t *bytes) {
+    if (n % TIDE_PLAN_ALIGN || n > e->sp.dev.size)
+        return tide_err(e->ctx, TIDE_E_INVALID, "plan: the warm region of %llu bytes is not a multiple of %u "
+                        "within the budget of %llu bytes", (unsigned long long)n, TIDE_PLAN_ALIGN,
+                        (unsigned long long)e->sp.dev.size);
+    for (tide_blk *b = e->sp.dev.head; b && b->off < n; b = b->next) {
+        if (b->owner != TIDE_BLK_FREE) continue;
+        uint64_t k = TIDE_MIN(b->off + b->size, n) - b->off;
+        if (!(b = tide_arena_take(&e->sp.dev, b, b->off, k, TIDE_BLK_RESERVED)))
+            return tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
+        *bytes += k;
+    }
+    e->plan->warm_region = n;
+    return TIDE_OK;
+}
+
 tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *o) {
     memset(e, 0, sizeof *e);
     e->ctx = ctx;
@@ -614,6 +634,7 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
     }
     uint64_t reserved = 0; /* for the whole plan: no op's working set may use it */
     if (o->warm_off && (st = place_warm(e, o->warm_off, &reserved))) return st;
+    if (o->warm_region && (st = reserve_warm_region(e, o->warm_region, &reserved))) return st;
     if (o->shared_scratch && (st = place_shared_scratch(e, &reserved))) return st;
     /* Every op's working set must fit beside what is reserved. */
     int which = -1;

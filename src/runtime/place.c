@@ -9,8 +9,13 @@
  * are, and the arena holds the activations alone. On a device (a GPU) every
  * weight and cache buffer is warm: uploaded once to a fixed range at the
  * bottom of the arena and kept there across runs and slots, the activations
- * above; a slot that needs a larger arena grows it (the cache is copied out
- * and back, the weights uploaded again, the other slots' runners made anew).
+ * above. The whole warm region is the plan's warm_region, reserved even
+ * where its graph names no tensor: a batch below max_batch uses the first
+ * rows of each cache buffer, and the other rows hold their sequences' history
+ * for a later graph. The arena is at least the warm region, whatever a plan's
+ * own peak; a slot that needs a larger arena grows it (the cache is copied
+ * out and back, the weights uploaded again, the other slots' runners made
+ * anew).
  *
  * Offloaded (a budget): the arena is exactly the budget, resolved from the
  * first graph planned; each slot's graph is tiled as finely as the budget
@@ -101,11 +106,13 @@ static tide_status flush_warm(tide_model *m) {
     return TIDE_OK;
 }
 
-/* Makes the arena at least need bytes, keeping the warm tensors (resident);
- * slot `keep` keeps its runner (it is being made). */
+/* Makes the arena at least need bytes, and at least the warm region when
+ * there is one, keeping the warm tensors (resident); slot `keep` keeps its
+ * runner (it is being made). */
 static tide_status ensure_arena(tide_model *m, uint64_t need, const graph_slot *keep) {
     tide_backend *be = m->be;
     tide_status st;
+    if (m->warm_w) need = TIDE_MAX(need, m->warm_bytes);
     if (m->arena && need <= m->arena_bytes) return m->warm_w && !m->warm_loaded ? upload_warm(m) : TIDE_OK;
     if (m->arena) {
         if (m->warm_loaded && (st = flush_warm(m))) return st;
@@ -178,7 +185,8 @@ static tide_status warm_offsets(tide_model *m, const tide_graph *g, uint64_t *wa
     return TIDE_OK;
 }
 
-/* A resident plan of g: unconstrained, its budget the arena bytes it uses. */
+/* A resident plan of g: unconstrained, its budget the arena bytes it uses
+ * (on a device, the warm region at least: it is reserved whole). */
 static tide_status plan_resident(tide_model *m, tide_graph *g, tide_plan **out) {
     tide_ctx *ctx = m->ctx;
     tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = resident_hw(),
@@ -190,13 +198,15 @@ static tide_status plan_resident(tide_model *m, tide_graph *g, tide_plan **out) 
             return tide_err(ctx, TIDE_E_NOMEM, "out of memory planning");
         if ((st = warm_layout(m)) || (st = warm_offsets(m, g, warm))) goto done;
         po.warm_off = warm;
+        po.warm_region = m->warm_bytes;
     }
     uint64_t peak = 0;
     if ((st = tide_plan_peak_unbounded(ctx, g, &po, &peak))) goto done;
     po.device_budget = m->warm_bytes + peak + TIDE_PLAN_ALIGN;
     if ((st = tide_plan_make(ctx, g, &po, out))) goto done;
     /* what it uses is all it needs: the plan holds no byte above its peak */
-    (*out)->device_budget = TIDE_MAX((*out)->stats.peak_device_bytes, (uint64_t)TIDE_PLAN_ALIGN);
+    uint64_t used = TIDE_MAX((*out)->stats.peak_device_bytes, po.warm_region);
+    (*out)->device_budget = TIDE_MAX(used, (uint64_t)TIDE_PLAN_ALIGN);
 done:
     tide_free(warm);
     return st;

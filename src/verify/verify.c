@@ -20,7 +20,9 @@
  *      plan's spill area of its tier. Homes match roles. A COMPUTE's host
  *      operands are allowed when it runs on the host (then all are) or the
  *      plan is host_addressable. Warm tensors are weights or state, their
- *      ranges inside the budget and apart.
+ *      ranges inside the budget and apart. The warm region [0, warm_region)
+ *      lies inside the budget, and no device range but a warm tensor's at
+ *      its warm offset overlaps it: neither a copy elsewhere nor op scratch.
  *   V2 Ops. The first COMPUTE of each op in an iteration comes in graph order:
  *      ops 0..n-1 of iteration 0, then of iteration 1, ...: every op at least
  *      once per iteration. A later COMPUTE of an op already computed in its
@@ -101,10 +103,17 @@
 static bool vin_area(uint64_t off, uint64_t n, uint64_t size) { return off <= size && n <= size - off; }
 
 static tide_status check_dev(vstate *v, int x, const char *what, int t, uint64_t off, uint64_t n) {
-    if (vin_area(off, n, v->p->device_budget)) return TIDE_OK;
-    return vfail(v, x, "%s %s%s%s at device [%" PRIu64 ", %" PRIu64 "), past the device budget of "
-                "%" PRIu64 " bytes (budget overflow)", what, t == NONE ? "" : "'", t == NONE ? "op scratch" : vtname(v, t),
-                t == NONE ? "" : "'", off, off + n, v->p->device_budget);
+    const tide_plan *p = v->p;
+    const char *q = t == NONE ? "" : "'", *nm = t == NONE ? "op scratch" : vtname(v, t);
+    if (!vin_area(off, n, p->device_budget))
+        return vfail(v, x, "%s %s%s%s at device [%" PRIu64 ", %" PRIu64 "), past the device budget of "
+                    "%" PRIu64 " bytes (budget overflow)", what, q, nm, q, off, off + n, p->device_budget);
+    bool at_warm = t != NONE && p->warm_off && p->warm_off[t] == off;
+    if (n && off < p->warm_region && !at_warm)
+        return vfail(v, x, "%s %s%s%s at device [%" PRIu64 ", %" PRIu64 "), inside the warm region [0, "
+                    "%" PRIu64 "), which holds warm tensors at their offsets alone", what, q, nm, q, off, off + n,
+                    p->warm_region);
+    return TIDE_OK;
 }
 
 static tide_status check_spill(vstate *v, int x, int t, tide_tier tier, uint64_t off) {
@@ -410,6 +419,9 @@ static int cmp_warm(const void *a, const void *b) {
  * their device copies are live at the start. */
 static tide_status check_warm(vstate *v) {
     const tide_graph *g = v->g;
+    if (v->p->warm_region > v->p->device_budget)
+        return tide_err(v->ctx, TIDE_E_VERIFY, "the warm region [0, %" PRIu64 ") is past the device budget of "
+                        "%" PRIu64 " bytes", v->p->warm_region, v->p->device_budget);
     int n = 0;
     for (int t = 0; t < g->n_tensors; t++) n += warm(v, t);
     if (!n) return TIDE_OK;

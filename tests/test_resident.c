@@ -1,0 +1,255 @@
+/*
+ * test_resident.c - resident runs of the planned engine on a device whose
+ * memory is not host memory (a GPU), where every weight and KV cache buffer is
+ * warm: uploaded once to a fixed range at the bottom of the arena and kept
+ * there across runs and graphs. Each case compares the planned engine with
+ * the plain engine (the independent reference) bit for bit, call by call:
+ *
+ *   - batches below the cache's capacity: a graph's cache tensors are the
+ *     first rows of each cache buffer, and the rows it does not use still
+ *     hold other rows' history, which nothing else may overwrite;
+ *   - an arena at least as large as the warm region, whatever the plan's
+ *     own peak (a plan whose activations fit in the unused rows).
+ *
+ * The device: the CUDA backend where tide_backend_new finds one (a GPU, or
+ * the emulated GPU of tests/emu when this file is linked against
+ * tide_cudaemu), else the cpu-async double of tests/async_backend.h told to
+ * take the GPU paths (device_is_host false). Either way every copy between
+ * host and device memory is checked to lie inside one live device
+ * allocation; a copy that does not fails with a message saying so, as the
+ * emulated GPU reports it.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "async_backend.h"
+#include "backend/backend.h"
+
+#include <ftw.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static char root_dir[64], bf16_dir[96], f32_dir[96];
+static const char *device_name = "";
+
+/* ---------------------------------------------------------------- checked copies */
+
+/* Every live allocation of the device backend, so that each copy can be
+ * checked against them (the executor's workers copy from several threads). */
+enum { MAX_SPANS = 4096 };
+static struct span { const char *p; size_t n; } spans[MAX_SPANS];
+static int n_spans;
+static pthread_mutex_t spans_mu = PTHREAD_MUTEX_INITIALIZER;
+static const tide_backend_vt *inner_vt;
+static tide_backend_vt checked_vt;
+
+static tide_status checked_alloc(tide_backend *be, size_t n, void **ptr) {
+    tide_status st = inner_vt->alloc(be, n, ptr);
+    if (st) return st;
+    pthread_mutex_lock(&spans_mu);
+    assert_true(n_spans < MAX_SPANS);
+    spans[n_spans++] = (struct span){*ptr, n};
+    pthread_mutex_unlock(&spans_mu);
+    return TIDE_OK;
+}
+
+static void checked_dealloc(tide_backend *be, void *ptr) {
+    pthread_mutex_lock(&spans_mu);
+    for (int i = 0; i < n_spans; i++)
+        if (spans[i].p == ptr) {
+            spans[i] = spans[--n_spans];
+            break;
+        }
+    pthread_mutex_unlock(&spans_mu);
+    inner_vt->dealloc(be, ptr);
+}
+
+static bool inside(const void *p, size_t n) {
+    const char *c = p;
+    bool ok = false;
+    pthread_mutex_lock(&spans_mu);
+    for (int i = 0; i < n_spans && !ok; i++)
+        ok = c >= spans[i].p && c <= spans[i].p + spans[i].n && n <= (size_t)(spans[i].p + spans[i].n - c);
+    pthread_mutex_unlock(&spans_mu);
+    return ok;
+}
+
+static tide_status checked_to_device(tide_backend *be, void *q, void *dst, const void *src, size_t n) {
+    if (!inside(dst, n))
+        return tide_err(tide_backend_queue_ctx(be, q), TIDE_E_BACKEND, "a copy of %zu bytes to the device "
+                        "lands outside any device allocation", n);
+    return inner_vt->to_device(be, q, dst, src, n);
+}
+
+static tide_status checked_to_host(tide_backend *be, void *q, void *dst, const void *src, size_t n) {
+    if (!inside(src, n))
+        return tide_err(tide_backend_queue_ctx(be, q), TIDE_E_BACKEND, "a copy of %zu bytes from the device "
+                        "reads outside any device allocation", n);
+    return inner_vt->to_host(be, q, dst, src, n);
+}
+
+/* The device backend on ctx, its copies checked. */
+static tide_backend *device_new(tide_ctx *ctx) {
+    tide_backend *be = NULL;
+    if (tide_backend_new(ctx, TIDE_BACKEND_CUDA, &be) != TIDE_OK) {
+        tide_err_clear(ctx);
+        tide_async_opts ao = {.jitter_us = 20, .seed = 3, .device_is_host = false};
+        assert_int_equal(tide_async_backend_new(ctx, &ao, &be), TIDE_OK);
+    }
+    device_name = tide_backend_name(be);
+    assert_false(be->vt->device_is_host);
+    inner_vt = be->vt;
+    checked_vt = *be->vt;
+    checked_vt.alloc = checked_alloc;
+    checked_vt.dealloc = checked_dealloc;
+    checked_vt.to_device = checked_to_device;
+    checked_vt.to_host = checked_to_host;
+    be->vt = &checked_vt;
+    return be;
+}
+
+/* ---------------------------------------------------------------- models */
+
+static tide_llama_config model_config(tide_dtype dt) {
+    tide_llama_config c = {
+        .name = "resident-test", .hidden_size = 128, .intermediate_size = 352, .num_hidden_layers = 3,
+        .num_attention_heads = 4, .num_key_value_heads = 2, .vocab_size = 300,
+        .max_position_embeddings = 64, .rms_norm_eps = 1e-5f, .rope_theta = 10000.0f,
+        .tie_word_embeddings = false, .dtype = dt,
+    };
+    return c;
+}
+
+enum { CTX_LEN = 32 };
+
+typedef struct call { int batch, seq, pos; } call;
+
+/* Logits of the calls made in turn on model m (each call's batch*seq rows of
+ * vocab), or NULL with *st set. */
+static float *forward_calls(tide_model *m, const call *c, int n, tide_status *st) {
+    const int V = model_config(TIDE_BF16).vocab_size;
+    size_t rows = 0;
+    for (int k = 0; k < n; k++) rows += (size_t)c[k].batch * (size_t)c[k].seq;
+    float *lg = calloc(rows * (size_t)V, sizeof *lg);
+    assert_non_null(lg);
+    *st = TIDE_OK;
+    size_t at = 0;
+    for (int k = 0; k < n && !*st; k++) {
+        int32_t tok[64];
+        assert_true(c[k].batch * c[k].seq <= 64);
+        for (int i = 0; i < c[k].batch * c[k].seq; i++) tok[i] = (int32_t)((i * 37 + k * 11 + c[k].pos + 5) % V);
+        *st = tide_model_forward(m, tok, c[k].batch, c[k].seq, c[k].pos, lg + at * (size_t)V);
+        at += (size_t)c[k].batch * (size_t)c[k].seq;
+    }
+    if (*st) {
+        free(lg);
+        return NULL;
+    }
+    return lg;
+}
+
+/* The calls on a fresh model of dir on be with engine eng: their logits. */
+static float *run_calls(tide_ctx *ctx, tide_backend *be, const char *dir, int max_batch, tide_engine eng,
+                        const call *c, int n) {
+    tide_checkpoint *ck = NULL;
+    tide_model *m = NULL;
+    assert_int_equal(tide_checkpoint_open(ctx, dir, &ck), TIDE_OK);
+    tide_model_opts mo = {.max_batch = max_batch, .ctx_len = CTX_LEN};
+    assert_int_equal(tide_model_new(ctx, ck, be, &mo, &m), TIDE_OK);
+    tide_status st = tide_model_set_engine(m, eng);
+    float *lg = st ? NULL : forward_calls(m, c, n, &st);
+    if (st)
+        fail_msg("%s engine on %s: %s (%s)", eng == TIDE_ENGINE_PLAIN ? "plain" : "planned", device_name,
+                 tide_status_str(st), tide_ctx_last_error(ctx));
+    tide_model_free(m);
+    tide_checkpoint_free(ck);
+    return lg;
+}
+
+/* The planned engine gives the plain engine's logits, bit for bit, call by
+ * call (the first differing call and batch row are named). */
+static void compare_engines(const char *dir, int max_batch, const call *c, int n) {
+    tide_ctx *ctx = tide_ctx_new();
+    tide_backend *be = device_new(ctx);
+    float *want = run_calls(ctx, be, dir, max_batch, TIDE_ENGINE_PLAIN, c, n);
+    float *got = run_calls(ctx, be, dir, max_batch, TIDE_ENGINE_PLANNED, c, n);
+    const size_t V = (size_t)model_config(TIDE_BF16).vocab_size;
+    size_t at = 0; /* rows before call k */
+    for (int k = 0; k < n; k++) {
+        for (int b = 0; b < c[k].batch; b++) {
+            size_t row = (size_t)c[k].seq * V, off = (at + (size_t)b * (size_t)c[k].seq) * V;
+            if (memcmp(want + off, got + off, row * sizeof *got))
+                fail_msg("%s: call %d (batch %d, seq %d at %d): batch row %d's logits differ from the plain "
+                         "engine's", device_name, k, c[k].batch, c[k].seq, c[k].pos, b);
+        }
+        at += (size_t)c[k].batch * (size_t)c[k].seq;
+    }
+    print_message("    %s: %d calls, %zu logits rows, planned = plain\n", device_name, n, at);
+    free(want);
+    free(got);
+    tide_backend_free(be);
+    tide_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- cases */
+
+/* A prefill of both rows, a decode step of row 0 alone (its graph's cache is
+ * row 0 of each buffer: row 1 is free to nothing), then a decode step of both
+ * rows, which reads row 1's history. */
+static void test_partial_batch(void **state) {
+    (void)state;
+    static const call c[] = {{2, 5, 0}, {1, 1, 5}, {2, 1, 6}};
+    compare_engines(bf16_dir, 2, c, 3);
+}
+
+/* One row of eight: the plan's activations fit in the rows it leaves, so its
+ * own peak is below the warm region, which the arena must still hold whole. */
+static void test_arena_holds_warm(void **state) {
+    (void)state;
+    static const call c[] = {{1, 1, 0}, {1, 1, 1}, {3, 2, 0}, {1, 1, 2}};
+    compare_engines(f32_dir, 8, c, 4);
+}
+
+/* ---------------------------------------------------------------- setup */
+
+static int group_setup(void **state) {
+    (void)state;
+    snprintf(root_dir, sizeof root_dir, "/tmp/tide-resident-XXXXXX");
+    if (!mkdtemp(root_dir)) return -1;
+    snprintf(bf16_dir, sizeof bf16_dir, "%s/bf16", root_dir);
+    snprintf(f32_dir, sizeof f32_dir, "%s/f32", root_dir);
+    tide_ctx *ctx = tide_ctx_new();
+    tide_llama_config b = model_config(TIDE_BF16), f = model_config(TIDE_F32);
+    tide_status st = tide_checkpoint_make_synthetic(ctx, &b, 11, 0, bf16_dir);
+    if (!st) st = tide_checkpoint_make_synthetic(ctx, &f, 12, 0, f32_dir);
+    if (st) fprintf(stderr, "synthetic checkpoint: %s\n", tide_ctx_last_error(ctx));
+    tide_ctx_free(ctx);
+    return st ? -1 : 0;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    return nftw(root_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) ? -1 : 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_partial_batch),
+        cmocka_unit_test(test_arena_holds_warm),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
