@@ -437,10 +437,11 @@ static void test_belady(void **state) {
 
 /* ---------------------------------------------------------------- placements */
 
-/* Random DAGs planned with (a) some ops forced onto the host CPU, (b) the
- * device addressing host memory (tensors homed on host used in place), (c)
- * every weight warm at the top of the arena, and (a)+(b), some with one
- * shared scratch range (whose users must all be ordered): every plan
+/* Random DAGs, half of them with ops that have scratch, planned with (a)
+ * some ops forced onto the host CPU, (b) the device addressing host memory
+ * (tensors homed on host used in place), (c) every weight warm at the top of
+ * the arena, and (a)+(b), some with one shared scratch range (whose users
+ * must all be ordered), over 1 to 3 iterations: every plan
  * verifies, host ops compute on the host stream with host operands, in-place
  * tensors are never loaded, warm ones never loaded nor dropped. The
  * baselines refuse all three. */
@@ -450,7 +451,7 @@ static void test_placements(void **state) {
     tide_hw hw = test_hw();
     int n_plans = 0, n_host = 0;
     for (int gi = 0; gi < 200; gi++) {
-        tide_graph *g = random_graph(ctx, rint_(1, 30), gi % 3 == 0 ? 4096 : 65536);
+        tide_graph *g = random_graph_s(ctx, rint_(1, 30), gi % 3 == 0 ? 4096 : 65536, gi % 2 == 1);
         int n_iter = rint_(1, 3), mode = gi % 4;
         bool *host = calloc((size_t)g->n_ops + 1, sizeof *host);
         uint64_t *warm = malloc(((size_t)g->n_tensors + 1) * sizeof *warm);
@@ -663,6 +664,45 @@ static void test_warm_region(void **state) {
     tide_ctx_free(ctx);
 }
 
+/* A shared scratch in a multi-iteration plan under a budget: the steady
+ * state's resident region must go where the arena is free, not where its
+ * first block (the scratch, reserved at offset 0) is. A 3-layer bf16 LLaMA
+ * graph, two iterations, budgets from the peak down: every plan verifies or
+ * is refused as infeasible. */
+static void test_shared_scratch_iterations(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_hw hw = test_hw();
+    tide_llama_config cfg;
+    CHECK_OK(ctx, tide_llama_config_named(ctx, "tinyllama-1.1b", &cfg));
+    cfg.num_hidden_layers = 3;
+    cfg.dtype = TIDE_BF16;
+    tide_llama_graph_opts go = {.batch = 1, .seq = 128};
+    tide_graph *g = NULL;
+    CHECK_OK(ctx, tide_llama_build(ctx, &cfg, &go, &g));
+    int n_plans = 0;
+    for (int n_iter = 2; n_iter <= 3; n_iter++) {
+        tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .n_iter = n_iter, .hw = &hw, .shared_scratch = true};
+        uint64_t peak = 0;
+        CHECK_OK(ctx, tide_plan_peak_unbounded(ctx, g, &o, &peak));
+        static const int eighths[] = {8, 7, 6, 5, 4, 3, 2};
+        for (int k = 0; k < (int)(sizeof eighths / sizeof *eighths); k++) {
+            o.device_budget = tide_plan_align(peak / 8 * (uint64_t)eighths[k]);
+            tide_plan *p = NULL;
+            tide_status st = tide_plan_make(ctx, g, &o, &p);
+            if (st == TIDE_E_INFEASIBLE) continue;
+            if (st) fail_msg("n_iter %d, %d/8 of the peak: %s", n_iter, eighths[k], tide_ctx_last_error(ctx));
+            tide_plan_free(p);
+            tide_plan_free(plan_ok(ctx, g, &o));
+            n_plans++;
+        }
+    }
+    print_message("  %d plans with a shared scratch over iterations verified\n", n_plans);
+    assert_true(n_plans >= 8);
+    tide_graph_free(g);
+    tide_ctx_free(ctx);
+}
+
 /* ---------------------------------------------------------------- LLaMA */
 
 static void llama_case(tide_ctx *ctx, const char *model, int layers, int batch, int seq, int n_iter,
@@ -800,6 +840,7 @@ int main(void) {
         cmocka_unit_test(test_placements),
         cmocka_unit_test(test_reserve_message),
         cmocka_unit_test(test_warm_region),
+        cmocka_unit_test(test_shared_scratch_iterations),
         cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_alloc_faults),
         cmocka_unit_test(test_llama),

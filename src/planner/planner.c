@@ -307,8 +307,7 @@ static tide_status choose_residents(engine *e) {
     const tide_lifetime *lt = &e->lt;
     int nt = g->n_tensors, n = e->n_ops;
     if (e->n_iter < 2 || n == 0) return TIDE_OK;
-    /* warm tensors stay where they are, and the resident region below is
-     * packed into an arena that has no other reservation */
+    /* warm tensors are a resident set already, kept where they are */
     for (int t = 0; t < nt; t++)
         if (e->t[t].warm) return TIDE_OK;
     int64_t *delta = tide_calloc((size_t)n + 1, sizeof *delta);
@@ -335,7 +334,8 @@ static tide_status choose_residents(engine *e) {
     for (int i = 0; i < n; i++) {
         const tide_op *op = &g->ops[i];
         live += delta[i];
-        act = TIDE_MAX(act, (uint64_t)live + tide_plan_align(op->scratch_bytes));
+        /* a shared scratch is reserved already, below */
+        act = TIDE_MAX(act, (uint64_t)live + (e->sp.shared ? 0 : tide_plan_align(op->scratch_bytes)));
         uint64_t w = 0;
         for (int k = 0; k < op->n_in + op->n_out; k++) {
             int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
@@ -348,10 +348,19 @@ static tide_status choose_residents(engine *e) {
     }
     wmax = TIDE_MAX(wmax, wprev + w0);
     tide_free(delta);
-    uint64_t budget = e->plan->device_budget;
+    /* The arena's free bytes (what the plan reserved from the start, a
+     * shared scratch or a warm region, is no one's room), and the free block
+     * that ends at its top, where the residents' slots go. */
+    uint64_t budget = 0;
+    tide_blk *top = e->sp.dev.head;
+    for (tide_blk *b = e->sp.dev.head; b; b = b->next) {
+        if (b->owner == TIDE_BLK_FREE) budget += b->size;
+        top = b;
+    }
+    uint64_t top_free = top && top->owner == TIDE_BLK_FREE ? top->size : 0;
     if (cand + act <= budget) return TIDE_OK; /* all of it stays: nothing to stream */
     uint64_t room = act + wmax;
-    uint64_t target = budget > room ? budget - room : 0;
+    uint64_t target = budget > room ? TIDE_MIN(budget - room, top_free) : 0;
     e->pinned = tide_calloc((size_t)nt, sizeof *e->pinned);
     e->stream = tide_calloc((size_t)nt, sizeof *e->stream);
     e->pin_off = tide_calloc((size_t)nt, sizeof *e->pin_off);
@@ -406,9 +415,8 @@ static tide_status choose_residents(engine *e) {
     /* The residents' slots, packed at the top of the arena, away from the
      * streaming below them (which then finds its space in one piece). */
     if (total) {
-        uint64_t at = budget - total;
-        tide_blk *f = e->sp.dev.head;
-        if (!tide_arena_take(&e->sp.dev, f, at, total, TIDE_BLK_RESERVED))
+        uint64_t at = top->off + top->size - total;
+        if (!tide_arena_take(&e->sp.dev, top, at, total, TIDE_BLK_RESERVED))
             return e->st = tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
         for (int t = 0; t < nt; t++)
             if (e->pinned[t]) {
