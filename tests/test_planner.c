@@ -703,6 +703,49 @@ static void test_shared_scratch_iterations(void **state) {
     tide_ctx_free(ctx);
 }
 
+/* Weights homed on SSD and every third op on the host CPU: a host op's
+ * weight comes into host spill space by a MOVE, and that clean copy goes
+ * after the weight's last use of each iteration, so the host spill peak is
+ * the same at 1, 2 and 3 iterations, and a host budget that holds one
+ * iteration's plan holds three's. Every plan verifies. */
+static void test_host_spill_iterations(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_hw hw = test_hw();
+    tide_llama_config cfg = {
+        .name = "host-spill", .hidden_size = 128, .intermediate_size = 352, .num_hidden_layers = 3,
+        .num_attention_heads = 4, .num_key_value_heads = 2, .vocab_size = 300, .max_position_embeddings = 64,
+        .rms_norm_eps = 1e-5f, .rope_theta = 10000.0f, .dtype = TIDE_BF16,
+    };
+    tide_llama_graph_opts go = {.batch = 1, .seq = 8};
+    tide_graph *g = NULL;
+    CHECK_OK(ctx, tide_llama_build(ctx, &cfg, &go, &g));
+    bool *host = calloc((size_t)g->n_ops, sizeof *host);
+    for (int i = 0; i < g->n_ops; i++) host[i] = i % 3 == 2;
+    uint64_t spill[4] = {0}, homes = tide_graph_role_bytes(g, TIDE_ROLE_INPUT) +
+                                     tide_graph_role_bytes(g, TIDE_ROLE_OUTPUT) +
+                                     tide_graph_role_bytes(g, TIDE_ROLE_STATE);
+    for (int n_iter = 1; n_iter <= 3; n_iter++) {
+        tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .n_iter = n_iter, .hw = &hw, .weights_on_ssd = true,
+                            .host_ops = host};
+        CHECK_OK(ctx, tide_plan_peak_unbounded(ctx, g, &o, &o.device_budget));
+        o.device_budget += TIDE_PLAN_ALIGN;
+        tide_plan *p = plan_ok(ctx, g, &o);
+        spill[n_iter] = p->stats.peak_host_bytes;
+        tide_plan_free(p);
+        /* a host budget that holds the homes and one iteration's spills */
+        o.host_budget = homes + spill[1] + 2 * TIDE_PLAN_ALIGN;
+        tide_plan_free(plan_ok(ctx, g, &o));
+    }
+    print_message("  host spill peak at 1, 2, 3 iterations: %" PRIu64 ", %" PRIu64 ", %" PRIu64 " bytes\n", spill[1],
+                  spill[2], spill[3]);
+    assert_true(spill[1] > 0);
+    assert_true(spill[2] == spill[1] && spill[3] == spill[1]);
+    free(host);
+    tide_graph_free(g);
+    tide_ctx_free(ctx);
+}
+
 /* ---------------------------------------------------------------- LLaMA */
 
 static void llama_case(tide_ctx *ctx, const char *model, int layers, int batch, int seq, int n_iter,
@@ -841,6 +884,7 @@ int main(void) {
         cmocka_unit_test(test_reserve_message),
         cmocka_unit_test(test_warm_region),
         cmocka_unit_test(test_shared_scratch_iterations),
+        cmocka_unit_test(test_host_spill_iterations),
         cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_alloc_faults),
         cmocka_unit_test(test_llama),

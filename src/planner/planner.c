@@ -82,6 +82,9 @@
  *   ON_DEVICE --engine_compute_host, after engine_store to host if dirty--> a
  *     host copy written by the host step; the device copy DROPped as stale
  *   ON_SSD --engine_move_to_host--> ON_HOST (for a host step's input)
+ *   ON_HOST spill copy, clean (its SSD copy valid), after the last use of the
+ *     iteration --engine_compute(_host): DROP--> ON_SSD (MOVEd in again next
+ *     iteration)
  *
  * Host steps (a COMPUTE placed on the host CPU, on the host stream): the
  * allocation horizon never passes one that is not yet computed, since the

@@ -35,6 +35,20 @@ static void host_written(engine *e, int t, engine_copy *cp, int c, tide_stream s
     cp->r_ins[s] = c;
 }
 
+/* A clean spill copy in host memory of a persistent tensor whose SSD copy
+ * is valid (a weight homed on SSD, MOVEd in for a host step) goes after the
+ * tensor's last use of the iteration, as a streamed device copy does: kept
+ * until its last use of the last iteration, such copies would make the host
+ * spill area grow with n_iter. The next iteration MOVEs it in again. */
+static int drop_clean_host_spill(engine *e, int t, int step) {
+    engine_tensor *T = &e->t[t];
+    const engine_copy *h = &T->cp[TIDE_TIER_HOST];
+    if (!role_persistent(T->role) || !h->exists || h->home || !T->cp[TIDE_TIER_SSD].valid ||
+        engine_op_index(e, step) != tide_lifetime_last_op(&e->lt, t))
+        return 0;
+    return engine_drop_tier(e, t, TIDE_TIER_HOST, step) < 0 ? -1 : 0;
+}
+
 tide_status engine_compute(engine *e, int step) {
     if (engine_on_host(e, step)) return engine_compute_host(e, step);
     const tide_op *op = &e->g->ops[engine_op_index(e, step)];
@@ -146,6 +160,7 @@ tide_status engine_compute(engine *e, int step) {
             if (engine_drop_dev(e, t, ds, step) < 0) return e->st;
             if (engine_drop_spills(e, t, step, true) < 0) return e->st;
         }
+        if (drop_clean_host_spill(e, t, step) < 0) return e->st;
         if (T->blk && T->dev == DEV_VALID) space_cand_push(e, t, next);
     }
     space_resolve(e, step);
@@ -218,6 +233,7 @@ tide_status engine_compute_host(engine *e, int step) {
         }
         if (engine_drop_spills(e, t, step, dead && !written) < 0) return e->st;
         if (dead && written && T->role == TIDE_ROLE_TEMP && engine_drop_spills(e, t, step, true) < 0) return e->st;
+        if (drop_clean_host_spill(e, t, step) < 0) return e->st;
     }
     return e->st;
 }
