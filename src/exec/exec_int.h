@@ -20,8 +20,10 @@
 typedef struct home_ref {
     void *host;          /* host home, or NULL */
     int fd;              /* file home (O_DIRECT when direct), or -1; one descriptor
-                            per file, shared by the tensors homed in it */
+                            per file and mode, shared by the tensors homed in it */
     bool direct;
+    bool writable;       /* fd is read-write (a STATE's home, written back; a
+                            weight may share it); else read-only */
     uint64_t file_off;
     dev_t dev;           /* the file's identity, to share its descriptor */
     ino_t ino;
@@ -53,6 +55,7 @@ struct tide_exec {
     unsigned char *bounce;      /* BOUNCE_BYTES, 4 KiB aligned */
     bool direct_storage;        /* try be->vt->file_read for file homes; cleared
                                    when the backend answers it cannot */
+    bool buffered_files;        /* file homes opened without O_DIRECT (opts) */
     bool bounce_by_backend;     /* pinned, from be->vt->host_alloc */
     home_ref *home;
     /* computes placed on the host (the host stream) */

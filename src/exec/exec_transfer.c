@@ -1,10 +1,13 @@
 /*
  * exec_transfer.c - the executor's transfers (exec_int.h): LOAD, STORE and
  * MOVE instructions. Host <-> device copies go straight through the
- * backend; SSD transfers go through 4 KiB-aligned bounce buffers: an extent
- * that does not start or end on a 4 KiB boundary is read-modify-written at
- * its edges, so tier offsets need no alignment. All SSD instructions run on
- * the io stream, one at a time, which makes the edge read-modify-write safe.
+ * backend; SSD transfers (spills, and homes on SSD: weights read, state read
+ * and written back to its file) go through 4 KiB-aligned bounce buffers: an
+ * extent that does not start or end on a 4 KiB boundary is
+ * read-modify-written at its edges, so tier offsets need no alignment (a
+ * home file opened without O_DIRECT is written as it is). All SSD
+ * instructions run on the io stream, one at a time, which makes the edge
+ * read-modify-write safe.
  * A read into device memory (a GPU's) longer than half the bounce buffer is
  * double buffered: a reader thread fills one half while the io stream copies
  * the other to the device.
@@ -140,8 +143,11 @@ static tide_status ssd_read_to_device_pipelined(worker *w, int fd, bool direct, 
 
 /* Reads [off, off+n) of a file or the SSD store into dst (host memory, or
  * device memory when to_device), via the bounce buffer when dst or the extent
- * is not 4 KiB aligned. Errors on w's context. */
-static tide_status ssd_read_into(worker *w, int fd, bool direct, uint64_t off, unsigned char *dst,
+ * is not 4 KiB aligned. gds: the file may be read by direct storage (it is
+ * opened O_DIRECT or never written: a state home written through the page
+ * cache may have newer bytes there than on the drive). Errors on w's
+ * context. */
+static tide_status ssd_read_into(worker *w, int fd, bool direct, bool gds, uint64_t off, unsigned char *dst,
                                  uint64_t n, bool to_device) {
     tide_exec *ex = w->ex;
     /* Host-addressable destination with aligned extents: the store reads the
@@ -159,7 +165,7 @@ static tide_status ssd_read_into(worker *w, int fd, bool direct, uint64_t off, u
     }
     /* a file straight into device memory (GPUDirect Storage) where it works;
      * the first refusal turns it off for this executor, with a notice */
-    if (!host_dst && fd >= 0 && ex->direct_storage && n > 0) {
+    if (!host_dst && fd >= 0 && gds && ex->direct_storage && n > 0) {
         tide_status st = ex->be->vt->file_read(ex->be, w->q, fd, off, dst, n);
         if (st != TIDE_E_UNSUPPORTED) return st ? queue_fail(w, st) : TIDE_OK;
         ex->direct_storage = false;
@@ -182,33 +188,85 @@ static tide_status ssd_read_into(worker *w, int fd, bool direct, uint64_t off, u
     return TIDE_OK;
 }
 
-/* Writes src (device memory when from_device) to [off, off+n) of the SSD store;
- * partial 4 KiB pages at the edges are read first and merged. Errors on w's
- * context. */
-static tide_status ssd_write_from(worker *w, uint64_t off, const unsigned char *src, uint64_t n,
-                                  bool from_device) {
+/* 4 KiB-aligned reads and writes of the SSD store (fd < 0) or of a file
+ * home opened O_DIRECT. Errors on ex->ssd_ctx. */
+static tide_status pages_read(tide_exec *ex, int fd, uint64_t off, void *buf, uint64_t n) {
+    return fd < 0 ? tide_ssd_read(ex->ssd, off, buf, n) : tide_ssd_read_file(ex->ssd, fd, off, buf, n);
+}
+
+static tide_status pages_write(tide_exec *ex, int fd, uint64_t off, const void *buf, uint64_t n) {
+    return fd < 0 ? tide_ssd_write(ex->ssd, off, buf, n) : tide_ssd_write_file(ex->ssd, fd, off, buf, n);
+}
+
+/* Writes src (device memory when from_device) to [off, off+n) of the SSD
+ * store (fd < 0) or of a file home (fd, O_DIRECT when direct). On the store
+ * and a direct file, partial 4 KiB pages at the edges are read first and
+ * merged; a buffered file takes the bytes as they are, straight from src
+ * where the host can address it. Errors on w's context. */
+static tide_status ssd_write_from(worker *w, int fd, bool direct, uint64_t off, const unsigned char *src,
+                                  uint64_t n, bool from_device) {
     tide_exec *ex = w->ex;
+    tide_status st = TIDE_OK;
+    if (fd >= 0 && !direct) {
+        if (!from_device || ex->be->vt->device_is_host) {
+            st = tide_ssd_write_file(ex->ssd, fd, off, src, n);
+            return st ? ssd_fail(w, st) : TIDE_OK;
+        }
+        while (n > 0) {
+            uint64_t take = TIDE_MIN(n, (uint64_t)BOUNCE_BYTES);
+            if ((st = ex->be->vt->to_host(ex->be, w->q, ex->bounce, src, take))) return queue_fail(w, st);
+            if ((st = tide_ssd_write_file(ex->ssd, fd, off, ex->bounce, take))) return ssd_fail(w, st);
+            off += take;
+            src += take;
+            n -= take;
+        }
+        return TIDE_OK;
+    }
     while (n > 0) {
         uint64_t a0 = off & ~(uint64_t)(ALIGN - 1);
         uint64_t skip = off - a0;
         uint64_t span = TIDE_MIN((uint64_t)BOUNCE_BYTES, (skip + n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1));
         uint64_t take = TIDE_MIN(n, span - skip);
         /* keep the bytes of partly covered edge pages: read them first */
-        tide_status st = TIDE_OK;
         uint64_t end = skip + take, last = end & ~(uint64_t)(ALIGN - 1);
-        if (skip) st = tide_ssd_read(ex->ssd, a0, ex->bounce, ALIGN);
+        if (skip) st = pages_read(ex, fd, a0, ex->bounce, ALIGN);
         if (!st && (end & (ALIGN - 1)) && (last != 0 || !skip))
-            st = tide_ssd_read(ex->ssd, a0 + last, ex->bounce + last, ALIGN);
+            st = pages_read(ex, fd, a0 + last, ex->bounce + last, ALIGN);
         if (st) return ssd_fail(w, st);
         if (from_device && (st = ex->be->vt->to_host(ex->be, w->q, ex->bounce + skip, src, take)))
             return queue_fail(w, st);
         if (!from_device) memcpy(ex->bounce + skip, src, take);
-        if ((st = tide_ssd_write(ex->ssd, a0, ex->bounce, span))) return ssd_fail(w, st);
+        if ((st = pages_write(ex, fd, a0, ex->bounce, span))) return ssd_fail(w, st);
         off += take;
         src += take;
         n -= take;
     }
     return TIDE_OK;
+}
+
+/* Writes src (device memory when from_device) to the SSD home of the
+ * tensor of instruction i: its file extent (a STATE's), or the host memory
+ * that home was bound to. Errors on w's context. */
+static tide_status home_write(worker *w, int i, const unsigned char *src, bool from_device) {
+    tide_exec *ex = w->ex;
+    const tide_ins *in = &ex->p->ins[i];
+    const tide_tensor *t = &ex->g->tensors[in->tensor];
+    const home_ref *h = &ex->home[in->tensor];
+    tide_status st = TIDE_OK;
+    if (t->role != TIDE_ROLE_STATE)
+        return tide_err(w->ctx, TIDE_E_UNSUPPORTED, "instruction %d: '%s' would be written to its SSD home; "
+                        "a %s's home is never written", i, t->name, tide_role_name(t->role));
+    if (h->fd >= 0) {
+        st = ssd_write_from(w, h->fd, h->direct, h->file_off, src, t->nbytes, from_device);
+    } else if (!h->host) {
+        return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no SSD home bound", i, t->name);
+    } else if (from_device) { /* the home mapped in memory */
+        if ((st = ex->be->vt->to_host(ex->be, w->q, h->host, src, t->nbytes))) st = queue_fail(w, st);
+    } else if (src != h->host) {
+        memcpy(h->host, src, t->nbytes);
+    }
+    ex->bytes[3] += t->nbytes;
+    return st ? fail_io(w, i, "write to its SSD home") : TIDE_OK;
 }
 
 tide_status exec_load(worker *w, int i) {
@@ -228,13 +286,14 @@ tide_status exec_load(worker *w, int i) {
     double t0 = tide_now();
     const home_ref *h = &ex->home[in->tensor];
     if (in->tier_off == TIDE_HOME) {
-        if (h->fd >= 0) st = ssd_read_into(w, h->fd, h->direct, h->file_off, dst, t->nbytes, true);
+        if (h->fd >= 0)
+            st = ssd_read_into(w, h->fd, h->direct, h->direct || !h->writable, h->file_off, dst, t->nbytes, true);
         else if (!h->host)
             return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no SSD home bound", i, t->name);
         else if ((st = be->vt->to_device(be, w->q, dst, h->host, t->nbytes))) /* home mapped in memory */
             st = queue_fail(w, st);
     } else {
-        st = ssd_read_into(w, -1, true, in->tier_off, dst, t->nbytes, true);
+        st = ssd_read_into(w, -1, true, false, in->tier_off, dst, t->nbytes, true);
     }
     ex->ssd_read_s += tide_now() - t0;
     ex->bytes[2] += t->nbytes;
@@ -254,10 +313,8 @@ tide_status exec_store(worker *w, int i) {
         ex->bytes[1] += t->nbytes;
         return st ? fail_io(w, i, "device to host copy") : TIDE_OK;
     }
-    if (in->tier_off == TIDE_HOME)
-        return tide_err(w->ctx, TIDE_E_UNSUPPORTED, "instruction %d: '%s' would be written to its SSD home; "
-                        "only weights are homed on SSD and they are never written", i, t->name);
-    st = ssd_write_from(w, in->tier_off, src, t->nbytes, true);
+    if (in->tier_off == TIDE_HOME) return home_write(w, i, src, true);
+    st = ssd_write_from(w, -1, true, in->tier_off, src, t->nbytes, true);
     ex->bytes[3] += t->nbytes;
     return st ? fail_io(w, i, "SSD write") : TIDE_OK;
 }
@@ -269,18 +326,16 @@ tide_status exec_move(worker *w, int i) {
     const home_ref *h = &ex->home[in->tensor];
     tide_status st;
     if (in->src == TIDE_TIER_HOST && in->dst == TIDE_TIER_SSD) {
-        if (in->tier_off == TIDE_HOME)
-            return tide_err(w->ctx, TIDE_E_UNSUPPORTED, "instruction %d: '%s' would be written to its SSD home; "
-                            "only weights are homed on SSD and they are never written", i, t->name);
         const unsigned char *src = in->src_off == TIDE_HOME ? h->host : ex->host_pool + in->src_off;
         if (!src) return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no host home bound", i, t->name);
-        st = ssd_write_from(w, in->tier_off, src, t->nbytes, false);
+        if (in->tier_off == TIDE_HOME) return home_write(w, i, src, false);
+        st = ssd_write_from(w, -1, true, in->tier_off, src, t->nbytes, false);
         ex->bytes[3] += t->nbytes;
     } else {
         unsigned char *dst = in->tier_off == TIDE_HOME ? h->host : ex->host_pool + in->tier_off;
         if (!dst) return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no host home bound", i, t->name);
-        if (in->src_off != TIDE_HOME) st = ssd_read_into(w, -1, true, in->src_off, dst, t->nbytes, false);
-        else if (h->fd >= 0) st = ssd_read_into(w, h->fd, h->direct, h->file_off, dst, t->nbytes, false);
+        if (in->src_off != TIDE_HOME) st = ssd_read_into(w, -1, true, false, in->src_off, dst, t->nbytes, false);
+        else if (h->fd >= 0) st = ssd_read_into(w, h->fd, h->direct, false, h->file_off, dst, t->nbytes, false);
         else if (h->host) memcpy(dst, h->host, t->nbytes), st = TIDE_OK; /* the SSD home mapped in memory */
         else return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d: '%s' has no SSD home bound", i, t->name);
         ex->bytes[2] += t->nbytes;

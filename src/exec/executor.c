@@ -43,7 +43,10 @@
  *   A tensor copy moves through the states the plan encodes:
  *     AT_HOME --LOAD (h2d or io stream)--> ON_DEVICE --STORE (d2h or io)--> SPILLED/AT_HOME
  *     ON_DEVICE --DROP--> gone;  SPILLED(host) --MOVE (io)--> SPILLED(ssd)
- *   run_load, run_store, run_move and run_compute perform the transitions.
+ *     AT_HOME(ssd) --MOVE (io)--> SPILLED(host) --MOVE (io)--> AT_HOME(ssd)
+ *   A STORE or MOVE to an SSD home writes a STATE's file extent back (on
+ *   the io stream, like every SSD transfer); a WEIGHT's home is only read.
+ *   exec_load, exec_store, exec_move and run_compute perform the transitions.
  *
  * Transfers (LOAD, STORE, MOVE; the SSD's bounce buffers) are in
  * exec_transfer.c.
@@ -96,6 +99,9 @@ static tide_status alloc_host_pool(tide_exec *ex, size_t n, bool no_pin) {
     return TIDE_OK;
 }
 
+/* Whether p reads or writes the SSD tier: spills, and homes on SSD (weights
+ * read, state read and written back) alike need the store and the bounce
+ * buffer, even with nothing spilled. */
 static bool plan_uses_ssd(const tide_plan *p) {
     for (int i = 0; i < p->n_ins; i++) {
         const tide_ins *in = &p->ins[i];
@@ -177,6 +183,7 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
     }
     if ((st = alloc_host_pool(ex, p->host_spill_bytes, opts->no_pin))) goto fail;
     ex->direct_storage = opts->direct_storage && be->vt->file_read && !be->vt->device_is_host;
+    ex->buffered_files = opts->buffered_files;
     if (plan_uses_ssd(p)) {
         /* on a GPU the bounce buffer is pinned, so its copies to the device
          * run at the link's rate */
@@ -385,44 +392,66 @@ tide_status tide_exec_bind_host(tide_exec *ex, int t, void *data) {
     return TIDE_OK;
 }
 
+/* Opens the file of a home: O_DIRECT where the filesystem allows it (and
+ * the options do not forbid it), else buffered; read-write when rw. */
+static tide_status open_home(tide_exec *ex, int t, const char *path, bool rw, home_ref *h) {
+    int fd = -1;
+    if (!ex->buffered_files && (rw ? tide_ssd_open_direct_rw(path, &fd) : tide_ssd_open_direct(path, &fd)) == TIDE_OK) {
+        h->direct = true;
+    } else {
+        fd = open(path, (rw ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+        if (fd < 0)
+            return tide_err(ex->ctx, TIDE_E_IO, "cannot open %s%s for '%s': %s", path, rw ? " read-write" : "",
+                            tname(ex, t), strerror(errno));
+        h->direct = false;
+    }
+    h->fd = fd;
+    h->writable = rw;
+    struct stat sb;
+    if (fstat(fd, &sb) == 0) {
+        h->dev = sb.st_dev;
+        h->ino = sb.st_ino;
+    }
+    return TIDE_OK;
+}
+
 tide_status tide_exec_bind_file(tide_exec *ex, int t, const char *path, uint64_t off) {
     if (t < 0 || t >= ex->g->n_tensors)
         return tide_err(ex->ctx, TIDE_E_INVALID, "binding tensor %d: no such tensor", t);
-    if (ex->g->tensors[t].role != TIDE_ROLE_WEIGHT)
-        return tide_err(ex->ctx, TIDE_E_UNSUPPORTED, "only weights can be homed in a file ('%s' is %s)",
-                        tname(ex, t), tide_role_name(ex->g->tensors[t].role));
+    const tide_tensor *T = &ex->g->tensors[t];
+    if (T->role != TIDE_ROLE_WEIGHT && T->role != TIDE_ROLE_STATE)
+        return tide_err(ex->ctx, TIDE_E_UNSUPPORTED, "only weights and state can be homed in a file ('%s' is %s)",
+                        T->name, tide_role_name(T->role));
+    bool rw = T->role == TIDE_ROLE_STATE; /* written back by the run */
     home_ref *h = &ex->home[t];
     release_fd(ex, t);
-    /* a checkpoint file holds many weights: one descriptor for all of them, so
-     * that a large model does not run out of descriptors */
     struct stat sb;
-    if (stat(path, &sb) == 0)
+    bool known = stat(path, &sb) == 0;
+    /* a state's extent is read before it is written: it must be there (a
+     * weight's tail past the end reads as zeros, ssd.h) */
+    if (rw && known && (off > (uint64_t)sb.st_size || T->nbytes > (uint64_t)sb.st_size - off))
+        return tide_err(ex->ctx, TIDE_E_INVALID, "'%s' is homed at bytes [%llu, %llu) of %s, past its end (%llu bytes)",
+                        T->name, (unsigned long long)off, (unsigned long long)(off + T->nbytes), path,
+                        (unsigned long long)sb.st_size);
+    /* a checkpoint or state file holds many tensors: one descriptor for all
+     * of them, so that a large model does not run out of descriptors; a
+     * read-only one serves no state */
+    if (known)
         for (int u = 0; u < ex->g->n_tensors; u++) {
             const home_ref *o = &ex->home[u];
-            if (o->fd >= 0 && o->dev == sb.st_dev && o->ino == sb.st_ino) {
+            if (o->fd >= 0 && o->dev == sb.st_dev && o->ino == sb.st_ino && (o->writable || !rw)) {
                 h->fd = o->fd;
                 h->direct = o->direct;
+                h->writable = o->writable;
                 h->dev = o->dev;
                 h->ino = o->ino;
                 h->file_off = off;
                 return TIDE_OK;
             }
         }
-    int fd = -1;
-    if (tide_ssd_open_direct(path, &fd) == TIDE_OK) {
-        h->direct = true;
-    } else {
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) return tide_err(ex->ctx, TIDE_E_IO, "cannot open %s for '%s': %s", path, tname(ex, t), strerror(errno));
-        h->direct = false;
-    }
-    h->fd = fd;
-    h->file_off = off;
-    if (fstat(fd, &sb) == 0) {
-        h->dev = sb.st_dev;
-        h->ino = sb.st_ino;
-    }
-    return TIDE_OK;
+    tide_status st = open_home(ex, t, path, rw, h);
+    if (!st) h->file_off = off;
+    return st;
 }
 
 /* ---------------------------------------------------------------- computes */

@@ -28,7 +28,10 @@
  *
  * Homes: before running, every WEIGHT, STATE, INPUT and OUTPUT tensor of the
  * graph is bound to its home copy: host memory (a pointer the caller owns) or a
- * file extent (weights homed on SSD are read straight from the checkpoint).
+ * file extent (weights homed on SSD are read straight from the checkpoint;
+ * STATE homed on SSD is read from and written back to a file the caller
+ * made). A home on SSD is reached through the SSD store on the io stream:
+ * reads count in bytes_ssd_read, writes in bytes_ssd_write.
  */
 #ifndef TIDE_EXECUTOR_H
 #define TIDE_EXECUTOR_H
@@ -47,8 +50,13 @@ typedef struct tide_exec_opts {
                                  backend can; else through the bounce buffer */
     long fail_ssd_read_nth;   /* fault injection (tests): Nth SSD read/write fails */
     long fail_ssd_write_nth;
+                              /* (both count the store's requests: spills, file
+                                 homes read or written back, and the page reads
+                                 that merge a home's unaligned edges) */
     bool fail_ssd_enospc;     /* fault injection (tests): the spill file's fallocate
                                  fails with ENOSPC */
+    bool buffered_files;      /* open file homes without O_DIRECT, as where the
+                                 filesystem refuses it (tests of that path) */
     void *arena;              /* device memory of at least the plan's budget to use
                                  instead of allocating one (shared by several
                                  executors that never run at once); not freed */
@@ -70,8 +78,8 @@ typedef struct tide_exec_stats {
 } tide_exec_stats;
 
 /* Prepares to run p (already verified) on be: allocates the arena (exactly
- * p->device_budget bytes), the host spill pool, the SSD spill store when the
- * plan spills to SSD, the bounce buffers, and a queue of be for each stream
+ * p->device_budget bytes), the host spill pool, the SSD store when the plan
+ * spills to SSD or moves a home on SSD (its spill files in opts->ssd_dirs), the bounce buffers, and a queue of be for each stream
  * with instructions. Returns TIDE_OK, TIDE_E_NOMEM (arena or pool refused),
  * TIDE_E_IO (spill directory unusable or full), or what queue_new returns
  * (TIDE_E_UNSUPPORTED: the backend has no queues left), with the message on
@@ -82,8 +90,34 @@ void tide_exec_free(tide_exec *ex);
 
 /* Binds tensor t's home to host memory (read-write for STATE and OUTPUT). */
 tide_status tide_exec_bind_host(tide_exec *ex, int t, void *data);
-/* Binds tensor t's home to bytes [off, off + nbytes) of the file at path (a
- * WEIGHT homed on SSD). */
+/* Binds tensor t's home to bytes [off, off + nbytes) of the file at path:
+ *   - a WEIGHT homed on SSD: opened read-only, never written;
+ *   - a STATE homed on SSD: opened read-write (neither created nor
+ *     truncated). The caller makes the file, writes the initial contents of
+ *     the extent before the first run and may read the latest ones after any
+ *     run that returned TIDE_OK (between runs, never during one); the run
+ *     reads the extent where the plan LOADs or MOVEs the state from home and
+ *     writes it where the plan STOREs or MOVEs it home. The extent must lie
+ *     inside the file when it is bound. A write that fails fails the run
+ *     (TIDE_E_IO, the message naming the instruction, the tensor, the file
+ *     and the system's reason); the extents that run wrote then hold
+ *     unspecified bytes. Writes are not synced: the caller syncs what must
+ *     be durable.
+ * Files are opened with O_DIRECT | O_CLOEXEC where the filesystem allows it,
+ * else buffered. One descriptor serves every tensor homed in one file (a
+ * read-only one only weights), so the path may be unlinked once every tensor
+ * of that file is bound; it is closed by tide_exec_free. On a direct
+ * descriptor a write of an extent that does not start or end on a 4 KiB
+ * boundary reads and rewrites the 4 KiB pages at its edges: bytes beside the
+ * extent in those pages are kept, as long as the plan's other transfers of
+ * that file are ordered with it (they are: every SSD transfer runs on the io
+ * stream), but the caller must not write those pages during a run, and a
+ * file that ends inside the last page of an extent grows to that page's end.
+ * Extents at 4 KiB-aligned offsets, in a file covering each one rounded up
+ * to 4 KiB, avoid both. Returns TIDE_OK; TIDE_E_INVALID (no such tensor, or
+ * a STATE extent past the end of the file); TIDE_E_UNSUPPORTED (another
+ * role); TIDE_E_IO (the file cannot be opened; the message names it and
+ * why). */
 tide_status tide_exec_bind_file(tide_exec *ex, int t, const char *path, uint64_t off);
 
 /* Runs the whole plan once. On failure every worker stops, the status and the
