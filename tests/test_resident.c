@@ -9,7 +9,10 @@
  *     first rows of each cache buffer, and the rows it does not use still
  *     hold other rows' history, which nothing else may overwrite;
  *   - an arena at least as large as the warm region, whatever the plan's
- *     own peak (a plan whose activations fit in the unused rows).
+ *     own peak (a plan whose activations fit in the unused rows);
+ *   - every allocation of a first run refused in turn (a caller's allocator,
+ *     tide_set_allocator): the run fails with TIDE_E_NOMEM and a retry gives
+ *     the logits of a run never refused.
  *
  * The device: the CUDA backend where tide_backend_new finds one (a GPU, or
  * the emulated GPU of tests/emu when this file is linked against
@@ -27,6 +30,7 @@
 
 #include "async_backend.h"
 #include "backend/backend.h"
+#include "core/alloc_test.h"
 
 #include <ftw.h>
 #include <pthread.h>
@@ -35,7 +39,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static char root_dir[64], bf16_dir[96], f32_dir[96];
+static char root_dir[64], bf16_dir[96], f32_dir[96], small_dir[96];
 static const char *device_name = "";
 
 /* ---------------------------------------------------------------- checked copies */
@@ -216,6 +220,93 @@ static void test_arena_holds_warm(void **state) {
     compare_engines(f32_dir, 8, c, 4);
 }
 
+/* A caller's allocator that refuses its refuse_at-th allocation once armed. */
+typedef struct refusing {
+    long count, refuse_at;
+} refusing;
+
+static void *r_alloc(void *u, size_t n) {
+    refusing *r = u;
+    if (r->refuse_at > 0 && ++r->count == r->refuse_at) return NULL;
+    return malloc(n);
+}
+static void *r_resize(void *u, void *p, size_t n) {
+    refusing *r = u;
+    if (r->refuse_at > 0 && ++r->count == r->refuse_at) return NULL;
+    return realloc(p, n);
+}
+static void r_release(void *u, void *p) {
+    (void)u;
+    free(p);
+}
+
+/* Every allocation of a model's first resident run refused in turn: the run
+ * fails with TIDE_E_NOMEM and a message (or works around the refusal and
+ * gives the right logits), and running again (nothing refused) gives the
+ * logits of a run never refused: no half-made state is left for the retry
+ * to trip on. */
+static void test_first_run_refused(void **state) {
+    (void)state;
+    assert_int_equal(tide_alloc_live_bytes(), 0);
+    refusing r = {0};
+    tide_allocator a = {r_alloc, r_resize, r_release, &r};
+    assert_int_equal(tide_set_allocator(&a), TIDE_OK);
+    tide_ctx *ctx = tide_ctx_new();
+    tide_backend *be = device_new(ctx);
+    static const call c = {2, 3, 0};
+    float *want = run_calls(ctx, be, small_dir, 2, TIDE_ENGINE_PLANNED, &c, 1);
+    const size_t nb = 2 * 3 * (size_t)model_config(TIDE_BF16).vocab_size * sizeof(float);
+    int refused = 0, around = 0;
+    for (long k = 1;; k++) {
+        tide_checkpoint *ck = NULL;
+        tide_model *m = NULL;
+        assert_int_equal(tide_checkpoint_open(ctx, small_dir, &ck), TIDE_OK);
+        tide_model_opts mo = {.max_batch = 2, .ctx_len = CTX_LEN};
+        assert_int_equal(tide_model_new(ctx, ck, be, &mo, &m), TIDE_OK);
+        r.count = 0;
+        r.refuse_at = k;
+        tide_status st;
+        float *got = forward_calls(m, &c, 1, &st);
+        bool reached = r.count >= k;
+        r.refuse_at = 0;
+        if (!reached) { /* fewer allocations than k: every one was refused once */
+            assert_int_equal(st, TIDE_OK);
+            assert_memory_equal(got, want, nb);
+            free(got);
+            tide_model_free(m);
+            tide_checkpoint_free(ck);
+            break;
+        }
+        if (st == TIDE_OK) { /* a refusal the library works around (a reservation made ahead) */
+            if (memcmp(got, want, nb)) fail_msg("allocation %ld refused, worked around: the logits differ", k);
+            around++;
+        } else if (st != TIDE_E_NOMEM) {
+            fail_msg("allocation %ld of the first run refused: %s (%s)", k, tide_status_str(st),
+                     tide_ctx_last_error(ctx));
+        } else {
+            assert_true(strlen(tide_ctx_last_error(ctx)) > 0);
+            refused++;
+        }
+        free(got);
+        got = forward_calls(m, &c, 1, &st);
+        if (st)
+            fail_msg("allocation %ld refused, then the retry: %s (%s)", k, tide_status_str(st),
+                     tide_ctx_last_error(ctx));
+        if (memcmp(got, want, nb)) fail_msg("allocation %ld refused: the retry's logits differ", k);
+        free(got);
+        tide_model_free(m);
+        tide_checkpoint_free(ck);
+    }
+    print_message("    %s: %d refusals failed the run with TIDE_E_NOMEM, %d were worked around; every retry "
+                  "gave the unrefused run's logits\n", device_name, refused, around);
+    free(want);
+    tide_backend_free(be);
+    tide_ctx_free(ctx);
+    assert_int_equal(tide_alloc_live_bytes(), 0);
+    assert_int_equal(tide_set_allocator(NULL), TIDE_OK);
+    assert_true(refused > 50);
+}
+
 /* ---------------------------------------------------------------- setup */
 
 static int group_setup(void **state) {
@@ -224,10 +315,15 @@ static int group_setup(void **state) {
     if (!mkdtemp(root_dir)) return -1;
     snprintf(bf16_dir, sizeof bf16_dir, "%s/bf16", root_dir);
     snprintf(f32_dir, sizeof f32_dir, "%s/f32", root_dir);
+    snprintf(small_dir, sizeof small_dir, "%s/small", root_dir);
     tide_ctx *ctx = tide_ctx_new();
-    tide_llama_config b = model_config(TIDE_BF16), f = model_config(TIDE_F32);
+    tide_llama_config b = model_config(TIDE_BF16), f = model_config(TIDE_F32), sm = b;
+    sm.num_hidden_layers = 1; /* the refusal loop runs the model once per allocation */
+    sm.hidden_size = 64;
+    sm.intermediate_size = 96;
     tide_status st = tide_checkpoint_make_synthetic(ctx, &b, 11, 0, bf16_dir);
     if (!st) st = tide_checkpoint_make_synthetic(ctx, &f, 12, 0, f32_dir);
+    if (!st) st = tide_checkpoint_make_synthetic(ctx, &sm, 13, 0, small_dir);
     if (st) fprintf(stderr, "synthetic checkpoint: %s\n", tide_ctx_last_error(ctx));
     tide_ctx_free(ctx);
     return st ? -1 : 0;
@@ -248,6 +344,7 @@ static int group_teardown(void **state) {
 int main(int argc, char **argv) {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_first_run_refused), /* first: it swaps the allocator, nothing may be live */
         cmocka_unit_test(test_partial_batch),
         cmocka_unit_test(test_arena_holds_warm),
     };

@@ -56,24 +56,31 @@ void tide_planned_release(tide_model *m) {
 static bool uses_warm(const tide_model *m) { return !m->offload && !m->be->vt->device_is_host; }
 
 /* The warm layout: every checkpoint tensor, then every cache buffer, each at
- * an aligned offset from 0. */
+ * an aligned offset from 0. Made whole or not at all: m->warm_w set means
+ * warm_s and warm_bytes are too. */
 static tide_status warm_layout(tide_model *m) {
     if (m->warm_w) return TIDE_OK;
-    m->warm_w = tide_malloc((size_t)(m->n_weights ? m->n_weights : 1) * sizeof *m->warm_w);
-    m->warm_s = tide_malloc((size_t)(m->n_state ? m->n_state : 1) * sizeof *m->warm_s);
-    if (!m->warm_w || !m->warm_s) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory laying out the weights");
+    uint64_t *w = tide_malloc((size_t)(m->n_weights ? m->n_weights : 1) * sizeof *w);
+    uint64_t *s = tide_malloc((size_t)(m->n_state ? m->n_state : 1) * sizeof *s);
+    tide_status st = w && s ? TIDE_OK : tide_err(m->ctx, TIDE_E_NOMEM, "out of memory laying out the weights");
     uint64_t at = 0;
-    for (int i = 0; i < m->n_weights; i++) {
+    for (int i = 0; !st && i < m->n_weights; i++) {
         tide_tensor_info ti;
-        tide_status st = tide_checkpoint_get_index(m->ck, i, &ti);
-        if (st) return st;
-        m->warm_w[i] = at;
+        if ((st = tide_checkpoint_get_index(m->ck, i, &ti))) break;
+        w[i] = at;
         at += tide_plan_align(ti.nbytes);
     }
-    for (int i = 0; i < m->n_state; i++) {
-        m->warm_s[i] = at;
+    for (int i = 0; !st && i < m->n_state; i++) {
+        s[i] = at;
         at += tide_plan_align(m->state[i].nbytes);
     }
+    if (st) {
+        tide_free(w);
+        tide_free(s);
+        return st;
+    }
+    m->warm_w = w;
+    m->warm_s = s;
     m->warm_bytes = at;
     return TIDE_OK;
 }
