@@ -12,7 +12,8 @@
  *     own peak (a plan whose activations fit in the unused rows);
  *   - every allocation of a first run refused in turn (a caller's allocator,
  *     tide_set_allocator): the run fails with TIDE_E_NOMEM and a retry gives
- *     the logits of a run never refused.
+ *     the logits of a run never refused;
+ *   - switching offloading off while already resident keeps the cache.
  *
  * The device: the CUDA backend where tide_backend_new finds one (a GPU, or
  * the emulated GPU of tests/emu when this file is linked against
@@ -220,6 +221,53 @@ static void test_arena_holds_warm(void **state) {
     compare_engines(f32_dir, 8, c, 4);
 }
 
+/* Switching offloading off on a model already resident changes nothing: the
+ * cache it holds carries on (a decode step after it gives the logits it gives
+ * without the call), with either engine, on the device and on the CPU. */
+static void test_offload_off_keeps_cache(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    static const call pre = {1, 4, 0}, dec = {1, 1, 4};
+    const size_t nb = (size_t)model_config(TIDE_BF16).vocab_size * sizeof(float);
+    for (int dev = 0; dev < 2; dev++) {
+        tide_backend *be = NULL;
+        if (dev) be = device_new(ctx);
+        else assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+        for (int eng = 0; eng < 2; eng++) {
+            float *lg[2] = {NULL, NULL};
+            for (int pass = 0; pass < 2; pass++) {
+                tide_checkpoint *ck = NULL;
+                tide_model *m = NULL;
+                assert_int_equal(tide_checkpoint_open(ctx, bf16_dir, &ck), TIDE_OK);
+                tide_model_opts mo = {.max_batch = 1, .ctx_len = CTX_LEN};
+                assert_int_equal(tide_model_new(ctx, ck, be, &mo, &m), TIDE_OK);
+                assert_int_equal(tide_model_set_engine(m, eng ? TIDE_ENGINE_PLAIN : TIDE_ENGINE_PLANNED), TIDE_OK);
+                tide_status st;
+                free(forward_calls(m, &pre, 1, &st));
+                assert_int_equal(st, TIDE_OK);
+                if (pass == 1) {
+                    tide_offload_opts none = {.budget_kind = TIDE_BUDGET_NONE};
+                    assert_int_equal(tide_model_set_offload(m, &none), TIDE_OK);
+                    assert_int_equal(tide_model_set_offload(m, NULL), TIDE_OK);
+                    assert_int_equal(tide_model_set_engine(m, eng ? TIDE_ENGINE_PLAIN : TIDE_ENGINE_PLANNED),
+                                     TIDE_OK);
+                }
+                lg[pass] = forward_calls(m, &dec, 1, &st);
+                if (st) fail_msg("%s", tide_ctx_last_error(ctx));
+                tide_model_free(m);
+                tide_checkpoint_free(ck);
+            }
+            if (memcmp(lg[0], lg[1], nb))
+                fail_msg("%s, %s engine: a decode step after switching offloading off (already off) lost the "
+                         "cache", tide_backend_name(be), eng ? "plain" : "planned");
+            free(lg[0]);
+            free(lg[1]);
+        }
+        tide_backend_free(be);
+    }
+    tide_ctx_free(ctx);
+}
+
 /* A caller's allocator that refuses its refuse_at-th allocation once armed. */
 typedef struct refusing {
     long count, refuse_at;
@@ -347,6 +395,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_first_run_refused), /* first: it swaps the allocator, nothing may be live */
         cmocka_unit_test(test_partial_batch),
         cmocka_unit_test(test_arena_holds_warm),
+        cmocka_unit_test(test_offload_off_keeps_cache),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

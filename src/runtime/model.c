@@ -7,6 +7,8 @@
  * Switching engines or budgets drops every slot (its plan is made again on
  * next use) and whatever device memory the previous setting held; the cache's
  * contents are not carried from one setting to the next: its homes are zeroed.
+ * Asking for the setting in effect (the engine it runs, resident while
+ * resident) changes nothing, the cache included.
  */
 #include "probe/probe.h"
 #include "runtime/model_int.h"
@@ -291,6 +293,14 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
     if (on && m->engine == TIDE_ENGINE_PLAIN)
         return tide_err(m->ctx, TIDE_E_INVALID, "offloaded runs use the planned engine: the model is set to the "
                         "plain one");
+    /* resident already: nothing changes, and the cache the runs built (on a
+     * device, in the arena) carries on */
+    if (!on && !m->offload) {
+        tide_free(m->off_ssd_dirs);
+        m->off_ssd_dirs = NULL;
+        unpin(m); /* left by a switch that failed */
+        return TIDE_OK;
+    }
     /* offloading is switched on only once everything it needs is ready: a
      * failure below leaves the model running resident */
     reset_setting(m);
