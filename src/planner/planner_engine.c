@@ -1,9 +1,12 @@
 /*
  * planner_engine.c - the plan-building engine shared by every policy
  * (planner_int.h): residency books, instruction emission with hazard waits, a
- * simulated clock, copies and eviction, computes on the device and on the
- * host, the end of a plan and its stats. The design note (invariants, state
- * diagram) is at the top of planner.c.
+ * simulated clock, copies (place, load, store, move, drop) and eviction, and
+ * set-up (homes, spill areas, lifetimes, costs, and what a plan reserves from
+ * the start: warm tensors, the warm region, the shared scratch). Computes on
+ * the device and the host and the end of a plan with its stats are in
+ * planner_compute.c. The design note (invariants, state diagram) is at the
+ * top of planner.c.
  */
 #include "planner/planner_int.h"
 

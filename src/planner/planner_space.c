@@ -4,7 +4,7 @@
  * every new occupant's waits), releases made ahead of execution and their
  * resolution, the candidate heap of resident tensors used furthest ahead,
  * dooming dead values ahead of execution, the scratch ring, and the waits an
- * instruction gathers. It owns the state in pe.sp and reads the clock; it
+ * instruction gathers. It owns the state in engine.sp and reads the clock; it
  * calls nothing above it (the engine calls it; allocation calls both).
  */
 #include "planner/planner_int.h"

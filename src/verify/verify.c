@@ -80,9 +80,14 @@
  * LIVE(v, w) holds version v written by instruction w and the last access per
  * stream since w. Homes are LIVE from the start (or invalid until stored, for
  * OUTPUT) and never dropped. A copy is stale when v is older than the
- * tensor's current version; COMPUTEs run on one stream, so list order is the
- * true order of versions, and a copy's version is what its producing chain
- * actually wrote there (each link is RAW-ordered and WAR-protected).
+ * tensor's current version. Versions are numbered in list order, which is not
+ * by itself the order things run in: COMPUTEs run on two streams (compute and
+ * host), and nothing but waits orders them. Soundness rests on the per-copy
+ * checks instead: a reader must find the current version in a live copy whose
+ * writer is ordered before it (RAW), and a writer must be ordered after every
+ * earlier access of the copy it writes (WAR, WAW). So each version a copy
+ * holds is what its producing chain actually wrote there, each link ordered,
+ * whatever interleaving of the streams the waits allow.
  *
  * Space. The device arena and the two spill areas are each an interval map (a
  * treap of disjoint segments keyed by start offset) from bytes to their latest

@@ -14,8 +14,10 @@
  * its record cleared) for the next queue_new to reuse, so a caller that makes
  * a queue per run (the resident runner) pays for a stream and a cuBLAS
  * handle once; all are released with the instance. The executor makes one
- * queue per plan stream (0 compute, 1 h2d, 2 d2h, 3 io), so two executors on
- * one instance never share a stream. A call enqueues its work on its queue;
+ * queue per plan stream it uses (0 compute, 1 h2d, 2 d2h, 3 io, 4 host; the
+ * io and host streams' are synchronous, and the host stream's only records
+ * the events others wait on: its computes run on a CPU backend of the
+ * executor's own), so two executors on one instance never share a stream. A call enqueues its work on its queue;
  * on a synchronous queue it then synchronizes that stream only, on an
  * asynchronous one (used by the executor's compute, h2d and d2h workers and
  * by the resident runner) it returns at once, and the ordering between
