@@ -540,7 +540,7 @@ static void test_offload_bit_identical(void **state) {
     int n_runs = 0;
     for (int pi = 0; pi < 3; pi++)
         for (int bi = 0; bi < 3; bi++)
-            for (int ssd = 0; ssd < 1; ssd++) {
+            for (int ssd = 0; ssd < 2; ssd++) {
                 tide_offload_opts off = {.policy = policies[pi], .hw = "h100-80g", .ssd_dirs = tmp};
                 if (bi < 2) {
                     off.budget_kind = TIDE_BUDGET_FRACTION;

@@ -39,7 +39,8 @@ static const char help[] =
     "With no --model and no --data it demonstrates training: the built-in\n"
     "tinyllama-mini model (tinyllama-1.1b's shape cut to 4 layers of width 256\n"
     "and a 2048-token vocabulary, synthetic bf16 weights) on a generated corpus\n"
-    "(a Markov chain a model can learn down to about 1.2 nats per token), 40\n"
+    "(a Markov chain over 256 of its ids, learnable down to about 1.2 nats per\n"
+    "token: the loss falls from about 7.6 to below 4 in the 40 steps), 40\n"
     "steps at lr 1e-3 with 5 warmup steps, offloaded at 25% of the step's\n"
     "unconstrained peak and checked bit for bit against the unconstrained run.\n"
     "\n"
@@ -324,13 +325,16 @@ static int ensure_demo(train_job *j) {
         if (tide_checkpoint_make_synthetic(j->ctx, &cfg, TIDE_DEFAULT_SEED, 0, j->model_dir))
             return cli_fail(j->ctx, "generating the demonstration model");
     }
-    int n = snprintf(j->data_path, sizeof j->data_path, "%s/corpus.u16", j->model_dir);
+    /* a Markov chain over the first 256 ids: the loss falls from ln(2048)
+     * to ln(256) as the model learns which ids occur, then on towards the
+     * chain's entropy as it learns the transitions */
+    int n = snprintf(j->data_path, sizeof j->data_path, "%s/corpus-256.u16", j->model_dir);
     if (n < 0 || (size_t)n >= sizeof j->data_path) {
         fprintf(stderr, "tide: the cache directory path is too long\n");
         return 1;
     }
     if (stat(j->data_path, &sb) != 0 &&
-        tide_tokens_write_synthetic(j->ctx, j->data_path, TIDE_TOKENS_U16, cfg.vocab_size, 1 << 20, 1))
+        tide_tokens_write_synthetic(j->ctx, j->data_path, TIDE_TOKENS_U16, TIDE_MIN(256, cfg.vocab_size), 1 << 20, 1))
         return cli_fail(j->ctx, "generating the demonstration corpus");
     return 0;
 }

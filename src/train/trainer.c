@@ -244,7 +244,8 @@ static tide_status plan_resident(tide_trainer *t, tide_plan **out) {
     if ((st = tide_plan_peak_unbounded(t->ctx, t->g, &po, &peak))) return st;
     po.device_budget = t->warm_bytes + peak + TIDE_PLAN_ALIGN;
     if ((st = tide_plan_make(t->ctx, t->g, &po, out))) return st;
-    (*out)->device_budget = TIDE_MAX((*out)->stats.peak_device_bytes, (uint64_t)TIDE_PLAN_ALIGN);
+    /* what it uses is all it needs, the warm tensors included */
+    (*out)->device_budget = TIDE_MAX(TIDE_MAX((*out)->stats.peak_device_bytes, t->warm_bytes), (uint64_t)TIDE_PLAN_ALIGN);
     return TIDE_OK;
 }
 
