@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# cli_train.sh - `tide train` and `tide plan --train` end to end: the per-step
+# lines and JSON, offloaded training checked bit for bit, checkpoints that
+# load in `tide run`, resumption, and bad input (exit status, message, no
+# checkpoint left looking whole).
+source "$(dirname "$0")/lib_cli.sh" "$1"
+: "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
+FX=$TIDE_FIXTURES/train/train-bf16-gqa
+DATA=$FX/data.u16
+
+expect 0 "help" -- "$TIDE" train --help
+for o in --data --steps --batch --seq --accum --lr --min-lr --warmup --weight-decay --beta1 --beta2 --eps \
+         --grad-clip --shuffle --budget --host-budget --ssd --policy --hw --check --out --save-every --resume \
+         --json --trace --data-dtype --save-dtype; do
+    contains "$TMP/out" "$o" "train help lists $o"
+done
+expect 0 "top-level help" -- "$TIDE" --help
+contains "$TMP/out" "train" "help lists train"
+
+# resident, one line per step
+expect 0 "resident training" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 4 --batch 2 --seq 16 --accum 2
+contains "$TMP/out" "step     4" "a line per step"
+contains "$TMP/out" "grad norm" "the step line has the gradient norm"
+contains "$TMP/out" "summary" "a summary"
+
+# JSON: one object per step and a summary; offloaded and checked for every policy
+mkdir -p "$TMP/spill"
+# (static-layer needs two whole layers and the activations' peak: 25% is below its minimum)
+for pb in tide:25% static-layer:50% lru:25%; do
+    p=${pb%%:*} b=${pb#*:}
+    expect 0 "offloaded at $b, $p, checked" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 3 --batch 2 \
+        --seq 16 --accum 2 --budget $b --policy $p --hw h100-80g --check --json --ssd "$TMP/spill"
+    for f in step loss grad_norm lr tokens_per_s wall_s bytes_h2d bytes_d2h bytes_ssd_read bytes_ssd_write \
+             peak_device_bytes budget_bytes policy predicted_step_s measured_step_s; do
+        json_field "$TMP/out" "$f"
+    done
+    contains "$TMP/out" '"check_passed":true' "$p: bit-identical to the unconstrained run"
+    [ "$(grep -c '"step":' "$TMP/out")" -eq 3 ] && PASSES=$((PASSES + 1)) || { echo "FAIL: 3 step objects"; FAILS=$((FAILS + 1)); }
+done
+[ -z "$(ls -A "$TMP/spill")" ] && PASSES=$((PASSES + 1)) || { echo "FAIL: files left in the spill directory"; FAILS=$((FAILS + 1)); }
+
+# the training state homed on SSD (a host budget too small for it), at the minimum budget
+expect 0 "state on SSD, minimum budget, checked" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 2 --batch 2 \
+    --seq 16 --budget min --host-budget 600K --hw h100-80g --check --json --ssd "$TMP/spill"
+contains "$TMP/out" '"check_passed":true' "SSD-homed state: bit-identical"
+[ -z "$(ls -A "$TMP/spill")" ] && PASSES=$((PASSES + 1)) || { echo "FAIL: state file left behind"; FAILS=$((FAILS + 1)); }
+
+# checkpoints: save, load in tide run, resume bit for bit
+expect 0 "train 4 steps, saving every 2" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 4 --batch 2 --seq 16 \
+    --out "$TMP/ck4" --save-every 2 --json
+grep '"step":3,' "$TMP/out" > "$TMP/whole.json"
+for f in config.json model.safetensors optimizer.safetensors; do
+    [ -f "$TMP/ck4/$f" ] && PASSES=$((PASSES + 1)) || { echo "FAIL: checkpoint has no $f"; FAILS=$((FAILS + 1)); }
+done
+expect 0 "the saved checkpoint runs" -- "$TIDE" run --model "$TMP/ck4" --tokens 1,2,3 --new-tokens 2
+expect 0 "train 2 steps, save" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 2 --batch 2 --seq 16 --out "$TMP/ck2"
+expect 0 "resume to 4 steps" -- "$TIDE" train --resume "$TMP/ck2" --data "$DATA" --steps 4 --batch 2 --seq 16 --json
+grep '"step":3,' "$TMP/out" > "$TMP/resumed.json"
+# the last step's loss and gradient norm are those of the run that never stopped
+sed 's/"tokens_per_s.*//' "$TMP/whole.json" > "$TMP/a"; sed 's/"tokens_per_s.*//' "$TMP/resumed.json" > "$TMP/b"
+expect 0 "resumed run equals the uninterrupted one" -- cmp "$TMP/a" "$TMP/b"
+expect 0 "--save-dtype f32" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 2 --seq 16 \
+    --out "$TMP/ckf" --save-dtype f32
+contains "$TMP/ckf/config.json" "float32" "f32 checkpoint's config says so"
+
+# the demonstration (no arguments) is exercised with a few steps
+expect 0 "demonstration, 3 steps" -- "$TIDE" train --steps 3 --json
+contains "$TMP/out" '"check_passed":true' "demonstration checks bit for bit"
+
+# plan --train
+expect 0 "plan a training step" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
+    --budget 25% --hw a100-80g
+for w in "master weights" "moments" "gradients" "activations" "ideal step" "lower bound" "planning time"; do
+    contains "$TMP/out" "$w" "plan --train table has $w"
+done
+expect 0 "plan --train --json at the minimum" -- "$TIDE" plan --train --config tinyllama-1.1b --batch 2 --seq 256 \
+    --budget min --json
+for f in pct_of_ideal x_lower_bound step_s ideal_step_s master_bytes moment_bytes gradient_bytes \
+         kept_activation_bytes plan_seconds; do
+    json_field "$TMP/out" "$f"
+done
+expect 2 "--accum without --train" -- "$TIDE" plan --config llama-7b --budget 25% --accum 2
+
+# bad input
+printf 'abc' > "$TMP/odd.u16"
+expect 1 "odd-sized data" -- "$TIDE" train --model "$FX" --data "$TMP/odd.u16" --steps 1 --batch 2 --seq 16
+contains "$TMP/err" "odd.u16" "message names the file"
+head -c 20 "$DATA" > "$TMP/short.u16"
+expect 1 "data shorter than a window" -- "$TIDE" train --model "$FX" --data "$TMP/short.u16" --steps 1 --batch 2 --seq 16
+contains "$TMP/err" "short.u16" "message names the file"
+python3 -c 'import sys; sys.stdout.buffer.write(bytes([5,0]*100 + [0xff,0xff] + [5,0]*100))' > "$TMP/big.u16"
+expect 1 "token id beyond the vocabulary" -- "$TIDE" train --model "$FX" --data "$TMP/big.u16" --steps 1 --batch 2 --seq 16
+contains "$TMP/err" "65535" "message names the id"
+expect 1 "--seq beyond the model's positions" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 1 --seq 100000
+contains "$TMP/err" "max_position_embeddings" "message names the limit"
+touch "$TMP/afile"
+expect 1 "--out under a file" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 2 --seq 16 --out "$TMP/afile/ck"
+expect 1 "--out a file" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 2 --seq 16 --out "$TMP/afile"
+contains "$TMP/err" "afile" "message names the path"
+# a save that fills the disk: the earlier checkpoint stays whole
+cp -r "$TMP/ck2" "$TMP/ckfull"
+(ulimit -f 64; trap '' XFSZ; "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 2 --seq 16 \
+    --out "$TMP/ckfull" >"$TMP/out" 2>"$TMP/err"); rc=$?
+[ "$rc" -eq 1 ] && PASSES=$((PASSES + 1)) || { echo "FAIL: full disk: exit $rc"; FAILS=$((FAILS + 1)); }
+expect 0 "the earlier checkpoint is intact" -- cmp "$TMP/ck2/optimizer.safetensors" "$TMP/ckfull/optimizer.safetensors"
+[ -z "$(ls -d "$TMP"/ckfull.tmp* 2>/dev/null)" ] && PASSES=$((PASSES + 1)) || { echo "FAIL: temporary left"; FAILS=$((FAILS + 1)); }
+# resuming a state that does not match
+expect 1 "resume with another batch" -- "$TIDE" train --resume "$TMP/ck2" --data "$DATA" --steps 4 --batch 4 --seq 16
+contains "$TMP/err" "batch" "message names the mismatch"
+expect 1 "resume into another model" -- "$TIDE" train --model "$TIDE_FIXTURES/train/train-f32-tied" --resume "$TMP/ck2" \
+    --data "$DATA" --steps 4 --batch 2 --seq 16
+contains "$TMP/err" "ck2" "message names the checkpoint"
+expect 2 "--check without a budget" -- "$TIDE" train --model "$FX" --data "$DATA" --check
+expect 2 "--model without --data" -- "$TIDE" train --model "$FX"
+expect 2 "bad --lr" -- "$TIDE" train --model "$FX" --data "$DATA" --lr x
+finish
