@@ -13,7 +13,9 @@
  *   - every allocation of a first run refused in turn (a caller's allocator,
  *     tide_set_allocator): the run fails with TIDE_E_NOMEM and a retry gives
  *     the logits of a run never refused;
- *   - switching offloading off while already resident keeps the cache.
+ *   - switching offloading off while already resident keeps the cache;
+ *   - a failing backend call is reported on the model's own context when its
+ *     backend was made on another one, with either engine.
  *
  * The device: the CUDA backend where tide_backend_new finds one (a GPU, or
  * the emulated GPU of tests/emu when this file is linked against
@@ -34,6 +36,7 @@
 #include "core/alloc_test.h"
 
 #include <ftw.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,18 +46,38 @@
 static char root_dir[64], bf16_dir[96], f32_dir[96], small_dir[96];
 static const char *device_name = "";
 
-/* ---------------------------------------------------------------- checked copies */
+/* ---------------------------------------------------------------- checked backends */
 
-/* Every live allocation of the device backend, so that each copy can be
- * checked against them (the executor's workers copy from several threads). */
+/* Every live allocation of the backend under test, so that each copy can be
+ * checked against them (the executor's workers copy from several threads);
+ * on a device only: on the CPU, host memory is device memory. */
 enum { MAX_SPANS = 4096 };
 static struct span { const char *p; size_t n; } spans[MAX_SPANS];
 static int n_spans;
+static bool check_spans;
 static pthread_mutex_t spans_mu = PTHREAD_MUTEX_INITIALIZER;
 static const tide_backend_vt *inner_vt;
 static tide_backend_vt checked_vt;
 
+/* Failure injection: once armed, the inj_at-th call of kind inj_kind fails
+ * with TIDE_E_BACKEND, "injected <kind> failure", recorded where the backend
+ * records that call's failures: q's context, be->ctx for the default queue
+ * and for alloc (backend.h). */
+enum { INJ_NONE, INJ_ALLOC, INJ_TO_DEVICE, INJ_TO_HOST, INJ_COMPUTE, INJ_KINDS };
+static const char *const inj_name[INJ_KINDS] = {"", "alloc", "to_device", "to_host", "compute"};
+static atomic_int inj_kind;
+static atomic_long inj_at, inj_calls;
+
+static bool injected(int kind) {
+    return atomic_load(&inj_kind) == kind && atomic_fetch_add(&inj_calls, 1) + 1 == atomic_load(&inj_at);
+}
+
+static tide_status inject_fail(tide_backend *be, void *q, int kind) {
+    return tide_err(tide_backend_queue_ctx(be, q), TIDE_E_BACKEND, "injected %s failure", inj_name[kind]);
+}
+
 static tide_status checked_alloc(tide_backend *be, size_t n, void **ptr) {
+    if (injected(INJ_ALLOC)) return inject_fail(be, NULL, INJ_ALLOC);
     tide_status st = inner_vt->alloc(be, n, ptr);
     if (st) return st;
     pthread_mutex_lock(&spans_mu);
@@ -77,7 +100,7 @@ static void checked_dealloc(tide_backend *be, void *ptr) {
 
 static bool inside(const void *p, size_t n) {
     const char *c = p;
-    bool ok = false;
+    bool ok = !check_spans;
     pthread_mutex_lock(&spans_mu);
     for (int i = 0; i < n_spans && !ok; i++)
         ok = c >= spans[i].p && c <= spans[i].p + spans[i].n && n <= (size_t)(spans[i].p + spans[i].n - c);
@@ -86,6 +109,7 @@ static bool inside(const void *p, size_t n) {
 }
 
 static tide_status checked_to_device(tide_backend *be, void *q, void *dst, const void *src, size_t n) {
+    if (injected(INJ_TO_DEVICE)) return inject_fail(be, q, INJ_TO_DEVICE);
     if (!inside(dst, n))
         return tide_err(tide_backend_queue_ctx(be, q), TIDE_E_BACKEND, "a copy of %zu bytes to the device "
                         "lands outside any device allocation", n);
@@ -93,13 +117,36 @@ static tide_status checked_to_device(tide_backend *be, void *q, void *dst, const
 }
 
 static tide_status checked_to_host(tide_backend *be, void *q, void *dst, const void *src, size_t n) {
+    if (injected(INJ_TO_HOST)) return inject_fail(be, q, INJ_TO_HOST);
     if (!inside(src, n))
         return tide_err(tide_backend_queue_ctx(be, q), TIDE_E_BACKEND, "a copy of %zu bytes from the device "
                         "reads outside any device allocation", n);
     return inner_vt->to_host(be, q, dst, src, n);
 }
 
-/* The device backend on ctx, its copies checked. */
+static tide_status checked_compute(tide_backend *be, void *q, const tide_graph *g, const tide_op *op,
+                                   void *const *in, void *const *out, void *scratch) {
+    if (injected(INJ_COMPUTE)) return inject_fail(be, q, INJ_COMPUTE);
+    return inner_vt->compute(be, q, g, op, in, out, scratch);
+}
+
+/* be with its slots wrapped (one backend at a time): copies checked against
+ * its allocations when spans, failures injected when armed. */
+static tide_backend *checked(tide_backend *be, bool spans) {
+    device_name = tide_backend_name(be);
+    check_spans = spans;
+    inner_vt = be->vt;
+    checked_vt = *be->vt;
+    checked_vt.alloc = checked_alloc;
+    checked_vt.dealloc = checked_dealloc;
+    checked_vt.to_device = checked_to_device;
+    checked_vt.to_host = checked_to_host;
+    checked_vt.compute = checked_compute;
+    be->vt = &checked_vt;
+    return be;
+}
+
+/* The device backend on ctx, checked. */
 static tide_backend *device_new(tide_ctx *ctx) {
     tide_backend *be = NULL;
     if (tide_backend_new(ctx, TIDE_BACKEND_CUDA, &be) != TIDE_OK) {
@@ -107,16 +154,15 @@ static tide_backend *device_new(tide_ctx *ctx) {
         tide_async_opts ao = {.jitter_us = 20, .seed = 3, .device_is_host = false};
         assert_int_equal(tide_async_backend_new(ctx, &ao, &be), TIDE_OK);
     }
-    device_name = tide_backend_name(be);
     assert_false(be->vt->device_is_host);
-    inner_vt = be->vt;
-    checked_vt = *be->vt;
-    checked_vt.alloc = checked_alloc;
-    checked_vt.dealloc = checked_dealloc;
-    checked_vt.to_device = checked_to_device;
-    checked_vt.to_host = checked_to_host;
-    be->vt = &checked_vt;
-    return be;
+    return checked(be, true);
+}
+
+/* The CPU backend on ctx, checked (no spans: its device memory is host memory). */
+static tide_backend *cpu_new(tide_ctx *ctx) {
+    tide_backend *be = NULL;
+    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    return checked(be, false);
 }
 
 /* ---------------------------------------------------------------- models */
@@ -230,9 +276,7 @@ static void test_offload_off_keeps_cache(void **state) {
     static const call pre = {1, 4, 0}, dec = {1, 1, 4};
     const size_t nb = (size_t)model_config(TIDE_BF16).vocab_size * sizeof(float);
     for (int dev = 0; dev < 2; dev++) {
-        tide_backend *be = NULL;
-        if (dev) be = device_new(ctx);
-        else assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+        tide_backend *be = dev ? device_new(ctx) : cpu_new(ctx);
         for (int eng = 0; eng < 2; eng++) {
             float *lg[2] = {NULL, NULL};
             for (int pass = 0; pass < 2; pass++) {
@@ -355,6 +399,74 @@ static void test_first_run_refused(void **state) {
     assert_true(refused > 50);
 }
 
+/* Models made on a context of their own, on a backend made on another: a
+ * failing backend call (an allocation, a copy either way, a compute: the
+ * 1st, 4th, 16th or 64th of its kind since the model was made) fails the run
+ * with its cause named on the model's context, whatever the engine, the
+ * backend (the device, the CPU, the CPU without queues) and the issue mode
+ * (queued ahead, or one call at a time: sync_issue). The backend's context
+ * hears nothing but the allocations' failures, which backends record there
+ * (models sharing it would race on it), except where the backend has no
+ * queues and every call goes on its default queue. */
+static void test_errors_on_model_ctx(void **state) {
+    (void)state;
+    tide_ctx *bctx = tide_ctx_new(), *mctx = tide_ctx_new();
+    static const call c[] = {{1, 3, 0}, {1, 1, 3}};
+    int n_failed = 0;
+    for (int dev = 0; dev < 3; dev++) {
+        tide_backend *be = dev == 1 ? device_new(bctx) : cpu_new(bctx);
+        if (dev == 2) { /* a backend of the default queue alone */
+            checked_vt.queue_new = NULL;
+            checked_vt.queue_free = NULL;
+            checked_vt.queue_sync = NULL;
+        }
+        for (int eng = 0; eng < 2; eng++)
+            for (int sync = 0; sync < 2; sync++)
+                for (int kind = INJ_ALLOC; kind < INJ_KINDS; kind++)
+                    for (long at = 1; at <= 64; at *= 4) {
+                        const char *en = eng ? "plain" : "planned";
+                        tide_checkpoint *ck = NULL;
+                        tide_model *m = NULL;
+                        assert_int_equal(tide_checkpoint_open(mctx, bf16_dir, &ck), TIDE_OK);
+                        tide_model_opts mo = {.max_batch = 1, .ctx_len = CTX_LEN, .sync_issue = sync};
+                        assert_int_equal(tide_model_new(mctx, ck, be, &mo, &m), TIDE_OK);
+                        assert_int_equal(tide_model_set_engine(m, eng ? TIDE_ENGINE_PLAIN : TIDE_ENGINE_PLANNED),
+                                         TIDE_OK);
+                        tide_err_clear(bctx);
+                        tide_err_clear(mctx);
+                        atomic_store(&inj_calls, 0);
+                        atomic_store(&inj_at, at);
+                        atomic_store(&inj_kind, kind);
+                        tide_status st;
+                        free(forward_calls(m, c, 2, &st));
+                        atomic_store(&inj_kind, INJ_NONE);
+                        bool reached = atomic_load(&inj_calls) >= at;
+                        tide_model_free(m);
+                        tide_checkpoint_free(ck);
+                        if (!reached) { /* fewer calls of that kind */
+                            if (st) fail_msg("%s, %s engine: %s", device_name, en, tide_ctx_last_error(mctx));
+                            continue;
+                        }
+                        const char *mm = tide_ctx_last_error(mctx), *bm = tide_ctx_last_error(bctx);
+                        if (st == TIDE_OK)
+                            fail_msg("%s, %s engine%s: %s #%ld failed, the run did not", device_name, en,
+                                     sync ? " (sync_issue)" : "", inj_name[kind], at);
+                        if (!strstr(mm, "injected"))
+                            fail_msg("%s, %s engine%s: %s #%ld failed; the model's context says '%s'", device_name,
+                                     en, sync ? " (sync_issue)" : "", inj_name[kind], at, mm);
+                        if (kind != INJ_ALLOC && dev != 2 && bm[0])
+                            fail_msg("%s, %s engine%s: %s #%ld failed; the backend's context heard '%s'",
+                                     device_name, en, sync ? " (sync_issue)" : "", inj_name[kind], at, bm);
+                        n_failed++;
+                    }
+        tide_backend_free(be);
+    }
+    print_message("    %d injected failures, each named on the model's context\n", n_failed);
+    assert_true(n_failed > 40);
+    tide_ctx_free(bctx);
+    tide_ctx_free(mctx);
+}
+
 /* ---------------------------------------------------------------- setup */
 
 static int group_setup(void **state) {
@@ -396,6 +508,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_partial_batch),
         cmocka_unit_test(test_arena_holds_warm),
         cmocka_unit_test(test_offload_off_keeps_cache),
+        cmocka_unit_test(test_errors_on_model_ctx),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,8 +1,8 @@
 /*
  * model.c - a model's resources and settings: the checkpoint it was made
- * from, the KV cache's homes, pinned copies of the weights, and which engine
- * and which budget its graphs run with (model_int.h shows how the runtime's
- * files divide the work).
+ * from, the KV cache's homes, pinned copies of the weights, the queue its own
+ * backend calls go on, and which engine and which budget its graphs run with
+ * (model_int.h shows how the runtime's files divide the work).
  *
  * Switching engines or budgets drops every slot (its plan is made again on
  * next use) and whatever device memory the previous setting held; the cache's
@@ -197,6 +197,23 @@ static void zero_state(tide_model *m) {
     for (int i = 0; i < m->n_state; i++) memset(m->state[i].host, 0, m->state[i].nbytes);
 }
 
+/* ---------------------------------------------------------------- backend calls */
+
+tide_status tide_model_queue(tide_model *m, void **q) {
+    if (!m->q && m->be->vt->queue_new) {
+        void *nq = NULL;
+        tide_status st = m->be->vt->queue_new(m->be, m->ctx, false, &nq);
+        if (st) return st;
+        m->q = nq;
+    }
+    *q = m->q;
+    return TIDE_OK;
+}
+
+tide_status tide_model_be_fail(tide_model *m, void *q, tide_status st, const char *what) {
+    return tide_err(m->ctx, st, "%s: %s", what, tide_ctx_last_error(tide_backend_queue_ctx(m->be, q)));
+}
+
 /* ---------------------------------------------------------------- life */
 
 void tide_model_free(tide_model *m) {
@@ -204,6 +221,7 @@ void tide_model_free(tide_model *m) {
     tide_model_clear_slots(m);
     tide_planned_release(m);
     tide_plain_release(m);
+    if (m->q) m->be->vt->queue_free(m->be, m->q);
     unpin(m);
     for (int i = 0; i < m->n_state; i++) {
         tide_free_aligned(m->state[i].host);

@@ -9,7 +9,8 @@
  *               the warm tensors kept in it       -> runner.c, tiling.c, model.c
  *   plain.c     the plain reference engine        -> model.c
  *   model.c     the model's resources: checkpoint, KV cache homes, pinned
- *               and uploaded weight copies, the engine and offload settings
+ *               and uploaded weight copies, its backend queue, the engine
+ *               and offload settings
  *   runner.c    a graph through a verified plan on the executor (knows no
  *               model)
  */
@@ -60,6 +61,8 @@ struct tide_model {
     tide_ctx *ctx;
     tide_checkpoint *ck;
     tide_backend *be;
+    void *q;                  /* the model's synchronous queue on be, its errors on ctx
+                                 (tide_model_queue; NULL: not made yet, or be has none) */
     tide_llama_config cfg;
     int max_batch, ctx_len;
     bool sync_issue;
@@ -114,6 +117,17 @@ tide_status tide_model_state_home(tide_model *m, const tide_graph *g, int t, sta
 /* The host home of weight ti at offset off: its pinned copy when it has one,
  * else the memory-mapped checkpoint. */
 void *tide_model_weight_host(tide_model *m, const tide_tensor_info *ti, uint64_t off);
+/* The queue the model's own backend calls go on (uploads, the plain
+ * engine's copies and synchronous computes): synchronous, made on m->ctx on
+ * first use, so their failures name their cause on the model's context
+ * rather than on be->ctx, which other models of the backend share. *q is
+ * NULL (the default queue) where be has no queues. TIDE_OK, or queue_new's
+ * failure (on m->ctx). */
+tide_status tide_model_queue(tide_model *m, void **q);
+/* Records on m->ctx the failure st of a backend call on q ("what: cause"),
+ * the cause read where the call put it: q's context, be->ctx for the default
+ * queue and for calls that take no queue (alloc). Returns st. */
+tide_status tide_model_be_fail(tide_model *m, void *q, tide_status st, const char *what);
 /* Frees every slot's graph and runner (their plans are made again on next use). */
 void tide_model_clear_slots(tide_model *m);
 void tide_model_slot_clear(graph_slot *s);

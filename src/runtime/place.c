@@ -86,19 +86,23 @@ static tide_status warm_layout(tide_model *m) {
 }
 
 /* Copies the warm tensors into the arena: weights from the checkpoint, the
- * cache from its homes. */
+ * cache from its homes (on the model's queue: failures on m->ctx). */
 static tide_status upload_warm(tide_model *m) {
     tide_backend *be = m->be;
-    tide_status st = TIDE_OK;
+    void *q = NULL;
+    tide_status st = tide_model_queue(m, &q);
+    if (st) return st;
     for (int i = 0; !st && i < m->n_weights; i++) {
         tide_tensor_info ti;
-        if (!(st = tide_checkpoint_get_index(m->ck, i, &ti)))
-            st = be->vt->to_device(be, NULL, (char *)m->arena + m->warm_w[i], ti.data, ti.nbytes);
+        if ((st = tide_checkpoint_get_index(m->ck, i, &ti))) break;
+        if ((st = be->vt->to_device(be, q, (char *)m->arena + m->warm_w[i], ti.data, ti.nbytes)))
+            return tide_model_be_fail(m, q, st, "cannot upload the weights");
         tide_progress(m->ctx, "uploading", (uint64_t)i + 1, (uint64_t)m->n_weights);
     }
     for (int i = 0; !st && i < m->n_state; i++)
-        st = be->vt->to_device(be, NULL, (char *)m->arena + m->warm_s[i], m->state[i].host, m->state[i].nbytes);
-    if (st) return tide_err(m->ctx, st, "cannot upload the weights and cache: %s", tide_ctx_last_error(be->ctx));
+        if ((st = be->vt->to_device(be, q, (char *)m->arena + m->warm_s[i], m->state[i].host, m->state[i].nbytes)))
+            return tide_model_be_fail(m, q, st, "cannot upload the KV cache");
+    if (st) return tide_err(m->ctx, st, "cannot read the checkpoint's tensor table");
     m->warm_loaded = true;
     return TIDE_OK;
 }
@@ -106,11 +110,12 @@ static tide_status upload_warm(tide_model *m) {
 /* Copies the warm cache back to its homes (before the arena goes). */
 static tide_status flush_warm(tide_model *m) {
     tide_backend *be = m->be;
-    for (int i = 0; i < m->n_state; i++) {
-        tide_status st = be->vt->to_host(be, NULL, m->state[i].host, (char *)m->arena + m->warm_s[i], m->state[i].nbytes);
-        if (st) return tide_err(m->ctx, st, "cannot copy the KV cache out of the device: %s", tide_ctx_last_error(be->ctx));
-    }
-    return TIDE_OK;
+    void *q = NULL;
+    tide_status st = tide_model_queue(m, &q);
+    for (int i = 0; !st && i < m->n_state; i++)
+        if ((st = be->vt->to_host(be, q, m->state[i].host, (char *)m->arena + m->warm_s[i], m->state[i].nbytes)))
+            return tide_model_be_fail(m, q, st, "cannot copy the KV cache out of the device");
+    return st;
 }
 
 /* Makes the arena at least need bytes, and at least the warm region when
@@ -234,7 +239,7 @@ static tide_status resolve_budget(tide_model *m, graph_slot *s) {
             /* the device's free memory less a margin for the runtime's own
              * allocations (cuBLAS workspaces, kernels, streams) */
             tide_status st = m->be->vt->mem_info(m->be, &fr, &tot);
-            if (st) return st;
+            if (st) return tide_model_be_fail(m, NULL, st, "--budget auto: cannot read the device's free memory");
             uint64_t margin = TIDE_AUTO_MARGIN(tot);
             if (fr <= margin)
                 return tide_err(ctx, TIDE_E_NOMEM, "--budget auto: the device has %llu bytes free, no more than the "

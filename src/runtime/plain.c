@@ -10,8 +10,9 @@
  *
  * Ops are issued asynchronously, on a queue of the run's own, where the
  * backend has events, and waited for once, at the end; elsewhere on the
- * backend's default queue. Inputs and outputs are copied on the default
- * queue, synchronously.
+ * model's synchronous queue (tide_model_queue), as are the uploads and the
+ * copies of inputs and outputs. Every queue is made on the model's context,
+ * so a failure names its cause there, not on the backend's context.
  */
 #include "runtime/model_int.h"
 
@@ -34,8 +35,8 @@ void tide_plain_release(tide_model *m) {
 }
 
 /* A device that is not host memory gets every checkpoint tensor uploaded
- * once, and zeroed device copies of the cache. */
-static tide_status upload(tide_model *m) {
+ * once (on q, the model's queue), and zeroed device copies of the cache. */
+static tide_status upload(tide_model *m, void *q) {
     tide_backend *be = m->be;
     if (be->vt->device_is_host || m->dev_weights) return TIDE_OK;
     tide_status st = TIDE_OK;
@@ -45,8 +46,10 @@ static tide_status upload(tide_model *m) {
     for (int i = 0; !st && i < m->n_weights; i++) {
         tide_tensor_info ti;
         st = tide_checkpoint_get_index(m->ck, i, &ti);
-        if (!st) st = be->vt->alloc(be, ti.nbytes ? ti.nbytes : 1, &m->dev_weights[i]);
-        if (!st) st = be->vt->to_device(be, NULL, m->dev_weights[i], ti.data, ti.nbytes);
+        if (!st && (st = be->vt->alloc(be, ti.nbytes ? ti.nbytes : 1, &m->dev_weights[i])))
+            st = tide_model_be_fail(m, NULL, st, "cannot allocate the weights on the device");
+        if (!st && (st = be->vt->to_device(be, q, m->dev_weights[i], ti.data, ti.nbytes)))
+            st = tide_model_be_fail(m, q, st, "cannot upload the weights");
         tide_progress(m->ctx, "uploading", (uint64_t)i + 1, (uint64_t)m->n_weights);
     }
     for (int i = 0; !st && i < m->n_state; i++) {
@@ -54,8 +57,11 @@ static tide_status upload(tide_model *m) {
         st = be->vt->alloc(be, s->nbytes, &s->dev);
         if (st) st = tide_err(m->ctx, st, "cannot allocate the KV cache (%llu bytes per layer): %s",
                               (unsigned long long)(2 * s->nbytes), tide_ctx_last_error(be->ctx));
-        for (uint64_t off = 0; off < s->nbytes && !st; off += 1 << 20)
-            st = be->vt->to_device(be, NULL, (char *)s->dev + off, zero, TIDE_MIN(s->nbytes - off, (uint64_t)1 << 20));
+        for (uint64_t off = 0; off < s->nbytes && !st; off += 1 << 20) {
+            size_t n = (size_t)TIDE_MIN(s->nbytes - off, (uint64_t)1 << 20);
+            if ((st = be->vt->to_device(be, q, (char *)s->dev + off, zero, n)))
+                st = tide_model_be_fail(m, q, st, "cannot zero the KV cache on the device");
+        }
     }
     tide_free(zero);
     /* no half-uploaded copies: they would pass for complete ones next time */
@@ -231,24 +237,28 @@ tide_status tide_plain_run(tide_model *m, const tide_graph *g, const tide_bindin
     tide_backend *be = m->be;
     int nt = g->n_tensors;
     void **ptr = tide_calloc((size_t)(nt ? nt : 1), sizeof *ptr);
-    void *q = NULL, *scratch = NULL; /* the ops' queue: NULL, the default one, unless async */
-    tide_status st = ptr ? upload(m) : tide_err(ctx, TIDE_E_NOMEM, "out of memory running a graph");
+    void *sq = NULL, *scratch = NULL; /* the model's synchronous queue (NULL: be has none) */
+    tide_status st = ptr ? tide_model_queue(m, &sq) : tide_err(ctx, TIDE_E_NOMEM, "out of memory running a graph");
+    if (!st) st = upload(m, sq);
     if (!st) st = bind_all(m, g, ptr, &scratch);
     for (int t = 0; t < nt && !st; t++) {
         const tide_tensor *tt = &g->tensors[t];
         if (tt->role != TIDE_ROLE_INPUT) continue;
         const void *src = bound(in, n_in, tt->name);
         if (!src) st = tide_err(ctx, TIDE_E_INVALID, "no data for input '%s'", tt->name);
-        else st = be->vt->to_device(be, NULL, ptr[t], src, tt->nbytes);
+        else if ((st = be->vt->to_device(be, sq, ptr[t], src, tt->nbytes)))
+            st = tide_model_be_fail(m, sq, st, "cannot copy an input to the device");
     }
     /* asynchronous from here: the inputs above were copied synchronously, so
      * the caller's buffers are free again */
+    void *q = sq; /* the ops' queue */
     bool async = false;
     if (!st && !m->sync_issue && tide_backend_has_events(be)) {
         if ((st = be->vt->queue_new(be, ctx, true, &q))) goto done;
         async = true;
     }
     m->acc.async_issue = async;
+    bool issued = !st; /* a failure from here on is the ops' queue's */
     void *ip[TIDE_OP_MAX_IN], *op_out[TIDE_OP_MAX_OUT];
     for (int i = 0; i < g->n_ops && !st; i++) {
         const tide_op *op = &g->ops[i];
@@ -259,15 +269,16 @@ tide_status tide_plain_run(tide_model *m, const tide_graph *g, const tide_bindin
             tide_progress(ctx, "layer", (uint64_t)op->layer + 1, (uint64_t)m->cfg.num_hidden_layers);
     }
     /* always waited for: nothing may still run on the buffers when this
-     * returns (the first failure's message is kept) */
+     * returns (the first failure's message is kept, on the model's context) */
+    tide_ctx *qc = tide_backend_queue_ctx(be, q);
     if (!st) {
         st = tide_backend_queue_sync(be, q);
     } else {
-        tide_ctx *qc = tide_backend_queue_ctx(be, q);
         char msg[TIDE_ERRMSG_MAX];
         snprintf(msg, sizeof msg, "%s", tide_ctx_last_error(qc));
         if (tide_backend_queue_sync(be, q)) tide_err(qc, st, "%s", msg);
     }
+    if (st && issued && qc != ctx) tide_err(ctx, st, "%s", tide_ctx_last_error(qc)); /* be has no queues */
     if (async) {
         be->vt->queue_free(be, q);
         if (!st) tide_progress(ctx, "layer", (uint64_t)m->cfg.num_hidden_layers, (uint64_t)m->cfg.num_hidden_layers);
@@ -275,7 +286,8 @@ tide_status tide_plain_run(tide_model *m, const tide_graph *g, const tide_bindin
     for (int k = 0; k < n_out && !st; k++) {
         int t = tide_graph_find(g, out[k].name);
         if (t < 0) st = tide_err(ctx, TIDE_E_NOT_FOUND, "the graph has no output '%s'", out[k].name);
-        else st = be->vt->to_host(be, NULL, out[k].data, ptr[t], g->tensors[t].nbytes);
+        else if ((st = be->vt->to_host(be, sq, out[k].data, ptr[t], g->tensors[t].nbytes)))
+            st = tide_model_be_fail(m, sq, st, "cannot copy an output from the device");
     }
 done:
     tide_free(ptr);
