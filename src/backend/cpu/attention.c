@@ -1,6 +1,7 @@
 /*
- * attention.c - causal grouped-query attention over the KV cache on the CPU
- * (the ATTENTION op of tide.h).
+ * attention.c - causal grouped-query attention on the CPU: the ATTENTION op
+ * of tide.h over the KV cache or, without one, over k and v themselves, and
+ * its gradient ATTENTION_BWD.
  *
  * Tiled flash-style: a task is (batch b, kv head g, a few query heads of that
  * group, a block of queries); its rows (head, query) share each key tile,
@@ -9,7 +10,18 @@
  * output tile. Each row reads only keys j <= its position, so stale cache rows
  * are never touched. A task's result does not depend on which thread runs it,
  * so tasks are handed out dynamically, heaviest first; the output bits do not
- * depend on the thread count.
+ * depend on the thread count. Without a cache the same tasks read k and v in
+ * place of the cache rows they would have been copied to, so the output is
+ * the fresh-cache form's bit for bit.
+ *
+ * The backward recomputes the softmax instead of storing it: a task is (batch
+ * b, kv head g) and owns dq of the group's query heads and dk, dv of g, so no
+ * two tasks write one element. Per head and block of bq queries (keys 0..the
+ * block's last) five sgemm calls on the task's thread: S = scale Q K^T (then
+ * P, masked past each query's position), dV += P^T dO, dP = dO V^T, dS = P
+ * (dP - rowsum(dO O)) in place, dQ = scale dS K, dK += scale dS^T Q. dk and
+ * dv sum over heads then query blocks in that order whatever the thread
+ * count. The memory is two bq x T buffers per thread (tk_attention_bwd_work).
  */
 #include "backend/cpu/kernels_int.h"
 
@@ -207,28 +219,6 @@ static void att_transpose_generic(const float *kb, int64_t vs, int nk, int hd, f
 }
 
 #ifdef TK_X86
-/* exp(x) for x <= 0 (softmax arguments): Cody-Waite reduction by ln 2 and a
- * degree-6 polynomial, within 2 ulp of expf; results below the smallest
- * normal float flush to 0; NaN stays NaN. */
-TK_AVX2 static __m256 exp_neg_avx2(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.33654f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(lo, x); /* keeps NaN: MAXPS returns the second operand */
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
 /* att_softmax_generic in 8-float blocks; s has room for n rounded up to 8
  * (lanes past n become 0). */
 TK_AVX2 static float att_softmax_avx2(float *s, int n, float *m, float *l) {
@@ -364,27 +354,14 @@ static void att_run_task(const att_task *tk, const float *kb, const float *vb, i
     }
 }
 
-tide_status tk_attention(const float *q, const float *k, const float *v, const int32_t *pos,
-                         float *kcache, float *vcache, float *o, const tk_attn_dims *dm,
-                         int64_t *bad, int nt) {
-    const int64_t B = dm->B, T = dm->T, C = dm->C;
+/* The query tasks of tk_attention over keys and values already in place:
+ * batch row b's key for position j is keys + (b * C + j) * KV*hd (a cache of
+ * C positions, or k itself with C = T). */
+static void att_run(const float *q, const float *keys, const float *vals, int64_t C, const int32_t *pos,
+                    float *o, const tk_attn_dims *dm, int nt) {
+    const int64_t B = dm->B, T = dm->T;
     const int H = dm->H, KV = dm->KV, hd = dm->hd;
-    if (hd > TK_ATTN_MAX_HD) return TIDE_E_UNSUPPORTED;
-    for (int64_t t = 0; t < T; t++)
-        if (pos[t] < 0 || pos[t] >= C) {
-            *bad = t;
-            return TIDE_E_RANGE;
-        }
     const int64_t kd = (int64_t)KV * hd, qd = (int64_t)H * hd;
-    /* cache write; t in order within b, so a repeated position keeps its last row */
-#pragma omp parallel for schedule(static) num_threads(nt) if (B * T * kd >= TK_PAR_MIN)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) {
-            size_t dst = (size_t)((b * C + pos[t]) * kd), src = (size_t)((b * T + t) * kd);
-            memcpy(kcache + dst, k + src, (size_t)kd * sizeof(float));
-            memcpy(vcache + dst, v + src, (size_t)kd * sizeof(float));
-        }
-
     const int BK = TIDE_MIN(ATT_MAX_KEYS, (ATT_BUF / hd) & ~15);
     const int NQ = TIDE_MIN(ATT_MAX_ROWS, ATT_BUF / hd);
     const int G = H / KV;
@@ -415,10 +392,133 @@ tide_status tk_attention(const float *q, const float *k, const float *v, const i
                 tk.rpos[tk.nrows] = pos[t];
                 tk.nrows++;
             }
-        const float *kb = kcache + b * C * kd + (int64_t)g * hd;
-        const float *vb = vcache + b * C * kd + (int64_t)g * hd;
+        const float *kb = keys + b * C * kd + (int64_t)g * hd;
+        const float *vb = vals + b * C * kd + (int64_t)g * hd;
         att_run_task(&tk, kb, vb, kd, hd, BK, avx);
     }
+}
+
+tide_status tk_attention(const float *q, const float *k, const float *v, const int32_t *pos,
+                         float *kcache, float *vcache, float *o, const tk_attn_dims *dm,
+                         int64_t *bad, int nt) {
+    const int64_t B = dm->B, T = dm->T, C = dm->C;
+    if (dm->hd > TK_ATTN_MAX_HD) return TIDE_E_UNSUPPORTED;
+    for (int64_t t = 0; t < T; t++)
+        if (pos[t] < 0 || pos[t] >= C) {
+            *bad = t;
+            return TIDE_E_RANGE;
+        }
+    const int64_t kd = (int64_t)dm->KV * dm->hd;
+    /* cache write; t in order within b, so a repeated position keeps its last row */
+#pragma omp parallel for schedule(static) num_threads(nt) if (B * T * kd >= TK_PAR_MIN)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            size_t dst = (size_t)((b * C + pos[t]) * kd), src = (size_t)((b * T + t) * kd);
+            memcpy(kcache + dst, k + src, (size_t)kd * sizeof(float));
+            memcpy(vcache + dst, v + src, (size_t)kd * sizeof(float));
+        }
+    att_run(q, kcache, vcache, C, pos, o, dm, nt);
     return TIDE_OK;
 }
 
+tide_status tk_attention_nocache(const float *q, const float *k, const float *v, const int32_t *pos, float *o,
+                                 const tk_attn_dims *dm, int64_t *bad, int nt) {
+    if (dm->hd > TK_ATTN_MAX_HD) return TIDE_E_UNSUPPORTED;
+    for (int64_t t = 0; t < dm->T; t++)
+        if (pos[t] != t) {
+            *bad = t;
+            return TIDE_E_RANGE;
+        }
+    att_run(q, k, v, dm->T, pos, o, dm, nt);
+    return TIDE_OK;
+}
+
+/* ------------------------------------------------------------- attention backward */
+
+/* Query rows a backward step takes at once: about T/8 (the keys past the
+ * diagonal within a block, computed and masked, stay an eighth of the work),
+ * 16 to 128, and fewer where T is long so that the two score buffers stay
+ * near 2 MiB each. A function of T alone. */
+static int64_t att_bwd_rows(int64_t T) {
+    int64_t bq = TIDE_MAX(16, TIDE_MIN(128, T / 8));
+    bq = TIDE_MIN(bq, TIDE_MAX(16, (INT64_C(1) << 19) / T));
+    return TIDE_MIN(bq, T);
+}
+
+size_t tk_attention_bwd_work(const tk_attn_dims *dm, int nt) {
+    int64_t bq = att_bwd_rows(dm->T), ld = (dm->T + 15) & ~(int64_t)15;
+    return (size_t)nt * 2 * (size_t)(bq * ld) * sizeof(float);
+}
+
+/* One (batch row b, kv head g) of tk_attention_bwd: every query head of the
+ * group, a block of bq queries at a time, in a fixed order. S and P2 hold
+ * bq x T floats each. */
+static void att_bwd_task(const float *q, const float *k, const float *v, const float *o, const float *dout,
+                         float *dq, float *dk, float *dv, const tk_attn_dims *dm, int64_t b, int g, float *S,
+                         float *P2, bool avx) {
+    const int64_t T = dm->T, hd = dm->hd, qd = (int64_t)dm->H * hd, kd = (int64_t)dm->KV * hd;
+    const int G = dm->H / dm->KV;
+    const int64_t BQ = att_bwd_rows(T), ld = (T + 15) & ~(int64_t)15;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const float *kb = k + b * T * kd + g * hd, *vb = v + b * T * kd + g * hd; /* (T, hd), stride kd */
+    float *dkb = dk + b * T * kd + g * hd, *dvb = dv + b * T * kd + g * hd;
+    for (int64_t t = 0; t < T; t++) {
+        memset(dkb + t * kd, 0, (size_t)hd * sizeof(float));
+        memset(dvb + t * kd, 0, (size_t)hd * sizeof(float));
+    }
+    for (int h = g * G; h < g * G + G; h++) {
+        for (int64_t i0 = 0; i0 < T; i0 += BQ) {
+            const int64_t bq = TIDE_MIN(BQ, T - i0), nk = i0 + bq; /* keys 0..nk-1 */
+            const int64_t row0 = (b * T + i0) * qd + h * hd;
+            const float *qi = q + row0, *oi = o + row0, *doi = dout + row0; /* (bq, hd), stride qd */
+            float *dqi = dq + row0;
+            /* P = softmax(scale * Qi K^T) over keys j <= t, zero past t */
+            tk_sgemm(false, true, bq, nk, hd, scale, qi, qd, kb, kd, 0.0f, S, ld);
+            for (int64_t r = 0; r < bq; r++) {
+                float *s = S + r * ld, mx;
+                int64_t n = i0 + r + 1;
+                float inv = (float)(1.0 / tk_exp_row(s, n, &mx, avx));
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) s[j] *= inv;
+                for (int64_t j = n; j < nk; j++) s[j] = 0;
+            }
+            /* dV += P^T dO; dP = dO V^T */
+            tk_sgemm(true, false, nk, hd, bq, 1.0f, S, ld, doi, qd, 1.0f, dvb, kd);
+            tk_sgemm(false, true, bq, nk, hd, 1.0f, doi, qd, vb, kd, 0.0f, P2, ld);
+            /* dS = P * (dP - rowsum(dO * O)), in place of P */
+            for (int64_t r = 0; r < bq; r++) {
+                const float *dor = doi + r * qd, *orow = oi + r * qd;
+                double dd = 0;
+                for (int64_t d = 0; d < hd; d++) dd += (double)dor[d] * (double)orow[d];
+                float D = (float)dd, *s = S + r * ld;
+                const float *dp = P2 + r * ld;
+#pragma omp simd
+                for (int64_t j = 0; j < nk; j++) s[j] = s[j] * (dp[j] - D);
+            }
+            /* dQ = scale * dS K; dK += scale * dS^T Q */
+            tk_sgemm(false, false, bq, hd, nk, scale, S, ld, kb, kd, 0.0f, dqi, qd);
+            tk_sgemm(true, false, nk, hd, bq, scale, S, ld, qi, qd, 1.0f, dkb, kd);
+        }
+    }
+}
+
+tide_status tk_attention_bwd(const float *q, const float *k, const float *v, const float *o, const float *dout,
+                             float *dq, float *dk, float *dv, const tk_attn_dims *dm, float *work, int nt) {
+    const int64_t B = dm->B, T = dm->T;
+    const int KV = dm->KV;
+    const int64_t qd = (int64_t)dm->H * dm->hd, kd = (int64_t)KV * dm->hd;
+    if (T > INT_MAX || qd > INT_MAX || kd > INT_MAX) return TIDE_E_UNSUPPORTED;
+    const int64_t per = (int64_t)(tk_attention_bwd_work(dm, 1) / sizeof(float) / 2);
+    const int64_t n_task = B * KV;
+    const bool avx = tk_have_avx2();
+    int prev = tk_blas_single();
+    /* a task owns dq of its group's heads and dk, dv of its kv head: no
+     * two tasks write one element, so any thread may run any task */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (n_task > 1)
+    for (int64_t task = 0; task < n_task; task++) {
+        float *S = work + (int64_t)omp_get_thread_num() * 2 * per;
+        att_bwd_task(q, k, v, o, dout, dq, dk, dv, dm, task / KV, (int)(task % KV), S, S + per, avx);
+    }
+    tk_blas_restore(prev);
+    return TIDE_OK;
+}

@@ -9,10 +9,13 @@
  * is recorded in that worker's context, not on be->ctx; the kernels' thread
  * count is that context's too (tide_ctx_threads).
  *
- * Workspace: the only workspace an op gets is op->scratch_bytes of `scratch`
- * (MATMUL with non-f32 weights, see graph/ops.c). Attention works in bounded tiles
- * on each thread's stack (under 96 KiB), so nothing is allocated in compute and
- * nothing needs reserving before a run.
+ * Workspace: the workspace an op gets is op->scratch_bytes of `scratch`
+ * (MATMUL with non-f32 weights, CROSS_ENTROPY's logits chunk, see
+ * graph/ops.c). Attention works in bounded tiles on each thread's stack
+ * (under 96 KiB). Two training ops allocate a buffer of their own for the
+ * call, outside the planner's books: RMSNORM_BWD a float per row,
+ * ATTENTION_BWD two blocks of query rows x T floats per thread
+ * (tk_attention_bwd_work, a few MiB); a failed allocation is TIDE_E_NOMEM.
  */
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
@@ -100,8 +103,13 @@ static tide_status cpu_matmul(tide_ctx *ctx, int nt, const tide_graph *g, const 
     const tide_op_params *p = &op->p;
     const tide_tensor *x = tin(g, op, 0), *w = tin(g, op, 1), *o = tout(g, op, 0);
     float *dst = (float *)out[0] + p->row0 * o->shape[1] + p->col0;
-    tide_status st = tk_matmul(in[0], in[1], w->dtype, x->shape[0], x->shape[1], w->shape[0], dst,
-                               o->shape[1], scratch, scratch ? (size_t)op->scratch_bytes : 0, nt);
+    size_t sb = scratch ? (size_t)op->scratch_bytes : 0;
+    tide_status st = p->no_transpose || p->accumulate
+                         ? tk_matmul_ex(in[0], in[1], w->dtype, x->shape[0], x->shape[1],
+                                        p->no_transpose ? w->shape[1] : w->shape[0], p->no_transpose,
+                                        p->accumulate, dst, o->shape[1], scratch, sb, nt)
+                         : tk_matmul(in[0], in[1], w->dtype, x->shape[0], x->shape[1], w->shape[0], dst,
+                                     o->shape[1], scratch, sb, nt);
     if (st)
         return tide_err(ctx, st, "matmul '%s': dimensions beyond what BLAS takes", w->name);
     return TIDE_OK;
@@ -119,11 +127,24 @@ static tide_status cpu_rope(tide_ctx *ctx, int nt, const tide_graph *g, const ti
 static tide_status cpu_attention(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
                                  void *const *out, void *scratch) {
     const tide_op_params *p = &op->p;
-    /* the caches are outputs 1 and 2 (also inputs 4 and 5 unless fresh) */
-    const tide_tensor *pos = tin(g, op, 3), *kc = &g->tensors[op->out[1]];
+    const tide_tensor *pos = tin(g, op, 3);
     const int32_t *pp = (const int32_t *)in[3] + p->idx0;
-    tk_attn_dims d = {.B = p->batch, .T = tin(g, op, 0)->shape[0] / p->batch, .C = kc->shape[1],
-                      .H = p->n_heads, .KV = p->n_kv_heads, .hd = p->head_dim};
+    tk_attn_dims d = {.B = p->batch, .T = tin(g, op, 0)->shape[0] / p->batch, .H = p->n_heads,
+                      .KV = p->n_kv_heads, .hd = p->head_dim};
+    if (op->n_out == 1) { /* no cache: k and v are the keys and values */
+        int64_t bad = -1;
+        tide_status st = tk_attention_nocache(in[0], in[1], in[2], pp, out[0], &d, &bad, nt);
+        if (st == TIDE_E_RANGE)
+            return tide_err(ctx, st, "attention without a cache needs positions 0..%lld, but '%s'[%lld] is %d",
+                            (long long)d.T - 1, pos->name, (long long)bad, pp[bad]);
+        if (st == TIDE_E_UNSUPPORTED)
+            return tide_err(ctx, st, "attention: head_dim %d is above the cpu backend's limit %d", d.hd,
+                            TK_ATTN_MAX_HD);
+        return st;
+    }
+    /* the caches are outputs 1 and 2 (also inputs 4 and 5 unless fresh) */
+    const tide_tensor *kc = tout(g, op, 1);
+    d.C = kc->shape[1];
     if (op->n_in == 4)
         for (int64_t t = 0; t < d.T; t++)
             if (pp[t] != t)
@@ -186,6 +207,121 @@ static tide_status cpu_generic(tide_ctx *ctx, int nt, const tide_graph *g, const
     return TIDE_OK;
 }
 
+/* ---------------------------------------------------------------- training ops */
+
+static tide_status cpu_embed_bwd(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
+                                 void *const *out, void *scratch) {
+    const tide_tensor *dy = tin(g, op, 0), *tok = tin(g, op, 1), *dt = tout(g, op, 0);
+    const int32_t *ids = (const int32_t *)in[1] + op->p.idx0;
+    int64_t bad = -1;
+    tide_status st = tk_embed_bwd(in[0], ids, dy->shape[0], dy->shape[1], dt->shape[0], op->n_in == 3, out[0],
+                                  &bad, nt);
+    if (st == TIDE_E_RANGE)
+        return tide_err(ctx, st, "embed_bwd: token id %d at position %lld of '%s' is outside the gradient '%s' "
+                        "(vocabulary %lld)", ids[bad], (long long)(op->p.idx0 + bad), tok->name, dt->name,
+                        (long long)dt->shape[0]);
+    return st;
+}
+
+static tide_status cpu_rmsnorm_bwd(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
+                                   void *const *out, void *scratch) {
+    const tide_tensor *x = tin(g, op, 0);
+    int64_t R = x->shape[0], D = x->shape[1];
+    float *rs = tide_malloc((size_t)R * sizeof(float));
+    if (!rs) return tide_err(ctx, TIDE_E_NOMEM, "rmsnorm_bwd: out of memory for %lld row scales", (long long)R);
+    tk_rmsnorm_bwd(in[0], in[1], tin(g, op, 1)->dtype, in[2], R, D, op->p.eps, op->n_in == 4, out[0], out[1], rs,
+                   nt);
+    tide_free(rs);
+    return TIDE_OK;
+}
+
+static tide_status cpu_matmul_gradw(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op,
+                                    void *const *in, void *const *out, void *scratch) {
+    const tide_tensor *dy = tin(g, op, 0), *x = tin(g, op, 1);
+    tide_status st = tk_matmul_gradw(in[0], in[1], dy->shape[0], dy->shape[1], x->shape[1], op->n_in == 3,
+                                     out[0], nt);
+    if (st) return tide_err(ctx, st, "matmul_gradw '%s': dimensions beyond what BLAS takes", tout(g, op, 0)->name);
+    return TIDE_OK;
+}
+
+static tide_status cpu_rope_bwd(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
+                                void *const *out, void *scratch) {
+    const tide_op_params *p = &op->p;
+    const tide_tensor *dy = tin(g, op, 0);
+    tk_rope_bwd(in[0], (const int32_t *)in[1] + p->idx0, dy->shape[0], dy->shape[0] / p->batch, p->n_heads,
+                p->head_dim, p->rope_theta, out[0], nt);
+    return TIDE_OK;
+}
+
+static tide_status cpu_attention_bwd(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op,
+                                     void *const *in, void *const *out, void *scratch) {
+    const tide_op_params *p = &op->p;
+    const tide_tensor *pos = tin(g, op, 5);
+    const int32_t *pp = in[5];
+    tk_attn_dims d = {.B = p->batch, .T = tin(g, op, 0)->shape[0] / p->batch, .H = p->n_heads,
+                      .KV = p->n_kv_heads, .hd = p->head_dim};
+    d.C = d.T;
+    for (int64_t t = 0; t < d.T; t++)
+        if (pp[t] != t)
+            return tide_err(ctx, TIDE_E_RANGE, "attention_bwd: fresh sequences need positions 0..%lld, but "
+                            "'%s'[%lld] is %d", (long long)d.T - 1, pos->name, (long long)t, pp[t]);
+    size_t wb = tk_attention_bwd_work(&d, nt);
+    float *work = tide_malloc_aligned(wb, 64);
+    if (!work) return tide_err(ctx, TIDE_E_NOMEM, "attention_bwd: out of memory for %zu bytes of score tiles", wb);
+    tide_status st = tk_attention_bwd(in[0], in[1], in[2], in[3], in[4], out[0], out[1], out[2], &d, work, nt);
+    tide_free_aligned(work);
+    if (st) return tide_err(ctx, st, "attention_bwd: dimensions beyond what BLAS takes");
+    return TIDE_OK;
+}
+
+static tide_status cpu_silu_mul_bwd(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op,
+                                    void *const *in, void *const *out, void *scratch) {
+    tk_silu_mul_bwd(in[0], in[1], in[2], out[0], out[1], tide_tensor_numel(tin(g, op, 0)), nt);
+    return TIDE_OK;
+}
+
+static tide_status cpu_cross_entropy(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op,
+                                     void *const *in, void *const *out, void *scratch) {
+    const tide_tensor *h = tin(g, op, 0), *w = tin(g, op, 1), *tg = tin(g, op, 2);
+    int64_t R = h->shape[0], D = h->shape[1], V = w->shape[0], bad = -1;
+    const int32_t *targets = in[2];
+    tide_status st = tk_cross_entropy(in[0], in[1], w->dtype, targets, R, V, D, op->p.scale, op->n_in == 4,
+                                      tide_ce_chunk_rows(R, V), out[0], out[1], out[2], scratch,
+                                      scratch ? (size_t)op->scratch_bytes : 0, &bad, nt);
+    if (st == TIDE_E_RANGE)
+        return tide_err(ctx, st, "cross_entropy: target %d of row %lld of '%s' is outside the vocabulary of '%s' "
+                        "(%lld ids)", targets[bad], (long long)bad, tg->name, w->name, (long long)V);
+    if (st == TIDE_E_INVALID)
+        return tide_err(ctx, st, "cross_entropy: needs its workspace of %llu bytes",
+                        (unsigned long long)op->scratch_bytes);
+    if (st) return tide_err(ctx, st, "cross_entropy '%s': dimensions beyond what BLAS takes", w->name);
+    return TIDE_OK;
+}
+
+static tide_status cpu_sumsq(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
+                             void *const *out, void *scratch) {
+    float acc = op->n_in == 2 ? *(const float *)in[1] : 0.0f;
+    *(float *)out[0] = tk_sumsq(in[0], tide_tensor_numel(tin(g, op, 0)), acc, nt);
+    return TIDE_OK;
+}
+
+static tide_status cpu_adamw(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
+                             void *const *out, void *scratch) {
+    const tide_op_params *p = &op->p;
+    const tide_tensor *param = tin(g, op, 0);
+    bool master = op->n_in == 7;
+    int mi = master ? 2 : 1; /* index of m: outputs param, [master,] m, v are inputs 0.. in place */
+    const float *hyper = in[mi + 3], *sumsq = in[mi + 4];
+    tk_adamw_args a = {.lr = hyper[0], .bc1 = hyper[1], .bc2_sqrt = hyper[2], .beta1 = p->beta1,
+                       .beta2 = p->beta2, .eps = p->adam_eps,
+                       /* as is usual, decay only matrices: norms' weights and biases are 1-D */
+                       .weight_decay = param->ndim >= 2 ? p->weight_decay : 0.0f, .max_norm = p->max_norm,
+                       .sumsq = *sumsq};
+    tk_adamw(out[0], param->dtype, master ? out[1] : NULL, out[mi], out[mi + 1], in[mi + 2],
+             tide_tensor_numel(param), &a, nt);
+    return TIDE_OK;
+}
+
 /* The kernel of each op kind (graph/ops.c has the kinds' contracts): a kind
  * without one here is unsupported on the CPU. */
 typedef tide_status (*cpu_kernel)(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
@@ -201,6 +337,15 @@ static const cpu_kernel cpu_kernels[TIDE_OP_COUNT] = {
     [TIDE_OP_TAKE_LAST] = cpu_take_last,
     [TIDE_OP_ARGMAX] = cpu_argmax,
     [TIDE_OP_GENERIC] = cpu_generic,
+    [TIDE_OP_EMBED_BWD] = cpu_embed_bwd,
+    [TIDE_OP_RMSNORM_BWD] = cpu_rmsnorm_bwd,
+    [TIDE_OP_MATMUL_GRADW] = cpu_matmul_gradw,
+    [TIDE_OP_ROPE_BWD] = cpu_rope_bwd,
+    [TIDE_OP_ATTENTION_BWD] = cpu_attention_bwd,
+    [TIDE_OP_SILU_MUL_BWD] = cpu_silu_mul_bwd,
+    [TIDE_OP_CROSS_ENTROPY] = cpu_cross_entropy,
+    [TIDE_OP_SUMSQ] = cpu_sumsq,
+    [TIDE_OP_ADAMW] = cpu_adamw,
 };
 
 static tide_status cpu_compute(tide_backend *be, void *q, const tide_graph *g, const tide_op *op,

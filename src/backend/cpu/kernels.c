@@ -9,7 +9,13 @@
  * 10-20% of a bf16 matmul; with one pool the conversion and the sgemm calls
  * share the threads.
  *
- * Attention lives in attention.c.
+ * MATMUL's training forms (w as (K, N), accumulating) and every product of
+ * the training kernels go through tk_gemm instead: the output cut into tiles
+ * fixed by the shape, not by the thread count, so that their bits do not
+ * depend on it; each tile one single-threaded sgemm over the whole of K.
+ *
+ * Attention lives in attention.c, the training ops' kernels in
+ * kernels_train.c.
  *
  * Two code paths: AVX2+FMA intrinsics (chosen at run time) for the hot loops,
  * and portable loops (vectorised by `omp simd`) elsewhere. Within one path the
@@ -252,7 +258,7 @@ static void dots(bool avx, const float *x, int64_t ldx, int nr, const float *w, 
  * chunks into a stack buffer and dotted with every row of x, so weights are
  * read once; the right shape for decoding, where R is the batch. */
 static void matmul_fused(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K,
-                         int64_t N, float *out, int64_t ldo, int nt) {
+                         int64_t N, float *out, int64_t ldo, bool add, int nt) {
     bool avx = tk_have_avx2();
     size_t es = tide_dtype_size(wdt);
     const uint8_t *wb = w;
@@ -272,7 +278,10 @@ static void matmul_fused(const float *x, const void *w, tide_dtype wdt, int64_t 
                     tk_convert(wr + (size_t)k0 * es, wdt, buf, (size_t)len);
                 dots(avx, x + r0 * K + k0, K, nr, wf, len, acc);
             }
-            for (int r = 0; r < nr; r++) out[(r0 + r) * ldo + n] = acc[r];
+            for (int r = 0; r < nr; r++) {
+                float *dst = out + (r0 + r) * ldo + n;
+                *dst = add ? *dst + acc[r] : acc[r];
+            }
         }
     }
 }
@@ -319,7 +328,7 @@ tide_status tk_matmul(const float *x, const void *w, tide_dtype wdt, int64_t R, 
     if (R > INT_MAX || K > INT_MAX || N > INT_MAX || ldo > INT_MAX) return TIDE_E_UNSUPPORTED;
     int64_t nb = wdt == TIDE_F32 ? N : scratch ? (int64_t)(scratch_bytes / ((size_t)K * sizeof(float))) : 0;
     if (R < TK_MATMUL_FUSED_R || nb < 1) {
-        matmul_fused(x, w, wdt, R, K, N, out, ldo, nt);
+        matmul_fused(x, w, wdt, R, K, N, out, ldo, false, nt);
         return TIDE_OK;
     }
     /* OpenBLAS runs single-threaded inside our OpenMP threads: one thread
@@ -361,12 +370,176 @@ tide_status tk_matmul(const float *x, const void *w, tide_dtype wdt, int64_t R, 
     return TIDE_OK;
 }
 
+/* ------------------------------------------------------------- fixed-tile sgemm */
+
+int tk_blas_single(void) {
+    int prev = openblas_get_num_threads();
+    if (prev != 1) openblas_set_num_threads(1);
+    return prev;
+}
+
+void tk_blas_restore(int prev) {
+    if (prev != 1) openblas_set_num_threads(prev);
+}
+
+void tk_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (M <= 0 || N <= 0) return;
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
+                (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+
+/* Tile counts a product may be cut into: divisible by 2 and by 3 where they
+ * can be, so that two or three threads get equal shares. */
+static const int gemm_counts[] = {24, 16, 12, 8, 6, 4, 3, 2, 1};
+
+/* The grid (pm x pn tiles) of an (M, N) output summed over K: the most tiles
+ * of gemm_counts whose tiles are at least TK_GEMM_MIN_TILE on each side (or
+ * the whole side) and TK_GEMM_MIN_FLOPS each, then the squarest. A function
+ * of the shape alone. */
+#define TK_GEMM_MIN_TILE 64
+#define TK_GEMM_MIN_FLOPS 4e6
+static void gemm_grid(int64_t M, int64_t N, int64_t K, int *pm, int *pn) {
+    int64_t cm = TIDE_MAX(1, M / TK_GEMM_MIN_TILE), cn = TIDE_MAX(1, N / TK_GEMM_MIN_TILE);
+    double cf = 2.0 * (double)M * (double)N * (double)K / TK_GEMM_MIN_FLOPS;
+    *pm = *pn = 1;
+    for (size_t c = 0; c < sizeof gemm_counts / sizeof gemm_counts[0]; c++) {
+        int n = gemm_counts[c];
+        if (n > cf && n > 1) continue;
+        double bestq = 1e300;
+        for (int a = 1; a <= n; a++) {
+            if (n % a || a > cm || n / a > cn) continue;
+            double h = (double)M / a, w = (double)N / (n / a), q = h > w ? h / w : w / h;
+            if (q < bestq) {
+                bestq = q;
+                *pm = a;
+                *pn = n / a;
+            }
+        }
+        if (bestq < 1e300) return;
+    }
+}
+
+void tk_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+             const float *B, int64_t ldb, float beta, float *C, int64_t ldc, int nt) {
+    int pm, pn;
+    gemm_grid(M, N, K, &pm, &pn);
+    int ntile = pm * pn;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (ntile > 1 && nt > 1)
+    for (int t = 0; t < ntile; t++) {
+        int im = t / pn, in = t % pn;
+        int64_t r0 = M * im / pm, r1 = M * (im + 1) / pm;
+        int64_t c0 = in == 0 ? 0 : (N * in / pn) & ~(int64_t)15;
+        int64_t c1 = in == pn - 1 ? N : (N * (in + 1) / pn) & ~(int64_t)15;
+        if (c1 <= c0) continue;
+        const float *a = ta ? A + r0 : A + r0 * lda;
+        const float *b = tb ? B + c0 * ldb : B + c0;
+        tk_sgemm(ta, tb, r1 - r0, c1 - c0, K, alpha, a, lda, b, ldb, beta, C + r0 * ldc + c0, ldc);
+    }
+}
+
+/* ------------------------------------------------------------- matmul, training forms */
+
+/* out (R, N) (+)= x (R, K) . w for w (K, N) of wdt and a few rows: each task
+ * owns a block of output columns and runs k in order, converting w's rows
+ * a chunk at a time into a stack buffer. */
+#define TK_NT_COLS 256
+static void matmul_nt_fused(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K,
+                            int64_t N, float *out, int64_t ldo, bool add, int nt) {
+    size_t es = tide_dtype_size(wdt);
+    const uint8_t *wb = w;
+    int64_t ncb = (N + TK_NT_COLS - 1) / TK_NT_COLS;
+    for (int64_t r0 = 0; r0 < R; r0 += TK_MATMUL_FUSED_R) {
+        int nr = (int)TIDE_MIN(TK_MATMUL_FUSED_R, R - r0);
+#pragma omp parallel for schedule(static) num_threads(nt) if (N * K >= TK_PAR_MIN)
+        for (int64_t cb = 0; cb < ncb; cb++) {
+            int64_t c0 = cb * TK_NT_COLS;
+            int n = (int)TIDE_MIN(TK_NT_COLS, N - c0);
+            _Alignas(32) float buf[TK_NT_COLS];
+            _Alignas(32) float acc[TK_MATMUL_FUSED_R][TK_NT_COLS];
+            memset(acc, 0, sizeof acc);
+            for (int64_t k = 0; k < K; k++) {
+                const float *wf = buf;
+                if (wdt == TIDE_F32)
+                    wf = (const float *)w + k * N + c0;
+                else
+                    tk_convert(wb + (size_t)(k * N + c0) * es, wdt, buf, (size_t)n);
+                for (int r = 0; r < nr; r++) {
+                    float xv = x[(r0 + r) * K + k];
+                    float *a = acc[r];
+#pragma omp simd
+                    for (int j = 0; j < n; j++) a[j] += xv * wf[j];
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                float *dst = out + (r0 + r) * ldo + c0;
+                if (add) {
+#pragma omp simd
+                    for (int j = 0; j < n; j++) dst[j] += acc[r][j];
+                } else {
+                    memcpy(dst, acc[r], (size_t)n * sizeof(float));
+                }
+            }
+        }
+    }
+}
+
+tide_status tk_matmul_ex(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K, int64_t N,
+                         bool w_kn, bool accumulate, float *out, int64_t ldo, void *scratch,
+                         size_t scratch_bytes, int nt) {
+    if (!w_kn && !accumulate) return tk_matmul(x, w, wdt, R, K, N, out, ldo, scratch, scratch_bytes, nt);
+    if (R > INT_MAX || K > INT_MAX || N > INT_MAX || ldo > INT_MAX) return TIDE_E_UNSUPPORTED;
+    float beta = accumulate ? 1.0f : 0.0f;
+    int prev = tk_blas_single();
+    if (wdt == TIDE_F32) {
+        tk_gemm(false, !w_kn, R, N, K, 1.0f, x, K, w, w_kn ? N : K, beta, out, ldo, nt);
+        tk_blas_restore(prev);
+        return TIDE_OK;
+    }
+    /* 16-bit weights: widened a block at a time into scratch; a block is
+     * whole rows of w (N, K) or whole columns of w (K, N), so each output
+     * element is still one sum over all of K */
+    int64_t nb = scratch ? (int64_t)(scratch_bytes / ((size_t)K * sizeof(float))) : 0;
+    if (R < TK_MATMUL_FUSED_R || nb < 1) {
+        tk_blas_restore(prev);
+        if (w_kn)
+            matmul_nt_fused(x, w, wdt, R, K, N, out, ldo, accumulate, nt);
+        else
+            matmul_fused(x, w, wdt, R, K, N, out, ldo, accumulate, nt);
+        return TIDE_OK;
+    }
+    nb = TIDE_MIN(nb, N);
+    int64_t nblk = (N + nb - 1) / nb;
+    nb = (N + nblk - 1) / nblk;
+    size_t es = tide_dtype_size(wdt);
+    const uint8_t *wb = w;
+    float *wf = scratch;
+    for (int64_t n0 = 0; n0 < N; n0 += nb) {
+        int64_t cnt = TIDE_MIN(nb, N - n0);
+        if (w_kn) {
+#pragma omp parallel for schedule(static) num_threads(nt) if (K * cnt >= TK_PAR_MIN)
+            for (int64_t k = 0; k < K; k++)
+                tk_convert(wb + (size_t)(k * N + n0) * es, wdt, wf + k * cnt, (size_t)cnt);
+            tk_gemm(false, false, R, cnt, K, 1.0f, x, K, wf, cnt, beta, out + n0, ldo, nt);
+        } else {
+#pragma omp parallel for schedule(static) num_threads(nt) if (K * cnt >= TK_PAR_MIN)
+            for (int64_t i = 0; i < cnt; i++)
+                tk_convert(wb + (size_t)(n0 + i) * (size_t)K * es, wdt, wf + i * K, (size_t)K);
+            tk_gemm(false, true, R, cnt, K, 1.0f, x, K, wf, K, beta, out + n0, ldo, nt);
+        }
+    }
+    tk_blas_restore(prev);
+    return TIDE_OK;
+}
+
 /* ------------------------------------------------------------- rope */
 
 #define TK_ROPE_CHUNK 128
 
-void tk_rope(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd,
-             float theta, float *out, int nt) {
+void tk_rope_rotate(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd, float theta,
+                    bool inverse, float *out, int nt) {
+    /* the inverse negates sin exactly: a rotation by minus the same angle */
+    const float sgn = inverse ? -1.0f : 1.0f;
     int half = hd / 2;
     int64_t D = (int64_t)H * hd;
 #pragma omp parallel for schedule(static) num_threads(nt) if (R * D >= TK_PAR_MIN)
@@ -380,7 +553,7 @@ void tk_rope(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, in
                 float inv = 1.0f / powf(theta, (float)(2 * (i0 + i)) / (float)hd);
                 float a = p * inv;
                 c[i] = cosf(a);
-                s[i] = sinf(a);
+                s[i] = sgn * sinf(a);
             }
             for (int h = 0; h < H; h++) {
                 const float *xr = x + r * D + (int64_t)h * hd + i0;
@@ -394,6 +567,11 @@ void tk_rope(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, in
             }
         }
     }
+}
+
+void tk_rope(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd,
+             float theta, float *out, int nt) {
+    tk_rope_rotate(x, pos, R, T, H, hd, theta, false, out, nt);
 }
 
 /* ------------------------------------------------------------- elementwise */

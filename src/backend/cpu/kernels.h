@@ -9,14 +9,23 @@
  *     bits on every run. No reduction order in this file depends on how work
  *     is split between threads; MATMUL's sgemm tiles are cut by thread count,
  *     which in practice does not change bits but BLAS does not promise it;
- *   - allocates nothing: workspace is the caller's `scratch` or a bounded tile
- *     on the calling thread's stack (attention: under 96 KiB per thread);
+ *   - allocates nothing: workspace is the caller's `scratch` or `work`, or a
+ *     bounded tile on the calling thread's stack (attention: under 96 KiB
+ *     per thread);
  *   - uses `nt` OpenMP threads (nt >= 1). MATMUL sets OpenBLAS to one thread
  *     and calls it from each OpenMP thread on its own tile, so the process
  *     has one thread pool and no pool spins on cores the other one needs;
  *     it restores OpenBLAS's (process-wide) thread setting before returning,
  *     so two MATMULs must not run at the same time from different threads;
  *   - is safe in place (out == x) unless its comment says otherwise.
+ *
+ * The training kernels (ATTENTION's gradient and those after tk_generic) are
+ * stricter: their bits do not depend on the thread count either. Each product
+ * is an sgemm over a tile grid fixed by the shape, every other reduction
+ * (over rows, over the heads of a kv group, over the whole of a tensor) runs
+ * in an order fixed by the code; threads only take whole tiles, rows or
+ * column blocks. Gradients are f32; an `accumulate` kernel adds into its
+ * gradient output, else writes it fresh.
  *
  * On x86-64 CPUs with AVX2 and FMA, the hot loops (conversion, small-batch
  * matmul, attention tiles) run hand-vectorised code chosen at run time; other
@@ -70,6 +79,20 @@ void tk_rmsnorm(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_
 tide_status tk_matmul(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K,
                       int64_t N, float *out, int64_t ldo, void *scratch, size_t scratch_bytes, int nt);
 
+/* MATMUL's other forms. As tk_matmul, and: w_kn: w is (K, N) and out =
+ * x . w (the input gradient of a forward matmul, dx = dy . w); accumulate:
+ * out += the product. Unlike tk_matmul's, their bits do not depend on nt:
+ * f32 weights go to sgemm tiles fixed by the shape; 16-bit ones are widened
+ * into scratch a block at a time (whole rows of w (N, K), whole columns of w
+ * (K, N): each output is one sum over all of K); with fewer than
+ * TK_MATMUL_FUSED_R rows, or no room in scratch for one row/column, a fused
+ * kernel reads each weight once. w_kn false and accumulate false is
+ * tk_matmul itself. Returns TIDE_OK or TIDE_E_UNSUPPORTED (a dimension above
+ * INT_MAX). */
+tide_status tk_matmul_ex(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K, int64_t N,
+                         bool w_kn, bool accumulate, float *out, int64_t ldo, void *scratch,
+                         size_t scratch_bytes, int nt);
+
 /* ROPE, Hugging Face rotate_half convention. x (R, H*hd), pos (T), out
  * (R, H*hd); row r has position pos[r % T]. For i < hd/2:
  * inv = 1/powf(theta, (float)(2i)/hd), a = (float)pos * inv,
@@ -101,6 +124,14 @@ tide_status tk_attention(const float *q, const float *k, const float *v, const i
                          float *kcache, float *vcache, float *o, const tk_attn_dims *d,
                          int64_t *bad, int nt);
 
+/* ATTENTION without a cache (a training forward): pos must be 0..T-1 and
+ * each query (b, t) attends over rows 0..t of k and v of its own sequence
+ * (d->C is ignored). The same tiles and order as tk_attention, so o is its
+ * fresh-cache o bit for bit. Returns TIDE_OK; TIDE_E_RANGE with *bad = t
+ * when pos[t] != t; TIDE_E_UNSUPPORTED when hd > TK_ATTN_MAX_HD. */
+tide_status tk_attention_nocache(const float *q, const float *k, const float *v, const int32_t *pos, float *o,
+                                 const tk_attn_dims *d, int64_t *bad, int nt);
+
 /* SILU_MUL. gate, up, out (n): out = gate / (1 + expf(-gate)) * up. */
 void tk_silu_mul(const float *gate, const float *up, float *out, int64_t n, int nt);
 
@@ -122,5 +153,94 @@ void tk_argmax(const float *x, int64_t R, int64_t V, int32_t *out, int nt);
  * written, so in-place use is deterministic. */
 void tk_generic(int n_in, const uint8_t *const *in, const uint64_t *in_bytes, int n_out,
                 uint8_t *const *out, const uint64_t *out_bytes, int nt);
+
+/* ------------------------------------------------------------- training */
+
+/* EMBED_BWD. dy (R, D), tokens (R), dtable (V, D): dtable[tokens[r]] +=
+ * dy[r] for r = 0, 1, ... in order (threads split the D columns), after
+ * zeroing dtable unless accumulate. Checks every id first: TIDE_E_RANGE
+ * with *bad the first row whose id is outside [0, V); nothing written then. */
+tide_status tk_embed_bwd(const float *dy, const int32_t *tokens, int64_t R, int64_t D, int64_t V,
+                         bool accumulate, float *dtable, int64_t *bad, int nt);
+
+/* RMSNORM_BWD: the gradients of tk_rmsnorm's y = w * (x * rs), rs =
+ * 1/sqrtf(mean(x^2) + eps) computed as tk_rmsnorm does. x, dy, dx (R, D), w
+ * (D) of wdt, dw (D). dx = rs * (dy w) - x * rs^3 / D * sum(dy w x), the sum in
+ * double; dw[i] (+)= sum over rows in order of dy * (x * rs), in double then
+ * rounded once (so the accumulating form is exactly dw + the fresh one).
+ * work: R floats. dx must not overlap x or dy. */
+void tk_rmsnorm_bwd(const float *x, const void *w, tide_dtype wdt, const float *dy, int64_t R, int64_t D,
+                    float eps, bool accumulate, float *dx, float *dw, float *work, int nt);
+
+/* MATMUL_GRADW. dy (R, N), x (R, K), dw (N, K) (+)= dy^T . x: sgemm tiles of
+ * dw fixed by the shape, each summing over all R rows. TIDE_E_UNSUPPORTED
+ * when a dimension is above INT_MAX. */
+tide_status tk_matmul_gradw(const float *dy, const float *x, int64_t R, int64_t N, int64_t K, bool accumulate,
+                            float *dw, int nt);
+
+/* ROPE_BWD: dx = the rotation of dy by minus tk_rope's angle (its exact
+ * transpose); shapes and angle as tk_rope. */
+void tk_rope_bwd(const float *dy, const int32_t *pos, int64_t R, int64_t T, int H, int hd, float theta,
+                 float *dx, int nt);
+
+/* ATTENTION_BWD for fresh sequences (positions 0..T-1 in every batch row):
+ * q, o, dout, dq (R, H*hd); k, v, dk, dv (R, KV*hd); d->C ignored. The
+ * softmax is recomputed from q and k; dq, dk, dv are written fresh. work:
+ * tk_attention_bwd_work(d, nt) bytes, 64-byte aligned. Returns TIDE_OK or
+ * TIDE_E_UNSUPPORTED (T or a row wider than INT_MAX). */
+size_t tk_attention_bwd_work(const tk_attn_dims *d, int nt);
+tide_status tk_attention_bwd(const float *q, const float *k, const float *v, const float *o, const float *dout,
+                             float *dq, float *dk, float *dv, const tk_attn_dims *d, float *work, int nt);
+
+/* SILU_MUL_BWD. gate, up, dy, dgate, dup (n): with s = 1/(1 + expf(-gate)),
+ * dup = dy * gate / (1 + expf(-gate)), dgate = dy * up * s * (1 + gate *
+ * (1 - s)) (the AVX2 path forms s from exp(-|gate|)). Safe in place. */
+void tk_silu_mul_bwd(const float *gate, const float *up, const float *dy, float *dgate, float *dup, int64_t n,
+                     int nt);
+
+/* CROSS_ENTROPY. h (R, D), w (V, D) of wdt, targets (R), loss (1), dh (R, D),
+ * dw (V, D). A chunk of chunk_rows rows at a time: logits (chunk, V) = h . w^T
+ * in scratch, then per row (targets < 0 give 0 loss and a 0 gradient row)
+ * p = softmax, loss term logsumexp - logit[target] in double, g = scale * (p -
+ * onehot) in place of the logits; then dh[chunk] = g . w and dw += g^T .
+ * h[chunk]. dw is zeroed first unless accumulate; the loss, scale times the
+ * terms summed in double in row order, is written fresh. 16-bit weights are
+ * widened a block of rows at a time into the scratch past the logits (so
+ * twice per chunk, once if the whole of w fits). scratch must hold
+ * chunk_rows * V floats, plus D floats for 16-bit weights, and be 64-byte
+ * aligned. Returns TIDE_OK; TIDE_E_RANGE with *bad the first row whose target
+ * is >= V (nothing written); TIDE_E_INVALID when scratch is too small;
+ * TIDE_E_UNSUPPORTED for a dimension above INT_MAX. */
+tide_status tk_cross_entropy(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
+                             int64_t V, int64_t D, float scale, bool accumulate, int64_t chunk_rows, float *loss,
+                             float *dh, float *dw, void *scratch, size_t scratch_bytes, int64_t *bad, int nt);
+
+/* SUMSQ: returns acc_in + sum of g[i]^2 over n, summed in double in blocks
+ * of a fixed size whose partial sums are added in order, rounded to f32
+ * once. */
+float tk_sumsq(const float *g, int64_t n, float acc_in, int nt);
+
+/* ADAMW: one step of torch.optim.AdamW (foreach=False) in f32, in torch's
+ * order of operations:
+ *   clip = max_norm > 0 ? min(1, max_norm / (sqrtf(sumsq) + 1e-6f)) : 1
+ *   g = grad * clip
+ *   p = p * (1 - lr * wd)
+ *   m = lerp(m, g, 1 - beta1)        (torch's: fma(w, g - m, m) for w < 0.5,
+ *                                      fma(w - 1, g - m, g) else)
+ *   v = fma((1 - beta2) * g, g, v * beta2)    (torch's addcmul, vectorised)
+ *   p = p + (-(lr / bc1) * m) / (sqrtf(v) / bc2_sqrt + eps)
+ * on master (f32) when given, else on param itself (then f32); with a master,
+ * param = master rounded to pdt (to nearest even). Scalars such as 1 - lr*wd
+ * are formed in double and rounded to f32, as torch casts its Python floats.
+ * Element-wise: the bits do not depend on nt. Against torch 2.x on x86 the
+ * bits are torch's where its sqrt is IEEE's and where lr / bc1 rounds alike
+ * from bc1 in f32 (torch divides by bc1 in double). */
+typedef struct tk_adamw_args {
+    float lr, bc1, bc2_sqrt;  /* hyper[0..2] */
+    float beta1, beta2, eps, weight_decay, max_norm;
+    float sumsq;              /* the gradients' global sum of squares */
+} tk_adamw_args;
+void tk_adamw(void *param, tide_dtype pdt, float *master, float *m, float *v, const float *grad, int64_t n,
+              const tk_adamw_args *a, int nt);
 
 #endif

@@ -1,6 +1,7 @@
 /*
  * kernels_int.h - pieces shared by the CPU kernel files (kernels.c,
- * attention.c): the AVX2 code-path markers and small helpers.
+ * attention.c, kernels_train.c): the AVX2 code-path markers, small helpers,
+ * and the sgemm driver every matmul-shaped product goes through.
  */
 #ifndef TIDE_KERNELS_INT_H
 #define TIDE_KERNELS_INT_H
@@ -24,6 +25,57 @@ TK_AVX2 static inline float hsum8(__m256 v) {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+
+/* exp(x) for x <= 0 (softmax arguments): Cody-Waite reduction by ln 2 and a
+ * degree-6 polynomial, within 2 ulp of expf; results below the smallest
+ * normal float flush to 0; NaN stays NaN. */
+TK_AVX2 static inline __m256 exp_neg_avx2(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(lo, x); /* keeps NaN: MAXPS returns the second operand */
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
 #endif
+
+/* OpenBLAS runs single-threaded inside our OpenMP threads (kernels.c says
+ * why). tk_blas_single sets it so and returns the previous process-wide
+ * setting, which tk_blas_restore puts back. */
+int tk_blas_single(void);
+void tk_blas_restore(int prev);
+
+/* C (M, N; row stride ldc) = alpha * op(A) . op(B) + beta * C, row-major, op
+ * the transpose where ta / tb: A is (M, K) or, transposed, stored (K, M); B
+ * is (K, N) or, transposed, stored (N, K). Every dimension and stride must
+ * fit an int (callers check). With beta 0, C's old contents are not read.
+ *   tk_sgemm: one sgemm on the calling thread.
+ *   tk_gemm:  the output cut into a grid of tiles fixed by (M, N, K) alone,
+ *             each one sgemm over the whole of K, handed to nt threads; so
+ *             the bits do not depend on the thread count.
+ * Both expect OpenBLAS set single-threaded (tk_blas_single). */
+void tk_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+              const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+void tk_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+             const float *B, int64_t ldb, float beta, float *C, int64_t ldc, int nt);
+
+/* ROPE (inverse false) and ROPE_BWD (inverse true: sin negated, the rotation
+ * by minus the same angle, so the exact transpose): tk_rope's contract. */
+void tk_rope_rotate(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd, float theta,
+                    bool inverse, float *out, int nt);
+
+/* Replaces s[0..n) (n >= 1) by exp(s_j - max s) and returns their sum, in
+ * double; *mx receives the max. AVX2 (exp_neg_avx2) when avx, expf else. */
+double tk_exp_row(float *s, int64_t n, float *mx, bool avx);
 
 #endif

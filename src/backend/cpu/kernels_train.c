@@ -1,0 +1,388 @@
+/*
+ * kernels_train.c - the CPU kernels of the training ops (kernels.h, after
+ * tk_generic): the backward of each forward op, the loss, the gradients' sum
+ * of squares and the optimizer step. ATTENTION_BWD lives in attention.c, the
+ * matmul forms in kernels.c.
+ *
+ * Determinism: every result is the same bits for any thread count. Products
+ * go to sgemm through tk_gemm, whose tiles are fixed by the shape; a sum over
+ * rows is either inside one sgemm (all rows of a tile) or a loop in row order
+ * over a column block one thread owns (EMBED_BWD, RMSNORM_BWD's dw); a sum
+ * over a whole tensor (SUMSQ, the loss) adds partial sums of fixed-size blocks
+ * in block order. Threads take whole blocks, never a share cut by their
+ * number.
+ */
+#include "backend/cpu/kernels_int.h"
+
+#include <limits.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+/* ------------------------------------------------------------- softmax rows */
+
+#ifdef TK_X86
+TK_AVX2 static double exp_row_avx2(float *s, int64_t n, float *mx) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 vmx = _mm256_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(s + j));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float m = _mm_cvtss_f32(h);
+    for (; j < n; j++) m = s[j] > m ? s[j] : m;
+    __m256 vm = _mm256_set1_ps(m);
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0;
+    for (j = 0; j + 8 <= n; j += 8) {
+        __m256 e = exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(s + j, e);
+        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    if (j < n) {
+        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j)), lane);
+        __m256 e = exp_neg_avx2(_mm256_sub_ps(_mm256_maskload_ps(s + j, mask), vm));
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(mask));
+        _mm256_maskstore_ps(s + j, mask, e);
+        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double part[4];
+    _mm256_storeu_pd(part, _mm256_add_pd(a0, a1));
+    *mx = m;
+    return (part[0] + part[1]) + (part[2] + part[3]);
+}
+#endif
+
+double tk_exp_row(float *s, int64_t n, float *mx, bool avx) {
+#ifdef TK_X86
+    if (avx) return exp_row_avx2(s, n, mx);
+#endif
+    float m = s[0];
+    for (int64_t j = 1; j < n; j++) m = s[j] > m ? s[j] : m;
+    double sum = 0;
+    for (int64_t j = 0; j < n; j++) {
+        float e = expf(s[j] - m);
+        s[j] = e;
+        sum += e;
+    }
+    *mx = m;
+    return sum;
+}
+
+/* ------------------------------------------------------------- embed, norm */
+
+/* Columns a thread owns at once in the row-ordered sums. */
+#define TK_COLS 256
+
+tide_status tk_embed_bwd(const float *dy, const int32_t *tokens, int64_t R, int64_t D, int64_t V,
+                         bool accumulate, float *dtable, int64_t *bad, int nt) {
+    for (int64_t r = 0; r < R; r++)
+        if (tokens[r] < 0 || tokens[r] >= V) {
+            *bad = r;
+            return TIDE_E_RANGE;
+        }
+    if (!accumulate) {
+#pragma omp parallel for schedule(static) num_threads(nt) if (V * D >= TK_PAR_MIN)
+        for (int64_t v = 0; v < V; v++) memset(dtable + v * D, 0, (size_t)D * sizeof(float));
+    }
+    int64_t ncb = (D + TK_COLS - 1) / TK_COLS;
+#pragma omp parallel for schedule(static) num_threads(nt) if (R * D >= TK_PAR_MIN && ncb > 1)
+    for (int64_t cb = 0; cb < ncb; cb++) {
+        int64_t c0 = cb * TK_COLS, n = TIDE_MIN(TK_COLS, D - c0);
+        for (int64_t r = 0; r < R; r++) {
+            float *dst = dtable + (int64_t)tokens[r] * D + c0;
+            const float *src = dy + r * D + c0;
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+        }
+    }
+    return TIDE_OK;
+}
+
+#define TK_CHUNK 512
+
+void tk_rmsnorm_bwd(const float *x, const void *w, tide_dtype wdt, const float *dy, int64_t R, int64_t D,
+                    float eps, bool accumulate, float *dx, float *dw, float *work, int nt) {
+    size_t es = tide_dtype_size(wdt);
+    const uint8_t *wb = w;
+    int64_t ncb = (D + TK_COLS - 1) / TK_COLS;
+#pragma omp parallel num_threads(nt) if (R * D >= TK_PAR_MIN)
+    {
+        /* rows: rs as tk_rmsnorm, then dx through g = dy * w held in dx */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < R; r++) {
+            const float *xr = x + r * D, *dyr = dy + r * D;
+            float *dxr = dx + r * D;
+            double ss = 0;
+#pragma omp simd reduction(+ : ss)
+            for (int64_t i = 0; i < D; i++) ss += (double)xr[i] * (double)xr[i];
+            float rs = 1.0f / sqrtf((float)(ss / (double)D) + eps);
+            work[r] = rs;
+            double dot = 0;
+            float wf[TK_CHUNK];
+            for (int64_t i0 = 0; i0 < D; i0 += TK_CHUNK) {
+                int64_t n = TIDE_MIN(TK_CHUNK, D - i0);
+                tk_convert(wb + (size_t)i0 * es, wdt, wf, (size_t)n);
+#pragma omp simd reduction(+ : dot)
+                for (int64_t i = 0; i < n; i++) {
+                    float g = dyr[i0 + i] * wf[i];
+                    dxr[i0 + i] = g;
+                    dot += (double)g * (double)xr[i0 + i];
+                }
+            }
+            double r3 = (double)rs * (double)rs * (double)rs;
+            float c = (float)(r3 * dot / (double)D);
+#pragma omp simd
+            for (int64_t i = 0; i < D; i++) dxr[i] = rs * dxr[i] - c * xr[i];
+        }
+        /* dw: a column block per thread, rows in order, in double */
+#pragma omp for schedule(static)
+        for (int64_t cb = 0; cb < ncb; cb++) {
+            int64_t c0 = cb * TK_COLS, n = TIDE_MIN(TK_COLS, D - c0);
+            double acc[TK_COLS] = {0};
+            for (int64_t r = 0; r < R; r++) {
+                const float *xr = x + r * D + c0, *dyr = dy + r * D + c0;
+                float rs = work[r];
+#pragma omp simd
+                for (int64_t i = 0; i < n; i++) acc[i] += (double)dyr[i] * (double)(xr[i] * rs);
+            }
+            float *d = dw + c0;
+            for (int64_t i = 0; i < n; i++) d[i] = accumulate ? d[i] + (float)acc[i] : (float)acc[i];
+        }
+    }
+}
+
+/* ------------------------------------------------------------- matmul, rope, silu */
+
+tide_status tk_matmul_gradw(const float *dy, const float *x, int64_t R, int64_t N, int64_t K, bool accumulate,
+                            float *dw, int nt) {
+    if (R > INT_MAX || N > INT_MAX || K > INT_MAX) return TIDE_E_UNSUPPORTED;
+    int prev = tk_blas_single();
+    tk_gemm(true, false, N, K, R, 1.0f, dy, N, x, K, accumulate ? 1.0f : 0.0f, dw, K, nt);
+    tk_blas_restore(prev);
+    return TIDE_OK;
+}
+
+void tk_rope_bwd(const float *dy, const int32_t *pos, int64_t R, int64_t T, int H, int hd, float theta,
+                 float *dx, int nt) {
+    tk_rope_rotate(dy, pos, R, T, H, hd, theta, true, dx, nt);
+}
+
+static void silu_mul_bwd_generic(const float *gate, const float *up, const float *dy, float *dgate, float *dup,
+                                 int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++) {
+        float g = gate[i], u = up[i], d = dy[i];
+        float e1 = 1.0f + expf(-g), s = 1.0f / e1;
+        dup[i] = d * (g / e1);
+        dgate[i] = d * u * (s * (1.0f + g * (1.0f - s)));
+    }
+}
+
+#ifdef TK_X86
+/* The sigmoid from exp(-|g|) (exp_neg_avx2's range): 1 / (1 + e) for g >= 0,
+ * e / (1 + e) below; the tail as the generic loop. */
+TK_AVX2 static void silu_mul_bwd_avx2(const float *gate, const float *up, const float *dy, float *dgate,
+                                      float *dup, int64_t i0, int64_t i1) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int64_t i = i0;
+    for (; i + 8 <= i1; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i), u = _mm256_loadu_ps(up + i), d = _mm256_loadu_ps(dy + i);
+        __m256 e = exp_neg_avx2(_mm256_or_ps(g, sign));
+        __m256 den = _mm256_add_ps(one, e);
+        __m256 s = _mm256_blendv_ps(_mm256_div_ps(one, den), _mm256_div_ps(e, den),
+                                    _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ));
+        __m256 ds = _mm256_mul_ps(s, _mm256_add_ps(one, _mm256_mul_ps(g, _mm256_sub_ps(one, s))));
+        _mm256_storeu_ps(dup + i, _mm256_mul_ps(d, _mm256_mul_ps(g, s)));
+        _mm256_storeu_ps(dgate + i, _mm256_mul_ps(_mm256_mul_ps(d, u), ds));
+    }
+    silu_mul_bwd_generic(gate, up, dy, dgate, dup, i, i1);
+}
+#endif
+
+#define TK_ELEM_BLOCK 4096
+
+void tk_silu_mul_bwd(const float *gate, const float *up, const float *dy, float *dgate, float *dup, int64_t n,
+                     int nt) {
+    const bool avx = tk_have_avx2();
+    int64_t nblk = (n + TK_ELEM_BLOCK - 1) / TK_ELEM_BLOCK;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= TK_PAR_MIN)
+    for (int64_t b = 0; b < nblk; b++) {
+        int64_t i0 = b * TK_ELEM_BLOCK, i1 = TIDE_MIN(n, i0 + TK_ELEM_BLOCK);
+#ifdef TK_X86
+        if (avx) {
+            silu_mul_bwd_avx2(gate, up, dy, dgate, dup, i0, i1);
+            continue;
+        }
+#endif
+        silu_mul_bwd_generic(gate, up, dy, dgate, dup, i0, i1);
+    }
+}
+
+/* ------------------------------------------------------------- cross-entropy */
+
+/* One row of logits l (V) with target t: replaced by its gradient, scale *
+ * (softmax - onehot), and its loss term logsumexp - l[t] returned (0 and a
+ * zero row for t < 0). */
+static double ce_row(float *l, int64_t V, int32_t t, float scale, bool avx) {
+    if (t < 0) {
+        memset(l, 0, (size_t)V * sizeof(float));
+        return 0;
+    }
+    float lt = l[t], mx;
+    double sum = tk_exp_row(l, V, &mx, avx);
+    float et = l[t], inv = (float)(1.0 / sum);
+#pragma omp simd
+    for (int64_t j = 0; j < V; j++) l[j] = scale * (l[j] * inv);
+    l[t] = (float)((double)scale * ((double)et / sum - 1.0));
+    return (double)mx + log(sum) - (double)lt;
+}
+
+/* Rows whose loss terms are summed on one thread; their partial sums are
+ * then added in order. */
+#define CE_GROUP 256
+
+static double ce_rows(float *L, int64_t cr, int64_t V, const int32_t *tg, float scale, bool avx, int nt) {
+    double total = 0;
+    for (int64_t g0 = 0; g0 < cr; g0 += CE_GROUP) {
+        int n = (int)TIDE_MIN(CE_GROUP, cr - g0);
+        double part[CE_GROUP];
+#pragma omp parallel for schedule(static) num_threads(nt) if (n * V >= TK_PAR_MIN)
+        for (int i = 0; i < n; i++) part[i] = ce_row(L + (g0 + i) * V, V, tg[g0 + i], scale, avx);
+        for (int i = 0; i < n; i++) total += part[i];
+    }
+    return total;
+}
+
+/* Widens rows [v0, v0 + cnt) of w (V, D) into wf. */
+static void ce_widen(const void *w, tide_dtype wdt, int64_t D, int64_t v0, int64_t cnt, float *wf, int nt) {
+    size_t es = tide_dtype_size(wdt);
+    const uint8_t *wb = w;
+#pragma omp parallel for schedule(static) num_threads(nt) if (cnt * D >= TK_PAR_MIN)
+    for (int64_t i = 0; i < cnt; i++) tk_convert(wb + (size_t)((v0 + i) * D) * es, wdt, wf + i * D, (size_t)D);
+}
+
+tide_status tk_cross_entropy(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
+                             int64_t V, int64_t D, float scale, bool accumulate, int64_t chunk_rows, float *loss,
+                             float *dh, float *dw, void *scratch, size_t scratch_bytes, int64_t *bad, int nt) {
+    if (R > INT_MAX || V > INT_MAX || D > INT_MAX) return TIDE_E_UNSUPPORTED;
+    for (int64_t r = 0; r < R; r++)
+        if (targets[r] >= V) {
+            *bad = r;
+            return TIDE_E_RANGE;
+        }
+    const int64_t CR = TIDE_MAX(1, TIDE_MIN(chunk_rows, R));
+    const size_t lbytes = (size_t)(CR * V) * sizeof(float);
+    if (!scratch || scratch_bytes < lbytes) return TIDE_E_INVALID;
+    float *L = scratch, *wf = NULL;
+    int64_t vb = V; /* rows of w per widened block */
+    if (wdt != TIDE_F32) {
+        vb = (int64_t)((scratch_bytes - lbytes) / ((size_t)D * sizeof(float)));
+        if (vb < 1) return TIDE_E_INVALID;
+        vb = TIDE_MIN(vb, V);
+        int64_t nblk = (V + vb - 1) / vb;
+        vb = (V + nblk - 1) / nblk;
+        wf = (float *)((uint8_t *)scratch + lbytes);
+    }
+    const bool whole = vb == V; /* w widened once (or f32): one block */
+    const float *W = wdt == TIDE_F32 ? w : wf;
+    const bool avx = tk_have_avx2();
+    int prev = tk_blas_single();
+    if (wdt != TIDE_F32 && whole) ce_widen(w, wdt, D, 0, V, wf, nt);
+    double total = 0;
+    for (int64_t r0 = 0; r0 < R; r0 += CR) {
+        const int64_t cr = TIDE_MIN(CR, R - r0);
+        const float *hc = h + r0 * D;
+        /* logits (cr, V) = h[chunk] . w^T */
+        for (int64_t v0 = 0; v0 < V; v0 += vb) {
+            int64_t cnt = TIDE_MIN(vb, V - v0);
+            if (!whole) ce_widen(w, wdt, D, v0, cnt, wf, nt);
+            tk_gemm(false, true, cr, cnt, D, 1.0f, hc, D, whole ? W + v0 * D : wf, D, 0.0f, L + v0, V, nt);
+        }
+        total += ce_rows(L, cr, V, targets + r0, scale, avx, nt);
+        /* dh[chunk] = G . w over the blocks in order; dw[block] (+)= G^T . h[chunk] */
+        float beta_w = accumulate || r0 > 0 ? 1.0f : 0.0f;
+        for (int64_t v0 = 0; v0 < V; v0 += vb) {
+            int64_t cnt = TIDE_MIN(vb, V - v0);
+            if (!whole) ce_widen(w, wdt, D, v0, cnt, wf, nt);
+            const float *wblk = whole ? W + v0 * D : wf;
+            tk_gemm(false, false, cr, D, cnt, 1.0f, L + v0, V, wblk, D, v0 ? 1.0f : 0.0f, dh + r0 * D, D, nt);
+            tk_gemm(true, false, cnt, D, cr, 1.0f, L + v0, V, hc, D, beta_w, dw + v0 * D, D, nt);
+        }
+    }
+    tk_blas_restore(prev);
+    *loss = (float)((double)scale * total);
+    return TIDE_OK;
+}
+
+/* ------------------------------------------------------------- sumsq, adamw */
+
+/* SUMSQ's blocks (elements summed on one thread) and groups (blocks whose
+ * partial sums one parallel region produces before they are added). */
+#define SS_BLOCK 8192
+#define SS_GROUP 4096
+
+float tk_sumsq(const float *g, int64_t n, float acc_in, int nt) {
+    double total = acc_in;
+    int64_t nblk = (n + SS_BLOCK - 1) / SS_BLOCK;
+    for (int64_t b0 = 0; b0 < nblk; b0 += SS_GROUP) {
+        int cnt = (int)TIDE_MIN(SS_GROUP, nblk - b0);
+        double part[SS_GROUP];
+#pragma omp parallel for schedule(static) num_threads(nt) if (cnt > 1)
+        for (int i = 0; i < cnt; i++) {
+            int64_t s0 = (b0 + i) * SS_BLOCK, s1 = TIDE_MIN(n, s0 + SS_BLOCK);
+            double s = 0;
+#pragma omp simd reduction(+ : s)
+            for (int64_t j = s0; j < s1; j++) s += (double)g[j] * (double)g[j];
+            part[i] = s;
+        }
+        for (int i = 0; i < cnt; i++) total += part[i];
+    }
+    return (float)total;
+}
+
+typedef union { float f; uint32_t u; } tk_bits;
+
+/* Round to nearest even, NaN kept a quiet NaN: tide_f32_to_bf16, inlined. */
+static inline uint16_t to_bf16(float f) {
+    tk_bits b = {.f = f};
+    uint32_t u = b.u;
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+void tk_adamw(void *param, tide_dtype pdt, float *master, float *m, float *v, const float *grad, int64_t n,
+              const tk_adamw_args *a, int nt) {
+    /* torch.nn.utils.clip_grad_norm_: f32 norm, coefficient clamped at 1 */
+    float clip = 1.0f;
+    if (a->max_norm > 0) {
+        float c = a->max_norm / (sqrtf(a->sumsq) + 1e-6f);
+        clip = c > 1.0f ? 1.0f : c;
+    }
+    const float decay = (float)(1.0 - (double)a->lr * (double)a->weight_decay);
+    const float w1 = (float)(1.0 - (double)a->beta1), w1m = w1 - 1.0f;
+    const bool small = fabsf(w1) < 0.5f; /* torch's lerp: from the nearer end */
+    const float b2 = a->beta2, omb2 = (float)(1.0 - (double)a->beta2);
+    const float nstep = -(float)((double)a->lr / (double)a->bc1);
+    const float bc2s = a->bc2_sqrt, eps = a->eps;
+    float *p32 = master ? master : param;
+    float *pf = master && pdt == TIDE_F32 ? param : NULL;   /* an f32 copy of an f32 master */
+    uint16_t *p16 = master && pdt != TIDE_F32 ? param : NULL;
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TK_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        float g = grad[i] * clip;
+        float p = p32[i] * decay;
+        float mi = m[i], d = g - mi;
+        mi = small ? fmaf(w1, d, mi) : fmaf(w1m, d, g);
+        float vi = fmaf(omb2 * g, g, v[i] * b2);
+        float denom = sqrtf(vi) / bc2s + eps;
+        p = p + nstep * mi / denom;
+        m[i] = mi;
+        v[i] = vi;
+        p32[i] = p;
+        if (pf) pf[i] = p;
+        if (p16) p16[i] = pdt == TIDE_BF16 ? to_bf16(p) : tide_f32_to_f16(p);
+    }
+}
