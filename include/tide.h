@@ -200,8 +200,10 @@ const char *tide_role_name(tide_role r);
  *                to the master rounded to its dtype. The gradient is first
  *                scaled by min(1, max_norm / (sqrt(sumsq) + 1e-6)), the global
  *                clipping of torch.nn.utils.clip_grad_norm_ (max_norm 0: none).
- *                hyper = {lr, 1 - beta1^t, sqrt(1 - beta2^t), unused}, t the
- *                step from 1. [beta1, beta2, adam_eps, weight_decay, max_norm]
+ *                hyper = {lr, lr / (1 - beta1^t), sqrt(1 - beta2^t), unused},
+ *                t the step from 1, the second (torch's step size) formed in
+ *                double and rounded once. [beta1, beta2, adam_eps,
+ *                weight_decay, max_norm]
  */
 typedef enum tide_op_kind {
     TIDE_OP_EMBED = 0,
@@ -370,8 +372,8 @@ typedef struct tide_llama_train_opts {
  *   "master.NAME"  f32 copy of a 16-bit parameter (none for f32 ones) STATE
  *   "exp_avg.NAME", "exp_avg_sq.NAME"  AdamW moments, f32             STATE
  *   "tokens.M" (B, T) i32, "targets.M" (B*T) i32, micro-batch M       INPUT
- *   "pos" (T) i32 = 0..T-1; "hyper" (4) f32 = {lr, 1 - beta1^t,
- *   sqrt(1 - beta2^t), 0} for step t (from 1)                          INPUT
+ *   "pos" (T) i32 = 0..T-1; "hyper" (4) f32 = {lr, lr / (1 - beta1^t),
+ *   sqrt(1 - beta2^t), 0} for step t (from 1), as ADAMW takes it       INPUT
  *   "loss.M" (1) f32: micro-batch M's mean cross-entropy / accum       OUTPUT
  *   "grad_sumsq" (1) f32: the squared global norm of the gradients     OUTPUT
  *   "grad.NAME" f32 gradients (OUTPUT with grads_out)                  TEMP

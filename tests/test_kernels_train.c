@@ -1301,7 +1301,7 @@ static void run_adamw(const adam_case *ac) {
         fill(gr, n, 1);
         double bc1 = 1 - pow(ac->beta1, t), bc2 = 1 - pow(beta2, t);
         hy[0] = lr;
-        hy[1] = (float)bc1;
+        hy[1] = (float)((double)lr / bc1); /* the step size, as torch forms it */
         hy[2] = (float)sqrt(bc2);
         hy[3] = 0;
         *ss = ac->sumsq;
@@ -1313,7 +1313,7 @@ static void run_adamw(const adam_case *ac) {
             clip = coef > 1.0f ? 1.0f : coef;
         }
         const float wgt = (float)(1.0 - (double)ac->beta1);
-        const float step = (float)((double)hy[0] / (double)hy[1]);
+        const float step = hy[1];
         for (int i = 0; i < n; i++) {
             float g = gr[i] * clip;
             P[i] *= (float)(1.0 - (double)lr * wd);              /* param.mul_(1 - lr * wd) */

@@ -544,7 +544,8 @@ tide_status tide_trainer_step(tide_trainer *t, const int32_t *tokens, const int3
     double lr = tide_train_lr(&t->o, t->step);
     double k = (double)(t->step + 1);
     t->hyper[0] = (float)lr;
-    t->hyper[1] = (float)(1.0 - pow((double)so->beta1, k));
+    /* torch's step size: the f32 rate over the bias correction, in double */
+    t->hyper[1] = (float)((double)t->hyper[0] / (1.0 - pow((double)so->beta1, k)));
     t->hyper[2] = (float)sqrt(1.0 - pow((double)so->beta2, k));
     t->hyper[3] = 0;
     tide_exec_stats es;

@@ -312,7 +312,7 @@ static tide_status cpu_adamw(tide_ctx *ctx, int nt, const tide_graph *g, const t
     bool master = op->n_in == 7;
     int mi = master ? 2 : 1; /* index of m: outputs param, [master,] m, v are inputs 0.. in place */
     const float *hyper = in[mi + 3], *sumsq = in[mi + 4];
-    tk_adamw_args a = {.lr = hyper[0], .bc1 = hyper[1], .bc2_sqrt = hyper[2], .beta1 = p->beta1,
+    tk_adamw_args a = {.lr = hyper[0], .step = hyper[1], .bc2_sqrt = hyper[2], .beta1 = p->beta1,
                        .beta2 = p->beta2, .eps = p->adam_eps,
                        /* as is usual, decay only matrices: norms' weights and biases are 1-D */
                        .weight_decay = param->ndim >= 2 ? p->weight_decay : 0.0f, .max_norm = p->max_norm,

@@ -228,15 +228,15 @@ float tk_sumsq(const float *g, int64_t n, float acc_in, int nt);
  *   m = lerp(m, g, 1 - beta1)        (torch's: fma(w, g - m, m) for w < 0.5,
  *                                      fma(w - 1, g - m, g) else)
  *   v = fma((1 - beta2) * g, g, v * beta2)    (torch's addcmul, vectorised)
- *   p = p + (-(lr / bc1) * m) / (sqrtf(v) / bc2_sqrt + eps)
+ *   p = p + (-step * m) / (sqrtf(v) / bc2_sqrt + eps)
  * on master (f32) when given, else on param itself (then f32); with a master,
  * param = master rounded to pdt (to nearest even). Scalars such as 1 - lr*wd
  * are formed in double and rounded to f32, as torch casts its Python floats.
- * Element-wise: the bits do not depend on nt. Against torch 2.x on x86 the
- * bits are torch's where its sqrt is IEEE's and where lr / bc1 rounds alike
- * from bc1 in f32 (torch divides by bc1 in double). */
+ * step = lr / (1 - beta1^t) comes formed in double and rounded once, as
+ * torch's step_size. Element-wise: the bits do not depend on nt. Against
+ * torch 2.x on x86 the bits are torch's where its sqrt is IEEE's. */
 typedef struct tk_adamw_args {
-    float lr, bc1, bc2_sqrt;  /* hyper[0..2] */
+    float lr, step, bc2_sqrt; /* hyper[0..2] */
     float beta1, beta2, eps, weight_decay, max_norm;
     float sumsq;              /* the gradients' global sum of squares */
 } tk_adamw_args;

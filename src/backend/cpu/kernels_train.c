@@ -365,7 +365,7 @@ void tk_adamw(void *param, tide_dtype pdt, float *master, float *m, float *v, co
     const float w1 = (float)(1.0 - (double)a->beta1), w1m = w1 - 1.0f;
     const bool small = fabsf(w1) < 0.5f; /* torch's lerp: from the nearer end */
     const float b2 = a->beta2, omb2 = (float)(1.0 - (double)a->beta2);
-    const float nstep = -(float)((double)a->lr / (double)a->bc1);
+    const float nstep = -a->step;
     const float bc2s = a->bc2_sqrt, eps = a->eps;
     float *p32 = master ? master : param;
     float *pf = master && pdt == TIDE_F32 ? param : NULL;   /* an f32 copy of an f32 master */
