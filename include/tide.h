@@ -580,7 +580,8 @@ typedef struct tide_offload_opts {
  * lazily per graph. On a GPU, offloaded runs hold one arena of the budget and
  * no other device memory: the KV cache lives in host memory and the resident
  * runs' device copies are freed (the cache's contents are not carried from one
- * mode to the other). The backend's matmul mode (set before this call)
+ * mode to the other; TIDE_BUDGET_NONE or NULL on a model already resident
+ * changes nothing, its cache is kept). The backend's matmul mode (set before this call)
  * decides the 16-bit matmul rate the plans assume. Returns TIDE_OK,
  * TIDE_E_INVALID, TIDE_E_NOMEM, a failure of loading the profile (hw given:
  * TIDE_E_NOT_FOUND, TIDE_E_FORMAT) or of measuring the machine (no hw). */

@@ -770,6 +770,7 @@ static void assert_plans_equal(const tide_plan *a, const tide_plan *b) {
     assert_int_equal(a->host_budget, b->host_budget);
     assert_int_equal(a->host_spill_bytes, b->host_spill_bytes);
     assert_int_equal(a->ssd_spill_bytes, b->ssd_spill_bytes);
+    assert_int_equal(a->warm_region, b->warm_region);
     assert_memory_equal(&a->stats, &b->stats, sizeof a->stats);
     for (int t = 0; t < a->g->n_tensors; t++) {
         assert_int_equal(a->home[t], b->home[t]);
@@ -799,6 +800,7 @@ static void test_plan_json_round_trip(void **state) {
     (void)state;
     tide_ctx *ctx = tide_ctx_new();
     json_fixture f = make_json_plan(ctx);
+    if (f.p->device_budget >= TIDE_PLAN_ALIGN) f.p->warm_region = TIDE_PLAN_ALIGN; /* saved and loaded back */
     const char *path = tmp_path("plan.json");
     assert_int_equal(tide_plan_save_json(f.p, path), TIDE_OK);
     tide_plan *q = NULL;
@@ -886,6 +888,7 @@ static void edit_home_mismatch(cJSON *j) { cJSON_ReplaceItemInArray(cJSON_GetObj
 static void edit_short_ins(cJSON *j) { cJSON_DeleteItemFromArray(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "ins"), 3), 11); }
 static void edit_version(cJSON *j) { cJSON_ReplaceItemInObject(j, "version", cJSON_CreateNumber(3)); }
 static void edit_policy(cJSON *j) { cJSON_ReplaceItemInObject(j, "policy", cJSON_CreateString("random")); }
+static void edit_warm_region(cJSON *j) { cJSON_ReplaceItemInObject(j, "warm_region", cJSON_CreateNumber(100)); }
 static void edit_counts(cJSON *j) { cJSON_ReplaceItemInObject(cJSON_GetObjectItem(j, "graph"), "n_ops", cJSON_CreateNumber(3)); }
 
 static void test_plan_json_corrupt(void **state) {
@@ -928,6 +931,7 @@ static void test_plan_json_corrupt(void **state) {
     expect_bad_plan(ctx, &f, edit_version, "'version'");
     expect_bad_plan(ctx, &f, edit_policy, "'policy'");
     expect_bad_plan(ctx, &f, edit_counts, "3 ops");
+    expect_bad_plan(ctx, &f, edit_warm_region, "warm_region");
     assert_int_equal(tide_plan_save_json(f.p, "/nonexistent-dir/p.json"), TIDE_E_IO);
     tide_plan_free(f.p);
     tide_graph_free(f.g);

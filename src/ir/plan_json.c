@@ -5,6 +5,7 @@
  * The file (version 2):
  *   {"format":"tide-plan", "version":2, "policy":"tide", "n_iter":N,
  *    "device_budget":B, "host_budget":H, "host_addressable":false,
+ *    "warm_region":W,                          (optional, 0 when absent)
  *    "graph":{"n_tensors":..,"n_ops":..,"fingerprint":"16 hex digits"},
  *    "home":["host","ssd","device",...]      one tier name per tensor
  *    "resident":[0,1,...]                     one flag per tensor
@@ -151,6 +152,8 @@ static void put_plan(FILE *f, const tide_plan *p) {
     fputs(",\"host_budget\":", f);
     put_u64(f, p->host_budget);
     fprintf(f, ",\"host_addressable\":%s", p->host_addressable ? "true" : "false");
+    fputs(",\"warm_region\":", f);
+    put_u64(f, p->warm_region);
     fprintf(f, ",\n\"graph\":{\"n_tensors\":%d,\"n_ops\":%d,\"fingerprint\":\"%016llx\"},\n\"home\":[",
             g->n_tensors, g->n_ops, (unsigned long long)tide_graph_fingerprint(g));
     for (int t = 0; t < g->n_tensors; t++)
@@ -503,6 +506,13 @@ static tide_status parse_plan(reader *r, const tide_graph *g, const cJSON *root,
             goto fail;
         }
         p->host_addressable = cJSON_IsTrue(ha);
+        const cJSON *wr = member(root, "warm_region");
+        if (wr && (!get_u64(wr, false, &p->warm_region) || p->warm_region % TIDE_PLAN_ALIGN ||
+                   p->warm_region > p->device_budget)) {
+            st = BAD("plan file '%s': field 'warm_region' must be a multiple of %u within the device budget",
+                     r->path, TIDE_PLAN_ALIGN);
+            goto fail;
+        }
         if (!cJSON_IsArray(wo) || cJSON_GetArraySize(wo) != g->n_tensors) {
             st = BAD("plan file '%s': field 'warm_off' must be an array of %d offsets", r->path, g->n_tensors);
             goto fail;
