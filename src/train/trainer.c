@@ -239,6 +239,7 @@ static tide_status plan_resident(tide_trainer *t, tide_plan **out) {
     if (!t->be->vt->device_is_host) {
         if ((st = warm_layout(t))) return st;
         po.warm_off = t->warm;
+        po.warm_region = t->warm_bytes;
     }
     uint64_t peak = 0;
     if ((st = tide_plan_peak_unbounded(t->ctx, t->g, &po, &peak))) return st;
