@@ -321,13 +321,59 @@ int64_t tide_ce_chunk_rows(int64_t rows, int64_t vocab) {
     return c < rows ? c : rows;
 }
 
+/* ---------------------------------------------------------------- training workspaces
+ *
+ * Each is a function of the op's shapes alone, whatever the backend or its
+ * thread count, so that a plan (and an offloaded run's arithmetic, which
+ * may follow the workspace's size) is the same on every backend. */
+
+static uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
 /* CROSS_ENTROPY's workspace: a chunk's logits, then (16-bit weights) a block
- * of up to 16 MiB for the weight widened to f32, as MATMUL's. */
+ * of up to 16 MiB for the weight widened to f32, as MATMUL's; then, 8-byte
+ * aligned, its last R doubles: each row's loss term, which the GPU sums once
+ * all chunks are done (the CPU sums as it goes and leaves them out). */
 static uint64_t scratch_cross_entropy(const tide_graph *g, const tide_op *op) {
     const tide_tensor *h = &g->tensors[op->in[0]], *w = &g->tensors[op->in[1]];
     uint64_t logits = (uint64_t)tide_ce_chunk_rows(h->shape[0], w->shape[0]) * (uint64_t)w->shape[0] * 4;
     uint64_t wb = w->dtype == TIDE_F32 ? 0 : TIDE_MIN((uint64_t)tide_tensor_numel(w) * 4, UINT64_C(16) << 20);
-    return logits + wb;
+    return round_up(logits + wb, 8) + (uint64_t)h->shape[0] * 8;
+}
+
+/* RMSNORM_BWD's workspace: each row's 1/rms (R floats: the CPU's whole
+ * need), then, 256-byte aligned, dw's partial sums in double over blocks of
+ * 256 rows (ceil(R / 256) x D), which the GPU adds in block order. */
+static uint64_t scratch_rmsnorm_bwd(const tide_graph *g, const tide_op *op) {
+    const tide_tensor *x = &g->tensors[op->in[0]];
+    uint64_t R = (uint64_t)x->shape[0], D = (uint64_t)tide_tensor_cols(x);
+    return round_up(R * 4, 256) + (R + 255) / 256 * D * 8;
+}
+
+/* ATTENTION_BWD's workspace, the larger of two needs:
+ *   - the GPU's row statistics: for every query row and head its softmax's
+ *     max, 1 / sum and rowsum(dO * O), 3 floats;
+ *   - the CPU's score blocks: per thread two blocks of bq query rows by T
+ *     keys (rounded up to 16), bq as attention.c's att_bwd_rows(T), for as
+ *     many threads as there are (batch, kv head) tasks but at most 64 MiB of
+ *     blocks (one thread's at least); the CPU runs the op on no more threads
+ *     than its workspace holds (its bits do not depend on the count). */
+static uint64_t scratch_attention_bwd(const tide_graph *g, const tide_op *op) {
+    const tide_op_params *p = &op->p;
+    uint64_t R = (uint64_t)g->tensors[op->in[0]].shape[0], T = R / (uint64_t)p->batch;
+    uint64_t stats = 3 * R * (uint64_t)p->n_heads * 4;
+    uint64_t bq = TIDE_MAX(16, TIDE_MIN(128, T / 8));
+    bq = TIDE_MIN(bq, TIDE_MAX(16, (UINT64_C(1) << 19) / TIDE_MAX(T, 1)));
+    bq = TIDE_MIN(bq, T);
+    uint64_t per = 2 * bq * round_up(T, 16) * 4;
+    uint64_t tasks = (uint64_t)p->batch * (uint64_t)p->n_kv_heads;
+    uint64_t slots = TIDE_MIN(tasks, TIDE_MAX(1, (UINT64_C(64) << 20) / TIDE_MAX(per, 1)));
+    return TIDE_MAX(stats, slots * per);
+}
+
+/* SUMSQ's workspace: a double per block of 8192 elements, the partial sums
+ * the GPU adds in block order. */
+static uint64_t scratch_sumsq(const tide_graph *g, const tide_op *op) {
+    return ((uint64_t)tide_tensor_numel(&g->tensors[op->in[0]]) + 8191) / 8192 * 8;
 }
 
 /* ---------------------------------------------------------------- bytes and workspace */
@@ -372,14 +418,16 @@ static const tide_op_desc descs[TIDE_OP_COUNT] = {
     [TIDE_OP_ARGMAX] = {"argmax", 1, 1, 1, TIDE_OPC_VECTOR, false, check_argmax, NULL, NULL},
     [TIDE_OP_GENERIC] = {"generic", -1, -1, -1, TIDE_OPC_GENERIC, false, check_generic, NULL, NULL},
     [TIDE_OP_EMBED_BWD] = {"embed_bwd", 2, 3, 1, TIDE_OPC_VECTOR, false, check_embed_bwd, NULL, NULL},
-    [TIDE_OP_RMSNORM_BWD] = {"rmsnorm_bwd", 3, 4, 2, TIDE_OPC_VECTOR, false, check_rmsnorm_bwd, NULL, NULL},
+    [TIDE_OP_RMSNORM_BWD] = {"rmsnorm_bwd", 3, 4, 2, TIDE_OPC_VECTOR, false, check_rmsnorm_bwd, NULL,
+                             scratch_rmsnorm_bwd},
     [TIDE_OP_MATMUL_GRADW] = {"matmul_gradw", 2, 3, 1, TIDE_OPC_MATMUL, false, check_matmul_gradw, NULL, NULL},
     [TIDE_OP_ROPE_BWD] = {"rope_bwd", 2, 2, 1, TIDE_OPC_VECTOR, false, check_rope_bwd, NULL, NULL},
-    [TIDE_OP_ATTENTION_BWD] = {"attention_bwd", 6, 6, 3, TIDE_OPC_ATTENTION, false, check_attention_bwd, NULL, NULL},
+    [TIDE_OP_ATTENTION_BWD] = {"attention_bwd", 6, 6, 3, TIDE_OPC_ATTENTION, false, check_attention_bwd, NULL,
+                               scratch_attention_bwd},
     [TIDE_OP_SILU_MUL_BWD] = {"silu_mul_bwd", 3, 3, 2, TIDE_OPC_VECTOR, false, check_silu_mul_bwd, NULL, NULL},
     [TIDE_OP_CROSS_ENTROPY] = {"cross_entropy", 3, 4, 3, TIDE_OPC_MATMUL, false, check_cross_entropy, NULL,
                                scratch_cross_entropy},
-    [TIDE_OP_SUMSQ] = {"sumsq", 1, 2, 1, TIDE_OPC_VECTOR, false, check_sumsq, NULL, NULL},
+    [TIDE_OP_SUMSQ] = {"sumsq", 1, 2, 1, TIDE_OPC_VECTOR, false, check_sumsq, NULL, scratch_sumsq},
     [TIDE_OP_ADAMW] = {"adamw", -1, -1, -1, TIDE_OPC_VECTOR, false, check_adamw, NULL, NULL},
 };
 

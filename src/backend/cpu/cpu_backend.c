@@ -10,12 +10,13 @@
  * count is that context's too (tide_ctx_threads).
  *
  * Workspace: the workspace an op gets is op->scratch_bytes of `scratch`
- * (MATMUL with non-f32 weights, CROSS_ENTROPY's logits chunk, see
- * graph/ops.c). Attention works in bounded tiles on each thread's stack
- * (under 96 KiB). Two training ops allocate a buffer of their own for the
- * call, outside the planner's books: RMSNORM_BWD a float per row,
- * ATTENTION_BWD two blocks of query rows x T floats per thread
- * (tk_attention_bwd_work, a few MiB); a failed allocation is TIDE_E_NOMEM.
+ * (MATMUL with non-f32 weights, CROSS_ENTROPY's logits chunk, RMSNORM_BWD's
+ * row scales, ATTENTION_BWD's score blocks: see graph/ops.c). Attention works
+ * in bounded tiles on each thread's stack (under 96 KiB). ATTENTION_BWD runs
+ * on no more threads than its workspace holds blocks for (its bits do not
+ * depend on the count). Called without a workspace (or a smaller one than
+ * ops.c gives), RMSNORM_BWD and ATTENTION_BWD allocate one for the call
+ * instead; a failed allocation is TIDE_E_NOMEM.
  */
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
@@ -227,11 +228,12 @@ static tide_status cpu_rmsnorm_bwd(tide_ctx *ctx, int nt, const tide_graph *g, c
                                    void *const *out, void *scratch) {
     const tide_tensor *x = tin(g, op, 0);
     int64_t R = x->shape[0], D = x->shape[1];
-    float *rs = tide_malloc((size_t)R * sizeof(float));
+    bool own = !scratch || op->scratch_bytes < (uint64_t)R * sizeof(float);
+    float *rs = own ? tide_malloc((size_t)R * sizeof(float)) : scratch;
     if (!rs) return tide_err(ctx, TIDE_E_NOMEM, "rmsnorm_bwd: out of memory for %lld row scales", (long long)R);
     tk_rmsnorm_bwd(in[0], in[1], tin(g, op, 1)->dtype, in[2], R, D, op->p.eps, op->n_in == 4, out[0], out[1], rs,
                    nt);
-    tide_free(rs);
+    if (own) tide_free(rs);
     return TIDE_OK;
 }
 
@@ -265,11 +267,20 @@ static tide_status cpu_attention_bwd(tide_ctx *ctx, int nt, const tide_graph *g,
         if (pp[t] != t)
             return tide_err(ctx, TIDE_E_RANGE, "attention_bwd: fresh sequences need positions 0..%lld, but "
                             "'%s'[%lld] is %d", (long long)d.T - 1, pos->name, (long long)t, pp[t]);
-    size_t wb = tk_attention_bwd_work(&d, nt);
-    float *work = tide_malloc_aligned(wb, 64);
-    if (!work) return tide_err(ctx, TIDE_E_NOMEM, "attention_bwd: out of memory for %zu bytes of score tiles", wb);
+    /* the workspace's blocks, one thread's per slot; threads beyond them
+     * would have no task anyway past B * KV */
+    size_t per = tk_attention_bwd_work(&d, 1);
+    int64_t slots = scratch && per ? (int64_t)(op->scratch_bytes / per) : 0;
+    float *work = scratch;
+    if (slots >= 1) {
+        nt = (int)TIDE_MIN((int64_t)nt, slots);
+    } else {
+        size_t wb = tk_attention_bwd_work(&d, nt);
+        work = tide_malloc_aligned(wb, 64);
+        if (!work) return tide_err(ctx, TIDE_E_NOMEM, "attention_bwd: out of memory for %zu bytes of score tiles", wb);
+    }
     tide_status st = tk_attention_bwd(in[0], in[1], in[2], in[3], in[4], out[0], out[1], out[2], &d, work, nt);
-    tide_free_aligned(work);
+    if (work != scratch) tide_free_aligned(work);
     if (st) return tide_err(ctx, st, "attention_bwd: dimensions beyond what BLAS takes");
     return TIDE_OK;
 }
@@ -285,9 +296,11 @@ static tide_status cpu_cross_entropy(tide_ctx *ctx, int nt, const tide_graph *g,
     const tide_tensor *h = tin(g, op, 0), *w = tin(g, op, 1), *tg = tin(g, op, 2);
     int64_t R = h->shape[0], D = h->shape[1], V = w->shape[0], bad = -1;
     const int32_t *targets = in[2];
+    /* the workspace's last R doubles (per-row loss terms) are the GPU's */
+    uint64_t terms = (uint64_t)R * sizeof(double);
+    size_t sb = scratch && op->scratch_bytes >= terms ? (size_t)(op->scratch_bytes - terms) : 0;
     tide_status st = tk_cross_entropy(in[0], in[1], w->dtype, targets, R, V, D, op->p.scale, op->n_in == 4,
-                                      tide_ce_chunk_rows(R, V), out[0], out[1], out[2], scratch,
-                                      scratch ? (size_t)op->scratch_bytes : 0, &bad, nt);
+                                      tide_ce_chunk_rows(R, V), out[0], out[1], out[2], scratch, sb, &bad, nt);
     if (st == TIDE_E_RANGE)
         return tide_err(ctx, st, "cross_entropy: target %d of row %lld of '%s' is outside the vocabulary of '%s' "
                         "(%lld ids)", targets[bad], (long long)bad, tg->name, w->name, (long long)V);
