@@ -79,9 +79,10 @@ typedef struct tide_exec_stats {
 
 /* Prepares to run p (already verified) on be: allocates the arena (exactly
  * p->device_budget bytes), the host spill pool, the SSD store when the plan
- * spills to SSD or moves a home on SSD (its spill files in opts->ssd_dirs), the bounce buffers, and a queue of be for each stream
- * with instructions. Returns TIDE_OK, TIDE_E_NOMEM (arena or pool refused),
- * TIDE_E_IO (spill directory unusable or full), or what queue_new returns
+ * spills to SSD or moves a home on SSD (its spill files in opts->ssd_dirs),
+ * the bounce buffers, and a queue of be for each stream with instructions.
+ * Returns TIDE_OK, TIDE_E_NOMEM (arena or pool refused), TIDE_E_IO (spill
+ * directory unusable or full), or what queue_new returns
  * (TIDE_E_UNSUPPORTED: the backend has no queues left), with the message on
  * ctx. */
 tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
