@@ -46,6 +46,11 @@
  * the tiled parameters: the copies by hand, the rest as the untiled op on
  * the tile's slice of the data, put where the tile goes.
  *
+ * The training ops (and MATMUL's backward forms, ATTENTION without a cache)
+ * run the same way, with the bounds of tests/test_kernels_train.c (their
+ * section says which); their id errors (token ids, targets, positions of
+ * fresh sequences) as the forward ops' below.
+ *
  * Also: the range errors (token id >= vocab, position >= cache) return
  * TIDE_E_RANGE with a message and write nothing; alloc failures are
  * TIDE_E_NOMEM; copies from threads bound to different streams run at once
@@ -541,6 +546,9 @@ static void test_matmul(void **state) {
  * the teardown puts F32 back (a failing case leaves through the teardown too).
  * The CPU backend has no fast mode: it runs the cases in F32 beside CUDA, and
  * without a GPU they are skipped, as they would test nothing new. */
+static void matmul_ex_case(tide_dtype dt, int64_t R, int64_t K, int64_t N, bool kn, bool acc, uint64_t scratch,
+                           double rtol, const char *mode);
+
 static int n_fast;
 
 static int fast_on(void **state) {
@@ -580,6 +588,9 @@ static void test_matmul_fast(void **state) {
                                .mode = "fast"});
         matmul_case(&(mm_case){.dt = wdts[d], .R = 40, .K = 300, .N = 70, .Ro = 50, .No = 90, .row0 = 3,
                                .col0 = 11, .scratch = 7 * 300 * 2, .rtol = rtol, .mode = "fast"});
+        /* the backward forms (x . w, +=) on the 16-bit weights as they are */
+        for (int form = 0; form < 3; form++)
+            matmul_ex_case(wdts[d], 40, 300, 70, form != 1, form != 0, 0, rtol, "fast");
     }
 }
 
@@ -942,6 +953,471 @@ static void test_take_last_tiled(void **state) {
         tc_check(&c, (tol[]){EXACT});
         tc_close(&c);
     }
+}
+
+/* ------------------------------------------------------------- training ops
+ *
+ * The training ops (tide.h), each against the reference with the bounds of
+ * tests/test_kernels_train.c, scaled by what each result sums:
+ *   - MATMUL's no_transpose and accumulate forms, MATMUL_GRADW,
+ *     CROSS_ENTROPY's dh and dw: 1e-5 * sum of |terms| (2e-5 for MATMUL's
+ *     forms, as the forward's; in CUDA's fast mode (u + 2e-5), as there),
+ *     plus |previous| for an accumulating form;
+ *   - RMSNORM_BWD, SILU_MUL_BWD: 1e-5 of the scale of the element's terms;
+ *     ROPE_BWD: ROPE's bound;
+ *   - ATTENTION without a cache: ATTENTION's 1e-5; ATTENTION_BWD: 5e-6 *
+ *     max|ref| of each gradient;
+ *   - CROSS_ENTROPY's loss: 1e-5 relative; SUMSQ: 1e-6 relative;
+ *   - EMBED_BWD (f32 sums in row order) and ADAMW (each operation rounded as
+ *     torch's): exact. */
+
+static double *dalloc0(size_t n) {
+    double *d = calloc(n ? n : 1, sizeof(double));
+    assert_non_null(d);
+    return d;
+}
+
+static float *widened(const tcase *c, int t) {
+    size_t n = (size_t)tide_graph_tensor_bytes(c->g, t) / tide_dtype_size(tide_graph_tensor_dtype(c->g, t));
+    float *f = malloc((n ? n : 1) * sizeof(float));
+    assert_non_null(f);
+    tide_convert_to_f32(c->host[t], tide_graph_tensor_dtype(c->g, t), f, n);
+    return f;
+}
+
+/* One case of MATMUL's backward forms: x (R, K) . w, w (K, N) when kn else
+ * (N, K) transposed, into out (R, N), added to out when acc. scratch as
+ * mm_case's (0: ops.c's; (uint64_t)-1: none). */
+static void matmul_ex_case(tide_dtype dt, int64_t R, int64_t K, int64_t N, bool kn, bool acc, uint64_t scratch,
+                           double rtol, const char *mode) {
+    char what[128];
+    snprintf(what, sizeof what, "%s%s%s R=%lld K=%lld N=%lld%s%s%s", mode ? mode : "", mode ? " " : "",
+             tide_dtype_name(dt), (long long)R, (long long)K, (long long)N, kn ? " no_transpose" : "",
+             acc ? " accumulate" : "", scratch == (uint64_t)-1 ? " no scratch" : scratch ? " small scratch" : "");
+    tcase c;
+    tc_open(&c, what);
+    int x = tc_tensor(&c, "x", TIDE_F32, TIDE_ROLE_INPUT, R, K, 0, 1);
+    int w = tc_tensor(&c, "w", dt, TIDE_ROLE_WEIGHT, kn ? K : N, kn ? N : K, 0, 1);
+    int o = tc_tensor(&c, "dx", TIDE_F32, TIDE_ROLE_TEMP, R, N, 0, 1);
+    tc_op(&c, TIDE_OP_MATMUL, acc ? 3 : 2, (int[]){x, w, o}, 1, &o,
+          &(tide_op_params){.no_transpose = kn, .accumulate = acc});
+    if (scratch == (uint64_t)-1) c.g->ops[c.op].scratch_bytes = 0;
+    else if (scratch) {
+        assert_true(scratch <= c.g->ops[c.op].scratch_bytes);
+        c.g->ops[c.op].scratch_bytes = scratch;
+    }
+    float *wf = widened(&c, w);
+    const float *xf = c.host[x], *prev = c.host[o];
+    double *scale = dalloc0((size_t)(R * N));
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t n = 0; n < N; n++) {
+            double s = acc ? fabs((double)prev[r * N + n]) : 0;
+            for (int64_t k = 0; k < K; k++) s += fabs((double)xf[r * K + k] * wf[kn ? k * N + n : n * K + k]);
+            scale[r * N + n] = s;
+        }
+    tc_check(&c, (tol[]){{.rtol = rtol > 0 ? rtol : 2e-5, .scale = scale}});
+    free(scale);
+    free(wf);
+    tc_close(&c);
+}
+
+static void test_matmul_backward(void **state) {
+    (void)state;
+    /* the fused path's sizes (R < 16), odd ones, cuBLAS on blocks */
+    static const int64_t shapes[][3] = {{1, 64, 48}, {5, 37, 19}, {20, 96, 70}, {40, 300, 129}};
+    for (int d = 0; d < 3; d++)
+        for (int s = 0; s < 4; s++)
+            for (int form = 0; form < 3; form++)
+                matmul_ex_case(wdts[d], shapes[s][0], shapes[s][1], shapes[s][2], form != 1, form != 0, 0, 0, NULL);
+    for (int form = 0; form < 3; form++) {
+        /* no scratch (the small kernel at any size), 9 widened rows or columns per block */
+        matmul_ex_case(TIDE_BF16, 20, 96, 70, form != 1, form != 0, (uint64_t)-1, 0, NULL);
+        matmul_ex_case(TIDE_F16, 20, 96, 70, form != 1, form != 0, 9 * 96 * 4, 0, NULL);
+    }
+}
+
+static void test_matmul_gradw(void **state) {
+    (void)state;
+    static const int64_t shapes[][3] = {{7, 33, 20}, {64, 100, 80}, {300, 17, 9}}; /* R, N, K */
+    for (int s = 0; s < 3; s++)
+        for (int acc = 0; acc < 2; acc++) {
+            int64_t R = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            char what[96];
+            snprintf(what, sizeof what, "R=%lld N=%lld K=%lld%s", (long long)R, (long long)N, (long long)K,
+                     acc ? " accumulate" : "");
+            tcase c;
+            tc_open(&c, what);
+            int dy = tc_tensor(&c, "dy", TIDE_F32, TIDE_ROLE_INPUT, R, N, 0, 1);
+            int x = tc_tensor(&c, "x", TIDE_F32, TIDE_ROLE_INPUT, R, K, 0, 1);
+            int dw = tc_tensor(&c, "dw", TIDE_F32, TIDE_ROLE_TEMP, N, K, 0, 1);
+            tc_op(&c, TIDE_OP_MATMUL_GRADW, acc ? 3 : 2, (int[]){dy, x, dw}, 1, &dw, NULL);
+            const float *dyf = c.host[dy], *xf = c.host[x], *prev = c.host[dw];
+            double *scale = dalloc0((size_t)(N * K));
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t k = 0; k < K; k++) {
+                    double s2 = acc ? fabs((double)prev[n * K + k]) : 0;
+                    for (int64_t r = 0; r < R; r++) s2 += fabs((double)dyf[r * N + n] * xf[r * K + k]);
+                    scale[n * K + k] = s2;
+                }
+            tc_check(&c, (tol[]){{.rtol = 1e-5, .scale = scale}});
+            free(scale);
+            tc_close(&c);
+        }
+}
+
+static void test_embed_bwd(void **state) {
+    (void)state;
+    static const int64_t shapes[][2] = {{50, 33}, {300, 300}}; /* V, D: one or two column blocks */
+    for (int s = 0; s < 2; s++)
+        for (int acc = 0; acc < 2; acc++) {
+            enum { B = 2, T = 9, IDX0 = 3, R = 12 };
+            int64_t V = shapes[s][0], D = shapes[s][1];
+            char what[96];
+            snprintf(what, sizeof what, "V=%lld D=%lld rows from tokens[%d]%s", (long long)V, (long long)D, IDX0,
+                     acc ? " accumulate" : "");
+            tcase c;
+            tc_open(&c, what);
+            int dy = tc_tensor(&c, "dy", TIDE_F32, TIDE_ROLE_INPUT, R, D, 0, 1);
+            int tok = tc_tensor(&c, "tokens", TIDE_I32, TIDE_ROLE_INPUT, B, T, 0, 0);
+            int dt = tc_tensor(&c, "dtable", TIDE_F32, TIDE_ROLE_TEMP, V, D, 0, 1);
+            int32_t *ids = c.host[tok];
+            for (int i = 0; i < B * T; i++) ids[i] = i < IDX0 ? (int32_t)V : irand((int)V); /* not read */
+            ids[IDX0] = ids[IDX0 + 4] = ids[IDX0 + 7] = 0; /* a repeated id sums in row order */
+            ids[IDX0 + 1] = (int32_t)V - 1;
+            tc_op(&c, TIDE_OP_EMBED_BWD, acc ? 3 : 2, (int[]){dy, tok, dt}, 1, &dt, &(tide_op_params){.idx0 = IDX0});
+            /* expected: the contract's f32 sums, rows in order */
+            float *e = tc_expect_init(&c, dt);
+            if (!acc) memset(e, 0, (size_t)(V * D) * sizeof(float));
+            const float *dyf = c.host[dy];
+            for (int r = 0; r < R; r++)
+                for (int64_t i = 0; i < D; i++) e[ids[IDX0 + r] * D + i] += dyf[r * D + i];
+            tc_check(&c, (tol[]){EXACT});
+            ids[IDX0 + 5] = (int32_t)V + 2;
+            char needle[64];
+            snprintf(needle, sizeof needle, "token id %lld", (long long)V + 2);
+            tc_expect_range(&c, needle);
+            tc_close(&c);
+        }
+}
+
+static void test_rmsnorm_bwd(void **state) {
+    (void)state;
+    static const int64_t shapes[][2] = {{7, 64}, {300, 100}, {3, 1000}}; /* 300 rows: two blocks of dw's sums */
+    for (int d = 0; d < 3; d++)
+        for (int s = 0; s < 3; s++)
+            for (int acc = 0; acc < 2; acc++) {
+                int64_t R = shapes[s][0], D = shapes[s][1];
+                const float eps = 1e-5f;
+                char what[96];
+                snprintf(what, sizeof what, "%s R=%lld D=%lld%s", tide_dtype_name(wdts[d]), (long long)R,
+                         (long long)D, acc ? " accumulate" : "");
+                tcase c;
+                tc_open(&c, what);
+                int x = tc_tensor(&c, "x", TIDE_F32, TIDE_ROLE_INPUT, R, D, 0, 2);
+                int w = tc_tensor(&c, "w", wdts[d], TIDE_ROLE_WEIGHT, D, 0, 0, 1.5f);
+                int dy = tc_tensor(&c, "dy", TIDE_F32, TIDE_ROLE_INPUT, R, D, 0, 1);
+                int dx = tc_tensor(&c, "dx", TIDE_F32, TIDE_ROLE_TEMP, R, D, 0, 1);
+                int dw = tc_tensor(&c, "dw", TIDE_F32, TIDE_ROLE_TEMP, D, 0, 0, 1);
+                tc_op(&c, TIDE_OP_RMSNORM_BWD, acc ? 4 : 3, (int[]){x, w, dy, dw}, 2, (int[]){dx, dw},
+                      &(tide_op_params){.eps = eps});
+                float *wx = widened(&c, w);
+                const float *xf = c.host[x], *dyf = c.host[dy], *prev = c.host[dw];
+                double *mdx = dalloc0((size_t)(R * D)), *mdw = dalloc0((size_t)D);
+                for (int64_t r = 0; r < R; r++) {
+                    const float *xr = xf + r * D, *dyr = dyf + r * D;
+                    double ss = 0, adot = 0;
+                    for (int64_t i = 0; i < D; i++) ss += (double)xr[i] * xr[i];
+                    double rs = 1 / sqrt(ss / (double)D + eps);
+                    for (int64_t i = 0; i < D; i++) adot += fabs((double)dyr[i] * wx[i] * xr[i]);
+                    for (int64_t i = 0; i < D; i++) {
+                        mdx[r * D + i] = rs * fabs(dyr[i] * wx[i]) + rs * rs * rs * adot / (double)D * fabs(xr[i]) + rs;
+                        mdw[i] += fabs((double)dyr[i] * xr[i] * rs);
+                    }
+                }
+                for (int64_t i = 0; acc && i < D; i++) mdw[i] += fabs(prev[i]);
+                tc_check(&c, (tol[]){{.rtol = 1e-5, .scale = mdx}, {.rtol = 1e-5, .scale = mdw}});
+                free(mdx);
+                free(mdw);
+                free(wx);
+                tc_close(&c);
+            }
+}
+
+static void test_rope_bwd(void **state) {
+    (void)state;
+    static const struct { int B, T, H, hd, idx0; float theta; } cs[] = {
+        {2, 5, 4, 16, 0, 10000.0f}, {1, 3, 2, 128, 4, 500000.0f}, {1, 4, 3, 6, 0, 10000.0f}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        int B = cs[i].B, T = cs[i].T, H = cs[i].H, hd = cs[i].hd;
+        int64_t R = (int64_t)B * T, D = (int64_t)H * hd;
+        char what[96];
+        snprintf(what, sizeof what, "B=%d T=%d H=%d hd=%d pos[%d..]", B, T, H, hd, cs[i].idx0);
+        tcase c;
+        tc_open(&c, what);
+        int dy = tc_tensor(&c, "dy", TIDE_F32, TIDE_ROLE_INPUT, R, D, 0, 1);
+        int pos = tc_tensor(&c, "pos", TIDE_I32, TIDE_ROLE_INPUT, cs[i].idx0 + T, 0, 0, 0);
+        int dx = tc_tensor(&c, "dx", TIDE_F32, TIDE_ROLE_TEMP, R, D, 0, 1);
+        int32_t *p = c.host[pos];
+        for (int t = 0; t < cs[i].idx0 + T; t++) p[t] = t * 7;
+        tc_op(&c, TIDE_OP_ROPE_BWD, 2, (int[]){dy, pos}, 1, &dx,
+              &(tide_op_params){.n_heads = H, .head_dim = hd, .rope_theta = cs[i].theta, .batch = B,
+                                .idx0 = cs[i].idx0});
+        double *scale = dalloc0((size_t)(R * D));
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t e = 0; e < D; e++) scale[r * D + e] = 1.0 + 0.24 * p[cs[i].idx0 + r % T];
+        tc_check(&c, (tol[]){{.rtol = 1e-6, .scale = scale}});
+        free(scale);
+        tc_close(&c);
+    }
+}
+
+static void test_silu_mul_bwd(void **state) {
+    (void)state;
+    static const int64_t shapes[][2] = {{3, 333}, {64, 1563}};
+    for (int s = 0; s < 2; s++) {
+        int64_t R = shapes[s][0], I = shapes[s][1], n = R * I;
+        char what[96];
+        snprintf(what, sizeof what, "R=%lld I=%lld", (long long)R, (long long)I);
+        tcase c;
+        tc_open(&c, what);
+        int g = tc_tensor(&c, "gate", TIDE_F32, TIDE_ROLE_INPUT, R, I, 0, 8);
+        int u = tc_tensor(&c, "up", TIDE_F32, TIDE_ROLE_INPUT, R, I, 0, 1);
+        int dy = tc_tensor(&c, "dy", TIDE_F32, TIDE_ROLE_INPUT, R, I, 0, 1);
+        int dg = tc_tensor(&c, "dgate", TIDE_F32, TIDE_ROLE_TEMP, R, I, 0, 1);
+        int du = tc_tensor(&c, "dup", TIDE_F32, TIDE_ROLE_TEMP, R, I, 0, 1);
+        float *gf = c.host[g];
+        gf[0] = 200.0f, gf[1] = -200.0f;
+        tc_op(&c, TIDE_OP_SILU_MUL_BWD, 3, (int[]){g, u, dy}, 2, (int[]){dg, du}, NULL);
+        const float *uf = c.host[u], *dyf = c.host[dy];
+        double *mg = dalloc0((size_t)n), *mu = dalloc0((size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            double x = gf[i], sg = 1 / (1 + exp(-x));
+            mu[i] = fabs(dyf[i] * x * sg) + 1e-3;
+            mg[i] = fabs(dyf[i] * uf[i]) * (sg + fabs(x) * sg * (1 - sg)) + 1e-3;
+        }
+        tc_check(&c, (tol[]){{.rtol = 1e-5, .scale = mg}, {.rtol = 1e-5, .scale = mu}});
+        free(mg);
+        free(mu);
+        tc_close(&c);
+    }
+}
+
+typedef struct attn_train_cfg {
+    int B, T, H, KV, hd;
+} attn_train_cfg;
+
+/* Both kernels of the forward (T >= 16: query-tiled), several tiles of the
+ * backward (head_dim 16, 64: tiles of 32 rows; 128: 16; 200: 8; 300: 4). */
+static const attn_train_cfg attn_train_cs[] = {
+    {2, 5, 4, 2, 16}, {1, 40, 2, 1, 64}, {2, 17, 4, 4, 80}, {1, 20, 4, 2, 128}, {1, 9, 2, 1, 200}, {1, 6, 2, 2, 300},
+};
+
+static void test_attention_nocache(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof attn_train_cs / sizeof attn_train_cs[0]; i++) {
+        const attn_train_cfg *a = &attn_train_cs[i];
+        int64_t R = (int64_t)a->B * a->T, qd = (int64_t)a->H * a->hd, kd = (int64_t)a->KV * a->hd;
+        char what[96];
+        snprintf(what, sizeof what, "no cache B=%d T=%d H=%d KV=%d hd=%d", a->B, a->T, a->H, a->KV, a->hd);
+        tcase c;
+        tc_open(&c, what);
+        int q = tc_tensor(&c, "q", TIDE_F32, TIDE_ROLE_INPUT, R, qd, 0, 1);
+        int k = tc_tensor(&c, "k", TIDE_F32, TIDE_ROLE_INPUT, R, kd, 0, 1);
+        int v = tc_tensor(&c, "v", TIDE_F32, TIDE_ROLE_INPUT, R, kd, 0, 1);
+        int pos = tc_tensor(&c, "pos", TIDE_I32, TIDE_ROLE_INPUT, a->T, 0, 0, 0);
+        int o = tc_tensor(&c, "o", TIDE_F32, TIDE_ROLE_TEMP, R, qd, 0, 1);
+        int32_t *p = c.host[pos];
+        for (int t = 0; t < a->T; t++) p[t] = t;
+        tc_op(&c, TIDE_OP_ATTENTION, 4, (int[]){q, k, v, pos}, 1, &o,
+              &(tide_op_params){.n_heads = a->H, .n_kv_heads = a->KV, .head_dim = a->hd, .batch = a->B});
+        tc_check(&c, (tol[]){{.atol = 1e-5}});
+        /* positions other than 0..T-1: refused, nothing written */
+        p[a->T - 1] = a->T + 3;
+        char needle[64];
+        snprintf(needle, sizeof needle, "positions 0..%d", a->T - 1);
+        tc_expect_range(&c, needle);
+        tc_close(&c);
+    }
+}
+
+static void test_attention_bwd(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof attn_train_cs / sizeof attn_train_cs[0]; i++) {
+        const attn_train_cfg *a = &attn_train_cs[i];
+        int64_t R = (int64_t)a->B * a->T, qd = (int64_t)a->H * a->hd, kd = (int64_t)a->KV * a->hd;
+        char what[96];
+        snprintf(what, sizeof what, "B=%d T=%d H=%d KV=%d hd=%d", a->B, a->T, a->H, a->KV, a->hd);
+        tcase c;
+        tc_open(&c, what);
+        int q = tc_tensor(&c, "q", TIDE_F32, TIDE_ROLE_INPUT, R, qd, 0, 1);
+        int k = tc_tensor(&c, "k", TIDE_F32, TIDE_ROLE_INPUT, R, kd, 0, 1);
+        int v = tc_tensor(&c, "v", TIDE_F32, TIDE_ROLE_INPUT, R, kd, 0, 1);
+        int o = tc_tensor(&c, "o", TIDE_F32, TIDE_ROLE_INPUT, R, qd, 0, 1);
+        int dout = tc_tensor(&c, "do", TIDE_F32, TIDE_ROLE_INPUT, R, qd, 0, 1);
+        int pos = tc_tensor(&c, "pos", TIDE_I32, TIDE_ROLE_INPUT, a->T, 0, 0, 0);
+        int dq = tc_tensor(&c, "dq", TIDE_F32, TIDE_ROLE_TEMP, R, qd, 0, 1);
+        int dk = tc_tensor(&c, "dk", TIDE_F32, TIDE_ROLE_TEMP, R, kd, 0, 1);
+        int dv = tc_tensor(&c, "dv", TIDE_F32, TIDE_ROLE_TEMP, R, kd, 0, 1);
+        int32_t *p = c.host[pos];
+        for (int t = 0; t < a->T; t++) p[t] = t;
+        tc_op(&c, TIDE_OP_ATTENTION_BWD, 6, (int[]){q, k, v, o, dout, pos}, 3, (int[]){dq, dk, dv},
+              &(tide_op_params){.n_heads = a->H, .n_kv_heads = a->KV, .head_dim = a->hd, .batch = a->B});
+        /* 5e-6 of each gradient's largest element */
+        int outs[3] = {dq, dk, dv};
+        double *scale[3];
+        tol tols[3];
+        for (int j = 0; j < 3; j++) {
+            float *r = tc_ref_output(&c, outs[j]);
+            size_t n = (size_t)tide_graph_tensor_bytes(c.g, outs[j]) / 4;
+            double mx = 0;
+            for (size_t e = 0; e < n; e++) mx = fmax(mx, fabs(r[e]));
+            scale[j] = dalloc0(n);
+            for (size_t e = 0; e < n; e++) scale[j][e] = mx;
+            tols[j] = (tol){.rtol = 5e-6, .scale = scale[j]};
+            free(r);
+        }
+        tc_check(&c, tols);
+        for (int j = 0; j < 3; j++) free(scale[j]);
+        p[0] = 1;
+        char needle[64];
+        snprintf(needle, sizeof needle, "positions 0..%d", a->T - 1);
+        tc_expect_range(&c, needle);
+        tc_close(&c);
+    }
+}
+
+/* CROSS_ENTROPY: rows with ignored targets (-1), f32 and 16-bit weights
+ * (widened whole, or 9 rows at a time in a smaller workspace), fresh and
+ * accumulating into dw. */
+static void test_cross_entropy(void **state) {
+    (void)state;
+    static const int64_t shapes[][3] = {{6, 16, 50}, {40, 64, 300}}; /* R, D, V */
+    for (int d = 0; d < 3; d++)
+        for (int s = 0; s < 2; s++)
+            for (int var = 0; var < 3; var++) {
+                bool acc = var == 1, small = var == 2;
+                if (small && wdts[d] == TIDE_F32) continue;
+                int64_t R = shapes[s][0], D = shapes[s][1], V = shapes[s][2];
+                const float scale = 1.0f / (float)R;
+                char what[96];
+                snprintf(what, sizeof what, "%s R=%lld D=%lld V=%lld%s%s", tide_dtype_name(wdts[d]), (long long)R,
+                         (long long)D, (long long)V, acc ? " accumulate" : "", small ? " 9-row blocks" : "");
+                tcase c;
+                tc_open(&c, what);
+                int h = tc_tensor(&c, "h", TIDE_F32, TIDE_ROLE_INPUT, R, D, 0, 1);
+                int w = tc_tensor(&c, "w", wdts[d], TIDE_ROLE_WEIGHT, V, D, 0, 0.5f);
+                int tg = tc_tensor(&c, "targets", TIDE_I32, TIDE_ROLE_INPUT, R, 0, 0, 0);
+                int loss = tc_tensor(&c, "loss", TIDE_F32, TIDE_ROLE_OUTPUT, 1, 0, 0, 1);
+                int dh = tc_tensor(&c, "dh", TIDE_F32, TIDE_ROLE_TEMP, R, D, 0, 1);
+                int dw = tc_tensor(&c, "dw", TIDE_F32, TIDE_ROLE_TEMP, V, D, 0, 1);
+                int32_t *t = c.host[tg];
+                for (int64_t r = 0; r < R; r++) t[r] = r % 5 == 2 ? -1 : irand((int)V);
+                t[0] = (int32_t)V - 1;
+                tc_op(&c, TIDE_OP_CROSS_ENTROPY, acc ? 4 : 3, (int[]){h, w, tg, dw}, 3, (int[]){loss, dh, dw},
+                      &(tide_op_params){.scale = scale});
+                if (small) {
+                    uint64_t lb = (uint64_t)(R * V) * 4; /* one chunk: R rows of logits */
+                    c.g->ops[c.op].scratch_bytes = (lb + 9 * (uint64_t)D * 4 + 7) / 8 * 8 + (uint64_t)R * 8;
+                }
+                /* scales: sum of |terms| of each dh and dw element, from a
+                 * double softmax */
+                float *wx = widened(&c, w);
+                const float *hf = c.host[h], *prev = c.host[dw];
+                double *mdh = dalloc0((size_t)(R * D)), *mdw = dalloc0((size_t)(V * D)), *l = dalloc0((size_t)V);
+                for (int64_t r = 0; r < R; r++) {
+                    if (t[r] < 0) continue;
+                    double mx = -INFINITY, sum = 0;
+                    for (int64_t j = 0; j < V; j++) {
+                        double s2 = 0;
+                        for (int64_t e = 0; e < D; e++) s2 += (double)hf[r * D + e] * wx[j * D + e];
+                        l[j] = s2;
+                        mx = fmax(mx, s2);
+                    }
+                    for (int64_t j = 0; j < V; j++) sum += (l[j] = exp(l[j] - mx));
+                    for (int64_t j = 0; j < V; j++) {
+                        double gv = fabs(scale * (l[j] / sum - (j == t[r])));
+                        for (int64_t e = 0; e < D; e++) {
+                            mdh[r * D + e] += gv * fabs(wx[j * D + e]);
+                            mdw[j * D + e] += gv * fabs(hf[r * D + e]);
+                        }
+                    }
+                }
+                for (int64_t i = 0; i < R * D; i++) mdh[i] += 1e-6;
+                for (int64_t i = 0; i < V * D; i++) mdw[i] += 1e-6 + (acc ? fabs(prev[i]) : 0);
+                tc_check(&c, (tol[]){{.rtol = 1e-5}, {.rtol = 1e-5, .scale = mdh}, {.rtol = 1e-5, .scale = mdw}});
+                free(mdh);
+                free(mdw);
+                free(l);
+                free(wx);
+                if (!acc && !small) {
+                    t[R - 1] = (int32_t)V;
+                    char needle[64];
+                    snprintf(needle, sizeof needle, "target %lld", (long long)V);
+                    tc_expect_range(&c, needle);
+                }
+                tc_close(&c);
+            }
+}
+
+static void test_sumsq(void **state) {
+    (void)state;
+    static const int64_t ns[] = {1000, 20000, 100001};
+    for (int s = 0; s < 3; s++)
+        for (int acc = 0; acc < 2; acc++) {
+            char what[96];
+            snprintf(what, sizeof what, "n=%lld%s", (long long)ns[s], acc ? " accumulate" : "");
+            tcase c;
+            tc_open(&c, what);
+            int g = ns[s] % 10 ? tc_tensor(&c, "g", TIDE_F32, TIDE_ROLE_INPUT, ns[s], 0, 0, 3)
+                               : tc_tensor(&c, "g", TIDE_F32, TIDE_ROLE_INPUT, ns[s] / 10, 10, 0, 3);
+            int out = tc_tensor(&c, "acc", TIDE_F32, TIDE_ROLE_TEMP, 1, 0, 0, 1);
+            ((float *)c.host[out])[0] = 123.25f;
+            tc_op(&c, TIDE_OP_SUMSQ, acc ? 2 : 1, (int[]){g, out}, 1, &out, NULL);
+            tc_check(&c, (tol[]){{.rtol = 1e-6}});
+            tc_close(&c);
+        }
+}
+
+/* ADAMW on every parameter dtype (16-bit ones with an f32 master), 1-D
+ * (no decay) and 2-D, clipped or not: exactly the CPU's bits. */
+static void test_adamw(void **state) {
+    (void)state;
+    for (int d = 0; d < 3; d++)
+        for (int nd = 1; nd <= 2; nd++)
+            for (int clip = 0; clip < 2; clip++) {
+                tide_dtype dt = wdts[d];
+                bool master = dt != TIDE_F32 || (nd == 2 && clip); /* an f32 parameter with a master too */
+                int64_t d0 = nd == 2 ? 37 : 1000, d1 = nd == 2 ? 29 : 0;
+                char what[96];
+                snprintf(what, sizeof what, "%s %d-D%s%s", tide_dtype_name(dt), nd, master ? " master" : "",
+                         clip ? " clipped" : "");
+                tcase c;
+                tc_open(&c, what);
+                int p = tc_tensor(&c, "param", dt, TIDE_ROLE_STATE, d0, d1, 0, 1);
+                int mst = master ? tc_tensor(&c, "master", TIDE_F32, TIDE_ROLE_STATE, d0, d1, 0, 1) : -1;
+                int m = tc_tensor(&c, "m", TIDE_F32, TIDE_ROLE_STATE, d0, d1, 0, 0.01f);
+                int v = tc_tensor(&c, "v", TIDE_F32, TIDE_ROLE_STATE, d0, d1, 0, 1e-4f);
+                int gr = tc_tensor(&c, "grad", TIDE_F32, TIDE_ROLE_TEMP, d0, d1, 0, 0.1f);
+                int hy = tc_tensor(&c, "hyper", TIDE_F32, TIDE_ROLE_INPUT, 4, 0, 0, 0);
+                int ss = tc_tensor(&c, "sumsq", TIDE_F32, TIDE_ROLE_TEMP, 1, 0, 0, 0);
+                float *vv = c.host[v], *hyper = c.host[hy];
+                size_t n = (size_t)(d0 * (d1 ? d1 : 1));
+                for (size_t i = 0; i < n; i++) vv[i] = fabsf(vv[i]);
+                const double lr = 1e-3, b1 = 0.9, b2 = 0.95;
+                hyper[0] = (float)lr;
+                hyper[1] = (float)(lr / (1 - b1 * b1 * b1));
+                hyper[2] = (float)sqrt(1 - b2 * b2 * b2);
+                hyper[3] = 0;
+                ((float *)c.host[ss])[0] = clip ? 9.0f : 0.25f; /* norm 3 or 0.5 against max_norm 1 */
+                tide_op_params pr = {.beta1 = (float)b1, .beta2 = (float)b2, .adam_eps = 1e-8f, .weight_decay = 0.1f,
+                                     .max_norm = 1.0f};
+                if (master)
+                    tc_op(&c, TIDE_OP_ADAMW, 7, (int[]){p, mst, m, v, gr, hy, ss}, 4, (int[]){p, mst, m, v}, &pr);
+                else
+                    tc_op(&c, TIDE_OP_ADAMW, 6, (int[]){p, m, v, gr, hy, ss}, 3, (int[]){p, m, v}, &pr);
+                tc_check(&c, (tol[]){EXACT, EXACT, EXACT, EXACT});
+                tc_close(&c);
+            }
 }
 
 /* ------------------------------------------------------------- memory, streams */
@@ -1579,6 +2055,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_embed_tiled), cmocka_unit_test(test_matmul_tiled), cmocka_unit_test(test_rope_tiled),
         cmocka_unit_test(test_attention_tiled), cmocka_unit_test(test_take_last_tiled),
         cmocka_unit_test_setup_teardown(test_matmul_fast, fast_on, fast_off),
+        cmocka_unit_test(test_matmul_backward), cmocka_unit_test(test_matmul_gradw), cmocka_unit_test(test_embed_bwd),
+        cmocka_unit_test(test_rmsnorm_bwd), cmocka_unit_test(test_rope_bwd), cmocka_unit_test(test_silu_mul_bwd),
+        cmocka_unit_test(test_attention_nocache), cmocka_unit_test(test_attention_bwd),
+        cmocka_unit_test(test_cross_entropy), cmocka_unit_test(test_sumsq), cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_model),
     };
     int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -35,7 +35,7 @@ endif()
 set(_emu_dir ${CMAKE_CURRENT_LIST_DIR})
 set(_emu_gen ${CMAKE_CURRENT_BINARY_DIR}/emu_c)
 set(_emu_inc "")
-foreach(f cuda_kernels cuda_gemm)
+foreach(f cuda_kernels cuda_gemm cuda_train)
   add_custom_command(
     OUTPUT ${_emu_gen}/${f}.inc
     COMMAND ${CMAKE_COMMAND} -DSRC=${PROJECT_SOURCE_DIR}/src/backend/cuda/${f}.cu -DOUT=${_emu_gen}/${f}.inc
@@ -66,7 +66,8 @@ endforeach()
 # The library's objects (TIDE_LIB_OBJECTS, compiled once for both), the backend
 # selection with TIDE_HAVE_CUDA, the CUDA backend and the emulation.
 add_library(tide_cudaemu STATIC ${TIDE_BACKEND_SELECT} ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_backend.c
-            ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_ops.c ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_file.c
+            ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_ops.c ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_ops_train.c
+            ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_file.c
             ${TIDE_LIB_OBJECTS}
             $<TARGET_OBJECTS:tide_cudaemu_kern> $<TARGET_OBJECTS:tide_cudaemu_rt>)
 target_include_directories(tide_cudaemu PUBLIC ${PROJECT_SOURCE_DIR}/include

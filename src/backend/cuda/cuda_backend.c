@@ -56,7 +56,9 @@
  * on a fixed stream with its own fixed workspace, so results are
  * bit-reproducible run to run on one GPU model and toolkit.
  *
- * Range errors (EMBED token ids, ATTENTION positions) are found on the GPU.
+ * Range errors (EMBED and EMBED_BWD token ids, ATTENTION positions,
+ * CROSS_ENTROPY targets, the positions of fresh sequences that ATTENTION
+ * without a cache and ATTENTION_BWD need) are found on the GPU.
  * Synchronous queue: a check kernel leaves the smallest bad index in the
  * queue's flag, which is read back before anything is written, so an
  * out-of-range op writes nothing and fails, as on the CPU. Asynchronous
@@ -80,6 +82,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -277,12 +280,31 @@ static tide_status read_record(tide_ctx *ctx, cu_queue *q) {
     if (!r[0]) return TIDE_OK;
     CU_TRY(ctx, cudaMemsetAsync(q->rec, 0, 4 * sizeof(int32_t), q->stream), "cudaMemsetAsync of a range record");
     CU_TRY(ctx, cudaStreamSynchronize(q->stream), "cudaStreamSynchronize after clearing a range record");
-    if (r[0] == REC_EMBED)
-        return tide_err(ctx, TIDE_E_RANGE, "embed: token id %d at position %d is outside the vocabulary (size %d); "
-                        "found by a queued op (queue %d), so what ran after it is not valid", r[2], r[1], r[3],
-                        q->id);
-    return tide_err(ctx, TIDE_E_RANGE, "attention: position %d at index %d is outside the cache (capacity %d); "
-                    "found by a queued op (queue %d), so what ran after it is not valid", r[2], r[1], r[3], q->id);
+    char what[160];
+    switch (r[0]) {
+    case REC_EMBED:
+        snprintf(what, sizeof what, "embed: token id %d at position %d is outside the vocabulary (size %d)", r[2],
+                 r[1], r[3]);
+        break;
+    case REC_EMBED_BWD:
+        snprintf(what, sizeof what, "embed_bwd: token id %d at position %d is outside the gradient (vocabulary %d)",
+                 r[2], r[1], r[3]);
+        break;
+    case REC_TARGET:
+        snprintf(what, sizeof what, "cross_entropy: target %d of row %d is outside the vocabulary (%d ids)", r[2],
+                 r[1], r[3]);
+        break;
+    case REC_POSITIONS:
+        snprintf(what, sizeof what, "attention of fresh sequences needs positions 0..%d, but index %d is %d",
+                 r[3] - 1, r[1], r[2]);
+        break;
+    default:
+        snprintf(what, sizeof what, "attention: position %d at index %d is outside the cache (capacity %d)", r[2],
+                 r[1], r[3]);
+        break;
+    }
+    return tide_err(ctx, TIDE_E_RANGE, "%s; found by a queued op (queue %d), so what ran after it is not valid", what,
+                    q->id);
 }
 
 /* Forgets q's record unread (q's mutex held): no later wait reports it. */

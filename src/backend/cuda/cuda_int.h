@@ -49,7 +49,13 @@ static inline cu_impl *impl_of(tide_backend *be) { return be->impl; }
 static inline cu_queue *queue_of(tide_backend *be, void *q) { return q ? (cu_queue *)q : impl_of(be)->def; }
 
 /* What a deferred range record (cu_queue.rec) found: rec[0]. */
-enum { REC_EMBED = 1, REC_ATTENTION = 2 };
+enum {
+    REC_EMBED = 1,     /* a token id outside the vocabulary */
+    REC_ATTENTION = 2, /* a position outside the cache */
+    REC_EMBED_BWD = 3, /* a token id outside the gradient's rows */
+    REC_TARGET = 4,    /* a target at or past the vocabulary */
+    REC_POSITIONS = 5, /* a position other than its index (fresh sequences) */
+};
 
 /* Records a CUDA failure on ctx: "cuda: <what>: <error string> (<name>,
  * error N)", and clears the (non-sticky) error state so that later calls
@@ -70,6 +76,32 @@ tide_status tide_cuda_blas_fail(tide_ctx *ctx, cublasStatus_t s, const char *wha
  * FP32 math without TF32, no atomics. Called with q's mutex held (or before q
  * is handed out). Returns TIDE_OK, or TIDE_E_NOMEM / TIDE_E_BACKEND on ctx. */
 tide_status tide_cuda_queue_blas(tide_backend *be, cu_queue *q, tide_ctx *ctx);
+
+/* An op kind's kernels: enqueued on q (q's mutex held); the caller
+ * synchronizes. cuda_ops.c holds the table; the training ops' entries and
+ * ATTENTION without a cache are in cuda_ops_train.c. */
+typedef tide_status (*tide_cuda_op)(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                                    void *const *in, void *const *out, void *scratch);
+tide_status tide_cuda_attention_nocache(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                                        void *const *in, void *const *out, void *scratch);
+tide_status tide_cuda_embed_bwd(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                                void *const *in, void *const *out, void *scratch);
+tide_status tide_cuda_rmsnorm_bwd(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                                  void *const *in, void *const *out, void *scratch);
+tide_status tide_cuda_matmul_gradw(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                                   void *const *in, void *const *out, void *scratch);
+tide_status tide_cuda_rope_bwd(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                               void *const *in, void *const *out, void *scratch);
+tide_status tide_cuda_attention_bwd(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                                    void *const *in, void *const *out, void *scratch);
+tide_status tide_cuda_silu_mul_bwd(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                                   void *const *in, void *const *out, void *scratch);
+tide_status tide_cuda_cross_entropy(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                                    void *const *in, void *const *out, void *scratch);
+tide_status tide_cuda_sumsq(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                            void *const *in, void *const *out, void *scratch);
+tide_status tide_cuda_adamw(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                            void *const *in, void *const *out, void *scratch);
 
 /* The compute slot (backend.h), in cuda_ops.c. */
 tide_status tide_cuda_compute(tide_backend *be, void *q, const tide_graph *g, const tide_op *op, void *const *in,

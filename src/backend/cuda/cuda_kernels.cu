@@ -334,7 +334,9 @@ extern "C" cudaError_t tcu_matmul_fused(cudaStream_t s, const float *x, const vo
 /* ------------------------------------------------------------- rope */
 
 /* A thread per (row, i < hd/2): the angle's cos and sin once, then every
- * head of the row. */
+ * head of the row. INV: the rotation by minus the angle (sin negated,
+ * exactly), ROPE_BWD's. */
+template <bool INV>
 __global__ void k_rope(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd, float theta,
                        float *out) {
     const int half = hd / 2;
@@ -349,6 +351,7 @@ __global__ void k_rope(const float *x, const int32_t *pos, int64_t R, int64_t T,
         float inv = __fdiv_rn(1.0f, (float)pow((double)theta, (double)e));
         float a = __fmul_rn(p, inv);
         float c = (float)cos((double)a), sn = (float)sin((double)a);
+        if (INV) sn = -sn;
         for (int h = 0; h < H; h++) {
             const float *xr = x + r * D + (int64_t)h * hd;
             float *orow = out + r * D + (int64_t)h * hd;
@@ -363,7 +366,15 @@ extern "C" cudaError_t tcu_rope(cudaStream_t s, const float *x, const int32_t *p
                                 int hd, float theta, float *out) {
     int64_t n = R * (hd / 2);
     if (n <= 0 || T <= 0) return cudaSuccess;
-    k_rope<<<grid_for(n, TCU_BLOCK), TCU_BLOCK, 0, s>>>(x, pos, R, T, H, hd, theta, out);
+    k_rope<false><<<grid_for(n, TCU_BLOCK), TCU_BLOCK, 0, s>>>(x, pos, R, T, H, hd, theta, out);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tcu_rope_inverse(cudaStream_t s, const float *x, const int32_t *pos, int64_t R, int64_t T,
+                                        int H, int hd, float theta, float *out) {
+    int64_t n = R * (hd / 2);
+    if (n <= 0 || T <= 0) return cudaSuccess;
+    k_rope<true><<<grid_for(n, TCU_BLOCK), TCU_BLOCK, 0, s>>>(x, pos, R, T, H, hd, theta, out);
     return cudaGetLastError();
 }
 

@@ -81,6 +81,11 @@ cudaError_t tcu_matmul_fused(cudaStream_t s, const float *x, const void *w, tide
 cudaError_t tcu_rope(cudaStream_t s, const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd,
                      float theta, float *out);
 
+/* ROPE_BWD: as tcu_rope, the rotation by minus the angle (the sine
+ * negated exactly: the transpose of ROPE's rotation, as the CPU's). */
+cudaError_t tcu_rope_inverse(cudaStream_t s, const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd,
+                             float theta, float *out);
+
 /* ATTENTION, part 1. k, v (B*T, KV*hd), pos (T) range-checked, kcache,
  * vcache (B, C, KV*hd): cache[b][pos[t]] = row (b, t); where positions
  * repeat, the last t wins (as the CPU's ordered copy). A position outside

@@ -2,11 +2,23 @@
  * cuda_ops.c - the CUDA backend's compute slot: each op kind's kernels,
  * enqueued on the call's queue (cuda_backend.c's note says how MATMUL maps to
  * cuBLAS and how range errors are found, at once on a synchronous queue or
- * through the queue's record on an asynchronous one).
+ * through the queue's record on an asynchronous one). The training ops'
+ * entries are in cuda_ops_train.c; MATMUL's backward forms are here with
+ * the forward:
+ *   - no_transpose, w (K, N): out = x . w is column-major out^T = w^T . x^T
+ *     with w read as a column-major (N, K) matrix of leading dimension N,
+ *     untransposed: cublasSgemm(N, N, m=N, n=R, k=K, w, lda=N, x, K, out,
+ *     ldo); a 16-bit w is widened a block of columns at a time into the
+ *     scratch ((K, cnt), lda=cnt), or, in the fast mode, multiplied as is
+ *     with cublasGemmEx(N, N, ...) on x rounded to its dtype;
+ *   - accumulate: the same calls with beta = 1 (out += the product);
+ *   - with fewer than TCU_MATMUL_FUSED_R rows or no room for a widened
+ *     block: tcu_matmul_small, which reads each weight once per 16 rows.
  */
 #include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_int.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_train.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -45,12 +57,13 @@ static tide_status range_check(tide_backend *be, cu_queue *q, const int32_t *ids
 }
 
 /* cublasSgemm of row-major out (R, N) (leading dimension ldo) = x (R, K) .
- * w (N, K)^T, as column-major out^T = w^T^T . x^T (see the note at the top). */
+ * w (N, K)^T, as column-major out^T = w^T^T . x^T (see the note at the top);
+ * kn: w (K, N) rows ldw apart and out = x . w; beta 1: out += the product. */
 static tide_status sgemm_rows(tide_backend *be, cu_queue *q, const float *x, const float *w, int R, int K, int N,
-                              float *out, int ldo, const char *wname) {
-    const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t bs =
-        cublasSgemm(q->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, R, K, &one, w, K, x, K, &zero, out, ldo);
+                              bool kn, int ldw, float beta, float *out, int ldo, const char *wname) {
+    const float one = 1.0f;
+    cublasStatus_t bs = cublasSgemm(q->blas, kn ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, N, R, K, &one, w, ldw, x,
+                                    K, &beta, out, ldo);
     if (bs != CUBLAS_STATUS_SUCCESS) {
         char what[300];
         snprintf(what, sizeof what, "cublasSgemm of matmul '%s' (%d x %d x %d)", wname, R, N, K);
@@ -68,6 +81,7 @@ static tide_status sgemm_rows(tide_backend *be, cu_queue *q, const float *x, con
  * offloaded run repeats the unconstrained run's arithmetic. */
 static tide_status gemm_fast(tide_backend *be, cu_queue *q, const tide_op *op, const float *x, const void *w,
                              const tide_tensor *wt, int R, int K, int N, float *out, int ldo, void *scratch) {
+    const bool kn = op->p.no_transpose; /* w (K, N), as the note at the top says */
     tide_status st = queue_blas(be, q);
     if (st) return st;
     const cudaDataType dt = wt->dtype == TIDE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
@@ -75,13 +89,13 @@ static tide_status gemm_fast(tide_backend *be, cu_queue *q, const tide_op *op, c
     rows = TIDE_MIN(rows, (int64_t)R);
     int64_t nchunk = (R + rows - 1) / rows;
     rows = (R + nchunk - 1) / nchunk;
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f, beta = op->p.accumulate ? 1.0f : 0.0f;
     for (int64_t r0 = 0; r0 < R; r0 += rows) {
         int64_t cnt = TIDE_MIN(rows, (int64_t)R - r0);
         CU_TRY(q->ctx, tcu_round_to_16(q->stream, x + r0 * K, wt->dtype, scratch, cnt * K),
                "matmul '%s' activation rounding kernel", wt->name);
-        cublasStatus_t bs = cublasGemmEx(q->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, (int)cnt, K, &one, w, dt, K,
-                                         scratch, dt, K, &zero, out + r0 * ldo, CUDA_R_32F, ldo,
+        cublasStatus_t bs = cublasGemmEx(q->blas, kn ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, N, (int)cnt, K, &one,
+                                         w, dt, kn ? N : K, scratch, dt, K, &beta, out + r0 * ldo, CUDA_R_32F, ldo,
                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (bs != CUBLAS_STATUS_SUCCESS) {
             char what[300];
@@ -96,7 +110,9 @@ static tide_status gemm_fast(tide_backend *be, cu_queue *q, const tide_op *op, c
 static tide_status op_matmul(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                              void *const *in, void *const *out, void *scratch) {
     const tide_tensor *xt = tin(g, op, 0), *wt = tin(g, op, 1);
-    int64_t R = xt->shape[0], K = xt->shape[1], N = wt->shape[0];
+    const bool kn = op->p.no_transpose, acc = op->p.accumulate;
+    const float beta = acc ? 1.0f : 0.0f;
+    int64_t R = xt->shape[0], K = xt->shape[1], N = kn ? wt->shape[1] : wt->shape[0];
     if (R > INT_MAX || K > INT_MAX || N > INT_MAX)
         return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "matmul '%s': dimensions beyond what cuBLAS takes", wt->name);
     const tide_tensor *ot = tout(g, op, 0);
@@ -107,15 +123,22 @@ static tide_status op_matmul(tide_backend *be, cu_queue *q, const tide_graph *g,
     float *o = (float *)out[0] + op->p.row0 * ldo + op->p.col0; /* a tile writes its block */
     if (wt->dtype == TIDE_F32) {
         tide_status st = queue_blas(be, q);
-        return st ? st : sgemm_rows(be, q, x, in[1], (int)R, (int)K, (int)N, o, (int)ldo, wt->name);
+        return st ? st
+                  : sgemm_rows(be, q, x, in[1], (int)R, (int)K, (int)N, kn, (int)(kn ? N : K), beta, o, (int)ldo,
+                               wt->name);
     }
     if (be->matmul == TIDE_MATMUL_FAST && R >= TCU_MATMUL_FUSED_R && scratch && K > 0 &&
         op->scratch_bytes / ((uint64_t)K * 2) >= 1)
         return gemm_fast(be, q, op, x, in[1], wt, (int)R, (int)K, (int)N, o, (int)ldo, scratch);
     int64_t nb = scratch && K > 0 ? (int64_t)(op->scratch_bytes / ((uint64_t)K * sizeof(float))) : 0;
-    if (R < TCU_MATMUL_FUSED_R || nb < 1) {
+    if ((R < TCU_MATMUL_FUSED_R || nb < 1) && !kn && !acc) {
         CU_TRY(q->ctx, tcu_matmul_fused(q->stream, x, in[1], wt->dtype, R, K, N, o, ldo), "matmul '%s' kernel",
                wt->name);
+        return TIDE_OK;
+    }
+    if (R < TCU_MATMUL_FUSED_R || nb < 1) {
+        CU_TRY(q->ctx, tcu_matmul_small(q->stream, x, in[1], wt->dtype, R, K, N, kn, acc, o, ldo),
+               "matmul '%s' kernel", wt->name);
         return TIDE_OK;
     }
     tide_status st = queue_blas(be, q);
@@ -127,15 +150,21 @@ static tide_status op_matmul(tide_backend *be, cu_queue *q, const tide_graph *g,
     const uint8_t *wb = in[1];
     for (int64_t n0 = 0; n0 < N && !st; n0 += nb) {
         int64_t cnt = TIDE_MIN(nb, N - n0);
-        CU_TRY(q->ctx, tcu_convert(q->stream, wb + (size_t)n0 * (size_t)K * es, wt->dtype, scratch, cnt * K),
-               "matmul '%s' weight conversion kernel", wt->name);
-        st = sgemm_rows(be, q, x, scratch, (int)R, (int)K, (int)cnt, o + n0, (int)ldo, wt->name);
+        if (kn) /* columns n0.. of w (K, N): a (K, cnt) block */
+            CU_TRY(q->ctx, tcu_convert_cols(q->stream, wb, wt->dtype, K, N, n0, cnt, scratch),
+                   "matmul '%s' weight conversion kernel", wt->name);
+        else
+            CU_TRY(q->ctx, tcu_convert(q->stream, wb + (size_t)n0 * (size_t)K * es, wt->dtype, scratch, cnt * K),
+                   "matmul '%s' weight conversion kernel", wt->name);
+        st = sgemm_rows(be, q, x, scratch, (int)R, (int)K, (int)cnt, kn, (int)(kn ? cnt : K), beta, o + n0, (int)ldo,
+                        wt->name);
     }
     return st;
 }
 
 static tide_status op_attention(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                                 void *const *in, void *const *out, void *scratch) {
+    if (op->n_out == 1) return tide_cuda_attention_nocache(be, q, g, op, in, out, scratch);
     const tide_op_params *p = &op->p;
     /* the caches are outputs 1 and 2 (also inputs 4 and 5 unless fresh; a fresh
      * cache's positions 0..T-1 are the caller's guarantee, see tide.h) */
@@ -289,9 +318,7 @@ static tide_status op_generic(tide_backend *be, cu_queue *q, const tide_graph *g
 /* The kernel of each op kind (graph/ops.c has the kinds' contracts): each
  * enqueues its work on the queue; the caller synchronizes. A kind without one
  * here is unsupported on CUDA. */
-typedef tide_status (*cu_kernel)(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
-                                 void *const *in, void *const *out, void *scratch);
-static const cu_kernel cu_kernels[TIDE_OP_COUNT] = {
+static const tide_cuda_op cu_kernels[TIDE_OP_COUNT] = {
     [TIDE_OP_EMBED] = op_embed,
     [TIDE_OP_RMSNORM] = op_rmsnorm,
     [TIDE_OP_MATMUL] = op_matmul,
@@ -302,6 +329,15 @@ static const cu_kernel cu_kernels[TIDE_OP_COUNT] = {
     [TIDE_OP_TAKE_LAST] = op_take_last,
     [TIDE_OP_ARGMAX] = op_argmax,
     [TIDE_OP_GENERIC] = op_generic,
+    [TIDE_OP_EMBED_BWD] = tide_cuda_embed_bwd,
+    [TIDE_OP_RMSNORM_BWD] = tide_cuda_rmsnorm_bwd,
+    [TIDE_OP_MATMUL_GRADW] = tide_cuda_matmul_gradw,
+    [TIDE_OP_ROPE_BWD] = tide_cuda_rope_bwd,
+    [TIDE_OP_ATTENTION_BWD] = tide_cuda_attention_bwd,
+    [TIDE_OP_SILU_MUL_BWD] = tide_cuda_silu_mul_bwd,
+    [TIDE_OP_CROSS_ENTROPY] = tide_cuda_cross_entropy,
+    [TIDE_OP_SUMSQ] = tide_cuda_sumsq,
+    [TIDE_OP_ADAMW] = tide_cuda_adamw,
 };
 
 tide_status tide_cuda_compute(tide_backend *be, void *vq, const tide_graph *g, const tide_op *op, void *const *in,
@@ -312,7 +348,7 @@ tide_status tide_cuda_compute(tide_backend *be, void *vq, const tide_graph *g, c
         if (!in[i]) return tide_err(q->ctx, TIDE_E_INVALID, "cuda %s: input %d has no data", nm, i);
     for (int i = 0; i < op->n_out; i++)
         if (!out[i]) return tide_err(q->ctx, TIDE_E_INVALID, "cuda %s: output %d has no data", nm, i);
-    cu_kernel k = (unsigned)op->kind < TIDE_OP_COUNT ? cu_kernels[op->kind] : NULL;
+    tide_cuda_op k = (unsigned)op->kind < TIDE_OP_COUNT ? cu_kernels[op->kind] : NULL;
     if (!k) return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "cuda backend: op kind %d is not supported", (int)op->kind);
     pthread_mutex_lock(&q->mu);
     tide_status st = k(be, q, g, op, in, out, scratch);
