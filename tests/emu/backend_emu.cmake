@@ -13,6 +13,10 @@
 #                        against the CPU, models offloaded and resident (and
 #                        its take_last cases again on a device with a small
 #                        2-D copy pitch limit);
+#   test_train_cudaemu   tests/emu/test_train_cudaemu.c: the trainer on the
+#                        CUDA backend, resident and offloaded (state on host
+#                        and on SSD), bit-identical to each other and within
+#                        1e-4 of the CPU trainer's losses;
 #   cli_cuda_emu         tests/emu/cli_cuda_emu.sh: `tide run` on the emulated
 #                        GPU, and its failures;
 #   bench_gpu_offload_cudaemu  (with the benchmarks) bench/gpu_offload.c on it,
@@ -102,6 +106,12 @@ set_tests_properties(test_backends_cudaemu PROPERTIES
 add_test(NAME test_backends_cudaemu_pitch COMMAND test_backends_cudaemu "test_take_last*")
 set_tests_properties(test_backends_cudaemu_pitch PROPERTIES
   ENVIRONMENT "TIDE_EMU_MEM_PITCH=64;TIDE_DATA=${PROJECT_SOURCE_DIR}/data" TIMEOUT 300)
+
+add_executable(test_train_cudaemu ${_emu_dir}/test_train_cudaemu.c)
+target_link_libraries(test_train_cudaemu PRIVATE tide_cudaemu PkgConfig::CMOCKA)
+add_test(NAME test_train_cudaemu COMMAND test_train_cudaemu)
+set_tests_properties(test_train_cudaemu PROPERTIES
+  ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures" TIMEOUT 900 COST 20)
 
 add_test(NAME cli_cuda_emu COMMAND bash ${_emu_dir}/cli_cuda_emu.sh $<TARGET_FILE:tide-cudaemu>)
 set_tests_properties(cli_cuda_emu PROPERTIES

@@ -564,6 +564,27 @@ cudaError_t cudaHostUnregister(void *ptr) {
     return cudaSuccess;
 }
 
+/* Device allocations, pinned host memory (cudaHostAlloc, cudaHostRegister)
+ * and other host memory (unregistered), as CUDA 11 and later tell them. */
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *ptr) {
+    if (!a) return ret(cudaErrorInvalidValue);
+    Device &d = dev();
+    std::lock_guard<std::mutex> g(d.mu);
+    memset(a, 0, sizeof *a);
+    if (find_alloc(d, ptr, 1)) {
+        a->type = cudaMemoryTypeDevice;
+        a->devicePointer = const_cast<void *>(ptr);
+    } else if (find_pinned(d, ptr, 1)) {
+        a->type = cudaMemoryTypeHost;
+        a->devicePointer = a->hostPointer = const_cast<void *>(ptr);
+    } else {
+        a->type = cudaMemoryTypeUnregistered;
+        a->device = -2;
+        a->hostPointer = const_cast<void *>(ptr);
+    }
+    return cudaSuccess;
+}
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags) {
     Device &d = dev();
     std::lock_guard<std::mutex> g(d.mu);

@@ -185,13 +185,35 @@ static void cu_dealloc(tide_backend *be, void *ptr) {
     if (ptr) cudaFree(ptr);
 }
 
+/* Whether host memory p is page-locked (cudaHostAlloc'ed or registered):
+ * copies from it read it when they run. Unknown counts as pageable. */
+static bool host_pinned(const void *p) {
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return a.type == cudaMemoryTypeHost;
+}
+
+/* A copy from pageable host memory may be staged by the driver when it is
+ * issued ("the driver may synchronize with the stream and stage the copy":
+ * it may not), before the work queued ahead of it has run: an event wait
+ * for the copy into that memory from another queue (an executor's STORE to
+ * a home, then its LOAD back). The queue's contract (backend.h) is that a
+ * call runs after everything queued on it before, so such a copy first
+ * waits for the queue's stream (nothing when the queue is idle); copies from
+ * pinned memory (the executor's host pool) are read when they run, without
+ * a wait. */
 static tide_status cu_copy(tide_backend *be, void *vq, void *dst, const void *src, size_t n,
                            enum cudaMemcpyKind kind) {
     if (!n) return TIDE_OK;
     cu_queue *q = queue_of(be, vq);
     const char *what = kind == cudaMemcpyHostToDevice ? "host to device" : "device to host";
     pthread_mutex_lock(&q->mu);
-    cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, q->stream);
+    cudaError_t e = cudaSuccess;
+    if (kind == cudaMemcpyHostToDevice && !host_pinned(src)) e = cudaStreamSynchronize(q->stream);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, n, kind, q->stream);
     tide_status st = TIDE_OK;
     if (e != cudaSuccess)
         st = tide_cuda_fail(q->ctx, TIDE_E_BACKEND, e, "cudaMemcpyAsync %s of %zu bytes (queue %d)", what, n, q->id);
