@@ -1,6 +1,6 @@
-# emu.cmake - test_cuda_emu: the CUDA backend's kernels run on the host by the
-# emulation of tests/emu/cuda_emu.h and compared with the CPU kernels. Included
-# by the top CMakeLists.txt in its tests section.
+# emu.cmake - test_cuda_emu and test_cuda_emu_train: the CUDA backend's kernels
+# run on the host by the emulation of tests/emu/cuda_emu.h and compared with the
+# CPU kernels. Included by the top CMakeLists.txt in its tests section.
 #
 # It needs a C++17 compiler, never nvcc or the CUDA toolkit, so it is built
 # and run wherever the tests are, whether or not the CUDA backend is enabled
@@ -28,8 +28,7 @@ set(TIDE_EMU_CUDA_DIR "${PROJECT_SOURCE_DIR}/src/backend/cuda" CACHE PATH
     "Directory of the .cu files test_cuda_emu compiles (the real sources; another only to check the test)")
 
 set(_emu_gen ${CMAKE_CURRENT_BINARY_DIR}/emu)
-set(_emu_inc "")
-foreach(f cuda_kernels cuda_gemm)
+foreach(f cuda_kernels cuda_gemm cuda_train)
   add_custom_command(
     OUTPUT ${_emu_gen}/${f}.inc
     COMMAND ${CMAKE_COMMAND} -DSRC=${TIDE_EMU_CUDA_DIR}/${f}.cu -DOUT=${_emu_gen}/${f}.inc
@@ -37,23 +36,29 @@ foreach(f cuda_kernels cuda_gemm)
     DEPENDS ${TIDE_EMU_CUDA_DIR}/${f}.cu ${CMAKE_CURRENT_LIST_DIR}/extract.cmake
     COMMENT "Rewriting ${f}.cu for the CUDA emulation test"
     VERBATIM)
-  list(APPEND _emu_inc ${_emu_gen}/${f}.inc)
 endforeach()
 
-add_executable(test_cuda_emu ${CMAKE_CURRENT_LIST_DIR}/test_cuda_emu.cpp ${_emu_inc})
-set_target_properties(test_cuda_emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
-# stub/ first: its cuda_runtime_api.h, not a toolkit's, serves the backend's headers.
-target_include_directories(test_cuda_emu BEFORE PRIVATE ${CMAKE_CURRENT_LIST_DIR}/stub ${_emu_gen}
-                                                        ${CMAKE_CURRENT_LIST_DIR} ${PROJECT_SOURCE_DIR}/src)
-# -ffp-contract=off: the host must round a * b + c twice where the CUDA source
-# does (cuda_emu.h). #pragma unroll is nvcc's.
-target_compile_options(test_cuda_emu PRIVATE -ffp-contract=off -Wno-unknown-pragmas)
-# Undefined behaviour in a kernel (a misaligned access, say) is a fault on a
-# GPU: under the sanitizers it stops this test, where others only print it.
-if(TIDE_SANITIZE STREQUAL "address")
-  target_compile_options(test_cuda_emu PRIVATE -fno-sanitize-recover=undefined)
-endif()
-target_link_libraries(test_cuda_emu PRIVATE tide)
+# test_cuda_emu: the forward kernels (cuda_kernels.cu) and the fast mode's
+# rounding (cuda_gemm.cu); test_cuda_emu_train: the training kernels
+# (cuda_train.cu). Both on the harness of emu_check.h.
+add_executable(test_cuda_emu ${CMAKE_CURRENT_LIST_DIR}/test_cuda_emu.cpp ${_emu_gen}/cuda_kernels.inc
+               ${_emu_gen}/cuda_gemm.inc)
+add_executable(test_cuda_emu_train ${CMAKE_CURRENT_LIST_DIR}/test_cuda_emu_train.cpp ${_emu_gen}/cuda_train.inc)
+foreach(t test_cuda_emu test_cuda_emu_train)
+  set_target_properties(${t} PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
+  # stub/ first: its cuda_runtime_api.h, not a toolkit's, serves the backend's headers.
+  target_include_directories(${t} BEFORE PRIVATE ${CMAKE_CURRENT_LIST_DIR}/stub ${_emu_gen}
+                                                 ${CMAKE_CURRENT_LIST_DIR} ${PROJECT_SOURCE_DIR}/src)
+  # -ffp-contract=off: the host must round a * b + c twice where the CUDA source
+  # does (cuda_emu.h). #pragma unroll is nvcc's.
+  target_compile_options(${t} PRIVATE -ffp-contract=off -Wno-unknown-pragmas)
+  # Undefined behaviour in a kernel (a misaligned access, say) is a fault on a
+  # GPU: under the sanitizers it stops this test, where others only print it.
+  if(TIDE_SANITIZE STREQUAL "address")
+    target_compile_options(${t} PRIVATE -fno-sanitize-recover=undefined)
+  endif()
+  target_link_libraries(${t} PRIVATE tide)
+endforeach()
 # Under AddressSanitizer the emulated kernels run about 5 times slower (a
 # minute for the whole set): --quick keeps every case but three quarters of
 # the attention shape grid, which still runs every kernel and code path.
@@ -64,3 +69,5 @@ endif()
 add_test(NAME test_cuda_emu COMMAND test_cuda_emu ${_emu_args})
 # COST: one of the longer tests (~12 s in Release); ctest -j starts it early.
 set_tests_properties(test_cuda_emu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 COST 12)
+add_test(NAME test_cuda_emu_train COMMAND test_cuda_emu_train ${_emu_args})
+set_tests_properties(test_cuda_emu_train PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 COST 5)

@@ -614,10 +614,10 @@ __global__ void k_ce_rows(float *l, int64_t R, int64_t V, const int32_t *targets
             sum = __dadd_rn(sum, (double)e);
         }
         sum = tr_block_sum(sum, shd);
-        const float et = row[t], inv = (float)__ddiv_rn(1.0, sum);
-        __syncthreads(); /* every thread has read et before its owner rewrites it */
+        const float inv = (float)__ddiv_rn(1.0, sum);
+        /* the target's element (its exponential) is read and rewritten by its own thread */
         for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
-            row[j] = j == t ? (float)__dmul_rn((double)scale, __dsub_rn(__ddiv_rn((double)et, sum), 1.0))
+            row[j] = j == t ? (float)__dmul_rn((double)scale, __dsub_rn(__ddiv_rn((double)row[j], sum), 1.0))
                             : __fmul_rn(scale, __fmul_rn(row[j], inv));
         if (threadIdx.x == 0) terms[r] = __dsub_rn(__dadd_rn((double)mx, log(sum)), (double)lt);
     }
