@@ -1,7 +1,8 @@
 /*
  * cuda_backend.c - the CUDA backend: device memory is cudaMalloc'ed memory of
  * GPU 0, transfers are cudaMemcpyAsync, compute launches the kernels of
- * cuda_kernels.cu (MATMUL through cuBLAS; the per-op code is cuda_ops.c);
+ * cuda_kernels.cu and, for the training ops, cuda_train.cu (the products
+ * through cuBLAS; the per-op code is cuda_ops.c and cuda_ops_train.c);
  * events are CUDA events. This file holds the instance: its queues, memory,
  * events and synchronization.
  *

@@ -1,7 +1,8 @@
 /*
  * cuda_int.h - the CUDA backend's internals, shared by cuda_backend.c (the
- * instance: queues, memory, events, synchronization) and cuda_ops.c (the op
- * kernels of compute). See cuda_backend.c's note for how they work.
+ * instance: queues, memory, events, synchronization), cuda_ops.c and
+ * cuda_ops_train.c (the op kernels of compute). See cuda_backend.c's note for
+ * how they work.
  */
 #ifndef TIDE_CUDA_INT_H
 #define TIDE_CUDA_INT_H
