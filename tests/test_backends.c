@@ -1317,7 +1317,7 @@ static void test_cross_entropy(void **state) {
                       &(tide_op_params){.scale = scale});
                 if (small) {
                     uint64_t lb = (uint64_t)(R * V) * 4; /* one chunk: R rows of logits */
-                    c.g->ops[c.op].scratch_bytes = (lb + 9 * (uint64_t)D * 4 + 7) / 8 * 8 + (uint64_t)R * 8;
+                    c.g->ops[c.op].scratch_bytes = ((uint64_t)R * 8 + 63) / 64 * 64 + lb + 9 * (uint64_t)D * 4;
                 }
                 /* scales: sum of |terms| of each dh and dw element, from a
                  * double softmax */

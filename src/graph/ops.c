@@ -329,15 +329,16 @@ int64_t tide_ce_chunk_rows(int64_t rows, int64_t vocab) {
 
 static uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
-/* CROSS_ENTROPY's workspace: a chunk's logits, then (16-bit weights) a block
- * of up to 16 MiB for the weight widened to f32, as MATMUL's; then, 8-byte
- * aligned, its last R doubles: each row's loss term, which the GPU sums once
- * all chunks are done (the CPU sums as it goes and leaves them out). */
+/* CROSS_ENTROPY's workspace: first R doubles, rounded up to 64 bytes, for
+ * each row's loss term, which the GPU sums once all chunks are done (the CPU
+ * sums as it goes and skips them); then a chunk's logits, then (16-bit
+ * weights) a block of up to 16 MiB for the weight widened to f32, as
+ * MATMUL's. */
 static uint64_t scratch_cross_entropy(const tide_graph *g, const tide_op *op) {
     const tide_tensor *h = &g->tensors[op->in[0]], *w = &g->tensors[op->in[1]];
     uint64_t logits = (uint64_t)tide_ce_chunk_rows(h->shape[0], w->shape[0]) * (uint64_t)w->shape[0] * 4;
     uint64_t wb = w->dtype == TIDE_F32 ? 0 : TIDE_MIN((uint64_t)tide_tensor_numel(w) * 4, UINT64_C(16) << 20);
-    return round_up(logits + wb, 8) + (uint64_t)h->shape[0] * 8;
+    return round_up((uint64_t)h->shape[0] * 8, 64) + logits + wb;
 }
 
 /* RMSNORM_BWD's workspace: each row's 1/rms (R floats: the CPU's whole

@@ -296,11 +296,14 @@ static tide_status cpu_cross_entropy(tide_ctx *ctx, int nt, const tide_graph *g,
     const tide_tensor *h = tin(g, op, 0), *w = tin(g, op, 1), *tg = tin(g, op, 2);
     int64_t R = h->shape[0], D = h->shape[1], V = w->shape[0], bad = -1;
     const int32_t *targets = in[2];
-    /* the workspace's last R doubles (per-row loss terms) are the GPU's */
-    uint64_t terms = (uint64_t)R * sizeof(double);
-    size_t sb = scratch && op->scratch_bytes >= terms ? (size_t)(op->scratch_bytes - terms) : 0;
+    /* the workspace's first R doubles, to 64 bytes (per-row loss terms), are
+     * the GPU's (graph/ops.c) */
+    uint64_t terms = ((uint64_t)R * sizeof(double) + 63) / 64 * 64;
+    bool room = scratch && op->scratch_bytes > terms;
     tide_status st = tk_cross_entropy(in[0], in[1], w->dtype, targets, R, V, D, op->p.scale, op->n_in == 4,
-                                      tide_ce_chunk_rows(R, V), out[0], out[1], out[2], scratch, sb, &bad, nt);
+                                      tide_ce_chunk_rows(R, V), out[0], out[1], out[2],
+                                      room ? (uint8_t *)scratch + terms : NULL,
+                                      room ? (size_t)(op->scratch_bytes - terms) : 0, &bad, nt);
     if (st == TIDE_E_RANGE)
         return tide_err(ctx, st, "cross_entropy: target %d of row %lld of '%s' is outside the vocabulary of '%s' "
                         "(%lld ids)", targets[bad], (long long)bad, tg->name, w->name, (long long)V);

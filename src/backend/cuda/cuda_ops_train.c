@@ -23,8 +23,8 @@
  *       dw[block] (cnt, D) (+)= G[:, block]^T . h:
  *         cublasSgemm(N, T, m=D, n=cnt, k=cr, h, D, L + v0, V, beta, dw + v0 D, D),
  *         beta 1 past the first chunk or when accumulating.
- *     The loss terms of all rows wait in the workspace's last R doubles and
- *     are summed once at the end (tcu_ce_loss). CROSS_ENTROPY runs in f32
+ *     The loss terms of all rows wait in the workspace's first R doubles
+ *     and are summed once at the end (tcu_ce_loss). CROSS_ENTROPY runs in f32
  *     whatever the matmul mode: the gradient G is never rounded to 16 bits.
  *
  * Ids: EMBED_BWD's tokens, CROSS_ENTROPY's targets and the positions of
@@ -251,17 +251,17 @@ tide_status tide_cuda_cross_entropy(tide_backend *be, cu_queue *q, const tide_gr
     if (bad >= 0)
         return tide_err(q->ctx, TIDE_E_RANGE, "cross_entropy: target %d of row %lld of '%s' is outside the "
                         "vocabulary of '%s' (%lld ids)", val, (long long)bad, tg->name, wt->name, (long long)V);
-    /* the workspace: logits (CR, V), [widened rows of w,] ..., R loss terms at its end */
+    /* the workspace (graph/ops.c): R loss terms (to 64 bytes), logits (CR,
+     * V), [widened rows of w] */
     const int64_t CR = TIDE_MAX(1, TIDE_MIN(tide_ce_chunk_rows(R, V), R));
-    const uint64_t lbytes = (uint64_t)(CR * V) * sizeof(float), tbytes = (uint64_t)R * sizeof(double);
-    if (!scratch || op->scratch_bytes < lbytes + tbytes) return no_workspace(q, op);
-    const uint64_t toff = (op->scratch_bytes - tbytes) / 8 * 8;
-    if (toff < lbytes) return no_workspace(q, op);
-    float *L = scratch, *wf = (float *)((uint8_t *)scratch + lbytes);
-    double *terms = (double *)((uint8_t *)scratch + toff);
+    const uint64_t lbytes = (uint64_t)(CR * V) * sizeof(float);
+    const uint64_t tbytes = ((uint64_t)R * sizeof(double) + 63) / 64 * 64;
+    if (!scratch || op->scratch_bytes < tbytes + lbytes) return no_workspace(q, op);
+    double *terms = scratch;
+    float *L = (float *)((uint8_t *)scratch + tbytes), *wf = (float *)((uint8_t *)scratch + tbytes + lbytes);
     int64_t vb = V; /* rows of w per block */
     if (wt->dtype != TIDE_F32) {
-        vb = (int64_t)((toff - lbytes) / ((uint64_t)D * sizeof(float)));
+        vb = (int64_t)((op->scratch_bytes - tbytes - lbytes) / ((uint64_t)D * sizeof(float)));
         if (vb < 1) return no_workspace(q, op);
         vb = TIDE_MIN(vb, V);
         int64_t nblk = (V + vb - 1) / vb;
