@@ -1262,6 +1262,11 @@ static void test_attention_bwd(void **state) {
         for (int t = 0; t < a->T; t++) p[t] = t;
         tc_op(&c, TIDE_OP_ATTENTION_BWD, 6, (int[]){q, k, v, o, dout, pos}, 3, (int[]){dq, dk, dv},
               &(tide_op_params){.n_heads = a->H, .n_kv_heads = a->KV, .head_dim = a->hd, .batch = a->B});
+        /* the workspace holds the CPU's blocks for one thread at least (so it
+         * allocates nothing) and the GPU's row statistics */
+        tk_attn_dims dims = {.B = a->B, .T = a->T, .C = a->T, .H = a->H, .KV = a->KV, .hd = a->hd};
+        uint64_t ws = c.g->ops[c.op].scratch_bytes;
+        assert_true(ws >= tk_attention_bwd_work(&dims, 1) && ws >= 3 * (uint64_t)R * (uint64_t)a->H * 4);
         /* 5e-6 of each gradient's largest element */
         int outs[3] = {dq, dk, dv};
         double *scale[3];
@@ -1282,6 +1287,41 @@ static void test_attention_bwd(void **state) {
         char needle[64];
         snprintf(needle, sizeof needle, "positions 0..%d", a->T - 1);
         tc_expect_range(&c, needle);
+        tc_close(&c);
+    }
+}
+
+/* ATTENTION_BWD's workspace (graph/ops.c) for long sequences, without
+ * running them: the CPU's blocks for one thread at least, for as many as
+ * there are (batch, kv head) tasks up to 64 MiB of them, and the GPU's row
+ * statistics. */
+static void test_attention_bwd_workspace(void **state) {
+    (void)state;
+    static const int cs[][4] = {{1, 1, 1, 1}, {8, 2048, 32, 8}, {1, 8192, 32, 32}, {2, 70000, 4, 1}, {4, 100, 8, 2}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        int B = cs[i][0], T = cs[i][1], H = cs[i][2], KV = cs[i][3], hd = 8;
+        int64_t R = (int64_t)B * T;
+        tcase c;
+        tc_open(&c, "workspace");
+        int64_t qd = (int64_t)H * hd, kd = (int64_t)KV * hd, shape_q[2] = {R, qd}, shape_k[2] = {R, kd}, shape_p[1] = {T};
+        int t[9];
+        const char *nm[9] = {"q", "k", "v", "o", "do", "pos", "dq", "dk", "dv"};
+        for (int j = 0; j < 9; j++)
+            assert_int_equal(tide_graph_add_tensor(c.g, nm[j], j == 5 ? TIDE_I32 : TIDE_F32,
+                                                   j == 5 ? TIDE_ROLE_INPUT : TIDE_ROLE_TEMP, j == 5 ? 1 : 2,
+                                                   j == 5 ? shape_p : j == 1 || j == 2 || j == 7 || j == 8 ? shape_k : shape_q,
+                                                   &t[j]),
+                             TIDE_OK);
+        tc_op(&c, TIDE_OP_ATTENTION_BWD, 6, t, 3, t + 6,
+              &(tide_op_params){.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B});
+        tk_attn_dims d = {.B = B, .T = T, .C = T, .H = H, .KV = KV, .hd = hd};
+        uint64_t ws = c.g->ops[c.op].scratch_bytes, per = tk_attention_bwd_work(&d, 1);
+        uint64_t slots = per ? ws / per : 0, want = (uint64_t)B * KV;
+        if (want * per > (UINT64_C(64) << 20)) want = per > (UINT64_C(64) << 20) ? 1 : (UINT64_C(64) << 20) / per;
+        if (slots < want || ws < 3 * (uint64_t)R * (uint64_t)H * 4)
+            fail_msg("B=%d T=%d H=%d KV=%d: workspace %llu bytes holds %llu of the CPU's %llu-byte blocks (want %llu)", B,
+                     T, H, KV, (unsigned long long)ws, (unsigned long long)slots, (unsigned long long)per,
+                     (unsigned long long)want);
         tc_close(&c);
     }
 }
@@ -2058,6 +2098,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_matmul_backward), cmocka_unit_test(test_matmul_gradw), cmocka_unit_test(test_embed_bwd),
         cmocka_unit_test(test_rmsnorm_bwd), cmocka_unit_test(test_rope_bwd), cmocka_unit_test(test_silu_mul_bwd),
         cmocka_unit_test(test_attention_nocache), cmocka_unit_test(test_attention_bwd),
+        cmocka_unit_test(test_attention_bwd_workspace),
         cmocka_unit_test(test_cross_entropy), cmocka_unit_test(test_sumsq), cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_model),
     };
