@@ -467,7 +467,10 @@ typedef struct run_out {
 } run_out;
 
 static void run_out_free(run_out *r) {
-    for (int i = 0; i < r->n; i++) free(r->vals[i]);
+    for (int i = 0; i < r->n; i++) {
+        free(r->vals[i]);
+        if (r->names) free(r->names[i]);
+    }
     free(r->vals);
     free(r->bytes);
     free(r->names);
