@@ -575,7 +575,9 @@ static int summary(train_job *j) {
         cJSON_AddNumberToObject(o, "budget_bytes", (double)s->budget_bytes);
         cJSON_AddStringToObject(o, "policy", j->offload ? a->policy : "none");
         cJSON_AddNumberToObject(o, "peak_device_bytes", (double)s->peak_device_bytes);
-        cJSON_AddNumberToObject(o, "predicted_step_s", predicted);
+        /* a resident plan is not priced on a profile of this machine */
+        if (j->offload) cJSON_AddNumberToObject(o, "predicted_step_s", predicted);
+        else cJSON_AddNullToObject(o, "predicted_step_s");
         cJSON_AddNumberToObject(o, "measured_step_s", measured);
         if (a->check) cJSON_AddBoolToObject(o, "check_passed", j->check_ok);
         char *js = cJSON_PrintUnformatted(o);
