@@ -741,6 +741,123 @@ const tide_graph *tide_trainer_graph(const tide_trainer *t);
  * there is none. */
 tide_status tide_trainer_write_trace(tide_trainer *t, const char *json_path, const char *svg_path);
 
+/* ---------------------------------------------------------------- text */
+
+/* A tokenizer read from a Hugging Face model directory: tokenizer.json (the
+ * pipeline: added tokens, normalizer, pre-tokenizer, BPE model, post-processor,
+ * decoder) with tokenizer_config.json, special_tokens_map.json and
+ * generation_config.json for BOS, EOS and stop ids when present.
+ *
+ * Supported: BPE models with a byte-level pre-tokenizer and decoder (GPT-2,
+ * Llama 3, Qwen2 style: Split regexes run with PCRE2's Unicode support) and
+ * SentencePiece-style BPE (Llama 2, TinyLlama, Mistral: the "\u2581" space
+ * marker through Prepend/Replace normalizers or the Metaspace pre-tokenizer,
+ * <0xNN> byte fallback, the Replace/ByteFallback/Fuse/Strip decoders).
+ * Anything else tokenizer.json asks for (another model type, normalizer,
+ * pre-tokenizer, decoder or post-processor) is refused by name with
+ * TIDE_E_UNSUPPORTED: never a silently different encoding.
+ *
+ * Encoding follows Hugging Face `tokenizers` id for id. Input that is not
+ * valid UTF-8 is read with each maximal invalid subpart replaced by U+FFFD
+ * (Python's errors="replace"). A tokenizer encodes on one thread at a time
+ * (it keeps a cache of words); decoding only reads it. */
+typedef struct tide_tokenizer tide_tokenizer;
+
+/* Opens `path`: a model directory, or a tokenizer.json file (the config files
+ * are then looked for beside it). Errors are recorded on ctx, which must
+ * outlive the tokenizer. Returns TIDE_OK; TIDE_E_NOT_FOUND (no tokenizer.json),
+ * TIDE_E_IO, TIDE_E_FORMAT (malformed JSON or a field of the wrong kind) or
+ * TIDE_E_UNSUPPORTED, with a message naming the file and the problem;
+ * TIDE_E_NOMEM. */
+tide_status tide_tokenizer_open(tide_ctx *ctx, const char *path, tide_tokenizer **out);
+void tide_tokenizer_free(tide_tokenizer *t);
+
+/* Ids run from 0 to tide_tokenizer_n_vocab() - 1 (the model's vocabulary and
+ * the added tokens; an id may be a hole with no piece). */
+int32_t tide_tokenizer_n_vocab(const tide_tokenizer *t);
+/* The BOS id and the main EOS id (tokenizer_config.json, special_tokens_map.json,
+ * else generation_config.json), -1 when the tokenizer names none. */
+int32_t tide_tokenizer_bos(const tide_tokenizer *t);
+int32_t tide_tokenizer_eos(const tide_tokenizer *t);
+/* Every id that ends generation: the EOS token and generation_config.json's
+ * eos_token_id (one id or a list). Returns their count; *ids (may be NULL)
+ * points at them, valid while t lives. */
+int tide_tokenizer_eos_ids(const tide_tokenizer *t, const int32_t **ids);
+bool tide_tokenizer_is_eos(const tide_tokenizer *t, int32_t id);
+/* The piece of an id as tokenizer.json spells it ("\u0120the" in byte-level
+ * vocabularies, "\u2581the" in SentencePiece ones, an added token's content),
+ * NUL-terminated, valid while t lives; NULL for an id out of range or a hole. */
+const char *tide_tokenizer_piece(const tide_tokenizer *t, int32_t id);
+/* true for an added token marked special (<s>, <|eot_id|>, ...). */
+bool tide_tokenizer_is_special(const tide_tokenizer *t, int32_t id);
+/* The id whose piece is exactly `piece` (an added token's content or a
+ * vocabulary entry), or -1. */
+int32_t tide_tokenizer_find(const tide_tokenizer *t, const char *piece);
+
+/* Encoding flags. */
+enum {
+    /* Add what the tokenizer adds around a text, as transformers'
+     * add_special_tokens=True: tokenizer.json's TemplateProcessing (or
+     * Roberta/Bert) single template, else tokenizer_config.json's add_bos_token
+     * / add_eos_token. Usually the BOS. */
+    TIDE_TOKENIZE_ADD_SPECIAL = 1u << 0,
+    /* Special tokens' text in the input ("<|eot_id|>") is not the special
+     * token but ordinary text (transformers' split_special_tokens=True), as
+     * untrusted input should be read. Non-special added tokens still match. */
+    TIDE_TOKENIZE_SPECIAL_AS_TEXT = 1u << 1,
+};
+
+/* Encodes text[0..len) (bytes; NUL is ordinary text). Writes the first
+ * min(total, cap) ids into ids (may be NULL with cap 0) and the total into
+ * *n_ids: when *n_ids > cap, call again with room for *n_ids. Returns TIDE_OK,
+ * TIDE_E_INVALID (NULL arguments, unknown flags) or TIDE_E_NOMEM; a
+ * pre-tokenizer regex failing on the input (PCRE2's match limits) is
+ * TIDE_E_INVALID naming the pattern. */
+tide_status tide_tokenizer_encode(tide_tokenizer *t, const char *text, size_t len, unsigned flags,
+                                  int32_t *ids, size_t cap, size_t *n_ids);
+
+/* Decoding flags. */
+enum {
+    TIDE_DECODE_SKIP_SPECIAL = 1u << 0, /* special tokens decode to nothing */
+};
+
+/* Decodes ids[0..n) to UTF-8 text, as tokenizer.json's decoder does, with
+ * every maximal invalid subpart of the bytes replaced by U+FFFD. Writes the
+ * first min(total, cap - 1) bytes and a NUL into buf (cap > 0) and the total
+ * length into *len: when *len >= cap, call again with room for *len + 1.
+ * Equals the concatenation of a tide_detok's output over the same ids. Returns
+ * TIDE_OK, TIDE_E_RANGE (an id out of range or a hole: the message names it)
+ * or TIDE_E_NOMEM. */
+tide_status tide_tokenizer_decode(const tide_tokenizer *t, const int32_t *ids, size_t n, unsigned flags,
+                                  char *buf, size_t cap, size_t *len);
+
+/* Streaming decode, for printing tokens as they are generated: each id gives
+ * the text it completes. A token that ends inside a UTF-8 sequence gives
+ * nothing until the sequence completes; bytes that cannot complete one give
+ * U+FFFD. Decoder rules that depend on the position (the first token's space
+ * marker, Strip of leading spaces) apply to the stream as to one decode.
+ *
+ * One difference from `tokenizers`: its ByteFallback decoder turns a whole run
+ * of <0xNN> tokens that is not valid UTF-8 into one U+FFFD per token, valid
+ * characters in the run included, which cannot be printed as it streams; tide
+ * replaces each maximal invalid subpart instead (the same for valid text). */
+typedef struct tide_detok tide_detok;
+
+/* flags: TIDE_DECODE_*. The tokenizer must outlive the stream. Returns TIDE_OK
+ * or TIDE_E_NOMEM. */
+tide_status tide_detok_new(const tide_tokenizer *t, unsigned flags, tide_detok **out);
+void tide_detok_free(tide_detok *d);
+/* Feeds one id. *text receives the newly printable text (NUL-terminated, valid
+ * until the next call on d), *len its length (0 when nothing completes).
+ * Returns TIDE_OK, TIDE_E_RANGE (an id out of range or a hole; the stream is
+ * unchanged) or TIDE_E_NOMEM. */
+tide_status tide_detok_push(tide_detok *d, int32_t id, const char **text, size_t *len);
+/* Ends the stream: bytes of an unfinished sequence give U+FFFD. The stream is
+ * then empty again, as after tide_detok_reset. */
+tide_status tide_detok_finish(tide_detok *d, const char **text, size_t *len);
+/* Starts a new stream (the next id is the first again). */
+void tide_detok_reset(tide_detok *d);
+
 #ifdef __cplusplus
 }
 #endif

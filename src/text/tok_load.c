@@ -1,0 +1,925 @@
+/*
+ * tok_load.c - a Hugging Face tokenizer.json (and the config files beside it)
+ * into a tide_tokenizer.
+ *
+ * What is read, and what each part becomes (tok_int.h):
+ *   model            BPE only: vocab (string -> id), merges ("a b" strings or
+ *                    [a, b] pairs; rank = position), unk_token, fuse_unk,
+ *                    byte_fallback, ignore_merges. dropout, a continuing
+ *                    subword prefix or an end-of-word suffix are refused.
+ *   added_tokens     content, id, special, lstrip, rstrip, single_word,
+ *                    normalized (normalized contents are passed through the
+ *                    normalizer, as `tokenizers` matches them on normalized text)
+ *   normalizer       Sequence, Prepend, Replace (String or Regex pattern)
+ *   pre_tokenizer    Sequence, Split (Regex or String; every behavior; invert),
+ *                    ByteLevel (last: the model then works on bytes, see
+ *                    below), Metaspace
+ *   post_processor   TemplateProcessing (single template), Roberta/Bert
+ *                    (cls ... sep), ByteLevel (nothing for ids), Sequence
+ *   decoder          Sequence, ByteLevel, Replace (String), ByteFallback, Fuse,
+ *                    Strip (from the start only, after Fuse), Metaspace
+ *   truncation, padding: ignored, as transformers' fast tokenizers reset them.
+ * Every other type is TIDE_E_UNSUPPORTED naming it and where it sits.
+ *
+ * Byte-level vocabularies spell each byte as a printable character (GPT-2's
+ * table, utf8.c). The model here works on the bytes themselves: the symbol
+ * map (t->vocab) holds each entry's bytes, so a word needs no translation to
+ * the table's characters and back. Entries that are not spelled in the table
+ * (added tokens' own strings) cannot come out of BPE on bytes and are kept out
+ * of the symbol map; the names map (every piece, for tide_tokenizer_find and
+ * the merges) keeps them.
+ *
+ * BOS and EOS: tokenizer_config.json's bos_token / eos_token (a string or an
+ * object with "content"), else special_tokens_map.json's, else
+ * generation_config.json's bos_token_id / eos_token_id; every id of
+ * generation_config.json's eos_token_id (one or a list) also stops generation.
+ */
+#include "text/tok_int.h"
+
+#include <cjson/cJSON.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define TOKENIZER_JSON_MAX (512ull << 20)
+#define CONFIG_JSON_MAX (64ull << 20)
+
+/* State of one load: the tokenizer, its file, and the names map. */
+typedef struct loader {
+    tide_tokenizer *t;
+    const char *file;
+    tok_smap names;       /* every piece -> id (vocabulary and added tokens) */
+    bool has_template;    /* the post-processor adds tokens */
+} loader;
+
+static tide_status fail(loader *L, tide_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static tide_status fail(loader *L, tide_status st, const char *fmt, ...) {
+    char msg[TIDE_ERRMSG_MAX - 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return tide_err(L->t->ctx, st, "%s: %s", L->file, msg);
+}
+
+static tide_status nomem(loader *L) { return fail(L, TIDE_E_NOMEM, "out of memory"); }
+
+/* ------------------------------------------------------------ regexes */
+
+tide_status tok_regex_compile(tide_tokenizer *t, const char *what, const char *pattern, bool literal,
+                              tok_regex *re) {
+    int err;
+    PCRE2_SIZE off;
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
+    re->code = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, opts, &err, &off, NULL);
+    if (!re->code) {
+        PCRE2_UCHAR buf[256];
+        pcre2_get_error_message(err, buf, sizeof buf);
+        return tide_err(t->ctx, TIDE_E_FORMAT, "%s: %s '%s': bad regex at offset %zu: %s", t->json_path, what,
+                        pattern, (size_t)off, (const char *)buf);
+    }
+    re->jit = pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE) == 0;
+    return TIDE_OK;
+}
+
+void tok_regex_free(tok_regex *re) {
+    if (re->code) pcre2_code_free(re->code);
+    re->code = NULL;
+}
+
+int tok_regex_find(tide_tokenizer *t, const tok_regex *re, const uint8_t *s, size_t n, size_t from, size_t *ms,
+                   size_t *me) {
+    int rc = re->jit ? pcre2_jit_match(re->code, s, n, from, PCRE2_NO_UTF_CHECK, t->md, NULL)
+                     : pcre2_match(re->code, s, n, from, PCRE2_NO_UTF_CHECK, t->md, NULL);
+    if (rc == PCRE2_ERROR_NOMATCH) return 0;
+    if (rc < 0) return rc;
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);
+    *ms = ov[0];
+    *me = ov[1];
+    return 1;
+}
+
+/* ------------------------------------------------------------ JSON helpers */
+
+static const char *type_of(const cJSON *o) {
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+    return cJSON_IsString(ty) ? ty->valuestring : NULL;
+}
+
+static bool get_bool(const cJSON *o, const char *k, bool dflt) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (cJSON_IsBool(v)) return cJSON_IsTrue(v);
+    return dflt;
+}
+
+static const char *get_str(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* A pattern object {"String": s} or {"Regex": r}. */
+static tide_status get_pattern(loader *L, const cJSON *o, const char *where, const char **pat, bool *literal) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "pattern");
+    const char *s;
+    if ((s = get_str(p, "String"))) {
+        *pat = s;
+        *literal = true;
+    } else if ((s = get_str(p, "Regex"))) {
+        *pat = s;
+        *literal = false;
+    } else {
+        return fail(L, TIDE_E_FORMAT, "%s: missing pattern (an object with \"String\" or \"Regex\")", where);
+    }
+    return TIDE_OK;
+}
+
+/* One character, as a UTF-8 string of at most 4 bytes, into out[8]. */
+static tide_status get_char(loader *L, const char *s, const char *where, char out[8]) {
+    size_t n = s ? strlen(s) : 0, m;
+    bool inc;
+    if (!n || tok_utf8_next((const uint8_t *)s, n, &m, &inc) != (int)n)
+        return fail(L, TIDE_E_FORMAT, "%s: expected one character, got '%s'", where, s ? s : "(none)");
+    memcpy(out, s, n + 1);
+    return TIDE_OK;
+}
+
+static tide_status get_scheme(loader *L, const cJSON *o, const char *where, tok_prepend_scheme *sc) {
+    const char *s = get_str(o, "prepend_scheme");
+    if (!s) { /* the older form */
+        *sc = get_bool(o, "add_prefix_space", true) ? TOK_PREPEND_ALWAYS : TOK_PREPEND_NEVER;
+        return TIDE_OK;
+    }
+    if (!strcmp(s, "always")) *sc = TOK_PREPEND_ALWAYS;
+    else if (!strcmp(s, "first")) *sc = TOK_PREPEND_FIRST;
+    else if (!strcmp(s, "never")) *sc = TOK_PREPEND_NEVER;
+    else return fail(L, TIDE_E_UNSUPPORTED, "%s: prepend_scheme '%s' is not supported", where, s);
+    return TIDE_OK;
+}
+
+/* Calls fn on every element of a Sequence (key names its list) or on o. */
+typedef tide_status (*part_fn)(loader *L, const cJSON *o);
+static tide_status each_part(loader *L, const cJSON *o, const char *what, const char *key, part_fn fn) {
+    if (!cJSON_IsObject(o)) return fail(L, TIDE_E_FORMAT, "%s is not an object", what);
+    const char *ty = type_of(o);
+    if (ty && !strcmp(ty, "Sequence")) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(o, key);
+        if (!cJSON_IsArray(list)) return fail(L, TIDE_E_FORMAT, "%s Sequence without a \"%s\" list", what, key);
+        const cJSON *e;
+        cJSON_ArrayForEach(e, list) {
+            tide_status st = each_part(L, e, what, key, fn);
+            if (st) return st;
+        }
+        return TIDE_OK;
+    }
+    if (!ty) return fail(L, TIDE_E_FORMAT, "%s without a \"type\"", what);
+    return fn(L, o);
+}
+
+static int grow_array(void **arr, int n, size_t elem) {
+    void *p = tide_realloc(*arr, (size_t)(n + 1) * elem);
+    if (!p) return -1;
+    *arr = p;
+    return 0;
+}
+
+/* ------------------------------------------------------------ normalizer */
+
+static tide_status add_norm(loader *L, const cJSON *o) {
+    tide_tokenizer *t = L->t;
+    const char *ty = type_of(o);
+    tok_norm nm = {0};
+    if (!strcmp(ty, "Prepend")) {
+        const char *p = get_str(o, "prepend");
+        if (!p) return fail(L, TIDE_E_FORMAT, "normalizer Prepend without a \"prepend\" string");
+        nm.kind = TOK_NORM_PREPEND;
+        if (!(nm.str = tide_strdup(p))) return nomem(L);
+    } else if (!strcmp(ty, "Replace")) {
+        const char *pat = NULL, *content = get_str(o, "content");
+        bool lit = false;
+        tide_status st = get_pattern(L, o, "normalizer Replace", &pat, &lit);
+        if (st) return st;
+        if (!content) return fail(L, TIDE_E_FORMAT, "normalizer Replace without a \"content\" string");
+        nm.kind = TOK_NORM_REPLACE;
+        if (!(nm.str = tide_strdup(content))) return nomem(L);
+        if ((st = tok_regex_compile(t, "normalizer Replace pattern", pat, lit, &nm.re))) {
+            tide_free(nm.str);
+            return st;
+        }
+    } else {
+        return fail(L, TIDE_E_UNSUPPORTED,
+                    "normalizer %s is not supported (tide supports Sequence, Prepend and Replace)", ty);
+    }
+    if (grow_array((void **)&t->norm, t->n_norm, sizeof *t->norm)) {
+        tide_free(nm.str);
+        tok_regex_free(&nm.re);
+        return nomem(L);
+    }
+    t->norm[t->n_norm++] = nm;
+    return TIDE_OK;
+}
+
+/* ------------------------------------------------------------ pre-tokenizer */
+
+/* GPT-2's split, which ByteLevel applies when use_regex is set. */
+static const char gpt2_regex[] =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+static tide_status add_pre(loader *L, const cJSON *o) {
+    tide_tokenizer *t = L->t;
+    const char *ty = type_of(o);
+    tok_pre p = {0};
+    tide_status st;
+    if (t->n_pre && t->pre[t->n_pre - 1].kind == TOK_PRE_BYTELEVEL)
+        return fail(L, TIDE_E_UNSUPPORTED, "pre_tokenizer %s after ByteLevel is not supported (ByteLevel must be last)",
+                    ty);
+    if (!strcmp(ty, "Split")) {
+        const char *pat = NULL, *beh = get_str(o, "behavior");
+        bool lit = false;
+        if ((st = get_pattern(L, o, "pre_tokenizer Split", &pat, &lit))) return st;
+        p.kind = TOK_PRE_SPLIT;
+        p.invert = get_bool(o, "invert", false);
+        if (!beh) return fail(L, TIDE_E_FORMAT, "pre_tokenizer Split without a \"behavior\"");
+        if (!strcmp(beh, "Removed")) p.behavior = TOK_SPLIT_REMOVED;
+        else if (!strcmp(beh, "Isolated")) p.behavior = TOK_SPLIT_ISOLATED;
+        else if (!strcmp(beh, "MergedWithPrevious")) p.behavior = TOK_SPLIT_MERGED_PREV;
+        else if (!strcmp(beh, "MergedWithNext")) p.behavior = TOK_SPLIT_MERGED_NEXT;
+        else if (!strcmp(beh, "Contiguous")) p.behavior = TOK_SPLIT_CONTIGUOUS;
+        else return fail(L, TIDE_E_UNSUPPORTED, "pre_tokenizer Split behavior '%s' is not supported", beh);
+        if ((st = tok_regex_compile(t, "pre_tokenizer Split pattern", pat, lit, &p.re))) return st;
+    } else if (!strcmp(ty, "ByteLevel")) {
+        p.kind = TOK_PRE_BYTELEVEL;
+        p.add_prefix_space = get_bool(o, "add_prefix_space", true);
+        p.use_regex = get_bool(o, "use_regex", true);
+        p.behavior = TOK_SPLIT_ISOLATED;
+        if (p.use_regex && (st = tok_regex_compile(t, "pre_tokenizer ByteLevel regex", gpt2_regex, false, &p.re)))
+            return st;
+        t->byte_level = true;
+    } else if (!strcmp(ty, "Metaspace")) {
+        p.kind = TOK_PRE_METASPACE;
+        if ((st = get_char(L, get_str(o, "replacement"), "pre_tokenizer Metaspace replacement", p.rep))) return st;
+        if ((st = get_scheme(L, o, "pre_tokenizer Metaspace", &p.scheme))) return st;
+        p.split = get_bool(o, "split", true);
+    } else {
+        return fail(L, TIDE_E_UNSUPPORTED,
+                    "pre_tokenizer %s is not supported (tide supports Sequence, Split, ByteLevel and Metaspace)",
+                    ty);
+    }
+    if (grow_array((void **)&t->pre, t->n_pre, sizeof *t->pre)) {
+        tok_regex_free(&p.re);
+        return nomem(L);
+    }
+    t->pre[t->n_pre++] = p;
+    return TIDE_OK;
+}
+
+/* ------------------------------------------------------------ decoder */
+
+static tide_status add_dec(loader *L, const cJSON *o) {
+    tide_tokenizer *t = L->t;
+    const char *ty = type_of(o);
+    tok_dec d = {0};
+    tide_status st;
+    if (!strcmp(ty, "ByteLevel")) {
+        d.kind = TOK_DEC_BYTELEVEL;
+    } else if (!strcmp(ty, "ByteFallback")) {
+        d.kind = TOK_DEC_BYTEFALLBACK;
+    } else if (!strcmp(ty, "Fuse")) {
+        d.kind = TOK_DEC_FUSE;
+    } else if (!strcmp(ty, "Replace")) {
+        const char *pat = NULL, *content = get_str(o, "content");
+        bool lit = false;
+        if ((st = get_pattern(L, o, "decoder Replace", &pat, &lit))) return st;
+        if (!lit) return fail(L, TIDE_E_UNSUPPORTED, "decoder Replace with a Regex pattern is not supported");
+        if (!content || !*pat) return fail(L, TIDE_E_FORMAT, "decoder Replace without a pattern or content");
+        d.kind = TOK_DEC_REPLACE;
+        d.from = tide_strdup(pat);
+        d.to = tide_strdup(content);
+        if (!d.from || !d.to) {
+            tide_free(d.from);
+            tide_free(d.to);
+            return nomem(L);
+        }
+    } else if (!strcmp(ty, "Metaspace")) {
+        d.kind = TOK_DEC_METASPACE;
+        if ((st = get_char(L, get_str(o, "replacement"), "decoder Metaspace replacement", d.rep))) return st;
+        if ((st = get_scheme(L, o, "decoder Metaspace", &d.scheme))) return st;
+    } else if (!strcmp(ty, "Strip")) {
+        const cJSON *start = cJSON_GetObjectItemCaseSensitive(o, "start");
+        const cJSON *stop = cJSON_GetObjectItemCaseSensitive(o, "stop");
+        d.kind = TOK_DEC_STRIP;
+        if ((st = get_char(L, get_str(o, "content"), "decoder Strip content", d.strip))) return st;
+        if (!cJSON_IsNumber(start) || start->valuedouble < 0 || start->valuedouble > 1e6)
+            return fail(L, TIDE_E_FORMAT, "decoder Strip without a valid \"start\"");
+        if (cJSON_IsNumber(stop) && stop->valuedouble != 0)
+            return fail(L, TIDE_E_UNSUPPORTED, "decoder Strip from the end (stop %g) is not supported",
+                        stop->valuedouble);
+        bool fused = false;
+        for (int i = 0; i < t->n_dec; i++) fused |= t->dec[i].kind == TOK_DEC_FUSE;
+        if (!fused) return fail(L, TIDE_E_UNSUPPORTED, "decoder Strip before a Fuse (per token) is not supported");
+        d.strip_start = (int)start->valuedouble;
+    } else {
+        return fail(L, TIDE_E_UNSUPPORTED,
+                    "decoder %s is not supported (tide supports Sequence, ByteLevel, Replace, ByteFallback, Fuse, "
+                    "Strip and Metaspace)",
+                    ty);
+    }
+    if (grow_array((void **)&t->dec, t->n_dec, sizeof *t->dec)) {
+        tide_free(d.from);
+        tide_free(d.to);
+        return nomem(L);
+    }
+    t->dec[t->n_dec++] = d;
+    return TIDE_OK;
+}
+
+/* ------------------------------------------------------------ post-processor */
+
+static tide_status append_ids(loader *L, int32_t **arr, int *n, const int32_t *ids, int k) {
+    int32_t *p = tide_realloc(*arr, (size_t)(*n + k + 1) * sizeof *p);
+    if (!p) return nomem(L);
+    memcpy(p + *n, ids, (size_t)k * sizeof *ids);
+    *arr = p;
+    *n += k;
+    return TIDE_OK;
+}
+
+static tide_status add_post(loader *L, const cJSON *o) {
+    tide_tokenizer *t = L->t;
+    const char *ty = type_of(o);
+    tide_status st;
+    if (!strcmp(ty, "ByteLevel")) return TIDE_OK; /* offsets only */
+    if (L->has_template)
+        return fail(L, TIDE_E_UNSUPPORTED, "post_processor: a second post-processor adding tokens (%s)", ty);
+    if (!strcmp(ty, "TemplateProcessing")) {
+        const cJSON *single = cJSON_GetObjectItemCaseSensitive(o, "single");
+        const cJSON *specials = cJSON_GetObjectItemCaseSensitive(o, "special_tokens");
+        if (!cJSON_IsArray(single)) return fail(L, TIDE_E_FORMAT, "post_processor TemplateProcessing without \"single\"");
+        bool seen_a = false;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, single) {
+            const cJSON *sp = cJSON_GetObjectItemCaseSensitive(e, "SpecialToken");
+            const cJSON *sq = cJSON_GetObjectItemCaseSensitive(e, "Sequence");
+            if (sq) {
+                if (seen_a) return fail(L, TIDE_E_UNSUPPORTED, "post_processor template with two sequences");
+                seen_a = true;
+                continue;
+            }
+            const char *name = get_str(sp, "id");
+            if (!name) return fail(L, TIDE_E_FORMAT, "post_processor template item is neither a Sequence nor a SpecialToken");
+            const cJSON *def = cJSON_GetObjectItemCaseSensitive(specials, name);
+            const cJSON *ids = cJSON_GetObjectItemCaseSensitive(def, "ids");
+            if (!cJSON_IsArray(ids))
+                return fail(L, TIDE_E_FORMAT, "post_processor template names '%s', which special_tokens does not define",
+                            name);
+            const cJSON *x;
+            cJSON_ArrayForEach(x, ids) {
+                if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble >= INT32_MAX)
+                    return fail(L, TIDE_E_FORMAT, "post_processor special token '%s': bad id", name);
+                int32_t id = (int32_t)x->valuedouble;
+                if ((st = seen_a ? append_ids(L, &t->suffix, &t->n_suffix, &id, 1)
+                                 : append_ids(L, &t->prefix, &t->n_prefix, &id, 1)))
+                    return st;
+            }
+        }
+        if (!seen_a) return fail(L, TIDE_E_FORMAT, "post_processor template without the sequence $A");
+    } else if (!strcmp(ty, "RobertaProcessing") || !strcmp(ty, "BertProcessing")) {
+        const cJSON *cls = cJSON_GetObjectItemCaseSensitive(o, "cls");
+        const cJSON *sep = cJSON_GetObjectItemCaseSensitive(o, "sep");
+        const cJSON *ci = cJSON_GetArrayItem(cls, 1), *si = cJSON_GetArrayItem(sep, 1);
+        if (!cJSON_IsNumber(ci) || !cJSON_IsNumber(si))
+            return fail(L, TIDE_E_FORMAT, "post_processor %s without [token, id] pairs for cls and sep", ty);
+        int32_t c = (int32_t)ci->valuedouble, s = (int32_t)si->valuedouble;
+        if ((st = append_ids(L, &t->prefix, &t->n_prefix, &c, 1))) return st;
+        if ((st = append_ids(L, &t->suffix, &t->n_suffix, &s, 1))) return st;
+    } else {
+        return fail(L, TIDE_E_UNSUPPORTED,
+                    "post_processor %s is not supported (tide supports TemplateProcessing, RobertaProcessing, "
+                    "BertProcessing, ByteLevel and Sequence)",
+                    ty);
+    }
+    L->has_template = true;
+    return TIDE_OK;
+}
+
+/* ------------------------------------------------------------ model */
+
+static tide_status set_piece(loader *L, int32_t id, const char *s) {
+    tide_tokenizer *t = L->t;
+    char *c = tide_strdup(s);
+    if (!c) return nomem(L);
+    tide_free(t->pieces[id]);
+    t->pieces[id] = c;
+    t->piece_len[id] = (uint32_t)strlen(s);
+    return TIDE_OK;
+}
+
+/* The bytes a byte-level vocabulary entry spells, into out (room for strlen(s));
+ * returns their count, or -1 when a character is not in the byte table. */
+static long bytelevel_bytes(const char *s, uint8_t *out) {
+    const uint8_t *p = (const uint8_t *)s;
+    size_t n = strlen(s), i = 0, m;
+    long k = 0;
+    bool inc;
+    while (i < n) {
+        int l = tok_utf8_next(p + i, n - i, &m, &inc);
+        if (!l) return -1;
+        int b = tok_char_byte(tok_utf8_decode(p + i, l));
+        if (b < 0) return -1;
+        out[k++] = (uint8_t)b;
+        i += (size_t)l;
+    }
+    return k;
+}
+
+static tide_status read_vocab(loader *L, const cJSON *vocab) {
+    tide_tokenizer *t = L->t;
+    int64_t max_id = -1;
+    int n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, vocab) {
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= (1 << 30) ||
+            e->valuedouble != (double)(int64_t)e->valuedouble)
+            return fail(L, TIDE_E_FORMAT, "model.vocab: entry '%s' has no valid id", e->string);
+        if ((int64_t)e->valuedouble > max_id) max_id = (int64_t)e->valuedouble;
+        n++;
+    }
+    if (n == 0) return fail(L, TIDE_E_FORMAT, "model.vocab is empty");
+    t->n_vocab = (int32_t)(max_id + 1);
+    if (tok_smap_init(&t->vocab, (size_t)n) || tok_smap_init(&L->names, (size_t)n)) return nomem(L);
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    tide_status st = TIDE_OK;
+    cJSON_ArrayForEach(e, vocab) {
+        int32_t id = (int32_t)e->valuedouble;
+        const char *s = e->string;
+        size_t len = strlen(s);
+        if (tok_smap_put(&L->names, s, len, id)) goto oom;
+        if (!t->byte_level) {
+            if (tok_smap_put(&t->vocab, s, len, id)) goto oom;
+        } else {
+            if (len > cap) {
+                uint8_t *b = tide_realloc(buf, len);
+                if (!b) goto oom;
+                buf = b;
+                cap = len;
+            }
+            long k = bytelevel_bytes(s, buf);
+            if (k >= 0 && tok_smap_put(&t->vocab, buf, (size_t)k, id)) goto oom;
+        }
+    }
+    tide_free(buf);
+    return st;
+oom:
+    tide_free(buf);
+    return nomem(L);
+}
+
+static int32_t name_id(loader *L, const char *s) { return tok_smap_get(&L->names, s, strlen(s)); }
+
+static tide_status read_merges(loader *L, const cJSON *merges) {
+    tide_tokenizer *t = L->t;
+    int n = cJSON_GetArraySize(merges);
+    if (tok_mmap_init(&t->merges, (size_t)n)) return nomem(L);
+    char *joined = NULL;
+    size_t cap = 0;
+    int rank = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, merges) {
+        const char *a, *b;
+        size_t la, lb;
+        if (cJSON_IsString(e)) {
+            const char *sp = strchr(e->valuestring, ' ');
+            if (!sp || sp == e->valuestring || !sp[1] || strchr(sp + 1, ' ')) {
+                tide_free(joined);
+                return fail(L, TIDE_E_FORMAT, "model.merges[%d] '%s' is not two tokens separated by a space", rank,
+                            e->valuestring);
+            }
+            a = e->valuestring;
+            la = (size_t)(sp - a);
+            b = sp + 1;
+            lb = strlen(b);
+        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(cJSON_GetArrayItem(e, 0)) &&
+                   cJSON_IsString(cJSON_GetArrayItem(e, 1))) {
+            a = cJSON_GetArrayItem(e, 0)->valuestring;
+            b = cJSON_GetArrayItem(e, 1)->valuestring;
+            la = strlen(a);
+            lb = strlen(b);
+        } else {
+            tide_free(joined);
+            return fail(L, TIDE_E_FORMAT, "model.merges[%d] is neither \"a b\" nor [\"a\", \"b\"]", rank);
+        }
+        if (la + lb + 1 > cap) {
+            cap = (la + lb + 1) * 2;
+            char *j = tide_realloc(joined, cap);
+            if (!j) {
+                tide_free(joined);
+                return nomem(L);
+            }
+            joined = j;
+        }
+        memcpy(joined, a, la);
+        joined[la] = 0;
+        int32_t ia = tok_smap_get(&L->names, joined, la);
+        int32_t ib = tok_smap_get(&L->names, b, lb);
+        memcpy(joined + la, b, lb);
+        joined[la + lb] = 0;
+        int32_t ij = tok_smap_get(&L->names, joined, la + lb);
+        if (ia < 0 || ib < 0 || ij < 0) {
+            joined[la] = 0;
+            tide_status st = fail(L, TIDE_E_FORMAT, "model.merges[%d]: '%s' is not in the vocabulary", rank,
+                                  ia < 0 ? joined : ib < 0 ? b : joined);
+            if (ij < 0 && ia >= 0 && ib >= 0) {
+                memcpy(joined + la, b, lb);
+                joined[la + lb] = 0;
+                st = fail(L, TIDE_E_FORMAT, "model.merges[%d]: the merged token '%s' is not in the vocabulary", rank,
+                          joined);
+            }
+            tide_free(joined);
+            return st;
+        }
+        if (tok_mmap_put(&t->merges, ia, ib, rank, ij) < 0) {
+            tide_free(joined);
+            return nomem(L);
+        }
+        rank++;
+    }
+    tide_free(joined);
+    return TIDE_OK;
+}
+
+static tide_status read_model(loader *L, const cJSON *m) {
+    tide_tokenizer *t = L->t;
+    if (!cJSON_IsObject(m)) return fail(L, TIDE_E_FORMAT, "no \"model\" object");
+    const char *ty = type_of(m);
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(m, "vocab");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(m, "merges");
+    if (ty && strcmp(ty, "BPE"))
+        return fail(L, TIDE_E_UNSUPPORTED, "model type %s is not supported (tide reads BPE models)", ty);
+    if (!ty && !cJSON_IsArray(merges))
+        return fail(L, TIDE_E_UNSUPPORTED, "model without a type or merges is not supported (tide reads BPE models)");
+    if (!cJSON_IsObject(vocab)) return fail(L, TIDE_E_FORMAT, "model.vocab is not an object");
+    if (!cJSON_IsArray(merges)) return fail(L, TIDE_E_FORMAT, "model.merges is not a list");
+    const cJSON *drop = cJSON_GetObjectItemCaseSensitive(m, "dropout");
+    if (cJSON_IsNumber(drop) && drop->valuedouble != 0)
+        return fail(L, TIDE_E_UNSUPPORTED, "model.dropout %g is not supported (encoding would be random)",
+                    drop->valuedouble);
+    const char *pre = get_str(m, "continuing_subword_prefix"), *suf = get_str(m, "end_of_word_suffix");
+    if (pre && *pre) return fail(L, TIDE_E_UNSUPPORTED, "model.continuing_subword_prefix '%s' is not supported", pre);
+    if (suf && *suf) return fail(L, TIDE_E_UNSUPPORTED, "model.end_of_word_suffix '%s' is not supported", suf);
+    t->byte_fallback = get_bool(m, "byte_fallback", false);
+    t->fuse_unk = get_bool(m, "fuse_unk", false);
+    t->ignore_merges = get_bool(m, "ignore_merges", false);
+    tide_status st = read_vocab(L, vocab);
+    if (st) return st;
+    t->pieces = tide_calloc((size_t)t->n_vocab, sizeof *t->pieces);
+    t->piece_len = tide_calloc((size_t)t->n_vocab, sizeof *t->piece_len);
+    t->flags = tide_calloc((size_t)t->n_vocab, 1);
+    if (!t->pieces || !t->piece_len || !t->flags) return nomem(L);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, vocab) if ((st = set_piece(L, (int32_t)e->valuedouble, e->string))) return st;
+    if ((st = read_merges(L, merges))) return st;
+    const char *unk = get_str(m, "unk_token");
+    t->unk_id = -1;
+    if (unk && (t->unk_id = tok_smap_get(&L->names, unk, strlen(unk))) < 0)
+        return fail(L, TIDE_E_FORMAT, "model.unk_token '%s' is not in the vocabulary", unk);
+    for (int b = 0; b < 256; b++) {
+        char s[8];
+        if (t->byte_level) {
+            s[tok_utf8_put(tok_byte_char((uint8_t)b), (uint8_t *)s)] = 0;
+        } else {
+            snprintf(s, sizeof s, "<0x%02X>", b);
+        }
+        t->byte_id[b] = (t->byte_level || t->byte_fallback) ? name_id(L, s) : -1;
+    }
+    return TIDE_OK;
+}
+
+/* ------------------------------------------------------------ added tokens */
+
+static tide_status grow_vocab(loader *L, int32_t id) {
+    tide_tokenizer *t = L->t;
+    if (id < t->n_vocab) return TIDE_OK;
+    size_t n = (size_t)id + 1;
+    char **p = tide_realloc(t->pieces, n * sizeof *p);
+    if (!p) return nomem(L);
+    t->pieces = p;
+    uint32_t *pl = tide_realloc(t->piece_len, n * sizeof *pl);
+    if (!pl) return nomem(L);
+    t->piece_len = pl;
+    uint8_t *f = tide_realloc(t->flags, n);
+    if (!f) return nomem(L);
+    t->flags = f;
+    for (size_t i = (size_t)t->n_vocab; i < n; i++) {
+        p[i] = NULL;
+        pl[i] = 0;
+        f[i] = 0;
+    }
+    t->n_vocab = (int32_t)n;
+    return TIDE_OK;
+}
+
+static tide_status read_added(loader *L, const cJSON *list) {
+    tide_tokenizer *t = L->t;
+    if (!list || cJSON_IsNull(list)) return TIDE_OK;
+    if (!cJSON_IsArray(list)) return fail(L, TIDE_E_FORMAT, "added_tokens is not a list");
+    int n = cJSON_GetArraySize(list);
+    t->added = tide_calloc((size_t)n + 1, sizeof *t->added);
+    if (!t->added) return nomem(L);
+    const cJSON *e;
+    int i = 0;
+    tide_status st;
+    cJSON_ArrayForEach(e, list) {
+        const char *content = get_str(e, "content");
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
+        if (!content || !*content || !cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 30))
+            return fail(L, TIDE_E_FORMAT, "added_tokens[%d] without a content or a valid id", i);
+        tok_added *a = &t->added[t->n_added];
+        a->id = (int32_t)id->valuedouble;
+        a->special = get_bool(e, "special", false);
+        a->lstrip = get_bool(e, "lstrip", false);
+        a->rstrip = get_bool(e, "rstrip", false);
+        a->single_word = get_bool(e, "single_word", false);
+        a->normalized = get_bool(e, "normalized", !a->special);
+        if (!(a->content = tide_strdup(content))) return nomem(L);
+        a->len = strlen(content);
+        t->n_added++;
+        if ((st = grow_vocab(L, a->id))) return st;
+        if ((st = set_piece(L, a->id, content))) return st;
+        t->flags[a->id] |= TOK_F_ADDED | (a->special ? TOK_F_SPECIAL : 0);
+        if (tok_smap_put(&L->names, content, a->len, a->id)) return nomem(L);
+        i++;
+    }
+    /* normalized contents are matched on normalized text */
+    for (int k = 0; k < t->n_added; k++) {
+        tok_added *a = &t->added[k];
+        if (!a->normalized || !t->n_norm) continue;
+        const uint8_t *out;
+        size_t on;
+        tok_arena_reset(&t->arena);
+        if ((st = tok_normalize(t, (const uint8_t *)a->content, a->len, &out, &on))) return st;
+        char *c = tide_malloc(on + 1);
+        if (!c) return nomem(L);
+        memcpy(c, out, on);
+        c[on] = 0;
+        tide_free(a->content);
+        a->content = c;
+        a->len = on;
+    }
+    if (tok_added_pass_build(t, &t->pass_raw, false) || tok_added_pass_build(t, &t->pass_norm, true))
+        return nomem(L);
+    return TIDE_OK;
+}
+
+/* ------------------------------------------------------------ config files */
+
+static tide_status read_json(tide_ctx *ctx, const char *path, uint64_t max, bool optional, cJSON **out) {
+    char *text;
+    size_t len;
+    *out = NULL;
+    struct stat sb;
+    if (optional && stat(path, &sb) != 0 && errno == ENOENT) return TIDE_OK;
+    tide_status st = tide_read_text_file(ctx, path, max, &text, &len);
+    if (st) return st;
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, false);
+    if (!j) {
+        size_t at = end && end >= text && end <= text + len ? (size_t)(end - text) : 0;
+        tide_free(text);
+        return tide_err(ctx, TIDE_E_FORMAT, "%s: malformed JSON near byte %zu", path, at);
+    }
+    tide_free(text);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return tide_err(ctx, TIDE_E_FORMAT, "%s: not a JSON object", path);
+    }
+    *out = j;
+    return TIDE_OK;
+}
+
+/* bos_token / eos_token: a string, or an object with "content". */
+static const char *token_name(const cJSON *cfg, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (cJSON_IsString(v)) return v->valuestring;
+    return get_str(v, "content");
+}
+
+static tide_status add_eos(loader *L, int32_t id) {
+    tide_tokenizer *t = L->t;
+    if (id < 0) return TIDE_OK;
+    for (int i = 0; i < t->n_eos; i++)
+        if (t->eos_ids[i] == id) return TIDE_OK;
+    return append_ids(L, &t->eos_ids, &t->n_eos, &id, 1);
+}
+
+static tide_status read_configs(loader *L, const char *dir) {
+    tide_tokenizer *t = L->t;
+    char path[4200];
+    cJSON *cfg = NULL, *stm = NULL, *gen = NULL;
+    tide_status st;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if ((st = read_json(t->ctx, path, CONFIG_JSON_MAX, true, &cfg))) return st;
+    snprintf(path, sizeof path, "%s/special_tokens_map.json", dir);
+    if ((st = read_json(t->ctx, path, CONFIG_JSON_MAX, true, &stm))) goto out;
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    if ((st = read_json(t->ctx, path, CONFIG_JSON_MAX, true, &gen))) goto out;
+
+    t->bos = t->eos = -1;
+    const char *bos = token_name(cfg, "bos_token"), *eos = token_name(cfg, "eos_token");
+    if (!bos) bos = token_name(stm, "bos_token");
+    if (!eos) eos = token_name(stm, "eos_token");
+    if (bos) t->bos = name_id(L, bos);
+    if (eos) t->eos = name_id(L, eos);
+    const cJSON *gb = cJSON_GetObjectItemCaseSensitive(gen, "bos_token_id");
+    const cJSON *ge = cJSON_GetObjectItemCaseSensitive(gen, "eos_token_id");
+    if (t->bos < 0 && cJSON_IsNumber(gb)) t->bos = (int32_t)gb->valuedouble;
+    if (t->eos < 0 && cJSON_IsNumber(ge)) t->eos = (int32_t)ge->valuedouble;
+    if (t->eos < 0 && cJSON_IsArray(ge) && cJSON_IsNumber(cJSON_GetArrayItem(ge, 0)))
+        t->eos = (int32_t)cJSON_GetArrayItem(ge, 0)->valuedouble;
+    if ((t->bos >= t->n_vocab) || (t->eos >= t->n_vocab)) {
+        st = tide_err(t->ctx, TIDE_E_FORMAT, "%s: bos/eos id %d outside the vocabulary (%d ids)", dir,
+                      (int)TIDE_MAX(t->bos, t->eos), (int)t->n_vocab);
+        goto out;
+    }
+    if ((st = add_eos(L, t->eos))) goto out;
+    if (cJSON_IsNumber(ge) && (st = add_eos(L, (int32_t)ge->valuedouble))) goto out;
+    const cJSON *e;
+    if (cJSON_IsArray(ge)) {
+        cJSON_ArrayForEach(e, ge) {
+            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= t->n_vocab) {
+                st = tide_err(t->ctx, TIDE_E_FORMAT, "%s/generation_config.json: eos_token_id holds a bad id", dir);
+                goto out;
+            }
+            if ((st = add_eos(L, (int32_t)e->valuedouble))) goto out;
+        }
+    }
+    /* no template in tokenizer.json: tokenizer_config.json's add_bos_token / add_eos_token */
+    if (!L->has_template) {
+        if (get_bool(cfg, "add_bos_token", false) && t->bos >= 0 &&
+            (st = append_ids(L, &t->prefix, &t->n_prefix, &t->bos, 1)))
+            goto out;
+        if (get_bool(cfg, "add_eos_token", false) && t->eos >= 0 &&
+            (st = append_ids(L, &t->suffix, &t->n_suffix, &t->eos, 1)))
+            goto out;
+    }
+out:
+    cJSON_Delete(cfg);
+    cJSON_Delete(stm);
+    cJSON_Delete(gen);
+    return st;
+}
+
+/* ------------------------------------------------------------ open / free */
+
+static tide_status load(loader *L, const cJSON *root, const char *dir) {
+    tide_tokenizer *t = L->t;
+    tide_status st;
+    const cJSON *o;
+    o = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
+    if (o && !cJSON_IsNull(o) && (st = each_part(L, o, "normalizer", "normalizers", add_norm))) return st;
+    o = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+    if (o && !cJSON_IsNull(o) && (st = each_part(L, o, "pre_tokenizer", "pretokenizers", add_pre))) return st;
+    o = cJSON_GetObjectItemCaseSensitive(root, "decoder");
+    if (o && !cJSON_IsNull(o)) {
+        if ((st = each_part(L, o, "decoder", "decoders", add_dec))) return st;
+    } else {
+        t->dec_join_space = true;
+    }
+    o = cJSON_GetObjectItemCaseSensitive(root, "post_processor");
+    if (o && !cJSON_IsNull(o) && (st = each_part(L, o, "post_processor", "processors", add_post))) return st;
+    if ((st = read_model(L, cJSON_GetObjectItemCaseSensitive(root, "model")))) return st;
+    if ((st = read_added(L, cJSON_GetObjectItemCaseSensitive(root, "added_tokens")))) return st;
+    for (int i = 0; i < t->n_prefix; i++)
+        if (t->prefix[i] >= t->n_vocab) return fail(L, TIDE_E_FORMAT, "post_processor id %d outside the vocabulary", t->prefix[i]);
+    for (int i = 0; i < t->n_suffix; i++)
+        if (t->suffix[i] >= t->n_vocab) return fail(L, TIDE_E_FORMAT, "post_processor id %d outside the vocabulary", t->suffix[i]);
+    return read_configs(L, dir);
+}
+
+tide_status tide_tokenizer_open(tide_ctx *ctx, const char *path, tide_tokenizer **out) {
+    if (!path || !out) return tide_err(ctx, TIDE_E_INVALID, "tide_tokenizer_open: NULL argument");
+    *out = NULL;
+    char dir[4096];
+    tide_tokenizer *t = tide_calloc(1, sizeof *t);
+    if (!t) return tide_err(ctx, TIDE_E_NOMEM, "out of memory opening the tokenizer %s", path);
+    t->ctx = ctx;
+    t->bos = t->eos = t->unk_id = -1;
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        snprintf(dir, sizeof dir, "%s", path);
+        snprintf(t->json_path, sizeof t->json_path, "%s/tokenizer.json", path);
+    } else if (stat(path, &sb) != 0 && (strlen(path) < 5 || strcmp(path + strlen(path) - 5, ".json"))) {
+        /* neither a directory nor a file: name the file a directory would hold */
+        snprintf(dir, sizeof dir, "%s", path);
+        snprintf(t->json_path, sizeof t->json_path, "%s/tokenizer.json", path);
+    } else {
+        snprintf(t->json_path, sizeof t->json_path, "%s", path);
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        else snprintf(dir, sizeof dir, ".");
+    }
+    t->md = pcre2_match_data_create(1, NULL);
+    t->cache = tide_calloc(TOK_CACHE_SLOTS, sizeof *t->cache);
+    if (!t->md || !t->cache) {
+        tide_tokenizer_free(t);
+        return tide_err(ctx, TIDE_E_NOMEM, "out of memory opening the tokenizer %s", path);
+    }
+    if (tok_regex_compile(t, "word characters", "\\w", false, &t->word_re)) {
+        tide_tokenizer_free(t);
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "PCRE2 without Unicode support");
+    }
+    cJSON *root;
+    tide_status st = read_json(ctx, t->json_path, TOKENIZER_JSON_MAX, false, &root);
+    if (st) {
+        tide_tokenizer_free(t);
+        return st;
+    }
+    loader L = {.t = t, .file = t->json_path};
+    st = load(&L, root, dir);
+    cJSON_Delete(root);
+    tok_smap_free(&L.names);
+    if (st) {
+        tide_tokenizer_free(t);
+        return st;
+    }
+    *out = t;
+    return TIDE_OK;
+}
+
+void tide_tokenizer_free(tide_tokenizer *t) {
+    if (!t) return;
+    for (int32_t i = 0; t->pieces && i < t->n_vocab; i++) tide_free(t->pieces[i]);
+    tide_free(t->pieces);
+    tide_free(t->piece_len);
+    tide_free(t->flags);
+    tok_smap_free(&t->vocab);
+    tok_mmap_free(&t->merges);
+    for (int i = 0; i < t->n_norm; i++) {
+        tide_free(t->norm[i].str);
+        tok_regex_free(&t->norm[i].re);
+    }
+    tide_free(t->norm);
+    for (int i = 0; i < t->n_pre; i++) tok_regex_free(&t->pre[i].re);
+    tide_free(t->pre);
+    for (int i = 0; i < t->n_dec; i++) {
+        tide_free(t->dec[i].from);
+        tide_free(t->dec[i].to);
+    }
+    tide_free(t->dec);
+    for (int i = 0; i < t->n_added; i++) tide_free(t->added[i].content);
+    tide_free(t->added);
+    tide_free(t->pass_raw.order);
+    tide_free(t->pass_norm.order);
+    tok_regex_free(&t->word_re);
+    tide_free(t->prefix);
+    tide_free(t->suffix);
+    tide_free(t->eos_ids);
+    if (t->md) pcre2_match_data_free(t->md);
+    tide_free(t->cache);
+    tok_arena_free(&t->arena);
+    tide_free(t->out);
+    tide_free(t->syms);
+    tide_free(t->heap);
+    tide_free(t);
+}
+
+/* ------------------------------------------------------------ queries */
+
+int32_t tide_tokenizer_n_vocab(const tide_tokenizer *t) { return t->n_vocab; }
+int32_t tide_tokenizer_bos(const tide_tokenizer *t) { return t->bos; }
+int32_t tide_tokenizer_eos(const tide_tokenizer *t) { return t->eos; }
+
+int tide_tokenizer_eos_ids(const tide_tokenizer *t, const int32_t **ids) {
+    if (ids) *ids = t->eos_ids;
+    return t->n_eos;
+}
+
+bool tide_tokenizer_is_eos(const tide_tokenizer *t, int32_t id) {
+    for (int i = 0; i < t->n_eos; i++)
+        if (t->eos_ids[i] == id) return true;
+    return false;
+}
+
+const char *tide_tokenizer_piece(const tide_tokenizer *t, int32_t id) {
+    return id >= 0 && id < t->n_vocab ? t->pieces[id] : NULL;
+}
+
+bool tide_tokenizer_is_special(const tide_tokenizer *t, int32_t id) {
+    return id >= 0 && id < t->n_vocab && (t->flags[id] & TOK_F_SPECIAL);
+}
+
+int32_t tide_tokenizer_find(const tide_tokenizer *t, const char *piece) {
+    if (!piece) return -1;
+    size_t n = strlen(piece);
+    for (int i = 0; i < t->n_added; i++)
+        if (!strcmp(t->pieces[t->added[i].id], piece)) return t->added[i].id;
+    if (!t->byte_level) return tok_smap_get(&t->vocab, piece, n);
+    uint8_t *buf = tide_malloc(n + 1);
+    if (!buf) return -1;
+    long k = bytelevel_bytes(piece, buf);
+    int32_t id = k >= 0 ? tok_smap_get(&t->vocab, buf, (size_t)k) : -1;
+    tide_free(buf);
+    return id;
+}
