@@ -15,6 +15,7 @@ int cmd_make_model(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 
 /* Prints "tide: <what>: <ctx message>" on stderr and returns 1. */
 int cli_fail(tide_ctx *ctx, const char *what);

@@ -21,6 +21,8 @@ static const char usage[] =
     "               budget and predict it\n"
     "  make-model   write a deterministic synthetic checkpoint in Hugging Face layout\n"
     "  probe        measure this machine into a hardware profile\n"
+    "  tokenize     print the token ids and pieces of a text under a model's\n"
+    "               tokenizer\n"
     "  help         show this help, or a command's: tide help run\n"
     "\n"
     "Options:\n"
@@ -62,6 +64,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "plan")) return cmd_plan(argc, argv);
     if (!strcmp(cmd, "train")) return cmd_train(argc, argv);
     if (!strcmp(cmd, "probe")) return cmd_probe(argc, argv);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc, argv);
     fprintf(stderr, "tide: unknown command '%s'\n", cmd);
     fputs(usage, stderr);
     return 2;

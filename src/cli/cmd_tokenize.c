@@ -1,0 +1,176 @@
+/*
+ * cmd_tokenize.c - `tide tokenize`: a text through a model's tokenizer, the
+ * ids and pieces printed (a table, or one JSON object).
+ */
+#include "cli.h"
+
+#include <cjson/cJSON.h>
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char help[] =
+    "Usage: tide tokenize --model DIR [--json] [--no-bos] [--no-parse-special]\n"
+    "                     [--file F | TEXT]\n"
+    "\n"
+    "Encodes TEXT (or the bytes of file F, exactly; '-' reads standard input) with\n"
+    "the tokenizer of a Hugging Face model directory (tokenizer.json, with\n"
+    "tokenizer_config.json, special_tokens_map.json and generation_config.json for\n"
+    "BOS and EOS) and prints each id with its piece as tokenizer.json spells it.\n"
+    "The ids are those Hugging Face tokenizers gives for the same text with\n"
+    "add_special_tokens=True. Text that is not valid UTF-8 is read with U+FFFD in\n"
+    "place of each invalid sequence.\n"
+    "\n"
+    "  --model DIR         the model directory (or its tokenizer.json)\n"
+    "  --file F            read the text from F instead of the command line\n"
+    "  --json              print one JSON object: {\"ids\": [...], \"pieces\": [...]}\n"
+    "  --no-bos            do not add the tokens the tokenizer adds around a text\n"
+    "                      (its post-processor template: usually BOS)\n"
+    "  --no-parse-special  read special-token text in the input (\"<|eot_id|>\",\n"
+    "                      \"<s>\") as ordinary text, not as the special token\n"
+    "\n"
+    "Supported: BPE tokenizers, byte-level (GPT-2, Llama 3, Qwen2) and\n"
+    "SentencePiece-style (Llama 2, TinyLlama, Mistral). Other kinds are refused\n"
+    "with a message naming what tokenizer.json asks for.\n";
+
+/* Reads all of path ("-": standard input) into a malloc'd buffer. */
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) {
+        fprintf(stderr, "tide tokenize: %s: cannot open: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (n < cap) break;
+        char *b = realloc(buf, cap *= 2);
+        if (!b) free(buf);
+        buf = b;
+    }
+    bool err = ferror(f);
+    if (f != stdin) fclose(f);
+    if (!buf || err) {
+        fprintf(stderr, "tide tokenize: %s: %s\n", path, buf ? "read failed" : "out of memory");
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+/* A piece quoted, with control characters, quotes and backslashes escaped. */
+static void print_piece(const char *p) {
+    putchar('\'');
+    for (const unsigned char *s = (const unsigned char *)p; *s; s++) {
+        if (*s == '\n') fputs("\\n", stdout);
+        else if (*s == '\t') fputs("\\t", stdout);
+        else if (*s == '\r') fputs("\\r", stdout);
+        else if (*s == '\\' || *s == '\'') printf("\\%c", *s);
+        else if (*s < 0x20 || *s == 0x7F) printf("\\x%02x", *s);
+        else putchar(*s);
+    }
+    putchar('\'');
+}
+
+static int print_json(const tide_tokenizer *t, const int32_t *ids, size_t n) {
+    cJSON *o = cJSON_CreateObject(), *ja = cJSON_AddArrayToObject(o, "ids"), *pa = cJSON_AddArrayToObject(o, "pieces");
+    for (size_t i = 0; o && ja && pa && i < n; i++) {
+        cJSON_AddItemToArray(ja, cJSON_CreateNumber(ids[i]));
+        cJSON_AddItemToArray(pa, cJSON_CreateString(tide_tokenizer_piece(t, ids[i])));
+    }
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!s) {
+        fputs("tide tokenize: out of memory\n", stderr);
+        return 1;
+    }
+    puts(s);
+    free(s);
+    return 0;
+}
+
+int cmd_tokenize(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'}, {"file", required_argument, 0, 'f'},
+        {"json", no_argument, 0, 'j'},        {"no-bos", no_argument, 0, 'B'},
+        {"no-parse-special", no_argument, 0, 'S'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *model = NULL, *file = NULL;
+    bool json = false;
+    unsigned flags = TIDE_TOKENIZE_ADD_SPECIAL;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'f': file = optarg; break;
+        case 'j': json = true; break;
+        case 'B': flags &= ~(unsigned)TIDE_TOKENIZE_ADD_SPECIAL; break;
+        case 'S': flags |= TIDE_TOKENIZE_SPECIAL_AS_TEXT; break;
+        case 'h': fputs(help, stdout); return 0;
+        default: return cli_usage_error("tokenize", "unknown option");
+        }
+    }
+    if (!model) return cli_usage_error("tokenize", "--model is required");
+    if (file && optind != argc) return cli_usage_error("tokenize", "give either --file or a text, not both");
+    if (!file && optind != argc - 1)
+        return cli_usage_error("tokenize", "one text is required (quote it), or --file F");
+
+    size_t len;
+    char *text = file ? read_all(file, &len) : strdup(argv[optind]);
+    if (!text) return 1;
+    if (!file) len = strlen(text);
+    tide_ctx *ctx = tide_ctx_new();
+    tide_tokenizer *t = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = 0;
+    if (!ctx) {
+        rc = 1;
+        goto out;
+    }
+    if (tide_tokenizer_open(ctx, model, &t)) {
+        rc = cli_fail(ctx, "tokenizer");
+        goto out;
+    }
+    /* at most one id per byte plus the template for byte-level models; asked
+     * again with the exact count when another model needs more */
+    size_t cap = len + 16;
+    ids = malloc(cap * sizeof *ids);
+    if (!ids || tide_tokenizer_encode(t, text, len, flags, ids, cap, &n)) {
+        rc = ids ? cli_fail(ctx, "tokenize") : 1;
+        goto out;
+    }
+    if (n > cap) {
+        int32_t *b = realloc(ids, n * sizeof *ids);
+        if (!b || tide_tokenizer_encode(t, text, len, flags, b, n, &n)) {
+            if (b) ids = b;
+            rc = b ? cli_fail(ctx, "tokenize") : 1;
+            goto out;
+        }
+        ids = b;
+    }
+    if (json) {
+        rc = print_json(t, ids, n);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        printf("%8d  ", (int)ids[i]);
+        print_piece(tide_tokenizer_piece(t, ids[i]));
+        putchar('\n');
+    }
+    printf("%zu token%s\n", n, n == 1 ? "" : "s");
+out:
+    free(ids);
+    free(text);
+    tide_tokenizer_free(t);
+    tide_ctx_free(ctx);
+    return rc;
+}
