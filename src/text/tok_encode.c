@@ -27,6 +27,9 @@
  *   T5  The byte-level model works on bytes (tok_load.c): a word's initial
  *       symbols are its bytes' tokens, which is exactly the vocabulary's
  *       character-per-byte spelling read back.
+ *   T6  A SentencePiece-style word (a whole normalized segment) is cut before
+ *       each run of U+2581 only when no vocabulary entry could span the cut
+ *       (tok_load.c, sp_cut): the same merges happen either way.
  *
  * Words of at most TOK_CACHE_WORD bytes are cached (direct-mapped, by hash)
  * with their ids: natural text repeats most words.
@@ -239,6 +242,24 @@ cache:
     return TIDE_OK;
 }
 
+/* A word to the model: whole, or cut before each run of U+2581 (sp_cut). */
+static tide_status model_word(tide_tokenizer *t, const uint8_t *w, size_t n) {
+    if (!t->sp_cut) return bpe_word(t, w, n);
+    static const uint8_t mark[3] = {0xE2, 0x96, 0x81};
+    size_t start = 0, i = 0;
+    tide_status st;
+    while (i < n) {
+        if (i + 3 <= n && !memcmp(w + i, mark, 3)) {
+            if (i > start && (st = bpe_word(t, w + start, i - start))) return st;
+            start = i;
+            while (i + 3 <= n && !memcmp(w + i, mark, 3)) i += 3;
+        } else {
+            i++;
+        }
+    }
+    return start < n ? bpe_word(t, w + start, n - start) : TIDE_OK;
+}
+
 /* ------------------------------------------------------------ pre-tokenizer */
 
 /* The splitting state of one step over one piece (tok_split_behavior). */
@@ -351,7 +372,7 @@ static tide_status split_piece(tide_tokenizer *t, int step, const tok_piece *p, 
 /* Runs pre-tokenizer steps step.. on p, then the model on what comes out. */
 static tide_status pre_run(tide_tokenizer *t, int step, const tok_piece *p) {
     if (!p->n) return TIDE_OK;
-    if (step == t->n_pre) return bpe_word(t, p->p, p->n);
+    if (step == t->n_pre) return model_word(t, p->p, p->n);
     const tok_pre *pr = &t->pre[step];
     switch (pr->kind) {
     case TOK_PRE_SPLIT:

@@ -168,6 +168,7 @@ struct tide_tokenizer {
     tok_mmap merges;
     bool byte_level;       /* symbols are bytes (ByteLevel pre-tokenizer) */
     bool byte_fallback, fuse_unk, ignore_merges;
+    bool sp_cut;           /* words may be cut before each run of U+2581 (tok_load.c) */
     int32_t unk_id;        /* -1: none */
     int32_t byte_id[256];  /* byte-level: each byte's symbol; byte_fallback: <0xNN> */
 

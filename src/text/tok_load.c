@@ -549,6 +549,21 @@ static tide_status read_merges(loader *L, const cJSON *merges) {
     return TIDE_OK;
 }
 
+/* SentencePiece-style words are whole normalized texts: BPE over megabytes
+ * at once. When no vocabulary entry holds the marker U+2581 after another
+ * character, no merge can join a character to a marker that follows it, so
+ * cutting the word before each run of markers changes nothing (each part's
+ * merges are the ones the whole would make there) and lets the parts be
+ * cached as words are. */
+#define SP_MARK "\xe2\x96\x81"
+static bool marks_lead(const char *s, size_t n) {
+    size_t i = 0;
+    while (i + 3 <= n && !memcmp(s + i, SP_MARK, 3)) i += 3;
+    for (; i + 3 <= n; i++)
+        if (!memcmp(s + i, SP_MARK, 3)) return false;
+    return true;
+}
+
 static tide_status read_model(loader *L, const cJSON *m) {
     tide_tokenizer *t = L->t;
     if (!cJSON_IsObject(m)) return fail(L, TIDE_E_FORMAT, "no \"model\" object");
@@ -580,6 +595,11 @@ static tide_status read_model(loader *L, const cJSON *m) {
     const cJSON *e;
     cJSON_ArrayForEach(e, vocab) if ((st = set_piece(L, (int32_t)e->valuedouble, e->string))) return st;
     if ((st = read_merges(L, merges))) return st;
+    t->sp_cut = !t->byte_level && !t->ignore_merges && tok_smap_get(&t->vocab, SP_MARK, 3) >= 0;
+    for (size_t i = 0; t->sp_cut && i < t->vocab.cap; i++) {
+        const struct tok_sslot *e = &t->vocab.slots[i];
+        if (e->len != UINT32_MAX && !marks_lead(t->vocab.keys + e->off, e->len)) t->sp_cut = false;
+    }
     const char *unk = get_str(m, "unk_token");
     t->unk_id = -1;
     if (unk && (t->unk_id = tok_smap_get(&L->names, unk, strlen(unk))) < 0)
