@@ -22,6 +22,9 @@ Tokenizers (DIR/<name>/tokenizer.json + tokenizer_config.json):
     bpe-gpt2     byte-level BPE: ByteLevel with GPT-2's built-in regex; merges
                  as "a b" strings; a special "<mask>" with lstrip and a
                  non-special added token; special_tokens_map.json for BOS/EOS
+    bpe-qwen2    byte-level BPE as Qwen2 ships it: NFC normalizer, Split with
+                 Qwen2's regex (single digits), ByteLevel post-processor (no
+                 BOS), ChatML special tokens
     sp-llama2    SentencePiece-style BPE as Llama 2 / TinyLlama ship it:
                  normalizer Prepend("▁") + Replace(" ", "▁"), no pre-tokenizer,
                  byte_fallback <0xNN> tokens, unk with fuse_unk, decoder
@@ -57,6 +60,9 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 WORDS = ("the of and to in is was for on that with as by at from this it be are an or which have not "
          "tokenizer model memory device plan tensor offload budget layer weight cache token text string "
@@ -180,8 +186,12 @@ def train_sentencepiece(text, vocab_size):
     specials = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
-    tr = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                             limit_alphabet=120)
+    # characters kept out of the training text are left to byte fallback (the
+    # trainer's limit_alphabet would choose among equally rare ones by hash
+    # order, which differs from run to run)
+    rare = set("👨👩👧👦🏳🌈🇫🇷\u200d\ufe0f한국어텍스트漢字交じ文")
+    text = "".join(c for c in text if c not in rare)
+    tr = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
     tok.train_from_iterator(text.split("\n"), trainer=tr)
     j = json.loads(tok.to_str())
     # Llama 2's layout: <unk>, <s>, </s> are added tokens; the byte tokens live
@@ -235,6 +245,21 @@ def make_gpt2(text):
     stm = {"bos_token": {"content": "<|endoftext|>", "lstrip": False, "normalized": True, "rstrip": False,
                          "single_word": False}, "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
     return j, {"tokenizer_config.json": cfg, "special_tokens_map.json": stm}
+
+
+def make_qwen2(text):
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    pre = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_RE), behavior="isolated", invert=False),
+                                   pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    j = train_bytelevel(text, 800, pre, [])
+    n = len(j["model"]["vocab"])
+    j["added_tokens"] = [added(s, n + i) for i, s in enumerate(specials)]
+    j["normalizer"] = {"type": "NFC"}
+    j["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in j["model"]["merges"]]
+    j["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    cfg = {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "model_max_length": 32768,
+           "tokenizer_class": "Qwen2Tokenizer"}
+    return j, {"tokenizer_config.json": cfg}
 
 
 def make_sp(text):
@@ -322,7 +347,8 @@ def main():
     with open(os.path.join(a.out, "mixed.txt"), "w", encoding="utf-8", newline="") as f:
         f.write(mixed)
     sp2, spm = make_sp(train)
-    toks = {"bpe-llama3": make_llama3(train), "bpe-gpt2": make_gpt2(train), "sp-llama2": sp2, "sp-metaspace": spm}
+    toks = {"bpe-llama3": make_llama3(train), "bpe-gpt2": make_gpt2(train), "bpe-qwen2": make_qwen2(train),
+            "sp-llama2": sp2, "sp-metaspace": spm}
     for name, (j, extra) in toks.items():
         d = os.path.join(a.out, name)
         os.makedirs(d, exist_ok=True)

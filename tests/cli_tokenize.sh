@@ -35,7 +35,7 @@ contains "$TMP/out" "3 tokens" "token count"
 
 # every mode against the recorded ids
 text=$'<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>'
-for fx in bpe-llama3 bpe-gpt2 sp-llama2 sp-metaspace; do
+for fx in bpe-llama3 bpe-gpt2 bpe-qwen2 sp-llama2 sp-metaspace; do
     expect 0 "$fx: json" -- "$TIDE" tokenize --model "$FX/$fx" --json "$text"
     json_field "$TMP/out" ids
     json_field "$TMP/out" pieces

@@ -37,6 +37,7 @@
 #include "text/tok_int.h"
 
 #include <string.h>
+#include <utf8proc.h>
 
 /* ------------------------------------------------------------ arena */
 
@@ -421,9 +422,33 @@ static tide_status pre_run(tide_tokenizer *t, int step, const tok_piece *p) {
 
 /* ------------------------------------------------------------ normalizer */
 
+/* NFC through utf8proc: canonical decomposition into code points, then
+ * composition and UTF-8 in place. ASCII is its own NFC. */
+static tide_status nfc(tide_tokenizer *t, const uint8_t **s, size_t *n) {
+    size_t i = 0;
+    while (i < *n && (*s)[i] < 0x80) i++;
+    if (i == *n) return TIDE_OK;
+    utf8proc_option_t o = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
+    utf8proc_ssize_t cps = utf8proc_decompose(*s, (utf8proc_ssize_t)*n, NULL, 0, o);
+    if (cps < 0) return tide_err(t->ctx, TIDE_E_INVALID, "normalizer NFC: %s", utf8proc_errmsg(cps));
+    utf8proc_int32_t *b = tok_arena_alloc(&t->arena, (size_t)cps * 4 + 4);
+    if (!b) return oom(t);
+    utf8proc_decompose(*s, (utf8proc_ssize_t)*n, b, cps, o);
+    utf8proc_ssize_t len = utf8proc_reencode(b, cps, o);
+    if (len < 0) return tide_err(t->ctx, TIDE_E_INVALID, "normalizer NFC: %s", utf8proc_errmsg(len));
+    *s = (const uint8_t *)b;
+    *n = (size_t)len;
+    return TIDE_OK;
+}
+
 tide_status tok_normalize(tide_tokenizer *t, const uint8_t *s, size_t n, const uint8_t **out, size_t *out_n) {
     for (int i = 0; i < t->n_norm && n; i++) {
         const tok_norm *nm = &t->norm[i];
+        if (nm->kind == TOK_NORM_NFC) {
+            tide_status st = nfc(t, &s, &n);
+            if (st) return st;
+            continue;
+        }
         size_t sl = strlen(nm->str);
         if (nm->kind == TOK_NORM_PREPEND) {
             uint8_t *b = tok_arena_alloc(&t->arena, n + sl);

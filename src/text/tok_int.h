@@ -84,7 +84,7 @@ typedef struct tok_regex {
     bool jit;
 } tok_regex;
 
-typedef enum { TOK_NORM_PREPEND, TOK_NORM_REPLACE } tok_norm_kind;
+typedef enum { TOK_NORM_PREPEND, TOK_NORM_REPLACE, TOK_NORM_NFC } tok_norm_kind;
 typedef struct tok_norm {
     tok_norm_kind kind;
     char *str;      /* PREPEND: the prefix; REPLACE: the replacement */

@@ -10,7 +10,8 @@
  *   added_tokens     content, id, special, lstrip, rstrip, single_word,
  *                    normalized (normalized contents are passed through the
  *                    normalizer, as `tokenizers` matches them on normalized text)
- *   normalizer       Sequence, Prepend, Replace (String or Regex pattern)
+ *   normalizer       Sequence, NFC (utf8proc), Prepend, Replace (String or
+ *                    Regex pattern); NFD, NFKC, NFKD and the rest are refused
  *   pre_tokenizer    Sequence, Split (Regex or String; every behavior; invert),
  *                    ByteLevel (last: the model then works on bytes, see
  *                    below), Metaspace
@@ -207,9 +208,11 @@ static tide_status add_norm(loader *L, const cJSON *o) {
             tide_free(nm.str);
             return st;
         }
+    } else if (!strcmp(ty, "NFC")) {
+        nm.kind = TOK_NORM_NFC;
     } else {
         return fail(L, TIDE_E_UNSUPPORTED,
-                    "normalizer %s is not supported (tide supports Sequence, Prepend and Replace)", ty);
+                    "normalizer %s is not supported (tide supports Sequence, NFC, Prepend and Replace)", ty);
     }
     if (grow_array((void **)&t->norm, t->n_norm, sizeof *t->norm)) {
         tide_free(nm.str);
