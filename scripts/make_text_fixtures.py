@@ -49,6 +49,12 @@ Reference files (DIR/):
         mixed:    count and FNV-1a 64 of the ids of mixed.txt in both modes
                   (little-endian int32 ids hashed byte by byte)
         decode:   id lists whose bytes are not valid UTF-8, and their decoding
+    variants.json  pipeline options the five tokenizers do not use (Split
+                 behaviors, Metaspace schemes, unk handling, single_word, rstrip
+                 and normalized added tokens, decoders...), each as edits of one
+                 of them, with the ids of every case (both special-token modes
+                 where tokens are added) or, for decoders, the decoding of its
+                 ids with BOS
 """
 import argparse
 import json
@@ -331,6 +337,90 @@ def record(j, cs, mixed):
     return exp
 
 
+# Variants: a fixture's tokenizer.json with parts replaced ("set": dotted key ->
+# value; "add": added tokens appended), each pipeline option tide reads that
+# the five tokenizers above do not use. test_tokenizer.c applies the same
+# edits and compares with the ids (and, for decoders, the text) recorded here.
+def variants():
+    bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+    rep = {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}
+    v = [("bytelevel add_prefix_space", "bpe-gpt2",
+          {"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                             "use_regex": True}}, [])]
+    for beh in ["Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"]:
+        for inv in [False, True]:
+            v.append(("split %s%s" % (beh, " inverted" if inv else ""), "bpe-llama3", {"pre_tokenizer": {
+                "type": "Sequence", "pretokenizers": [
+                    {"type": "Split", "pattern": {"Regex": "\\s+|\\p{P}"}, "behavior": beh, "invert": inv}, bl]}},
+                []))
+    v.append(("split string, then ByteLevel's regex", "bpe-llama3", {"pre_tokenizer": {
+        "type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"String": "\n"}, "behavior": "MergedWithNext", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]}}, []))
+    for sch in ["always", "never", "first"]:
+        v.append(("metaspace %s split" % sch, "sp-metaspace", {"pre_tokenizer": {
+            "type": "Metaspace", "replacement": "\u2581", "prepend_scheme": sch, "split": True}}, []))
+    v.append(("metaspace legacy add_prefix_space", "sp-metaspace", {"pre_tokenizer": {
+        "type": "Metaspace", "replacement": "\u2581", "add_prefix_space": True}}, []))
+    v.append(("normalizer Replace regex", "sp-llama2", {"normalizer": {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"Regex": "\\s+"},
+                                                   "content": "\u2581"}]}}, []))
+    v.append(("no ignore_merges", "bpe-llama3", {"model.ignore_merges": False}, []))
+    v.append(("unk without fusing, no byte fallback", "sp-llama2",
+              {"model.fuse_unk": False, "model.byte_fallback": False}, []))
+    v.append(("unk fused, no byte fallback", "sp-llama2", {"model.byte_fallback": False}, []))
+    v.append(("no unk, no byte fallback", "sp-llama2", {"model.byte_fallback": False, "model.unk_token": None}, []))
+    # ids one past where `tokenizers` puts them (902, 903): it assigns its own
+    v.append(("single_word and rstrip tokens", "bpe-gpt2", {}, [
+        added("the", 903, special=False, single_word=True, normalized=False),
+        added("<rs>", 904, rstrip=True)]))
+    v.append(("normalized added tokens", "sp-llama2", {}, [added("world", 1000, special=False)]))
+    v.append(("normalized added token under NFC", "bpe-qwen2", {}, [added("cafe\u0301", 803, special=False)]))
+    v.append(("decoder none", "sp-llama2", {"decoder": None}, []))
+    v.append(("decoder Metaspace always", "sp-metaspace", {"decoder": {"type": "Sequence", "decoders": [
+        {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+        {"type": "ByteFallback"}, {"type": "Fuse"}]}}, []))
+    v.append(("decoder Metaspace never", "sp-metaspace", {"decoder": {"type": "Sequence", "decoders": [
+        {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "never", "split": True},
+        {"type": "ByteFallback"}, {"type": "Fuse"}]}}, []))
+    v.append(("decoder Strip 2", "sp-llama2", {"decoder": {"type": "Sequence", "decoders": [
+        rep, {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 2, "stop": 0}]}},
+              []))
+    return v
+
+
+def apply_variant(j, sets, adds):
+    j = json.loads(json.dumps(j))
+    for k, val in sets.items():
+        o = j
+        path = k.split(".")
+        for p in path[:-1]:
+            o = o[p]
+        o[path[-1]] = val
+    j["added_tokens"] = j["added_tokens"] + adds
+    return j
+
+
+def record_variant(j, cs, sets, adds):
+    """A decoder variant records the decoding of each case's ids with BOS (its
+    encoding is the base's); an added-token variant the ids in both modes;
+    any other the ids."""
+    tok = Tokenizer.from_str(json.dumps(j))
+    dec_only = list(sets) == ["decoder"]
+    rec = {"text": []} if dec_only else {"ids": [], "ids_plain": []} if adds else {"ids": []}
+    for c in cs:
+        s = case_text(c)
+        tok.encode_special_tokens = False
+        if dec_only:
+            rec["text"].append(tok.decode(tok.encode(s, add_special_tokens=True).ids, skip_special_tokens=False))
+            continue
+        rec["ids"].append(tok.encode(s, add_special_tokens=False).ids)
+        if adds:
+            tok.encode_special_tokens = True
+            rec["ids_plain"].append(tok.encode(s, add_special_tokens=False).ids)
+    return rec
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
@@ -366,6 +456,14 @@ def main():
                                                               json.dumps(exp["decode"], ensure_ascii=False)))
         print("%-13s vocab %d, %d added, mixed.txt -> %d ids" %
               (name, len(j["model"]["vocab"]), len(j["added_tokens"]), exp["mixed"]["ids"]["count"]))
+    out = []
+    for name, base, sets, adds in variants():
+        rec = record_variant(apply_variant(toks[base][0], sets, adds), cs, sets, adds)
+        out.append(json.dumps({"name": name, "base": base, "set": sets, "add": adds, **rec}, ensure_ascii=False,
+                              separators=(",", ":")))
+    with open(os.path.join(a.out, "variants.json"), "w", encoding="utf-8") as f:
+        f.write("{\"variants\":[\n" + ",\n".join(out) + "\n]}\n")
+    print("%d variants" % len(out))
     return 0
 
 

@@ -17,7 +17,11 @@
  *     single-byte tokens (cut at every byte boundary) it prints the string;
  *   - mixed.txt's ids: count and FNV-1a hash, in both special-token modes;
  *   - id lists whose bytes are not valid UTF-8 decode as `tokenizers` does
- *     (byte-level) or by tide's stated rule (byte fallback, see tide.h).
+ *     (byte-level) or by tide's stated rule (byte fallback, see tide.h);
+ *   - variants.json: the pipeline options those tokenizers do not use (Split
+ *     behaviors, Metaspace schemes, unk handling, single_word, rstrip and
+ *     normalized added tokens, decoders), each an edit of one of them, give
+ *     the recorded ids or decoding.
  * And bad input: missing and malformed files, unsupported components, bad
  * merges, regexes and ids are errors naming the cause; failed allocations
  * are TIDE_E_NOMEM with nothing leaked.
@@ -328,6 +332,99 @@ static void test_bpe_qwen2(void **state) { check_fixture("bpe-qwen2"); }
 static void test_sp_llama2(void **state) { check_fixture("sp-llama2"); }
 static void test_sp_metaspace(void **state) { check_fixture("sp-metaspace"); }
 
+/* Sets a dotted key ("model.fuse_unk") of j to a copy of v. */
+static void set_path(cJSON *j, const char *key, const cJSON *v) {
+    char k[128];
+    snprintf(k, sizeof k, "%s", key);
+    char *dot;
+    cJSON *o = j;
+    char *part = k;
+    while ((dot = strchr(part, '.'))) {
+        *dot = 0;
+        o = cJSON_GetObjectItem(o, part);
+        assert_non_null(o);
+        part = dot + 1;
+    }
+    cJSON_DeleteItemFromObject(o, part);
+    cJSON_AddItemToObject(o, part, cJSON_Duplicate(v, true));
+}
+
+/* variants.json: each pipeline option the five tokenizers do not use, as an
+ * edit of one of them, against the ids or the decoding recorded for it. */
+static void test_variants(void **state) {
+    char path[3100], dir[3000], cmd[7000];
+    snprintf(path, sizeof path, "%s/cases.json", text_dir);
+    cJSON *cases = load_json(path);
+    snprintf(path, sizeof path, "%s/variants.json", text_dir);
+    cJSON *vars = load_json(path);
+    const cJSON *cl = cJSON_GetObjectItem(cases, "cases");
+    char tmp[] = "/tmp/tide-tokvar-XXXXXX";
+    assert_non_null(mkdtemp(tmp));
+    const cJSON *v;
+    int nv = 0;
+    cJSON_ArrayForEach(v, cJSON_GetObjectItem(vars, "variants")) {
+        const char *name = cJSON_GetObjectItem(v, "name")->valuestring;
+        snprintf(path, sizeof path, "%s/%s/tokenizer.json", text_dir, cJSON_GetObjectItem(v, "base")->valuestring);
+        cJSON *j = load_json(path);
+        const cJSON *e;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItem(v, "set")) set_path(j, e->string, e);
+        cJSON_ArrayForEach(e, cJSON_GetObjectItem(v, "add"))
+            cJSON_AddItemToArray(cJSON_GetObjectItem(j, "added_tokens"), cJSON_Duplicate(e, true));
+        snprintf(dir, 64, "%s/v%d", tmp, nv++);
+        snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
+        assert_int_equal(system(cmd), 0);
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        char *js = cJSON_PrintUnformatted(j);
+        FILE *f = fopen(path, "w");
+        fputs(js, f);
+        fclose(f);
+        free(js);
+        cJSON_Delete(j);
+
+        tide_ctx *ctx = tide_ctx_new();
+        tide_tokenizer *t;
+        if (tide_tokenizer_open(ctx, dir, &t)) fail_msg("variant '%s': %s", name, tide_ctx_last_error(ctx));
+        tide_detok *d;
+        assert_int_equal(tide_detok_new(t, 0, &d), TIDE_OK);
+        const cJSON *ids_l = cJSON_GetObjectItem(v, "ids"), *plain_l = cJSON_GetObjectItem(v, "ids_plain");
+        const cJSON *text_l = cJSON_GetObjectItem(v, "text");
+        for (int k = 0; k < cJSON_GetArraySize(cl); k++) {
+            size_t len, n, dl, bl = 0;
+            char *s = field_bytes(cJSON_GetArrayItem(cl, k), "text", &len);
+            char what[256];
+            snprintf(what, sizeof what, "variant '%s'", name);
+            const char *cname = cJSON_GetObjectItem(cJSON_GetArrayItem(cl, k), "name")->valuestring;
+            int32_t *ids = encode(t, s, len, text_l ? TIDE_TOKENIZE_ADD_SPECIAL : 0, &n);
+            if (ids_l) ids_equal(what, cname, "ids", ids, n, cJSON_GetArrayItem(ids_l, k));
+            if (plain_l) {
+                size_t np;
+                int32_t *plain = encode(t, s, len, TIDE_TOKENIZE_SPECIAL_AS_TEXT, &np);
+                ids_equal(what, cname, "special tokens as text", plain, np, cJSON_GetArrayItem(plain_l, k));
+                free(plain);
+            }
+            char *got = decode(t, ids, n, 0, &dl);
+            if (text_l && strcmp(got, cJSON_GetArrayItem(text_l, k)->valuestring))
+                fail_msg("%s, case '%s': decoded '%s', expected '%s'", what, cname, got,
+                         cJSON_GetArrayItem(text_l, k)->valuestring);
+            char *buf = malloc(dl + 16);
+            stream(d, ids, 0, n, buf, &bl);
+            assert_true(bl == dl && !memcmp(buf, got, dl));
+            free(buf);
+            free(got);
+            free(ids);
+            free(s);
+        }
+        tide_detok_free(d);
+        tide_tokenizer_free(t);
+        tide_ctx_free(ctx);
+    }
+    assert_true(nv >= 20);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    assert_int_equal(system(cmd), 0);
+    cJSON_Delete(vars);
+    cJSON_Delete(cases);
+}
+
 /* BOS, EOS, stop ids, pieces and lookups from the config files. */
 static void test_specials(void **state) {
     tide_ctx *ctx = tide_ctx_new();
@@ -607,7 +704,7 @@ int main(void) {
     snprintf(text_dir, sizeof text_dir, "%s/text", root);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bpe_llama3),      cmocka_unit_test(test_bpe_gpt2),
-        cmocka_unit_test(test_bpe_qwen2),
+        cmocka_unit_test(test_bpe_qwen2),       cmocka_unit_test(test_variants),
         cmocka_unit_test(test_sp_llama2),       cmocka_unit_test(test_sp_metaspace),
         cmocka_unit_test(test_specials),        cmocka_unit_test(test_byte_fallback_invalid),
         cmocka_unit_test(test_encode_api),      cmocka_unit_test(test_bad_files),

@@ -7,9 +7,11 @@
  *                    [a, b] pairs; rank = position), unk_token, fuse_unk,
  *                    byte_fallback, ignore_merges. dropout, a continuing
  *                    subword prefix or an end-of-word suffix are refused.
- *   added_tokens     content, id, special, lstrip, rstrip, single_word,
- *                    normalized (normalized contents are passed through the
- *                    normalizer, as `tokenizers` matches them on normalized text)
+ *   added_tokens     content, special, lstrip, rstrip, single_word, normalized
+ *                    (normalized contents are passed through the normalizer, as
+ *                    `tokenizers` matches them on normalized text); the id is
+ *                    the one `tokenizers` assigns on loading (read_added), which
+ *                    the file's "id" equals in every file it writes
  *   normalizer       Sequence, NFC (utf8proc), Prepend, Replace (String or
  *                    Regex pattern); NFD, NFKC, NFKD and the rest are refused
  *   pre_tokenizer    Sequence, Split (Regex or String; every behavior; invert),
@@ -52,6 +54,7 @@ typedef struct loader {
     tide_tokenizer *t;
     const char *file;
     tok_smap names;       /* every piece -> id (vocabulary and added tokens) */
+    int32_t model_n;      /* entries of the model's vocabulary */
     bool has_template;    /* the post-processor adds tokens */
 } loader;
 
@@ -473,6 +476,7 @@ static tide_status read_vocab(loader *L, const cJSON *vocab) {
         }
     }
     tide_free(buf);
+    L->model_n = (int32_t)L->names.n;
     return st;
 oom:
     tide_free(buf);
@@ -652,6 +656,7 @@ static tide_status read_added(loader *L, const cJSON *list) {
     if (!t->added) return nomem(L);
     const cJSON *e;
     int i = 0;
+    int32_t max_added = -1;
     tide_status st;
     cJSON_ArrayForEach(e, list) {
         const char *content = get_str(e, "content");
@@ -659,7 +664,14 @@ static tide_status read_added(loader *L, const cJSON *list) {
         if (!content || !*content || !cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 30))
             return fail(L, TIDE_E_FORMAT, "added_tokens[%d] without a content or a valid id", i);
         tok_added *a = &t->added[t->n_added];
-        a->id = (int32_t)id->valuedouble;
+        /* the id `tokenizers` gives it, whatever the file says (they agree in
+         * every file it writes): the id its content already has, else one past
+         * the largest added id, or the vocabulary's size for the first */
+        int32_t known = tok_smap_get(&L->names, content, strlen(content));
+        if (known >= 0) a->id = known;
+        else if (max_added < 0 || (max_added < L->model_n && L->model_n)) a->id = L->model_n;
+        else a->id = max_added + 1;
+        if (a->id > max_added) max_added = a->id;
         a->special = get_bool(e, "special", false);
         a->lstrip = get_bool(e, "lstrip", false);
         a->rstrip = get_bool(e, "rstrip", false);
