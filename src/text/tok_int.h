@@ -1,8 +1,9 @@
 /*
  * tok_int.h - the tokenizer's internals, shared by the files of src/text/:
- * tok_load.c (tokenizer.json and the config files into this structure),
- * tok_map.c (hash maps and the word cache), tok_encode.c (text to ids),
- * tok_decode.c (ids to text, whole and streaming), utf8.c.
+ * tok_load.c (tokenizer.json into this structure), tok_config.c (the config
+ * files beside it; the public queries), tok_map.c (hash maps and the word
+ * cache's hash), tok_encode.c (text to ids), tok_decode.c (ids to text, whole
+ * and streaming), utf8.c (UTF-8 and GPT-2's byte table).
  *
  * The structure mirrors a Hugging Face tokenizer's pipeline, reduced to what
  * tide supports; tok_load.c refuses every component outside it by name.
@@ -14,6 +15,8 @@
 #include <pcre2.h>
 
 #include "core/core.h"
+
+#include <cjson/cJSON.h>
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -229,5 +232,15 @@ int tok_added_pass_build(tide_tokenizer *t, tok_added_pass *pass, bool normalize
 uint32_t tok_byte_char(uint8_t b);
 /* The byte a code point stands for, or -1. */
 int tok_char_byte(uint32_t c);
+/* The bytes a byte-level vocabulary entry s spells, into out (room for
+ * strlen(s)); returns their count, or -1 when a character is not in the table. */
+long tok_bytelevel_bytes(const char *s, uint8_t *out);
+
+/* tok_config.c: a JSON object file into *out (optional: a missing file gives
+ * TIDE_OK and NULL); messages name the path. */
+tide_status tok_read_json(tide_ctx *ctx, const char *path, uint64_t max, bool optional, cJSON **out);
+/* BOS, EOS and stop ids from the config files in dir; without a template in
+ * tokenizer.json, add_bos_token / add_eos_token fill prefix and suffix. */
+tide_status tok_read_configs(tide_tokenizer *t, const char *dir, bool has_template);
 
 #endif

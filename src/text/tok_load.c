@@ -31,11 +31,7 @@
  * (added tokens' own strings) cannot come out of BPE on bytes and are kept out
  * of the symbol map; the names map (every piece, for tide_tokenizer_find and
  * the merges) keeps them.
- *
- * BOS and EOS: tokenizer_config.json's bos_token / eos_token (a string or an
- * object with "content"), else special_tokens_map.json's, else
- * generation_config.json's bos_token_id / eos_token_id; every id of
- * generation_config.json's eos_token_id (one or a list) also stops generation.
+ * The config files beside it (BOS, EOS, stop ids): tok_config.c.
  */
 #include "text/tok_int.h"
 
@@ -47,7 +43,6 @@
 #include <sys/stat.h>
 
 #define TOKENIZER_JSON_MAX (512ull << 20)
-#define CONFIG_JSON_MAX (64ull << 20)
 
 /* State of one load: the tokenizer, its file, and the names map. */
 typedef struct loader {
@@ -421,24 +416,6 @@ static tide_status set_piece(loader *L, int32_t id, const char *s) {
     return TIDE_OK;
 }
 
-/* The bytes a byte-level vocabulary entry spells, into out (room for strlen(s));
- * returns their count, or -1 when a character is not in the byte table. */
-static long bytelevel_bytes(const char *s, uint8_t *out) {
-    const uint8_t *p = (const uint8_t *)s;
-    size_t n = strlen(s), i = 0, m;
-    long k = 0;
-    bool inc;
-    while (i < n) {
-        int l = tok_utf8_next(p + i, n - i, &m, &inc);
-        if (!l) return -1;
-        int b = tok_char_byte(tok_utf8_decode(p + i, l));
-        if (b < 0) return -1;
-        out[k++] = (uint8_t)b;
-        i += (size_t)l;
-    }
-    return k;
-}
-
 static tide_status read_vocab(loader *L, const cJSON *vocab) {
     tide_tokenizer *t = L->t;
     int64_t max_id = -1;
@@ -471,7 +448,7 @@ static tide_status read_vocab(loader *L, const cJSON *vocab) {
                 buf = b;
                 cap = len;
             }
-            long k = bytelevel_bytes(s, buf);
+            long k = tok_bytelevel_bytes(s, buf);
             if (k >= 0 && tok_smap_put(&t->vocab, buf, (size_t)k, id)) goto oom;
         }
     }
@@ -707,104 +684,6 @@ static tide_status read_added(loader *L, const cJSON *list) {
     return TIDE_OK;
 }
 
-/* ------------------------------------------------------------ config files */
-
-static tide_status read_json(tide_ctx *ctx, const char *path, uint64_t max, bool optional, cJSON **out) {
-    char *text;
-    size_t len;
-    *out = NULL;
-    struct stat sb;
-    if (optional && stat(path, &sb) != 0 && errno == ENOENT) return TIDE_OK;
-    tide_status st = tide_read_text_file(ctx, path, max, &text, &len);
-    if (st) return st;
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, false);
-    if (!j) {
-        size_t at = end && end >= text && end <= text + len ? (size_t)(end - text) : 0;
-        tide_free(text);
-        return tide_err(ctx, TIDE_E_FORMAT, "%s: malformed JSON near byte %zu", path, at);
-    }
-    tide_free(text);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return tide_err(ctx, TIDE_E_FORMAT, "%s: not a JSON object", path);
-    }
-    *out = j;
-    return TIDE_OK;
-}
-
-/* bos_token / eos_token: a string, or an object with "content". */
-static const char *token_name(const cJSON *cfg, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
-    if (cJSON_IsString(v)) return v->valuestring;
-    return get_str(v, "content");
-}
-
-static tide_status add_eos(loader *L, int32_t id) {
-    tide_tokenizer *t = L->t;
-    if (id < 0) return TIDE_OK;
-    for (int i = 0; i < t->n_eos; i++)
-        if (t->eos_ids[i] == id) return TIDE_OK;
-    return append_ids(L, &t->eos_ids, &t->n_eos, &id, 1);
-}
-
-static tide_status read_configs(loader *L, const char *dir) {
-    tide_tokenizer *t = L->t;
-    char path[4200];
-    cJSON *cfg = NULL, *stm = NULL, *gen = NULL;
-    tide_status st;
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    if ((st = read_json(t->ctx, path, CONFIG_JSON_MAX, true, &cfg))) return st;
-    snprintf(path, sizeof path, "%s/special_tokens_map.json", dir);
-    if ((st = read_json(t->ctx, path, CONFIG_JSON_MAX, true, &stm))) goto out;
-    snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    if ((st = read_json(t->ctx, path, CONFIG_JSON_MAX, true, &gen))) goto out;
-
-    t->bos = t->eos = -1;
-    const char *bos = token_name(cfg, "bos_token"), *eos = token_name(cfg, "eos_token");
-    if (!bos) bos = token_name(stm, "bos_token");
-    if (!eos) eos = token_name(stm, "eos_token");
-    if (bos) t->bos = name_id(L, bos);
-    if (eos) t->eos = name_id(L, eos);
-    const cJSON *gb = cJSON_GetObjectItemCaseSensitive(gen, "bos_token_id");
-    const cJSON *ge = cJSON_GetObjectItemCaseSensitive(gen, "eos_token_id");
-    if (t->bos < 0 && cJSON_IsNumber(gb)) t->bos = (int32_t)gb->valuedouble;
-    if (t->eos < 0 && cJSON_IsNumber(ge)) t->eos = (int32_t)ge->valuedouble;
-    if (t->eos < 0 && cJSON_IsArray(ge) && cJSON_IsNumber(cJSON_GetArrayItem(ge, 0)))
-        t->eos = (int32_t)cJSON_GetArrayItem(ge, 0)->valuedouble;
-    if ((t->bos >= t->n_vocab) || (t->eos >= t->n_vocab)) {
-        st = tide_err(t->ctx, TIDE_E_FORMAT, "%s: bos/eos id %d outside the vocabulary (%d ids)", dir,
-                      (int)TIDE_MAX(t->bos, t->eos), (int)t->n_vocab);
-        goto out;
-    }
-    if ((st = add_eos(L, t->eos))) goto out;
-    if (cJSON_IsNumber(ge) && (st = add_eos(L, (int32_t)ge->valuedouble))) goto out;
-    const cJSON *e;
-    if (cJSON_IsArray(ge)) {
-        cJSON_ArrayForEach(e, ge) {
-            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= t->n_vocab) {
-                st = tide_err(t->ctx, TIDE_E_FORMAT, "%s/generation_config.json: eos_token_id holds a bad id", dir);
-                goto out;
-            }
-            if ((st = add_eos(L, (int32_t)e->valuedouble))) goto out;
-        }
-    }
-    /* no template in tokenizer.json: tokenizer_config.json's add_bos_token / add_eos_token */
-    if (!L->has_template) {
-        if (get_bool(cfg, "add_bos_token", false) && t->bos >= 0 &&
-            (st = append_ids(L, &t->prefix, &t->n_prefix, &t->bos, 1)))
-            goto out;
-        if (get_bool(cfg, "add_eos_token", false) && t->eos >= 0 &&
-            (st = append_ids(L, &t->suffix, &t->n_suffix, &t->eos, 1)))
-            goto out;
-    }
-out:
-    cJSON_Delete(cfg);
-    cJSON_Delete(stm);
-    cJSON_Delete(gen);
-    return st;
-}
-
 /* ------------------------------------------------------------ open / free */
 
 static tide_status load(loader *L, const cJSON *root, const char *dir) {
@@ -829,7 +708,7 @@ static tide_status load(loader *L, const cJSON *root, const char *dir) {
         if (t->prefix[i] >= t->n_vocab) return fail(L, TIDE_E_FORMAT, "post_processor id %d outside the vocabulary", t->prefix[i]);
     for (int i = 0; i < t->n_suffix; i++)
         if (t->suffix[i] >= t->n_vocab) return fail(L, TIDE_E_FORMAT, "post_processor id %d outside the vocabulary", t->suffix[i]);
-    return read_configs(L, dir);
+    return tok_read_configs(t, dir, L->has_template);
 }
 
 tide_status tide_tokenizer_open(tide_ctx *ctx, const char *path, tide_tokenizer **out) {
@@ -866,7 +745,7 @@ tide_status tide_tokenizer_open(tide_ctx *ctx, const char *path, tide_tokenizer 
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "PCRE2 without Unicode support");
     }
     cJSON *root;
-    tide_status st = read_json(ctx, t->json_path, TOKENIZER_JSON_MAX, false, &root);
+    tide_status st = tok_read_json(ctx, t->json_path, TOKENIZER_JSON_MAX, false, &root);
     if (st) {
         tide_tokenizer_free(t);
         return st;
@@ -920,41 +799,3 @@ void tide_tokenizer_free(tide_tokenizer *t) {
     tide_free(t);
 }
 
-/* ------------------------------------------------------------ queries */
-
-int32_t tide_tokenizer_n_vocab(const tide_tokenizer *t) { return t->n_vocab; }
-int32_t tide_tokenizer_bos(const tide_tokenizer *t) { return t->bos; }
-int32_t tide_tokenizer_eos(const tide_tokenizer *t) { return t->eos; }
-
-int tide_tokenizer_eos_ids(const tide_tokenizer *t, const int32_t **ids) {
-    if (ids) *ids = t->eos_ids;
-    return t->n_eos;
-}
-
-bool tide_tokenizer_is_eos(const tide_tokenizer *t, int32_t id) {
-    for (int i = 0; i < t->n_eos; i++)
-        if (t->eos_ids[i] == id) return true;
-    return false;
-}
-
-const char *tide_tokenizer_piece(const tide_tokenizer *t, int32_t id) {
-    return id >= 0 && id < t->n_vocab ? t->pieces[id] : NULL;
-}
-
-bool tide_tokenizer_is_special(const tide_tokenizer *t, int32_t id) {
-    return id >= 0 && id < t->n_vocab && (t->flags[id] & TOK_F_SPECIAL);
-}
-
-int32_t tide_tokenizer_find(const tide_tokenizer *t, const char *piece) {
-    if (!piece) return -1;
-    size_t n = strlen(piece);
-    for (int i = 0; i < t->n_added; i++)
-        if (!strcmp(t->pieces[t->added[i].id], piece)) return t->added[i].id;
-    if (!t->byte_level) return tok_smap_get(&t->vocab, piece, n);
-    uint8_t *buf = tide_malloc(n + 1);
-    if (!buf) return -1;
-    long k = bytelevel_bytes(piece, buf);
-    int32_t id = k >= 0 ? tok_smap_get(&t->vocab, buf, (size_t)k) : -1;
-    tide_free(buf);
-    return id;
-}

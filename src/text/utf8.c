@@ -6,6 +6,8 @@
  */
 #include "text/tok_int.h"
 
+#include <string.h>
+
 int tok_utf8_next(const uint8_t *s, size_t n, size_t *maximal, bool *incomplete) {
     uint8_t c = s[0];
     if (c < 0x80) return 1;
@@ -111,4 +113,22 @@ int tok_char_byte(uint32_t c) {
     if (k < 33) return (int)k;
     if (k < 67) return (int)(0x7F + k - 33);
     return k == 67 ? 0xAD : -1;
+}
+
+/* The bytes a byte-level vocabulary entry spells, into out (room for strlen(s));
+ * returns their count, or -1 when a character is not in the byte table. */
+long tok_bytelevel_bytes(const char *s, uint8_t *out) {
+    const uint8_t *p = (const uint8_t *)s;
+    size_t n = strlen(s), i = 0, m;
+    long k = 0;
+    bool inc;
+    while (i < n) {
+        int l = tok_utf8_next(p + i, n - i, &m, &inc);
+        if (!l) return -1;
+        int b = tok_char_byte(tok_utf8_decode(p + i, l));
+        if (b < 0) return -1;
+        out[k++] = (uint8_t)b;
+        i += (size_t)l;
+    }
+    return k;
 }
