@@ -49,6 +49,7 @@ Reference files (DIR/):
         mixed:    count and FNV-1a 64 of the ids of mixed.txt in both modes
                   (little-endian int32 ids hashed byte by byte)
         decode:   id lists whose bytes are not valid UTF-8, and their decoding
+        tokenizers_version: the library's version that recorded them
     variants.json  pipeline options the five tokenizers do not use (Split
                  behaviors, Metaspace schemes, unk handling, single_word, rstrip
                  and normalized added tokens, decoders...), each as edits of one
@@ -62,7 +63,8 @@ import os
 import random
 import sys
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+import tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -452,8 +454,9 @@ def main():
         with open(os.path.join(d, "expected.json"), "w", encoding="utf-8") as f:
             f.write("{\"cases\":[\n")
             f.write(",\n".join(json.dumps(c, ensure_ascii=False, separators=(",", ":")) for c in exp["cases"]))
-            f.write("\n],\n\"mixed\":%s,\n\"decode\":%s}\n" % (json.dumps(exp["mixed"]),
-                                                              json.dumps(exp["decode"], ensure_ascii=False)))
+            f.write("\n],\n\"mixed\":%s,\n\"decode\":%s,\n\"tokenizers_version\":%s}\n" % (
+                json.dumps(exp["mixed"]), json.dumps(exp["decode"], ensure_ascii=False),
+                json.dumps(tokenizers.__version__)))
         print("%-13s vocab %d, %d added, mixed.txt -> %d ids" %
               (name, len(j["model"]["vocab"]), len(j["added_tokens"]), exp["mixed"]["ids"]["count"]))
     out = []
