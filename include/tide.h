@@ -466,20 +466,28 @@ typedef struct tide_backend tide_backend;
 tide_status tide_backend_new(tide_ctx *ctx, tide_backend_kind kind, tide_backend **out);
 void tide_backend_free(tide_backend *be);
 const char *tide_backend_name(const tide_backend *be);
+/* What the backend runs, in words, for summaries: on the CPU the matmul
+ * kernels of its current mode, the instruction sets detected at run time
+ * (cpuid) and the BLAS behind the training products, e.g. "matmul
+ * avx512_bf16 gemm/gemv (...); ...; cpu: avx2 avx512f ...". The string is
+ * valid until the calling thread's next call. */
+const char *tide_backend_kernels(const tide_backend *be);
 
 /* How MATMUL multiplies f16/bf16 weights (f32 weights are always multiplied
  * in f32, and every mode accumulates in f32 and writes f32 outputs). */
 typedef enum tide_matmul_mode {
-    TIDE_MATMUL_AUTO = 0, /* FAST on CUDA, F32 on the CPU */
+    TIDE_MATMUL_AUTO = 0, /* FAST on CUDA and on CPUs with AVX512_BF16, else F32 */
     TIDE_MATMUL_F32,      /* weights widened exactly to f32, activations kept in
                              f32: the CPU's results up to f32 summation order */
-    TIDE_MATMUL_FAST,     /* CUDA only: weights multiplied as stored, on tensor
-                             cores, activations rounded to the weights' dtype
-                             (the precision of a bf16/f16 PyTorch model) */
+    TIDE_MATMUL_FAST,     /* weights multiplied as stored, activations rounded
+                             to the weights' dtype once per matmul, f32 sums
+                             (the precision of a bf16/f16 PyTorch model): CUDA
+                             on tensor cores; the CPU for bf16 weights with
+                             AVX512_BF16 (elsewhere its f32 kernels run) */
 } tide_matmul_mode;
 
 /* Sets the backend's matmul mode (AUTO resolves to the backend's default).
- * TIDE_E_UNSUPPORTED for FAST on the CPU backend. Takes effect on the next op;
+ * Takes effect on the next op;
  * results are bit-reproducible within one mode, not across modes. */
 tide_status tide_backend_set_matmul(tide_backend *be, tide_matmul_mode mode);
 /* The mode in effect (never AUTO). */

@@ -677,6 +677,7 @@ static inline tide_status tide_async_backend_new(tide_ctx *ctx, const tide_async
     be->kind = TIDE_BACKEND_CPU;
     be->matmul = TIDE_MATMUL_F32;
     tide_status st = tide_cpu_backend_new(ctx, &a->inner);
+    if (!st) be->matmul = a->inner->matmul; /* the CPU backend's default (its AUTO) */
     if (!st) st = ta_queue_make(a, a->next_index++, ctx, false, &a->def);
     if (st) {
         ta_destroy(be);

@@ -88,13 +88,14 @@ expect 2 "unknown option" -- "$TIDE" run --frobnicate
 expect 1 "host budget too small for what must live on host" -- "$TIDE" run --model "$TMP/m" --budget 50% \
     --host-budget 4K --new-tokens 2
 contains "$TMP/err" "must live" "message says what must live on host"
-# matmul modes: the CPU has f32 only; the summary and the JSON say which ran
+# matmul modes: the CPU has both (auto is fast where it multiplies bf16
+# natively); the summary and the JSON say which ran
 json_field "$TMP/resident.json" matmul
-contains "$TMP/resident.json" '"matmul":"f32"' "JSON gives the matmul mode"
+contains "$TMP/resident.json" '"matmul":"f' "JSON gives the matmul mode"
 expect 0 "--matmul f32" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --matmul f32 --backend cpu
 contains "$TMP/out" "matmul f32" "summary gives the matmul mode"
-expect 1 "--matmul fast on the CPU" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --matmul fast --backend cpu
-contains "$TMP/err" "no fast matmul" "message says the CPU has no fast matmul"
+expect 0 "--matmul fast on the CPU" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --matmul fast --backend cpu
+contains "$TMP/out" "matmul fast" "summary gives the fast mode"
 expect 2 "bad --matmul" -- "$TIDE" run --model "$TMP/m" --matmul tf32
 contains "$TMP/err" "--matmul" "message names --matmul"
 if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here
@@ -125,7 +126,8 @@ expect 0 "plan with the probed profile" -- "$TIDE" plan --config tinyllama-1.1b 
     --budget 50% --seq 16
 expect 1 "probe, missing directory" -- "$TIDE" probe --seconds 1 --ssd /nonexistent/tide-probe
 contains "$TMP/err" "/nonexistent/tide-probe" "message names the directory"
-expect 1 "probe --matmul fast on the CPU" -- "$TIDE" probe --seconds 1 --backend cpu --matmul fast
+expect 0 "probe --matmul fast on the CPU" -- "$TIDE" probe --seconds 1 --backend cpu --matmul fast --ssd "$TMP" \
+    --out "$TMP/probed-fast.json"
 expect 1 "probe, unknown --base" -- "$TIDE" probe --seconds 1 --base no-such-gpu
 contains "$TMP/err" "no-such-gpu" "message names the profile"
 expect 2 "probe, bad --backend" -- "$TIDE" probe --backend tpu

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "async_backend.h"
+#include "backend/cpu/kernels.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,7 +107,7 @@ static void test_vtable(void **state) {
     assert_string_equal(tide_backend_name(be), "cpu-async");
     assert_true(be->vt->device_is_host);
     assert_int_equal(be->kind, TIDE_BACKEND_CPU);
-    assert_int_equal(be->matmul, TIDE_MATMUL_F32);
+    assert_int_equal(be->matmul, tk_matmul_fast_native(TIDE_BF16) ? TIDE_MATMUL_FAST : TIDE_MATMUL_F32); /* the CPU's AUTO */
     assert_non_null(be->vt->synchronize);
     assert_non_null(be->vt->queue_sync);
     assert_true(tide_backend_has_events(be));

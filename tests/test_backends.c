@@ -59,7 +59,8 @@
  * offloaded run is bit-identical to the resident one on the same backend.
  * Backend selection: AUTO gives CUDA when a GPU answers, else the CPU; asking for
  * CUDA without a GPU is TIDE_E_NO_DEVICE with a message, never a crash.
- * Matmul modes: AUTO is FAST on CUDA and F32 on the CPU, which refuses FAST.
+ * Matmul modes: AUTO is FAST on CUDA, and on the CPU where it multiplies
+ * bf16 natively (AVX512_BF16), else F32; the CPU takes both.
  *
  * Without a GPU every case but the fast-mode ones still runs on the CPU
  * backend (a check of the harness and of CPU determinism), a line says why
@@ -539,13 +540,16 @@ static void test_matmul(void **state) {
     matmul_case(&(mm_case){.dt = TIDE_BF16, .R = 20, .K = 96, .N = 70, .scratch = 9 * 96 * 4});
 }
 
-/* The fast matmul mode of the backends that have one (CUDA): activations are
- * rounded to the weights' 16-bit dtype, so each product x_k w_k is off by at
- * most u |x_k w_k| (u = 2^-8 for bf16, 2^-11 for f16: round to nearest), and
- * the bound is (u + 2e-5) * sum_k |x_k w_k|. The setup switches the modes,
- * the teardown puts F32 back (a failing case leaves through the teardown too).
- * The CPU backend has no fast mode: it runs the cases in F32 beside CUDA, and
- * without a GPU they are skipped, as they would test nothing new. */
+/* The fast matmul mode of the backends that have one (CUDA; the CPU for bf16
+ * weights where it has AVX512_BF16): activations are rounded to the weights'
+ * 16-bit dtype, so each product x_k w_k is off by at most u |x_k w_k| (u =
+ * 2^-8 for bf16, 2^-11 for f16: round to nearest, with a factor 2 to
+ * spare), and the bound is (u + 2e-5) * sum_k |x_k w_k|. The setup switches
+ * the modes, the teardown puts F32 back (a failing case leaves through the
+ * teardown too). Where the CPU multiplies in f32 anyway (f16 weights, no
+ * AVX512_BF16) its cases hold to the same bound trivially; with no backend
+ * whose fast mode differs from f32 they are skipped, as they would test
+ * nothing new. */
 static void matmul_ex_case(tide_dtype dt, int64_t R, int64_t K, int64_t N, bool kn, bool acc, uint64_t scratch,
                            double rtol, const char *mode);
 
@@ -554,11 +558,10 @@ static int n_fast;
 static int fast_on(void **state) {
     (void)state;
     n_fast = 0;
-    for (int b = 0; b < n_be; b++)
-        if (bes[b].be->kind == TIDE_BACKEND_CUDA) {
-            if (tide_backend_set_matmul(bes[b].be, TIDE_MATMUL_FAST)) return -1;
-            n_fast++;
-        }
+    for (int b = 0; b < n_be; b++) {
+        if (tide_backend_set_matmul(bes[b].be, TIDE_MATMUL_FAST)) return -1;
+        if (bes[b].be->kind == TIDE_BACKEND_CUDA || tk_matmul_fast_native(TIDE_BF16)) n_fast++;
+    }
     return 0;
 }
 
@@ -1867,12 +1870,19 @@ static void test_selection(void **state) {
     assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
     assert_string_equal(tide_backend_name(be), "cpu");
     assert_true(be->vt->device_is_host);
-    /* matmul modes: the CPU has F32 only, and says so */
-    assert_int_equal(tide_backend_matmul(be), TIDE_MATMUL_F32);
-    assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_FAST), TIDE_E_UNSUPPORTED);
-    assert_true(strlen(tide_ctx_last_error(ctx)) > 0);
+    /* matmul modes: both on the CPU; AUTO is FAST where bf16 weights are
+     * multiplied natively (AVX512_BF16), F32 elsewhere; the kernels are named */
+    tide_matmul_mode cpu_auto = tk_matmul_fast_native(TIDE_BF16) ? TIDE_MATMUL_FAST : TIDE_MATMUL_F32;
+    assert_int_equal(tide_backend_matmul(be), cpu_auto);
+    assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_FAST), TIDE_OK);
+    assert_int_equal(tide_backend_matmul(be), TIDE_MATMUL_FAST);
+    assert_non_null(strstr(tide_backend_kernels(be), "cpu: "));
+    print_message("  cpu/fast kernels: %s\n", tide_backend_kernels(be));
+    assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK);
+    print_message("  cpu/f32 kernels: %s\n", tide_backend_kernels(be));
     assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_AUTO), TIDE_OK);
-    assert_int_equal(tide_backend_matmul(be), TIDE_MATMUL_F32);
+    assert_int_equal(tide_backend_matmul(be), cpu_auto);
+    assert_int_equal(tide_backend_set_matmul(be, (tide_matmul_mode)99), TIDE_E_INVALID);
     tide_backend_free(be);
     for (int i = 0; i < 2; i++) { /* twice: a failed attempt leaves nothing behind */
         be = (tide_backend *)1;
@@ -2038,6 +2048,10 @@ static int open_backends(void) {
     bes[0].ctx = tide_ctx_new();
     if (!ref.ctx || !bes[0].ctx) return -1;
     if (tide_backend_new(ref.ctx, TIDE_BACKEND_CPU, &ref.be) || tide_backend_new(bes[0].ctx, TIDE_BACKEND_CPU, &bes[0].be))
+        return -1;
+    /* the tolerances at the top are for F32 matmuls (the CPU's AUTO may be
+     * FAST); the fast mode has its own test */
+    if (tide_backend_set_matmul(ref.be, TIDE_MATMUL_F32) || tide_backend_set_matmul(bes[0].be, TIDE_MATMUL_F32))
         return -1;
     n_be = 1;
     queued.ctx = tide_ctx_new();

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "async_backend.h"
+#include "backend/cpu/kernels.h"
 #include "core/alloc_test.h"
 #include "planner/planner.h"
 #include "sim/sim.h"
@@ -1119,13 +1120,14 @@ static void test_probe_backend_ops(void **state) {
     assert_true(!strncmp(hw.name, "probed-", 7) && hw.device_mem_bytes == hw.host_mem_bytes);
     assert_int_equal(tide_probe_backend(ctx, be, "/nonexistent-dir/x", 0.2, NULL, &hw), TIDE_E_IO);
 
-    /* matmul modes: the CPU has f32 only */
-    assert_int_equal(tide_backend_matmul(be), TIDE_MATMUL_F32);
-    assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_FAST), TIDE_E_UNSUPPORTED);
-    assert_non_null(strstr(tide_ctx_last_error(ctx), "no fast matmul"));
-    assert_int_equal(tide_backend_matmul(be), TIDE_MATMUL_F32);
+    /* matmul modes: the CPU has both; AUTO is FAST where it multiplies bf16
+     * natively (AVX512_BF16), else F32 */
+    tide_matmul_mode cpu_auto = tk_matmul_fast_native(TIDE_BF16) ? TIDE_MATMUL_FAST : TIDE_MATMUL_F32;
+    assert_int_equal(tide_backend_matmul(be), cpu_auto);
+    assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_FAST), TIDE_OK);
+    assert_int_equal(tide_backend_matmul(be), TIDE_MATMUL_FAST);
     assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_AUTO), TIDE_OK);
-    assert_int_equal(tide_backend_matmul(be), TIDE_MATMUL_F32);
+    assert_int_equal(tide_backend_matmul(be), cpu_auto);
     assert_int_equal(tide_backend_set_matmul(be, (tide_matmul_mode)9), TIDE_E_INVALID);
     tide_matmul_mode mm = TIDE_MATMUL_AUTO;
     assert_int_equal(tide_matmul_parse(ctx, "fast", &mm), TIDE_OK);

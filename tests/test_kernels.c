@@ -51,6 +51,7 @@ static void fx_open(fx *f) {
     f->ctx = tide_ctx_new();
     assert_non_null(f->ctx);
     assert_int_equal(tide_cpu_backend_new(f->ctx, &f->be), TIDE_OK);
+    assert_int_equal(tide_backend_set_matmul(f->be, TIDE_MATMUL_F32), TIDE_OK); /* the f32 tolerances */
     f->g = tide_graph_new(f->ctx);
     assert_non_null(f->g);
 }

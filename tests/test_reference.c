@@ -178,6 +178,8 @@ static int setup(void **state)
     assert_non_null(r->ctx);
     CHECK_OK(r, tide_checkpoint_open(r->ctx, r->dir, &r->ck));
     CHECK_OK(r, tide_backend_new(r->ctx, TIDE_BACKEND_CPU, &r->be));
+    /* the 1e-4 tolerance is the f32 mode's (the CPU's AUTO may be FAST) */
+    CHECK_OK(r, tide_backend_set_matmul(r->be, TIDE_MATMUL_F32));
     const tide_llama_config *cfg = tide_checkpoint_config(r->ck);
     assert_non_null(cfg);
     assert_int_equal(cfg->vocab_size, r->vocab);

@@ -360,6 +360,7 @@ static void run_fixture(const char *name) {
     fixture_open(ctx, &f, name);
     tide_backend *be = NULL;
     assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK); /* PyTorch's f32 tolerances */
     f.o.step.grads_out = true;
     tide_trainer *t = NULL;
     assert_int_equal(tide_trainer_new(ctx, f.ck, be, &f.o, &t), TIDE_OK);
@@ -533,6 +534,7 @@ static void test_offload_bit_identical(void **state) {
     fixture_open(ctx, &f, "train-bf16-gqa");
     tide_backend *be = NULL;
     assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK); /* PyTorch's f32 tolerances */
     const int steps = 3;
     run_out ref;
     assert_int_equal(train_run(ctx, &f, be, NULL, steps, NULL, NULL, 0, &ref), TIDE_OK);
@@ -592,6 +594,7 @@ static void test_resume(void **state) {
     fixture_open(ctx, &f, "train-bf16-gqa");
     tide_backend *be = NULL;
     assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK); /* PyTorch's f32 tolerances */
     char dir[256];
     snprintf(dir, sizeof dir, "%s/tide-test-resume-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
     rm_rf(dir);

@@ -107,6 +107,10 @@ typedef struct tide_backend_vt {
      * TIDE_E_UNSUPPORTED when not usable here: the caller reads through host
      * memory instead. */
     tide_status (*file_read)(tide_backend *be, void *q, int fd, uint64_t off, void *dst, size_t n);
+    /* Optional: a description of the kernels the instance runs now (its
+     * matmul mode's, the instruction sets they use), valid until the
+     * calling thread's next call. NULL: the backend's name stands for it. */
+    const char *(*kernels)(tide_backend *be);
 } tide_backend_vt;
 
 struct tide_backend {

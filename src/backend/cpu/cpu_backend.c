@@ -19,8 +19,10 @@
  * instead; a failed allocation is TIDE_E_NOMEM.
  */
 #include "backend/backend.h"
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/kernels.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* Page alignment: device memory here is host memory, so the SSD store can read
@@ -35,6 +37,33 @@ typedef struct cpu_queue {
 static tide_ctx *ctx_of(tide_backend *be, void *q) { return q ? ((cpu_queue *)q)->ctx : be->ctx; }
 
 static void cpu_destroy(tide_backend *be) { tide_free(be); }
+
+/* Names the kernels the instance runs in its current matmul mode, the
+ * instruction sets detected and the BLAS behind the training products, in a
+ * buffer of the calling thread (wrappers of the CPU backend, tests' async
+ * one, share this slot, so it reads nothing but be->matmul). */
+static const char *cpu_kernels_desc(tide_backend *be) {
+    static _Thread_local char kernels[512];
+    unsigned f = tk_cpu();
+    char isa[160];
+    tk_cpu_names(tk_cpu_detected(), isa, sizeof isa);
+    bool avx512 = (f & (TK_CPU_AVX512F | TK_CPU_AVX512BW | TK_CPU_AVX512VL)) ==
+                  (TK_CPU_AVX512F | TK_CPU_AVX512BW | TK_CPU_AVX512VL);
+    const char *mm;
+    if (be->matmul == TIDE_MATMUL_FAST && tk_matmul_fast_native(TIDE_BF16))
+        mm = "matmul avx512_bf16 gemm/gemv (bf16 activations x bf16 weights, f32 sums)";
+    else if (avx512)
+        mm = "matmul avx512 gemm/gemv (weights widened to f32 in registers)";
+    else if (f & TK_CPU_AVX2)
+        mm = "matmul avx2 gemv + openblas sgemm on widened weights";
+    else
+        mm = "matmul portable gemv + openblas sgemm on widened weights";
+    snprintf(kernels, sizeof kernels, "%s%s; attention and elementwise %s; training products openblas "
+             "sgemm (%s); cpu: %s", mm,
+             be->matmul == TIDE_MATMUL_FAST && !tk_matmul_fast_native(TIDE_BF16) ? " (fast mode without "
+             "avx512_bf16: f32 kernels)" : "", f & TK_CPU_AVX2 ? "avx2" : "portable", tk_blas_corename(), isa);
+    return kernels;
+}
 
 /* Queues hold nothing but their context, so the instance keeps no list of
  * them: a queue not freed by queue_free is the caller's leak. */
@@ -99,21 +128,44 @@ static tide_status cpu_rmsnorm(tide_ctx *ctx, int nt, const tide_graph *g, const
     return TIDE_OK;
 }
 
-static tide_status cpu_matmul(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
-                              void *const *out, void *scratch) {
+/* MATMUL in the backend's mode. The fast mode rounds the activations into
+ * the op's workspace (ops.c gives a 16-bit weight at least one row's worth);
+ * called without one, it allocates room for all R rows for the call. */
+static tide_status cpu_matmul(tide_ctx *ctx, int nt, tide_matmul_mode mode, const tide_graph *g, const tide_op *op,
+                              void *const *in, void *const *out, void *scratch) {
     const tide_op_params *p = &op->p;
     const tide_tensor *x = tin(g, op, 0), *w = tin(g, op, 1), *o = tout(g, op, 0);
     float *dst = (float *)out[0] + p->row0 * o->shape[1] + p->col0;
     size_t sb = scratch ? (size_t)op->scratch_bytes : 0;
-    tide_status st = p->no_transpose || p->accumulate
-                         ? tk_matmul_ex(in[0], in[1], w->dtype, x->shape[0], x->shape[1],
-                                        p->no_transpose ? w->shape[1] : w->shape[0], p->no_transpose,
-                                        p->accumulate, dst, o->shape[1], scratch, sb, nt)
-                         : tk_matmul(in[0], in[1], w->dtype, x->shape[0], x->shape[1], w->shape[0], dst,
-                                     o->shape[1], scratch, sb, nt);
-    if (st)
-        return tide_err(ctx, st, "matmul '%s': dimensions beyond what BLAS takes", w->name);
+    int64_t R = x->shape[0], K = x->shape[1];
+    tide_status st;
+    if (mode == TIDE_MATMUL_FAST && !p->no_transpose && tk_matmul_fast_native(w->dtype)) {
+        void *own = NULL;
+        if (sb < tk_matmul_fast_min_scratch(K)) {
+            sb = (size_t)R * tk_matmul_fast_min_scratch(K);
+            if (!(own = tide_malloc(sb ? sb : 1)))
+                return tide_err(ctx, TIDE_E_NOMEM, "matmul '%s': out of memory for %zu bytes of bf16 activations",
+                                w->name, sb);
+            scratch = own;
+        }
+        st = tk_matmul_fast(in[0], in[1], w->dtype, R, K, w->shape[0], p->accumulate, dst, o->shape[1], scratch, sb,
+                            nt);
+        tide_free(own);
+    } else if (p->no_transpose || p->accumulate) {
+        st = tk_matmul_ex(in[0], in[1], w->dtype, R, K, p->no_transpose ? w->shape[1] : w->shape[0], p->no_transpose,
+                          p->accumulate, dst, o->shape[1], scratch, sb, nt);
+    } else {
+        st = tk_matmul(in[0], in[1], w->dtype, R, K, w->shape[0], dst, o->shape[1], scratch, sb, nt);
+    }
+    if (st) return tide_err(ctx, st, "matmul '%s': dimensions beyond what BLAS takes", w->name);
     return TIDE_OK;
+}
+
+/* The table's entry: the mode is the backend's, which cpu_compute passes to
+ * cpu_matmul itself. */
+static tide_status cpu_matmul_f32(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
+                                  void *const *out, void *scratch) {
+    return cpu_matmul(ctx, nt, TIDE_MATMUL_F32, g, op, in, out, scratch);
 }
 
 static tide_status cpu_rope(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
@@ -345,7 +397,7 @@ typedef tide_status (*cpu_kernel)(tide_ctx *ctx, int nt, const tide_graph *g, co
 static const cpu_kernel cpu_kernels[TIDE_OP_COUNT] = {
     [TIDE_OP_EMBED] = cpu_embed,
     [TIDE_OP_RMSNORM] = cpu_rmsnorm,
-    [TIDE_OP_MATMUL] = cpu_matmul,
+    [TIDE_OP_MATMUL] = cpu_matmul_f32,
     [TIDE_OP_ROPE] = cpu_rope,
     [TIDE_OP_ATTENTION] = cpu_attention,
     [TIDE_OP_SILU_MUL] = cpu_silu_mul,
@@ -374,6 +426,7 @@ static tide_status cpu_compute(tide_backend *be, void *q, const tide_graph *g, c
         if (!out[i]) return tide_err(ctx, TIDE_E_INVALID, "cpu %s: output %d has no data", nm, i);
     cpu_kernel k = (unsigned)op->kind < TIDE_OP_COUNT ? cpu_kernels[op->kind] : NULL;
     if (!k) return tide_err(ctx, TIDE_E_UNSUPPORTED, "cpu backend: op kind %d is not supported", (int)op->kind);
+    if (op->kind == TIDE_OP_MATMUL) return cpu_matmul(ctx, tide_ctx_threads(ctx), be->matmul, g, op, in, out, scratch);
     return k(ctx, tide_ctx_threads(ctx), g, op, in, out, scratch);
 }
 
@@ -390,6 +443,7 @@ static const tide_backend_vt cpu_vt = {
     .queue_new = cpu_queue_new,
     .queue_free = cpu_queue_free,
     .queue_sync = NULL,
+    .kernels = cpu_kernels_desc,
 };
 
 /* Returns TIDE_OK with *out a new CPU backend on ctx, or TIDE_E_NOMEM. */
@@ -401,7 +455,7 @@ tide_status tide_cpu_backend_new(tide_ctx *ctx, tide_backend **out) {
     be->vt = &cpu_vt;
     be->ctx = ctx;
     be->kind = TIDE_BACKEND_CPU;
-    be->matmul = TIDE_MATMUL_F32;
+    be->matmul = tk_matmul_fast_native(TIDE_BF16) ? TIDE_MATMUL_FAST : TIDE_MATMUL_F32; /* AUTO (backend.c) */
     *out = be;
     return TIDE_OK;
 }

@@ -27,33 +27,21 @@
 #include <limits.h>
 #include <math.h>
 #include <omp.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #include "backend/cpu/kernels_int.h"
 
 /* ------------------------------------------------------------- dispatch */
 
-static atomic_int isa_avx2 = -1; /* -1 not probed, 0 no, 1 yes */
-static atomic_bool isa_forced_generic;
+/* The instruction sets come from cpu_features.c; forcing the portable paths
+ * there forces them here too. */
+void tk_init(void) { (void)tk_cpu_detected(); }
 
-void tk_init(void) {
-    if (atomic_load_explicit(&isa_avx2, memory_order_relaxed) >= 0) return;
-    int v = 0;
-#ifdef TK_X86
-    __builtin_cpu_init();
-    v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#endif
-    atomic_store(&isa_avx2, v);
-}
+void tk_force_generic(bool on) { tk_cpu_force_generic(on); }
 
-void tk_force_generic(bool on) { atomic_store(&isa_forced_generic, on); }
+bool tk_have_avx2(void) { return tk_cpu_has(TK_CPU_AVX2); }
 
-bool tk_have_avx2(void) {
-    tk_init();
-    return atomic_load_explicit(&isa_avx2, memory_order_relaxed) == 1 &&
-           !atomic_load_explicit(&isa_forced_generic, memory_order_relaxed);
-}
+static bool have_avx512(void) { return tk_cpu_has(TK_CPU_AVX512F | TK_CPU_AVX512BW | TK_CPU_AVX512VL); }
 
 /* ------------------------------------------------------------- conversion */
 
@@ -259,6 +247,10 @@ static void dots(bool avx, const float *x, int64_t ldx, int nr, const float *w, 
  * read once; the right shape for decoding, where R is the batch. */
 static void matmul_fused(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K,
                          int64_t N, float *out, int64_t ldo, bool add, int nt) {
+    if (have_avx512()) {
+        tk_mm_f32w(x, K, w, wdt, R, K, N, out, ldo, add, nt);
+        return;
+    }
     bool avx = tk_have_avx2();
     size_t es = tide_dtype_size(wdt);
     const uint8_t *wb = w;
@@ -323,9 +315,38 @@ static void sgemm_tile(const float *x, const float *wf, int64_t K, int64_t ldo, 
                 1.0f, x + r0 * K, (int)K, wf, (int)K, 0.0f, out + r0 * ldo + c0, (int)ldo);
 }
 
+/* Rows of x (or of its bf16 rounding) are this many bytes longer in scratch
+ * than they are: with K a multiple of 1024 rows would lie a multiple of 4 KiB
+ * apart, and a register tile's rows of x and w would all fall in one L1 set. */
+#define TK_ROW_PAD 64
+
+/* tk_mm_f32w on x copied a chunk of rows at a time into scratch with padded
+ * rows (the same values: the bits do not change), or on x in place when
+ * scratch holds less than one padded row. */
+static void mm_f32w_padded(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K, int64_t N,
+                           float *out, int64_t ldo, bool add, void *scratch, size_t scratch_bytes, int nt) {
+    int64_t ld = K + TK_ROW_PAD / (int64_t)sizeof(float);
+    int64_t rows = scratch ? (int64_t)(scratch_bytes / ((size_t)ld * sizeof(float))) : 0;
+    if (rows < 1) {
+        tk_mm_f32w(x, K, w, wdt, R, K, N, out, ldo, add, nt);
+        return;
+    }
+    float *xp = scratch;
+    for (int64_t r0 = 0; r0 < R; r0 += rows) {
+        int64_t n = TIDE_MIN(rows, R - r0);
+#pragma omp parallel for schedule(static) num_threads(nt) if (n * K >= 4 * TK_PAR_MIN)
+        for (int64_t r = 0; r < n; r++) memcpy(xp + r * ld, x + (r0 + r) * K, (size_t)K * sizeof(float));
+        tk_mm_f32w(xp, ld, w, wdt, n, K, N, out + r0 * ldo, ldo, add, nt);
+    }
+}
+
 tide_status tk_matmul(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K,
                       int64_t N, float *out, int64_t ldo, void *scratch, size_t scratch_bytes, int nt) {
     if (R > INT_MAX || K > INT_MAX || N > INT_MAX || ldo > INT_MAX) return TIDE_E_UNSUPPORTED;
+    if (have_avx512()) { /* every row count, the weights widened in registers */
+        mm_f32w_padded(x, w, wdt, R, K, N, out, ldo, false, scratch, scratch_bytes, nt);
+        return TIDE_OK;
+    }
     int64_t nb = wdt == TIDE_F32 ? N : scratch ? (int64_t)(scratch_bytes / ((size_t)K * sizeof(float))) : 0;
     if (R < TK_MATMUL_FUSED_R || nb < 1) {
         matmul_fused(x, w, wdt, R, K, N, out, ldo, false, nt);
@@ -370,7 +391,33 @@ tide_status tk_matmul(const float *x, const void *w, tide_dtype wdt, int64_t R, 
     return TIDE_OK;
 }
 
+size_t tk_matmul_fast_min_scratch(int64_t K) { return (size_t)K * sizeof(uint16_t); }
+
+bool tk_matmul_fast_native(tide_dtype wdt) { return wdt == TIDE_BF16 && tk_cpu_has(TK_CPU_AVX512BF16); }
+
+tide_status tk_matmul_fast(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K, int64_t N,
+                           bool accumulate, float *out, int64_t ldo, void *scratch, size_t scratch_bytes, int nt) {
+    if (!tk_matmul_fast_native(wdt))
+        return tk_matmul_ex(x, w, wdt, R, K, N, false, accumulate, out, ldo, scratch, scratch_bytes, nt);
+    if (R > INT_MAX || K > INT_MAX || N > INT_MAX || ldo > INT_MAX) return TIDE_E_UNSUPPORTED;
+    int64_t ld = K + TK_ROW_PAD / (int64_t)sizeof(uint16_t);
+    if (!scratch || scratch_bytes < (size_t)ld * sizeof(uint16_t)) ld = K;
+    int64_t rows = scratch ? (int64_t)(scratch_bytes / ((size_t)ld * sizeof(uint16_t))) : 0;
+    if (rows < 1) return TIDE_E_INVALID;
+    /* the activations rounded to bf16 a chunk of rows at a time: a row's
+     * result does not depend on the chunk it is in */
+    uint16_t *xb = scratch;
+    for (int64_t r0 = 0; r0 < R; r0 += rows) {
+        int64_t n = TIDE_MIN(rows, R - r0);
+        tk_round_bf16(x + r0 * K, K, n, K, xb, ld, nt);
+        tk_mm_bf16(xb, ld, w, n, K, N, out + r0 * ldo, ldo, accumulate, nt);
+    }
+    return TIDE_OK;
+}
+
 /* ------------------------------------------------------------- fixed-tile sgemm */
+
+const char *tk_blas_corename(void) { return openblas_get_corename(); }
 
 int tk_blas_single(void) {
     int prev = openblas_get_num_threads();
@@ -489,6 +536,10 @@ tide_status tk_matmul_ex(const float *x, const void *w, tide_dtype wdt, int64_t 
                          size_t scratch_bytes, int nt) {
     if (!w_kn && !accumulate) return tk_matmul(x, w, wdt, R, K, N, out, ldo, scratch, scratch_bytes, nt);
     if (R > INT_MAX || K > INT_MAX || N > INT_MAX || ldo > INT_MAX) return TIDE_E_UNSUPPORTED;
+    if (!w_kn && have_avx512()) {
+        mm_f32w_padded(x, w, wdt, R, K, N, out, ldo, true, scratch, scratch_bytes, nt);
+        return TIDE_OK;
+    }
     float beta = accumulate ? 1.0f : 0.0f;
     int prev = tk_blas_single();
     if (wdt == TIDE_F32) {

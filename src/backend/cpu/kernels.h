@@ -27,10 +27,18 @@
  * column blocks. Gradients are f32; an `accumulate` kernel adds into its
  * gradient output, else writes it fresh.
  *
- * On x86-64 CPUs with AVX2 and FMA, the hot loops (conversion, small-batch
- * matmul, attention tiles) run hand-vectorised code chosen at run time; other
- * CPUs run portable loops. Results are bit-identical run to run on one machine;
- * the two code paths may differ in the last bits (FMA rounding).
+ * Code paths are chosen at run time from cpuid (cpu_features.h), so one
+ * binary built for baseline x86-64 serves every machine: on CPUs with
+ * AVX-512 F/BW/VL, MATMUL's forward forms (x . w^T) run matmul_avx512.c's
+ * kernels for every row count, weights widened in registers (f32 mode) or,
+ * with AVX512_BF16, multiplied as stored with activations rounded to bf16
+ * (the fast mode, tk_matmul_fast); there each output's bits depend on its row
+ * of x, its row of w and K alone, so row tiles of any size, weight blocks and
+ * thread counts all give the same bits. On CPUs with AVX2 and FMA only, the
+ * hot loops (conversion, small-batch matmul, attention tiles) run AVX2 code
+ * and larger matmuls OpenBLAS; other CPUs run portable loops. Results are
+ * bit-identical run to run on one machine; the code paths may differ from
+ * each other in the last bits (FMA rounding, summation order).
  */
 #ifndef TIDE_CPU_KERNELS_H
 #define TIDE_CPU_KERNELS_H
@@ -44,6 +52,8 @@ void tk_init(void);
 void tk_force_generic(bool on);
 /* True if the AVX2/FMA paths are in use. */
 bool tk_have_avx2(void);
+/* The kernel family OpenBLAS chose for this CPU ("Cooperlake", "Haswell"). */
+const char *tk_blas_corename(void);
 
 /* dst[i] = (float)src[i] for n elements of dt (f32, f16, bf16), single
  * threaded. Bit-identical to tide_convert_to_f32 for every input, NaN
@@ -78,6 +88,21 @@ void tk_rmsnorm(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_
 #define TK_MATMUL_FUSED_R 16
 tide_status tk_matmul(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K,
                       int64_t N, float *out, int64_t ldo, void *scratch, size_t scratch_bytes, int nt);
+
+/* MATMUL in the fast mode: x rounded to bf16 once (to nearest even), times
+ * bf16 weights as stored, f32 accumulation (AVX512_BF16; out (+)= x . w^T
+ * as tk_matmul_ex without w_kn). Each output's bits depend on its row of x,
+ * its row of w and K alone: not on R, N, the thread count, or the tile a
+ * planner cut the rows into. Needs scratch of at least
+ * tk_matmul_fast_min_scratch(K) bytes (the rounded rows, as many at a time
+ * as it holds). Where tk_matmul_fast_native(wdt) is false (f16 or f32
+ * weights, or a CPU without AVX512_BF16) it is tk_matmul_ex, exact f32.
+ * Returns TIDE_OK, TIDE_E_INVALID (scratch too small) or
+ * TIDE_E_UNSUPPORTED (a dimension above INT_MAX). */
+tide_status tk_matmul_fast(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K, int64_t N,
+                           bool accumulate, float *out, int64_t ldo, void *scratch, size_t scratch_bytes, int nt);
+size_t tk_matmul_fast_min_scratch(int64_t K);
+bool tk_matmul_fast_native(tide_dtype wdt);
 
 /* MATMUL's other forms. As tk_matmul, and: w_kn: w is (K, N) and out =
  * x . w (the input gradient of a forward matmul, dx = dy . w); accumulate:

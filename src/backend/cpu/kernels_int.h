@@ -6,6 +6,7 @@
 #ifndef TIDE_KERNELS_INT_H
 #define TIDE_KERNELS_INT_H
 
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -77,5 +78,21 @@ void tk_rope_rotate(const float *x, const int32_t *pos, int64_t R, int64_t T, in
 /* Replaces s[0..n) (n >= 1) by exp(s_j - max s) and returns their sum, in
  * double; *mx receives the max. AVX2 (exp_neg_avx2) when avx, expf else. */
 double tk_exp_row(float *s, int64_t n, float *mx, bool avx);
+
+/* ------------------------------------------------------------- matmul_avx512.c */
+
+/* xb (R, K; row stride ldb) = x (R, K; row stride ldx) rounded to bf16 (to
+ * nearest even; NaN stays NaN), the same bits on every code path. */
+void tk_round_bf16(const float *x, int64_t ldx, int64_t R, int64_t K, uint16_t *xb, int64_t ldb, int nt);
+/* out (R, N; row stride ldo) (+)= xb . w^T: xb (R, K) bf16 rows ldx apart,
+ * w (N, K) bf16. AVX512_BF16 only (tk_cpu_has(TK_CPU_AVX512BF16)). Each
+ * output's bits depend on its row of xb, its row of w and K alone. */
+void tk_mm_bf16(const uint16_t *xb, int64_t ldx, const uint16_t *w, int64_t R, int64_t K, int64_t N, float *out,
+                int64_t ldo, bool add, int nt);
+/* out (R, N) (+)= x . w^T: x f32, w (N, K) of wdt (f32, f16, bf16) widened
+ * exactly in registers. AVX-512 F/BW/VL only. Each output's bits depend on
+ * its row of x, its row of w and K alone. */
+void tk_mm_f32w(const float *x, int64_t ldx, const void *w, tide_dtype wdt, int64_t R, int64_t K, int64_t N,
+                float *out, int64_t ldo, bool add, int nt);
 
 #endif

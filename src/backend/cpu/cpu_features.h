@@ -1,0 +1,33 @@
+/*
+ * cpu_features.h - run-time CPU feature detection for the CPU kernels
+ * (cpu_features.c): one binary for every x86-64 machine, each kernel family
+ * choosing its code path from these bits.
+ */
+#ifndef TIDE_CPU_FEATURES_H
+#define TIDE_CPU_FEATURES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Instruction sets the CPU has and the OS has enabled. The AVX-512 bits are
+ * set only together with F, BW, VL and AVX2 (the kernels' common floor). */
+#define TK_CPU_AVX2 (1u << 0)       /* with FMA */
+#define TK_CPU_AVX512F (1u << 1)
+#define TK_CPU_AVX512BW (1u << 2)
+#define TK_CPU_AVX512VL (1u << 3)
+#define TK_CPU_AVX512BF16 (1u << 4)
+#define TK_CPU_AVX512VNNI (1u << 5)
+#define TK_CPU_AMXBF16 (1u << 6)    /* detected and reported; no kernel uses it yet */
+
+/* The detected set (probed once; thread-safe). */
+unsigned tk_cpu_detected(void);
+/* The set the kernels may use: the detected one, or 0 while
+ * tk_cpu_force_generic(true) is in effect (tests: the portable paths). */
+unsigned tk_cpu(void);
+void tk_cpu_force_generic(bool on);
+/* The names of the bits of f, space separated ("none" for 0), into buf. */
+void tk_cpu_names(unsigned f, char *buf, size_t n);
+
+static inline bool tk_cpu_has(unsigned bits) { return (tk_cpu() & bits) == bits; }
+
+#endif
