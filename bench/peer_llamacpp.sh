@@ -4,7 +4,7 @@
 #
 #   bench/peer_llamacpp.sh [--tide PATH] [--model DIR] [--rounds N] [--threads N]
 #                          [--prompt N] [--new N] [--cache DIR] [--sdist FILE]
-#                          [--json FILE]
+#                          [--commit NAME] [--json FILE]
 #
 # 1. llama.cpp: the source that llama-cpp-python's source distribution vendors
 #    (`pip download --no-deps --no-binary :all: llama-cpp-python`, or --sdist
@@ -14,20 +14,35 @@
 #    ${XDG_CACHE_HOME:-~/.cache}/tide/peer-llamacpp), so later runs neither
 #    download nor build.
 # 2. The model (default: tide's built-in one, written by `tide make-model` if
-#    absent) converted to a bf16 GGUF by bench/peer/gguf_convert.py (the `gguf`
-#    package; installed into the cache directory if Python lacks it), with
-#    llama.cpp's Q/K row permutation for its rotary layout.
-# 3. Rounds (default 3), each running every configuration once as a fresh
-#    process, in an order rotated from round to round: llama.cpp; tide in its
-#    default CPU matmul mode; tide --matmul f32 and --matmul fast where they
-#    differ from the default and the CPU backend accepts them. Each prefills
-#    --prompt ids (default 512; tide's deterministic prompt, passed as a list
-#    to both) and generates --new tokens (default 32) greedily with --threads
-#    threads (default 2). Prefill tokens/s = prompt / prefill time; decode
-#    tokens/s = (new - 1) / the time of the single-token steps, as tide counts.
-# 4. Every run's tokens must equal llama.cpp's first run's. Prints the median
-#    tokens/s of each configuration and the ratios tide / llama.cpp (target
-#    >= 1.0 in the default mode), then JSON lines (appended to --json FILE).
+#    absent) converted by bench/peer/gguf_convert.py (the `gguf` package;
+#    installed into the cache directory if Python lacks it), with llama.cpp's
+#    Q/K row permutation for its rotary layout: a bf16 GGUF (the weights as
+#    stored) for the timed runs, and an f32 one (widened exactly) for the check.
+# 3. The check: llama.cpp in f32 throughout (f32 GGUF, f32 KV cache, flash
+#    attention off) must generate exactly the tokens of tide's f32 matmul mode.
+#    At its defaults llama.cpp rounds activations to bf16 and runs the CPU
+#    flash attention with Q in f16, so its logits differ from f32 ones by up to
+#    about 0.05 on this model, and greedy tokens part where two logits are
+#    closer than that (the synthetic model has many such near-ties); the
+#    report says where each timed configuration first leaves the f32 tokens,
+#    with llama.cpp's gap between its two largest logits there.
+# 4. Rounds (default 3), each running every configuration once as a fresh
+#    process, in an order rotated from round to round: llama.cpp at its
+#    defaults on the bf16 GGUF; tide in its default CPU matmul mode; tide
+#    --matmul f32 and --matmul fast where they differ from the default and the
+#    CPU backend accepts them. Each prefills --prompt ids (default 512; tide's
+#    deterministic prompt, passed as a list to both) and generates --new
+#    tokens (default 32) greedily with --threads threads (default 2). Prefill
+#    tokens/s = prompt / prefill time (for tide: including planning its first
+#    graph); decode tokens/s = (new - 1) / the time of the single-token steps,
+#    as tide counts. Each configuration must give the same tokens every round.
+# 5. Prints the machine, the load average before and after, the median tokens/s
+#    of each configuration and the ratios tide / llama.cpp (target >= 1.0 in
+#    the default mode): of the medians, and the median over rounds of each
+#    round's ratio (paired runs, next to each other in time: on a machine
+#    others load, the steadier figure), then JSON lines (appended to --json FILE). --commit
+#    names the tide build measured (default: the repository's HEAD, "+dirty"
+#    when its tree has changes).
 #
 # Exit status: 0; 1 when a run fails or tokens differ; 2 usage; 77 when a
 # prerequisite is missing (cmake, a C/C++ compiler, python3 with numpy, pip's
@@ -45,9 +60,10 @@ n_new=32
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/tide/peer-llamacpp"
 sdist=""
 json=""
+commit=""
 
 usage() {
-    sed -n '4,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '5,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 while [ $# -gt 0 ]; do
@@ -61,6 +77,7 @@ while [ $# -gt 0 ]; do
     --cache) cache=$2; shift 2 ;;
     --sdist) sdist=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
+    --commit) commit=$2; shift 2 ;;
     *) usage ;;
     esac
 done
@@ -127,10 +144,15 @@ if ! python3 -c 'import gguf' 2>/dev/null; then
 fi
 weights=$(ls "$model"/*.safetensors | head -n1)
 gguf="$cache/$(basename "$model")-bf16.gguf"
-if [ ! -f "$gguf" ] || [ "$weights" -nt "$gguf" ] || [ "$here/peer/gguf_convert.py" -nt "$gguf" ]; then
-    log "converting $model to $gguf"
-    "${pyenv[@]}" python3 "$here/peer/gguf_convert.py" "$model" "$gguf" >&2 || fail "conversion failed"
-fi
+gguf32="$cache/$(basename "$model")-f32.gguf"
+for f in "$gguf" "$gguf32"; do
+    if [ ! -f "$f" ] || [ "$weights" -nt "$f" ] || [ "$here/peer/gguf_convert.py" -nt "$f" ]; then
+        log "converting $model to $f"
+        opt=()
+        [ "$f" = "$gguf32" ] && opt=(--f32)
+        "${pyenv[@]}" python3 "$here/peer/gguf_convert.py" "${opt[@]}" "$model" "$f" >&2 || fail "conversion failed"
+    fi
+done
 
 # ---------------------------------------------------------------- runs
 vocab=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$model/config.json")
@@ -144,8 +166,11 @@ trap 'rm -rf "$work"' EXIT
 names=(llama.cpp tide)
 modes=("" "")
 run_cfg() { # configuration $1: the driver, or tide with matmul mode ${modes[$1]} (empty: its default)
-    if [ "$1" = 0 ]; then
-        "$driver" --model "$gguf" --threads "$threads" --new-tokens "$n_new" --tokens "$ids"
+    if [ "$1" = check ]; then
+        "$driver" --model "$gguf32" --kv f32 --flash-attn off --margins --threads "$threads" --new-tokens "$n_new" \
+            --tokens "$ids"
+    elif [ "$1" = 0 ]; then
+        "$driver" --model "$gguf" --margins --threads "$threads" --new-tokens "$n_new" --tokens "$ids"
     else
         "$tide" run --backend cpu --model "$model" --threads "$threads" --new-tokens "$n_new" --tokens "$ids" \
             --json --quiet ${modes[$1]:+--matmul "${modes[$1]}"}
@@ -168,6 +193,14 @@ for mode in f32 fast; do
     fi
 done
 ncfg=${#names[@]}
+f32cfg=1 # the configuration that runs tide's f32 mode
+for ((c = 2; c < ncfg; c++)); do [ "${modes[$c]}" = f32 ] && f32cfg=$c; done
+if [ "$default_mode" != f32 ] && [ "${modes[$f32cfg]}" != f32 ]; then
+    fail "tide has no f32 matmul mode on the CPU to check against"
+fi
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
+log "check: llama.cpp in f32 (f32 GGUF, f32 KV cache, flash attention off)"
+run_cfg check >"$work/check.json" 2>"$work/check.err" || { tail -n5 "$work/check.err" >&2; fail "the check run failed"; }
 
 log "$("$tide" --version 2>/dev/null | head -n1) (default matmul $default_mode), llama.cpp from $pkg; $rounds rounds of $ncfg configurations, $threads threads, prompt $n_prompt, $n_new new tokens"
 for ((r = 0; r < rounds; r++)); do
@@ -183,56 +216,95 @@ for ((r = 0; r < rounds; r++)); do
 done
 
 # ---------------------------------------------------------------- report
+load1=$(cut -d' ' -f1-3 /proc/loadavg)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
 flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512|amx|avx2$|fma$)' | sort -u | tr '\n' ' ')
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-python3 - "$work" "$rounds" "$ncfg" "$json" "$cpu" "$(nproc)" "$flags" "$commit" "$pkg" "$default_mode" "${names[@]}" <<'EOF'
+if [ -z "$commit" ]; then
+    commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    [ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit+dirty"
+fi
+python3 - "$work" "$rounds" "$ncfg" "$f32cfg" "$json" "$cpu" "$(nproc)" "$flags" "$commit" "$pkg" "$default_mode" \
+    "$load0" "$load1" "${names[@]}" <<'EOF'
 import json, statistics, sys
-work, rounds, ncfg, json_path, cpu, ncores, flags, commit, pkg, default_mode = sys.argv[1:11]
-rounds, ncfg = int(rounds), int(ncfg)
-names = sys.argv[11:11 + ncfg]
-runs = [[json.loads(open(f"{work}/r{r}-c{c}.json").read().strip().splitlines()[-1]) for r in range(rounds)]
-        for c in range(ncfg)]
-ref = runs[0][0]["tokens"]
-diff = [(names[c], r + 1) for c in range(ncfg) for r in range(rounds) if runs[c][r]["tokens"] != ref]
+(work, rounds, ncfg, f32cfg, json_path, cpu, ncores, flags, commit, pkg, default_mode,
+ load0, load1) = sys.argv[1:14]
+rounds, ncfg, f32cfg = int(rounds), int(ncfg), int(f32cfg)
+names = sys.argv[14:14 + ncfg]
+last = lambda path: json.loads(open(path).read().strip().splitlines()[-1])
+runs = [[last(f"{work}/r{r}-c{c}.json") for r in range(rounds)] for c in range(ncfg)]
+check = last(f"{work}/check.json")
+ref = check["tokens"]
+fails = []
+if any(x["tokens"] != ref for x in runs[f32cfg]):
+    fails.append(f"{names[f32cfg]} (f32) does not generate llama.cpp's f32 tokens")
+for c in range(ncfg):
+    if any(x["tokens"] != runs[c][0]["tokens"] for x in runs[c]):
+        fails.append(f"{names[c]} generates different tokens in different rounds")
+
+
+def agree(t):
+    n = 0
+    while n < len(ref) and n < len(t) and t[n] == ref[n]:
+        n += 1
+    return n
+
+
 med = lambda c, k: statistics.median(x[k] for x in runs[c])
 rng = lambda c, k: (min(x[k] for x in runs[c]), max(x[k] for x in runs[c]))
-sysinfo = runs[0][0].get("system_info", "")
-print(f"# tide vs llama.cpp on the CPU: prompt {runs[0][0]['prompt_tokens']} tokens, "
-      f"{runs[0][0]['new_tokens']} generated, {runs[0][0]['threads']} threads, median of {rounds} interleaved rounds\n")
-print(f"machine: {cpu}, {ncores} cores; flags: {flags.strip()}")
+r0 = runs[0][0]
+print(f"# tide vs llama.cpp on the CPU: prompt {r0['prompt_tokens']} tokens, {r0['new_tokens']} generated, "
+      f"{r0['threads']} threads, median of {rounds} interleaved rounds\n")
+print(f"machine: {cpu}, {ncores} cores; flags: {flags.strip()}; load average {load0} before, {load1} after")
 print(f"tide {commit} (default CPU matmul mode: {default_mode}); llama.cpp vendored by {pkg}")
-print(f"llama.cpp: {sysinfo.strip(' |')}\n")
-print("| engine | prefill tokens/s | decode tokens/s | prefill / llama.cpp | decode / llama.cpp |")
-print("|---|---|---|---|---|")
+print(f"llama.cpp: {r0.get('system_info', '').strip(' |')}\n")
+print("| engine | prefill tokens/s | decode tokens/s | prefill / llama.cpp | decode / llama.cpp "
+      "| paired prefill / decode ratio | tokens equal to the f32 check's |")
+print("|---|---|---|---|---|---|---|")
 p0, d0 = med(0, "prefill_tokens_per_s"), med(0, "decode_tokens_per_s")
 lines = []
 for c in range(ncfg):
     p, d = med(c, "prefill_tokens_per_s"), med(c, "decode_tokens_per_s")
     (pa, pb), (da, db) = rng(c, "prefill_tokens_per_s"), rng(c, "decode_tokens_per_s")
-    print(f"| {names[c]} | {p:.2f} ({pa:.1f}-{pb:.1f}) | {d:.2f} ({da:.1f}-{db:.1f}) | {p / p0:.3f} | {d / d0:.3f} |")
-    lines.append({"bench": "peer_llamacpp", "engine": names[c], "matmul": runs[c][0].get("matmul", ""),
-                  "prompt": runs[c][0]["prompt_tokens"], "new": runs[c][0]["new_tokens"],
-                  "threads": runs[c][0]["threads"], "rounds": rounds, "prefill_tps": round(p, 3),
-                  "decode_tps": round(d, 3), "prefill_ratio": round(p / p0, 4), "decode_ratio": round(d / d0, 4),
+    # paired: each round's run against llama.cpp's run of the same round, median over rounds
+    pp = statistics.median(runs[c][r]["prefill_tokens_per_s"] / runs[0][r]["prefill_tokens_per_s"] for r in range(rounds))
+    pd = statistics.median(runs[c][r]["decode_tokens_per_s"] / runs[0][r]["decode_tokens_per_s"] for r in range(rounds))
+    n = agree(runs[c][0]["tokens"])
+    eq = "all" if n == len(ref) else f"first {n} of {len(ref)}"
+    label = names[c] + (" (bf16 GGUF, its defaults)" if c == 0 else f" (matmul {runs[c][0].get('matmul', '')})")
+    print(f"| {label} | {p:.2f} ({pa:.1f}-{pb:.1f}) | {d:.2f} ({da:.1f}-{db:.1f}) | {p / p0:.3f} | {d / d0:.3f} "
+          f"| {pp:.3f} / {pd:.3f} | {eq} |")
+    lines.append({"bench": "peer_llamacpp", "engine": names[c], "matmul": runs[c][0].get("matmul", "bf16"),
+                  "prompt": r0["prompt_tokens"], "new": r0["new_tokens"], "threads": r0["threads"],
+                  "rounds": rounds, "prefill_tps": round(p, 3), "decode_tps": round(d, 3),
+                  "prefill_ratio": round(p / p0, 4), "decode_ratio": round(d / d0, 4),
+                  "paired_prefill_ratio": round(pp, 4), "paired_decode_ratio": round(pd, 4),
                   "prefill_tps_runs": [round(x["prefill_tokens_per_s"], 3) for x in runs[c]],
                   "decode_tps_runs": [round(x["decode_tokens_per_s"], 3) for x in runs[c]],
-                  "same_tokens": all(x["tokens"] == ref for x in runs[c]), "commit": commit, "llama_cpp": pkg})
+                  "tokens_equal_to_f32": n, "commit": commit, "llama_cpp": pkg, "load": [load0, load1]})
 print()
 print("per round (prefill / decode tokens/s):")
 for r in range(rounds):
     print(f"  round {r + 1}: " + "; ".join(f"{names[c]} {runs[c][r]['prefill_tokens_per_s']:.1f} / "
                                           f"{runs[c][r]['decode_tokens_per_s']:.2f}" for c in range(ncfg)))
+print(f"\ncheck: llama.cpp in f32 (f32 GGUF, f32 KV cache, no flash attention): {' '.join(map(str, ref))}")
+print(f"  {names[f32cfg]} (f32 mode): {'the same tokens' if runs[f32cfg][0]['tokens'] == ref else 'DIFFERENT tokens'}; "
+      f"smallest gap between llama.cpp's two largest logits {min(check['margins']):.4f}")
+n = agree(r0["tokens"])
+if n < len(ref):
+    print(f"  llama.cpp at its defaults (bf16 activations, f16 flash attention) leaves them at token {n + 1}, "
+          f"where its two largest logits are {r0['margins'][n]:.4f} apart "
+          f"(the f32 run's gap there: {check['margins'][n]:.4f})")
 pt, dt = med(1, "prefill_tokens_per_s") / p0, med(1, "decode_tokens_per_s") / d0
-print(f"\ntokens: {'identical in every run' if not diff else 'DIFFER: ' + ', '.join(f'{n} round {r}' for n, r in diff)}"
-      f" ({' '.join(map(str, ref[:8]))} ...)")
 print(f"target tide (default mode) / llama.cpp >= 1.0: prefill {pt:.3f} {'met' if pt >= 1 else 'NOT met'}, "
-      f"decode {dt:.3f} {'met' if dt >= 1 else 'NOT met'}\n")
+      f"decode {dt:.3f} {'met' if dt >= 1 else 'NOT met'}")
+for f in fails:
+    print(f"FAILED: {f}")
+print()
 out = open(json_path, "a") if json_path else None
-for l in lines:
-    s = json.dumps(l, separators=(",", ":"))
+for line in lines:
+    s = json.dumps(line, separators=(",", ":"))
     print(s)
     if out:
         out.write(s + "\n")
-sys.exit(1 if diff else 0)
+sys.exit(1 if fails else 0)
 EOF

@@ -3,13 +3,16 @@
 model.safetensors, or shards with model.safetensors.index.json; bf16, f16 or
 f32) to a GGUF file that llama.cpp runs, with the `gguf` package.
 
-    python3 bench/peer/gguf_convert.py MODEL_DIR OUT.gguf
+    python3 bench/peer/gguf_convert.py [--f32] MODEL_DIR OUT.gguf
 
 - Metadata: the "llama" architecture with the config's shapes, RMSNorm epsilon,
   rotary base and context length.
 - Tensors keep their dtype (bf16 stays bf16, bit for bit; file type
   MOSTLY_BF16), except the 1-D norm weights, which llama.cpp wants in f32
-  (widening is exact). Names follow llama.cpp: token_embd, output_norm, output,
+  (widening is exact). --f32 widens every tensor to f32 (exactly): llama.cpp
+  then multiplies f32 activations by f32 weights, as tide's f32 matmul mode
+  does, where with bf16 weights it rounds the activations to bf16 first.
+  Names follow llama.cpp: token_embd, output_norm, output,
   blk.N.attn_{norm,q,k,v,output}, blk.N.ffn_{norm,gate,up,down}.
 - Rotary layout: Hugging Face rotates half-split pairs (i, i + d/2) of each
   head; GGML's LLaMA rope rotates adjacent pairs (2i, 2i + 1). The rows of
@@ -117,7 +120,15 @@ def synthetic_vocab(w, n_vocab):
     w.add_add_bos_token(False)
 
 
-def convert(model_dir, out_path):
+def widen(a, st_dt):
+    """An f32 copy of a safetensors array (exact for bf16 and f16)."""
+    a = np.asarray(a)
+    if st_dt == "BF16":
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32)
+
+
+def convert(model_dir, out_path, f32=False):
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     n_head = cfg["num_attention_heads"]
@@ -155,11 +166,10 @@ def convert(model_dir, out_path):
             arr = rope_permute(arr, n_head)
         elif name.endswith("k_proj.weight"):
             arr = rope_permute(arr, n_kv)
-        if len(shape) == 1:
-            a = np.asarray(arr)
-            if st_dt == "BF16":
-                a = (a.astype(np.uint32) << 16).view(np.float32)
-            w.add_tensor(gname, np.ascontiguousarray(a, dtype=np.float32))
+        if len(shape) == 1 or f32:
+            w.add_tensor(gname, np.ascontiguousarray(widen(arr, st_dt)))
+            if len(shape) > 1:
+                dtypes.add("F32")
         else:
             dtypes.add(st_dt)
             w.add_tensor(gname, arr, raw_dtype=ST_DTYPES[st_dt][1])
@@ -179,15 +189,18 @@ def convert(model_dir, out_path):
 
 
 def main():
-    if len(sys.argv) != 3 or sys.argv[1].startswith("-"):
+    args = sys.argv[1:]
+    f32 = bool(args) and args[0] == "--f32"
+    args = args[1:] if f32 else args
+    if len(args) != 2 or args[0].startswith("-"):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     try:
-        n = convert(sys.argv[1], sys.argv[2])
+        n = convert(args[0], args[1], f32)
     except (OSError, ValueError, KeyError) as e:
         print(f"gguf_convert.py: {e}", file=sys.stderr)
         return 1
-    print(f"gguf_convert.py: {n} tensors -> {sys.argv[2]} ({os.path.getsize(sys.argv[2]) / 1e9:.2f} GB)")
+    print(f"gguf_convert.py: {n} tensors -> {args[1]} ({os.path.getsize(args[1]) / 1e9:.2f} GB)")
     return 0
 
 
