@@ -293,8 +293,11 @@ def make_sp(text):
     meta["post_processor"] = template("<s>", 1)
     meta["added_tokens"] += [added("<|im_start|>", n), added("<|im_end|>", n + 1, rstrip=True),
                              added("tidetoken", n + 2, special=False)]
-    cfgm = {"add_bos_token": True, "bos_token": {"content": "<s>", "special": True},
-            "eos_token": {"content": "<|im_end|>", "special": True}, "tokenizer_class": "LlamaTokenizer"}
+    def tok_obj(content):  # the older tokenizer_config.json form of a token
+        return {"__type": "AddedToken", "content": content, "lstrip": False, "normalized": False, "rstrip": False,
+                "single_word": False}
+    cfgm = {"add_bos_token": True, "bos_token": tok_obj("<s>"), "eos_token": tok_obj("<|im_end|>"),
+            "tokenizer_class": "LlamaTokenizer"}
     return (llama2, {"tokenizer_config.json": cfg2}), (meta, {"tokenizer_config.json": cfgm})
 
 
