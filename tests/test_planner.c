@@ -12,6 +12,9 @@
  *   4. tide's minimum budget is no larger than static-layer's;
  *   5. warm tensors with gaps in a warm region: nothing else is planned
  *      there, and a plan that puts something there is rejected;
+ *   6. where device memory is host memory (host_addressable), LLaMA graphs
+ *      under budgets use their host homes in place and stream only what
+ *      lives on SSD;
  *   plus the lifetime queries, the lower bound, and the message of a budget
  *   below an op's need beside what the plan reserves (the two apart).
  * The hardware profile is filled in by hand (an H100-like machine).
@@ -809,6 +812,70 @@ static void test_llama(void **state) {
     tide_ctx_free(ctx);
 }
 
+/* Offloaded plans where device memory is host memory (host_addressable, the
+ * CPU backend): LLaMA prefill and decode graphs (a 4-layer bf16
+ * tinyllama, 32 prompt tokens) with the weights homed on host and on SSD, at
+ * 100%, 50%, 25% and 10% of the unconstrained peak (every tensor in the
+ * arena: what `tide run --budget X%` takes a percentage of) and at the
+ * minimum. Every plan verifies and stays within its budget; no host-homed
+ * tensor (weights on host, the cache, inputs, outputs) is loaded, stored or
+ * moved: nothing crosses the host link; with the weights on SSD each is read
+ * from there at least once; spills go to SSD, none to host memory. With
+ * the weights on host the arena holds the activations alone: the in-place
+ * peak and minimum are a small part of the weights. */
+static void test_in_place_budget(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_hw hw = test_hw();
+    tide_llama_config cfg;
+    CHECK_OK(ctx, tide_llama_config_named(ctx, "tinyllama-1.1b", &cfg));
+    cfg.num_hidden_layers = 4;
+    cfg.dtype = TIDE_BF16;
+    int n_plans = 0;
+    for (int shape = 0; shape < 2; shape++) {
+        tide_llama_graph_opts go = {.batch = 1, .seq = shape ? 1 : 32, .ctx_len = 48, .fresh_cache = !shape};
+        tide_graph *g = NULL;
+        CHECK_OK(ctx, tide_llama_build(ctx, &cfg, &go, &g));
+        uint64_t full = tide_plan_unconstrained_peak(ctx, g, &hw, 1), weights = tide_graph_role_bytes(g, TIDE_ROLE_WEIGHT);
+        for (int ssd = 0; ssd < 2; ssd++) {
+            tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = &hw, .weights_on_ssd = ssd,
+                                .host_addressable = true};
+            uint64_t act = 0, min = 0;
+            CHECK_OK(ctx, tide_plan_peak_unbounded(ctx, g, &o, &act));
+            o.device_budget = full;
+            CHECK_OK(ctx, tide_plan_min_budget(ctx, g, &o, &min));
+            if (ssd ? act < weights / 4 : act > weights / 4 || min > act)
+                fail_msg("weights on %s: in place %" PRIu64 ", minimum %" PRIu64 ", unconstrained %" PRIu64
+                         ", weights %" PRIu64, ssd ? "ssd" : "host", act, min, full, weights);
+            static const double fr[] = {1.0, 0.5, 0.25, 0.10, 0};
+            for (int b = 0; b < 5; b++) {
+                o.device_budget = fr[b] > 0 ? tide_plan_align((uint64_t)((double)full * fr[b])) : min;
+                if (o.device_budget < min) continue;
+                tide_plan *p = plan_ok(ctx, g, &o);
+                assert_true(p->host_addressable);
+                assert_int_equal(p->stats.bytes_h2d + p->stats.bytes_d2h, 0);
+                for (int i = 0; i < p->n_ins; i++) {
+                    const tide_ins *in = &p->ins[i];
+                    if (in->tensor < 0 || g->tensors[in->tensor].role == TIDE_ROLE_TEMP) continue;
+                    if (p->home[in->tensor] == TIDE_TIER_HOST && in->kind != TIDE_INS_DROP)
+                        fail_msg("%s, weights on %s, budget %.0f%%: %s of host-homed '%s'", shape ? "decode" : "prefill",
+                                 ssd ? "ssd" : "host", fr[b] * 100, tide_ins_name(in->kind), g->tensors[in->tensor].name);
+                }
+                if (ssd) assert_true(p->stats.bytes_ssd_read >= weights);
+                assert_int_equal(p->stats.peak_host_bytes, 0);
+                assert_int_equal(p->host_spill_bytes, 0);
+                tide_plan_free(p);
+                n_plans++;
+            }
+            print_message("  %s, weights on %s: unconstrained peak %.1f MB, in place %.1f MB, minimum %.1f MB\n",
+                          shape ? "decode" : "prefill", ssd ? "ssd" : "host", full / 1e6, act / 1e6, min / 1e6);
+        }
+        tide_graph_free(g);
+    }
+    assert_true(n_plans >= 16);
+    tide_ctx_free(ctx);
+}
+
 /* ---------------------------------------------------------------- bounds */
 
 static void test_bounds(void **state) {
@@ -885,6 +952,7 @@ int main(void) {
         cmocka_unit_test(test_warm_region),
         cmocka_unit_test(test_shared_scratch_iterations),
         cmocka_unit_test(test_host_spill_iterations),
+        cmocka_unit_test(test_in_place_budget),
         cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_alloc_faults),
         cmocka_unit_test(test_llama),

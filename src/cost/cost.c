@@ -6,7 +6,11 @@
  *
  * Ops, by the class of their descriptor (graph/ops.c):
  *   MATMUL     max(flops / (peak[weight dtype] * matmul_efficiency),
- *                  bytes / mem_bw) + launch_s
+ *                  bytes / matvec_bw[weight dtype]) + launch_s
+ *              (matvec_bw: the rate a few-row product streams its operands
+ *              at through the backend's kernel, which a decode step's
+ *              matrix-vector products run at; mem_bw where the profile has
+ *              none)
  *   ATTENTION  as MATMUL at the rate of its activation dtype, efficiency
  *              attention_efficiency (0.5 when the profile has none)
  *   GENERIC    as MATMUL at the f32 rate
@@ -24,7 +28,9 @@
  * ssd_count drives, so its bandwidth is ssd_count times one drive's. An SSD
  * <-> device transfer is two stages pipelined through chunks (the executor's
  * bounce buffer): the slower stage for all the bytes plus the faster one for
- * the first chunk.
+ * the first chunk. Where device memory is host memory (a host_addressable
+ * plan) the drives read straight into the arena: an SSD LOAD is the read
+ * alone.
  */
 #include "cost/cost.h"
 
@@ -39,13 +45,20 @@ static double rate_of(const tide_hw *hw, tide_dtype dt) {
     return r > 0 ? r : hw->flops[TIDE_F32];
 }
 
+/* Bytes per second a MATMUL with weights of dtype dt streams at. */
+static double matvec_bw_of(const tide_hw *hw, tide_dtype dt) {
+    double bw = (unsigned)dt < TIDE_DTYPE_COUNT ? hw->matvec_bw[dt] : 0;
+    return bw > 0 ? bw : hw->mem_bw;
+}
+
 double tide_cost_op(const tide_hw *hw, const tide_graph *g, const tide_op *op) {
-    double mem_s = tide_op_bytes(g, op) / hw->mem_bw;
+    double bw = hw->mem_bw;
     const tide_op_desc *d = tide_op_desc_of(op->kind);
     double rate;
     switch (d ? d->cls : TIDE_OPC_VECTOR) {
     case TIDE_OPC_MATMUL: /* the weight's dtype */
         rate = rate_of(hw, g->tensors[op->in[1]].dtype) * hw->matmul_efficiency;
+        bw = matvec_bw_of(hw, g->tensors[op->in[1]].dtype);
         break;
     case TIDE_OPC_ATTENTION: /* the activations' dtype */
         rate = rate_of(hw, g->tensors[op->in[0]].dtype) *
@@ -58,7 +71,7 @@ double tide_cost_op(const tide_hw *hw, const tide_graph *g, const tide_op *op) {
         rate = hw->flops[TIDE_F32] * TIDE_VECTOR_EFFICIENCY;
         break;
     }
-    double comp_s = op->flops > 0 ? op->flops / rate : 0;
+    double comp_s = op->flops > 0 ? op->flops / rate : 0, mem_s = tide_op_bytes(g, op) / bw;
     return (comp_s > mem_s ? comp_s : mem_s) + hw->launch_s;
 }
 
@@ -106,10 +119,14 @@ static void set_res(unsigned *res, unsigned r) {
     if (res) *res = r;
 }
 
-double tide_cost_load(const tide_hw *hw, tide_tier src, uint64_t n, unsigned *res) {
+double tide_cost_load(const tide_hw *hw, tide_tier src, uint64_t n, bool host_device, unsigned *res) {
     if (src != TIDE_TIER_SSD) {
         set_res(res, TIDE_RES_H2D);
         return tide_hw_h2d_seconds(hw, n);
+    }
+    if (host_device) {
+        set_res(res, TIDE_RES_SSD);
+        return tide_hw_ssd_read_seconds(hw, n);
     }
     uint64_t c = n < TIDE_COST_CHUNK ? n : TIDE_COST_CHUNK;
     set_res(res, TIDE_RES_SSD | TIDE_RES_H2D);
@@ -133,7 +150,7 @@ double tide_cost_move(const tide_hw *hw, tide_tier dst, uint64_t n, unsigned *re
     return dst == TIDE_TIER_SSD ? tide_hw_ssd_write_seconds(hw, n) : tide_hw_ssd_read_seconds(hw, n);
 }
 
-double tide_cost_ins(const tide_hw *hw, const tide_graph *g, const tide_ins *in, unsigned *res) {
+double tide_cost_ins(const tide_hw *hw, const tide_graph *g, const tide_ins *in, bool host_device, unsigned *res) {
     uint64_t n = in->tensor >= 0 ? g->tensors[in->tensor].nbytes : 0;
     switch (in->kind) {
     case TIDE_INS_COMPUTE:
@@ -143,7 +160,7 @@ double tide_cost_ins(const tide_hw *hw, const tide_graph *g, const tide_ins *in,
         }
         set_res(res, TIDE_RES_COMPUTE);
         return tide_cost_op(hw, g, &g->ops[in->op]);
-    case TIDE_INS_LOAD: return tide_cost_load(hw, in->src, n, res);
+    case TIDE_INS_LOAD: return tide_cost_load(hw, in->src, n, host_device, res);
     case TIDE_INS_STORE: return tide_cost_store(hw, in->dst, n, res);
     case TIDE_INS_MOVE: return tide_cost_move(hw, in->dst, n, res);
     default:

@@ -31,6 +31,12 @@ typedef struct tide_hw {
     double host_flops;            /* the host CPU's f32 matmul FLOP/s, for computes placed
                                      on it (0: the default, 1e12) */
     double host_mem_bw;           /* the host CPU's memory bandwidth, bytes/s (0: 1e11) */
+    double matvec_bw[TIDE_DTYPE_COUNT]; /* by weight dtype: bytes per second (the op's,
+                                     tide_op_bytes) a MATMUL of few rows moves when its
+                                     weight bounds it, as in a decode step's
+                                     matrix-vector products; 0: mem_bw. Measured
+                                     through the backend's own kernel, which may widen
+                                     16-bit weights as it streams them */
 } tide_hw;
 
 /* Loads a profile by name (data/hw/NAME.json, shipped) or from a path (a name
@@ -63,7 +69,8 @@ typedef enum tide_res {
 
 /* COMPUTE: predicted seconds of op of g on hw (compute-bound or memory-bound,
  * whichever is slower, plus the launch overhead), holding TIDE_RES_COMPUTE.
- * MATMUL runs at the peak of its weight dtype times matmul_efficiency;
+ * MATMUL runs at the peak of its weight dtype times matmul_efficiency, its
+ * bytes at the profile's matvec_bw for that dtype (mem_bw when it has none);
  * ATTENTION at the peak of its activation dtype times attention_efficiency
  * (0.5 when the profile has none); GENERIC at the f32 matmul rate; the rest at
  * half the f32 peak. Bytes are those the op moves through device memory. */
@@ -74,17 +81,20 @@ double tide_cost_op_host(const tide_hw *hw, const tide_graph *g, const tide_op *
 /* LOAD of n bytes from tier src (HOST or SSD) to the device. From HOST: the
  * h2d link. From SSD: the SSD read and the h2d copy pipelined through chunks
  * of TIDE_COST_CHUNK bytes: the slower stage for all n bytes plus the faster
- * stage for one chunk (the pipeline's fill), holding the SSDs and the link.
- * *res (may be NULL) receives the resources. */
-double tide_cost_load(const tide_hw *hw, tide_tier src, uint64_t n, unsigned *res);
+ * stage for one chunk (the pipeline's fill), holding the SSDs and the link;
+ * where the device's memory is host memory (host_device: a host_addressable
+ * plan, the CPU), the drives read straight into it: the SSD read alone,
+ * holding the SSDs. *res (may be NULL) receives the resources. */
+double tide_cost_load(const tide_hw *hw, tide_tier src, uint64_t n, bool host_device, unsigned *res);
 /* STORE of n bytes from the device to tier dst (HOST or SSD): as LOAD, over
  * the d2h link and SSD writes. */
 double tide_cost_store(const tide_hw *hw, tide_tier dst, uint64_t n, unsigned *res);
 /* MOVE of n bytes between HOST and SSD (dst: where they go): the SSDs. */
 double tide_cost_move(const tide_hw *hw, tide_tier dst, uint64_t n, unsigned *res);
 /* Any instruction of a plan for g: the function of its kind and placement (a
- * DROP takes no time and holds nothing). */
-double tide_cost_ins(const tide_hw *hw, const tide_graph *g, const tide_ins *in, unsigned *res);
+ * DROP takes no time and holds nothing); host_device: the plan is
+ * host_addressable (see tide_cost_load). */
+double tide_cost_ins(const tide_hw *hw, const tide_graph *g, const tide_ins *in, bool host_device, unsigned *res);
 
 /* One stage of a transfer alone: n bytes over the h2d / d2h link, or read /
  * written by the SSD tier (striped over ssd_count drives): n / bandwidth +

@@ -6,7 +6,8 @@
  * A profile is a flat JSON object with one field per member of tide_hw (cost.h)
  * plus "notes" (ignored: where the figures come from). Every field is required
  * but "notes", "flops.i32" and the optional ones (attention_efficiency,
- * host_flops, host_mem_bw: absent means the cost model's default), and every
+ * host_flops, host_mem_bw, matvec_bw_f32/_f16/_bf16: absent means the cost
+ * model's default), and every
  * value is checked: a malformed profile is TIDE_E_FORMAT with a message naming
  * the file and the field.
  *
@@ -81,6 +82,9 @@ static const field optional_fields[] = {
     {"attention_efficiency", F_FRACTION, offsetof(tide_hw, attention_efficiency)},
     {"host_flops", F_POSITIVE, offsetof(tide_hw, host_flops)},
     {"host_mem_bw", F_POSITIVE, offsetof(tide_hw, host_mem_bw)},
+    {"matvec_bw_f32", F_POSITIVE, offsetof(tide_hw, matvec_bw) + TIDE_F32 * sizeof(double)},
+    {"matvec_bw_f16", F_POSITIVE, offsetof(tide_hw, matvec_bw) + TIDE_F16 * sizeof(double)},
+    {"matvec_bw_bf16", F_POSITIVE, offsetof(tide_hw, matvec_bw) + TIDE_BF16 * sizeof(double)},
 };
 #define N_OPTIONAL (sizeof optional_fields / sizeof optional_fields[0])
 #define N_FIELDS (sizeof fields / sizeof fields[0])

@@ -185,7 +185,7 @@ static double belady_cost(engine *e, int t, void *user) {
          * step at a time), a tensor used just before the horizon may go too:
          * a streaming slot that keeps the link busy, at the price of one
          * load; the long-lived residents, used longer ago, stay. */
-        bool starving = e->clk.res_free[RES_H2D_INDEX] + tide_cost_load(e->hw, TIDE_TIER_HOST, h->size, NULL) >=
+        bool starving = e->clk.res_free[RES_H2D_INDEX] + tide_cost_load(e->hw, TIDE_TIER_HOST, h->size, false, NULL) >=
                         e->clk.stream_end[TIDE_STREAM_COMPUTE] + engine_compute_seconds(e, e->exec, a);
         if (h->floor == -2) horizon_floor(e, h);
         if (starving) {
@@ -560,11 +560,37 @@ static int try_budget(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *
     return *st == TIDE_OK ? 0 : *st == TIDE_E_INFEASIBLE ? 1 : 2;
 }
 
+tide_status tide_plan_max_working_set(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts,
+                                      uint64_t *ws) {
+    *ws = tide_graph_max_working_set(g, NULL);
+    if (!opts->host_ops && !opts->host_addressable) return TIDE_OK;
+    /* what device computes need in the arena: no in-place tensor, no host
+     * op's (engine_working_set) */
+    tide_status st = check_opts(ctx, g, opts);
+    if (st) return st;
+    tide_plan_opts o = *opts;
+    o.device_budget = everything_bytes(g);
+    o.warm_off = NULL;
+    o.warm_region = 0;
+    o.shared_scratch = false;
+    engine e;
+    if ((st = engine_init(&e, ctx, g, &o))) {
+        engine_free(&e, false);
+        return st;
+    }
+    uint64_t n = TIDE_PLAN_ALIGN;
+    for (int i = 0; i < g->n_ops; i++) n = TIDE_MAX(n, engine_working_set(&e, i));
+    engine_free(&e, false);
+    *ws = n;
+    return TIDE_OK;
+}
+
 tide_status tide_plan_min_budget(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts,
                                  uint64_t *min_budget) {
     tide_status st = check_opts(ctx, g, opts);
     if (st) return st;
-    uint64_t lo = tide_graph_max_working_set(g, NULL);
+    uint64_t lo = 0;
+    if ((st = tide_plan_max_working_set(ctx, g, opts, &lo))) return st;
     if (opts->policy == TIDE_POLICY_STATIC_LAYER) lo = TIDE_MAX(lo, tide_static_layer_min_budget(g));
     int r = try_budget(ctx, g, opts, lo, &st);
     if (r == 0) {
@@ -662,7 +688,7 @@ tide_status tide_plan_bounds(tide_ctx *ctx, const tide_graph *g, const tide_plan
     for (int k = 0; k < 4; k++) {
         if (!xfer[k].n) continue;
         tide_tier tier = k % 2 ? TIDE_TIER_SSD : TIDE_TIER_HOST;
-        xfer[k].s = k < 2 ? tide_cost_load(hw, tier, xfer[k].n, &xfer[k].res)
+        xfer[k].s = k < 2 ? tide_cost_load(hw, tier, xfer[k].n, opts->host_addressable, &xfer[k].res)
                           : tide_cost_store(hw, tier, xfer[k].n, &xfer[k].res);
         for (int r = 0; r < TIDE_RES_COUNT; r++)
             if (xfer[k].res >> r & 1) busy[r] += xfer[k].s;

@@ -66,6 +66,12 @@ tide_status tide_plan_peak_unbounded(tide_ctx *ctx, const tide_graph *g, const t
 uint64_t tide_op_working_set(const tide_graph *g, const tide_op *op);
 /* Largest working set over the ops of g (*which: the op, may be NULL). */
 uint64_t tide_graph_max_working_set(const tide_graph *g, int *which);
+/* The same under opts into *ws: only what device computes need in the arena
+ * (with host_addressable, tensors homed on host are used in place and count
+ * for nothing; ops placed on the host need none). No plan of g under opts
+ * fits a budget below it. TIDE_OK, or the failure of setting up a plan
+ * (TIDE_E_INVALID, TIDE_E_INFEASIBLE: host memory, TIDE_E_NOMEM). */
+tide_status tide_plan_max_working_set(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, uint64_t *ws);
 
 /* Lower bound (DESIGN section 6) and ideal for a graph on hw at a budget. */
 typedef struct tide_bounds {

@@ -41,7 +41,7 @@ int engine_next_use(engine *e, int t) {
 double engine_load_seconds(const engine *e, int t) {
     const engine_tensor *T = &e->t[t];
     tide_tier src = T->cp[TIDE_TIER_HOST].valid || !T->cp[TIDE_TIER_SSD].valid ? TIDE_TIER_HOST : TIDE_TIER_SSD;
-    return tide_cost_load(e->hw, src, T->nbytes, NULL);
+    return tide_cost_load(e->hw, src, T->nbytes, e->plan->host_addressable, NULL);
 }
 
 double engine_store_seconds(const engine *e, int t, tide_tier tier) {
@@ -67,7 +67,8 @@ int engine_spill_tier(engine *e, int t) {
     if (e->host_used + n <= e->host.size / 4 * 3) return TIDE_TIER_HOST;
     int next = engine_next_use(e, t);
     double idle = next == TIDE_NEVER ? 1e30 : engine_compute_seconds(e, e->exec, next);
-    double trip = engine_store_seconds(e, t, TIDE_TIER_SSD) + tide_cost_load(e->hw, TIDE_TIER_SSD, e->t[t].nbytes, NULL);
+    double trip = engine_store_seconds(e, t, TIDE_TIER_SSD) + tide_cost_load(e->hw, TIDE_TIER_SSD, e->t[t].nbytes,
+                                                                         e->plan->host_addressable, NULL);
     return idle >= trip ? TIDE_TIER_SSD : TIDE_TIER_HOST;
 }
 
@@ -90,7 +91,7 @@ int op_distinct_tensors(const tide_op *op, int *ts, bool *is_in) {
 /* Duration and resources of an instruction: the cost model's, with the ops'
  * costs cached. */
 static double ins_cost(const engine *e, const tide_ins *in, unsigned *res) {
-    if (in->kind != TIDE_INS_COMPUTE || in->place != TIDE_PLACE_DEVICE) return tide_cost_ins(e->hw, e->g, in, res);
+    if (in->kind != TIDE_INS_COMPUTE || in->place != TIDE_PLACE_DEVICE) return tide_cost_ins(e->hw, e->g, in, e->plan->host_addressable, res);
     *res = TIDE_RES_COMPUTE;
     return e->op_s[in->op];
 }
@@ -598,6 +599,10 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
                         e->has_ssd ? "" : ", weights and state: the profile has no SSD");
     p->host_budget = host_budget;
     uint64_t host_cap = host_budget ? host_budget - on_host : UINT64_C(1) << 60;
+    /* Where device memory is host memory, a host spill copy is more of the
+     * same memory: the arena is what the budget bounds, so spills go to SSD
+     * when there is one (host computes aside, which need host copies). */
+    if (o->host_addressable && e->has_ssd && !o->host_ops) host_cap = 0;
     tide_relmap_init(&e->sp.rel);
     if (tide_arena_init(&e->sp.dev, 0, o->device_budget, TIDE_PLAN_ALIGN) ||
         tide_arena_init(&e->host, 0, host_cap, TIDE_PLAN_ALIGN) ||

@@ -22,8 +22,10 @@
  *                       the host run on this same CPU);
  *   h2d_bw, d2h_bw      memcpy rate (the CPU backend's "device" is host RAM);
  *   ssd_*               O_DIRECT sequential write then read of a temporary
- *                       file in ssd_dir (1 MiB requests, 4 KiB-aligned
- *                       buffers, up to 256 MiB) and the mean latency of 4 KiB
+ *                       file in ssd_dir through the SSD store's engine, as
+ *                       the executor transfers (32 MiB calls split into its
+ *                       requests, many in flight; 64 to 256 MiB) and the
+ *                       mean latency of 4 KiB
  *                       reads, in each directory of ssd_dir that lies on a
  *                       device of its own (st_dev); ssd_count is the number
  *                       of such devices and the figures are per-drive means.
@@ -57,10 +59,25 @@ tide_status tide_probe_drives(tide_ctx *ctx, const char *ssd_dir, double seconds
  * the tensors are an eighth of the size. */
 tide_status tide_probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_budget, tide_hw *h);
 
-/* Measures the machine as backend `be` sees it. On a backend computing in host
- * memory (the CPU) this is tide_probe. On a device backend (CUDA), every rate
- * is measured through the backend itself, as the executor will use it, and
- * *out is `base` (NULL: all fields measured) with these fields replaced:
+/* The matrix-vector rates of tide_probe_backend's CPU profile, through be's
+ * MATMUL kernel: matvec_bw[f32], [f16], [bf16] of h, each the bytes
+ * (tide_op_bytes) of one product of a row by a 64 MiB weight of that dtype
+ * (rows of 4096) over its best time less h->launch_s (measured first). seconds_budget
+ * <= 0: 1.5 s. Errors as tide_probe_ops. */
+tide_status tide_probe_matvec(tide_ctx *ctx, tide_backend *be, double seconds_budget, tide_hw *h);
+
+/* Measures the machine as backend `be` sees it, every rate through the
+ * backend itself, as the executor will use it, so that predictions follow
+ * its kernels. On a backend computing in host memory (the CPU), every field
+ * is measured (base is ignored): the drives as tide_probe_drives, the ops as
+ * tide_probe_ops below (flops, attention_efficiency, mem_bw, launch_s, and
+ * h2d_bw, d2h_bw and link_latency_s from the backend's copies, which are
+ * memcpy there), matvec_bw as tide_probe_matvec; host_flops and host_mem_bw
+ * are flops[f32] and mem_bw (the host is that CPU); device_mem_bytes and
+ * host_mem_bytes the physical memory. tide_probe, which times OpenBLAS
+ * directly, is what a machine offers rather than what tide's kernels reach.
+ * On a device backend (CUDA), *out is `base` (NULL: all fields measured)
+ * with these fields replaced:
  *   flops[f32], [f16], [bf16]  MATMUL ops of llama-7b's shape (2048 x 4096 x
  *                       4096, smaller when the budget is small) with weights
  *                       of each dtype, in the backend's current matmul mode,

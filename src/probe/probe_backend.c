@@ -26,6 +26,11 @@
 #define PB_COPY_BYTES ((size_t)64 << 20)
 #define PB_ADD_ELEMS ((int64_t)32 << 20) /* 128 MiB per f32 tensor */
 #define PB_BATCH 16                      /* items queued per timing, with events */
+/* The matrix-vector product's weight: 64 MiB in every dtype, larger than a
+ * server CPU's last-level cache, so it streams from memory as a decode
+ * step's weights do; rows of 4096. */
+#define PB_MATVEC_BYTES ((int64_t)64 << 20)
+#define PB_MATVEC_K 4096
 
 /* Queued timing (backends with events): the measurement issues on an
  * asynchronous queue of its own, errors on ctx, until pb_unqueue; elsewhere
@@ -124,9 +129,11 @@ static tide_status pb_tensor(tide_graph *g, const char *name, tide_dtype dt, tid
     return tide_graph_add_tensor(g, name, dt, role, d1 ? 2 : 1, shape, id);
 }
 
-/* MATMUL out (R, N) = x (R, K) . w (N, K)^T with w of dtype dt. */
-static tide_status pb_matmul(tide_ctx *ctx, tide_backend *be, tide_dtype dt, int64_t R, int64_t K, int64_t N,
-                             double seconds, double launch_s, double *rate) {
+/* MATMUL out (R, N) = x (R, K) . w (N, K)^T with w of dtype dt: its best
+ * time less the per-op overhead, *busy, and the bytes it moves (tide_op_bytes),
+ * *bytes. */
+static tide_status pb_matmul_time(tide_ctx *ctx, tide_backend *be, tide_dtype dt, int64_t R, int64_t K, int64_t N,
+                                  double seconds, double launch_s, double *busy, double *bytes) {
     pb_op p = {.g = tide_graph_new(ctx)};
     if (!p.g) return tide_err(ctx, TIDE_E_NOMEM, "probe: out of memory");
     int x = -1, w = -1, o = -1;
@@ -137,11 +144,20 @@ static tide_status pb_matmul(tide_ctx *ctx, tide_backend *be, tide_dtype dt, int
     if (!st) st = pb_alloc(ctx, be, &p);
     double t = 0;
     if (!st) st = pb_time(ctx, be, &p, seconds, &t);
+    if (!st) *bytes = tide_op_bytes(p.g, &p.g->ops[p.op]);
     pb_free(be, &p);
     if (st) return st;
-    double work = 2.0 * (double)R * (double)K * (double)N;
-    double busy = t - launch_s > t * 0.05 ? t - launch_s : t * 0.05;
-    *rate = work / busy;
+    *busy = t - launch_s > t * 0.05 ? t - launch_s : t * 0.05;
+    return TIDE_OK;
+}
+
+/* The same MATMUL's achieved FLOP/s. */
+static tide_status pb_matmul(tide_ctx *ctx, tide_backend *be, tide_dtype dt, int64_t R, int64_t K, int64_t N,
+                             double seconds, double launch_s, double *rate) {
+    double busy = 0, bytes = 0;
+    tide_status st = pb_matmul_time(ctx, be, dt, R, K, N, seconds, launch_s, &busy, &bytes);
+    if (st) return st;
+    *rate = 2.0 * (double)R * (double)K * (double)N / busy;
     return TIDE_OK;
 }
 
@@ -271,11 +287,47 @@ tide_status tide_probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_budge
     return TIDE_OK;
 }
 
+tide_status tide_probe_matvec(tide_ctx *ctx, tide_backend *be, double seconds_budget, tide_hw *h) {
+    double budget = seconds_budget > 0 ? seconds_budget : 1.5;
+    static const tide_dtype dts[] = {TIDE_F32, TIDE_F16, TIDE_BF16};
+    double bw[3] = {0};
+    for (int i = 0; i < 3; i++) {
+        double busy = 0, bytes = 0;
+        int64_t n = PB_MATVEC_BYTES / (PB_MATVEC_K * (int64_t)tide_dtype_size(dts[i]));
+        tide_status st = pb_matmul_time(ctx, be, dts[i], 1, PB_MATVEC_K, n, budget / 3, h->launch_s, &busy, &bytes);
+        if (st) return st;
+        bw[i] = bytes / busy;
+    }
+    for (int i = 0; i < 3; i++) h->matvec_bw[dts[i]] = bw[i];
+    return TIDE_OK;
+}
+
+/* The CPU backend (device memory is host memory): every rate through the
+ * backend's kernels as tide_probe_backend describes, the host's the same. */
+static tide_status probe_host_backend(tide_ctx *ctx, tide_backend *be, const char *ssd_dir, double budget,
+                                      tide_hw *out) {
+    tide_hw h;
+    memset(&h, 0, sizeof h);
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    h.host_mem_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : (uint64_t)1 << 30;
+    h.device_mem_bytes = h.host_mem_bytes;
+    /* the drive first: it fails fast on a bad directory */
+    tide_status st = tide_probe_drives(ctx, ssd_dir, budget * 0.35, &h);
+    if (!st) st = tide_probe_ops(ctx, be, budget * 0.45, &h);
+    if (!st) st = tide_probe_matvec(ctx, be, budget * 0.20, &h);
+    if (st) return st;
+    h.host_flops = h.flops[TIDE_F32]; /* computes placed on the host run on this same CPU */
+    h.host_mem_bw = h.mem_bw;
+    tide_probe_name(&h, be->vt->name);
+    *out = h;
+    return TIDE_OK;
+}
+
 tide_status tide_probe_backend(tide_ctx *ctx, tide_backend *be, const char *ssd_dir, double seconds_budget,
                                const tide_hw *base, tide_hw *out) {
     if (!out || !be) return tide_err(ctx, TIDE_E_INVALID, "probe: no backend or no profile to fill");
-    if (be->vt->device_is_host) return tide_probe(ctx, ssd_dir, seconds_budget, out);
     double budget = seconds_budget > 0 ? seconds_budget : 10.0;
+    if (be->vt->device_is_host) return probe_host_backend(ctx, be, ssd_dir, budget, out);
     tide_hw h;
     if (base) h = *base;
     else memset(&h, 0, sizeof h);

@@ -9,6 +9,7 @@
  * spent, always after at least one full repetition.
  */
 #include "probe/probe.h"
+#include "store/ssd.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -20,10 +21,10 @@
 #include <unistd.h>
 
 #define PROBE_MAX_N 2048
-#define PROBE_IO_REQUEST ((size_t)1 << 20)
+#define PROBE_IO_CALL ((size_t)32 << 20) /* per engine call: a large tensor's read */
 #define PROBE_IO_ALIGN 4096
 #define PROBE_IO_MAX ((uint64_t)256 << 20)
-#define PROBE_IO_MIN ((uint64_t)8 << 20)
+#define PROBE_IO_MIN ((uint64_t)64 << 20)
 #define PROBE_OVERHEAD_S 5e-6
 
 static double at_least(double t) { return t > 1e-9 ? t : 1e-9; }
@@ -173,13 +174,18 @@ static tide_status probe_drive(tide_ctx *ctx, const char *dir, double budget, io
     unlink(tmpl); /* the data lives until close, the name is gone already */
 
     tide_status st = TIDE_OK;
-    char *buf = tide_malloc_aligned(PROBE_IO_REQUEST, PROBE_IO_ALIGN);
-    if (!buf) {
+    /* the bulk transfers go through the SSD store's engine, as the
+     * executor's do: calls of PROBE_IO_CALL bytes, split into requests of
+     * its stripe, many in flight */
+    tide_ssd *ssd = NULL;
+    char *buf = tide_malloc_aligned(PROBE_IO_CALL, PROBE_IO_ALIGN);
+    if (!buf || tide_ssd_open(ctx, NULL, 0, 0, NULL, &ssd)) {
+        tide_free_aligned(buf);
         close(fd);
-        return tide_err(ctx, TIDE_E_NOMEM, "probe: out of memory for the drive test");
+        return buf ? tide_ctx_last_status(ctx) : tide_err(ctx, TIDE_E_NOMEM, "probe: out of memory for the drive test");
     }
     uint32_t x = 777;
-    for (size_t i = 0; i < PROBE_IO_REQUEST; i++) {
+    for (size_t i = 0; i < PROBE_IO_CALL; i++) {
         x = x * 1664525u + 1013904223u;
         buf[i] = (char)(x >> 24); /* incompressible */
     }
@@ -187,8 +193,8 @@ static tide_status probe_drive(tide_ctx *ctx, const char *dir, double budget, io
     double t0 = tide_now();
     uint64_t written = 0;
     while (written < PROBE_IO_MAX && (written < PROBE_IO_MIN || tide_now() < write_deadline)) {
-        if (full_pio(fd, buf, PROBE_IO_REQUEST, written, true)) goto io_fail;
-        written += PROBE_IO_REQUEST;
+        if (tide_ssd_write_file(ssd, fd, written, buf, PROBE_IO_CALL)) goto engine_fail;
+        written += PROBE_IO_CALL;
     }
     if (fdatasync(fd) != 0) goto io_fail;
     r->write_bw = (double)written / at_least(tide_now() - t0);
@@ -198,8 +204,8 @@ static tide_status probe_drive(tide_ctx *ctx, const char *dir, double budget, io
     t0 = tide_now();
     uint64_t read = 0;
     while (read < written && (read < PROBE_IO_MIN || tide_now() < read_deadline)) {
-        if (full_pio(fd, buf, PROBE_IO_REQUEST, read, false)) goto io_fail;
-        read += PROBE_IO_REQUEST;
+        if (tide_ssd_read_file(ssd, fd, read, buf, PROBE_IO_CALL)) goto engine_fail;
+        read += PROBE_IO_CALL;
     }
     r->read_bw = (double)read / at_least(tide_now() - t0);
 
@@ -217,9 +223,16 @@ static tide_status probe_drive(tide_ctx *ctx, const char *dir, double budget, io
     }
     r->latency_s = lat / n_lat;
     goto done;
+engine_fail: {
+    char why[TIDE_ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", tide_ctx_last_error(ctx)); /* the store's message, on ctx */
+    st = tide_err(ctx, TIDE_E_IO, "probe: I/O on a temporary file in '%s' failed: %s", dir, why);
+    goto done;
+}
 io_fail:
     st = tide_err(ctx, TIDE_E_IO, "probe: I/O on a temporary file in '%s' failed: %s", dir, strerror(errno));
 done:
+    tide_ssd_close(ssd);
     tide_free_aligned(buf);
     close(fd);
     return st;

@@ -338,6 +338,7 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
                            /* a quick measurement of this machine, so predictions mean something */
                            : tide_probe_backend(m->ctx, m->be, m->off_ssd_dirs, 1.0, NULL, &m->hw);
     if (st) return st;
+    m->hw_probed = !o->hw;
     if (!m->be->vt->device_is_host && m->be->matmul == TIDE_MATMUL_F32) {
         /* 16-bit weights are widened and multiplied at the f32 rate */
         for (int d = 0; d < TIDE_DTYPE_COUNT; d++)

@@ -81,6 +81,7 @@ struct tide_model {
     char *off_ssd_dirs;
     tide_policy policy;
     tide_hw hw;               /* the cost model of offloaded plans */
+    bool hw_probed;           /* hw was measured here (no profile given): runs may refit it */
     /* the planned engine's arena, lent to every runner */
     void *arena;
     uint64_t arena_bytes;     /* offloaded: the budget; resident: the largest plan's need */

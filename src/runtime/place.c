@@ -21,7 +21,14 @@
  * first graph planned; each slot's graph is tiled as finely as the budget
  * needs (runtime/tiling.c) and planned under it. Weights are homed in pinned
  * copies, the memory-mapped checkpoint or the checkpoint file; the cache in
- * its host buffers.
+ * its host buffers. Where device memory is host memory (the CPU), tide's
+ * offloaded plans are host_addressable too: what is homed in host memory
+ * (the cache, inputs, outputs, weights not on SSD) is used in place, never
+ * copied, so the arena holds only the activations and the weights read from
+ * SSD, and the budget bounds what a run adds to memory; spills go to SSD
+ * (planner_engine.c). The baselines copy everything in, as on a device. A
+ * probed profile's SSD read rate is refitted from runs that read enough
+ * (refit_ssd_read).
  *
  * Warm state (the arena on a device, resident):
  *   (none) --ensure_arena: alloc + upload_warm--> LOADED
@@ -160,9 +167,17 @@ static const tide_hw *resident_hw(void) {
     return &hw;
 }
 
+/* Whether offloaded plans use host homes in place: where device memory is
+ * host memory (the CPU), under the tide policy (the baselines plan every
+ * tensor through the arena, as on a device, so that policies compare). */
+static bool offload_in_place(const tide_model *m) {
+    return m->be->vt->device_is_host && m->policy == TIDE_POLICY_TIDE;
+}
+
 static tide_plan_opts offload_opts(const tide_model *m, uint64_t budget) {
     return (tide_plan_opts){.policy = m->policy, .device_budget = budget, .host_budget = m->off.host_budget,
-                            .n_iter = 1, .hw = &m->hw, .weights_on_ssd = m->off.weights_on_ssd};
+                            .n_iter = 1, .hw = &m->hw, .weights_on_ssd = m->off.weights_on_ssd,
+                            .host_addressable = offload_in_place(m)};
 }
 
 static tide_llama_graph_opts slot_graph_opts(const tide_model *m, const graph_slot *s) {
@@ -354,6 +369,22 @@ static tide_status prepare(tide_model *m, graph_slot *s) {
     return TIDE_OK;
 }
 
+/* Where device memory is host memory, an SSD LOAD is the drive's read
+ * straight into the arena: a run that read at least REFIT_MIN_BYTES from
+ * the drives timed their read rate on the very files and requests the plans
+ * move, at length, where the quick probe sampled a scratch file for a
+ * fraction of a second; a probed profile takes that rate for the plans made
+ * from then on (the decode step's, after the prefill). Not on a device,
+ * where the time of an SSD LOAD is a pipeline with the host link, nor with
+ * a profile the caller gave. */
+#define REFIT_MIN_BYTES ((uint64_t)256 << 20)
+static void refit_ssd_read(tide_model *m, const tide_exec_stats *es) {
+    if (!m->hw_probed || !m->be->vt->device_is_host || es->bytes_ssd_read < REFIT_MIN_BYTES || !(es->ssd_read_s > 0))
+        return;
+    int k = m->hw.ssd_count > 0 ? m->hw.ssd_count : 1;
+    m->hw.ssd_read_bw = (double)es->bytes_ssd_read / es->ssd_read_s / k;
+}
+
 tide_status tide_planned_run(tide_model *m, graph_slot *s, const tide_binding *io, int n_io) {
     tide_status st;
     if (!s->run && (st = prepare(m, s))) return st;
@@ -371,6 +402,7 @@ tide_status tide_planned_run(tide_model *m, graph_slot *s, const tide_binding *i
         m->peak_bytes = TIDE_MAX(m->peak_bytes, m->weight_bytes + m->state_bytes + act);
         return TIDE_OK;
     }
+    refit_ssd_read(m, &es);
     a->bytes_h2d += es.bytes_h2d;
     a->bytes_d2h += es.bytes_d2h;
     a->bytes_ssd_read += es.bytes_ssd_read;

@@ -52,7 +52,11 @@ tide_status tide_llama_plan_tiled(tide_ctx *ctx, const tide_llama_config *cfg,
             tide_graph_free(gk);
             break;
         }
-        uint64_t lo = tide_graph_max_working_set(gk, NULL);
+        uint64_t lo = 0;
+        if ((st = tide_plan_max_working_set(ctx, gk, opts, &lo))) {
+            tide_graph_free(gk);
+            break;
+        }
         if (!min_budget) {
             if (lo > opts->device_budget) { /* cannot fit: skip the planning */
                 char lv[48] = "untiled";

@@ -102,7 +102,7 @@ tide_status tide_simulate(const tide_plan *p, const tide_hw *hw, tide_sim_result
     for (int i = 0; i < n; i++) {
         const tide_ins *in = &p->ins[i];
         unsigned r = 0;
-        dur[i] = tide_cost_ins(hw, p->g, in, &r);
+        dur[i] = tide_cost_ins(hw, p->g, in, p->host_addressable, &r);
         res[i] = (unsigned char)r;
         pending[i] = in->n_wait;
         ev[i].ins = i;
