@@ -48,6 +48,16 @@ void cli_progress_init(cli_progress_state *s, bool quiet);
 void cli_progress(void *user, const char *what, uint64_t done, uint64_t total);
 void cli_progress_end(cli_progress_state *s);
 
+/* Resident memory of this process (Linux: /proc/self/status). cli_rss_peak:
+ * its peak (VmHWM; else getrusage's ru_maxrss) in bytes, 0 when unknown;
+ * cli_rss_now: its current size (VmRSS), 0 when unknown;
+ * cli_rss_reset_peak: sets the peak to the current size (/proc/self/clear_refs),
+ * so that the next cli_rss_peak is the peak since this call; false when the
+ * system does not allow it (the peak then runs from the process's start). */
+bool cli_rss_reset_peak(void);
+uint64_t cli_rss_peak(void);
+uint64_t cli_rss_now(void);
+
 /* Directory of the built-in default model (created on first use):
  * $TIDE_CACHE, else $XDG_CACHE_HOME/tide, else $HOME/.cache/tide, then
  * models/<name>. Returns 0 or -1 (message in buf on failure). */

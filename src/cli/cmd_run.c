@@ -7,10 +7,12 @@
 #include <cjson/cJSON.h>
 #include <getopt.h>
 #include <limits.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 static const char help[] =
     "Usage: tide run [--model DIR] [--tokens 1,2,3 | --prompt-len N] [--new-tokens N]\n"
@@ -29,10 +31,21 @@ static const char help[] =
     "SSD spill files; without, an unconstrained one (weights and KV cache stay\n"
     "in device memory, or are used in place where it is host memory).\n"
     "\n"
-    "With no arguments it demonstrates offloading: the built-in model (a\n"
+    "On the CPU the device is host memory, so nothing is gained by moving\n"
+    "tensors between the two: tensors homed in host memory (the KV cache, the\n"
+    "inputs and outputs, and the weights unless --weights-on-ssd) are used in\n"
+    "place, never copied; the budget is the arena, which bounds what a run adds\n"
+    "to them (activations, and weights streamed from SSD); offloading means the\n"
+    "SSD tier. There only --weights-on-ssd lowers the memory a model needs.\n"
+    "\n"
+    "With no arguments it demonstrates offloading on the built-in model (a\n"
     "tinyllama-1.1b-shaped synthetic bf16 checkpoint, generated once into\n"
     "$TIDE_CACHE, else $XDG_CACHE_HOME/tide, else ~/.cache/tide) at 25% of its\n"
-    "unconstrained peak, checked bit for bit against the plain reference engine.\n"
+    "unconstrained peak, checked bit for bit against the plain reference engine\n"
+    "(an unconstrained run). On a GPU the weights stream from host memory. On\n"
+    "the CPU they stream from SSD (--weights-on-ssd), the reference run comes\n"
+    "after the offloaded one, and the peak resident memory (RSS) of each run is\n"
+    "measured and shown side by side.\n"
     "\n"
     "  --model DIR         Hugging Face-layout LLaMA checkpoint (config.json +\n"
     "                      model.safetensors or shards with an index)\n"
@@ -40,13 +53,20 @@ static const char help[] =
     "  --prompt-len N      a deterministic prompt of N token ids (default 32)\n"
     "  --new-tokens N      tokens to generate (default 16)\n"
     "  --budget X          device memory: bytes (2G), a percentage of the\n"
-    "                      unconstrained peak (25%), auto (on a GPU its free memory\n"
-    "                      less max(512 MiB, 1/32 of its memory); on the CPU 90% of\n"
-    "                      the profile's device memory; at most the unconstrained\n"
-    "                      peak), min (the smallest the policy can plan) or none\n"
-    "                      (everything resident). Default: 25% with no --model\n"
-    "                      and no --budget given; none otherwise\n"
-    "  --policy P          tide (default), static-layer or lru\n"
+    "                      unconstrained peak (25%: of the bytes the largest graph's\n"
+    "                      tensors take when all are in device memory at once:\n"
+    "                      weights, KV cache and live activations; the same on the\n"
+    "                      CPU, where that is the memory the unconstrained run\n"
+    "                      needs), auto (on a GPU its free memory less max(512 MiB,\n"
+    "                      1/32 of its memory); on the CPU 90% of the profile's\n"
+    "                      device memory; at most the unconstrained peak), min (the\n"
+    "                      smallest the policy can plan) or none (everything\n"
+    "                      resident). The arena is exactly this many bytes; on the\n"
+    "                      CPU it is what a run adds to the tensors homed in host\n"
+    "                      memory (see above). Default: 25% with no --model and no\n"
+    "                      --budget given; none otherwise\n"
+    "  --policy P          tide (default), static-layer or lru (the baselines copy\n"
+    "                      every tensor into the arena, on the CPU too)\n"
     "  --host-budget X     host memory for spilled activations (default: no limit)\n"
     "  --ssd DIRS          spill directories, comma-separated (default $TMPDIR or\n"
     "                      /tmp); spill files are unlinked as soon as created\n"
@@ -75,7 +95,8 @@ static const char help[] =
     "  --check             also run the plain reference engine and compare the\n"
     "                      generated tokens and every logit bit for bit (on by\n"
     "                      default with no arguments); exit status 1 when they\n"
-    "                      differ\n"
+    "                      differ. On the CPU the reference runs after this run,\n"
+    "                      so that each run's peak RSS is its own\n"
     "  --trace FILE        Perfetto trace JSON of the offloaded prefill, measured\n"
     "  --trace-svg FILE    device memory over time, measured and predicted\n"
     "  --backend B         auto (CUDA when a GPU is present, else CPU; a GPU that is\n"
@@ -133,11 +154,6 @@ static int parse_tokens(const char *s, int32_t **out, int *n) {
     return 0;
 }
 
-static uint64_t peak_rss_bytes(void) {
-    struct rusage ru;
-    return getrusage(RUSAGE_SELF, &ru) == 0 ? (uint64_t)ru.ru_maxrss * 1024 : 0;
-}
-
 typedef struct run_args {
     const char *model_dir, *tokens, *budget, *policy, *ssd, *hw, *trace, *trace_svg;
     long prompt_len, new_tokens, threads;
@@ -151,10 +167,25 @@ typedef struct run_args {
     const char *tile;
 } run_args;
 
+/* Peak resident memory of the process during each run (cli_rss_*): `exact`
+ * when the peak was reset before the run; else it is the process's peak so
+ * far (the machine probe's buffers and any earlier run included). */
+typedef struct rss_measure {
+    uint64_t before, peak;    /* at the run's start; its peak (0: unknown) */
+    bool exact;
+} rss_measure;
+
+/* Predicted against measured seconds, as a signed percentage of the
+ * prediction (0 when there is none). */
+static double pct_off(double measured, double predicted) {
+    return predicted > 0 ? 100.0 * (measured - predicted) / predicted : 0;
+}
+
 static void print_summary(const run_args *a, const char *model_dir, const tide_llama_config *cfg,
                           tide_backend *be, tide_ctx *ctx, int n_prompt, const int32_t *gen,
                           const tide_gen_stats *s, const tide_gen_stats *ref, bool offload,
-                          const char *policy, int check_rc) {
+                          const char *policy, int check_rc, const tide_offload_opts *off, const rss_measure *run_rss,
+                          const rss_measure *ref_rss) {
     char b1[32], b2[32], b3[32], b4[32];
     printf("model      %s (%s, %d layers, %s)\n", model_dir, cfg->name, cfg->num_hidden_layers,
            tide_dtype_name(cfg->dtype));
@@ -172,20 +203,38 @@ static void print_summary(const run_args *a, const char *model_dir, const tide_l
     if (offload) {
         char tl[16] = "none";
         if (s->tile_level) snprintf(tl, sizeof tl, "level %d", s->tile_level);
-        printf("offload    policy %s, device budget %s, peak device %s, tiling %s\n", policy,
-               cli_fmt_bytes(s->budget_bytes, b1, sizeof b1), cli_fmt_bytes(s->peak_device_bytes, b2, sizeof b2), tl);
+        char of[48] = "";
+        if (off->budget_kind == TIDE_BUDGET_FRACTION)
+            snprintf(of, sizeof of, " (%g%% of the unconstrained peak)", off->fraction * 100);
+        printf("offload    policy %s, device budget %s%s, peak device %s, tiling %s\n", policy,
+               cli_fmt_bytes(s->budget_bytes, b1, sizeof b1), of, cli_fmt_bytes(s->peak_device_bytes, b2, sizeof b2),
+               tl);
         printf("links      host->device %s, device->host %s, ssd read %s, ssd write %s\n",
                cli_fmt_bytes(s->bytes_h2d, b1, sizeof b1), cli_fmt_bytes(s->bytes_d2h, b2, sizeof b2),
                cli_fmt_bytes(s->bytes_ssd_read, b3, sizeof b3), cli_fmt_bytes(s->bytes_ssd_write, b4, sizeof b4));
-        printf("weights    %s pinned in host memory of %s\n", cli_fmt_bytes(s->pinned_weight_bytes, b1, sizeof b1),
-               cli_fmt_bytes(s->weight_bytes, b2, sizeof b2));
+        printf("weights    %s pinned in host memory of %s%s\n", cli_fmt_bytes(s->pinned_weight_bytes, b1, sizeof b1),
+               cli_fmt_bytes(s->weight_bytes, b2, sizeof b2),
+               a->weights_on_ssd ? "; homed on SSD, read from the checkpoint file" : "");
         printf("time       wall %.3f s; predicted makespan %.3f s, measured %.3f s (%+.1f%%)\n",
-               s->prefill_s + s->decode_s, s->predicted_s, s->exec_s,
-               s->predicted_s > 0 ? 100.0 * (s->exec_s - s->predicted_s) / s->predicted_s : 0);
+               s->prefill_s + s->decode_s, s->predicted_s, s->exec_s, pct_off(s->exec_s, s->predicted_s));
+        double pd = s->predicted_s - s->predicted_prefill_s;
+        printf("predicted  prefill %.3f s, measured %.3f s (%+.1f%%); decode %.2f tokens/s (%.3f s), measured "
+               "%.2f (%.3f s, %+.1f%%)\n", s->predicted_prefill_s, s->prefill_s,
+               pct_off(s->prefill_s, s->predicted_prefill_s), pd > 0 ? s->decode_tokens / pd : 0, pd,
+               s->decode_tokens_per_s, s->decode_s, pct_off(s->decode_s, pd));
     } else {
         printf("memory     peak %s of tensors (weights %s, KV cache %s)\n",
                cli_fmt_bytes(s->peak_bytes, b1, sizeof b1), cli_fmt_bytes(s->weight_bytes, b2, sizeof b2),
                cli_fmt_bytes(s->state_bytes, b3, sizeof b3));
+    }
+    if (run_rss->peak) {
+        printf("memory     peak RSS %s %s", cli_fmt_bytes(run_rss->peak, b1, sizeof b1),
+               run_rss->exact ? "during this run" : "of the process so far");
+        if (run_rss->exact && run_rss->before) printf(" (%s at its start)", cli_fmt_bytes(run_rss->before, b2, sizeof b2));
+        if (ref && ref_rss->peak)
+            printf("; %s during the unconstrained reference run%s (%.2fx)", cli_fmt_bytes(ref_rss->peak, b3, sizeof b3),
+                   ref_rss->exact ? "" : " (process peak)", (double)run_rss->peak / (double)ref_rss->peak);
+        printf("\n");
     }
     if (ref) {
         double w = s->prefill_s + s->decode_s, rw = ref->prefill_s + ref->decode_s;
@@ -200,7 +249,8 @@ static void print_summary(const run_args *a, const char *model_dir, const tide_l
 static void print_json(const run_args *a, const char *model_dir, const tide_llama_config *cfg,
                        tide_backend *be, tide_ctx *ctx, int n_prompt, const int32_t *gen,
                        const tide_gen_stats *s, const tide_gen_stats *ref, bool offload,
-                       const char *policy, int check_rc, uint64_t rss) {
+                       const char *policy, int check_rc, const tide_offload_opts *off, const rss_measure *run_rss,
+                       const rss_measure *ref_rss) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model", model_dir);
     cJSON_AddStringToObject(o, "config", cfg->name);
@@ -218,12 +268,17 @@ static void print_json(const run_args *a, const char *model_dir, const tide_llam
     cJSON_AddNumberToObject(o, "prefill_tokens_per_s", s->prefill_tokens_per_s);
     cJSON_AddNumberToObject(o, "decode_tokens_per_s", s->decode_tokens_per_s);
     cJSON_AddNumberToObject(o, "peak_bytes", (double)s->peak_bytes);
-    cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)rss);
+    cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)cli_rss_peak());
+    cJSON_AddNumberToObject(o, "run_peak_rss_bytes", (double)run_rss->peak);
+    cJSON_AddNumberToObject(o, "run_start_rss_bytes", (double)run_rss->before);
+    cJSON_AddBoolToObject(o, "run_peak_rss_exact", run_rss->exact);
     cJSON_AddNumberToObject(o, "weight_bytes", (double)s->weight_bytes);
     cJSON_AddNumberToObject(o, "state_bytes", (double)s->state_bytes);
     cJSON_AddBoolToObject(o, "offloaded", offload);
     cJSON_AddStringToObject(o, "policy", offload ? policy : "none");
     cJSON_AddNumberToObject(o, "budget_bytes", (double)s->budget_bytes);
+    if (offload && off->budget_kind == TIDE_BUDGET_FRACTION) cJSON_AddNumberToObject(o, "budget_fraction", off->fraction);
+    cJSON_AddBoolToObject(o, "weights_on_ssd", offload && a->weights_on_ssd);
     cJSON_AddNumberToObject(o, "tile_level", s->tile_level);
     cJSON_AddNumberToObject(o, "pinned_weight_bytes", (double)s->pinned_weight_bytes);
     cJSON_AddNumberToObject(o, "peak_device_bytes", (double)(offload ? s->peak_device_bytes : s->peak_bytes));
@@ -232,6 +287,8 @@ static void print_json(const run_args *a, const char *model_dir, const tide_llam
     cJSON_AddNumberToObject(o, "bytes_ssd_read", (double)s->bytes_ssd_read);
     cJSON_AddNumberToObject(o, "bytes_ssd_write", (double)s->bytes_ssd_write);
     cJSON_AddNumberToObject(o, "predicted_makespan_s", s->predicted_s);
+    cJSON_AddNumberToObject(o, "predicted_prefill_s", s->predicted_prefill_s);
+    cJSON_AddNumberToObject(o, "predicted_decode_s", offload ? s->predicted_s - s->predicted_prefill_s : 0);
     cJSON_AddNumberToObject(o, "measured_makespan_s", s->exec_s);
     cJSON_AddNumberToObject(o, "ssd_read_s", s->ssd_read_s);
     if (ref) {
@@ -240,6 +297,8 @@ static void print_json(const run_args *a, const char *model_dir, const tide_llam
         cJSON_AddNumberToObject(o, "unconstrained_prefill_s", ref->prefill_s);
         cJSON_AddBoolToObject(o, "check_passed", check_rc != 1);
         cJSON_AddBoolToObject(o, "check_bit_identical", check_rc == 0);
+        cJSON_AddNumberToObject(o, "reference_peak_rss_bytes", (double)ref_rss->peak);
+        cJSON_AddBoolToObject(o, "reference_peak_rss_exact", ref_rss->exact);
     }
     char *js = cJSON_PrintUnformatted(o);
     if (js) puts(js);
@@ -264,6 +323,9 @@ typedef struct run_job {
     tide_gen_stats stats, ref;
     bool have_ref;
     int check_rc;                 /* 0 bit-identical, 1 differ, 2 tiled: tokens identical */
+    bool demo;                    /* no arguments: the built-in demonstration */
+    bool host_device;             /* the backend's device memory is host memory (the CPU) */
+    rss_measure rss, ref_rss;     /* this run's and the reference run's */
 } run_job;
 
 static const struct option run_options[] = {
@@ -360,10 +422,12 @@ static int parse_args(int argc, char **argv, run_job *r) {
     }
     if (optind != argc) return cli_usage_error("run", "unexpected argument '%s'", argv[optind]);
     if (!a->model_dir && !a->budget && a->engine == TIDE_ENGINE_PLANNED) {
-        /* the built-in demonstration: offloaded at 25%, checked */
+        /* the built-in demonstration: offloaded at 25%, checked (on the CPU,
+         * weights on SSD too: open_model, once the backend is known) */
         r->off.budget_kind = TIDE_BUDGET_FRACTION;
         r->off.fraction = 0.25;
         a->check = true;
+        r->demo = true;
     }
     r->offload = r->off.budget_kind != TIDE_BUDGET_NONE;
     r->off.timeline = a->trace || a->trace_svg; /* measured on a GPU only when written */
@@ -388,12 +452,19 @@ static int parse_args(int argc, char **argv, run_job *r) {
     return -1;
 }
 
-/* The checkpoint (the built-in one when no --model), the prompt, the backend
+/* The backend, the checkpoint (the built-in one when no --model), the prompt
  * and the model. Returns 0 or the exit status. */
 static int open_model(run_job *r) {
-    const run_args *a = &r->a;
+    run_args *a = &r->a;
     r->model_dir = a->model_dir;
     int rc;
+    if (tide_backend_new(r->ctx, a->backend, &r->be)) return cli_fail(r->ctx, "backend");
+    if (tide_backend_set_matmul(r->be, a->matmul)) return cli_fail(r->ctx, "--matmul");
+    r->host_device = !strcmp(tide_backend_name(r->be), "cpu");
+    if (r->demo && r->host_device) {
+        /* where device memory is host memory, offloading means the SSD tier */
+        a->weights_on_ssd = r->off.weights_on_ssd = true;
+    }
     if (!r->model_dir) {
         if ((rc = cli_ensure_default_model(r->ctx, r->dir, sizeof r->dir, &r->ps))) return rc;
         r->model_dir = r->dir;
@@ -410,8 +481,6 @@ static int open_model(run_job *r) {
         for (int i = 0; i < r->n_prompt; i++)
             r->prompt[i] = (int32_t)((1u + (uint32_t)i * 2654435761u) % (uint32_t)cfg->vocab_size);
     }
-    if (tide_backend_new(r->ctx, a->backend, &r->be)) return cli_fail(r->ctx, "backend");
-    if (tide_backend_set_matmul(r->be, a->matmul)) return cli_fail(r->ctx, "--matmul");
     int ctx_len = r->n_prompt + (int)(a->new_tokens > 0 ? a->new_tokens - 1 : 0);
     if (ctx_len > cfg->max_position_embeddings) {
         fprintf(stderr, "tide: run: %d prompt + %ld new tokens exceed the model's %d positions\n", r->n_prompt,
@@ -426,18 +495,36 @@ static int open_model(run_job *r) {
     return r->gen && r->gen_ref ? 0 : 1;
 }
 
-/* With --check: the same generation on the plain reference engine first.
- * Returns 0 or the exit status. */
+/* Starts measuring the resident memory of the run about to begin: what
+ * the allocator holds of memory freed before (the machine probe's buffers)
+ * goes back to the system first, so it is not counted as the run's. */
+static void rss_begin(rss_measure *m) {
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+    m->exact = cli_rss_reset_peak();
+    m->before = cli_rss_now();
+}
+
+static void rss_end(rss_measure *m) { m->peak = cli_rss_peak(); }
+
+/* With --check: the same generation on the plain reference engine (an
+ * unconstrained run). Returns 0 or the exit status. */
 static int reference_run(run_job *r) {
     const run_args *a = &r->a;
     if (!a->check) return 0;
     if (!a->quiet && !a->json) fprintf(stderr, "tide: plain reference run (for --check)\n");
-    if (tide_model_set_engine(r->m, TIDE_ENGINE_PLAIN) ||
-        tide_model_generate(r->m, r->prompt, r->n_prompt, (int)a->new_tokens, r->gen_ref, &r->ref)) {
-        cli_progress_end(&r->ps);
-        return cli_fail(r->ctx, "reference run");
-    }
+    /* the reference holds the weights in memory: read them in first, so it
+     * is not timed on page faults (they were left on SSD for this run) */
+    if (a->weights_on_ssd && tide_checkpoint_prefetch(r->ck)) return cli_fail(r->ctx, "loading the model");
     cli_progress_end(&r->ps);
+    if (tide_model_set_offload(r->m, NULL) || tide_model_set_engine(r->m, TIDE_ENGINE_PLAIN))
+        return cli_fail(r->ctx, "reference run");
+    rss_begin(&r->ref_rss);
+    tide_status st = tide_model_generate(r->m, r->prompt, r->n_prompt, (int)a->new_tokens, r->gen_ref, &r->ref);
+    rss_end(&r->ref_rss);
+    cli_progress_end(&r->ps);
+    if (st) return cli_fail(r->ctx, "reference run");
     r->have_ref = true;
     return tide_model_set_engine(r->m, TIDE_ENGINE_PLANNED) ? cli_fail(r->ctx, "engine") : 0;
 }
@@ -451,10 +538,28 @@ static int main_run(run_job *r) {
         if (!a->quiet && !a->json) fprintf(stderr, "tide: offloaded run (policy %s)\n", a->policy);
         if (tide_model_set_offload(r->m, &r->off)) return cli_fail(r->ctx, "offloading");
     }
+    rss_begin(&r->rss);
     tide_status st = tide_model_generate(r->m, r->prompt, r->n_prompt, (int)a->new_tokens, r->gen, &r->stats);
+    rss_end(&r->rss);
     cli_progress_end(&r->ps);
     if (!a->quiet && tide_model_notice(r->m)[0]) fprintf(stderr, "tide: note: %s\n", tide_model_notice(r->m));
     if (st) return cli_fail(r->ctx, "run");
+    if ((a->trace || a->trace_svg) && tide_model_write_trace(r->m, a->trace, a->trace_svg))
+        return cli_fail(r->ctx, "writing the trace");
+    return 0;
+}
+
+/* Both runs, in the order that measures each one's memory: where device
+ * memory is host memory (the CPU), this run first, since the reference maps
+ * the weights in (they then stay in the process's resident memory); on a
+ * device, the reference first, as its memory is not the host's. Then the
+ * comparison (r->check_rc). Returns 0 or the exit status. */
+static int both_runs(run_job *r) {
+    const run_args *a = &r->a;
+    int rc;
+    if (!r->host_device && (rc = reference_run(r))) return rc;
+    if ((rc = main_run(r))) return rc;
+    if (r->host_device && (rc = reference_run(r))) return rc;
     if (r->have_ref) {
         /* 0: bit-identical; 2: a tiled graph's tokens are identical and its
          * logits differ only in f32 rounding (sgemm over fewer rows sums in
@@ -462,8 +567,6 @@ static int main_run(run_job *r) {
         bool same_tokens = memcmp(r->gen, r->gen_ref, (size_t)a->new_tokens * sizeof *r->gen) == 0;
         r->check_rc = !same_tokens ? 1 : r->stats.logits_hash == r->ref.logits_hash ? 0 : r->stats.tile_level ? 2 : 1;
     }
-    if ((a->trace || a->trace_svg) && tide_model_write_trace(r->m, a->trace, a->trace_svg))
-        return cli_fail(r->ctx, "writing the trace");
     return 0;
 }
 
@@ -474,10 +577,10 @@ static int report(run_job *r) {
     const tide_gen_stats *ref = r->have_ref ? &r->ref : NULL;
     if (a->json)
         print_json(a, r->model_dir, cfg, r->be, r->ctx, r->n_prompt, r->gen, &r->stats, ref, r->offload, a->policy,
-                   r->check_rc, peak_rss_bytes());
+                   r->check_rc, &r->off, &r->rss, &r->ref_rss);
     else
         print_summary(a, r->model_dir, cfg, r->be, r->ctx, r->n_prompt, r->gen, &r->stats, ref, r->offload,
-                      a->policy, r->check_rc);
+                      a->policy, r->check_rc, &r->off, &r->rss, &r->ref_rss);
     if (r->check_rc != 1) return 0;
     fprintf(stderr, "tide: run: --check failed: this run's %s differ from the plain reference run's\n",
             memcmp(r->gen, r->gen_ref, (size_t)a->new_tokens * sizeof *r->gen) ? "tokens" : "logits");
@@ -496,7 +599,7 @@ int cmd_run(int argc, char **argv) {
     tide_ctx_set_threads(r.ctx, (int)r.a.threads);
     cli_progress_init(&r.ps, r.a.quiet);
     tide_ctx_set_progress(r.ctx, cli_progress, &r.ps);
-    if (!(rc = open_model(&r)) && !(rc = reference_run(&r)) && !(rc = main_run(&r))) rc = report(&r);
+    if (!(rc = open_model(&r)) && !(rc = both_runs(&r))) rc = report(&r);
     tide_model_free(r.m);
     tide_backend_free(r.be);
     tide_checkpoint_free(r.ck);

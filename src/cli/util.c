@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -192,3 +193,37 @@ int cli_parse_budget(const char *s, tide_offload_opts *o) {
     }
     return 0;
 }
+
+/* A "Name:   N kB" line of /proc/self/status in bytes, or 0. */
+static uint64_t proc_status_kb(const char *name) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t n = strlen(name);
+    uint64_t v = 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, name, n) && line[n] == ':') {
+            v = strtoull(line + n + 1, NULL, 10) * 1024;
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
+bool cli_rss_reset_peak(void) {
+    /* "5" resets the peak resident set size to the current one (Linux 4.0) */
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return false;
+    bool ok = fputs("5", f) >= 0;
+    ok = fclose(f) == 0 && ok;
+    return ok && proc_status_kb("VmHWM") > 0;
+}
+
+uint64_t cli_rss_peak(void) {
+    uint64_t v = proc_status_kb("VmHWM");
+    if (v) return v;
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (uint64_t)ru.ru_maxrss * 1024 : 0;
+}
+
+uint64_t cli_rss_now(void) { return proc_status_kb("VmRSS"); }
