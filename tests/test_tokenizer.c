@@ -592,6 +592,14 @@ static void v_bad_unk(cJSON *j) {
     cJSON_ReplaceItemInObject(cJSON_GetObjectItem(j, "model"), "unk_token", cJSON_CreateString("<nope>"));
 }
 static void v_post(cJSON *j) { set_type(j, "post_processor", "{\"type\":\"Weird\"}"); }
+static void v_bad_utf8(cJSON *j) {
+    cJSON *a = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "added_tokens"), 1);
+    cJSON_ReplaceItemInObject(a, "content", cJSON_CreateString("<s\xe4>"));
+}
+static void v_bad_utf8_norm(cJSON *j) {
+    set_type(j, "normalizer", "{\"type\":\"Prepend\",\"prepend\":\"\\u2581\"}");
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(j, "normalizer"), "prepend", cJSON_CreateString("\xff"));
+}
 static void v_bytelevel_first(cJSON *j) {
     set_type(j, "pre_tokenizer",
              "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"ByteLevel\"},{\"type\":\"Metaspace\","
@@ -626,6 +634,8 @@ static void test_bad_files(void **state) {
     expect_error(v_bad_unk, "unk", TIDE_E_FORMAT, "<nope>");
     expect_error(v_post, "post", TIDE_E_UNSUPPORTED, "post_processor Weird");
     expect_error(v_bytelevel_first, "blfirst", TIDE_E_UNSUPPORTED, "after ByteLevel");
+    expect_error(v_bad_utf8, "badutf8", TIDE_E_FORMAT, "added_tokens[1]: content is not valid UTF-8");
+    expect_error(v_bad_utf8_norm, "badutf8n", TIDE_E_FORMAT, "normalizer Prepend");
 
     tide_ctx *ctx = tide_ctx_new();
     tide_tokenizer *t;

@@ -192,6 +192,8 @@ static tide_status add_norm(loader *L, const cJSON *o) {
     if (!strcmp(ty, "Prepend")) {
         const char *p = get_str(o, "prepend");
         if (!p) return fail(L, TIDE_E_FORMAT, "normalizer Prepend without a \"prepend\" string");
+        if (!tok_utf8_valid((const uint8_t *)p, strlen(p)))
+            return fail(L, TIDE_E_FORMAT, "normalizer Prepend: \"prepend\" is not valid UTF-8");
         nm.kind = TOK_NORM_PREPEND;
         if (!(nm.str = tide_strdup(p))) return nomem(L);
     } else if (!strcmp(ty, "Replace")) {
@@ -200,6 +202,8 @@ static tide_status add_norm(loader *L, const cJSON *o) {
         tide_status st = get_pattern(L, o, "normalizer Replace", &pat, &lit);
         if (st) return st;
         if (!content) return fail(L, TIDE_E_FORMAT, "normalizer Replace without a \"content\" string");
+        if (!tok_utf8_valid((const uint8_t *)content, strlen(content)))
+            return fail(L, TIDE_E_FORMAT, "normalizer Replace: \"content\" is not valid UTF-8");
         nm.kind = TOK_NORM_REPLACE;
         if (!(nm.str = tide_strdup(content))) return nomem(L);
         if ((st = tok_regex_compile(t, "normalizer Replace pattern", pat, lit, &nm.re))) {
@@ -640,6 +644,10 @@ static tide_status read_added(loader *L, const cJSON *list) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
         if (!content || !*content || !cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 30))
             return fail(L, TIDE_E_FORMAT, "added_tokens[%d] without a content or a valid id", i);
+        /* text is cut at its matches before PCRE2 reads it unchecked: it must
+         * cut between characters */
+        if (!tok_utf8_valid((const uint8_t *)content, strlen(content)))
+            return fail(L, TIDE_E_FORMAT, "added_tokens[%d]: content is not valid UTF-8", i);
         tok_added *a = &t->added[t->n_added];
         /* the id `tokenizers` gives it, whatever the file says (they agree in
          * every file it writes): the id its content already has, else one past
