@@ -51,7 +51,7 @@ Reference files (DIR/):
         decode:   id lists whose bytes are not valid UTF-8, and their decoding
         tokenizers_version: the library's version that recorded them
     variants.json  pipeline options the five tokenizers do not use (Split
-                 behaviors, Metaspace schemes, unk handling, single_word, rstrip
+                 behaviors, Digits, Metaspace schemes, unk handling, single_word, rstrip
                  and normalized added tokens, decoders...), each as edits of one
                  of them, with the ids of every case (both special-token modes
                  where tokens are added) or, for decoders, the decoding of its
@@ -362,6 +362,11 @@ def variants():
         "type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"String": "\n"}, "behavior": "MergedWithNext", "invert": False},
             {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]}}, []))
+    for ind in [True, False]:
+        v.append(("digits%s" % (" individual" if ind else ""), "bpe-gpt2", {"pre_tokenizer": {
+            "type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": ind},
+                                                  {"type": "ByteLevel", "add_prefix_space": False,
+                                                   "trim_offsets": True, "use_regex": True}]}}, []))
     for sch in ["always", "never", "first"]:
         v.append(("metaspace %s split" % sch, "sp-metaspace", {"pre_tokenizer": {
             "type": "Metaspace", "replacement": "\u2581", "prepend_scheme": sch, "split": True}}, []))

@@ -15,6 +15,7 @@
  *   normalizer       Sequence, NFC (utf8proc), Prepend, Replace (String or
  *                    Regex pattern); NFD, NFKC, NFKD and the rest are refused
  *   pre_tokenizer    Sequence, Split (Regex or String; every behavior; invert),
+ *                    Digits (a Split on \p{N}, Isolated or Contiguous),
  *                    ByteLevel (last: the model then works on bytes, see
  *                    below), Metaspace
  *   post_processor   TemplateProcessing (single template), Roberta/Bert
@@ -261,6 +262,11 @@ static tide_status add_pre(loader *L, const cJSON *o) {
         if (p.use_regex && (st = tok_regex_compile(t, "pre_tokenizer ByteLevel regex", gpt2_regex, false, &p.re)))
             return st;
         t->byte_level = true;
+    } else if (!strcmp(ty, "Digits")) {
+        /* numeric characters (char::is_numeric: \p{N}) split off, each alone or in runs */
+        p.kind = TOK_PRE_SPLIT;
+        p.behavior = get_bool(o, "individual_digits", false) ? TOK_SPLIT_ISOLATED : TOK_SPLIT_CONTIGUOUS;
+        if ((st = tok_regex_compile(t, "pre_tokenizer Digits", "\\p{N}", false, &p.re))) return st;
     } else if (!strcmp(ty, "Metaspace")) {
         p.kind = TOK_PRE_METASPACE;
         if ((st = get_char(L, get_str(o, "replacement"), "pre_tokenizer Metaspace replacement", p.rep))) return st;
@@ -268,7 +274,8 @@ static tide_status add_pre(loader *L, const cJSON *o) {
         p.split = get_bool(o, "split", true);
     } else {
         return fail(L, TIDE_E_UNSUPPORTED,
-                    "pre_tokenizer %s is not supported (tide supports Sequence, Split, ByteLevel and Metaspace)",
+                    "pre_tokenizer %s is not supported (tide supports Sequence, Split, Digits, ByteLevel and "
+                    "Metaspace)",
                     ty);
     }
     if (grow_array((void **)&t->pre, t->n_pre, sizeof *t->pre)) {
