@@ -804,10 +804,11 @@ int32_t tide_tokenizer_find(const tide_tokenizer *t, const char *piece);
 
 /* Encoding flags. */
 enum {
-    /* Add what the tokenizer adds around a text, as transformers'
-     * add_special_tokens=True: tokenizer.json's TemplateProcessing (or
-     * Roberta/Bert) single template, else tokenizer_config.json's add_bos_token
-     * / add_eos_token. Usually the BOS. */
+    /* Add what the tokenizer adds around a text, as add_special_tokens=True
+     * does in `tokenizers` and transformers: tokenizer.json's TemplateProcessing
+     * (or Roberta/Bert) single template. Usually the BOS; nothing for a
+     * tokenizer without one (tokenizer_config.json's add_bos_token is not read,
+     * as transformers 5 does not read it). */
     TIDE_TOKENIZE_ADD_SPECIAL = 1u << 0,
     /* Special tokens' text in the input ("<|eot_id|>") is not the special
      * token but ordinary text (transformers' split_special_tokens=True), as

@@ -451,6 +451,25 @@ static void test_specials(void **state) {
     assert_int_equal(tide_tokenizer_eos_ids(t, NULL), 1);
     tide_tokenizer_free(t);
 
+    /* add_bos_token in tokenizer_config.json is not read (transformers 5 does
+     * not read it either): what ADD_SPECIAL adds is the post-processor's */
+    char dir[] = "/tmp/tide-tokcfg-XXXXXX", cmd[8000];
+    assert_non_null(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd,
+             "cp '%s/bpe-gpt2/tokenizer.json' '%s/' && printf '{\"add_bos_token\": true, \"bos_token\": "
+             "\"<|endoftext|>\"}' > '%s/tokenizer_config.json'",
+             text_dir, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(tide_tokenizer_open(ctx, dir, &t), TIDE_OK);
+    size_t n;
+    int32_t ids[8];
+    assert_int_equal(tide_tokenizer_encode(t, "hi", 2, TIDE_TOKENIZE_ADD_SPECIAL, ids, 8, &n), TIDE_OK);
+    assert_true(n >= 1 && ids[0] != tide_tokenizer_bos(t));
+    assert_int_equal(tide_tokenizer_bos(t), tide_tokenizer_find(t, "<|endoftext|>"));
+    tide_tokenizer_free(t);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+
     t = open_fixture(ctx, "sp-llama2");
     assert_int_equal(tide_tokenizer_bos(t), 1);
     assert_int_equal(tide_tokenizer_eos(t), 2);

@@ -28,7 +28,7 @@ static const char help[] =
     "  --file F            read the text from F instead of the command line\n"
     "  --json              print one JSON object: {\"ids\": [...], \"pieces\": [...]}\n"
     "  --no-bos            do not add the tokens the tokenizer adds around a text\n"
-    "                      (its post-processor template: usually BOS)\n"
+    "                      (tokenizer.json's post-processor template: usually BOS)\n"
     "  --no-parse-special  read special-token text in the input (\"<|eot_id|>\",\n"
     "                      \"<s>\") as ordinary text, not as the special token\n"
     "\n"

@@ -6,10 +6,11 @@
  * object with "content"), else special_tokens_map.json's, else
  * generation_config.json's bos_token_id / eos_token_id. Every id of
  * generation_config.json's eos_token_id (one or a list) also stops
- * generation. Without a template in tokenizer.json's post-processor,
- * tokenizer_config.json's add_bos_token / add_eos_token say what
- * TIDE_TOKENIZE_ADD_SPECIAL adds. A config file that is present but malformed
- * is an error naming it; a missing one is not.
+ * generation. tokenizer_config.json's add_bos_token / add_eos_token are not
+ * read: what TIDE_TOKENIZE_ADD_SPECIAL adds is tokenizer.json's post-processor
+ * alone, as in `tokenizers` and in transformers 5 (which ignores those keys
+ * too). A config file that is present but malformed is an error naming it; a
+ * missing one is not.
  */
 #include "text/tok_int.h"
 
@@ -68,9 +69,7 @@ static tide_status add_eos(tide_tokenizer *t, int32_t id) {
     return append_id(t, &t->eos_ids, &t->n_eos, id);
 }
 
-static bool get_bool(const cJSON *o, const char *k) { return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, k)); }
-
-tide_status tok_read_configs(tide_tokenizer *t, const char *dir, bool has_template) {
+tide_status tok_read_configs(tide_tokenizer *t, const char *dir) {
     char path[4200];
     cJSON *cfg = NULL, *stm = NULL, *gen = NULL;
     tide_status st;
@@ -109,13 +108,6 @@ tide_status tok_read_configs(tide_tokenizer *t, const char *dir, bool has_templa
             }
             if ((st = add_eos(t, (int32_t)e->valuedouble))) goto out;
         }
-    }
-    /* no template in tokenizer.json: tokenizer_config.json's add_bos_token / add_eos_token */
-    if (!has_template) {
-        if (get_bool(cfg, "add_bos_token") && t->bos >= 0 && (st = append_id(t, &t->prefix, &t->n_prefix, t->bos)))
-            goto out;
-        if (get_bool(cfg, "add_eos_token") && t->eos >= 0 && (st = append_id(t, &t->suffix, &t->n_suffix, t->eos)))
-            goto out;
     }
 out:
     cJSON_Delete(cfg);

@@ -239,8 +239,7 @@ long tok_bytelevel_bytes(const char *s, uint8_t *out);
 /* tok_config.c: a JSON object file into *out (optional: a missing file gives
  * TIDE_OK and NULL); messages name the path. */
 tide_status tok_read_json(tide_ctx *ctx, const char *path, uint64_t max, bool optional, cJSON **out);
-/* BOS, EOS and stop ids from the config files in dir; without a template in
- * tokenizer.json, add_bos_token / add_eos_token fill prefix and suffix. */
-tide_status tok_read_configs(tide_tokenizer *t, const char *dir, bool has_template);
+/* BOS, EOS and stop ids from the config files in dir. */
+tide_status tok_read_configs(tide_tokenizer *t, const char *dir);
 
 #endif

@@ -723,7 +723,7 @@ static tide_status load(loader *L, const cJSON *root, const char *dir) {
         if (t->prefix[i] >= t->n_vocab) return fail(L, TIDE_E_FORMAT, "post_processor id %d outside the vocabulary", t->prefix[i]);
     for (int i = 0; i < t->n_suffix; i++)
         if (t->suffix[i] >= t->n_vocab) return fail(L, TIDE_E_FORMAT, "post_processor id %d outside the vocabulary", t->suffix[i]);
-    return tok_read_configs(t, dir, L->has_template);
+    return tok_read_configs(t, dir);
 }
 
 tide_status tide_tokenizer_open(tide_ctx *ctx, const char *path, tide_tokenizer **out) {
