@@ -721,6 +721,51 @@ static void test_alloc_failures(void **state) {
         }
     }
     assert_true(failures > 10);
+
+    /* encode and stream a longer text (arena blocks, symbol and heap arrays,
+     * output growth; the normalizer, NFC and invalid UTF-8 paths) with each
+     * of their allocations failing in turn, on a tokenizer opened normally */
+    snprintf(path, sizeof path, "%s/mixed.txt", text_dir);
+    size_t ml;
+    char *mixed = slurp(path, &ml);
+    assert_non_null(mixed);
+    const size_t tl = 20000;
+    char *text = malloc(tl + 4);
+    memcpy(text, mixed, tl);
+    memcpy(text + tl, "\xff\xe4\xb8", 3); /* invalid at the end: the lossy copy */
+    free(mixed);
+    const char *fxs[] = {"sp-llama2", "bpe-qwen2", "sp-metaspace"};
+    for (int f = 0; f < 3; f++) {
+        snprintf(path, sizeof path, "%s/%s", text_dir, fxs[f]);
+        int hits = 0;
+        for (long n = 1; n < 1000; n++) {
+            tide_tokenizer *t;
+            assert_int_equal(tide_tokenizer_open(ctx, path, &t), TIDE_OK);
+            int64_t live = tide_alloc_live_bytes();
+            long before = tide_alloc_count();
+            size_t ni = 0;
+            tide_alloc_fail_nth(n);
+            tide_status st = tide_tokenizer_encode(t, text, tl + 3, 0, NULL, 0, &ni);
+            tide_detok *d = NULL;
+            if (!st) st = tide_detok_new(t, 0, &d);
+            bool hit = tide_alloc_count() - before >= n;
+            tide_alloc_fail_nth(0);
+            tide_detok_free(d);
+            if (st) assert_int_equal(st, TIDE_E_NOMEM);
+            /* a failed encode leaves the tokenizer usable */
+            int32_t *ids = malloc(ni * sizeof *ids + 4);
+            size_t again;
+            assert_int_equal(tide_tokenizer_encode(t, text, tl + 3, 0, ids, ni, &again), TIDE_OK);
+            assert_true(st || again == ni);
+            free(ids);
+            tide_tokenizer_free(t);
+            assert_true(tide_alloc_live_bytes() <= live);
+            if (!hit) break;
+            hits++;
+        }
+        assert_true(hits >= 3);
+    }
+    free(text);
     tide_ctx_free(ctx);
 }
 

@@ -165,6 +165,8 @@ static tide_status bpe_word(tide_tokenizer *t, const uint8_t *w, size_t n) {
             return TIDE_OK;
         }
     }
+    if (n >= INT32_MAX / 4) /* symbol positions are int32 */
+        return tide_err(t->ctx, TIDE_E_INVALID, "tokenizer: a word of %zu bytes is too long", n);
     size_t first = t->n_out;
     int32_t whole = t->ignore_merges ? tok_smap_get(&t->vocab, w, n) : -1;
     if (whole >= 0) {
@@ -631,7 +633,7 @@ static tide_status process_segment(tide_tokenizer *t, const uint8_t *s, size_t n
 
 /* text with each maximal invalid subpart replaced by U+FFFD, in the arena */
 static const uint8_t *lossy(tide_tokenizer *t, const uint8_t *s, size_t n, size_t *out_n) {
-    uint8_t *b = tok_arena_alloc(&t->arena, n * 3 + 1);
+    uint8_t *b = n < SIZE_MAX / 4 ? tok_arena_alloc(&t->arena, n * 3 + 1) : NULL;
     if (!b) return NULL;
     size_t i = 0, k = 0, m;
     bool inc;
