@@ -242,7 +242,7 @@ for c in range(ncfg):
         fails.append(f"{names[c]} generates different tokens in different rounds")
 
 
-def agree(t):
+def agree(t, ref=ref):
     n = 0
     while n < len(ref) and n < len(t) and t[n] == ref[n]:
         n += 1
@@ -258,8 +258,8 @@ print(f"machine: {cpu}, {ncores} cores; flags: {flags.strip()}; load average {lo
 print(f"tide {commit} (default CPU matmul mode: {default_mode}); llama.cpp vendored by {pkg}")
 print(f"llama.cpp: {r0.get('system_info', '').strip(' |')}\n")
 print("| engine | prefill tokens/s | decode tokens/s | prefill / llama.cpp | decode / llama.cpp "
-      "| paired prefill / decode ratio | tokens equal to the f32 check's |")
-print("|---|---|---|---|---|---|---|")
+      "| paired prefill / decode ratio | tokens equal to the f32 check's | to llama.cpp's |")
+print("|---|---|---|---|---|---|---|---|")
 p0, d0 = med(0, "prefill_tokens_per_s"), med(0, "decode_tokens_per_s")
 lines = []
 for c in range(ncfg):
@@ -270,9 +270,11 @@ for c in range(ncfg):
     pd = statistics.median(runs[c][r]["decode_tokens_per_s"] / runs[0][r]["decode_tokens_per_s"] for r in range(rounds))
     n = agree(runs[c][0]["tokens"])
     eq = "all" if n == len(ref) else f"first {n} of {len(ref)}"
+    nl = agree(runs[c][0]["tokens"], r0["tokens"])
+    eql = "all" if nl == len(ref) else f"first {nl}"
     label = names[c] + (" (bf16 GGUF, its defaults)" if c == 0 else f" (matmul {runs[c][0].get('matmul', '')})")
     print(f"| {label} | {p:.2f} ({pa:.1f}-{pb:.1f}) | {d:.2f} ({da:.1f}-{db:.1f}) | {p / p0:.3f} | {d / d0:.3f} "
-          f"| {pp:.3f} / {pd:.3f} | {eq} |")
+          f"| {pp:.3f} / {pd:.3f} | {eq} | {eql} |")
     lines.append({"bench": "peer_llamacpp", "engine": names[c], "matmul": runs[c][0].get("matmul", "bf16"),
                   "prompt": r0["prompt_tokens"], "new": r0["new_tokens"], "threads": r0["threads"],
                   "rounds": rounds, "prefill_tps": round(p, 3), "decode_tps": round(d, 3),
@@ -280,7 +282,7 @@ for c in range(ncfg):
                   "paired_prefill_ratio": round(pp, 4), "paired_decode_ratio": round(pd, 4),
                   "prefill_tps_runs": [round(x["prefill_tokens_per_s"], 3) for x in runs[c]],
                   "decode_tps_runs": [round(x["decode_tokens_per_s"], 3) for x in runs[c]],
-                  "tokens_equal_to_f32": n, "commit": commit, "llama_cpp": pkg, "load": [load0, load1]})
+                  "tokens_equal_to_f32": n, "tokens_equal_to_llama_cpp": nl, "commit": commit, "llama_cpp": pkg, "load": [load0, load1]})
 print()
 print("per round (prefill / decode tokens/s):")
 for r in range(rounds):
