@@ -51,7 +51,7 @@ contains "$TMP/out" '"pieces":["<|begin_of_text|>","<|begin_of_text|>","<|start_
 # --file: the bytes exactly (invalid UTF-8; NUL and control characters)
 for c in "invalid surrogate" "control chars" "invalid at end"; do
     hex=$(grep -F "\"name\": \"$c\"" -A1 "$FX/cases.json" | sed -n 's/.*"hex": "\([0-9a-f]*\)".*/\1/p')
-    printf '%s' "$hex" | xxd -r -p >"$TMP/in.bin"
+    printf "$(printf '%s' "$hex" | sed -e 's/../\\x&/g')" >"$TMP/in.bin"
     expect 0 "--file, $c" -- "$TIDE" tokenize --model "$FX/bpe-gpt2" --json --no-bos --file "$TMP/in.bin"
     want=$(ids bpe-gpt2 "$c" ids) same "--file, $c"
 done
