@@ -126,6 +126,7 @@ def cases():
         ("nfc accents", "café naïve résumé Ångström"),
         ("nfd accents", "cafe\u0301 nai\u0308ve re\u0301sume\u0301 A\u030angstro\u0308m"),
         ("combining only", "\u0301\u0308"),
+        ("nfc edge cases", "A\u030a \u212b \u2126 \u1100\u1161\u11a8 e\u0301\u0316 \u0958 \u0344 \uf900 x\u0345"),
         ("cjk", "東京は日本の首都です。北京欢迎你！한국어 텍스트"),
         ("emoji", "I like 😀 and 👍🏽!"),
         ("zwj family", "family: 👨‍👩‍👧‍👦 flag: 🏳️‍🌈 🇫🇷"),

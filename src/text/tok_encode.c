@@ -424,22 +424,62 @@ static tide_status pre_run(tide_tokenizer *t, int step, const tok_piece *p) {
 
 /* ------------------------------------------------------------ normalizer */
 
-/* NFC through utf8proc: canonical decomposition into code points, then
- * composition and UTF-8 in place. ASCII is its own NFC. */
-static tide_status nfc(tide_tokenizer *t, const uint8_t **s, size_t *n) {
-    size_t i = 0;
-    while (i < *n && (*s)[i] < 0x80) i++;
-    if (i == *n) return TIDE_OK;
+/* NFC through utf8proc. Characters below U+0300 are their own NFC, never
+ * reorder, and never compose with the character before them (every second
+ * element of a composition, a combining mark or a jamo, is at U+0300 or
+ * above), so the text is cut before each of them: only runs of characters from
+ * U+0300 up, with the character before each run (a base a mark may compose
+ * with), go through utf8proc (canonical decomposition, then composition). In
+ * UTF-8 a character below U+0300 is a byte below 0x80 or starts with 0xC2 to
+ * 0xCB. */
+static bool nfc_stable(uint8_t lead) { return lead < 0x80 || (lead >= 0xC2 && lead <= 0xCB); }
+
+/* The next run [*a, *b) at or after *i that needs utf8proc; false when none.
+ * *i moves past it. */
+static bool nfc_run(const uint8_t *s, size_t n, size_t *i, size_t *a, size_t *b) {
+    size_t prev = SIZE_MAX, k = *i;
+    while (k < n && nfc_stable(s[k])) {
+        prev = k;
+        k += (size_t)char_len(s + k, n - k);
+    }
+    if (k >= n) return false;
+    *a = prev != SIZE_MAX ? prev : k;
+    while (k < n && !nfc_stable(s[k])) k += (size_t)char_len(s + k, n - k);
+    *b = *i = k;
+    return true;
+}
+
+static tide_status nfc(tide_tokenizer *t, const uint8_t **sp, size_t *np) {
+    const uint8_t *s = *sp;
+    size_t n = *np, i = 0, a, b, out_max = n, cps_max = 0;
     utf8proc_option_t o = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
-    utf8proc_ssize_t cps = utf8proc_decompose(*s, (utf8proc_ssize_t)*n, NULL, 0, o);
-    if (cps < 0) return tide_err(t->ctx, TIDE_E_INVALID, "normalizer NFC: %s", utf8proc_errmsg(cps));
-    utf8proc_int32_t *b = tok_arena_alloc(&t->arena, (size_t)cps * 4 + 4);
-    if (!b) return oom(t);
-    utf8proc_decompose(*s, (utf8proc_ssize_t)*n, b, cps, o);
-    utf8proc_ssize_t len = utf8proc_reencode(b, cps, o);
-    if (len < 0) return tide_err(t->ctx, TIDE_E_INVALID, "normalizer NFC: %s", utf8proc_errmsg(len));
-    *s = (const uint8_t *)b;
-    *n = (size_t)len;
+    bool any = false;
+    while (nfc_run(s, n, &i, &a, &b)) { /* sizes */
+        utf8proc_ssize_t cps = utf8proc_decompose(s + a, (utf8proc_ssize_t)(b - a), NULL, 0, o);
+        if (cps < 0) return tide_err(t->ctx, TIDE_E_INVALID, "normalizer NFC: %s", utf8proc_errmsg(cps));
+        out_max += (size_t)cps * 4;
+        if ((size_t)cps > cps_max) cps_max = (size_t)cps;
+        any = true;
+    }
+    if (!any) return TIDE_OK;
+    uint8_t *out = tok_arena_alloc(&t->arena, out_max);
+    utf8proc_int32_t *cp = tok_arena_alloc(&t->arena, cps_max * 4 + 4);
+    if (!out || !cp) return oom(t);
+    size_t k = 0, done = 0;
+    i = 0;
+    while (nfc_run(s, n, &i, &a, &b)) {
+        memcpy(out + k, s + done, a - done);
+        k += a - done;
+        utf8proc_ssize_t cps = utf8proc_decompose(s + a, (utf8proc_ssize_t)(b - a), cp, (utf8proc_ssize_t)cps_max, o);
+        utf8proc_ssize_t len = cps < 0 ? cps : utf8proc_reencode(cp, cps, o);
+        if (len < 0) return tide_err(t->ctx, TIDE_E_INVALID, "normalizer NFC: %s", utf8proc_errmsg(len));
+        memcpy(out + k, cp, (size_t)len);
+        k += (size_t)len;
+        done = b;
+    }
+    memcpy(out + k, s + done, n - done);
+    *sp = out;
+    *np = k + n - done;
     return TIDE_OK;
 }
 
