@@ -81,6 +81,15 @@ for f in pct_of_ideal x_lower_bound step_s ideal_step_s master_bytes moment_byte
 done
 expect 2 "--accum without --train" -- "$TIDE" plan --config llama-7b --budget 25% --accum 2
 
+# the matmul mode: f32 by default on the CPU; the fast mode offloaded stays bit-identical
+expect 0 "default matmul on the CPU" -- "$TIDE" train --backend cpu --model "$FX" --data "$DATA" --steps 1 --batch 2 \
+    --seq 16 --json
+contains "$TMP/out" '"matmul":"f32"' "training keeps f32 matmuls on the CPU by default"
+expect 0 "--matmul fast, offloaded, checked" -- "$TIDE" train --backend cpu --matmul fast --model "$FX" --data "$DATA" \
+    --steps 2 --batch 2 --seq 16 --budget 25% --hw h100-80g --check --json
+contains "$TMP/out" '"check_passed":true' "fast mode: bit-identical to the unconstrained run"
+expect 2 "unknown --matmul" -- "$TIDE" train --model "$FX" --data "$DATA" --matmul half
+
 # bad input
 printf 'abc' > "$TMP/odd.u16"
 expect 1 "odd-sized data" -- "$TIDE" train --model "$FX" --data "$TMP/odd.u16" --steps 1 --batch 2 --seq 16

@@ -25,7 +25,8 @@ static const char help[] =
     "                  [--host-budget BYTES] [--ssd DIR[,DIR]] [--pread] [--hw PROFILE]\n"
     "                  [--check] [--out DIR] [--save-every N] [--save-dtype model|f32]\n"
     "                  [--resume DIR] [--trace FILE] [--trace-svg FILE]\n"
-    "                  [--backend auto|cpu|cuda] [--threads N] [--json] [--quiet]\n"
+    "                  [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--threads N]\n"
+    "                  [--json] [--quiet]\n"
     "\n"
     "Trains a LLaMA-style model with AdamW on a flat file of token ids. Each step\n"
     "runs --accum micro-batches of --batch rows of --seq tokens (forward, then\n"
@@ -94,6 +95,10 @@ static const char help[] =
     "  --trace FILE        Perfetto trace JSON of the last step, measured\n"
     "  --trace-svg FILE    device memory over the last step, measured and predicted\n"
     "  --backend B         auto (CUDA when a GPU is present, else CPU), cpu or cuda\n"
+    "  --matmul M          how forward matmuls treat 16-bit weights: auto (default:\n"
+    "                      fast on a GPU, f32 on the CPU), f32 (weights widened,\n"
+    "                      f32 products) or fast (bf16 activations times the\n"
+    "                      weights as stored, f32 sums)\n"
     "  --threads N         CPU threads (default: all cores)\n"
     "  --json              one JSON object per step, then a summary object\n"
     "  --quiet             no progress lines\n"
@@ -109,6 +114,7 @@ typedef struct train_args {
     bool have_min_lr, have_steps, shuffle, check, json, quiet, pread, save_f32;
     uint64_t seed, host_budget;
     tide_backend_kind backend;
+    tide_matmul_mode matmul;
     bool demo;
 } train_args;
 
@@ -146,6 +152,7 @@ static const struct option train_options[] = {
     {"save-every", required_argument, 0, 'v'},  {"save-dtype", required_argument, 0, 'V'},
     {"resume", required_argument, 0, 'r'},      {"trace", required_argument, 0, 'x'},
     {"trace-svg", required_argument, 0, 'X'},   {"backend", required_argument, 0, 'k'},
+    {"matmul", required_argument, 0, 'M'},
     {"threads", required_argument, 0, 'T'},     {"json", no_argument, 0, 'j'},
     {"quiet", no_argument, 0, 'q'},             {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
@@ -262,6 +269,10 @@ static int parse_args(int argc, char **argv, train_job *j) {
         case 'k':
             if (cli_parse_backend(optarg, &a->backend))
                 return cli_usage_error("train", "unknown --backend '%s' (auto, cpu or cuda)", optarg);
+            break;
+        case 'M':
+            if (tide_matmul_parse(NULL, optarg, &a->matmul))
+                return cli_usage_error("train", "unknown --matmul '%s' (auto, f32 or fast)", optarg);
             break;
         case 'T':
             if (cli_parse_int(optarg, 1, 4096, &a->threads)) BAD("--threads");
@@ -395,6 +406,11 @@ static int open_all(train_job *j) {
         return 1;
     }
     if (tide_backend_new(j->ctx, a->backend, &j->be)) return cli_fail(j->ctx, "backend");
+    /* auto: the backend's default on a GPU; on the CPU training keeps f32
+     * products (the gradients PyTorch's f32 step computes) unless asked */
+    tide_matmul_mode mm = a->matmul;
+    if (mm == TIDE_MATMUL_AUTO && !strcmp(tide_backend_name(j->be), "cpu")) mm = TIDE_MATMUL_F32;
+    if (tide_backend_set_matmul(j->be, mm)) return cli_fail(j->ctx, "--matmul");
     tide_trainer_opts o = trainer_opts(a);
     if (tide_trainer_new(j->ctx, j->ck, j->be, &o, &j->tr)) return cli_fail(j->ctx, "preparing training");
     if (j->offload && tide_trainer_set_offload(j->tr, &j->off)) return cli_fail(j->ctx, "offloading");
@@ -428,8 +444,8 @@ static void print_header(const train_job *j) {
     printf("step       batch %ld x seq %ld x accum %ld = %ld tokens; AdamW lr %g%s, betas %g/%g, eps %g, "
            "weight decay %g, clip %g\n", a->batch, a->seq, a->accum, a->batch * a->seq * a->accum, a->lr,
            a->have_min_lr ? " cosine" : "", a->beta1, a->beta2, a->eps, a->wd, a->clip);
-    printf("backend    %s, %d threads; %s\n", tide_backend_name(j->be), tide_ctx_threads(j->ctx),
-           j->offload ? "offloaded" : "resident");
+    printf("backend    %s, matmul %s, %d threads; %s\n", tide_backend_name(j->be),
+           tide_matmul_name(tide_backend_matmul(j->be)), tide_ctx_threads(j->ctx), j->offload ? "offloaded" : "resident");
     (void)b1;
 }
 
@@ -570,6 +586,7 @@ static int summary(train_job *j) {
         cJSON_AddNumberToObject(o, "steps", (double)tide_trainer_steps(j->tr));
         cJSON_AddNumberToObject(o, "final_loss", s->loss);
         cJSON_AddStringToObject(o, "backend", tide_backend_name(j->be));
+        cJSON_AddStringToObject(o, "matmul", tide_matmul_name(tide_backend_matmul(j->be)));
         cJSON_AddNumberToObject(o, "threads", tide_ctx_threads(j->ctx));
         cJSON_AddBoolToObject(o, "offloaded", j->offload);
         cJSON_AddNumberToObject(o, "budget_bytes", (double)s->budget_bytes);
