@@ -757,7 +757,8 @@ tide_status tide_trainer_write_trace(tide_trainer *t, const char *json_path, con
  * generation_config.json for BOS, EOS and stop ids when present.
  *
  * Supported: BPE models with a byte-level pre-tokenizer and decoder (GPT-2,
- * Llama 3, Qwen2 style: Split regexes run with PCRE2's Unicode support) and
+ * Llama 3, Qwen2 style: Split and Digits pre-tokenizers, their regexes run
+ * with PCRE2's Unicode support; the NFC normalizer) and
  * SentencePiece-style BPE (Llama 2, TinyLlama, Mistral: the "\u2581" space
  * marker through Prepend/Replace normalizers or the Metaspace pre-tokenizer,
  * <0xNN> byte fallback, the Replace/ByteFallback/Fuse/Strip decoders).
