@@ -1,8 +1,8 @@
 /*
  * tok_int.h - the tokenizer's internals, shared by the files of src/text/:
  * tok_load.c (tokenizer.json into this structure), tok_config.c (the config
- * files beside it; the public queries), tok_map.c (hash maps and the word
- * cache's hash), tok_encode.c (text to ids), tok_decode.c (ids to text, whole
+ * files beside it; the public queries), tok_regex.c (PCRE2), tok_map.c (hash
+ * maps and the word cache's hash), tok_encode.c (text to ids), tok_decode.c (ids to text, whole
  * and streaming), utf8.c (UTF-8 and GPT-2's byte table).
  *
  * The structure mirrors a Hugging Face tokenizer's pipeline, reduced to what
@@ -209,7 +209,8 @@ struct tide_tokenizer {
 #define TOK_F_ADDED 1
 #define TOK_F_SPECIAL 2
 
-/* tok_load.c helpers used elsewhere */
+/* tok_regex.c: compiles pattern (a regex, or a literal string); messages
+ * name the file and `what`. */
 tide_status tok_regex_compile(tide_tokenizer *t, const char *what, const char *pattern, bool literal,
                               tok_regex *re);
 void tok_regex_free(tok_regex *re);
