@@ -138,24 +138,60 @@ tide_status tk_embed(const void *table, tide_dtype dt, int64_t V, int64_t D, int
 
 #define TK_CHUNK 512
 
+/* The row loops of RMSNORM and ADD, written once and compiled per code path
+ * (portable, AVX2, AVX-512) so that each vectorises at its width whatever
+ * the build's -march: the sum of squares' order is fixed by the path's code;
+ * the products and sums are elementwise, the same bits on every path. */
+#define TK_ROW_LOOPS(NAME, ATTR)                                                                   \
+    ATTR static double NAME##_sumsq(const float *x, int64_t n) {                                   \
+        double ss = 0;                                                                             \
+        _Pragma("omp simd reduction(+ : ss)") for (int64_t i = 0; i < n; i++) ss +=                \
+            (double)x[i] * (double)x[i];                                                           \
+        return ss;                                                                                 \
+    }                                                                                              \
+    ATTR static void NAME##_scale(const float *x, const float *w, float rs, float *o, int64_t n) { \
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) o[i] = w[i] * (x[i] * rs);             \
+    }                                                                                              \
+    ATTR static void NAME##_add(const float *a, const float *b, float *o, int64_t n) {             \
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) o[i] = a[i] + b[i];                    \
+    }
+
+TK_ROW_LOOPS(rows_generic, )
+#ifdef TK_X86
+TK_ROW_LOOPS(rows_avx2, TK_AVX2)
+TK_ROW_LOOPS(rows_avx512, TK_AVX512)
+#endif
+
+typedef struct tk_rows {
+    double (*sumsq)(const float *, int64_t);
+    void (*scale)(const float *, const float *, float, float *, int64_t);
+    void (*add)(const float *, const float *, float *, int64_t);
+} tk_rows;
+
+static tk_rows rows_path(void) {
+#ifdef TK_X86
+    if (have_avx512()) return (tk_rows){rows_avx512_sumsq, rows_avx512_scale, rows_avx512_add};
+    if (tk_have_avx2()) return (tk_rows){rows_avx2_sumsq, rows_avx2_scale, rows_avx2_add};
+#endif
+    return (tk_rows){rows_generic_sumsq, rows_generic_scale, rows_generic_add};
+}
+
 void tk_rmsnorm(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t D, float eps,
                 float *out, int nt) {
     size_t es = tide_dtype_size(wdt);
     const uint8_t *wb = w;
+    const tk_rows k = rows_path();
 #pragma omp parallel for schedule(static) num_threads(nt) if (R * D >= TK_PAR_MIN)
     for (int64_t r = 0; r < R; r++) {
         const float *xr = x + r * D;
         float *orow = out + r * D;
-        double ss = 0;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t i = 0; i < D; i++) ss += (double)xr[i] * (double)xr[i];
+        double ss = k.sumsq(xr, D);
         float rs = 1.0f / sqrtf((float)(ss / (double)D) + eps);
-        float wf[TK_CHUNK];
+        _Alignas(64) float wf[TK_CHUNK];
         for (int64_t i0 = 0; i0 < D; i0 += TK_CHUNK) {
             int64_t n = TIDE_MIN(TK_CHUNK, D - i0);
             tk_convert(wb + (size_t)i0 * es, wdt, wf, (size_t)n);
-#pragma omp simd
-            for (int64_t i = 0; i < n; i++) orow[i0 + i] = wf[i] * (xr[i0 + i] * rs);
+            k.scale(xr + i0, wf, rs, orow + i0, n);
         }
     }
 }
@@ -627,17 +663,58 @@ void tk_rope(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, in
 
 /* ------------------------------------------------------------- elementwise */
 
-void tk_silu_mul(const float *gate, const float *up, float *out, int64_t n, int nt) {
-#pragma omp parallel for schedule(static) num_threads(nt) if (n >= TK_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) {
+static void silu_mul_generic(const float *gate, const float *up, float *out, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++) {
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
     }
 }
 
+#ifdef TK_X86
+/* The sigmoid from exp(-|g|) (exp_neg_avx2's range, within 2 ulp of expf),
+ * as the backward's AVX2 path: 1 / (1 + e) for g >= 0, e / (1 + e) below;
+ * out = (g * s) * up. The tail as the generic loop. */
+TK_AVX2 static void silu_mul_avx2(const float *gate, const float *up, float *out, int64_t i0, int64_t i1) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int64_t i = i0;
+    for (; i + 8 <= i1; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = exp_neg_avx2(_mm256_or_ps(g, sign));
+        __m256 den = _mm256_add_ps(one, e);
+        __m256 sg = _mm256_blendv_ps(_mm256_div_ps(one, den), _mm256_div_ps(e, den),
+                                     _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sg), _mm256_loadu_ps(up + i)));
+    }
+    silu_mul_generic(gate, up, out, i, i1);
+}
+#endif
+
+#define TK_ELEM_BLOCK 4096
+
+void tk_silu_mul(const float *gate, const float *up, float *out, int64_t n, int nt) {
+    const bool avx = tk_have_avx2();
+    int64_t nblk = (n + TK_ELEM_BLOCK - 1) / TK_ELEM_BLOCK;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= TK_PAR_MIN)
+    for (int64_t b = 0; b < nblk; b++) {
+        int64_t i0 = b * TK_ELEM_BLOCK, i1 = TIDE_MIN(n, i0 + TK_ELEM_BLOCK);
+#ifdef TK_X86
+        if (avx) {
+            silu_mul_avx2(gate, up, out, i0, i1);
+            continue;
+        }
+#endif
+        silu_mul_generic(gate, up, out, i0, i1);
+    }
+}
+
 void tk_add(const float *a, const float *b, float *out, int64_t n, int nt) {
-#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TK_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+    const tk_rows k = rows_path();
+    int64_t nb = (n + TK_PAR_MIN - 1) / TK_PAR_MIN;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nb > 1)
+    for (int64_t blk = 0; blk < nb; blk++) {
+        int64_t i0 = blk * TK_PAR_MIN;
+        k.add(a + i0, b + i0, out + i0, TIDE_MIN((int64_t)TK_PAR_MIN, n - i0));
+    }
 }
 
 void tk_take_last(const float *x, int64_t B, int64_t T, int64_t D, float *out) {

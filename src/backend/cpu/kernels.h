@@ -157,7 +157,9 @@ tide_status tk_attention(const float *q, const float *k, const float *v, const i
 tide_status tk_attention_nocache(const float *q, const float *k, const float *v, const int32_t *pos, float *o,
                                  const tk_attn_dims *d, int64_t *bad, int nt);
 
-/* SILU_MUL. gate, up, out (n): out = gate / (1 + expf(-gate)) * up. */
+/* SILU_MUL. gate, up, out (n): out = gate / (1 + expf(-gate)) * up (the AVX2
+ * path: gate * s * up, the sigmoid s formed from exp(-|gate|) as
+ * tk_silu_mul_bwd does, within 2 ulp of expf). */
 void tk_silu_mul(const float *gate, const float *up, float *out, int64_t n, int nt);
 
 /* ADD. a, b, out (n): out = a + b. */

@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #define TK_X86 1
 #define TK_AVX2 __attribute__((target("avx2,fma")))
+#define TK_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 #endif
 
 /* Work below this many elements runs on the calling thread only. */
