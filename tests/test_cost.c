@@ -17,7 +17,8 @@
  *      SSD read rate and above by that plus every op's cost and each read's
  *      latency (reads overlap the computes).
  *   4. matvec_bw_f32 / _f16 / _bf16 round-trip through a profile file,
- *      are optional, and a bad value is refused naming the field.
+ *      are optional, and a bad value is refused naming the field;
+ *   5. the CPU's probe (tide_probe_backend) measures them.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,6 +27,7 @@
 #include <cmocka.h>
 
 #include "planner/planner.h"
+#include "probe/probe.h"
 #include "sim/sim.h"
 #include "verify/verify.h"
 
@@ -242,12 +244,43 @@ static void test_matvec_fields(void **state) {
     tide_ctx_free(ctx);
 }
 
+/* The CPU's profile, measured through its backend, carries the rates the
+ * decode formula reads: each dtype's matrix-vector rate, plausible, and a
+ * valid profile file. */
+static void test_probe_matvec(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_backend *be = NULL;
+    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    char dir[] = "/tmp/tide-test-cost-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    tide_hw hw;
+    if (tide_probe_backend(ctx, be, dir, 0.5, NULL, &hw)) fail_msg("%s", tide_ctx_last_error(ctx));
+    print_message("  %s: matvec f32 %.1f, f16 %.1f, bf16 %.1f GB/s; mem %.1f GB/s; ssd read %.2f GB/s\n", hw.name,
+                  hw.matvec_bw[TIDE_F32] / 1e9, hw.matvec_bw[TIDE_F16] / 1e9, hw.matvec_bw[TIDE_BF16] / 1e9,
+                  hw.mem_bw / 1e9, hw.ssd_read_bw / 1e9);
+    static const tide_dtype dts[] = {TIDE_F32, TIDE_F16, TIDE_BF16};
+    for (int i = 0; i < 3; i++) assert_true(hw.matvec_bw[dts[i]] > 1e7 && hw.matvec_bw[dts[i]] < 1e13);
+    size_t n = strlen(hw.name);
+    assert_true(n > 4 && !strcmp(hw.name + n - 4, "-cpu"));
+    snprintf(path, sizeof path, "%s/p.json", dir);
+    assert_int_equal(tide_hw_save(ctx, &hw, path), TIDE_OK);
+    tide_hw back;
+    assert_int_equal(tide_hw_load(ctx, path, &back), TIDE_OK);
+    assert_true(back.matvec_bw[TIDE_BF16] == hw.matvec_bw[TIDE_BF16]);
+    unlink(path);
+    rmdir(dir);
+    tide_backend_free(be);
+    tide_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matvec_formula),
         cmocka_unit_test(test_decode_in_place),
         cmocka_unit_test(test_decode_from_ssd),
         cmocka_unit_test(test_matvec_fields),
+        cmocka_unit_test(test_probe_matvec),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

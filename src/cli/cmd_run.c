@@ -87,7 +87,9 @@ static const char help[] =
     "                      host memory is pinned\n"
     "  --hw PROFILE        hardware profile for plans and the predicted makespan\n"
     "                      (default: a quick measurement of this machine through\n"
-    "                      the backend, see `tide probe`)\n"
+    "                      the backend, see `tide probe`; on the CPU its SSD read\n"
+    "                      rate is then refitted from each run that reads at least\n"
+    "                      256 MiB from SSD, for the plans made after it)\n"
     "  --engine E          planned (default: every graph through a verified plan)\n"
     "                      or plain (the reference: every op in order, all tensors\n"
     "                      resident, no planner, verifier or executor; no budget)\n"
@@ -536,6 +538,9 @@ static int main_run(run_job *r) {
     if (tide_model_set_engine(r->m, a->engine)) return cli_fail(r->ctx, "engine");
     if (r->offload) {
         if (!a->quiet && !a->json) fprintf(stderr, "tide: offloaded run (policy %s)\n", a->policy);
+        if (!a->quiet && !a->json && r->host_device && !a->weights_on_ssd && !strcmp(a->policy, "tide"))
+            fprintf(stderr, "tide: note: on the CPU the weights homed in host memory are used in place: the budget "
+                    "bounds what the run adds to them; --weights-on-ssd streams them from SSD instead\n");
         if (tide_model_set_offload(r->m, &r->off)) return cli_fail(r->ctx, "offloading");
     }
     rss_begin(&r->rss);

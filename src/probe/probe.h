@@ -74,7 +74,9 @@ tide_status tide_probe_matvec(tide_ctx *ctx, tide_backend *be, double seconds_bu
  * h2d_bw, d2h_bw and link_latency_s from the backend's copies, which are
  * memcpy there), matvec_bw as tide_probe_matvec; host_flops and host_mem_bw
  * are flops[f32] and mem_bw (the host is that CPU); device_mem_bytes and
- * host_mem_bytes the physical memory. tide_probe, which times OpenBLAS
+ * host_mem_bytes the physical memory. An op's time there is the median of
+ * its repetitions, not the best: the run will share the cores with whatever
+ * else the machine runs, as the measurement does. tide_probe, which times OpenBLAS
  * directly, is what a machine offers rather than what tide's kernels reach.
  * On a device backend (CUDA), *out is `base` (NULL: all fields measured)
  * with these fields replaced:
