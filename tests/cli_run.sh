@@ -92,6 +92,7 @@ contains "$TMP/err" "must live" "message says what must live on host"
 # natively); the summary and the JSON say which ran
 json_field "$TMP/resident.json" matmul
 contains "$TMP/resident.json" '"matmul":"f' "JSON gives the matmul mode"
+contains "$TMP/resident.json" '"kernels":"matmul ' "JSON names the kernels in use"
 expect 0 "--matmul f32" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --matmul f32 --backend cpu
 contains "$TMP/out" "matmul f32" "summary gives the matmul mode"
 expect 0 "--matmul fast on the CPU" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --matmul fast --backend cpu

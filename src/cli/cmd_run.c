@@ -195,6 +195,7 @@ static void print_summary(const run_args *a, const char *model_dir, const tide_l
            tide_matmul_name(tide_backend_matmul(be)), tide_ctx_threads(ctx),
            s->async_issue ? "asynchronous (events)" : "synchronous",
            a->engine == TIDE_ENGINE_PLAIN ? "plain" : "planned");
+    printf("kernels    %s\n", tide_backend_kernels(be));
     printf("prompt     %d tokens\n", n_prompt);
     printf("generated ");
     for (long i = 0; i < a->new_tokens; i++) printf(" %d", gen[i]);
@@ -258,6 +259,7 @@ static void print_json(const run_args *a, const char *model_dir, const tide_llam
     cJSON_AddStringToObject(o, "config", cfg->name);
     cJSON_AddStringToObject(o, "backend", tide_backend_name(be));
     cJSON_AddStringToObject(o, "matmul", tide_matmul_name(tide_backend_matmul(be)));
+    cJSON_AddStringToObject(o, "kernels", tide_backend_kernels(be));
     cJSON_AddNumberToObject(o, "threads", tide_ctx_threads(ctx));
     cJSON_AddStringToObject(o, "engine", a->engine == TIDE_ENGINE_PLAIN ? "plain" : "planned");
     cJSON_AddBoolToObject(o, "async_issue", s->async_issue);
