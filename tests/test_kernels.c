@@ -5,7 +5,8 @@
  * pass graph validation) and run through the CPU backend's vtable `compute` on
  * buffers from the backend's own `alloc`. Each result is compared with a
  * plain reference written here that accumulates in double. Kernels that have
- * an AVX2 and a portable path are run on both (tk_force_generic).
+ * AVX-512, AVX2 and portable paths are run on each the CPU has
+ * (tk_cpu_force_no_avx512, tk_force_generic).
  *
  * Tolerances (all relative to the size of what is summed, so a wrong index,
  * a missing term or a wrong rounding shows up as an error of order 1):
@@ -18,12 +19,20 @@
  *   - ATTENTION: 1e-6 absolute on outputs of magnitude <= 1 (f32 scores,
  *     exp within 2 ulp, sums of <= 300 terms; the largest error seen is 2e-7);
  *     the softmax alone is checked to 4e-7 relative (test_softmax_accuracy).
+ *   - Between paths (test_attention_paths, test_silu_mul_paths): AVX-512 and
+ *     AVX2 attention differ only in the order of a key tile's softmax sum
+ *     (16 lanes or 8): 1e-6 absolute on outputs <= 1 against either path,
+ *     as ATTENTION above (the largest AVX-512 - AVX2 difference seen is
+ *     about 2.4e-7, a few ulp of 0.93); SILU_MUL is the same
+ *     bits on the two SIMD paths; a NaN query gives a NaN row on every path
+ *     and leaves every other row's bits.
  * Weights stored as f16/bf16 are compared against their exact f32 values, so
  * storage rounding never enters a tolerance.
  */
 #include "tide.h"
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/cpu_features.h"
 
 #include <math.h>
 #include <setjmp.h>
@@ -148,10 +157,16 @@ static float from_bits(uint32_t u) {
     return f;
 }
 
-/* Runs fn on the AVX2 path (when the CPU has it) and on the portable one. */
-static void on_both_paths(void (*fn)(void)) {
+/* Runs fn on the AVX-512 and AVX2 paths (those the CPU has) and on the
+ * portable one. */
+static void on_all_paths(void (*fn)(void)) {
     tk_force_generic(false);
     fn();
+    if (tk_cpu_has(TK_CPU_AVX512F)) {
+        tk_cpu_force_no_avx512(true);
+        fn();
+        tk_cpu_force_no_avx512(false);
+    }
     tk_force_generic(true);
     fn();
     tk_force_generic(false);
@@ -271,7 +286,7 @@ static void check_convert_all(void) {
 }
 static void test_convert_all(void **state) {
     (void)state;
-    on_both_paths(check_convert_all);
+    on_all_paths(check_convert_all);
 }
 
 /* ------------------------------------------------------------- backend */
@@ -448,7 +463,7 @@ static void matmul_small_shapes(void) {
 }
 static void test_matmul_small(void **state) {
     (void)state;
-    on_both_paths(matmul_small_shapes);
+    on_all_paths(matmul_small_shapes);
 }
 
 /* Large enough (N*K*4 > 16 MiB) that the graph's own scratch holds only part
@@ -526,7 +541,7 @@ static void check_rope(void) {
 }
 static void test_rope(void **state) {
     (void)state;
-    on_both_paths(check_rope);
+    on_all_paths(check_rope);
 }
 
 /* ------------------------------------------------------------- attention */
@@ -632,7 +647,7 @@ static void attention_cases(void) {
 }
 static void test_attention(void **state) {
     (void)state;
-    on_both_paths(attention_cases);
+    on_all_paths(attention_cases);
 }
 
 /* Softmax accuracy, isolated: q = (4, 0, ...), key j = (s_j, 0, ...) and
@@ -696,7 +711,7 @@ static void check_softmax_accuracy(void) {
 }
 static void test_softmax_accuracy(void **state) {
     (void)state;
-    on_both_paths(check_softmax_accuracy);
+    on_all_paths(check_softmax_accuracy);
 }
 
 /* Bad positions return TIDE_E_RANGE with a message and leave the caches alone. */
@@ -808,6 +823,133 @@ static void test_attention_deterministic(void **state) {
     }
     for (int run = 1; run < 4; run++) assert_memory_equal(res[0], res[run], R * qd * 4);
     for (int run = 0; run < 4; run++) free(res[run]);
+}
+
+/* One attention run on the path chosen by `path` (2 AVX-512, 1 AVX2, 0
+ * portable): B batch rows of T queries at positions start.., a cache of C
+ * positions; q, k, v and the cache from a fixed seed, q row `nan_row` (or
+ * none when < 0) NaN at its first head's element 0. Returns the output. */
+static float *attention_on_path(int path, int B, int T, int C, int H, int KV, int hd, int start, int nan_row) {
+    const int kd = KV * hd, qd = H * hd, R = B * T;
+    tk_force_generic(path == 0);
+    tk_cpu_force_no_avx512(path == 1);
+    fx f;
+    fx_open(&f);
+    int q = fx_tensor(&f, "q", TIDE_F32, TIDE_ROLE_INPUT, 2, R, qd, 0);
+    int k = fx_tensor(&f, "k", TIDE_F32, TIDE_ROLE_INPUT, 2, R, kd, 0);
+    int v = fx_tensor(&f, "v", TIDE_F32, TIDE_ROLE_INPUT, 2, R, kd, 0);
+    int pos = fx_tensor(&f, "pos", TIDE_I32, TIDE_ROLE_INPUT, 1, T, 0, 0);
+    int kc = fx_tensor(&f, "kc", TIDE_F32, TIDE_ROLE_STATE, 3, B, C, kd);
+    int vc = fx_tensor(&f, "vc", TIDE_F32, TIDE_ROLE_STATE, 3, B, C, kd);
+    int o = fx_tensor(&f, "o", TIDE_F32, TIDE_ROLE_TEMP, 2, R, qd, 0);
+    int in[6] = {q, k, v, pos, kc, vc}, out[3] = {o, kc, vc};
+    tide_op_params p = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B};
+    int id = fx_op(&f, TIDE_OP_ATTENTION, 6, in, 3, out, &p);
+    float *qb = fx_buf(&f, (size_t)R * qd * 4), *kb = fx_buf(&f, (size_t)R * kd * 4),
+          *vb = fx_buf(&f, (size_t)R * kd * 4);
+    float *kcb = fx_buf(&f, (size_t)B * C * kd * 4), *vcb = fx_buf(&f, (size_t)B * C * kd * 4);
+    int32_t *pb = fx_buf(&f, (size_t)T * 4);
+    rng_state = 777;
+    fill(qb, (size_t)R * qd, 3);
+    fill(kb, (size_t)R * kd, 3);
+    fill(vb, (size_t)R * kd, 1);
+    fill(kcb, (size_t)B * C * kd, 3);
+    fill(vcb, (size_t)B * C * kd, 1);
+    if (nan_row >= 0) qb[(size_t)nan_row * qd] = NAN;
+    for (int t = 0; t < T; t++) pb[t] = start + t;
+    float *res = malloc((size_t)R * qd * 4);
+    assert_non_null(res);
+    void *ip[6] = {qb, kb, vb, pb, kcb, vcb}, *op[3] = {res, kcb, vcb};
+    assert_int_equal(fx_run(&f, id, ip, op), TIDE_OK);
+    fx_close(&f);
+    tk_force_generic(false);
+    tk_cpu_force_no_avx512(false);
+    return res;
+}
+
+/* The AVX-512 attention against the AVX2 and portable paths on the built-in
+ * model's shapes (32 heads, 4 KV heads, head_dim 64) and two odd ones:
+ * prefill from 0, a decode step over a long cache, a continuation. */
+static void test_attention_paths(void **state) {
+    (void)state;
+    if (!tk_cpu_has(TK_CPU_AVX512F)) skip();
+    static const struct { int B, T, C, H, KV, hd, start; } cases[] = {
+        {1, 70, 70, 32, 4, 64, 0}, {2, 1, 520, 32, 4, 64, 515}, {1, 9, 300, 8, 2, 128, 200},
+        {1, 5, 40, 6, 3, 48, 17}, /* hd % 32 == 16: the 16-wide P.V column */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int B = cases[c].B, T = cases[c].T, n = B * T * cases[c].H * cases[c].hd;
+        float *o[3];
+        for (int path = 0; path < 3; path++)
+            o[path] = attention_on_path(path, B, T, cases[c].C, cases[c].H, cases[c].KV, cases[c].hd,
+                                        cases[c].start, -1);
+        double worst = 0;
+        for (int i = 0; i < n; i++) {
+            double d2 = fabs((double)o[2][i] - o[1][i]), d0 = fabs((double)o[2][i] - o[0][i]);
+            worst = d2 > worst ? d2 : worst;
+            if (!(d2 <= 1e-6) || !(d0 <= 1e-6))
+                fail_msg("attention case %zu element %d: avx512 %.9g avx2 %.9g portable %.9g", c, i, o[2][i],
+                         o[1][i], o[0][i]);
+        }
+        print_message("attention case %zu: largest avx512-avx2 difference %.3g\n", c, worst);
+        for (int path = 0; path < 3; path++) free(o[path]);
+    }
+    /* a NaN in a query: that row's head NaN, every other output the bits without it */
+    const int B = 1, T = 20, H = 8, KV = 2, hd = 64, qd = H * hd, bad = 7;
+    for (int path = 0; path < 3; path++) {
+        float *clean = attention_on_path(path, B, T, 40, H, KV, hd, 10, -1);
+        float *nan = attention_on_path(path, B, T, 40, H, KV, hd, 10, bad);
+        for (int i = 0; i < T * qd; i++) {
+            bool in_bad = i / qd == bad && i % qd < hd;
+            if (in_bad ? !isnan(nan[i]) : bits(nan[i]) != bits(clean[i]))
+                fail_msg("path %d: NaN query, element %d: %.9g (clean %.9g)", path, i, nan[i], clean[i]);
+        }
+        free(clean);
+        free(nan);
+    }
+}
+
+/* SILU_MUL on the AVX-512 path against the AVX2 one, bit for bit, over a
+ * length with a masked tail and gates that include +-inf, NaN and the
+ * exp overflow range; and within 1e-5 of the portable path where finite. */
+static void test_silu_mul_paths(void **state) {
+    (void)state;
+    if (!tk_cpu_has(TK_CPU_AVX512F)) skip();
+    const int n = 4096 + 4096 + 808 + 13;
+    float *g = malloc(n * 4), *u = malloc(n * 4), *o[3];
+    assert_true(g && u);
+    rng_state = 4242;
+    fill(g, n, 30.0f);
+    fill(u, n, 2.0f);
+    g[5] = INFINITY;
+    g[6] = -INFINITY;
+    g[7] = NAN;
+    g[8] = -100.0f;
+    g[9] = 100.0f;
+    g[n - 1] = -INFINITY;
+    for (int path = 0; path < 3; path++) {
+        tk_force_generic(path == 0);
+        tk_cpu_force_no_avx512(path == 1);
+        o[path] = malloc(n * 4);
+        assert_non_null(o[path]);
+        tk_silu_mul(g, u, o[path], n, 2);
+    }
+    tk_force_generic(false);
+    tk_cpu_force_no_avx512(false);
+    for (int i = 0; i < n; i++) {
+        bool nan2 = isnan(o[2][i]), nan1 = isnan(o[1][i]), nan0 = isnan(o[0][i]);
+        /* the AVX2 loop's generic tail: the last n % 8 elements */
+        bool tail = i >= n - n % 8;
+        if (tail ? nan2 != nan0 || (!nan2 && fabs(o[2][i] - o[0][i]) > 1e-5 * fabs(o[0][i]) + 1e-30)
+                 : nan2 != nan1 || (!nan2 && bits(o[2][i]) != bits(o[1][i])))
+            fail_msg("silu_mul %d (gate %g): avx512 %.9g avx2 %.9g portable %.9g", i, g[i], o[2][i], o[1][i],
+                     o[0][i]);
+        if (nan0 != nan2 || (!nan0 && !isinf(o[0][i]) && fabs(o[2][i] - o[0][i]) > 1e-5 * fabs(o[0][i]) + 1e-30))
+            fail_msg("silu_mul %d against portable: %.9g vs %.9g", i, o[2][i], o[0][i]);
+    }
+    for (int path = 0; path < 3; path++) free(o[path]);
+    free(g);
+    free(u);
 }
 
 /* ------------------------------------------------------------- elementwise */
@@ -1075,7 +1217,9 @@ int main(void) {
         cmocka_unit_test(test_attention_bad_pos),
         cmocka_unit_test(test_attention_head_dim_limit),
         cmocka_unit_test(test_attention_deterministic),
+        cmocka_unit_test(test_attention_paths),
         cmocka_unit_test(test_silu_mul_add),
+        cmocka_unit_test(test_silu_mul_paths),
         cmocka_unit_test(test_take_last),
         cmocka_unit_test(test_tiled_forms),
         cmocka_unit_test(test_argmax),

@@ -14,6 +14,14 @@
  * place of the cache rows they would have been copied to, so the output is
  * the fresh-cache form's bit for bit.
  *
+ * Three paths, chosen at run time: AVX-512, AVX2, portable. The AVX-512
+ * kernels are the AVX2 ones on 16 lanes: every score and every P.V element
+ * is the same FMA sequence (d, then j, in order) and exp is the same
+ * polynomial, so they give the AVX2 bits there; only the softmax's sum over
+ * a key tile adds 16 lanes instead of 8. Each row's arithmetic depends on
+ * that row and the key tiling (fixed by head_dim) alone, never on which
+ * rows share a task, so a plan that tiles query rows gets the untiled bits.
+ *
  * The backward recomputes the softmax instead of storing it: a task is (batch
  * b, kv head g) and owns dq of the group's query heads and dk, dv of g, so no
  * two tasks write one element. Per head and block of bq queries (keys 0..the
@@ -24,6 +32,7 @@
  * count. The memory is two bq x T buffers per thread (tk_attention_bwd_work).
  */
 #include "backend/cpu/kernels_int.h"
+#include "backend/cpu/kernels_avx512.h"
 
 #include <limits.h>
 #include <math.h>
@@ -37,6 +46,14 @@
 #define ATT_BUF 8192
 #define ATT_MAX_ROWS 64
 #define ATT_MAX_KEYS 64
+
+enum { ATT_PORTABLE, ATT_AVX2, ATT_AVX512 };
+
+/* The forward's code path, from the instruction sets tk_cpu allows. */
+static int att_path(void) {
+    if (tk_cpu_has(TK_CPU_AVX512F | TK_CPU_AVX512BW | TK_CPU_AVX512VL)) return ATT_AVX512;
+    return tk_have_avx2() ? ATT_AVX2 : ATT_PORTABLE;
+}
 
 typedef struct att_task {
     int nrows;
@@ -280,13 +297,181 @@ TK_AVX2 static void att_transpose_avx2(const float *kb, int64_t vs, int nk, int 
 }
 #endif
 
+#ifdef TK_X86
+/* att_scores_avx2 on 16 lanes: a key's score is the same FMA chain over d
+ * (from 0, then times scale), so the bits are the AVX2 path's. Four rows
+ * share each key load; 32 keys at a time where the rows reach that far. */
+TK_AVX512 static void att_scores_avx512(const att_task *tk, const float *Kt, int ldk, const int *jmax,
+                                        int hd, float scale, float *S, int lds) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    int i = 0;
+    for (; i + 4 <= tk->nrows; i += 4) {
+        int n = TIDE_MAX(TIDE_MAX(jmax[i], jmax[i + 1]), TIDE_MAX(jmax[i + 2], jmax[i + 3]));
+        const float *q0 = tk->qrow[i], *q1 = tk->qrow[i + 1], *q2 = tk->qrow[i + 2],
+                    *q3 = tk->qrow[i + 3];
+        float *s = S + i * lds;
+        int j = 0;
+        for (; j + 32 <= n; j += 32) {
+            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00,
+                   a21 = a00, a30 = a00, a31 = a00;
+            const float *kt = Kt + j;
+            for (int d = 0; d < hd; d++, kt += ldk) {
+                __m512 k0 = _mm512_load_ps(kt), k1 = _mm512_load_ps(kt + 16), b;
+                b = _mm512_set1_ps(q0[d]);
+                a00 = _mm512_fmadd_ps(b, k0, a00);
+                a01 = _mm512_fmadd_ps(b, k1, a01);
+                b = _mm512_set1_ps(q1[d]);
+                a10 = _mm512_fmadd_ps(b, k0, a10);
+                a11 = _mm512_fmadd_ps(b, k1, a11);
+                b = _mm512_set1_ps(q2[d]);
+                a20 = _mm512_fmadd_ps(b, k0, a20);
+                a21 = _mm512_fmadd_ps(b, k1, a21);
+                b = _mm512_set1_ps(q3[d]);
+                a30 = _mm512_fmadd_ps(b, k0, a30);
+                a31 = _mm512_fmadd_ps(b, k1, a31);
+            }
+            _mm512_store_ps(s + j, _mm512_mul_ps(a00, sc));
+            _mm512_store_ps(s + j + 16, _mm512_mul_ps(a01, sc));
+            _mm512_store_ps(s + lds + j, _mm512_mul_ps(a10, sc));
+            _mm512_store_ps(s + lds + j + 16, _mm512_mul_ps(a11, sc));
+            _mm512_store_ps(s + 2 * lds + j, _mm512_mul_ps(a20, sc));
+            _mm512_store_ps(s + 2 * lds + j + 16, _mm512_mul_ps(a21, sc));
+            _mm512_store_ps(s + 3 * lds + j, _mm512_mul_ps(a30, sc));
+            _mm512_store_ps(s + 3 * lds + j + 16, _mm512_mul_ps(a31, sc));
+        }
+        for (; j < n; j += 16) {
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            const float *kt = Kt + j;
+            for (int d = 0; d < hd; d++, kt += ldk) {
+                __m512 k0 = _mm512_load_ps(kt);
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), k0, a0);
+                a1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), k0, a1);
+                a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[d]), k0, a2);
+                a3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[d]), k0, a3);
+            }
+            _mm512_store_ps(s + j, _mm512_mul_ps(a0, sc));
+            _mm512_store_ps(s + lds + j, _mm512_mul_ps(a1, sc));
+            _mm512_store_ps(s + 2 * lds + j, _mm512_mul_ps(a2, sc));
+            _mm512_store_ps(s + 3 * lds + j, _mm512_mul_ps(a3, sc));
+        }
+    }
+    for (; i < tk->nrows; i++) {
+        const float *q0 = tk->qrow[i];
+        for (int j = 0; j < jmax[i]; j += 16) {
+            __m512 a0 = _mm512_setzero_ps();
+            const float *kt = Kt + j;
+            for (int d = 0; d < hd; d++, kt += ldk) a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), _mm512_load_ps(kt), a0);
+            _mm512_store_ps(S + i * lds + j, _mm512_mul_ps(a0, sc));
+        }
+    }
+}
+
+/* att_pv_row_avx2 on 16 lanes (hd % 16 == 0): the same FMA per element. */
+TK_AVX512 static void att_pv_row_avx512(const float *p, int ja, int jb, const float *vb, int64_t vs,
+                                        int hd, float *o) {
+    for (int d = 0; d < hd; d += 16) {
+        __m512 o0 = _mm512_loadu_ps(o + d);
+        for (int j = ja; j < jb; j++)
+            o0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(vb + j * vs + d), o0);
+        _mm512_storeu_ps(o + d, o0);
+    }
+}
+
+/* att_pv_avx2 on 16 lanes: four rows share each value load, 32 elements of
+ * d at a time where hd allows; per element the row kernel's FMA sequence. */
+TK_AVX512 static void att_pv_avx512(const float *P, int lds, const int *lim, int nrows,
+                                    const float *vb, int64_t vs, int hd, float *O) {
+    int i = 0;
+    for (; i + 4 <= nrows; i += 4) {
+        int jc = TIDE_MIN(TIDE_MIN(lim[i], lim[i + 1]), TIDE_MIN(lim[i + 2], lim[i + 3]));
+        const float *p0 = P + i * lds, *p1 = p0 + lds, *p2 = p1 + lds, *p3 = p2 + lds;
+        int d = 0;
+        for (; d + 32 <= hd; d += 32) {
+            float *o = O + i * hd + d;
+            __m512 a00 = _mm512_loadu_ps(o), a01 = _mm512_loadu_ps(o + 16);
+            __m512 a10 = _mm512_loadu_ps(o + hd), a11 = _mm512_loadu_ps(o + hd + 16);
+            __m512 a20 = _mm512_loadu_ps(o + 2 * hd), a21 = _mm512_loadu_ps(o + 2 * hd + 16);
+            __m512 a30 = _mm512_loadu_ps(o + 3 * hd), a31 = _mm512_loadu_ps(o + 3 * hd + 16);
+            for (int j = 0; j < jc; j++) {
+                const float *vr = vb + j * vs + d;
+                __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16), b;
+                b = _mm512_set1_ps(p0[j]);
+                a00 = _mm512_fmadd_ps(b, v0, a00);
+                a01 = _mm512_fmadd_ps(b, v1, a01);
+                b = _mm512_set1_ps(p1[j]);
+                a10 = _mm512_fmadd_ps(b, v0, a10);
+                a11 = _mm512_fmadd_ps(b, v1, a11);
+                b = _mm512_set1_ps(p2[j]);
+                a20 = _mm512_fmadd_ps(b, v0, a20);
+                a21 = _mm512_fmadd_ps(b, v1, a21);
+                b = _mm512_set1_ps(p3[j]);
+                a30 = _mm512_fmadd_ps(b, v0, a30);
+                a31 = _mm512_fmadd_ps(b, v1, a31);
+            }
+            _mm512_storeu_ps(o, a00);
+            _mm512_storeu_ps(o + 16, a01);
+            _mm512_storeu_ps(o + hd, a10);
+            _mm512_storeu_ps(o + hd + 16, a11);
+            _mm512_storeu_ps(o + 2 * hd, a20);
+            _mm512_storeu_ps(o + 2 * hd + 16, a21);
+            _mm512_storeu_ps(o + 3 * hd, a30);
+            _mm512_storeu_ps(o + 3 * hd + 16, a31);
+        }
+        for (; d < hd; d += 16) {
+            float *o = O + i * hd + d;
+            __m512 a0 = _mm512_loadu_ps(o), a1 = _mm512_loadu_ps(o + hd);
+            __m512 a2 = _mm512_loadu_ps(o + 2 * hd), a3 = _mm512_loadu_ps(o + 3 * hd);
+            for (int j = 0; j < jc; j++) {
+                __m512 v0 = _mm512_loadu_ps(vb + j * vs + d);
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(p0[j]), v0, a0);
+                a1 = _mm512_fmadd_ps(_mm512_set1_ps(p1[j]), v0, a1);
+                a2 = _mm512_fmadd_ps(_mm512_set1_ps(p2[j]), v0, a2);
+                a3 = _mm512_fmadd_ps(_mm512_set1_ps(p3[j]), v0, a3);
+            }
+            _mm512_storeu_ps(o, a0);
+            _mm512_storeu_ps(o + hd, a1);
+            _mm512_storeu_ps(o + 2 * hd, a2);
+            _mm512_storeu_ps(o + 3 * hd, a3);
+        }
+        for (int r = 0; r < 4; r++)
+            if (lim[i + r] > jc)
+                att_pv_row_avx512(P + (i + r) * lds, jc, lim[i + r], vb, vs, hd, O + (i + r) * hd);
+    }
+    for (; i < nrows; i++) att_pv_row_avx512(P + i * lds, 0, lim[i], vb, vs, hd, O + i * hd);
+}
+
+/* att_softmax_avx2 in 16-float blocks; s has room for n rounded up to 16
+ * (lanes past n become 0). The same p_j bits; the sum adds 16 lanes. */
+TK_AVX512 static float att_softmax_avx512(float *s, int n, float *m, float *l) {
+    __m512 vmx = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < n; j += 16) {
+        __mmask16 valid = (__mmask16)(n - j >= 16 ? 0xffff : (1u << (n - j)) - 1);
+        vmx = _mm512_mask_max_ps(vmx, valid, vmx, _mm512_loadu_ps(s + j));
+    }
+    float mx = _mm512_reduce_max_ps(vmx);
+    float mnew = mx > *m ? mx : *m;
+    __m512 vm = _mm512_set1_ps(mnew), vsum = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) {
+        __mmask16 valid = (__mmask16)(n - j >= 16 ? 0xffff : (1u << (n - j)) - 1);
+        __m512 p = _mm512_maskz_mov_ps(valid, exp_neg_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm)));
+        _mm512_storeu_ps(s + j, p);
+        vsum = _mm512_add_ps(vsum, p);
+    }
+    float corr = _mm512_cvtss_f32(exp_neg_avx512(_mm512_set1_ps(*m - mnew)));
+    *l = *l * corr + hsum16(vsum);
+    *m = mnew;
+    return corr;
+}
+#endif
+
 /* Runs one task: its rows against cache positions 0..max rpos of kv head g
- * (kb/vb point at position 0 of that head, vs floats between positions). */
+ * (kb/vb point at position 0 of that head, vs floats between positions);
+ * path is ATT_PORTABLE, ATT_AVX2 or ATT_AVX512. */
 static void att_run_task(const att_task *tk, const float *kb, const float *vb, int64_t vs, int hd,
-                         int BK, bool avx) {
-    _Alignas(32) float Kt[ATT_BUF];
-    _Alignas(32) float O[ATT_BUF];
-    _Alignas(32) float S[ATT_MAX_ROWS * ATT_MAX_KEYS];
+                         int BK, int path) {
+    _Alignas(64) float Kt[ATT_BUF];
+    _Alignas(64) float O[ATT_BUF];
+    _Alignas(64) float S[ATT_MAX_ROWS * ATT_MAX_KEYS];
     float m[ATT_MAX_ROWS], l[ATT_MAX_ROWS];
     int lim[ATT_MAX_ROWS], jmax[ATT_MAX_ROWS];
     int nr = tk->nrows;
@@ -298,7 +483,7 @@ static void att_run_task(const att_task *tk, const float *kb, const float *vb, i
     }
     memset(O, 0, (size_t)nr * (size_t)hd * sizeof(float));
     float scale = 1.0f / sqrtf((float)hd);
-    bool avx_pv = avx && hd % 16 == 0;
+    const bool avx = path != ATT_PORTABLE, avx_pv = avx && hd % 16 == 0;
     for (int64_t j0 = 0; j0 <= maxp; j0 += BK) {
         int nk = (int)TIDE_MIN((int64_t)BK, maxp + 1 - j0);
         int nkp = (nk + 15) & ~15;
@@ -316,7 +501,9 @@ static void att_run_task(const att_task *tk, const float *kb, const float *vb, i
             jmax[i] = (lim[i] + 15) & ~15;
         }
 #ifdef TK_X86
-        if (avx)
+        if (path == ATT_AVX512)
+            att_scores_avx512(tk, Kt, BK, jmax, hd, scale, S, BK);
+        else if (avx)
             att_scores_avx2(tk, Kt, BK, jmax, hd, scale, S, BK);
         else
 #endif
@@ -326,7 +513,9 @@ static void att_run_task(const att_task *tk, const float *kb, const float *vb, i
             if (lim[i] == 0) continue;
             float corr;
 #ifdef TK_X86
-            if (avx)
+            if (path == ATT_AVX512)
+                corr = att_softmax_avx512(S + i * BK, lim[i], &m[i], &l[i]);
+            else if (avx)
                 corr = att_softmax_avx2(S + i * BK, lim[i], &m[i], &l[i]);
             else
 #endif
@@ -340,7 +529,10 @@ static void att_run_task(const att_task *tk, const float *kb, const float *vb, i
         const float *vt = vb + j0 * vs;
 #ifdef TK_X86
         if (avx_pv) {
-            att_pv_avx2(S, BK, lim, nr, vt, vs, hd, O);
+            if (path == ATT_AVX512)
+                att_pv_avx512(S, BK, lim, nr, vt, vs, hd, O);
+            else
+                att_pv_avx2(S, BK, lim, nr, vt, vs, hd, O);
             continue;
         }
 #endif
@@ -370,7 +562,7 @@ static void att_run(const float *q, const float *keys, const float *vals, int64_
     const int64_t BQ = TIDE_MAX(1, NQ / HB); /* queries per task */
     const int64_t n_qb = (T + BQ - 1) / BQ;
     const int64_t n_task = B * KV * n_hb * n_qb;
-    const bool avx = tk_have_avx2();
+    const int path = att_path();
     /* dynamic: a task's output does not depend on which thread runs it */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (n_task > 1)
     for (int64_t task = 0; task < n_task; task++) {
@@ -394,7 +586,7 @@ static void att_run(const float *q, const float *keys, const float *vals, int64_
             }
         const float *kb = keys + b * C * kd + (int64_t)g * hd;
         const float *vb = vals + b * C * kd + (int64_t)g * hd;
-        att_run_task(&tk, kb, vb, kd, hd, BK, avx);
+        att_run_task(&tk, kb, vb, kd, hd, BK, path);
     }
 }
 

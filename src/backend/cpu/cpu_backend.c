@@ -61,7 +61,7 @@ static const char *cpu_kernels_desc(tide_backend *be) {
     snprintf(kernels, sizeof kernels, "%s%s; attention and elementwise %s; training products openblas "
              "sgemm (%s); cpu: %s", mm,
              be->matmul == TIDE_MATMUL_FAST && !tk_matmul_fast_native(TIDE_BF16) ? " (fast mode without "
-             "avx512_bf16: f32 kernels)" : "", f & TK_CPU_AVX2 ? "avx2" : "portable", tk_blas_corename(), isa);
+             "avx512_bf16: f32 kernels)" : "", tk_cpu_vector_path(), tk_blas_corename(), isa);
     return kernels;
 }
 

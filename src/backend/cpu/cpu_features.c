@@ -24,6 +24,7 @@
 
 static atomic_uint cf_bits; /* TK_CPU_* | TK_CPU_PROBED */
 static atomic_bool cf_generic;
+static atomic_bool cf_no_avx512;
 
 #define TK_CPU_PROBED (1u << 31)
 
@@ -76,10 +77,21 @@ unsigned tk_cpu_detected(void) {
 
 unsigned tk_cpu(void) {
     unsigned v = tk_cpu_detected();
-    return atomic_load_explicit(&cf_generic, memory_order_relaxed) ? 0 : v;
+    if (atomic_load_explicit(&cf_generic, memory_order_relaxed)) return 0;
+    if (atomic_load_explicit(&cf_no_avx512, memory_order_relaxed))
+        v &= ~(TK_CPU_AVX512F | TK_CPU_AVX512BW | TK_CPU_AVX512VL | TK_CPU_AVX512BF16 | TK_CPU_AVX512VNNI);
+    return v;
 }
 
 void tk_cpu_force_generic(bool on) { atomic_store(&cf_generic, on); }
+
+void tk_cpu_force_no_avx512(bool on) { atomic_store(&cf_no_avx512, on); }
+
+const char *tk_cpu_vector_path(void) {
+    unsigned base = TK_CPU_AVX512F | TK_CPU_AVX512BW | TK_CPU_AVX512VL;
+    unsigned f = tk_cpu();
+    return (f & base) == base ? "avx512 (rope avx2)" : f & TK_CPU_AVX2 ? "avx2" : "portable";
+}
 
 void tk_cpu_names(unsigned f, char *buf, size_t n) {
     static const struct { unsigned bit; const char *name; } names[] = {

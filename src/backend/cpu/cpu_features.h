@@ -25,6 +25,12 @@ unsigned tk_cpu_detected(void);
  * tk_cpu_force_generic(true) is in effect (tests: the portable paths). */
 unsigned tk_cpu(void);
 void tk_cpu_force_generic(bool on);
+/* While on, tk_cpu leaves out the AVX-512 bits (tests: the AVX2 paths on an
+ * AVX-512 machine). */
+void tk_cpu_force_no_avx512(bool on);
+/* The path of the attention and elementwise kernels under tk_cpu:
+ * "avx512 (rope avx2)", "avx2" or "portable". */
+const char *tk_cpu_vector_path(void);
 /* The names of the bits of f, space separated ("none" for 0), into buf. */
 void tk_cpu_names(unsigned f, char *buf, size_t n);
 
