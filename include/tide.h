@@ -641,6 +641,29 @@ typedef struct tide_gen_stats {
 tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prompt,
                                 int n_new, int32_t *out_tokens, tide_gen_stats *stats);
 
+/* Generation with a sampler, stop ids, continuation and a callback. */
+typedef struct tide_gen_opts {
+    struct tide_sampler *sampler; /* NULL: greedy (the graph's own argmax, as
+                                   tide_model_generate). Each generated id is
+                                   accepted into it; the prompt's ids are the
+                                   caller's to accept */
+    const int32_t *stop_ids;    /* generation ends after one of these is drawn
+                                   (it is the last id written) */
+    int n_stop_ids;
+    int start_pos;              /* > 0: continue an earlier generation: the KV
+                                   cache already holds prompt[0..start_pos) (the
+                                   caller knows it does) and only the rest of the
+                                   prompt is prefilled */
+    int (*on_token)(void *user, int32_t id); /* after each id; non-zero stops */
+    void *user;
+} tide_gen_opts;
+
+/* As tide_model_generate, for at most max_new ids: *n_out receives how many
+ * were generated (fewer after a stop id or a callback's stop). o may be NULL. */
+tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_prompt, int max_new,
+                                   const tide_gen_opts *o, int32_t *out_tokens, int *n_out,
+                                   tide_gen_stats *stats);
+
 /* Runs the model on `tokens` (batch * seq ids, batch-major) at positions
  * start_pos.., with caches for each batch row, and copies all logits
  * (batch*seq, vocab) f32 into `logits` (may be NULL). */
@@ -803,6 +826,10 @@ bool tide_tokenizer_is_special(const tide_tokenizer *t, int32_t id);
  * vocabulary entry), or -1. */
 int32_t tide_tokenizer_find(const tide_tokenizer *t, const char *piece);
 
+/* The model's chat template (a Jinja source, as tokenizer_config.json's
+ * chat_template or a chat_template.jinja file holds it), or NULL. */
+const char *tide_tokenizer_chat_template(const tide_tokenizer *t);
+
 /* Encoding flags. */
 enum {
     /* Add what the tokenizer adds around a text, as add_special_tokens=True
@@ -867,6 +894,85 @@ tide_status tide_detok_push(tide_detok *d, int32_t id, const char **text, size_t
 tide_status tide_detok_finish(tide_detok *d, const char **text, size_t *len);
 /* Starts a new stream (the next id is the first again). */
 void tide_detok_reset(tide_detok *d);
+
+/* ---------------------------------------------------------------- sampling */
+
+/* How the next token is drawn from a logits vector. The steps, in this order
+ * (transformers' order): the penalties over the ids seen (tide_sampler_accept),
+ * temperature, top-k, top-p, min-p, then one draw from the renormalised
+ * softmax of what is left. A zero-initialised struct is greedy decoding. */
+typedef struct tide_sampler_opts {
+    double temperature;         /* <= 0: greedy (the argmax, the lowest id on a tie);
+                                   else logits are divided by it */
+    int32_t top_k;              /* keep the k highest logits (0: all) */
+    double top_p;               /* keep the most likely ids whose probabilities sum to at
+                                   least top_p, in descending order (0 or >= 1: all) */
+    double min_p;               /* drop ids whose probability is below min_p times the
+                                   most likely one's (0: none) */
+    double repetition_penalty;  /* an id seen has its logit divided by it when positive,
+                                   multiplied when negative (transformers, CTRL); 0 or 1: off */
+    double frequency_penalty;   /* logit -= count * f (OpenAI's); 0: off */
+    double presence_penalty;    /* logit -= p when seen at all (OpenAI's); 0: off */
+    int32_t penalty_last_n;     /* the penalties see the last n ids accepted (0: all) */
+    uint64_t seed;              /* seeds the generator (xoshiro256** seeded by splitmix64):
+                                   the same seed and logits give the same ids on every
+                                   machine */
+} tide_sampler_opts;
+
+typedef struct tide_sampler tide_sampler;
+
+/* A sampler over ids 0..n_vocab-1 (logits beyond n_vocab are never drawn).
+ * TIDE_E_INVALID naming a bad option (negative temperature, top_p or min_p
+ * outside [0, 1], ...). */
+tide_status tide_sampler_new(tide_ctx *ctx, const tide_sampler_opts *o, int32_t n_vocab, tide_sampler **out);
+void tide_sampler_free(tide_sampler *s);
+/* Records an id as seen (the prompt's ids, then each one generated), for the
+ * penalties. TIDE_E_RANGE for an id outside the vocabulary. */
+tide_status tide_sampler_accept(tide_sampler *s, int32_t id);
+/* Draws the next id from logits[0..n_vocab). Does not accept it. */
+tide_status tide_sampler_sample(tide_sampler *s, const float *logits, int32_t *id);
+/* The distribution the next draw would use: probs[0..n_vocab) (0 for the ids
+ * cut away), summing to 1; greedy puts 1 on the argmax. Draws nothing. */
+tide_status tide_sampler_probs(tide_sampler *s, const float *logits, double *probs);
+/* Forgets the ids seen and reseeds the generator. */
+void tide_sampler_reset(tide_sampler *s, uint64_t seed);
+
+/* ---------------------------------------------------------------- chat */
+
+/* Chat templates: the common families of tokenizer_config.json's
+ * chat_template, recognised by their markers and formatted in C exactly as
+ * transformers' apply_chat_template renders them (no Jinja engine). */
+typedef struct tide_chat_template tide_chat_template;
+
+typedef struct tide_chat_msg {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content;
+} tide_chat_msg;
+
+/* The template of a family by name (llama2, llama3, chatml, mistral, zephyr,
+ * gemma) when `name` is given, else the one detected in t's chat template.
+ * TIDE_E_NOT_FOUND for an unknown name or when t has no chat template;
+ * TIDE_E_UNSUPPORTED when its template is of no known family (the message
+ * names --template NAME and the families). t must outlive the template. */
+tide_status tide_chat_template_get(tide_ctx *ctx, const tide_tokenizer *t, const char *name,
+                                   tide_chat_template **out);
+void tide_chat_template_free(tide_chat_template *c);
+/* The family's name ("llama3", ...). */
+const char *tide_chat_template_name(const tide_chat_template *c);
+/* The comma-separated family names, for messages and --help. */
+const char *tide_chat_template_names(void);
+/* The text that ends an assistant turn in this family ("<|eot_id|>",
+ * "<|im_end|>", "</s>", "<end_of_turn>"): generation stops on it. */
+const char *tide_chat_template_end_of_turn(const tide_chat_template *c);
+/* Formats a conversation as a prompt: *out (free with tide_free_text) holds
+ * the text, BOS included where the template writes it (encode it without
+ * TIDE_TOKENIZE_ADD_SPECIAL); add_generation_prompt appends the assistant's
+ * header. TIDE_E_INVALID for a role the family does not take (a system
+ * message where it has none, roles out of the order it requires: the message
+ * says which), TIDE_E_NOMEM. */
+tide_status tide_chat_format(tide_ctx *ctx, const tide_chat_template *c, const tide_chat_msg *msgs, int n,
+                             bool add_generation_prompt, char **out, size_t *len);
+void tide_free_text(char *text);
 
 #ifdef __cplusplus
 }

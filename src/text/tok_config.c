@@ -6,7 +6,10 @@
  * object with "content"), else special_tokens_map.json's, else
  * generation_config.json's bos_token_id / eos_token_id. Every id of
  * generation_config.json's eos_token_id (one or a list) also stops
- * generation. tokenizer_config.json's add_bos_token / add_eos_token are not
+ * generation. The chat template: tokenizer_config.json's chat_template (a
+ * string, or a list of {name, template} of which the one named "default"),
+ * else a chat_template.jinja file beside it (as transformers writes them).
+ * tokenizer_config.json's add_bos_token / add_eos_token are not
  * read: what TIDE_TOKENIZE_ADD_SPECIAL adds is tokenizer.json's post-processor
  * alone, as in `tokenizers` and in transformers 5 (which ignores those keys
  * too). A config file that is present but malformed is an error naming it; a
@@ -69,6 +72,35 @@ static tide_status add_eos(tide_tokenizer *t, int32_t id) {
     return append_id(t, &t->eos_ids, &t->n_eos, id);
 }
 
+/* The chat template (tok_config.c's header says where from); none is not
+ * an error. */
+static tide_status read_chat_template(tide_tokenizer *t, const char *dir, const cJSON *cfg) {
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
+    const char *s = cJSON_IsString(ct) ? ct->valuestring : NULL;
+    if (cJSON_IsArray(ct)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, ct) {
+            const cJSON *n = cJSON_GetObjectItemCaseSensitive(e, "name");
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, "template");
+            if (cJSON_IsString(n) && cJSON_IsString(v) && !strcmp(n->valuestring, "default")) s = v->valuestring;
+        }
+    } else if (ct && !cJSON_IsString(ct) && !cJSON_IsNull(ct)) {
+        return tide_err(t->ctx, TIDE_E_FORMAT, "%s/tokenizer_config.json: chat_template is neither a string nor "
+                        "a list of named templates", dir);
+    }
+    if (s) {
+        if (!(t->chat_template = tide_strdup(s)))
+            return tide_err(t->ctx, TIDE_E_NOMEM, "out of memory reading the chat template");
+        return TIDE_OK;
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    struct stat sb;
+    if (stat(path, &sb) != 0) return TIDE_OK;
+    size_t len;
+    return tide_read_text_file(t->ctx, path, CONFIG_JSON_MAX, &t->chat_template, &len);
+}
+
 tide_status tok_read_configs(tide_tokenizer *t, const char *dir) {
     char path[4200];
     cJSON *cfg = NULL, *stm = NULL, *gen = NULL;
@@ -98,6 +130,7 @@ tide_status tok_read_configs(tide_tokenizer *t, const char *dir) {
         goto out;
     }
     if ((st = add_eos(t, t->eos))) goto out;
+    if ((st = read_chat_template(t, dir, cfg))) goto out;
     if (cJSON_IsNumber(ge) && (st = add_eos(t, (int32_t)ge->valuedouble))) goto out;
     const cJSON *e;
     if (cJSON_IsArray(ge)) {
@@ -119,6 +152,7 @@ out:
 /* ------------------------------------------------------------ queries */
 
 int32_t tide_tokenizer_n_vocab(const tide_tokenizer *t) { return t->n_vocab; }
+const char *tide_tokenizer_chat_template(const tide_tokenizer *t) { return t->chat_template; }
 int32_t tide_tokenizer_bos(const tide_tokenizer *t) { return t->bos; }
 int32_t tide_tokenizer_eos(const tide_tokenizer *t) { return t->eos; }
 

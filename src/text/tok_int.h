@@ -194,6 +194,7 @@ struct tide_tokenizer {
     int32_t bos, eos;
     int32_t *eos_ids;
     int n_eos;
+    char *chat_template;   /* NULL: none (tok_config.c) */
 
     /* scratch of encode (a tokenizer encodes on one thread at a time) */
     pcre2_match_data *md;

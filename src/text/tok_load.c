@@ -770,6 +770,7 @@ void tide_tokenizer_free(tide_tokenizer *t) {
     tide_free(t->prefix);
     tide_free(t->suffix);
     tide_free(t->eos_ids);
+    tide_free(t->chat_template);
     if (t->md) pcre2_match_data_free(t->md);
     tide_free(t->cache);
     tok_arena_free(&t->arena);
