@@ -16,6 +16,7 @@ int cmd_plan(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 
 /* Prints "tide: <what>: <ctx message>" on stderr and returns 1. */
 int cli_fail(tide_ctx *ctx, const char *what);
@@ -65,6 +66,10 @@ int cli_default_model_dir(const char *name, char *buf, size_t len);
 /* Makes sure the built-in default model exists (generating it if not) and
  * writes its directory into dir. Returns 0 or the exit status on failure. */
 int cli_ensure_default_model(tide_ctx *ctx, char *dir, size_t len, cli_progress_state *ps);
+
+/* Reads all of path ("-": standard input) into a malloc'd buffer (one NUL
+ * after the bytes, not counted in *len); NULL with the message printed. */
+char *cli_read_all(const char *path, size_t *len);
 
 #define TIDE_DEFAULT_CONFIG "tinyllama-1.1b"
 #define TIDE_DEFAULT_SEED 0

@@ -2,6 +2,7 @@
  * cmd_run.c - `tide run`: prefill a prompt and generate tokens greedily.
  */
 #include "cli.h"
+#include "cli/textgen.h"
 #include "runtime/tiling.h"
 
 #include <cjson/cJSON.h>
@@ -15,7 +16,12 @@
 #include <string.h>
 
 static const char help[] =
-    "Usage: tide run [--model DIR] [--tokens 1,2,3 | --prompt-len N] [--new-tokens N]\n"
+    "Usage: tide run [--model DIR] [--prompt TEXT | --prompt-file FILE | --tokens 1,2,3 |\n"
+    "                --prompt-len N] [--new-tokens N] [--chat] [--system TEXT]\n"
+    "                [--template NAME] [--temperature T] [--top-k K] [--top-p P]\n"
+    "                [--min-p P] [--repeat-penalty R] [--frequency-penalty F]\n"
+    "                [--presence-penalty P] [--penalty-last-n N] [--seed N]\n"
+    "                [--stop STRING]... [--no-parse-special]\n"
     "                [--budget BYTES|PCT%|auto|min|none] [--policy tide|static-layer|lru]\n"
     "                [--host-budget BYTES] [--ssd DIR[,DIR]] [--weights-on-ssd] [--pread]\n"
     "                [--direct-storage]\n"
@@ -25,7 +31,11 @@ static const char help[] =
     "                [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--threads N]\n"
     "                [--json] [--quiet]\n"
     "\n"
-    "Prefills the prompt, then generates tokens greedily (argmax). Every graph runs\n"
+    "Prefills the prompt, then generates tokens: greedily (argmax) unless sampling\n"
+    "options are given. A text prompt (--prompt, --prompt-file) goes through the\n"
+    "model's tokenizer and the generated text is printed as it comes, the summary\n"
+    "after it on standard error; token ids (--tokens, --prompt-len) print ids.\n"
+    "Every graph runs\n"
     "through a verified plan on the executor: with a budget, one that pages\n"
     "tensors between a device arena of exactly that many bytes, host memory and\n"
     "SSD spill files; without, an unconstrained one (weights and KV cache stay\n"
@@ -49,6 +59,12 @@ static const char help[] =
     "\n"
     "  --model DIR         Hugging Face-layout LLaMA checkpoint (config.json +\n"
     "                      model.safetensors or shards with an index)\n"
+    "  --prompt TEXT       the prompt as text, through the model's tokenizer\n"
+    "                      (tokenizer.json in the model directory; the built-in\n"
+    "                      model has its own), with the BOS token it adds\n"
+    "  --prompt-file FILE  the prompt's text from FILE, exactly ('-': standard input)\n"
+    "  --chat              format --prompt (and --system) with the model's chat\n"
+    "                      template, as a one-turn conversation (see tide chat)\n"
     "  --tokens LIST       prompt token ids, comma-separated\n"
     "  --prompt-len N      a deterministic prompt of N token ids (default 32)\n"
     "  --new-tokens N      tokens to generate (default 16)\n"
@@ -110,7 +126,10 @@ static const char help[] =
     "                      rounded to the weights' dtype, f32 accumulation, as a\n"
     "                      bf16 PyTorch model computes)\n"
     "  --threads N         CPU threads (default: all cores)\n"
-    "  --json              print one JSON object instead of the summary\n"
+    ;
+static const char help_tail[] =
+    "  --json              print one JSON object instead of the summary (with a\n"
+    "                      text prompt: \"text\", \"stop_reason\" and \"seed\" too)\n"
     "  --quiet             no progress lines\n"
     "\n"
     "Environment: TIDE_THREADS (CPU threads without --threads), TIDE_CACHE (where\n"
@@ -157,6 +176,9 @@ static int parse_tokens(const char *s, int32_t **out, int *n) {
 }
 
 typedef struct run_args {
+    const char *prompt_text, *prompt_file; /* a text prompt */
+    bool chat, prompt_len_given;
+    cli_text_opts text;
     const char *model_dir, *tokens, *budget, *policy, *ssd, *hw, *trace, *trace_svg;
     long prompt_len, new_tokens, threads;
     uint64_t host_budget;
@@ -177,31 +199,77 @@ typedef struct rss_measure {
     bool exact;
 } rss_measure;
 
+/* What one `tide run` works on. */
+typedef struct run_job {
+    run_args a;
+    tide_offload_opts off;
+    bool offload;
+    tide_ctx *ctx;
+    cli_progress_state ps;
+    tide_checkpoint *ck;
+    tide_backend *be;
+    tide_model *m;
+    const char *model_dir;
+    char dir[PATH_MAX];
+    int32_t *prompt, *gen, *gen_ref;
+    int n_prompt;
+    tide_gen_stats stats, ref;
+    bool have_ref;
+    int check_rc;                 /* 0 bit-identical, 1 differ, 2 tiled: tokens identical */
+    bool demo;                    /* no arguments: the built-in demonstration */
+    bool host_device;             /* the backend's device memory is host memory (the CPU) */
+    rss_measure rss, ref_rss;     /* this run's and the reference run's */
+    int n_gen, n_gen_ref;         /* ids generated (fewer than --new-tokens after a stop) */
+    /* text mode (a text prompt) */
+    bool text_mode;
+    tide_tokenizer *tok;
+    tide_chat_template *tmpl;
+    tide_sampler *sampler;        /* also without text, when sampling options are given */
+    int32_t *stop_ids;
+    int n_stop_ids;
+    cli_textout out;
+    const char *stop_reason;      /* "eos", "stop" (a --stop string), "length" */
+} run_job;
+
 /* Predicted against measured seconds, as a signed percentage of the
  * prediction (0 when there is none). */
 static double pct_off(double measured, double predicted) {
     return predicted > 0 ? 100.0 * (measured - predicted) / predicted : 0;
 }
 
-static void print_summary(const run_args *a, const char *model_dir, const tide_llama_config *cfg,
-                          tide_backend *be, tide_ctx *ctx, int n_prompt, const int32_t *gen,
-                          const tide_gen_stats *s, const tide_gen_stats *ref, bool offload,
-                          const char *policy, int check_rc, const tide_offload_opts *off, const rss_measure *run_rss,
-                          const rss_measure *ref_rss) {
+/* The summary, on f (stdout, or stderr after generated text). */
+static void print_summary(const run_job *r, FILE *f) {
+    const run_args *a = &r->a;
+    const char *model_dir = r->model_dir, *policy = a->policy;
+    const tide_llama_config *cfg = tide_checkpoint_config(r->ck);
+    tide_backend *be = r->be;
+    tide_ctx *ctx = r->ctx;
+    int n_prompt = r->n_prompt, check_rc = r->check_rc;
+    const int32_t *gen = r->gen;
+    const tide_gen_stats *s = &r->stats, *ref = r->have_ref ? &r->ref : NULL;
+    bool offload = r->offload;
+    const tide_offload_opts *off = &r->off;
+    const rss_measure *run_rss = &r->rss, *ref_rss = &r->ref_rss;
     char b1[32], b2[32], b3[32], b4[32];
-    printf("model      %s (%s, %d layers, %s)\n", model_dir, cfg->name, cfg->num_hidden_layers,
+    fprintf(f, "model      %s (%s, %d layers, %s)\n", model_dir, cfg->name, cfg->num_hidden_layers,
            tide_dtype_name(cfg->dtype));
-    printf("backend    %s, matmul %s, %d threads, %s issue, engine %s\n", tide_backend_name(be),
+    fprintf(f, "backend    %s, matmul %s, %d threads, %s issue, engine %s\n", tide_backend_name(be),
            tide_matmul_name(tide_backend_matmul(be)), tide_ctx_threads(ctx),
            s->async_issue ? "asynchronous (events)" : "synchronous",
            a->engine == TIDE_ENGINE_PLAIN ? "plain" : "planned");
-    printf("kernels    %s\n", tide_backend_kernels(be));
-    printf("prompt     %d tokens\n", n_prompt);
-    printf("generated ");
-    for (long i = 0; i < a->new_tokens; i++) printf(" %d", gen[i]);
-    printf("\n");
-    printf("prefill    %.2f tokens/s (%.3f s)\n", s->prefill_tokens_per_s, s->prefill_s);
-    printf("decode     %.2f tokens/s (%.3f s for %d tokens)\n", s->decode_tokens_per_s, s->decode_s,
+    fprintf(f, "kernels    %s\n", tide_backend_kernels(be));
+    fprintf(f, "prompt     %d tokens\n", n_prompt);
+    if (r->text_mode) {
+        fprintf(f, "generated  %d tokens (stopped by %s)", r->n_gen, r->stop_reason);
+        if (a->text.so.temperature > 0) fprintf(f, ", seed %llu", (unsigned long long)a->text.so.seed);
+        fputc('\n', f);
+    } else {
+        fprintf(f, "generated ");
+        for (int i = 0; i < r->n_gen; i++) fprintf(f, " %d", gen[i]);
+        fputc('\n', f);
+    }
+    fprintf(f, "prefill    %.2f tokens/s (%.3f s)\n", s->prefill_tokens_per_s, s->prefill_s);
+    fprintf(f, "decode     %.2f tokens/s (%.3f s for %d tokens)\n", s->decode_tokens_per_s, s->decode_s,
            s->decode_tokens);
     if (offload) {
         char tl[16] = "none";
@@ -209,39 +277,39 @@ static void print_summary(const run_args *a, const char *model_dir, const tide_l
         char of[48] = "";
         if (off->budget_kind == TIDE_BUDGET_FRACTION)
             snprintf(of, sizeof of, " (%g%% of the unconstrained peak)", off->fraction * 100);
-        printf("offload    policy %s, device budget %s%s, peak device %s, tiling %s\n", policy,
+        fprintf(f, "offload    policy %s, device budget %s%s, peak device %s, tiling %s\n", policy,
                cli_fmt_bytes(s->budget_bytes, b1, sizeof b1), of, cli_fmt_bytes(s->peak_device_bytes, b2, sizeof b2),
                tl);
-        printf("links      host->device %s, device->host %s, ssd read %s, ssd write %s\n",
+        fprintf(f, "links      host->device %s, device->host %s, ssd read %s, ssd write %s\n",
                cli_fmt_bytes(s->bytes_h2d, b1, sizeof b1), cli_fmt_bytes(s->bytes_d2h, b2, sizeof b2),
                cli_fmt_bytes(s->bytes_ssd_read, b3, sizeof b3), cli_fmt_bytes(s->bytes_ssd_write, b4, sizeof b4));
-        printf("weights    %s pinned in host memory of %s%s\n", cli_fmt_bytes(s->pinned_weight_bytes, b1, sizeof b1),
+        fprintf(f, "weights    %s pinned in host memory of %s%s\n", cli_fmt_bytes(s->pinned_weight_bytes, b1, sizeof b1),
                cli_fmt_bytes(s->weight_bytes, b2, sizeof b2),
                a->weights_on_ssd ? "; homed on SSD, read from the checkpoint file" : "");
-        printf("time       wall %.3f s; predicted makespan %.3f s, measured %.3f s (%+.1f%%)\n",
+        fprintf(f, "time       wall %.3f s; predicted makespan %.3f s, measured %.3f s (%+.1f%%)\n",
                s->prefill_s + s->decode_s, s->predicted_s, s->exec_s, pct_off(s->exec_s, s->predicted_s));
         double pd = s->predicted_s - s->predicted_prefill_s;
-        printf("predicted  prefill %.3f s, measured %.3f s (%+.1f%%); decode %.2f tokens/s (%.3f s), measured "
+        fprintf(f, "predicted  prefill %.3f s, measured %.3f s (%+.1f%%); decode %.2f tokens/s (%.3f s), measured "
                "%.2f (%.3f s, %+.1f%%)\n", s->predicted_prefill_s, s->prefill_s,
                pct_off(s->prefill_s, s->predicted_prefill_s), pd > 0 ? s->decode_tokens / pd : 0, pd,
                s->decode_tokens_per_s, s->decode_s, pct_off(s->decode_s, pd));
     } else {
-        printf("memory     peak %s of tensors (weights %s, KV cache %s)\n",
+        fprintf(f, "memory     peak %s of tensors (weights %s, KV cache %s)\n",
                cli_fmt_bytes(s->peak_bytes, b1, sizeof b1), cli_fmt_bytes(s->weight_bytes, b2, sizeof b2),
                cli_fmt_bytes(s->state_bytes, b3, sizeof b3));
     }
     if (run_rss->peak) {
-        printf("memory     peak RSS %s %s", cli_fmt_bytes(run_rss->peak, b1, sizeof b1),
+        fprintf(f, "memory     peak RSS %s %s", cli_fmt_bytes(run_rss->peak, b1, sizeof b1),
                run_rss->exact ? "during this run" : "of the process so far");
-        if (run_rss->exact && run_rss->before) printf(" (%s at its start)", cli_fmt_bytes(run_rss->before, b2, sizeof b2));
+        if (run_rss->exact && run_rss->before) fprintf(f, " (%s at its start)", cli_fmt_bytes(run_rss->before, b2, sizeof b2));
         if (ref && ref_rss->peak)
-            printf("; %s during the unconstrained reference run%s (%.2fx)", cli_fmt_bytes(ref_rss->peak, b3, sizeof b3),
+            fprintf(f, "; %s during the unconstrained reference run%s (%.2fx)", cli_fmt_bytes(ref_rss->peak, b3, sizeof b3),
                    ref_rss->exact ? "" : " (process peak)", (double)run_rss->peak / (double)ref_rss->peak);
-        printf("\n");
+        fputc('\n', f);
     }
     if (ref) {
         double w = s->prefill_s + s->decode_s, rw = ref->prefill_s + ref->decode_s;
-        printf("check      %s: plain reference run %.3f s; this run %.2fx its wall time (prefill %.2fx)\n",
+        fprintf(f, "check      %s: plain reference run %.3f s; this run %.2fx its wall time (prefill %.2fx)\n",
                check_rc == 1 ? "FAILED, outputs differ"
                : check_rc == 2 ? "passed, tokens identical (tiled graph: logits equal up to f32 summation order)"
                                : "passed, tokens and logits bit-identical", rw,
@@ -249,11 +317,18 @@ static void print_summary(const run_args *a, const char *model_dir, const tide_l
     }
 }
 
-static void print_json(const run_args *a, const char *model_dir, const tide_llama_config *cfg,
-                       tide_backend *be, tide_ctx *ctx, int n_prompt, const int32_t *gen,
-                       const tide_gen_stats *s, const tide_gen_stats *ref, bool offload,
-                       const char *policy, int check_rc, const tide_offload_opts *off, const rss_measure *run_rss,
-                       const rss_measure *ref_rss) {
+static void print_json(const run_job *r) {
+    const run_args *a = &r->a;
+    const char *model_dir = r->model_dir, *policy = a->policy;
+    const tide_llama_config *cfg = tide_checkpoint_config(r->ck);
+    tide_backend *be = r->be;
+    tide_ctx *ctx = r->ctx;
+    int n_prompt = r->n_prompt, check_rc = r->check_rc;
+    const int32_t *gen = r->gen;
+    const tide_gen_stats *s = &r->stats, *ref = r->have_ref ? &r->ref : NULL;
+    bool offload = r->offload;
+    const tide_offload_opts *off = &r->off;
+    const rss_measure *run_rss = &r->rss, *ref_rss = &r->ref_rss;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model", model_dir);
     cJSON_AddStringToObject(o, "config", cfg->name);
@@ -265,7 +340,16 @@ static void print_json(const run_args *a, const char *model_dir, const tide_llam
     cJSON_AddBoolToObject(o, "async_issue", s->async_issue);
     cJSON_AddNumberToObject(o, "prompt_tokens", n_prompt);
     cJSON_AddNumberToObject(o, "new_tokens", (double)a->new_tokens);
-    cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(gen, (int)a->new_tokens));
+    cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(gen, r->n_gen));
+    if (r->text_mode) {
+        cJSON_AddStringToObject(o, "text", r->out.text);
+        cJSON_AddStringToObject(o, "stop_reason", r->stop_reason);
+    }
+    if (a->text.so.temperature > 0) {
+        char seed[24];
+        snprintf(seed, sizeof seed, "%llu", (unsigned long long)a->text.so.seed);
+        cJSON_AddStringToObject(o, "seed", seed); /* a string: 64 bits do not fit a JSON number's double */
+    }
     cJSON_AddNumberToObject(o, "prefill_s", s->prefill_s);
     cJSON_AddNumberToObject(o, "decode_s", s->decode_s);
     cJSON_AddNumberToObject(o, "wall_s", s->prefill_s + s->decode_s);
@@ -310,27 +394,6 @@ static void print_json(const run_args *a, const char *model_dir, const tide_llam
     cJSON_Delete(o);
 }
 
-/* What one `tide run` works on. */
-typedef struct run_job {
-    run_args a;
-    tide_offload_opts off;
-    bool offload;
-    tide_ctx *ctx;
-    cli_progress_state ps;
-    tide_checkpoint *ck;
-    tide_backend *be;
-    tide_model *m;
-    const char *model_dir;
-    char dir[PATH_MAX];
-    int32_t *prompt, *gen, *gen_ref;
-    int n_prompt;
-    tide_gen_stats stats, ref;
-    bool have_ref;
-    int check_rc;                 /* 0 bit-identical, 1 differ, 2 tiled: tokens identical */
-    bool demo;                    /* no arguments: the built-in demonstration */
-    bool host_device;             /* the backend's device memory is host memory (the CPU) */
-    rss_measure rss, ref_rss;     /* this run's and the reference run's */
-} run_job;
 
 static const struct option run_options[] = {
     {"model", required_argument, 0, 'm'},      {"tokens", required_argument, 0, 't'},
@@ -346,6 +409,8 @@ static const struct option run_options[] = {
     {"tile", required_argument, 0, 'L'},       {"matmul", required_argument, 0, 'M'},
     {"pin-weights", required_argument, 0, 'N'}, {"direct-storage", no_argument, 0, 'D'},
     {"engine", required_argument, 0, 'E'},
+    {"prompt", required_argument, 0, 'Q'},     {"prompt-file", required_argument, 0, 'F'},
+    {"chat", no_argument, 0, 'C'},             CLI_TEXT_OPTIONS,
     {0, 0, 0, 0},
 };
 
@@ -362,7 +427,11 @@ static int parse_args(int argc, char **argv, run_job *r) {
         case 't': a->tokens = optarg; break;
         case 'p':
             if (cli_parse_int(optarg, 1, 1 << 20, &a->prompt_len)) return cli_usage_error("run", "bad --prompt-len '%s'", optarg);
+            a->prompt_len_given = true;
             break;
+        case 'Q': a->prompt_text = optarg; break;
+        case 'F': a->prompt_file = optarg; break;
+        case 'C': a->chat = true; break;
         case 'n':
             if (cli_parse_int(optarg, 0, 1 << 20, &a->new_tokens)) return cli_usage_error("run", "bad --new-tokens '%s'", optarg);
             break;
@@ -420,11 +489,29 @@ static int parse_args(int argc, char **argv, run_job *r) {
             else if (!strcmp(optarg, "plain")) a->engine = TIDE_ENGINE_PLAIN;
             else return cli_usage_error("run", "unknown --engine '%s' (planned or plain)", optarg);
             break;
-        case 'h': fputs(help, stdout); return 0;
-        default: return cli_usage_error("run", "unknown option");
+        case 'h':
+            fputs(help, stdout);
+            fputs(cli_text_help, stdout);
+            fputs(help_tail, stdout);
+            return 0;
+        default: {
+            int t = cli_text_option(c, optarg, "run", &a->text);
+            if (t < 0) return 2;
+            if (t == 0) return cli_usage_error("run", "unknown option");
+        }
         }
     }
     if (optind != argc) return cli_usage_error("run", "unexpected argument '%s'", argv[optind]);
+    r->text_mode = a->prompt_text || a->prompt_file;
+    if ((a->prompt_text != NULL) + (a->prompt_file != NULL) + (a->tokens != NULL) + a->prompt_len_given > 1)
+        return cli_usage_error("run", "give one prompt: --prompt, --prompt-file, --tokens or --prompt-len");
+    if (a->chat && !r->text_mode) return cli_usage_error("run", "--chat formats a text prompt: give --prompt or --prompt-file");
+    if ((a->text.system || a->text.template_name) && !a->chat)
+        return cli_usage_error("run", "--system and --template need --chat");
+    if (a->chat && a->text.no_parse_special)
+        return cli_usage_error("run", "--no-parse-special does not combine with --chat (the template's markers are special tokens)");
+    if ((a->text.n_stops || a->text.no_parse_special) && !r->text_mode)
+        return cli_usage_error("run", "--stop and --no-parse-special need a text prompt (--prompt or --prompt-file)");
     if (!a->model_dir && !a->budget && a->engine == TIDE_ENGINE_PLANNED) {
         /* the built-in demonstration: offloaded at 25%, checked (on the CPU,
          * weights on SSD too: open_model, once the backend is known) */
@@ -456,6 +543,43 @@ static int parse_args(int argc, char **argv, run_job *r) {
     return -1;
 }
 
+/* A text prompt: the model's tokenizer, the text (through the chat template
+ * with --chat) encoded, the stop ids, the printer. Returns 0 or the exit
+ * status. */
+static int text_prompt(run_job *r, const tide_llama_config *cfg) {
+    run_args *a = &r->a;
+    if (tide_tokenizer_open(r->ctx, r->model_dir, &r->tok)) return cli_fail(r->ctx, "the model's tokenizer");
+    if (tide_tokenizer_n_vocab(r->tok) > cfg->vocab_size) {
+        fprintf(stderr, "tide: run: the tokenizer's %d ids exceed the model's vocabulary of %d (embedding rows): "
+                "they do not belong together\n", tide_tokenizer_n_vocab(r->tok), cfg->vocab_size);
+        return 1;
+    }
+    size_t len = 0;
+    char *text = a->prompt_file ? cli_read_all(a->prompt_file, &len) : strdup(a->prompt_text);
+    if (!text) return 1;
+    if (!a->prompt_file) len = strlen(text);
+    int rc = 0;
+    unsigned flags = a->text.no_parse_special ? TIDE_TOKENIZE_SPECIAL_AS_TEXT : 0;
+    if (len == 0) {
+        fprintf(stderr, "tide: run: the prompt is empty\n");
+        rc = 1;
+    } else if (a->chat) {
+        char *chat = NULL;
+        size_t clen = 0;
+        rc = cli_chat_prompt(r->ctx, r->tok, &a->text, text, &chat, &clen, &r->tmpl);
+        if (!rc) rc = cli_encode(r->ctx, r->tok, chat, clen, flags, &r->prompt, &r->n_prompt);
+        tide_free_text(chat);
+    } else {
+        rc = cli_encode(r->ctx, r->tok, text, len, flags | TIDE_TOKENIZE_ADD_SPECIAL, &r->prompt, &r->n_prompt);
+    }
+    free(text);
+    if (rc) return rc;
+    if (cli_stop_ids(r->tok, r->tmpl, &r->stop_ids, &r->n_stop_ids) ||
+        cli_textout_init(&r->out, r->tok, a->json ? NULL : stdout, a->text.stops, a->text.n_stops))
+        return 1;
+    return 0;
+}
+
 /* The backend, the checkpoint (the built-in one when no --model), the prompt
  * and the model. Returns 0 or the exit status. */
 static int open_model(run_job *r) {
@@ -478,6 +602,7 @@ static int open_model(run_job *r) {
     if (!a->weights_on_ssd && tide_checkpoint_prefetch(r->ck)) return cli_fail(r->ctx, "loading the model");
     cli_progress_end(&r->ps);
     const tide_llama_config *cfg = tide_checkpoint_config(r->ck);
+    if (r->text_mode && (rc = text_prompt(r, cfg))) return rc;
     if (!r->prompt) {
         r->n_prompt = (int)a->prompt_len;
         if (!(r->prompt = malloc((size_t)r->n_prompt * sizeof *r->prompt))) return 1;
@@ -490,6 +615,13 @@ static int open_model(run_job *r) {
         fprintf(stderr, "tide: run: %d prompt + %ld new tokens exceed the model's %d positions\n", r->n_prompt,
                 a->new_tokens, cfg->max_position_embeddings);
         return 1;
+    }
+    if (r->text_mode || cli_text_sampling_given(&a->text)) {
+        /* text is drawn from the tokenizer's ids only (a model's embedding may
+         * have more rows than the tokenizer has ids); greedy stays greedy */
+        if (a->text.so.temperature > 0 && !a->text.seed_given) a->text.so.seed = cli_random_seed();
+        int32_t nv = r->tok ? tide_tokenizer_n_vocab(r->tok) : cfg->vocab_size;
+        if (tide_sampler_new(r->ctx, &a->text.so, nv, &r->sampler)) return cli_fail(r->ctx, "sampling options");
     }
     const char *sync = getenv("TIDE_EXEC_SYNC"); /* read here, at the edge */
     tide_model_opts mo = {.max_batch = 1, .ctx_len = ctx_len, .sync_issue = sync && *sync && strcmp(sync, "0")};
@@ -512,6 +644,35 @@ static void rss_begin(rss_measure *m) {
 
 static void rss_end(rss_measure *m) { m->peak = cli_rss_peak(); }
 
+/* One generation of the prompt into out (n_out ids): through the sampler
+ * when there is one (reset to the seed, the prompt accepted first), the
+ * text printed as it comes when `print`. */
+static tide_status generate(run_job *r, int32_t *out, int *n_out, tide_gen_stats *st, bool print) {
+    const run_args *a = &r->a;
+    tide_gen_opts go = {.sampler = r->sampler, .stop_ids = r->stop_ids, .n_stop_ids = r->n_stop_ids};
+    if (r->sampler) {
+        tide_sampler_reset(r->sampler, a->text.so.seed);
+        for (int i = 0; i < r->n_prompt; i++)
+            if (tide_sampler_accept(r->sampler, r->prompt[i])) return TIDE_E_RANGE;
+    }
+    if (r->text_mode) {
+        cli_textout_reset(&r->out);
+        FILE *keep = r->out.out;
+        if (!print) r->out.out = NULL;
+        go.on_token = cli_textout_on_token;
+        go.user = &r->out;
+        /* per-token progress lines would break the text printed */
+        if (print && r->out.out) tide_ctx_set_progress(r->ctx, NULL, NULL);
+        tide_status s = tide_model_generate_ex(r->m, r->prompt, r->n_prompt, (int)a->new_tokens, &go, out, n_out, st);
+        tide_ctx_set_progress(r->ctx, cli_progress, &r->ps);
+        if (!s && r->out.err) s = tide_err(r->ctx, r->out.err, "decoding the generated tokens: %s", tide_ctx_last_error(r->ctx));
+        if (!s) cli_textout_finish(&r->out);
+        r->out.out = keep;
+        return s;
+    }
+    return tide_model_generate_ex(r->m, r->prompt, r->n_prompt, (int)a->new_tokens, &go, out, n_out, st);
+}
+
 /* With --check: the same generation on the plain reference engine (an
  * unconstrained run). Returns 0 or the exit status. */
 static int reference_run(run_job *r) {
@@ -525,7 +686,7 @@ static int reference_run(run_job *r) {
     if (tide_model_set_offload(r->m, NULL) || tide_model_set_engine(r->m, TIDE_ENGINE_PLAIN))
         return cli_fail(r->ctx, "reference run");
     rss_begin(&r->ref_rss);
-    tide_status st = tide_model_generate(r->m, r->prompt, r->n_prompt, (int)a->new_tokens, r->gen_ref, &r->ref);
+    tide_status st = generate(r, r->gen_ref, &r->n_gen_ref, &r->ref, false);
     rss_end(&r->ref_rss);
     cli_progress_end(&r->ps);
     if (st) return cli_fail(r->ctx, "reference run");
@@ -546,7 +707,9 @@ static int main_run(run_job *r) {
         if (tide_model_set_offload(r->m, &r->off)) return cli_fail(r->ctx, "offloading");
     }
     rss_begin(&r->rss);
-    tide_status st = tide_model_generate(r->m, r->prompt, r->n_prompt, (int)a->new_tokens, r->gen, &r->stats);
+    tide_status st = generate(r, r->gen, &r->n_gen, &r->stats, true);
+    if (!st && r->text_mode)
+        r->stop_reason = r->out.stopped ? "stop" : r->n_gen < a->new_tokens ? "eos" : "length";
     rss_end(&r->rss);
     cli_progress_end(&r->ps);
     if (!a->quiet && tide_model_notice(r->m)[0]) fprintf(stderr, "tide: note: %s\n", tide_model_notice(r->m));
@@ -562,7 +725,6 @@ static int main_run(run_job *r) {
  * device, the reference first, as its memory is not the host's. Then the
  * comparison (r->check_rc). Returns 0 or the exit status. */
 static int both_runs(run_job *r) {
-    const run_args *a = &r->a;
     int rc;
     if (!r->host_device && (rc = reference_run(r))) return rc;
     if ((rc = main_run(r))) return rc;
@@ -571,7 +733,7 @@ static int both_runs(run_job *r) {
         /* 0: bit-identical; 2: a tiled graph's tokens are identical and its
          * logits differ only in f32 rounding (sgemm over fewer rows sums in
          * another order); 1: the outputs differ */
-        bool same_tokens = memcmp(r->gen, r->gen_ref, (size_t)a->new_tokens * sizeof *r->gen) == 0;
+        bool same_tokens = r->n_gen == r->n_gen_ref && !memcmp(r->gen, r->gen_ref, (size_t)r->n_gen * sizeof *r->gen);
         r->check_rc = !same_tokens ? 1 : r->stats.logits_hash == r->ref.logits_hash ? 0 : r->stats.tile_level ? 2 : 1;
     }
     return 0;
@@ -580,17 +742,19 @@ static int both_runs(run_job *r) {
 /* The summary or the JSON; exit status 1 when --check failed. */
 static int report(run_job *r) {
     const run_args *a = &r->a;
-    const tide_llama_config *cfg = tide_checkpoint_config(r->ck);
-    const tide_gen_stats *ref = r->have_ref ? &r->ref : NULL;
-    if (a->json)
-        print_json(a, r->model_dir, cfg, r->be, r->ctx, r->n_prompt, r->gen, &r->stats, ref, r->offload, a->policy,
-                   r->check_rc, &r->off, &r->rss, &r->ref_rss);
-    else
-        print_summary(a, r->model_dir, cfg, r->be, r->ctx, r->n_prompt, r->gen, &r->stats, ref, r->offload,
-                      a->policy, r->check_rc, &r->off, &r->rss, &r->ref_rss);
+    if (a->json) {
+        print_json(r);
+    } else if (r->text_mode) {
+        fputc('\n', stdout);
+        fflush(stdout);
+        if (!a->quiet) print_summary(r, stderr);
+    } else {
+        print_summary(r, stdout);
+    }
     if (r->check_rc != 1) return 0;
     fprintf(stderr, "tide: run: --check failed: this run's %s differ from the plain reference run's\n",
-            memcmp(r->gen, r->gen_ref, (size_t)a->new_tokens * sizeof *r->gen) ? "tokens" : "logits");
+            r->n_gen != r->n_gen_ref || memcmp(r->gen, r->gen_ref, (size_t)r->n_gen * sizeof *r->gen) ? "tokens"
+                                                                                                   : "logits");
     return 1;
 }
 
@@ -608,6 +772,11 @@ int cmd_run(int argc, char **argv) {
     tide_ctx_set_progress(r.ctx, cli_progress, &r.ps);
     if (!(rc = open_model(&r)) && !(rc = both_runs(&r))) rc = report(&r);
     tide_model_free(r.m);
+    tide_sampler_free(r.sampler);
+    cli_textout_free(&r.out);
+    tide_chat_template_free(r.tmpl);
+    tide_tokenizer_free(r.tok);
+    free(r.stop_ids);
     tide_backend_free(r.be);
     tide_checkpoint_free(r.ck);
     tide_ctx_free(r.ctx);

@@ -36,34 +36,6 @@ static const char help[] =
     "SentencePiece-style (Llama 2, TinyLlama, Mistral). Other kinds are refused\n"
     "with a message naming what tokenizer.json asks for.\n";
 
-/* Reads all of path ("-": standard input) into a malloc'd buffer. */
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) {
-        fprintf(stderr, "tide tokenize: %s: cannot open: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (n < cap) break;
-        char *b = realloc(buf, cap *= 2);
-        if (!b) free(buf);
-        buf = b;
-    }
-    bool err = ferror(f);
-    if (f != stdin) fclose(f);
-    if (!buf || err) {
-        fprintf(stderr, "tide tokenize: %s: %s\n", path, buf ? "read failed" : "out of memory");
-        free(buf);
-        return NULL;
-    }
-    *len = n;
-    return buf;
-}
-
 /* A piece quoted, with control characters, quotes and backslashes escaped. */
 static void print_piece(const char *p) {
     putchar('\'');
@@ -124,7 +96,7 @@ int cmd_tokenize(int argc, char **argv) {
         return cli_usage_error("tokenize", "one text is required (quote it), or --file F");
 
     size_t len;
-    char *text = file ? read_all(file, &len) : strdup(argv[optind]);
+    char *text = file ? cli_read_all(file, &len) : strdup(argv[optind]);
     if (!text) return 1;
     if (!file) len = strlen(text);
     tide_ctx *ctx = tide_ctx_new();

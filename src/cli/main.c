@@ -13,8 +13,11 @@ static const char usage[] =
     "device memory, pinned host memory and SSD files by a plan made ahead of time.\n"
     "\n"
     "Commands:\n"
-    "  run          prefill a prompt and generate tokens greedily (default: the\n"
-    "               built-in tinyllama-1.1b-shaped synthetic model)\n"
+    "  run          prefill a prompt (text or token ids) and generate, greedily or\n"
+    "               sampled (default: the built-in tinyllama-1.1b-shaped synthetic\n"
+    "               model, offloaded and checked)\n"
+    "  chat         a conversation with a model in the terminal, with its chat\n"
+    "               template\n"
     "  train        train a model on a token file with AdamW, resident or offloaded\n"
     "               (default: the built-in tinyllama-mini on a generated corpus)\n"
     "  plan         plan a model's run or training step under a device memory\n"
@@ -65,6 +68,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "train")) return cmd_train(argc, argv);
     if (!strcmp(cmd, "probe")) return cmd_probe(argc, argv);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc, argv);
+    if (!strcmp(cmd, "chat")) return cmd_chat(argc, argv);
     fprintf(stderr, "tide: unknown command '%s'\n", cmd);
     fputs(usage, stderr);
     return 2;

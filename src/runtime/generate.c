@@ -1,6 +1,8 @@
 /*
- * generate.c - the LLaMA client of the runtime: a forward pass and greedy
- * generation through the model's graphs, one graph per shape (batch, tokens,
+ * generate.c - the LLaMA client of the runtime: a forward pass and
+ * generation (greedy through the graph's argmax, or drawn by a sampler from
+ * the last logits; stop ids, a per-token callback, continuation from a
+ * cache that holds a prefix) through the model's graphs, one graph per shape (batch, tokens,
  * which logits, fresh cache or not), two kept at a time (the prefill's and the
  * decode step's). The graph's inputs ("tokens", "pos") and outputs ("logits",
  * "next_token") are bound by name; the engines know no model.
@@ -89,45 +91,81 @@ tide_status tide_model_forward(tide_model *m, const int32_t *tokens, int batch, 
     return st;
 }
 
-tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prompt, int n_new,
-                                int32_t *out_tokens, tide_gen_stats *stats) {
-    if (n_prompt < 1 || n_new < 0)
-        return tide_err(m->ctx, TIDE_E_INVALID, "a prompt of at least one token is needed");
-    if ((int64_t)n_prompt + n_new - 1 > m->ctx_len)
+/* The next id after a run of slot s: the graph's argmax, or the sampler's
+ * draw from the logits the run left in the slot. */
+static tide_status next_id(tide_model *m, graph_slot *s, const tide_gen_opts *o, int32_t graph_next, int32_t *id) {
+    if (!o->sampler) {
+        *id = graph_next;
+        return TIDE_OK;
+    }
+    (void)m; /* the sampler records its errors on its own context */
+    tide_status st = tide_sampler_sample(o->sampler, s->logits, id);
+    return st ? st : tide_sampler_accept(o->sampler, *id);
+}
+
+/* true when id ends the generation (o->stop_ids). */
+static bool is_stop(const tide_gen_opts *o, int32_t id) {
+    for (int i = 0; i < o->n_stop_ids; i++)
+        if (o->stop_ids[i] == id) return true;
+    return false;
+}
+
+tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_prompt, int max_new,
+                                   const tide_gen_opts *opts, int32_t *out_tokens, int *n_out,
+                                   tide_gen_stats *stats) {
+    static const tide_gen_opts none;
+    const tide_gen_opts *o = opts ? opts : &none;
+    if (n_out) *n_out = 0;
+    int start = o->start_pos;
+    if (n_prompt < 1 || max_new < 0 || start < 0 || start >= n_prompt || o->n_stop_ids < 0 ||
+        (o->n_stop_ids && !o->stop_ids))
+        return tide_err(m->ctx, TIDE_E_INVALID, "a prompt of at least one token past start_pos %d is needed "
+                        "(%d tokens given)", start, n_prompt);
+    if ((int64_t)n_prompt + max_new - 1 > m->ctx_len)
         return tide_err(m->ctx, TIDE_E_RANGE, "%d prompt + %d new tokens need %d positions; the cache "
-                        "holds %d", n_prompt, n_new, n_prompt + n_new - 1, m->ctx_len);
+                        "holds %d", n_prompt, max_new, n_prompt + max_new - 1, m->ctx_len);
     tide_status st = check_tokens(m, prompt, n_prompt);
     if (st) return st;
-    int32_t *pos = tide_malloc((size_t)n_prompt * sizeof *pos);
+    int n_pre = n_prompt - start;
+    int32_t *pos = tide_malloc((size_t)n_pre * sizeof *pos);
     if (!pos) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
-    for (int i = 0; i < n_prompt; i++) pos[i] = i;
+    for (int i = 0; i < n_pre; i++) pos[i] = start + i;
     memset(&m->acc, 0, sizeof m->acc);
     m->logits_hash = 0;
     graph_slot *s = NULL;
-    int32_t next = 0;
+    int32_t next = 0, id = 0;
+    int n = 0;
+    bool stop = false;
     double t0 = tide_now(), pred0 = 0;
-    if (n_new > 0) {
-        st = get_slot(m, 1, n_prompt, false, true, &s);
-        if (!st) st = run_slot(m, s, prompt, pos, NULL, &next);
-        if (!st) out_tokens[0] = next;
+    if (max_new > 0) {
+        st = get_slot(m, 1, n_pre, false, start == 0, &s);
+        if (!st) st = run_slot(m, s, prompt + start, pos, NULL, &next);
+        if (!st) st = next_id(m, s, o, next, &id);
+        if (!st) {
+            out_tokens[n++] = id;
+            stop = is_stop(o, id) || (o->on_token && o->on_token(o->user, id));
+        }
         pred0 = m->acc.predicted_s;
     }
     double t1 = tide_now();
     tide_free(pos);
-    for (int i = 1; i < n_new && !st; i++) {
-        int32_t p = n_prompt + i - 1, tok = next;
+    while (!st && !stop && n < max_new) {
+        int32_t p = n_prompt + n - 1, tok = id;
         st = get_slot(m, 1, 1, false, false, &s);
         if (!st) st = run_slot(m, s, &tok, &p, NULL, &next);
-        if (!st) out_tokens[i] = next;
-        tide_progress(m->ctx, "token", (uint64_t)i + 1, (uint64_t)n_new);
+        if (!st) st = next_id(m, s, o, next, &id);
+        if (st) break;
+        out_tokens[n++] = id;
+        stop = is_stop(o, id) || (o->on_token && o->on_token(o->user, id));
+        tide_progress(m->ctx, "token", (uint64_t)n, (uint64_t)max_new);
     }
     double t2 = tide_now();
     if (st) return st;
     tide_gen_stats r = m->acc;
     r.prefill_s = t1 - t0;
     r.decode_s = t2 - t1;
-    r.prefill_tokens = n_new > 0 ? n_prompt : 0;
-    r.decode_tokens = n_new > 1 ? n_new - 1 : 0;
+    r.prefill_tokens = max_new > 0 ? n_pre : 0;
+    r.decode_tokens = n > 1 ? n - 1 : 0;
     r.prefill_tokens_per_s = r.prefill_s > 0 ? r.prefill_tokens / r.prefill_s : 0;
     r.decode_tokens_per_s = r.decode_s > 0 ? r.decode_tokens / r.decode_s : 0;
     r.peak_bytes = m->offload ? m->weight_bytes + m->state_bytes + m->acc.peak_device_bytes : m->peak_bytes;
@@ -136,7 +174,13 @@ tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prom
     r.predicted_prefill_s = pred0;
     r.logits_hash = m->logits_hash;
     if (stats) *stats = r;
+    if (n_out) *n_out = n;
     return TIDE_OK;
+}
+
+tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prompt, int n_new,
+                                int32_t *out_tokens, tide_gen_stats *stats) {
+    return tide_model_generate_ex(m, prompt, n_prompt, n_new, NULL, out_tokens, NULL, stats);
 }
 
 tide_status tide_model_write_trace(tide_model *m, const char *json_path, const char *svg_path) {
