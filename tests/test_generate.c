@@ -1,0 +1,230 @@
+/*
+ * test_generate.c - tide_model_generate_ex on the tiny fixture checkpoint
+ * (tests/fixtures/tiny-bf16-gqa), resident and offloaded:
+ *
+ *   - without options it is tide_model_generate (ids and logits bit for bit);
+ *   - a greedy sampler (temperature 0, or top-k 1 at any temperature) draws
+ *     the graph's own argmax;
+ *   - a stop id ends generation after it is drawn; a callback's non-zero
+ *     return ends it after that id; the callback sees every id in order;
+ *   - continuation: a generation cut short, then continued from a prompt
+ *     that repeats it with start_pos where the cache ends, gives the rest of
+ *     the uncut generation bit for bit (the continued prefill of one token
+ *     is the decode step's graph);
+ *   - a seeded sampler gives the same ids run after run, resident and
+ *     offloaded;
+ *   - bad arguments: TIDE_E_INVALID / TIDE_E_RANGE, nothing generated.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "tide.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { N_PROMPT = 7, N_NEW = 12 };
+static const int32_t prompt[N_PROMPT] = {1, 17, 42, 250, 3, 99, 8};
+
+typedef struct fixture {
+    tide_ctx *ctx;
+    tide_checkpoint *ck;
+    tide_backend *be;
+    tide_model *m;
+} fixture;
+
+static int setup(void **state) {
+    const char *fx = getenv("TIDE_FIXTURES");
+    if (!fx) {
+        fprintf(stderr, "TIDE_FIXTURES is not set\n");
+        return -1;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/tiny-bf16-gqa", fx);
+    fixture *f = calloc(1, sizeof *f);
+    f->ctx = tide_ctx_new();
+    tide_ctx_set_threads(f->ctx, 2);
+    if (tide_checkpoint_open(f->ctx, dir, &f->ck) || tide_backend_new(f->ctx, TIDE_BACKEND_CPU, &f->be)) {
+        fprintf(stderr, "%s\n", tide_ctx_last_error(f->ctx));
+        return -1;
+    }
+    tide_model_opts mo = {.max_batch = 1, .ctx_len = 64};
+    if (tide_model_new(f->ctx, f->ck, f->be, &mo, &f->m)) return -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    tide_model_free(f->m);
+    tide_backend_free(f->be);
+    tide_checkpoint_free(f->ck);
+    tide_ctx_free(f->ctx);
+    free(f);
+    return 0;
+}
+
+static void set_offload(fixture *f, double fraction) {
+    tide_offload_opts o = {.budget_kind = fraction > 0 ? TIDE_BUDGET_FRACTION : TIDE_BUDGET_NONE,
+                           .fraction = fraction, .policy = "tide", .hw = "a100-80g"};
+    assert_int_equal(tide_model_set_offload(f->m, fraction > 0 ? &o : NULL), TIDE_OK);
+}
+
+static int32_t vocab(fixture *f) { return tide_checkpoint_config(f->ck)->vocab_size; }
+
+static void test_plain_equals_generate(void **state) {
+    fixture *f = *state;
+    int32_t a[N_NEW], b[N_NEW];
+    tide_gen_stats sa, sb;
+    int n = -1;
+    assert_int_equal(tide_model_generate(f->m, prompt, N_PROMPT, N_NEW, a, &sa), TIDE_OK);
+    assert_int_equal(tide_model_generate_ex(f->m, prompt, N_PROMPT, N_NEW, NULL, b, &n, &sb), TIDE_OK);
+    assert_int_equal(n, N_NEW);
+    assert_memory_equal(a, b, sizeof a);
+    assert_true(sa.logits_hash == sb.logits_hash);
+    assert_int_equal(sb.decode_tokens, N_NEW - 1);
+}
+
+static void test_greedy_sampler(void **state) {
+    fixture *f = *state;
+    int32_t want[N_NEW], got[N_NEW];
+    assert_int_equal(tide_model_generate(f->m, prompt, N_PROMPT, N_NEW, want, NULL), TIDE_OK);
+    const tide_sampler_opts cases[] = {{.temperature = 0, .seed = 3}, {.temperature = 2.5, .top_k = 1, .seed = 9}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        tide_sampler *s;
+        assert_int_equal(tide_sampler_new(f->ctx, &cases[c], vocab(f), &s), TIDE_OK);
+        tide_gen_opts go = {.sampler = s};
+        int n = 0;
+        assert_int_equal(tide_model_generate_ex(f->m, prompt, N_PROMPT, N_NEW, &go, got, &n, NULL), TIDE_OK);
+        assert_int_equal(n, N_NEW);
+        assert_memory_equal(got, want, sizeof want);
+        tide_sampler_free(s);
+    }
+}
+
+typedef struct seen {
+    int32_t ids[N_NEW];
+    int n, stop_after;
+} seen;
+
+static int on_token(void *user, int32_t id) {
+    seen *s = user;
+    s->ids[s->n++] = id;
+    return s->n == s->stop_after;
+}
+
+static void test_stops(void **state) {
+    fixture *f = *state;
+    int32_t want[N_NEW], got[N_NEW];
+    assert_int_equal(tide_model_generate(f->m, prompt, N_PROMPT, N_NEW, want, NULL), TIDE_OK);
+    /* a stop id: the first occurrence of want[5] ends the generation */
+    int first = 0;
+    while (want[first] != want[5]) first++;
+    int32_t stop[2] = {vocab(f) - 1 == want[5] ? 0 : vocab(f) - 1, want[5]};
+    tide_gen_opts go = {.stop_ids = stop, .n_stop_ids = 2};
+    int n = 0;
+    assert_int_equal(tide_model_generate_ex(f->m, prompt, N_PROMPT, N_NEW, &go, got, &n, NULL), TIDE_OK);
+    assert_true(n == first + 1 || (stop[0] != want[5] && n <= first + 1));
+    assert_memory_equal(got, want, (size_t)n * sizeof *got);
+    assert_true(got[n - 1] == stop[0] || got[n - 1] == stop[1]);
+    /* the callback: sees each id, stops after the fourth */
+    seen s = {.stop_after = 4};
+    go = (tide_gen_opts){.on_token = on_token, .user = &s};
+    assert_int_equal(tide_model_generate_ex(f->m, prompt, N_PROMPT, N_NEW, &go, got, &n, NULL), TIDE_OK);
+    assert_int_equal(n, 4);
+    assert_int_equal(s.n, 4);
+    assert_memory_equal(s.ids, want, 4 * sizeof *got);
+    assert_memory_equal(got, want, 4 * sizeof *got);
+}
+
+/* Cut after k ids, then continue: prompt + the k ids, start_pos at the
+ * cache's end (all but the last id drawn were run). */
+static void check_continuation(fixture *f, tide_sampler *smp, uint64_t seed) {
+    int32_t want[N_NEW], got[N_NEW + N_PROMPT];
+    tide_gen_opts go = {.sampler = smp};
+    if (smp) tide_sampler_reset(smp, seed);
+    int n = 0;
+    assert_int_equal(tide_model_generate_ex(f->m, prompt, N_PROMPT, N_NEW, &go, want, &n, NULL), TIDE_OK);
+    assert_int_equal(n, N_NEW);
+    for (int k = 1; k < N_NEW; k += 4) {
+        if (smp) tide_sampler_reset(smp, seed);
+        assert_int_equal(tide_model_generate_ex(f->m, prompt, N_PROMPT, k, &go, got, &n, NULL), TIDE_OK);
+        assert_int_equal(n, k);
+        int32_t p2[N_PROMPT + N_NEW];
+        memcpy(p2, prompt, sizeof prompt);
+        memcpy(p2 + N_PROMPT, got, (size_t)k * sizeof *got);
+        tide_gen_opts g2 = {.sampler = smp, .start_pos = N_PROMPT + k - 1};
+        tide_gen_stats st;
+        assert_int_equal(tide_model_generate_ex(f->m, p2, N_PROMPT + k, N_NEW - k, &g2, got + k, &n, &st), TIDE_OK);
+        assert_int_equal(n, N_NEW - k);
+        assert_int_equal(st.prefill_tokens, 1);
+        assert_memory_equal(got, want, sizeof want);
+    }
+}
+
+static void test_continuation(void **state) {
+    fixture *f = *state;
+    check_continuation(f, NULL, 0);
+    tide_sampler *s;
+    tide_sampler_opts so = {.temperature = 1.3, .top_p = 0.95, .seed = 5};
+    assert_int_equal(tide_sampler_new(f->ctx, &so, vocab(f), &s), TIDE_OK);
+    /* the sampler continues its own stream: the ids drawn in the cut run
+     * moved it exactly as far as the uncut run had moved it */
+    check_continuation(f, s, 5);
+    set_offload(f, 0.5);
+    check_continuation(f, NULL, 0);
+    check_continuation(f, s, 5);
+    set_offload(f, 0);
+    tide_sampler_free(s);
+}
+
+static void test_seeded(void **state) {
+    fixture *f = *state;
+    tide_sampler *s;
+    tide_sampler_opts so = {.temperature = 1.0, .top_k = 50, .repetition_penalty = 1.2, .seed = 77};
+    assert_int_equal(tide_sampler_new(f->ctx, &so, vocab(f), &s), TIDE_OK);
+    int32_t a[N_NEW], b[N_NEW], c[N_NEW];
+    tide_gen_opts go = {.sampler = s};
+    int n;
+    for (int i = 0; i < N_PROMPT; i++) assert_int_equal(tide_sampler_accept(s, prompt[i]), TIDE_OK);
+    assert_int_equal(tide_model_generate_ex(f->m, prompt, N_PROMPT, N_NEW, &go, a, &n, NULL), TIDE_OK);
+    tide_sampler_reset(s, 77);
+    for (int i = 0; i < N_PROMPT; i++) tide_sampler_accept(s, prompt[i]);
+    assert_int_equal(tide_model_generate_ex(f->m, prompt, N_PROMPT, N_NEW, &go, b, &n, NULL), TIDE_OK);
+    assert_memory_equal(a, b, sizeof a);
+    set_offload(f, 0.5);
+    tide_sampler_reset(s, 77);
+    for (int i = 0; i < N_PROMPT; i++) tide_sampler_accept(s, prompt[i]);
+    assert_int_equal(tide_model_generate_ex(f->m, prompt, N_PROMPT, N_NEW, &go, c, &n, NULL), TIDE_OK);
+    assert_memory_equal(a, c, sizeof a);
+    set_offload(f, 0);
+    tide_sampler_free(s);
+}
+
+static void test_bad_arguments(void **state) {
+    fixture *f = *state;
+    int32_t out[N_NEW];
+    int n = 99;
+    tide_gen_opts go = {.start_pos = N_PROMPT};
+    assert_int_equal(tide_model_generate_ex(f->m, prompt, N_PROMPT, 4, &go, out, &n, NULL), TIDE_E_INVALID);
+    assert_int_equal(n, 0);
+    go = (tide_gen_opts){.n_stop_ids = 2};
+    assert_int_equal(tide_model_generate_ex(f->m, prompt, N_PROMPT, 4, &go, out, &n, NULL), TIDE_E_INVALID);
+    assert_int_equal(tide_model_generate_ex(f->m, prompt, 0, 4, NULL, out, &n, NULL), TIDE_E_INVALID);
+    assert_int_equal(tide_model_generate_ex(f->m, prompt, N_PROMPT, 64, NULL, out, &n, NULL), TIDE_E_RANGE);
+    int32_t bad[2] = {1, vocab(f)};
+    assert_int_equal(tide_model_generate_ex(f->m, bad, 2, 1, NULL, out, &n, NULL), TIDE_E_RANGE);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plain_equals_generate), cmocka_unit_test(test_greedy_sampler),
+        cmocka_unit_test(test_stops),                 cmocka_unit_test(test_continuation),
+        cmocka_unit_test(test_seeded),                cmocka_unit_test(test_bad_arguments),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
