@@ -167,15 +167,19 @@ os.write(fd, b"\x03")                      # Ctrl-C: stops the answer
 read_for(10, b"[stopped]")
 mark = len(out)
 read_for(10, b"> ")
-os.write(fd, b"\x04")                      # Ctrl-D: ends the chat
-read_for(10)
-status, end = None, time.time() + 20
+# Ctrl-D ends the chat; the line editor may discard input typed while it
+# sets the terminal up, so it is typed again until the chat ends
+status, end = None, time.time() + 30
 while status is None and time.time() < end:
+    read_for(0.5)
+    try:
+        os.write(fd, b"\x04")
+    except OSError:
+        pass
+    read_for(1.5)
     p, st = os.waitpid(pid, os.WNOHANG)
     if p == pid:
         status = st
-    else:
-        time.sleep(0.1)
 if status is None:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)

@@ -158,15 +158,6 @@ static const struct option train_options[] = {
     {0, 0, 0, 0},
 };
 
-static int parse_double(const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
 #define BAD(opt) return cli_usage_error("train", "bad " opt " '%s'", optarg)
 
 static int parse_args(int argc, char **argv, train_job *j) {
@@ -201,11 +192,11 @@ static int parse_args(int argc, char **argv, train_job *j) {
             if (cli_parse_int(optarg, 1, 4096, &a->accum)) BAD("--accum");
             break;
         case 'l':
-            if (parse_double(optarg, 1e-12, 10, &a->lr)) BAD("--lr");
+            if (cli_parse_double(optarg, 1e-12, 10, &a->lr)) BAD("--lr");
             have_lr = true;
             break;
         case 'L':
-            if (parse_double(optarg, 0, 10, &a->min_lr)) BAD("--min-lr");
+            if (cli_parse_double(optarg, 0, 10, &a->min_lr)) BAD("--min-lr");
             a->have_min_lr = true;
             break;
         case 'W':
@@ -213,19 +204,19 @@ static int parse_args(int argc, char **argv, train_job *j) {
             have_warmup = true;
             break;
         case 'y':
-            if (parse_double(optarg, 0, 10, &a->wd)) BAD("--weight-decay");
+            if (cli_parse_double(optarg, 0, 10, &a->wd)) BAD("--weight-decay");
             break;
         case '1':
-            if (parse_double(optarg, 0, 0.999999999, &a->beta1)) BAD("--beta1");
+            if (cli_parse_double(optarg, 0, 0.999999999, &a->beta1)) BAD("--beta1");
             break;
         case '2':
-            if (parse_double(optarg, 0, 0.999999999, &a->beta2)) BAD("--beta2");
+            if (cli_parse_double(optarg, 0, 0.999999999, &a->beta2)) BAD("--beta2");
             break;
         case 'e':
-            if (parse_double(optarg, 1e-30, 1, &a->eps)) BAD("--eps");
+            if (cli_parse_double(optarg, 1e-30, 1, &a->eps)) BAD("--eps");
             break;
         case 'g':
-            if (parse_double(optarg, 0, 1e30, &a->clip)) BAD("--grad-clip");
+            if (cli_parse_double(optarg, 0, 1e30, &a->clip)) BAD("--grad-clip");
             break;
         case 'u': {
             char *end;

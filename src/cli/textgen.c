@@ -49,41 +49,32 @@ const char cli_text_help[] =
     "                      model's tokenizer_config.json: llama2, llama3, chatml,\n"
     "                      mistral, zephyr or gemma\n";
 
-static int parse_double(const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
 int cli_text_option(int c, const char *arg, const char *cmd, cli_text_opts *t) {
     long v;
     switch (c) {
     case 0x200:
-        if (parse_double(arg, 0, 1e6, &t->so.temperature)) return cli_usage_error(cmd, "bad --temperature '%s' (>= 0)", arg), -1;
+        if (cli_parse_double(arg, 0, 1e6, &t->so.temperature)) return cli_usage_error(cmd, "bad --temperature '%s' (>= 0)", arg), -1;
         return 1;
     case 0x201:
         if (cli_parse_int(arg, 0, INT32_MAX, &v)) return cli_usage_error(cmd, "bad --top-k '%s' (>= 0)", arg), -1;
         t->so.top_k = (int32_t)v;
         return 1;
     case 0x202:
-        if (parse_double(arg, 0, 1, &t->so.top_p)) return cli_usage_error(cmd, "bad --top-p '%s' (0 to 1)", arg), -1;
+        if (cli_parse_double(arg, 0, 1, &t->so.top_p)) return cli_usage_error(cmd, "bad --top-p '%s' (0 to 1)", arg), -1;
         return 1;
     case 0x203:
-        if (parse_double(arg, 0, 1, &t->so.min_p)) return cli_usage_error(cmd, "bad --min-p '%s' (0 to 1)", arg), -1;
+        if (cli_parse_double(arg, 0, 1, &t->so.min_p)) return cli_usage_error(cmd, "bad --min-p '%s' (0 to 1)", arg), -1;
         return 1;
     case 0x204:
-        if (parse_double(arg, 0, 1e6, &t->so.repetition_penalty))
+        if (cli_parse_double(arg, 0, 1e6, &t->so.repetition_penalty))
             return cli_usage_error(cmd, "bad --repeat-penalty '%s' (> 0; 1 is off)", arg), -1;
         return 1;
     case 0x205:
-        if (parse_double(arg, -1e6, 1e6, &t->so.frequency_penalty))
+        if (cli_parse_double(arg, -1e6, 1e6, &t->so.frequency_penalty))
             return cli_usage_error(cmd, "bad --frequency-penalty '%s'", arg), -1;
         return 1;
     case 0x206:
-        if (parse_double(arg, -1e6, 1e6, &t->so.presence_penalty))
+        if (cli_parse_double(arg, -1e6, 1e6, &t->so.presence_penalty))
             return cli_usage_error(cmd, "bad --presence-penalty '%s'", arg), -1;
         return 1;
     case 0x207:

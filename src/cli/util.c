@@ -211,6 +211,15 @@ int cli_ensure_default_model(tide_ctx *ctx, char *dir, size_t len, cli_progress_
     return ensure_default_tokenizer(dir);
 }
 
+int cli_parse_double(const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
 int cli_parse_backend(const char *s, tide_backend_kind *out) {
     if (!strcmp(s, "auto")) *out = TIDE_BACKEND_AUTO;
     else if (!strcmp(s, "cpu")) *out = TIDE_BACKEND_CPU;
