@@ -577,6 +577,13 @@ typedef struct tide_offload_opts {
                                  never (loads read the memory-mapped checkpoint).
                                  At most half the available host memory is pinned;
                                  the rest stays in the mapping (see the notice) */
+    const char *optimizer;    /* training (tide_trainer_set_offload) only: where the AdamW
+                                 updates run: "auto" (NULL; each parameter's update on
+                                 the device or on the host CPU, whichever the plan
+                                 predicts faster: on the host only the gradient goes
+                                 down and the parameter comes up; where device memory
+                                 is host memory, on the device), "device" or "cpu" (every
+                                 update on the host CPU; the tide policy only) */
     bool timeline;            /* measure every instruction's start and end, for
                                  tide_model_write_trace: free on the CPU; on a GPU
                                  two timing events per instruction, read after each
@@ -734,6 +741,11 @@ typedef struct tide_train_stats {
     uint64_t budget_bytes;       /* offloaded: the budget; resident: the arena */
     double predicted_s;          /* the plan's simulated step time */
     double plan_s;               /* planning time of the first step (0 later) */
+    int optimizer_groups;        /* AdamW updates per step (one per parameter) */
+    int optimizer_host_groups;   /* of them run on the host CPU (offloaded plans) */
+    double predicted_device_optimizer_s; /* offloaded, with updates on the host: the step
+                                    predicted with every update on the device (0:
+                                    not plannable so) */
 } tide_train_stats;
 
 /* Takes one step on accum micro-batches of (batch, seq) tokens: tokens and

@@ -22,6 +22,7 @@ static const char help[] =
     "                  [--warmup N] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]\n"
     "                  [--grad-clip X] [--shuffle SEED]\n"
     "                  [--budget BYTES|PCT%|auto|min|none] [--policy tide|static-layer|lru]\n"
+    "                  [--optimizer auto|device|cpu]\n"
     "                  [--host-budget BYTES] [--ssd DIR[,DIR]] [--pread] [--hw PROFILE]\n"
     "                  [--check] [--out DIR] [--save-every N] [--save-dtype model|f32]\n"
     "                  [--resume DIR] [--trace FILE] [--trace-svg FILE]\n"
@@ -70,6 +71,12 @@ static const char help[] =
     "                      unconstrained peak (25%), auto, min or none (default:\n"
     "                      none, everything resident)\n"
     "  --policy P          tide (default), static-layer or lru\n"
+    "  --optimizer WHERE   where the AdamW updates of an offloaded step run: auto\n"
+    "                      (default: each parameter's on the device or on the host\n"
+    "                      CPU, whichever the plan predicts faster; a CPU update\n"
+    "                      moves only the gradient down and the parameter up, not\n"
+    "                      the master weights and moments; on the CPU backend the\n"
+    "                      device), device, or cpu (all on the host CPU; tide policy)\n"
     "  --host-budget X     host memory for the training state and spills: state\n"
     "                      that does not fit is homed on SSD (default: the\n"
     "                      profile's host memory)\n"
@@ -107,7 +114,7 @@ static const char help[] =
     "tokens/s and the bytes moved between tiers.\n";
 
 typedef struct train_args {
-    const char *model, *data, *budget, *policy, *ssd, *hw, *out, *resume, *trace, *trace_svg;
+    const char *model, *data, *budget, *policy, *ssd, *hw, *out, *resume, *trace, *trace_svg, *optimizer;
     tide_token_dtype data_dtype;
     long steps, batch, seq, accum, warmup, save_every, threads;
     double lr, min_lr, wd, beta1, beta2, eps, clip;
@@ -146,6 +153,7 @@ static const struct option train_options[] = {
     {"beta2", required_argument, 0, '2'},       {"eps", required_argument, 0, 'e'},
     {"grad-clip", required_argument, 0, 'g'},   {"shuffle", required_argument, 0, 'u'},
     {"budget", required_argument, 0, 'b'},      {"policy", required_argument, 0, 'P'},
+    {"optimizer", required_argument, 0, 'O'},
     {"host-budget", required_argument, 0, 'H'}, {"ssd", required_argument, 0, 's'},
     {"pread", no_argument, 0, 'R'},             {"hw", required_argument, 0, 'w'},
     {"check", no_argument, 0, 'c'},             {"out", required_argument, 0, 'o'},
@@ -238,6 +246,11 @@ static int parse_args(int argc, char **argv, train_job *j) {
                 return cli_usage_error("train", "unknown --policy '%s' (tide, static-layer or lru)", optarg);
             a->policy = optarg;
             break;
+        case 'O':
+            if (strcmp(optarg, "auto") && strcmp(optarg, "device") && strcmp(optarg, "cpu"))
+                return cli_usage_error("train", "unknown --optimizer '%s' (auto, device or cpu)", optarg);
+            a->optimizer = optarg;
+            break;
         case 'H':
             if (cli_parse_bytes(optarg, &a->host_budget) || !a->host_budget) BAD("--host-budget");
             break;
@@ -294,12 +307,15 @@ static int parse_args(int argc, char **argv, train_job *j) {
     if (a->check && !j->offload)
         return cli_usage_error("train", "--check compares an offloaded run with the unconstrained one: it needs "
                                "--budget");
-    if (!j->offload && (a->ssd || a->hw || a->host_budget || a->pread || strcmp(a->policy, "tide")))
-        return cli_usage_error("train", "--ssd, --hw, --host-budget, --pread and --policy need a --budget");
+    if (!j->offload && (a->ssd || a->hw || a->host_budget || a->pread || strcmp(a->policy, "tide") || a->optimizer))
+        return cli_usage_error("train", "--ssd, --hw, --host-budget, --pread, --policy and --optimizer need a --budget");
+    if (a->optimizer && !strcmp(a->optimizer, "cpu") && strcmp(a->policy, "tide"))
+        return cli_usage_error("train", "--optimizer cpu is planned by the tide policy only");
     if (a->save_every && !a->out) return cli_usage_error("train", "--save-every needs --out");
     if (a->have_min_lr && a->min_lr > a->lr)
         return cli_usage_error("train", "--min-lr %g is above --lr %g", a->min_lr, a->lr);
     j->off.policy = a->policy;
+    j->off.optimizer = a->optimizer;
     j->off.host_budget = a->host_budget;
     j->off.ssd_dirs = a->ssd;
     j->off.force_pread = a->pread;
@@ -584,6 +600,10 @@ static int summary(train_job *j) {
         cJSON_AddStringToObject(o, "policy", j->offload ? a->policy : "none");
         cJSON_AddNumberToObject(o, "peak_device_bytes", (double)s->peak_device_bytes);
         /* a resident plan is not priced on a profile of this machine */
+        cJSON_AddNumberToObject(o, "optimizer_groups", s->optimizer_groups);
+        cJSON_AddNumberToObject(o, "optimizer_host_groups", s->optimizer_host_groups);
+        if (s->optimizer_host_groups)
+            cJSON_AddNumberToObject(o, "predicted_device_optimizer_s", s->predicted_device_optimizer_s);
         if (j->offload) cJSON_AddNumberToObject(o, "predicted_step_s", predicted);
         else cJSON_AddNullToObject(o, "predicted_step_s");
         cJSON_AddNumberToObject(o, "measured_step_s", measured);
@@ -598,8 +618,9 @@ static int summary(train_job *j) {
         if (j->offload) printf(", %.3f s predicted", predicted);
         printf("\n");
         if (j->offload)
-            printf("offload    policy %s, device budget %s, peak device %s\n", a->policy,
-                   cli_fmt_bytes(s->budget_bytes, b1, sizeof b1), cli_fmt_bytes(s->peak_device_bytes, b2, sizeof b2));
+            printf("offload    policy %s, device budget %s, peak device %s; AdamW: %d of %d updates on the host "
+                   "CPU\n", a->policy, cli_fmt_bytes(s->budget_bytes, b1, sizeof b1),
+                   cli_fmt_bytes(s->peak_device_bytes, b2, sizeof b2), s->optimizer_host_groups, s->optimizer_groups);
         if (a->check)
             printf("check      %s\n", j->check_ok ? "passed: every loss and the final parameters, master weights and "
                                                     "moments bit-identical to the unconstrained run"

@@ -148,6 +148,7 @@ void tide_trainer_free(tide_trainer *t) {
     tide_free(t->in_tok);
     tide_free(t->in_tgt);
     tide_free(t->ssd_dirs);
+    tide_free(t->host_ops);
     train_resume_close(t);
     tide_graph_free(t->g);
     tide_free(t);
@@ -173,6 +174,13 @@ tide_status tide_trainer_set_offload(tide_trainer *t, const tide_offload_opts *o
     t->off.ssd_dirs = t->ssd_dirs;
     t->off.hw = NULL;
     t->policy = pol;
+    t->optim = TRAIN_OPTIM_AUTO;
+    if (o->optimizer && train_optim_parse(o->optimizer, &t->optim))
+        return tide_err(t->ctx, TIDE_E_INVALID, "unknown optimizer placement '%s' (auto, device or cpu)", o->optimizer);
+    if (t->optim == TRAIN_OPTIM_CPU && pol != TIDE_POLICY_TIDE)
+        return tide_err(t->ctx, TIDE_E_INVALID, "AdamW on the CPU is planned by the tide policy only, not %s",
+                        o->policy);
+    t->off.optimizer = NULL;
     tide_status st = o->hw ? tide_hw_load(t->ctx, o->hw, &t->hw)
                            : tide_probe_backend(t->ctx, t->be, t->ssd_dirs, 1.0, NULL, &t->hw);
     if (st) return st;
@@ -282,6 +290,11 @@ static tide_status resolve_budget(tide_trainer *t, uint64_t *out) {
     }
     case TIDE_BUDGET_MIN: {
         tide_plan_opts po = offload_opts(t, 0);
+        if (t->optim == TRAIN_OPTIM_CPU) {
+            /* the smallest budget with every update on the host */
+            for (int i = 0; i < t->g->n_ops; i++) if (t->g->ops[i].kind == TIDE_OP_ADAMW) t->host_ops[i] = true;
+            po.host_ops = t->host_ops;
+        }
         tide_status st = tide_plan_min_budget(ctx, t->g, &po, &b);
         if (st) return st;
         break;
@@ -452,9 +465,19 @@ static tide_status prepare(tide_trainer *t) {
     if ((st = tide_llama_build_train(ctx, &t->cfg, &t->o.step, &g))) return st;
     if (t->offload) {
         uint64_t b = 0;
-        if (!(st = resolve_budget(t, &b))) {
+        if (t->optim == TRAIN_OPTIM_CPU &&
+            !(t->host_ops = tide_calloc((size_t)t->g->n_ops, sizeof *t->host_ops)))
+            st = tide_err(ctx, TIDE_E_NOMEM, "out of memory");
+        if (!st && !(st = resolve_budget(t, &b))) {
             tide_plan_opts po = offload_opts(t, b);
-            st = tide_plan_make(ctx, g, &po, &p);
+            /* where device memory is host memory, a host update is the same work in the same place */
+            train_optim_mode mode = t->be->vt->device_is_host && t->optim == TRAIN_OPTIM_AUTO ? TRAIN_OPTIM_DEVICE
+                                                                                               : t->optim;
+            tide_free(t->host_ops);
+            t->host_ops = NULL;
+            st = train_optim_place(ctx, g, &po, mode, &t->host_ops, &t->optim_choice);
+            po.host_ops = t->host_ops;
+            if (!st) st = tide_plan_make(ctx, g, &po, &p);
         }
         if (!st && (st = t->be->vt->alloc(t->be, p->device_budget, &t->arena)))
             st = tide_err(ctx, st, "cannot allocate the device arena of %llu bytes: %s",
@@ -470,6 +493,8 @@ static tide_status prepare(tide_trainer *t) {
         return st;
     }
     t->arena_bytes = p->device_budget;
+    t->optim_choice.n_groups = 0;
+    for (int i = 0; i < g->n_ops; i++) t->optim_choice.n_groups += g->ops[i].kind == TIDE_OP_ADAMW;
     t->plan_s = tide_now() - t0;
     t->predicted_s = p->stats.makespan_s;
     t->peak_device = p->stats.peak_device_bytes;
@@ -565,7 +590,9 @@ tide_status tide_trainer_step(tide_trainer *t, const int32_t *tokens, const int3
             .tokens_per_s = wall > 0 ? (double)(R * (size_t)so->accum) / wall : 0, .bytes_h2d = es.bytes_h2d,
             .bytes_d2h = es.bytes_d2h, .bytes_ssd_read = es.bytes_ssd_read, .bytes_ssd_write = es.bytes_ssd_write,
             .peak_device_bytes = t->peak_device, .budget_bytes = t->arena_bytes, .predicted_s = t->predicted_s,
-            .plan_s = first ? t->plan_s : 0};
+            .plan_s = first ? t->plan_s : 0, .optimizer_groups = t->optim_choice.n_groups,
+            .optimizer_host_groups = t->optim_choice.n_host,
+            .predicted_device_optimizer_s = t->optim_choice.n_host ? t->optim_choice.device_makespan_s : 0};
     }
     t->step++;
     return TIDE_OK;

@@ -5,6 +5,7 @@
 #ifndef TIDE_TRAINER_INT_H
 #define TIDE_TRAINER_INT_H
 
+#include "train/optim_place.h"
 #include "backend/backend.h"
 #include "planner/planner.h"
 #include "probe/probe.h"
@@ -31,6 +32,9 @@ struct tide_trainer {
     char *ssd_dirs;
     tide_policy policy;
     tide_hw hw;
+    train_optim_mode optim;       /* where the AdamW updates of offloaded steps run */
+    bool *host_ops;               /* per op of g, or NULL: the updates placed on the host CPU */
+    train_optim_choice optim_choice;
     /* made by the first step */
     tide_runner *run;
     void *arena;

@@ -1,0 +1,176 @@
+/*
+ * test_optim_place.c - where a training step's AdamW updates run
+ * (src/train/optim_place.c), on the training graphs of tinyllama-mini
+ * (f32 and bf16) planned on the a100-80g profile under budgets that cannot
+ * keep the state on the device:
+ *
+ *   - every placement's plan verifies, with updates on the host and not;
+ *   - auto is never predicted slower than every update on the device, and
+ *     its prediction is the plan it returns;
+ *   - on a machine whose link is slow and whose host is fast, auto moves
+ *     updates to the host and is predicted faster than all-device; on one
+ *     whose host is slow and link fast, it keeps them on the device;
+ *   - "cpu" puts every update on the host, "device" none;
+ *   - the baselines: auto places nothing on the host, "cpu" is refused.
+ * That CPU updates compute the same bits as device updates is proven by the
+ * trainer's runs (test_train, cli_train: offloaded steps with --optimizer cpu
+ * bit-identical to the unconstrained run).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "core/core.h"
+#include "planner/planner.h"
+#include "train/optim_place.h"
+#include "verify/verify.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct fixture {
+    tide_ctx *ctx;
+    tide_graph *g;
+    tide_hw hw;
+    uint64_t peak;
+} fixture;
+
+static int setup_dtype(void **state, tide_dtype dt) {
+    fixture *f = calloc(1, sizeof *f);
+    f->ctx = tide_ctx_new();
+    tide_llama_config cfg;
+    if (tide_llama_config_named(f->ctx, "tinyllama-mini", &cfg)) return -1;
+    cfg.dtype = dt;
+    tide_llama_train_opts o = {.batch = 2, .seq = 64, .accum = 1, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                               .weight_decay = 0.1f, .grad_clip = 1.0f};
+    if (tide_llama_build_train(f->ctx, &cfg, &o, &f->g) || tide_hw_load(f->ctx, "a100-80g", &f->hw)) {
+        fprintf(stderr, "%s\n", tide_ctx_last_error(f->ctx));
+        return -1;
+    }
+    f->peak = tide_plan_unconstrained_peak(f->ctx, f->g, &f->hw, 1);
+    *state = f;
+    return f->peak ? 0 : -1;
+}
+
+static int setup_f32(void **state) { return setup_dtype(state, TIDE_F32); }
+static int setup_bf16(void **state) { return setup_dtype(state, TIDE_BF16); }
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    tide_graph_free(f->g);
+    tide_ctx_free(f->ctx);
+    free(f);
+    return 0;
+}
+
+static tide_plan_opts opts(fixture *f, const tide_hw *hw, double fraction) {
+    return (tide_plan_opts){.policy = TIDE_POLICY_TIDE, .device_budget = (uint64_t)((double)f->peak * fraction),
+                            .n_iter = 1, .hw = hw};
+}
+
+/* Plans and verifies with the chosen host_ops; returns the makespan. */
+static double plan_with(fixture *f, tide_plan_opts po, const bool *host_ops) {
+    po.host_ops = host_ops;
+    tide_plan *p = NULL;
+    assert_int_equal(tide_plan_make(f->ctx, f->g, &po, &p), TIDE_OK);
+    assert_int_equal(tide_plan_verify(p), TIDE_OK);
+    double m = p->stats.makespan_s;
+    tide_plan_free(p);
+    return m;
+}
+
+static int count(const fixture *f, const bool *host_ops) {
+    int n = 0;
+    for (int i = 0; host_ops && i < f->g->n_ops; i++) {
+        n += host_ops[i];
+        if (host_ops[i]) assert_int_equal(f->g->ops[i].kind, TIDE_OP_ADAMW);
+    }
+    return n;
+}
+
+static void test_modes(void **state) {
+    fixture *f = *state;
+    const double fractions[] = {0.6, 0.35};
+    for (size_t i = 0; i < 2; i++) {
+        tide_plan_opts po = opts(f, &f->hw, fractions[i]);
+        bool *h = NULL;
+        train_optim_choice c;
+        assert_int_equal(train_optim_place(f->ctx, f->g, &po, TRAIN_OPTIM_DEVICE, &h, &c), TIDE_OK);
+        assert_null(h);
+        assert_int_equal(c.n_host, 0);
+        assert_true(c.n_groups > 10);
+        assert_int_equal(train_optim_place(f->ctx, f->g, &po, TRAIN_OPTIM_CPU, &h, &c), TIDE_OK);
+        assert_int_equal(count(f, h), c.n_groups);
+        assert_int_equal(c.n_host, c.n_groups);
+        assert_true(c.host_state_bytes == c.state_bytes);
+        assert_true(fabs(plan_with(f, po, h) - c.makespan_s) <= 1e-12 * c.makespan_s);
+        tide_free(h);
+        assert_int_equal(train_optim_place(f->ctx, f->g, &po, TRAIN_OPTIM_AUTO, &h, &c), TIDE_OK);
+        assert_int_equal(count(f, h), c.n_host);
+        double dev = plan_with(f, po, NULL);
+        assert_true(c.device_makespan_s == dev);
+        assert_true(c.makespan_s <= dev);
+        assert_true(fabs(plan_with(f, po, h) - c.makespan_s) <= 1e-12 * c.makespan_s);
+        assert_true(c.plans_tried >= 3);
+        tide_free(h);
+    }
+}
+
+static void test_machines_decide(void **state) {
+    fixture *f = *state;
+    /* a slow link and a fast host: streaming 24 bytes a parameter loses to
+     * moving 6 and updating where the state lives */
+    tide_hw slow_link = f->hw;
+    slow_link.h2d_bw = slow_link.d2h_bw = 2e8;
+    slow_link.host_mem_bw = 1e12;
+    slow_link.host_flops = 1e13;
+    tide_plan_opts po = opts(f, &slow_link, 0.35);
+    bool *h = NULL;
+    train_optim_choice c;
+    assert_int_equal(train_optim_place(f->ctx, f->g, &po, TRAIN_OPTIM_AUTO, &h, &c), TIDE_OK);
+    assert_true(c.n_host > 0);
+    assert_true(c.makespan_s < 0.95 * c.device_makespan_s);
+    assert_true(c.host_state_bytes > 0 && c.host_state_bytes <= c.state_bytes);
+    plan_with(f, po, h);
+    tide_free(h);
+    /* a slow host and a fast link: the updates stay on the device */
+    tide_hw slow_host = f->hw;
+    slow_host.host_mem_bw = 1e8;
+    slow_host.host_flops = 1e8;
+    po = opts(f, &slow_host, 0.35);
+    assert_int_equal(train_optim_place(f->ctx, f->g, &po, TRAIN_OPTIM_AUTO, &h, &c), TIDE_OK);
+    assert_null(h);
+    assert_int_equal(c.n_host, 0);
+    assert_true(c.makespan_s == c.device_makespan_s);
+}
+
+static void test_baselines(void **state) {
+    fixture *f = *state;
+    tide_plan_opts po = opts(f, &f->hw, 0.6);
+    po.policy = TIDE_POLICY_LRU;
+    bool *h = NULL;
+    train_optim_choice c;
+    assert_int_equal(train_optim_place(f->ctx, f->g, &po, TRAIN_OPTIM_AUTO, &h, &c), TIDE_OK);
+    assert_null(h);
+    assert_int_equal(train_optim_place(f->ctx, f->g, &po, TRAIN_OPTIM_CPU, &h, &c), TIDE_E_UNSUPPORTED);
+    assert_null(h);
+    train_optim_mode m;
+    assert_int_equal(train_optim_parse("cpu", &m), 0);
+    assert_int_equal(m, TRAIN_OPTIM_CPU);
+    assert_int_equal(train_optim_parse("gpu", &m), -1);
+    assert_string_equal(train_optim_name(TRAIN_OPTIM_AUTO), "auto");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_modes),
+        cmocka_unit_test(test_machines_decide),
+        cmocka_unit_test(test_baselines),
+    };
+    int rc = cmocka_run_group_tests_name("f32", tests, setup_f32, teardown);
+    return rc | cmocka_run_group_tests_name("bf16", tests, setup_bf16, teardown);
+}
