@@ -81,7 +81,10 @@
  *     compute reads or writes its home (in_place_opnd)
  *   ON_DEVICE --engine_compute_host, after engine_store to host if dirty--> a
  *     host copy written by the host step; the device copy DROPped as stale
- *   ON_SSD --engine_move_to_host--> ON_HOST (for a host step's input)
+ *   ON_SSD --engine_move--> ON_HOST (for a host step's input)
+ *   ON_HOST, written by a host step, homed on SSD --engine_move--> its SSD
+ *     home valid again (the final version of the iteration, as a device
+ *     copy's final STORE home)
  *   ON_HOST spill copy, clean (its SSD copy valid), after the last use of the
  *     iteration --engine_compute(_host): DROP--> ON_SSD (MOVEd in again next
  *     iteration)

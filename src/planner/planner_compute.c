@@ -184,13 +184,10 @@ tide_status engine_compute_host(engine *e, int step) {
         if (T->warm && tide_op_writes(op, t))
             return e->st = tide_err(e->ctx, TIDE_E_UNSUPPORTED, "plan: op %d, placed on the host, writes '%s', "
                                     "which is kept warm on the device", o, nm);
-        if (tide_op_writes(op, t) && T->role != TIDE_ROLE_TEMP && e->plan->home[t] != TIDE_TIER_HOST)
-            return e->st = tide_err(e->ctx, TIDE_E_UNSUPPORTED, "plan: op %d, placed on the host, writes '%s', "
-                                    "whose home is on SSD", o, nm);
         if (tide_op_reads(op, t) && !T->cp[TIDE_TIER_HOST].valid) {
             /* its value into host memory: from the device, else from SSD */
             int r = T->dev == DEV_VALID    ? engine_store(e, t, TIDE_TIER_HOST, step)
-                  : T->cp[TIDE_TIER_SSD].valid ? engine_move_to_host(e, t, step)
+                  : T->cp[TIDE_TIER_SSD].valid ? engine_move(e, t, TIDE_TIER_SSD, step)
                                                : (e->st = tide_err(e->ctx, TIDE_E_INVALID, "plan: internal error: "
                                                                    "'%s' has no valid copy for op %d", nm, o), -1);
             if (r < 0) return e->st;
@@ -226,6 +223,13 @@ tide_status engine_compute_host(engine *e, int step) {
         bool written = tide_op_writes(op, t);
         int next = tide_lifetime_next_use(&e->lt, t, step, &nrw);
         bool dead = next == TIDE_NEVER || nrw == TIDE_USE_WRITE;
+        /* the final version of a tensor homed on SSD (a state the host
+         * updated in a spill copy) goes home now, as a device copy's STORE */
+        tide_tier home = e->plan->home[t];
+        if (written && home == TIDE_TIER_SSD && role_homebound(T->role) && !T->cp[home].valid &&
+            (step == tide_lifetime_last_write(&e->lt, t) || next == TIDE_NEVER) &&
+            engine_move(e, t, TIDE_TIER_HOST, step) < 0)
+            return e->st;
         if (written || dead) {
             if (T->dev == DEV_PLACED) engine_unplace(e, t);
             else if (T->dev == DEV_VALID && engine_drop_dev(e, t, TIDE_STREAM_COMPUTE, step) < 0) return e->st;

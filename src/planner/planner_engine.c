@@ -401,18 +401,19 @@ int engine_evict(engine *e, int t, tide_stream stream, int step) {
     return d;
 }
 
-/* MOVE of t's valid SSD copy to host memory (its home there, else a spill
- * copy). Returns the MOVE or -1. */
-int engine_move_to_host(engine *e, int t, int step) {
+/* MOVE of t's valid copy on tier `from` (HOST or SSD) to the other one (its
+ * home there, else a spill copy). Returns the MOVE or -1. */
+int engine_move(engine *e, int t, tide_tier from, int step) {
     engine_tensor *T = &e->t[t];
-    engine_copy *src = &T->cp[TIDE_TIER_SSD], *dst = &T->cp[TIDE_TIER_HOST];
+    tide_tier to = from == TIDE_TIER_SSD ? TIDE_TIER_HOST : TIDE_TIER_SSD;
+    engine_copy *src = &T->cp[from], *dst = &T->cp[to];
     assert(src->valid);
     waits w;
     waits_init(&w);
-    if (!dst->exists && engine_spill_copy(e, t, TIDE_TIER_HOST, &w)) return -1;
+    if (!dst->exists && engine_spill_copy(e, t, to, &w)) return -1;
     tide_ins in = engine_ins_new(e, TIDE_INS_MOVE, TIDE_STREAM_IO, step, t);
-    in.src = TIDE_TIER_SSD;
-    in.dst = TIDE_TIER_HOST;
+    in.src = from;
+    in.dst = to;
     in.src_off = engine_copy_off(src);
     in.tier_off = engine_copy_off(dst);
     waits_add(e, &w, src->w_ins);
@@ -576,11 +577,26 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
         if (r == TIDE_ROLE_WEIGHT && o->weights_on_ssd) p->home[t] = TIDE_TIER_SSD;
         else on_host += g->tensors[t].nbytes;
     }
+    /* Host computes stage their operands in host spill copies (a state homed
+     * on SSD is MOVEd in, updated and MOVEd home): room for the largest
+     * one's operands is kept out of the homes when state must go to SSD. */
+    uint64_t stage = 0;
+    for (int op = 0; o->host_ops && op < g->n_ops; op++) {
+        if (!o->host_ops[op]) continue;
+        int ts[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
+        bool is_in[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
+        int n = op_distinct_tensors(&g->ops[op], ts, is_in);
+        uint64_t b = 0;
+        for (int i = 0; i < n; i++) b += tide_plan_align(g->tensors[ts[i]].nbytes);
+        stage = TIDE_MAX(stage, b);
+    }
+    uint64_t fit = host_budget > stage ? host_budget - stage : 0;
     for (int pass = 0; host_budget && on_host > host_budget && pass < 2; pass++) {
         if (!e->has_ssd) break;
         tide_role want = pass == 0 ? TIDE_ROLE_WEIGHT : TIDE_ROLE_STATE;
-        /* largest first, until the rest fits */
-        while (on_host > host_budget) {
+        /* largest first, until the rest fits (with the staging room, once
+         * some must go) */
+        while (on_host > (pass == 1 ? fit : host_budget)) {
             int best = -1;
             for (int t = 0; t < nt; t++)
                 if (g->tensors[t].role == want && p->home[t] == TIDE_TIER_HOST &&

@@ -301,7 +301,7 @@ uint64_t engine_copy_off(const engine_copy *c);
  * of its valid SSD copy into host memory, DROP of its device copy on stream
  * s (waiting on every access). Each returns the instruction or -1 (e->st). */
 int engine_store(engine *e, int t, tide_tier tier, int step);
-int engine_move_to_host(engine *e, int t, int step);
+int engine_move(engine *e, int t, tide_tier from, int step);
 int engine_drop_dev(engine *e, int t, tide_stream s, int step);
 /* DROP of t's spill copy on tier; of every spill copy that holds nothing
  * worth keeping (stale ones, or all of them when t's value is dead). 0 or -1. */
