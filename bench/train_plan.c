@@ -25,7 +25,8 @@
  * each policy's own minimum. Every plan is verified before it is counted.
  * Last, the planning time of a llama-2-70b step on h100-80g (target < 5 s).
  *
- * The logic mirrors src/cli/plan_train.c; nothing in src/ is shared for it.
+ * The step, ideal step and bytes per link are src/train/train_plan.c's, the
+ * figures `tide plan --train` prints.
  * Output: one JSON line per plan as soon as it is made (also to --json FILE),
  * markdown tables at the end. Exit status 0 when every plan made verifies and
  * the 70b step plans in under 5 s; 1 otherwise; 2 for a usage error.
@@ -33,7 +34,7 @@
 #include "core/core.h"
 #include "ir/plan.h"
 #include "planner/planner.h"
-#include "sim/sim.h"
+#include "train/train_plan.h"
 #include "verify/verify.h"
 
 #include <stdarg.h>
@@ -47,10 +48,6 @@
 
 static const double budget_frac[N_BUDGETS] = {1.0, 0.5, 0.25, 0.10, 0};
 
-typedef struct link_bytes {
-    uint64_t h2d, d2h, ssd_read, ssd_write;
-} link_bytes;
-
 /* One plan of one (model, profile, policy, budget). */
 typedef struct row {
     bool ok;            /* planned and verified */
@@ -58,7 +55,7 @@ typedef struct row {
     uint64_t budget;
     int n_ins;
     double step_s, makespan_s, lb_s, plan_s, verify_s;
-    link_bytes bytes;
+    tide_step_bytes bytes;
     char why[200];      /* the planner's message when !ok */
 } row;
 
@@ -91,71 +88,6 @@ static void jprintf(const char *fmt, ...) {
     }
 }
 
-/* The steady step of a 2-iteration plan (its makespan when it has one). */
-static tide_status steady_step(const tide_plan *p, const tide_hw *hw, double *step) {
-    tide_sim_result sim;
-    tide_status st = tide_simulate(p, hw, &sim);
-    if (st) return st;
-    double end[2] = {0, 0};
-    for (int i = 0; i < sim.n_events; i++) {
-        int it = p->ins[sim.events[i].ins].iter;
-        if (it >= 0 && it < 2 && sim.events[i].end_s > end[it]) end[it] = sim.events[i].end_s;
-    }
-    *step = p->n_iter >= 2 ? end[1] - end[0] : sim.makespan_s;
-    tide_sim_result_free(&sim);
-    return TIDE_OK;
-}
-
-/* The ideal steady step: every parameter and optimizer state warm at a fixed
- * offset, the budget their bytes plus the unbounded peak of the rest. */
-static tide_status ideal_step(const tide_graph *g, const tide_hw *hw, double *step) {
-    uint64_t *warm = tide_malloc((size_t)(g->n_tensors ? g->n_tensors : 1) * sizeof *warm);
-    if (!warm) return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
-    uint64_t at = 0;
-    for (int t = 0; t < g->n_tensors; t++) {
-        tide_role r = g->tensors[t].role;
-        warm[t] = TIDE_HOME;
-        if (r != TIDE_ROLE_STATE && r != TIDE_ROLE_WEIGHT) continue;
-        warm[t] = at;
-        at += tide_plan_align(g->tensors[t].nbytes);
-    }
-    tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 2, .hw = hw, .warm_off = warm,
-                         .host_budget = UINT64_C(1) << 62};
-    uint64_t peak = 0;
-    tide_plan *p = NULL;
-    tide_status st = tide_plan_peak_unbounded(ctx, g, &po, &peak);
-    if (!st) {
-        po.device_budget = at + peak + TIDE_PLAN_ALIGN;
-        st = tide_plan_make(ctx, g, &po, &p);
-    }
-    if (!st) st = steady_step(p, hw, step);
-    tide_plan_free(p);
-    tide_free(warm);
-    return st;
-}
-
-/* Bytes per link of the second iteration (one steady step). */
-static link_bytes step_bytes(const tide_plan *p) {
-    link_bytes b = {0};
-    int iter = p->n_iter >= 2 ? 1 : 0;
-    for (int i = 0; i < p->n_ins; i++) {
-        const tide_ins *in = &p->ins[i];
-        if (in->iter != iter || in->tensor < 0) continue;
-        uint64_t n = p->g->tensors[in->tensor].nbytes;
-        if (in->kind == TIDE_INS_LOAD) {
-            if (in->src == TIDE_TIER_SSD) b.ssd_read += n;
-            else b.h2d += n;
-        } else if (in->kind == TIDE_INS_STORE) {
-            if (in->dst == TIDE_TIER_SSD) b.ssd_write += n;
-            else b.d2h += n;
-        } else if (in->kind == TIDE_INS_MOVE) {
-            if (in->dst == TIDE_TIER_SSD) b.ssd_write += n;
-            else b.ssd_read += n;
-        }
-    }
-    return b;
-}
-
 /* Plans, verifies and simulates one (policy, budget). A plan that fails
  * verification counts as a failure of the run. */
 static row plan_one(const setup *s, tide_policy pol, uint64_t budget) {
@@ -177,14 +109,14 @@ static row plan_one(const setup *s, tide_policy pol, uint64_t budget) {
     if (st) {
         snprintf(r.why, sizeof r.why, "verification failed: %s", tide_ctx_last_error(ctx));
         failures++;
-    } else if (steady_step(p, &s->hw, &r.step_s) || tide_plan_bounds(ctx, s->g, &po, &b)) {
+    } else if (tide_plan_steady_step(p, &s->hw, &r.step_s, NULL) || tide_plan_bounds(ctx, s->g, &po, &b)) {
         snprintf(r.why, sizeof r.why, "simulating: %s", tide_ctx_last_error(ctx));
         failures++;
     } else {
         r.ok = true;
         r.makespan_s = p->stats.makespan_s;
         r.lb_s = b.lower_bound_s;
-        r.bytes = step_bytes(p);
+        r.bytes = tide_plan_step_bytes(p);
         r.n_ins = p->n_ins;
     }
     tide_plan_free(p);
@@ -316,7 +248,8 @@ int main(int argc, char **argv) {
                 return 1;
             }
             fprintf(stderr, "bench: %s on %s ...\n", s->config, s->hw_name);
-            if (!(s->peak = tide_plan_unconstrained_peak(ctx, g, &s->hw, 2)) || ideal_step(g, &s->hw, &s->ideal_s)) {
+            if (!(s->peak = tide_plan_unconstrained_peak(ctx, g, &s->hw, 2)) ||
+                tide_plan_ideal_step(ctx, g, &s->hw, &s->ideal_s)) {
                 fprintf(stderr, "bench: %s on %s: %s\n", s->config, s->hw_name, tide_ctx_last_error(ctx));
                 return 1;
             }
@@ -373,7 +306,8 @@ int main(int argc, char **argv) {
         }
         big_build_s = tide_now() - t0;
         fprintf(stderr, "bench: llama-2-70b on h100-80g ...\n");
-        if (!(bs.peak = tide_plan_unconstrained_peak(ctx, bs.g, &bs.hw, 2)) || ideal_step(bs.g, &bs.hw, &bs.ideal_s)) {
+        if (!(bs.peak = tide_plan_unconstrained_peak(ctx, bs.g, &bs.hw, 2)) ||
+            tide_plan_ideal_step(ctx, bs.g, &bs.hw, &bs.ideal_s)) {
             fprintf(stderr, "bench: llama-2-70b: %s\n", tide_ctx_last_error(ctx));
             return 1;
         }

@@ -9,85 +9,18 @@
  * The ideal is what TERAIO calls the speed with unlimited memory: the same
  * steady step with every persistent tensor resident on the device (warm at
  * fixed offsets, never loaded or stored) and no budget; only the batch moves.
+ * Both, and the bytes a step moves per link, come from train/train_plan.c.
  */
 #include "cli.h"
 #include "plan_int.h"
-#include "sim/sim.h"
 #include "trace/trace.h"
+#include "train/train_plan.h"
 #include "verify/verify.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* The steady step time of a 2-iteration plan (the makespan when it has one). */
-static tide_status steady_step(const tide_plan *p, const tide_hw *hw, double *step, tide_sim_result *keep) {
-    tide_sim_result sim;
-    tide_status st = tide_simulate(p, hw, &sim);
-    if (st) return st;
-    double end[2] = {0, 0};
-    for (int i = 0; i < sim.n_events; i++) {
-        int it = p->ins[sim.events[i].ins].iter;
-        if (it >= 0 && it < 2 && sim.events[i].end_s > end[it]) end[it] = sim.events[i].end_s;
-    }
-    *step = p->n_iter >= 2 ? end[1] - end[0] : sim.makespan_s;
-    if (keep) *keep = sim;
-    else tide_sim_result_free(&sim);
-    return TIDE_OK;
-}
-
-/* The ideal step: every persistent tensor warm, no budget. */
-static tide_status ideal_step(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, double *step) {
-    uint64_t *warm = tide_malloc((size_t)(g->n_tensors ? g->n_tensors : 1) * sizeof *warm);
-    if (!warm) return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
-    uint64_t at = 0;
-    for (int t = 0; t < g->n_tensors; t++) {
-        tide_role r = g->tensors[t].role;
-        warm[t] = TIDE_HOME;
-        if (r != TIDE_ROLE_STATE && r != TIDE_ROLE_WEIGHT) continue;
-        warm[t] = at;
-        at += tide_plan_align(g->tensors[t].nbytes);
-    }
-    tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 2, .hw = hw, .warm_off = warm,
-                         .host_budget = UINT64_C(1) << 62};
-    uint64_t peak = 0;
-    tide_plan *p = NULL;
-    tide_status st = tide_plan_peak_unbounded(ctx, g, &po, &peak);
-    if (!st) {
-        po.device_budget = at + peak + TIDE_PLAN_ALIGN;
-        st = tide_plan_make(ctx, g, &po, &p);
-    }
-    if (!st) st = steady_step(p, hw, step, NULL);
-    tide_plan_free(p);
-    tide_free(warm);
-    return st;
-}
-
-/* Bytes per link of the second iteration (one steady step). */
-typedef struct link_bytes {
-    uint64_t h2d, d2h, ssd_read, ssd_write;
-} link_bytes;
-
-static link_bytes step_bytes(const tide_plan *p) {
-    link_bytes b = {0};
-    for (int i = 0; i < p->n_ins; i++) {
-        const tide_ins *in = &p->ins[i];
-        if (in->iter != (p->n_iter >= 2 ? 1 : 0) || in->tensor < 0) continue;
-        uint64_t n = p->g->tensors[in->tensor].nbytes;
-        if (in->kind == TIDE_INS_LOAD) {
-            if (in->src == TIDE_TIER_SSD) b.ssd_read += n;
-            else b.h2d += n;
-        } else if (in->kind == TIDE_INS_STORE) {
-            if (in->dst == TIDE_TIER_SSD) b.ssd_write += n;
-            else b.d2h += n;
-        } else if (in->kind == TIDE_INS_MOVE) {
-            if (in->dst == TIDE_TIER_SSD) b.ssd_write += n;
-            else b.ssd_read += n;
-        }
-    }
-    return b;
-}
 
 /* Bytes of the activations a micro-batch keeps from its forward for its
  * backward: those of the first micro-batch written before its loss and read
@@ -193,7 +126,7 @@ int plan_train(const plan_args *a) {
     }
     double step = 0, ideal = 0;
     tide_bounds bounds;
-    if (steady_step(p, &hw, &step, &sim) || ideal_step(ctx, g, &hw, &ideal) ||
+    if (tide_plan_steady_step(p, &hw, &step, &sim) || tide_plan_ideal_step(ctx, g, &hw, &ideal) ||
         tide_plan_bounds(ctx, g, &po, &bounds)) {
         rc = cli_fail(ctx, "simulating");
         goto done;
@@ -209,7 +142,7 @@ int plan_train(const plan_args *a) {
     uint64_t cls[TIDE_TRAIN_CLASS_COUNT] = {0};
     for (int t = 0; t < g->n_tensors; t++) cls[tide_train_tensor_class(g, t)] += g->tensors[t].nbytes;
     uint64_t act = kept_activations(g);
-    link_bytes lb = step_bytes(p);
+    tide_step_bytes lb = tide_plan_step_bytes(p);
     const tide_plan_stats *s = &p->stats;
     double tokens = (double)a->batch * (double)a->seq * (double)a->accum;
     if (a->json) {

@@ -1,7 +1,7 @@
 /*
  * kernels_int.h - pieces shared by the CPU kernel files (kernels.c,
- * attention.c, kernels_train.c): the AVX2 code-path markers, small helpers,
- * and the sgemm driver every matmul-shaped product goes through.
+ * matmul.c, attention.c, kernels_train.c): the AVX2 code-path markers, small
+ * helpers, and the sgemm driver every matmul-shaped product goes through.
  */
 #ifndef TIDE_KERNELS_INT_H
 #define TIDE_KERNELS_INT_H
@@ -18,6 +18,13 @@
 
 /* Work below this many elements runs on the calling thread only. */
 #define TK_PAR_MIN 16384
+
+/* Floats of a row of 16-bit weights widened at a time into a stack buffer. */
+#define TK_CHUNK 512
+
+/* The AVX-512 paths (F, BW and VL) may run (cpu_features.h; false when the
+ * portable paths are forced). */
+bool tk_have_avx512(void);
 
 #ifdef TK_X86
 /* Sum of the 8 lanes, in a fixed order. */
@@ -51,7 +58,7 @@ TK_AVX2 static inline __m256 exp_neg_avx2(__m256 x) {
 }
 #endif
 
-/* OpenBLAS runs single-threaded inside our OpenMP threads (kernels.c says
+/* OpenBLAS runs single-threaded inside our OpenMP threads (matmul.c says
  * why). tk_blas_single sets it so and returns the previous process-wide
  * setting, which tk_blas_restore puts back. */
 int tk_blas_single(void);

@@ -2,7 +2,7 @@
  * kernels_train.c - the CPU kernels of the training ops (kernels.h, after
  * tk_generic): the backward of each forward op, the loss, the gradients' sum
  * of squares and the optimizer step. ATTENTION_BWD lives in attention.c, the
- * matmul forms in kernels.c.
+ * matmul forms in matmul.c.
  *
  * Determinism: every result is the same bits for any thread count. Products
  * go to sgemm through tk_gemm, whose tiles are fixed by the shape; a sum over
@@ -100,8 +100,6 @@ tide_status tk_embed_bwd(const float *dy, const int32_t *tokens, int64_t R, int6
     }
     return TIDE_OK;
 }
-
-#define TK_CHUNK 512
 
 void tk_rmsnorm_bwd(const float *x, const void *w, tide_dtype wdt, const float *dy, int64_t R, int64_t D,
                     float eps, bool accumulate, float *dx, float *dw, float *work, int nt) {

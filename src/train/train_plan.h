@@ -1,0 +1,38 @@
+/*
+ * train_plan.h - the figures of a planned training step, shared by `tide
+ * plan --train` (src/cli/plan_train.c) and bench_train_plan: a step planned
+ * as a steady state (n_iter = 2, persistent tensors starting and ending at
+ * their homes), its time, the ideal it is measured against, and the bytes it
+ * moves per link.
+ */
+#ifndef TIDE_TRAIN_PLAN_H
+#define TIDE_TRAIN_PLAN_H
+
+#include "ir/plan.h"
+#include "planner/planner.h"
+#include "sim/sim.h"
+
+/* The steady step time of p simulated on hw, into *step: with n_iter >= 2,
+ * the end of the second iteration's last instruction minus the end of the
+ * first's; otherwise the makespan. With keep, the simulation is left there
+ * (the caller frees it with tide_sim_result_free); without, it is freed.
+ * Returns TIDE_OK, or tide_simulate's failure (*step and *keep untouched). */
+tide_status tide_plan_steady_step(const tide_plan *p, const tide_hw *hw, double *step, tide_sim_result *keep);
+
+/* The ideal step of g on hw, into *step: what TERAIO calls the speed with
+ * unlimited memory. The steady step (tide policy, n_iter = 2) of a plan with
+ * every WEIGHT and STATE tensor warm at a fixed offset on the device (never
+ * loaded or stored) and a device budget of their bytes plus the unbounded
+ * peak of the rest; only the batch moves. Returns TIDE_OK, TIDE_E_NOMEM, or
+ * the failure of planning or simulating (message on ctx). */
+tide_status tide_plan_ideal_step(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, double *step);
+
+/* Bytes a plan moves per link in its second iteration (its only one when
+ * n_iter is 1): LOADs from host (h2d) or SSD (ssd_read), STOREs to host (d2h)
+ * or SSD (ssd_write), MOVEs between host and SSD by direction. */
+typedef struct tide_step_bytes {
+    uint64_t h2d, d2h, ssd_read, ssd_write;
+} tide_step_bytes;
+tide_step_bytes tide_plan_step_bytes(const tide_plan *p);
+
+#endif
