@@ -19,7 +19,11 @@
  *               the device and no budget (only the batch moves)
  *   % of ideal  ideal / step
  *   bytes       what one steady step moves per link
- *   plan s      wall time of tide_plan_make (it simulates once for its stats)
+ *   plan s      wall time of planning: for tide, the placement of the AdamW
+ *               updates (device or host CPU, searched by planning
+ *               candidates, src/train/optim_place.c) and the plan
+ *   AdamW on CPU  tide: updates placed on the host CPU, of all; beside it
+ *               the step with every update on the device, and its ratio
  * Budgets: 100, 50, 25 and 10% of the step's unconstrained peak, capped at
  * the profile's device memory when the peak is larger (as the CLI does), and
  * each policy's own minimum. Every plan is verified before it is counted.
@@ -34,6 +38,7 @@
 #include "core/core.h"
 #include "ir/plan.h"
 #include "planner/planner.h"
+#include "train/optim_place.h"
 #include "train/train_plan.h"
 #include "verify/verify.h"
 
@@ -55,6 +60,8 @@ typedef struct row {
     uint64_t budget;
     int n_ins;
     double step_s, makespan_s, lb_s, plan_s, verify_s;
+    int n_host, n_groups;  /* tide: AdamW updates placed on the host CPU, of all */
+    double dev_step_s;     /* tide with updates on the host: the step with all on the device */
     tide_step_bytes bytes;
     char why[200];      /* the planner's message when !ok */
 } row;
@@ -94,12 +101,20 @@ static row plan_one(const setup *s, tide_policy pol, uint64_t budget) {
     row r = {.budget = budget};
     tide_plan_opts po = {.policy = pol, .device_budget = budget, .n_iter = 2, .hw = &s->hw};
     tide_plan *p = NULL;
+    bool *host_ops = NULL;
+    train_optim_choice oc = {0};
     double t0 = tide_now();
-    tide_status st = tide_plan_make(ctx, s->g, &po, &p);
+    /* tide places each AdamW update on the device or the host CPU by planning */
+    tide_status st = train_optim_place(ctx, s->g, &po, TRAIN_OPTIM_AUTO, &host_ops, &oc);
+    po.host_ops = host_ops;
+    if (!st) st = tide_plan_make(ctx, s->g, &po, &p);
     r.plan_s = tide_now() - t0;
+    r.n_host = oc.n_host;
+    r.n_groups = pol == TIDE_POLICY_TIDE ? oc.n_groups : 0;
     if (st) {
         snprintf(r.why, sizeof r.why, "%s", tide_ctx_last_error(ctx));
         if (st != TIDE_E_INFEASIBLE && st != TIDE_E_UNSUPPORTED) failures++;
+        tide_free(host_ops);
         return r;
     }
     t0 = tide_now();
@@ -118,8 +133,18 @@ static row plan_one(const setup *s, tide_policy pol, uint64_t budget) {
         r.lb_s = b.lower_bound_s;
         r.bytes = tide_plan_step_bytes(p);
         r.n_ins = p->n_ins;
+        if (r.n_host) {
+            /* the same step with every update on the device, side by side */
+            tide_plan_opts pd = po;
+            pd.host_ops = NULL;
+            tide_plan *q = NULL;
+            if (tide_plan_make(ctx, s->g, &pd, &q) || tide_plan_steady_step(q, &s->hw, &r.dev_step_s, NULL))
+                r.dev_step_s = 0;
+            tide_plan_free(q);
+        }
     }
     tide_plan_free(p);
+    tide_free(host_ops);
     return r;
 }
 
@@ -149,12 +174,13 @@ static void print_json_row(const setup *s, int bi, tide_policy pol, const row *r
         jprintf("\"x_lower_bound\":%.4f,\"pct_of_ideal\":%.2f,\"step_s\":%.4f,\"ideal_step_s\":%.4f,"
                 "\"makespan_s\":%.4f,\"lower_bound_s\":%.4f,\"tokens_per_s\":%.1f,\"step_bytes_h2d\":%llu,"
                 "\"step_bytes_d2h\":%llu,\"step_bytes_ssd_read\":%llu,\"step_bytes_ssd_write\":%llu,"
-                "\"plan_s\":%.4f,\"verify_s\":%.4f}\n",
+                "\"plan_s\":%.4f,\"verify_s\":%.4f,\"adamw_host_groups\":%d,\"adamw_groups\":%d,"
+                "\"device_adamw_step_s\":%.4f}\n",
                 r->lb_s > 0 ? r->makespan_s / r->lb_s : 0, r->step_s > 0 ? 100 * s->ideal_s / r->step_s : 0,
                 r->step_s, s->ideal_s, r->makespan_s, r->lb_s, r->step_s > 0 ? tokens / r->step_s : 0,
                 (unsigned long long)r->bytes.h2d, (unsigned long long)r->bytes.d2h,
                 (unsigned long long)r->bytes.ssd_read, (unsigned long long)r->bytes.ssd_write, r->plan_s,
-                r->verify_s);
+                r->verify_s, r->n_host, r->n_groups, r->n_host ? r->dev_step_s : r->step_s);
     else {
         jprintf("\"over_device_memory\":%s,\"plan_s\":%.4f,", r->over_device ? "true" : "false", r->plan_s);
         json_str("error", r->why);
@@ -356,8 +382,8 @@ int main(int argc, char **argv) {
 
     printf("\n## Table 1: predicted steady step per policy and budget (bytes per link per step in GB)\n\n");
     printf("| model | hw | budget | GiB | policy | x LB | %% of ideal | step s | ideal step s | tokens/s | "
-           "h2d GB | d2h GB | SSD read GB | SSD write GB | plan s |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "h2d GB | d2h GB | SSD read GB | SSD write GB | plan s | AdamW on CPU | all-device AdamW step s |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     double worst_pct_xlb = 0;
     int slower = 0;
     for (int si = 0; si < n_setups; si++) {
@@ -372,18 +398,22 @@ int main(int argc, char **argv) {
                 else snprintf(label, sizeof label, "min (own)");
                 if (!r->ok) {
                     const char *what = r->over_device ? "infeasible: minimum above device memory" : "infeasible";
-                    printf("| %s | %s | %s | %.2f | %s | %s | | | | | | | | | %s |\n", s->config, s->hw_name, label,
+                    printf("| %s | %s | %s | %.2f | %s | %s | | | | | | | | | %s | | |\n", s->config, s->hw_name, label,
                            r->budget / GIB, tide_policy_name(pols[pk]), what,
                            r->plan_s > 0 ? (snprintf(b1, sizeof b1, "%.3f", r->plan_s), b1) : "");
                     continue;
                 }
                 double tokens = (double)batch * seq * accum;
-                printf("| %s | %s | %s | %.2f | %s | %.3f | %.1f | %.2f | %.2f | %.0f | %s | %s | %s | %s | %.3f |\n",
+                char adam[32] = "", devs[32] = "";
+                if (r->n_groups) snprintf(adam, sizeof adam, "%d/%d", r->n_host, r->n_groups);
+                if (r->n_host && r->dev_step_s > 0)
+                    snprintf(devs, sizeof devs, "%.2f (%.2fx)", r->dev_step_s, r->dev_step_s / r->step_s);
+                printf("| %s | %s | %s | %.2f | %s | %.3f | %.1f | %.2f | %.2f | %.0f | %s | %s | %s | %s | %.3f | %s | %s |\n",
                        s->config, s->hw_name, label, r->budget / GIB, tide_policy_name(pols[pk]),
                        r->makespan_s / r->lb_s, 100 * s->ideal_s / r->step_s, r->step_s, s->ideal_s,
                        tokens / r->step_s, fmt_gb(r->bytes.h2d, b1, sizeof b1), fmt_gb(r->bytes.d2h, b2, sizeof b2),
                        fmt_gb(r->bytes.ssd_read, b3, sizeof b3), fmt_gb(r->bytes.ssd_write, b4, sizeof b4),
-                       r->plan_s);
+                       r->plan_s, adam, devs);
                 if (pols[pk] == TIDE_POLICY_TIDE && budget_frac[bi] > 0)
                     worst_pct_xlb = TIDE_MAX(worst_pct_xlb, r->makespan_s / r->lb_s);
                 /* tide against each baseline that plans the same budget */

@@ -101,6 +101,23 @@ for f in pct_of_ideal x_lower_bound step_s ideal_step_s master_bytes moment_byte
     json_field "$TMP/out" "$f"
 done
 expect 2 "--accum without --train" -- "$TIDE" plan --config llama-7b --budget 25% --accum 2
+# where AdamW runs: auto moves updates to the host CPU on the a100 profile and
+# says by how much it beats all-device; device and cpu are what they say
+expect 0 "plan --train, AdamW placed" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
+    --budget 25% --hw a100-80g --json
+for f in optimizer_groups optimizer_host_groups device_optimizer_step_s; do json_field "$TMP/out" "$f"; done
+grep -q '"optimizer_host_groups":[1-9]' "$TMP/out" && PASSES=$((PASSES + 1)) || { echo "FAIL: auto placed no update on the host"; FAILS=$((FAILS + 1)); }
+auto_step=$(sed -e 's/.*"step_s":\([0-9.e+-]*\).*/\1/' "$TMP/out")
+dev_step=$(sed -e 's/.*"device_optimizer_step_s":\([0-9.e+-]*\).*/\1/' "$TMP/out")
+awk -v a="$auto_step" -v d="$dev_step" 'BEGIN { exit !(a < d) }' && PASSES=$((PASSES + 1)) || { echo "FAIL: auto step $auto_step not below all-device $dev_step"; FAILS=$((FAILS + 1)); }
+expect 0 "plan --train --optimizer device" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
+    --budget 25% --hw a100-80g --optimizer device
+contains "$TMP/out" "AdamW: 0 of 291 updates on the host CPU" "device placement"
+expect 0 "plan --train --optimizer cpu" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
+    --budget 25% --hw a100-80g --optimizer cpu
+contains "$TMP/out" "AdamW: 291 of 291 updates on the host CPU" "cpu placement"
+expect 2 "--optimizer without --train" -- "$TIDE" plan --config llama-7b --budget 25% --optimizer cpu
+expect 2 "--optimizer cpu under lru" -- "$TIDE" plan --train --config llama-7b --budget 25% --policy lru --optimizer cpu
 
 # the matmul mode: f32 by default on the CPU; the fast mode offloaded stays bit-identical
 expect 0 "default matmul on the CPU" -- "$TIDE" train --backend cpu --model "$FX" --data "$DATA" --steps 1 --batch 2 \

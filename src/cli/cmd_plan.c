@@ -17,7 +17,7 @@
 
 static const char help[] =
     "Usage: tide plan (--model DIR | --config NAME) [--batch B] [--seq S] [--decode N]\n"
-    "                 [--train [--accum N]]\n"
+    "                 [--train [--accum N] [--optimizer auto|device|cpu]]\n"
     "                 --budget BYTES|PCT%|min [--hw PROFILE] [--policy P]\n"
     "                 [--host-budget BYTES] [--weights-on-ssd] [--tile auto|none|LEVEL]\n"
     "                 [--json] [--trace FILE] [--out PLAN.json]\n"
@@ -43,6 +43,9 @@ static const char help[] =
     "                     weights, master weights, moments, gradients and\n"
     "                     activations\n"
     "  --accum N          micro-batches per training step (default 1)\n"
+    "  --optimizer WHERE  training: where each AdamW update runs: auto (default:\n"
+    "                     on the device or on the host CPU, whichever the plan\n"
+    "                     predicts faster, split per parameter), device, or cpu\n"
     "  --budget X         device arena: bytes (e.g. 20G), a percentage of the\n"
     "                     unconstrained peak capped at the profile's memory (25%),\n"
     "                     or min (the smallest budget the policy can plan)\n"
@@ -151,7 +154,7 @@ static const struct option plan_options[] = {
     {"json", no_argument, 0, 'j'},         {"trace", required_argument, 0, 't'},
     {"out", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
     {"tile", required_argument, 0, 'T'},   {"train", no_argument, 0, 'r'},
-    {"accum", required_argument, 0, 'A'},
+    {"accum", required_argument, 0, 'A'},  {"optimizer", required_argument, 0, 'O'},
     {0, 0, 0, 0},
 };
 
@@ -198,6 +201,11 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             if (cli_parse_int(optarg, 1, 4096, &a->accum)) return cli_usage_error("plan", "bad --accum '%s'", optarg);
             a->have_accum = true;
             break;
+        case 'O':
+            if (train_optim_parse(optarg, &a->optim))
+                return cli_usage_error("plan", "unknown --optimizer '%s' (auto, device or cpu)", optarg);
+            a->have_optim = true;
+            break;
         case 'h': fputs(help, stdout); return 0;
         default: return cli_usage_error("plan", "unknown option");
         }
@@ -207,7 +215,10 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     if (!a->budget) return cli_usage_error("plan", "--budget is required (bytes, a percentage or min)");
     if (a->train && (a->decode || a->weights_on_ssd || a->tile))
         return cli_usage_error("plan", "--train plans a training step: no --decode, --weights-on-ssd or --tile");
-    if (a->have_accum && !a->train) return cli_usage_error("plan", "--accum needs --train");
+    if ((a->have_accum || a->have_optim) && !a->train)
+        return cli_usage_error("plan", "--accum and --optimizer need --train");
+    if (a->optim == TRAIN_OPTIM_CPU && a->policy != TIDE_POLICY_TIDE)
+        return cli_usage_error("plan", "--optimizer cpu is planned by the tide policy only");
     return -1;
 }
 

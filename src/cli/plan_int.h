@@ -8,6 +8,7 @@
 #include "cli.h"
 #include "ir/plan.h"
 #include "planner/planner.h"
+#include "train/optim_place.h"
 
 typedef struct plan_args {
     const char *model, *config, *hw_name, *budget, *trace, *out;
@@ -16,6 +17,8 @@ typedef struct plan_args {
     tide_policy policy;
     bool json, weights_on_ssd, train, have_accum;
     int tile;
+    train_optim_mode optim;       /* --optimizer (training) */
+    bool have_optim;
 } plan_args;
 
 /* `tide plan --train`: returns the exit status. */

@@ -61,6 +61,8 @@ int plan_train(const plan_args *a) {
     tide_graph *g = NULL;
     tide_plan *p = NULL;
     tide_sim_result sim = {0};
+    bool *host_ops = NULL;
+    train_optim_choice oc = {0};
     char path[4096], b1[32], b2[32], note[96] = "";
     if (a->model) snprintf(path, sizeof path, "%s/config.json", a->model);
     if (a->model ? tide_llama_config_load(ctx, path, &cfg) : tide_llama_config_named(ctx, a->config, &cfg)) {
@@ -111,7 +113,10 @@ int plan_train(const plan_args *a) {
         goto done;
     }
     double t0 = tide_now();
-    tide_status st = tide_plan_make(ctx, g, &po, &p);
+    /* where the AdamW updates run (the search plans candidates itself) */
+    tide_status st = train_optim_place(ctx, g, &po, a->optim, &host_ops, &oc);
+    po.host_ops = host_ops;
+    if (!st) st = tide_plan_make(ctx, g, &po, &p);
     if (st) {
         if (a->json && st == TIDE_E_INFEASIBLE)
             printf("{\"feasible\":false,\"policy\":\"%s\",\"budget_bytes\":%llu}\n", tide_policy_name(a->policy),
@@ -124,12 +129,20 @@ int plan_train(const plan_args *a) {
         rc = cli_fail(ctx, "the plan failed verification and was not used");
         goto done;
     }
-    double step = 0, ideal = 0;
+    double step = 0, ideal = 0, dev_step = 0;
     tide_bounds bounds;
     if (tide_plan_steady_step(p, &hw, &step, &sim) || tide_plan_ideal_step(ctx, g, &hw, &ideal) ||
         tide_plan_bounds(ctx, g, &po, &bounds)) {
         rc = cli_fail(ctx, "simulating");
         goto done;
+    }
+    if (oc.n_host && oc.device_makespan_s > 0) {
+        /* the same step with every update on the device, for comparison */
+        tide_plan_opts pd = po;
+        pd.host_ops = NULL;
+        tide_plan *q = NULL;
+        if (tide_plan_make(ctx, g, &pd, &q) || tide_plan_steady_step(q, &hw, &dev_step, NULL)) dev_step = 0;
+        tide_plan_free(q);
     }
     if (a->trace && tide_trace_write(p, sim.events, sim.n_events, a->trace)) {
         rc = cli_fail(ctx, "writing the trace");
@@ -180,6 +193,10 @@ int plan_train(const plan_args *a) {
         cJSON_AddNumberToObject(o, "x_lower_bound", bounds.lower_bound_s > 0 ? s->makespan_s / bounds.lower_bound_s : 0);
         cJSON_AddNumberToObject(o, "tokens_per_s", step > 0 ? tokens / step : 0);
         cJSON_AddNumberToObject(o, "plan_seconds", plan_s);
+        cJSON_AddNumberToObject(o, "optimizer_groups", oc.n_groups);
+        cJSON_AddNumberToObject(o, "optimizer_host_groups", oc.n_host);
+        cJSON_AddNumberToObject(o, "optimizer_host_state_bytes", (double)oc.host_state_bytes);
+        if (oc.n_host) cJSON_AddNumberToObject(o, "device_optimizer_step_s", dev_step);
         char *js = cJSON_PrintUnformatted(o);
         if (js) puts(js);
         free(js);
@@ -207,9 +224,15 @@ int plan_train(const plan_args *a) {
         printf("%-24s %13.4fs  (2 steps; %.3fx of lower bound %.4fs)\n", "predicted makespan", s->makespan_s,
                bounds.lower_bound_s > 0 ? s->makespan_s / bounds.lower_bound_s : 0, bounds.lower_bound_s);
         printf("%-24s %13.4fs\n", "planning time", plan_s);
+        printf("optimizer   AdamW: %d of %d updates on the host CPU (%s of %s state)", oc.n_host, oc.n_groups,
+               cli_fmt_bytes(oc.host_state_bytes, b1, sizeof b1), cli_fmt_bytes(oc.state_bytes, b2, sizeof b2));
+        if (oc.n_host && dev_step > 0) printf("; all on the device: step %.4fs (%.2fx)", dev_step, dev_step / step);
+        else if (oc.n_host) printf("; all on the device: not plannable at this budget");
+        printf(" [%s, %d plans]\n", train_optim_name(a->optim), oc.plans_tried);
     }
     rc = 0;
 done:
+    tide_free(host_ops);
     tide_sim_result_free(&sim);
     tide_plan_free(p);
     tide_graph_free(g);
