@@ -351,6 +351,9 @@ static int chat_loop(chat_job *j) {
     if (tty && !j->quiet)
         fprintf(stderr, "tide: chat with %s (template %s); Ctrl-C stops an answer, Ctrl-D or /exit ends, /clear "
                 "starts over\n", j->model_dir, tide_chat_template_name(j->tmpl));
+    if (!j->quiet && j->text.so.temperature > 0)
+        fprintf(stderr, "tide: sampling with seed %llu (turn k draws with seed + k)\n",
+                (unsigned long long)j->text.so.seed);
     int rc = 0;
     for (;;) {
         char *line = read_line(tty);
