@@ -193,7 +193,11 @@ int cli_ensure_default_model(tide_ctx *ctx, char *dir, size_t len, cli_progress_
     char cfg_path[PATH_MAX + 32];
     snprintf(cfg_path, sizeof cfg_path, "%s/model.safetensors", dir); /* written last */
     struct stat st;
-    if (stat(cfg_path, &st) == 0) return ensure_default_tokenizer(dir);
+    if (stat(cfg_path, &st) == 0) {
+        /* not fatal: only a text prompt needs it, and says so if it is missing */
+        (void)ensure_default_tokenizer(dir);
+        return 0;
+    }
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s", dir);
     if (mkdir_p(tmp)) {
@@ -208,7 +212,8 @@ int cli_ensure_default_model(tide_ctx *ctx, char *dir, size_t len, cli_progress_
     tide_status s = tide_checkpoint_make_synthetic(ctx, &cfg, TIDE_DEFAULT_SEED, 0, dir);
     cli_progress_end(ps);
     if (s) return cli_fail(ctx, "generating the default model");
-    return ensure_default_tokenizer(dir);
+    (void)ensure_default_tokenizer(dir);
+    return 0;
 }
 
 int cli_parse_double(const char *s, double lo, double hi, double *out) {
