@@ -99,12 +99,12 @@ contains "$TMP/out" '"stop_reason":"length"' "length stop reason"
 
 # offloaded text runs are checked bit for bit against the reference
 for p in tide static-layer lru; do
-    expect 0 "offloaded text run ($p)" -- "$TIDE" run --model "$M" --prompt "$prompt" --new-tokens 12 --budget 85% \
+    expect 0 "offloaded text run ($p)" -- "$TIDE" run --model "$M" --prompt "$prompt" --new-tokens 12 --budget 85% --hw h100-80g \
         --policy "$p" --check --json
     contains "$TMP/out" '"check_passed":true' "offloaded text check ($p)"
     same "offloaded text run ($p) generates the resident tokens" "$(json_ids "$TMP/out" tokens)" "$text_tokens"
 done
-expect 0 "sampled offloaded run checked" -- "$TIDE" run --model "$M" --prompt "$prompt" --new-tokens 16 --budget min \
+expect 0 "sampled offloaded run checked" -- "$TIDE" run --model "$M" --prompt "$prompt" --new-tokens 16 --budget min --hw h100-80g \
     --temperature 1.2 --seed 4 --check --json
 contains "$TMP/out" '"check_bit_identical":true' "sampled offloaded run bit-identical"
 
@@ -123,7 +123,7 @@ printf 'Hello there\nWhat is a tensor?\n/clear\nHello there\n' > "$TMP/chat.in"
 expect 0 "chat through a pipe" -- "$TIDE" chat --model "$M" --new-tokens 6 --quiet < "$TMP/chat.in"
 same "three answers" "$(wc -l < "$TMP/out")" "3"
 same "after /clear the first answer again" "$(sed -n 3p "$TMP/out")" "$(sed -n 1p "$TMP/out")"
-expect 0 "chat offloaded" -- "$TIDE" chat --model "$M" --new-tokens 6 --quiet --budget 40% < "$TMP/chat.in"
+expect 0 "chat offloaded" -- "$TIDE" chat --model "$M" --new-tokens 6 --quiet --budget 40% --hw h100-80g < "$TMP/chat.in"
 cp "$TMP/out" "$TMP/chat-off.out"
 expect 0 "chat resident" -- "$TIDE" chat --model "$M" --new-tokens 6 --quiet < "$TMP/chat.in"
 same "offloaded chat answers as resident" "$(cat "$TMP/chat-off.out")" "$(cat "$TMP/out")"

@@ -61,10 +61,10 @@ for c in ascii accents-emoji code multiline; do
     expect 0 "$c: run --prompt --quiet" -- "$TIDE" "${RUN[@]}" --prompt "$p" --quiet
     check_raw "$c" "resident"
 
-    expect 0 "$c: offloaded, checked" -- "$TIDE" "${RUN[@]}" --prompt "$p" --json --budget 50% --check
+    expect 0 "$c: offloaded, checked" -- "$TIDE" "${RUN[@]}" --prompt "$p" --json --budget 50% --hw h100-80g --check
     check_json "$c" "offloaded"
     contains "$TMP/out" '"check_passed":true' "$c: offloaded run equals the plain reference"
-    expect 0 "$c: offloaded --quiet" -- "$TIDE" "${RUN[@]}" --prompt "$p" --quiet --budget 50%
+    expect 0 "$c: offloaded --quiet" -- "$TIDE" "${RUN[@]}" --prompt "$p" --quiet --budget 50% --hw h100-80g
     check_raw "$c" "offloaded"
 done
 
@@ -76,7 +76,7 @@ check_json multiline "--prompt-file"
 expect 0 "multiline: run --prompt-file --quiet" -- "$TIDE" "${RUN[@]}" --prompt-file "$C/multiline.prompt" --quiet
 check_raw multiline "--prompt-file"
 expect 0 "multiline: --prompt-file offloaded" -- "$TIDE" "${RUN[@]}" --prompt-file "$C/multiline.prompt" --json \
-    --budget 50% --check
+    --budget 50% --hw h100-80g --check
 check_json multiline "--prompt-file offloaded"
 
 # the chat: the template's rendering reads as apply_chat_template's ids (no
@@ -95,7 +95,7 @@ same "chat: the ids generate the same" "$(json_ids "$TMP/out" tokens)" "$(cat "$
 expect 0 "chat: run --chat --quiet" -- "$TIDE" "${RUN[@]}" --chat --system "$sys" --prompt "$user" --quiet
 check_raw chat "resident"
 expect 0 "chat: offloaded, checked" -- "$TIDE" "${RUN[@]}" --chat --system "$sys" --prompt "$user" --json \
-    --budget 50% --check
+    --budget 50% --hw h100-80g --check
 check_json chat "offloaded"
 contains "$TMP/out" '"check_passed":true' "chat: offloaded run equals the plain reference"
 
