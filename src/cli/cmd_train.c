@@ -509,7 +509,8 @@ static void print_step(const train_job *j, const tide_train_stats *s) {
         printf("%s after step %lld: measured %.3f s, predicted %.3f s (%+.0f%%); refitted prediction %.3f s%s\n",
                s->replan > 0 ? "replanned" : "refitted", (long long)s->step + 1, s->refit_measured_s,
                s->refit_predicted_s, 100.0 * (s->refit_measured_s / s->refit_predicted_s - 1),
-               s->refit_new_predicted_s, s->replan > 0 ? "" : " (plan kept: a new one would home the state elsewhere)");
+               s->refit_new_predicted_s, s->replan > 0 ? "" : " for the plan kept");
+    if (s->replan < 0) printf("  (not replanned: %s)\n", tide_ctx_last_error(j->ctx));
     fflush(stdout);
 }
 

@@ -67,13 +67,16 @@ tide_status tide_hw_refit(const tide_plan *p, const tide_sim_event *measured, co
     }
     r.span_s = last > first ? last - first : 0;
     r.min_s = fmax(TIDE_REFIT_MIN_S, TIDE_REFIT_MIN_FRACTION * r.span_s);
-    /* the classes with too little time of their own, pooled */
-    double pool_m = 0, pool_p = 0;
+    /* the classes with too little time of their own, pooled; where even
+     * the pool has too little, the whole run */
+    double pool_m = 0, pool_p = 0, all_m = 0, all_p = 0;
     for (int k = 0; k < TIDE_OP_COUNT + TIDE_REFIT_LINK_COUNT; k++) {
         const tide_refit_class *c = k < TIDE_OP_COUNT ? &r.op[k] : &r.link[k - TIDE_OP_COUNT];
+        all_m += c->measured_s;
+        all_p += c->predicted_s;
         if (c->measured_s < r.min_s && c->predicted_s > 0) pool_m += c->measured_s, pool_p += c->predicted_s;
     }
-    r.pool_ratio = pool_m >= r.min_s && pool_p > 0 ? pool_m / pool_p : 0;
+    r.pool_ratio = pool_m >= r.min_s && pool_p > 0 ? pool_m / pool_p : all_m > 0 && all_p > 0 ? all_m / all_p : 0;
     tide_hw h = *hw;
     for (int k = 0; k < TIDE_OP_COUNT; k++) {
         tide_refit_class *c = &r.op[k];
@@ -88,8 +91,12 @@ tide_status tide_hw_refit(const tide_plan *p, const tide_sim_event *measured, co
         c->ratio = own ? c->measured_s / c->predicted_s : r.pool_ratio;
         if (!(c->ratio > 0)) continue;
         switch ((tide_refit_link)l) {
-        case TIDE_REFIT_H2D: h.h2d_bw = own ? refit_bw(hw->h2d_bw, c, hw->link_latency_s) : hw->h2d_bw / c->ratio; break;
-        case TIDE_REFIT_D2H: h.d2h_bw = own ? refit_bw(hw->d2h_bw, c, hw->link_latency_s) : hw->d2h_bw / c->ratio; break;
+        case TIDE_REFIT_H2D:
+            h.h2d_bw = own ? refit_bw(hw->h2d_bw, c, hw->link_latency_s) : hw->h2d_bw / c->ratio;
+            break;
+        case TIDE_REFIT_D2H:
+            h.d2h_bw = own ? refit_bw(hw->d2h_bw, c, hw->link_latency_s) : hw->d2h_bw / c->ratio;
+            break;
         case TIDE_REFIT_SSD_READ:
             h.ssd_read_bw = own ? refit_bw(hw->ssd_read_bw, c, hw->ssd_latency_s) : hw->ssd_read_bw / c->ratio;
             break;

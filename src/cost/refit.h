@@ -38,8 +38,10 @@ typedef struct tide_refit {
     double span_s;        /* the measured run: last end less first start */
     double min_s;         /* the least measured time a class needs to be refitted
                              by its own ratio */
-    double pool_ratio;    /* measured / predicted over the classes below min_s
-                             together; 0 when they have less than min_s together */
+    double pool_ratio;    /* the ratio the classes below min_s take: their summed
+                             measured over their summed predicted time where the
+                             sum reaches min_s, else the whole run's (every class
+                             together); 0 when nothing was measured */
 } tide_refit;
 
 /* A class is refitted by its own ratio only when its measured time is at
@@ -47,11 +49,10 @@ typedef struct tide_refit {
  * millisecond or a hundredth of the run, the host clock, thread wake-ups and
  * cache effects are as large as what is measured. The classes below it are
  * pooled: they take the ratio of their summed measured over their summed
- * predicted time (pool_ratio), where that sum reaches the same threshold,
- * and are left as they were where it does not (too little time to say
- * anything, and too little to change the step's prediction much). Leaving
- * them alone whatever their prediction would not do: a profile far off
- * predicts them far off too. */
+ * predicted time (pool_ratio) where that sum reaches the same threshold,
+ * else the ratio of the whole run. Leaving them as they were would not do:
+ * a profile far off predicts them far off too, and a class measured at a
+ * millisecond may be predicted at seconds. */
 #define TIDE_REFIT_MIN_S 1e-3
 #define TIDE_REFIT_MIN_FRACTION 0.01
 
@@ -76,8 +77,8 @@ typedef struct tide_refit {
  *     <-> device transfer on a device is a two-stage pipeline: scaling the
  *     drives' rate by its ratio corrects it where the drives are its
  *     slower stage, as they usually are.
- * Everything else of hw is copied unchanged; classes left out keep their
- * rates. Deterministic: the same inputs give the same *out bit for bit.
+ * Everything else of hw is copied unchanged, and so are the rates of
+ * classes with no instruction in p. Deterministic: the same inputs give the same *out bit for bit.
  * info (may be NULL) receives every class's figures. Returns TIDE_OK, or
  * TIDE_E_INVALID (no timeline, or an event naming another instruction;
  * message on p->ctx). */

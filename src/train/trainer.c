@@ -23,7 +23,8 @@
  * unconstrained peak, the minimum, or auto), n_iter 1: each step loads what it
  * needs from the homes and leaves every persistent tensor at home with its
  * latest version (DESIGN section 8), so steps chain with no state kept on the
- * device between them.
+ * device between them. The second offloaded step may refit the profile from
+ * its measured instructions and replan, keeping the homes (train_refit.c).
  */
 #include "train/trainer_int.h"
 #include "sim/sim.h"
