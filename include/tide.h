@@ -588,6 +588,15 @@ typedef struct tide_offload_opts {
                                  tide_model_write_trace: free on the CPU; on a GPU
                                  two timing events per instruction, read after each
                                  run (a measurable cost for short decode steps) */
+    bool no_refit;            /* training (tide_trainer_set_offload) only: keep the first
+                                 plan whatever the measured steps say. By default the
+                                 second step (the first without warm-up) is measured
+                                 instruction by instruction, and when it differs from
+                                 its plan's prediction by more than
+                                 TIDE_TRAIN_REFIT_MARGIN the profile is refitted from
+                                 it and the step replanned (tide_train_stats.replan);
+                                 on a GPU the executor then records timing events
+                                 until the refit is decided */
 } tide_offload_opts;
 
 /* Switches the model to offloaded runs (or back to resident ones, with
@@ -746,7 +755,25 @@ typedef struct tide_train_stats {
     double predicted_device_optimizer_s; /* offloaded, with updates on the host: the step
                                     predicted with every update on the device (0:
                                     not plannable so) */
+    /* The refit (offloaded steps, tide_offload_opts.no_refit unset): decided once,
+     * after the trainer's second step. */
+    int replan;                  /* after this step: 0 nothing; 1 the profile was
+                                    refitted from this step's measured instructions
+                                    and the step replanned on it, the next step runs
+                                    the new plan; -1 refitted, but the plan kept (the
+                                    new one would home training state elsewhere, or
+                                    could not be made; later predictions are the kept
+                                    plan's on the refitted profile) */
+    double refit_measured_s;     /* replan != 0: this step's measured time (wall_s) */
+    double refit_predicted_s;    /* replan != 0: its prediction before the refit */
+    double refit_new_predicted_s;/* replan != 0: the prediction of the plan later steps
+                                    run, on the refitted profile (their predicted_s) */
 } tide_train_stats;
+
+/* How far a measured offloaded step may be from its plan's prediction,
+ * |measured / predicted - 1|, before the profile is refitted and the step
+ * replanned: the 15% the refitted predictions are held to. */
+#define TIDE_TRAIN_REFIT_MARGIN 0.15
 
 /* Takes one step on accum micro-batches of (batch, seq) tokens: tokens and
  * targets hold accum * batch * seq ids each, micro-batch by micro-batch,

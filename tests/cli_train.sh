@@ -11,7 +11,7 @@ DATA=$FX/data.u16
 expect 0 "help" -- "$TIDE" train --help
 for o in --data --steps --batch --seq --accum --lr --min-lr --warmup --weight-decay --beta1 --beta2 --eps \
          --grad-clip --shuffle --budget --host-budget --ssd --policy --hw --check --out --save-every --resume \
-         --json --trace --data-dtype --save-dtype; do
+         --json --trace --data-dtype --save-dtype --no-refit; do
     contains "$TMP/out" "$o" "train help lists $o"
 done
 expect 0 "top-level help" -- "$TIDE" --help
@@ -65,6 +65,40 @@ expect 2 "--optimizer without a budget" -- "$TIDE" train --model "$FX" --data "$
 expect 2 "--optimizer cpu under a baseline" -- "$TIDE" train --model "$FX" --data "$DATA" --budget 50% --policy lru \
     --optimizer cpu
 expect 2 "unknown --optimizer" -- "$TIDE" train --model "$FX" --data "$DATA" --budget 50% --optimizer gpu
+
+# the profiled cost model: a profile a hundred thousand times too slow for
+# this machine (h100-80g's rates over 1e5: seconds predicted for steps of
+# milliseconds) is refitted after the second step and the step replanned,
+# still bit-identical to the unconstrained run; --no-refit keeps the plan
+cat > "$TMP/slow.json" <<'JSON'
+{"name": "slow", "device_mem_bytes": 85899345920,
+ "flops": {"f32": 67e7, "f16": 989e7, "bf16": 989e7, "i32": 67e7}, "matmul_efficiency": 0.75,
+ "mem_bw": 3350e4, "h2d_bw": 50e4, "d2h_bw": 50e4, "link_latency_s": 1e-5, "launch_s": 5e-6,
+ "host_mem_bytes": 549755813888, "ssd_count": 2, "ssd_read_bw": 6.5e4, "ssd_write_bw": 3.5e4,
+ "ssd_latency_s": 1e-4, "host_flops": 8e7, "host_mem_bw": 5e6}
+JSON
+expect 0 "a wrong profile, refitted" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 3 --batch 2 --seq 16 \
+    --accum 2 --budget 25% --hw "$TMP/slow.json" --check --ssd "$TMP/spill"
+contains "$TMP/out" "replanned after step 2: measured" "the replan line"
+contains "$TMP/out" "refit      after step 2" "the summary's refit line"
+contains "$TMP/out" "check      passed" "replanned: bit-identical"
+expect 0 "a wrong profile, refitted, JSON" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 3 --batch 2 \
+    --seq 16 --budget 25% --hw "$TMP/slow.json" --check --json --ssd "$TMP/spill"
+contains "$TMP/out" '"refit":{"after_step":2,"replanned":true' "the summary's refit object"
+contains "$TMP/out" '"check_passed":true' "replanned, JSON: bit-identical"
+for f in refit_measured_s refit_predicted_s refit_new_predicted_s predicted_before_s predicted_after_s \
+         measured_after_s; do
+    json_field "$TMP/out" "$f"
+done
+expect 0 "a wrong profile, --no-refit" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 3 --batch 2 --seq 16 \
+    --budget 25% --hw "$TMP/slow.json" --no-refit --json --ssd "$TMP/spill"
+contains "$TMP/out" '"refit":null' "--no-refit: no refit"
+! grep -q 'replanned' "$TMP/out" && PASSES=$((PASSES + 1)) || { echo "FAIL: --no-refit replanned"; FAILS=$((FAILS + 1)); }
+expect 0 "a wrong profile, --no-refit, text" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 3 --batch 2 \
+    --seq 16 --budget 25% --hw "$TMP/slow.json" --no-refit --ssd "$TMP/spill"
+! grep -q 'replanned\|^refit' "$TMP/out" && PASSES=$((PASSES + 1)) || { echo "FAIL: --no-refit printed a refit"; FAILS=$((FAILS + 1)); }
+[ -z "$(ls -A "$TMP/spill")" ] && PASSES=$((PASSES + 1)) || { echo "FAIL: files left behind"; FAILS=$((FAILS + 1)); }
+expect 2 "--no-refit without a budget" -- "$TIDE" train --model "$FX" --data "$DATA" --no-refit
 
 # checkpoints: save, load in tide run, resume bit for bit
 expect 0 "train 4 steps, saving every 2" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 4 --batch 2 --seq 16 \

@@ -22,7 +22,7 @@ static const char help[] =
     "                  [--warmup N] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]\n"
     "                  [--grad-clip X] [--shuffle SEED]\n"
     "                  [--budget BYTES|PCT%|auto|min|none] [--policy tide|static-layer|lru]\n"
-    "                  [--optimizer auto|device|cpu]\n"
+    "                  [--optimizer auto|device|cpu] [--no-refit]\n"
     "                  [--host-budget BYTES] [--ssd DIR[,DIR]] [--pread] [--hw PROFILE]\n"
     "                  [--check] [--out DIR] [--save-every N] [--save-dtype model|f32]\n"
     "                  [--resume DIR] [--trace FILE] [--trace-svg FILE]\n"
@@ -85,6 +85,13 @@ static const char help[] =
     "  --pread             SSD transfers with a pread/pwrite pool, not io_uring\n"
     "  --hw PROFILE        hardware profile for offloaded plans (default: a quick\n"
     "                      measurement of this machine)\n"
+    "  --no-refit          keep the first plan: by default the second offloaded\n"
+    "                      step is timed instruction by instruction and, when it is\n"
+    "                      more than 15% off its prediction, the profile is\n"
+    "                      refitted from it (per op kind and per link) and the\n"
+    "                      step replanned under the same budget for the steps after\n"
+    "                      it (a line says so; the summary gives the predictions\n"
+    "                      before and after and the measured step time)\n"
     "  --check             also train the unconstrained (resident) run in step and\n"
     "                      compare every step's loss and, at the end, every\n"
     "                      parameter, master weight and moment bit for bit; exit\n"
@@ -118,7 +125,7 @@ typedef struct train_args {
     tide_token_dtype data_dtype;
     long steps, batch, seq, accum, warmup, save_every, threads;
     double lr, min_lr, wd, beta1, beta2, eps, clip;
-    bool have_min_lr, have_steps, shuffle, check, json, quiet, pread, save_f32;
+    bool have_min_lr, have_steps, shuffle, check, json, quiet, pread, save_f32, no_refit;
     uint64_t seed, host_budget;
     tide_backend_kind backend;
     tide_matmul_mode matmul;
@@ -141,6 +148,9 @@ typedef struct train_job {
     double sum_wall, sum_pred;    /* over the steps after the first */
     int n_timed;
     tide_train_stats last;
+    tide_train_stats refit;       /* the step after which the profile was refitted (replan != 0) */
+    double sum_wall_after;        /* over the steps after the refit */
+    int n_after;
 } train_job;
 
 static const struct option train_options[] = {
@@ -153,7 +163,7 @@ static const struct option train_options[] = {
     {"beta2", required_argument, 0, '2'},       {"eps", required_argument, 0, 'e'},
     {"grad-clip", required_argument, 0, 'g'},   {"shuffle", required_argument, 0, 'u'},
     {"budget", required_argument, 0, 'b'},      {"policy", required_argument, 0, 'P'},
-    {"optimizer", required_argument, 0, 'O'},
+    {"optimizer", required_argument, 0, 'O'},   {"no-refit", no_argument, 0, 'F'},
     {"host-budget", required_argument, 0, 'H'}, {"ssd", required_argument, 0, 's'},
     {"pread", no_argument, 0, 'R'},             {"hw", required_argument, 0, 'w'},
     {"check", no_argument, 0, 'c'},             {"out", required_argument, 0, 'o'},
@@ -281,6 +291,7 @@ static int parse_args(int argc, char **argv, train_job *j) {
         case 'T':
             if (cli_parse_int(optarg, 1, 4096, &a->threads)) BAD("--threads");
             break;
+        case 'F': a->no_refit = true; break;
         case 'j': a->json = true; break;
         case 'q': a->quiet = true; break;
         case 'h': fputs(help, stdout); return 0;
@@ -307,8 +318,10 @@ static int parse_args(int argc, char **argv, train_job *j) {
     if (a->check && !j->offload)
         return cli_usage_error("train", "--check compares an offloaded run with the unconstrained one: it needs "
                                "--budget");
-    if (!j->offload && (a->ssd || a->hw || a->host_budget || a->pread || strcmp(a->policy, "tide") || a->optimizer))
-        return cli_usage_error("train", "--ssd, --hw, --host-budget, --pread, --policy and --optimizer need a --budget");
+    if (!j->offload &&
+        (a->ssd || a->hw || a->host_budget || a->pread || strcmp(a->policy, "tide") || a->optimizer || a->no_refit))
+        return cli_usage_error("train", "--ssd, --hw, --host-budget, --pread, --policy, --optimizer and --no-refit "
+                               "need a --budget");
     if (a->optimizer && !strcmp(a->optimizer, "cpu") && strcmp(a->policy, "tide"))
         return cli_usage_error("train", "--optimizer cpu is planned by the tide policy only");
     if (a->save_every && !a->out) return cli_usage_error("train", "--save-every needs --out");
@@ -321,6 +334,7 @@ static int parse_args(int argc, char **argv, train_job *j) {
     j->off.force_pread = a->pread;
     j->off.hw = a->hw;
     j->off.timeline = a->trace || a->trace_svg;
+    j->off.no_refit = a->no_refit;
     return -1;
 }
 
@@ -471,6 +485,12 @@ static void print_step(const train_job *j, const tide_train_stats *s) {
         cJSON_AddNumberToObject(o, "bytes_ssd_read", (double)s->bytes_ssd_read);
         cJSON_AddNumberToObject(o, "bytes_ssd_write", (double)s->bytes_ssd_write);
         cJSON_AddNumberToObject(o, "peak_device_bytes", (double)s->peak_device_bytes);
+        if (s->replan) {
+            cJSON_AddBoolToObject(o, "replanned", s->replan > 0);
+            cJSON_AddNumberToObject(o, "refit_measured_s", s->refit_measured_s);
+            cJSON_AddNumberToObject(o, "refit_predicted_s", s->refit_predicted_s);
+            cJSON_AddNumberToObject(o, "refit_new_predicted_s", s->refit_new_predicted_s);
+        }
         char *js = cJSON_PrintUnformatted(o);
         if (js) puts(js);
         free(js);
@@ -485,6 +505,12 @@ static void print_step(const train_job *j, const tide_train_stats *s) {
                cli_fmt_bytes(s->bytes_d2h, b2, sizeof b2),
                cli_fmt_bytes(s->bytes_ssd_read + s->bytes_ssd_write, b3, sizeof b3));
     printf("\n");
+    if (s->replan)
+        printf("%s after step %lld: measured %.3f s, predicted %.3f s (%+.0f%%); refitted prediction %.3f s%s\n",
+               s->replan > 0 ? "replanned" : "refitted", (long long)s->step + 1, s->refit_measured_s,
+               s->refit_predicted_s, 100.0 * (s->refit_measured_s / s->refit_predicted_s - 1),
+               s->refit_new_predicted_s, s->replan > 0 ? "" : " for the plan kept");
+    if (s->replan < 0) printf("  (not replanned: %s)\n", tide_ctx_last_error(j->ctx));
     fflush(stdout);
 }
 
@@ -563,6 +589,11 @@ static int train_loop(train_job *j) {
             j->sum_pred += st.predicted_s;
             j->n_timed++;
         }
+        if (j->refit.replan) {
+            j->sum_wall_after += st.wall_s;
+            j->n_after++;
+        }
+        if (st.replan) j->refit = st;
         j->last = st;
         if (a->save_every && (s + 1) % a->save_every == 0 && s + 1 < a->steps) {
             int rc = save(j, "saving a checkpoint");
@@ -607,6 +638,19 @@ static int summary(train_job *j) {
         if (j->offload) cJSON_AddNumberToObject(o, "predicted_step_s", predicted);
         else cJSON_AddNullToObject(o, "predicted_step_s");
         cJSON_AddNumberToObject(o, "measured_step_s", measured);
+        const tide_train_stats *r = &j->refit;
+        if (r->replan) {
+            cJSON *f = cJSON_AddObjectToObject(o, "refit");
+            cJSON_AddNumberToObject(f, "after_step", (double)r->step + 1);
+            cJSON_AddBoolToObject(f, "replanned", r->replan > 0);
+            cJSON_AddNumberToObject(f, "measured_s", r->refit_measured_s);
+            cJSON_AddNumberToObject(f, "predicted_before_s", r->refit_predicted_s);
+            cJSON_AddNumberToObject(f, "predicted_after_s", r->refit_new_predicted_s);
+            if (j->n_after) cJSON_AddNumberToObject(f, "measured_after_s", j->sum_wall_after / j->n_after);
+            else cJSON_AddNullToObject(f, "measured_after_s");
+        } else {
+            cJSON_AddNullToObject(o, "refit");
+        }
         if (a->check) cJSON_AddBoolToObject(o, "check_passed", j->check_ok);
         char *js = cJSON_PrintUnformatted(o);
         if (js) puts(js);
@@ -621,6 +665,17 @@ static int summary(train_job *j) {
             printf("offload    policy %s, device budget %s, peak device %s; AdamW: %d of %d updates on the host "
                    "CPU\n", a->policy, cli_fmt_bytes(s->budget_bytes, b1, sizeof b1),
                    cli_fmt_bytes(s->peak_device_bytes, b2, sizeof b2), s->optimizer_host_groups, s->optimizer_groups);
+        const tide_train_stats *r = &j->refit;
+        if (r->replan) {
+            printf("refit      after step %lld: measured %.3f s, predicted %.3f s before the refit, %.3f s after%s",
+                   (long long)r->step + 1, r->refit_measured_s, r->refit_predicted_s, r->refit_new_predicted_s,
+                   r->replan > 0 ? " (replanned)" : " (plan kept)");
+            if (j->n_after) printf("; later steps measured %.3f s", j->sum_wall_after / j->n_after);
+            printf("\n");
+        } else if (j->offload && !a->no_refit && j->n_timed >= 1) {
+            printf("refit      none: the second step was within %.0f%% of its prediction\n",
+                   100 * TIDE_TRAIN_REFIT_MARGIN);
+        }
         if (a->check)
             printf("check      %s\n", j->check_ok ? "passed: every loss and the final parameters, master weights and "
                                                     "moments bit-identical to the unconstrained run"

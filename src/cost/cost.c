@@ -15,6 +15,8 @@
  *              attention_efficiency (0.5 when the profile has none)
  *   GENERIC    as MATMUL at the f32 rate
  *   VECTOR     max(bytes / mem_bw, flops / (peak f32 * 0.5)) + launch_s
+ * times op_scale[kind] where the profile has one (a refit's correction of
+ * that kind, refit.c; 1 otherwise).
  * FLOPs and bytes come from the descriptor too: bytes are the distinct input
  * and output tensors' sizes, except for the gathers (EMBED, TAKE_LAST), which
  * touch only the rows they copy, and MATMUL tiles, which write only their
@@ -72,13 +74,9 @@ double tide_cost_op(const tide_hw *hw, const tide_graph *g, const tide_op *op) {
         break;
     }
     double comp_s = op->flops > 0 ? op->flops / rate : 0, mem_s = tide_op_bytes(g, op) / bw;
-    return (comp_s > mem_s ? comp_s : mem_s) + hw->launch_s;
+    double scale = (unsigned)op->kind < TIDE_OP_COUNT && hw->op_scale[op->kind] > 0 ? hw->op_scale[op->kind] : 1;
+    return ((comp_s > mem_s ? comp_s : mem_s) + hw->launch_s) * scale;
 }
-
-/* Host rates when a profile does not give them: a server CPU's order of
- * magnitude (tens of cores with wide vectors; several memory channels). */
-#define TIDE_HOST_FLOPS_DEFAULT 1e12
-#define TIDE_HOST_MEM_BW_DEFAULT 1e11
 
 double tide_cost_op_host(const tide_hw *hw, const tide_graph *g, const tide_op *op) {
     double flops = hw->host_flops > 0 ? hw->host_flops : TIDE_HOST_FLOPS_DEFAULT;

@@ -37,6 +37,10 @@ typedef struct tide_hw {
                                      matrix-vector products; 0: mem_bw. Measured
                                      through the backend's own kernel, which may widen
                                      16-bit weights as it streams them */
+    double op_scale[TIDE_OP_COUNT]; /* by op kind: a factor on the predicted seconds of
+                                     a DEVICE compute of that kind (0: 1). Not part of
+                                     profiles on disk: set by a refit from measured
+                                     runs (tide_hw_refit, refit.h) */
 } tide_hw;
 
 /* Loads a profile by name (data/hw/NAME.json, shipped) or from a path (a name
@@ -67,8 +71,15 @@ typedef enum tide_res {
  * bounce buffer halves: 4 MiB each). */
 #define TIDE_COST_CHUNK ((uint64_t)4 << 20)
 
+/* Host rates when a profile does not give them (host_flops, host_mem_bw 0):
+ * a server CPU's order of magnitude (tens of cores with wide vectors; several
+ * memory channels). */
+#define TIDE_HOST_FLOPS_DEFAULT 1e12
+#define TIDE_HOST_MEM_BW_DEFAULT 1e11
+
 /* COMPUTE: predicted seconds of op of g on hw (compute-bound or memory-bound,
- * whichever is slower, plus the launch overhead), holding TIDE_RES_COMPUTE.
+ * whichever is slower, plus the launch overhead), times op_scale of its kind
+ * where that is set, holding TIDE_RES_COMPUTE.
  * MATMUL runs at the peak of its weight dtype times matmul_efficiency, its
  * bytes at the profile's matvec_bw for that dtype (mem_bw when it has none);
  * ATTENTION at the peak of its activation dtype times attention_efficiency

@@ -23,7 +23,8 @@
  * unconstrained peak, the minimum, or auto), n_iter 1: each step loads what it
  * needs from the homes and leaves every persistent tensor at home with its
  * latest version (DESIGN section 8), so steps chain with no state kept on the
- * device between them.
+ * device between them. The second offloaded step may refit the profile from
+ * its measured instructions and replan, keeping the homes (train_refit.c).
  */
 #include "train/trainer_int.h"
 #include "sim/sim.h"
@@ -453,6 +454,36 @@ static tide_status upload_warm(tide_trainer *t) {
     return TIDE_OK;
 }
 
+tide_runner_opts train_runner_opts(const tide_trainer *t, bool timed) {
+    bool async = tide_backend_has_events(t->be) && !t->o.sync_issue;
+    return (tide_runner_opts){.exec = {.ssd_dirs = t->ssd_dirs, .force_pread = t->off.force_pread, .arena = t->arena,
+                                       .arena_bytes = t->arena_bytes, .sync_issue = t->o.sync_issue,
+                                       .timed = timed || t->off.timeline || !async}};
+}
+
+tide_status train_bind_runner(tide_trainer *t, tide_runner *run, const char *state_path) {
+    tide_status st = TIDE_OK;
+    const tide_graph *rg = tide_runner_graph(run);
+    for (int i = 0; !st && i < rg->n_tensors; i++) {
+        if (rg->tensors[i].role == TIDE_ROLE_OUTPUT && t->home[i].host) {
+            st = tide_runner_bind_tensor(run, i, t->home[i].host);
+            continue;
+        }
+        if (rg->tensors[i].role != TIDE_ROLE_STATE) continue;
+        train_home *h = &t->home[i];
+        st = h->ssd ? tide_runner_bind_file(run, i, state_path, h->file_off) : tide_runner_bind_tensor(run, i, h->host);
+    }
+    if (!st) st = tide_runner_bind(run, "pos", t->pos);
+    if (!st) st = tide_runner_bind(run, "hyper", t->hyper);
+    if (!st) st = tide_runner_bind(run, "grad_sumsq", &t->sumsq);
+    for (int m = 0; !st && m < t->o.step.accum; m++) {
+        char nm[32];
+        snprintf(nm, sizeof nm, "loss.%d", m);
+        st = tide_runner_bind(run, nm, &t->loss[m]);
+    }
+    return st;
+}
+
 /* ---------------------------------------------------------------- the first step */
 
 static tide_status prepare(tide_trainer *t) {
@@ -469,6 +500,7 @@ static tide_status prepare(tide_trainer *t) {
             !(t->host_ops = tide_calloc((size_t)t->g->n_ops, sizeof *t->host_ops)))
             st = tide_err(ctx, TIDE_E_NOMEM, "out of memory");
         if (!st && !(st = resolve_budget(t, &b))) {
+            t->budget = b;
             tide_plan_opts po = offload_opts(t, b);
             /* where device memory is host memory, a host update is the same work in the same place */
             train_optim_mode mode = t->be->vt->device_is_host && t->optim == TRAIN_OPTIM_AUTO ? TRAIN_OPTIM_DEVICE
@@ -504,34 +536,14 @@ static tide_status prepare(tide_trainer *t) {
         return st;
     }
     train_resume_close(t); /* the homes hold the resumed state now */
-    bool async = tide_backend_has_events(t->be) && !t->o.sync_issue;
     /* measured where it costs nothing (synchronous issue: host clocks), or
-     * where asked for (timing events on a GPU) */
-    tide_runner_opts ro = {.exec = {.ssd_dirs = t->ssd_dirs, .force_pread = t->off.force_pread, .arena = t->arena,
-                                    .arena_bytes = t->arena_bytes, .sync_issue = t->o.sync_issue,
-                                    .timed = t->off.timeline || !async}};
+     * where asked for (timing events on a GPU, the refit's first steps) */
+    bool refit = t->offload && !t->off.no_refit;
+    tide_runner_opts ro = train_runner_opts(t, refit);
     if ((st = tide_runner_new(ctx, t->be, g, p, &ro, &t->run))) return st;
-    const tide_graph *rg = tide_runner_graph(t->run);
-    for (int i = 0; !st && i < rg->n_tensors; i++) {
-        if (rg->tensors[i].role == TIDE_ROLE_OUTPUT && t->home[i].host) {
-            st = tide_runner_bind_tensor(t->run, i, t->home[i].host);
-            continue;
-        }
-        if (rg->tensors[i].role != TIDE_ROLE_STATE) continue;
-        train_home *h = &t->home[i];
-        st = h->ssd ? tide_runner_bind_file(t->run, i, t->state_path, h->file_off)
-                    : tide_runner_bind_tensor(t->run, i, h->host);
-    }
+    st = train_bind_runner(t, t->run, t->state_path);
     /* the executor holds the state file open: its name is no longer needed */
     if (t->state_path) unlink(t->state_path);
-    if (!st) st = tide_runner_bind(t->run, "pos", t->pos);
-    if (!st) st = tide_runner_bind(t->run, "hyper", t->hyper);
-    if (!st) st = tide_runner_bind(t->run, "grad_sumsq", &t->sumsq);
-    for (int m = 0; !st && m < t->o.step.accum; m++) {
-        char nm[32];
-        snprintf(nm, sizeof nm, "loss.%d", m);
-        st = tide_runner_bind(t->run, nm, &t->loss[m]);
-    }
     if (!st && t->warm) st = upload_warm(t);
     if (st) {
         tide_runner_free(t->run);
@@ -582,6 +594,7 @@ tide_status tide_trainer_step(tide_trainer *t, const int32_t *tokens, const int3
         t->failed = true;
         return st;
     }
+    t->runs++;
     float loss = 0;
     for (int m = 0; m < so->accum; m++) loss += t->loss[m];
     if (out) {
@@ -594,6 +607,7 @@ tide_status tide_trainer_step(tide_trainer *t, const int32_t *tokens, const int3
             .optimizer_host_groups = t->optim_choice.n_host,
             .predicted_device_optimizer_s = t->optim_choice.n_host ? t->optim_choice.device_makespan_s : 0};
     }
+    train_refit_after_step(t, wall, out);
     t->step++;
     return TIDE_OK;
 }

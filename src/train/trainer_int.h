@@ -42,6 +42,9 @@ struct tide_trainer {
     uint64_t *warm;               /* resident on a device: per tensor its arena offset or TIDE_HOME */
     uint64_t warm_bytes;
     double plan_s, predicted_s;
+    uint64_t budget;              /* offloaded: the resolved device budget plans are made under */
+    int runs;                     /* steps run by this trainer (a resumed state's not counted) */
+    bool refit_done;              /* the refit has been decided (train_refit.c) */
     uint64_t peak_device;
     train_home *home;             /* per tensor of g (STATE only) */
     char *state_path;             /* the SSD state file (unlinked once bound) */
@@ -66,5 +69,21 @@ tide_status train_read_tensor(tide_trainer *t, int i, void *dst);
 tide_status train_resume_value(tide_trainer *t, int i, void *dst);
 /* Frees what tide_trainer_resume opened. */
 void train_resume_close(tide_trainer *t);
+/* Binds the homes of run (a runner of a plan of the step graph) to the
+ * trainer's: host homes, the state file's extents (opened by state_path),
+ * the inputs and outputs but the batch. TIDE_OK or the binding's failure. */
+tide_status train_bind_runner(tide_trainer *t, tide_runner *run, const char *state_path);
+/* The runner options of an offloaded or resident step; timed: measure every
+ * run's timeline. */
+tide_runner_opts train_runner_opts(const tide_trainer *t, bool timed);
+/* After the trainer's step that just ran (measured_s: its wall time): on the
+ * second step of an offloaded trainer with refits on, refits t->hw from the
+ * step's measured timeline when it is off its prediction by more than
+ * TIDE_TRAIN_REFIT_MARGIN and replans (train_refit.c); fills the refit
+ * fields of *out (may be NULL). The training state is untouched: a new plan
+ * is taken only when it homes every tensor where the old one did, and any
+ * failure keeps the old plan (replan -1). Returns nothing: a refit is never
+ * the step's failure. */
+void train_refit_after_step(tide_trainer *t, double measured_s, tide_train_stats *out);
 
 #endif
