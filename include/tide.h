@@ -716,7 +716,9 @@ typedef struct tide_pool_opts {
     tide_pool_policy policy;
     const char *hw;           /* profile the predictions and plans use (name or path, as
                                  tide_offload_opts.hw); NULL: this machine is measured
-                                 once, when the pool is made (about 1 s) */
+                                 once, when the pool is made (about 1 s), and the
+                                 profile kept for the models in a temporary file
+                                 ($TMPDIR or /tmp) removed with the pool */
     uint64_t host_budget;     /* per workload, as tide_offload_opts.host_budget */
     const char *ssd_dirs;     /* as tide_offload_opts.ssd_dirs */
     /* Optional: one line per re-partition and per share change (when and why),

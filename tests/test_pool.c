@@ -33,6 +33,7 @@
 #include "serve/pool_int.h"
 #include "verify/verify.h"
 
+#include <dirent.h>
 #include <ftw.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -408,7 +409,7 @@ static void run_trace(tide_pool_policy policy, uint64_t budget, uint64_t seed, i
     pthread_cond_init(&t->cv, NULL);
     t->p = pool_make(policy, budget, &lc);
     tide_pool_set_held_hook(t->p, on_held, &hw);
-    t->per_thread = 10;
+    t->per_thread = 16;
     int serial = 0;
     trace_add(t, &seed, serial++);
     trace_add(t, &seed, serial++);
@@ -464,18 +465,20 @@ static void run_trace(tide_pool_policy policy, uint64_t budget, uint64_t seed, i
  * the largest need. */
 static void test_trace_tide(void **state) {
     (void)state;
-    run_trace(TIDE_POOL_TIDE, 2 * max_of(need_b) + max_of(min_b), 101, 14);
-    run_trace(TIDE_POOL_TIDE, 3 * max_of(min_b), 202, 14);
+    run_trace(TIDE_POOL_TIDE, 2 * max_of(need_b) + max_of(min_b), 101, 20);
+    run_trace(TIDE_POOL_TIDE, 3 * max_of(min_b), 202, 20);
 }
 
 static void test_trace_equal(void **state) {
     (void)state;
-    run_trace(TIDE_POOL_EQUAL, 5 * (tide_plan_align(max_of(min_b)) + TIDE_PLAN_ALIGN), 303, 14);
+    run_trace(TIDE_POOL_EQUAL, 5 * (tide_plan_align(max_of(min_b)) + TIDE_PLAN_ALIGN), 303, 20);
+    run_trace(TIDE_POOL_EQUAL, 6 * (tide_plan_align(max_of(min_b)) + TIDE_PLAN_ALIGN), 313, 20);
 }
 
 static void test_trace_serial(void **state) {
     (void)state;
-    run_trace(TIDE_POOL_SERIAL, max_of(need_b), 404, 14);
+    run_trace(TIDE_POOL_SERIAL, max_of(need_b), 404, 20);
+    run_trace(TIDE_POOL_SERIAL, max_of(min_b), 414, 20);
 }
 
 /* ---------------------------------------------------------------- deterministic cases */
@@ -795,12 +798,44 @@ static void test_bad_input(void **state) {
     assert_int_equal(tide_alloc_live_bytes(), base);
 }
 
+/* No profile given: the machine is measured once and its profile handed to
+ * the models through a temporary file, gone with the pool. */
+static void test_measured_profile(void **state) {
+    (void)state;
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, "/tmp/tide-pool-tmp-XXXXXX");
+    assert_non_null(mkdtemp(tmp));
+    const char *old = getenv("TMPDIR");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("TMPDIR", tmp, 1);
+    tide_pool_opts o = {.budget_bytes = 2 * max_of(need_b), .ssd_dirs = spill_dir};
+    tide_pool *p = NULL;
+    tide_status st = tide_pool_new(ctx, be, &o, &p);
+    if (saved) setenv("TMPDIR", saved, 1);
+    else unsetenv("TMPDIR");
+    free(saved);
+    if (st) fail_msg("%s", tide_ctx_last_error(ctx));
+    int files = 0;
+    DIR *d = opendir(tmp);
+    for (struct dirent *e; d && (e = readdir(d));) files += e->d_name[0] != '.';
+    if (d) closedir(d);
+    assert_int_equal(files, 1);
+    tide_pool_workload *w = NULL;
+    assert_int_equal(tide_pool_add_model(p, "m", ck[1], &model_opts, &w), TIDE_OK);
+    gen_arg g = {.p = p, .w = w, .fix = 1, .kind = 1};
+    gen_thread(&g);
+    check_alone(&g);
+    tide_pool_free(p);
+    assert_int_equal(rmdir(tmp), 0); /* empty: the profile went with the pool */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_minimum_verified), cmocka_unit_test(test_partition),
         cmocka_unit_test(test_bad_input),        cmocka_unit_test(test_fallback),
         cmocka_unit_test(test_remove_inflight),  cmocka_unit_test(test_trace_tide),
         cmocka_unit_test(test_trace_equal),      cmocka_unit_test(test_trace_serial),
+        cmocka_unit_test(test_measured_profile),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
