@@ -436,7 +436,9 @@ static tide_status find_bounds(tide_pool *p, tide_pool_workload *w) {
         if ((st = step_graph(p, w, k ? 1 : w->ctx_len, !k, &g))) break;
         tide_plan_opts po = plan_opts(p, 0);
         uint64_t mn = 0, pk = 0;
-        if (!(st = tide_plan_min_budget(p->ctx, g, &po, &mn)) && !(st = tide_plan_peak_unbounded(p->ctx, g, &po, &pk))) {
+        st = tide_plan_min_budget(p->ctx, g, &po, &mn);
+        if (!st) st = tide_plan_peak_unbounded(p->ctx, g, &po, &pk);
+        if (!st) {
             w->min = TIDE_MAX(w->min, mn);
             w->need = TIDE_MAX(w->need, TIDE_MAX(pk, mn));
         }
@@ -516,7 +518,8 @@ tide_status tide_pool_new(tide_ctx *ctx, tide_backend *be, const tide_pool_opts 
         snprintf(path, sizeof path, "%s/tide-pool-hw-XXXXXX", tmp && *tmp ? tmp : "/tmp");
         int fd = -1;
         if (!(st = tide_probe_backend(ctx, be, p->ssd_dirs, 1.0, NULL, &p->hw))) {
-            if ((fd = mkstemp(path)) < 0) st = tide_err(ctx, TIDE_E_IO, "cannot make '%s' for the measured profile", path);
+            if ((fd = mkstemp(path)) < 0)
+                st = tide_err(ctx, TIDE_E_IO, "cannot make '%s' for the measured profile", path);
             else close(fd);
         }
         if (!st && !(p->hw_arg = tide_strdup(path))) {
