@@ -27,6 +27,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "async_backend.h"
 #include "backend/backend.h"
 #include "core/alloc_test.h"
 #include "planner/planner.h"
@@ -168,6 +169,31 @@ static tide_pool *pool_make(tide_pool_policy policy, uint64_t budget, log_count 
     return p;
 }
 
+/* Every fixture's minimum and need on the current backend, from a pool with
+ * room for all, into min_b and need_b. */
+static bool measure_bounds(void) {
+    tide_pool *p = pool_make(TIDE_POOL_TIDE, UINT64_C(1) << 30, NULL);
+    bool ok = true;
+    for (int f = 0; f < N_FIX && ok; f++) {
+        tide_pool_workload *w = NULL;
+        if (tide_pool_add_model(p, fixture_names[f], ck[f], &model_opts, &w)) {
+            fprintf(stderr, "test_pool: %s\n", tide_ctx_last_error(ctx));
+            ok = false;
+            break;
+        }
+        tide_pool_workload_stats ws;
+        tide_pool_workload_stats_get(p, w, &ws);
+        min_b[f] = ws.min_bytes;
+        need_b[f] = ws.need_bytes;
+        if (getenv("TIDE_TEST_VERBOSE"))
+            fprintf(stderr, "  %s on %s: minimum %llu, need %llu, predicted %.3g s\n", fixture_names[f],
+                    tide_backend_name(be), (unsigned long long)min_b[f], (unsigned long long)need_b[f],
+                    ws.predicted_request_s);
+    }
+    tide_pool_free(p);
+    return ok;
+}
+
 static int group_setup(void **state) {
     (void)state;
     const char *root = getenv("TIDE_FIXTURES");
@@ -209,24 +235,7 @@ static int group_setup(void **state) {
         tide_model_free(m);
     }
     tide_backend_free(ref_be);
-    /* every fixture's minimum and need, from a pool with room for all */
-    tide_pool *p = pool_make(TIDE_POOL_TIDE, UINT64_C(1) << 30, NULL);
-    for (int f = 0; f < N_FIX; f++) {
-        tide_pool_workload *w = NULL;
-        if (tide_pool_add_model(p, fixture_names[f], ck[f], &model_opts, &w)) {
-            fprintf(stderr, "test_pool: %s\n", tide_ctx_last_error(ctx));
-            return -1;
-        }
-        tide_pool_workload_stats ws;
-        tide_pool_workload_stats_get(p, w, &ws);
-        min_b[f] = ws.min_bytes;
-        need_b[f] = ws.need_bytes;
-        if (getenv("TIDE_TEST_VERBOSE"))
-            fprintf(stderr, "  %s: minimum %llu, need %llu, predicted %.3g s\n", fixture_names[f],
-                    (unsigned long long)min_b[f], (unsigned long long)need_b[f], ws.predicted_request_s);
-    }
-    tide_pool_free(p);
-    return 0;
+    return measure_bounds() ? 0 : -1;
 }
 
 static int group_teardown(void **state) {
@@ -798,6 +807,39 @@ static void test_bad_input(void **state) {
     assert_int_equal(tide_alloc_live_bytes(), base);
 }
 
+/* The same traces where device memory is not host memory: the asynchronous
+ * test double taking the executor's GPU paths (weights loaded into each
+ * share's arena, the KV cache homed in host memory), its queues running
+ * behind the caller with random delays; every request still equal to the
+ * CPU's run alone. */
+static void test_trace_device(void **state) {
+    (void)state;
+    tide_backend *cpu = be, *ab = NULL;
+    const tide_backend_vt *cpu_inner = inner_vt;
+    uint64_t cpu_min[N_FIX], cpu_need[N_FIX];
+    memcpy(cpu_min, min_b, sizeof min_b);
+    memcpy(cpu_need, need_b, sizeof need_b);
+    tide_async_opts ao = {.jitter_us = 50, .seed = 5, .device_is_host = false};
+    assert_int_equal(tide_async_backend_new(ctx, &ao, &ab), TIDE_OK);
+    static tide_backend_vt dev_vt;
+    inner_vt = ab->vt;
+    dev_vt = *ab->vt;
+    dev_vt.alloc = counted_alloc;
+    dev_vt.dealloc = counted_dealloc;
+    ab->vt = &dev_vt;
+    be = ab;
+    assert_true(measure_bounds());
+    assert_true(min_b[0] > cpu_min[0]); /* the weights now pass through the arena */
+    run_trace(TIDE_POOL_TIDE, max_of(need_b) + max_of(min_b), 505, 12);
+    run_trace(TIDE_POOL_EQUAL, 5 * (tide_plan_align(max_of(min_b)) + TIDE_PLAN_ALIGN), 606, 12);
+    run_trace(TIDE_POOL_SERIAL, max_of(min_b), 707, 12);
+    be = cpu;
+    inner_vt = cpu_inner;
+    memcpy(min_b, cpu_min, sizeof min_b);
+    memcpy(need_b, cpu_need, sizeof need_b);
+    tide_backend_free(ab);
+}
+
 /* No profile given: the machine is measured once and its profile handed to
  * the models through a temporary file, gone with the pool. */
 static void test_measured_profile(void **state) {
@@ -835,7 +877,7 @@ int main(void) {
         cmocka_unit_test(test_bad_input),        cmocka_unit_test(test_fallback),
         cmocka_unit_test(test_remove_inflight),  cmocka_unit_test(test_trace_tide),
         cmocka_unit_test(test_trace_equal),      cmocka_unit_test(test_trace_serial),
-        cmocka_unit_test(test_measured_profile),
+        cmocka_unit_test(test_measured_profile), cmocka_unit_test(test_trace_device),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
