@@ -10,7 +10,8 @@
  * its typical request (a prefill of `prompt` tokens and new_tokens - 1 decode
  * steps, simulated by the planner's own cost model) at POOL_POINTS budgets
  * from the minimum to its need (the unconstrained peak, beyond which plans
- * gain nothing). A partition (partition()) sets every workload's share:
+ * gain nothing); both are found by planning (pool_predict.c). A partition
+ * (partition()) sets every workload's share:
  *   tide    start every share at its minimum, then repeatedly move one
  *           workload up to a later point of its curve, the move of the
  *           largest predicted saving per byte (saving weighted by its queued
@@ -50,10 +51,10 @@
  * record errors on the pool's context.
  */
 #include "serve/pool_int.h"
+#include "serve/pool_predict.h"
 
 #include "backend/backend.h"
 #include "probe/probe.h"
-#include "runtime/tiling.h"
 
 #include <assert.h>
 #include <math.h>
@@ -64,16 +65,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#define POOL_POINTS 8     /* budgets a workload's curve is planned at */
 #define POOL_DRIFT 0.30   /* measured this far from predicted is drift */
 #define POOL_PROMPT 32    /* the default typical request */
 #define POOL_NEW 16
-
-typedef struct pool_curve {
-    int n;
-    uint64_t b[POOL_POINTS]; /* ascending; b[0] the minimum, b[n-1] the need */
-    double t[POOL_POINTS];   /* predicted seconds of the typical request (INFINITY: no plan) */
-} pool_curve;
 
 struct tide_pool_workload {
     tide_pool *pool;
@@ -415,74 +409,20 @@ static void release_after(tide_pool *p, tide_pool_workload *w) {
 
 /* ---------------------------------------------------------------- predictions */
 
-static tide_plan_opts plan_opts(const tide_pool *p, uint64_t budget) {
-    return (tide_plan_opts){.policy = TIDE_POLICY_TIDE, .device_budget = budget, .host_budget = p->host_budget,
-                            .n_iter = 1, .hw = &p->hw, .host_addressable = p->be->vt->device_is_host};
+static pool_predict predictor(tide_pool *p, const tide_pool_workload *w) {
+    return (pool_predict){.ctx = p->ctx, .hw = &p->hw, .host_budget = p->host_budget,
+                          .host_addressable = p->be->vt->device_is_host, .cfg = &w->cfg, .ctx_len = w->ctx_len,
+                          .name = w->name};
 }
 
-/* The graph of one request's step: a fresh prefill of seq tokens, or the
- * decode step (seq 1 reading the cache), as generate.c builds them. */
-static tide_status step_graph(tide_pool *p, const tide_pool_workload *w, int seq, bool prefill, tide_graph **g) {
-    tide_llama_graph_opts go = {.batch = 1, .seq = seq, .ctx_len = w->ctx_len, .fresh_cache = prefill};
-    return tide_llama_build(p->ctx, &w->cfg, &go, g);
-}
-
-/* w's minimum and need: over its longest prefill and its decode step. */
 static tide_status find_bounds(tide_pool *p, tide_pool_workload *w) {
-    tide_status st = TIDE_OK;
-    w->min = w->need = 0;
-    for (int k = 0; k < 2 && !st; k++) {
-        tide_graph *g = NULL;
-        if ((st = step_graph(p, w, k ? 1 : w->ctx_len, !k, &g))) break;
-        tide_plan_opts po = plan_opts(p, 0);
-        uint64_t mn = 0, pk = 0;
-        st = tide_plan_min_budget(p->ctx, g, &po, &mn);
-        if (!st) st = tide_plan_peak_unbounded(p->ctx, g, &po, &pk);
-        if (!st) {
-            w->min = TIDE_MAX(w->min, mn);
-            w->need = TIDE_MAX(w->need, TIDE_MAX(pk, mn));
-        }
-        tide_graph_free(g);
-    }
-    if (st) return tide_err(p->ctx, st, "workload '%s': cannot find its minimum budget: %s", w->name,
-                            tide_ctx_last_error(p->ctx));
-    return TIDE_OK;
+    pool_predict pp = predictor(p, w);
+    return pool_predict_bounds(&pp, &w->min, &w->need);
 }
 
-/* The predicted time of a typical request of w at each point of its curve
- * (prompt, gen as they are now) into *cv. */
 static tide_status plan_curve(tide_pool *p, const tide_pool_workload *w, int prompt, int gen, pool_curve *cv) {
-    tide_graph *pre = NULL, *dec = NULL;
-    tide_status st = step_graph(p, w, prompt, true, &pre);
-    if (!st) st = step_graph(p, w, 1, false, &dec);
-    cv->n = 0;
-    double ratio = w->need > w->min ? (double)w->need / (double)w->min : 1;
-    for (int k = 0; !st && k < POOL_POINTS; k++) {
-        uint64_t b = k == 0 ? w->min
-                   : k == POOL_POINTS - 1 ? w->need
-                   : tide_plan_align((uint64_t)((double)w->min * pow(ratio, (double)k / (POOL_POINTS - 1))));
-        b = TIDE_MIN(TIDE_MAX(b, w->min), w->need);
-        if (cv->n && b <= cv->b[cv->n - 1]) continue;
-        tide_plan_opts po = plan_opts(p, b);
-        double t = 0;
-        for (int s = 0; s < 2 && !st; s++) {
-            tide_plan *pl = NULL;
-            tide_status ps = tide_plan_make(p->ctx, s ? dec : pre, &po, &pl);
-            if (ps == TIDE_E_INFEASIBLE) t = INFINITY;
-            else if (ps) st = ps;
-            else t += pl->stats.makespan_s * (s ? (double)(gen > 1 ? gen - 1 : 0) : 1.0);
-            tide_plan_free(pl);
-        }
-        if (st) break;
-        tide_err_clear(p->ctx);
-        cv->b[cv->n] = b;
-        cv->t[cv->n++] = t;
-    }
-    tide_graph_free(pre);
-    tide_graph_free(dec);
-    if (st) return tide_err(p->ctx, st, "workload '%s': cannot predict its requests: %s", w->name,
-                            tide_ctx_last_error(p->ctx));
-    return TIDE_OK;
+    pool_predict pp = predictor(p, w);
+    return pool_predict_curve(&pp, w->min, w->need, prompt, gen, cv);
 }
 
 /* ---------------------------------------------------------------- the pool */
