@@ -49,7 +49,8 @@ static const char *const fixture_names[N_FIX] = {"tiny-bf16-gqa", "tiny-f32-mha"
 static const int kind_prompt[N_KIND] = {5, 11, 24, 40};
 static const int kind_new[N_KIND] = {6, 10, 3, 12};
 
-static tide_ctx *ctx;
+static tide_ctx *ctx;          /* the pools' and the test's */
+static tide_ctx *be_ctx;       /* the backends': executors running at once write it */
 static tide_checkpoint *ck[N_FIX];
 static tide_backend *be;      /* the pools' backend, its allocations counted */
 static char spill_dir[64];
@@ -202,9 +203,10 @@ static int group_setup(void **state) {
         return -1;
     }
     snprintf(spill_dir, sizeof spill_dir, "/tmp/tide-pool-spill-XXXXXX");
-    if (!mkdtemp(spill_dir) || !(ctx = tide_ctx_new())) return -1;
+    if (!mkdtemp(spill_dir) || !(ctx = tide_ctx_new()) || !(be_ctx = tide_ctx_new())) return -1;
     tide_backend *ref_be = NULL;
-    if (tide_backend_new(ctx, TIDE_BACKEND_CPU, &ref_be) || tide_backend_new(ctx, TIDE_BACKEND_CPU, &be)) return -1;
+    if (tide_backend_new(be_ctx, TIDE_BACKEND_CPU, &ref_be) || tide_backend_new(be_ctx, TIDE_BACKEND_CPU, &be))
+        return -1;
     inner_vt = be->vt;
     counted_vt = *be->vt;
     counted_vt.alloc = counted_alloc;
@@ -242,6 +244,7 @@ static int group_teardown(void **state) {
     (void)state;
     for (int f = 0; f < N_FIX; f++) tide_checkpoint_free(ck[f]);
     tide_backend_free(be);
+    tide_ctx_free(be_ctx);
     tide_ctx_free(ctx);
     nftw(spill_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
     return 0;
@@ -820,7 +823,7 @@ static void test_trace_device(void **state) {
     memcpy(cpu_min, min_b, sizeof min_b);
     memcpy(cpu_need, need_b, sizeof need_b);
     tide_async_opts ao = {.jitter_us = 50, .seed = 5, .device_is_host = false};
-    assert_int_equal(tide_async_backend_new(ctx, &ao, &ab), TIDE_OK);
+    assert_int_equal(tide_async_backend_new(be_ctx, &ao, &ab), TIDE_OK);
     static tide_backend_vt dev_vt;
     inner_vt = ab->vt;
     dev_vt = *ab->vt;
