@@ -730,7 +730,9 @@ typedef struct tide_pool_opts {
 } tide_pool_opts;
 
 /* Makes a pool on be (which must outlive it); its failures, and those of the
- * management calls below, are recorded on ctx. Copies what it needs of *o.
+ * management calls below, are recorded on ctx, which should not be be's own
+ * context (the workloads' runs write that one from their threads). Copies
+ * what it needs of *o.
  * Returns TIDE_OK, TIDE_E_INVALID (no budget, unknown policy), a failure of
  * loading or measuring the profile, or TIDE_E_NOMEM. */
 tide_status tide_pool_new(tide_ctx *ctx, tide_backend *be, const tide_pool_opts *o, tide_pool **out);
