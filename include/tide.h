@@ -686,6 +686,157 @@ tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_p
 tide_status tide_model_forward(tide_model *m, const int32_t *tokens, int batch, int seq,
                                int start_pos, float *logits);
 
+/* ---------------------------------------------------------------- several workloads */
+
+/* A pool: one device budget shared by several workloads on one backend
+ * instance. Each workload (for now a model) runs offloaded within a share of
+ * the budget; the shares are re-partitioned when a workload arrives, leaves
+ * or changes its demand, and applied at safe points: between two requests of
+ * a workload, never during one. The sum of the shares in use never exceeds
+ * the budget, at any instant, across re-partitions included: a workload whose
+ * share grows waits until the others have shrunk.
+ *
+ * Shares are never below a workload's minimum, the smallest budget its
+ * longest request (a prefill of ctx_len tokens) and its decode step can be
+ * planned at untiled, so a request computes exactly what the same request run
+ * alone on a resident model computes (bit for bit on one backend). Every plan
+ * is verified before it runs, as a model's are. */
+typedef struct tide_pool tide_pool;
+typedef struct tide_pool_workload tide_pool_workload;
+
+typedef enum tide_pool_policy {
+    TIDE_POOL_TIDE = 0, /* shares re-partitioned to minimise the predicted time of the
+                           queued work (by the planner and simulator); when the
+                           workloads' minimums do not fit together, time-slicing
+                           as SERIAL until they do (logged) */
+    TIDE_POOL_EQUAL,    /* static equal shares among the workloads present */
+    TIDE_POOL_SERIAL,   /* one workload holds the whole budget at a time, the others
+                           wait their turn (first come, first served), as a loader
+                           of whole models does */
+} tide_pool_policy;
+
+/* "tide", "equal", "serial"; NULL for an unknown value. */
+const char *tide_pool_policy_name(tide_pool_policy p);
+/* Parses a policy name; TIDE_E_INVALID naming the string (ctx may be NULL). */
+tide_status tide_pool_policy_parse(tide_ctx *ctx, const char *s, tide_pool_policy *out);
+
+typedef struct tide_pool_opts {
+    uint64_t budget_bytes;    /* the whole device budget shared by every workload (> 0) */
+    tide_pool_policy policy;
+    const char *hw;           /* profile the predictions and plans use (name or path, as
+                                 tide_offload_opts.hw); NULL: this machine is measured
+                                 once, when the pool is made (about 1 s), and the
+                                 profile kept for the models in a temporary file
+                                 ($TMPDIR or /tmp) removed with the pool */
+    uint64_t host_budget;     /* per workload, as tide_offload_opts.host_budget */
+    const char *ssd_dirs;     /* as tide_offload_opts.ssd_dirs */
+    /* Optional: one line per re-partition and per share change (when and why),
+     * and per workload whose measured time first drifts from the prediction.
+     * Called with the pool's lock held, from whichever thread caused it: it
+     * must not call the pool. */
+    void (*log)(void *user, const char *line);
+    void *log_user;
+} tide_pool_opts;
+
+/* Makes a pool on be (which must outlive it); its failures, and those of the
+ * management calls below, are recorded on ctx, which should not be be's own
+ * context (the workloads' runs write that one from their threads). Copies
+ * what it needs of *o.
+ * Returns TIDE_OK, TIDE_E_INVALID (no budget, unknown policy), a failure of
+ * loading or measuring the profile, or TIDE_E_NOMEM. */
+tide_status tide_pool_new(tide_ctx *ctx, tide_backend *be, const tide_pool_opts *o, tide_pool **out);
+/* Frees the pool and every workload left in it. No request may be running. */
+void tide_pool_free(tide_pool *p);
+
+/* Adds a model workload named `name` (unique in the pool) of checkpoint ck
+ * (which must outlive the workload) with options mo (may be NULL: batch 1,
+ * the config's context length). The pool makes and owns the tide_model, on a
+ * context of its own (tide_pool_workload_ctx), finds its minimum and its
+ * predicted request time at a few budgets (planning, not running), and
+ * re-partitions. Safe while other workloads run requests. Returns TIDE_OK;
+ * TIDE_E_INVALID (NULL or duplicate name, NULL ck); TIDE_E_INFEASIBLE when
+ * the workload cannot run in the pool: its minimum exceeds the budget, or,
+ * with TIDE_POOL_EQUAL, an equal share would be below some workload's
+ * minimum (the message gives the numbers; the pool is unchanged); or the
+ * failure of making the model or planning. */
+tide_status tide_pool_add_model(tide_pool *p, const char *name, tide_checkpoint *ck, const tide_model_opts *mo,
+                                tide_pool_workload **out);
+
+/* Removes w and frees it with its model. A request of w already running is
+ * waited for (it completes normally); requests of w still waiting for their
+ * turn, and any made from then on, are refused with TIDE_E_INVALID. The
+ * handle is invalid once this returns. Then re-partitions. Returns TIDE_OK,
+ * or TIDE_E_INVALID when w is not in the pool (or is already being removed). */
+tide_status tide_pool_remove(tide_pool *p, tide_pool_workload *w);
+
+/* The workload named `name`, or NULL. */
+tide_pool_workload *tide_pool_find(tide_pool *p, const char *name);
+/* The workload's context: tide_pool_generate records w's failures there
+ * (valid until w's next request), and its thread count and progress
+ * callback apply to w's runs. */
+tide_ctx *tide_pool_workload_ctx(tide_pool_workload *w);
+
+/* Runs one request of w: tide_model_generate_ex on w's model (arguments,
+ * results and errors as there) within w's current share. Thread-safe:
+ * several threads may call it at once, for different workloads or the same
+ * one; requests of one workload run one at a time, in turn; before running,
+ * a request takes the share w was last given (waiting, when it grows, until
+ * the others' shares in use leave room; with SERIAL, until its turn). A
+ * request whose share differs from the one w's plans were made at replans
+ * (lazily, as a model does). Returns TIDE_OK; TIDE_E_INVALID when w is not
+ * in the pool or is being removed (the message on the pool's context) or for
+ * bad arguments; the failure of setting the share or of the run (on w's
+ * context). */
+tide_status tide_pool_generate(tide_pool *p, tide_pool_workload *w, const int32_t *prompt, int n_prompt,
+                               int max_new, const tide_gen_opts *g, int32_t *out_tokens, int *n_out,
+                               tide_gen_stats *stats);
+
+/* What the shares are partitioned for: w's typical request (prompt_tokens,
+ * new_tokens; 0 keeps the current value; defaults 32 and 16, clamped to the
+ * context) and how many of them are queued (weight > 0: the predicted total
+ * is the sum over workloads of weight * the predicted request time; default
+ * 1). Plans w's predictions again and re-partitions (policy tide). Returns
+ * TIDE_OK, TIDE_E_INVALID (w not in the pool, a negative value), or the
+ * failure of planning. */
+tide_status tide_pool_set_demand(tide_pool *p, tide_pool_workload *w, int prompt_tokens, int new_tokens,
+                                 double weight);
+
+typedef struct tide_pool_stats {
+    uint64_t budget_bytes;      /* the whole budget */
+    int n_workloads;
+    bool time_sliced;           /* one workload at a time now (SERIAL, or TIDE's fallback) */
+    uint64_t shares_bytes;      /* sum of the shares assigned now (time-sliced: 0) */
+    uint64_t held_bytes;        /* sum of the shares in use now (each model's arena is
+                                   at most its share in use) */
+    uint64_t peak_held_bytes;   /* the highest held_bytes at any instant: <= budget_bytes */
+    int64_t partitions;         /* re-partitions (arrivals, departures, demand changes) */
+    int64_t replans;            /* share changes applied to a model (its plans made again) */
+    int64_t waits;              /* requests that waited for room or for their turn */
+    int64_t requests;           /* requests completed */
+    int64_t drifted;            /* of them, measured executor time more than 30% away
+                                   from the plans' predicted time */
+    double predicted_s, measured_s; /* summed over completed requests */
+} tide_pool_stats;
+
+/* Fills *s (under the pool's lock: a consistent snapshot). */
+void tide_pool_stats_get(tide_pool *p, tide_pool_stats *s);
+
+typedef struct tide_pool_workload_stats {
+    uint64_t share_bytes;       /* assigned by the last partition (time-sliced: the
+                                   budget while it runs, else 0) */
+    uint64_t held_bytes;        /* in use now (0: holds nothing) */
+    uint64_t min_bytes;         /* its minimum (longest request, untiled) */
+    uint64_t need_bytes;        /* the budget beyond which its plans gain nothing */
+    double predicted_request_s; /* of its typical request at share_bytes (0: unknown) */
+    int waiting;                /* requests waiting for the workload, room or a turn */
+    int64_t requests, drifted, replans;
+    double predicted_s, measured_s; /* summed over its completed requests */
+    uint64_t peak_device_bytes; /* highest arena byte its plans used */
+} tide_pool_workload_stats;
+
+/* Fills *s for w. TIDE_OK, or TIDE_E_INVALID when w is not in the pool. */
+tide_status tide_pool_workload_stats_get(tide_pool *p, tide_pool_workload *w, tide_pool_workload_stats *s);
+
 /* ---------------------------------------------------------------- training */
 
 /* A trainer: the training-step graph of a checkpoint's model (see

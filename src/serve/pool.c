@@ -1,0 +1,782 @@
+/*
+ * pool.c - the device-budget arbiter: one budget of device bytes shared by
+ * several workloads (models) on one backend instance, each run offloaded
+ * within a share of it (tide.h, "several workloads").
+ *
+ * Shares. A workload's minimum is the smallest budget its longest request
+ * (a prefill of ctx_len tokens) and its decode step can be planned at,
+ * untiled, so that no request it accepts fails to plan and every request
+ * computes what a resident run computes. Its curve is the predicted time of
+ * its typical request (a prefill of `prompt` tokens and new_tokens - 1 decode
+ * steps, simulated by the planner's own cost model) at POOL_POINTS budgets
+ * from the minimum to its need (the unconstrained peak, beyond which plans
+ * gain nothing); both are found by planning (pool_predict.c). A partition
+ * (partition()) sets every workload's share:
+ *   tide    start every share at its minimum, then repeatedly move one
+ *           workload up to a later point of its curve, the move of the
+ *           largest predicted saving per byte (saving weighted by its queued
+ *           requests), while bytes remain: a greedy over each curve's points
+ *           that can jump a flat stretch to a drop beyond it. When the
+ *           minimums do not fit together the pool is time-sliced (as serial)
+ *           until they do.
+ *   equal   the budget over the workloads present, in TIDE_PLAN_ALIGN units.
+ *   serial  time-sliced always.
+ * Time-sliced, the workload whose turn it is (first come, first served) holds
+ * the whole budget while its request runs; the others hold nothing.
+ *
+ * Invariants (check_state() in debug builds, and the test hook):
+ *   P1. sum over workloads of held <= budget, at every instant: a share
+ *       grows only by reserving first (set_held) and shrinks only after the
+ *       model's arena is gone (set_offload frees it, set_held after).
+ *   P2. a model allocates its arena only while it runs a request, at its
+ *       configured budget, and only with held == configured: its arena is
+ *       never larger than what it holds.
+ *   P3. a model is used by one thread at a time: model_busy marks it (a
+ *       request running, or another thread changing its budget).
+ *   P4. a running request's share is not changed: new shares are applied
+ *       when a request starts (acquire) or ends (release_after), or to an
+ *       idle workload by a thread that needs the room (evict_one).
+ *
+ * A workload's budget, and the function that moves it:
+ *
+ *   RELEASED (held 0) --acquire: reserve, set_offload--> HELD (held = b)
+ *   HELD --acquire (model_busy)--> RUNNING --release_after--> HELD
+ *   HELD (idle, held > target) --evict_one / acquire / release_after:
+ *        set_offload, then held = target--> HELD (smaller) or RELEASED
+ *
+ * Locks: mu guards every field the threads share (shares, held, flags,
+ * counters) and cv is broadcast on every change a waiter may want; models
+ * are reconfigured and run outside mu, under model_busy. mgmt serialises the
+ * management calls (add, remove, set_demand), which plan outside mu and
+ * record errors on the pool's context.
+ */
+#include "serve/pool_int.h"
+#include "serve/pool_predict.h"
+
+#include "backend/backend.h"
+#include "probe/probe.h"
+
+#include <assert.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define POOL_DRIFT 0.30   /* measured this far from predicted is drift */
+#define POOL_PROMPT 32    /* the default typical request */
+#define POOL_NEW 16
+
+struct tide_pool_workload {
+    tide_pool *pool;
+    char *name;
+    tide_ctx *ctx;             /* the model's, and generate's failures */
+    tide_model *m;
+    tide_llama_config cfg;
+    int ctx_len;
+    int prompt, gen;           /* the typical request */
+    double weight;             /* requests queued */
+    uint64_t min, need;
+    pool_curve cv;
+    /* under mu */
+    uint64_t share;            /* from the last partition (time-sliced: unused) */
+    uint64_t held;             /* reserved now: 0 or configured (P2) */
+    uint64_t configured;       /* the model's budget (0: none set) */
+    bool claimed;              /* a request owns the workload */
+    bool model_busy;           /* P3 */
+    bool running_turn;         /* time-sliced: its turn, the whole budget */
+    bool leaving;
+    bool drift_logged;
+    bool planned;              /* a request ran at the configured budget (its plans exist) */
+    int part_k;                /* partition(): its point on its curve */
+    int users;                 /* threads inside tide_pool_generate for it */
+    int waiting;
+    uint64_t turn;             /* time-sliced queue position (0: not queued) */
+    int64_t requests, drifted, replans;
+    double pred_s, meas_s;
+    uint64_t peak_dev;
+};
+
+struct tide_pool {
+    tide_ctx *ctx;
+    tide_backend *be;
+    tide_pool_policy policy;
+    uint64_t total;
+    tide_hw hw;
+    char *hw_arg;              /* what each model's set_offload loads */
+    bool hw_tmp;               /* hw_arg is a file of ours (a measured profile) */
+    uint64_t host_budget;
+    char *ssd_dirs;
+    void (*log)(void *user, const char *line);
+    void *log_user;
+    tide_pool_held_hook hook;
+    void *hook_user;
+    pthread_mutex_t mu, mgmt;
+    pthread_cond_t cv;
+    tide_pool_workload **w;
+    int n, cap;
+    bool sliced;
+    uint64_t turn_next;
+    uint64_t held_sum, peak_held;
+    int64_t partitions, replans, waits, requests, drifted;
+    double pred_s, meas_s;
+};
+
+static const char *const policy_names[] = {"tide", "equal", "serial"};
+
+const char *tide_pool_policy_name(tide_pool_policy p) {
+    return (unsigned)p < sizeof policy_names / sizeof policy_names[0] ? policy_names[p] : NULL;
+}
+
+tide_status tide_pool_policy_parse(tide_ctx *ctx, const char *s, tide_pool_policy *out) {
+    for (unsigned i = 0; s && i < sizeof policy_names / sizeof policy_names[0]; i++)
+        if (!strcmp(s, policy_names[i])) {
+            *out = (tide_pool_policy)i;
+            return TIDE_OK;
+        }
+    return tide_err(ctx, TIDE_E_INVALID, "unknown pool policy '%s' (tide, equal or serial)", s ? s : "(null)");
+}
+
+/* ---------------------------------------------------------------- bookkeeping (under mu) */
+
+static void logf_locked(tide_pool *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_locked(tide_pool *p, const char *fmt, ...) {
+    if (!p->log) return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    p->log(p->log_user, line);
+}
+
+#ifndef NDEBUG
+static bool check_state(const tide_pool *p) {
+    uint64_t sum = 0;
+    for (int i = 0; i < p->n; i++) {
+        const tide_pool_workload *w = p->w[i];
+        if (w->held && w->held != w->configured && !w->model_busy) return false; /* P2 */
+        sum += w->held;
+    }
+    return sum == p->held_sum && sum <= p->total; /* P1 */
+}
+#endif
+
+static void set_held(tide_pool *p, tide_pool_workload *w, uint64_t bytes) {
+    p->held_sum = p->held_sum - w->held + bytes;
+    w->held = bytes;
+    if (p->held_sum > p->peak_held) p->peak_held = p->held_sum;
+    if (p->hook) p->hook(p->hook_user, p->held_sum, p->total);
+    assert(check_state(p));
+}
+
+static int index_of(const tide_pool *p, const tide_pool_workload *w) {
+    for (int i = 0; i < p->n; i++)
+        if (p->w[i] == w) return i;
+    return -1;
+}
+
+/* The share w should hold now. */
+static uint64_t target(const tide_pool *p, const tide_pool_workload *w) {
+    if (p->sliced) return w->running_turn ? p->total : 0;
+    return w->share;
+}
+
+static uint64_t equal_share(const tide_pool *p, int n) {
+    uint64_t s = n ? p->total / (uint64_t)n : p->total;
+    return n > 1 ? s / TIDE_PLAN_ALIGN * TIDE_PLAN_ALIGN : s;
+}
+
+/* The predicted time of w's typical request at a share (its curve, from the
+ * last point at or below the share). */
+static double predicted_at(const tide_pool_workload *w, uint64_t share) {
+    double t = 0;
+    for (int k = 0; k < w->cv.n && w->cv.b[k] <= share; k++) t = w->cv.t[k];
+    return isfinite(t) ? t : 0;
+}
+
+/* Sets every share (policy and budget as they are now) and says why. */
+static void partition(tide_pool *p, const char *why) {
+    p->partitions++;
+    uint64_t sum_min = 0;
+    for (int i = 0; i < p->n; i++) sum_min += p->w[i]->min;
+    bool was = p->sliced;
+    p->sliced = p->policy == TIDE_POOL_SERIAL || (p->policy == TIDE_POOL_TIDE && sum_min > p->total);
+    for (int i = 0; i < p->n; i++) p->w[i]->share = 0;
+    if (p->sliced) {
+        if (p->policy == TIDE_POOL_TIDE && !was)
+            logf_locked(p, "pool: %s: the minimums of the %d workloads (%llu bytes) exceed the budget of %llu "
+                        "bytes: time-slicing, one workload at a time with the whole budget", why, p->n,
+                        (unsigned long long)sum_min, (unsigned long long)p->total);
+        else
+            logf_locked(p, "pool: %s: time-sliced among %d workloads, %llu bytes each in turn", why, p->n,
+                        (unsigned long long)p->total);
+        pthread_cond_broadcast(&p->cv);
+        return;
+    }
+    if (was) logf_locked(p, "pool: %s: the minimums fit again (%llu of %llu bytes): shares replace time-slicing",
+                         why, (unsigned long long)sum_min, (unsigned long long)p->total);
+    if (p->policy == TIDE_POOL_EQUAL) {
+        for (int i = 0; i < p->n; i++) p->w[i]->share = equal_share(p, p->n);
+    } else {
+        uint64_t left = p->total - sum_min;
+        for (int i = 0; i < p->n; i++) {
+            p->w[i]->part_k = 0;
+            p->w[i]->share = p->w[i]->cv.b[0];
+        }
+        for (;;) { /* the move of the largest saving per byte */
+            int bi = -1, bk = 0;
+            double best = 0;
+            for (int i = 0; i < p->n; i++) {
+                const tide_pool_workload *w = p->w[i];
+                for (int k = w->part_k + 1; k < w->cv.n; k++) {
+                    uint64_t add = w->cv.b[k] - w->share;
+                    if (add > left) break;
+                    double save = w->weight * (w->cv.t[w->part_k] - w->cv.t[k]);
+                    if (!isfinite(w->cv.t[k]) || !(save > 0)) continue;
+                    double r = save / (double)(add ? add : 1);
+                    if (r > best) best = r, bi = i, bk = k;
+                }
+            }
+            if (bi < 0) break;
+            left -= p->w[bi]->cv.b[bk] - p->w[bi]->share;
+            p->w[bi]->share = p->w[bi]->cv.b[bk];
+            p->w[bi]->part_k = bk;
+        }
+    }
+    char line[900];
+    int len = 0;
+    double total_s = 0;
+    for (int i = 0; i < p->n && len < (int)sizeof line - 80; i++) {
+        const tide_pool_workload *w = p->w[i];
+        total_s += w->weight * predicted_at(w, w->share);
+        len += snprintf(line + len, sizeof line - (size_t)len, "%s%s %llu", i ? ", " : "", w->name,
+                        (unsigned long long)w->share);
+    }
+    logf_locked(p, "pool: %s: %s shares of %llu bytes: %s%s; predicted queued work %.6g s", why,
+                policy_names[p->policy], (unsigned long long)p->total, p->n ? line : "(no workloads)",
+                len >= (int)sizeof line - 80 ? ", ..." : "", total_s);
+    pthread_cond_broadcast(&p->cv);
+}
+
+/* ---------------------------------------------------------------- budgets of models */
+
+/* Sets w's model to run under exactly `bytes` (which frees its arena and
+ * drops its plans). Outside mu, with w->model_busy set. */
+static tide_status apply_budget(tide_pool *p, tide_pool_workload *w, uint64_t bytes) {
+    tide_offload_opts o = {.budget_kind = TIDE_BUDGET_BYTES, .bytes = bytes, .policy = "tide",
+                           .host_budget = p->host_budget, .ssd_dirs = p->ssd_dirs, .hw = p->hw_arg,
+                           .tile = TIDE_TILE_NONE};
+    return tide_model_set_offload(w->m, &o);
+}
+
+/* Changes idle workload v (model_busy set by the caller, mu held) to hold
+ * `bytes` (0: nothing): the model is set again outside mu, and only then is
+ * the smaller share recorded (P1). A failure leaves it holding nothing. */
+static tide_status shrink_locked(tide_pool *p, tide_pool_workload *v, uint64_t bytes, const char *why) {
+    uint64_t was = v->held;
+    pthread_mutex_unlock(&p->mu);
+    /* releasing keeps the budget set and frees the arena; the next request
+     * of v reserves that budget again before it runs */
+    tide_status st = apply_budget(p, v, bytes ? bytes : v->configured);
+    pthread_mutex_lock(&p->mu);
+    if (st) {
+        v->configured = 0;
+        set_held(p, v, 0);
+        return st;
+    }
+    v->configured = bytes ? bytes : v->configured;
+    set_held(p, v, bytes);
+    if (v->planned) {
+        v->replans++;
+        p->replans++;
+    }
+    v->planned = false;
+    logf_locked(p, "pool: %s: '%s' %s from %llu to %llu bytes", why, v->name, bytes ? "shrinks" : "releases",
+                (unsigned long long)was, (unsigned long long)bytes);
+    return TIDE_OK;
+}
+
+/* Shrinks one idle workload other than w that holds more than its target.
+ * Returns true when it changed something (mu was dropped meanwhile). */
+static bool evict_one(tide_pool *p, tide_pool_workload *w) {
+    for (int i = 0; i < p->n; i++) {
+        tide_pool_workload *v = p->w[i];
+        uint64_t t = target(p, v);
+        if (v == w || v->model_busy || v->held <= t) continue;
+        v->model_busy = true;
+        if (shrink_locked(p, v, t, p->sliced ? "another workload's turn" : "room for another workload"))
+            logf_locked(p, "pool: '%s' could not be set to %llu bytes: %s", v->name, (unsigned long long)t,
+                        tide_ctx_last_error(v->ctx));
+        v->model_busy = false;
+        pthread_cond_broadcast(&p->cv);
+        return true;
+    }
+    return false;
+}
+
+/* Whether w is first among the workloads waiting for a turn. */
+static bool first_in_turn(const tide_pool *p, const tide_pool_workload *w) {
+    for (int i = 0; i < p->n; i++)
+        if (p->w[i]->turn && p->w[i]->turn < w->turn) return false;
+    return true;
+}
+
+/* Gives w (claimed, mu held) the share it should run with and marks its
+ * model busy: waits for a turn (time-sliced) and for room, shrinking idle
+ * workloads that hold more than theirs. *waited is set when it waited. */
+static tide_status acquire(tide_pool *p, tide_pool_workload *w, bool *waited) {
+    for (;;) {
+        if (w->leaving) { /* refused: the caller says so on the pool's context */
+            w->turn = 0;
+            pthread_cond_broadcast(&p->cv);
+            return TIDE_E_INVALID;
+        }
+        uint64_t want;
+        if (p->sliced) {
+            if (!w->turn) w->turn = ++p->turn_next;
+            if (!first_in_turn(p, w)) goto wait;
+            want = p->total;
+        } else {
+            if (w->turn) {
+                w->turn = 0;
+                pthread_cond_broadcast(&p->cv);
+            }
+            want = w->share;
+        }
+        if (w->model_busy) goto wait; /* another thread is shrinking it */
+        if (want <= w->held || p->held_sum - w->held + want <= p->total) {
+            if (want > w->held) set_held(p, w, want); /* reserve first */
+            w->model_busy = true;
+            w->running_turn = p->sliced;
+            tide_status st = TIDE_OK;
+            if (w->configured != want) {
+                pthread_mutex_unlock(&p->mu);
+                st = apply_budget(p, w, want);
+                pthread_mutex_lock(&p->mu);
+                if (!st) {
+                    if (w->planned) {
+                        w->replans++;
+                        p->replans++;
+                        logf_locked(p, "pool: '%s' runs at %llu bytes (was %llu): %s", w->name,
+                                    (unsigned long long)want, (unsigned long long)w->configured,
+                                    p->sliced ? "its turn" : "its new share");
+                    }
+                    w->configured = want;
+                    w->planned = false;
+                } else {
+                    w->configured = 0;
+                }
+            }
+            if (st || want < w->held) set_held(p, w, st ? 0 : want); /* the old arena is gone */
+            if (st) {
+                w->model_busy = false;
+                w->running_turn = false;
+                w->turn = 0;
+                pthread_cond_broadcast(&p->cv);
+                return st;
+            }
+            if (w->turn) {
+                w->turn = 0;
+                pthread_cond_broadcast(&p->cv);
+            }
+            return TIDE_OK;
+        }
+        if (evict_one(p, w)) continue;
+    wait:
+        *waited = true;
+        pthread_cond_wait(&p->cv, &p->mu);
+    }
+}
+
+/* After w's request (mu held, model_busy still set): its share, if smaller
+ * now, is applied at once; time-sliced, the budget is left held until
+ * another workload's turn needs it (the plans stay while no one waits). */
+static void release_after(tide_pool *p, tide_pool_workload *w) {
+    w->running_turn = false;
+    uint64_t t = target(p, w);
+    bool others_wait = false;
+    for (int i = 0; i < p->n; i++)
+        if (p->w[i] != w && p->w[i]->waiting) others_wait = true;
+    if (w->held > t && (!p->sliced || others_wait))
+        if (shrink_locked(p, w, t, "its request ended"))
+            logf_locked(p, "pool: '%s' could not be set to %llu bytes: %s", w->name, (unsigned long long)t,
+                        tide_ctx_last_error(w->ctx));
+    w->model_busy = false;
+}
+
+/* ---------------------------------------------------------------- predictions */
+
+static pool_predict predictor(tide_pool *p, const tide_pool_workload *w) {
+    return (pool_predict){.ctx = p->ctx, .hw = &p->hw, .host_budget = p->host_budget,
+                          .host_addressable = p->be->vt->device_is_host, .cfg = &w->cfg, .ctx_len = w->ctx_len,
+                          .name = w->name};
+}
+
+static tide_status find_bounds(tide_pool *p, tide_pool_workload *w) {
+    pool_predict pp = predictor(p, w);
+    return pool_predict_bounds(&pp, &w->min, &w->need);
+}
+
+static tide_status plan_curve(tide_pool *p, const tide_pool_workload *w, int prompt, int gen, pool_curve *cv) {
+    pool_predict pp = predictor(p, w);
+    return pool_predict_curve(&pp, w->min, w->need, prompt, gen, cv);
+}
+
+/* ---------------------------------------------------------------- the pool */
+
+tide_status tide_pool_new(tide_ctx *ctx, tide_backend *be, const tide_pool_opts *o, tide_pool **out) {
+    *out = NULL;
+    if (!be || !o || !o->budget_bytes)
+        return tide_err(ctx, TIDE_E_INVALID, "a pool needs a backend and a budget of at least one byte");
+    if (!tide_pool_policy_name(o->policy))
+        return tide_err(ctx, TIDE_E_INVALID, "unknown pool policy %d (tide, equal or serial)", (int)o->policy);
+    tide_pool *p = tide_calloc(1, sizeof *p);
+    if (!p) return tide_err(ctx, TIDE_E_NOMEM, "out of memory making a pool");
+    p->ctx = ctx;
+    p->be = be;
+    p->policy = o->policy;
+    p->total = o->budget_bytes;
+    p->host_budget = o->host_budget;
+    p->log = o->log;
+    p->log_user = o->log_user;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_mutex_init(&p->mgmt, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    tide_status st = TIDE_OK;
+    if (o->ssd_dirs && !(p->ssd_dirs = tide_strdup(o->ssd_dirs))) st = tide_err(ctx, TIDE_E_NOMEM, "out of memory");
+    if (!st && o->hw) {
+        if (!(p->hw_arg = tide_strdup(o->hw))) st = tide_err(ctx, TIDE_E_NOMEM, "out of memory");
+        else st = tide_hw_load(ctx, o->hw, &p->hw);
+    } else if (!st) {
+        /* measured once; every model loads the same profile from a file of
+         * the pool's, removed with it */
+        char path[4096];
+        const char *tmp = getenv("TMPDIR");
+        snprintf(path, sizeof path, "%s/tide-pool-hw-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        int fd = -1;
+        if (!(st = tide_probe_backend(ctx, be, p->ssd_dirs, 1.0, NULL, &p->hw))) {
+            if ((fd = mkstemp(path)) < 0)
+                st = tide_err(ctx, TIDE_E_IO, "cannot make '%s' for the measured profile", path);
+            else close(fd);
+        }
+        if (!st && !(p->hw_arg = tide_strdup(path))) {
+            unlink(path);
+            st = tide_err(ctx, TIDE_E_NOMEM, "out of memory");
+        }
+        if (!st) {
+            p->hw_tmp = true;
+            st = tide_hw_save(ctx, &p->hw, p->hw_arg);
+        }
+    }
+    if (!st && !be->vt->device_is_host && be->matmul == TIDE_MATMUL_F32) {
+        /* as the models' own plans assume: 16-bit weights at the f32 rate */
+        for (int d = 0; d < TIDE_DTYPE_COUNT; d++)
+            if (d == TIDE_F16 || d == TIDE_BF16) p->hw.flops[d] = TIDE_MIN(p->hw.flops[d], p->hw.flops[TIDE_F32]);
+    }
+    if (st) {
+        tide_pool_free(p);
+        return st;
+    }
+    p->sliced = p->policy == TIDE_POOL_SERIAL;
+    *out = p;
+    return TIDE_OK;
+}
+
+static void workload_free(tide_pool_workload *w) {
+    if (!w) return;
+    tide_model_free(w->m);
+    tide_ctx_free(w->ctx);
+    tide_free(w->name);
+    tide_free(w);
+}
+
+void tide_pool_free(tide_pool *p) {
+    if (!p) return;
+    for (int i = 0; i < p->n; i++) workload_free(p->w[i]);
+    tide_free(p->w);
+    if (p->hw_tmp) unlink(p->hw_arg);
+    tide_free(p->hw_arg);
+    tide_free(p->ssd_dirs);
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->mgmt);
+    pthread_mutex_destroy(&p->mu);
+    tide_free(p);
+}
+
+void tide_pool_set_held_hook(tide_pool *p, tide_pool_held_hook fn, void *user) {
+    pthread_mutex_lock(&p->mu);
+    p->hook = fn;
+    p->hook_user = user;
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* The typical request clamped to w's context: prompt + gen - 1 positions. */
+static void clamp_demand(const tide_pool_workload *w, int *prompt, int *gen) {
+    *prompt = TIDE_MAX(1, TIDE_MIN(*prompt, w->ctx_len));
+    *gen = TIDE_MAX(1, TIDE_MIN(*gen, w->ctx_len - *prompt + 1));
+}
+
+tide_status tide_pool_add_model(tide_pool *p, const char *name, tide_checkpoint *ck, const tide_model_opts *mo,
+                                tide_pool_workload **out) {
+    if (out) *out = NULL;
+    if (!name || !*name || !ck || !out)
+        return tide_err(p->ctx, TIDE_E_INVALID, "a workload needs a name, a checkpoint and somewhere to return it");
+    pthread_mutex_lock(&p->mgmt);
+    tide_status st = TIDE_OK;
+    tide_pool_workload *w = tide_calloc(1, sizeof *w);
+    if (!w || !(w->name = tide_strdup(name)) || !(w->ctx = tide_ctx_new())) {
+        st = tide_err(p->ctx, TIDE_E_NOMEM, "out of memory adding workload '%s'", name);
+        goto fail;
+    }
+    pthread_mutex_lock(&p->mu);
+    bool dup = false;
+    for (int i = 0; i < p->n; i++) dup |= !strcmp(p->w[i]->name, name);
+    pthread_mutex_unlock(&p->mu);
+    if (dup) {
+        st = tide_err(p->ctx, TIDE_E_INVALID, "the pool already has a workload named '%s'", name);
+        goto fail;
+    }
+    w->pool = p;
+    w->cfg = *tide_checkpoint_config(ck);
+    if ((st = tide_model_new(w->ctx, ck, p->be, mo, &w->m))) {
+        st = tide_err(p->ctx, st, "workload '%s': %s", name, tide_ctx_last_error(w->ctx));
+        goto fail;
+    }
+    w->ctx_len = mo && mo->ctx_len > 0 ? mo->ctx_len : w->cfg.max_position_embeddings;
+    w->prompt = POOL_PROMPT;
+    w->gen = POOL_NEW;
+    w->weight = 1;
+    clamp_demand(w, &w->prompt, &w->gen);
+    if ((st = find_bounds(p, w)) || (st = plan_curve(p, w, w->prompt, w->gen, &w->cv))) goto fail;
+    /* checks the offload options once, now; nothing is planned or allocated yet */
+    if ((st = apply_budget(p, w, w->min))) {
+        st = tide_err(p->ctx, st, "workload '%s': %s", name, tide_ctx_last_error(w->ctx));
+        goto fail;
+    }
+    w->configured = w->min;
+    pthread_mutex_lock(&p->mu);
+    if (w->min > p->total) {
+        pthread_mutex_unlock(&p->mu);
+        st = tide_err(p->ctx, TIDE_E_INFEASIBLE, "workload '%s' needs at least %llu bytes, more than the pool's "
+                      "budget of %llu bytes", name, (unsigned long long)w->min, (unsigned long long)p->total);
+        goto fail;
+    }
+    if (p->policy == TIDE_POOL_EQUAL) {
+        uint64_t s = equal_share(p, p->n + 1);
+        const tide_pool_workload *worst = w;
+        for (int i = 0; i < p->n; i++)
+            if (p->w[i]->min > worst->min) worst = p->w[i];
+        if (worst->min > s) {
+            pthread_mutex_unlock(&p->mu);
+            st = tide_err(p->ctx, TIDE_E_INFEASIBLE, "policy equal: a share of %llu bytes (%llu bytes over %d "
+                          "workloads) is below workload '%s''s minimum of %llu bytes: '%s' is not added",
+                          (unsigned long long)s, (unsigned long long)p->total, p->n + 1, worst->name,
+                          (unsigned long long)worst->min, name);
+            goto fail;
+        }
+    }
+    if (tide_grow((void **)&p->w, &p->cap, p->n + 1, sizeof *p->w)) {
+        pthread_mutex_unlock(&p->mu);
+        st = tide_err(p->ctx, TIDE_E_NOMEM, "out of memory adding workload '%s'", name);
+        goto fail;
+    }
+    p->w[p->n++] = w;
+    char why[160];
+    snprintf(why, sizeof why, "'%.100s' arrived (minimum %llu bytes)", name, (unsigned long long)w->min);
+    partition(p, why);
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_unlock(&p->mgmt);
+    *out = w;
+    return TIDE_OK;
+fail:
+    workload_free(w);
+    pthread_mutex_unlock(&p->mgmt);
+    return st;
+}
+
+tide_status tide_pool_remove(tide_pool *p, tide_pool_workload *w) {
+    pthread_mutex_lock(&p->mu);
+    if (index_of(p, w) < 0 || w->leaving) {
+        pthread_mutex_unlock(&p->mu);
+        pthread_mutex_lock(&p->mgmt);
+        tide_status st = tide_err(p->ctx, TIDE_E_INVALID, "no such workload in the pool (or being removed)");
+        pthread_mutex_unlock(&p->mgmt);
+        return st;
+    }
+    /* mgmt is not held while the requests drain: a refused request records
+     * its message under it */
+    w->leaving = true;
+    pthread_cond_broadcast(&p->cv);
+    while (w->users > 0 || w->model_busy) pthread_cond_wait(&p->cv, &p->mu);
+    w->model_busy = true; /* nothing else touches it now; its arena goes with the model */
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_lock(&p->mgmt); /* a set_demand of w planning now finishes first */
+    tide_model_free(w->m);
+    w->m = NULL;
+    pthread_mutex_lock(&p->mu);
+    set_held(p, w, 0);
+    int i = index_of(p, w);
+    memmove(&p->w[i], &p->w[i + 1], (size_t)(p->n - i - 1) * sizeof *p->w);
+    p->n--;
+    char why[160];
+    snprintf(why, sizeof why, "'%.100s' left", w->name);
+    partition(p, why);
+    pthread_mutex_unlock(&p->mu);
+    workload_free(w);
+    pthread_mutex_unlock(&p->mgmt);
+    return TIDE_OK;
+}
+
+tide_pool_workload *tide_pool_find(tide_pool *p, const char *name) {
+    tide_pool_workload *r = NULL;
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; name && i < p->n && !r; i++)
+        if (!strcmp(p->w[i]->name, name) && !p->w[i]->leaving) r = p->w[i];
+    pthread_mutex_unlock(&p->mu);
+    return r;
+}
+
+tide_ctx *tide_pool_workload_ctx(tide_pool_workload *w) { return w ? w->ctx : NULL; }
+
+tide_status tide_pool_set_demand(tide_pool *p, tide_pool_workload *w, int prompt_tokens, int new_tokens,
+                                 double weight) {
+    pthread_mutex_lock(&p->mgmt);
+    pthread_mutex_lock(&p->mu);
+    bool in = index_of(p, w) >= 0 && !w->leaving;
+    pthread_mutex_unlock(&p->mu);
+    tide_status st = TIDE_OK;
+    if (!in) st = tide_err(p->ctx, TIDE_E_INVALID, "no such workload in the pool");
+    else if (prompt_tokens < 0 || new_tokens < 0 || weight < 0 || !isfinite(weight))
+        st = tide_err(p->ctx, TIDE_E_INVALID, "a demand of %d prompt tokens, %d new tokens and weight %g",
+                      prompt_tokens, new_tokens, weight);
+    if (st) {
+        pthread_mutex_unlock(&p->mgmt);
+        return st;
+    }
+    /* w stays: only a management call removes it, and mgmt is held */
+    int prompt = prompt_tokens ? prompt_tokens : w->prompt, gen = new_tokens ? new_tokens : w->gen;
+    clamp_demand(w, &prompt, &gen);
+    pool_curve cv;
+    if ((st = plan_curve(p, w, prompt, gen, &cv))) {
+        pthread_mutex_unlock(&p->mgmt);
+        return st;
+    }
+    pthread_mutex_lock(&p->mu);
+    w->prompt = prompt;
+    w->gen = gen;
+    if (weight > 0) w->weight = weight;
+    w->cv = cv;
+    char why[200];
+    snprintf(why, sizeof why, "'%.100s' expects %d + %d tokens x %g", w->name, prompt, gen, w->weight);
+    partition(p, why);
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_unlock(&p->mgmt);
+    return TIDE_OK;
+}
+
+/* Counts a completed request into w and the pool (mu held). */
+static void record(tide_pool *p, tide_pool_workload *w, const tide_gen_stats *gs) {
+    double pred = gs->predicted_s, meas = gs->exec_s;
+    w->requests++;
+    p->requests++;
+    w->pred_s += pred;
+    w->meas_s += meas;
+    p->pred_s += pred;
+    p->meas_s += meas;
+    w->peak_dev = TIDE_MAX(w->peak_dev, gs->peak_device_bytes);
+    if (pred > 0 && fabs(meas - pred) > POOL_DRIFT * pred) {
+        w->drifted++;
+        p->drifted++;
+        if (!w->drift_logged) {
+            w->drift_logged = true;
+            logf_locked(p, "pool: '%s' measured %.6g s against %.6g s predicted (%.2fx): drift beyond %.0f%% "
+                        "(counted in the stats; the cost model is not refitted)", w->name, meas, pred, meas / pred,
+                        POOL_DRIFT * 100);
+        }
+    }
+}
+
+tide_status tide_pool_generate(tide_pool *p, tide_pool_workload *w, const int32_t *prompt, int n_prompt,
+                               int max_new, const tide_gen_opts *g, int32_t *out_tokens, int *n_out,
+                               tide_gen_stats *stats) {
+    if (n_out) *n_out = 0;
+    pthread_mutex_lock(&p->mu);
+    if (index_of(p, w) < 0 || w->leaving) {
+        pthread_mutex_unlock(&p->mu);
+        pthread_mutex_lock(&p->mgmt);
+        tide_status st = tide_err(p->ctx, TIDE_E_INVALID, "no such workload in the pool (or being removed)");
+        pthread_mutex_unlock(&p->mgmt);
+        return st;
+    }
+    w->users++;
+    w->waiting++;
+    bool waited = false, claimed = false, run = false;
+    while (w->claimed && !w->leaving) {
+        waited = true;
+        pthread_cond_wait(&p->cv, &p->mu);
+    }
+    tide_status st = TIDE_E_INVALID; /* refused: w is being removed */
+    if (!w->leaving) {
+        w->claimed = claimed = true;
+        if (g && g->start_pos)
+            st = tide_err(w->ctx, TIDE_E_UNSUPPORTED, "a pool's requests start at position 0: a workload's cache "
+                          "is not kept between requests (its share may change)");
+        else if (!out_tokens && max_new > 0)
+            st = tide_err(w->ctx, TIDE_E_INVALID, "no room for the generated tokens");
+        else
+            run = !(st = acquire(p, w, &waited));
+    }
+    bool refused = !run && st == TIDE_E_INVALID && w->leaving;
+    w->waiting--;
+    if (waited) p->waits++;
+    pthread_mutex_unlock(&p->mu);
+    tide_gen_stats gs = {0};
+    if (run) st = tide_model_generate_ex(w->m, prompt, n_prompt, max_new, g, out_tokens, n_out, &gs);
+    pthread_mutex_lock(&p->mu);
+    if (run) {
+        w->planned = true;
+        if (!st) record(p, w, &gs);
+        release_after(p, w);
+    }
+    if (claimed) w->claimed = false;
+    w->users--; /* w may be freed from here on */
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    if (refused) {
+        pthread_mutex_lock(&p->mgmt);
+        tide_err(p->ctx, TIDE_E_INVALID, "the workload is being removed: request refused");
+        pthread_mutex_unlock(&p->mgmt);
+    }
+    if (!st && stats) *stats = gs;
+    return st;
+}
+
+void tide_pool_stats_get(tide_pool *p, tide_pool_stats *s) {
+    pthread_mutex_lock(&p->mu);
+    *s = (tide_pool_stats){.budget_bytes = p->total, .n_workloads = p->n, .time_sliced = p->sliced,
+                           .held_bytes = p->held_sum, .peak_held_bytes = p->peak_held,
+                           .partitions = p->partitions, .replans = p->replans, .waits = p->waits,
+                           .requests = p->requests, .drifted = p->drifted, .predicted_s = p->pred_s,
+                           .measured_s = p->meas_s};
+    for (int i = 0; i < p->n; i++) s->shares_bytes += p->w[i]->share;
+    pthread_mutex_unlock(&p->mu);
+}
+
+tide_status tide_pool_workload_stats_get(tide_pool *p, tide_pool_workload *w, tide_pool_workload_stats *s) {
+    pthread_mutex_lock(&p->mu);
+    if (index_of(p, w) < 0) {
+        pthread_mutex_unlock(&p->mu);
+        memset(s, 0, sizeof *s);
+        return TIDE_E_INVALID;
+    }
+    *s = (tide_pool_workload_stats){.share_bytes = target(p, w), .held_bytes = w->held, .min_bytes = w->min,
+                                    .need_bytes = w->need, .waiting = w->waiting, .requests = w->requests,
+                                    .drifted = w->drifted, .replans = w->replans, .predicted_s = w->pred_s,
+                                    .measured_s = w->meas_s, .peak_device_bytes = w->peak_dev};
+    s->predicted_request_s = predicted_at(w, p->sliced ? p->total : w->share);
+    pthread_mutex_unlock(&p->mu);
+    return TIDE_OK;
+}
