@@ -77,12 +77,16 @@ static tide_status alloc_host_pool(tide_exec *ex, size_t n, bool no_pin) {
     if (!n) return TIDE_OK;
     n = (n + ALIGN - 1) & ~(size_t)(ALIGN - 1);
     tide_backend *be = ex->be;
-    if (!no_pin && be->vt->host_alloc && be->vt->host_alloc(be, n, (void **)&ex->host_pool) == TIDE_OK) {
-        ex->host_pool_bytes = n;
-        ex->host_pinned = ex->host_by_backend = true;
-        return TIDE_OK;
+    if (!no_pin && be->vt->host_alloc) {
+        if (be->vt->host_alloc(be, n, (void **)&ex->host_pool) == TIDE_OK) {
+            ex->host_pool_bytes = n;
+            ex->host_pinned = ex->host_by_backend = true;
+            return TIDE_OK;
+        }
+        /* pageable memory instead: the backend's refusal is no error (its
+         * context is touched only where it recorded one) */
+        tide_err_clear(be->ctx);
     }
-    tide_err_clear(be->ctx);
     void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
         return tide_err(ex->ctx, TIDE_E_NOMEM, "cannot reserve %zu bytes of host spill memory: %s", n,
