@@ -730,6 +730,11 @@ typedef struct tide_pool_opts {
                                  ($TMPDIR or /tmp) removed with the pool */
     uint64_t host_budget;     /* per workload, as tide_offload_opts.host_budget */
     const char *ssd_dirs;     /* as tide_offload_opts.ssd_dirs */
+    bool weights_on_ssd;      /* as tide_offload_opts.weights_on_ssd: every workload's
+                                 weights homed on SSD and streamed through its share
+                                 (on the CPU backend, where weights homed in host
+                                 memory are read in place, this is what makes the
+                                 shares bound the weights too) */
     /* Optional: one line per re-partition and per share change (when and why),
      * and per workload whose measured time first drifts from the prediction.
      * Called with the pool's lock held, from whichever thread caused it: it

@@ -161,9 +161,11 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     return remove(path);
 }
 
+static bool weights_ssd; /* the pools' workloads home their weights on SSD */
+
 static tide_pool *pool_make(tide_pool_policy policy, uint64_t budget, log_count *lc) {
     tide_pool_opts o = {.budget_bytes = budget, .policy = policy, .hw = "h100-80g", .ssd_dirs = spill_dir,
-                        .log = lc ? on_log : NULL, .log_user = lc};
+                        .weights_on_ssd = weights_ssd, .log = lc ? on_log : NULL, .log_user = lc};
     tide_pool *p = NULL;
     tide_status st = tide_pool_new(ctx, be, &o, &p);
     if (st) fail_msg("tide_pool_new: %s", tide_ctx_last_error(ctx));
@@ -843,6 +845,26 @@ static void test_trace_device(void **state) {
     tide_backend_free(ab);
 }
 
+/* The traces with every workload's weights homed on SSD on the CPU backend:
+ * the weights stream through each share's arena (read from the checkpoint
+ * files), so the shares bound them too; every request still equal to the
+ * resident run alone. */
+static void test_trace_weights_on_ssd(void **state) {
+    (void)state;
+    uint64_t cpu_min[N_FIX], cpu_need[N_FIX];
+    memcpy(cpu_min, min_b, sizeof min_b);
+    memcpy(cpu_need, need_b, sizeof need_b);
+    weights_ssd = true;
+    assert_true(measure_bounds());
+    assert_true(min_b[0] > cpu_min[0]); /* the weights now pass through the arena */
+    run_trace(TIDE_POOL_TIDE, max_of(need_b) + max_of(min_b), 808, 12);
+    run_trace(TIDE_POOL_EQUAL, 5 * (tide_plan_align(max_of(min_b)) + TIDE_PLAN_ALIGN), 909, 12);
+    run_trace(TIDE_POOL_SERIAL, max_of(min_b), 1010, 12);
+    weights_ssd = false;
+    memcpy(min_b, cpu_min, sizeof min_b);
+    memcpy(need_b, cpu_need, sizeof need_b);
+}
+
 /* No profile given: the machine is measured once and its profile handed to
  * the models through a temporary file, gone with the pool. */
 static void test_measured_profile(void **state) {
@@ -881,6 +903,7 @@ int main(void) {
         cmocka_unit_test(test_remove_inflight),  cmocka_unit_test(test_trace_tide),
         cmocka_unit_test(test_trace_equal),      cmocka_unit_test(test_trace_serial),
         cmocka_unit_test(test_measured_profile), cmocka_unit_test(test_trace_device),
+        cmocka_unit_test(test_trace_weights_on_ssd),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -109,6 +109,7 @@ struct tide_pool {
     bool hw_tmp;               /* hw_arg is a file of ours (a measured profile) */
     uint64_t host_budget;
     char *ssd_dirs;
+    bool weights_on_ssd;
     void (*log)(void *user, const char *line);
     void *log_user;
     tide_pool_held_hook hook;
@@ -268,6 +269,7 @@ static void partition(tide_pool *p, const char *why) {
 static tide_status apply_budget(tide_pool *p, tide_pool_workload *w, uint64_t bytes) {
     tide_offload_opts o = {.budget_kind = TIDE_BUDGET_BYTES, .bytes = bytes, .policy = "tide",
                            .host_budget = p->host_budget, .ssd_dirs = p->ssd_dirs, .hw = p->hw_arg,
+                           .weights_on_ssd = p->weights_on_ssd,
                            .tile = TIDE_TILE_NONE};
     return tide_model_set_offload(w->m, &o);
 }
@@ -411,7 +413,8 @@ static void release_after(tide_pool *p, tide_pool_workload *w) {
 
 static pool_predict predictor(tide_pool *p, const tide_pool_workload *w) {
     return (pool_predict){.ctx = p->ctx, .hw = &p->hw, .host_budget = p->host_budget,
-                          .host_addressable = p->be->vt->device_is_host, .cfg = &w->cfg, .ctx_len = w->ctx_len,
+                          .host_addressable = p->be->vt->device_is_host, .weights_on_ssd = p->weights_on_ssd,
+                          .cfg = &w->cfg, .ctx_len = w->ctx_len,
                           .name = w->name};
 }
 
@@ -440,6 +443,7 @@ tide_status tide_pool_new(tide_ctx *ctx, tide_backend *be, const tide_pool_opts 
     p->policy = o->policy;
     p->total = o->budget_bytes;
     p->host_budget = o->host_budget;
+    p->weights_on_ssd = o->weights_on_ssd;
     p->log = o->log;
     p->log_user = o->log_user;
     pthread_mutex_init(&p->mu, NULL);

@@ -9,7 +9,8 @@
 
 static tide_plan_opts plan_opts(const pool_predict *pp, uint64_t budget) {
     return (tide_plan_opts){.policy = TIDE_POLICY_TIDE, .device_budget = budget, .host_budget = pp->host_budget,
-                            .n_iter = 1, .hw = pp->hw, .host_addressable = pp->host_addressable};
+                            .n_iter = 1, .hw = pp->hw, .host_addressable = pp->host_addressable,
+                            .weights_on_ssd = pp->weights_on_ssd};
 }
 
 /* The graph of one request's step: a fresh prefill of seq tokens, or the

@@ -23,6 +23,7 @@ typedef struct pool_predict {
     const tide_hw *hw;
     uint64_t host_budget;
     bool host_addressable;    /* the backend's device memory is host memory */
+    bool weights_on_ssd;      /* the weights are homed on SSD */
     const tide_llama_config *cfg;
     int ctx_len;
     const char *name;
