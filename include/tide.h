@@ -664,18 +664,21 @@ typedef struct tide_gen_opts {
                                    accepted into it; the prompt's ids are the
                                    caller's to accept */
     const int32_t *stop_ids;    /* generation ends after one of these is drawn
-                                   (it is the last id written) */
+                                   (it is the last id written and counted) */
     int n_stop_ids;
     int start_pos;              /* > 0: continue an earlier generation: the KV
                                    cache already holds prompt[0..start_pos) (the
                                    caller knows it does) and only the rest of the
-                                   prompt is prefilled */
-    int (*on_token)(void *user, int32_t id); /* after each id; non-zero stops */
+                                   prompt is prefilled; < n_prompt */
+    int (*on_token)(void *user, int32_t id); /* after each id is written and counted;
+                                   non-zero stops */
     void *user;
 } tide_gen_opts;
 
 /* As tide_model_generate, for at most max_new ids: *n_out receives how many
- * were generated (fewer after a stop id or a callback's stop). o may be NULL. */
+ * were generated (fewer after a stop id or a callback's stop). o may be NULL.
+ * TIDE_E_INVALID for start_pos outside [0, n_prompt), n_stop_ids < 0 or a
+ * NULL stop_ids with n_stop_ids > 0, a NULL out_tokens with max_new > 0. */
 tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_prompt, int max_new,
                                    const tide_gen_opts *o, int32_t *out_tokens, int *n_out,
                                    tide_gen_stats *stats);

@@ -93,6 +93,8 @@ if [ -n "${stop// /}" ]; then
     same "text stops before the stop string" "$(cat "$TMP/out")" "$want"
     expect 0 "run --stop, JSON" -- "$TIDE" run --model "$M" --prompt "$prompt" --new-tokens 24 --stop "$stop" --json
     contains "$TMP/out" '"stop_reason":"stop"' "stop reason"
+else
+    echo "FAIL: the greedy text has no usable stop string at bytes 6-8: [$full]"; FAILS=$((FAILS + 1))
 fi
 expect 0 "run to the length" -- "$TIDE" run --model "$M" --prompt "$prompt" --new-tokens 4 --json
 contains "$TMP/out" '"stop_reason":"length"' "length stop reason"
@@ -112,11 +114,13 @@ contains "$TMP/out" '"check_bit_identical":true' "sampled offloaded run bit-iden
 expect 0 "run --chat" -- "$TIDE" run --model "$M" --chat --system "Be brief." --prompt "Hello" --new-tokens 6 --json
 expect 0 "run --chat --template chatml" -- "$TIDE" run --model "$M" --chat --template chatml --system "Be brief." \
     --prompt "Hello" --new-tokens 6 --json
+cp "$TMP/out" "$TMP/chatml.json"
 expect 0 "tokenize the chat prompt" -- "$TIDE" tokenize --model "$M" --no-bos --json \
     $'<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n'
 want_n=$(json_ids "$TMP/out" ids | tr ',' '\n' | wc -l)
 expect 0 "run --chat again" -- "$TIDE" run --model "$M" --chat --system "Be brief." --prompt "Hello" --new-tokens 6 --json
 same "the chat prompt is the template's" "$(sed -e 's/.*"prompt_tokens":\([0-9]*\).*/\1/' "$TMP/out")" "$want_n"
+same "--template chatml gives the same prompt" "$(sed -e 's/.*"prompt_tokens":\([0-9]*\).*/\1/' "$TMP/chatml.json")" "$want_n"
 
 # tide chat through a pipe: one answer line per input line; /clear forgets
 printf 'Hello there\nWhat is a tensor?\n/clear\nHello there\n' > "$TMP/chat.in"

@@ -33,6 +33,8 @@ int cli_parse_budget(const char *s, tide_offload_opts *o);
 int cli_parse_backend(const char *s, tide_backend_kind *out);
 /* Parses an int in [lo, hi]. Returns 0 or -1. */
 int cli_parse_int(const char *s, long lo, long hi, long *out);
+/* A decimal integer from 0 to 2^64-1, the whole string (no sign). 0 or -1. */
+int cli_parse_u64(const char *s, uint64_t *out);
 /* A finite number in [lo, hi], the whole string. Returns 0 or -1. */
 int cli_parse_double(const char *s, double lo, double hi, double *out);
 /* Formats bytes as "1.23 GiB" into buf. */

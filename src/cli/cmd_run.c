@@ -557,7 +557,7 @@ static int text_prompt(run_job *r, const tide_llama_config *cfg) {
     }
     size_t len = 0;
     char *text = a->prompt_file ? cli_read_all(a->prompt_file, &len) : strdup(a->prompt_text);
-    if (!text) return 1;
+    if (!text) return a->prompt_file ? 1 : (fprintf(stderr, "tide: out of memory\n"), 1);
     if (!a->prompt_file) len = strlen(text);
     int rc = 0;
     unsigned flags = a->text.no_parse_special ? TIDE_TOKENIZE_SPECIAL_AS_TEXT : 0;

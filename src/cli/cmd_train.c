@@ -236,15 +236,10 @@ static int parse_args(int argc, char **argv, train_job *j) {
         case 'g':
             if (cli_parse_double(optarg, 0, 1e30, &a->clip)) BAD("--grad-clip");
             break;
-        case 'u': {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(optarg, &end, 10);
-            if (end == optarg || *end || errno) BAD("--shuffle");
+        case 'u':
+            if (cli_parse_u64(optarg, &a->seed)) BAD("--shuffle");
             a->shuffle = true;
-            a->seed = v;
             break;
-        }
         case 'b':
             a->budget = optarg;
             if (cli_parse_budget(optarg, &j->off))

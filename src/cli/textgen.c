@@ -82,16 +82,11 @@ int cli_text_option(int c, const char *arg, const char *cmd, cli_text_opts *t) {
         if (cli_parse_int(arg, 0, INT32_MAX, &v)) return cli_usage_error(cmd, "bad --penalty-last-n '%s' (>= 0)", arg), -1;
         t->so.penalty_last_n = (int32_t)v;
         return 1;
-    case 0x208: {
-        char *end;
-        errno = 0;
-        unsigned long long s = strtoull(arg, &end, 10);
-        if (end == arg || *end || errno || arg[0] == '-')
+    case 0x208:
+        if (cli_parse_u64(arg, &t->so.seed))
             return cli_usage_error(cmd, "bad --seed '%s' (an integer from 0 to 2^64-1)", arg), -1;
-        t->so.seed = s;
         t->seed_given = true;
         return 1;
-    }
     case 0x209:
         if (!arg[0]) return cli_usage_error(cmd, "--stop needs a non-empty string"), -1;
         if (t->n_stops == CLI_MAX_STOPS) return cli_usage_error(cmd, "at most %d --stop strings", CLI_MAX_STOPS), -1;
@@ -181,8 +176,10 @@ int cli_textout_init(cli_textout *o, const tide_tokenizer *tok, FILE *out, const
     o->out = out;
     o->stops = stops;
     o->n_stops = n_stops;
-    for (int i = 0; i < n_stops; i++)
-        if (strlen(stops[i]) > o->max_stop) o->max_stop = strlen(stops[i]);
+    for (int i = 0; i < n_stops; i++) {
+        o->stop_len[i] = strlen(stops[i]);
+        if (o->stop_len[i] > o->max_stop) o->max_stop = o->stop_len[i];
+    }
     o->cap = 256;
     if (!(o->text = malloc(o->cap)) || tide_detok_new(tok, TIDE_DECODE_SKIP_SPECIAL, &o->dt)) {
         free(o->text);
@@ -249,8 +246,7 @@ static int add_text(cli_textout *o, const char *s, size_t n) {
     }
     size_t hold = 0;
     for (int i = 0; i < o->n_stops; i++) {
-        size_t sl = strlen(o->stops[i]);
-        for (size_t k = sl - 1; k > hold; k--)
+        for (size_t k = o->stop_len[i] - 1; k > hold; k--)
             if (k <= o->len && !memcmp(o->text + o->len - k, o->stops[i], k)) {
                 hold = k;
                 break;

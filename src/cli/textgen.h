@@ -75,6 +75,7 @@ typedef struct cli_textout {
     FILE *out;
     const char *const *stops;
     int n_stops;
+    size_t stop_len[CLI_MAX_STOPS];
     size_t max_stop;           /* the longest stop string's length */
     char *text;                /* the text so far (NUL-terminated) */
     size_t len, cap;

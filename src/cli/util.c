@@ -216,6 +216,15 @@ int cli_ensure_default_model(tide_ctx *ctx, char *dir, size_t len, cli_progress_
     return 0;
 }
 
+int cli_parse_u64(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || *end || errno || s[0] == '-') return -1;
+    *out = v;
+    return 0;
+}
+
 int cli_parse_double(const char *s, double lo, double hi, double *out) {
     char *end;
     errno = 0;
@@ -300,10 +309,10 @@ char *cli_read_all(const char *path, size_t *len) {
         if (!b) free(buf);
         buf = b;
     }
-    bool err = ferror(f);
+    int err = ferror(f) ? (errno ? errno : EIO) : 0;
     if (f != stdin) fclose(f);
     if (!buf || err) {
-        fprintf(stderr, "tide: %s: %s\n", path, buf ? "read failed" : "out of memory");
+        fprintf(stderr, "tide: %s: %s\n", path, buf ? strerror(err) : "out of memory");
         free(buf);
         return NULL;
     }

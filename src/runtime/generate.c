@@ -93,12 +93,12 @@ tide_status tide_model_forward(tide_model *m, const int32_t *tokens, int batch, 
 
 /* The next id after a run of slot s: the graph's argmax, or the sampler's
  * draw from the logits the run left in the slot. */
-static tide_status next_id(tide_model *m, graph_slot *s, const tide_gen_opts *o, int32_t graph_next, int32_t *id) {
+static tide_status next_id(graph_slot *s, const tide_gen_opts *o, int32_t graph_next, int32_t *id) {
     if (!o->sampler) {
         *id = graph_next;
         return TIDE_OK;
     }
-    (void)m; /* the sampler records its errors on its own context */
+    /* the sampler records its errors on its own context */
     tide_status st = tide_sampler_sample(o->sampler, s->logits, id);
     return st ? st : tide_sampler_accept(o->sampler, *id);
 }
@@ -117,10 +117,12 @@ tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_p
     const tide_gen_opts *o = opts ? opts : &none;
     if (n_out) *n_out = 0;
     int start = o->start_pos;
-    if (n_prompt < 1 || max_new < 0 || start < 0 || start >= n_prompt || o->n_stop_ids < 0 ||
-        (o->n_stop_ids && !o->stop_ids))
+    if (n_prompt < 1 || max_new < 0 || start < 0 || start >= n_prompt)
         return tide_err(m->ctx, TIDE_E_INVALID, "a prompt of at least one token past start_pos %d is needed "
                         "(%d tokens given)", start, n_prompt);
+    if (o->n_stop_ids < 0 || (o->n_stop_ids && !o->stop_ids))
+        return tide_err(m->ctx, TIDE_E_INVALID, "%d stop ids given without their array", o->n_stop_ids);
+    if (max_new > 0 && !out_tokens) return tide_err(m->ctx, TIDE_E_INVALID, "no room for the generated tokens");
     if ((int64_t)n_prompt + max_new - 1 > m->ctx_len)
         return tide_err(m->ctx, TIDE_E_RANGE, "%d prompt + %d new tokens need %d positions; the cache "
                         "holds %d", n_prompt, max_new, n_prompt + max_new - 1, m->ctx_len);
@@ -140,7 +142,7 @@ tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_p
     if (max_new > 0) {
         st = get_slot(m, 1, n_pre, false, start == 0, &s);
         if (!st) st = run_slot(m, s, prompt + start, pos, NULL, &next);
-        if (!st) st = next_id(m, s, o, next, &id);
+        if (!st) st = next_id(s, o, next, &id);
         if (!st) {
             out_tokens[n++] = id;
             stop = is_stop(o, id) || (o->on_token && o->on_token(o->user, id));
@@ -153,7 +155,7 @@ tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_p
         int32_t p = n_prompt + n - 1, tok = id;
         st = get_slot(m, 1, 1, false, false, &s);
         if (!st) st = run_slot(m, s, &tok, &p, NULL, &next);
-        if (!st) st = next_id(m, s, o, next, &id);
+        if (!st) st = next_id(s, o, next, &id);
         if (st) break;
         out_tokens[n++] = id;
         stop = is_stop(o, id) || (o->on_token && o->on_token(o->user, id));

@@ -728,8 +728,6 @@ tide_status tide_pool_generate(tide_pool *p, tide_pool_workload *w, const int32_
         if (g && g->start_pos)
             st = tide_err(w->ctx, TIDE_E_UNSUPPORTED, "a pool's requests start at position 0: a workload's cache "
                           "is not kept between requests (its share may change)");
-        else if (!out_tokens && max_new > 0)
-            st = tide_err(w->ctx, TIDE_E_INVALID, "no room for the generated tokens");
         else
             run = !(st = acquire(p, w, &waited));
     }

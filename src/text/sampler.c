@@ -496,6 +496,14 @@ static tide_status sampler_prepare(tide_sampler *s, const float *logits, int32_t
     return TIDE_OK;
 }
 
+/* The sum of the kept ids' weights (the softmax's denominator), in id order
+ * as every draw walks them. */
+static double kept_sum(const tide_sampler *s, int32_t n) {
+    double z = 0;
+    for (int32_t j = 0; j < n; j++) z += s->e[s->idx[j]];
+    return z;
+}
+
 tide_status tide_sampler_sample(tide_sampler *s, const float *logits, int32_t *id) {
     if (!s || !logits || !id)
         return tide_err(s ? s->ctx : NULL, TIDE_E_INVALID, "tide_sampler_sample: NULL argument");
@@ -508,9 +516,7 @@ tide_status tide_sampler_sample(tide_sampler *s, const float *logits, int32_t *i
         *id = idx[0];
         return TIDE_OK;
     }
-    double z = 0;
-    for (int32_t j = 0; j < n; j++) z += e[idx[j]];
-    const double target = sampler_rng_uniform(&s->rng) * z;
+    const double target = sampler_rng_uniform(&s->rng) * kept_sum(s, n);
     double cum = 0;
     int32_t pick = -1;
     for (int32_t j = 0; j < n; j++) {
@@ -532,8 +538,7 @@ tide_status tide_sampler_probs(tide_sampler *s, const float *logits, double *pro
     for (int32_t i = 0; i < s->n_vocab; i++) probs[i] = 0;
     const int32_t *idx = s->idx;
     const double *e = s->e;
-    double z = 0;
-    for (int32_t j = 0; j < n; j++) z += e[idx[j]];
+    const double z = kept_sum(s, n);
     for (int32_t j = 0; j < n; j++) probs[idx[j]] = e[idx[j]] / z;
     return TIDE_OK;
 }

@@ -52,8 +52,9 @@ static tide_status replan(tide_trainer *t, const tide_hw *hw, tide_runner **out)
     *out = NULL;
     tide_status st = tide_llama_build_train(ctx, &t->cfg, &t->o.step, &g);
     if (st) return st;
-    tide_plan_opts po = {.policy = t->policy, .device_budget = t->budget, .host_budget = t->off.host_budget,
-                         .n_iter = 1, .hw = hw, .host_ops = t->host_ops};
+    tide_plan_opts po = train_offload_opts(t, t->budget); /* as the first plan's */
+    po.hw = hw;
+    po.host_ops = t->host_ops;
     if ((st = tide_plan_make(ctx, g, &po, &p))) {
         tide_graph_free(g);
         return st;

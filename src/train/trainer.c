@@ -259,7 +259,7 @@ static tide_status plan_resident(tide_trainer *t, tide_plan **out) {
     return TIDE_OK;
 }
 
-static tide_plan_opts offload_opts(const tide_trainer *t, uint64_t budget) {
+tide_plan_opts train_offload_opts(const tide_trainer *t, uint64_t budget) {
     return (tide_plan_opts){.policy = t->policy, .device_budget = budget, .host_budget = t->off.host_budget,
                             .n_iter = 1, .hw = &t->hw};
 }
@@ -290,13 +290,17 @@ static tide_status resolve_budget(tide_trainer *t, uint64_t *out) {
         break;
     }
     case TIDE_BUDGET_MIN: {
-        tide_plan_opts po = offload_opts(t, 0);
+        tide_plan_opts po = train_offload_opts(t, 0);
+        bool *all = NULL;
         if (t->optim == TRAIN_OPTIM_CPU) {
             /* the smallest budget with every update on the host */
-            for (int i = 0; i < t->g->n_ops; i++) if (t->g->ops[i].kind == TIDE_OP_ADAMW) t->host_ops[i] = true;
-            po.host_ops = t->host_ops;
+            if (!(all = tide_calloc((size_t)t->g->n_ops, sizeof *all)))
+                return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
+            for (int i = 0; i < t->g->n_ops; i++) all[i] = t->g->ops[i].kind == TIDE_OP_ADAMW;
+            po.host_ops = all;
         }
         tide_status st = tide_plan_min_budget(ctx, t->g, &po, &b);
+        tide_free(all);
         if (st) return st;
         break;
     }
@@ -496,17 +500,12 @@ static tide_status prepare(tide_trainer *t) {
     if ((st = tide_llama_build_train(ctx, &t->cfg, &t->o.step, &g))) return st;
     if (t->offload) {
         uint64_t b = 0;
-        if (t->optim == TRAIN_OPTIM_CPU &&
-            !(t->host_ops = tide_calloc((size_t)t->g->n_ops, sizeof *t->host_ops)))
-            st = tide_err(ctx, TIDE_E_NOMEM, "out of memory");
-        if (!st && !(st = resolve_budget(t, &b))) {
+        if (!(st = resolve_budget(t, &b))) {
             t->budget = b;
-            tide_plan_opts po = offload_opts(t, b);
+            tide_plan_opts po = train_offload_opts(t, b);
             /* where device memory is host memory, a host update is the same work in the same place */
             train_optim_mode mode = t->be->vt->device_is_host && t->optim == TRAIN_OPTIM_AUTO ? TRAIN_OPTIM_DEVICE
                                                                                                : t->optim;
-            tide_free(t->host_ops);
-            t->host_ops = NULL;
             st = train_optim_place(ctx, g, &po, mode, &t->host_ops, &t->optim_choice);
             po.host_ops = t->host_ops;
             if (!st) st = tide_plan_make(ctx, g, &po, &p);

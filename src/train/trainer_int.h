@@ -63,6 +63,9 @@ struct tide_trainer {
     void *resume;                 /* train_ckpt.c's open state */
 };
 
+/* The plan options of an offloaded step under `budget` on t's profile (the
+ * caller adds the AdamW placement). */
+tide_plan_opts train_offload_opts(const tide_trainer *t, uint64_t budget);
 /* Copies the current value of state tensor i of t->g into dst. */
 tide_status train_read_tensor(tide_trainer *t, int i, void *dst);
 /* The value a resumed state gives state tensor i of t->g, into dst. */

@@ -51,7 +51,7 @@ enum { ATT_PORTABLE, ATT_AVX2, ATT_AVX512 };
 
 /* The forward's code path, from the instruction sets tk_cpu allows. */
 static int att_path(void) {
-    if (tk_cpu_has(TK_CPU_AVX512F | TK_CPU_AVX512BW | TK_CPU_AVX512VL)) return ATT_AVX512;
+    if (tk_have_avx512()) return ATT_AVX512;
     return tk_have_avx2() ? ATT_AVX2 : ATT_PORTABLE;
 }
 

@@ -192,8 +192,12 @@ void tk_rmsnorm(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_
         _Alignas(64) float wf[TK_CHUNK];
         for (int64_t i0 = 0; i0 < D; i0 += TK_CHUNK) {
             int64_t n = TIDE_MIN(TK_CHUNK, D - i0);
-            tk_convert(wb + (size_t)i0 * es, wdt, wf, (size_t)n);
-            k.scale(xr + i0, wf, rs, orow + i0, n);
+            const float *wp = (const float *)w + i0; /* f32 weights as they are */
+            if (wdt != TIDE_F32) {
+                tk_convert(wb + (size_t)i0 * es, wdt, wf, (size_t)n);
+                wp = wf;
+            }
+            k.scale(xr + i0, wp, rs, orow + i0, n);
         }
     }
 }

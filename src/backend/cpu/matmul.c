@@ -216,11 +216,7 @@ tide_status tk_matmul(const float *x, const void *w, tide_dtype wdt, int64_t R, 
         matmul_fused(x, w, wdt, R, K, N, out, ldo, false, nt);
         return TIDE_OK;
     }
-    /* OpenBLAS runs single-threaded inside our OpenMP threads: one thread
-     * pool, so no pool spins on cores the other needs. Its setting is global,
-     * so the caller's is put back afterwards. */
-    int blas_nt = openblas_get_num_threads();
-    if (blas_nt != 1) openblas_set_num_threads(1);
+    int blas_nt = tk_blas_single();
     nb = TIDE_MIN(nb, N);
     int64_t nblk = (N + nb - 1) / nb;
     nb = (N + nblk - 1) / nblk; /* equal blocks: no thin last sgemm */
@@ -251,7 +247,7 @@ tide_status tk_matmul(const float *x, const void *w, tide_dtype wdt, int64_t R, 
 #pragma omp barrier
         }
     }
-    if (blas_nt != 1) openblas_set_num_threads(blas_nt);
+    tk_blas_restore(blas_nt);
     return TIDE_OK;
 }
 
@@ -283,6 +279,9 @@ tide_status tk_matmul_fast(const float *x, const void *w, tide_dtype wdt, int64_
 
 const char *tk_blas_corename(void) { return openblas_get_corename(); }
 
+/* OpenBLAS runs single-threaded inside our OpenMP threads: one thread pool,
+ * so no pool spins on cores the other needs. Its setting is global, so the
+ * caller's is put back afterwards (tk_blas_restore). */
 int tk_blas_single(void) {
     int prev = openblas_get_num_threads();
     if (prev != 1) openblas_set_num_threads(1);
