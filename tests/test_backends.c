@@ -826,6 +826,126 @@ static void test_matmul_tiled(void **state) {
                            .row0 = 1, .col0 = 1});
 }
 
+/* Tiles repeat the whole product's bits: x (R, K) . w (N, K)^T run whole,
+ * then as row tiles of rt rows times weight blocks of nb rows of w, each a
+ * tiled MATMUL writing its block of a zeroed (R, N) output, must give the
+ * same output bit for bit, in both matmul modes, on the CPU, and on CUDA for
+ * 16-bit weights in the fast mode (its default). This is what an offloaded
+ * run that tiles relies on to equal the unconstrained run; K is long and
+ * M x N small, where a GEMM library would split K over blocks. CUDA's f32
+ * GEMM path (f32 weights, or the f32 mode) picks cuBLAS kernels by the
+ * call's rows (seen on an H100: 16- and 7-row tiles of 40 rows differ), so
+ * there each element is held to 2e-6 of sum_k |x_k w_k| instead. */
+static void *mm_tile_run(tide_backend *be, tide_ctx *bctx, tide_dtype dt, const float *xs, const void *ws,
+                         int64_t R, int64_t K, int64_t N, int64_t r0, int64_t rc, int64_t n0, int64_t nc,
+                         bool whole) {
+    tcase c;
+    tc_open(&c, "tile");
+    size_t es = tide_dtype_size(dt);
+    int x = tc_tensor(&c, "x", TIDE_F32, TIDE_ROLE_INPUT, rc, K, 0, 0);
+    int w = tc_tensor(&c, "w", dt, TIDE_ROLE_WEIGHT, nc, K, 0, 0);
+    int o = tc_tensor(&c, "y", TIDE_F32, TIDE_ROLE_TEMP, whole ? rc : R, whole ? nc : N, 0, 0);
+    memcpy(c.host[x], xs + r0 * K, (size_t)(rc * K) * sizeof(float));
+    memcpy(c.host[w], (const uint8_t *)ws + (size_t)(n0 * K) * es, (size_t)(nc * K) * es);
+    int in[3] = {x, w, o};
+    tc_op(&c, TIDE_OP_MATMUL, whole ? 2 : 3, in, 1, &o, &(tide_op_params){.row0 = r0, .col0 = n0});
+    void *res[MAX_T];
+    if (tc_run(&c, be, res))
+        fail_msg("%s tiled matmul (%lld rows at %lld, %lld columns at %lld): %s", tide_backend_name(be),
+                 (long long)rc, (long long)r0, (long long)nc, (long long)n0, tide_ctx_last_error(bctx));
+    tk_force_generic(false);
+    void *r = res[o];
+    res[o] = NULL;
+    res_free(res, tide_graph_n_tensors(c.g));
+    tc_close(&c);
+    return r;
+}
+
+static void test_matmul_tile_bits(void **state) {
+    (void)state;
+    static const int64_t R = 40, K = 4096, N = 96;
+    static const int64_t tiles[][2] = {{16, 32}, {20, 40}, {40, 48}, {16, 96}, {7, 96}};
+    float *xs = malloc((size_t)(R * K) * sizeof(float));
+    uint16_t *w16 = malloc((size_t)(N * K) * sizeof(uint16_t));
+    float *w32 = malloc((size_t)(N * K) * sizeof(float));
+    assert_true(xs && w16 && w32);
+    for (int64_t i = 0; i < R * K; i++) xs[i] = frand();
+    for (int64_t i = 0; i < N * K; i++) w32[i] = 0.05f * frand(), w16[i] = tide_f32_to_bf16(w32[i]);
+    float *w16f = malloc((size_t)(N * K) * sizeof(float));
+    assert_non_null(w16f);
+    tide_convert_to_f32(w16, TIDE_BF16, w16f, (size_t)(N * K));
+    int n_bad = 0;
+    for (int b = 0; b < n_be; b++) {
+        tide_backend *be = bes[b].be;
+        for (int mode = 0; mode < 2; mode++) {
+            assert_int_equal(tide_backend_set_matmul(be, mode ? TIDE_MATMUL_FAST : TIDE_MATMUL_F32), TIDE_OK);
+            for (int d = 0; d < 2; d++) {
+                tide_dtype dt = d ? TIDE_BF16 : TIDE_F32;
+                const void *ws = d ? (const void *)w16 : (const void *)w32;
+                /* the CUDA products that go through cuBLAS's f32 GEMM (f32
+                 * weights; 16-bit ones in the f32 mode) are held to a bound,
+                 * every other to the bit */
+                bool sgemm_path = be->kind == TIDE_BACKEND_CUDA && (!d || !mode);
+                const float *w32f = d ? w16f : w32;
+                float *full = mm_tile_run(be, bes[b].ctx, dt, xs, ws, R, K, N, 0, R, 0, N, true);
+                for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++) {
+                    int64_t rt = tiles[t][0], nb = tiles[t][1];
+                    float *got = calloc((size_t)(R * N), sizeof(float));
+                    assert_non_null(got);
+                    for (int64_t r0 = 0; r0 < R; r0 += rt)
+                        for (int64_t n0 = 0; n0 < N; n0 += nb) {
+                            int64_t rc = TIDE_MIN(rt, R - r0), nc = TIDE_MIN(nb, N - n0);
+                            float *o = mm_tile_run(be, bes[b].ctx, dt, xs, ws, R, K, N, r0, rc, n0, nc, false);
+                            for (int64_t r = r0; r < r0 + rc; r++)
+                                memcpy(got + r * N + n0, o + r * N + n0, (size_t)nc * sizeof(float));
+                            free(o);
+                        }
+                    int64_t diff = 0, first = -1;
+                    for (int64_t i = 0; i < R * N; i++)
+                        if (memcmp(&got[i], &full[i], sizeof(float)) && !diff++) first = i;
+                    if (diff && sgemm_path) {
+                        /* cuBLAS's f32 GEMM picks its kernel by the call's rows:
+                         * a tile then sums in another order (README, Status) */
+                        for (int64_t i = 0; i < R * N; i++) {
+                            double sc = 0;
+                            for (int64_t k = 0; k < K; k++)
+                                sc += fabs((double)xs[(i / N) * K + k] * (double)w32f[(i % N) * K + k]);
+                            if (!(fabs((double)got[i] - (double)full[i]) <= 2e-6 * sc))
+                                fail_msg("%s f32 GEMM tiles of %lld x %lld: [%lld][%lld] = %.9g, whole %.9g, beyond "
+                                         "2e-6 of %.3g", tide_backend_name(be), (long long)rt, (long long)nb,
+                                         (long long)(i / N), (long long)(i % N), got[i], full[i], sc);
+                        }
+                        print_message("  %s %s mode, %s weights: tiles of %lld rows x %lld columns differ in %lld "
+                                      "of %lld elements, each within 2e-6 of sum |x w| (cuBLAS f32 GEMM)\n",
+                                      tide_backend_name(be), mode ? "fast" : "f32", tide_dtype_name(dt),
+                                      (long long)rt, (long long)nb, (long long)diff, (long long)(R * N));
+                        diff = 0;
+                    }
+                    if (diff) {
+                        print_message("  %s %s mode, %s weights: tiles of %lld rows x %lld columns differ in %lld "
+                                      "of %lld elements, first [%lld][%lld] = %.9g, the whole product %.9g\n",
+                                      tide_backend_name(be), mode ? "fast" : "f32", tide_dtype_name(dt),
+                                      (long long)rt, (long long)nb, (long long)diff, (long long)(R * N),
+                                      (long long)(first / N), (long long)(first % N), got[first], full[first]);
+                        n_bad++;
+                    }
+                    free(got);
+                }
+                free(full);
+            }
+            print_message("  %-4s matmul %s mode: %zu tilings of (%lld x %lld x %lld), f32 and bf16 weights\n",
+                          tide_backend_name(be), mode ? "fast" : "f32", sizeof tiles / sizeof tiles[0],
+                          (long long)R, (long long)K, (long long)N);
+        }
+        assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK);
+    }
+    free(xs);
+    free(w16);
+    free(w32);
+    free(w16f);
+    if (n_bad) fail_msg("%d tilings differ from the whole product (listed above)", n_bad);
+}
+
 /* ROPE of a tile: rows of positions pos[idx0 .. idx0 + T) of a longer pos. */
 static void test_rope_tiled(void **state) {
     (void)state;
@@ -2108,6 +2228,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_take_last), cmocka_unit_test(test_argmax),      cmocka_unit_test(test_generic),
         cmocka_unit_test(test_embed_tiled), cmocka_unit_test(test_matmul_tiled), cmocka_unit_test(test_rope_tiled),
         cmocka_unit_test(test_attention_tiled), cmocka_unit_test(test_take_last_tiled),
+        cmocka_unit_test(test_matmul_tile_bits),
         cmocka_unit_test_setup_teardown(test_matmul_fast, fast_on, fast_off),
         cmocka_unit_test(test_matmul_backward), cmocka_unit_test(test_matmul_gradw), cmocka_unit_test(test_embed_bwd),
         cmocka_unit_test(test_rmsnorm_bwd), cmocka_unit_test(test_rope_bwd), cmocka_unit_test(test_silu_mul_bwd),

@@ -53,9 +53,9 @@
  *     for one row: tcu_matmul_fused, which reads each weight once (in either
  *     mode: decoding is bound by reading the weights, not by arithmetic).
  * cuBLAS runs in CUBLAS_DEFAULT_MATH (no TF32 for f32 operands; tensor cores
- * for 16-bit ones) with atomics off, each handle
- * on a fixed stream with its own fixed workspace, so results are
- * bit-reproducible run to run on one GPU model and toolkit.
+ * for 16-bit ones) with atomics off and no workspace (so no split-K), each
+ * handle on a fixed stream, so results are bit-reproducible run to run on
+ * one GPU model and toolkit, and tiles repeat the untiled product's bits.
  *
  * Range errors (EMBED and EMBED_BWD token ids, ATTENTION positions,
  * CROSS_ENTROPY targets, the positions of fresh sequences that ATTENTION
@@ -116,7 +116,7 @@ tide_status tide_cuda_queue_blas(tide_backend *be, cu_queue *q, tide_ctx *ctx) {
     cublasHandle_t h = NULL;
     cublasStatus_t bs = cublasCreate(&h);
     if (bs != CUBLAS_STATUS_SUCCESS) return tide_cuda_blas_fail(ctx, bs, "cublasCreate");
-    cudaError_t e = cudaMalloc(&q->blas_ws, im->ws_bytes);
+    cudaError_t e = im->ws_bytes ? cudaMalloc(&q->blas_ws, im->ws_bytes) : cudaSuccess;
     if (e != cudaSuccess) {
         q->blas_ws = NULL;
         cublasDestroy(h);
@@ -602,8 +602,14 @@ tide_status tide_cuda_backend_new(tide_ctx *ctx, tide_backend **out) {
     im->cc_major = prop.major;
     im->cc_minor = prop.minor;
     im->mem_pitch = prop.memPitch;
-    /* cuBLAS's advice: 32 MiB of workspace on Hopper and later, 4 MiB before */
-    im->ws_bytes = prop.major >= 9 ? (size_t)32 << 20 : (size_t)4 << 20;
+    /* No cuBLAS workspace: without one cuBLAS never splits a product's K
+     * over blocks, so every output element is summed over K in one order
+     * whatever the call's rows and columns, and a row tile or a weight block
+     * gives the bits of the whole product. On an H100 with 32 MiB (cuBLAS's
+     * advice) split-K kernels made 1024-row tiles and 32 MiB weight blocks
+     * differ from the untiled run; without it a bf16 product of
+     * 2048 x 11008 x 4096 ran as fast (0.256 ms against 0.263 ms). */
+    im->ws_bytes = 0;
     /* TIDE_CUDA_ATTENTION=rows keeps every attention launch on the per-row
      * kernel, to compare the two on a GPU */
     const char *attn = getenv("TIDE_CUDA_ATTENTION");

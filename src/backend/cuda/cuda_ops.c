@@ -121,22 +121,26 @@ static tide_status op_matmul(tide_backend *be, cu_queue *q, const tide_graph *g,
         return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "matmul '%s': dimensions beyond what cuBLAS takes", wt->name);
     const float *x = in[0];
     float *o = (float *)out[0] + op->p.row0 * ldo + op->p.col0; /* a tile writes its block */
+    /* the path is chosen by the whole output's rows, not the tile's, so that
+     * a row tile of fewer than TCU_MATMUL_FUSED_R rows takes the kernel the
+     * untiled product takes and repeats its bits */
+    const int64_t Rw = TIDE_MAX(R, ot->shape[0]);
     if (wt->dtype == TIDE_F32) {
         tide_status st = queue_blas(be, q);
         return st ? st
                   : sgemm_rows(be, q, x, in[1], (int)R, (int)K, (int)N, kn, (int)(kn ? N : K), beta, o, (int)ldo,
                                wt->name);
     }
-    if (be->matmul == TIDE_MATMUL_FAST && R >= TCU_MATMUL_FUSED_R && scratch && K > 0 &&
+    if (be->matmul == TIDE_MATMUL_FAST && Rw >= TCU_MATMUL_FUSED_R && scratch && K > 0 &&
         op->scratch_bytes / ((uint64_t)K * 2) >= 1)
         return gemm_fast(be, q, op, x, in[1], wt, (int)R, (int)K, (int)N, o, (int)ldo, scratch);
     int64_t nb = scratch && K > 0 ? (int64_t)(op->scratch_bytes / ((uint64_t)K * sizeof(float))) : 0;
-    if ((R < TCU_MATMUL_FUSED_R || nb < 1) && !kn && !acc) {
+    if ((Rw < TCU_MATMUL_FUSED_R || nb < 1) && !kn && !acc) {
         CU_TRY(q->ctx, tcu_matmul_fused(q->stream, x, in[1], wt->dtype, R, K, N, o, ldo), "matmul '%s' kernel",
                wt->name);
         return TIDE_OK;
     }
-    if (R < TCU_MATMUL_FUSED_R || nb < 1) {
+    if (Rw < TCU_MATMUL_FUSED_R || nb < 1) {
         CU_TRY(q->ctx, tcu_matmul_small(q->stream, x, in[1], wt->dtype, R, K, N, kn, acc, o, ldo),
                "matmul '%s' kernel", wt->name);
         return TIDE_OK;
