@@ -165,6 +165,13 @@ tide_status tide_model_state_home(tide_model *m, const tide_graph *g, int t, sta
 
 /* The KV cache table: one buffer per layer and k/v, its home in host memory
  * (zeroed, so that nothing unwritten is ever read as garbage). */
+static void state_free_host(tide_model *m, state_buf *s) {
+    if (s->pinned) m->be->vt->host_free(m->be, s->host);
+    else tide_free_aligned(s->host);
+    s->host = NULL;
+    s->pinned = false;
+}
+
 static tide_status alloc_state(tide_model *m) {
     const tide_llama_config *c = &m->cfg;
     int L = c->num_hidden_layers;
@@ -178,10 +185,21 @@ static tide_status alloc_state(tide_model *m) {
             char name[64];
             snprintf(name, sizeof name, "cache.%d.%c", l, kv ? 'v' : 'k');
             s->name = tide_strdup(name);
-            s->host = tide_malloc_aligned(nbytes ? nbytes : 1, 4096);
+            /* page-locked where the backend gives it: a cache offloaded to
+             * the host moves every decode step, and a GPU copies pageable
+             * memory through a staging buffer at a fraction of the link */
+            if (m->be->vt->host_alloc && m->be->vt->host_alloc(m->be, nbytes ? nbytes : 1, &s->host) == TIDE_OK)
+                s->pinned = true;
+            else if (m->be->vt->host_alloc) {
+                tide_err_clear(m->be->ctx);
+                if (!m->state_notice[0])
+                    snprintf(m->state_notice, sizeof m->state_notice, "the KV cache's pinned allocation was refused "
+                             "(%.63s); what was refused is in pageable memory and moves slower", name);
+            }
+            if (!s->host) s->host = tide_malloc_aligned(nbytes ? nbytes : 1, 4096);
             if (!s->name || !s->host) {
                 tide_free(s->name);
-                tide_free_aligned(s->host);
+                if (s->host) state_free_host(m, s);
                 return tide_err(m->ctx, TIDE_E_NOMEM, "cannot allocate the KV cache (%llu bytes per layer)",
                                 (unsigned long long)(2 * nbytes));
             }
@@ -224,7 +242,7 @@ void tide_model_free(tide_model *m) {
     if (m->q) m->be->vt->queue_free(m->be, m->q);
     unpin(m);
     for (int i = 0; i < m->n_state; i++) {
-        tide_free_aligned(m->state[i].host);
+        state_free_host(m, &m->state[i]);
         tide_free(m->state[i].name);
     }
     tide_free(m->state);
@@ -351,4 +369,4 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
     return TIDE_OK;
 }
 
-const char *tide_model_notice(const tide_model *m) { return m->notice; }
+const char *tide_model_notice(const tide_model *m) { return m->notice[0] ? m->notice : m->state_notice; }

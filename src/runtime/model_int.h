@@ -33,6 +33,7 @@ typedef struct state_buf {
     void *dev;       /* the plain engine's device copy on a device backend, or NULL
                         (where device memory is host memory, host is used) */
     uint64_t nbytes;
+    bool pinned;     /* host came from the backend's host_alloc (page-locked) */
 } state_buf;
 
 /* A named host buffer a run reads (input) or fills (output). */
@@ -100,6 +101,7 @@ struct tide_model {
     tide_gen_stats acc;       /* counters of the current generation */
     uint64_t logits_hash;     /* FNV-1a over every logits output, in run order */
     char notice[256];         /* the first notice of the planned engine */
+    char state_notice[224];   /* the KV cache's, from its allocation ("" when none) */
 };
 
 

@@ -93,17 +93,23 @@ done
 TIDE_EMU_FAIL=malloc:1 expect 1 "GPU present, backend set-up fails" -- "$TIDE" run --model "$TMP/m" --new-tokens 2
 contains "$TMP/err" "out of memory" "set-up failure names the cause"
 contains "$TMP/err" "present but unusable" "set-up failure says the GPU is there"
-# the device arena refused (the backend makes 3 allocations, its default queue's,
-# the arena is the 4th)
-TIDE_EMU_FAIL=malloc:4 expect 1 "device arena refused" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 \
+# the device arena refused (the backend makes 2 allocations, its default
+# queue's flag and record; cuBLAS gets no workspace; the arena is the 3rd)
+TIDE_EMU_FAIL=malloc:3 expect 1 "device arena refused" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 \
     --budget 50% "${HW[@]}"
 contains "$TMP/err" "device arena" "arena failure names the arena"
 contains "$TMP/err" "out of device memory" "arena failure names the cause"
 # pinning refused: the weights stay pageable, the run goes on and says so
-TIDE_EMU_FAIL=hostreg:1 expect 0 "pinning refused" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --budget 50% \
+# (the KV cache's 8 buffers, 2 per layer, are pinned first, at load)
+TIDE_EMU_FAIL=hostreg:9 expect 0 "pinning refused" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --budget 50% \
     --check "${HW[@]}"
-contains "$TMP/err" "pinned allocation was refused" "notice says pinning was refused"
+contains "$TMP/err" "weight bytes pinned (the pinned allocation was refused)" "notice says pinning was refused"
 contains "$TMP/out" "check      passed" "pinning refused: check passes"
+# the KV cache's pinning refused: that buffer stays pageable, the run goes on and says so
+TIDE_EMU_FAIL=hostreg:1 expect 0 "KV cache pinning refused" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 \
+    --budget 50% --check "${HW[@]}"
+contains "$TMP/err" "KV cache's pinned allocation was refused (cache.0.k)" "notice names the cache buffer"
+contains "$TMP/out" "check      passed" "KV cache pinning refused: check passes"
 # a kernel faults mid-run: a clear error, no crash, whether issued ahead or not
 TIDE_EMU_FAIL=kernel:40 expect 1 "kernel fault, asynchronous issue" -- "$TIDE" run --model "$TMP/m" \
     --new-tokens 2 --budget 50% "${HW[@]}"
