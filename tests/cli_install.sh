@@ -24,6 +24,11 @@ unset TIDE_DATA
 for tool in cmake ninja; do
     command -v $tool >/dev/null || { echo "skipped: $tool not found"; exit 77; }
 done
+# a machine that runs a prebuilt tide (scripts/bundle.sh) may lack the build's
+# development files; where they are all present, configure must succeed
+for mod in libcjson liburing openblas libpcre2-8 libutf8proc; do
+    pkg-config --exists $mod 2>/dev/null || { echo "skipped: $mod development files not found (pkg-config)"; exit 77; }
+done
 
 B=$TMP/build P=$TMP/prefix
 # stop: a step the rest depends on failed; show its output and give up.

@@ -19,12 +19,13 @@ contains "$TMP/out" "6 layers" "make-model summary"
 expect 0 "make-model is deterministic" -- "$TIDE" make-model --config "$FX/config.json" --layers 6 --seed 3 "$TMP/m2"
 expect 0 "same bytes" -- cmp "$TMP/m/model.safetensors" "$TMP/m2/model.safetensors"
 
-expect 0 "resident run" -- "$TIDE" run --model "$TMP/m" --new-tokens 5 --json
+# --backend cpu where a check is about the CPU backend (auto takes a GPU where there is one)
+expect 0 "resident run" -- "$TIDE" run --model "$TMP/m" --new-tokens 5 --json --backend cpu
 for f in tokens prefill_tokens_per_s decode_tokens_per_s peak_bytes; do json_field "$TMP/out" "$f"; done
 # the CPU backend has no events: it issues synchronously, and says so
 contains "$TMP/out" '"async_issue":false' "JSON says the CPU issues synchronously"
 cp "$TMP/out" "$TMP/resident.json"
-expect 0 "run on an HF checkpoint" -- "$TIDE" run --model "$FX" --tokens 1,2,3,4 --new-tokens 3
+expect 0 "run on an HF checkpoint" -- "$TIDE" run --model "$FX" --tokens 1,2,3,4 --new-tokens 3 --backend cpu
 contains "$TMP/out" "generated" "summary shows the generated ids"
 contains "$TMP/out" "synchronous issue" "summary shows how device work was issued"
 
@@ -120,7 +121,7 @@ expect 0 "--direct-storage on the CPU (no effect), checked" -- "$TIDE" run --mod
     --weights-on-ssd --direct-storage --check --new-tokens 3
 
 # tide probe: the CPU through the backend, a bad directory, a GPU that is absent
-expect 0 "probe" -- "$TIDE" probe --seconds 1 --ssd "$TMP" --out "$TMP/probed.json"
+expect 0 "probe" -- "$TIDE" probe --backend cpu --seconds 1 --ssd "$TMP" --out "$TMP/probed.json"
 contains "$TMP/err" "probing the cpu backend" "probe says what it measures"
 json_field "$TMP/probed.json" h2d_bw
 expect 0 "plan with the probed profile" -- "$TIDE" plan --config tinyllama-1.1b --hw "$TMP/probed.json" \
