@@ -211,6 +211,7 @@ static void show(cli_textout *o, size_t upto) {
         fwrite(o->text + o->shown, 1, upto - o->shown, o->out);
         fflush(o->out);
     }
+    if (upto > o->shown && o->emit) o->emit(o->emit_user, o->text + o->shown, upto - o->shown);
     if (upto > o->shown) o->shown = upto;
 }
 

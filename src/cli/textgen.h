@@ -67,12 +67,17 @@ int cli_encode(tide_ctx *ctx, tide_tokenizer *tok, const char *text, size_t len,
  * template's end-of-turn token (tmpl may be NULL). *out is malloc'd. */
 int cli_stop_ids(const tide_tokenizer *tok, const tide_chat_template *tmpl, int32_t **out, int *n);
 
-/* Generated ids to text, printed as they come (to out, when not NULL) and
+/* Generated ids to text, printed as they come (to out, when not NULL; to
+ * emit, when set) and
  * collected; generation stops at a --stop string, which is neither printed
  * nor collected, nor is anything after it. Special tokens print nothing. */
 typedef struct cli_textout {
     tide_detok *dt;
     FILE *out;
+    /* Optional: also given each piece as it is shown (`tide serve` streams
+     * them); piece is not NUL-terminated. */
+    void (*emit)(void *user, const char *piece, size_t n);
+    void *emit_user;
     const char *const *stops;
     int n_stops;
     size_t stop_len[CLI_MAX_STOPS];
