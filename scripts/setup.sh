@@ -14,7 +14,8 @@ mode=${1:-build}
 [ $# -gt 0 ] && shift
 
 packages=(build-essential cmake ninja-build pkg-config libopenblas-dev liburing-dev
-          libcjson-dev libcmocka-dev libpcre2-dev libutf8proc-dev libdnnl-dev libedit-dev)
+          libcjson-dev libcmocka-dev libpcre2-dev libutf8proc-dev libdnnl-dev libedit-dev
+          libmicrohttpd-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

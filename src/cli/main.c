@@ -18,6 +18,8 @@ static const char usage[] =
     "               model, offloaded and checked)\n"
     "  chat         a conversation with a model in the terminal, with its chat\n"
     "               template\n"
+    "  serve        serve several models over HTTP with OpenAI's API, all under one\n"
+    "               device budget\n"
     "  train        train a model on a token file with AdamW, resident or offloaded\n"
     "               (default: the built-in tinyllama-mini on a generated corpus)\n"
     "  plan         plan a model's run or training step under a device memory\n"
@@ -69,6 +71,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "probe")) return cmd_probe(argc, argv);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(cmd, "chat")) return cmd_chat(argc, argv);
+    if (!strcmp(cmd, "serve")) return cmd_serve(argc, argv);
     fprintf(stderr, "tide: unknown command '%s'\n", cmd);
     fputs(usage, stderr);
     return 2;

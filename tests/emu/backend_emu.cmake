@@ -81,7 +81,7 @@ target_link_libraries(tide_cudaemu PUBLIC ${TIDE_LIB_DEPS} stdc++)
 
 add_executable(tide-cudaemu ${TIDE_CLI_SRC})
 target_include_directories(tide-cudaemu PRIVATE ${PROJECT_SOURCE_DIR}/src)
-target_link_libraries(tide-cudaemu PRIVATE tide_cudaemu)
+target_link_libraries(tide-cudaemu PRIVATE tide_cudaemu PkgConfig::MHD)
 
 add_executable(test_backends_cudaemu ${PROJECT_SOURCE_DIR}/tests/test_backends.c)
 target_include_directories(test_backends_cudaemu PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)

@@ -1,0 +1,294 @@
+/*
+ * cmd_serve.c - `tide serve`: an OpenAI-compatible HTTP server for several
+ * models under one device budget (a tide_pool; the server is
+ * src/serve/http.c). This file parses the options, makes the backend and the
+ * pool, and hands them to the server.
+ */
+#include "backend/backend.h"
+#include "cli.h"
+#include "runtime/runner.h"
+#include "serve/http.h"
+
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <pthread.h>
+
+#define SERVE_MAX_MODELS 16
+
+static const char help[] =
+    "Usage: tide serve --model NAME=DIR [--model NAME=DIR]... --budget BYTES|auto\n"
+    "                  [--host-budget BYTES] [--ssd DIRS] [--weights-on-ssd]\n"
+    "                  [--policy tide|equal|serial] [--hw PROFILE] [--ctx N]\n"
+    "                  [--host ADDR] [--port N] [--api-key KEY] [--queue N]\n"
+    "                  [--max-batch 1] [--backend auto|cpu|cuda] [--threads N] [--quiet]\n"
+    "\n"
+    "Serves the models over HTTP with OpenAI's API, all of them under one device\n"
+    "budget: a pool gives each loaded model a share of the budget and moves the\n"
+    "shares as models arrive and requests queue (--policy). Each model is loaded\n"
+    "on its first request and kept; GET /v1/models says which are loaded.\n"
+    "\n"
+    "Endpoints:\n"
+    "  POST /v1/completions       {model, prompt, max_tokens (default 16),\n"
+    "                             temperature (default 0: greedy), top_p, top_k,\n"
+    "                             min_p, seed, stop, frequency_penalty,\n"
+    "                             presence_penalty, repetition_penalty, stream}\n"
+    "  POST /v1/chat/completions  {model, messages [{role: system|user|assistant,\n"
+    "                             content}], the same fields; max_tokens default\n"
+    "                             256}, rendered with the model's chat template\n"
+    "  GET  /v1/models            the models, and whether each is loaded\n"
+    "  GET  /health               {\"status\": \"ok\"} (no key needed)\n"
+    "  GET  /metrics              Prometheus text: requests by endpoint and status,\n"
+    "                             tokens, queue depth, each model's share and held\n"
+    "                             bytes, replans, drifted requests\n"
+    "With \"stream\": true the answer comes as server-sent events (data: CHUNK ...\n"
+    "data: [DONE]). Errors are {\"error\": {\"message\", \"type\"}} with status 400\n"
+    "(malformed JSON, a field of the wrong type, a prompt longer than the\n"
+    "context), 401 (--api-key), 404 (unknown model or path), 413 (a body over\n"
+    "1 MiB), 503 (--queue full) or 500.\n"
+    "\n"
+    "Requests are queued per model and run one at a time through the pool: they\n"
+    "are not batched into one forward yet. Requests for different models run at\n"
+    "once, within their shares; --max-batch takes only 1.\n"
+    "\n"
+    "  --model NAME=DIR    a model to serve as NAME (letters, digits, . _ - : /):\n"
+    "                      a Hugging Face-layout LLaMA checkpoint with its\n"
+    "                      tokenizer (several allowed)\n"
+    "  --budget X          the device budget all the models share: bytes (2G) or\n"
+    "                      auto (on a GPU its free memory less max(512 MiB, 1/32\n"
+    "                      of its memory))\n"
+    "  --host-budget X     host memory for each model's spilled activations\n"
+    "  --ssd DIRS          spill directories, comma-separated (default $TMPDIR or\n"
+    "                      /tmp); spill files are unlinked as soon as created\n"
+    "  --weights-on-ssd    home the weights on SSD (read from the checkpoint file);\n"
+    "                      on the CPU what makes the shares bound the weights too\n"
+    "  --policy P          how the budget is shared: tide (default: shares chosen\n"
+    "                      by predicted time, time-sliced when the models'\n"
+    "                      minimums do not fit together), equal, or serial (one\n"
+    "                      model holds the whole budget at a time)\n"
+    "  --hw PROFILE        hardware profile for plans and predictions (default:\n"
+    "                      this machine, measured once at start, about 1 s)\n"
+    "  --ctx N             each model's context (KV cache) in tokens, prompt and\n"
+    "                      answer (default: the model's positions, at most 4096)\n"
+    "  --host ADDR         address to listen on (default 127.0.0.1: this machine\n"
+    "                      only; 0.0.0.0 or :: for every interface)\n"
+    "  --port N            port (default 8080; 0: any free port, printed)\n"
+    "  --api-key KEY       ask every request but GET /health for 'Authorization:\n"
+    "                      Bearer KEY' (401 without)\n"
+    "  --queue N           requests accepted per model at once, running and waiting\n"
+    "                      (default 16); more get 503\n"
+    "  --max-batch N       requests per forward: only 1 for now\n"
+    "  --backend B         auto, cpu or cuda\n"
+    "  --threads N         CPU threads of each model (default: all cores)\n"
+    "  --quiet             no log lines on standard error\n"
+    "\n"
+    "The server prints 'tide serve: listening on http://HOST:PORT/v1' once it\n"
+    "accepts requests. SIGINT or SIGTERM stops it: it stops accepting, ends the\n"
+    "generations in flight at their next token (streams end with [DONE]), frees\n"
+    "everything and exits with status 0.\n";
+
+static const struct option serve_options[] = {
+    {"model", required_argument, 0, 'm'},     {"budget", required_argument, 0, 'B'},
+    {"host-budget", required_argument, 0, 'H'}, {"ssd", required_argument, 0, 'S'},
+    {"weights-on-ssd", no_argument, 0, 'W'},  {"policy", required_argument, 0, 'P'},
+    {"hw", required_argument, 0, 'w'},        {"ctx", required_argument, 0, 'x'},
+    {"host", required_argument, 0, 'a'},      {"port", required_argument, 0, 'p'},
+    {"api-key", required_argument, 0, 'k'},   {"queue", required_argument, 0, 'Q'},
+    {"max-batch", required_argument, 0, 'G'}, {"backend", required_argument, 0, 'b'},
+    {"threads", required_argument, 0, 'T'},   {"quiet", no_argument, 0, 'q'},
+    {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
+};
+
+typedef struct serve_args {
+    serve_model_spec models[SERVE_MAX_MODELS];
+    char names[SERVE_MAX_MODELS][64];
+    int n_models;
+    tide_offload_opts budget;
+    bool budget_given;
+    tide_pool_opts po;
+    serve_opts so;
+    tide_backend_kind backend;
+} serve_args;
+
+static bool good_name(const char *s) {
+    if (!*s) return false;
+    for (; *s; s++)
+        if (!(('a' <= *s && *s <= 'z') || ('A' <= *s && *s <= 'Z') || ('0' <= *s && *s <= '9') || strchr("._-:/", *s)))
+            return false;
+    return true;
+}
+
+/* --model NAME=DIR: DIR must hold a config.json (the rest is read on the
+ * model's first request). */
+static int add_model(serve_args *a, const char *arg) {
+    const char *eq = strchr(arg, '=');
+    if (!eq) return cli_usage_error("serve", "--model takes NAME=DIR, not '%s'", arg);
+    if (a->n_models == SERVE_MAX_MODELS) return cli_usage_error("serve", "at most %d models", SERVE_MAX_MODELS);
+    char *name = a->names[a->n_models];
+    const char *dir = eq + 1;
+    size_t n = (size_t)(eq - arg);
+    if (n >= sizeof a->names[0]) return cli_usage_error("serve", "the model name in '%s' is over 63 bytes", arg);
+    memcpy(name, arg, n);
+    name[n] = '\0';
+    if (!good_name(name))
+        return cli_usage_error("serve", "bad model name '%s' (letters, digits and . _ - : / only)", name);
+    for (int i = 0; i < a->n_models; i++)
+        if (!strcmp(a->models[i].name, name)) return cli_usage_error("serve", "the model name '%s' is given twice", name);
+    char cfg[PATH_MAX];
+    struct stat st;
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    if (stat(cfg, &st) || !S_ISREG(st.st_mode))
+        return cli_usage_error("serve", "--model %s=%s: no config.json in %s (a Hugging Face model directory)", name,
+                               dir, dir);
+    a->models[a->n_models++] = (serve_model_spec){name, dir};
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, serve_args *a) {
+    long v;
+    a->so.host = "127.0.0.1";
+    a->so.port = 8080;
+    a->so.max_queue = 16;
+    a->backend = TIDE_BACKEND_AUTO;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", serve_options, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            if (add_model(a, optarg)) return 2;
+            break;
+        case 'B':
+            if (cli_parse_budget(optarg, &a->budget) ||
+                (a->budget.budget_kind != TIDE_BUDGET_BYTES && a->budget.budget_kind != TIDE_BUDGET_AUTO))
+                return cli_usage_error("serve", "bad --budget '%s' (bytes such as 2G, or auto: one budget for every "
+                                       "model, so not a percentage of one model's peak, min or none)", optarg);
+            a->budget_given = true;
+            break;
+        case 'H':
+            if (cli_parse_bytes(optarg, &a->po.host_budget) || !a->po.host_budget)
+                return cli_usage_error("serve", "bad --host-budget '%s'", optarg);
+            break;
+        case 'S': a->po.ssd_dirs = optarg; break;
+        case 'W': a->po.weights_on_ssd = true; break;
+        case 'P':
+            if (tide_pool_policy_parse(NULL, optarg, &a->po.policy))
+                return cli_usage_error("serve", "unknown --policy '%s' (tide, equal or serial)", optarg);
+            break;
+        case 'w': a->po.hw = optarg; break;
+        case 'x':
+            if (cli_parse_int(optarg, 2, 1 << 24, &v)) return cli_usage_error("serve", "bad --ctx '%s' (>= 2)", optarg);
+            a->so.ctx_len = (int)v;
+            break;
+        case 'a': a->so.host = optarg; break;
+        case 'p':
+            if (cli_parse_int(optarg, 0, 65535, &v)) return cli_usage_error("serve", "bad --port '%s' (0 to 65535)", optarg);
+            a->so.port = (int)v;
+            break;
+        case 'k':
+            if (!optarg[0]) return cli_usage_error("serve", "--api-key needs a non-empty key");
+            a->so.api_key = optarg;
+            break;
+        case 'Q':
+            if (cli_parse_int(optarg, 1, 1 << 20, &v)) return cli_usage_error("serve", "bad --queue '%s' (>= 1)", optarg);
+            a->so.max_queue = (int)v;
+            break;
+        case 'G':
+            if (cli_parse_int(optarg, 1, INT_MAX, &v)) return cli_usage_error("serve", "bad --max-batch '%s'", optarg);
+            if (v != 1)
+                return cli_usage_error("serve", "--max-batch %ld: requests are not batched into one forward yet; "
+                                       "each model runs its requests one at a time (only --max-batch 1)", v);
+            break;
+        case 'b':
+            if (cli_parse_backend(optarg, &a->backend))
+                return cli_usage_error("serve", "unknown --backend '%s' (auto, cpu or cuda)", optarg);
+            break;
+        case 'T':
+            if (cli_parse_int(optarg, 1, 4096, &v)) return cli_usage_error("serve", "bad --threads '%s'", optarg);
+            a->so.threads = (int)v;
+            break;
+        case 'q': a->so.quiet = true; break;
+        case 'h': fputs(help, stdout); return 0;
+        default: return cli_usage_error("serve", "unknown option");
+        }
+    }
+    if (optind != argc) return cli_usage_error("serve", "unexpected argument '%s'", argv[optind]);
+    if (!a->n_models) return cli_usage_error("serve", "give at least one --model NAME=DIR");
+    if (!a->budget_given) return cli_usage_error("serve", "give the device budget the models share: --budget BYTES|auto");
+    a->so.models = a->models;
+    a->so.n_models = a->n_models;
+    return -1;
+}
+
+/* --budget auto: the device's free memory less the margin tide run keeps. */
+static int auto_budget(tide_ctx *ctx, tide_backend *be, uint64_t *out) {
+    uint64_t fr = 0, tot = 0;
+    if (!be->vt->mem_info) {
+        fprintf(stderr, "tide serve: --budget auto reads a GPU's free memory; the %s backend has none: give bytes\n",
+                tide_backend_name(be));
+        return 2;
+    }
+    if (be->vt->mem_info(be, &fr, &tot)) return cli_fail(be->ctx, "--budget auto: reading the device's free memory");
+    uint64_t margin = TIDE_AUTO_MARGIN(tot);
+    if (fr <= margin) {
+        fprintf(stderr, "tide serve: --budget auto: the device has %llu bytes free, no more than the %llu-byte margin "
+                "kept for the runtime\n", (unsigned long long)fr, (unsigned long long)margin);
+        return 1;
+    }
+    *out = (fr - margin) & ~(uint64_t)255;
+    (void)ctx;
+    return 0;
+}
+
+static void pool_log(void *user, const char *line) {
+    (void)user;
+    fprintf(stderr, "tide serve: %s\n", line);
+}
+
+int cmd_serve(int argc, char **argv) {
+    serve_args a;
+    memset(&a, 0, sizeof a);
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+    /* SIGINT and SIGTERM go to the server's sigwait: blocked in every thread
+     * made from here on; a client gone never raises SIGPIPE */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    tide_ctx *ctx = tide_ctx_new(), *pool_ctx = tide_ctx_new();
+    tide_backend *be = NULL;
+    tide_pool *pool = NULL;
+    rc = 1;
+    if (!ctx || !pool_ctx) goto done;
+    if (tide_backend_new(ctx, a.backend, &be)) {
+        rc = cli_fail(ctx, "backend");
+        goto done;
+    }
+    a.po.budget_bytes = a.budget.bytes;
+    if (a.budget.budget_kind == TIDE_BUDGET_AUTO && (rc = auto_budget(ctx, be, &a.po.budget_bytes))) goto done;
+    if (!a.so.quiet) {
+        a.po.log = pool_log;
+        char b[32];
+        fprintf(stderr, "tide serve: %d models on %s, budget %s shared (policy %s)%s\n", a.n_models,
+                tide_backend_name(be), cli_fmt_bytes(a.po.budget_bytes, b, sizeof b),
+                tide_pool_policy_name(a.po.policy), a.po.hw ? "" : "; measuring this machine");
+    }
+    if (tide_pool_new(pool_ctx, be, &a.po, &pool)) {
+        rc = cli_fail(pool_ctx, "the pool");
+        goto done;
+    }
+    a.so.pool = pool;
+    a.so.pool_ctx = pool_ctx;
+    rc = serve_http_run(&a.so, &sigs); /* frees the pool */
+done:
+    tide_backend_free(be);
+    tide_ctx_free(pool_ctx);
+    tide_ctx_free(ctx);
+    return rc;
+}

@@ -1,0 +1,588 @@
+/*
+ * http.c - `tide serve`'s HTTP server on libmicrohttpd: routing,
+ * authorization, request bodies, streams, /metrics and the run loop.
+ *
+ * Threads. The daemon runs a thread per connection (its internal polling
+ * thread accepts), so the requests of several clients run at once. An
+ * answer that is not streamed is generated on its connection's thread. A
+ * stream has a producer thread of its own, which generates and turns each
+ * piece of text into a server-sent event, and a bounded queue of events
+ * (STREAM_QUEUE) that the connection's thread (stream_read, called by the
+ * daemon) drains into the socket: a slow client holds back its own
+ * producer only.
+ *
+ * A stream's life:
+ *   handle_generate: prepared, producer started, response queued
+ *   producer: events pushed (waiting while the queue is full), then the
+ *     last chunk and "data: [DONE]", done set
+ *   stream_read: events popped; end of stream once done and empty
+ *   stream_free (the daemon, when the response is destroyed: answer
+ *     complete, or the client gone): cancel set, so the producer's next
+ *     token ends its generation and a full queue stops blocking it; the
+ *     producer joined; everything freed.
+ * A client that leaves mid-stream therefore costs at most one token of its
+ * model's time, and never blocks another connection.
+ *
+ * Shutdown (SIGINT/SIGTERM, taken by sigwait on the main thread): stopping
+ * is set, so every generation in flight ends at its next token (streams end
+ * with their last chunk and [DONE]); the daemon stops accepting and is
+ * stopped, which waits for every connection; then the pool and the models
+ * are freed.
+ */
+#include "serve/http_int.h"
+
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define STREAM_QUEUE 64 /* events a stream's producer may be ahead of its client */
+
+/* ---------------------------------------------------------------- counters and /metrics */
+
+void serve_count(serve_server *s, const char *endpoint, int status) {
+    pthread_mutex_lock(&s->mmu);
+    int i = 0;
+    while (i < s->n_counters && !(s->counters[i].status == status && !strcmp(s->counters[i].endpoint, endpoint))) i++;
+    if (i == s->n_counters && i < SERVE_MAX_COUNTERS) s->counters[s->n_counters++] = (serve_counter){endpoint, status, 0};
+    if (i < s->n_counters) s->counters[i].n++;
+    pthread_mutex_unlock(&s->mmu);
+}
+
+typedef struct text_buf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} text_buf;
+
+static void tb_printf(text_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tb_printf(text_buf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) return;
+        if (b->p && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap < b->len + (size_t)n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+}
+
+/* One metric's HELP and TYPE lines. */
+static void tb_head(text_buf *b, const char *name, const char *type, const char *help) {
+    tb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+char *serve_metrics_text(serve_server *s) {
+    text_buf b = {0};
+    tb_head(&b, "tide_requests_total", "counter", "HTTP requests answered, by endpoint and status.");
+    pthread_mutex_lock(&s->mmu);
+    for (int i = 0; i < s->n_counters; i++)
+        tb_printf(&b, "tide_requests_total{endpoint=\"%s\",status=\"%d\"} %lld\n", s->counters[i].endpoint,
+                  s->counters[i].status, s->counters[i].n);
+    pthread_mutex_unlock(&s->mmu);
+    static const struct {
+        const char *name, *type, *help;
+    } per_model[] = {
+        {"tide_model_loaded", "gauge", "1 when the model is loaded (on its first request)."},
+        {"tide_tokens_generated_total", "counter", "Tokens generated."},
+        {"tide_prompt_tokens_total", "counter", "Prompt tokens prefilled."},
+        {"tide_model_requests_total", "counter", "Generations completed."},
+        {"tide_queue_depth", "gauge", "Requests accepted and not yet answered (running or waiting)."},
+        {"tide_model_waiting", "gauge", "Requests waiting in the pool for the model, room or a turn."},
+        {"tide_model_share_bytes", "gauge", "Device bytes the pool's last partition gave the model."},
+        {"tide_model_held_bytes", "gauge", "Device bytes the model holds now."},
+        {"tide_model_min_bytes", "gauge", "The model's minimum device bytes."},
+        {"tide_model_replans_total", "counter", "Share changes applied to the model (its plans made again)."},
+        {"tide_model_drifted_total", "counter", "Requests whose measured time was over 30% from the prediction."},
+    };
+    enum { N_PER = sizeof per_model / sizeof per_model[0] };
+    for (int k = 0; k < N_PER; k++) {
+        tb_head(&b, per_model[k].name, per_model[k].type, per_model[k].help);
+        for (int i = 0; i < s->n_models; i++) {
+            serve_model *m = &s->models[i];
+            tide_pool_workload_stats ws = {0};
+            bool loaded = atomic_load(&m->loaded);
+            if (loaded) tide_pool_workload_stats_get(s->o.pool, m->w, &ws);
+            double v = 0;
+            switch (k) {
+            case 0: v = loaded; break;
+            case 1: v = (double)atomic_load(&m->gen_tokens); break;
+            case 2: v = (double)atomic_load(&m->prompt_tokens); break;
+            case 3: v = (double)atomic_load(&m->requests); break;
+            case 4: v = atomic_load(&m->inflight); break;
+            case 5: v = ws.waiting; break;
+            case 6: v = (double)ws.share_bytes; break;
+            case 7: v = (double)ws.held_bytes; break;
+            case 8: v = (double)ws.min_bytes; break;
+            case 9: v = (double)ws.replans; break;
+            default: v = (double)ws.drifted; break;
+            }
+            tb_printf(&b, "%s{model=\"%s\"} %.17g\n", per_model[k].name, m->name, v);
+        }
+    }
+    tide_pool_stats ps;
+    tide_pool_stats_get(s->o.pool, &ps);
+    const struct {
+        const char *name, *type, *help;
+        double v;
+    } pool[] = {
+        {"tide_pool_budget_bytes", "gauge", "The device budget shared by every model.", (double)ps.budget_bytes},
+        {"tide_pool_held_bytes", "gauge", "Device bytes held by the models now.", (double)ps.held_bytes},
+        {"tide_pool_peak_held_bytes", "gauge", "The most device bytes held at any instant.", (double)ps.peak_held_bytes},
+        {"tide_pool_workloads", "gauge", "Models in the pool (loaded).", ps.n_workloads},
+        {"tide_pool_time_sliced", "gauge", "1 when one model holds the budget at a time.", ps.time_sliced},
+        {"tide_pool_partitions_total", "counter", "Re-partitions of the budget.", (double)ps.partitions},
+        {"tide_replans_total", "counter", "Share changes applied to a model.", (double)ps.replans},
+        {"tide_drifted_total", "counter", "Requests whose measured time was over 30% from the prediction.",
+         (double)ps.drifted},
+        {"tide_pool_waits_total", "counter", "Requests that waited for room or their turn.", (double)ps.waits},
+        {"tide_pool_requests_total", "counter", "Requests the pool completed.", (double)ps.requests},
+    };
+    for (size_t k = 0; k < sizeof pool / sizeof pool[0]; k++) {
+        tb_head(&b, pool[k].name, pool[k].type, pool[k].help);
+        tb_printf(&b, "%s %.17g\n", pool[k].name, pool[k].v);
+    }
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}
+
+/* ---------------------------------------------------------------- answers */
+
+/* Queues a response with body (taken: freed by the daemon) and counts it. */
+static enum MHD_Result answer(serve_server *s, struct MHD_Connection *c, const char *endpoint, int status,
+                              char *body, const char *type) {
+    if (!body) {
+        status = 500;
+        body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
+        type = "application/json";
+        if (!body) return MHD_NO;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", type);
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    serve_count(s, endpoint, status);
+    return rc;
+}
+
+static enum MHD_Result answer_error(serve_server *s, struct MHD_Connection *c, const char *endpoint,
+                                    const serve_error *e) {
+    return answer(s, c, endpoint, e->status, serve_error_json(e), "application/json");
+}
+
+/* ---------------------------------------------------------------- streams */
+
+typedef struct event {
+    struct event *next;
+    size_t len;
+    char data[];
+} event;
+
+typedef struct stream {
+    serve_server *s;
+    serve_request req;
+    serve_prepared prep;
+    char id[48];
+    time_t created;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    event *head, *tail;
+    int n_events;
+    size_t off;                   /* bytes of head already read */
+    bool done;                    /* the producer pushed its last event */
+    bool first;                   /* no chunk sent yet */
+    atomic_bool cancel;
+} stream;
+
+/* Appends "data: JSON\n\n" (json taken), waiting while the queue is full;
+ * dropped once the stream is cancelled. */
+static void push(stream *st, char *json) {
+    size_t n = json ? strlen(json) : 0;
+    event *ev = json ? malloc(sizeof *ev + n + 9) : NULL;
+    if (ev) {
+        ev->next = NULL;
+        ev->len = (size_t)sprintf(ev->data, "data: %s\n\n", json);
+    }
+    free(json);
+    pthread_mutex_lock(&st->mu);
+    /* a client that reads nothing holds its producer here; on shutdown the
+     * event is dropped after a tenth of a second (the daemon then closes the
+     * connection, which cancels the stream) */
+    bool drop = false;
+    while (st->n_events >= STREAM_QUEUE && !atomic_load(&st->cancel) && !drop) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_nsec += 100000000;
+        if (t.tv_nsec >= 1000000000) t.tv_sec++, t.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&st->cv, &st->mu, &t);
+        drop = atomic_load(&st->s->stopping);
+    }
+    if (ev && !atomic_load(&st->cancel) && !drop) {
+        if (st->tail) st->tail->next = ev;
+        else st->head = ev;
+        st->tail = ev;
+        st->n_events++;
+        ev = NULL;
+    }
+    pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+    free(ev);
+}
+
+static void on_piece(void *user, const char *piece, size_t n) {
+    stream *st = user;
+    char *text = malloc(n + 1);
+    if (!text) return;
+    memcpy(text, piece, n);
+    text[n] = '\0';
+    push(st, serve_chunk_json(&st->req, st->id, st->created, text, NULL, st->first));
+    st->first = false;
+    free(text);
+}
+
+static void *producer(void *arg) {
+    stream *st = arg;
+    serve_result res;
+    serve_error e;
+    if (serve_run(st->s, &st->prep, on_piece, st, &st->cancel, &res, &e)) {
+        push(st, serve_error_json(&e));
+    } else {
+        push(st, serve_chunk_json(&st->req, st->id, st->created, NULL, res.finish, st->first));
+    }
+    char *done = strdup("[DONE]");
+    if (done) {
+        /* "data: [DONE]" is not JSON: pushed as it is */
+        push(st, done);
+    }
+    pthread_mutex_lock(&st->mu);
+    st->done = true;
+    pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+    return NULL;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    stream *st = cls;
+    pthread_mutex_lock(&st->mu);
+    while (!st->head && !st->done) pthread_cond_wait(&st->cv, &st->mu);
+    if (!st->head) {
+        pthread_mutex_unlock(&st->mu);
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    event *ev = st->head;
+    size_t n = ev->len - st->off < max ? ev->len - st->off : max;
+    memcpy(buf, ev->data + st->off, n);
+    st->off += n;
+    if (st->off == ev->len) {
+        st->head = ev->next;
+        if (!st->head) st->tail = NULL;
+        st->n_events--;
+        st->off = 0;
+        free(ev);
+        pthread_cond_broadcast(&st->cv);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls) {
+    stream *st = cls;
+    pthread_mutex_lock(&st->mu);
+    atomic_store(&st->cancel, true);
+    pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+    pthread_join(st->th, NULL);
+    while (st->head) {
+        event *ev = st->head;
+        st->head = ev->next;
+        free(ev);
+    }
+    atomic_fetch_sub(&st->req.model->inflight, 1);
+    atomic_fetch_sub(&st->s->streams, 1);
+    serve_prepared_free(&st->prep);
+    serve_request_free(&st->req);
+    pthread_cond_destroy(&st->cv);
+    pthread_mutex_destroy(&st->mu);
+    free(st);
+}
+
+/* ---------------------------------------------------------------- generation endpoints */
+
+static void request_id(serve_server *s, bool chat, char *buf, size_t len) {
+    snprintf(buf, len, "%s-%lld-%lld", chat ? "chatcmpl" : "cmpl", (long long)time(NULL),
+             (long long)atomic_fetch_add(&s->next_id, 1));
+}
+
+static enum MHD_Result start_stream(serve_server *s, struct MHD_Connection *c, const char *endpoint,
+                                    serve_request *req, serve_prepared *prep) {
+    stream *st = calloc(1, sizeof *st);
+    serve_error e;
+    if (!st) {
+        serve_fail(&e, 500, "server_error", "out of memory");
+        goto fail;
+    }
+    st->s = s;
+    st->req = *req;
+    st->prep = *prep;
+    st->first = true;
+    st->created = time(NULL);
+    request_id(s, req->chat, st->id, sizeof st->id);
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->cv, NULL);
+    atomic_fetch_add(&s->streams, 1);
+    if (pthread_create(&st->th, NULL, producer, st)) {
+        atomic_fetch_sub(&s->streams, 1);
+        pthread_cond_destroy(&st->cv);
+        pthread_mutex_destroy(&st->mu);
+        free(st);
+        serve_fail(&e, 500, "server_error", "cannot start a thread for the stream");
+        goto fail;
+    }
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);
+    if (!r) {
+        stream_free(st); /* cancels and joins the producer, frees the request */
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    enum MHD_Result rc = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    serve_count(s, endpoint, 200);
+    return rc;
+fail:
+    atomic_fetch_sub(&req->model->inflight, 1);
+    serve_prepared_free(prep);
+    serve_request_free(req);
+    return answer_error(s, c, endpoint, &e);
+}
+
+static enum MHD_Result handle_generate(serve_server *s, struct MHD_Connection *c, const char *endpoint, bool chat,
+                                       const char *body, size_t len) {
+    serve_request req;
+    serve_prepared prep;
+    serve_error e;
+    if (serve_parse_request(s, body, len, chat, &req, &e)) {
+        serve_request_free(&req);
+        return answer_error(s, c, endpoint, &e);
+    }
+    serve_model *m = req.model;
+    if (atomic_fetch_add(&m->inflight, 1) >= s->o.max_queue) {
+        atomic_fetch_sub(&m->inflight, 1);
+        serve_request_free(&req);
+        serve_fail(&e, 503, "server_overloaded", "the model '%s' has %d requests queued (--queue): try again later",
+                   m->name, s->o.max_queue);
+        return answer_error(s, c, endpoint, &e);
+    }
+    if (serve_prepare(s, &req, &prep, &e)) {
+        atomic_fetch_sub(&m->inflight, 1);
+        serve_prepared_free(&prep);
+        serve_request_free(&req);
+        return answer_error(s, c, endpoint, &e);
+    }
+    if (req.stream) return start_stream(s, c, endpoint, &req, &prep);
+    serve_result res;
+    char id[48], *out = NULL;
+    int status = 200;
+    if (serve_run(s, &prep, NULL, NULL, NULL, &res, &e)) {
+        out = serve_error_json(&e);
+        status = e.status;
+    } else {
+        request_id(s, chat, id, sizeof id);
+        out = serve_answer_json(&req, id, time(NULL), res.text, res.finish, res.n_prompt, res.n_gen);
+    }
+    atomic_fetch_sub(&m->inflight, 1);
+    serve_prepared_free(&prep);
+    serve_request_free(&req);
+    return answer(s, c, endpoint, status, out, "application/json");
+}
+
+/* ---------------------------------------------------------------- routing */
+
+typedef struct conn {
+    char *body;
+    size_t len, cap;
+    bool too_large;
+} conn;
+
+static bool authorized(serve_server *s, struct MHD_Connection *c) {
+    if (!s->o.api_key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7)) return false;
+    const char *k = h + 7, *want = s->o.api_key;
+    size_t n = strlen(k), w = strlen(want);
+    unsigned diff = n != w;
+    for (size_t i = 0; i < w; i++) diff |= (unsigned char)want[i] ^ (unsigned char)(i < n ? k[i] : 0);
+    return diff == 0;
+}
+
+/* Appends a piece of the body (dropped past SERVE_MAX_BODY: 413 at the end). */
+static void add_body(conn *cn, const char *data, size_t n) {
+    if (cn->too_large || cn->len + n > SERVE_MAX_BODY) {
+        cn->too_large = true;
+        return;
+    }
+    if (cn->len + n + 1 > cn->cap) {
+        size_t cap = cn->cap ? cn->cap : 4096;
+        while (cap < cn->len + n + 1) cap *= 2;
+        char *p = realloc(cn->body, cap);
+        if (!p) {
+            cn->too_large = true;
+            return;
+        }
+        cn->body = p;
+        cn->cap = cap;
+    }
+    memcpy(cn->body + cn->len, data, n);
+    cn->len += n;
+    cn->body[cn->len] = '\0';
+}
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                               const char *version, const char *upload_data, size_t *upload_data_size,
+                               void **con_cls) {
+    serve_server *s = cls;
+    conn *cn = *con_cls;
+    if (!cn) {
+        if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
+        *con_cls = cn;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > SERVE_MAX_BODY) cn->too_large = true;
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        add_body(cn, upload_data, *upload_data_size);
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET");
+    bool is_comp = !strcmp(url, "/v1/completions"), is_chat = !strcmp(url, "/v1/chat/completions");
+    const char *endpoint = is_comp ? "/v1/completions" : is_chat ? "/v1/chat/completions"
+                           : !strcmp(url, "/v1/models") ? "/v1/models" : !strcmp(url, "/health") ? "/health"
+                           : !strcmp(url, "/metrics") ? "/metrics" : "other";
+    serve_error e;
+    if (!strcmp(endpoint, "/health") && get) return answer(s, c, endpoint, 200, strdup("{\"status\":\"ok\"}"), "application/json");
+    if (!authorized(s, c)) {
+        serve_fail(&e, 401, "authentication_error", "missing or wrong API key: send the header 'Authorization: "
+                   "Bearer KEY' with the key given to tide serve --api-key");
+        return answer_error(s, c, endpoint, &e);
+    }
+    if (!strcmp(endpoint, "other")) {
+        serve_fail(&e, 404, "not_found_error", "no endpoint %.200s %.200s (POST /v1/completions, POST "
+                   "/v1/chat/completions, GET /v1/models, GET /health, GET /metrics)", method, url);
+        return answer_error(s, c, endpoint, &e);
+    }
+    if ((is_comp || is_chat) ? !post : !get) {
+        serve_fail(&e, 405, "invalid_request_error", "%.200s takes %s, not %.32s", endpoint,
+                   is_comp || is_chat ? "POST" : "GET", method);
+        return answer_error(s, c, endpoint, &e);
+    }
+    if (!strcmp(endpoint, "/v1/models")) return answer(s, c, endpoint, 200, serve_models_json(s), "application/json");
+    if (!strcmp(endpoint, "/metrics"))
+        return answer(s, c, endpoint, 200, serve_metrics_text(s), "text/plain; version=0.0.4; charset=utf-8");
+    if (cn->too_large) {
+        serve_fail(&e, 413, "invalid_request_error", "the request body is larger than the %zu bytes taken",
+                   SERVE_MAX_BODY);
+        return answer_error(s, c, endpoint, &e);
+    }
+    return handle_generate(s, c, endpoint, is_chat, cn->body ? cn->body : "", cn->len);
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    conn *cn = *con_cls;
+    if (cn) free(cn->body);
+    free(cn);
+    *con_cls = NULL;
+}
+
+/* ---------------------------------------------------------------- run */
+
+int serve_http_run(const serve_opts *o, const sigset_t *signals) {
+    serve_server *s = calloc(1, sizeof *s);
+    serve_model *models = calloc((size_t)o->n_models, sizeof *models);
+    if (!s || !models) {
+        free(s);
+        free(models);
+        tide_pool_free(o->pool);
+        fprintf(stderr, "tide serve: out of memory\n");
+        return 1;
+    }
+    s->o = *o;
+    s->models = models;
+    s->n_models = o->n_models;
+    pthread_mutex_init(&s->mgmt, NULL);
+    pthread_mutex_init(&s->mmu, NULL);
+    for (int i = 0; i < o->n_models; i++) {
+        models[i].name = o->models[i].name;
+        models[i].dir = o->models[i].dir;
+        pthread_mutex_init(&models[i].mu, NULL);
+    }
+    int rc = 1;
+    char port[16];
+    snprintf(port, sizeof port, "%d", o->port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
+    int gai = getaddrinfo(o->host, port, &hints, &ai);
+    if (gai) {
+        fprintf(stderr, "tide serve: cannot use --host '%s': %s\n", o->host, gai_strerror(gai));
+        goto done;
+    }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_POLL;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    if (!o->quiet) flags |= MHD_USE_ERROR_LOG;
+    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                            MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                            MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!s->d) {
+        fprintf(stderr, "tide serve: cannot listen on %s port %d (in use, or not an address of this machine?)\n",
+                o->host, o->port);
+        goto done;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    printf("tide serve: listening on http://%s%s%s:%u/v1 (%d models)\n", strchr(o->host, ':') ? "[" : "", o->host,
+           strchr(o->host, ':') ? "]" : "", info ? (unsigned)info->port : (unsigned)o->port, o->n_models);
+    fflush(stdout);
+    int sig = 0;
+    while (sigwait(signals, &sig)) {}
+    if (!o->quiet) fprintf(stderr, "tide serve: %s: stopping (%d streams in flight)\n", strsignal(sig),
+                           atomic_load(&s->streams));
+    atomic_store(&s->stopping, true);
+    MHD_socket ls = MHD_quiesce_daemon(s->d);
+    MHD_stop_daemon(s->d);
+    if (ls != MHD_INVALID_SOCKET) close(ls);
+    rc = 0;
+done:
+    tide_pool_free(o->pool);
+    serve_models_free(s);
+    pthread_mutex_destroy(&s->mgmt);
+    pthread_mutex_destroy(&s->mmu);
+    free(models);
+    free(s);
+    return rc;
+}

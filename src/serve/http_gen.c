@@ -1,0 +1,238 @@
+/*
+ * http_gen.c - `tide serve`'s models and generations: a model is loaded on
+ * its first request (checkpoint, tokenizer, chat template, then
+ * tide_pool_add_model) and kept; a request is prepared (prompt rendered and
+ * encoded, checked against the context, its sampler made) on the thread of
+ * its connection, so that what is wrong with it is answered with a status
+ * before any stream begins, and then run through the pool, its text made by
+ * the CLI's cli_textout (stop strings held back until they cannot match).
+ *
+ * The prompt is encoded as `tide run` encodes it: a completion's prompt with
+ * the tokenizer's special tokens added (the BOS), a chat rendered by the
+ * template (which writes the BOS) without; special tokens' text is parsed as
+ * the special token in both (the template's markers are special tokens).
+ * Sampling is tide_sampler's; with temperature 0 (the default) greedy, so a
+ * completion equals `tide run --prompt` on the same model, text for text.
+ *
+ * Threads: requests of every model run at once, each on its own thread; the
+ * pool runs those of one model one at a time. A tokenizer encodes on one
+ * thread at a time (serve_model.mu); decoding (one tide_detok per request)
+ * only reads it.
+ */
+#include "serve/http_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void unload(serve_model *m) {
+    free(m->stop_ids);
+    free(m->chat_stop_ids);
+    tide_chat_template_free(m->tmpl);
+    tide_tokenizer_free(m->tok);
+    tide_checkpoint_free(m->ck);
+    m->stop_ids = m->chat_stop_ids = NULL;
+    m->tmpl = NULL;
+    m->tok = NULL;
+    m->ck = NULL;
+    m->w = NULL;
+}
+
+/* Loads m (m->mu held). Returns 0 or -1 with *e filled; on failure nothing
+ * is kept, so that a later request tries again. */
+static int load(serve_server *s, serve_model *m, serve_error *e) {
+    if (!m->ctx && !(m->ctx = tide_ctx_new())) return serve_fail(e, 500, "server_error", "out of memory");
+    if (tide_checkpoint_open(m->ctx, m->dir, &m->ck) || tide_checkpoint_prefetch(m->ck)) {
+        serve_fail(e, 500, "server_error", "cannot load the model '%s' from %s: %s", m->name, m->dir,
+                   tide_ctx_last_error(m->ctx));
+        goto fail;
+    }
+    const tide_llama_config *cfg = tide_checkpoint_config(m->ck);
+    if (tide_tokenizer_open(m->ctx, m->dir, &m->tok)) {
+        serve_fail(e, 500, "server_error", "the model '%s' has no usable tokenizer: %s", m->name,
+                   tide_ctx_last_error(m->ctx));
+        goto fail;
+    }
+    if (tide_tokenizer_n_vocab(m->tok) > cfg->vocab_size) {
+        serve_fail(e, 500, "server_error", "the model '%s': the tokenizer's %d ids exceed the model's vocabulary of "
+                   "%d: they do not belong together", m->name, tide_tokenizer_n_vocab(m->tok), cfg->vocab_size);
+        goto fail;
+    }
+    if (tide_chat_template_get(m->ctx, m->tok, NULL, &m->tmpl)) {
+        snprintf(m->tmpl_err, sizeof m->tmpl_err, "%s", tide_ctx_last_error(m->ctx));
+        m->tmpl = NULL;
+    }
+    int max_pos = cfg->max_position_embeddings;
+    m->ctx_len = s->o.ctx_len ? s->o.ctx_len : max_pos < 4096 ? max_pos : 4096;
+    if (m->ctx_len > max_pos) {
+        serve_fail(e, 500, "server_error", "the model '%s' has %d positions, fewer than --ctx %d", m->name, max_pos,
+                   m->ctx_len);
+        goto fail;
+    }
+    if (cli_stop_ids(m->tok, NULL, &m->stop_ids, &m->n_stop_ids) ||
+        cli_stop_ids(m->tok, m->tmpl, &m->chat_stop_ids, &m->n_chat_stop_ids)) {
+        serve_fail(e, 500, "server_error", "out of memory");
+        goto fail;
+    }
+    tide_model_opts mo = {.max_batch = 1, .ctx_len = m->ctx_len};
+    pthread_mutex_lock(&s->mgmt);
+    tide_status st = tide_pool_add_model(s->o.pool, m->name, m->ck, &mo, &m->w);
+    if (st)
+        serve_fail(e, 500, "server_error", "cannot add the model '%s' to the pool: %s", m->name,
+                   tide_ctx_last_error(s->o.pool_ctx));
+    pthread_mutex_unlock(&s->mgmt);
+    if (st) goto fail;
+    tide_ctx_set_threads(tide_pool_workload_ctx(m->w), s->o.threads);
+    atomic_store(&m->loaded, true);
+    if (!s->o.quiet) fprintf(stderr, "tide serve: loaded %s from %s (context %d)\n", m->name, m->dir, m->ctx_len);
+    return 0;
+fail:
+    if (!s->o.quiet) fprintf(stderr, "tide serve: %s\n", e->msg);
+    unload(m);
+    return -1;
+}
+
+static int ensure_loaded(serve_server *s, serve_model *m, serve_error *e) {
+    if (atomic_load(&m->loaded)) return 0;
+    pthread_mutex_lock(&m->mu);
+    int rc = atomic_load(&m->loaded) ? 0 : load(s, m, e);
+    pthread_mutex_unlock(&m->mu);
+    return rc;
+}
+
+/* Encodes text (m->mu held) into p->ids. */
+static int encode(serve_model *m, const char *text, size_t len, unsigned flags, serve_prepared *p, serve_error *e) {
+    size_t n = 0;
+    if (tide_tokenizer_encode(m->tok, text, len, flags, NULL, 0, &n))
+        return serve_fail(e, 400, "invalid_request_error", "cannot encode the prompt: %s", tide_ctx_last_error(m->ctx));
+    if (n == 0) return serve_fail(e, 400, "invalid_request_error", "the prompt is empty");
+    if (n > (size_t)m->ctx_len) n = (size_t)m->ctx_len + 1; /* too long either way: counted below */
+    if (!(p->ids = malloc(n * sizeof *p->ids))) return serve_fail(e, 500, "server_error", "out of memory");
+    size_t got = 0;
+    if (tide_tokenizer_encode(m->tok, text, len, flags, p->ids, n, &got))
+        return serve_fail(e, 400, "invalid_request_error", "cannot encode the prompt: %s", tide_ctx_last_error(m->ctx));
+    p->n_ids = got > (size_t)INT32_MAX ? INT32_MAX : (int)got;
+    return 0;
+}
+
+int serve_prepare(serve_server *s, const serve_request *r, serve_prepared *p, serve_error *e) {
+    memset(p, 0, sizeof *p);
+    serve_model *m = p->m = r->model;
+    if (ensure_loaded(s, m, e)) return -1;
+    if (!(p->ctx = tide_ctx_new())) return serve_fail(e, 500, "server_error", "out of memory");
+    char *chat = NULL;
+    size_t len = 0;
+    if (r->chat) {
+        if (!m->tmpl)
+            return serve_fail(e, 400, "invalid_request_error", "the model '%s' has no chat template (%s): use "
+                              "/v1/completions", m->name, m->tmpl_err);
+        if (tide_chat_format(p->ctx, m->tmpl, r->msgs, r->n_msgs, true, &chat, &len))
+            return serve_fail(e, 400, "invalid_request_error", "'messages': %s", tide_ctx_last_error(p->ctx));
+    }
+    const char *text = r->chat ? chat : r->prompt;
+    if (!r->chat) len = strlen(text);
+    int rc = 0;
+    if (len == 0) {
+        rc = serve_fail(e, 400, "invalid_request_error", "the prompt is empty");
+    } else {
+        pthread_mutex_lock(&m->mu);
+        rc = encode(m, text, len, r->chat ? 0 : TIDE_TOKENIZE_ADD_SPECIAL, p, e);
+        pthread_mutex_unlock(&m->mu);
+    }
+    tide_free_text(chat);
+    if (rc) return -1;
+    if (p->n_ids >= m->ctx_len)
+        return serve_fail(e, 400, "invalid_request_error", "the prompt is %s%d tokens, longer than the model '%s' "
+                          "takes: its context holds %d tokens, prompt and answer (at most %d for the prompt)",
+                          p->n_ids > m->ctx_len ? "more than " : "", p->n_ids > m->ctx_len ? m->ctx_len : p->n_ids,
+                          m->name, m->ctx_len, m->ctx_len - 1);
+    /* n new ids need n_ids + n - 1 positions: the last id drawn is never run */
+    int room = m->ctx_len - p->n_ids + 1;
+    if (r->max_tokens > room)
+        return serve_fail(e, 400, "invalid_request_error", "the prompt (%d tokens) and 'max_tokens' (%d) exceed the "
+                          "model '%s''s context of %d tokens: at most %d new tokens fit", p->n_ids, r->max_tokens,
+                          m->name, m->ctx_len, room);
+    int def = r->chat ? SERVE_CHAT_MAX_TOKENS : SERVE_DEFAULT_MAX_TOKENS;
+    p->max_new = r->max_tokens ? r->max_tokens : def < room ? def : room;
+    tide_sampler_opts so = r->so;
+    if (so.temperature > 0 && !r->seed_given) so.seed = cli_random_seed();
+    if (tide_sampler_new(p->ctx, &so, tide_tokenizer_n_vocab(m->tok), &p->sampler))
+        return serve_fail(e, 400, "invalid_request_error", "%s", tide_ctx_last_error(p->ctx));
+    for (int i = 0; i < p->n_ids; i++)
+        if (tide_sampler_accept(p->sampler, p->ids[i]))
+            return serve_fail(e, 500, "server_error", "%s", tide_ctx_last_error(p->ctx));
+    p->stop_ids = r->chat ? m->chat_stop_ids : m->stop_ids;
+    p->n_stop_ids = r->chat ? m->n_chat_stop_ids : m->n_stop_ids;
+    if (cli_textout_init(&p->out, m->tok, NULL, (const char *const *)r->stops, r->n_stops))
+        return serve_fail(e, 500, "server_error", "out of memory");
+    p->out_ready = true;
+    return 0;
+}
+
+typedef struct run_state {
+    serve_server *s;
+    serve_prepared *p;
+    const atomic_bool *cancel;
+    bool cancelled;
+} run_state;
+
+static int on_token(void *user, int32_t id) {
+    run_state *rs = user;
+    if (cli_textout_on_token(&rs->p->out, id)) return 1;
+    if (atomic_load(&rs->s->stopping) || (rs->cancel && atomic_load(rs->cancel))) {
+        rs->cancelled = true;
+        return 1;
+    }
+    return 0;
+}
+
+int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const char *piece, size_t n), void *user,
+              const atomic_bool *cancel, serve_result *res, serve_error *e) {
+    serve_model *m = p->m;
+    memset(res, 0, sizeof *res);
+    int32_t *gen = malloc((size_t)p->max_new * sizeof *gen);
+    if (!gen) return serve_fail(e, 500, "server_error", "out of memory");
+    p->out.emit = emit;
+    p->out.emit_user = user;
+    run_state rs = {.s = s, .p = p, .cancel = cancel};
+    tide_gen_opts go = {.sampler = p->sampler, .stop_ids = p->stop_ids, .n_stop_ids = p->n_stop_ids,
+                        .on_token = on_token, .user = &rs};
+    tide_gen_stats st;
+    int n_out = 0;
+    tide_status ts = TIDE_OK;
+    if (atomic_load(&s->stopping)) rs.cancelled = true; /* not started: nothing to cancel mid-way */
+    else ts = tide_pool_generate(s->o.pool, m->w, p->ids, p->n_ids, p->max_new, &go, gen, &n_out, &st);
+    free(gen);
+    if (!ts && p->out.err) ts = p->out.err;
+    if (ts)
+        return serve_fail(e, 500, "server_error", "generation failed (%s): %s", tide_status_str(ts),
+                          tide_ctx_last_error(tide_pool_workload_ctx(m->w)));
+    cli_textout_finish(&p->out);
+    res->text = p->out.text;
+    res->cancelled = rs.cancelled;
+    res->finish = p->out.stopped || (n_out < p->max_new && !rs.cancelled) ? "stop" : "length";
+    res->n_prompt = p->n_ids;
+    res->n_gen = n_out;
+    atomic_fetch_add(&m->requests, 1);
+    atomic_fetch_add(&m->prompt_tokens, p->n_ids);
+    atomic_fetch_add(&m->gen_tokens, n_out);
+    return 0;
+}
+
+void serve_prepared_free(serve_prepared *p) {
+    if (p->out_ready) cli_textout_free(&p->out);
+    tide_sampler_free(p->sampler);
+    tide_ctx_free(p->ctx);
+    free(p->ids);
+    memset(p, 0, sizeof *p);
+}
+
+void serve_models_free(serve_server *s) {
+    for (int i = 0; i < s->n_models; i++) {
+        serve_model *m = &s->models[i];
+        unload(m);
+        tide_ctx_free(m->ctx);
+        m->ctx = NULL;
+        pthread_mutex_destroy(&m->mu);
+    }
+}

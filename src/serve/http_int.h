@@ -1,0 +1,149 @@
+/*
+ * http_int.h - the pieces of `tide serve` (http.c, http_json.c, http_gen.c)
+ * that they share: the server, its models, a parsed request, an error.
+ *
+ * The HTTP front end is part of the command-line program, not of libtide:
+ * it uses the CLI's text helpers (cli/textgen.h) and libmicrohttpd, and the
+ * library only through tide.h (the pool, the tokenizer, the sampler).
+ */
+#ifndef TIDE_SERVE_HTTP_INT_H
+#define TIDE_SERVE_HTTP_INT_H
+
+#include "cli/textgen.h"
+#include "serve/http.h"
+#include "tide.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#define SERVE_MAX_BODY ((size_t)1 << 20) /* request bodies above this: 413 */
+#define SERVE_DEFAULT_MAX_TOKENS 16      /* /v1/completions without max_tokens */
+#define SERVE_CHAT_MAX_TOKENS 256        /* /v1/chat/completions without it */
+
+/* One --model NAME=DIR, loaded on its first request and kept. */
+typedef struct serve_model {
+    const char *name, *dir;
+    pthread_mutex_t mu;           /* loading; the tokenizer's encoder (one thread) */
+    atomic_bool loaded;
+    tide_ctx *ctx;                /* loading's and the tokenizer's errors */
+    tide_checkpoint *ck;
+    tide_tokenizer *tok;
+    tide_chat_template *tmpl;     /* NULL: no chat template (chat gets 400) */
+    char tmpl_err[256];           /* why there is none */
+    tide_pool_workload *w;
+    int ctx_len;                  /* the KV cache's positions */
+    int32_t *stop_ids, *chat_stop_ids; /* EOS ids; and the end of turn too */
+    int n_stop_ids, n_chat_stop_ids;
+    atomic_int inflight;          /* requests accepted and not yet answered */
+    atomic_llong requests, prompt_tokens, gen_tokens;
+} serve_model;
+
+/* Counters of /metrics: requests by endpoint and status. */
+#define SERVE_MAX_COUNTERS 64
+typedef struct serve_counter {
+    const char *endpoint;
+    int status;
+    long long n;
+} serve_counter;
+
+typedef struct serve_server {
+    serve_opts o;
+    serve_model *models;
+    int n_models;
+    pthread_mutex_t mgmt;         /* the pool's management calls and its context */
+    struct MHD_Daemon *d;
+    atomic_bool stopping;         /* shutting down: generations stop at their next token */
+    atomic_llong next_id;
+    atomic_int streams;           /* producer threads alive */
+    pthread_mutex_t mmu;          /* the counters */
+    serve_counter counters[SERVE_MAX_COUNTERS];
+    int n_counters;
+} serve_server;
+
+/* An error answer: status, OpenAI's error type, message. */
+typedef struct serve_error {
+    int status;
+    const char *type;             /* "invalid_request_error", "not_found_error", ... */
+    char msg[512];
+} serve_error;
+
+/* Fills *e and returns -1. */
+int serve_fail(serve_error *e, int status, const char *type, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* A parsed /v1/completions or /v1/chat/completions request. */
+typedef struct serve_request {
+    bool chat, stream;
+    serve_model *model;
+    char *prompt;                 /* completions: the prompt (malloc'd) */
+    tide_chat_msg *msgs;          /* chat: roles and contents (malloc'd) */
+    int n_msgs;
+    int max_tokens;               /* 0: the endpoint's default */
+    tide_sampler_opts so;
+    bool seed_given;
+    char *stops[CLI_MAX_STOPS];   /* malloc'd */
+    int n_stops;
+} serve_request;
+
+/* http_json.c: parses body (len bytes) as a request of the chat endpoint or
+ * the completions one. Returns 0, or -1 with *e filled (400 malformed JSON or
+ * a field of the wrong type or value, naming it; 404 unknown model). */
+int serve_parse_request(serve_server *s, const char *body, size_t len, bool chat, serve_request *r, serve_error *e);
+void serve_request_free(serve_request *r);
+
+/* JSON texts (malloc'd, NULL when out of memory). */
+char *serve_error_json(const serve_error *e);
+char *serve_models_json(serve_server *s);
+/* A whole answer (stream false). */
+char *serve_answer_json(const serve_request *r, const char *id, time_t created, const char *text,
+                        const char *finish, int n_prompt, int n_gen);
+/* One event of a stream: a piece of text (finish NULL), or the last one
+ * (text NULL, finish set); `first` adds the chat delta's role. */
+char *serve_chunk_json(const serve_request *r, const char *id, time_t created, const char *text, const char *finish,
+                       bool first);
+
+/* A request made ready to run (http_gen.c): the prompt's ids, its sampler. */
+typedef struct serve_prepared {
+    serve_model *m;
+    int32_t *ids;
+    int n_ids;
+    int max_new;
+    tide_sampler *sampler;
+    tide_ctx *ctx;                /* the sampler's */
+    const int32_t *stop_ids;
+    int n_stop_ids;
+    cli_textout out;
+    bool out_ready;
+} serve_prepared;
+
+/* What a run gives. */
+typedef struct serve_result {
+    const char *text;             /* the answer (in prep->out, valid while prep lives) */
+    const char *finish;           /* "stop" or "length" */
+    int n_prompt, n_gen;
+    bool cancelled;               /* stopped by the client leaving or by shutdown */
+} serve_result;
+
+/* Loads the request's model if it is not yet (tide_pool_add_model), renders
+ * and encodes its prompt, checks it against the context and makes its
+ * sampler. Returns 0, or -1 with *e filled. */
+int serve_prepare(serve_server *s, const serve_request *r, serve_prepared *p, serve_error *e);
+/* Runs a prepared request through the pool. Pieces of text go to emit (may
+ * be NULL) as they come; *cancel (may be NULL) or the server stopping ends
+ * it at the next token. Returns 0, or -1 with *e filled (500). */
+int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const char *piece, size_t n), void *user,
+              const atomic_bool *cancel, serve_result *res, serve_error *e);
+void serve_prepared_free(serve_prepared *p);
+/* Frees what the models loaded (the pool must be freed first: it owns the
+ * models' workloads). */
+void serve_models_free(serve_server *s);
+
+/* http.c: counts one answer for /metrics. */
+void serve_count(serve_server *s, const char *endpoint, int status);
+/* The Prometheus text of /metrics (malloc'd). */
+char *serve_metrics_text(serve_server *s);
+
+#endif
