@@ -1,0 +1,368 @@
+#!/usr/bin/env python3
+"""serve_client.py - drives `tide serve` over loopback HTTP (standard library
+only) for tests/cli_serve.sh.
+
+Usage: serve_client.py TIDE TMPDIR (TMPDIR holds models a/ and b/, each a
+small checkpoint with the built-in tokenizer).
+
+Two servers, each on a free port (--port 0, the port read from the line the
+server prints):
+  1. both models under one budget, with --api-key: completions and chat,
+     streamed and not, greedy text equal to `tide run --prompt` (and `tide
+     run --chat`) on the same model; stop strings; concurrent clients on both
+     models; a client that leaves mid-stream; bad requests (400, 404, 405,
+     413, 401); /metrics as Prometheus text; /v1/models; a loop of 2000
+     /health and 200 completions with the server's resident memory before
+     and after within RSS_MARGIN; the openai package, where it is installed.
+  2. --queue 1: a stream its client does not read holds model a, so a
+     second request for a gets 503 while b still answers; then SIGTERM with
+     that stream open: exit status 0 within 20 s, no spill file left.
+Prints "N passed, M failed"; exit status 1 on a failure.
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+TIDE, TMP = sys.argv[1], sys.argv[2]
+MODELS = {"a": os.path.join(TMP, "a"), "b": os.path.join(TMP, "b")}
+KEY = "test-key-123"
+RSS_MARGIN = 8 << 20  # resident memory may grow this much over 2200 requests (allocator noise), no more
+PROMPT = "The planner moves tensors between memory tiers, ahead of time."
+passes = fails = 0
+
+
+def check(cond, what, detail=""):
+    global passes, fails
+    if cond:
+        passes += 1
+    else:
+        fails += 1
+        print(f"FAIL: {what}" + (f": {detail}" if detail else ""), flush=True)
+    return cond
+
+
+class Server:
+    def __init__(self, name, extra):
+        self.spill = os.path.join(TMP, "spill-" + name)
+        os.makedirs(self.spill, exist_ok=True)
+        self.err = open(os.path.join(TMP, name + ".err"), "w")
+        args = [TIDE, "serve", "--model", "a=" + MODELS["a"], "--model", "b=" + MODELS["b"], "--budget", "64M",
+                "--hw", "h100-80g", "--ssd", self.spill, "--port", "0", "--backend", "cpu", "--threads", "1"] + extra
+        self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.err, text=True)
+        line = self.p.stdout.readline()
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)/v1", line)
+        if not m:
+            self.p.wait(10)
+            raise SystemExit(f"FAIL: the server did not start: [{line}] " + open(self.err.name).read())
+        self.port = int(m.group(1))
+
+    def rss(self):
+        with open(f"/proc/{self.p.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+
+def request(port, method, path, body=None, key=KEY, raw=None, conn=None):
+    c = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    h = {"Content-Type": "application/json"}
+    if key:
+        h["Authorization"] = "Bearer " + key
+    data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+    c.request(method, path, body=data, headers=h)
+    r = c.getresponse()
+    b = r.read()
+    if not conn:
+        c.close()
+    try:
+        j = json.loads(b)
+    except ValueError:
+        j = None
+    return r.status, j, b
+
+
+def stream(port, path, body):
+    """The events of a streamed answer: (chunks, got [DONE])."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("POST", path, body=json.dumps(dict(body, stream=True)),
+              headers={"Content-Type": "application/json", "Authorization": "Bearer " + KEY})
+    r = c.getresponse()
+    check(r.status == 200, f"stream {path} status", r.status)
+    check("text/event-stream" in (r.getheader("Content-Type") or ""), "stream content type")
+    chunks, done = [], False
+    for ev in r.read().decode().split("\n\n"):
+        if not ev:
+            continue
+        check(ev.startswith("data: "), "event starts with 'data: '", ev[:40])
+        data = ev[6:]
+        if data == "[DONE]":
+            done = True
+        else:
+            chunks.append(json.loads(data))
+    c.close()
+    return chunks, done
+
+
+def stream_text(chunks, chat):
+    if chat:
+        return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    return "".join(c["choices"][0]["text"] for c in chunks)
+
+
+def tide_run(model, prompt, n, chat=False):
+    args = [TIDE, "run", "--model", MODELS[model], "--prompt", prompt, "--new-tokens", str(n), "--json",
+            "--backend", "cpu", "--threads", "1"] + (["--chat"] if chat else [])
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    check(out.returncode == 0, "tide run", out.stderr[-300:])
+    return json.loads(out.stdout)
+
+
+def open_raw_stream(port, body, rcvbuf=None):
+    """A stream read by hand: returns the socket after its first event."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.settimeout(30)
+    s.connect(("127.0.0.1", port))
+    data = json.dumps(dict(body, stream=True)).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    got = b""
+    while b"data: " not in got:
+        piece = s.recv(1024)
+        if not piece:
+            break
+        got += piece
+    check(b"200 OK" in got and b"data: " in got, "raw stream started", got[:80])
+    return s
+
+
+def metric(text, name, labels=""):
+    m = re.search("^" + re.escape(name + labels) + r" (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def first_server():
+    srv = Server("one", ["--ctx", "128", "--api-key", KEY])
+    port = srv.port
+    # before any request: both listed, neither loaded
+    st, j, _ = request(port, "GET", "/v1/models")
+    check(st == 200 and [m["id"] for m in j["data"]] == ["a", "b"], "/v1/models lists both", j)
+    check(all(m["loaded"] is False for m in j["data"]), "models load lazily", j)
+    st, j, _ = request(port, "GET", "/health", key=None)
+    check(st == 200 and j == {"status": "ok"}, "/health without a key")
+
+    # greedy completions equal tide run's text; streamed equals whole
+    refs = {}
+    for m in MODELS:
+        ref = tide_run(m, PROMPT, 12)
+        refs[m] = ref["text"]
+        st, j, _ = request(port, "POST", "/v1/completions", {"model": m, "prompt": PROMPT, "max_tokens": 12,
+                                                              "temperature": 0})
+        check(st == 200, f"completion {m}", j)
+        if st != 200:
+            continue
+        c = j["choices"][0]
+        check(j["object"] == "text_completion" and j["model"] == m and j["id"], f"completion {m} shape", j)
+        check(c["text"] == ref["text"], f"completion {m} equals tide run --prompt", f"{c['text']!r} vs {ref['text']!r}")
+        check(c["finish_reason"] == ("length" if ref["stop_reason"] == "length" else "stop"), f"finish {m}", c)
+        u = j["usage"]
+        check(u["prompt_tokens"] == ref["prompt_tokens"] and u["completion_tokens"] == len(ref["tokens"])
+              and u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"], f"usage {m}", u)
+        chunks, done = stream(port, "/v1/completions", {"model": m, "prompt": PROMPT, "max_tokens": 12})
+        check(done and stream_text(chunks, False) == ref["text"], f"streamed completion {m} equals whole")
+        check(chunks and chunks[-1]["choices"][0]["finish_reason"] == c["finish_reason"], f"stream finish {m}")
+        # chat: greedy equals tide run --chat
+        cref = tide_run(m, "Hello", 8, chat=True)
+        body = {"model": m, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
+        st, j, _ = request(port, "POST", "/v1/chat/completions", body)
+        check(st == 200 and j["object"] == "chat.completion", f"chat {m}", j)
+        if st == 200:
+            msg = j["choices"][0]["message"]
+            check(msg["role"] == "assistant" and msg["content"] == cref["text"], f"chat {m} equals tide run --chat",
+                  f"{msg['content']!r} vs {cref['text']!r}")
+        chunks, done = stream(port, "/v1/chat/completions", body)
+        check(done and chunks and chunks[0]["choices"][0]["delta"].get("role") == "assistant", f"chat stream {m} role")
+        check(all(c["object"] == "chat.completion.chunk" for c in chunks), f"chat chunks {m}")
+        check(stream_text(chunks, True) == cref["text"], f"streamed chat {m} equals tide run --chat")
+    st, j, _ = request(port, "GET", "/v1/models")
+    check(all(m["loaded"] for m in j["data"]), "models loaded after use", j)
+
+    # a stop string: the text ends before it
+    full = refs["a"]
+    stop = full[6:9]
+    if check(stop.strip() != "", "a usable stop string", repr(full)):
+        st, j, _ = request(port, "POST", "/v1/completions", {"model": "a", "prompt": PROMPT, "max_tokens": 12,
+                                                              "stop": [stop, "zzqq"]})
+        check(st == 200 and j["choices"][0]["text"] == full.split(stop)[0]
+              and j["choices"][0]["finish_reason"] == "stop", "stop string", j)
+    # sampling: seeded requests repeat
+    body = {"model": "b", "prompt": PROMPT, "max_tokens": 16, "temperature": 1.3, "top_p": 0.9, "top_k": 50,
+            "seed": 5, "frequency_penalty": 0.2, "presence_penalty": 0.1, "repetition_penalty": 1.1}
+    t1 = request(port, "POST", "/v1/completions", body)[1]
+    t2 = request(port, "POST", "/v1/completions", body)[1]
+    check(t1 and t2 and t1["choices"][0]["text"] == t2["choices"][0]["text"], "seeded sampling repeats")
+
+    # concurrent clients on both models
+    results = []
+
+    def worker(m, k):
+        for i in range(3):
+            if (i + k) % 2:
+                chunks, done = stream(port, "/v1/completions", {"model": m, "prompt": PROMPT, "max_tokens": 12})
+                results.append((m, stream_text(chunks, False) if done else None))
+            else:
+                st, j, _ = request(port, "POST", "/v1/completions", {"model": m, "prompt": PROMPT, "max_tokens": 12})
+                results.append((m, j["choices"][0]["text"] if st == 200 else None))
+    ths = [threading.Thread(target=worker, args=(m, k)) for m in MODELS for k in range(2)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join(120)
+    check(len(results) == 12 and all(t == refs[m] for m, t in results), "concurrent clients get the greedy text",
+          [r for r in results if r[1] != refs[r[0]]][:2])
+
+    # a client that leaves mid-stream: the server goes on
+    s = open_raw_stream(port, {"model": "a", "prompt": PROMPT, "max_tokens": 100})
+    s.close()
+    st, j, _ = request(port, "POST", "/v1/completions", {"model": "a", "prompt": PROMPT, "max_tokens": 12})
+    check(st == 200 and j["choices"][0]["text"] == refs["a"], "answers after a client left mid-stream")
+    depth = None
+    for _ in range(100):
+        text = request(port, "GET", "/metrics")[2].decode()
+        depth = metric(text, "tide_queue_depth", '{model="a"}')
+        if depth == 0:
+            break
+        time.sleep(0.05)
+    check(depth == 0, "the stream left is freed (queue depth 0)", depth)
+
+    # bad requests
+    def bad(what, status, body=None, raw=None, path="/v1/completions", key=KEY, method="POST", text=None):
+        st, j, b = request(port, method, path, body, key=key, raw=raw)
+        ok = check(st == status, f"{what}: status", f"{st} (wanted {status}) {b[:200]!r}")
+        ok = ok and check(j is not None and isinstance(j.get("error"), dict) and j["error"].get("message")
+                          and j["error"].get("type"), f"{what}: error JSON", b[:200])
+        if ok and text:
+            check(text in j["error"]["message"], f"{what}: message names {text}", j["error"]["message"])
+    bad("malformed JSON", 400, raw='{"model": "a", "prompt": ')
+    bad("not an object", 400, raw="[1, 2]")
+    bad("prompt of the wrong type", 400, {"model": "a", "prompt": 5}, text="'prompt'")
+    bad("max_tokens of the wrong type", 400, {"model": "a", "prompt": "x", "max_tokens": "many"}, text="'max_tokens'")
+    bad("temperature of the wrong type", 400, {"model": "a", "prompt": "x", "temperature": "hot"}, text="'temperature'")
+    bad("stream of the wrong type", 400, {"model": "a", "prompt": "x", "stream": 1}, text="'stream'")
+    bad("stop of the wrong type", 400, {"model": "a", "prompt": "x", "stop": 3}, text="'stop'")
+    bad("top_p out of range", 400, {"model": "a", "prompt": "x", "top_p": 2}, text="'top_p'")
+    bad("n = 2", 400, {"model": "a", "prompt": "x", "n": 2}, text="'n'")
+    bad("missing model", 400, {"prompt": "x"}, text="'model'")
+    bad("messages of the wrong type", 400, {"model": "a", "messages": "hi"}, path="/v1/chat/completions",
+        text="'messages'")
+    bad("a bad role", 400, {"model": "a", "messages": [{"role": "robot", "content": "hi"}]},
+        path="/v1/chat/completions", text="role")
+    bad("unknown model", 404, {"model": "nope", "prompt": "x"}, text="nope")
+    bad("unknown path", 404, {}, path="/v1/nothing")
+    bad("wrong method", 405, None, path="/v1/completions", method="GET")
+    bad("oversize body", 413, raw=json.dumps({"model": "a", "prompt": "x" * (3 << 19)}))
+    bad("prompt longer than the context", 400, {"model": "a", "prompt": " ".join(["tensor"] * 400)}, text="context")
+    bad("max_tokens beyond the context", 400, {"model": "a", "prompt": PROMPT, "max_tokens": 1000}, text="context")
+    bad("no key", 401, None, path="/v1/models", method="GET", key=None)
+    bad("wrong key", 401, {"model": "a", "prompt": "x"}, key="wrong")
+
+    # /metrics: Prometheus text, requests counted
+    st, _, b = request(port, "GET", "/metrics")
+    text = b.decode()
+    line_re = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"'
+                         r'(,[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*")*\})? -?[0-9.eE+-]+$')
+    badl = [l for l in text.splitlines() if l and not l.startswith("# HELP ") and not l.startswith("# TYPE ")
+            and not line_re.match(l)]
+    check(st == 200 and not badl, "/metrics parses as Prometheus text", badl[:3])
+    n_ok = metric(text, "tide_requests_total", '{endpoint="/v1/completions",status="200"}')
+    check(n_ok is not None and n_ok >= 20, "/metrics counts completions", n_ok)
+    check((metric(text, "tide_requests_total", '{endpoint="/v1/completions",status="400"}') or 0) >= 8,
+          "/metrics counts 400s")
+    check(metric(text, "tide_requests_total", '{endpoint="/v1/models",status="401"}') == 1, "/metrics counts 401s")
+    for m in MODELS:
+        for name in ("tide_model_share_bytes", "tide_model_held_bytes", "tide_tokens_generated_total"):
+            check(metric(text, name, f'{{model="{m}"}}') is not None, f"/metrics has {name} of {m}")
+    for name in ("tide_replans_total", "tide_drifted_total", "tide_pool_budget_bytes"):
+        check(metric(text, name) is not None, f"/metrics has {name}")
+    check(metric(text, "tide_pool_budget_bytes") == 64 << 20, "/metrics budget")
+
+    # a few thousand small requests: resident memory stays put
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    for i in range(50):
+        request(port, "POST", "/v1/completions", {"model": "ab"[i % 2], "prompt": PROMPT, "max_tokens": 4}, conn=c)
+        request(port, "GET", "/health", conn=c)
+    before = srv.rss()
+    ok = 0
+    for i in range(2000):
+        ok += request(port, "GET", "/health", conn=c)[0] == 200
+    for i in range(200):
+        st = request(port, "POST", "/v1/completions", {"model": "ab"[i % 2], "prompt": PROMPT, "max_tokens": 4},
+                     conn=c)[0]
+        ok += st == 200
+    c.close()
+    after = srv.rss()
+    check(ok == 2200, "2200 small requests answered", ok)
+    check(after <= before + RSS_MARGIN, f"resident memory within {RSS_MARGIN >> 20} MiB over 2200 requests",
+          f"{before} -> {after}")
+    print(f"rss: {before >> 10} KiB before, {after >> 10} KiB after 2000 /health + 200 completions", flush=True)
+
+    openai_part(port, refs)
+
+    srv.p.send_signal(signal.SIGINT)
+    rc = srv.p.wait(30)
+    check(rc == 0, "SIGINT: exit status 0", rc)
+    check(os.listdir(srv.spill) == [], "no spill file left", os.listdir(srv.spill))
+
+
+def openai_part(port, refs):
+    try:
+        import openai
+    except ImportError:
+        print("skipped: openai package not installed", flush=True)
+        return
+    cl = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
+    for m in MODELS:
+        r = cl.completions.create(model=m, prompt=PROMPT, max_tokens=12, temperature=0)
+        check(r.choices[0].text == refs[m], f"openai completion {m}", r.choices[0].text)
+        r = cl.chat.completions.create(model=m, messages=[{"role": "user", "content": "Hello"}], max_tokens=8)
+        whole = r.choices[0].message.content
+        check(isinstance(whole, str) and r.usage.completion_tokens >= 1, f"openai chat {m}")
+        parts = [ch.choices[0].delta.content or "" for ch in cl.chat.completions.create(
+            model=m, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, stream=True) if ch.choices]
+        check("".join(parts) == whole, f"openai streamed chat {m} equals whole")
+    print("openai package: completion, chat and streamed chat on both models", flush=True)
+
+
+def second_server():
+    srv = Server("two", ["--ctx", "512", "--queue", "1"])
+    port = srv.port
+    # a stream whose client reads nothing more: its producer is held, model a busy
+    s = open_raw_stream(port, {"model": "a", "prompt": PROMPT, "max_tokens": 480}, rcvbuf=2048)
+    st, j, _ = request(port, "POST", "/v1/completions", {"model": "a", "prompt": PROMPT, "max_tokens": 4})
+    check(st == 503 and j and j["error"]["type"], "queue full: 503", (st, j))
+    st, j, _ = request(port, "POST", "/v1/completions", {"model": "b", "prompt": PROMPT, "max_tokens": 4})
+    check(st == 200, "the other model still answers", (st, j))
+    srv.p.send_signal(signal.SIGTERM)
+    try:
+        rc = srv.p.wait(20)
+    except subprocess.TimeoutExpired:
+        srv.p.kill()
+        rc = "hung"
+    s.close()
+    check(rc == 0, "SIGTERM during a stream: exit status 0", rc)
+    check(os.listdir(srv.spill) == [], "no spill file left after SIGTERM", os.listdir(srv.spill))
+
+
+first_server()
+second_server()
+print(f"{passes} passed, {fails} failed")
+sys.exit(1 if fails else 0)
