@@ -19,7 +19,8 @@ server prints):
      that stream open: exit status 0 within 20 s, no spill file left.
 Prints "N passed, M failed"; exit status 1 on a failure.
 Environment: TIDE_SERVE_BACKEND (default cpu) and TIDE_SERVE_BUDGET (default
-64M) to run the same checks on a GPU (e.g. cuda and auto).
+64M) to run the same checks on a GPU (e.g. cuda and auto); TIDE_SANITIZE
+set (a sanitized build): the memory margin is not checked.
 """
 import http.client
 import json
@@ -316,8 +317,11 @@ def first_server():
     c.close()
     after = srv.rss()
     check(ok == 2200, "2200 small requests answered", ok)
-    check(after <= before + RSS_MARGIN, f"resident memory within {RSS_MARGIN >> 20} MiB over 2200 requests",
-          f"{before} -> {after}")
+    if os.environ.get("TIDE_SANITIZE"):
+        print("skipped: the memory margin under a sanitizer (its quarantine keeps freed memory)", flush=True)
+    else:
+        check(after <= before + RSS_MARGIN, f"resident memory within {RSS_MARGIN >> 20} MiB over 2200 requests",
+              f"{before} -> {after}")
     print(f"rss: {before >> 10} KiB before, {after >> 10} KiB after 2000 /health + 200 completions", flush=True)
 
     openai_part(port, refs)
