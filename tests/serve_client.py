@@ -266,6 +266,8 @@ def first_server():
     bad("stop of the wrong type", 400, {"model": "a", "prompt": "x", "stop": 3}, text="'stop'")
     bad("top_p out of range", 400, {"model": "a", "prompt": "x", "top_p": 2}, text="'top_p'")
     bad("n = 2", 400, {"model": "a", "prompt": "x", "n": 2}, text="'n'")
+    bad("echo asked for", 400, {"model": "a", "prompt": "x", "echo": True}, text="'echo'")
+    bad("logprobs asked for", 400, {"model": "a", "prompt": "x", "logprobs": 2}, text="'logprobs'")
     bad("missing model", 400, {"prompt": "x"}, text="'model'")
     bad("messages of the wrong type", 400, {"model": "a", "messages": "hi"}, path="/v1/chat/completions",
         text="'messages'")

@@ -9,8 +9,11 @@
  * or an array of text parts), max_tokens (max_completion_tokens),
  * temperature, top_p, top_k, min_p, seed, stop (a string or an array of up
  * to CLI_MAX_STOPS), frequency_penalty, presence_penalty,
- * repetition_penalty (repeat_penalty), stream, n (1 only). Others are
- * ignored, as OpenAI's clients send fields a server may not know.
+ * repetition_penalty (repeat_penalty), stream, n and best_of (1 only).
+ * echo, logprobs, top_logprobs, suffix, tools and functions, when asked for,
+ * are refused (400); other fields are ignored (user, logit_bias,
+ * stream_options, ...), as OpenAI's clients send fields a server may not
+ * know.
  */
 #include "serve/http_int.h"
 
@@ -150,6 +153,17 @@ static int parse_sampling(const cJSON *o, serve_request *r, serve_error *e) {
     if (k) r->so.seed = (uint64_t)v, r->seed_given = true;
     if ((k = number(o, "n", 1, 1, true, &v, e)) < 0)
         return serve_fail(e, 400, "invalid_request_error", "'n' must be 1 (one choice per request)");
+    /* asked for and not done: refused rather than silently left out */
+    static const char *const unsupported[] = {"echo", "logprobs", "top_logprobs", "suffix", "tools", "functions"};
+    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
+        const cJSON *u = field(o, unsupported[i]);
+        bool empty = cJSON_IsFalse(u) || (cJSON_IsString(u) && !u->valuestring[0]) ||
+                     (cJSON_IsArray(u) && !cJSON_GetArraySize(u));
+        if (u && !empty)
+            return bad(e, "'%s' is not supported by tide serve", unsupported[i]);
+    }
+    if ((k = number(o, "best_of", 1, 1, true, &v, e)) < 0)
+        return serve_fail(e, 400, "invalid_request_error", "'best_of' must be 1 (one choice per request)");
     const cJSON *f = field(o, "stream");
     if (f && !cJSON_IsBool(f)) return bad(e, "'%s' must be true or false", "stream");
     r->stream = f && cJSON_IsTrue(f);
