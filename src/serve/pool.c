@@ -163,30 +163,12 @@ void pool_partition(tide_pool *p, const char *why) {
     if (p->policy == TIDE_POOL_EQUAL) {
         for (int i = 0; i < p->n; i++) p->w[i]->share = equal_share(p, p->n);
     } else {
-        uint64_t left = p->total - sum_min;
-        for (int i = 0; i < p->n; i++) {
-            p->w[i]->part_k = 0;
-            p->w[i]->share = p->w[i]->cv.b[0];
-        }
-        for (;;) { /* the move of the largest saving per byte */
-            int bi = -1, bk = 0;
-            double best = 0;
-            for (int i = 0; i < p->n; i++) {
-                const tide_pool_workload *w = p->w[i];
-                for (int k = w->part_k + 1; k < w->cv.n; k++) {
-                    uint64_t add = w->cv.b[k] - w->share;
-                    if (add > left) break;
-                    double save = w->weight * (w->cv.t[w->part_k] - w->cv.t[k]);
-                    if (!isfinite(w->cv.t[k]) || !(save > 0)) continue;
-                    double r = save / (double)(add ? add : 1);
-                    if (r > best) best = r, bi = i, bk = k;
-                }
-            }
-            if (bi < 0) break;
-            left -= p->w[bi]->cv.b[bk] - p->w[bi]->share;
-            p->w[bi]->share = p->w[bi]->cv.b[bk];
-            p->w[bi]->part_k = bk;
-        }
+        const pool_curve *cvs[p->n ? p->n : 1];
+        double wts[p->n ? p->n : 1];
+        uint64_t sh[p->n ? p->n : 1];
+        for (int i = 0; i < p->n; i++) cvs[i] = &p->w[i]->cv, wts[i] = p->w[i]->weight;
+        pool_predict_partition(p->n, cvs, wts, p->total, sh);
+        for (int i = 0; i < p->n; i++) p->w[i]->share = sh[i];
     }
     char line[900];
     int len = 0;

@@ -42,7 +42,6 @@ struct tide_pool_workload {
     bool leaving;
     bool drift_logged;
     bool planned;              /* a request ran at the configured budget (its plans exist) */
-    int part_k;                /* partition(): its point on its curve */
     int users;                 /* threads inside tide_pool_generate for it */
     int waiting;
     uint64_t turn;             /* time-sliced queue position (0: not queued) */
