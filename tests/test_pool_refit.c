@@ -6,7 +6,8 @@
  *      corrected by the probe's own error on these requests (measured in a
  *      pool with no_refit), then doubled: the pool's predictions are about
  *      half the measured times. Two workloads of that model, each issuing
- *      requests from its own thread, in a pool whose budget holds both:
+ *      requests from its own thread, in a pool whose budget is less than
+ *      their two needs (they share it):
  *        - each workload's first request drifts (> 30%) and refits its
  *          profile (refits 1 per workload, and 1 per 8 requests at most:
  *          exactly 1 over the 5 requests each makes), and the log says so
@@ -47,6 +48,7 @@ static tide_backend *be;
 static tide_checkpoint *ck;
 static char dir[256], hw_path[300];
 static tide_hw probed;
+static uint64_t budget;        /* between the two workloads' minimums and their needs */
 static int32_t prompt[N_WL][PROMPT];
 static int32_t ref_tok[N_WL][NEW];
 static uint64_t ref_hash[N_WL];
@@ -154,9 +156,8 @@ static void pool_run(bool no_refit, run_out *o) {
     pthread_mutex_init(&o->wt.mu, NULL);
     tide_pool_opts po = {.budget_bytes = 0, .policy = TIDE_POOL_TIDE, .hw = hw_path, .ssd_dirs = tmpdir(),
                          .no_refit = no_refit, .log = on_log, .log_user = &o->wt};
-    /* room for both workloads' needs: they run side by side */
     tide_pool *p = NULL;
-    po.budget_bytes = UINT64_C(1) << 30;
+    po.budget_bytes = budget;
     if (tide_pool_new(ctx, be, &po, &p)) fail_msg("tide_pool_new: %s", tide_ctx_last_error(ctx));
     tide_pool_set_held_hook(p, on_held, &o->wt);
     wl_run r[N_WL];
@@ -247,7 +248,21 @@ static int setup(void **state) {
     }
     tide_model_free(m);
     tide_backend_free(ref_be);
-    return tide_probe_backend(ctx, be, tmpdir(), 1.0, NULL, &probed) ? -1 : 0;
+    if (tide_probe_backend(ctx, be, tmpdir(), 1.0, NULL, &probed) || tide_hw_save(ctx, &probed, hw_path)) return -1;
+    /* the budget: less than the two workloads' needs, more than their
+     * minimums: they share it */
+    tide_pool_opts po = {.budget_bytes = UINT64_C(1) << 30, .hw = hw_path, .ssd_dirs = tmpdir()};
+    tide_pool *p = NULL;
+    tide_pool_workload *w = NULL;
+    tide_pool_workload_stats ws;
+    if (tide_pool_new(ctx, be, &po, &p) || tide_pool_add_model(p, "size", ck, &model_opts, &w) ||
+        tide_pool_workload_stats_get(p, w, &ws))
+        return -1;
+    tide_pool_free(p);
+    budget = ws.min_bytes + (ws.min_bytes + ws.need_bytes) / 2;
+    fprintf(stderr, "  a workload's minimum %llu bytes, need %llu bytes: budget %llu bytes\n",
+            (unsigned long long)ws.min_bytes, (unsigned long long)ws.need_bytes, (unsigned long long)budget);
+    return ws.need_bytes > ws.min_bytes ? 0 : -1; /* else the shares would not be in question */
 }
 
 static int teardown(void **state) {
