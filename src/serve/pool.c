@@ -150,16 +150,16 @@ void pool_partition(tide_pool *p, const char *why) {
     if (p->sliced) {
         if (p->policy == TIDE_POOL_TIDE && !was)
             pool_log_locked(p, "pool: %s: the minimums of the %d workloads (%llu bytes) exceed the budget of %llu "
-                        "bytes: time-slicing, one workload at a time with the whole budget", why, p->n,
-                        (unsigned long long)sum_min, (unsigned long long)p->total);
+                            "bytes: time-slicing, one workload at a time with the whole budget", why, p->n,
+                            (unsigned long long)sum_min, (unsigned long long)p->total);
         else
             pool_log_locked(p, "pool: %s: time-sliced among %d workloads, %llu bytes each in turn", why, p->n,
-                        (unsigned long long)p->total);
+                            (unsigned long long)p->total);
         pthread_cond_broadcast(&p->cv);
         return;
     }
     if (was) pool_log_locked(p, "pool: %s: the minimums fit again (%llu of %llu bytes): shares replace time-slicing",
-                         why, (unsigned long long)sum_min, (unsigned long long)p->total);
+                             why, (unsigned long long)sum_min, (unsigned long long)p->total);
     if (p->policy == TIDE_POOL_EQUAL) {
         for (int i = 0; i < p->n; i++) p->w[i]->share = equal_share(p, p->n);
     } else {
@@ -180,8 +180,8 @@ void pool_partition(tide_pool *p, const char *why) {
                         (unsigned long long)w->share);
     }
     pool_log_locked(p, "pool: %s: %s shares of %llu bytes: %s%s; predicted queued work %.6g s", why,
-                policy_names[p->policy], (unsigned long long)p->total, p->n ? line : "(no workloads)",
-                len >= (int)sizeof line - 80 ? ", ..." : "", total_s);
+                    policy_names[p->policy], (unsigned long long)p->total, p->n ? line : "(no workloads)",
+                    len >= (int)sizeof line - 80 ? ", ..." : "", total_s);
     pthread_cond_broadcast(&p->cv);
 }
 
@@ -225,7 +225,7 @@ static tide_status shrink_locked(tide_pool *p, tide_pool_workload *v, uint64_t b
     }
     v->planned = false;
     pool_log_locked(p, "pool: %s: '%s' %s from %llu to %llu bytes", why, v->name, bytes ? "shrinks" : "releases",
-                (unsigned long long)was, (unsigned long long)bytes);
+                    (unsigned long long)was, (unsigned long long)bytes);
     return TIDE_OK;
 }
 
@@ -239,7 +239,7 @@ static bool evict_one(tide_pool *p, tide_pool_workload *w) {
         v->model_busy = true;
         if (shrink_locked(p, v, t, p->sliced ? "another workload's turn" : "room for another workload"))
             pool_log_locked(p, "pool: '%s' could not be set to %llu bytes: %s", v->name, (unsigned long long)t,
-                        tide_ctx_last_error(v->ctx));
+                            tide_ctx_last_error(v->ctx));
         v->model_busy = false;
         pthread_cond_broadcast(&p->cv);
         return true;
@@ -291,8 +291,8 @@ static tide_status acquire(tide_pool *p, tide_pool_workload *w, bool *waited) {
                         w->replans++;
                         p->replans++;
                         pool_log_locked(p, "pool: '%s' runs at %llu bytes (was %llu): %s", w->name,
-                                    (unsigned long long)want, (unsigned long long)w->configured,
-                                    p->sliced ? "its turn" : "its new share");
+                                        (unsigned long long)want, (unsigned long long)w->configured,
+                                        p->sliced ? "its turn" : "its new share");
                     }
                     w->configured = want;
                     w->planned = false;
@@ -333,7 +333,7 @@ static void release_after(tide_pool *p, tide_pool_workload *w) {
     if (w->held > t && (!p->sliced || others_wait))
         if (shrink_locked(p, w, t, "its request ended"))
             pool_log_locked(p, "pool: '%s' could not be set to %llu bytes: %s", w->name, (unsigned long long)t,
-                        tide_ctx_last_error(w->ctx));
+                            tide_ctx_last_error(w->ctx));
     w->model_busy = false;
 }
 
