@@ -31,6 +31,7 @@
  * share fits beside those of the requests running.
  */
 #include "serve/pool_predict.h"
+#include "backend/backend.h"
 #include "probe/probe.h"
 
 #include <math.h>
@@ -440,24 +441,21 @@ int main(int argc, char **argv) {
     char hw_path[1100];
     snprintf(hw_path, sizeof hw_path, "%s/tide-bench-pool-hw-%d.json", tmp, (int)getpid());
     if (tide_hw_save(ctx, &hw, hw_path)) die("saving the profile");
-    /* the budget: the largest need, from a pool with room for all */
+    /* each workload's minimum, need and predicted request time at both, as
+     * the pools predict them; the budget: the largest need */
     uint64_t budget = 0;
-    {
-        tide_pool_opts po = {.budget_bytes = UINT64_C(1) << 40, .hw = hw_path, .ssd_dirs = ssd,
-                             .weights_on_ssd = true};
-        tide_pool *p = NULL;
-        if (tide_pool_new(ctx, be, &po, &p)) die("pool");
-        for (int i = 0; i < N_WL; i++) {
-            tide_model_opts mo = {.max_batch = 1, .ctx_len = cpu_ctx_len};
-            tide_pool_workload *w = NULL;
-            tide_pool_workload_stats ws;
-            if (tide_pool_add_model(p, tr[i].name, ck[i], &mo, &w)) die("sizing");
-            tide_pool_workload_stats_get(p, w, &ws);
-            budget = budget > ws.need_bytes ? budget : ws.need_bytes;
-            printf("%s %s: minimum %.1f MiB, need %.1f MiB\n", i ? "" : "workloads (weights on SSD):", tr[i].name,
-                   ws.min_bytes / 1048576.0, ws.need_bytes / 1048576.0);
-        }
-        tide_pool_free(p);
+    for (int i = 0; i < N_WL; i++) {
+        tide_llama_config cfg = spec_config(&tr[i], cpu_ctx_len);
+        pool_predict pp = {.ctx = ctx, .hw = &hw, .host_addressable = be->vt->device_is_host, .weights_on_ssd = true,
+                           .cfg = &cfg, .ctx_len = cpu_ctx_len, .name = tr[i].name};
+        uint64_t mn = 0, nd = 0;
+        pool_curve cv;
+        if (pool_predict_bounds(&pp, &mn, &nd) || pool_predict_curve(&pp, mn, nd, tr[i].prompt, tr[i].gen, &cv))
+            die("predicting");
+        budget = budget > nd ? budget : nd;
+        printf("%s %s: minimum %.1f MiB, need %.1f MiB; a request predicted at %.3f s at the minimum, %.3f s at the "
+               "need\n", i ? "" : "workloads (weights on SSD):", tr[i].name, mn / 1048576.0, nd / 1048576.0, cv.t[0],
+               cv.t[cv.n - 1]);
     }
     double load[1] = {0};
     if (getloadavg(load, 1) != 1) load[0] = NAN;
