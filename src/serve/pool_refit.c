@@ -11,9 +11,9 @@
  *       POOL_DRIFT (30%) away from its plans' predicted time (both summed
  *       over its prefill and decode steps, tide_gen_stats exec_s and
  *       predicted_s).
- *   F2. Bounded: a drifted request refits when the workload has never been
- *       refitted, or when at least POOL_REFIT_EVERY of its requests have
- *       completed since its last refit. A refit costs planning the curve
+ *   F2. Bounded: a drifted request refits when the workload has never
+ *       tried, or when at least POOL_REFIT_EVERY of its requests have
+ *       completed since its last try (a refit that failed counts). A refit costs planning the curve
  *       (2 graphs at up to POOL_POINTS budgets) and the model's plans again
  *       at its next request; it never runs while a request of the workload
  *       does (it is done by the request's own thread, before it lets go of
@@ -82,13 +82,15 @@ void pool_refit_after(tide_pool *p, tide_pool_workload *w, const tide_gen_stats 
     if (p->no_refit || !(pred > 0) || !(fabs(meas - pred) > POOL_DRIFT * pred)) return; /* F1 */
     pthread_mutex_lock(&p->mu);
     int64_t nth = w->requests + 1; /* this request, counted after this returns */
-    bool due = !w->refits || nth - w->refit_at >= POOL_REFIT_EVERY; /* F2 */
+    bool due = !w->refit_tried || nth - w->refit_at >= POOL_REFIT_EVERY; /* F2 */
     pthread_mutex_unlock(&p->mu);
     if (!due) return;
     pthread_mutex_lock(&p->mgmt); /* w stays: the request's thread is one of its users */
     refit_result r;
     tide_status st = refit_curve(p, w, &r);
     pthread_mutex_lock(&p->mu);
+    w->refit_tried = true;
+    w->refit_at = nth;
     if (st) {
         log_failure(p, w, tide_ctx_last_error(w->ctx));
         tide_err_clear(w->ctx); /* the request succeeded: its context says so */
@@ -98,7 +100,6 @@ void pool_refit_after(tide_pool *p, tide_pool_workload *w, const tide_gen_stats 
         w->hw = r.hw;
         w->cv = r.cv;
         w->refits++;
-        w->refit_at = nth;
         p->refits++;
         char why[400];
         snprintf(why, sizeof why, "at %.2f s, '%.100s' measured %.3g s vs predicted %.3g s (%+.0f%%) in its "

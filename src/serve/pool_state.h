@@ -46,7 +46,8 @@ struct tide_pool_workload {
     int waiting;
     uint64_t turn;             /* time-sliced queue position (0: not queued) */
     int64_t requests, drifted, replans, refits;
-    int64_t refit_at;          /* requests counted when it was last refitted */
+    bool refit_tried;          /* a refit was tried (pool_refit.c, F2) */
+    int64_t refit_at;          /* its request that last tried */
     double pred_s, meas_s;
     uint64_t peak_dev;
 };
