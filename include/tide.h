@@ -739,8 +739,21 @@ typedef struct tide_pool_opts {
                                  (on the CPU backend, where weights homed in host
                                  memory are read in place, this is what makes the
                                  shares bound the weights too) */
+    bool no_refit;            /* keep the profile whatever the requests measure. By
+                                 default a workload's request whose measured executor
+                                 time is more than 30% away from its plans' prediction
+                                 refits that workload's profile from the request's
+                                 measured instructions (cost model refit, as a
+                                 trainer's), plans its predictions again with it and
+                                 re-partitions, at most once per 8 of its requests
+                                 (the first may refit); its model's plans are made
+                                 with the refitted profile from its next request on.
+                                 Measuring every instruction is free on the CPU; on a
+                                 GPU it costs two timing events per instruction, which
+                                 no_refit also leaves out */
     /* Optional: one line per re-partition and per share change (when and why),
-     * and per workload whose measured time first drifts from the prediction.
+     * per refit (the workload, measured and predicted time, the new shares),
+     * and, with no_refit, per workload whose measured time first drifts.
      * Called with the pool's lock held, from whichever thread caused it: it
      * must not call the pool. */
     void (*log)(void *user, const char *line);
@@ -824,6 +837,9 @@ typedef struct tide_pool_stats {
     int64_t requests;           /* requests completed */
     int64_t drifted;            /* of them, measured executor time more than 30% away
                                    from the plans' predicted time */
+    int64_t refits;             /* cost model refits after a drifted request (see
+                                   tide_pool_opts.no_refit), each followed by a
+                                   re-partition counted in partitions */
     double predicted_s, measured_s; /* summed over completed requests */
 } tide_pool_stats;
 
@@ -839,6 +855,8 @@ typedef struct tide_pool_workload_stats {
     double predicted_request_s; /* of its typical request at share_bytes (0: unknown) */
     int waiting;                /* requests waiting for the workload, room or a turn */
     int64_t requests, drifted, replans;
+    int64_t refits;             /* its profile refitted from its measured requests: at
+                                   most one per 8 of its requests */
     double predicted_s, measured_s; /* summed over its completed requests */
     uint64_t peak_device_bytes; /* highest arena byte its plans used */
 } tide_pool_workload_stats;

@@ -45,11 +45,12 @@ static double refit_bw(double bw, const tide_refit_class *c, double latency_s) {
     return bw / c->ratio;
 }
 
-tide_status tide_hw_refit(const tide_plan *p, const tide_sim_event *measured, const tide_hw *hw, tide_hw *out,
-                          tide_refit *info) {
+/* Adds `runs` runs of plan p, measured as `measured` (one run's timeline),
+ * into r's class sums, and runs x its span (last end less first start) into
+ * *span. */
+static tide_status add_run(const tide_plan *p, const tide_sim_event *measured, const tide_hw *hw, int runs,
+                           tide_refit *r, double *span) {
     if (!measured) return tide_err(p->ctx, TIDE_E_INVALID, "refit: no measured timeline");
-    tide_refit r;
-    memset(&r, 0, sizeof r);
     double first = INFINITY, last = -INFINITY;
     for (int i = 0; i < p->n_ins; i++) {
         const tide_sim_event *ev = &measured[i];
@@ -57,15 +58,33 @@ tide_status tide_hw_refit(const tide_plan *p, const tide_sim_event *measured, co
             return tide_err(p->ctx, TIDE_E_INVALID, "refit: event %d of the timeline is instruction %d's", i, ev->ins);
         int c = class_of(p->g, &p->ins[i]);
         if (c == INT32_MIN) continue;
-        tide_refit_class *k = c >= 0 ? &r.op[c] : &r.link[-1 - c];
+        tide_refit_class *k = c >= 0 ? &r->op[c] : &r->link[-1 - c];
         double d = ev->end_s > ev->start_s ? ev->end_s - ev->start_s : 0;
-        k->n++;
-        k->measured_s += d;
-        k->predicted_s += tide_cost_ins(hw, p->g, &p->ins[i], p->host_addressable, NULL);
+        k->n += runs;
+        k->measured_s += runs * d;
+        k->predicted_s += runs * tide_cost_ins(hw, p->g, &p->ins[i], p->host_addressable, NULL);
         first = fmin(first, ev->start_s);
         last = fmax(last, ev->end_s);
     }
-    r.span_s = last > first ? last - first : 0;
+    if (last > first) *span += runs * (last - first);
+    return TIDE_OK;
+}
+
+tide_status tide_hw_refit(const tide_plan *p, const tide_sim_event *measured, const tide_hw *hw, tide_hw *out,
+                          tide_refit *info) {
+    const int one = 1;
+    return tide_hw_refit_runs(1, &p, &measured, &one, hw, out, info);
+}
+
+tide_status tide_hw_refit_runs(int n, const tide_plan *const *plans, const tide_sim_event *const *measured,
+                               const int *runs, const tide_hw *hw, tide_hw *out, tide_refit *info) {
+    tide_refit r;
+    memset(&r, 0, sizeof r);
+    for (int j = 0; j < n; j++) {
+        if (runs[j] < 0) return tide_err(plans[j]->ctx, TIDE_E_INVALID, "refit: %d runs of a plan", runs[j]);
+        tide_status st = add_run(plans[j], measured[j], hw, runs[j], &r, &r.span_s);
+        if (st) return st;
+    }
     r.min_s = fmax(TIDE_REFIT_MIN_S, TIDE_REFIT_MIN_FRACTION * r.span_s);
     /* the classes with too little time of their own, pooled; where even
      * the pool has too little, the whole run */

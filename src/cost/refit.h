@@ -85,4 +85,14 @@ typedef struct tide_refit {
 tide_status tide_hw_refit(const tide_plan *p, const tide_sim_event *measured, const tide_hw *hw, tide_hw *out,
                           tide_refit *info);
 
+/* As tide_hw_refit over several plans priced with hw, each run runs[j]
+ * times (>= 0) and measured once (measured[j], its last run's timeline,
+ * stands for each of them): the class sums, the span the threshold is taken
+ * of, and the instruction counts the latencies are, are the runs' sums
+ * (a request's prefill once and its decode step n times). With n == 1 and
+ * runs[0] == 1 it is tide_hw_refit. Returns as tide_hw_refit (a negative
+ * count: TIDE_E_INVALID on that plan's ctx). */
+tide_status tide_hw_refit_runs(int n, const tide_plan *const *plans, const tide_sim_event *const *measured,
+                               const int *runs, const tide_hw *hw, tide_hw *out, tide_refit *info);
+
 #endif

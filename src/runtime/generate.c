@@ -133,6 +133,7 @@ tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_p
     if (!pos) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
     for (int i = 0; i < n_pre; i++) pos[i] = start + i;
     memset(&m->acc, 0, sizeof m->acc);
+    for (int i = 0; i < MODEL_SLOTS; i++) m->slots[i].gen_runs = 0;
     m->logits_hash = 0;
     graph_slot *s = NULL;
     int32_t next = 0, id = 0;

@@ -403,6 +403,7 @@ tide_status tide_planned_run(tide_model *m, graph_slot *s, const tide_binding *i
         return TIDE_OK;
     }
     refit_ssd_read(m, &es);
+    s->gen_runs++;
     a->bytes_h2d += es.bytes_h2d;
     a->bytes_d2h += es.bytes_d2h;
     a->bytes_ssd_read += es.bytes_ssd_read;
@@ -426,5 +427,28 @@ tide_status tide_model_last_run(const tide_model *m, const tide_plan **plan, con
     if (!*timeline)
         return tide_err(m->ctx, TIDE_E_INVALID, "no measured timeline: on a GPU it is measured only when asked "
                         "for (tide_offload_opts.timeline, tide run --trace)");
+    return TIDE_OK;
+}
+
+int tide_model_gen_runs(const tide_model *m, const tide_plan **plans, const tide_sim_event **timelines, int *runs) {
+    int n = 0;
+    for (int i = 0; m->offload && i < MODEL_SLOTS; i++) {
+        const graph_slot *s = &m->slots[i];
+        if (!s->run || s->gen_runs <= 0) continue;
+        if (!(timelines[n] = tide_runner_timeline(s->run))) return 0;
+        plans[n] = tide_runner_plan(s->run);
+        runs[n++] = s->gen_runs;
+    }
+    return n;
+}
+
+tide_status tide_model_set_hw(tide_model *m, const tide_hw *hw) {
+    if (!m->offload) return tide_err(m->ctx, TIDE_E_INVALID, "a profile for offloaded plans, on a resident model");
+    m->hw = *hw;
+    for (int i = 0; i < MODEL_SLOTS; i++) {
+        tide_runner_free(m->slots[i].run);
+        m->slots[i].run = NULL;
+    }
+    m->last_planned = NULL;
     return TIDE_OK;
 }

@@ -24,6 +24,11 @@
  * Time-sliced, the workload whose turn it is (first come, first served) holds
  * the whole budget while its request runs; the others hold nothing.
  *
+ * Measured times feed the curves: a request that drifts more than 30% from
+ * its prediction refits its workload's profile, plans its curve again and
+ * re-partitions (pool_refit.c, rules F1-F5; the state both files share is
+ * pool_state.h).
+ *
  * Invariants (check_state() in debug builds, and the test hook):
  *   P1. sum over workloads of held <= budget, at every instant: a share
  *       grows only by reserving first (set_held) and shrinks only after the
@@ -50,11 +55,11 @@
  * management calls (add, remove, set_demand), which plan outside mu and
  * record errors on the pool's context.
  */
-#include "serve/pool_int.h"
-#include "serve/pool_predict.h"
+#include "serve/pool_state.h"
 
 #include "backend/backend.h"
 #include "probe/probe.h"
+#include "runtime/model_int.h"
 
 #include <assert.h>
 #include <math.h>
@@ -64,66 +69,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define POOL_DRIFT 0.30   /* measured this far from predicted is drift */
-#define POOL_PROMPT 32    /* the default typical request */
-#define POOL_NEW 16
-
-struct tide_pool_workload {
-    tide_pool *pool;
-    char *name;
-    tide_ctx *ctx;             /* the model's, and generate's failures */
-    tide_model *m;
-    tide_llama_config cfg;
-    int ctx_len;
-    int prompt, gen;           /* the typical request */
-    double weight;             /* requests queued */
-    uint64_t min, need;
-    pool_curve cv;
-    /* under mu */
-    uint64_t share;            /* from the last partition (time-sliced: unused) */
-    uint64_t held;             /* reserved now: 0 or configured (P2) */
-    uint64_t configured;       /* the model's budget (0: none set) */
-    bool claimed;              /* a request owns the workload */
-    bool model_busy;           /* P3 */
-    bool running_turn;         /* time-sliced: its turn, the whole budget */
-    bool leaving;
-    bool drift_logged;
-    bool planned;              /* a request ran at the configured budget (its plans exist) */
-    int part_k;                /* partition(): its point on its curve */
-    int users;                 /* threads inside tide_pool_generate for it */
-    int waiting;
-    uint64_t turn;             /* time-sliced queue position (0: not queued) */
-    int64_t requests, drifted, replans;
-    double pred_s, meas_s;
-    uint64_t peak_dev;
-};
-
-struct tide_pool {
-    tide_ctx *ctx;
-    tide_backend *be;
-    tide_pool_policy policy;
-    uint64_t total;
-    tide_hw hw;
-    char *hw_arg;              /* what each model's set_offload loads */
-    bool hw_tmp;               /* hw_arg is a file of ours (a measured profile) */
-    uint64_t host_budget;
-    char *ssd_dirs;
-    bool weights_on_ssd;
-    void (*log)(void *user, const char *line);
-    void *log_user;
-    tide_pool_held_hook hook;
-    void *hook_user;
-    pthread_mutex_t mu, mgmt;
-    pthread_cond_t cv;
-    tide_pool_workload **w;
-    int n, cap;
-    bool sliced;
-    uint64_t turn_next;
-    uint64_t held_sum, peak_held;
-    int64_t partitions, replans, waits, requests, drifted;
-    double pred_s, meas_s;
-};
 
 static const char *const policy_names[] = {"tide", "equal", "serial"};
 
@@ -142,8 +87,7 @@ tide_status tide_pool_policy_parse(tide_ctx *ctx, const char *s, tide_pool_polic
 
 /* ---------------------------------------------------------------- bookkeeping (under mu) */
 
-static void logf_locked(tide_pool *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void logf_locked(tide_pool *p, const char *fmt, ...) {
+void pool_log_locked(tide_pool *p, const char *fmt, ...) {
     if (!p->log) return;
     char line[1024];
     va_list ap;
@@ -190,16 +134,13 @@ static uint64_t equal_share(const tide_pool *p, int n) {
     return n > 1 ? s / TIDE_PLAN_ALIGN * TIDE_PLAN_ALIGN : s;
 }
 
-/* The predicted time of w's typical request at a share (its curve, from the
- * last point at or below the share). */
-static double predicted_at(const tide_pool_workload *w, uint64_t share) {
+double pool_predicted_at(const tide_pool_workload *w, uint64_t share) {
     double t = 0;
     for (int k = 0; k < w->cv.n && w->cv.b[k] <= share; k++) t = w->cv.t[k];
     return isfinite(t) ? t : 0;
 }
 
-/* Sets every share (policy and budget as they are now) and says why. */
-static void partition(tide_pool *p, const char *why) {
+void pool_partition(tide_pool *p, const char *why) {
     p->partitions++;
     uint64_t sum_min = 0;
     for (int i = 0; i < p->n; i++) sum_min += p->w[i]->min;
@@ -208,57 +149,39 @@ static void partition(tide_pool *p, const char *why) {
     for (int i = 0; i < p->n; i++) p->w[i]->share = 0;
     if (p->sliced) {
         if (p->policy == TIDE_POOL_TIDE && !was)
-            logf_locked(p, "pool: %s: the minimums of the %d workloads (%llu bytes) exceed the budget of %llu "
-                        "bytes: time-slicing, one workload at a time with the whole budget", why, p->n,
-                        (unsigned long long)sum_min, (unsigned long long)p->total);
+            pool_log_locked(p, "pool: %s: the minimums of the %d workloads (%llu bytes) exceed the budget of %llu "
+                            "bytes: time-slicing, one workload at a time with the whole budget", why, p->n,
+                            (unsigned long long)sum_min, (unsigned long long)p->total);
         else
-            logf_locked(p, "pool: %s: time-sliced among %d workloads, %llu bytes each in turn", why, p->n,
-                        (unsigned long long)p->total);
+            pool_log_locked(p, "pool: %s: time-sliced among %d workloads, %llu bytes each in turn", why, p->n,
+                            (unsigned long long)p->total);
         pthread_cond_broadcast(&p->cv);
         return;
     }
-    if (was) logf_locked(p, "pool: %s: the minimums fit again (%llu of %llu bytes): shares replace time-slicing",
-                         why, (unsigned long long)sum_min, (unsigned long long)p->total);
+    if (was) pool_log_locked(p, "pool: %s: the minimums fit again (%llu of %llu bytes): shares replace time-slicing",
+                             why, (unsigned long long)sum_min, (unsigned long long)p->total);
     if (p->policy == TIDE_POOL_EQUAL) {
         for (int i = 0; i < p->n; i++) p->w[i]->share = equal_share(p, p->n);
     } else {
-        uint64_t left = p->total - sum_min;
-        for (int i = 0; i < p->n; i++) {
-            p->w[i]->part_k = 0;
-            p->w[i]->share = p->w[i]->cv.b[0];
-        }
-        for (;;) { /* the move of the largest saving per byte */
-            int bi = -1, bk = 0;
-            double best = 0;
-            for (int i = 0; i < p->n; i++) {
-                const tide_pool_workload *w = p->w[i];
-                for (int k = w->part_k + 1; k < w->cv.n; k++) {
-                    uint64_t add = w->cv.b[k] - w->share;
-                    if (add > left) break;
-                    double save = w->weight * (w->cv.t[w->part_k] - w->cv.t[k]);
-                    if (!isfinite(w->cv.t[k]) || !(save > 0)) continue;
-                    double r = save / (double)(add ? add : 1);
-                    if (r > best) best = r, bi = i, bk = k;
-                }
-            }
-            if (bi < 0) break;
-            left -= p->w[bi]->cv.b[bk] - p->w[bi]->share;
-            p->w[bi]->share = p->w[bi]->cv.b[bk];
-            p->w[bi]->part_k = bk;
-        }
+        const pool_curve *cvs[p->n ? p->n : 1];
+        double wts[p->n ? p->n : 1];
+        uint64_t sh[p->n ? p->n : 1];
+        for (int i = 0; i < p->n; i++) cvs[i] = &p->w[i]->cv, wts[i] = p->w[i]->weight;
+        pool_predict_partition(p->n, cvs, wts, p->total, sh);
+        for (int i = 0; i < p->n; i++) p->w[i]->share = sh[i];
     }
     char line[900];
     int len = 0;
     double total_s = 0;
     for (int i = 0; i < p->n && len < (int)sizeof line - 80; i++) {
         const tide_pool_workload *w = p->w[i];
-        total_s += w->weight * predicted_at(w, w->share);
+        total_s += w->weight * pool_predicted_at(w, w->share);
         len += snprintf(line + len, sizeof line - (size_t)len, "%s%s %llu", i ? ", " : "", w->name,
                         (unsigned long long)w->share);
     }
-    logf_locked(p, "pool: %s: %s shares of %llu bytes: %s%s; predicted queued work %.6g s", why,
-                policy_names[p->policy], (unsigned long long)p->total, p->n ? line : "(no workloads)",
-                len >= (int)sizeof line - 80 ? ", ..." : "", total_s);
+    pool_log_locked(p, "pool: %s: %s shares of %llu bytes: %s%s; predicted queued work %.6g s", why,
+                    policy_names[p->policy], (unsigned long long)p->total, p->n ? line : "(no workloads)",
+                    len >= (int)sizeof line - 80 ? ", ..." : "", total_s);
     pthread_cond_broadcast(&p->cv);
 }
 
@@ -270,8 +193,13 @@ static tide_status apply_budget(tide_pool *p, tide_pool_workload *w, uint64_t by
     tide_offload_opts o = {.budget_kind = TIDE_BUDGET_BYTES, .bytes = bytes, .policy = "tide",
                            .host_budget = p->host_budget, .ssd_dirs = p->ssd_dirs, .hw = p->hw_arg,
                            .weights_on_ssd = p->weights_on_ssd,
-                           .tile = TIDE_TILE_NONE};
-    return tide_model_set_offload(w->m, &o);
+                           .tile = TIDE_TILE_NONE,
+                           /* measured for refits: free on the CPU, timing events on a GPU */
+                           .timeline = !p->no_refit};
+    tide_status st = tide_model_set_offload(w->m, &o);
+    /* a refitted profile outlives the share change (the model loaded the pool's) */
+    if (!st && w->refits) st = tide_model_set_hw(w->m, &w->hw);
+    return st;
 }
 
 /* Changes idle workload v (model_busy set by the caller, mu held) to hold
@@ -296,8 +224,8 @@ static tide_status shrink_locked(tide_pool *p, tide_pool_workload *v, uint64_t b
         p->replans++;
     }
     v->planned = false;
-    logf_locked(p, "pool: %s: '%s' %s from %llu to %llu bytes", why, v->name, bytes ? "shrinks" : "releases",
-                (unsigned long long)was, (unsigned long long)bytes);
+    pool_log_locked(p, "pool: %s: '%s' %s from %llu to %llu bytes", why, v->name, bytes ? "shrinks" : "releases",
+                    (unsigned long long)was, (unsigned long long)bytes);
     return TIDE_OK;
 }
 
@@ -310,8 +238,8 @@ static bool evict_one(tide_pool *p, tide_pool_workload *w) {
         if (v == w || v->model_busy || v->held <= t) continue;
         v->model_busy = true;
         if (shrink_locked(p, v, t, p->sliced ? "another workload's turn" : "room for another workload"))
-            logf_locked(p, "pool: '%s' could not be set to %llu bytes: %s", v->name, (unsigned long long)t,
-                        tide_ctx_last_error(v->ctx));
+            pool_log_locked(p, "pool: '%s' could not be set to %llu bytes: %s", v->name, (unsigned long long)t,
+                            tide_ctx_last_error(v->ctx));
         v->model_busy = false;
         pthread_cond_broadcast(&p->cv);
         return true;
@@ -362,9 +290,9 @@ static tide_status acquire(tide_pool *p, tide_pool_workload *w, bool *waited) {
                     if (w->planned) {
                         w->replans++;
                         p->replans++;
-                        logf_locked(p, "pool: '%s' runs at %llu bytes (was %llu): %s", w->name,
-                                    (unsigned long long)want, (unsigned long long)w->configured,
-                                    p->sliced ? "its turn" : "its new share");
+                        pool_log_locked(p, "pool: '%s' runs at %llu bytes (was %llu): %s", w->name,
+                                        (unsigned long long)want, (unsigned long long)w->configured,
+                                        p->sliced ? "its turn" : "its new share");
                     }
                     w->configured = want;
                     w->planned = false;
@@ -404,27 +332,27 @@ static void release_after(tide_pool *p, tide_pool_workload *w) {
         if (p->w[i] != w && p->w[i]->waiting) others_wait = true;
     if (w->held > t && (!p->sliced || others_wait))
         if (shrink_locked(p, w, t, "its request ended"))
-            logf_locked(p, "pool: '%s' could not be set to %llu bytes: %s", w->name, (unsigned long long)t,
-                        tide_ctx_last_error(w->ctx));
+            pool_log_locked(p, "pool: '%s' could not be set to %llu bytes: %s", w->name, (unsigned long long)t,
+                            tide_ctx_last_error(w->ctx));
     w->model_busy = false;
 }
 
 /* ---------------------------------------------------------------- predictions */
 
-static pool_predict predictor(tide_pool *p, const tide_pool_workload *w) {
-    return (pool_predict){.ctx = p->ctx, .hw = &p->hw, .host_budget = p->host_budget,
+pool_predict pool_predictor(const tide_pool *p, const tide_pool_workload *w, tide_ctx *ctx) {
+    return (pool_predict){.ctx = ctx, .hw = &w->hw, .host_budget = p->host_budget,
                           .host_addressable = p->be->vt->device_is_host, .weights_on_ssd = p->weights_on_ssd,
                           .cfg = &w->cfg, .ctx_len = w->ctx_len,
                           .name = w->name};
 }
 
 static tide_status find_bounds(tide_pool *p, tide_pool_workload *w) {
-    pool_predict pp = predictor(p, w);
+    pool_predict pp = pool_predictor(p, w, p->ctx);
     return pool_predict_bounds(&pp, &w->min, &w->need);
 }
 
-static tide_status plan_curve(tide_pool *p, const tide_pool_workload *w, int prompt, int gen, pool_curve *cv) {
-    pool_predict pp = predictor(p, w);
+static tide_status plan_curve(const tide_pool *p, const tide_pool_workload *w, int prompt, int gen, pool_curve *cv) {
+    pool_predict pp = pool_predictor(p, w, p->ctx);
     return pool_predict_curve(&pp, w->min, w->need, prompt, gen, cv);
 }
 
@@ -444,6 +372,8 @@ tide_status tide_pool_new(tide_ctx *ctx, tide_backend *be, const tide_pool_opts 
     p->total = o->budget_bytes;
     p->host_budget = o->host_budget;
     p->weights_on_ssd = o->weights_on_ssd;
+    p->no_refit = o->no_refit;
+    p->t0 = tide_now();
     p->log = o->log;
     p->log_user = o->log_user;
     pthread_mutex_init(&p->mu, NULL);
@@ -545,6 +475,7 @@ tide_status tide_pool_add_model(tide_pool *p, const char *name, tide_checkpoint 
     }
     w->pool = p;
     w->cfg = *tide_checkpoint_config(ck);
+    w->hw = p->hw;
     if ((st = tide_model_new(w->ctx, ck, p->be, mo, &w->m))) {
         st = tide_err(p->ctx, st, "workload '%s': %s", name, tide_ctx_last_error(w->ctx));
         goto fail;
@@ -590,7 +521,7 @@ tide_status tide_pool_add_model(tide_pool *p, const char *name, tide_checkpoint 
     p->w[p->n++] = w;
     char why[160];
     snprintf(why, sizeof why, "'%.100s' arrived (minimum %llu bytes)", name, (unsigned long long)w->min);
-    partition(p, why);
+    pool_partition(p, why);
     pthread_mutex_unlock(&p->mu);
     pthread_mutex_unlock(&p->mgmt);
     *out = w;
@@ -627,7 +558,7 @@ tide_status tide_pool_remove(tide_pool *p, tide_pool_workload *w) {
     p->n--;
     char why[160];
     snprintf(why, sizeof why, "'%.100s' left", w->name);
-    partition(p, why);
+    pool_partition(p, why);
     pthread_mutex_unlock(&p->mu);
     workload_free(w);
     pthread_mutex_unlock(&p->mgmt);
@@ -675,7 +606,7 @@ tide_status tide_pool_set_demand(tide_pool *p, tide_pool_workload *w, int prompt
     w->cv = cv;
     char why[200];
     snprintf(why, sizeof why, "'%.100s' expects %d + %d tokens x %g", w->name, prompt, gen, w->weight);
-    partition(p, why);
+    pool_partition(p, why);
     pthread_mutex_unlock(&p->mu);
     pthread_mutex_unlock(&p->mgmt);
     return TIDE_OK;
@@ -694,11 +625,11 @@ static void record(tide_pool *p, tide_pool_workload *w, const tide_gen_stats *gs
     if (pred > 0 && fabs(meas - pred) > POOL_DRIFT * pred) {
         w->drifted++;
         p->drifted++;
-        if (!w->drift_logged) {
+        if (p->no_refit && !w->drift_logged) { /* else pool_refit_after says what it did */
             w->drift_logged = true;
-            logf_locked(p, "pool: '%s' measured %.6g s against %.6g s predicted (%.2fx): drift beyond %.0f%% "
-                        "(counted in the stats; the cost model is not refitted)", w->name, meas, pred, meas / pred,
-                        POOL_DRIFT * 100);
+            pool_log_locked(p, "pool: '%s' measured %.6g s against %.6g s predicted (%.2fx): drift beyond %.0f%% "
+                            "(counted in the stats; no_refit: the cost model is not refitted)", w->name, meas, pred,
+                            meas / pred, POOL_DRIFT * 100);
         }
     }
 }
@@ -737,6 +668,7 @@ tide_status tide_pool_generate(tide_pool *p, tide_pool_workload *w, const int32_
     pthread_mutex_unlock(&p->mu);
     tide_gen_stats gs = {0};
     if (run) st = tide_model_generate_ex(w->m, prompt, n_prompt, max_new, g, out_tokens, n_out, &gs);
+    if (run && !st) pool_refit_after(p, w, &gs); /* claim and model_busy still held */
     pthread_mutex_lock(&p->mu);
     if (run) {
         w->planned = true;
@@ -761,7 +693,8 @@ void tide_pool_stats_get(tide_pool *p, tide_pool_stats *s) {
     *s = (tide_pool_stats){.budget_bytes = p->total, .n_workloads = p->n, .time_sliced = p->sliced,
                            .held_bytes = p->held_sum, .peak_held_bytes = p->peak_held,
                            .partitions = p->partitions, .replans = p->replans, .waits = p->waits,
-                           .requests = p->requests, .drifted = p->drifted, .predicted_s = p->pred_s,
+                           .requests = p->requests, .drifted = p->drifted, .refits = p->refits,
+                           .predicted_s = p->pred_s,
                            .measured_s = p->meas_s};
     for (int i = 0; i < p->n; i++) s->shares_bytes += p->w[i]->share;
     pthread_mutex_unlock(&p->mu);
@@ -776,9 +709,10 @@ tide_status tide_pool_workload_stats_get(tide_pool *p, tide_pool_workload *w, ti
     }
     *s = (tide_pool_workload_stats){.share_bytes = target(p, w), .held_bytes = w->held, .min_bytes = w->min,
                                     .need_bytes = w->need, .waiting = w->waiting, .requests = w->requests,
-                                    .drifted = w->drifted, .replans = w->replans, .predicted_s = w->pred_s,
+                                    .drifted = w->drifted, .replans = w->replans, .refits = w->refits,
+                                    .predicted_s = w->pred_s,
                                     .measured_s = w->meas_s, .peak_device_bytes = w->peak_dev};
-    s->predicted_request_s = predicted_at(w, p->sliced ? p->total : w->share);
+    s->predicted_request_s = pool_predicted_at(w, p->sliced ? p->total : w->share);
     pthread_mutex_unlock(&p->mu);
     return TIDE_OK;
 }

@@ -75,3 +75,31 @@ tide_status pool_predict_curve(const pool_predict *pp, uint64_t min, uint64_t ne
                             tide_ctx_last_error(pp->ctx));
     return TIDE_OK;
 }
+
+void pool_predict_partition(int n, const pool_curve *const *cv, const double *wt, uint64_t total, uint64_t *share) {
+    int at[n ? n : 1];
+    uint64_t left = total;
+    for (int i = 0; i < n; i++) {
+        at[i] = 0;
+        share[i] = cv[i]->b[0];
+        left = left >= share[i] ? left - share[i] : 0;
+    }
+    for (;;) { /* the move of the largest saving per byte */
+        int bi = -1, bk = 0;
+        double best = 0;
+        for (int i = 0; i < n; i++) {
+            for (int k = at[i] + 1; k < cv[i]->n; k++) {
+                uint64_t add = cv[i]->b[k] - share[i];
+                if (add > left) break;
+                double save = wt[i] * (cv[i]->t[at[i]] - cv[i]->t[k]);
+                if (!isfinite(cv[i]->t[k]) || !(save > 0)) continue;
+                double r = save / (double)(add ? add : 1);
+                if (r > best) best = r, bi = i, bk = k;
+            }
+        }
+        if (bi < 0) break;
+        left -= cv[bi]->b[bk] - share[bi];
+        share[bi] = cv[bi]->b[bk];
+        at[bi] = bk;
+    }
+}

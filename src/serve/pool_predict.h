@@ -39,4 +39,14 @@ tide_status pool_predict_bounds(const pool_predict *pp, uint64_t *min, uint64_t 
 tide_status pool_predict_curve(const pool_predict *pp, uint64_t min, uint64_t need, int prompt, int gen,
                                pool_curve *cv);
 
+/* Policy tide's partition of `total` bytes among n workloads of curves cv
+ * (each's b[0] its minimum; their sum <= total) with queued-request
+ * weights wt: every share starts at its minimum, then the move of one
+ * workload up to a later point of its curve with the largest predicted
+ * saving per byte (saving weighted), while bytes remain: a greedy over each
+ * curve's points that can jump a flat stretch to a drop beyond it. Shares
+ * into share[n]. Pure: the pool's partition and the benchmark's simulation
+ * call it alike. */
+void pool_predict_partition(int n, const pool_curve *const *cv, const double *wt, uint64_t total, uint64_t *share);
+
 #endif

@@ -1,0 +1,103 @@
+/*
+ * pool_state.h - the pool's own state, shared by its files: pool.c (shares,
+ * requests, management) and pool_refit.c (the cost model refitted from a
+ * workload's measured requests). Which lock guards each field is said
+ * beside it; pool.c's design note gives the invariants P1-P4.
+ */
+#ifndef TIDE_SERVE_POOL_STATE_H
+#define TIDE_SERVE_POOL_STATE_H
+
+#include "serve/pool_int.h"
+#include "serve/pool_predict.h"
+
+#include <pthread.h>
+
+#define POOL_DRIFT 0.30      /* measured this far from predicted is drift (TENSILE's threshold) */
+#define POOL_REFIT_EVERY 8   /* a workload's refits are at least this many of its requests apart */
+#define POOL_PROMPT 32       /* the default typical request */
+#define POOL_NEW 16
+
+struct tide_pool_workload {
+    tide_pool *pool;
+    char *name;
+    tide_ctx *ctx;             /* the model's, and generate's failures */
+    tide_model *m;
+    tide_llama_config cfg;
+    int ctx_len;
+    /* written under mgmt and mu; read under either, or by the holder of
+     * model_busy (hw: apply_budget) */
+    int prompt, gen;           /* the typical request */
+    double weight;             /* requests queued */
+    uint64_t min, need;
+    pool_curve cv;
+    tide_hw hw;                /* the profile its predictions and plans use: the pool's,
+                                  or its own refit of it (refits > 0) */
+    /* under mu */
+    uint64_t share;            /* from the last partition (time-sliced: unused) */
+    uint64_t held;             /* reserved now: 0 or configured (P2) */
+    uint64_t configured;       /* the model's budget (0: none set) */
+    bool claimed;              /* a request owns the workload */
+    bool model_busy;           /* P3 */
+    bool running_turn;         /* time-sliced: its turn, the whole budget */
+    bool leaving;
+    bool drift_logged;
+    bool planned;              /* a request ran at the configured budget (its plans exist) */
+    int users;                 /* threads inside tide_pool_generate for it */
+    int waiting;
+    uint64_t turn;             /* time-sliced queue position (0: not queued) */
+    int64_t requests, drifted, replans, refits;
+    bool refit_tried;          /* a refit was tried (pool_refit.c, F2) */
+    int64_t refit_at;          /* its request that last tried */
+    double pred_s, meas_s;
+    uint64_t peak_dev;
+};
+
+struct tide_pool {
+    tide_ctx *ctx;
+    tide_backend *be;
+    tide_pool_policy policy;
+    uint64_t total;
+    tide_hw hw;
+    char *hw_arg;              /* what each model's set_offload loads */
+    bool hw_tmp;               /* hw_arg is a file of ours (a measured profile) */
+    uint64_t host_budget;
+    char *ssd_dirs;
+    bool weights_on_ssd;
+    bool no_refit;             /* tide_pool_opts.no_refit */
+    double t0;                 /* when it was made (tide_now), for the log */
+    void (*log)(void *user, const char *line);
+    void *log_user;
+    tide_pool_held_hook hook;
+    void *hook_user;
+    pthread_mutex_t mu, mgmt;
+    pthread_cond_t cv;
+    tide_pool_workload **w;
+    int n, cap;
+    bool sliced;
+    uint64_t turn_next;
+    uint64_t held_sum, peak_held;
+    int64_t partitions, replans, waits, requests, drifted, refits;
+    double pred_s, meas_s;
+};
+
+/* pool.c. With mu held: one line to opts.log (when given). */
+void pool_log_locked(tide_pool *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* With mu held: sets every share (policy and budget as they are now) and
+ * logs one line that begins with why. */
+void pool_partition(tide_pool *p, const char *why);
+/* The predicted time of w's typical request at a share (its curve, from the
+ * last point at or below the share; 0 unknown). */
+double pool_predicted_at(const tide_pool_workload *w, uint64_t share);
+/* How w's predictions are planned (pool_predict.h), failures on ctx. */
+pool_predict pool_predictor(const tide_pool *p, const tide_pool_workload *w, tide_ctx *ctx);
+
+/* pool_refit.c. Called by the thread of w's request that just succeeded
+ * with statistics gs, outside mu, with w's claim and model_busy still set:
+ * when its measured time drifted and a refit is due (pool_refit.c, rules),
+ * refits w's profile from the request's measured runs, sets it on w's
+ * model, plans w's curve again and re-partitions, logging one line. A
+ * refit that cannot be made changes nothing (and is logged); the request's
+ * result stands either way. */
+void pool_refit_after(tide_pool *p, tide_pool_workload *w, const tide_gen_stats *gs);
+
+#endif
