@@ -100,7 +100,8 @@ char *serve_metrics_text(serve_server *s) {
     static const struct {
         const char *name, *type, *help;
     } per_model[] = {
-        {"tide_model_loaded", "gauge", "1 when the model is loaded (on its first request)."},
+        {"tide_model_loaded", "gauge", "1 when the model is loaded (on its first request, until evicted)."},
+        {"tide_model_evictions_total", "counter", "Times the model was evicted to make room for another."},
         {"tide_tokens_generated_total", "counter", "Tokens generated."},
         {"tide_prompt_tokens_total", "counter", "Prompt tokens prefilled."},
         {"tide_model_requests_total", "counter", "Generations completed."},
@@ -113,30 +114,34 @@ char *serve_metrics_text(serve_server *s) {
         {"tide_model_drifted_total", "counter", "Requests whose measured time was over 30% from the prediction."},
     };
     enum { N_PER = sizeof per_model / sizeof per_model[0] };
+    /* lru held: a loaded model's workload is not removed under the reads */
+    pthread_mutex_lock(&s->lru);
     for (int k = 0; k < N_PER; k++) {
         tb_head(&b, per_model[k].name, per_model[k].type, per_model[k].help);
         for (int i = 0; i < s->n_models; i++) {
             serve_model *m = &s->models[i];
             tide_pool_workload_stats ws = {0};
-            bool loaded = atomic_load(&m->loaded);
+            bool loaded = m->state == MODEL_LOADED;
             if (loaded) tide_pool_workload_stats_get(s->o.pool, m->w, &ws);
             double v = 0;
             switch (k) {
             case 0: v = loaded; break;
-            case 1: v = (double)atomic_load(&m->gen_tokens); break;
-            case 2: v = (double)atomic_load(&m->prompt_tokens); break;
-            case 3: v = (double)atomic_load(&m->requests); break;
-            case 4: v = atomic_load(&m->inflight); break;
-            case 5: v = ws.waiting; break;
-            case 6: v = (double)ws.share_bytes; break;
-            case 7: v = (double)ws.held_bytes; break;
-            case 8: v = (double)ws.min_bytes; break;
-            case 9: v = (double)ws.replans; break;
+            case 1: v = (double)atomic_load(&m->evictions); break;
+            case 2: v = (double)atomic_load(&m->gen_tokens); break;
+            case 3: v = (double)atomic_load(&m->prompt_tokens); break;
+            case 4: v = (double)atomic_load(&m->requests); break;
+            case 5: v = atomic_load(&m->inflight); break;
+            case 6: v = ws.waiting; break;
+            case 7: v = (double)ws.share_bytes; break;
+            case 8: v = (double)ws.held_bytes; break;
+            case 9: v = (double)ws.min_bytes; break;
+            case 10: v = (double)ws.replans; break;
             default: v = (double)ws.drifted; break;
             }
             tb_printf(&b, "%s{model=\"%s\"} %.17g\n", per_model[k].name, m->name, v);
         }
     }
+    pthread_mutex_unlock(&s->lru);
     tide_pool_stats ps;
     tide_pool_stats_get(s->o.pool, &ps);
     const struct {
@@ -147,6 +152,8 @@ char *serve_metrics_text(serve_server *s) {
         {"tide_pool_held_bytes", "gauge", "Device bytes held by the models now.", (double)ps.held_bytes},
         {"tide_pool_peak_held_bytes", "gauge", "The most device bytes held at any instant.", (double)ps.peak_held_bytes},
         {"tide_pool_workloads", "gauge", "Models in the pool (loaded).", ps.n_workloads},
+        {"tide_evictions_total", "counter", "Models evicted to make room for another (--max-loaded, the budget).",
+         (double)atomic_load(&s->evictions)},
         {"tide_pool_time_sliced", "gauge", "1 when one model holds the budget at a time.", ps.time_sliced},
         {"tide_pool_partitions_total", "counter", "Re-partitions of the budget.", (double)ps.partitions},
         {"tide_replans_total", "counter", "Share changes applied to a model.", (double)ps.replans},
@@ -537,6 +544,8 @@ int serve_http_run(const serve_opts *o, const sigset_t *signals) {
     s->n_models = o->n_models;
     pthread_mutex_init(&s->mgmt, NULL);
     pthread_mutex_init(&s->mmu, NULL);
+    pthread_mutex_init(&s->lru, NULL);
+    pthread_cond_init(&s->lru_cv, NULL);
     for (int i = 0; i < o->n_models; i++) {
         models[i].name = o->models[i].name;
         models[i].dir = o->models[i].dir;
@@ -582,6 +591,8 @@ done:
     serve_models_free(s);
     pthread_mutex_destroy(&s->mgmt);
     pthread_mutex_destroy(&s->mmu);
+    pthread_mutex_destroy(&s->lru);
+    pthread_cond_destroy(&s->lru_cv);
     free(models);
     free(s);
     return rc;

@@ -256,7 +256,8 @@ char *serve_models_json(serve_server *s) {
         cJSON_AddStringToObject(m, "object", "model");
         cJSON_AddNumberToObject(m, "created", 0);
         cJSON_AddStringToObject(m, "owned_by", "tide");
-        cJSON_AddBoolToObject(m, "loaded", atomic_load(&s->models[i].loaded));
+        cJSON_AddBoolToObject(m, "loaded", serve_model_loaded(s, &s->models[i]));
+        cJSON_AddNumberToObject(m, "evictions", (double)atomic_load(&s->models[i].evictions));
         cJSON_AddItemToArray(data, m);
     }
     return print_free(o);
