@@ -106,7 +106,7 @@ char *serve_metrics_text(serve_server *s) {
         {"tide_prompt_tokens_total", "counter", "Prompt tokens prefilled."},
         {"tide_model_requests_total", "counter", "Generations completed."},
         {"tide_queue_depth", "gauge", "Requests accepted and not yet answered (running or waiting)."},
-        {"tide_model_waiting", "gauge", "Requests waiting in the pool for the model, room or a turn."},
+        {"tide_model_waiting", "gauge", "Requests waiting for the model's previous ones, room or a turn."},
         {"tide_model_share_bytes", "gauge", "Device bytes the pool's last partition gave the model."},
         {"tide_model_held_bytes", "gauge", "Device bytes the model holds now."},
         {"tide_model_min_bytes", "gauge", "The model's minimum device bytes."},
@@ -131,7 +131,7 @@ char *serve_metrics_text(serve_server *s) {
             case 3: v = (double)atomic_load(&m->prompt_tokens); break;
             case 4: v = (double)atomic_load(&m->requests); break;
             case 5: v = atomic_load(&m->inflight); break;
-            case 6: v = ws.waiting; break;
+            case 6: v = ws.waiting + atomic_load(&m->run_waiting); break;
             case 7: v = (double)ws.share_bytes; break;
             case 8: v = (double)ws.held_bytes; break;
             case 9: v = (double)ws.min_bytes; break;
@@ -550,6 +550,8 @@ int serve_http_run(const serve_opts *o, const sigset_t *signals) {
         models[i].name = o->models[i].name;
         models[i].dir = o->models[i].dir;
         pthread_mutex_init(&models[i].mu, NULL);
+        pthread_mutex_init(&models[i].run_mu, NULL);
+        pthread_cond_init(&models[i].run_cv, NULL);
     }
     int rc = 1;
     char port[16];

@@ -14,7 +14,7 @@
  * completion equals `tide run --prompt` on the same model, text for text.
  *
  * Threads: requests of every model run at once, each on its own thread; the
- * pool runs those of one model one at a time. A tokenizer encodes on one
+ * requests of one model take turns (turn_take), one at a time in the pool. A tokenizer encodes on one
  * thread at a time (serve_model.mu); decoding (one tide_detok per request)
  * only reads it.
  */
@@ -112,6 +112,31 @@ static int on_token(void *user, int32_t id) {
     return 0;
 }
 
+/* A request's turn at its model, first come, first served: the pool runs a
+ * model's requests one at a time anyway, and taking the turn here too is
+ * what makes a failure's message the request's own. The pool records it on
+ * the workload's context, which every request of the model shares and the
+ * next one may overwrite as soon as the pool lets it run, i.e. before this
+ * thread has read it; under the turn, no request of the model runs until the
+ * message is copied. The pool still sees every model that has requests
+ * waiting (the one whose turn it is waits in the pool), so its shares and
+ * turns between models are what they were. */
+static void turn_take(serve_model *m) {
+    pthread_mutex_lock(&m->run_mu);
+    uint64_t t = m->run_next++;
+    atomic_fetch_add(&m->run_waiting, 1);
+    while (m->run_serving != t) pthread_cond_wait(&m->run_cv, &m->run_mu);
+    atomic_fetch_sub(&m->run_waiting, 1);
+    pthread_mutex_unlock(&m->run_mu);
+}
+
+static void turn_pass(serve_model *m) {
+    pthread_mutex_lock(&m->run_mu);
+    m->run_serving++;
+    pthread_cond_broadcast(&m->run_cv);
+    pthread_mutex_unlock(&m->run_mu);
+}
+
 int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const char *piece, size_t n), void *user,
               const atomic_bool *cancel, serve_result *res, serve_error *e) {
     serve_model *m = p->m;
@@ -126,13 +151,18 @@ int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const
     tide_gen_stats st;
     int n_out = 0;
     tide_status ts = TIDE_OK;
+    char msg[400] = "";
+    turn_take(m);
     if (atomic_load(&s->stopping)) rs.cancelled = true; /* not started: nothing to cancel mid-way */
     else ts = tide_pool_generate(s->o.pool, m->w, p->ids, p->n_ids, p->max_new, &go, gen, &n_out, &st);
+    if (ts) snprintf(msg, sizeof msg, "%s", tide_ctx_last_error(tide_pool_workload_ctx(m->w)));
+    turn_pass(m);
     free(gen);
-    if (!ts && p->out.err) ts = p->out.err;
-    if (ts)
-        return serve_fail(e, 500, "server_error", "generation failed (%s): %s", tide_status_str(ts),
-                          tide_ctx_last_error(tide_pool_workload_ctx(m->w)));
+    if (!ts && p->out.err) {
+        ts = p->out.err;
+        snprintf(msg, sizeof msg, "decoding the generated tokens into text failed");
+    }
+    if (ts) return serve_fail(e, 500, "server_error", "generation failed (%s): %s", tide_status_str(ts), msg);
     cli_textout_finish(&p->out);
     res->text = p->out.text;
     res->cancelled = rs.cancelled;

@@ -40,6 +40,10 @@ typedef struct serve_model {
     int users;                    /* prepared requests holding it loaded */
     uint64_t last_used;           /* serve_server.tick at its last use */
     atomic_llong evictions;
+    pthread_mutex_t run_mu;       /* its requests' turns: one in the pool at a time */
+    pthread_cond_t run_cv;
+    uint64_t run_next, run_serving; /* tickets (under run_mu): first come, first served */
+    atomic_int run_waiting;       /* requests waiting here for their turn */
     tide_ctx *ctx;                /* loading's and the tokenizer's errors */
     tide_checkpoint *ck;
     tide_tokenizer *tok;

@@ -295,5 +295,7 @@ void serve_models_free(serve_server *s) {
         tide_ctx_free(m->ctx);
         m->ctx = NULL;
         pthread_mutex_destroy(&m->mu);
+        pthread_mutex_destroy(&m->run_mu);
+        pthread_cond_destroy(&m->run_cv);
     }
 }
