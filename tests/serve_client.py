@@ -193,6 +193,14 @@ def first_server():
         chunks, done = stream(port, "/v1/completions", {"model": m, "prompt": PROMPT, "max_tokens": 12})
         check(done and stream_text(chunks, False) == ref["text"], f"streamed completion {m} equals whole")
         check(chunks and chunks[-1]["choices"][0]["finish_reason"] == c["finish_reason"], f"stream finish {m}")
+        check(all("usage" not in ch for ch in chunks), f"stream {m}: no usage unless asked for")
+        # stream_options.include_usage: OpenAI's last chunk, no choices and the usage
+        chunks, done = stream(port, "/v1/completions", {"model": m, "prompt": PROMPT, "max_tokens": 12,
+                                                        "stream_options": {"include_usage": True}})
+        check(done and len(chunks) >= 2 and chunks[-1]["choices"] == [] and chunks[-1]["usage"] == u,
+              f"stream {m} with include_usage: a last chunk with the usage", chunks[-1:])
+        check(all(ch["usage"] is None for ch in chunks[:-1]), f"stream {m} with include_usage: usage null before")
+        check(stream_text(chunks[:-1], False) == ref["text"], f"stream {m} with include_usage: the text")
         # chat: greedy equals tide run --chat
         cref = tide_run(m, "Hello", 8, chat=True)
         body = {"model": m, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
@@ -271,6 +279,10 @@ def first_server():
     bad("max_tokens of the wrong type", 400, {"model": "a", "prompt": "x", "max_tokens": "many"}, text="'max_tokens'")
     bad("temperature of the wrong type", 400, {"model": "a", "prompt": "x", "temperature": "hot"}, text="'temperature'")
     bad("stream of the wrong type", 400, {"model": "a", "prompt": "x", "stream": 1}, text="'stream'")
+    bad("stream_options without stream", 400, {"model": "a", "prompt": "x", "stream_options": {"include_usage": True}},
+        text="'stream_options'")
+    bad("include_usage of the wrong type", 400, {"model": "a", "prompt": "x", "stream": True,
+                                                  "stream_options": {"include_usage": "yes"}}, text="include_usage")
     bad("stop of the wrong type", 400, {"model": "a", "prompt": "x", "stop": 3}, text="'stop'")
     bad("top_p out of range", 400, {"model": "a", "prompt": "x", "top_p": 2}, text="'top_p'")
     bad("n = 2", 400, {"model": "a", "prompt": "x", "n": 2}, text="'n'")
@@ -360,7 +372,11 @@ def openai_part(port, refs):
         parts = [ch.choices[0].delta.content or "" for ch in cl.chat.completions.create(
             model=m, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, stream=True) if ch.choices]
         check("".join(parts) == whole, f"openai streamed chat {m} equals whole")
-    print("openai package: completion, chat and streamed chat on both models", flush=True)
+        last = list(cl.chat.completions.create(model=m, messages=[{"role": "user", "content": "Hello"}], max_tokens=8,
+                                               stream=True, stream_options={"include_usage": True}))[-1]
+        check(last.usage is not None and last.usage.completion_tokens == r.usage.completion_tokens
+              and last.usage.prompt_tokens == r.usage.prompt_tokens, f"openai stream {m} with include_usage", last)
+    print("openai package: completion, chat, streamed chat (with usage) on both models", flush=True)
 
 
 def second_server():

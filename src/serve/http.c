@@ -14,7 +14,8 @@
  * A stream's life:
  *   handle_generate: prepared, producer started, response queued
  *   producer: events pushed (waiting while the queue is full), then the
- *     last chunk and "data: [DONE]", done set
+ *     last chunk (and the usage chunk when asked for) and "data: [DONE]",
+ *     done set
  *   stream_read: events popped; end of stream once done and empty
  *   stream_free (the daemon, when the response is destroyed: answer
  *     complete, or the client gone): cancel set, so the producer's next
@@ -281,6 +282,8 @@ static void *producer(void *arg) {
         push(st, serve_error_json(&e));
     } else {
         push(st, serve_chunk_json(&st->req, st->id, st->created, NULL, res.finish, st->first));
+        if (st->req.include_usage)
+            push(st, serve_usage_chunk_json(&st->req, st->id, st->created, res.n_prompt, res.n_gen));
     }
     char *done = strdup("[DONE]");
     if (done) {

@@ -97,6 +97,7 @@ int serve_fail(serve_error *e, int status, const char *type, const char *fmt, ..
 /* A parsed /v1/completions or /v1/chat/completions request. */
 typedef struct serve_request {
     bool chat, stream;
+    bool include_usage;           /* stream_options.include_usage */
     serve_model *model;
     char *prompt;                 /* completions: the prompt (malloc'd) */
     tide_chat_msg *msgs;          /* chat: roles and contents (malloc'd) */
@@ -124,6 +125,9 @@ char *serve_answer_json(const serve_request *r, const char *id, time_t created, 
  * (text NULL, finish set); `first` adds the chat delta's role. */
 char *serve_chunk_json(const serve_request *r, const char *id, time_t created, const char *text, const char *finish,
                        bool first);
+/* With stream_options.include_usage, OpenAI's last chunk before [DONE]: no
+ * choices, the request's usage (the chunks before carry "usage": null). */
+char *serve_usage_chunk_json(const serve_request *r, const char *id, time_t created, int n_prompt, int n_gen);
 
 /* http_models.c: makes m loaded and holds it so (m->users) until
  * serve_model_release: waits while another thread loads or evicts it, loads
