@@ -21,9 +21,9 @@ server prints):
      by a budget under policy tide (the minimums of two fit, not of three)
      and under policy equal (the pool refuses a third): requests alternating
      over the three all get tide run's greedy text, /metrics counts
-     evictions, the log names the model evicted and why; with --max-loaded 2
-     and a and b held by streams, c gets 503 naming them, then 200 once they
-     end.
+     evictions, the log names the model evicted and why; with a and b held
+     by streams, c gets 503 naming them (--max-loaded 2: then 200 once they
+     end; policy equal: naming the budget too).
 Prints "N passed, M failed"; exit status 1 on a failure.
 Environment: TIDE_SERVE_BACKEND (default cpu) and TIDE_SERVE_BUDGET (default
 64M) to run the same checks on a GPU (e.g. cuda and auto); TIDE_SANITIZE
@@ -322,7 +322,6 @@ def first_server():
         check(metric(text, name) is not None, f"/metrics has {name}")
     if BUDGET == "64M":
         check(metric(text, "tide_pool_budget_bytes") == 64 << 20, "/metrics budget")
-    mins = {m: int(metric(text, "tide_model_min_bytes", f'{{model="{m}"}}') or 0) for m in MODELS}
 
     # a few thousand small requests: resident memory stays put
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -353,7 +352,7 @@ def first_server():
     rc = srv.p.wait(30)
     check(rc == 0, "SIGINT: exit status 0", rc)
     check(os.listdir(srv.spill) == [], "no spill file left", os.listdir(srv.spill))
-    return refs, mins
+    return refs
 
 
 def openai_part(port, refs):
@@ -428,7 +427,7 @@ def alternate(port, refs, what):
     return j
 
 
-def evicting_servers(refs, mins):
+def evicting_servers(refs):
     refs = dict(refs, c=tide_run("c", PROMPT, 12)["text"])
     check(refs["c"] != refs["a"], "c's greedy text differs from a's (other weights)", refs["c"])
     # --max-loaded 2 (a budget that holds all three)
@@ -439,6 +438,9 @@ def evicting_servers(refs, mins):
     n = metric(text, "tide_evictions_total")
     check(n is not None and n >= 4, "--max-loaded 2: /metrics counts the evictions", n)
     check(metric(text, "tide_model_evictions_total", '{model="a"}') >= 1, "--max-loaded 2: a's evictions")
+    # the minimums at this context (a and c share a shape; two of the three are loaded)
+    mins = {m: int(metric(text, "tide_model_min_bytes", f'{{model="{m}"}}') or 0) for m in "abc"}
+    mins["a"] = max(mins["a"], mins["c"])
     # a and b held by streams their clients do not read: c has nothing to evict
     held = [open_raw_stream(srv.port, {"model": m, "prompt": PROMPT, "max_tokens": 480}, rcvbuf=2048) for m in "ab"]
     st, j, _ = request(srv.port, "POST", "/v1/completions", {"model": "c", "prompt": PROMPT, "max_tokens": 4})
@@ -456,25 +458,34 @@ def evicting_servers(refs, mins):
     log = stop(srv, "--max-loaded 2")
     check(re.search(r"evicted [ab] \(least recently used, no request\): --max-loaded 2 reached, loading c", log),
           "--max-loaded 2: the log says which model was evicted and why", log[-600:])
-    if not all(mins.values()):
-        check(False, "the models' minimums read from /metrics", mins)
+    if not check(mins["a"] and mins["b"], "the models' minimums read from /metrics", mins):
         return
     # a budget that holds the minimums of two of them (a and c share a shape), not of three
     budget = 2 * mins["a"] + mins["b"] // 2
     for policy, why in (("tide", r"the loaded models' minimums with \w's come to .*, over the budget of"),
                         ("equal", r"the pool refused \w beside it: policy equal")):
-        srv = Server("budget-" + policy, ["--ctx", "128", "--policy", policy], models=ALL_MODELS, budget=budget)
+        srv = Server("budget-" + policy, ["--ctx", "512", "--policy", policy], models=ALL_MODELS, budget=budget)
         alternate(srv.port, refs, f"policy {policy}, budget {budget}")
         text = request(srv.port, "GET", "/metrics")[2].decode()
         check((metric(text, "tide_evictions_total") or 0) > 0, f"policy {policy}: /metrics counts evictions")
         check(metric(text, "tide_pool_time_sliced") == 0, f"policy {policy}: the loaded models fit together")
+        if policy == "equal":
+            # a and b held by streams: the pool refuses c and nothing can go
+            held = [open_raw_stream(srv.port, {"model": m, "prompt": PROMPT, "max_tokens": 480}, rcvbuf=2048)
+                    for m in "ab"]
+            st, j, _ = request(srv.port, "POST", "/v1/completions", {"model": "c", "prompt": PROMPT, "max_tokens": 4})
+            msg = j["error"]["message"] if j and isinstance(j.get("error"), dict) else ""
+            check(st == 503 and "budget of" in msg and "held by a (" in msg and "b (" in msg,
+                  "policy equal, no model idle: 503 naming the budget and the models holding it", (st, msg))
+            for h in held:
+                h.close()
         log = stop(srv, f"policy {policy}")
         check(re.search(r"evicted [abc] \(least recently used, no request\): " + why, log),
               f"policy {policy}: the log says which model was evicted and why", log[-600:])
 
 
-refs, mins = first_server()
+refs = first_server()
 second_server()
-evicting_servers(refs, mins)
+evicting_servers(refs)
 print(f"{passes} passed, {fails} failed")
 sys.exit(1 if fails else 0)
