@@ -2,8 +2,9 @@
 # cli_serve.sh - `tide serve` end to end on loopback: its help and usage
 # errors here; the HTTP API (completions and chat, streamed and not, equal to
 # `tide run`; concurrent clients; a client leaving mid-stream; bad requests;
-# /metrics; memory over a few thousand requests; 503; SIGTERM) in
-# tests/serve_client.py, on two small models with the built-in tokenizer.
+# /metrics; memory over a few thousand requests; 503; SIGTERM; eviction of
+# the least recently used model) in tests/serve_client.py, on three small
+# models with the built-in tokenizer.
 source "$(dirname "$0")/lib_cli.sh" "$1"
 : "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
 : "${TIDE_DATA:?TIDE_DATA must point at data}"
@@ -11,17 +12,20 @@ TOK=$TIDE_DATA/tokenizer
 
 expect 0 "serve help" -- "$TIDE" serve --help
 for o in --model --budget --host-budget --ssd --policy --port --host --max-batch --api-key --threads --backend \
-         --quiet --queue --ctx /v1/completions /v1/chat/completions /v1/models /health /metrics "not batched"; do
+         --quiet --queue --ctx --max-loaded evicted stream_options /v1/completions /v1/chat/completions /v1/models /health /metrics "not batched"; do
     contains "$TMP/out" "$o" "serve help lists $o"
 done
 expect 0 "top-level help" -- "$TIDE" --help
 contains "$TMP/out" "serve" "help lists serve"
 
 # two small models whose vocabularies hold the built-in tokenizer's ids
-for m in a:tiny-bf16-gqa b:tiny-f32-mha; do
+# (and c: a's shape, other weights, for the eviction checks)
+for m in a:tiny-bf16-gqa:7 b:tiny-f32-mha:7 c:tiny-bf16-gqa:9; do
+    seed=${m##*:}
+    m=${m%:*}
     sed -e 's/"vocab_size": [0-9]*/"vocab_size": 4160/' -e 's/"max_position_embeddings": 128/"max_position_embeddings": 4096/' \
         "$TIDE_FIXTURES/${m#*:}/config.json" > "$TMP/${m%%:*}.json"
-    expect 0 "make-model ${m%%:*}" -- "$TIDE" make-model --config "$TMP/${m%%:*}.json" --seed 7 "$TMP/${m%%:*}"
+    expect 0 "make-model ${m%%:*}" -- "$TIDE" make-model --config "$TMP/${m%%:*}.json" --seed "$seed" "$TMP/${m%%:*}"
     cp "$TOK"/tokenizer.json "$TOK"/tokenizer_config.json "$TOK"/generation_config.json "$TMP/${m%%:*}/"
 done
 
@@ -39,6 +43,8 @@ expect 2 "a name twice" -- "$TIDE" serve --model a="$TMP/a" --model a="$TMP/b" -
 expect 2 "a bad name" -- "$TIDE" serve --model 'a b'="$TMP/a" --budget 64M
 expect 2 "NAME=DIR" -- "$TIDE" serve --model "$TMP/a" --budget 64M
 expect 2 "bad policy" -- "$TIDE" serve --model a="$TMP/a" --budget 64M --policy fastest
+expect 2 "bad --max-loaded" -- "$TIDE" serve --model a="$TMP/a" --budget 64M --max-loaded -1
+contains "$TMP/err" "--max-loaded" "bad --max-loaded: message"
 expect 2 "bad port" -- "$TIDE" serve --model a="$TMP/a" --budget 64M --port 70000
 if ! command -v python3 >/dev/null; then
     echo "skipped: the HTTP checks need python3"

@@ -2,10 +2,10 @@
 """serve_client.py - drives `tide serve` over loopback HTTP (standard library
 only) for tests/cli_serve.sh.
 
-Usage: serve_client.py TIDE TMPDIR (TMPDIR holds models a/ and b/, each a
-small checkpoint with the built-in tokenizer).
+Usage: serve_client.py TIDE TMPDIR (TMPDIR holds models a/, b/ and c/, each a
+small checkpoint with the built-in tokenizer; c has a's shape, other weights).
 
-Two servers, each on a free port (--port 0, the port read from the line the
+Five servers, each on a free port (--port 0, the port read from the line the
 server prints):
   1. both models under one budget, with --api-key: completions and chat,
      streamed and not, greedy text equal to `tide run --prompt` (and `tide
@@ -17,6 +17,13 @@ server prints):
   2. --queue 1: a stream its client does not read holds model a, so a
      second request for a gets 503 while b still answers; then SIGTERM with
      that stream open: exit status 0 within 20 s, no spill file left.
+  3. eviction: a, b and c where only two fit at a time, by --max-loaded 2,
+     by a budget under policy tide (the minimums of two fit, not of three)
+     and under policy equal (the pool refuses a third): requests alternating
+     over the three all get tide run's greedy text, /metrics counts
+     evictions, the log names the model evicted and why; with a and b held
+     by streams, c gets 503 naming them (--max-loaded 2: then 200 once they
+     end; policy equal: naming the budget too).
 Prints "N passed, M failed"; exit status 1 on a failure.
 Environment: TIDE_SERVE_BACKEND (default cpu) and TIDE_SERVE_BUDGET (default
 64M) to run the same checks on a GPU (e.g. cuda and auto); TIDE_SANITIZE
@@ -35,6 +42,7 @@ import time
 
 TIDE, TMP = sys.argv[1], sys.argv[2]
 MODELS = {"a": os.path.join(TMP, "a"), "b": os.path.join(TMP, "b")}
+ALL_MODELS = dict(MODELS, c=os.path.join(TMP, "c"))
 KEY = "test-key-123"
 RSS_MARGIN = 8 << 20  # resident memory may grow this much over 2200 requests (allocator noise), no more
 BACKEND = os.environ.get("TIDE_SERVE_BACKEND", "cpu")
@@ -54,12 +62,12 @@ def check(cond, what, detail=""):
 
 
 class Server:
-    def __init__(self, name, extra):
+    def __init__(self, name, extra, models=MODELS, budget=BUDGET):
         self.spill = os.path.join(TMP, "spill-" + name)
         os.makedirs(self.spill, exist_ok=True)
         self.err = open(os.path.join(TMP, name + ".err"), "w")
-        args = [TIDE, "serve", "--model", "a=" + MODELS["a"], "--model", "b=" + MODELS["b"], "--budget", BUDGET,
-                "--hw", "h100-80g", "--ssd", self.spill, "--port", "0", "--backend", BACKEND, "--threads", "1"] + extra
+        args = [TIDE, "serve"] + [a for m in models for a in ("--model", f"{m}={models[m]}")] + [
+                "--budget", str(budget), "--hw", "h100-80g", "--ssd", self.spill, "--port", "0", "--backend", BACKEND, "--threads", "1"] + extra
         self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.err, text=True)
         line = self.p.stdout.readline()
         m = re.search(r"listening on http://127\.0\.0\.1:(\d+)/v1", line)
@@ -123,7 +131,7 @@ def stream_text(chunks, chat):
 
 
 def tide_run(model, prompt, n, chat=False):
-    args = [TIDE, "run", "--model", MODELS[model], "--prompt", prompt, "--new-tokens", str(n), "--json",
+    args = [TIDE, "run", "--model", ALL_MODELS[model], "--prompt", prompt, "--new-tokens", str(n), "--json",
             "--backend", BACKEND, "--threads", "1"] + (["--chat"] if chat else [])
     out = subprocess.run(args, capture_output=True, text=True, timeout=120)
     check(out.returncode == 0, "tide run", out.stderr[-300:])
@@ -185,6 +193,14 @@ def first_server():
         chunks, done = stream(port, "/v1/completions", {"model": m, "prompt": PROMPT, "max_tokens": 12})
         check(done and stream_text(chunks, False) == ref["text"], f"streamed completion {m} equals whole")
         check(chunks and chunks[-1]["choices"][0]["finish_reason"] == c["finish_reason"], f"stream finish {m}")
+        check(all("usage" not in ch for ch in chunks), f"stream {m}: no usage unless asked for")
+        # stream_options.include_usage: OpenAI's last chunk, no choices and the usage
+        chunks, done = stream(port, "/v1/completions", {"model": m, "prompt": PROMPT, "max_tokens": 12,
+                                                        "stream_options": {"include_usage": True}})
+        check(done and len(chunks) >= 2 and chunks[-1]["choices"] == [] and chunks[-1]["usage"] == u,
+              f"stream {m} with include_usage: a last chunk with the usage", chunks[-1:])
+        check(all(ch["usage"] is None for ch in chunks[:-1]), f"stream {m} with include_usage: usage null before")
+        check(stream_text(chunks[:-1], False) == ref["text"], f"stream {m} with include_usage: the text")
         # chat: greedy equals tide run --chat
         cref = tide_run(m, "Hello", 8, chat=True)
         body = {"model": m, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
@@ -263,6 +279,10 @@ def first_server():
     bad("max_tokens of the wrong type", 400, {"model": "a", "prompt": "x", "max_tokens": "many"}, text="'max_tokens'")
     bad("temperature of the wrong type", 400, {"model": "a", "prompt": "x", "temperature": "hot"}, text="'temperature'")
     bad("stream of the wrong type", 400, {"model": "a", "prompt": "x", "stream": 1}, text="'stream'")
+    bad("stream_options without stream", 400, {"model": "a", "prompt": "x", "stream_options": {"include_usage": True}},
+        text="'stream_options'")
+    bad("include_usage of the wrong type", 400, {"model": "a", "prompt": "x", "stream": True,
+                                                  "stream_options": {"include_usage": "yes"}}, text="include_usage")
     bad("stop of the wrong type", 400, {"model": "a", "prompt": "x", "stop": 3}, text="'stop'")
     bad("top_p out of range", 400, {"model": "a", "prompt": "x", "top_p": 2}, text="'top_p'")
     bad("n = 2", 400, {"model": "a", "prompt": "x", "n": 2}, text="'n'")
@@ -332,6 +352,7 @@ def first_server():
     rc = srv.p.wait(30)
     check(rc == 0, "SIGINT: exit status 0", rc)
     check(os.listdir(srv.spill) == [], "no spill file left", os.listdir(srv.spill))
+    return refs
 
 
 def openai_part(port, refs):
@@ -350,7 +371,11 @@ def openai_part(port, refs):
         parts = [ch.choices[0].delta.content or "" for ch in cl.chat.completions.create(
             model=m, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, stream=True) if ch.choices]
         check("".join(parts) == whole, f"openai streamed chat {m} equals whole")
-    print("openai package: completion, chat and streamed chat on both models", flush=True)
+        last = list(cl.chat.completions.create(model=m, messages=[{"role": "user", "content": "Hello"}], max_tokens=8,
+                                               stream=True, stream_options={"include_usage": True}))[-1]
+        check(last.usage is not None and last.usage.completion_tokens == r.usage.completion_tokens
+              and last.usage.prompt_tokens == r.usage.prompt_tokens, f"openai stream {m} with include_usage", last)
+    print("openai package: completion, chat, streamed chat (with usage) on both models", flush=True)
 
 
 def second_server():
@@ -373,7 +398,94 @@ def second_server():
     check(os.listdir(srv.spill) == [], "no spill file left after SIGTERM", os.listdir(srv.spill))
 
 
-first_server()
+def stop(srv, what):
+    srv.p.send_signal(signal.SIGTERM)
+    rc = srv.p.wait(30)
+    check(rc == 0, f"{what}: SIGTERM, exit status 0", rc)
+    check(os.listdir(srv.spill) == [], f"{what}: no spill file left", os.listdir(srv.spill))
+    return open(srv.err.name).read()
+
+
+def alternate(port, refs, what):
+    """Requests over a, b, c in turn, twice (one of each streamed): each must
+    get its model's greedy text."""
+    bad = []
+    for i, m in enumerate("abcabc"):
+        body = {"model": m, "prompt": PROMPT, "max_tokens": 12}
+        if i >= 3:
+            chunks, done = stream(port, "/v1/completions", body)
+            got = stream_text(chunks, False) if done else None
+        else:
+            st, j, b = request(port, "POST", "/v1/completions", body)
+            got = j["choices"][0]["text"] if st == 200 else (st, b[:300])
+        if got != refs[m]:
+            bad.append((m, got, refs[m]))
+    check(not bad, f"{what}: requests alternating over three models get tide run's text", bad[:2])
+    st, j, _ = request(port, "GET", "/v1/models")
+    check(st == 200 and all(isinstance(m.get("evictions"), int) for m in j["data"])
+          and sum(m["evictions"] for m in j["data"]) > 0, f"{what}: /v1/models reports evictions", j)
+    return j
+
+
+def evicting_servers(refs):
+    refs = dict(refs, c=tide_run("c", PROMPT, 12)["text"])
+    check(refs["c"] != refs["a"], "c's greedy text differs from a's (other weights)", refs["c"])
+    # --max-loaded 2 (a budget that holds all three)
+    srv = Server("lru", ["--ctx", "512", "--max-loaded", "2"], models=ALL_MODELS)
+    j = alternate(srv.port, refs, "--max-loaded 2")
+    check(sum(m["loaded"] for m in j["data"]) == 2, "--max-loaded 2: two models loaded", j)
+    text = request(srv.port, "GET", "/metrics")[2].decode()
+    n = metric(text, "tide_evictions_total")
+    check(n is not None and n >= 4, "--max-loaded 2: /metrics counts the evictions", n)
+    check(metric(text, "tide_model_evictions_total", '{model="a"}') >= 1, "--max-loaded 2: a's evictions")
+    # the minimums at this context (a and c share a shape; two of the three are loaded)
+    mins = {m: int(metric(text, "tide_model_min_bytes", f'{{model="{m}"}}') or 0) for m in "abc"}
+    mins["a"] = max(mins["a"], mins["c"])
+    # a and b held by streams their clients do not read: c has nothing to evict
+    held = [open_raw_stream(srv.port, {"model": m, "prompt": PROMPT, "max_tokens": 480}, rcvbuf=2048) for m in "ab"]
+    st, j, _ = request(srv.port, "POST", "/v1/completions", {"model": "c", "prompt": PROMPT, "max_tokens": 4})
+    msg = j["error"]["message"] if j and isinstance(j.get("error"), dict) else ""
+    check(st == 503 and "--max-loaded 2" in msg and "a (" in msg and "b (" in msg,
+          "no model idle: 503 naming the limit and the models holding it", (st, msg))
+    for h in held:
+        h.close()
+    for _ in range(200):
+        if metric(request(srv.port, "GET", "/metrics")[2].decode(), "tide_queue_depth", '{model="a"}') == 0:
+            break
+        time.sleep(0.05)
+    st, j, _ = request(srv.port, "POST", "/v1/completions", {"model": "c", "prompt": PROMPT, "max_tokens": 12})
+    check(st == 200 and j["choices"][0]["text"] == refs["c"], "c loads once a model is idle again", (st, j))
+    log = stop(srv, "--max-loaded 2")
+    check(re.search(r"evicted [ab] \(least recently used, no request\): --max-loaded 2 reached, loading c", log),
+          "--max-loaded 2: the log says which model was evicted and why", log[-600:])
+    if not check(mins["a"] and mins["b"], "the models' minimums read from /metrics", mins):
+        return
+    # a budget that holds the minimums of two of them (a and c share a shape), not of three
+    budget = 2 * mins["a"] + mins["b"] // 2
+    for policy, why in (("tide", r"the loaded models' minimums with \w's come to .*, over the budget of"),
+                        ("equal", r"the pool refused \w beside it: policy equal")):
+        srv = Server("budget-" + policy, ["--ctx", "512", "--policy", policy], models=ALL_MODELS, budget=budget)
+        alternate(srv.port, refs, f"policy {policy}, budget {budget}")
+        text = request(srv.port, "GET", "/metrics")[2].decode()
+        check((metric(text, "tide_evictions_total") or 0) > 0, f"policy {policy}: /metrics counts evictions")
+        check(metric(text, "tide_pool_time_sliced") == 0, f"policy {policy}: the loaded models fit together")
+        if policy == "equal":
+            # a and b held by streams: the pool refuses c and nothing can go
+            held = [open_raw_stream(srv.port, {"model": m, "prompt": PROMPT, "max_tokens": 480}, rcvbuf=2048)
+                    for m in "ab"]
+            st, j, _ = request(srv.port, "POST", "/v1/completions", {"model": "c", "prompt": PROMPT, "max_tokens": 4})
+            msg = j["error"]["message"] if j and isinstance(j.get("error"), dict) else ""
+            check(st == 503 and "budget of" in msg and "held by a (" in msg and "b (" in msg,
+                  "policy equal, no model idle: 503 naming the budget and the models holding it", (st, msg))
+            for h in held:
+                h.close()
+        log = stop(srv, f"policy {policy}")
+        check(re.search(r"evicted [abc] \(least recently used, no request\): " + why, log),
+              f"policy {policy}: the log says which model was evicted and why", log[-600:])
+
+
+refs = first_server()
 second_server()
+evicting_servers(refs)
 print(f"{passes} passed, {fails} failed")
 sys.exit(1 if fails else 0)

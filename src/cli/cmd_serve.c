@@ -25,31 +25,39 @@ static const char help[] =
     "                  [--host-budget BYTES] [--ssd DIRS] [--weights-on-ssd]\n"
     "                  [--policy tide|equal|serial] [--hw PROFILE] [--ctx N]\n"
     "                  [--host ADDR] [--port N] [--api-key KEY] [--queue N]\n"
+    "                  [--max-loaded N]\n"
     "                  [--max-batch 1] [--backend auto|cpu|cuda] [--threads N] [--quiet]\n"
     "\n"
     "Serves the models over HTTP with OpenAI's API, all of them under one device\n"
     "budget: a pool gives each loaded model a share of the budget and moves the\n"
     "shares as models arrive and requests queue (--policy). Each model is loaded\n"
-    "on its first request and kept; GET /v1/models says which are loaded.\n"
+    "on its first request and kept while there is room. When a request needs a\n"
+    "model that does not fit beside the loaded ones (--max-loaded; the pool\n"
+    "refusing it, policy equal; their minimums over the budget, policy tide),\n"
+    "the least recently used model with no request running or waiting is\n"
+    "evicted (logged with the reason); when every one has requests, 503.\n"
+    "GET /v1/models says which are loaded and how often each was evicted.\n"
     "\n"
     "Endpoints:\n"
     "  POST /v1/completions       {model, prompt, max_tokens (default 16),\n"
     "                             temperature (default 0: greedy), top_p, top_k,\n"
     "                             min_p, seed, stop, frequency_penalty,\n"
-    "                             presence_penalty, repetition_penalty, stream}\n"
+    "                             presence_penalty, repetition_penalty, stream,\n"
+    "                             stream_options {include_usage}}\n"
     "  POST /v1/chat/completions  {model, messages [{role: system|user|assistant,\n"
     "                             content}], the same fields; max_tokens default\n"
     "                             256}, rendered with the model's chat template\n"
-    "  GET  /v1/models            the models, and whether each is loaded\n"
+    "  GET  /v1/models            the models, whether each is loaded, its evictions\n"
     "  GET  /health               {\"status\": \"ok\"} (no key needed)\n"
     "  GET  /metrics              Prometheus text: requests by endpoint and status,\n"
     "                             tokens, queue depth, each model's share and held\n"
-    "                             bytes, replans, drifted requests\n"
+    "                             bytes, replans, drifted requests, evictions\n"
     "With \"stream\": true the answer comes as server-sent events (data: CHUNK ...\n"
     "data: [DONE]). Errors are {\"error\": {\"message\", \"type\"}} with status 400\n"
     "(malformed JSON, a field of the wrong type, a prompt longer than the\n"
     "context), 401 (--api-key), 404 (unknown model or path), 413 (a body over\n"
-    "1 MiB), 503 (--queue full) or 500.\n"
+    "1 MiB), 503 (--queue full; no room for the model while the others have\n"
+    "requests) or 500.\n"
     "\n"
     "Requests are queued per model and run one at a time through the pool: they\n"
     "are not batched into one forward yet. Requests for different models run at\n"
@@ -81,6 +89,9 @@ static const char help[] =
     "                      Bearer KEY' (401 without)\n"
     "  --queue N           requests accepted per model at once, running and waiting\n"
     "                      (default 16); more get 503\n"
+    "  --max-loaded N      models loaded at once (default 0: as many as the budget\n"
+    "                      holds); loading one more evicts the least recently\n"
+    "                      used idle one\n"
     "  --max-batch N       requests per forward: only 1 for now\n"
     "  --backend B         auto, cpu or cuda\n"
     "  --threads N         CPU threads of each model (default: all cores)\n"
@@ -100,6 +111,7 @@ static const struct option serve_options[] = {
     {"api-key", required_argument, 0, 'k'},   {"queue", required_argument, 0, 'Q'},
     {"max-batch", required_argument, 0, 'G'}, {"backend", required_argument, 0, 'b'},
     {"threads", required_argument, 0, 'T'},   {"quiet", no_argument, 0, 'q'},
+    {"max-loaded", required_argument, 0, 'L'},
     {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
 };
 
@@ -210,6 +222,12 @@ static int parse_args(int argc, char **argv, serve_args *a) {
             if (cli_parse_int(optarg, 1, 4096, &v)) return cli_usage_error("serve", "bad --threads '%s'", optarg);
             a->so.threads = (int)v;
             break;
+        case 'L':
+            if (cli_parse_int(optarg, 0, SERVE_MAX_MODELS, &v))
+                return cli_usage_error("serve", "bad --max-loaded '%s' (0 for no limit, up to %d)", optarg,
+                                       SERVE_MAX_MODELS);
+            a->so.max_loaded = (int)v;
+            break;
         case 'q': a->so.quiet = true; break;
         case 'h': fputs(help, stdout); return 0;
         default: return cli_usage_error("serve", "unknown option");
@@ -284,6 +302,7 @@ int cmd_serve(int argc, char **argv) {
         goto done;
     }
     a.so.pool = pool;
+    a.so.policy = a.po.policy;
     a.so.pool_ctx = pool_ctx;
     rc = serve_http_run(&a.so, &sigs); /* frees the pool */
 done:

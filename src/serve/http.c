@@ -14,7 +14,8 @@
  * A stream's life:
  *   handle_generate: prepared, producer started, response queued
  *   producer: events pushed (waiting while the queue is full), then the
- *     last chunk and "data: [DONE]", done set
+ *     last chunk (and the usage chunk when asked for) and "data: [DONE]",
+ *     done set
  *   stream_read: events popped; end of stream once done and empty
  *   stream_free (the daemon, when the response is destroyed: answer
  *     complete, or the client gone): cancel set, so the producer's next
@@ -100,12 +101,13 @@ char *serve_metrics_text(serve_server *s) {
     static const struct {
         const char *name, *type, *help;
     } per_model[] = {
-        {"tide_model_loaded", "gauge", "1 when the model is loaded (on its first request)."},
+        {"tide_model_loaded", "gauge", "1 when the model is loaded (on its first request, until evicted)."},
+        {"tide_model_evictions_total", "counter", "Times the model was evicted to make room for another."},
         {"tide_tokens_generated_total", "counter", "Tokens generated."},
         {"tide_prompt_tokens_total", "counter", "Prompt tokens prefilled."},
         {"tide_model_requests_total", "counter", "Generations completed."},
         {"tide_queue_depth", "gauge", "Requests accepted and not yet answered (running or waiting)."},
-        {"tide_model_waiting", "gauge", "Requests waiting in the pool for the model, room or a turn."},
+        {"tide_model_waiting", "gauge", "Requests waiting for the model's previous ones, room or a turn."},
         {"tide_model_share_bytes", "gauge", "Device bytes the pool's last partition gave the model."},
         {"tide_model_held_bytes", "gauge", "Device bytes the model holds now."},
         {"tide_model_min_bytes", "gauge", "The model's minimum device bytes."},
@@ -113,30 +115,34 @@ char *serve_metrics_text(serve_server *s) {
         {"tide_model_drifted_total", "counter", "Requests whose measured time was over 30% from the prediction."},
     };
     enum { N_PER = sizeof per_model / sizeof per_model[0] };
+    /* lru held: a loaded model's workload is not removed under the reads */
+    pthread_mutex_lock(&s->lru);
     for (int k = 0; k < N_PER; k++) {
         tb_head(&b, per_model[k].name, per_model[k].type, per_model[k].help);
         for (int i = 0; i < s->n_models; i++) {
             serve_model *m = &s->models[i];
             tide_pool_workload_stats ws = {0};
-            bool loaded = atomic_load(&m->loaded);
+            bool loaded = m->state == MODEL_LOADED;
             if (loaded) tide_pool_workload_stats_get(s->o.pool, m->w, &ws);
             double v = 0;
             switch (k) {
             case 0: v = loaded; break;
-            case 1: v = (double)atomic_load(&m->gen_tokens); break;
-            case 2: v = (double)atomic_load(&m->prompt_tokens); break;
-            case 3: v = (double)atomic_load(&m->requests); break;
-            case 4: v = atomic_load(&m->inflight); break;
-            case 5: v = ws.waiting; break;
-            case 6: v = (double)ws.share_bytes; break;
-            case 7: v = (double)ws.held_bytes; break;
-            case 8: v = (double)ws.min_bytes; break;
-            case 9: v = (double)ws.replans; break;
+            case 1: v = (double)atomic_load(&m->evictions); break;
+            case 2: v = (double)atomic_load(&m->gen_tokens); break;
+            case 3: v = (double)atomic_load(&m->prompt_tokens); break;
+            case 4: v = (double)atomic_load(&m->requests); break;
+            case 5: v = atomic_load(&m->inflight); break;
+            case 6: v = ws.waiting + atomic_load(&m->run_waiting); break;
+            case 7: v = (double)ws.share_bytes; break;
+            case 8: v = (double)ws.held_bytes; break;
+            case 9: v = (double)ws.min_bytes; break;
+            case 10: v = (double)ws.replans; break;
             default: v = (double)ws.drifted; break;
             }
             tb_printf(&b, "%s{model=\"%s\"} %.17g\n", per_model[k].name, m->name, v);
         }
     }
+    pthread_mutex_unlock(&s->lru);
     tide_pool_stats ps;
     tide_pool_stats_get(s->o.pool, &ps);
     const struct {
@@ -147,6 +153,8 @@ char *serve_metrics_text(serve_server *s) {
         {"tide_pool_held_bytes", "gauge", "Device bytes held by the models now.", (double)ps.held_bytes},
         {"tide_pool_peak_held_bytes", "gauge", "The most device bytes held at any instant.", (double)ps.peak_held_bytes},
         {"tide_pool_workloads", "gauge", "Models in the pool (loaded).", ps.n_workloads},
+        {"tide_evictions_total", "counter", "Models evicted to make room for another (--max-loaded, the budget).",
+         (double)atomic_load(&s->evictions)},
         {"tide_pool_time_sliced", "gauge", "1 when one model holds the budget at a time.", ps.time_sliced},
         {"tide_pool_partitions_total", "counter", "Re-partitions of the budget.", (double)ps.partitions},
         {"tide_replans_total", "counter", "Share changes applied to a model.", (double)ps.replans},
@@ -274,6 +282,8 @@ static void *producer(void *arg) {
         push(st, serve_error_json(&e));
     } else {
         push(st, serve_chunk_json(&st->req, st->id, st->created, NULL, res.finish, st->first));
+        if (st->req.include_usage)
+            push(st, serve_usage_chunk_json(&st->req, st->id, st->created, res.n_prompt, res.n_gen));
     }
     char *done = strdup("[DONE]");
     if (done) {
@@ -537,10 +547,14 @@ int serve_http_run(const serve_opts *o, const sigset_t *signals) {
     s->n_models = o->n_models;
     pthread_mutex_init(&s->mgmt, NULL);
     pthread_mutex_init(&s->mmu, NULL);
+    pthread_mutex_init(&s->lru, NULL);
+    pthread_cond_init(&s->lru_cv, NULL);
     for (int i = 0; i < o->n_models; i++) {
         models[i].name = o->models[i].name;
         models[i].dir = o->models[i].dir;
         pthread_mutex_init(&models[i].mu, NULL);
+        pthread_mutex_init(&models[i].run_mu, NULL);
+        pthread_cond_init(&models[i].run_cv, NULL);
     }
     int rc = 1;
     char port[16];
@@ -582,6 +596,8 @@ done:
     serve_models_free(s);
     pthread_mutex_destroy(&s->mgmt);
     pthread_mutex_destroy(&s->mmu);
+    pthread_mutex_destroy(&s->lru);
+    pthread_cond_destroy(&s->lru_cv);
     free(models);
     free(s);
     return rc;

@@ -27,6 +27,9 @@ typedef struct serve_opts {
     int max_queue;                /* requests accepted per model at once (running and
                                      waiting); more get 503 */
     int threads;                  /* CPU threads of each model (0: all) */
+    int max_loaded;               /* models loaded at once (0: as many as the budget
+                                     holds); the least recently used idle one goes */
+    tide_pool_policy policy;      /* the pool's: when minimums not fitting evicts */
     bool quiet;
 } serve_opts;
 

@@ -1,11 +1,10 @@
 /*
- * http_gen.c - `tide serve`'s models and generations: a model is loaded on
- * its first request (checkpoint, tokenizer, chat template, then
- * tide_pool_add_model) and kept; a request is prepared (prompt rendered and
- * encoded, checked against the context, its sampler made) on the thread of
- * its connection, so that what is wrong with it is answered with a status
- * before any stream begins, and then run through the pool, its text made by
- * the CLI's cli_textout (stop strings held back until they cannot match).
+ * http_gen.c - `tide serve`'s generations: a request is prepared (its model
+ * acquired and held loaded, http_models.c; the prompt rendered and encoded,
+ * checked against the context, its sampler made) on the thread of its
+ * connection, so that what is wrong with it is answered with a status before
+ * any stream begins, and then run through the pool, its text made by the
+ * CLI's cli_textout (stop strings held back until they cannot match).
  *
  * The prompt is encoded as `tide run` encodes it: a completion's prompt with
  * the tokenizer's special tokens added (the BOS), a chat rendered by the
@@ -15,7 +14,7 @@
  * completion equals `tide run --prompt` on the same model, text for text.
  *
  * Threads: requests of every model run at once, each on its own thread; the
- * pool runs those of one model one at a time. A tokenizer encodes on one
+ * requests of one model take turns (turn_take), one at a time in the pool. A tokenizer encodes on one
  * thread at a time (serve_model.mu); decoding (one tide_detok per request)
  * only reads it.
  */
@@ -24,81 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void unload(serve_model *m) {
-    free(m->stop_ids);
-    free(m->chat_stop_ids);
-    tide_chat_template_free(m->tmpl);
-    tide_tokenizer_free(m->tok);
-    tide_checkpoint_free(m->ck);
-    m->stop_ids = m->chat_stop_ids = NULL;
-    m->tmpl = NULL;
-    m->tok = NULL;
-    m->ck = NULL;
-    m->w = NULL;
-}
-
-/* Loads m (m->mu held). Returns 0 or -1 with *e filled; on failure nothing
- * is kept, so that a later request tries again. */
-static int load(serve_server *s, serve_model *m, serve_error *e) {
-    if (!m->ctx && !(m->ctx = tide_ctx_new())) return serve_fail(e, 500, "server_error", "out of memory");
-    if (tide_checkpoint_open(m->ctx, m->dir, &m->ck) || tide_checkpoint_prefetch(m->ck)) {
-        serve_fail(e, 500, "server_error", "cannot load the model '%s' from %s: %s", m->name, m->dir,
-                   tide_ctx_last_error(m->ctx));
-        goto fail;
-    }
-    const tide_llama_config *cfg = tide_checkpoint_config(m->ck);
-    if (tide_tokenizer_open(m->ctx, m->dir, &m->tok)) {
-        serve_fail(e, 500, "server_error", "the model '%s' has no usable tokenizer: %s", m->name,
-                   tide_ctx_last_error(m->ctx));
-        goto fail;
-    }
-    if (tide_tokenizer_n_vocab(m->tok) > cfg->vocab_size) {
-        serve_fail(e, 500, "server_error", "the model '%s': the tokenizer's %d ids exceed the model's vocabulary of "
-                   "%d: they do not belong together", m->name, tide_tokenizer_n_vocab(m->tok), cfg->vocab_size);
-        goto fail;
-    }
-    if (tide_chat_template_get(m->ctx, m->tok, NULL, &m->tmpl)) {
-        snprintf(m->tmpl_err, sizeof m->tmpl_err, "%s", tide_ctx_last_error(m->ctx));
-        m->tmpl = NULL;
-    }
-    int max_pos = cfg->max_position_embeddings;
-    m->ctx_len = s->o.ctx_len ? s->o.ctx_len : max_pos < 4096 ? max_pos : 4096;
-    if (m->ctx_len > max_pos) {
-        serve_fail(e, 500, "server_error", "the model '%s' has %d positions, fewer than --ctx %d", m->name, max_pos,
-                   m->ctx_len);
-        goto fail;
-    }
-    if (cli_stop_ids(m->tok, NULL, &m->stop_ids, &m->n_stop_ids) ||
-        cli_stop_ids(m->tok, m->tmpl, &m->chat_stop_ids, &m->n_chat_stop_ids)) {
-        serve_fail(e, 500, "server_error", "out of memory");
-        goto fail;
-    }
-    tide_model_opts mo = {.max_batch = 1, .ctx_len = m->ctx_len};
-    pthread_mutex_lock(&s->mgmt);
-    tide_status st = tide_pool_add_model(s->o.pool, m->name, m->ck, &mo, &m->w);
-    if (st)
-        serve_fail(e, 500, "server_error", "cannot add the model '%s' to the pool: %s", m->name,
-                   tide_ctx_last_error(s->o.pool_ctx));
-    pthread_mutex_unlock(&s->mgmt);
-    if (st) goto fail;
-    tide_ctx_set_threads(tide_pool_workload_ctx(m->w), s->o.threads);
-    atomic_store(&m->loaded, true);
-    if (!s->o.quiet) fprintf(stderr, "tide serve: loaded %s from %s (context %d)\n", m->name, m->dir, m->ctx_len);
-    return 0;
-fail:
-    if (!s->o.quiet) fprintf(stderr, "tide serve: %s\n", e->msg);
-    unload(m);
-    return -1;
-}
-
-static int ensure_loaded(serve_server *s, serve_model *m, serve_error *e) {
-    if (atomic_load(&m->loaded)) return 0;
-    pthread_mutex_lock(&m->mu);
-    int rc = atomic_load(&m->loaded) ? 0 : load(s, m, e);
-    pthread_mutex_unlock(&m->mu);
-    return rc;
-}
 
 /* Encodes text (m->mu held) into p->ids. */
 static int encode(serve_model *m, const char *text, size_t len, unsigned flags, serve_prepared *p, serve_error *e) {
@@ -118,7 +42,9 @@ static int encode(serve_model *m, const char *text, size_t len, unsigned flags, 
 int serve_prepare(serve_server *s, const serve_request *r, serve_prepared *p, serve_error *e) {
     memset(p, 0, sizeof *p);
     serve_model *m = p->m = r->model;
-    if (ensure_loaded(s, m, e)) return -1;
+    p->s = s;
+    if (serve_model_acquire(s, m, e)) return -1;
+    p->held = true;
     if (!(p->ctx = tide_ctx_new())) return serve_fail(e, 500, "server_error", "out of memory");
     char *chat = NULL;
     size_t len = 0;
@@ -186,6 +112,31 @@ static int on_token(void *user, int32_t id) {
     return 0;
 }
 
+/* A request's turn at its model, first come, first served: the pool runs a
+ * model's requests one at a time anyway, and taking the turn here too is
+ * what makes a failure's message the request's own. The pool records it on
+ * the workload's context, which every request of the model shares and the
+ * next one may overwrite as soon as the pool lets it run, i.e. before this
+ * thread has read it; under the turn, no request of the model runs until the
+ * message is copied. The pool still sees every model that has requests
+ * waiting (the one whose turn it is waits in the pool), so its shares and
+ * turns between models are what they were. */
+static void turn_take(serve_model *m) {
+    pthread_mutex_lock(&m->run_mu);
+    uint64_t t = m->run_next++;
+    atomic_fetch_add(&m->run_waiting, 1);
+    while (m->run_serving != t) pthread_cond_wait(&m->run_cv, &m->run_mu);
+    atomic_fetch_sub(&m->run_waiting, 1);
+    pthread_mutex_unlock(&m->run_mu);
+}
+
+static void turn_pass(serve_model *m) {
+    pthread_mutex_lock(&m->run_mu);
+    m->run_serving++;
+    pthread_cond_broadcast(&m->run_cv);
+    pthread_mutex_unlock(&m->run_mu);
+}
+
 int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const char *piece, size_t n), void *user,
               const atomic_bool *cancel, serve_result *res, serve_error *e) {
     serve_model *m = p->m;
@@ -200,13 +151,18 @@ int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const
     tide_gen_stats st;
     int n_out = 0;
     tide_status ts = TIDE_OK;
+    char msg[400] = "";
+    turn_take(m);
     if (atomic_load(&s->stopping)) rs.cancelled = true; /* not started: nothing to cancel mid-way */
     else ts = tide_pool_generate(s->o.pool, m->w, p->ids, p->n_ids, p->max_new, &go, gen, &n_out, &st);
+    if (ts) snprintf(msg, sizeof msg, "%s", tide_ctx_last_error(tide_pool_workload_ctx(m->w)));
+    turn_pass(m);
     free(gen);
-    if (!ts && p->out.err) ts = p->out.err;
-    if (ts)
-        return serve_fail(e, 500, "server_error", "generation failed (%s): %s", tide_status_str(ts),
-                          tide_ctx_last_error(tide_pool_workload_ctx(m->w)));
+    if (!ts && p->out.err) {
+        ts = p->out.err;
+        snprintf(msg, sizeof msg, "decoding the generated tokens into text failed");
+    }
+    if (ts) return serve_fail(e, 500, "server_error", "generation failed (%s): %s", tide_status_str(ts), msg);
     cli_textout_finish(&p->out);
     res->text = p->out.text;
     res->cancelled = rs.cancelled;
@@ -220,19 +176,10 @@ int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const
 }
 
 void serve_prepared_free(serve_prepared *p) {
+    if (p->held) serve_model_release(p->s, p->m);
     if (p->out_ready) cli_textout_free(&p->out);
     tide_sampler_free(p->sampler);
     tide_ctx_free(p->ctx);
     free(p->ids);
     memset(p, 0, sizeof *p);
-}
-
-void serve_models_free(serve_server *s) {
-    for (int i = 0; i < s->n_models; i++) {
-        serve_model *m = &s->models[i];
-        unload(m);
-        tide_ctx_free(m->ctx);
-        m->ctx = NULL;
-        pthread_mutex_destroy(&m->mu);
-    }
 }

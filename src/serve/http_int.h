@@ -23,11 +23,27 @@
 #define SERVE_DEFAULT_MAX_TOKENS 16      /* /v1/completions without max_tokens */
 #define SERVE_CHAT_MAX_TOKENS 256        /* /v1/chat/completions without it */
 
-/* One --model NAME=DIR, loaded on its first request and kept. */
+/* Where a model is (http_models.c has the diagram); under serve_server.lru. */
+typedef enum serve_model_state {
+    MODEL_UNLOADED = 0,
+    MODEL_LOADING,                /* one thread loads it; the others wait */
+    MODEL_LOADED,
+    MODEL_EVICTING,               /* one thread removes it; the others wait */
+} serve_model_state;
+
+/* One --model NAME=DIR, loaded on its first request, kept while the budget
+ * (and --max-loaded) leaves room, evicted when idle and another needs it. */
 typedef struct serve_model {
     const char *name, *dir;
-    pthread_mutex_t mu;           /* loading; the tokenizer's encoder (one thread) */
-    atomic_bool loaded;
+    pthread_mutex_t mu;           /* the tokenizer's encoder (one thread) */
+    serve_model_state state;      /* under serve_server.lru, as users and last_used */
+    int users;                    /* prepared requests holding it loaded */
+    uint64_t last_used;           /* serve_server.tick at its last use */
+    atomic_llong evictions;
+    pthread_mutex_t run_mu;       /* its requests' turns: one in the pool at a time */
+    pthread_cond_t run_cv;
+    uint64_t run_next, run_serving; /* tickets (under run_mu): first come, first served */
+    atomic_int run_waiting;       /* requests waiting here for their turn */
     tide_ctx *ctx;                /* loading's and the tokenizer's errors */
     tide_checkpoint *ck;
     tide_tokenizer *tok;
@@ -54,6 +70,10 @@ typedef struct serve_server {
     serve_model *models;
     int n_models;
     pthread_mutex_t mgmt;         /* the pool's management calls and its context */
+    pthread_mutex_t lru;          /* the models' state, users, last_used; tick */
+    pthread_cond_t lru_cv;        /* broadcast when a model leaves LOADING or EVICTING */
+    uint64_t tick;
+    atomic_llong evictions;
     struct MHD_Daemon *d;
     atomic_bool stopping;         /* shutting down: generations stop at their next token */
     atomic_llong next_id;
@@ -77,6 +97,7 @@ int serve_fail(serve_error *e, int status, const char *type, const char *fmt, ..
 /* A parsed /v1/completions or /v1/chat/completions request. */
 typedef struct serve_request {
     bool chat, stream;
+    bool include_usage;           /* stream_options.include_usage */
     serve_model *model;
     char *prompt;                 /* completions: the prompt (malloc'd) */
     tide_chat_msg *msgs;          /* chat: roles and contents (malloc'd) */
@@ -104,10 +125,28 @@ char *serve_answer_json(const serve_request *r, const char *id, time_t created, 
  * (text NULL, finish set); `first` adds the chat delta's role. */
 char *serve_chunk_json(const serve_request *r, const char *id, time_t created, const char *text, const char *finish,
                        bool first);
+/* With stream_options.include_usage, OpenAI's last chunk before [DONE]: no
+ * choices, the request's usage (the chunks before carry "usage": null). */
+char *serve_usage_chunk_json(const serve_request *r, const char *id, time_t created, int n_prompt, int n_gen);
+
+/* http_models.c: makes m loaded and holds it so (m->users) until
+ * serve_model_release: waits while another thread loads or evicts it, loads
+ * it otherwise, evicting idle models first when --max-loaded or the budget
+ * asks. Returns 0, or -1 with *e filled (503: every model that would have to
+ * go has requests; 500: it cannot be loaded). */
+int serve_model_acquire(serve_server *s, serve_model *m, serve_error *e);
+void serve_model_release(serve_server *s, serve_model *m);
+/* Whether m is loaded now (a snapshot). */
+bool serve_model_loaded(serve_server *s, serve_model *m);
+/* Unloads what m holds of its own (checkpoint, tokenizer, ...; its workload
+ * must already be out of the pool, or the pool freed). */
+void serve_model_unload(serve_model *m);
 
 /* A request made ready to run (http_gen.c): the prompt's ids, its sampler. */
 typedef struct serve_prepared {
+    serve_server *s;
     serve_model *m;
+    bool held;                    /* m acquired: released by serve_prepared_free */
     int32_t *ids;
     int n_ids;
     int max_new;
@@ -127,7 +166,7 @@ typedef struct serve_result {
     bool cancelled;               /* stopped by the client leaving or by shutdown */
 } serve_result;
 
-/* Loads the request's model if it is not yet (tide_pool_add_model), renders
+/* Acquires the request's model (serve_model_acquire), renders
  * and encodes its prompt, checks it against the context and makes its
  * sampler. Returns 0, or -1 with *e filled. */
 int serve_prepare(serve_server *s, const serve_request *r, serve_prepared *p, serve_error *e);

@@ -9,11 +9,11 @@
  * or an array of text parts), max_tokens (max_completion_tokens),
  * temperature, top_p, top_k, min_p, seed, stop (a string or an array of up
  * to CLI_MAX_STOPS), frequency_penalty, presence_penalty,
- * repetition_penalty (repeat_penalty), stream, n and best_of (1 only).
+ * repetition_penalty (repeat_penalty), stream, stream_options
+ * (include_usage), n and best_of (1 only).
  * echo, logprobs, top_logprobs, suffix, tools and functions, when asked for,
- * are refused (400); other fields are ignored (user, logit_bias,
- * stream_options, ...), as OpenAI's clients send fields a server may not
- * know.
+ * are refused (400); other fields are ignored (user, logit_bias, ...), as
+ * OpenAI's clients send fields a server may not know.
  */
 #include "serve/http_int.h"
 
@@ -167,6 +167,13 @@ static int parse_sampling(const cJSON *o, serve_request *r, serve_error *e) {
     const cJSON *f = field(o, "stream");
     if (f && !cJSON_IsBool(f)) return bad(e, "'%s' must be true or false", "stream");
     r->stream = f && cJSON_IsTrue(f);
+    if ((f = field(o, "stream_options"))) {
+        if (!cJSON_IsObject(f)) return bad(e, "'%s' must be an object", "stream_options");
+        if (!r->stream) return bad(e, "'%s' is taken only with \"stream\": true", "stream_options");
+        const cJSON *u = field(f, "include_usage");
+        if (u && !cJSON_IsBool(u)) return bad(e, "'%s' must be true or false", "stream_options.include_usage");
+        r->include_usage = u && cJSON_IsTrue(u);
+    }
     return parse_stops(o, r, e);
 }
 
@@ -256,7 +263,8 @@ char *serve_models_json(serve_server *s) {
         cJSON_AddStringToObject(m, "object", "model");
         cJSON_AddNumberToObject(m, "created", 0);
         cJSON_AddStringToObject(m, "owned_by", "tide");
-        cJSON_AddBoolToObject(m, "loaded", atomic_load(&s->models[i].loaded));
+        cJSON_AddBoolToObject(m, "loaded", serve_model_loaded(s, &s->models[i]));
+        cJSON_AddNumberToObject(m, "evictions", (double)atomic_load(&s->models[i].evictions));
         cJSON_AddItemToArray(data, m);
     }
     return print_free(o);
@@ -269,6 +277,13 @@ static cJSON *head(const serve_request *r, const char *id, time_t created, const
     cJSON_AddNumberToObject(o, "created", (double)created);
     cJSON_AddStringToObject(o, "model", r->model->name);
     return o;
+}
+
+static void add_usage(cJSON *o, int n_prompt, int n_gen) {
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", n_gen);
+    cJSON_AddNumberToObject(u, "total_tokens", n_prompt + n_gen);
 }
 
 char *serve_answer_json(const serve_request *r, const char *id, time_t created, const char *text,
@@ -286,10 +301,7 @@ char *serve_answer_json(const serve_request *r, const char *id, time_t created, 
         cJSON_AddNullToObject(c, "logprobs");
     }
     cJSON_AddStringToObject(c, "finish_reason", finish);
-    cJSON *u = cJSON_AddObjectToObject(o, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", n_gen);
-    cJSON_AddNumberToObject(u, "total_tokens", n_prompt + n_gen);
+    add_usage(o, n_prompt, n_gen);
     return print_free(o);
 }
 
@@ -309,5 +321,13 @@ char *serve_chunk_json(const serve_request *r, const char *id, time_t created, c
     }
     if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
     else cJSON_AddNullToObject(c, "finish_reason");
+    if (r->include_usage) cJSON_AddNullToObject(o, "usage");
+    return print_free(o);
+}
+
+char *serve_usage_chunk_json(const serve_request *r, const char *id, time_t created, int n_prompt, int n_gen) {
+    cJSON *o = head(r, id, created, r->chat ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddArrayToObject(o, "choices");
+    add_usage(o, n_prompt, n_gen);
     return print_free(o);
 }
