@@ -540,10 +540,10 @@ static void test_offload_bit_identical(void **state) {
     assert_int_equal(train_run(ctx, &f, be, NULL, steps, NULL, NULL, 0, &ref), TIDE_OK);
     uint64_t state_bytes = 0;
     for (int i = 0; i < ref.n; i++) state_bytes += ref.bytes[i];
-    static const char *const policies[] = {"tide", "static-layer", "lru"};
+    static const char *const policies[] = {"tide", "static-layer", "lru", "checkpoint-layer"};
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     int n_runs = 0;
-    for (int pi = 0; pi < 3; pi++)
+    for (int pi = 0; pi < 4; pi++)
         for (int bi = 0; bi < 3; bi++)
             for (int ssd = 0; ssd < 2; ssd++) {
                 tide_offload_opts off = {.policy = policies[pi], .hw = "h100-80g", .ssd_dirs = tmp};

@@ -159,7 +159,7 @@ static void horizon_floor(engine *e, horizon *h) {
     int a = h->a, f = -1, fmin = TIDE_NEVER;
     int lo = a - HORIZON_FLOOR_STEPS > e->exec ? a - HORIZON_FLOOR_STEPS : e->exec;
     for (int s = a - 1; s >= lo; s--) {
-        const tide_op *op = &e->g->ops[s % e->n_ops];
+        const tide_op *op = engine_op(e, s);
         for (int k = 0; k < op->n_in + op->n_out; k++) {
             int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
             if (!e->t[t].blk) continue;
@@ -241,7 +241,7 @@ static int prepare(engine *e, int a, bool forced) {
      * and it drops the device copies of what it writes) */
     if (engine_on_host(e, a)) return a == e->exec;
     if (e->host_op && a > e->exec && next_host_step(e, e->exec) < a) return 0;
-    const tide_op *op = &e->g->ops[a % e->n_ops];
+    const tide_op *op = engine_op(e, a);
     int ts[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
     int n = 0;
     for (int k = 0; k < op->n_in + op->n_out; k++) {
@@ -485,6 +485,7 @@ static tide_status plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan
         switch (o->policy) {
         case TIDE_POLICY_STATIC_LAYER: st = policy_static_layer(&e, NULL); break;
         case TIDE_POLICY_LRU: st = policy_lru(&e); break;
+        case TIDE_POLICY_CHECKPOINT_LAYER: st = policy_lru(&e); break; /* over the recomputation schedule */
         default: st = policy_tide(&e); break;
         }
     }
