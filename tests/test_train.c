@@ -8,7 +8,8 @@
  *     losses and gradient norms, the gradients of step 1 and the parameters,
  *     master weights and moments after the last step; tide's resident CPU
  *     trainer matches them within the tolerances below;
- *   - bit-identity: offloaded steps (every policy; 50%, 25% and the minimum
+ *   - bit-identity: offloaded steps (every policy, checkpoint-layer's
+ *     recomputed activations included; 50%, 25% and the minimum
  *     budget; training state homed on host and on SSD) against the
  *     unconstrained run, every step's loss and gradient norm and every
  *     persistent tensor at the end, bit for bit;
@@ -542,7 +543,7 @@ static void test_offload_bit_identical(void **state) {
     for (int i = 0; i < ref.n; i++) state_bytes += ref.bytes[i];
     static const char *const policies[] = {"tide", "static-layer", "lru", "checkpoint-layer"};
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    int n_runs = 0;
+    int n_runs = 0, n_ckpt = 0;
     for (int pi = 0; pi < 4; pi++)
         for (int bi = 0; bi < 3; bi++)
             for (int ssd = 0; ssd < 2; ssd++) {
@@ -570,8 +571,10 @@ static void test_offload_bit_identical(void **state) {
                 assert_same(&r, &ref, 0, steps, what);
                 run_out_free(&r);
                 n_runs++;
+                n_ckpt += pi == 3;
             }
     assert_true(n_runs >= 12);
+    assert_int_equal(n_ckpt, 6); /* recomputed activations: every budget, state on host and SSD */
     run_out_free(&ref);
     tide_backend_free(be);
     fixture_close(&f);

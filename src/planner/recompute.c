@@ -28,10 +28,12 @@
  *
  * Layer checkpointing (recompute_schedule_layers, the checkpoint-layer
  * policy): a layer's ops form contiguous runs (a training step: its forward
- * run, later its backward run, per micro-batch). Before each run, the TEMP
- * tensors it reads that an earlier run of the same layer produced are
- * recomputed: their producers and, transitively, the producers of those
- * producers' inputs inside the same run. What the chain reads from outside
+ * run, later its backward run, per micro-batch, and its optimizer updates).
+ * A forward run reads no TEMP an earlier run of its layer made. Before each
+ * run, the TEMP tensors it reads that an earlier forward run of the same
+ * layer produced are recomputed: their producers and, transitively, the
+ * producers of those producers' inputs inside the same run (never a backward
+ * op: the gradients the optimizer reads are kept). What the chain reads from outside
  * that run (the layer's input, the weights) is kept. Ops for which R2 or R3
  * fails are not recomputed: their outputs are kept instead.
  */
@@ -47,6 +49,8 @@ typedef struct rc_build {
                         input k before this op, -1 none */
     int *writer;     /* per tensor, during the walk: last op writing it */
     int *mark;       /* per op: run before which it is recomputed (the current one), else -1 */
+    bool *fwd;       /* per run: a forward run (reads no TEMP an earlier run of its
+                        layer made) */
     int *ok_run;     /* per op: run for which ok[] holds, -1 */
     bool *ok;
     int *wstart;     /* (n_tensors + 1): writers of t are wop[wstart[t] .. wstart[t+1]) */
@@ -114,6 +118,7 @@ tide_status recompute_schedule_layers(tide_ctx *ctx, const tide_graph *g, int **
     B.writer = tide_malloc(st * sizeof *B.writer);
     B.mark = tide_malloc(so * sizeof *B.mark);
     B.ok_run = tide_malloc(so * sizeof *B.ok_run);
+    B.fwd = tide_malloc(so * sizeof *B.fwd);
     B.ok = tide_malloc(so * sizeof *B.ok);
     int n_w = 0;
     for (int i = 0; i < no; i++) n_w += g->ops[i].n_out;
@@ -121,7 +126,7 @@ tide_status recompute_schedule_layers(tide_ctx *ctx, const tide_graph *g, int **
     B.wop = tide_malloc((size_t)(n_w ? n_w : 1) * sizeof *B.wop);
     int *sched = NULL;
     tide_status rc = TIDE_OK;
-    if (!B.run || !B.run_start || !B.prod || !B.writer || !B.mark || !B.ok_run || !B.ok || !B.wstart || !B.wop) {
+    if (!B.run || !B.run_start || !B.prod || !B.writer || !B.mark || !B.ok_run || !B.ok || !B.fwd || !B.wstart || !B.wop) {
         rc = tide_err(ctx, TIDE_E_NOMEM, "out of memory building a recomputation schedule");
         goto out;
     }
@@ -155,6 +160,19 @@ tide_status recompute_schedule_layers(tide_ctx *ctx, const tide_graph *g, int **
             B.writer[t] = c + 1;
         }
     }
+    /* Forward runs: only their ops are recomputed (a backward run reads the
+     * activations of its layer's forward; the optimizer's, the gradients
+     * the backward made: recomputing those would run the backward twice). */
+    for (int r = 0; r < n_runs; r++) B.fwd[r] = true;
+    for (int i = 0; i < no; i++) {
+        const tide_op *op = &g->ops[i];
+        for (int k = 0; k < op->n_in && B.run[i] >= 0; k++) {
+            int w = B.prod[(size_t)i * TIDE_OP_MAX_IN + k];
+            if (w >= 0 && B.run[w] >= 0 && B.run[w] != B.run[i] && g->ops[w].layer == op->layer &&
+                g->tensors[op->in[k]].role == TIDE_ROLE_TEMP)
+                B.fwd[B.run[i]] = false;
+        }
+    }
     /* Marks per run, then the schedule: each run's recomputations (graph
      * order) before its first op. At most every op again per run. */
     int n_extra = 0;
@@ -168,7 +186,7 @@ tide_status recompute_schedule_layers(tide_ctx *ctx, const tide_graph *g, int **
                     const tide_op *op = &g->ops[j];
                     for (int k = 0; k < op->n_in; k++) {
                         int w = B.prod[(size_t)j * TIDE_OP_MAX_IN + k];
-                        if (w >= 0 && B.run[w] >= 0 && B.run[w] != r && g->ops[w].layer == l &&
+                        if (w >= 0 && B.run[w] >= 0 && B.run[w] != r && B.fwd[B.run[w]] && g->ops[w].layer == l &&
                             g->tensors[op->in[k]].role == TIDE_ROLE_TEMP)
                             rc_mark(&B, w, a, r);
                     }
@@ -212,6 +230,7 @@ out:
     tide_free(B.mark);
     tide_free(B.ok_run);
     tide_free(B.ok);
+    tide_free(B.fwd);
     tide_free(B.wstart);
     tide_free(B.wop);
     return rc;
