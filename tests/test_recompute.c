@@ -11,9 +11,12 @@
  *     activation) and it stores no activation; at its own peak, where lru
  *     must evict, it moves fewer bytes over the host link than lru;
  *   - on a graph with no backward (inference) the schedule is the graph's:
- *     the same plan as lru, instruction for instruction.
- * Bit-identity of checkpoint-layer steps against the resident step is in
- * test_train.c (test_offload_bit_identical); a planted recomputation from a
+ *     the same plan as lru, instruction for instruction;
+ *   - the tide policy's cheap recomputation, on a slow host link: recomputes,
+ *     verifies, and the plan tide_plan_make keeps is no slower.
+ * Bit-identity of checkpoint-layer steps and of tide steps that recompute
+ * against the resident step is in test_train.c (test_offload_bit_identical,
+ * test_tide_recompute_bit_identical); a planted recomputation from a
  * stale input is rejected in test_verify.c (test_recompute).
  */
 #include <setjmp.h>
@@ -55,6 +58,12 @@ static tide_llama_config tiny_cfg(int layers) {
     snprintf(c.name, sizeof c.name, "tiny");
     return c;
 }
+
+#define CHECK_OK(ctx, expr)                                                                    \
+    do {                                                                                       \
+        tide_status st_ = (expr);                                                              \
+        if (st_) fail_msg("%s: %s (%s)", #expr, tide_status_str(st_), tide_ctx_last_error(ctx)); \
+    } while (0)
 
 static tide_plan *plan_verified(tide_ctx *ctx, const tide_graph *g, tide_policy pol, uint64_t budget) {
     tide_hw hw = test_hw();
@@ -158,6 +167,35 @@ static void test_checkpoint_layer_train(void **state) {
     tide_ctx_free(ctx);
 }
 
+/* The tide policy's cheap recomputation (recompute_cheap, which
+ * tide_plan_make tries by itself): on a slow host link (20 MB/s) cheap
+ * producers are recomputed, their plans verify, and tide_plan_make keeps a
+ * plan no slower than either. */
+static void test_tide_cheap(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_llama_config cfg = tiny_cfg(2);
+    tide_llama_train_opts to = {.batch = 8, .seq = 64, .accum = 1, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                .weight_decay = 0.1f, .grad_clip = 1.0f};
+    tide_graph *g = NULL;
+    assert_int_equal(tide_llama_build_train(ctx, &cfg, &to, &g), TIDE_OK);
+    tide_hw hw = test_hw();
+    hw.h2d_bw = hw.d2h_bw = 2e7;
+    tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .device_budget = all_bytes(g) / 4, .n_iter = 2, .hw = &hw};
+    tide_plan *best = NULL, *cheap = NULL;
+    CHECK_OK(ctx, tide_plan_make(ctx, g, &o, &best));
+    o.recompute_cheap = true;
+    CHECK_OK(ctx, tide_plan_make(ctx, g, &o, &cheap));
+    CHECK_OK(ctx, tide_plan_verify(best));
+    CHECK_OK(ctx, tide_plan_verify(cheap));
+    assert_true(check_recomputations(cheap) > 0);
+    assert_true(best->stats.makespan_s <= cheap->stats.makespan_s);
+    tide_plan_free(best);
+    tide_plan_free(cheap);
+    tide_graph_free(g);
+    tide_ctx_free(ctx);
+}
+
 /* Without a backward there is nothing to recompute: the same plan as lru. */
 static void test_checkpoint_layer_inference(void **state) {
     (void)state;
@@ -187,6 +225,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpoint_layer_train),
         cmocka_unit_test(test_checkpoint_layer_inference),
+        cmocka_unit_test(test_tide_cheap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -338,7 +338,7 @@ static tide_status choose_residents(engine *e) {
     int64_t live = 0;
     uint64_t w0 = 0, wprev = 0;
     for (int i = 0; i < n; i++) {
-        const tide_op *op = &g->ops[i];
+        const tide_op *op = engine_op(e, i); /* position i of iteration 0 */
         live += delta[i];
         /* a shared scratch is reserved already, below */
         act = TIDE_MAX(act, (uint64_t)live + (e->sp.shared ? 0 : tide_plan_align(op->scratch_bytes)));
@@ -378,7 +378,7 @@ static tide_status choose_residents(engine *e) {
     /* candidates in order of first use (counting sort by op) */
     int m = 0;
     for (int i = 0; i < n; i++) {
-        const tide_op *op = &g->ops[i];
+        const tide_op *op = engine_op(e, i);
         for (int k = 0; k < op->n_in + op->n_out; k++) {
             int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
             tide_role r = g->tensors[t].role;
@@ -503,22 +503,41 @@ static tide_status plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan
  * static-layer policy) at the same budget and keeps whichever plan finishes
  * first: where whole layers fit and double buffering hides every load, that
  * regular schedule can beat fine-grained paging by a hair, and tide should
- * never lose to a baseline it can compute. */
+ * never lose to a baseline it can compute. Likewise with cheap recomputation
+ * (recompute.c: an activation whose producer costs less than its round trip
+ * over the host link is dropped after the forward and made again before its
+ * backward), when the graph has such activations and the budget cannot hold
+ * the plan without spilling: the simulated makespans decide whether what
+ * recomputing costs is repaid by transfers that would not have hidden. */
 tide_status tide_plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, tide_plan **out) {
     double t0 = tide_now();
     tide_status st = plan_make(ctx, g, opts, true, out);
-    if (st || opts->policy != TIDE_POLICY_TIDE || opts->host_ops || opts->host_addressable || opts->warm_off ||
-        opts->warm_region || opts->shared_scratch)
+    if (st || opts->policy != TIDE_POLICY_TIDE || opts->host_addressable || opts->warm_off || opts->warm_region ||
+        opts->shared_scratch)
         return st;
-    tide_plan_opts so = *opts;
-    so.policy = TIDE_POLICY_STATIC_LAYER;
     tide_plan *alt = NULL;
-    if (plan_make(ctx, g, &so, true, &alt) == TIDE_OK && alt->stats.makespan_s < (*out)->stats.makespan_s) {
-        tide_plan_free(*out);
-        alt->policy = TIDE_POLICY_TIDE;
-        *out = alt;
-    } else {
-        tide_plan_free(alt);
+    if (!opts->host_ops && !opts->recompute_cheap) {
+        tide_plan_opts so = *opts;
+        so.policy = TIDE_POLICY_STATIC_LAYER;
+        if (plan_make(ctx, g, &so, true, &alt) == TIDE_OK && alt->stats.makespan_s < (*out)->stats.makespan_s) {
+            tide_plan_free(*out);
+            alt->policy = TIDE_POLICY_TIDE;
+            *out = alt;
+        } else {
+            tide_plan_free(alt);
+        }
+    }
+    const tide_plan_stats *ps = &(*out)->stats;
+    if (!opts->recompute_cheap && ps->bytes_d2h + ps->bytes_ssd_write > 0) {
+        tide_plan_opts ro = *opts;
+        ro.recompute_cheap = true;
+        alt = NULL;
+        if (plan_make(ctx, g, &ro, true, &alt) == TIDE_OK && alt->stats.makespan_s < (*out)->stats.makespan_s) {
+            tide_plan_free(*out);
+            *out = alt;
+        } else {
+            tide_plan_free(alt);
+        }
     }
     tide_err_clear(ctx);
     (*out)->stats.plan_seconds = tide_now() - t0;

@@ -534,7 +534,9 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
     if (o->policy == TIDE_POLICY_CHECKPOINT_LAYER) {
         if (o->host_ops)
             return tide_err(ctx, TIDE_E_INVALID, "plan: the checkpoint-layer policy does not place ops on the host");
-        if ((st = recompute_schedule_layers(ctx, g, &e->sched, &n_pos))) return st;
+        if ((st = recompute_schedule(ctx, g, NULL, &e->sched, &n_pos))) return st;
+    } else if (o->policy == TIDE_POLICY_TIDE && o->recompute_cheap) {
+        if ((st = recompute_schedule(ctx, g, o->hw, &e->sched, &n_pos))) return st;
     }
     st = tide_lifetime_build_sched(ctx, g, e->sched, n_pos, o->n_iter, &e->lt);
     if (st) return st;
@@ -656,10 +658,11 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
     p->host_addressable = o->host_addressable;
     e->host_op = o->host_ops;
     if (e->host_op) {
-        if (!(e->next_host = tide_malloc((size_t)(g->n_ops + 1) * sizeof *e->next_host)))
+        if (!(e->next_host = tide_malloc((size_t)(e->n_ops + 1) * sizeof *e->next_host)))
             return tide_err(ctx, TIDE_E_NOMEM, "out of memory planning");
-        e->next_host[g->n_ops] = g->n_ops;
-        for (int i = g->n_ops - 1; i >= 0; i--) e->next_host[i] = e->host_op[i] ? i : e->next_host[i + 1];
+        e->next_host[e->n_ops] = e->n_ops;
+        for (int i = e->n_ops - 1; i >= 0; i--)
+            e->next_host[i] = e->host_op[e->sched ? e->sched[i] : i] ? i : e->next_host[i + 1];
     }
     uint64_t reserved = 0; /* for the whole plan: no op's working set may use it */
     if (o->warm_off && (st = place_warm(e, o->warm_off, &reserved))) return st;

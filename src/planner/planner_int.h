@@ -149,8 +149,8 @@ typedef struct engine {
                                      use of each iteration and loaded again in the next */
     bool lru_loads;               /* LOADs wait for the previous COMPUTE (on demand) */
     const bool *host_op;          /* per op, or NULL: computed on the host CPU */
-    int *next_host;               /* with host_op: per op o, the first op >= o placed on
-                                     the host (n_ops: none) */
+    int *next_host;               /* with host_op: per position o, the first position >= o
+                                     whose op is placed on the host (n_ops: none) */
     int *vict;                    /* alloc_block's: victims of one eviction window */
     int cap_vict;
     tide_status st;               /* first failure */
@@ -327,10 +327,11 @@ bool engine_check(const engine *e);
 
 /* The policies. Each plans into e (already initialised). */
 tide_status policy_tide(engine *e);
-/* The layer-checkpointing schedule of g (recompute.c): *sched (n_pos
- * positions, allocated) names the op of each position of an iteration.
- * TIDE_OK, TIDE_E_NOMEM or TIDE_E_INVALID (too long). */
-tide_status recompute_schedule_layers(tide_ctx *ctx, const tide_graph *g, int **sched, int *n_pos);
+/* A recomputation schedule of g (recompute.c): *sched (n_pos positions,
+ * allocated) names the op of each position of an iteration. hw NULL: layer
+ * checkpointing; else only cheap recomputations by hw's costs. TIDE_OK,
+ * TIDE_E_NOMEM or TIDE_E_INVALID (too long). */
+tide_status recompute_schedule(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, int **sched, int *n_pos);
 tide_status policy_lru(engine *e);
 tide_status policy_static_layer(engine *e, uint64_t *min_needed);
 

@@ -43,6 +43,8 @@
 
 typedef struct rc_build {
     const tide_graph *g;
+    const tide_hw *hw;   /* cheap mode: the cost model; NULL: layer checkpointing */
+    int *last_read;  /* per tensor: last op reading it, -1 */
     int *run;        /* per op: index of its layer run, -1 outside layers */
     int *run_start;  /* per run: its first op */
     int *prod;       /* per op and operand k < TIDE_OP_MAX_IN: op that last wrote
@@ -108,10 +110,33 @@ static void rc_mark(rc_build *B, int p, int a, int r) {
     }
 }
 
-tide_status recompute_schedule_layers(tide_ctx *ctx, const tide_graph *g, int **sched_out, int *n_pos_out) {
+/* Cheap mode: op p is recomputed before the run starting at op a when it is
+ * recomputable, every input it reads is kept anyway (persistent, or read
+ * again at or after a), so recomputing it frees its outputs at no cost in
+ * memory, and running it again costs less than a round trip of its outputs
+ * over the host link (STORE then LOAD), counted as if nothing hid it. */
+static bool rc_cheap(rc_build *B, int p, int a, int r) {
+    const tide_graph *g = B->g;
+    const tide_op *op = &g->ops[p];
+    for (int i = 0; i < op->n_in; i++) {
+        int t = op->in[i];
+        if (g->tensors[t].role == TIDE_ROLE_TEMP && B->last_read[t] < a) return false;
+        if (!rc_unchanged(B, t, B->prod[(size_t)p * TIDE_OP_MAX_IN + i], a)) return false;
+    }
+    if (!rc_ok(B, p, a, r)) return false;
+    double bytes = 0;
+    for (int j = 0; j < op->n_out; j++) bytes += (double)g->tensors[op->out[j]].nbytes;
+    double trip = 0;
+    if (B->hw->h2d_bw > 0) trip += bytes / B->hw->h2d_bw;
+    if (B->hw->d2h_bw > 0) trip += bytes / B->hw->d2h_bw;
+    return tide_cost_op(B->hw, g, op) < trip;
+}
+
+tide_status recompute_schedule(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, int **sched_out,
+                               int *n_pos_out) {
     int no = g->n_ops, nt = g->n_tensors;
     size_t so = (size_t)(no ? no : 1), st = (size_t)(nt ? nt : 1);
-    rc_build B = {.g = g};
+    rc_build B = {.g = g, .hw = hw};
     B.run = tide_malloc(so * sizeof *B.run);
     B.run_start = tide_malloc(so * sizeof *B.run_start);
     B.prod = tide_malloc(so * TIDE_OP_MAX_IN * sizeof *B.prod);
@@ -119,6 +144,7 @@ tide_status recompute_schedule_layers(tide_ctx *ctx, const tide_graph *g, int **
     B.mark = tide_malloc(so * sizeof *B.mark);
     B.ok_run = tide_malloc(so * sizeof *B.ok_run);
     B.fwd = tide_malloc(so * sizeof *B.fwd);
+    B.last_read = tide_malloc(st * sizeof *B.last_read);
     B.ok = tide_malloc(so * sizeof *B.ok);
     int n_w = 0;
     for (int i = 0; i < no; i++) n_w += g->ops[i].n_out;
@@ -126,7 +152,7 @@ tide_status recompute_schedule_layers(tide_ctx *ctx, const tide_graph *g, int **
     B.wop = tide_malloc((size_t)(n_w ? n_w : 1) * sizeof *B.wop);
     int *sched = NULL;
     tide_status rc = TIDE_OK;
-    if (!B.run || !B.run_start || !B.prod || !B.writer || !B.mark || !B.ok_run || !B.ok || !B.fwd || !B.wstart || !B.wop) {
+    if (!B.run || !B.run_start || !B.prod || !B.writer || !B.mark || !B.ok_run || !B.ok || !B.fwd || !B.last_read || !B.wstart || !B.wop) {
         rc = tide_err(ctx, TIDE_E_NOMEM, "out of memory building a recomputation schedule");
         goto out;
     }
@@ -138,10 +164,11 @@ tide_status recompute_schedule_layers(tide_ctx *ctx, const tide_graph *g, int **
         else B.run_start[n_runs] = i, B.run[i] = n_runs++;
         B.mark[i] = B.ok_run[i] = -1;
     }
-    for (int t = 0; t < nt; t++) B.writer[t] = -1;
+    for (int t = 0; t < nt; t++) B.writer[t] = B.last_read[t] = -1;
     for (int i = 0; i < no; i++) {
         const tide_op *op = &g->ops[i];
         for (int k = 0; k < op->n_in; k++) B.prod[(size_t)i * TIDE_OP_MAX_IN + k] = B.writer[op->in[k]];
+        for (int k = 0; k < op->n_in; k++) B.last_read[op->in[k]] = i;
         for (int k = 0; k < op->n_out; k++) {
             int t = op->out[k];
             if (B.writer[t] != i) B.wstart[t + 1]++;
@@ -188,7 +215,10 @@ tide_status recompute_schedule_layers(tide_ctx *ctx, const tide_graph *g, int **
                         int w = B.prod[(size_t)j * TIDE_OP_MAX_IN + k];
                         if (w >= 0 && B.run[w] >= 0 && B.run[w] != r && B.fwd[B.run[w]] && g->ops[w].layer == l &&
                             g->tensors[op->in[k]].role == TIDE_ROLE_TEMP)
-                            rc_mark(&B, w, a, r);
+                        {
+                            if (!hw) rc_mark(&B, w, a, r);
+                            else if (B.mark[w] != r && rc_cheap(&B, w, a, r)) B.mark[w] = r;
+                        }
                     }
                 }
                 for (int q = 0; q < a; q++)
@@ -231,6 +261,7 @@ out:
     tide_free(B.ok_run);
     tide_free(B.ok);
     tide_free(B.fwd);
+    tide_free(B.last_read);
     tide_free(B.wstart);
     tide_free(B.wop);
     return rc;
