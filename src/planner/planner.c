@@ -499,6 +499,19 @@ static tide_status plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan
     return TIDE_OK;
 }
 
+/* Whether recompute.c's cheap rule recomputes anything in g (a graph with no
+ * backward has nothing to recompute: no second plan then). A failure counts
+ * as no. */
+static bool has_cheap_recompute(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw) {
+    int *sched = NULL, n_pos = 0;
+    if (recompute_schedule(ctx, g, hw, &sched, &n_pos)) {
+        tide_err_clear(ctx);
+        return false;
+    }
+    tide_free(sched);
+    return n_pos > g->n_ops;
+}
+
 /* The tide policy also simulates the layer-streaming schedule (the
  * static-layer policy) at the same budget and keeps whichever plan finishes
  * first: where whole layers fit and double buffering hides every load, that
@@ -528,7 +541,7 @@ tide_status tide_plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_o
         }
     }
     const tide_plan_stats *ps = &(*out)->stats;
-    if (!opts->recompute_cheap && ps->bytes_d2h + ps->bytes_ssd_write > 0) {
+    if (!opts->recompute_cheap && ps->bytes_d2h + ps->bytes_ssd_write > 0 && has_cheap_recompute(ctx, g, opts->hw)) {
         tide_plan_opts ro = *opts;
         ro.recompute_cheap = true;
         alt = NULL;
