@@ -14,7 +14,9 @@
  * ---------------------------------------------------------------- design note
  *
  * The tide policy is a simulated execution with two horizons over the
- * n_iter-unrolled op sequence (step = iter * n_ops + op):
+ * n_iter-unrolled op sequence (step = iter * n_ops + op; with a
+ * recomputation schedule, recompute.c, op is a position of the schedule and
+ * n_ops their number):
  *
  *   exec   the execution horizon: the next step whose COMPUTE is emitted. A
  *          simulated clock per stream and per link (the cost model of cost/cost.c,

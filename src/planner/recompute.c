@@ -26,16 +26,23 @@
  * An op that updates a tensor in place fails R2 (its input has moved on to
  * the version it wrote) and is never recomputed.
  *
- * Layer checkpointing (recompute_schedule_layers, the checkpoint-layer
- * policy): a layer's ops form contiguous runs (a training step: its forward
- * run, later its backward run, per micro-batch, and its optimizer updates).
- * A forward run reads no TEMP an earlier run of its layer made. Before each
- * run, the TEMP tensors it reads that an earlier forward run of the same
- * layer produced are recomputed: their producers and, transitively, the
- * producers of those producers' inputs inside the same run (never a backward
- * op: the gradients the optimizer reads are kept). What the chain reads from outside
- * that run (the layer's input, the weights) is kept. Ops for which R2 or R3
- * fails are not recomputed: their outputs are kept instead.
+ * Layer checkpointing (recompute_schedule with no cost model, the
+ * checkpoint-layer policy): a layer's ops form contiguous runs (a training
+ * step: its forward run, later its backward run, per micro-batch, and its
+ * optimizer updates). A forward run reads no TEMP an earlier run of its
+ * layer made. Before each run, the TEMP tensors it reads that an earlier
+ * forward run of the same layer produced are recomputed: their producers
+ * and, transitively, the producers of those producers' inputs inside the
+ * same run (never a backward op: the gradients the optimizer reads are
+ * kept). What the chain reads from outside that run (the layer's input, the
+ * weights) is kept. Ops for which R2 or R3 fails are not recomputed: their
+ * outputs are kept instead.
+ *
+ * Cheap recomputation (recompute_schedule with a cost model, the tide
+ * policy's candidate schedule): the same producers, each alone (no chains),
+ * when every input it reads is kept anyway and it costs less than a round
+ * trip of its outputs over the host link (rc_cheap). tide_plan_make plans
+ * this schedule beside the plain one and keeps the faster.
  */
 #include "planner/planner_int.h"
 
