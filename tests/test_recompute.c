@@ -14,10 +14,12 @@
  *     the same plan as lru, instruction for instruction;
  *   - the tide policy's cheap recomputation, on a slow host link: recomputes,
  *     verifies, and the plan tide_plan_make keeps is no slower.
+ *   - a recomputation planted in a real plan from a stale input (an op that
+ *     updated a tensor in place) is rejected by the verifier (test_verify.c's
+ *     test_recompute does the same on a hand-built plan).
  * Bit-identity of checkpoint-layer steps and of tide steps that recompute
  * against the resident step is in test_train.c (test_offload_bit_identical,
- * test_tide_recompute_bit_identical); a planted recomputation from a
- * stale input is rejected in test_verify.c (test_recompute).
+ * test_tide_recompute_bit_identical).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -196,6 +198,44 @@ static void test_tide_cheap(void **state) {
     tide_ctx_free(ctx);
 }
 
+/* A planted fault in a real checkpoint-layer plan: a recomputation renamed to
+ * an op that updated a tensor in place earlier in the iteration (a backward
+ * op accumulating into a gradient) would read that tensor at a newer version
+ * than its first compute did; the verifier rejects it as a recomputation
+ * from a stale input. */
+static void test_stale_recompute_rejected(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_llama_config cfg = tiny_cfg(2);
+    tide_llama_train_opts to = {.batch = 2, .seq = 16, .accum = 2, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                .weight_decay = 0.1f, .grad_clip = 1.0f};
+    tide_graph *g = NULL;
+    assert_int_equal(tide_llama_build_train(ctx, &cfg, &to, &g), TIDE_OK);
+    tide_plan *p = plan_verified(ctx, g, TIDE_POLICY_CHECKPOINT_LAYER, all_bytes(g));
+    /* the first recomputation after an in-place op of the same iteration */
+    bool *done = calloc((size_t)g->n_ops, sizeof *done);
+    assert_non_null(done);
+    int inplace = -1, x = -1;
+    for (int i = 0; i < p->n_ins && x < 0; i++) {
+        const tide_ins *in = &p->ins[i];
+        if (in->kind != TIDE_INS_COMPUTE || in->iter != 0) continue;
+        const tide_op *op = &g->ops[in->op];
+        if (done[in->op] && inplace >= 0) x = i;
+        done[in->op] = true;
+        for (int j = 0; j < op->n_out && inplace < 0; j++)
+            if (tide_op_reads(op, op->out[j])) inplace = in->op;
+    }
+    free(done);
+    assert_true(inplace >= 0 && x >= 0);
+    p->ins[x].op = inplace;
+    assert_int_not_equal(tide_plan_verify(p), TIDE_OK);
+    const char *msg = tide_ctx_last_error(ctx);
+    if (!strstr(msg, "recomputation from a stale input")) fail_msg("rejected for another reason: %s", msg);
+    tide_plan_free(p);
+    tide_graph_free(g);
+    tide_ctx_free(ctx);
+}
+
 /* Without a backward there is nothing to recompute: the same plan as lru. */
 static void test_checkpoint_layer_inference(void **state) {
     (void)state;
@@ -226,6 +266,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_layer_train),
         cmocka_unit_test(test_checkpoint_layer_inference),
         cmocka_unit_test(test_tide_cheap),
+        cmocka_unit_test(test_stale_recompute_rejected),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
