@@ -197,7 +197,7 @@ static int split(char *s, const char **out) {
 
 static int usage(const char *argv0) {
     fprintf(stderr,
-            "usage: %s [--quick] [--configs A,B] [--hw A,B] [--policies tide,static-layer,lru]\n"
+            "usage: %s [--quick] [--configs A,B] [--hw A,B] [--policies tide,static-layer,lru,checkpoint-layer]\n"
             "       [--batch B] [--seq T] [--accum N] [--json FILE]\n"
             "defaults: llama-7b,llama-13b on a100-80g,h100-80g, batch 8, seq 2048, accum 4;\n"
             "--quick: llama-7b on h100-80g only\n",
@@ -231,7 +231,7 @@ int main(int argc, char **argv) {
         } else return usage(argv[0]);
     }
     if (batch < 1 || seq < 1 || accum < 1) return usage(argv[0]);
-    char def_configs[] = "llama-7b,llama-13b", def_hw[] = "a100-80g,h100-80g", def_pol[] = "tide,static-layer,lru",
+    char def_configs[] = "llama-7b,llama-13b", def_hw[] = "a100-80g,h100-80g", def_pol[] = "tide,static-layer,lru,checkpoint-layer",
          q_configs[] = "llama-7b", q_hw[] = "h100-80g";
     const char *configs[MAX_LIST], *hws[MAX_LIST], *pol_names[MAX_LIST];
     int nc = split(configs_arg ? configs_arg : quick ? q_configs : def_configs, configs);

@@ -26,7 +26,7 @@ contains "$TMP/out" "summary" "a summary"
 # JSON: one object per step and a summary; offloaded and checked for every policy
 mkdir -p "$TMP/spill"
 # (static-layer needs two whole layers and the activations' peak: 25% is below its minimum)
-for pb in tide:25% static-layer:50% lru:25%; do
+for pb in tide:25% static-layer:50% lru:25% checkpoint-layer:25%; do
     p=${pb%%:*} b=${pb#*:}
     expect 0 "offloaded at $b, $p, checked" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 3 --batch 2 \
         --seq 16 --accum 2 --budget $b --policy $p --hw h100-80g --check --json --ssd "$TMP/spill"
@@ -128,6 +128,12 @@ expect 0 "plan a training step" -- "$TIDE" plan --train --config llama-7b --batc
 for w in "master weights" "moments" "gradients" "activations" "ideal step" "lower bound" "planning time"; do
     contains "$TMP/out" "$w" "plan --train table has $w"
 done
+expect 0 "plan --train, checkpoint-layer" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
+    --budget 25% --hw a100-80g --policy checkpoint-layer
+contains "$TMP/out" "policy checkpoint-layer" "plan --train names checkpoint-layer"
+contains "$TMP/out" "verified    yes" "checkpoint-layer plan verified"
+expect 2 "checkpoint-layer without --train" -- "$TIDE" plan --config llama-7b --budget 25% --policy checkpoint-layer
+contains "$TMP/err" "needs --train" "checkpoint-layer without --train names why"
 expect 0 "plan --train --json at the minimum" -- "$TIDE" plan --train --config tinyllama-1.1b --batch 2 --seq 256 \
     --budget min --json
 for f in pct_of_ideal x_lower_bound step_s ideal_step_s master_bytes moment_bytes gradient_bytes \

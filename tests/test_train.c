@@ -8,7 +8,8 @@
  *     losses and gradient norms, the gradients of step 1 and the parameters,
  *     master weights and moments after the last step; tide's resident CPU
  *     trainer matches them within the tolerances below;
- *   - bit-identity: offloaded steps (every policy; 50%, 25% and the minimum
+ *   - bit-identity: offloaded steps (every policy, checkpoint-layer's
+ *     recomputed activations included; 50%, 25% and the minimum
  *     budget; training state homed on host and on SSD) against the
  *     unconstrained run, every step's loss and gradient norm and every
  *     persistent tensor at the end, bit for bit;
@@ -477,6 +478,9 @@ static void run_out_free(run_out *r) {
     free(r->names);
 }
 
+/* When set, train_run writes the last step's trace there. */
+static const char *trace_path;
+
 /* Runs `steps` steps of fixture f's model on be, offloaded as off says
  * (NULL: resident), resuming from `resume` when given and saving into
  * `save_dir` after step save_at (when > 0); collects every step's loss and
@@ -510,6 +514,7 @@ static tide_status train_run(tide_ctx *ctx, fixture *f, tide_backend *be, const 
             out->names[i] = strdup(out->names[i]);
         }
     }
+    if (!st && trace_path) st = tide_trainer_write_trace(t, trace_path, NULL);
     free(in);
     free(tg);
     tide_trainer_free(t);
@@ -540,10 +545,10 @@ static void test_offload_bit_identical(void **state) {
     assert_int_equal(train_run(ctx, &f, be, NULL, steps, NULL, NULL, 0, &ref), TIDE_OK);
     uint64_t state_bytes = 0;
     for (int i = 0; i < ref.n; i++) state_bytes += ref.bytes[i];
-    static const char *const policies[] = {"tide", "static-layer", "lru"};
+    static const char *const policies[] = {"tide", "static-layer", "lru", "checkpoint-layer"};
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    int n_runs = 0;
-    for (int pi = 0; pi < 3; pi++)
+    int n_runs = 0, n_ckpt = 0;
+    for (int pi = 0; pi < 4; pi++)
         for (int bi = 0; bi < 3; bi++)
             for (int ssd = 0; ssd < 2; ssd++) {
                 tide_offload_opts off = {.policy = policies[pi], .hw = "h100-80g", .ssd_dirs = tmp};
@@ -570,8 +575,76 @@ static void test_offload_bit_identical(void **state) {
                 assert_same(&r, &ref, 0, steps, what);
                 run_out_free(&r);
                 n_runs++;
+                n_ckpt += pi == 3;
             }
     assert_true(n_runs >= 12);
+    assert_int_equal(n_ckpt, 6); /* recomputed activations: every budget, state on host and SSD */
+    run_out_free(&ref);
+    tide_backend_free(be);
+    fixture_close(&f);
+    tide_ctx_free(ctx);
+}
+
+/* Recomputation chosen by the tide policy: on a profile whose host link is
+ * slow (20 MB/s), re-running an activation's producer costs less than its
+ * round trip, and the plan that recomputes finishes first (the trace of the
+ * step shows more COMPUTEs than the graph has ops); its steps are bit for
+ * bit the resident ones. */
+static void test_tide_recompute_bit_identical(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    fixture f;
+    fixture_open(ctx, &f, "train-bf16-gqa");
+    tide_backend *be = NULL;
+    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK);
+    const int steps = 2;
+    run_out ref;
+    assert_int_equal(train_run(ctx, &f, be, NULL, steps, NULL, NULL, 0, &ref), TIDE_OK);
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char hw[512], trace[512];
+    snprintf(hw, sizeof hw, "%s/tide_test_slow_link_%d.json", tmp, (int)getpid());
+    snprintf(trace, sizeof trace, "%s/tide_test_recompute_%d.json", tmp, (int)getpid());
+    FILE *h = fopen(hw, "w");
+    assert_non_null(h);
+    fputs("{\"name\": \"slow-link\", \"device_mem_bytes\": 85899345920,\n"
+          " \"flops\": {\"f32\": 67e12, \"f16\": 989e12, \"bf16\": 989e12, \"i32\": 67e12},\n"
+          " \"matmul_efficiency\": 0.75, \"mem_bw\": 3350e9, \"h2d_bw\": 2e7, \"d2h_bw\": 2e7,\n"
+          " \"link_latency_s\": 1e-5, \"launch_s\": 5e-6, \"host_mem_bytes\": 549755813888, \"ssd_count\": 1,\n"
+          " \"ssd_read_bw\": 6.5e9, \"ssd_write_bw\": 3.5e9, \"ssd_latency_s\": 1e-4, \"host_flops\": 8e12,\n"
+          " \"host_mem_bw\": 5e11}\n", h);
+    fclose(h);
+    int recomputed = 0;
+    for (int bi = 0; bi < 2; bi++) {
+        tide_offload_opts off = {.policy = "tide", .hw = hw, .optimizer = "device", .timeline = true,
+                                 .no_refit = true}; /* a refit to the CPU's measured rates would not recompute */
+        if (bi == 0) {
+            off.budget_kind = TIDE_BUDGET_FRACTION;
+            off.fraction = 0.25;
+        } else {
+            off.budget_kind = TIDE_BUDGET_MIN;
+        }
+        run_out r;
+        trace_path = trace;
+        tide_status st = train_run(ctx, &f, be, &off, steps, NULL, NULL, 0, &r);
+        trace_path = NULL;
+        if (st) fail_msg("tide on a slow link, budget %s: %s", bi ? "min" : "25%", tide_ctx_last_error(ctx));
+        assert_same(&r, &ref, 0, steps, bi ? "tide recomputing, budget min" : "tide recomputing, budget 25%");
+        run_out_free(&r);
+        char *text = read_text(trace);
+        assert_non_null(text);
+        int n_compute = 0;
+        for (const char *p = text; (p = strstr(p, "\"cat\":\"compute\"")); p++) n_compute++;
+        free(text);
+        tide_trainer *t = NULL;
+        assert_int_equal(tide_trainer_new(ctx, f.ck, be, &f.o, &t), TIDE_OK);
+        int n_ops = tide_graph_n_ops(tide_trainer_graph(t));
+        tide_trainer_free(t);
+        recomputed += n_compute > n_ops;
+    }
+    assert_true(recomputed > 0); /* at one budget at least (each keeps the faster plan) */
+    remove(hw);
+    remove(trace);
     run_out_free(&ref);
     tide_backend_free(be);
     fixture_close(&f);
@@ -661,6 +734,7 @@ int main(void) {
         cmocka_unit_test(test_torch_bf16_gqa),
         cmocka_unit_test(test_torch_f32_tied),
         cmocka_unit_test(test_offload_bit_identical),
+        cmocka_unit_test(test_tide_recompute_bit_identical),
         cmocka_unit_test(test_resume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

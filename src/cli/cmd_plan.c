@@ -53,7 +53,10 @@ static const char help[] =
     "                     profile JSON path (see tide probe)\n"
     "  --policy P         tide (default), static-layer (whole layers resident, the\n"
     "                     rest streamed with double buffering) or lru (load on\n"
-    "                     demand, least recently used evicted)\n"
+    "                     demand, least recently used evicted); with --train also\n"
+    "                     checkpoint-layer (each layer's input kept, its other\n"
+    "                     activations dropped after the forward and recomputed\n"
+    "                     before its backward; the rest as lru)\n"
     "  --host-budget X    host memory for weights homed on host and spills\n"
     "                     (default: the profile's host memory)\n"
     "  --weights-on-ssd   home the weights on SSD instead of host memory\n"
@@ -181,7 +184,8 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         case 'w': a->hw_name = optarg; break;
         case 'p':
             if (tide_policy_parse(optarg, &a->policy))
-                return cli_usage_error("plan", "unknown --policy '%s' (tide, static-layer or lru)", optarg);
+                return cli_usage_error("plan", "unknown --policy '%s' (tide, static-layer, lru or checkpoint-layer)",
+                                       optarg);
             break;
         case 'H':
             if (cli_parse_bytes(optarg, &a->host_budget) || !a->host_budget)
@@ -217,6 +221,9 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         return cli_usage_error("plan", "--train plans a training step: no --decode, --weights-on-ssd or --tile");
     if ((a->have_accum || a->have_optim) && !a->train)
         return cli_usage_error("plan", "--accum and --optimizer need --train");
+    if (a->policy == TIDE_POLICY_CHECKPOINT_LAYER && !a->train)
+        return cli_usage_error("plan", "--policy checkpoint-layer recomputes a training step's activations: it "
+                               "needs --train");
     if (a->optim == TRAIN_OPTIM_CPU && a->policy != TIDE_POLICY_TIDE)
         return cli_usage_error("plan", "--optimizer cpu is planned by the tide policy only");
     return -1;

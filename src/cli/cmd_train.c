@@ -21,7 +21,7 @@ static const char help[] =
     "                  [--batch B] [--seq T] [--accum N] [--lr X] [--min-lr X]\n"
     "                  [--warmup N] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]\n"
     "                  [--grad-clip X] [--shuffle SEED]\n"
-    "                  [--budget BYTES|PCT%|auto|min|none] [--policy tide|static-layer|lru]\n"
+    "                  [--budget BYTES|PCT%|auto|min|none] [--policy P]\n"
     "                  [--optimizer auto|device|cpu] [--no-refit]\n"
     "                  [--host-budget BYTES] [--ssd DIR[,DIR]] [--pread] [--hw PROFILE]\n"
     "                  [--check] [--out DIR] [--save-every N] [--save-dtype model|f32]\n"
@@ -70,7 +70,8 @@ static const char help[] =
     "  --budget X          device memory: bytes (2G), a percentage of the step's\n"
     "                      unconstrained peak (25%), auto, min or none (default:\n"
     "                      none, everything resident)\n"
-    "  --policy P          tide (default), static-layer or lru\n"
+    "  --policy P          tide (default), static-layer, lru or checkpoint-layer\n"
+    "                      (activations recomputed per layer before its backward)\n"
     "  --optimizer WHERE   where the AdamW updates of an offloaded step run: auto\n"
     "                      (default: each parameter's on the device or on the host\n"
     "                      CPU, whichever the plan predicts faster; a CPU update\n"
@@ -247,8 +248,10 @@ static int parse_args(int argc, char **argv, train_job *j) {
                                        "auto, min or none)", optarg);
             break;
         case 'P':
-            if (strcmp(optarg, "tide") && strcmp(optarg, "static-layer") && strcmp(optarg, "lru"))
-                return cli_usage_error("train", "unknown --policy '%s' (tide, static-layer or lru)", optarg);
+            if (strcmp(optarg, "tide") && strcmp(optarg, "static-layer") && strcmp(optarg, "lru") &&
+                strcmp(optarg, "checkpoint-layer"))
+                return cli_usage_error("train", "unknown --policy '%s' (tide, static-layer, lru or checkpoint-layer)",
+                                       optarg);
             a->policy = optarg;
             break;
         case 'O':

@@ -127,7 +127,9 @@ typedef struct tide_ins {
 
 #define TIDE_HOME UINT64_MAX
 
-typedef enum tide_policy { TIDE_POLICY_TIDE = 0, TIDE_POLICY_STATIC_LAYER, TIDE_POLICY_LRU, TIDE_POLICY_COUNT } tide_policy;
+typedef enum tide_policy {
+    TIDE_POLICY_TIDE = 0, TIDE_POLICY_STATIC_LAYER, TIDE_POLICY_LRU, TIDE_POLICY_CHECKPOINT_LAYER, TIDE_POLICY_COUNT
+} tide_policy;
 const char *tide_policy_name(tide_policy p);
 int tide_policy_parse(const char *s, tide_policy *out); /* 0 or -1 */
 

@@ -269,7 +269,7 @@ static tide_status sl_issue(sl_state *S, int r) {
  * its slot now. */
 static tide_status sl_ensure(sl_state *S, int step) {
     engine *e = S->e;
-    const tide_op *op = &e->g->ops[step % e->n_ops];
+    const tide_op *op = engine_op(e, step);
     for (int k = 0; k < op->n_in + op->n_out; k++) {
         int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
         int l = S->L->t_layer[t];

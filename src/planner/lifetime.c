@@ -17,19 +17,24 @@ void tide_lifetime_free(tide_lifetime *lt) {
 }
 
 tide_status tide_lifetime_build(tide_ctx *ctx, const tide_graph *g, int n_iter, tide_lifetime *lt) {
+    return tide_lifetime_build_sched(ctx, g, NULL, g->n_ops, n_iter, lt);
+}
+
+tide_status tide_lifetime_build_sched(tide_ctx *ctx, const tide_graph *g, const int *sched, int n_pos, int n_iter,
+                                      tide_lifetime *lt) {
     memset(lt, 0, sizeof *lt);
     if (n_iter < 1) return tide_err(ctx, TIDE_E_INVALID, "plan: n_iter must be >= 1 (got %d)", n_iter);
-    if (g->n_ops > 0 && n_iter > (INT_MAX / 2) / g->n_ops)
-        return tide_err(ctx, TIDE_E_INVALID, "plan: %d iterations of %d ops are too many steps", n_iter,
-                        g->n_ops);
+    if (n_pos > 0 && n_iter > (INT_MAX / 2) / n_pos)
+        return tide_err(ctx, TIDE_E_INVALID, "plan: %d iterations of %d ops are too many steps", n_iter, n_pos);
     lt->g = g;
-    lt->n_ops = g->n_ops;
+    lt->n_ops = n_pos;
     lt->n_iter = n_iter;
     lt->n_tensors = g->n_tensors;
-    lt->n_steps = g->n_ops * n_iter;
+    lt->n_steps = n_pos * n_iter;
     int nt = g->n_tensors;
     long total = 0;
-    for (int i = 0; i < g->n_ops; i++) total += g->ops[i].n_in + g->ops[i].n_out;
+#define SCHED_OP(i) (&g->ops[sched ? sched[i] : (i)])
+    for (int i = 0; i < n_pos; i++) total += SCHED_OP(i)->n_in + SCHED_OP(i)->n_out;
     lt->start = tide_calloc((size_t)nt + 1, sizeof *lt->start);
     lt->use_op = tide_malloc((size_t)(total ? total : 1) * sizeof *lt->use_op);
     lt->use_rw = tide_malloc((size_t)(total ? total : 1));
@@ -42,8 +47,8 @@ tide_status tide_lifetime_build(tide_ctx *ctx, const tide_graph *g, int n_iter, 
     }
     /* Count distinct (tensor, op) pairs: an op listing t twice is one use. */
     for (int t = 0; t < nt; t++) last_op[t] = -1;
-    for (int i = 0; i < g->n_ops; i++) {
-        const tide_op *op = &g->ops[i];
+    for (int i = 0; i < n_pos; i++) {
+        const tide_op *op = SCHED_OP(i);
         for (int k = 0; k < op->n_in + op->n_out; k++) {
             int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
             if (last_op[t] != i) {
@@ -65,8 +70,8 @@ tide_status tide_lifetime_build(tide_ctx *ctx, const tide_graph *g, int n_iter, 
         return tide_err(ctx, TIDE_E_NOMEM, "out of memory analysing lifetimes of %d tensors", nt);
     }
     memcpy(cur, lt->start, (size_t)nt * sizeof *cur);
-    for (int i = 0; i < g->n_ops; i++) {
-        const tide_op *op = &g->ops[i];
+    for (int i = 0; i < n_pos; i++) {
+        const tide_op *op = SCHED_OP(i);
         for (int k = 0; k < op->n_in + op->n_out; k++) {
             int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
             unsigned char rw = k < op->n_in ? TIDE_USE_READ : TIDE_USE_WRITE;
@@ -81,6 +86,7 @@ tide_status tide_lifetime_build(tide_ctx *ctx, const tide_graph *g, int n_iter, 
             if (rw == TIDE_USE_WRITE) lt->last_write_op[t] = i;
         }
     }
+#undef SCHED_OP
     tide_free(cur);
     tide_free(last_op);
     /* A TEMP or OUTPUT has no value before the iteration writes it; an

@@ -12,6 +12,11 @@
  * is an in-place update (the KV cache in ATTENTION), which needs the previous
  * value. A value is dead after step s when the next access is a pure write or
  * there is none.
+ *
+ * With a schedule (tide_lifetime_build_sched), an iteration is a sequence of
+ * positions, each running one op of the graph; an op may appear at several
+ * positions (recomputation). Steps, "ops" in the use lists and n_ops are then
+ * positions: step = iter * n_pos + pos.
  */
 #ifndef TIDE_LIFETIME_H
 #define TIDE_LIFETIME_H
@@ -27,7 +32,8 @@ enum { TIDE_USE_READ = 1, TIDE_USE_WRITE = 2 };
 
 typedef struct tide_lifetime {
     const tide_graph *g;  /* not owned */
-    int n_ops, n_iter, n_tensors;
+    int n_ops, n_iter, n_tensors; /* n_ops: positions per iteration (the graph's ops
+                                     unless a schedule is given) */
     int n_steps;          /* n_iter * n_ops */
     int *start;           /* (n_tensors + 1): uses of t are [start[t], start[t+1]) */
     int *use_op;          /* op of each use, ascending within a tensor */
@@ -42,6 +48,10 @@ typedef struct tide_lifetime {
  * TIDE_E_NOMEM; the message is on ctx. On failure *lt is left empty (safe to
  * free). */
 tide_status tide_lifetime_build(tide_ctx *ctx, const tide_graph *g, int n_iter, tide_lifetime *lt);
+/* The same over a schedule: sched[pos] (n_pos entries) is the op run at
+ * position pos of an iteration; NULL: op pos, n_pos = g->n_ops. */
+tide_status tide_lifetime_build_sched(tide_ctx *ctx, const tide_graph *g, const int *sched, int n_pos, int n_iter,
+                                      tide_lifetime *lt);
 void tide_lifetime_free(tide_lifetime *lt);
 
 /* Number of uses of t in one iteration. */
@@ -54,7 +64,7 @@ static inline int tide_lifetime_n_uses(const tide_lifetime *lt, int t) {
 int tide_lifetime_use_from(const tide_lifetime *lt, int t, int step, int *rw);
 /* First step > step at which t is used (TIDE_NEVER if none). */
 int tide_lifetime_next_use(const tide_lifetime *lt, int t, int step, int *rw);
-/* Last op of an iteration that uses t, or -1. */
+/* Last position of an iteration that uses t, or -1. */
 static inline int tide_lifetime_last_op(const tide_lifetime *lt, int t) {
     return lt->start[t] < lt->start[t + 1] ? lt->use_op[lt->start[t + 1] - 1] : -1;
 }

@@ -14,7 +14,9 @@
  * ---------------------------------------------------------------- design note
  *
  * The tide policy is a simulated execution with two horizons over the
- * n_iter-unrolled op sequence (step = iter * n_ops + op):
+ * n_iter-unrolled op sequence (step = iter * n_ops + op; with a
+ * recomputation schedule, recompute.c, op is a position of the schedule and
+ * n_ops their number):
  *
  *   exec   the execution horizon: the next step whose COMPUTE is emitted. A
  *          simulated clock per stream and per link (the cost model of cost/cost.c,
@@ -159,7 +161,7 @@ static void horizon_floor(engine *e, horizon *h) {
     int a = h->a, f = -1, fmin = TIDE_NEVER;
     int lo = a - HORIZON_FLOOR_STEPS > e->exec ? a - HORIZON_FLOOR_STEPS : e->exec;
     for (int s = a - 1; s >= lo; s--) {
-        const tide_op *op = &e->g->ops[s % e->n_ops];
+        const tide_op *op = engine_op(e, s);
         for (int k = 0; k < op->n_in + op->n_out; k++) {
             int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
             if (!e->t[t].blk) continue;
@@ -241,7 +243,7 @@ static int prepare(engine *e, int a, bool forced) {
      * and it drops the device copies of what it writes) */
     if (engine_on_host(e, a)) return a == e->exec;
     if (e->host_op && a > e->exec && next_host_step(e, e->exec) < a) return 0;
-    const tide_op *op = &e->g->ops[a % e->n_ops];
+    const tide_op *op = engine_op(e, a);
     int ts[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
     int n = 0;
     for (int k = 0; k < op->n_in + op->n_out; k++) {
@@ -338,7 +340,7 @@ static tide_status choose_residents(engine *e) {
     int64_t live = 0;
     uint64_t w0 = 0, wprev = 0;
     for (int i = 0; i < n; i++) {
-        const tide_op *op = &g->ops[i];
+        const tide_op *op = engine_op(e, i); /* position i of iteration 0 */
         live += delta[i];
         /* a shared scratch is reserved already, below */
         act = TIDE_MAX(act, (uint64_t)live + (e->sp.shared ? 0 : tide_plan_align(op->scratch_bytes)));
@@ -378,7 +380,7 @@ static tide_status choose_residents(engine *e) {
     /* candidates in order of first use (counting sort by op) */
     int m = 0;
     for (int i = 0; i < n; i++) {
-        const tide_op *op = &g->ops[i];
+        const tide_op *op = engine_op(e, i);
         for (int k = 0; k < op->n_in + op->n_out; k++) {
             int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
             tide_role r = g->tensors[t].role;
@@ -485,6 +487,7 @@ static tide_status plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan
         switch (o->policy) {
         case TIDE_POLICY_STATIC_LAYER: st = policy_static_layer(&e, NULL); break;
         case TIDE_POLICY_LRU: st = policy_lru(&e); break;
+        case TIDE_POLICY_CHECKPOINT_LAYER: st = policy_lru(&e); break; /* over the recomputation schedule */
         default: st = policy_tide(&e); break;
         }
     }
@@ -498,26 +501,58 @@ static tide_status plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan
     return TIDE_OK;
 }
 
+/* Whether recompute.c's cheap rule recomputes anything in g (a graph with no
+ * backward has nothing to recompute: no second plan then). A failure counts
+ * as no. */
+static bool has_cheap_recompute(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw) {
+    int *sched = NULL, n_pos = 0;
+    if (recompute_schedule(ctx, g, hw, &sched, &n_pos)) {
+        tide_err_clear(ctx);
+        return false;
+    }
+    tide_free(sched);
+    return n_pos > g->n_ops;
+}
+
 /* The tide policy also simulates the layer-streaming schedule (the
  * static-layer policy) at the same budget and keeps whichever plan finishes
  * first: where whole layers fit and double buffering hides every load, that
  * regular schedule can beat fine-grained paging by a hair, and tide should
- * never lose to a baseline it can compute. */
+ * never lose to a baseline it can compute. Likewise with cheap recomputation
+ * (recompute.c: an activation whose producer costs less than its round trip
+ * over the host link is dropped after the forward and made again before its
+ * backward), when the graph has such activations and the budget cannot hold
+ * the plan without spilling: the simulated makespans decide whether what
+ * recomputing costs is repaid by transfers that would not have hidden. */
 tide_status tide_plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, tide_plan **out) {
     double t0 = tide_now();
     tide_status st = plan_make(ctx, g, opts, true, out);
-    if (st || opts->policy != TIDE_POLICY_TIDE || opts->host_ops || opts->host_addressable || opts->warm_off ||
-        opts->warm_region || opts->shared_scratch)
+    if (st || opts->policy != TIDE_POLICY_TIDE || opts->host_addressable || opts->warm_off || opts->warm_region ||
+        opts->shared_scratch)
         return st;
-    tide_plan_opts so = *opts;
-    so.policy = TIDE_POLICY_STATIC_LAYER;
     tide_plan *alt = NULL;
-    if (plan_make(ctx, g, &so, true, &alt) == TIDE_OK && alt->stats.makespan_s < (*out)->stats.makespan_s) {
-        tide_plan_free(*out);
-        alt->policy = TIDE_POLICY_TIDE;
-        *out = alt;
-    } else {
-        tide_plan_free(alt);
+    if (!opts->host_ops && !opts->recompute_cheap) {
+        tide_plan_opts so = *opts;
+        so.policy = TIDE_POLICY_STATIC_LAYER;
+        if (plan_make(ctx, g, &so, true, &alt) == TIDE_OK && alt->stats.makespan_s < (*out)->stats.makespan_s) {
+            tide_plan_free(*out);
+            alt->policy = TIDE_POLICY_TIDE;
+            *out = alt;
+        } else {
+            tide_plan_free(alt);
+        }
+    }
+    const tide_plan_stats *ps = &(*out)->stats;
+    if (!opts->recompute_cheap && ps->bytes_d2h + ps->bytes_ssd_write > 0 && has_cheap_recompute(ctx, g, opts->hw)) {
+        tide_plan_opts ro = *opts;
+        ro.recompute_cheap = true;
+        alt = NULL;
+        if (plan_make(ctx, g, &ro, true, &alt) == TIDE_OK && alt->stats.makespan_s < (*out)->stats.makespan_s) {
+            tide_plan_free(*out);
+            *out = alt;
+        } else {
+            tide_plan_free(alt);
+        }
     }
     tide_err_clear(ctx);
     (*out)->stats.plan_seconds = tide_now() - t0;

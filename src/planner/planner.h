@@ -19,6 +19,9 @@ typedef struct tide_plan_opts {
     bool weights_on_ssd;          /* home WEIGHTs on SSD instead of host */
     /* The following are planned by the tide policy only (the baselines
      * refuse them with TIDE_E_UNSUPPORTED). */
+    bool recompute_cheap;         /* recompute cheap activations instead of keeping or
+                                     spilling them (recompute.c's rule); tide_plan_make
+                                     tries it by itself and keeps the faster plan */
     const bool *host_ops;         /* per op of g, or NULL: place that op's COMPUTE on the
                                      host CPU (its operands in host memory) */
     bool host_addressable;        /* the backend's device memory is host memory: tensors

@@ -44,7 +44,7 @@ static int drop_clean_host_spill(engine *e, int t, int step) {
     engine_tensor *T = &e->t[t];
     const engine_copy *h = &T->cp[TIDE_TIER_HOST];
     if (!role_persistent(T->role) || !h->exists || h->home || !T->cp[TIDE_TIER_SSD].valid ||
-        engine_op_index(e, step) != tide_lifetime_last_op(&e->lt, t))
+        engine_pos(e, step) != tide_lifetime_last_op(&e->lt, t))
         return 0;
     return engine_drop_tier(e, t, TIDE_TIER_HOST, step) < 0 ? -1 : 0;
 }
@@ -94,6 +94,7 @@ tide_status engine_compute(engine *e, int step) {
         in.scratch_off = sl->off;
         waits_add_release(e, &w, sl->pre, sl->pre_step);
     }
+    e->compute_step = step;
     int c = engine_emit(e, &in, &w);
     if (c < 0) return e->st;
     if (own_scratch) {
@@ -138,7 +139,7 @@ tide_status engine_compute(engine *e, int step) {
         bool dead = next == TIDE_NEVER || nrw == TIDE_USE_WRITE;
         /* a streamed role_persistent tensor leaves after its last use of the
          * iteration (a dirty one through a STORE home) */
-        bool leaves = e->stream && e->stream[t] && engine_op_index(e, step) == tide_lifetime_last_op(&e->lt, t);
+        bool leaves = e->stream && e->stream[t] && engine_pos(e, step) == tide_lifetime_last_op(&e->lt, t);
         if (T->doomed && T->doom_step == step) {
             if (engine_drop_dev(e, t, TIDE_STREAM_COMPUTE, step) < 0) return e->st;
             T->doomed = false;
@@ -207,6 +208,7 @@ tide_status engine_compute_host(engine *e, int step) {
         if (out)
             for (int s = 0; s < TIDE_STREAM_COUNT; s++) waits_add(e, &w, c->r_ins[s]);
     }
+    e->compute_step = step;
     int c = engine_emit(e, &in, &w);
     if (c < 0) return e->st;
     for (int i = 0; i < n; i++) {

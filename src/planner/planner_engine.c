@@ -125,7 +125,7 @@ int engine_emit(engine *e, tide_ins *ins, const waits *w) {
     case TIDE_INS_COMPUTE: {
         ps->compute_s += dur;
         if (ins->place != TIDE_PLACE_DEVICE) break; /* the books below are the compute stream's */
-        int step = ins->iter * e->n_ops + ins->op;
+        int step = e->compute_step;
         e->clk.last_compute_step = step;
         e->sp.dev.resolved = step;
         e->clk.last_compute = idx;
@@ -529,9 +529,18 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
     if (!o->hw) return tide_err(ctx, TIDE_E_INVALID, "plan: no hardware profile given");
     if ((unsigned)o->policy >= TIDE_POLICY_COUNT)
         return tide_err(ctx, TIDE_E_INVALID, "plan: unknown policy %d", (int)o->policy);
-    tide_status st = tide_lifetime_build(ctx, g, o->n_iter, &e->lt);
+    int n_pos = g->n_ops;
+    tide_status st = TIDE_OK;
+    if (o->policy == TIDE_POLICY_CHECKPOINT_LAYER) {
+        if (o->host_ops)
+            return tide_err(ctx, TIDE_E_INVALID, "plan: the checkpoint-layer policy does not place ops on the host");
+        if ((st = recompute_schedule(ctx, g, NULL, &e->sched, &n_pos))) return st;
+    } else if (o->policy == TIDE_POLICY_TIDE && o->recompute_cheap) {
+        if ((st = recompute_schedule(ctx, g, o->hw, &e->sched, &n_pos))) return st;
+    }
+    st = tide_lifetime_build_sched(ctx, g, e->sched, n_pos, o->n_iter, &e->lt);
     if (st) return st;
-    e->n_ops = g->n_ops;
+    e->n_ops = n_pos;
     e->n_steps = e->lt.n_steps;
     int nt = g->n_tensors;
     const tide_hw *hw = o->hw;
@@ -543,7 +552,7 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
     e->plan = tide_plan_alloc(ctx, g, o->n_iter);
     e->t = tide_calloc((size_t)(nt ? nt : 1), sizeof *e->t);
     e->op_s = tide_malloc((size_t)(g->n_ops ? g->n_ops : 1) * sizeof *e->op_s);
-    e->op_cum = tide_malloc((size_t)(g->n_ops + 1) * sizeof *e->op_cum);
+    e->op_cum = tide_malloc((size_t)(e->n_ops + 1) * sizeof *e->op_cum);
     e->clk.cs_after = tide_malloc((size_t)(e->n_steps ? e->n_steps : 1) * sizeof *e->clk.cs_after);
     e->sp.scratch_cap = SCRATCH_RING;
     e->sp.scratch = tide_calloc((size_t)e->sp.scratch_cap, sizeof *e->sp.scratch);
@@ -553,10 +562,8 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
     p->policy = o->policy;
     p->device_budget = o->device_budget;
     e->op_cum[0] = 0;
-    for (int i = 0; i < g->n_ops; i++) {
-        e->op_s[i] = tide_cost_op(hw, g, &g->ops[i]);
-        e->op_cum[i + 1] = e->op_cum[i] + e->op_s[i];
-    }
+    for (int i = 0; i < g->n_ops; i++) e->op_s[i] = tide_cost_op(hw, g, &g->ops[i]);
+    for (int i = 0; i < e->n_ops; i++) e->op_cum[i + 1] = e->op_cum[i] + e->op_s[e->sched ? e->sched[i] : i];
     /* About three instructions a step: reserve once rather than copy while
      * doubling (a failure here only means growing later). */
     if (e->n_steps < INT_MAX / 4) {
@@ -651,10 +658,11 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
     p->host_addressable = o->host_addressable;
     e->host_op = o->host_ops;
     if (e->host_op) {
-        if (!(e->next_host = tide_malloc((size_t)(g->n_ops + 1) * sizeof *e->next_host)))
+        if (!(e->next_host = tide_malloc((size_t)(e->n_ops + 1) * sizeof *e->next_host)))
             return tide_err(ctx, TIDE_E_NOMEM, "out of memory planning");
-        e->next_host[g->n_ops] = g->n_ops;
-        for (int i = g->n_ops - 1; i >= 0; i--) e->next_host[i] = e->host_op[i] ? i : e->next_host[i + 1];
+        e->next_host[e->n_ops] = e->n_ops;
+        for (int i = e->n_ops - 1; i >= 0; i--)
+            e->next_host[i] = e->host_op[e->sched ? e->sched[i] : i] ? i : e->next_host[i + 1];
     }
     uint64_t reserved = 0; /* for the whole plan: no op's working set may use it */
     if (o->warm_off && (st = place_warm(e, o->warm_off, &reserved))) return st;
@@ -687,6 +695,7 @@ void engine_free(engine *e, bool keep_plan) {
     tide_free(e->t);
     tide_free(e->op_s);
     tide_free(e->op_cum);
+    tide_free(e->sched);
     tide_free(e->next_host);
     tide_free(e->pinned);
     tide_free(e->pin_off);

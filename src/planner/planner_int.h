@@ -1,6 +1,7 @@
 /*
  * planner_int.h - the plan-building engine shared by the planning policies
- * (planner.c: tide; baselines.c: static-layer, lru). Internal to the planner.
+ * (planner.c: tide; baselines.c: static-layer, lru; checkpoint-layer: lru over
+ * recompute.c's layer-checkpointing schedule). Internal to the planner.
  *
  * The engine owns the simulated state of one planning run: where every
  * tensor's copies are (device arena, host, SSD), what each copy's last writer
@@ -22,6 +23,9 @@
  *   planner_space.c   device space (engine.sp): release records, releases
  *                     ahead of execution, victim candidates, scratch; waits
  *   planner_arena.c   the arena allocator
+ *   recompute.c       recomputation schedules (which ops run again, where):
+ *                     the engine then walks positions of the schedule, not
+ *                     ops (engine.sched)
  */
 #ifndef TIDE_PLANNER_INT_H
 #define TIDE_PLANNER_INT_H
@@ -123,7 +127,10 @@ typedef struct engine {
     const tide_hw *hw;
     tide_plan *plan;              /* being appended to */
     tide_lifetime lt;
-    int n_ops, n_steps, n_iter;
+    int n_ops, n_steps, n_iter;   /* n_ops: positions per iteration (the graph's ops, plus
+                                     recomputations when sched is set); step = iter * n_ops + pos */
+    int *sched;                   /* per position, the op it runs (recompute.c), or NULL: op pos */
+    int compute_step;             /* step of the COMPUTE being emitted */
     engine_tensor *t;             /* residency books (planner_engine.c) */
     engine_space sp;
     engine_clock clk;
@@ -142,8 +149,8 @@ typedef struct engine {
                                      use of each iteration and loaded again in the next */
     bool lru_loads;               /* LOADs wait for the previous COMPUTE (on demand) */
     const bool *host_op;          /* per op, or NULL: computed on the host CPU */
-    int *next_host;               /* with host_op: per op o, the first op >= o placed on
-                                     the host (n_ops: none) */
+    int *next_host;               /* with host_op: per position o, the first position >= o
+                                     whose op is placed on the host (n_ops: none) */
     int *vict;                    /* alloc_block's: victims of one eviction window */
     int cap_vict;
     tide_status st;               /* first failure */
@@ -253,7 +260,9 @@ tide_status alloc_prepare_forced(engine *e, int step, victim_cost_fn cost, void 
  * the host goes to engine_compute_host. */
 tide_status engine_compute(engine *e, int step);
 /* Whether step's op is placed on the host CPU. */
-static inline bool engine_on_host(const engine *e, int step) { return e->host_op && e->host_op[step % e->n_ops]; }
+static inline bool engine_on_host(const engine *e, int step) {
+    return e->host_op && e->host_op[e->sched ? e->sched[step % e->n_ops] : step % e->n_ops];
+}
 /* COMPUTE of a host step on the host stream: each input gets a valid host
  * copy first (a STORE from the device, or a MOVE from SSD), each output a
  * host location (its home on host, else host spill space); device copies of
@@ -264,7 +273,12 @@ tide_status engine_compute_host(engine *e, int step);
 tide_status engine_finish(engine *e, bool simulate, double t0);
 
 /* Op index of a step. */
-static inline int engine_op_index(const engine *e, int step) { return step % e->n_ops; }
+static inline int engine_op_index(const engine *e, int step) {
+    return e->sched ? e->sched[step % e->n_ops] : step % e->n_ops;
+}
+/* Position of a step in its iteration (what the use lists count in). */
+static inline int engine_pos(const engine *e, int step) { return step % e->n_ops; }
+static inline const tide_op *engine_op(const engine *e, int step) { return &e->g->ops[engine_op_index(e, step)]; }
 /* Distinct tensors of op: inputs first, then outputs not read; is_in[i] says
  * which. Returns their number. */
 int op_distinct_tensors(const tide_op *op, int *ts, bool *is_in);
@@ -313,6 +327,11 @@ bool engine_check(const engine *e);
 
 /* The policies. Each plans into e (already initialised). */
 tide_status policy_tide(engine *e);
+/* A recomputation schedule of g (recompute.c): *sched (n_pos positions,
+ * allocated) names the op of each position of an iteration. hw NULL: layer
+ * checkpointing; else only cheap recomputations by hw's costs. TIDE_OK,
+ * TIDE_E_NOMEM or TIDE_E_INVALID (too long). */
+tide_status recompute_schedule(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, int **sched, int *n_pos);
 tide_status policy_lru(engine *e);
 tide_status policy_static_layer(engine *e, uint64_t *min_needed);
 

@@ -157,7 +157,7 @@ bool space_can_doom(engine *e, int t, int step) {
     if (T->role == TIDE_ROLE_STATE || T->role == TIDE_ROLE_OUTPUT) return false;
     /* a streamed read-only tensor leaves after its last use of the iteration:
      * its home copy stays valid */
-    if (e->stream && e->stream[t] && step % e->n_ops == tide_lifetime_last_op(&e->lt, t)) return true;
+    if (e->stream && e->stream[t] && engine_pos(e, step) == tide_lifetime_last_op(&e->lt, t)) return true;
     return tide_lifetime_dead_after(&e->lt, t, step);
 }
 

@@ -160,7 +160,8 @@ tide_status tide_trainer_set_offload(tide_trainer *t, const tide_offload_opts *o
     bool on = o && o->budget_kind != TIDE_BUDGET_NONE;
     tide_policy pol = TIDE_POLICY_TIDE;
     if (on && o->policy && tide_policy_parse(o->policy, &pol))
-        return tide_err(t->ctx, TIDE_E_INVALID, "unknown policy '%s' (tide, static-layer or lru)", o->policy);
+        return tide_err(t->ctx, TIDE_E_INVALID, "unknown policy '%s' (tide, static-layer, lru or checkpoint-layer)",
+                       o->policy);
     if (on && o->budget_kind == TIDE_BUDGET_FRACTION && !(o->fraction > 0 && o->fraction <= 1))
         return tide_err(t->ctx, TIDE_E_INVALID, "budget fraction %g is not in (0, 1]", o->fraction);
     if (on && o->budget_kind == TIDE_BUDGET_BYTES && !o->bytes)
