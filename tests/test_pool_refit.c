@@ -30,6 +30,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "cost/refit.h"
 #include "probe/probe.h"
 #include "serve/pool_int.h"
 
@@ -59,25 +60,6 @@ static const char *tmpdir(void) { return getenv("TMPDIR") ? getenv("TMPDIR") : "
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
-}
-
-/* A copy of hw with every rate multiplied by f (latencies kept), as
- * test_refit.c makes its profiles 2x off. */
-static tide_hw scaled(const tide_hw *hw, double f) {
-    tide_hw h = *hw;
-    for (int d = 0; d < TIDE_DTYPE_COUNT; d++) {
-        h.flops[d] *= f;
-        h.matvec_bw[d] *= f;
-    }
-    h.mem_bw *= f;
-    h.h2d_bw *= f;
-    h.d2h_bw *= f;
-    h.ssd_read_bw *= f;
-    h.ssd_write_bw *= f;
-    h.host_flops *= f;
-    h.host_mem_bw *= f;
-    snprintf(h.name, sizeof h.name, "scaled-%g", f);
-    return h;
 }
 
 /* ---------------------------------------------------------------- log and hook */
@@ -298,7 +280,7 @@ static void test_refit_2x(void **state) {
     double err = probe_error();
     assert_true(err > 0);
     /* rates x2 of what would predict these requests right: predictions half */
-    tide_hw wrong = scaled(&probed, 2.0 * err);
+    tide_hw wrong = tide_hw_scaled(&probed, 2.0 * err);
     assert_int_equal(tide_hw_save(ctx, &wrong, hw_path), TIDE_OK);
     bool ok = false;
     for (int attempt = 0; attempt < 3 && !ok; attempt++) {
@@ -322,7 +304,7 @@ static void test_no_refit(void **state) {
     /* predictions a quarter of the measured times: drift whatever the noise */
     double err = probe_error();
     assert_true(err > 0);
-    tide_hw wrong = scaled(&probed, 4.0 * err);
+    tide_hw wrong = tide_hw_scaled(&probed, 4.0 * err);
     assert_int_equal(tide_hw_save(ctx, &wrong, hw_path), TIDE_OK);
     run_out o;
     pool_run(true, &o);

@@ -295,24 +295,6 @@ static tide_status train_run(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *b
     return st;
 }
 
-/* A copy of hw with every rate multiplied by f (latencies kept). */
-static tide_hw scaled(const tide_hw *hw, double f) {
-    tide_hw h = *hw;
-    for (int d = 0; d < TIDE_DTYPE_COUNT; d++) {
-        h.flops[d] *= f;
-        h.matvec_bw[d] *= f;
-    }
-    h.mem_bw *= f;
-    h.h2d_bw *= f;
-    h.d2h_bw *= f;
-    h.ssd_read_bw *= f;
-    h.ssd_write_bw *= f;
-    h.host_flops *= f;
-    h.host_mem_bw *= f;
-    snprintf(h.name, sizeof h.name, "scaled-%g", f);
-    return h;
-}
-
 /* ---------------------------------------------------------------- 2. bit-identity */
 
 static void test_replan_bit_identical(void **state) {
@@ -336,7 +318,7 @@ static void test_replan_bit_identical(void **state) {
     /* a profile far too slow (h100-80g over 100000: about 5 s a step): every step is far faster than predicted */
     tide_hw h100, slow;
     assert_int_equal(tide_hw_load(ctx, "h100-80g", &h100), TIDE_OK);
-    slow = scaled(&h100, 1e-5);
+    slow = tide_hw_scaled(&h100, 1e-5);
     char path[1100];
     snprintf(path, sizeof path, "%s/tide-test-refit-slow-%d.json", tmpdir(), (int)getpid());
     assert_int_equal(tide_hw_save(ctx, &slow, path), TIDE_OK);
@@ -441,7 +423,7 @@ static void test_refit_2x(void **state) {
     static const double factors[] = {2.0, 0.5};
     for (int fi = 0; fi < 2; fi++) {
         /* rates x factor of what would predict this step right */
-        tide_hw wrong = scaled(&hw, factors[fi] * probe_err);
+        tide_hw wrong = tide_hw_scaled(&hw, factors[fi] * probe_err);
         assert_int_equal(tide_hw_save(ctx, &wrong, path), TIDE_OK);
         tide_offload_opts off = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.25, .hw = path,
                                  .ssd_dirs = tmpdir()};

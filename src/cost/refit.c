@@ -133,3 +133,20 @@ tide_status tide_hw_refit_runs(int n, const tide_plan *const *plans, const tide_
     if (info) *info = r;
     return TIDE_OK;
 }
+
+tide_hw tide_hw_scaled(const tide_hw *hw, double f) {
+    tide_hw h = *hw;
+    for (int d = 0; d < TIDE_DTYPE_COUNT; d++) {
+        h.flops[d] *= f;
+        h.matvec_bw[d] *= f;
+    }
+    h.mem_bw *= f;
+    h.h2d_bw *= f;
+    h.d2h_bw *= f;
+    h.ssd_read_bw *= f;
+    h.ssd_write_bw *= f;
+    h.host_flops *= f;
+    h.host_mem_bw *= f;
+    snprintf(h.name, sizeof h.name, "scaled-%g", f);
+    return h;
+}

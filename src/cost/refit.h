@@ -95,4 +95,9 @@ tide_status tide_hw_refit(const tide_plan *p, const tide_sim_event *measured, co
 tide_status tide_hw_refit_runs(int n, const tide_plan *const *plans, const tide_sim_event *const *measured,
                                const int *runs, const tide_hw *hw, tide_hw *out, tide_refit *info);
 
+/* A copy of hw with every rate (compute, matvec, memory, link, SSD, host)
+ * multiplied by f, latencies kept, named "scaled-F": a profile that many
+ * times off, for what-if plans and for testing a refit. */
+tide_hw tide_hw_scaled(const tide_hw *hw, double f);
+
 #endif

@@ -175,40 +175,6 @@ static void gen_range(const syn_tensor *t, tide_dtype dt, uint64_t block, uint32
 
 /* ---------------------------------------------------------------- text */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->oom = true;
-            return;
-        }
-        if (b->p && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap <= b->len + (size_t)n) cap *= 2;
-        char *p = tide_realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-}
-
 static const char *st_dtype(tide_dtype dt) {
     switch (dt) {
     case TIDE_BF16: return "BF16";
@@ -218,17 +184,17 @@ static const char *st_dtype(tide_dtype dt) {
 }
 
 /* The padded header of one shard: 8-byte length + JSON + spaces. */
-static void shard_header(sbuf *b, const syn_shard *sh, const syn_tensor *ts, tide_dtype dt) {
-    sb_printf(b, "12345678{\"__metadata__\":{\"format\":\"pt\"}");
+static void shard_header(tide_strbuf *b, const syn_shard *sh, const syn_tensor *ts, tide_dtype dt) {
+    tide_strbuf_printf(b, "12345678{\"__metadata__\":{\"format\":\"pt\"}");
     for (int i = sh->first; i < sh->first + sh->count; i++) {
         const syn_tensor *t = &ts[i];
-        sb_printf(b, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name, st_dtype(dt));
-        for (int d = 0; d < t->ndim; d++) sb_printf(b, "%s%lld", d ? "," : "", (long long)t->shape[d]);
-        sb_printf(b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)t->begin,
+        tide_strbuf_printf(b, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name, st_dtype(dt));
+        for (int d = 0; d < t->ndim; d++) tide_strbuf_printf(b, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+        tide_strbuf_printf(b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)t->begin,
                   (unsigned long long)(t->begin + t->nbytes));
     }
-    sb_printf(b, "}");
-    while (!b->oom && b->len % TIDE_CK_DATA_ALIGN != 0) sb_printf(b, " ");
+    tide_strbuf_printf(b, "}");
+    while (!b->oom && b->len % TIDE_CK_DATA_ALIGN != 0) tide_strbuf_printf(b, " ");
     if (b->oom) return;
     uint64_t n = b->len - 8;
     for (int i = 0; i < 8; i++) b->p[i] = (char)((n >> (8 * i)) & 0xff);
@@ -399,7 +365,7 @@ static void fill_chunk(writer *w, const syn_shard *sh, const unsigned char *hdr,
 static tide_status write_shard(writer *w, syn_shard *sh) {
     tide_ctx *ctx = w->ctx;
     pipeline *pl = &w->pl;
-    sbuf hb = {0};
+    tide_strbuf hb = {0};
     shard_header(&hb, sh, w->ts, w->cfg->dtype);
     if (hb.oom) {
         tide_free(hb.p);
@@ -610,7 +576,7 @@ tide_status tide_checkpoint_make_synthetic(tide_ctx *ctx, const tide_llama_confi
     char *config_path = join(dir, "config.json", "");
     bool index_tmp_exists = false;
     int ns = 0;
-    sbuf ib = {0};
+    tide_strbuf ib = {0};
     if (!ts || !sh || !index_path || !index_tmp || !single_path || !config_path) {
         st = tide_err(ctx, TIDE_E_NOMEM, "make_synthetic %s: out of memory", dir);
         goto done;
@@ -646,7 +612,7 @@ tide_status tide_checkpoint_make_synthetic(tide_ctx *ctx, const tide_llama_confi
     }
     sync_init = true;
     for (int s = 0; s < ns; s++) {
-        sbuf hb = {0};
+        tide_strbuf hb = {0};
         shard_header(&hb, &sh[s], ts, cfg->dtype);
         if (hb.oom) {
             tide_free(hb.p);
@@ -663,11 +629,11 @@ tide_status tide_checkpoint_make_synthetic(tide_ctx *ctx, const tide_llama_confi
     if (sharded) {
         uint64_t total = 0;
         for (int s = 0; s < ns; s++) total += sh[s].data_bytes;
-        sb_printf(&ib, "{\n  \"metadata\": {\n    \"total_size\": %llu\n  },\n  \"weight_map\": {",
+        tide_strbuf_printf(&ib, "{\n  \"metadata\": {\n    \"total_size\": %llu\n  },\n  \"weight_map\": {",
                   (unsigned long long)total);
         for (int i = 0; i < nt; i++)
-            sb_printf(&ib, "%s\n    \"%s\": \"%s\"", i ? "," : "", ts[i].name, sh[ts[i].shard].name);
-        sb_printf(&ib, "\n  }\n}\n");
+            tide_strbuf_printf(&ib, "%s\n    \"%s\": \"%s\"", i ? "," : "", ts[i].name, sh[ts[i].shard].name);
+        tide_strbuf_printf(&ib, "\n  }\n}\n");
         if (ib.oom) {
             st = tide_err(ctx, TIDE_E_NOMEM, "make_synthetic %s: out of memory", dir);
             goto done;

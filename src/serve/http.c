@@ -31,6 +31,7 @@
  * are freed.
  */
 #include "serve/http_int.h"
+#include "core/core.h"
 
 #include <microhttpd.h>
 #include <netdb.h>
@@ -54,48 +55,17 @@ void serve_count(serve_server *s, const char *endpoint, int status) {
     pthread_mutex_unlock(&s->mmu);
 }
 
-typedef struct text_buf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} text_buf;
-
-static void tb_printf(text_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void tb_printf(text_buf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) return;
-        if (b->p && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->len + (size_t)n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-}
-
 /* One metric's HELP and TYPE lines. */
-static void tb_head(text_buf *b, const char *name, const char *type, const char *help) {
-    tb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+static void tb_head(tide_strbuf *b, const char *name, const char *type, const char *help) {
+    tide_strbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 char *serve_metrics_text(serve_server *s) {
-    text_buf b = {0};
+    tide_strbuf b = {0};
     tb_head(&b, "tide_requests_total", "counter", "HTTP requests answered, by endpoint and status.");
     pthread_mutex_lock(&s->mmu);
     for (int i = 0; i < s->n_counters; i++)
-        tb_printf(&b, "tide_requests_total{endpoint=\"%s\",status=\"%d\"} %lld\n", s->counters[i].endpoint,
+        tide_strbuf_printf(&b, "tide_requests_total{endpoint=\"%s\",status=\"%d\"} %lld\n", s->counters[i].endpoint,
                   s->counters[i].status, s->counters[i].n);
     pthread_mutex_unlock(&s->mmu);
     static const struct {
@@ -139,7 +109,7 @@ char *serve_metrics_text(serve_server *s) {
             case 10: v = (double)ws.replans; break;
             default: v = (double)ws.drifted; break;
             }
-            tb_printf(&b, "%s{model=\"%s\"} %.17g\n", per_model[k].name, m->name, v);
+            tide_strbuf_printf(&b, "%s{model=\"%s\"} %.17g\n", per_model[k].name, m->name, v);
         }
     }
     pthread_mutex_unlock(&s->lru);
@@ -165,13 +135,12 @@ char *serve_metrics_text(serve_server *s) {
     };
     for (size_t k = 0; k < sizeof pool / sizeof pool[0]; k++) {
         tb_head(&b, pool[k].name, pool[k].type, pool[k].help);
-        tb_printf(&b, "%s %.17g\n", pool[k].name, pool[k].v);
+        tide_strbuf_printf(&b, "%s %.17g\n", pool[k].name, pool[k].v);
     }
-    if (b.oom) {
-        free(b.p);
-        return NULL;
-    }
-    return b.p;
+    /* the daemon frees a body with free(): a copy of the text */
+    char *out = b.oom ? NULL : strdup(b.p);
+    tide_free(b.p);
+    return out;
 }
 
 /* ---------------------------------------------------------------- answers */
