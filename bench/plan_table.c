@@ -167,12 +167,12 @@ static void table1(bool quick) {
             uint64_t cap = TIDE_MIN(peak, hw.device_mem_bytes);
             const double fr[] = {1.0, 0.5, 0.25, 0.10, 0};
             for (int fi = 0; fi < 5; fi++) {
-                result r[TIDE_POLICY_COUNT];
-                uint64_t budget[TIDE_POLICY_COUNT];
+                result r[TIDE_POLICY_INFERENCE_COUNT];
+                uint64_t budget[TIDE_POLICY_INFERENCE_COUNT];
                 char label[32];
                 /* every policy at the same budget; "min" is tide's minimum */
                 uint64_t b = fr[fi] > 0 ? (uint64_t)(cap * fr[fi]) : min_budget(g, n_iter, ng, &hw, TIDE_POLICY_TIDE);
-                for (int pol = 0; pol < TIDE_POLICY_COUNT; pol++) {
+                for (int pol = 0; pol < TIDE_POLICY_INFERENCE_COUNT; pol++) {
                     budget[pol] = b;
                     r[pol] = b ? run_policy(g, n_iter, ng, &hw, pol, b) : (result){0};
                 }

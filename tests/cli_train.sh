@@ -26,7 +26,7 @@ contains "$TMP/out" "summary" "a summary"
 # JSON: one object per step and a summary; offloaded and checked for every policy
 mkdir -p "$TMP/spill"
 # (static-layer needs two whole layers and the activations' peak: 25% is below its minimum)
-for pb in tide:25% static-layer:50% lru:25% checkpoint-layer:25%; do
+for pb in tide:25% static-layer:50% lru:25% checkpoint-layer:25% zero-offload:25%; do
     p=${pb%%:*} b=${pb#*:}
     expect 0 "offloaded at $b, $p, checked" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 3 --batch 2 \
         --seq 16 --accum 2 --budget $b --policy $p --hw h100-80g --check --json --ssd "$TMP/spill"
@@ -118,6 +118,20 @@ expect 0 "--save-dtype f32" -- "$TIDE" train --model "$FX" --data "$DATA" --step
     --out "$TMP/ckf" --save-dtype f32
 contains "$TMP/ckf/config.json" "float32" "f32 checkpoint's config says so"
 
+# zero-offload: every AdamW update on the host CPU, with the state on host and
+# homed on SSD, bit-identical; it takes no device placement of the optimizer
+for args in "--budget min" "--budget min --host-budget 600K"; do
+    expect 0 "zero-offload ($args), checked" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 2 --batch 2 \
+        --seq 16 --accum 2 $args --policy zero-offload --hw h100-80g --check --json --ssd "$TMP/spill"
+    contains "$TMP/out" '"check_passed":true' "zero-offload ($args): bit-identical"
+    groups=$(sed -n 's/.*"optimizer_groups":\([0-9]*\).*/\1/p' "$TMP/out" | tail -1)
+    contains "$TMP/out" "\"optimizer_host_groups\":$groups" "zero-offload ($args): every update on the host"
+done
+[ -z "$(ls -A "$TMP/spill")" ] && PASSES=$((PASSES + 1)) || { echo "FAIL: zero-offload left files behind"; FAILS=$((FAILS + 1)); }
+expect 2 "zero-offload with --optimizer device" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 2 --batch 2 \
+    --seq 16 --budget 25% --policy zero-offload --optimizer device --hw h100-80g
+contains "$TMP/err" "every AdamW update on the host CPU" "zero-offload with --optimizer device names why"
+
 # the demonstration (no arguments) is exercised with a few steps
 expect 0 "demonstration, 3 steps" -- "$TIDE" train --steps 3 --json
 contains "$TMP/out" '"check_passed":true' "demonstration checks bit for bit"
@@ -134,6 +148,15 @@ contains "$TMP/out" "policy checkpoint-layer" "plan --train names checkpoint-lay
 contains "$TMP/out" "verified    yes" "checkpoint-layer plan verified"
 expect 2 "checkpoint-layer without --train" -- "$TIDE" plan --config llama-7b --budget 25% --policy checkpoint-layer
 contains "$TMP/err" "needs --train" "checkpoint-layer without --train names why"
+expect 0 "plan --train, zero-offload" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
+    --budget 25% --hw a100-80g --policy zero-offload
+contains "$TMP/out" "policy zero-offload" "plan --train names zero-offload"
+contains "$TMP/out" "verified    yes" "zero-offload plan verified"
+contains "$TMP/out" "291 of 291 updates on the host CPU" "zero-offload: every update on the host"
+expect 2 "zero-offload without --train" -- "$TIDE" plan --config llama-7b --budget 25% --policy zero-offload
+contains "$TMP/err" "needs --train" "zero-offload without --train names why"
+expect 2 "zero-offload in tide run" -- "$TIDE" run --model "$FX" --budget 25% --policy zero-offload
+contains "$TMP/err" "plans a training step" "tide run --policy zero-offload names why"
 expect 0 "plan --train --json at the minimum" -- "$TIDE" plan --train --config tinyllama-1.1b --batch 2 --seq 256 \
     --budget min --json
 for f in pct_of_ideal x_lower_bound step_s ideal_step_s master_bytes moment_bytes gradient_bytes \

@@ -311,7 +311,7 @@ static void test_bit_identical(void **state) {
     float *ref = resident_logits(ck, be, ctx);
     const double fractions[] = {1.0, 0.5, 0.25, 0};
     int runs = 0;
-    for (int pol = 0; pol < TIDE_POLICY_COUNT; pol++)
+    for (int pol = 0; pol < TIDE_POLICY_INFERENCE_COUNT; pol++)
         for (int f = 0; f < 4; f++)
             for (int ssd = 0; ssd < 2; ssd++) {
                 run_cfg rc = {.policy = (tide_policy)pol, .fraction = fractions[f], .weights_on_ssd = ssd,

@@ -278,7 +278,7 @@ static void test_random_dags(void **state) {
         int n_iter = rint_(1, 3);
         uint64_t peak = tide_plan_unconstrained_peak(ctx, g, &hw, n_iter);
         assert_true(peak >= ws);
-        for (int pol = 0; pol < TIDE_POLICY_COUNT; pol++) {
+        for (int pol = 0; pol < TIDE_POLICY_INFERENCE_COUNT; pol++) {
             tide_plan_opts o = {.policy = (tide_policy)pol, .n_iter = n_iter, .hw = gi % 5 == 4 ? &no_ssd : &hw};
             o.weights_on_ssd = gi % 7 == 3;
             if (o.weights_on_ssd) o.hw = &hw;
@@ -321,7 +321,7 @@ static void test_small_host(void **state) {
         uint64_t io = tide_graph_role_bytes(g, TIDE_ROLE_INPUT) + tide_graph_role_bytes(g, TIDE_ROLE_OUTPUT) +
                       tide_graph_role_bytes(g, TIDE_ROLE_STATE);
         uint64_t ws = tide_graph_max_working_set(g, NULL);
-        for (int pol = 0; pol < TIDE_POLICY_COUNT; pol++) {
+        for (int pol = 0; pol < TIDE_POLICY_INFERENCE_COUNT; pol++) {
             tide_plan_opts o = {.policy = (tide_policy)pol, .n_iter = rint_(1, 3), .hw = &hw,
                                 .host_budget = io + 1 + rnd() % 65536};
             uint64_t min;
@@ -763,19 +763,19 @@ static void llama_case(tide_ctx *ctx, const char *model, int layers, int batch, 
     assert_int_equal(tide_llama_build(ctx, &cfg, &go, &g), TIDE_OK);
     uint64_t peak = tide_plan_unconstrained_peak(ctx, g, &hw, n_iter);
     tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .n_iter = n_iter, .hw = &hw, .device_budget = peak};
-    uint64_t mins[TIDE_POLICY_COUNT];
-    for (int pol = 0; pol < TIDE_POLICY_COUNT; pol++) {
+    uint64_t mins[TIDE_POLICY_INFERENCE_COUNT];
+    for (int pol = 0; pol < TIDE_POLICY_INFERENCE_COUNT; pol++) {
         o.policy = (tide_policy)pol;
         CHECK_OK(ctx, tide_plan_min_budget(ctx, g, &o, &mins[pol]));
     }
     double fr[4] = {1.0, 0.5, 0.25, 0};
     for (int b = 0; b < 4; b++) {
         uint64_t budget = fr[b] > 0 ? (uint64_t)((double)peak * fr[b]) : mins[TIDE_POLICY_TIDE];
-        double ms[TIDE_POLICY_COUNT];
+        double ms[TIDE_POLICY_INFERENCE_COUNT];
         tide_bounds bd;
         o.device_budget = budget;
         CHECK_OK(ctx, tide_plan_bounds(ctx, g, &o, &bd));
-        for (int pol = 0; pol < TIDE_POLICY_COUNT; pol++) {
+        for (int pol = 0; pol < TIDE_POLICY_INFERENCE_COUNT; pol++) {
             ms[pol] = -1;
             if (budget < mins[pol]) continue;
             o.policy = (tide_policy)pol;
@@ -787,7 +787,7 @@ static void llama_case(tide_ctx *ctx, const char *model, int layers, int batch, 
         print_message("  %s x%d b%d s%d iter %d, budget %.0f%% (%.2f GB): tide %.4f s (%.3fx LB), static-layer %.4f, "
                       "lru %.4f\n", model, cfg.num_hidden_layers, batch, seq, n_iter, fr[b] * 100, budget / 1e9,
                       ms[0], ms[0] / bd.lower_bound_s, ms[1], ms[2]);
-        for (int pol = 1; pol < TIDE_POLICY_COUNT; pol++)
+        for (int pol = 1; pol < TIDE_POLICY_INFERENCE_COUNT; pol++)
             if (ms[pol] >= 0 && ms[0] > ms[pol] * (1 + 1e-9))
                 fail_msg("tide (%.6f s) slower than %s (%.6f s)", ms[0], tide_policy_name((tide_policy)pol), ms[pol]);
     }
@@ -910,7 +910,7 @@ static void test_alloc_faults(void **state) {
     for (int gi = 0; gi < 6; gi++) {
         tide_graph *g = random_graph(ctx, 25, 65536);
         uint64_t ws = tide_graph_max_working_set(g, NULL);
-        for (int pol = 0; pol < TIDE_POLICY_COUNT; pol++) {
+        for (int pol = 0; pol < TIDE_POLICY_INFERENCE_COUNT; pol++) {
             tide_plan_opts o = {.policy = (tide_policy)pol, .n_iter = 1 + gi % 3, .hw = &hw,
                                 .device_budget = pol == TIDE_POLICY_STATIC_LAYER ? ws * 8 : ws + ws / 2};
             bool done = false;

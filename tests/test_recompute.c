@@ -17,8 +17,15 @@
  *   - a recomputation planted in a real plan from a stale input (an op that
  *     updated a tensor in place) is rejected by the verifier (test_verify.c's
  *     test_recompute does the same on a hand-built plan).
+ *   - zero-offload plans (the same steps, at room for everything, a quarter
+ *     of it and the policy's minimum) verify, put every ADAMW on the host
+ *     and no other op, STORE each gradient to host before any COMPUTE of
+ *     another layer after the one that wrote it, recompute as
+ *     checkpoint-layer does, and peak below checkpoint-layer (no master or
+ *     moment on the device); an inference graph or a caller's host
+ *     placement is refused with the reason.
  * Bit-identity of checkpoint-layer steps and of tide steps that recompute
- * against the resident step is in test_train.c (test_offload_bit_identical,
+ * (and of zero-offload steps) against the resident step is in test_train.c (test_offload_bit_identical,
  * test_tide_recompute_bit_identical).
  */
 #include <setjmp.h>
@@ -236,6 +243,108 @@ static void test_stale_recompute_rejected(void **state) {
     tide_ctx_free(ctx);
 }
 
+/* Checks a zero-offload plan: every ADAMW COMPUTE on the host and nothing
+ * else there; each gradient (what an ADAMW reads and does not update) that a
+ * device COMPUTE writes is STOREd to host before the first later device
+ * COMPUTE of another layer. Returns the number of gradient STOREs. */
+static int check_zero_offload(const tide_plan *p) {
+    const tide_graph *g = p->g;
+    bool *grad = calloc((size_t)g->n_tensors, sizeof *grad);
+    int *pending = malloc((size_t)g->n_tensors * sizeof *pending); /* writer's layer, INT_MIN none */
+    assert_true(grad && pending);
+    int n_adamw = 0, n_host = 0, n_stores = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        const tide_op *op = &g->ops[i];
+        if (op->kind != TIDE_OP_ADAMW) continue;
+        n_adamw++;
+        for (int k = 0; k < op->n_in; k++)
+            if (!tide_op_writes(op, op->in[k])) grad[op->in[k]] = true;
+    }
+    for (int t = 0; t < g->n_tensors; t++) pending[t] = INT32_MIN;
+    for (int i = 0; i < p->n_ins; i++) {
+        const tide_ins *in = &p->ins[i];
+        if (in->kind == TIDE_INS_STORE && grad[in->tensor] && in->dst == TIDE_TIER_HOST) {
+            if (pending[in->tensor] != INT32_MIN) n_stores++;
+            pending[in->tensor] = INT32_MIN;
+        }
+        if (in->kind != TIDE_INS_COMPUTE) continue;
+        const tide_op *op = &g->ops[in->op];
+        assert_int_equal(in->place == TIDE_PLACE_HOST, op->kind == TIDE_OP_ADAMW);
+        if (in->place == TIDE_PLACE_HOST) {
+            n_host++;
+            continue;
+        }
+        for (int t = 0; t < g->n_tensors; t++)
+            if (pending[t] != INT32_MIN && pending[t] != op->layer)
+                fail_msg("gradient '%s' (written by layer %d) not stored before op %d of layer %d", g->tensors[t].name,
+                         pending[t], in->op, op->layer);
+        for (int k = 0; k < op->n_out; k++)
+            if (grad[op->out[k]]) pending[op->out[k]] = op->layer;
+    }
+    assert_int_equal(n_host, n_adamw * p->n_iter);
+    free(grad);
+    free(pending);
+    return n_stores;
+}
+
+static void test_zero_offload_train(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    static const int cases[][4] = {{2, 4, 64, 1}, {2, 8, 64, 2}, {4, 8, 64, 1}}; /* layers, B, T, accum */
+    tide_hw hw = test_hw();
+    for (int c = 0; c < 3; c++) {
+        tide_llama_config cfg = tiny_cfg(cases[c][0]);
+        tide_llama_train_opts to = {.batch = cases[c][1], .seq = cases[c][2], .accum = cases[c][3], .beta1 = 0.9f,
+                                    .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
+        tide_graph *g = NULL;
+        assert_int_equal(tide_llama_build_train(ctx, &cfg, &to, &g), TIDE_OK);
+        int n_params = 0;
+        for (int i = 0; i < g->n_ops; i++) n_params += g->ops[i].kind == TIDE_OP_ADAMW;
+        tide_plan_opts mo = {.policy = TIDE_POLICY_ZERO_OFFLOAD, .n_iter = 2, .hw = &hw};
+        uint64_t min = 0;
+        CHECK_OK(ctx, tide_plan_min_budget(ctx, g, &mo, &min));
+        uint64_t budgets[3] = {all_bytes(g), all_bytes(g) / 4, min};
+        for (int b = 0; b < 3; b++) {
+            if (budgets[b] < min) continue;
+            tide_plan *z = plan_verified(ctx, g, TIDE_POLICY_ZERO_OFFLOAD, budgets[b]);
+            /* every gradient goes down at least once per iteration */
+            assert_true(check_zero_offload(z) >= n_params * z->n_iter);
+            assert_true(check_recomputations(z) >= 2 * cfg.num_hidden_layers * to.accum);
+            if (b == 0) {
+                tide_plan *ck = plan_verified(ctx, g, TIDE_POLICY_CHECKPOINT_LAYER, budgets[b]);
+                assert_true(z->stats.peak_device_bytes < ck->stats.peak_device_bytes);
+                print_message("  %d layers, %d x %d x %d: peak %" PRIu64 " (checkpoint-layer) -> %" PRIu64
+                              " (zero-offload); its minimum %" PRIu64 "\n", cfg.num_hidden_layers, to.batch, to.seq,
+                              to.accum, ck->stats.peak_device_bytes, z->stats.peak_device_bytes, min);
+                tide_plan_free(ck);
+            }
+            tide_plan_free(z);
+        }
+        /* a placement of the caller's is not taken */
+        bool *mask = calloc((size_t)g->n_ops, sizeof *mask);
+        assert_non_null(mask);
+        tide_plan_opts o = {.policy = TIDE_POLICY_ZERO_OFFLOAD, .device_budget = all_bytes(g), .n_iter = 2,
+                            .hw = &hw, .host_ops = mask};
+        tide_plan *p = NULL;
+        assert_int_not_equal(tide_plan_make(ctx, g, &o, &p), TIDE_OK);
+        assert_null(p);
+        free(mask);
+        tide_graph_free(g);
+    }
+    /* inference: no AdamW to place */
+    tide_llama_config cfg = tiny_cfg(2);
+    tide_graph *g = NULL;
+    tide_llama_graph_opts go = {.batch = 2, .seq = 16};
+    assert_int_equal(tide_llama_build(ctx, &cfg, &go, &g), TIDE_OK);
+    tide_plan_opts o = {.policy = TIDE_POLICY_ZERO_OFFLOAD, .device_budget = all_bytes(g), .n_iter = 2, .hw = &hw};
+    tide_plan *p = NULL;
+    assert_int_equal(tide_plan_make(ctx, g, &o, &p), TIDE_E_INVALID);
+    if (!strstr(tide_ctx_last_error(ctx), "this graph has none"))
+        fail_msg("refused for another reason: %s", tide_ctx_last_error(ctx));
+    tide_graph_free(g);
+    tide_ctx_free(ctx);
+}
+
 /* Without a backward there is nothing to recompute: the same plan as lru. */
 static void test_checkpoint_layer_inference(void **state) {
     (void)state;
@@ -267,6 +376,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_layer_inference),
         cmocka_unit_test(test_tide_cheap),
         cmocka_unit_test(test_stale_recompute_rejected),
+        cmocka_unit_test(test_zero_offload_train),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

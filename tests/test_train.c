@@ -9,7 +9,7 @@
  *     master weights and moments after the last step; tide's resident CPU
  *     trainer matches them within the tolerances below;
  *   - bit-identity: offloaded steps (every policy, checkpoint-layer's
- *     recomputed activations included; 50%, 25% and the minimum
+ *     recomputed activations and zero-offload's host updates included; 50%, 25% and the minimum
  *     budget; training state homed on host and on SSD) against the
  *     unconstrained run, every step's loss and gradient norm and every
  *     persistent tensor at the end, bit for bit;
@@ -545,10 +545,10 @@ static void test_offload_bit_identical(void **state) {
     assert_int_equal(train_run(ctx, &f, be, NULL, steps, NULL, NULL, 0, &ref), TIDE_OK);
     uint64_t state_bytes = 0;
     for (int i = 0; i < ref.n; i++) state_bytes += ref.bytes[i];
-    static const char *const policies[] = {"tide", "static-layer", "lru", "checkpoint-layer"};
+    static const char *const policies[] = {"tide", "static-layer", "lru", "checkpoint-layer", "zero-offload"};
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    int n_runs = 0, n_ckpt = 0;
-    for (int pi = 0; pi < 4; pi++)
+    int n_runs = 0, n_ckpt = 0, n_zero = 0;
+    for (int pi = 0; pi < 5; pi++)
         for (int bi = 0; bi < 3; bi++)
             for (int ssd = 0; ssd < 2; ssd++) {
                 tide_offload_opts off = {.policy = policies[pi], .hw = "h100-80g", .ssd_dirs = tmp};
@@ -576,9 +576,11 @@ static void test_offload_bit_identical(void **state) {
                 run_out_free(&r);
                 n_runs++;
                 n_ckpt += pi == 3;
+                n_zero += pi == 4;
             }
     assert_true(n_runs >= 12);
     assert_int_equal(n_ckpt, 6); /* recomputed activations: every budget, state on host and SSD */
+    assert_int_equal(n_zero, 6); /* every AdamW on the host CPU: every budget, state on host and SSD */
     run_out_free(&ref);
     tide_backend_free(be);
     fixture_close(&f);

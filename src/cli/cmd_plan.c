@@ -56,7 +56,10 @@ static const char help[] =
     "                     demand, least recently used evicted); with --train also\n"
     "                     checkpoint-layer (each layer's input kept, its other\n"
     "                     activations dropped after the forward and recomputed\n"
-    "                     before its backward; the rest as lru)\n"
+    "                     before its backward; the rest as lru) and zero-offload\n"
+    "                     (every AdamW update on the host CPU, each gradient\n"
+    "                     stored to host after its layer's backward, activations\n"
+    "                     as checkpoint-layer, the rest as lru)\n"
     "  --host-budget X    host memory for weights homed on host and spills\n"
     "                     (default: the profile's host memory)\n"
     "  --weights-on-ssd   home the weights on SSD instead of host memory\n"
@@ -184,8 +187,8 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         case 'w': a->hw_name = optarg; break;
         case 'p':
             if (tide_policy_parse(optarg, &a->policy))
-                return cli_usage_error("plan", "unknown --policy '%s' (tide, static-layer, lru or checkpoint-layer)",
-                                       optarg);
+                return cli_usage_error("plan", "unknown --policy '%s' (tide, static-layer, lru, "
+                                       "checkpoint-layer or zero-offload)", optarg);
             break;
         case 'H':
             if (cli_parse_bytes(optarg, &a->host_budget) || !a->host_budget)
@@ -224,7 +227,13 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     if (a->policy == TIDE_POLICY_CHECKPOINT_LAYER && !a->train)
         return cli_usage_error("plan", "--policy checkpoint-layer recomputes a training step's activations: it "
                                "needs --train");
-    if (a->optim == TRAIN_OPTIM_CPU && a->policy != TIDE_POLICY_TIDE)
+    if (a->policy == TIDE_POLICY_ZERO_OFFLOAD && !a->train)
+        return cli_usage_error("plan", "--policy zero-offload runs a training step's AdamW updates on the host CPU: "
+                               "it needs --train");
+    if (a->policy == TIDE_POLICY_ZERO_OFFLOAD && a->have_optim && a->optim == TRAIN_OPTIM_DEVICE)
+        return cli_usage_error("plan", "--policy zero-offload runs every AdamW update on the host CPU: no "
+                               "--optimizer device with it");
+    if (a->optim == TRAIN_OPTIM_CPU && a->policy != TIDE_POLICY_TIDE && a->policy != TIDE_POLICY_ZERO_OFFLOAD)
         return cli_usage_error("plan", "--optimizer cpu is planned by the tide policy only");
     return -1;
 }

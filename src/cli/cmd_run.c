@@ -449,6 +449,9 @@ static int parse_args(int argc, char **argv, run_job *r) {
                 return cli_usage_error("run", "bad --budget '%s' (bytes such as 2G, a percentage such as 25%%, auto, min or none)", optarg);
             break;
         case 'P':
+            if (!strcmp(optarg, "zero-offload"))
+                return cli_usage_error("run", "--policy %s plans a training step (tide train, tide plan --train); "
+                                       "inference takes tide, static-layer or lru", optarg);
             if (strcmp(optarg, "tide") && strcmp(optarg, "static-layer") && strcmp(optarg, "lru"))
                 return cli_usage_error("run", "unknown --policy '%s' (tide, static-layer or lru)", optarg);
             a->policy = optarg;

@@ -70,8 +70,11 @@ static const char help[] =
     "  --budget X          device memory: bytes (2G), a percentage of the step's\n"
     "                      unconstrained peak (25%), auto, min or none (default:\n"
     "                      none, everything resident)\n"
-    "  --policy P          tide (default), static-layer, lru or checkpoint-layer\n"
+    "  --policy P          tide (default), static-layer, lru, checkpoint-layer\n"
     "                      (activations recomputed per layer before its backward)\n"
+    "                      or zero-offload (every AdamW update on the host CPU,\n"
+    "                      gradients stored to host after each layer's backward,\n"
+    "                      activations as checkpoint-layer)\n"
     "  --optimizer WHERE   where the AdamW updates of an offloaded step run: auto\n"
     "                      (default: each parameter's on the device or on the host\n"
     "                      CPU, whichever the plan predicts faster; a CPU update\n"
@@ -249,9 +252,9 @@ static int parse_args(int argc, char **argv, train_job *j) {
             break;
         case 'P':
             if (strcmp(optarg, "tide") && strcmp(optarg, "static-layer") && strcmp(optarg, "lru") &&
-                strcmp(optarg, "checkpoint-layer"))
-                return cli_usage_error("train", "unknown --policy '%s' (tide, static-layer, lru or checkpoint-layer)",
-                                       optarg);
+                strcmp(optarg, "checkpoint-layer") && strcmp(optarg, "zero-offload"))
+                return cli_usage_error("train", "unknown --policy '%s' (tide, static-layer, lru, checkpoint-layer "
+                                       "or zero-offload)", optarg);
             a->policy = optarg;
             break;
         case 'O':
@@ -320,8 +323,11 @@ static int parse_args(int argc, char **argv, train_job *j) {
         (a->ssd || a->hw || a->host_budget || a->pread || strcmp(a->policy, "tide") || a->optimizer || a->no_refit))
         return cli_usage_error("train", "--ssd, --hw, --host-budget, --pread, --policy, --optimizer and --no-refit "
                                "need a --budget");
-    if (a->optimizer && !strcmp(a->optimizer, "cpu") && strcmp(a->policy, "tide"))
+    if (a->optimizer && !strcmp(a->optimizer, "cpu") && strcmp(a->policy, "tide") && strcmp(a->policy, "zero-offload"))
         return cli_usage_error("train", "--optimizer cpu is planned by the tide policy only");
+    if (a->optimizer && !strcmp(a->optimizer, "device") && !strcmp(a->policy, "zero-offload"))
+        return cli_usage_error("train", "--policy zero-offload runs every AdamW update on the host CPU: no "
+                               "--optimizer device with it");
     if (a->save_every && !a->out) return cli_usage_error("train", "--save-every needs --out");
     if (a->have_min_lr && a->min_lr > a->lr)
         return cli_usage_error("train", "--min-lr %g is above --lr %g", a->min_lr, a->lr);

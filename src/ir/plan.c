@@ -9,7 +9,7 @@
 static const char *const tier_names[] = {"device", "host", "ssd"};
 static const char *const stream_names[] = {"compute", "h2d", "d2h", "io", "host"};
 static const char *const ins_names[] = {"compute", "load", "store", "move", "drop"};
-static const char *const policy_names[] = {"tide", "static-layer", "lru", "checkpoint-layer"};
+static const char *const policy_names[] = {"tide", "static-layer", "lru", "checkpoint-layer", "zero-offload"};
 static const char *const place_names[] = {"device", "host"};
 
 const char *tide_tier_name(tide_tier t) { return (unsigned)t < TIDE_TIER_COUNT ? tier_names[t] : "?"; }

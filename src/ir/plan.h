@@ -128,8 +128,12 @@ typedef struct tide_ins {
 #define TIDE_HOME UINT64_MAX
 
 typedef enum tide_policy {
-    TIDE_POLICY_TIDE = 0, TIDE_POLICY_STATIC_LAYER, TIDE_POLICY_LRU, TIDE_POLICY_CHECKPOINT_LAYER, TIDE_POLICY_COUNT
+    TIDE_POLICY_TIDE = 0, TIDE_POLICY_STATIC_LAYER, TIDE_POLICY_LRU, TIDE_POLICY_CHECKPOINT_LAYER,
+    TIDE_POLICY_ZERO_OFFLOAD, TIDE_POLICY_COUNT
 } tide_policy;
+/* The policies before it plan any graph; zero-offload plans training steps
+ * only (it places their AdamW updates on the host). */
+#define TIDE_POLICY_INFERENCE_COUNT TIDE_POLICY_ZERO_OFFLOAD
 const char *tide_policy_name(tide_policy p);
 int tide_policy_parse(const char *s, tide_policy *out); /* 0 or -1 */
 

@@ -25,6 +25,20 @@
  * The dynamic region is first given what the activations want at their peak,
  * then resident layers take what is left. The smallest feasible budget is
  * therefore two buffers of the largest layer plus that peak.
+ *
+ * zero-offload (ZeRO-Offload, DeepSpeed): training only. Every ADAMW runs on
+ * the host CPU where the master weights and moments live (engine_init marks
+ * them; engine_compute_host brings each gradient into host memory and drops
+ * the device copies of the parameters it updates, which come up again when
+ * next used). Activations are checkpointed per layer (the checkpoint-layer
+ * schedule of recompute.c). Each gradient leaves the device as soon as the
+ * layer run that wrote it ends: a STORE to host before the next run's first
+ * COMPUTE, whether or not memory is short, so the device copy is clean and
+ * free to evict. Where host memory is short (a host budget that homes the
+ * state on SSD), gradients go to host only while the room to stage the
+ * largest update's operands stays free, then to SSD (ZeRO-Infinity's tier);
+ * with neither, a gradient stays on the device until evicted or updated. Parameters stay resident while they fit and are loaded on
+ * demand otherwise; allocation is lru's (no prefetch, no cost-based choice).
  */
 #include "planner/planner_int.h"
 
@@ -52,6 +66,77 @@ tide_status policy_lru(engine *e) {
         if (st) return st;
     }
     return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- zero-offload */
+
+/* Whether step ends a layer run: the last step of an iteration or of the
+ * plan, a host step, the step before one, or a change of layer. */
+static bool zo_run_ends(const engine *e, int step) {
+    if (step + 1 >= e->n_steps || (step + 1) % e->n_ops == 0) return true;
+    if (engine_on_host(e, step) || engine_on_host(e, step + 1)) return true;
+    return engine_op(e, step)->layer != engine_op(e, step + 1)->layer;
+}
+
+/* Where gradient t goes: host while stage bytes of the host spill area stay
+ * free beside it, else SSD; -1 for neither. */
+static int zo_grad_tier(engine *e, int t, uint64_t stage) {
+    uint64_t n = e->t[t].asize;
+    if (e->host_used + n + stage <= e->host.size && tide_arena_best_fit(&e->host, n, NULL, NULL, 1))
+        return TIDE_TIER_HOST;
+    return e->has_ssd ? TIDE_TIER_SSD : -1;
+}
+
+/* STOREs off the device each gradient that a device COMPUTE at steps
+ * [from, to] wrote and whose device copy is its only current one. */
+static tide_status zo_store_grads(engine *e, const bool *grad, uint64_t stage, int from, int to) {
+    for (int s = from; s <= to; s++) {
+        if (engine_on_host(e, s)) continue;
+        const tide_op *op = engine_op(e, s);
+        for (int k = 0; k < op->n_out; k++) {
+            int t = op->out[k];
+            const engine_tensor *T = &e->t[t];
+            if (!grad[t] || T->dev != DEV_VALID || T->cp[TIDE_TIER_HOST].valid || T->cp[TIDE_TIER_SSD].valid) continue;
+            int tier = zo_grad_tier(e, t, stage);
+            if (tier >= 0 && engine_store(e, t, (tide_tier)tier, to) < 0) return e->st;
+        }
+    }
+    return TIDE_OK;
+}
+
+tide_status policy_zero_offload(engine *e) {
+    const tide_graph *g = e->g;
+    bool *grad = tide_calloc((size_t)(g->n_tensors ? g->n_tensors : 1), sizeof *grad);
+    if (!grad) return e->st = tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
+    /* gradients: what an ADAMW reads without updating it; stage: the
+     * largest update's operands, staged in host spill space */
+    uint64_t stage = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        const tide_op *op = &g->ops[i];
+        if (op->kind != TIDE_OP_ADAMW) continue;
+        int ts[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
+        bool is_in[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
+        int n = op_distinct_tensors(op, ts, is_in);
+        uint64_t b = 0;
+        for (int k = 0; k < n; k++) b += e->t[ts[k]].asize;
+        stage = TIDE_MAX(stage, b);
+        for (int k = 0; k < op->n_in; k++)
+            if (!tide_op_writes(op, op->in[k])) grad[op->in[k]] = true;
+    }
+    e->lru_loads = true;
+    tide_status st = TIDE_OK;
+    for (int step = 0, run = 0; step < e->n_steps && !st; step++) {
+        e->exec = step;
+        e->prepared = step + 1;
+        if (!engine_on_host(e, step)) st = alloc_prepare_forced(e, step, lru_cost, &step);
+        if (!st) st = engine_compute(e, step);
+        if (!st && zo_run_ends(e, step)) {
+            st = zo_store_grads(e, grad, stage, run, step);
+            run = step + 1;
+        }
+    }
+    tide_free(grad);
+    return st;
 }
 
 /* ---------------------------------------------------------------- static-layer analysis */

@@ -466,6 +466,9 @@ static tide_status check_opts(tide_ctx *ctx, const tide_graph *g, const tide_pla
     if (o->n_iter < 1) return tide_err(ctx, TIDE_E_INVALID, "plan: n_iter must be >= 1 (got %d)", o->n_iter);
     if ((unsigned)o->policy >= TIDE_POLICY_COUNT)
         return tide_err(ctx, TIDE_E_INVALID, "plan: unknown policy %d", (int)o->policy);
+    if (o->policy == TIDE_POLICY_ZERO_OFFLOAD && o->host_ops)
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "plan: the zero-offload policy places every AdamW update on the "
+                        "host itself: it takes no host placement from the caller");
     if (o->policy != TIDE_POLICY_TIDE &&
         (o->host_ops || o->host_addressable || o->warm_off || o->warm_region || o->shared_scratch))
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "plan: the %s policy plans neither host placements, in-place host "
@@ -488,6 +491,7 @@ static tide_status plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan
         case TIDE_POLICY_STATIC_LAYER: st = policy_static_layer(&e, NULL); break;
         case TIDE_POLICY_LRU: st = policy_lru(&e); break;
         case TIDE_POLICY_CHECKPOINT_LAYER: st = policy_lru(&e); break; /* over the recomputation schedule */
+        case TIDE_POLICY_ZERO_OFFLOAD: st = policy_zero_offload(&e); break;
         default: st = policy_tide(&e); break;
         }
     }
@@ -601,7 +605,7 @@ static int try_budget(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *
 tide_status tide_plan_max_working_set(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts,
                                       uint64_t *ws) {
     *ws = tide_graph_max_working_set(g, NULL);
-    if (!opts->host_ops && !opts->host_addressable) return TIDE_OK;
+    if (!opts->host_ops && !opts->host_addressable && opts->policy != TIDE_POLICY_ZERO_OFFLOAD) return TIDE_OK;
     /* what device computes need in the arena: no in-place tensor, no host
      * op's (engine_working_set) */
     tide_status st = check_opts(ctx, g, opts);

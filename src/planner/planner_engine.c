@@ -535,6 +535,19 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
         if (o->host_ops)
             return tide_err(ctx, TIDE_E_INVALID, "plan: the checkpoint-layer policy does not place ops on the host");
         if ((st = recompute_schedule(ctx, g, NULL, &e->sched, &n_pos))) return st;
+    } else if (o->policy == TIDE_POLICY_ZERO_OFFLOAD) {
+        /* every AdamW update on the host, activations checkpointed per layer
+         * (check_opts refused a caller's host placement) */
+        int n_adamw = 0;
+        for (int i = 0; i < g->n_ops; i++) n_adamw += g->ops[i].kind == TIDE_OP_ADAMW;
+        if (!n_adamw)
+            return tide_err(ctx, TIDE_E_INVALID, "plan: the zero-offload policy runs a training step's AdamW "
+                            "updates on the host, and this graph has none (plan inference with tide, static-layer "
+                            "or lru)");
+        if (!(e->own_host_op = tide_malloc((size_t)g->n_ops * sizeof *e->own_host_op)))
+            return tide_err(ctx, TIDE_E_NOMEM, "out of memory planning");
+        for (int i = 0; i < g->n_ops; i++) e->own_host_op[i] = g->ops[i].kind == TIDE_OP_ADAMW;
+        if ((st = recompute_schedule(ctx, g, NULL, &e->sched, &n_pos))) return st;
     } else if (o->policy == TIDE_POLICY_TIDE && o->recompute_cheap) {
         if ((st = recompute_schedule(ctx, g, o->hw, &e->sched, &n_pos))) return st;
     }
@@ -588,8 +601,9 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
      * on SSD is MOVEd in, updated and MOVEd home): room for the largest
      * one's operands is kept out of the homes when state must go to SSD. */
     uint64_t stage = 0;
-    for (int op = 0; o->host_ops && op < g->n_ops; op++) {
-        if (!o->host_ops[op]) continue;
+    const bool *hops = e->own_host_op ? e->own_host_op : o->host_ops;
+    for (int op = 0; hops && op < g->n_ops; op++) {
+        if (!hops[op]) continue;
         int ts[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
         bool is_in[TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT];
         int n = op_distinct_tensors(&g->ops[op], ts, is_in);
@@ -656,7 +670,7 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
         }
     }
     p->host_addressable = o->host_addressable;
-    e->host_op = o->host_ops;
+    e->host_op = e->own_host_op ? e->own_host_op : o->host_ops;
     if (e->host_op) {
         if (!(e->next_host = tide_malloc((size_t)(e->n_ops + 1) * sizeof *e->next_host)))
             return tide_err(ctx, TIDE_E_NOMEM, "out of memory planning");
@@ -697,6 +711,7 @@ void engine_free(engine *e, bool keep_plan) {
     tide_free(e->op_cum);
     tide_free(e->sched);
     tide_free(e->next_host);
+    tide_free(e->own_host_op);
     tide_free(e->pinned);
     tide_free(e->pin_off);
     tide_free(e->stream);

@@ -1,7 +1,7 @@
 /*
  * planner_int.h - the plan-building engine shared by the planning policies
- * (planner.c: tide; baselines.c: static-layer, lru; checkpoint-layer: lru over
- * recompute.c's layer-checkpointing schedule). Internal to the planner.
+ * (planner.c: tide; baselines.c: static-layer, lru, zero-offload; checkpoint-layer:
+ * lru over recompute.c's layer-checkpointing schedule). Internal to the planner.
  *
  * The engine owns the simulated state of one planning run: where every
  * tensor's copies are (device arena, host, SSD), what each copy's last writer
@@ -149,6 +149,7 @@ typedef struct engine {
                                      use of each iteration and loaded again in the next */
     bool lru_loads;               /* LOADs wait for the previous COMPUTE (on demand) */
     const bool *host_op;          /* per op, or NULL: computed on the host CPU */
+    bool *own_host_op;            /* zero-offload: host_op made by engine_init (every ADAMW) */
     int *next_host;               /* with host_op: per position o, the first position >= o
                                      whose op is placed on the host (n_ops: none) */
     int *vict;                    /* alloc_block's: victims of one eviction window */
@@ -333,6 +334,10 @@ tide_status policy_tide(engine *e);
  * TIDE_E_NOMEM or TIDE_E_INVALID (too long). */
 tide_status recompute_schedule(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, int **sched, int *n_pos);
 tide_status policy_lru(engine *e);
+/* zero-offload: lru over the layer-checkpointing schedule, every ADAMW on
+ * the host, each gradient STOREd to host at the end of the layer run that
+ * wrote it (baselines.c). */
+tide_status policy_zero_offload(engine *e);
 tide_status policy_static_layer(engine *e, uint64_t *min_needed);
 
 /* static-layer's smallest feasible budget (its layout formula). */

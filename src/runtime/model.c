@@ -316,6 +316,9 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
     bool on = o && o->budget_kind != TIDE_BUDGET_NONE;
     if (on && o->policy && tide_policy_parse(o->policy, &pol))
         return tide_err(m->ctx, TIDE_E_INVALID, "unknown policy '%s' (tide, static-layer or lru)", o->policy);
+    if (on && pol == TIDE_POLICY_ZERO_OFFLOAD)
+        return tide_err(m->ctx, TIDE_E_INVALID, "policy zero-offload runs a training step's AdamW updates on the "
+                        "host CPU; inference takes tide, static-layer or lru");
     if (on && o->budget_kind == TIDE_BUDGET_FRACTION && !(o->fraction > 0 && o->fraction <= 1))
         return tide_err(m->ctx, TIDE_E_INVALID, "budget fraction %g is not in (0, 1]", o->fraction);
     if (o && (o->tile < TIDE_TILE_NONE || o->tile >= TIDE_TILE_LEVELS))

@@ -94,6 +94,19 @@ tide_status train_optim_place(tide_ctx *ctx, const tide_graph *g, const tide_pla
     int n = 0;
     for (int i = 0; i < g->n_ops; i++) n += g->ops[i].kind == TIDE_OP_ADAMW;
     choice->n_groups = n;
+    if (po->policy == TIDE_POLICY_ZERO_OFFLOAD) {
+        /* the policy itself puts every update on the host (no mask here) */
+        if (mode == TRAIN_OPTIM_DEVICE)
+            return tide_err(ctx, TIDE_E_UNSUPPORTED, "the zero-offload policy runs every AdamW update on the host "
+                            "CPU: it takes no device placement of the optimizer");
+        choice->n_host = n;
+        for (int i = 0; i < g->n_ops; i++)
+            for (int j = 0; g->ops[i].kind == TIDE_OP_ADAMW && j < g->ops[i].n_in; j++)
+                if (g->tensors[g->ops[i].in[j]].role == TIDE_ROLE_STATE)
+                    choice->state_bytes += g->tensors[g->ops[i].in[j]].nbytes;
+        choice->host_state_bytes = choice->state_bytes;
+        return TIDE_OK;
+    }
     if (n == 0 || mode == TRAIN_OPTIM_DEVICE) return TIDE_OK;
     if (po->policy != TIDE_POLICY_TIDE) {
         if (mode == TRAIN_OPTIM_AUTO) return TIDE_OK; /* the baselines place nothing on the host */

@@ -160,7 +160,8 @@ tide_status tide_trainer_set_offload(tide_trainer *t, const tide_offload_opts *o
     bool on = o && o->budget_kind != TIDE_BUDGET_NONE;
     tide_policy pol = TIDE_POLICY_TIDE;
     if (on && o->policy && tide_policy_parse(o->policy, &pol))
-        return tide_err(t->ctx, TIDE_E_INVALID, "unknown policy '%s' (tide, static-layer, lru or checkpoint-layer)",
+        return tide_err(t->ctx, TIDE_E_INVALID, "unknown policy '%s' (tide, static-layer, lru, checkpoint-layer or "
+                       "zero-offload)",
                        o->policy);
     if (on && o->budget_kind == TIDE_BUDGET_FRACTION && !(o->fraction > 0 && o->fraction <= 1))
         return tide_err(t->ctx, TIDE_E_INVALID, "budget fraction %g is not in (0, 1]", o->fraction);
@@ -179,7 +180,10 @@ tide_status tide_trainer_set_offload(tide_trainer *t, const tide_offload_opts *o
     t->optim = TRAIN_OPTIM_AUTO;
     if (o->optimizer && train_optim_parse(o->optimizer, &t->optim))
         return tide_err(t->ctx, TIDE_E_INVALID, "unknown optimizer placement '%s' (auto, device or cpu)", o->optimizer);
-    if (t->optim == TRAIN_OPTIM_CPU && pol != TIDE_POLICY_TIDE)
+    if (t->optim == TRAIN_OPTIM_DEVICE && pol == TIDE_POLICY_ZERO_OFFLOAD)
+        return tide_err(t->ctx, TIDE_E_INVALID, "the zero-offload policy runs every AdamW update on the host CPU: "
+                        "no --optimizer device with it");
+    if (t->optim == TRAIN_OPTIM_CPU && pol != TIDE_POLICY_TIDE && pol != TIDE_POLICY_ZERO_OFFLOAD)
         return tide_err(t->ctx, TIDE_E_INVALID, "AdamW on the CPU is planned by the tide policy only, not %s",
                         o->policy);
     t->off.optimizer = NULL;
@@ -293,8 +297,9 @@ static tide_status resolve_budget(tide_trainer *t, uint64_t *out) {
     case TIDE_BUDGET_MIN: {
         tide_plan_opts po = train_offload_opts(t, 0);
         bool *all = NULL;
-        if (t->optim == TRAIN_OPTIM_CPU) {
-            /* the smallest budget with every update on the host */
+        if (t->optim == TRAIN_OPTIM_CPU && t->policy == TIDE_POLICY_TIDE) {
+            /* the smallest budget with every update on the host (zero-offload
+             * places them there itself) */
             if (!(all = tide_calloc((size_t)t->g->n_ops, sizeof *all)))
                 return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
             for (int i = 0; i < t->g->n_ops; i++) all[i] = t->g->ops[i].kind == TIDE_OP_ADAMW;
@@ -505,8 +510,8 @@ static tide_status prepare(tide_trainer *t) {
             t->budget = b;
             tide_plan_opts po = train_offload_opts(t, b);
             /* where device memory is host memory, a host update is the same work in the same place */
-            train_optim_mode mode = t->be->vt->device_is_host && t->optim == TRAIN_OPTIM_AUTO ? TRAIN_OPTIM_DEVICE
-                                                                                               : t->optim;
+            train_optim_mode mode = t->be->vt->device_is_host && t->optim == TRAIN_OPTIM_AUTO &&
+                                    t->policy != TIDE_POLICY_ZERO_OFFLOAD ? TRAIN_OPTIM_DEVICE : t->optim;
             st = train_optim_place(ctx, g, &po, mode, &t->host_ops, &t->optim_choice);
             po.host_ops = t->host_ops;
             if (!st) st = tide_plan_make(ctx, g, &po, &p);
