@@ -23,7 +23,12 @@
  *               updates (device or host CPU, searched by planning
  *               candidates, src/train/optim_place.c) and the plan
  *   AdamW on CPU  tide: updates placed on the host CPU, of all; beside it
- *               the step with every update on the device, and its ratio
+ *               the step with every update on the device, and its ratio;
+ *               zero-offload: all of them, always
+ * Table 1b: tide's speed-up over zero-offload (ZeRO-Offload's placement in
+ * the same engine: every AdamW on the host CPU, gradients stored after each
+ * layer's backward, activations checkpointed per layer) at each budget both
+ * plan; the target is 1.5x or more at 25% and below.
  * Budgets: 100, 50, 25 and 10% of the step's unconstrained peak, capped at
  * the profile's device memory when the peak is larger (as the CLI does), and
  * each policy's own minimum. Every plan is verified before it is counted.
@@ -110,7 +115,7 @@ static row plan_one(const setup *s, tide_policy pol, uint64_t budget) {
     if (!st) st = tide_plan_make(ctx, s->g, &po, &p);
     r.plan_s = tide_now() - t0;
     r.n_host = oc.n_host;
-    r.n_groups = pol == TIDE_POLICY_TIDE ? oc.n_groups : 0;
+    r.n_groups = pol == TIDE_POLICY_TIDE || pol == TIDE_POLICY_ZERO_OFFLOAD ? oc.n_groups : 0;
     if (st) {
         snprintf(r.why, sizeof r.why, "%s", tide_ctx_last_error(ctx));
         if (st != TIDE_E_INFEASIBLE && st != TIDE_E_UNSUPPORTED) failures++;
@@ -133,7 +138,7 @@ static row plan_one(const setup *s, tide_policy pol, uint64_t budget) {
         r.lb_s = b.lower_bound_s;
         r.bytes = tide_plan_step_bytes(p);
         r.n_ins = p->n_ins;
-        if (r.n_host) {
+        if (r.n_host && pol == TIDE_POLICY_TIDE) {
             /* the same step with every update on the device, side by side */
             tide_plan_opts pd = po;
             pd.host_ops = NULL;
@@ -197,7 +202,7 @@ static int split(char *s, const char **out) {
 
 static int usage(const char *argv0) {
     fprintf(stderr,
-            "usage: %s [--quick] [--configs A,B] [--hw A,B] [--policies tide,static-layer,lru,checkpoint-layer]\n"
+            "usage: %s [--quick] [--configs A,B] [--hw A,B] [--policies tide,static-layer,lru,checkpoint-layer,zero-offload]\n"
             "       [--batch B] [--seq T] [--accum N] [--json FILE]\n"
             "defaults: llama-7b,llama-13b on a100-80g,h100-80g, batch 8, seq 2048, accum 4;\n"
             "--quick: llama-7b on h100-80g only\n",
@@ -231,7 +236,7 @@ int main(int argc, char **argv) {
         } else return usage(argv[0]);
     }
     if (batch < 1 || seq < 1 || accum < 1) return usage(argv[0]);
-    char def_configs[] = "llama-7b,llama-13b", def_hw[] = "a100-80g,h100-80g", def_pol[] = "tide,static-layer,lru,checkpoint-layer",
+    char def_configs[] = "llama-7b,llama-13b", def_hw[] = "a100-80g,h100-80g", def_pol[] = "tide,static-layer,lru,checkpoint-layer,zero-offload",
          q_configs[] = "llama-7b", q_hw[] = "h100-80g";
     const char *configs[MAX_LIST], *hws[MAX_LIST], *pol_names[MAX_LIST];
     int nc = split(configs_arg ? configs_arg : quick ? q_configs : def_configs, configs);
@@ -422,6 +427,45 @@ int main(int argc, char **argv) {
                         if (pols[q] == TIDE_POLICY_TIDE && ROW(si, bi, q).ok &&
                             ROW(si, bi, q).step_s > r->step_s * 1.0005)
                             slower++;
+            }
+    }
+
+    /* tide over zero-offload, budget by budget */
+    int zk = -1, tk = -1, zo_rows = 0, zo_missed = 0;
+    for (int pk = 0; pk < np; pk++) {
+        if (pols[pk] == TIDE_POLICY_ZERO_OFFLOAD) zk = pk;
+        if (pols[pk] == TIDE_POLICY_TIDE) tk = pk;
+    }
+    if (zk >= 0 && tk >= 0) {
+        printf("\n## Table 1b: tide over zero-offload (steady step s; target: 1.5x or more at 25%% and below)\n\n");
+        printf("| model | hw | budget | GiB | tide step s | zero-offload step s | tide speed-up | target |\n");
+        printf("|---|---|---|---|---|---|---|---|\n");
+        for (int si = 0; si < n_setups; si++)
+            for (int bi = 0; bi < N_BUDGETS - 1; bi++) {
+                const row *t = &ROW(si, bi, tk), *z = &ROW(si, bi, zk);
+                if (!t->ok || !z->ok) {
+                    printf("| %s | %s | %.0f%% | %.2f | %s | %s | | |\n", S[si].config, S[si].hw_name,
+                           budget_frac[bi] * 100, t->budget / GIB, t->ok ? "" : "no plan", z->ok ? "" : "no plan");
+                    continue;
+                }
+                double x = z->step_s / t->step_s;
+                bool target = budget_frac[bi] <= 0.25;
+                zo_rows += target;
+                zo_missed += target && x < 1.5;
+                printf("| %s | %s | %.0f%% | %.2f | %.2f | %.2f | %.2fx | %s |\n", S[si].config, S[si].hw_name,
+                       budget_frac[bi] * 100, t->budget / GIB, t->step_s, z->step_s, x,
+                       !target ? "" : x >= 1.5 ? "met" : "missed");
+            }
+        printf("\n(tide at or above 1.5x zero-offload on %d of %d rows at 25%% and below)\n\n", zo_rows - zo_missed,
+               zo_rows);
+        for (int si = 0; si < n_setups; si++)
+            for (int bi = 0; bi < N_BUDGETS - 1; bi++) {
+                const row *t = &ROW(si, bi, tk), *z = &ROW(si, bi, zk);
+                if (t->ok && z->ok)
+                    jprintf("{\"bench\":\"train_plan\",\"table\":\"tide_over_zero_offload\",\"config\":\"%s\","
+                            "\"hw\":\"%s\",\"budget_frac\":%.2f,\"tide_step_s\":%.4f,\"zero_offload_step_s\":%.4f,"
+                            "\"speedup\":%.4f}\n", S[si].config, S[si].hw_name, budget_frac[bi], t->step_s, z->step_s,
+                            z->step_s / t->step_s);
             }
     }
 
