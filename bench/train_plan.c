@@ -202,7 +202,8 @@ static int split(char *s, const char **out) {
 
 static int usage(const char *argv0) {
     fprintf(stderr,
-            "usage: %s [--quick] [--configs A,B] [--hw A,B] [--policies tide,static-layer,lru,checkpoint-layer,zero-offload]\n"
+            "usage: %s [--quick] [--configs A,B] [--hw A,B]\n"
+            "       [--policies tide,static-layer,lru,checkpoint-layer,zero-offload]\n"
             "       [--batch B] [--seq T] [--accum N] [--json FILE]\n"
             "defaults: llama-7b,llama-13b on a100-80g,h100-80g, batch 8, seq 2048, accum 4;\n"
             "--quick: llama-7b on h100-80g only\n",
@@ -236,7 +237,8 @@ int main(int argc, char **argv) {
         } else return usage(argv[0]);
     }
     if (batch < 1 || seq < 1 || accum < 1) return usage(argv[0]);
-    char def_configs[] = "llama-7b,llama-13b", def_hw[] = "a100-80g,h100-80g", def_pol[] = "tide,static-layer,lru,checkpoint-layer,zero-offload",
+    char def_configs[] = "llama-7b,llama-13b", def_hw[] = "a100-80g,h100-80g",
+         def_pol[] = "tide,static-layer,lru,checkpoint-layer,zero-offload",
          q_configs[] = "llama-7b", q_hw[] = "h100-80g";
     const char *configs[MAX_LIST], *hws[MAX_LIST], *pol_names[MAX_LIST];
     int nc = split(configs_arg ? configs_arg : quick ? q_configs : def_configs, configs);

@@ -227,7 +227,8 @@ int plan_train(const plan_args *a) {
         printf("optimizer   AdamW: %d of %d updates on the host CPU (%s of %s state)", oc.n_host, oc.n_groups,
                cli_fmt_bytes(oc.host_state_bytes, b1, sizeof b1), cli_fmt_bytes(oc.state_bytes, b2, sizeof b2));
         if (oc.n_host && dev_step > 0) printf("; all on the device: step %.4fs (%.2fx)", dev_step, dev_step / step);
-        else if (oc.n_host && a->policy != TIDE_POLICY_ZERO_OFFLOAD) printf("; all on the device: not plannable at this budget");
+        else if (oc.n_host && a->policy != TIDE_POLICY_ZERO_OFFLOAD)
+            printf("; all on the device: not plannable at this budget");
         printf(" [%s, %d plans]\n", train_optim_name(a->optim), oc.plans_tried);
     }
     rc = 0;

@@ -37,8 +37,9 @@
  * free to evict. Where host memory is short (a host budget that homes the
  * state on SSD), gradients go to host only while the room to stage the
  * largest update's operands stays free, then to SSD (ZeRO-Infinity's tier);
- * with neither, a gradient stays on the device until evicted or updated. Parameters stay resident while they fit and are loaded on
- * demand otherwise; allocation is lru's (no prefetch, no cost-based choice).
+ * with neither, a gradient stays on the device until evicted or updated.
+ * Parameters stay resident while they fit and are loaded on demand
+ * otherwise; allocation is lru's (no prefetch, no cost-based choice).
  */
 #include "planner/planner_int.h"
 
