@@ -554,7 +554,9 @@ typedef struct tide_offload_opts {
     tide_budget_kind budget_kind;
     uint64_t bytes;
     double fraction;
-    const char *policy;       /* "tide" (default), "static-layer" or "lru" */
+    const char *policy;       /* "tide" (default), "static-layer" or "lru"; for a
+                                 trainer also "checkpoint-layer" and "zero-offload"
+                                 (every AdamW update on the host CPU) */
     uint64_t host_budget;     /* bytes for spills on host (0: unlimited) */
     const char *ssd_dirs;     /* comma-separated spill directories (NULL: $TMPDIR or /tmp) */
     bool weights_on_ssd;      /* home the weights on SSD: read from the checkpoint file */
