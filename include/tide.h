@@ -591,6 +591,12 @@ typedef struct tide_offload_opts {
                                  tide_model_write_trace: free on the CPU; on a GPU
                                  two timing events per instruction, read after each
                                  run (a measurable cost for short decode steps) */
+    bool no_warm;             /* inference only: keep no weight warm in the arena across
+                                 runs (every run streams every weight, as the baselines
+                                 always do). By default the tide policy, on a device or
+                                 with weights_on_ssd, keeps as many weights in the budget
+                                 as its predictions of a prompt and 32 decode steps
+                                 repay (tide_gen_stats.warm_weight_bytes) */
     bool no_refit;            /* training (tide_trainer_set_offload) only: keep the first
                                  plan whatever the measured steps say. By default the
                                  second step (the first without warm-up) is measured
@@ -649,6 +655,8 @@ typedef struct tide_gen_stats {
     int tile_level;             /* finest tiling level an offloaded graph used (0: none) */
     uint64_t pinned_weight_bytes; /* weight bytes held in pinned copies (the loads of
                                    these read pinned memory) */
+    uint64_t warm_weight_bytes; /* offloaded: the arena's warm region, weights uploaded
+                                   once and kept across runs (tide_offload_opts.no_warm) */
     bool async_issue;           /* device work was queued ahead and ordered by events
                                    (a backend with events, sync_issue unset) */
 } tide_gen_stats;

@@ -287,6 +287,9 @@ static void print_summary(const run_job *r, FILE *f) {
         fprintf(f, "weights    %s pinned in host memory of %s%s\n", cli_fmt_bytes(s->pinned_weight_bytes, b1, sizeof b1),
                cli_fmt_bytes(s->weight_bytes, b2, sizeof b2),
                a->weights_on_ssd ? "; homed on SSD, read from the checkpoint file" : "");
+        if (s->warm_weight_bytes)
+            fprintf(f, "warm       %s of weights kept in the arena across runs\n",
+                    cli_fmt_bytes(s->warm_weight_bytes, b1, sizeof b1));
         fprintf(f, "time       wall %.3f s; predicted makespan %.3f s, measured %.3f s (%+.1f%%)\n",
                s->prefill_s + s->decode_s, s->predicted_s, s->exec_s, pct_off(s->exec_s, s->predicted_s));
         double pd = s->predicted_s - s->predicted_prefill_s;
@@ -370,6 +373,7 @@ static void print_json(const run_job *r) {
     cJSON_AddBoolToObject(o, "weights_on_ssd", offload && a->weights_on_ssd);
     cJSON_AddNumberToObject(o, "tile_level", s->tile_level);
     cJSON_AddNumberToObject(o, "pinned_weight_bytes", (double)s->pinned_weight_bytes);
+    cJSON_AddNumberToObject(o, "warm_weight_bytes", (double)s->warm_weight_bytes);
     cJSON_AddNumberToObject(o, "peak_device_bytes", (double)(offload ? s->peak_device_bytes : s->peak_bytes));
     cJSON_AddNumberToObject(o, "bytes_h2d", (double)s->bytes_h2d);
     cJSON_AddNumberToObject(o, "bytes_d2h", (double)s->bytes_d2h);

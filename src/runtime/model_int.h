@@ -89,10 +89,13 @@ struct tide_model {
     void *arena;
     uint64_t arena_bytes;     /* offloaded: the budget; resident: the largest plan's need */
     uint64_t budget;          /* offloaded: resolved on the first plan; 0 before */
-    uint64_t *warm_w;         /* resident on a device: per checkpoint tensor its arena offset, */
-    uint64_t *warm_s;         /* per cache buffer likewise (NULL: nothing warm) */
+    uint64_t *warm_w;         /* per checkpoint tensor its arena offset, TIDE_HOME when not */
+                              /* warm (offloaded: some weights only); NULL: nothing warm */
+    uint64_t *warm_s;         /* per cache buffer likewise (NULL when offloaded: the cache
+                                 stays homed in host memory) */
     uint64_t warm_bytes;      /* the warm region [0, warm_bytes) */
     bool warm_loaded;         /* the arena holds the warm tensors */
+    bool warm_chosen;         /* offloaded: the warm weights are chosen (place.c choose_warm) */
     /* pinned host copies of the weights (offloaded runs) */
     void **pinned;            /* per checkpoint tensor, or NULL */
     bool pinned_by_be;        /* the copies come from be->vt->host_alloc */

@@ -28,18 +28,27 @@
  * SSD, and the budget bounds what a run adds to memory; spills go to SSD
  * (planner_engine.c). The baselines copy everything in, as on a device. A
  * probed profile's SSD read rate is refitted from runs that read enough
- * (refit_ssd_read).
+ * (refit_ssd_read). Under the tide policy, on a device or with the weights
+ * on SSD, a prefix of the arena is warm as when resident, but for some
+ * weights only (choose_warm: as many as the planner's predictions of a
+ * prompt and its decode steps repay, possibly none): uploaded once when the
+ * budget is resolved and read in place by every slot's plan and every run,
+ * so a decode step streams only the others. The cache is never warm there.
  *
- * Warm state (the arena on a device, resident):
+ * Warm state (the arena on a device, resident; offloaded: the warm weights):
  *   (none) --ensure_arena: alloc + upload_warm--> LOADED
  *   LOADED --grow: flush_warm (cache to its homes), free--> (none) --> LOADED
  *   LOADED --tide_planned_release--> (none)   (the cache's contents are dropped)
+ *   offloaded: (none) --choose_warm, plan_offload: upload_warm--> LOADED
+ *              --tide_planned_release (a new budget, policy)--> (none)
  */
 #include "runtime/model_int.h"
 
 #include <stdio.h>
 
 /* ---------------------------------------------------------------- the arena */
+
+static void warm_forget(tide_model *m);
 
 void tide_planned_release(tide_model *m) {
     for (int i = 0; i < MODEL_SLOTS; i++) {
@@ -50,11 +59,8 @@ void tide_planned_release(tide_model *m) {
     m->arena = NULL;
     m->arena_bytes = 0;
     m->budget = 0;
-    tide_free(m->warm_w);
-    tide_free(m->warm_s);
-    m->warm_w = m->warm_s = NULL;
-    m->warm_bytes = 0;
-    m->warm_loaded = false;
+    warm_forget(m);
+    m->warm_chosen = false;
     m->last_planned = NULL;
 }
 
@@ -62,26 +68,41 @@ void tide_planned_release(tide_model *m) {
  * whose memory is not host memory). */
 static bool uses_warm(const tide_model *m) { return !m->offload && !m->be->vt->device_is_host; }
 
-/* The warm layout: every checkpoint tensor, then every cache buffer, each at
- * an aligned offset from 0. Made whole or not at all: m->warm_w set means
- * warm_s and warm_bytes are too. */
-static tide_status warm_layout(tide_model *m) {
-    if (m->warm_w) return TIDE_OK;
+/* Whether offloaded runs keep some weights warm: under the tide policy
+ * (the baselines stream everything, so that policies compare), on a device,
+ * or where device memory is host memory with the weights on SSD (there a
+ * warm weight is one the drives are not read for again). */
+static bool offload_warm(const tide_model *m) {
+    return m->offload && !m->off.no_warm && m->policy == TIDE_POLICY_TIDE &&
+           (!m->be->vt->device_is_host || m->off.weights_on_ssd);
+}
+
+/* Lays out the warm tensors from arena offset 0, each aligned: the
+ * checkpoint's tensors in its order, first fit, while the region stays
+ * within `limit` bytes (a tensor that does not fit is skipped, a later
+ * smaller one may), then every cache buffer when with_state (which must all
+ * fit). Sets warm_w, warm_s (NULL without state) and warm_bytes, or leaves
+ * warm_w NULL when nothing is warm. */
+static tide_status warm_layout_upto(tide_model *m, uint64_t limit, bool with_state) {
     uint64_t *w = tide_malloc((size_t)(m->n_weights ? m->n_weights : 1) * sizeof *w);
-    uint64_t *s = tide_malloc((size_t)(m->n_state ? m->n_state : 1) * sizeof *s);
-    tide_status st = w && s ? TIDE_OK : tide_err(m->ctx, TIDE_E_NOMEM, "out of memory laying out the weights");
+    uint64_t *s = with_state ? tide_malloc((size_t)(m->n_state ? m->n_state : 1) * sizeof *s) : NULL;
+    tide_status st = w && (s || !with_state) ? TIDE_OK
+                                             : tide_err(m->ctx, TIDE_E_NOMEM, "out of memory laying out the weights");
     uint64_t at = 0;
     for (int i = 0; !st && i < m->n_weights; i++) {
         tide_tensor_info ti;
         if ((st = tide_checkpoint_get_index(m->ck, i, &ti))) break;
+        uint64_t n = tide_plan_align(ti.nbytes);
+        w[i] = TIDE_HOME;
+        if (n > limit - at) continue;
         w[i] = at;
-        at += tide_plan_align(ti.nbytes);
+        at += n;
     }
-    for (int i = 0; !st && i < m->n_state; i++) {
+    for (int i = 0; !st && with_state && i < m->n_state; i++) {
         s[i] = at;
         at += tide_plan_align(m->state[i].nbytes);
     }
-    if (st) {
+    if (st || !at) {
         tide_free(w);
         tide_free(s);
         return st;
@@ -90,6 +111,21 @@ static tide_status warm_layout(tide_model *m) {
     m->warm_s = s;
     m->warm_bytes = at;
     return TIDE_OK;
+}
+
+/* Forgets the warm layout (the arena's contents are left as they are). */
+static void warm_forget(tide_model *m) {
+    tide_free(m->warm_w);
+    tide_free(m->warm_s);
+    m->warm_w = m->warm_s = NULL;
+    m->warm_bytes = 0;
+    m->warm_loaded = false;
+}
+
+/* The resident warm layout: every checkpoint tensor, then every cache
+ * buffer. Made whole or not at all. */
+static tide_status warm_layout(tide_model *m) {
+    return m->warm_w ? TIDE_OK : warm_layout_upto(m, UINT64_MAX, true);
 }
 
 /* Copies the warm tensors into the arena: weights from the checkpoint, the
@@ -102,11 +138,13 @@ static tide_status upload_warm(tide_model *m) {
     for (int i = 0; !st && i < m->n_weights; i++) {
         tide_tensor_info ti;
         if ((st = tide_checkpoint_get_index(m->ck, i, &ti))) break;
-        if ((st = be->vt->to_device(be, q, (char *)m->arena + m->warm_w[i], ti.data, ti.nbytes)))
+        if (m->warm_w[i] == TIDE_HOME) continue;
+        if ((st = be->vt->to_device(be, q, (char *)m->arena + m->warm_w[i], tide_model_weight_host(m, &ti, 0),
+                                    ti.nbytes)))
             return tide_model_be_fail(m, q, st, "cannot upload the weights");
         tide_progress(m->ctx, "uploading", (uint64_t)i + 1, (uint64_t)m->n_weights);
     }
-    for (int i = 0; !st && i < m->n_state; i++)
+    for (int i = 0; !st && m->warm_s && i < m->n_state; i++)
         if ((st = be->vt->to_device(be, q, (char *)m->arena + m->warm_s[i], m->state[i].host, m->state[i].nbytes)))
             return tide_model_be_fail(m, q, st, "cannot upload the KV cache");
     if (st) return tide_err(m->ctx, st, "cannot read the checkpoint's tensor table");
@@ -119,7 +157,7 @@ static tide_status flush_warm(tide_model *m) {
     tide_backend *be = m->be;
     void *q = NULL;
     tide_status st = tide_model_queue(m, &q);
-    for (int i = 0; !st && i < m->n_state; i++)
+    for (int i = 0; !st && m->warm_s && i < m->n_state; i++)
         if ((st = be->vt->to_host(be, q, m->state[i].host, (char *)m->arena + m->warm_s[i], m->state[i].nbytes)))
             return tide_model_be_fail(m, q, st, "cannot copy the KV cache out of the device");
     return st;
@@ -196,8 +234,9 @@ static tide_status warm_offsets(tide_model *m, const tide_graph *g, uint64_t *wa
         if (tt->role == TIDE_ROLE_WEIGHT) {
             tide_tensor_info ti;
             if ((st = tide_model_weight_home(m, g, t, &ti, &off))) return st;
-            base = m->warm_w[tide_model_weight_index(m, &ti)];
-        } else if (tt->role == TIDE_ROLE_STATE) {
+            int i = tide_model_weight_index(m, &ti);
+            if (i < 0 || (base = m->warm_w[i]) == TIDE_HOME) continue;
+        } else if (tt->role == TIDE_ROLE_STATE && m->warm_s) {
             state_buf *sb = NULL;
             if ((st = tide_model_state_home(m, g, t, &sb, &off))) return st;
             base = m->warm_s[sb - m->state];
@@ -287,16 +326,104 @@ static tide_status resolve_budget(tide_model *m, graph_slot *s) {
     return TIDE_OK;
 }
 
+/* An offloaded plan of the graph go describes at the budget, the warm
+ * weights of the current layout (if any) kept where they are: the coarsest
+ * tiling whose plan fits the budget less the warm region, planned again with
+ * the warm tensors and region in place. A block of a split weight whose
+ * offset is not TIDE_PLAN_ALIGN-aligned is not warm (warm_offsets). */
+static tide_status plan_graph(tide_model *m, const tide_llama_graph_opts *go, int tile, tide_graph **g, int *level,
+                              tide_plan **p) {
+    uint64_t w = m->warm_w ? m->warm_bytes : 0;
+    tide_plan_opts po = offload_opts(m, m->budget - w);
+    tide_status st = tide_llama_plan_tiled(m->ctx, &m->cfg, go, &po, tile, g, level, w ? NULL : p, NULL);
+    if (st || !w) return st;
+    uint64_t *warm = tide_malloc((size_t)((*g)->n_tensors ? (*g)->n_tensors : 1) * sizeof *warm);
+    if (!warm) st = tide_err(m->ctx, TIDE_E_NOMEM, "out of memory planning");
+    else if (!(st = warm_offsets(m, *g, warm))) {
+        po.device_budget = m->budget;
+        po.warm_off = warm;
+        po.warm_region = w;
+        st = tide_plan_make(m->ctx, *g, &po, p);
+    }
+    tide_free(warm);
+    if (st) {
+        tide_plan_free(*p);
+        *p = NULL;
+        tide_graph_free(*g);
+        *g = NULL;
+    }
+    return st;
+}
+
+/* The predicted seconds of slot s's graph, and when it is a prompt (seq > 1)
+ * of WARM_DECODE_STEPS decode steps after it, under the current warm layout;
+ * TIDE_E_INFEASIBLE when a graph cannot be planned beside it. */
+#define WARM_DECODE_STEPS 32
+static tide_status predict_warm(tide_model *m, const graph_slot *s, double *secs) {
+    tide_llama_graph_opts go[2] = {slot_graph_opts(m, s), slot_graph_opts(m, s)};
+    go[1].seq = 1;
+    go[1].fresh_cache = false;
+    go[1].all_logits = false;
+    int tile = s->min_tile ? s->min_tile : m->off.tile;
+    *secs = 0;
+    for (int k = 0; k < (s->seq > 1 ? 2 : 1); k++) {
+        tide_graph *g = NULL;
+        tide_plan *p = NULL;
+        int level = 0;
+        tide_status st = plan_graph(m, &go[k], k ? m->off.tile : tile, &g, &level, &p);
+        if (st) return st;
+        *secs += (k ? WARM_DECODE_STEPS : 1) * p->stats.makespan_s;
+        tide_plan_free(p);
+        tide_graph_free(g);
+    }
+    return TIDE_OK;
+}
+
+/* Chooses which weights stay warm in the offloaded arena, once per budget:
+ * a warm region of W bytes is the checkpoint's weights in its order, first
+ * fit (warm_layout_upto), uploaded once and read by every run from then on,
+ * and taken from what each plan may page through. W is the candidate, among
+ * 0 and the layouts that fit 1/4, 1/2, 3/4 and 7/8 of the budget, whose
+ * planner-predicted prompt plus WARM_DECODE_STEPS decode steps (predict_warm)
+ * is fastest, a larger W taken only when strictly faster; candidates stop at
+ * the first with which a graph cannot be planned. */
+static tide_status choose_warm(tide_model *m, const graph_slot *s) {
+    static const int eighths[] = {0, 2, 4, 6, 7};
+    m->warm_chosen = true;
+    if (!offload_warm(m)) return TIDE_OK;
+    double best = 0;
+    uint64_t best_limit = 0, last_bytes = UINT64_MAX;
+    for (int k = 0; k < (int)(sizeof eighths / sizeof *eighths); k++) {
+        uint64_t limit = m->budget / 8 * (uint64_t)eighths[k];
+        warm_forget(m);
+        tide_status st = warm_layout_upto(m, limit, false);
+        if (st) return st;
+        if (m->warm_bytes == last_bytes) continue;
+        last_bytes = m->warm_bytes;
+        double secs = 0;
+        st = predict_warm(m, s, &secs);
+        if (st == TIDE_E_INFEASIBLE && k > 0) break;
+        if (st) {
+            warm_forget(m);
+            return st;
+        }
+        if (k == 0 || secs < best) best = secs, best_limit = limit;
+    }
+    tide_err_clear(m->ctx);
+    warm_forget(m);
+    return warm_layout_upto(m, best_limit, false);
+}
+
 /* An offloaded plan of slot s: the coarsest tiling whose plan fits the budget
- * (none when it allows). */
+ * (none when it allows), the warm weights kept. */
 static tide_status plan_offload(tide_model *m, graph_slot *s, tide_graph **g, tide_plan **p) {
     tide_status st;
     if (!m->budget && (st = resolve_budget(m, s))) return st;
-    tide_plan_opts po = offload_opts(m, m->budget);
+    if (!m->warm_chosen && (st = choose_warm(m, s))) return st;
     /* the graph whose minimum is the budget has its tiling known: no search */
     int tile = s->min_tile ? s->min_tile : m->off.tile;
     tide_llama_graph_opts go = slot_graph_opts(m, s);
-    if ((st = tide_llama_plan_tiled(m->ctx, &m->cfg, &go, &po, tile, g, &s->tile_level, p, NULL))) return st;
+    if ((st = plan_graph(m, &go, tile, g, &s->tile_level, p))) return st;
     /* the model keeps its KV cache in host memory: a plan that homes it on
      * SSD (host budget too small) cannot run here */
     for (int t = 0; t < (*g)->n_tensors; t++)
@@ -304,6 +431,8 @@ static tide_status plan_offload(tide_model *m, graph_slot *s, tide_graph **g, ti
             return tide_err(m->ctx, TIDE_E_INFEASIBLE, "the host budget of %llu bytes cannot hold the KV cache "
                             "(%llu bytes), which must live in host memory", (unsigned long long)m->off.host_budget,
                             (unsigned long long)tide_graph_role_bytes(*g, TIDE_ROLE_STATE));
+    /* the warm weights go up once, before the first run that reads them */
+    if (m->warm_w && !m->warm_loaded) return upload_warm(m);
     return TIDE_OK;
 }
 
@@ -415,6 +544,7 @@ tide_status tide_planned_run(tide_model *m, graph_slot *s, const tide_binding *i
     a->budget_bytes = m->budget;
     a->tile_level = TIDE_MAX(a->tile_level, s->tile_level);
     a->pinned_weight_bytes = m->pinned_bytes;
+    a->warm_weight_bytes = m->warm_bytes;
     return TIDE_OK;
 }
 

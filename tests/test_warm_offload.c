@@ -1,0 +1,172 @@
+/*
+ * test_warm_offload.c - offloaded runs that keep some weights warm in the
+ * arena across runs (runtime/place.c choose_warm), on the tiny fixture
+ * (tests/fixtures/tiny-bf16-gqa):
+ *
+ *   - on a device (the CUDA backend, or the emulated GPU when linked with
+ *     it, else the cpu-async double of tests/async_backend.h taking the GPU
+ *     paths) and on the CPU with the weights on SSD, two requests in turn
+ *     (each a prefill and decode steps, every plan verified by its runner)
+ *     give the unconstrained run's tokens and logits bit for bit, with
+ *     weights warm and with none (tide_offload_opts.no_warm);
+ *   - the warm runs move fewer bytes (host->device on a device, SSD reads on
+ *     the CPU) than the cold ones, by the warm weights once per run (within
+ *     the alignment each warm tensor rounds up to);
+ *   - at the minimum budget nothing is warm and the bytes moved are the cold
+ *     run's exactly;
+ *   - the baselines keep nothing warm.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "async_backend.h"
+#include "backend/backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { N_PROMPT = 7, N_NEW = 10, N_REQ = 2 };
+static const int32_t prompt[N_REQ][N_PROMPT] = {{1, 17, 42, 250, 3, 99, 8}, {5, 6, 7, 8, 9, 10, 11}};
+static char fx_dir[4096], ssd_dir[64];
+
+/* What N_REQ requests gave: tokens, logits hashes and summed counters. */
+typedef struct outcome {
+    int32_t tok[N_REQ][N_NEW];
+    uint64_t hash[N_REQ];
+    uint64_t moved;       /* bytes_h2d + bytes_ssd_read over every request */
+    uint64_t warm;        /* warm_weight_bytes of the last request */
+    int runs;             /* graphs run: a prefill and N_NEW - 1 decode steps each */
+} outcome;
+
+static tide_backend *device_new(tide_ctx *ctx) {
+    tide_backend *be = NULL;
+    if (tide_backend_new(ctx, TIDE_BACKEND_CUDA, &be) != TIDE_OK) {
+        tide_err_clear(ctx);
+        tide_async_opts ao = {.jitter_us = 20, .seed = 9, .device_is_host = false};
+        assert_int_equal(tide_async_backend_new(ctx, &ao, &be), TIDE_OK);
+    }
+    assert_false(be->vt->device_is_host);
+    return be;
+}
+
+/* N_REQ requests on a fresh model on the device (cpu false) or the CPU,
+ * offloaded under o (NULL: unconstrained). */
+static outcome run_requests(bool cpu, const tide_offload_opts *o) {
+    tide_ctx *ctx = tide_ctx_new();
+    tide_ctx_set_threads(ctx, 2);
+    tide_checkpoint *ck = NULL;
+    tide_backend *be = NULL;
+    tide_model *m = NULL;
+    assert_int_equal(tide_checkpoint_open(ctx, fx_dir, &ck), TIDE_OK);
+    if (cpu) assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    else be = device_new(ctx);
+    tide_model_opts mo = {.max_batch = 1, .ctx_len = 64};
+    assert_int_equal(tide_model_new(ctx, ck, be, &mo, &m), TIDE_OK);
+    if (o && tide_model_set_offload(m, o)) fail_msg("set_offload: %s", tide_ctx_last_error(ctx));
+    outcome r;
+    memset(&r, 0, sizeof r);
+    for (int q = 0; q < N_REQ; q++) {
+        tide_gen_opts go = {0};
+        tide_gen_stats s;
+        int n = 0;
+        if (tide_model_generate_ex(m, prompt[q], N_PROMPT, N_NEW, &go, r.tok[q], &n, &s))
+            fail_msg("%s, request %d: %s", cpu ? "cpu" : tide_backend_name(be), q, tide_ctx_last_error(ctx));
+        assert_int_equal(n, N_NEW);
+        r.hash[q] = s.logits_hash;
+        r.moved += s.bytes_h2d + s.bytes_ssd_read;
+        r.warm = s.warm_weight_bytes;
+        r.runs += N_NEW;
+    }
+    tide_model_free(m);
+    tide_backend_free(be);
+    tide_checkpoint_free(ck);
+    tide_ctx_free(ctx);
+    return r;
+}
+
+static tide_offload_opts offload(bool cpu, tide_budget_kind kind, double fraction, const char *policy, bool no_warm) {
+    return (tide_offload_opts){.budget_kind = kind, .fraction = fraction, .policy = policy, .hw = "a100-80g",
+                               .weights_on_ssd = cpu, .ssd_dirs = ssd_dir, .no_warm = no_warm};
+}
+
+static void same_output(const outcome *want, const outcome *got, const char *what) {
+    for (int q = 0; q < N_REQ; q++) {
+        if (memcmp(want->tok[q], got->tok[q], sizeof want->tok[q]))
+            fail_msg("%s: request %d's tokens differ from the unconstrained run's", what, q);
+        if (want->hash[q] != got->hash[q])
+            fail_msg("%s: request %d's logits differ from the unconstrained run's", what, q);
+    }
+}
+
+static void check_backend(bool cpu) {
+    const char *dev = cpu ? "cpu, weights on SSD" : "device";
+    outcome ref = run_requests(cpu, NULL);
+    tide_offload_opts wo = offload(cpu, TIDE_BUDGET_FRACTION, 0.5, "tide", false);
+    tide_offload_opts co = offload(cpu, TIDE_BUDGET_FRACTION, 0.5, "tide", true);
+    outcome warm = run_requests(cpu, &wo), cold = run_requests(cpu, &co);
+    same_output(&ref, &warm, "warm weights");
+    same_output(&ref, &cold, "no warm weights");
+    if (!warm.warm) fail_msg("%s: half the peak keeps no weight warm", dev);
+    assert_int_equal(cold.warm, 0);
+    /* every run reads every weight once: each warm byte is a byte not moved
+     * per run, but for the rounding of each warm tensor up to TIDE_PLAN_ALIGN
+     * (4 KiB), which the fixture's tensors (tens of KiB) keep under a tenth */
+    uint64_t saved = cold.moved > warm.moved ? cold.moved - warm.moved : 0;
+    uint64_t floor = (uint64_t)warm.runs * (warm.warm / 10 * 9), ceil = (uint64_t)warm.runs * warm.warm;
+    print_message("    %s: warm %llu bytes; moved %llu cold, %llu warm over %d runs\n", dev,
+                  (unsigned long long)warm.warm, (unsigned long long)cold.moved, (unsigned long long)warm.moved,
+                  warm.runs);
+    if (saved < floor || saved > ceil)
+        fail_msg("%s: %llu warm bytes saved %llu bytes over %d runs, not within [%llu, %llu]", dev,
+                 (unsigned long long)warm.warm, (unsigned long long)saved, warm.runs, (unsigned long long)floor,
+                 (unsigned long long)ceil);
+    assert_true(saved > 0);
+    /* at the minimum budget there is no room to keep anything */
+    tide_offload_opts mw = offload(cpu, TIDE_BUDGET_MIN, 0, "tide", false);
+    tide_offload_opts mc = offload(cpu, TIDE_BUDGET_MIN, 0, "tide", true);
+    outcome minw = run_requests(cpu, &mw), minc = run_requests(cpu, &mc);
+    same_output(&ref, &minw, "minimum budget");
+    assert_int_equal(minw.warm, 0);
+    assert_int_equal(minw.moved, minc.moved);
+    /* the baselines keep nothing warm */
+    tide_offload_opts so = offload(cpu, TIDE_BUDGET_FRACTION, 0.9, "static-layer", false);
+    outcome st = run_requests(cpu, &so);
+    same_output(&ref, &st, "static-layer");
+    assert_int_equal(st.warm, 0);
+}
+
+static void test_device(void **state) {
+    (void)state;
+    check_backend(false);
+}
+
+static void test_cpu_weights_on_ssd(void **state) {
+    (void)state;
+    check_backend(true);
+}
+
+int main(void) {
+    const char *fx = getenv("TIDE_FIXTURES");
+    if (!fx) {
+        fprintf(stderr, "TIDE_FIXTURES is not set\n");
+        return 1;
+    }
+    snprintf(fx_dir, sizeof fx_dir, "%s/tiny-bf16-gqa", fx);
+    snprintf(ssd_dir, sizeof ssd_dir, "/tmp/tide-warm-XXXXXX");
+    if (!mkdtemp(ssd_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_device),
+        cmocka_unit_test(test_cpu_weights_on_ssd),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    rmdir(ssd_dir);
+    return rc;
+}
