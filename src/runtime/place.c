@@ -44,7 +44,11 @@
  */
 #include "runtime/model_int.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- the arena */
 
@@ -128,8 +132,34 @@ static tide_status warm_layout(tide_model *m) {
     return m->warm_w ? TIDE_OK : warm_layout_upto(m, UINT64_MAX, true);
 }
 
+/* Reads n bytes of file path at off into dst (host memory). TIDE_E_IO
+ * names the file and the cause. */
+static tide_status read_range(tide_model *m, const char *path, uint64_t off, void *dst, uint64_t n) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return tide_err(m->ctx, TIDE_E_IO, "cannot open '%s' to read the warm weights: %s", path, strerror(errno));
+    for (uint64_t done = 0; done < n;) {
+        size_t want = (size_t)TIDE_MIN(n - done, (uint64_t)1 << 30);
+        ssize_t k = pread(fd, (char *)dst + done, want, (off_t)(off + done));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            const char *why = k < 0 ? strerror(errno) : "the file ends first";
+            close(fd);
+            return tide_err(m->ctx, TIDE_E_IO, "cannot read the warm weights from '%s' at byte %llu: %s", path,
+                            (unsigned long long)(off + done), why);
+        }
+        done += (uint64_t)k;
+    }
+    close(fd);
+    return TIDE_OK;
+}
+
 /* Copies the warm tensors into the arena: weights from the checkpoint, the
- * cache from its homes (on the model's queue: failures on m->ctx). */
+ * cache from its homes (on the model's queue: failures on m->ctx). Where the
+ * arena is host memory and the weights are homed on SSD, the warm weights
+ * are read from the checkpoint file straight into it, not through the
+ * mapping, whose pages would add the warm bytes a second time to the
+ * process's resident memory. */
 static tide_status upload_warm(tide_model *m) {
     tide_backend *be = m->be;
     void *q = NULL;
@@ -139,6 +169,10 @@ static tide_status upload_warm(tide_model *m) {
         tide_tensor_info ti;
         if ((st = tide_checkpoint_get_index(m->ck, i, &ti))) break;
         if (m->warm_w[i] == TIDE_HOME) continue;
+        if (be->vt->device_is_host && m->offload && m->off.weights_on_ssd) {
+            if ((st = read_range(m, ti.file, ti.file_offset, (char *)m->arena + m->warm_w[i], ti.nbytes))) return st;
+            continue;
+        }
         if ((st = be->vt->to_device(be, q, (char *)m->arena + m->warm_w[i], tide_model_weight_host(m, &ti, 0),
                                     ti.nbytes)))
             return tide_model_be_fail(m, q, st, "cannot upload the weights");
