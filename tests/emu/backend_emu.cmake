@@ -107,6 +107,14 @@ add_test(NAME test_backends_cudaemu_pitch COMMAND test_backends_cudaemu "test_ta
 set_tests_properties(test_backends_cudaemu_pitch PROPERTIES
   ENVIRONMENT "TIDE_EMU_MEM_PITCH=64;TIDE_DATA=${PROJECT_SOURCE_DIR}/data" TIMEOUT 300)
 
+# Offloaded runs keeping weights warm across runs, on the emulated GPU.
+add_executable(test_warm_offload_cudaemu ${PROJECT_SOURCE_DIR}/tests/test_warm_offload.c)
+target_include_directories(test_warm_offload_cudaemu PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+target_link_libraries(test_warm_offload_cudaemu PRIVATE tide_cudaemu PkgConfig::CMOCKA)
+add_test(NAME test_warm_offload_cudaemu COMMAND test_warm_offload_cudaemu)
+set_tests_properties(test_warm_offload_cudaemu PROPERTIES
+  ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures" TIMEOUT 600)
+
 add_executable(test_train_cudaemu ${_emu_dir}/test_train_cudaemu.c)
 target_link_libraries(test_train_cudaemu PRIVATE tide_cudaemu PkgConfig::CMOCKA)
 add_test(NAME test_train_cudaemu COMMAND test_train_cudaemu)
