@@ -113,14 +113,16 @@ uint16_t tide_f32_to_f16(float f);  /* round to nearest even */
 /* dst[i] = (float)src[i] for n elements of dtype dt (f32, f16, bf16). */
 void tide_convert_to_f32(const void *src, tide_dtype dt, float *dst, size_t n);
 
-/* A text buffer grown by tide_strbuf_printf (tide_realloc; free p with
- * tide_free). A failed allocation or format sets oom and stops appending,
- * the text so far kept; start from {0}. */
+/* A text buffer grown by tide_strbuf_add / tide_strbuf_printf
+ * (tide_realloc; free p with tide_free), p[len] always NUL once anything was
+ * added. A failed allocation or format sets oom and stops appending, the
+ * text so far kept; start from {0}. */
 typedef struct tide_strbuf {
     char *p;
     size_t len, cap;
     bool oom;
 } tide_strbuf;
+void tide_strbuf_add(tide_strbuf *b, const char *s, size_t n);
 void tide_strbuf_printf(tide_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define TIDE_MIN(a, b) ((a) < (b) ? (a) : (b))

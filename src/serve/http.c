@@ -404,8 +404,7 @@ static enum MHD_Result handle_generate(serve_server *s, struct MHD_Connection *c
 /* ---------------------------------------------------------------- routing */
 
 typedef struct conn {
-    char *body;
-    size_t len, cap;
+    tide_strbuf body;
     bool too_large;
 } conn;
 
@@ -422,24 +421,12 @@ static bool authorized(serve_server *s, struct MHD_Connection *c) {
 
 /* Appends a piece of the body (dropped past SERVE_MAX_BODY: 413 at the end). */
 static void add_body(conn *cn, const char *data, size_t n) {
-    if (cn->too_large || cn->len + n > SERVE_MAX_BODY) {
+    if (cn->too_large || cn->body.len + n > SERVE_MAX_BODY) {
         cn->too_large = true;
         return;
     }
-    if (cn->len + n + 1 > cn->cap) {
-        size_t cap = cn->cap ? cn->cap : 4096;
-        while (cap < cn->len + n + 1) cap *= 2;
-        char *p = realloc(cn->body, cap);
-        if (!p) {
-            cn->too_large = true;
-            return;
-        }
-        cn->body = p;
-        cn->cap = cap;
-    }
-    memcpy(cn->body + cn->len, data, n);
-    cn->len += n;
-    cn->body[cn->len] = '\0';
+    tide_strbuf_add(&cn->body, data, n);
+    if (cn->body.oom) cn->too_large = true;
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -489,12 +476,12 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                    SERVE_MAX_BODY);
         return answer_error(s, c, endpoint, &e);
     }
-    return handle_generate(s, c, endpoint, is_chat, cn->body ? cn->body : "", cn->len);
+    return handle_generate(s, c, endpoint, is_chat, cn->body.p ? cn->body.p : "", cn->body.len);
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     conn *cn = *con_cls;
-    if (cn) free(cn->body);
+    if (cn) tide_free(cn->body.p);
     free(cn);
     *con_cls = NULL;
 }

@@ -128,33 +128,12 @@ void tide_free_text(char *text) { tide_free(text); }
 
 /* ------------------------------------------------------------ output */
 
-/* The text being written: p[0..n) with a NUL after it; oom once a growth has
- * failed (later appends do nothing, the caller reports it once). */
-typedef struct chat_buf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} chat_buf;
+/* The text being written: a tide_strbuf (p[0..len) with a NUL after it; oom
+ * once a growth has failed: later appends do nothing, the caller reports it
+ * once). */
+typedef tide_strbuf chat_buf;
 
-static void buf_put(chat_buf *b, const char *s, size_t len) {
-    if (b->oom) return;
-    if (b->n + len + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + len + 1) cap *= 2;
-        char *p = tide_realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, len);
-    b->n += len;
-    b->p[b->n] = 0;
-}
-
-static void buf_puts(chat_buf *b, const char *s) { buf_put(b, s, strlen(s)); }
+static void buf_puts(chat_buf *b, const char *s) { tide_strbuf_add(b, s, strlen(s)); }
 
 /* Python's str.isspace() for one code point. */
 static bool py_space(uint32_t c) {
@@ -182,13 +161,13 @@ static uint32_t cp_at(const unsigned char *s, size_t i, size_t n, size_t *len) {
     return v;
 }
 
-/* Strips b->p[from..n) in place, as str.strip() would that part alone. */
+/* Strips b->p[from..len) in place, as str.strip() would that part alone. */
 static void buf_strip_from(chat_buf *b, size_t from) {
     if (b->oom) return;
     const unsigned char *s = (const unsigned char *)b->p;
     size_t i = from, l;
-    while (i < b->n && py_space(cp_at(s, i, b->n, &l))) i += l;
-    size_t end = b->n;
+    while (i < b->len && py_space(cp_at(s, i, b->len, &l))) i += l;
+    size_t end = b->len;
     while (end > i) {
         size_t st = end - 1;
         while (st > i && (s[st] & 0xC0) == 0x80 && end - st < 4) st--;
@@ -201,12 +180,12 @@ static void buf_strip_from(chat_buf *b, size_t from) {
         end = st;
     }
     memmove(b->p + from, b->p + i, end - i);
-    b->n = from + (end - i);
-    b->p[b->n] = 0;
+    b->len = from + (end - i);
+    b->p[b->len] = 0;
 }
 
 static void buf_put_stripped(chat_buf *b, const char *s) {
-    size_t from = b->n;
+    size_t from = b->len;
     buf_puts(b, s);
     buf_strip_from(b, from);
 }
@@ -255,7 +234,7 @@ static tide_status format_alternating(tide_ctx *ctx, const tide_chat_template *c
                 buf_puts(b, " ");
             }
             /* the system block joins the text before it is stripped */
-            size_t from = b->n;
+            size_t from = b->len;
             if (k == 0 && sys) {
                 buf_puts(b, "<<SYS>>\n");
                 buf_puts(b, sys);
@@ -320,7 +299,7 @@ tide_status tide_chat_format(tide_ctx *ctx, const tide_chat_template *c, const t
                             msgs[i].content ? "role" : "content");
 
     chat_buf b = {0};
-    buf_put(&b, "", 0); /* a text even when the conversation renders as nothing (llama2's lone system message) */
+    tide_strbuf_add(&b, "", 0); /* a text even when the conversation renders as nothing (llama2's lone system message) */
     tide_status st = TIDE_OK;
     switch (c->family) {
     case CHAT_LLAMA3:
@@ -370,6 +349,6 @@ tide_status tide_chat_format(tide_ctx *ctx, const tide_chat_template *c, const t
         return st;
     }
     *out = b.p;
-    if (len) *len = b.n;
+    if (len) *len = b.len;
     return TIDE_OK;
 }

@@ -50,55 +50,20 @@
 
 /* ---------------------------------------------------------------- text */
 
-typedef struct text {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} text;
-
-static void text_add(text *t, const char *s, size_t n) {
-    if (t->oom) return;
-    if (t->len + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 4096;
-        while (cap < t->len + n + 1) cap *= 2;
-        char *p = tide_realloc(t->p, cap);
-        if (!p) {
-            t->oom = true;
-            return;
-        }
-        t->p = p;
-        t->cap = cap;
-    }
-    memcpy(t->p + t->len, s, n);
-    t->len += n;
-    t->p[t->len] = '\0';
-}
-
-static void text_printf(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void text_printf(text *t, const char *fmt, ...) {
-    char buf[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (n < 0 || n >= (int)sizeof buf) t->oom = true;
-    else text_add(t, buf, (size_t)n);
-}
-
 /* s as a JSON string, quotes included. */
-static void text_json(text *t, const char *s) {
-    text_add(t, "\"", 1);
+static void text_json(tide_strbuf *t, const char *s) {
+    tide_strbuf_add(t, "\"", 1);
     for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
         if (*c == '"' || *c == '\\') {
             char e[2] = {'\\', (char)*c};
-            text_add(t, e, 2);
+            tide_strbuf_add(t, e, 2);
         } else if (*c < 0x20) {
-            text_printf(t, "\\u%04x", *c);
+            tide_strbuf_printf(t, "\\u%04x", *c);
         } else {
-            text_add(t, (const char *)c, 1);
+            tide_strbuf_add(t, (const char *)c, 1);
         }
     }
-    text_add(t, "\"", 1);
+    tide_strbuf_add(t, "\"", 1);
 }
 
 /* ---------------------------------------------------------------- writer */
@@ -175,34 +140,34 @@ static tide_status check_entries(tide_ctx *ctx, const char *path, const tide_st_
 }
 
 /* The header: 8-byte length, JSON, spaces up to the data alignment. */
-static void build_header(text *t, const tide_st_entry *e, int n, const tide_st_meta *meta, int n_meta,
+static void build_header(tide_strbuf *t, const tide_st_entry *e, int n, const tide_st_meta *meta, int n_meta,
                          const uint64_t *nbytes) {
-    text_add(t, "\0\0\0\0\0\0\0\0{", 9);
+    tide_strbuf_add(t, "\0\0\0\0\0\0\0\0{", 9);
     bool first = true;
     if (n_meta) {
-        text_add(t, "\"__metadata__\":{", 16);
+        tide_strbuf_add(t, "\"__metadata__\":{", 16);
         for (int i = 0; i < n_meta; i++) {
-            if (i) text_add(t, ",", 1);
+            if (i) tide_strbuf_add(t, ",", 1);
             text_json(t, meta[i].key);
-            text_add(t, ":", 1);
+            tide_strbuf_add(t, ":", 1);
             text_json(t, meta[i].value);
         }
-        text_add(t, "}", 1);
+        tide_strbuf_add(t, "}", 1);
         first = false;
     }
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {
-        if (!first) text_add(t, ",", 1);
+        if (!first) tide_strbuf_add(t, ",", 1);
         first = false;
         text_json(t, e[i].name);
-        text_printf(t, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name(e[i].dtype));
-        for (int d = 0; d < e[i].ndim; d++) text_printf(t, "%s%lld", d ? "," : "", (long long)e[i].shape[d]);
-        text_printf(t, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+        tide_strbuf_printf(t, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name(e[i].dtype));
+        for (int d = 0; d < e[i].ndim; d++) tide_strbuf_printf(t, "%s%lld", d ? "," : "", (long long)e[i].shape[d]);
+        tide_strbuf_printf(t, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
                     (unsigned long long)(off + nbytes[i]));
         off += nbytes[i];
     }
-    text_add(t, "}", 1);
-    while (!t->oom && t->len % DATA_ALIGN) text_add(t, " ", 1);
+    tide_strbuf_add(t, "}", 1);
+    while (!t->oom && t->len % DATA_ALIGN) tide_strbuf_add(t, " ", 1);
     if (t->oom) return;
     uint64_t hlen = t->len - 8;
     for (int i = 0; i < 8; i++) t->p[i] = (char)((hlen >> (8 * i)) & 0xff);
@@ -254,7 +219,7 @@ tide_status tide_safetensors_write(tide_ctx *ctx, const char *path, const tide_s
         return tide_err(ctx, TIDE_E_INVALID, "%s: bad tensor or metadata list", path);
     uint64_t *nbytes = tide_malloc((size_t)(n_entries ? n_entries : 1) * sizeof *nbytes);
     if (!nbytes) return tide_err(ctx, TIDE_E_NOMEM, "%s: out of memory", path);
-    text h = {0};
+    tide_strbuf h = {0};
     tide_status st = check_entries(ctx, path, entries, n_entries, meta, n_meta, nbytes);
     if (!st) {
         build_header(&h, entries, n_entries, meta, n_meta, nbytes);
