@@ -53,9 +53,9 @@ typedef struct wl_spec {
 } wl_spec;
 
 static const wl_spec cpu_trace[N_WL] = {
-    {"chat-s", "tinyllama-1.1b", 1, 8192, 32, 8, 6, 0.0},
-    {"chat-l", "tinyllama-1.1b", 3, 8192, 32, 8, 4, 1.5},
-    {"batch", "tinyllama-1.1b", 2, 8192, 384, 1, 4, 3.0},
+    {"chat-s", "tinyllama-1.1b", 1, 8192, 32, 32, 12, 0.0},
+    {"chat-l", "tinyllama-1.1b", 3, 8192, 32, 32, 8, 0.5},
+    {"batch", "tinyllama-1.1b", 2, 8192, 384, 1, 6, 1.0},
 };
 static const wl_spec cpu_quick[N_WL] = {
     {"chat-s", "tinyllama-1.1b", 1, 8192, 32, 4, 3, 0.0},
@@ -72,6 +72,7 @@ static const tide_pool_policy policies[N_POL] = {TIDE_POOL_TIDE, TIDE_POOL_EQUAL
 
 static tide_ctx *ctx;
 static bool show_log; /* --log: the pools' lines on stderr */
+static bool roomy;    /* --roomy: the budget of the largest need with every weight warm */
 
 static void on_log(void *user, const char *line) {
     fprintf(stderr, "    [%s] %s\n", (const char *)user, line);
@@ -205,14 +206,17 @@ static void run_measured(tide_backend *be, tide_checkpoint **ck, const wl_spec *
 typedef struct sim_wl {
     pool_curve cv;
     uint64_t min, need, share, held;
+    uint64_t loaded;         /* the share its warm weights were loaded at (0: none) */
     int done;                /* requests completed */
     bool present, running, left;
     double work, ready;      /* the running request's remaining work; when it was issued */
 } sim_wl;
 
-static double curve_at(const pool_curve *cv, uint64_t share) {
+/* A request's predicted seconds at a share, its warm weights loaded first
+ * when they were loaded at another share (or not at all). */
+static double curve_at(const pool_curve *cv, uint64_t share, uint64_t loaded) {
     double t = INFINITY;
-    for (int k = 0; k < cv->n && cv->b[k] <= share; k++) t = cv->t[k];
+    for (int k = 0; k < cv->n && cv->b[k] <= share; k++) t = cv->t[k] + (share == loaded ? 0 : cv->u[k]);
     return t;
 }
 
@@ -223,7 +227,16 @@ static void sim_partition(sim_wl *w, const wl_spec *tr, tide_pool_policy pol, ui
     uint64_t sum_min = 0;
     for (int i = 0; i < N_WL; i++)
         if (w[i].present) idx[n++] = i, sum_min += w[i].min;
-    *sliced = pol == TIDE_POOL_SERIAL || (pol == TIDE_POOL_TIDE && sum_min > total);
+    uint64_t sh[N_WL];
+    bool by_cost = false;
+    if (pol == TIDE_POOL_TIDE && sum_min <= total) {
+        const pool_curve *cvs[N_WL];
+        double wt[N_WL], part_s, slice_s;
+        uint64_t cur[N_WL];
+        for (int j = 0; j < n; j++) cvs[j] = &w[idx[j]].cv, wt[j] = tr[idx[j]].n_req, cur[j] = w[idx[j]].loaded;
+        by_cost = pool_predict_choose(n, cvs, wt, cur, total, sh, &part_s, &slice_s);
+    }
+    *sliced = pol == TIDE_POOL_SERIAL || (pol == TIDE_POOL_TIDE && (sum_min > total || by_cost));
     if (*sliced || !n) return;
     if (pol == TIDE_POOL_EQUAL) {
         uint64_t s = n > 1 ? total / (uint64_t)n / TIDE_PLAN_ALIGN * TIDE_PLAN_ALIGN : total;
@@ -237,11 +250,6 @@ static void sim_partition(sim_wl *w, const wl_spec *tr, tide_pool_policy pol, ui
         }
         return;
     }
-    const pool_curve *cvs[N_WL];
-    double wt[N_WL];
-    uint64_t sh[N_WL];
-    for (int j = 0; j < n; j++) cvs[j] = &w[idx[j]].cv, wt[j] = tr[idx[j]].n_req;
-    pool_predict_partition(n, cvs, wt, total, sh);
     for (int j = 0; j < n; j++) w[idx[j]].share = sh[j];
 }
 
@@ -280,7 +288,10 @@ static void run_simulated(sim_wl *init, const wl_spec *tr, uint64_t total, tide_
             if ((sliced && running) || held + s > total) break;
             w[bi].running = true;
             w[bi].held = s;
-            w[bi].work = curve_at(&w[bi].cv, s);
+            w[bi].work = curve_at(&w[bi].cv, s, w[bi].loaded);
+            w[bi].loaded = s;
+            for (int i = 0; sliced && i < N_WL; i++) /* the others' arenas made room */
+                if (i != bi) w[i].loaded = 0;
             held += s;
             running++;
         }
@@ -380,7 +391,8 @@ static int simulate(const char *json) {
     double t0 = tide_now();
     for (int i = 0; i < N_WL; i++) {
         cfg[i] = spec_config(&tr[i], sim_ctx_len);
-        pool_predict pp = {.ctx = ctx, .hw = &hw, .cfg = &cfg[i], .ctx_len = sim_ctx_len, .name = tr[i].name};
+        pool_predict pp = {.ctx = ctx, .hw = &hw, .warm = true, .cfg = &cfg[i], .ctx_len = sim_ctx_len,
+                           .name = tr[i].name};
         if (pool_predict_bounds(&pp, &w[i].min, &w[i].need) ||
             pool_predict_curve(&pp, w[i].min, w[i].need, tr[i].prompt, tr[i].gen, &w[i].cv))
             die("predicting");
@@ -406,11 +418,12 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--simulate")) sim = true;
         else if (!strcmp(argv[i], "--log")) show_log = true;
+        else if (!strcmp(argv[i], "--roomy")) roomy = true;
         else if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
         else if (!strcmp(argv[i], "--ssd") && i + 1 < argc) ssd = argv[++i];
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--simulate] [--log] [--dir DIR] [--ssd DIR] [--json FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--simulate] [--roomy] [--log] [--dir DIR] [--ssd DIR] [--json FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -442,26 +455,34 @@ int main(int argc, char **argv) {
     snprintf(hw_path, sizeof hw_path, "%s/tide-bench-pool-hw-%d.json", tmp, (int)getpid());
     if (tide_hw_save(ctx, &hw, hw_path)) die("saving the profile");
     /* each workload's minimum, need and predicted request time at both, as
-     * the pools predict them; the budget: the largest need */
+     * the pools predict them (the need with every weight kept warm); the
+     * budget: the largest unconstrained peak (a run streaming its weights
+     * through the arena: about one workload fits), --roomy the largest need */
     uint64_t budget = 0;
     for (int i = 0; i < N_WL; i++) {
         tide_llama_config cfg = spec_config(&tr[i], cpu_ctx_len);
         pool_predict pp = {.ctx = ctx, .hw = &hw, .host_addressable = be->vt->device_is_host, .weights_on_ssd = true,
+                           .warm = true,
                            .cfg = &cfg, .ctx_len = cpu_ctx_len, .name = tr[i].name};
         uint64_t mn = 0, nd = 0;
         pool_curve cv;
         if (pool_predict_bounds(&pp, &mn, &nd) || pool_predict_curve(&pp, mn, nd, tr[i].prompt, tr[i].gen, &cv))
             die("predicting");
-        budget = budget > nd ? budget : nd;
-        printf("%s %s: minimum %.1f MiB, need %.1f MiB; a request predicted at %.3f s at the minimum, %.3f s at the "
-               "need\n", i ? "" : "workloads (weights on SSD):", tr[i].name, mn / 1048576.0, nd / 1048576.0, cv.t[0],
-               cv.t[cv.n - 1]);
+        pool_predict cold = pp;
+        cold.warm = false;
+        uint64_t cn = 0;
+        if (pool_predict_bounds(&cold, &mn, &cn)) die("predicting");
+        uint64_t b = roomy ? nd : cn;
+        budget = budget > b ? budget : b;
+        printf("%s %s: minimum %.1f MiB, unconstrained peak %.1f MiB, need (every weight warm) %.1f MiB; a request "
+               "predicted at %.3f s at the minimum, %.3f s at the need\n", i ? "" : "workloads (weights on SSD):",
+               tr[i].name, mn / 1048576.0, cn / 1048576.0, nd / 1048576.0, cv.t[0], cv.t[cv.n - 1]);
     }
     double load[1] = {0};
     if (getloadavg(load, 1) != 1) load[0] = NAN;
-    printf("bench pool: CPU backend, %d threads, weights on SSD (%s), budget %.1f MiB (the largest need); probe: "
-           "bf16 %.1f GFLOP/s, ssd read %.2f GB/s; load average %.2f\n", tide_ctx_threads(ctx), ssd,
-           budget / 1048576.0, hw.flops[TIDE_BF16] / 1e9, hw.ssd_read_bw / 1e9, load[0]);
+    printf("bench pool: CPU backend, %d threads, weights on SSD (%s), budget %.1f MiB (the largest %s); "
+           "probe: bf16 %.1f GFLOP/s, ssd read %.2f GB/s; load average %.2f\n", tide_ctx_threads(ctx), ssd,
+           budget / 1048576.0, roomy ? "need" : "unconstrained peak", hw.flops[TIDE_BF16] / 1e9, hw.ssd_read_bw / 1e9, load[0]);
     for (int i = 0; i < N_WL; i++)
         printf("  %s: %s cut to %d layers, vocab %d; arrives at %.1f s; %d requests of %d + %d tokens\n",
                tr[i].name, tr[i].base, tr[i].layers, tr[i].vocab, tr[i].arrive_s, tr[i].n_req, tr[i].prompt,

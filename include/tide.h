@@ -720,9 +720,12 @@ typedef struct tide_pool_workload tide_pool_workload;
 
 typedef enum tide_pool_policy {
     TIDE_POOL_TIDE = 0, /* shares re-partitioned to minimise the predicted time of the
-                           queued work (by the planner and simulator); when the
-                           workloads' minimums do not fit together, time-slicing
-                           as SERIAL until they do (logged) */
+                           queued work (by the planner and simulator: each share
+                           priced with the weights its model keeps warm there, a
+                           changed share with loading them again); time-slicing
+                           as SERIAL when the workloads' minimums do not fit
+                           together, or when it is predicted faster than shares
+                           running at once (logged with both predictions) */
     TIDE_POOL_EQUAL,    /* static equal shares among the workloads present */
     TIDE_POOL_SERIAL,   /* one workload holds the whole budget at a time, the others
                            wait their turn (first come, first served), as a loader
@@ -861,7 +864,9 @@ typedef struct tide_pool_workload_stats {
                                    budget while it runs, else 0) */
     uint64_t held_bytes;        /* in use now (0: holds nothing) */
     uint64_t min_bytes;         /* its minimum (longest request, untiled) */
-    uint64_t need_bytes;        /* the budget beyond which its plans gain nothing */
+    uint64_t need_bytes;        /* the budget beyond which its plans gain nothing (where
+                                   offloaded runs keep weights warm: its unconstrained
+                                   peak plus every weight) */
     double predicted_request_s; /* of its typical request at share_bytes (0: unknown) */
     int waiting;                /* requests waiting for the workload, room or a turn */
     int64_t requests, drifted, replans;

@@ -10,15 +10,22 @@
  * its typical request (a prefill of `prompt` tokens and new_tokens - 1 decode
  * steps, simulated by the planner's own cost model) at POOL_POINTS budgets
  * from the minimum to its need (the unconstrained peak, beyond which plans
- * gain nothing); both are found by planning (pool_predict.c). A partition
- * (partition()) sets every workload's share:
+ * gain nothing; where the models keep weights warm across requests, that
+ * plus all its weights), each priced with the weights the model keeps warm
+ * at that share, and the time to load those once; both are found by
+ * planning (pool_predict.c). A partition (partition()) sets every
+ * workload's share:
  *   tide    start every share at its minimum, then repeatedly move one
  *           workload up to a later point of its curve, the move of the
  *           largest predicted saving per byte (saving weighted by its queued
- *           requests), while bytes remain: a greedy over each curve's points
- *           that can jump a flat stretch to a drop beyond it. When the
- *           minimums do not fit together the pool is time-sliced (as serial)
- *           until they do.
+ *           requests; a share other than the one it holds loaded also costs
+ *           loading its warm weights again), while bytes remain: a greedy
+ *           over each curve's points that can jump a flat stretch to a drop
+ *           beyond it. The pool is time-sliced instead (as serial) when the
+ *           minimums do not fit together, or when time-slicing is predicted
+ *           cheaper: every queued request priced at the whole budget, and
+ *           at loading its warm weights again (another workload ran between)
+ *           against the shares' cost (pool_predict_choose).
  *   equal   the budget over the workloads present, in TIDE_PLAN_ALIGN units.
  *   serial  time-sliced always.
  * Time-sliced, the workload whose turn it is (first come, first served) holds
@@ -142,34 +149,44 @@ double pool_predicted_at(const tide_pool_workload *w, uint64_t share) {
 
 void pool_partition(tide_pool *p, const char *why) {
     p->partitions++;
+    int n = p->n;
     uint64_t sum_min = 0;
-    for (int i = 0; i < p->n; i++) sum_min += p->w[i]->min;
-    bool was = p->sliced;
-    p->sliced = p->policy == TIDE_POOL_SERIAL || (p->policy == TIDE_POOL_TIDE && sum_min > p->total);
-    for (int i = 0; i < p->n; i++) p->w[i]->share = 0;
+    for (int i = 0; i < n; i++) sum_min += p->w[i]->min;
+    bool was = p->sliced, by_cost = false;
+    uint64_t sh[n ? n : 1];
+    for (int i = 0; i < n; i++) sh[i] = 0;
+    double part_s = 0, slice_s = 0;
+    if (p->policy == TIDE_POOL_TIDE && sum_min <= p->total) {
+        const pool_curve *cvs[n ? n : 1];
+        double wts[n ? n : 1];
+        uint64_t cur[n ? n : 1];
+        for (int i = 0; i < n; i++) {
+            cvs[i] = &p->w[i]->cv, wts[i] = p->w[i]->weight;
+            cur[i] = p->w[i]->held ? p->w[i]->configured : 0; /* its warm weights are loaded */
+        }
+        by_cost = pool_predict_choose(n, cvs, wts, cur, p->total, sh, &part_s, &slice_s);
+    }
+    p->sliced = p->policy == TIDE_POOL_SERIAL || (p->policy == TIDE_POOL_TIDE && (sum_min > p->total || by_cost));
+    for (int i = 0; i < n; i++) p->w[i]->share = 0;
     if (p->sliced) {
-        if (p->policy == TIDE_POOL_TIDE && !was)
+        if (by_cost)
+            pool_log_locked(p, "pool: %s: time-slicing the %d workloads, one at a time with the whole budget of %llu "
+                            "bytes: predicted queued work %.6g s, against %.6g s in shares", why, n,
+                            (unsigned long long)p->total, slice_s, part_s);
+        else if (p->policy == TIDE_POOL_TIDE && !was)
             pool_log_locked(p, "pool: %s: the minimums of the %d workloads (%llu bytes) exceed the budget of %llu "
-                            "bytes: time-slicing, one workload at a time with the whole budget", why, p->n,
+                            "bytes: time-slicing, one workload at a time with the whole budget", why, n,
                             (unsigned long long)sum_min, (unsigned long long)p->total);
         else
-            pool_log_locked(p, "pool: %s: time-sliced among %d workloads, %llu bytes each in turn", why, p->n,
+            pool_log_locked(p, "pool: %s: time-sliced among %d workloads, %llu bytes each in turn", why, n,
                             (unsigned long long)p->total);
         pthread_cond_broadcast(&p->cv);
         return;
     }
-    if (was) pool_log_locked(p, "pool: %s: the minimums fit again (%llu of %llu bytes): shares replace time-slicing",
-                             why, (unsigned long long)sum_min, (unsigned long long)p->total);
-    if (p->policy == TIDE_POOL_EQUAL) {
-        for (int i = 0; i < p->n; i++) p->w[i]->share = equal_share(p, p->n);
-    } else {
-        const pool_curve *cvs[p->n ? p->n : 1];
-        double wts[p->n ? p->n : 1];
-        uint64_t sh[p->n ? p->n : 1];
-        for (int i = 0; i < p->n; i++) cvs[i] = &p->w[i]->cv, wts[i] = p->w[i]->weight;
-        pool_predict_partition(p->n, cvs, wts, p->total, sh);
-        for (int i = 0; i < p->n; i++) p->w[i]->share = sh[i];
-    }
+    if (was) pool_log_locked(p, "pool: %s: shares replace time-slicing (the minimums fit: %llu of %llu bytes; "
+                             "predicted queued work %.6g s in shares, %.6g s time-sliced)", why,
+                             (unsigned long long)sum_min, (unsigned long long)p->total, part_s, slice_s);
+    for (int i = 0; i < n; i++) p->w[i]->share = p->policy == TIDE_POOL_EQUAL ? equal_share(p, n) : sh[i];
     char line[900];
     int len = 0;
     double total_s = 0;
@@ -342,6 +359,8 @@ static void release_after(tide_pool *p, tide_pool_workload *w) {
 pool_predict pool_predictor(const tide_pool *p, const tide_pool_workload *w, tide_ctx *ctx) {
     return (pool_predict){.ctx = ctx, .hw = &w->hw, .host_budget = p->host_budget,
                           .host_addressable = p->be->vt->device_is_host, .weights_on_ssd = p->weights_on_ssd,
+                          /* as the models' offloaded runs (policy tide) keep weights warm: place.c */
+                          .warm = !p->be->vt->device_is_host || p->weights_on_ssd,
                           .cfg = &w->cfg, .ctx_len = w->ctx_len,
                           .name = w->name};
 }

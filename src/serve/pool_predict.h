@@ -14,7 +14,13 @@
 typedef struct pool_curve {
     int n;
     uint64_t b[POOL_POINTS]; /* ascending; b[0] the minimum, b[n-1] the need */
-    double t[POOL_POINTS];   /* predicted seconds of the typical request (INFINITY: no plan) */
+    double t[POOL_POINTS];   /* predicted seconds of the typical request (INFINITY: no plan),
+                                its weights warm as the model keeps them at that share */
+    uint64_t warm[POOL_POINTS]; /* the warm weights' bytes at that share (0: none) */
+    double u[POOL_POINTS];   /* seconds to load them: paid once when the share changes */
+    /* of t[k], the busy seconds of each resource the workloads share (the
+     * cost model's): compute, the host-device link (both ways), the SSDs */
+    double comp[POOL_POINTS], link[POOL_POINTS], ssd[POOL_POINTS];
 } pool_curve;
 
 /* A workload's graphs and how its model plans them (policy tide, untiled). */
@@ -24,6 +30,8 @@ typedef struct pool_predict {
     uint64_t host_budget;
     bool host_addressable;    /* the backend's device memory is host memory */
     bool weights_on_ssd;      /* the weights are homed on SSD */
+    bool warm;                /* the model keeps weights warm in its arena across requests
+                                 (tide policy, on a device or with the weights on SSD) */
     const tide_llama_config *cfg;
     int ctx_len;
     const char *name;
@@ -31,22 +39,48 @@ typedef struct pool_predict {
 
 /* The minimum (the smallest budget both its longest prefill, ctx_len tokens,
  * and its decode step plan at) and the need (the larger unconstrained peak of
- * the two, at least the minimum). TIDE_OK or the planner's failure. */
+ * the two, at least the minimum; with warm weights, that plus every weight:
+ * the share at which none is read again). TIDE_OK or the planner's failure. */
 tide_status pool_predict_bounds(const pool_predict *pp, uint64_t *min, uint64_t *need);
 /* The predicted time of a request of `prompt` tokens and `gen` new ones (one
  * prefill, gen - 1 decode steps) at POOL_POINTS budgets from min to need
- * (geometric, TIDE_PLAN_ALIGN-rounded, duplicates dropped) into *cv. */
+ * (geometric, TIDE_PLAN_ALIGN-rounded, duplicates dropped) into *cv. With
+ * warm weights, at each budget the warm region is chosen as the model
+ * chooses it (runtime/place.c choose_warm: the weights in order, first fit,
+ * within 0, 2/8, 4/8, 6/8 or 7/8 of the budget, the candidate whose prompt
+ * and 32 decode steps plan fastest), the request priced with those weights
+ * in place, and u[k] the time to read them in once. */
 tide_status pool_predict_curve(const pool_predict *pp, uint64_t min, uint64_t need, int prompt, int gen,
                                pool_curve *cv);
 
+/* The predicted cost of workload i at point k of its curve: wt x t[k], plus
+ * u[k] unless b[k] is the share it runs at now (cur; 0: none), whose warm
+ * weights are loaded already: a share that changes loads them again. */
+double pool_predict_cost(const pool_curve *cv, int k, double wt, uint64_t cur);
+
 /* Policy tide's partition of `total` bytes among n workloads of curves cv
  * (each's b[0] its minimum; their sum <= total) with queued-request
- * weights wt: every share starts at its minimum, then the move of one
- * workload up to a later point of its curve with the largest predicted
- * saving per byte (saving weighted), while bytes remain: a greedy over each
- * curve's points that can jump a flat stretch to a drop beyond it. Shares
- * into share[n]. Pure: the pool's partition and the benchmark's simulation
- * call it alike. */
-void pool_predict_partition(int n, const pool_curve *const *cv, const double *wt, uint64_t total, uint64_t *share);
+ * weights wt and current shares cur (0: none): every share starts at its
+ * minimum, then the move of one workload up to a later point of its curve
+ * with the largest predicted saving (pool_predict_cost) per byte, while
+ * bytes remain: a greedy over each curve's points that can jump a flat
+ * stretch to a drop beyond it. Shares into share[n]. Pure: the pool's
+ * partition and the benchmark's simulation call it alike. */
+void pool_predict_partition(int n, const pool_curve *const *cv, const double *wt, const uint64_t *cur,
+                            uint64_t total, uint64_t *share);
+
+/* Policy tide's choice between shares and time-slicing (one workload at a
+ * time with the whole budget, its warm weights loaded again at each turn):
+ * the shares of pool_predict_partition into share[n] and the predicted time
+ * of their queued work into *part_s: the workloads run at once, so the
+ * longest of each resource's busy time summed over them (compute, link,
+ * SSD) and each one's own weighted time (a bound that takes their overlap
+ * as perfect), plus the weights loaded for shares that change; the
+ * predicted time of slicing into *slice_s: one request at a time, each at
+ * `total`, each loading its warm weights again when n > 1 (another
+ * workload ran between). Returns true when slicing is predicted faster.
+ * Pure. */
+bool pool_predict_choose(int n, const pool_curve *const *cv, const double *wt, const uint64_t *cur, uint64_t total,
+                         uint64_t *share, double *part_s, double *slice_s);
 
 #endif
