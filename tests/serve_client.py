@@ -11,9 +11,10 @@ server prints):
      streamed and not, greedy text equal to `tide run --prompt` (and `tide
      run --chat`) on the same model; stop strings; concurrent clients on both
      models; a client that leaves mid-stream; bad requests (400, 404, 405,
-     413, 401); /metrics as Prometheus text; /v1/models; a loop of 2000
-     /health and 200 completions with the server's resident memory before
-     and after within RSS_MARGIN; the openai package, where it is installed.
+     413, 401); /metrics as Prometheus text; /v1/models; a loop of 10,000
+     requests (/health, malformed JSON, unknown model, no key, a wrong type,
+     then 300 completions; 2000 under a sanitizer) each answered with its status, the server's
+     resident memory before and after within RSS_MARGIN; the openai package, where it is installed.
   2. --queue 1: a stream its client does not read holds model a, so a
      second request for a gets 503 while b still answers; then SIGTERM with
      that stream open: exit status 0 within 20 s, no spill file left.
@@ -44,7 +45,10 @@ TIDE, TMP = sys.argv[1], sys.argv[2]
 MODELS = {"a": os.path.join(TMP, "a"), "b": os.path.join(TMP, "b")}
 ALL_MODELS = dict(MODELS, c=os.path.join(TMP, "c"))
 KEY = "test-key-123"
-RSS_MARGIN = 8 << 20  # resident memory may grow this much over 2200 requests (allocator noise), no more
+N_LOOP, N_LOOP_GEN = 10000, 300  # requests in the loop, of which completions
+if os.environ.get("TIDE_SANITIZE"):  # the sanitizer runs check the same paths, 5x shorter
+    N_LOOP, N_LOOP_GEN = 2000, 60
+RSS_MARGIN = 8 << 20  # resident memory may grow this much over the loop (allocator noise), no more
 BACKEND = os.environ.get("TIDE_SERVE_BACKEND", "cpu")
 BUDGET = os.environ.get("TIDE_SERVE_BUDGET", "64M")
 PROMPT = "The planner moves tensors between memory tiers, ahead of time."
@@ -329,22 +333,33 @@ def first_server():
         request(port, "POST", "/v1/completions", {"model": "ab"[i % 2], "prompt": PROMPT, "max_tokens": 4}, conn=c)
         request(port, "GET", "/health", conn=c)
     before = srv.rss()
-    ok = 0
-    for i in range(2000):
-        ok += request(port, "GET", "/health", conn=c)[0] == 200
-    for i in range(200):
+    # 10,000 requests in a loop: every status answered as it should be
+    kinds = [("GET", "/health", None, KEY, None, 200),
+             ("POST", "/v1/completions", None, KEY, "{not json", 400),
+             ("POST", "/v1/completions", {"model": "nope", "prompt": PROMPT}, KEY, None, 404),
+             ("POST", "/v1/completions", {"model": "a", "prompt": PROMPT}, None, None, 401),
+             ("POST", "/v1/completions", {"model": "a", "prompt": 7}, KEY, None, 400)]
+    ok, bad = 0, []
+    for i in range(N_LOOP - N_LOOP_GEN):
+        method, path, body, key, raw, want = kinds[i % len(kinds)]
+        st = request(port, method, path, body, key=key, raw=raw, conn=c)[0]
+        ok += st == want
+        if st != want and len(bad) < 3:
+            bad.append((path, want, st))
+    for i in range(N_LOOP_GEN):
         st = request(port, "POST", "/v1/completions", {"model": "ab"[i % 2], "prompt": PROMPT, "max_tokens": 4},
                      conn=c)[0]
         ok += st == 200
     c.close()
     after = srv.rss()
-    check(ok == 2200, "2200 small requests answered", ok)
+    check(ok == N_LOOP, f"{N_LOOP} requests in a loop answered with the right status (200/400/401/404)", bad)
     if os.environ.get("TIDE_SANITIZE"):
         print("skipped: the memory margin under a sanitizer (its quarantine keeps freed memory)", flush=True)
     else:
-        check(after <= before + RSS_MARGIN, f"resident memory within {RSS_MARGIN >> 20} MiB over 2200 requests",
+        check(after <= before + RSS_MARGIN, f"resident memory within {RSS_MARGIN >> 20} MiB over {N_LOOP} requests",
               f"{before} -> {after}")
-    print(f"rss: {before >> 10} KiB before, {after >> 10} KiB after 2000 /health + 200 completions", flush=True)
+    print(f"rss: {before >> 10} KiB before, {after >> 10} KiB after {N_LOOP} requests ({N_LOOP_GEN} completions)",
+          flush=True)
 
     openai_part(port, refs)
 
