@@ -262,8 +262,8 @@ static tide_status config_scaled(const char *spec, tide_llama_config *cfg) {
     int head = cfg->hidden_size / cfg->num_attention_heads;
     int group = cfg->num_attention_heads / cfg->num_key_value_heads;
     if (hidden % head || (hidden / head) % group)
-        return tide_err(ctx, TIDE_E_INVALID, "config '%s': hidden %ld is not a whole number of %d-wide heads in groups of %d",
-                        spec, hidden, head, group);
+        return tide_err(ctx, TIDE_E_INVALID, "config '%s': hidden %ld is not a whole number of %d-wide heads "
+                        "in groups of %d", spec, hidden, head, group);
     double ffn = (double)cfg->intermediate_size / cfg->hidden_size;
     cfg->intermediate_size = (int)(ffn * (double)hidden / 256 + 0.5) * 256;
     cfg->num_attention_heads = (int)hidden / head;
@@ -723,7 +723,8 @@ int main(int argc, char **argv) {
                 const row *t = &ROW(si, bi, tk);
                 char label[16] = "min";
                 if (budget_frac[bi] > 0) snprintf(label, sizeof label, "%.0f%%", budget_frac[bi] * 100);
-                if (!t->ok) printf("| %s | %s | %s | %.2f | no plan | |", S[si].config, S[si].hw_name, label, t->budget / GIB);
+                if (!t->ok)
+                    printf("| %s | %s | %s | %.2f | no plan | |", S[si].config, S[si].hw_name, label, t->budget / GIB);
                 else printf("| %s | %s | %s | %.2f | %.1f | %.3f |", S[si].config, S[si].hw_name, label,
                             t->budget / GIB, 100 * S[si].ideal_s / t->step_s, t->makespan_s / t->lb_s);
                 for (int pk = 0; pk < np; pk++) {
