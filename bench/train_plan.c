@@ -3,16 +3,22 @@
  * figures for large models, every policy at every budget, in one run.
  *
  *   bench_train_plan [--quick] [--configs A,B] [--hw A,B] [--policies A,B]
- *                    [--batch B] [--seq T] [--accum N] [--json FILE]
+ *                    [--batch B] [--seq T] [--accum N] [--ssds N]
+ *                    [--host-mem BYTES] [--largest PCT] [--json FILE]
  *
  * A step of --accum micro-batches of (batch, seq) tokens (default 8 x 2048 x
  * 4) is planned as the CLI plans it: two iterations of the step graph as a
  * steady state, persistent tensors (parameters, f32 masters, AdamW moments)
- * starting and ending at their homes in host memory. Per model, profile,
- * budget and policy:
+ * starting and ending at their homes in host memory (on SSD for what the
+ * host memory cannot hold). A config is a built-in name, or one scaled:
+ * NAME:LAYERS or NAME:LAYERSxHIDDEN (the head size, the query to key/value
+ * head ratio and the MLP to hidden ratio kept). --ssds and --host-mem set
+ * the profiles' SSD count and host memory (the CLI takes them from a
+ * profile JSON and --host-budget). Per model, profile, budget and policy:
  *   x LB        predicted makespan of the two steps over tide_plan_bounds'
  *               lower bound at that budget (compute, or the bytes that must
- *               cross the busiest link, whichever is longer)
+ *               cross the busiest link, whichever is longer; spills of what
+ *               the host memory cannot hold are not counted)
  *   step s      the steady step: end of the second iteration's last
  *               instruction minus the end of the first's
  *   ideal s     the same steady step with every persistent tensor warm on
@@ -28,17 +34,25 @@
  * Table 1b: tide's speed-up over zero-offload (ZeRO-Offload's placement in
  * the same engine: every AdamW on the host CPU, gradients stored after each
  * layer's backward, activations checkpointed per layer) at each budget both
- * plan; the target is 1.5x or more at 25% and below.
+ * plan; the target is 1.5x or more at 25% and below. Table 1c: tide's
+ * speed-up over every baseline, budget by budget (at "min", each policy at
+ * its own minimum).
  * Budgets: 100, 50, 25 and 10% of the step's unconstrained peak, capped at
  * the profile's device memory when the peak is larger (as the CLI does), and
  * each policy's own minimum. Every plan is verified before it is counted.
  * Last, the planning time of a llama-2-70b step on h100-80g (target < 5 s).
  *
+ * --largest PCT replaces all of that: per config shape and profile, the
+ * largest layer count whose tide step at the device-memory budget reaches
+ * PCT% of ideal (largest_search); every count tried is printed with its
+ * lower bound's compute and link terms and the SSDs' busy time per step.
+ *
  * The step, ideal step and bytes per link are src/train/train_plan.c's, the
  * figures `tide plan --train` prints.
  * Output: one JSON line per plan as soon as it is made (also to --json FILE),
  * markdown tables at the end. Exit status 0 when every plan made verifies and
- * the 70b step plans in under 5 s; 1 otherwise; 2 for a usage error.
+ * the 70b step plans in under 5 s (with --largest: when every plan made
+ * verifies, whatever the largest count); 1 otherwise; 2 for a usage error.
  */
 #include "core/core.h"
 #include "ir/plan.h"
@@ -65,6 +79,7 @@ typedef struct row {
     uint64_t budget;
     int n_ins;
     double step_s, makespan_s, lb_s, plan_s, verify_s;
+    double lb_compute_s, lb_link_s; /* the lower bound's two terms */
     int n_host, n_groups;  /* tide: AdamW updates placed on the host CPU, of all */
     double dev_step_s;     /* tide with updates on the host: the step with all on the device */
     tide_step_bytes bytes;
@@ -73,12 +88,13 @@ typedef struct row {
 
 /* What does not depend on the policy or budget. */
 typedef struct setup {
-    const char *config, *hw_name;
+    const char *config, *hw_name; /* hw_name: the profile, with --ssds / --host-mem said */
     tide_hw hw;
     tide_graph *g;
     uint64_t peak, base; /* unconstrained peak; the percentages' base (peak capped at the device) */
     double ideal_s;
     uint64_t cls[TIDE_TRAIN_CLASS_COUNT];
+    char label[96];      /* hw_name's storage in the main tables */
 } setup;
 
 static tide_ctx *ctx;
@@ -136,6 +152,8 @@ static row plan_one(const setup *s, tide_policy pol, uint64_t budget) {
         r.ok = true;
         r.makespan_s = p->stats.makespan_s;
         r.lb_s = b.lower_bound_s;
+        r.lb_compute_s = b.compute_s;
+        r.lb_link_s = b.link_s;
         r.bytes = tide_plan_step_bytes(p);
         r.n_ins = p->n_ins;
         if (r.n_host && pol == TIDE_POLICY_TIDE) {
@@ -165,9 +183,10 @@ static void json_str(const char *key, const char *s) {
 
 static void print_json_row(const setup *s, int bi, tide_policy pol, const row *r, int batch, int seq, int accum) {
     double tokens = (double)batch * seq * accum;
-    jprintf("{\"bench\":\"train_plan\",\"config\":\"%s\",\"hw\":\"%s\",\"batch\":%d,\"seq\":%d,\"accum\":%d,"
-            "\"policy\":\"%s\",",
-            s->config, s->hw_name, batch, seq, accum, tide_policy_name(pol));
+    jprintf("{\"bench\":\"train_plan\",\"config\":\"%s\",\"hw\":\"%s\",\"ssd_count\":%d,\"host_mem_bytes\":%llu,"
+            "\"batch\":%d,\"seq\":%d,\"accum\":%d,\"policy\":\"%s\",",
+            s->config, s->hw.name, s->hw.ssd_count, (unsigned long long)s->hw.host_mem_bytes, batch, seq, accum,
+            tide_policy_name(pol));
     if (budget_frac[bi] > 0)
         jprintf("\"budget\":\"%.0f%%\",\"budget_base\":\"%s\",", budget_frac[bi] * 100,
                 s->peak > s->hw.device_mem_bytes ? "device_memory" : "unconstrained_peak");
@@ -177,12 +196,14 @@ static void print_json_row(const setup *s, int bi, tide_policy pol, const row *r
             r->ok ? "true" : "false");
     if (r->ok)
         jprintf("\"x_lower_bound\":%.4f,\"pct_of_ideal\":%.2f,\"step_s\":%.4f,\"ideal_step_s\":%.4f,"
-                "\"makespan_s\":%.4f,\"lower_bound_s\":%.4f,\"tokens_per_s\":%.1f,\"step_bytes_h2d\":%llu,"
+                "\"makespan_s\":%.4f,\"lower_bound_s\":%.4f,\"lb_compute_s\":%.4f,\"lb_link_s\":%.4f,"
+                "\"tokens_per_s\":%.1f,\"step_bytes_h2d\":%llu,"
                 "\"step_bytes_d2h\":%llu,\"step_bytes_ssd_read\":%llu,\"step_bytes_ssd_write\":%llu,"
                 "\"plan_s\":%.4f,\"verify_s\":%.4f,\"adamw_host_groups\":%d,\"adamw_groups\":%d,"
                 "\"device_adamw_step_s\":%.4f}\n",
                 r->lb_s > 0 ? r->makespan_s / r->lb_s : 0, r->step_s > 0 ? 100 * s->ideal_s / r->step_s : 0,
-                r->step_s, s->ideal_s, r->makespan_s, r->lb_s, r->step_s > 0 ? tokens / r->step_s : 0,
+                r->step_s, s->ideal_s, r->makespan_s, r->lb_s, r->lb_compute_s, r->lb_link_s,
+                r->step_s > 0 ? tokens / r->step_s : 0,
                 (unsigned long long)r->bytes.h2d, (unsigned long long)r->bytes.d2h,
                 (unsigned long long)r->bytes.ssd_read, (unsigned long long)r->bytes.ssd_write, r->plan_s,
                 r->verify_s, r->n_host, r->n_groups, r->n_host ? r->dev_step_s : r->step_s);
@@ -204,9 +225,14 @@ static int usage(const char *argv0) {
     fprintf(stderr,
             "usage: %s [--quick] [--configs A,B] [--hw A,B]\n"
             "       [--policies tide,static-layer,lru,checkpoint-layer,zero-offload]\n"
-            "       [--batch B] [--seq T] [--accum N] [--json FILE]\n"
-            "defaults: llama-7b,llama-13b on a100-80g,h100-80g, batch 8, seq 2048, accum 4;\n"
-            "--quick: llama-7b on h100-80g only\n",
+            "       [--batch B] [--seq T] [--accum N] [--ssds N] [--host-mem BYTES]\n"
+            "       [--largest PCT] [--json FILE]\n"
+            "defaults: llama-7b,llama-13b,llama-65b on a100-80g,h100-80g,v100-32g, batch 8,\n"
+            "seq 2048, accum 4; --quick: llama-7b on h100-80g only.\n"
+            "A config is NAME, NAME:LAYERS or NAME:LAYERSxHIDDEN (scaled, e.g. llama-65b:96x12288).\n"
+            "--ssds, --host-mem: the profiles' SSD count and host memory (e.g. 512G).\n"
+            "--largest PCT: instead of the tables, the largest layer count of each config's\n"
+            "shape whose tide step at the device-memory budget reaches PCT%% of ideal\n",
             argv0);
     return 2;
 }
@@ -216,10 +242,200 @@ static const char *fmt_gb(uint64_t n, char *buf, size_t len) {
     return buf;
 }
 
+/* A built-in config by name, or scaled: NAME:LAYERS or NAME:LAYERSxHIDDEN.
+ * A new hidden size keeps the head size (heads = hidden / head size), the
+ * query to key/value head ratio, and the MLP's ratio to the hidden size
+ * (intermediate rounded to a multiple of 256). Returns TIDE_OK, or
+ * TIDE_E_NOT_FOUND / TIDE_E_INVALID with the context's message set. */
+static tide_status config_scaled(const char *spec, tide_llama_config *cfg) {
+    char name[64];
+    const char *colon = strchr(spec, ':');
+    size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
+    snprintf(name, sizeof name, "%.*s", (int)TIDE_MIN(n, sizeof name - 1), spec);
+    tide_status st = tide_llama_config_named(ctx, name, cfg);
+    if (st || !colon) return st;
+    char *end;
+    long layers = strtol(colon + 1, &end, 10), hidden = cfg->hidden_size;
+    if (*end == 'x') hidden = strtol(end + 1, &end, 10);
+    if (*end || layers < 1 || layers > 4096 || hidden < 64 || hidden > 65536)
+        return tide_err(ctx, TIDE_E_INVALID, "config '%s': expected NAME:LAYERS or NAME:LAYERSxHIDDEN", spec);
+    int head = cfg->hidden_size / cfg->num_attention_heads;
+    int group = cfg->num_attention_heads / cfg->num_key_value_heads;
+    if (hidden % head || (hidden / head) % group)
+        return tide_err(ctx, TIDE_E_INVALID, "config '%s': hidden %ld is not a whole number of %d-wide heads "
+                        "in groups of %d", spec, hidden, head, group);
+    double ffn = (double)cfg->intermediate_size / cfg->hidden_size;
+    cfg->intermediate_size = (int)(ffn * (double)hidden / 256 + 0.5) * 256;
+    cfg->num_attention_heads = (int)hidden / head;
+    cfg->num_key_value_heads = cfg->num_attention_heads / group;
+    cfg->hidden_size = (int)hidden;
+    cfg->num_hidden_layers = (int)layers;
+    snprintf(cfg->name, sizeof cfg->name, "%s", spec);
+    return tide_llama_config_check(ctx, cfg);
+}
+
+/* Bytes from "N", "NK", "NM", "NG" or "NT" (binary units, an optional
+ * "iB" or "B" after the letter); 0 when malformed. */
+static uint64_t parse_bytes(const char *s) {
+    char *end;
+    double v = strtod(s, &end), mul = 1;
+    const char *units = "KMGT", *u = *end ? strchr(units, *end & ~0x20) : NULL;
+    if (u) {
+        for (const char *k = units; k <= u; k++) mul *= 1024;
+        end++;
+        if (*end == 'i') end++;
+        if (*end == 'B') end++;
+    }
+    return end == s || *end || !(v > 0) || v * mul >= 1.8e19 ? 0 : (uint64_t)(v * mul);
+}
+
+static tide_status build_step(const tide_llama_config *cfg, int batch, int seq, int accum, tide_graph **g) {
+    return tide_llama_build_train(ctx, cfg, &(tide_llama_train_opts){.batch = batch, .seq = seq, .accum = accum,
+        .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f}, g);
+}
+
+/* Loads a profile and applies --ssds / --host-mem (0: as shipped); label
+ * names what was changed. */
+static tide_status load_hw(const char *name, int ssds, uint64_t host_mem, tide_hw *hw, char *label, size_t len) {
+    tide_status st = tide_hw_load(ctx, name, hw);
+    if (st) return st;
+    if (ssds > 0) hw->ssd_count = ssds;
+    if (host_mem) hw->host_mem_bytes = host_mem;
+    if (ssds > 0 || host_mem)
+        snprintf(label, len, "%s, %d SSD%s, %.0f GiB host", name, hw->ssd_count, hw->ssd_count == 1 ? "" : "s",
+                 hw->host_mem_bytes / GIB);
+    else snprintf(label, len, "%s", name);
+    return TIDE_OK;
+}
+
+/* One layer count of a --largest search. */
+typedef struct probe {
+    int layers;
+    uint64_t params;
+    double pct;
+    setup s;
+    row r;
+} probe;
+
+/* Plans cfg with `layers` layers on hw at the device-memory budget (or the
+ * unconstrained peak when smaller) with the tide policy. Returns 0, or -1
+ * when the step could not be set up (message printed). */
+static int largest_probe(const tide_llama_config *base, const char *spec, const tide_hw *hw, const char *label,
+                         int layers, int batch, int seq, int accum, probe *out) {
+    tide_llama_config cfg = *base;
+    cfg.num_hidden_layers = layers;
+    *out = (probe){.layers = layers, .params = tide_llama_config_params(&cfg)};
+    setup *s = &out->s;
+    *s = (setup){.config = spec, .hw_name = label, .hw = *hw};
+    fprintf(stderr, "bench: %s with %d layers (%.1fB parameters) on %s ...\n", spec, layers, out->params / 1e9, label);
+    tide_status st = build_step(&cfg, batch, seq, accum, &s->g);
+    if (!st && !(s->peak = tide_plan_unconstrained_peak(ctx, s->g, &s->hw, 2))) st = TIDE_E_INFEASIBLE;
+    if (!st) st = tide_plan_ideal_step(ctx, s->g, &s->hw, &s->ideal_s);
+    if (st) {
+        snprintf(out->r.why, sizeof out->r.why, "%s", tide_ctx_last_error(ctx));
+        fprintf(stderr, "bench: %s, %d layers: %s\n", spec, layers, out->r.why);
+        if (st != TIDE_E_INFEASIBLE) failures++;
+        tide_graph_free(s->g);
+        s->g = NULL;
+        return -1;
+    }
+    s->base = TIDE_MIN(s->peak, s->hw.device_mem_bytes);
+    out->r = plan_one(s, TIDE_POLICY_TIDE, s->base);
+    out->pct = out->r.ok && out->r.step_s > 0 ? 100 * s->ideal_s / out->r.step_s : 0;
+    const row *r = &out->r;
+    jprintf("{\"bench\":\"train_plan\",\"table\":\"largest\",\"config\":\"%s\",\"hw\":\"%s\",\"ssd_count\":%d,"
+            "\"host_mem_bytes\":%llu,\"layers\":%d,\"hidden\":%d,\"params\":%llu,\"budget_bytes\":%llu,"
+            "\"feasible\":%s,\"pct_of_ideal\":%.2f,\"x_lower_bound\":%.4f,\"step_s\":%.4f,\"ideal_step_s\":%.4f,"
+            "\"lb_compute_s\":%.4f,\"lb_link_s\":%.4f,\"step_bytes_h2d\":%llu,\"step_bytes_d2h\":%llu,"
+            "\"step_bytes_ssd_read\":%llu,\"step_bytes_ssd_write\":%llu,\"plan_s\":%.4f}\n",
+            spec, s->hw.name, s->hw.ssd_count, (unsigned long long)s->hw.host_mem_bytes, layers, cfg.hidden_size,
+            (unsigned long long)out->params, (unsigned long long)s->base, r->ok ? "true" : "false", out->pct,
+            r->lb_s > 0 ? r->makespan_s / r->lb_s : 0, r->step_s, s->ideal_s, r->lb_compute_s, r->lb_link_s,
+            (unsigned long long)r->bytes.h2d, (unsigned long long)r->bytes.d2h,
+            (unsigned long long)r->bytes.ssd_read, (unsigned long long)r->bytes.ssd_write, r->plan_s);
+    tide_graph_free(s->g);
+    s->g = NULL;
+    return 0;
+}
+
+/* SSD busy seconds of one step's bytes: the drives serve reads and writes
+ * alike (cost.c), striped over ssd_count. */
+static double ssd_busy_s(const tide_hw *hw, const tide_step_bytes *b) {
+    double k = hw->ssd_count > 0 ? hw->ssd_count : 1;
+    return hw->ssd_read_bw <= 0 || hw->ssd_write_bw <= 0 ? 0
+           : (double)b->ssd_read / (hw->ssd_read_bw * k) + (double)b->ssd_write / (hw->ssd_write_bw * k);
+}
+
+/* --largest: per config shape and profile, the largest layer count whose
+ * tide step at the device-memory budget reaches pct% of ideal. The count
+ * doubles from the config's own until it falls short (or 1024), halves
+ * until it reaches the target (or 1), then bisects to within 2% (the
+ * figure is not smooth enough in the layer count for more); a count that
+ * cannot be set up counts as short. Prints every count tried, then the
+ * result. */
+static void largest_search(const char *spec, const tide_hw *hw, const char *label, double pct, int batch, int seq,
+                           int accum) {
+    tide_llama_config cfg;
+    if (config_scaled(spec, &cfg)) {
+        fprintf(stderr, "bench: %s: %s\n", spec, tide_ctx_last_error(ctx));
+        failures++;
+        return;
+    }
+    enum { MAX_PROBES = 40 };
+    probe pr[MAX_PROBES];
+    int n = 0, good = -1, bad = -1; /* indices: the largest passing, the smallest failing */
+#define TRY(L)                                                                                              \
+    do {                                                                                                    \
+        probe *p_ = &pr[n++];                                                                               \
+        bool ok_ = !largest_probe(&cfg, spec, hw, label, (L), batch, seq, accum, p_) && p_->pct >= pct;     \
+        if (ok_ && (good < 0 || p_->layers > pr[good].layers)) good = n - 1;                                \
+        if (!ok_ && (bad < 0 || p_->layers < pr[bad].layers)) bad = n - 1;                                  \
+    } while (0)
+    TRY(cfg.num_hidden_layers);
+    while (n < MAX_PROBES && bad < 0 && pr[good].layers < 1024) TRY(TIDE_MIN(pr[good].layers * 2, 1024));
+    while (n < MAX_PROBES && good < 0 && pr[bad].layers > 1) TRY(pr[bad].layers / 2);
+    while (n < MAX_PROBES && good >= 0 && bad >= 0 && pr[bad].layers - pr[good].layers > 1 &&
+           (pr[bad].layers - pr[good].layers) * 50 > pr[good].layers)
+        TRY((pr[good].layers + pr[bad].layers) / 2);
+#undef TRY
+    printf("\n## Largest model: %s's shape (hidden %d, intermediate %d, %d heads, %d kv heads) on %s, "
+           "tide at the device-memory budget; target %.0f%% of ideal\n\n",
+           spec, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads, label, pct);
+    printf("| layers | parameters | budget GiB | %% of ideal | x LB | step s | ideal step s | LB compute s | "
+           "LB link s | SSD busy s/step | h2d GB | d2h GB | SSD read GB | SSD write GB | plan s |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int k = 0; k < n; k++) {
+        const probe *p = &pr[k];
+        const row *r = &p->r;
+        char b1[32], b2[32], b3[32], b4[32];
+        if (!r->ok) {
+            printf("| %d | %.1fB | %.2f | no plan: %s | | | | | | | | | | | %.3f |\n", p->layers, p->params / 1e9,
+                   p->s.base / GIB, r->why, r->plan_s);
+            continue;
+        }
+        printf("| %d | %.1fB | %.2f | %.1f | %.3f | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %s | %s | %s | %.3f |\n",
+               p->layers, p->params / 1e9, p->s.base / GIB, p->pct, r->makespan_s / r->lb_s, r->step_s, p->s.ideal_s,
+               r->lb_compute_s / 2, r->lb_link_s / 2, ssd_busy_s(&p->s.hw, &r->bytes),
+               fmt_gb(r->bytes.h2d, b1, sizeof b1), fmt_gb(r->bytes.d2h, b2, sizeof b2),
+               fmt_gb(r->bytes.ssd_read, b3, sizeof b3), fmt_gb(r->bytes.ssd_write, b4, sizeof b4), r->plan_s);
+    }
+    if (good >= 0)
+        printf("\nlargest: %d layers, %.1fB parameters, at %.1f%% of ideal (%s)\n", pr[good].layers,
+               pr[good].params / 1e9, pr[good].pct,
+               bad < 0 ? "the search's cap of 1024 layers" : pr[bad].layers == pr[good].layers + 1
+                   ? "one layer more falls short" : "to within 2%: more layers were not tried");
+    else printf("\nlargest: none; even %d layer%s falls short of %.0f%%\n", pr[bad].layers,
+                pr[bad].layers == 1 ? "" : "s", pct);
+    printf("(LB terms per step, half the two-step bound; the LB counts no spills of what host memory cannot hold, "
+           "so where the SSD busy time exceeds the LB it is the drives that bound the step)\n");
+}
+
 int main(int argc, char **argv) {
     bool quick = false;
     char *configs_arg = NULL, *hw_arg = NULL, *pol_arg = NULL;
-    int batch = 8, seq = 2048, accum = 4;
+    int batch = 8, seq = 2048, accum = 4, ssds = 0;
+    uint64_t host_mem = 0;
+    double largest = 0;
     for (int i = 1; i < argc; i++) {
         bool more = i + 1 < argc;
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -229,6 +445,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--batch") && more) batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seq") && more) seq = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--accum") && more) accum = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ssds") && more) {
+            if ((ssds = atoi(argv[++i])) < 1) return usage(argv[0]);
+        } else if (!strcmp(argv[i], "--host-mem") && more) {
+            if (!(host_mem = parse_bytes(argv[++i]))) return usage(argv[0]);
+        } else if (!strcmp(argv[i], "--largest") && more) {
+            if (!((largest = atof(argv[++i])) > 0 && largest <= 100)) return usage(argv[0]);
+        }
         else if (!strcmp(argv[i], "--json") && more) {
             if (!(json_file = fopen(argv[++i], "w"))) {
                 perror(argv[i]);
@@ -237,7 +460,7 @@ int main(int argc, char **argv) {
         } else return usage(argv[0]);
     }
     if (batch < 1 || seq < 1 || accum < 1) return usage(argv[0]);
-    char def_configs[] = "llama-7b,llama-13b", def_hw[] = "a100-80g,h100-80g",
+    char def_configs[] = "llama-7b,llama-13b,llama-65b", def_hw[] = "a100-80g,h100-80g,v100-32g",
          def_pol[] = "tide,static-layer,lru,checkpoint-layer,zero-offload",
          q_configs[] = "llama-7b", q_hw[] = "h100-80g";
     const char *configs[MAX_LIST], *hws[MAX_LIST], *pol_names[MAX_LIST];
@@ -253,6 +476,22 @@ int main(int argc, char **argv) {
         pols[k] = (tide_policy)found;
     }
     if (!(ctx = tide_ctx_new())) return 1;
+    if (largest > 0) {
+        for (int ci = 0; ci < nc; ci++)
+            for (int hi = 0; hi < nh; hi++) {
+                tide_hw hw;
+                char label[96];
+                if (load_hw(hws[hi], ssds, host_mem, &hw, label, sizeof label)) {
+                    fprintf(stderr, "bench: %s: %s\n", hws[hi], tide_ctx_last_error(ctx));
+                    return 1;
+                }
+                largest_search(configs[ci], &hw, label, largest, batch, seq, accum);
+            }
+        printf("\nsummary: failures (unverified plans, errors): %d\n", failures);
+        if (json_file) fclose(json_file);
+        tide_ctx_free(ctx);
+        return failures ? 1 : 0;
+    }
 
     int n_setups = nc * nh;
     setup *S = calloc((size_t)n_setups, sizeof *S);
@@ -264,9 +503,7 @@ int main(int argc, char **argv) {
     for (int ci = 0; ci < nc; ci++) {
         tide_llama_config cfg;
         tide_graph *g = NULL;
-        tide_llama_train_opts to = {.batch = batch, .seq = seq, .accum = accum, .beta1 = 0.9f, .beta2 = 0.95f,
-                                    .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
-        if (tide_llama_config_named(ctx, configs[ci], &cfg) || tide_llama_build_train(ctx, &cfg, &to, &g)) {
+        if (config_scaled(configs[ci], &cfg) || build_step(&cfg, batch, seq, accum, &g)) {
             fprintf(stderr, "bench: %s: %s\n", configs[ci], tide_ctx_last_error(ctx));
             return 1;
         }
@@ -274,9 +511,9 @@ int main(int argc, char **argv) {
             int si = ci * nh + hi;
             setup *s = &S[si];
             s->config = configs[ci];
-            s->hw_name = hws[hi];
+            s->hw_name = s->label;
             s->g = g;
-            if (tide_hw_load(ctx, hws[hi], &s->hw)) {
+            if (load_hw(hws[hi], ssds, host_mem, &s->hw, s->label, sizeof s->label)) {
                 fprintf(stderr, "bench: %s: %s\n", hws[hi], tide_ctx_last_error(ctx));
                 return 1;
             }
@@ -329,10 +566,8 @@ int main(int argc, char **argv) {
     double big_build_s = 0, big_worst = 0, big_min_search_s = 0;
     {
         tide_llama_config cfg;
-        tide_llama_train_opts to = {.batch = batch, .seq = seq, .accum = accum, .beta1 = 0.9f, .beta2 = 0.95f,
-                                    .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
         double t0 = tide_now();
-        if (tide_llama_config_named(ctx, bs.config, &cfg) || tide_llama_build_train(ctx, &cfg, &to, &bs.g) ||
+        if (tide_llama_config_named(ctx, bs.config, &cfg) || build_step(&cfg, batch, seq, accum, &bs.g) ||
             tide_hw_load(ctx, bs.hw_name, &bs.hw)) {
             fprintf(stderr, "bench: llama-2-70b: %s\n", tide_ctx_last_error(ctx));
             return 1;
@@ -404,9 +639,9 @@ int main(int argc, char **argv) {
                              s->peak > s->hw.device_mem_bytes ? " (capped)" : "");
                 else snprintf(label, sizeof label, "min (own)");
                 if (!r->ok) {
-                    const char *what = r->over_device ? "infeasible: minimum above device memory" : "infeasible";
-                    printf("| %s | %s | %s | %.2f | %s | %s | | | | | | | | | %s | | |\n", s->config, s->hw_name, label,
-                           r->budget / GIB, tide_policy_name(pols[pk]), what,
+                    printf("| %s | %s | %s | %s | %s | infeasible: %s | | | | | | | | | %s | | |\n", s->config,
+                           s->hw_name, label, r->budget ? (snprintf(b2, sizeof b2, "%.2f", r->budget / GIB), b2) : "",
+                           tide_policy_name(pols[pk]), r->why,
                            r->plan_s > 0 ? (snprintf(b1, sizeof b1, "%.3f", r->plan_s), b1) : "");
                     continue;
                 }
@@ -447,7 +682,9 @@ int main(int argc, char **argv) {
                 const row *t = &ROW(si, bi, tk), *z = &ROW(si, bi, zk);
                 if (!t->ok || !z->ok) {
                     printf("| %s | %s | %.0f%% | %.2f | %s | %s | | |\n", S[si].config, S[si].hw_name,
-                           budget_frac[bi] * 100, t->budget / GIB, t->ok ? "" : "no plan", z->ok ? "" : "no plan");
+                           budget_frac[bi] * 100, t->budget / GIB,
+                           t->ok ? (snprintf(b1, sizeof b1, "%.2f", t->step_s), b1) : "no plan",
+                           z->ok ? (snprintf(b2, sizeof b2, "%.2f", z->step_s), b2) : "no plan");
                     continue;
                 }
                 double x = z->step_s / t->step_s;
@@ -466,8 +703,40 @@ int main(int argc, char **argv) {
                 if (t->ok && z->ok)
                     jprintf("{\"bench\":\"train_plan\",\"table\":\"tide_over_zero_offload\",\"config\":\"%s\","
                             "\"hw\":\"%s\",\"budget_frac\":%.2f,\"tide_step_s\":%.4f,\"zero_offload_step_s\":%.4f,"
-                            "\"speedup\":%.4f}\n", S[si].config, S[si].hw_name, budget_frac[bi], t->step_s, z->step_s,
+                            "\"speedup\":%.4f}\n", S[si].config, S[si].hw.name, budget_frac[bi], t->step_s, z->step_s,
                             z->step_s / t->step_s);
+            }
+    }
+
+    if (tk >= 0) {
+        printf("\n## Table 1c: tide's speed-up over each baseline at the same budget (baseline step / tide step; at "
+               "min, each policy at its own minimum, given when it differs from tide's)\n\n"
+               "| model | hw | budget | GiB | tide %% of ideal | tide x LB |");
+        for (int pk = 0; pk < np; pk++)
+            if (pk != tk) printf(" over %s |", tide_policy_name(pols[pk]));
+        printf("\n|---|---|---|---|---|---|");
+        for (int pk = 0; pk < np; pk++)
+            if (pk != tk) printf("---|");
+        printf("\n");
+        for (int si = 0; si < n_setups; si++)
+            for (int bi = 0; bi < N_BUDGETS; bi++) {
+                const row *t = &ROW(si, bi, tk);
+                char label[16] = "min";
+                if (budget_frac[bi] > 0) snprintf(label, sizeof label, "%.0f%%", budget_frac[bi] * 100);
+                if (!t->ok)
+                    printf("| %s | %s | %s | %.2f | no plan | |", S[si].config, S[si].hw_name, label, t->budget / GIB);
+                else printf("| %s | %s | %s | %.2f | %.1f | %.3f |", S[si].config, S[si].hw_name, label,
+                            t->budget / GIB, 100 * S[si].ideal_s / t->step_s, t->makespan_s / t->lb_s);
+                for (int pk = 0; pk < np; pk++) {
+                    if (pk == tk) continue;
+                    const row *r = &ROW(si, bi, pk);
+                    if (!r->ok) printf(" no plan |");
+                    else if (!t->ok) printf(" |");
+                    else if (r->budget != t->budget)
+                        printf(" %.2fx (own min %.2f GiB) |", r->step_s / t->step_s, r->budget / GIB);
+                    else printf(" %.2fx |", r->step_s / t->step_s);
+                }
+                printf("\n");
             }
     }
 
