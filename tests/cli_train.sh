@@ -61,6 +61,17 @@ grep -q '"bytes_ssd_write":[1-9]' "$TMP/out" && PASSES=$((PASSES + 1)) || { echo
 expect 0 "AdamW placed by the plan (the CPU backend: on the device)" -- "$TIDE" train --model "$FX" --data "$DATA" \
     --steps 1 --batch 2 --seq 16 --budget 50% --optimizer auto --hw h100-80g --quiet
 contains "$TMP/out" "updates on the host CPU" "summary says where AdamW ran"
+# --optimizer auto on the CPU backend keeps the updates on the device unless
+# the arena cannot hold an update's operands: below that minimum (at the
+# all-host one) the plan puts some on the host CPU and the step runs
+expect 0 "the all-host minimum budget" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 2 --seq 16 \
+    --accum 2 --budget min --optimizer cpu --hw h100-80g --json
+host_min=$(sed -n 's/.*"budget_bytes":\([0-9]*\).*/\1/p' "$TMP/out" | tail -1)
+expect 0 "auto below the device updates' minimum ($host_min bytes), checked" -- "$TIDE" train --model "$FX" \
+    --data "$DATA" --steps 2 --batch 2 --seq 16 --accum 2 --budget "$host_min" --hw h100-80g --check --json
+contains "$TMP/out" '"check_passed":true' "auto below the device updates' minimum: bit-identical"
+grep -q '"optimizer_host_groups":[1-9]' "$TMP/out" && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: auto below the device updates' minimum placed no update on the host"; FAILS=$((FAILS + 1)); }
 expect 2 "--optimizer without a budget" -- "$TIDE" train --model "$FX" --data "$DATA" --optimizer cpu
 expect 2 "--optimizer cpu under a baseline" -- "$TIDE" train --model "$FX" --data "$DATA" --budget 50% --policy lru \
     --optimizer cpu

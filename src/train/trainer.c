@@ -515,6 +515,17 @@ static tide_status prepare(tide_trainer *t) {
             st = train_optim_place(ctx, g, &po, mode, &t->host_ops, &t->optim_choice);
             po.host_ops = t->host_ops;
             if (!st) st = tide_plan_make(ctx, g, &po, &p);
+            if (st == TIDE_E_INFEASIBLE && mode != t->optim) {
+                /* the arena cannot hold some update's operands: updates on
+                 * the host CPU (their state read in place) let the step plan */
+                tide_err_clear(ctx);
+                tide_free(t->host_ops);
+                t->host_ops = NULL;
+                po.host_ops = NULL;
+                st = train_optim_place(ctx, g, &po, t->optim, &t->host_ops, &t->optim_choice);
+                po.host_ops = t->host_ops;
+                if (!st) st = tide_plan_make(ctx, g, &po, &p);
+            }
         }
         if (!st && (st = t->be->vt->alloc(t->be, p->device_budget, &t->arena)))
             st = tide_err(ctx, st, "cannot allocate the device arena of %llu bytes: %s",
