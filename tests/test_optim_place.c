@@ -165,11 +165,62 @@ static void test_baselines(void **state) {
     assert_string_equal(train_optim_name(TRAIN_OPTIM_AUTO), "auto");
 }
 
+/* The tide policy plans wherever the zero-offload baseline does: over a
+ * grid of device and host budgets, each cell where zero-offload plans a
+ * verified step gets a verified tide plan too, from the placement search
+ * (TRAIN_OPTIM_AUTO) as the trainer asks for it; where none of tide's own
+ * placements fits (the host budget cannot stage what its host updates and
+ * spills need), the planner takes zero-offload's plan. Counts the cells
+ * where that happened (printed). */
+static void test_never_fails_where_zero_offload_plans(void **state) {
+    fixture *f = *state;
+    static const double dev[] = {0.03, 0.05, 0.1, 0.2};
+    int cells = 0, zo_cells = 0, taken = 0;
+    for (int d = 0; d < (int)(sizeof dev / sizeof *dev); d++) {
+        for (uint64_t host = 64 << 10; host <= (64u << 20); host += host / 4 + 4096) {
+            tide_plan_opts po = opts(f, &f->hw, dev[d]);
+            po.host_budget = host;
+            cells++;
+            tide_plan_opts zo = po;
+            zo.policy = TIDE_POLICY_ZERO_OFFLOAD;
+            tide_plan *z = NULL;
+            if (tide_plan_make(f->ctx, f->g, &zo, &z)) {
+                tide_err_clear(f->ctx);
+                continue;
+            }
+            assert_int_equal(tide_plan_verify(z), TIDE_OK);
+            tide_plan_free(z);
+            zo_cells++;
+            bool *h = NULL;
+            train_optim_choice c;
+            tide_status st = train_optim_place(f->ctx, f->g, &po, TRAIN_OPTIM_AUTO, &h, &c);
+            if (st) fail_msg("zero-offload plans at %.2f of the peak with %llu host bytes, tide does not: %s",
+                             dev[d], (unsigned long long)host, tide_ctx_last_error(f->ctx));
+            po.host_ops = h;
+            tide_plan *p = NULL;
+            assert_int_equal(tide_plan_make(f->ctx, f->g, &po, &p), TIDE_OK);
+            assert_int_equal(tide_plan_verify(p), TIDE_OK);
+            assert_int_equal(p->policy, TIDE_POLICY_TIDE);
+            int host_adamw = 0;
+            for (int i = 0; i < p->n_ins; i++)
+                host_adamw += p->ins[i].kind == TIDE_INS_COMPUTE && p->ins[i].place == TIDE_PLACE_HOST &&
+                              f->g->ops[p->ins[i].op].kind == TIDE_OP_ADAMW;
+            taken += host_adamw > count(f, h); /* more on the host than tide placed: zero-offload's plan */
+            tide_plan_free(p);
+            tide_free(h);
+        }
+    }
+    print_message("  %d cells, zero-offload plans %d, tide plans them all (%d by taking zero-offload's plan)\n", cells,
+                  zo_cells, taken);
+    assert_true(zo_cells > 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_modes),
         cmocka_unit_test(test_machines_decide),
         cmocka_unit_test(test_baselines),
+        cmocka_unit_test(test_never_fails_where_zero_offload_plans),
     };
     int rc = cmocka_run_group_tests_name("f32", tests, setup_f32, teardown);
     return rc | cmocka_run_group_tests_name("bf16", tests, setup_bf16, teardown);

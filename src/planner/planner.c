@@ -518,6 +518,34 @@ static bool has_cheap_recompute(tide_ctx *ctx, const tide_graph *g, const tide_h
     return n_pos > g->n_ops;
 }
 
+/* When no plan of the tide policy fits a training step (the device budget,
+ * or the host budget's room to stage what host updates and spills need),
+ * the zero-offload baseline's plan where it fits: every AdamW update on the
+ * host, gradients stored per layer, activations recomputed per layer (tide
+ * should never fail where a baseline it can compute plans). The plan keeps
+ * its own placement (callers count host updates from its instructions) and
+ * is labelled tide. On failure the first message stands. */
+static tide_status plan_zero_offload(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, double t0,
+                                     tide_plan **out) {
+    int n_adamw = 0;
+    for (int i = 0; i < g->n_ops; i++) n_adamw += g->ops[i].kind == TIDE_OP_ADAMW;
+    if (opts->policy != TIDE_POLICY_TIDE || !n_adamw || opts->host_addressable || opts->warm_off ||
+        opts->warm_region || opts->shared_scratch || opts->recompute_cheap)
+        return TIDE_E_INFEASIBLE;
+    char why[512];
+    snprintf(why, sizeof why, "%s", tide_ctx_last_error(ctx));
+    tide_plan_opts zo = *opts;
+    zo.policy = TIDE_POLICY_ZERO_OFFLOAD;
+    zo.host_ops = NULL;
+    if (plan_make(ctx, g, &zo, true, out) == TIDE_OK) {
+        (*out)->policy = TIDE_POLICY_TIDE;
+        (*out)->stats.plan_seconds = tide_now() - t0;
+        tide_err_clear(ctx);
+        return TIDE_OK;
+    }
+    return tide_err(ctx, TIDE_E_INFEASIBLE, "%s", why);
+}
+
 /* The tide policy also simulates the layer-streaming schedule (the
  * static-layer policy) at the same budget and keeps whichever plan finishes
  * first: where whole layers fit and double buffering hides every load, that
@@ -531,6 +559,7 @@ static bool has_cheap_recompute(tide_ctx *ctx, const tide_graph *g, const tide_h
 tide_status tide_plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, tide_plan **out) {
     double t0 = tide_now();
     tide_status st = plan_make(ctx, g, opts, true, out);
+    if (st == TIDE_E_INFEASIBLE) return plan_zero_offload(ctx, g, opts, t0, out);
     if (st || opts->policy != TIDE_POLICY_TIDE || opts->host_addressable || opts->warm_off || opts->warm_region ||
         opts->shared_scratch)
         return st;

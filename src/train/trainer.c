@@ -543,6 +543,13 @@ static tide_status prepare(tide_trainer *t) {
     t->arena_bytes = p->device_budget;
     t->optim_choice.n_groups = 0;
     for (int i = 0; i < g->n_ops; i++) t->optim_choice.n_groups += g->ops[i].kind == TIDE_OP_ADAMW;
+    /* the updates the plan runs on the host (where no placement of the tide
+     * policy fits, the planner takes zero-offload's: all of them) */
+    int n_host = 0;
+    for (int i = 0; i < p->n_ins; i++)
+        n_host += p->ins[i].kind == TIDE_INS_COMPUTE && p->ins[i].iter == 0 && p->ins[i].place == TIDE_PLACE_HOST &&
+                  g->ops[p->ins[i].op].kind == TIDE_OP_ADAMW;
+    t->optim_choice.n_host = n_host;
     t->plan_s = tide_now() - t0;
     t->predicted_s = p->stats.makespan_s;
     t->peak_device = p->stats.peak_device_bytes;
