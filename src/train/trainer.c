@@ -549,6 +549,7 @@ static tide_status prepare(tide_trainer *t) {
     for (int i = 0; i < p->n_ins; i++)
         n_host += p->ins[i].kind == TIDE_INS_COMPUTE && p->ins[i].iter == 0 && p->ins[i].place == TIDE_PLACE_HOST &&
                   g->ops[p->ins[i].op].kind == TIDE_OP_ADAMW;
+    if (n_host != t->optim_choice.n_host) t->optim_choice.device_makespan_s = 0; /* not the search's plan */
     t->optim_choice.n_host = n_host;
     t->plan_s = tide_now() - t0;
     t->predicted_s = p->stats.makespan_s;
