@@ -128,7 +128,9 @@ static row plan_one(const setup *s, tide_policy pol, uint64_t budget) {
     /* tide places each AdamW update on the device or the host CPU by planning */
     tide_status st = train_optim_place(ctx, s->g, &po, TRAIN_OPTIM_AUTO, &host_ops, &oc);
     po.host_ops = host_ops;
+    po.consider_zero_offload = true; /* as the CLI plans it */
     if (!st) st = tide_plan_make(ctx, s->g, &po, &p);
+    if (!st) train_optim_sync(s->g, p, &oc);
     r.plan_s = tide_now() - t0;
     r.n_host = oc.n_host;
     r.n_groups = pol == TIDE_POLICY_TIDE || pol == TIDE_POLICY_ZERO_OFFLOAD ? oc.n_groups : 0;
@@ -160,6 +162,8 @@ static row plan_one(const setup *s, tide_policy pol, uint64_t budget) {
             /* the same step with every update on the device, side by side */
             tide_plan_opts pd = po;
             pd.host_ops = NULL;
+            pd.consider_zero_offload = false;
+        pd.consider_zero_offload = false;
             tide_plan *q = NULL;
             if (tide_plan_make(ctx, s->g, &pd, &q) || tide_plan_steady_step(q, &s->hw, &r.dev_step_s, NULL))
                 r.dev_step_s = 0;

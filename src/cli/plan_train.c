@@ -116,7 +116,9 @@ int plan_train(const plan_args *a) {
     /* where the AdamW updates run (the search plans candidates itself) */
     tide_status st = train_optim_place(ctx, g, &po, a->optim, &host_ops, &oc);
     po.host_ops = host_ops;
+    po.consider_zero_offload = true;
     if (!st) st = tide_plan_make(ctx, g, &po, &p);
+    if (!st) train_optim_sync(g, p, &oc);
     if (st) {
         if (a->json && st == TIDE_E_INFEASIBLE)
             printf("{\"feasible\":false,\"policy\":\"%s\",\"budget_bytes\":%llu}\n", tide_policy_name(a->policy),
@@ -140,6 +142,7 @@ int plan_train(const plan_args *a) {
         /* the same step with every update on the device, for comparison */
         tide_plan_opts pd = po;
         pd.host_ops = NULL;
+        pd.consider_zero_offload = false;
         tide_plan *q = NULL;
         if (tide_plan_make(ctx, g, &pd, &q) || tide_plan_steady_step(q, &hw, &dev_step, NULL)) dev_step = 0;
         tide_plan_free(q);

@@ -525,11 +525,15 @@ static bool has_cheap_recompute(tide_ctx *ctx, const tide_graph *g, const tide_h
  * should never fail where a baseline it can compute plans). The plan keeps
  * its own placement (callers count host updates from its instructions) and
  * is labelled tide. On failure the first message stands. */
+static bool has_adamw(const tide_graph *g) {
+    for (int i = 0; i < g->n_ops; i++)
+        if (g->ops[i].kind == TIDE_OP_ADAMW) return true;
+    return false;
+}
+
 static tide_status plan_zero_offload(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, double t0,
                                      tide_plan **out) {
-    int n_adamw = 0;
-    for (int i = 0; i < g->n_ops; i++) n_adamw += g->ops[i].kind == TIDE_OP_ADAMW;
-    if (opts->policy != TIDE_POLICY_TIDE || !n_adamw || opts->host_addressable || opts->warm_off ||
+    if (opts->policy != TIDE_POLICY_TIDE || !has_adamw(g) || opts->host_addressable || opts->warm_off ||
         opts->warm_region || opts->shared_scratch || opts->recompute_cheap)
         return TIDE_E_INFEASIBLE;
     char why[512];
@@ -555,7 +559,12 @@ static tide_status plan_zero_offload(tide_ctx *ctx, const tide_graph *g, const t
  * over the host link is dropped after the forward and made again before its
  * backward), when the graph has such activations and the budget cannot hold
  * the plan without spilling: the simulated makespans decide whether what
- * recomputing costs is repaid by transfers that would not have hidden. */
+ * recomputing costs is repaid by transfers that would not have hidden.
+ * For a training step whose caller asks (consider_zero_offload: the final
+ * plan, not each candidate of the optimizer placement search), the
+ * zero-offload baseline's plan too: its eager per-layer gradient stores and
+ * all-host updates can beat tide's searched split by a little where the
+ * budget is large. */
 tide_status tide_plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, tide_plan **out) {
     double t0 = tide_now();
     tide_status st = plan_make(ctx, g, opts, true, out);
@@ -582,6 +591,20 @@ tide_status tide_plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_o
         alt = NULL;
         if (plan_make(ctx, g, &ro, true, &alt) == TIDE_OK && alt->stats.makespan_s < (*out)->stats.makespan_s) {
             tide_plan_free(*out);
+            *out = alt;
+        } else {
+            tide_plan_free(alt);
+        }
+    }
+    if (opts->consider_zero_offload && has_adamw(g)) {
+        tide_plan_opts zo = *opts;
+        zo.policy = TIDE_POLICY_ZERO_OFFLOAD;
+        zo.host_ops = NULL;
+        zo.recompute_cheap = false;
+        alt = NULL;
+        if (plan_make(ctx, g, &zo, true, &alt) == TIDE_OK && alt->stats.makespan_s < (*out)->stats.makespan_s) {
+            tide_plan_free(*out);
+            alt->policy = TIDE_POLICY_TIDE;
             *out = alt;
         } else {
             tide_plan_free(alt);

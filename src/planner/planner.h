@@ -24,6 +24,10 @@ typedef struct tide_plan_opts {
                                      tries it by itself and keeps the faster plan */
     const bool *host_ops;         /* per op of g, or NULL: place that op's COMPUTE on the
                                      host CPU (its operands in host memory) */
+    bool consider_zero_offload;   /* a training step: tide_plan_make also plans the
+                                     zero-offload baseline (its own placement, host_ops
+                                     ignored) and keeps its plan, labelled tide, when it is
+                                     faster (train_optim_sync reads what it placed) */
     bool host_addressable;        /* the backend's device memory is host memory: tensors
                                      homed on host are read and written in place by
                                      device computes, never loaded or stored (the

@@ -180,3 +180,23 @@ tide_status train_optim_place(tide_ctx *ctx, const tide_graph *g, const tide_pla
     tide_free(s.cost);
     return st;
 }
+
+bool train_optim_sync(const tide_graph *g, const tide_plan *p, train_optim_choice *choice) {
+    int n_host = 0;
+    uint64_t bytes = 0;
+    for (int i = 0; i < p->n_ins; i++) {
+        const tide_ins *in = &p->ins[i];
+        if (in->kind != TIDE_INS_COMPUTE || in->iter != 0 || in->place != TIDE_PLACE_HOST) continue;
+        const tide_op *op = &g->ops[in->op];
+        if (op->kind != TIDE_OP_ADAMW) continue;
+        n_host++;
+        for (int j = 0; j < op->n_in; j++)
+            if (g->tensors[op->in[j]].role == TIDE_ROLE_STATE) bytes += g->tensors[op->in[j]].nbytes;
+    }
+    if (n_host == choice->n_host) return false;
+    choice->n_host = n_host;
+    choice->host_state_bytes = bytes;
+    choice->makespan_s = p->stats.makespan_s;
+    choice->device_makespan_s = 0;
+    return true;
+}

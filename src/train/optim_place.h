@@ -43,4 +43,11 @@ typedef struct train_optim_choice {
 tide_status train_optim_place(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *po, train_optim_mode mode,
                               bool **host_ops, train_optim_choice *choice);
 
+/* After the step's plan p of g is made from choice's placement: when the
+ * planner took the zero-offload baseline's plan instead (tide_plan_make:
+ * faster, or the only one that fits), *choice is set to what p places
+ * (every update on the host, no all-device figure). Returns whether it
+ * changed. */
+bool train_optim_sync(const tide_graph *g, const tide_plan *p, train_optim_choice *choice);
+
 #endif

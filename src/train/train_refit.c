@@ -55,6 +55,7 @@ static tide_status replan(tide_trainer *t, const tide_hw *hw, tide_runner **out)
     tide_plan_opts po = train_offload_opts(t, t->budget); /* as the first plan's */
     po.hw = hw;
     po.host_ops = t->host_ops;
+    po.consider_zero_offload = true;
     if ((st = tide_plan_make(ctx, g, &po, &p))) {
         tide_graph_free(g);
         return st;

@@ -514,6 +514,7 @@ static tide_status prepare(tide_trainer *t) {
                                     t->policy != TIDE_POLICY_ZERO_OFFLOAD ? TRAIN_OPTIM_DEVICE : t->optim;
             st = train_optim_place(ctx, g, &po, mode, &t->host_ops, &t->optim_choice);
             po.host_ops = t->host_ops;
+            po.consider_zero_offload = true;
             if (!st) st = tide_plan_make(ctx, g, &po, &p);
             if (st == TIDE_E_INFEASIBLE && mode != t->optim) {
                 /* the arena cannot hold some update's operands: updates on
@@ -543,14 +544,9 @@ static tide_status prepare(tide_trainer *t) {
     t->arena_bytes = p->device_budget;
     t->optim_choice.n_groups = 0;
     for (int i = 0; i < g->n_ops; i++) t->optim_choice.n_groups += g->ops[i].kind == TIDE_OP_ADAMW;
-    /* the updates the plan runs on the host (where no placement of the tide
-     * policy fits, the planner takes zero-offload's: all of them) */
-    int n_host = 0;
-    for (int i = 0; i < p->n_ins; i++)
-        n_host += p->ins[i].kind == TIDE_INS_COMPUTE && p->ins[i].iter == 0 && p->ins[i].place == TIDE_PLACE_HOST &&
-                  g->ops[p->ins[i].op].kind == TIDE_OP_ADAMW;
-    if (n_host != t->optim_choice.n_host) t->optim_choice.device_makespan_s = 0; /* not the search's plan */
-    t->optim_choice.n_host = n_host;
+    /* the updates the plan runs on the host (the planner may have taken
+     * zero-offload's plan: all of them) */
+    train_optim_sync(g, p, &t->optim_choice);
     t->plan_s = tide_now() - t0;
     t->predicted_s = p->stats.makespan_s;
     t->peak_device = p->stats.peak_device_bytes;
