@@ -505,17 +505,26 @@ static tide_status plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan
     return TIDE_OK;
 }
 
-/* Whether recompute.c's cheap rule recomputes anything in g (a graph with no
- * backward has nothing to recompute: no second plan then). A failure counts
- * as no. */
-static bool has_cheap_recompute(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw) {
+/* How deep a chain of producers the tide policy's second cheap
+ * recomputation candidate recomputes (recompute.c). */
+#define RECOMPUTE_CHAIN_DEPTH 3
+
+/* The positions of recompute.c's cheap schedule of g with chains up to
+ * `chain` deep (0 on failure: counts as nothing recomputed). */
+static int cheap_positions(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, int chain) {
     int *sched = NULL, n_pos = 0;
-    if (recompute_schedule(ctx, g, hw, &sched, &n_pos)) {
+    if (recompute_schedule(ctx, g, hw, chain, &sched, &n_pos)) {
         tide_err_clear(ctx);
-        return false;
+        return 0;
     }
     tide_free(sched);
-    return n_pos > g->n_ops;
+    return n_pos;
+}
+
+/* Whether recompute.c's cheap rule recomputes anything in g (a graph with no
+ * backward has nothing to recompute: no second plan then). */
+static bool has_cheap_recompute(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw) {
+    return cheap_positions(ctx, g, hw, 0) > g->n_ops;
 }
 
 /* When no plan of the tide policy fits a training step (the device budget,
@@ -588,12 +597,18 @@ tide_status tide_plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_o
     if (!opts->recompute_cheap && ps->bytes_d2h + ps->bytes_ssd_write > 0 && has_cheap_recompute(ctx, g, opts->hw)) {
         tide_plan_opts ro = *opts;
         ro.recompute_cheap = true;
-        alt = NULL;
-        if (plan_make(ctx, g, &ro, true, &alt) == TIDE_OK && alt->stats.makespan_s < (*out)->stats.makespan_s) {
-            tide_plan_free(*out);
-            *out = alt;
-        } else {
-            tide_plan_free(alt);
+        for (int chain = 0; chain <= RECOMPUTE_CHAIN_DEPTH; chain += RECOMPUTE_CHAIN_DEPTH) {
+            /* single ops, then chains where they recompute more */
+            if (chain && cheap_positions(ctx, g, opts->hw, chain) <= cheap_positions(ctx, g, opts->hw, 0)) break;
+            ro.recompute_chain = chain;
+            alt = NULL;
+            if (plan_make(ctx, g, &ro, true, &alt) == TIDE_OK && alt->stats.makespan_s < (*out)->stats.makespan_s) {
+                tide_plan_free(*out);
+                *out = alt;
+            } else {
+                tide_plan_free(alt);
+            }
+            if (!RECOMPUTE_CHAIN_DEPTH) break;
         }
     }
     if (opts->consider_zero_offload && has_adamw(g)) {

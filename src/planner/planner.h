@@ -22,6 +22,9 @@ typedef struct tide_plan_opts {
     bool recompute_cheap;         /* recompute cheap activations instead of keeping or
                                      spilling them (recompute.c's rule); tide_plan_make
                                      tries it by itself and keeps the faster plan */
+    int recompute_chain;          /* with recompute_cheap: also recompute chains of
+                                     producers up to this many links deep (0: single ops);
+                                     tide_plan_make tries RECOMPUTE_CHAIN_DEPTH too */
     const bool *host_ops;         /* per op of g, or NULL: place that op's COMPUTE on the
                                      host CPU (its operands in host memory) */
     bool consider_zero_offload;   /* a training step: tide_plan_make also plans the

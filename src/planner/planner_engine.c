@@ -534,7 +534,7 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
     if (o->policy == TIDE_POLICY_CHECKPOINT_LAYER) {
         if (o->host_ops)
             return tide_err(ctx, TIDE_E_INVALID, "plan: the checkpoint-layer policy does not place ops on the host");
-        if ((st = recompute_schedule(ctx, g, NULL, &e->sched, &n_pos))) return st;
+        if ((st = recompute_schedule(ctx, g, NULL, 0, &e->sched, &n_pos))) return st;
     } else if (o->policy == TIDE_POLICY_ZERO_OFFLOAD) {
         /* every AdamW update on the host, activations checkpointed per layer
          * (check_opts refused a caller's host placement) */
@@ -547,9 +547,9 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
         if (!(e->own_host_op = tide_malloc((size_t)g->n_ops * sizeof *e->own_host_op)))
             return tide_err(ctx, TIDE_E_NOMEM, "out of memory planning");
         for (int i = 0; i < g->n_ops; i++) e->own_host_op[i] = g->ops[i].kind == TIDE_OP_ADAMW;
-        if ((st = recompute_schedule(ctx, g, NULL, &e->sched, &n_pos))) return st;
+        if ((st = recompute_schedule(ctx, g, NULL, 0, &e->sched, &n_pos))) return st;
     } else if (o->policy == TIDE_POLICY_TIDE && o->recompute_cheap) {
-        if ((st = recompute_schedule(ctx, g, o->hw, &e->sched, &n_pos))) return st;
+        if ((st = recompute_schedule(ctx, g, o->hw, o->recompute_chain, &e->sched, &n_pos))) return st;
     }
     st = tide_lifetime_build_sched(ctx, g, e->sched, n_pos, o->n_iter, &e->lt);
     if (st) return st;

@@ -330,9 +330,11 @@ bool engine_check(const engine *e);
 tide_status policy_tide(engine *e);
 /* A recomputation schedule of g (recompute.c): *sched (n_pos positions,
  * allocated) names the op of each position of an iteration. hw NULL: layer
- * checkpointing; else only cheap recomputations by hw's costs. TIDE_OK,
+ * checkpointing; else only cheap recomputations by hw's costs, with chains
+ * of producers up to `chain` links deep (0: single ops). TIDE_OK,
  * TIDE_E_NOMEM or TIDE_E_INVALID (too long). */
-tide_status recompute_schedule(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, int **sched, int *n_pos);
+tide_status recompute_schedule(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, int chain, int **sched,
+                               int *n_pos);
 tide_status policy_lru(engine *e);
 /* zero-offload: lru over the layer-checkpointing schedule, every ADAMW on
  * the host, each gradient STOREd to host at the end of the layer run that

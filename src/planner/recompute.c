@@ -39,10 +39,12 @@
  * outputs are kept instead.
  *
  * Cheap recomputation (recompute_schedule with a cost model, the tide
- * policy's candidate schedule): the same producers, each alone (no chains),
- * when every input it reads is kept anyway and it costs less than a round
- * trip of its outputs over the host link (rc_cheap). tide_plan_make plans
- * this schedule beside the plain one and keeps the faster.
+ * policy's candidate schedules): the same producers when every input each
+ * reads is kept anyway, or (chain > 0) is made by a producer of its run
+ * that is itself such a candidate, up to `chain` links deep, and the op
+ * with its chain costs less than a round trip of its outputs over the host
+ * link (rc_cheap). tide_plan_make plans these schedules (single ops, then
+ * chains) beside the plain one and keeps the fastest.
  */
 #include "planner/planner_int.h"
 
@@ -51,6 +53,7 @@
 typedef struct rc_build {
     const tide_graph *g;
     const tide_hw *hw;   /* cheap mode: the cost model; NULL: layer checkpointing */
+    int chain;           /* cheap mode: how deep a chain of producers may be recomputed (0: single ops) */
     int *last_read;  /* per tensor: last op reading it, -1 */
     int *run;        /* per op: index of its layer run, -1 outside layers */
     int *run_start;  /* per run: its first op */
@@ -117,33 +120,67 @@ static void rc_mark(rc_build *B, int p, int a, int r) {
     }
 }
 
-/* Cheap mode: op p is recomputed before the run starting at op a when it is
- * recomputable, every input it reads is kept anyway (persistent, or read
- * again at or after a), so recomputing it frees its outputs at no cost in
- * memory, and running it again costs less than a round trip of its outputs
- * over the host link (STORE then LOAD), counted as if nothing hid it. */
+/* Cheap mode: the cost of recomputing op p before the run starting at op
+ * a, or < 0 when it is not a candidate. p must be recomputable (rc_ok) and
+ * each input it reads either kept anyway (persistent, or read again at or
+ * after a), so that recomputing frees p's outputs at no cost in memory, or,
+ * with depth > 0, the output of an op of p's run that is itself a
+ * candidate at depth - 1 (a chain, recomputed in graph order before p). The
+ * cost sums p's and its chain's, as the cost model prices them. */
+static double rc_chain_cost(rc_build *B, int p, int a, int r, int depth) {
+    const tide_graph *g = B->g;
+    const tide_op *op = &g->ops[p];
+    double c = 0;
+    for (int i = 0; i < op->n_in; i++) {
+        int t = op->in[i], w = B->prod[(size_t)p * TIDE_OP_MAX_IN + i];
+        if (g->tensors[t].role != TIDE_ROLE_TEMP || B->last_read[t] >= a) {
+            if (!rc_unchanged(B, t, w, a)) return -1;
+            continue;
+        }
+        if (depth <= 0 || w < 0 || B->run[w] != B->run[p]) return -1;
+        double cw = rc_chain_cost(B, w, a, r, depth - 1);
+        if (cw < 0) return -1;
+        c += cw;
+    }
+    if (!rc_ok(B, p, a, r)) return -1;
+    return c + tide_cost_op(B->hw, g, op);
+}
+
+/* Marks op p and its chain (the producers of the inputs it reads that are
+ * not kept anyway) for recomputation before run r starting at op a. */
+static void rc_chain_mark(rc_build *B, int p, int a, int r) {
+    const tide_graph *g = B->g;
+    const tide_op *op = &g->ops[p];
+    B->mark[p] = r;
+    for (int i = 0; i < op->n_in; i++) {
+        int t = op->in[i], w = B->prod[(size_t)p * TIDE_OP_MAX_IN + i];
+        if (g->tensors[t].role == TIDE_ROLE_TEMP && B->last_read[t] < a && w >= 0 && B->mark[w] != r)
+            rc_chain_mark(B, w, a, r);
+    }
+}
+
+/* Cheap mode: op p (with its chain) is recomputed before the run starting
+ * at op a when it is a candidate (rc_chain_cost) and running it again costs
+ * less than a round trip of its outputs over the host link (STORE then
+ * LOAD), counted as if nothing hid it. */
 static bool rc_cheap(rc_build *B, int p, int a, int r) {
     const tide_graph *g = B->g;
     const tide_op *op = &g->ops[p];
-    for (int i = 0; i < op->n_in; i++) {
-        int t = op->in[i];
-        if (g->tensors[t].role == TIDE_ROLE_TEMP && B->last_read[t] < a) return false;
-        if (!rc_unchanged(B, t, B->prod[(size_t)p * TIDE_OP_MAX_IN + i], a)) return false;
-    }
-    if (!rc_ok(B, p, a, r)) return false;
+    double cost = rc_chain_cost(B, p, a, r, B->chain);
+    if (cost < 0) return false;
     double bytes = 0;
     for (int j = 0; j < op->n_out; j++) bytes += (double)g->tensors[op->out[j]].nbytes;
     double trip = 0;
     if (B->hw->h2d_bw > 0) trip += bytes / B->hw->h2d_bw;
     if (B->hw->d2h_bw > 0) trip += bytes / B->hw->d2h_bw;
-    return tide_cost_op(B->hw, g, op) < trip;
+    return cost < trip;
 }
 
-tide_status recompute_schedule(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, int **sched_out,
+tide_status recompute_schedule(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, int chain, int **sched_out,
                                int *n_pos_out) {
     int no = g->n_ops, nt = g->n_tensors;
     size_t so = (size_t)(no ? no : 1), st = (size_t)(nt ? nt : 1);
-    rc_build B = {.g = g, .hw = hw};
+    rc_build B = {.g = g, .hw = hw, .chain = chain};
     B.run = tide_malloc(so * sizeof *B.run);
     B.run_start = tide_malloc(so * sizeof *B.run_start);
     B.prod = tide_malloc(so * TIDE_OP_MAX_IN * sizeof *B.prod);
@@ -224,7 +261,7 @@ tide_status recompute_schedule(tide_ctx *ctx, const tide_graph *g, const tide_hw
                             g->tensors[op->in[k]].role == TIDE_ROLE_TEMP)
                         {
                             if (!hw) rc_mark(&B, w, a, r);
-                            else if (B.mark[w] != r && rc_cheap(&B, w, a, r)) B.mark[w] = r;
+                            else if (B.mark[w] != r && rc_cheap(&B, w, a, r)) rc_chain_mark(&B, w, a, r);
                         }
                     }
                 }
