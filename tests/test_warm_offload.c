@@ -24,6 +24,7 @@
 
 #include "async_backend.h"
 #include "backend/backend.h"
+#include "runtime/tiling.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,6 +141,63 @@ static void check_backend(bool cpu) {
     assert_int_equal(st.warm, 0);
 }
 
+/* Warm weights leave room for the longest prompt: on the CPU with the
+ * weights on SSD, untiled (as a pool runs its models), at budgets from the
+ * minimum of a whole-context prompt up to twice it, a short request first
+ * (it chooses the warm weights) and then one of the whole context: both
+ * run, with the unconstrained run's tokens. */
+static void test_room_for_longest(void **state) {
+    (void)state;
+    enum { CTX = 64, LONG = CTX - 4 };
+    tide_ctx *ctx = tide_ctx_new();
+    tide_ctx_set_threads(ctx, 2);
+    tide_checkpoint *ck = NULL;
+    assert_int_equal(tide_checkpoint_open(ctx, fx_dir, &ck), TIDE_OK);
+    tide_hw hw;
+    assert_int_equal(tide_hw_load(ctx, "a100-80g", &hw), TIDE_OK);
+    tide_llama_graph_opts lo = {.batch = 1, .seq = CTX, .ctx_len = CTX, .fresh_cache = true};
+    tide_graph *g = NULL;
+    assert_int_equal(tide_llama_build(ctx, tide_checkpoint_config(ck), &lo, &g), TIDE_OK);
+    tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = &hw, .weights_on_ssd = true,
+                         .host_addressable = true};
+    uint64_t min = 0;
+    assert_int_equal(tide_plan_min_budget(ctx, g, &po, &min), TIDE_OK);
+    tide_graph_free(g);
+    int32_t longp[LONG], ref[N_NEW], got[N_NEW];
+    for (int i = 0; i < LONG; i++) longp[i] = (int32_t)((i * 37 + 11) % 200);
+    tide_backend *be = NULL;
+    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    tide_model_opts mo = {.max_batch = 1, .ctx_len = CTX};
+    tide_model *m = NULL;
+    assert_int_equal(tide_model_new(ctx, ck, be, &mo, &m), TIDE_OK);
+    int n = 0;
+    assert_int_equal(tide_model_generate_ex(m, longp, LONG, 4, NULL, ref, &n, NULL), TIDE_OK);
+    tide_model_free(m);
+    int warm_runs = 0;
+    for (uint64_t b = min; b <= 2 * min; b += min / 8 / 4096 * 4096 + 4096) {
+        tide_offload_opts o = {.budget_kind = TIDE_BUDGET_BYTES, .bytes = b, .policy = "tide", .hw = "a100-80g",
+                               .weights_on_ssd = true, .ssd_dirs = ssd_dir, .tile = TIDE_TILE_NONE};
+        assert_int_equal(tide_model_new(ctx, ck, be, &mo, &m), TIDE_OK);
+        if (tide_model_set_offload(m, &o)) fail_msg("set_offload: %s", tide_ctx_last_error(ctx));
+        tide_gen_stats s;
+        if (tide_model_generate_ex(m, prompt[0], N_PROMPT, 2, NULL, got, &n, &s))
+            fail_msg("%llu bytes, short request: %s", (unsigned long long)b, tide_ctx_last_error(ctx));
+        warm_runs += s.warm_weight_bytes > 0;
+        if (tide_model_generate_ex(m, longp, LONG, 4, NULL, got, &n, &s))
+            fail_msg("%llu bytes (the whole context's minimum %llu), the whole context after a short request: %s",
+                     (unsigned long long)b, (unsigned long long)min, tide_ctx_last_error(ctx));
+        assert_int_equal(n, 4);
+        assert_memory_equal(got, ref, 4 * sizeof *ref);
+        tide_model_free(m);
+    }
+    print_message("    whole-context minimum %llu bytes; weights kept warm at %d of the budgets tried\n",
+                  (unsigned long long)min, warm_runs);
+    assert_true(warm_runs > 0);
+    tide_backend_free(be);
+    tide_checkpoint_free(ck);
+    tide_ctx_free(ctx);
+}
+
 static void test_device(void **state) {
     (void)state;
     check_backend(false);
@@ -165,6 +223,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device),
         cmocka_unit_test(test_cpu_weights_on_ssd),
+        cmocka_unit_test(test_room_for_longest),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(ssd_dir);

@@ -391,22 +391,30 @@ static tide_status plan_graph(tide_model *m, const tide_llama_graph_opts *go, in
 
 /* The predicted seconds of slot s's graph, and when it is a prompt (seq > 1)
  * of WARM_DECODE_STEPS decode steps after it, under the current warm layout;
- * TIDE_E_INFEASIBLE when a graph cannot be planned beside it. */
+ * TIDE_E_INFEASIBLE when a graph cannot be planned beside it, these or a
+ * prompt of the whole context (which a later run may bring). */
 #define WARM_DECODE_STEPS 32
 static tide_status predict_warm(tide_model *m, const graph_slot *s, double *secs) {
-    tide_llama_graph_opts go[2] = {slot_graph_opts(m, s), slot_graph_opts(m, s)};
+    tide_llama_graph_opts go[3] = {slot_graph_opts(m, s), slot_graph_opts(m, s), slot_graph_opts(m, s)};
     go[1].seq = 1;
     go[1].fresh_cache = false;
     go[1].all_logits = false;
+    /* the longest prompt a later run may bring (the whole context, fresh):
+     * it must still plan beside the warm region, or that run would fail */
+    go[2].seq = m->ctx_len;
+    go[2].fresh_cache = true;
+    go[2].all_logits = false;
     int tile = s->min_tile ? s->min_tile : m->off.tile;
     *secs = 0;
-    for (int k = 0; k < (s->seq > 1 ? 2 : 1); k++) {
+    for (int k = 0; k < 3; k++) {
+        if (k == 1 && s->seq <= 1) continue;
+        if (k == 2 && s->seq >= m->ctx_len) break;
         tide_graph *g = NULL;
         tide_plan *p = NULL;
         int level = 0;
         tide_status st = plan_graph(m, &go[k], k ? m->off.tile : tile, &g, &level, &p);
         if (st) return st;
-        *secs += (k ? WARM_DECODE_STEPS : 1) * p->stats.makespan_s;
+        if (k < 2) *secs += (k ? WARM_DECODE_STEPS : 1) * p->stats.makespan_s;
         tide_plan_free(p);
         tide_graph_free(g);
     }
@@ -420,7 +428,9 @@ static tide_status predict_warm(tide_model *m, const graph_slot *s, double *secs
  * 0 and the layouts that fit 1/4, 1/2, 3/4 and 7/8 of the budget, whose
  * planner-predicted prompt plus WARM_DECODE_STEPS decode steps (predict_warm)
  * is fastest, a larger W taken only when strictly faster; candidates stop at
- * the first with which a graph cannot be planned. */
+ * the first with which a graph cannot be planned, that prompt's, its decode
+ * step's or a prompt of the whole context's (so that no later run fails for
+ * the room the warm weights took). */
 static tide_status choose_warm(tide_model *m, const graph_slot *s) {
     static const int eighths[] = {0, 2, 4, 6, 7};
     m->warm_chosen = true;
