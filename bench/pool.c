@@ -234,7 +234,7 @@ static void sim_partition(sim_wl *w, const wl_spec *tr, tide_pool_policy pol, ui
         double wt[N_WL], part_s, slice_s;
         uint64_t cur[N_WL];
         for (int j = 0; j < n; j++) cvs[j] = &w[idx[j]].cv, wt[j] = tr[idx[j]].n_req, cur[j] = w[idx[j]].loaded;
-        by_cost = pool_predict_choose(n, cvs, wt, cur, total, sh, &part_s, &slice_s);
+        by_cost = pool_predict_choose(n, cvs, wt, cur, total, *sliced, sh, &part_s, &slice_s);
     }
     *sliced = pol == TIDE_POOL_SERIAL || (pol == TIDE_POOL_TIDE && (sum_min > total || by_cost));
     if (*sliced || !n) return;

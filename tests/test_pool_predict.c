@@ -16,7 +16,8 @@
  *   - the choice between shares and time-slicing: slicing where every share
  *     would stream its weights over a shared link (their sum is the bound),
  *     shares where they fit warm, and where two workloads use different
- *     resources (compute and link) and overlap.
+ *     resources (compute and link) and overlap; a change of regime only
+ *     when predicted 10% faster (a 5% difference keeps either).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -170,30 +171,43 @@ static void test_choose(void **state) {
     uint64_t sh[2];
     /* room for one warm share: both at the minimum would stream 18 s over
      * one link; one at a time, warm, 2 x (1 + 0.5) s */
-    assert_true(pool_predict_choose(2, cv, wt, NULL, 110 * TIDE_PLAN_ALIGN, sh, &part, &slice));
+    assert_true(pool_predict_choose(2, cv, wt, NULL, 110 * TIDE_PLAN_ALIGN, false, sh, &part, &slice));
     assert_true(fabs(slice - 3) < 1e-12);
     assert_true(part > slice);
     /* room for both warm: at once, max(2 s of compute, 1 s each) + 2 loads of 0.5 s = 3 s; sliced 3 s */
-    assert_false(pool_predict_choose(2, cv, wt, NULL, 200 * TIDE_PLAN_ALIGN, sh, &part, &slice));
+    assert_false(pool_predict_choose(2, cv, wt, NULL, 200 * TIDE_PLAN_ALIGN, false, sh, &part, &slice));
     assert_int_equal(sh[0], 100 * TIDE_PLAN_ALIGN);
     assert_int_equal(sh[1], 100 * TIDE_PLAN_ALIGN);
     assert_true(fabs(part - 3) < 1e-12 && fabs(slice - 3) < 1e-12);
     /* the same, holding those shares: no load at once, two when sliced */
     uint64_t cur[2] = {100 * TIDE_PLAN_ALIGN, 100 * TIDE_PLAN_ALIGN};
-    assert_false(pool_predict_choose(2, cv, wt, cur, 200 * TIDE_PLAN_ALIGN, sh, &part, &slice));
+    assert_false(pool_predict_choose(2, cv, wt, cur, 200 * TIDE_PLAN_ALIGN, false, sh, &part, &slice));
     assert_true(fabs(part - 2) < 1e-12);
     /* one compute-bound and one link-bound workload overlap */
     pool_curve c = {.n = 1, .b = {10 * TIDE_PLAN_ALIGN}, .t = {2}, .comp = {2}};
     pool_curve l = {.n = 1, .b = {10 * TIDE_PLAN_ALIGN}, .t = {2}, .link = {2}};
     const pool_curve *cv2[2] = {&c, &l};
-    assert_false(pool_predict_choose(2, cv2, wt, NULL, 20 * TIDE_PLAN_ALIGN, sh, &part, &slice));
+    assert_false(pool_predict_choose(2, cv2, wt, NULL, 20 * TIDE_PLAN_ALIGN, false, sh, &part, &slice));
     assert_true(fabs(part - 2) < 1e-12 && fabs(slice - 4) < 1e-12);
+    /* the margin: sliced now, shares must be 10% faster to return (2 < 0.9 x
+     * 4: they are); a tie (two compute-bound) keeps each regime as it is */
+    assert_false(pool_predict_choose(2, cv2, wt, NULL, 20 * TIDE_PLAN_ALIGN, true, sh, &part, &slice));
+    const pool_curve *tie[2] = {&c, &c};
+    assert_true(pool_predict_choose(2, tie, wt, NULL, 20 * TIDE_PLAN_ALIGN, true, sh, &part, &slice));
+    /* slicing 5% faster than shares is not enough to leave them, and
+     * shares 5% slower not enough to return: room for one warm share,
+     * shares 1.5 + 1.66 s, sliced 2 x (1 + 0.5) s */
+    pool_curve n1 = streaming(1, 1.66), n2 = streaming(1, 1.66);
+    const pool_curve *near[2] = {&n1, &n2};
+    assert_false(pool_predict_choose(2, near, wt, NULL, 110 * TIDE_PLAN_ALIGN, false, sh, &part, &slice));
+    assert_true(fabs(part - 3.16) < 1e-9 && fabs(slice - 3) < 1e-12);
+    assert_true(pool_predict_choose(2, near, wt, NULL, 110 * TIDE_PLAN_ALIGN, true, sh, &part, &slice));
     /* two compute-bound ones gain nothing at once: equal, so shares (no load) */
     const pool_curve *cv3[2] = {&c, &c};
-    assert_false(pool_predict_choose(2, cv3, wt, NULL, 20 * TIDE_PLAN_ALIGN, sh, &part, &slice));
+    assert_false(pool_predict_choose(2, cv3, wt, NULL, 20 * TIDE_PLAN_ALIGN, false, sh, &part, &slice));
     assert_true(fabs(part - 4) < 1e-12 && fabs(slice - 4) < 1e-12);
     /* one workload is never sliced */
-    assert_false(pool_predict_choose(1, cv, wt, NULL, 10 * TIDE_PLAN_ALIGN, sh, &part, &slice));
+    assert_false(pool_predict_choose(1, cv, wt, NULL, 10 * TIDE_PLAN_ALIGN, false, sh, &part, &slice));
 }
 
 static int setup(void **state) {

@@ -23,7 +23,8 @@
  *           over each curve's points that can jump a flat stretch to a drop
  *           beyond it. The pool is time-sliced instead (as serial) when the
  *           minimums do not fit together, or when time-slicing is predicted
- *           cheaper: every queued request priced at the whole budget, and
+ *           cheaper by a margin (10%, either way: changes of regime reload
+ *           weights): every queued request priced at the whole budget, and
  *           at loading its warm weights again (another workload ran between)
  *           against the shares' cost (pool_predict_choose).
  *   equal   the budget over the workloads present, in TIDE_PLAN_ALIGN units.
@@ -164,7 +165,7 @@ void pool_partition(tide_pool *p, const char *why) {
             cvs[i] = &p->w[i]->cv, wts[i] = p->w[i]->weight;
             cur[i] = p->w[i]->held ? p->w[i]->configured : 0; /* its warm weights are loaded */
         }
-        by_cost = pool_predict_choose(n, cvs, wts, cur, p->total, sh, &part_s, &slice_s);
+        by_cost = pool_predict_choose(n, cvs, wts, cur, p->total, was, sh, &part_s, &slice_s);
     }
     p->sliced = p->policy == TIDE_POOL_SERIAL || (p->policy == TIDE_POOL_TIDE && (sum_min > p->total || by_cost));
     for (int i = 0; i < n; i++) p->w[i]->share = 0;

@@ -104,9 +104,10 @@ static step_cost step_cost_of(const pool_predict *pp, const tide_plan_stats *ps)
     };
 }
 
-static tide_status price_at(const pool_predict *pp, tide_graph *pre, tide_graph *dec, uint64_t b, uint64_t limit,
-                            step_cost *pre_s, step_cost *dec_s, uint64_t *warm) {
+static tide_status price_at(const pool_predict *pp, tide_graph *pre, tide_graph *dec, tide_graph *full, uint64_t b,
+                            uint64_t limit, step_cost *pre_s, step_cost *dec_s, uint64_t *warm) {
     int n = TIDE_MAX(pre->n_tensors, dec->n_tensors);
+    if (full) n = TIDE_MAX(n, full->n_tensors);
     uint64_t *off = tide_malloc((size_t)(n ? n : 1) * sizeof *off * 2);
     if (!off) return tide_err(pp->ctx, TIDE_E_NOMEM, "out of memory predicting");
     *warm = limit ? warm_layout(pre, limit, off) : 0;
@@ -122,6 +123,15 @@ static tide_status price_at(const pool_predict *pp, tide_graph *pre, tide_graph 
         if (!(st = tide_plan_make(pp->ctx, s ? dec : pre, &po, &pl))) *(s ? dec_s : pre_s) = step_cost_of(pp, &pl->stats);
         tide_plan_free(pl);
     }
+    if (!st && *warm && full) { /* as the model: a whole-context prompt must still plan beside the region */
+        warm_map(pre, off, full, off + n);
+        tide_plan_opts po = plan_opts(pp, b);
+        po.warm_off = off + n;
+        po.warm_region = *warm;
+        tide_plan *pl = NULL;
+        st = tide_plan_make(pp->ctx, full, &po, &pl);
+        tide_plan_free(pl);
+    }
     tide_free(off);
     return st;
 }
@@ -129,8 +139,8 @@ static tide_status price_at(const pool_predict *pp, tide_graph *pre, tide_graph 
 /* The request's predicted seconds at budget b as the model runs it (its
  * warm weights chosen as choose_warm does, see pool_predict.h); INFINITY
  * when it cannot be planned there. */
-static tide_status predict_at(const pool_predict *pp, tide_graph *pre, tide_graph *dec, uint64_t b, int gen,
-                              step_cost *t, uint64_t *warm) {
+static tide_status predict_at(const pool_predict *pp, tide_graph *pre, tide_graph *dec, tide_graph *full,
+                              uint64_t b, int gen, step_cost *t, uint64_t *warm) {
     static const int eighths[] = {0, 2, 4, 6, 7};
     double best = INFINITY;
     uint64_t last = UINT64_MAX;
@@ -139,7 +149,7 @@ static tide_status predict_at(const pool_predict *pp, tide_graph *pre, tide_grap
     for (int k = 0; k < (pp->warm ? (int)(sizeof eighths / sizeof *eighths) : 1); k++) {
         step_cost ps = {0}, ds = {0};
         uint64_t w = 0;
-        tide_status st = price_at(pp, pre, dec, b, b / 8 * (uint64_t)eighths[k], &ps, &ds, &w);
+        tide_status st = price_at(pp, pre, dec, full, b, b / 8 * (uint64_t)eighths[k], &ps, &ds, &w);
         if (st == TIDE_E_INFEASIBLE) break; /* no plan beside this region, nor beside larger ones */
         if (st) return st;
         if (w == last) continue;
@@ -158,9 +168,10 @@ static tide_status predict_at(const pool_predict *pp, tide_graph *pre, tide_grap
 
 tide_status pool_predict_curve(const pool_predict *pp, uint64_t min, uint64_t need, int prompt, int gen,
                                pool_curve *cv) {
-    tide_graph *pre = NULL, *dec = NULL;
+    tide_graph *pre = NULL, *dec = NULL, *full = NULL;
     tide_status st = step_graph(pp, prompt, true, &pre);
     if (!st) st = step_graph(pp, 1, false, &dec);
+    if (!st && pp->warm && prompt < pp->ctx_len) st = step_graph(pp, pp->ctx_len, true, &full);
     cv->n = 0;
     double ratio = need > min ? (double)need / (double)min : 1;
     for (int k = 0; !st && k < POOL_POINTS; k++) {
@@ -171,7 +182,7 @@ tide_status pool_predict_curve(const pool_predict *pp, uint64_t min, uint64_t ne
         if (cv->n && b <= cv->b[cv->n - 1]) continue;
         step_cost t;
         uint64_t warm = 0;
-        if ((st = predict_at(pp, pre, dec, b, gen, &t, &warm))) break;
+        if ((st = predict_at(pp, pre, dec, full, b, gen, &t, &warm))) break;
         cv->b[cv->n] = b;
         cv->t[cv->n] = t.t;
         cv->comp[cv->n] = t.comp;
@@ -184,6 +195,7 @@ tide_status pool_predict_curve(const pool_predict *pp, uint64_t min, uint64_t ne
     }
     tide_graph_free(pre);
     tide_graph_free(dec);
+    tide_graph_free(full);
     if (st) return tide_err(pp->ctx, st, "workload '%s': cannot predict its requests: %s", pp->name,
                             tide_ctx_last_error(pp->ctx));
     return TIDE_OK;
@@ -238,7 +250,7 @@ void pool_predict_partition(int n, const pool_curve *const *cv, const double *wt
 }
 
 bool pool_predict_choose(int n, const pool_curve *const *cv, const double *wt, const uint64_t *cur, uint64_t total,
-                         uint64_t *share, double *part_s, double *slice_s) {
+                         bool sliced_now, uint64_t *share, double *part_s, double *slice_s) {
     pool_predict_partition(n, cv, wt, cur, total, share);
     double comp = 0, link = 0, ssd = 0, own = 0, load = 0, slice = 0;
     for (int i = 0; i < n; i++) {
@@ -256,5 +268,8 @@ bool pool_predict_choose(int n, const pool_curve *const *cv, const double *wt, c
     }
     *part_s = fmax(fmax(comp, link), fmax(ssd, own)) + load;
     *slice_s = slice;
-    return n > 1 && slice < *part_s;
+    /* a change of regime must be predicted POOL_REGIME_MARGIN faster: the
+     * two predictions are estimates, and each change reloads weights */
+    if (n < 2) return false;
+    return sliced_now ? !(*part_s < POOL_REGIME_MARGIN * slice) : slice < POOL_REGIME_MARGIN * *part_s;
 }

@@ -10,6 +10,7 @@
 #include "runtime/tiling.h"
 
 #define POOL_POINTS 8 /* budgets a workload's curve is planned at */
+#define POOL_REGIME_MARGIN 0.9 /* shares <-> time-slicing only when predicted this much faster */
 
 typedef struct pool_curve {
     int n;
@@ -78,9 +79,11 @@ void pool_predict_partition(int n, const pool_curve *const *cv, const double *wt
  * as perfect), plus the weights loaded for shares that change; the
  * predicted time of slicing into *slice_s: one request at a time, each at
  * `total`, each loading its warm weights again when n > 1 (another
- * workload ran between). Returns true when slicing is predicted faster.
- * Pure. */
+ * workload ran between). Returns whether to time-slice: from shares
+ * (sliced_now false) when slicing is predicted faster by the margin
+ * (slice < POOL_REGIME_MARGIN x shares), and from slicing back to shares
+ * when shares are predicted faster by it; never for one workload. Pure. */
 bool pool_predict_choose(int n, const pool_curve *const *cv, const double *wt, const uint64_t *cur, uint64_t total,
-                         uint64_t *share, double *part_s, double *slice_s);
+                         bool sliced_now, uint64_t *share, double *part_s, double *slice_s);
 
 #endif
