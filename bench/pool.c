@@ -214,6 +214,8 @@ typedef struct sim_wl {
 
 /* A request's predicted seconds at a share, its warm weights loaded first
  * when they were loaded at another share (or not at all). */
+static bool sim_by_cost; /* the simulated pool is time-sliced because predicted faster */
+
 static double curve_at(const pool_curve *cv, uint64_t share, uint64_t loaded) {
     double t = INFINITY;
     for (int k = 0; k < cv->n && cv->b[k] <= share; k++) t = cv->t[k] + (share == loaded ? 0 : cv->u[k]);
@@ -234,9 +236,10 @@ static void sim_partition(sim_wl *w, const wl_spec *tr, tide_pool_policy pol, ui
         double wt[N_WL], part_s, slice_s;
         uint64_t cur[N_WL];
         for (int j = 0; j < n; j++) cvs[j] = &w[idx[j]].cv, wt[j] = tr[idx[j]].n_req, cur[j] = w[idx[j]].loaded;
-        by_cost = pool_predict_choose(n, cvs, wt, cur, total, *sliced, sh, &part_s, &slice_s);
+        by_cost = pool_predict_choose(n, cvs, wt, cur, total, *sliced && sim_by_cost, sh, &part_s, &slice_s);
     }
     *sliced = pol == TIDE_POOL_SERIAL || (pol == TIDE_POOL_TIDE && (sum_min > total || by_cost));
+    sim_by_cost = *sliced && by_cost;
     if (*sliced || !n) return;
     if (pol == TIDE_POOL_EQUAL) {
         uint64_t s = n > 1 ? total / (uint64_t)n / TIDE_PLAN_ALIGN * TIDE_PLAN_ALIGN : total;
@@ -255,6 +258,7 @@ static void sim_partition(sim_wl *w, const wl_spec *tr, tide_pool_policy pol, ui
 
 static void run_simulated(sim_wl *init, const wl_spec *tr, uint64_t total, tide_pool_policy pol, pol_result *o) {
     memset(o, 0, sizeof *o);
+    sim_by_cost = false;
     sim_wl w[N_WL];
     memcpy(w, init, sizeof w);
     bool sliced = false;

@@ -408,7 +408,9 @@ static tide_status predict_warm(tide_model *m, const graph_slot *s, double *secs
     *secs = 0;
     for (int k = 0; k < 3; k++) {
         if (k == 1 && s->seq <= 1) continue;
-        if (k == 2 && s->seq >= m->ctx_len) break;
+        /* (only beside a warm region: without one, the budget is the
+         * caller's to size for the prompts it brings) */
+        if (k == 2 && (s->seq >= m->ctx_len || !m->warm_w)) break;
         tide_graph *g = NULL;
         tide_plan *p = NULL;
         int level = 0;

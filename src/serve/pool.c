@@ -165,9 +165,10 @@ void pool_partition(tide_pool *p, const char *why) {
             cvs[i] = &p->w[i]->cv, wts[i] = p->w[i]->weight;
             cur[i] = p->w[i]->held ? p->w[i]->configured : 0; /* its warm weights are loaded */
         }
-        by_cost = pool_predict_choose(n, cvs, wts, cur, p->total, was, sh, &part_s, &slice_s);
+        by_cost = pool_predict_choose(n, cvs, wts, cur, p->total, was && p->sliced_by_cost, sh, &part_s, &slice_s);
     }
     p->sliced = p->policy == TIDE_POOL_SERIAL || (p->policy == TIDE_POOL_TIDE && (sum_min > p->total || by_cost));
+    p->sliced_by_cost = p->sliced && by_cost;
     for (int i = 0; i < n; i++) p->w[i]->share = 0;
     if (p->sliced) {
         if (by_cost)

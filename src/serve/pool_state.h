@@ -74,6 +74,7 @@ struct tide_pool {
     tide_pool_workload **w;
     int n, cap;
     bool sliced;
+    bool sliced_by_cost;       /* sliced because predicted faster (not for the minimums) */
     uint64_t turn_next;
     uint64_t held_sum, peak_held;
     int64_t partitions, replans, waits, requests, drifted, refits;
