@@ -330,6 +330,21 @@ def breakdown(trace_path):
 # --------------------------------------------------------------------- main
 
 
+def json_emitter(path):
+    """A function printing one JSON line per object, also written to path
+    (when given; flushed after each line, closed at exit)."""
+    jf = open(path, "w") if path else None
+
+    def emit(o):
+        line = json.dumps(o)
+        print(line, flush=True)
+        if jf:
+            jf.write(line + "\n")
+            jf.flush()
+
+    return emit
+
+
 def med(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -377,15 +392,7 @@ def main():
     mach, ver = machine(), versions(a.tide)
     env = {k: os.environ[k] for k in sorted(os.environ)
            if k.startswith(("OPENBLAS", "OMP_", "GOMP", "MKL", "KMP_", "TIDE_"))}
-    jf = open(a.json, "w") if a.json else None
-
-    def emit(o):
-        line = json.dumps(o)
-        print(line, flush=True)
-        if jf:
-            jf.write(line + "\n")
-            jf.flush()
-
+    emit = json_emitter(a.json)
     emit({"bench": "train_cpu", "machine": mach, "versions": ver, "env": env, "tide": a.tide})
     data = ensure_tokens(a)
     models = {d: ensure_model(a, d) for d in dtypes}
@@ -570,8 +577,6 @@ def main():
 
     if failures:
         print("\nfailures:\n  " + "\n  ".join(failures))
-    if jf:
-        jf.close()
     return 1 if failures else 0
 
 

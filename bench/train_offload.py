@@ -82,15 +82,7 @@ def main():
     os.makedirs(a.work_dir, exist_ok=True)
     ssd = a.ssd or os.path.join(a.work_dir, "ssd")
     os.makedirs(ssd, exist_ok=True)
-    jf = open(a.json, "w") if a.json else None
-
-    def emit(o):
-        line = json.dumps(o)
-        print(line, flush=True)
-        if jf:
-            jf.write(line + "\n")
-            jf.flush()
-
+    emit = tc.json_emitter(a.json)
     emit({"bench": "train_offload", "machine": tc.machine(), "versions": tc.versions(a.tide),
           "load_average": os.getloadavg()})
     # train_cpu's helpers read these fields
