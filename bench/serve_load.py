@@ -6,7 +6,7 @@ timing of the same generation. Standard library only.
 
 Usage: bench/serve_load.py [--quick] [--requests R] [--max-tokens N]
                            [--clients 1,4,16] [--rounds K] [--threads N]
-                           [--budget X] [--model DIR] [--tide PATH]
+                           [--budget X] [--backend cpu|cuda] [--model DIR] [--tide PATH]
                            [--bench-engine PATH] [--json FILE]
 
 The model is the built-in one (tinyllama-1.1b's shapes, synthetic bf16
@@ -16,7 +16,7 @@ $XDG_CACHE_HOME/tide/models/..., else ~/.cache/tide/models/...); when it is
 not there, `tide run --new-tokens 1` generates it first (2.2 GB, once).
 --model DIR serves another checkpoint (with a tokenizer) instead.
 
-Each server runs on the CPU backend, on 127.0.0.1 at a free port (--port 0,
+Each server runs on the CPU backend (--backend cuda: on the GPU), on 127.0.0.1 at a free port (--port 0,
 the port read from the line it prints), with one budget (--budget, default
 8G: the model whole) and --threads CPU threads per model (default: all
 cores). The phases:
@@ -93,7 +93,7 @@ class Server:
     def __init__(self, tide, models, a, tmp):
         self.err = open(os.path.join(tmp, "serve-%d.err" % len(models)), "w+")
         args = [tide, "serve"] + [x for n, d in models.items() for x in ("--model", f"{n}={d}")] + [
-            "--budget", a.budget, "--backend", "cpu", "--threads", str(a.threads), "--port", "0",
+            "--budget", a.budget, "--backend", a.backend, "--threads", str(a.threads), "--port", "0",
             "--queue", "64", "--ssd", tmp]
         self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.err, text=True)
         line = self.p.stdout.readline()
@@ -204,7 +204,7 @@ def load_level(port, names, n, a):
 
 def tide_run(a, model_dir):
     args = [a.tide, "run", "--model", model_dir, "--prompt", PROMPT, "--new-tokens", str(a.max_tokens), "--json",
-            "--backend", "cpu", "--threads", str(a.threads)]
+            "--backend", a.backend, "--threads", str(a.threads)]
     p = subprocess.run(args, capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         sys.exit(f"serve_load: tide run failed: {p.stderr[-500:]}")
@@ -216,7 +216,7 @@ def bench_engine(a, model_dir, n_prompt):
     if not os.access(a.bench_engine, os.X_OK):
         return None, None
     env = dict(os.environ, TIDE_THREADS=str(a.threads))
-    p = subprocess.run([a.bench_engine, "--backend", "cpu", "--prompt", str(n_prompt), "--new", str(a.max_tokens),
+    p = subprocess.run([a.bench_engine, "--backend", a.backend, "--prompt", str(n_prompt), "--new", str(a.max_tokens),
                         "--reps", str(a.rounds + 1), model_dir], capture_output=True, text=True, env=env, timeout=600)
     j = next((json.loads(x) for x in p.stdout.splitlines() if x.startswith('{"bench":"engine"')), None)
     if p.returncode != 0 or j is None or j["planned_prefill_tps"] <= 0 or j["planned_decode_tps"] <= 0:
@@ -263,6 +263,8 @@ def main():
     ap.add_argument("--clients", default=None, help="concurrency levels (default 1,4,16; --quick 1,4)")
     ap.add_argument("--rounds", type=int, default=None, help="K: server requests before and after bench_engine, its timed reps - 1 (default 2, --quick 1)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads per model")
+    ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda"),
+                    help="the servers' and the library runs' backend (default cpu)")
     ap.add_argument("--budget", default="8G", help="the server's budget (default 8G)")
     ap.add_argument("--model", default=None, help="model directory (default: the built-in model)")
     ap.add_argument("--tide", default=os.path.join(HERE, "..", "build", "tide"), help="the tide binary")
@@ -323,7 +325,7 @@ def main():
     if len(texts) > 1:
         fails.append(f"{len(texts)} different greedy texts (streamed and tide run's)")
 
-    print(f"\nmodel {model_dir}, CPU backend, {a.threads} threads per model, budget {a.budget}, "
+    print(f"\nmodel {model_dir}, {a.backend.upper()} backend, {a.threads} threads per model, budget {a.budget}, "
           f"max_tokens {a.max_tokens}, {a.requests} streamed request(s) per client"
           + (f", load average {load1:.2f} at start" if load1 is not None else ""))
     print("Requests for one model are queued and run one at a time (not batched): aggregate tokens/s "
@@ -345,7 +347,7 @@ def main():
               f"({over['overhead_ms']:.0f} ms, {over['overhead_pct']:+.1f}%) |")
     for x in fails:
         print("FAIL: " + x)
-    out = {"bench": "serve_load", "model": model_dir, "backend": "cpu", "threads": a.threads, "budget": a.budget,
+    out = {"bench": "serve_load", "model": model_dir, "backend": a.backend, "threads": a.threads, "budget": a.budget,
            "max_tokens": a.max_tokens, "requests_per_client": a.requests, "loadavg_start": load1,
            "batched": False, "levels": rows, "overhead": over, "wall_s": time.perf_counter() - t_all,
            "checks_passed": not fails}

@@ -961,6 +961,12 @@ typedef struct tide_train_stats {
     double refit_predicted_s;    /* replan != 0: its prediction before the refit */
     double refit_new_predicted_s;/* replan != 0: the prediction of the plan later steps
                                     run, on the refitted profile (their predicted_s) */
+    int refit_host_groups_before;/* replan > 0: where the AdamW placement was chosen
+                                    again on the refitted profile (policy tide,
+                                    optimizer auto, device memory apart from the
+                                    host's), the updates on the host before the refit
+                                    (optimizer_host_groups: after it); -1: the first
+                                    placement kept */
 } tide_train_stats;
 
 /* How far a measured offloaded step may be from its plan's prediction,

@@ -25,6 +25,9 @@
  *      15% off. Measured time on a shared
  *      machine: the median of three steps, and up to three attempts, each on
  *      a fresh trainer; the figures of every attempt are printed.
+ *   4. Where device memory is apart from the host's (a test double of a GPU),
+ *      the AdamW placement is chosen again on the refitted rates, and the
+ *      steps stay bit-identical (test_placement_on_refit).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -32,6 +35,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "async_backend.h"
 #include "cost/refit.h"
 #include "probe/probe.h"
 #include "tide.h"
@@ -459,11 +463,87 @@ static void test_refit_2x(void **state) {
     tide_ctx_free(ctx);
 }
 
+/* ---------------------------------------------------------------- 4. placement again */
+
+/* On a GPU-like backend (cpu-async: device_is_host false, so device memory
+ * is apart from the host's in the trainer's and executor's eyes), policy tide
+ * and the optimizer's placement auto: a profile whose links are 10^4 times
+ * too slow (10 MB/s) puts every AdamW update on the host CPU (streaming an
+ * update's master weights and moments costs far more than the host update's
+ * gradient down and parameter up). The second step is far off its
+ * prediction; the trainer refits and chooses the placement again on the
+ * refitted rates (refit_host_groups_before says it did, and what it was).
+ * Host and device are the same CPU here, so which placement wins after the
+ * refit is close and not asserted: what is, is that it was chosen again, that
+ * later steps report the new plan's count, and that every step and the final
+ * state stay bit-identical to the unconstrained run. On the CPU backend
+ * (device_is_host) the placement is kept (-1). */
+static void test_placement_on_refit(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/train/train-bf16-gqa", fixtures());
+    tide_checkpoint *ck = NULL;
+    assert_int_equal(tide_checkpoint_open(ctx, dir, &ck), TIDE_OK);
+    tide_trainer_opts o = {.step = {.batch = 2, .seq = 16, .accum = 2, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                    .weight_decay = 0.1f, .grad_clip = 1.0f},
+                           .lr = 1e-3, .min_lr = 1e-3};
+    const int steps = 4;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/tide-test-refit-links-%d.json", tmpdir(), (int)getpid());
+    for (int apart = 1; apart >= 0; apart--) {
+        tide_backend *be = NULL;
+        tide_async_opts ao = {.device_is_host = !apart};
+        assert_int_equal(tide_async_backend_new(ctx, &ao, &be), TIDE_OK);
+        run_out ref;
+        assert_int_equal(train_run(ctx, ck, be, &o, NULL, steps, &ref), TIDE_OK);
+        tide_hw hw;
+        assert_int_equal(tide_probe_backend(ctx, be, tmpdir(), 0.5, NULL, &hw), TIDE_OK);
+        hw.h2d_bw = hw.d2h_bw = 1e7;
+        assert_int_equal(tide_hw_save(ctx, &hw, path), TIDE_OK);
+        tide_offload_opts off = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.25, .hw = path,
+                                 .ssd_dirs = tmpdir()};
+        run_out r;
+        if (train_run(ctx, ck, be, &o, &off, steps, &r)) fail_msg("training: %s", tide_ctx_last_error(ctx));
+        for (int s = 0; s < steps; s++)
+            fprintf(stderr, "  %s: step %d: %d of %d updates on the host, replan %d (before: %d), measured %.4f s, "
+                    "predicted %.4f s\n", apart ? "device apart" : "device is host", s, r.st[s].optimizer_host_groups,
+                    r.st[s].optimizer_groups, r.st[s].replan, r.st[s].refit_host_groups_before, r.st[s].wall_s,
+                    r.st[s].predicted_s);
+        assert_int_equal(r.st[1].replan, 1);
+        for (int s = 0; s < steps; s++)
+            if (s != 1) assert_int_equal(r.st[s].refit_host_groups_before, -1);
+        if (apart) {
+            /* the slow links put the updates on the host; chosen again after the refit */
+            assert_int_equal(r.st[0].optimizer_host_groups, r.st[0].optimizer_groups);
+            assert_int_equal(r.st[1].refit_host_groups_before, r.st[1].optimizer_host_groups);
+            assert_int_equal(r.st[3].optimizer_host_groups, r.st[2].optimizer_host_groups);
+        } else {
+            assert_int_equal(r.st[1].refit_host_groups_before, -1);
+            assert_int_equal(r.st[2].optimizer_host_groups, r.st[0].optimizer_host_groups);
+        }
+        for (int s = 0; s < steps; s++)
+            if (memcmp(&r.st[s].loss, &ref.st[s].loss, sizeof r.st[s].loss))
+                fail_msg("step %d's loss %.9g differs from the unconstrained %.9g", s, r.st[s].loss, ref.st[s].loss);
+        assert_int_equal(r.n, ref.n);
+        for (int i = 0; i < r.n; i++)
+            if (r.bytes[i] != ref.bytes[i] || memcmp(r.vals[i], ref.vals[i], r.bytes[i]))
+                fail_msg("training tensor %d differs from the unconstrained run's", i);
+        run_out_free(&r);
+        run_out_free(&ref);
+        tide_backend_free(be);
+    }
+    unlink(path);
+    tide_checkpoint_free(ck);
+    tide_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refit_math),
         cmocka_unit_test(test_replan_bit_identical),
         cmocka_unit_test(test_refit_2x),
+        cmocka_unit_test(test_placement_on_refit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

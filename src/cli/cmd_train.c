@@ -96,8 +96,10 @@ static const char help[] =
     "                      more than 15% off its prediction, the profile is\n"
     "                      refitted from it (per op kind and per link) and the\n"
     "                      step replanned under the same budget for the steps after\n"
-    "                      it (a line says so; the summary gives the predictions\n"
-    "                      before and after and the measured step time)\n"
+    "                      it, with --optimizer auto on a GPU the AdamW placement\n"
+    "                      chosen again on the refitted rates (a line says so; the\n"
+    "                      summary gives the predictions before and after and the\n"
+    "                      measured step time)\n"
     "  --check             also train the unconstrained (resident) run in step and\n"
     "                      compare every step's loss and, at the end, every\n"
     "                      parameter, master weight and moment bit for bit; exit\n"
@@ -496,6 +498,8 @@ static void print_step(const train_job *j, const tide_train_stats *s) {
             cJSON_AddNumberToObject(o, "refit_measured_s", s->refit_measured_s);
             cJSON_AddNumberToObject(o, "refit_predicted_s", s->refit_predicted_s);
             cJSON_AddNumberToObject(o, "refit_new_predicted_s", s->refit_new_predicted_s);
+            if (s->refit_host_groups_before >= 0)
+                cJSON_AddNumberToObject(o, "refit_host_groups_before", s->refit_host_groups_before);
         }
         char *js = cJSON_PrintUnformatted(o);
         if (js) puts(js);
@@ -517,6 +521,9 @@ static void print_step(const train_job *j, const tide_train_stats *s) {
                s->refit_predicted_s, 100.0 * (s->refit_measured_s / s->refit_predicted_s - 1),
                s->refit_new_predicted_s, s->replan > 0 ? "" : " for the plan kept");
     if (s->replan < 0) printf("  (not replanned: %s)\n", tide_ctx_last_error(j->ctx));
+    if (s->replan > 0 && s->refit_host_groups_before >= 0)
+        printf("  AdamW placement chosen again on the refitted rates (was %d of %d updates on the host CPU)\n",
+               s->refit_host_groups_before, s->optimizer_groups);
     fflush(stdout);
 }
 
@@ -652,6 +659,8 @@ static int summary(train_job *j) {
             cJSON_AddNumberToObject(f, "measured_s", r->refit_measured_s);
             cJSON_AddNumberToObject(f, "predicted_before_s", r->refit_predicted_s);
             cJSON_AddNumberToObject(f, "predicted_after_s", r->refit_new_predicted_s);
+            if (r->refit_host_groups_before >= 0)
+                cJSON_AddNumberToObject(f, "host_groups_before", r->refit_host_groups_before);
             if (j->n_after) cJSON_AddNumberToObject(f, "measured_after_s", j->sum_wall_after / j->n_after);
             else cJSON_AddNullToObject(f, "measured_after_s");
         } else {
@@ -676,6 +685,8 @@ static int summary(train_job *j) {
             printf("refit      after step %lld: measured %.3f s, predicted %.3f s before the refit, %.3f s after%s",
                    (long long)r->step + 1, r->refit_measured_s, r->refit_predicted_s, r->refit_new_predicted_s,
                    r->replan > 0 ? " (replanned)" : " (plan kept)");
+            if (r->replan > 0 && r->refit_host_groups_before >= 0)
+                printf("; AdamW placed again: %d updates on the host before", r->refit_host_groups_before);
             if (j->n_after) printf("; later steps measured %.3f s", j->sum_wall_after / j->n_after);
             printf("\n");
         } else if (j->offload && !a->no_refit && j->n_timed >= 1) {

@@ -191,13 +191,15 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
     if (plan_uses_ssd(p)) {
         /* on a GPU the bounce buffer is pinned, so its copies to the device
          * run at the link's rate */
-        if (!be->vt->device_is_host && be->vt->host_alloc &&
-            be->vt->host_alloc(be, BOUNCE_BYTES, (void **)&ex->bounce) == TIDE_OK) {
-            ex->bounce_by_backend = true;
-        } else {
-            tide_err_clear(be->ctx);
-            ex->bounce = tide_malloc_aligned(BOUNCE_BYTES, ALIGN);
+        if (!be->vt->device_is_host && be->vt->host_alloc) {
+            if (be->vt->host_alloc(be, BOUNCE_BYTES, (void **)&ex->bounce) == TIDE_OK)
+                ex->bounce_by_backend = true;
+            else /* a refusal is no error: pageable instead. The backend's
+                  * context is shared by a pool's threads: touched only
+                  * where the backend recorded something */
+                tide_err_clear(be->ctx);
         }
+        if (!ex->bounce_by_backend) ex->bounce = tide_malloc_aligned(BOUNCE_BYTES, ALIGN);
         if (!ex->bounce) {
             st = tide_err(ctx, TIDE_E_NOMEM, "out of memory for the SSD bounce buffers");
             goto fail;

@@ -13,8 +13,11 @@
  *   R2. The margin is the 15% the refitted predictions are held to: a step
  *       predicted within it is what the cost model is asked for; beyond it a
  *       replan costs one planning, once.
- *   R3. The new plan is made under the same budget, policy, host budget and
- *       the same placement of the AdamW updates (host_ops) as the first; the
+ *   R3. The new plan is made under the same budget, policy and host budget
+ *       as the first. Where the first placement of the AdamW updates was
+ *       chosen by the rates (policy tide, --optimizer auto, on a GPU), it is
+ *       chosen again on the refitted ones (a GPU's measured host AdamW and
+ *       link rates can move the best split far); otherwise the same. The
  *       planner chooses homes from the host budget, the SSD's presence and
  *       the host computes' staging room, not from rates, so the homes come out
  *       the same. They are compared all the same: a plan that would home any
@@ -45,27 +48,57 @@ static bool same_homes(const tide_plan *a, const tide_plan *b) {
 
 /* A new plan of the step on hw, as prepare made the first (R3), and its
  * runner bound to the same homes. TIDE_OK and *out, or why not. */
-static tide_status replan(tide_trainer *t, const tide_hw *hw, tide_runner **out) {
+static tide_status replan(tide_trainer *t, const tide_hw *hw, tide_runner **out, int *host_before) {
     tide_ctx *ctx = t->ctx;
     tide_graph *g = NULL;
     tide_plan *p = NULL;
     *out = NULL;
+    *host_before = -1;
     tide_status st = tide_llama_build_train(ctx, &t->cfg, &t->o.step, &g);
     if (st) return st;
     tide_plan_opts po = train_offload_opts(t, t->budget); /* as the first plan's */
     po.hw = hw;
-    po.host_ops = t->host_ops;
     po.consider_zero_offload = true;
-    if ((st = tide_plan_make(ctx, g, &po, &p))) {
-        tide_graph_free(g);
-        return st;
-    }
     const tide_plan *old = tide_runner_plan(t->run);
-    if (!same_homes(old, p) || p->device_budget > t->arena_bytes) {
+    /* R3: the updates placed again on the refitted rates, where the first
+     * placement was chosen by them (a placement that moves a home is not
+     * taken: the first one's plan instead) */
+    bool *ops = NULL;
+    train_optim_choice ch = t->optim_choice;
+    bool placed = t->policy == TIDE_POLICY_TIDE && t->optim == TRAIN_OPTIM_AUTO && !t->be->vt->device_is_host;
+    if (placed && train_optim_place(ctx, g, &po, TRAIN_OPTIM_AUTO, &ops, &ch)) {
+        tide_err_clear(ctx);
+        placed = false;
+    }
+    for (int pass = placed ? 0 : 1; pass < 2; pass++) {
+        po.host_ops = pass == 0 ? ops : t->host_ops;
+        if ((st = tide_plan_make(ctx, g, &po, &p))) {
+            if (pass == 0) {
+                tide_err_clear(ctx);
+                continue;
+            }
+            tide_free(ops);
+            tide_graph_free(g);
+            return st;
+        }
+        if (same_homes(old, p) && p->device_budget <= t->arena_bytes) break;
         tide_plan_free(p);
+        p = NULL;
+    }
+    if (!p) {
+        tide_free(ops);
         tide_graph_free(g);
         return tide_err(ctx, TIDE_E_INVALID, "the refitted plan homes the training state differently");
     }
+    if (placed && po.host_ops == ops) {
+        *host_before = t->optim_choice.n_host;
+        if (ops != t->host_ops) tide_free(t->host_ops);
+        t->host_ops = ops;
+        t->optim_choice = ch;
+    } else {
+        tide_free(ops);
+    }
+    train_optim_sync(g, p, &t->optim_choice);
     tide_runner_opts ro = train_runner_opts(t, false);
     if ((st = tide_runner_new(ctx, t->be, g, p, &ro, out))) return st;
     /* the state file's name is gone (unlinked once the first runner held
@@ -88,7 +121,8 @@ void train_refit_after_step(tide_trainer *t, double measured_s, tide_train_stats
     tide_hw hw;
     if (tide_hw_refit(tide_runner_plan(t->run), tl, &t->hw, &hw, NULL)) return;
     tide_runner *run = NULL;
-    int replanned = replan(t, &hw, &run) == TIDE_OK ? 1 : -1;
+    int host_before = -1;
+    int replanned = replan(t, &hw, &run, &host_before) == TIDE_OK ? 1 : -1;
     t->hw = hw;
     if (replanned > 0) {
         tide_runner_free(t->run);
@@ -109,5 +143,6 @@ void train_refit_after_step(tide_trainer *t, double measured_s, tide_train_stats
         out->refit_measured_s = measured_s;
         out->refit_predicted_s = before;
         out->refit_new_predicted_s = t->predicted_s;
+        out->refit_host_groups_before = replanned > 0 ? host_before : -1;
     }
 }

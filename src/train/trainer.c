@@ -625,7 +625,8 @@ tide_status tide_trainer_step(tide_trainer *t, const int32_t *tokens, const int3
             .peak_device_bytes = t->peak_device, .budget_bytes = t->arena_bytes, .predicted_s = t->predicted_s,
             .plan_s = first ? t->plan_s : 0, .optimizer_groups = t->optim_choice.n_groups,
             .optimizer_host_groups = t->optim_choice.n_host,
-            .predicted_device_optimizer_s = t->optim_choice.n_host ? t->optim_choice.device_makespan_s : 0};
+            .predicted_device_optimizer_s = t->optim_choice.n_host ? t->optim_choice.device_makespan_s : 0,
+            .refit_host_groups_before = -1};
     }
     train_refit_after_step(t, wall, out);
     t->step++;
