@@ -134,6 +134,8 @@ tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_p
     for (int i = 0; i < n_pre; i++) pos[i] = start + i;
     memset(&m->acc, 0, sizeof m->acc);
     for (int i = 0; i < MODEL_SLOTS; i++) m->slots[i].gen_runs = 0;
+    /* a warm region chosen by this generation weighs its own decode steps */
+    m->warm_decode = TIDE_MIN(TIDE_MAX(max_new - 1, 0), MODEL_WARM_DECODE_STEPS);
     m->logits_hash = 0;
     graph_slot *s = NULL;
     int32_t next = 0, id = 0;

@@ -260,6 +260,7 @@ tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
     m->be = be;
     m->cfg = *tide_checkpoint_config(ck);
     m->max_batch = opts && opts->max_batch > 0 ? opts->max_batch : 1;
+    m->warm_decode = -1;
     m->ctx_len = opts && opts->ctx_len > 0 ? opts->ctx_len : m->cfg.max_position_embeddings;
     m->sync_issue = opts && opts->sync_issue;
     tide_status st = TIDE_OK;

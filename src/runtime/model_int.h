@@ -59,6 +59,9 @@ typedef struct graph_slot {
 } graph_slot;
 
 #define MODEL_SLOTS 2         /* the prefill and the decode graph */
+/* The most decode steps a warm region is chosen for after a prompt: beyond
+ * them the steps alone decide, and the prompt would not count */
+#define MODEL_WARM_DECODE_STEPS 32
 
 struct tide_model {
     tide_ctx *ctx;
@@ -96,6 +99,10 @@ struct tide_model {
     uint64_t warm_bytes;      /* the warm region [0, warm_bytes) */
     bool warm_loaded;         /* the arena holds the warm tensors */
     bool warm_chosen;         /* offloaded: the warm weights are chosen (place.c choose_warm) */
+    int warm_decode;          /* the decode steps choose_warm prices after a prompt: the
+                                 generation that plans it, its max_new - 1 up to
+                                 MODEL_WARM_DECODE_STEPS (-1: that many; set by
+                                 tide_model_generate_ex) */
     /* pinned host copies of the weights (offloaded runs) */
     void **pinned;            /* per checkpoint tensor, or NULL */
     bool pinned_by_be;        /* the copies come from be->vt->host_alloc */

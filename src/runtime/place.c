@@ -390,11 +390,13 @@ static tide_status plan_graph(tide_model *m, const tide_llama_graph_opts *go, in
 }
 
 /* The predicted seconds of slot s's graph, and when it is a prompt (seq > 1)
- * of WARM_DECODE_STEPS decode steps after it, under the current warm layout;
- * TIDE_E_INFEASIBLE when a graph cannot be planned beside it, these or a
- * prompt of the whole context (which a later run may bring). */
-#define WARM_DECODE_STEPS 32
+ * of the decode steps after it (m->warm_decode: the generation's, at most
+ * MODEL_WARM_DECODE_STEPS; a prompt with none, as a prefill alone, is priced
+ * alone), under the current warm layout; TIDE_E_INFEASIBLE when a graph
+ * cannot be planned beside it, these or a prompt of the whole context (which
+ * a later run may bring). */
 static tide_status predict_warm(tide_model *m, const graph_slot *s, double *secs) {
+    const int steps = m->warm_decode >= 0 ? m->warm_decode : MODEL_WARM_DECODE_STEPS;
     tide_llama_graph_opts go[3] = {slot_graph_opts(m, s), slot_graph_opts(m, s), slot_graph_opts(m, s)};
     go[1].seq = 1;
     go[1].fresh_cache = false;
@@ -416,7 +418,7 @@ static tide_status predict_warm(tide_model *m, const graph_slot *s, double *secs
         int level = 0;
         tide_status st = plan_graph(m, &go[k], k ? m->off.tile : tile, &g, &level, &p);
         if (st) return st;
-        if (k < 2) *secs += (k ? WARM_DECODE_STEPS : 1) * p->stats.makespan_s;
+        if (k < 2) *secs += (k ? steps : 1) * p->stats.makespan_s;
         tide_plan_free(p);
         tide_graph_free(g);
     }
@@ -428,7 +430,7 @@ static tide_status predict_warm(tide_model *m, const graph_slot *s, double *secs
  * fit (warm_layout_upto), uploaded once and read by every run from then on,
  * and taken from what each plan may page through. W is the candidate, among
  * 0 and the layouts that fit 1/4, 1/2, 3/4 and 7/8 of the budget, whose
- * planner-predicted prompt plus WARM_DECODE_STEPS decode steps (predict_warm)
+ * planner-predicted prompt plus the generation's decode steps (predict_warm)
  * is fastest, a larger W taken only when strictly faster; candidates stop at
  * the first with which a graph cannot be planned, that prompt's, its decode
  * step's or a prompt of the whole context's (so that no later run fails for

@@ -8,8 +8,9 @@
 #include <math.h>
 #include <string.h>
 
-/* Decode steps the model prices beside a prompt when it chooses its warm
- * weights (runtime/place.c WARM_DECODE_STEPS). */
+/* The most decode steps the model prices beside a prompt when it chooses its
+ * warm weights (runtime/model_int.h MODEL_WARM_DECODE_STEPS): the
+ * generation's own, up to that many. */
 #define MODEL_WARM_DECODE 32
 
 static tide_plan_opts plan_opts(const pool_predict *pp, uint64_t budget) {
@@ -154,7 +155,7 @@ static tide_status predict_at(const pool_predict *pp, tide_graph *pre, tide_grap
         if (st) return st;
         if (w == last) continue;
         last = w;
-        double choose = ps.t + MODEL_WARM_DECODE * ds.t, steps = gen > 1 ? gen - 1 : 0;
+        double steps = gen > 1 ? gen - 1 : 0, choose = ps.t + fmin(steps, MODEL_WARM_DECODE) * ds.t;
         if (choose < best) {
             best = choose;
             *t = (step_cost){.t = ps.t + steps * ds.t, .comp = ps.comp + steps * ds.comp,
