@@ -49,7 +49,8 @@ tide_status pool_predict_bounds(const pool_predict *pp, uint64_t *min, uint64_t 
  * warm weights, at each budget the warm region is chosen as the model
  * chooses it (runtime/place.c choose_warm: the weights in order, first fit,
  * within 0, 2/8, 4/8, 6/8 or 7/8 of the budget, the candidate whose prompt
- * and 32 decode steps plan fastest), the request priced with those weights
+ * and gen - 1 decode steps, at most 32, plan fastest), the request priced
+ * with those weights
  * in place, and u[k] the time to read them in once. */
 tide_status pool_predict_curve(const pool_predict *pp, uint64_t min, uint64_t need, int prompt, int gen,
                                pool_curve *cv);
