@@ -467,8 +467,8 @@ static void test_refit_2x(void **state) {
 
 /* On a GPU-like backend (cpu-async: device_is_host false, so device memory
  * is apart from the host's in the trainer's and executor's eyes), policy tide
- * and the optimizer's placement auto: a profile whose links are 10^4 times
- * too slow (10 MB/s) puts every AdamW update on the host CPU (streaming an
+ * and the optimizer's placement auto: a100-80g's profile with links of
+ * 10 MB/s puts every AdamW update on the host CPU (streaming an
  * update's master weights and moments costs far more than the host update's
  * gradient down and parameter up). The second step is far off its
  * prediction; the trainer refits and chooses the placement again on the
@@ -488,19 +488,21 @@ static void test_placement_on_refit(void **state) {
     tide_trainer_opts o = {.step = {.batch = 2, .seq = 16, .accum = 2, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                     .weight_decay = 0.1f, .grad_clip = 1.0f},
                            .lr = 1e-3, .min_lr = 1e-3};
-    const int steps = 4;
+    const int steps = 3;
+    /* a shipped profile with links of 10 MB/s: every step measures far
+     * faster than predicted, so the trainer refits after its second */
+    tide_hw hw;
+    assert_int_equal(tide_hw_load(ctx, "a100-80g", &hw), TIDE_OK);
+    hw.h2d_bw = hw.d2h_bw = 1e7;
     char path[1100];
     snprintf(path, sizeof path, "%s/tide-test-refit-links-%d.json", tmpdir(), (int)getpid());
+    assert_int_equal(tide_hw_save(ctx, &hw, path), TIDE_OK);
+    run_out ref = {0};
     for (int apart = 1; apart >= 0; apart--) {
         tide_backend *be = NULL;
         tide_async_opts ao = {.device_is_host = !apart};
         assert_int_equal(tide_async_backend_new(ctx, &ao, &be), TIDE_OK);
-        run_out ref;
-        assert_int_equal(train_run(ctx, ck, be, &o, NULL, steps, &ref), TIDE_OK);
-        tide_hw hw;
-        assert_int_equal(tide_probe_backend(ctx, be, tmpdir(), 0.5, NULL, &hw), TIDE_OK);
-        hw.h2d_bw = hw.d2h_bw = 1e7;
-        assert_int_equal(tide_hw_save(ctx, &hw, path), TIDE_OK);
+        if (apart) assert_int_equal(train_run(ctx, ck, be, &o, NULL, steps, &ref), TIDE_OK);
         tide_offload_opts off = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.25, .hw = path,
                                  .ssd_dirs = tmpdir()};
         run_out r;
@@ -511,13 +513,12 @@ static void test_placement_on_refit(void **state) {
                     r.st[s].optimizer_groups, r.st[s].replan, r.st[s].refit_host_groups_before, r.st[s].wall_s,
                     r.st[s].predicted_s);
         assert_int_equal(r.st[1].replan, 1);
-        for (int s = 0; s < steps; s++)
-            if (s != 1) assert_int_equal(r.st[s].refit_host_groups_before, -1);
+        assert_int_equal(r.st[0].refit_host_groups_before, -1);
+        assert_int_equal(r.st[2].refit_host_groups_before, -1);
         if (apart) {
             /* the slow links put the updates on the host; chosen again after the refit */
             assert_int_equal(r.st[0].optimizer_host_groups, r.st[0].optimizer_groups);
             assert_int_equal(r.st[1].refit_host_groups_before, r.st[1].optimizer_host_groups);
-            assert_int_equal(r.st[3].optimizer_host_groups, r.st[2].optimizer_host_groups);
         } else {
             assert_int_equal(r.st[1].refit_host_groups_before, -1);
             assert_int_equal(r.st[2].optimizer_host_groups, r.st[0].optimizer_host_groups);
@@ -530,9 +531,9 @@ static void test_placement_on_refit(void **state) {
             if (r.bytes[i] != ref.bytes[i] || memcmp(r.vals[i], ref.vals[i], r.bytes[i]))
                 fail_msg("training tensor %d differs from the unconstrained run's", i);
         run_out_free(&r);
-        run_out_free(&ref);
         tide_backend_free(be);
     }
+    run_out_free(&ref);
     unlink(path);
     tide_checkpoint_free(ck);
     tide_ctx_free(ctx);
