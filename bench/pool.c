@@ -119,6 +119,7 @@ typedef struct run_ctx {
     tide_checkpoint *ck;
     const wl_spec *s;
     int wi, ctx_len;
+    const char *pol; /* the policy's name, for --log */
     double t0;
     double lat[MAX_REQ], end;
     uint64_t hash[MAX_REQ];
@@ -157,6 +158,12 @@ static void *wl_thread(void *arg) {
         r->end = tide_now();
         r->lat[k] = r->end - a;
         r->hash[k] = gs.logits_hash;
+        if (show_log && !r->st)
+            fprintf(stderr, "    [%s] request %s %d: issued %.3f s, ended %.3f s: share %.1f MiB, warm %.1f MiB, "
+                    "executor %.3f s (predicted %.3f s), SSD read %.1f MiB in %.3f s\n", r->pol, s->name, k,
+                    a - r->t0, r->end - r->t0, (double)gs.budget_bytes / 1048576.0,
+                    (double)gs.warm_weight_bytes / 1048576.0, gs.exec_s, gs.predicted_s,
+                    (double)gs.bytes_ssd_read / 1048576.0, gs.ssd_read_s);
         if (r->st) snprintf(r->err, sizeof r->err, "%s request %d: %s", s->name, k,
                             tide_ctx_last_error(tide_pool_workload_ctx(w)));
     }
@@ -176,7 +183,8 @@ static void run_measured(tide_backend *be, tide_checkpoint **ck, const wl_spec *
     pthread_t th[N_WL];
     double t0 = tide_now() + 0.05;
     for (int i = 0; i < N_WL; i++) {
-        r[i] = (run_ctx){.p = p, .ck = ck[i], .s = &tr[i], .wi = i, .ctx_len = cpu_ctx_len, .t0 = t0};
+        r[i] = (run_ctx){.p = p, .ck = ck[i], .s = &tr[i], .wi = i, .ctx_len = cpu_ctx_len, .t0 = t0,
+                         .pol = tide_pool_policy_name(pol)};
         if (pthread_create(&th[i], NULL, wl_thread, &r[i])) die("thread");
     }
     double end = t0;

@@ -17,7 +17,11 @@
  *     would stream its weights over a shared link (their sum is the bound),
  *     shares where they fit warm, and where two workloads use different
  *     resources (compute and link) and overlap; a change of regime only
- *     when predicted 10% faster (a 5% difference keeps either).
+ *     when predicted 10% faster (a 5% difference keeps either);
+ *   - the partition searches every combination of points where there are
+ *     few (a greedy would block a workload's knee);
+ *   - the warm weights each point predicts are the ones the model keeps at
+ *     that budget (the tiny fixture, run).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,7 +32,10 @@
 #include "serve/pool_predict.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static tide_ctx *ctx;
 
@@ -210,6 +217,109 @@ static void test_choose(void **state) {
     assert_false(pool_predict_choose(1, cv, wt, NULL, 10 * TIDE_PLAN_ALIGN, false, sh, &part, &slice));
 }
 
+/* The partition searches every combination of the curves' points when there
+ * are few: a greedy by saving per byte would first move B (saving 3 s for
+ * one unit) and leave A no room for its knee (8 units saving 9.9 s); the
+ * search gives A its knee, the bound on the queued work falling from 11 s
+ * to 4.1 s. */
+static void test_partition_search(void **state) {
+    (void)state;
+    pool_curve a = {.n = 2, .b = {1 * TIDE_PLAN_ALIGN, 9 * TIDE_PLAN_ALIGN}, .t = {10, 0.1}, .comp = {10, 0.1}};
+    pool_curve b = {.n = 2, .b = {1 * TIDE_PLAN_ALIGN, 2 * TIDE_PLAN_ALIGN}, .t = {4, 1}, .comp = {4, 1}};
+    const pool_curve *cv[2] = {&a, &b};
+    double wt[2] = {1, 1}, part = 0, slice = 0;
+    uint64_t sh[2];
+    pool_predict_partition(2, cv, wt, NULL, 10 * TIDE_PLAN_ALIGN, sh);
+    assert_int_equal(sh[0], 9 * TIDE_PLAN_ALIGN);
+    assert_int_equal(sh[1], 1 * TIDE_PLAN_ALIGN);
+    /* (one at a time at the whole budget is faster still: 0.1 + 1 s) */
+    assert_true(pool_predict_choose(2, cv, wt, NULL, 10 * TIDE_PLAN_ALIGN, false, sh, &part, &slice));
+    assert_true(fabs(part - 4.1) < 1e-12 && fabs(slice - 1.1) < 1e-12);
+    /* with room for both knees, both */
+    pool_predict_partition(2, cv, wt, NULL, 11 * TIDE_PLAN_ALIGN, sh);
+    assert_int_equal(sh[0], 9 * TIDE_PLAN_ALIGN);
+    assert_int_equal(sh[1], 2 * TIDE_PLAN_ALIGN);
+}
+
+/* What the pool predicts a model keeps warm is what the model keeps: on the
+ * CPU with the weights on SSD, untiled (as a pool runs its models), at every
+ * point of a model's curve for a request of 7 + 4 tokens, the model's
+ * warm_weight_bytes after such a request equals the curve's warm[k]. Two
+ * models: the tiny fixture, and a synthetic one whose ops are dominated by
+ * their weights (hidden 256, vocabulary 4096, one layer), where a warm
+ * region leaves less room than an op's untiled working set counting its
+ * weight, though the weight is read in place. (They differed where the pool
+ * laid the region out in the graph's order and the model in the
+ * checkpoint's, and where the model's untiled minimum counted warm weights
+ * as streamed.) */
+static void check_warm_matches(const char *dir, const char *ssd, int *warm_points) {
+    tide_checkpoint *ck = NULL;
+    assert_int_equal(tide_checkpoint_open(ctx, dir, &ck), TIDE_OK);
+    tide_backend *be = NULL;
+    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    tide_hw hw;
+    assert_int_equal(tide_hw_load(ctx, "a100-80g", &hw), TIDE_OK);
+    enum { CTX = 64, PROMPT = 7, GEN = 4 };
+    pool_predict pp = {.ctx = ctx, .hw = &hw, .host_addressable = true, .weights_on_ssd = true, .warm = true,
+                       .cfg = tide_checkpoint_config(ck), .ck = ck, .ctx_len = CTX, .name = dir};
+    uint64_t min = 0, need = 0;
+    assert_int_equal(pool_predict_bounds(&pp, &min, &need), TIDE_OK);
+    pool_curve cv;
+    assert_int_equal(pool_predict_curve(&pp, min, need, PROMPT, GEN, &cv), TIDE_OK);
+    int32_t prompt[PROMPT] = {1, 17, 42, 250, 3, 99, 8}, out[GEN];
+    for (int k = 0; k < cv.n; k++) {
+        if (!isfinite(cv.t[k])) continue;
+        tide_model_opts mo = {.max_batch = 1, .ctx_len = CTX};
+        tide_model *m = NULL;
+        assert_int_equal(tide_model_new(ctx, ck, be, &mo, &m), TIDE_OK);
+        tide_offload_opts o = {.budget_kind = TIDE_BUDGET_BYTES, .bytes = cv.b[k], .policy = "tide",
+                               .hw = "a100-80g", .weights_on_ssd = true, .ssd_dirs = ssd, .tile = TIDE_TILE_NONE};
+        if (tide_model_set_offload(m, &o)) fail_msg("point %d: %s", k, tide_ctx_last_error(ctx));
+        tide_gen_stats gs;
+        int n = 0;
+        if (tide_model_generate_ex(m, prompt, PROMPT, GEN, NULL, out, &n, &gs))
+            fail_msg("%s, point %d (%llu bytes): %s", dir, k, (unsigned long long)cv.b[k], tide_ctx_last_error(ctx));
+        print_message("    %llu bytes: warm %llu predicted, %llu kept by the model\n", (unsigned long long)cv.b[k],
+                      (unsigned long long)cv.warm[k], (unsigned long long)gs.warm_weight_bytes);
+        if (gs.warm_weight_bytes != cv.warm[k])
+            fail_msg("%s at %llu bytes: the pool predicts %llu warm bytes, the model keeps %llu", dir,
+                     (unsigned long long)cv.b[k], (unsigned long long)cv.warm[k],
+                     (unsigned long long)gs.warm_weight_bytes);
+        *warm_points += cv.warm[k] > 0;
+        tide_model_free(m);
+    }
+    tide_backend_free(be);
+    tide_checkpoint_free(ck);
+}
+
+static void test_warm_matches_model(void **state) {
+    (void)state;
+    const char *fx = getenv("TIDE_FIXTURES");
+    if (!fx) fail_msg("TIDE_FIXTURES is not set");
+    char dir[4096], ssd[64], syn[96];
+    snprintf(ssd, sizeof ssd, "/tmp/tide-pool-predict-XXXXXX");
+    assert_non_null(mkdtemp(ssd));
+    snprintf(syn, sizeof syn, "%s/model", ssd);
+    int warm_points = 0;
+    snprintf(dir, sizeof dir, "%s/tiny-bf16-gqa", fx);
+    check_warm_matches(dir, ssd, &warm_points);
+    tide_llama_config cfg;
+    assert_int_equal(tide_llama_config_named(ctx, "tinyllama-1.1b", &cfg), TIDE_OK);
+    cfg.num_hidden_layers = 1;
+    cfg.hidden_size = 256;
+    cfg.intermediate_size = 1024;
+    cfg.num_attention_heads = 4;
+    cfg.num_key_value_heads = 2;
+    cfg.vocab_size = 4096;
+    cfg.max_position_embeddings = 64;
+    assert_int_equal(tide_checkpoint_make_synthetic(ctx, &cfg, 3, 0, syn), TIDE_OK);
+    check_warm_matches(syn, ssd, &warm_points);
+    assert_true(warm_points > 1);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ssd);
+    assert_int_equal(system(cmd), 0);
+}
+
 static int setup(void **state) {
     (void)state;
     ctx = tide_ctx_new();
@@ -227,6 +337,8 @@ int main(void) {
         cmocka_unit_test(test_warm_curve),
         cmocka_unit_test(test_share_change_cost),
         cmocka_unit_test(test_choose),
+        cmocka_unit_test(test_partition_search),
+        cmocka_unit_test(test_warm_matches_model),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

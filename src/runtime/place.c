@@ -362,14 +362,23 @@ static tide_status resolve_budget(tide_model *m, graph_slot *s) {
 
 /* An offloaded plan of the graph go describes at the budget, the warm
  * weights of the current layout (if any) kept where they are: the coarsest
- * tiling whose plan fits the budget less the warm region, planned again with
- * the warm tensors and region in place. A block of a split weight whose
+ * tiling whose plan fits the budget less the warm region (untiled, with
+ * tiling off, even where the untiled minimum is above that), planned again
+ * with the warm tensors and region in place. A block of a split weight whose
  * offset is not TIDE_PLAN_ALIGN-aligned is not warm (warm_offsets). */
 static tide_status plan_graph(tide_model *m, const tide_llama_graph_opts *go, int tile, tide_graph **g, int *level,
                               tide_plan **p) {
     uint64_t w = m->warm_w ? m->warm_bytes : 0;
     tide_plan_opts po = offload_opts(m, m->budget - w);
     tide_status st = tide_llama_plan_tiled(m->ctx, &m->cfg, go, &po, tile, g, level, w ? NULL : p, NULL);
+    if (st == TIDE_E_INFEASIBLE && w && tile == TIDE_TILE_NONE) {
+        /* the untiled minimum counts an op's warm weight in its working
+         * set as if it were streamed in: beside the region it is read in
+         * place, so the untiled graph may still plan (as the pool prices it) */
+        tide_err_clear(m->ctx);
+        *level = 0;
+        st = tide_llama_build(m->ctx, &m->cfg, go, g);
+    }
     if (st || !w) return st;
     uint64_t *warm = tide_malloc((size_t)((*g)->n_tensors ? (*g)->n_tensors : 1) * sizeof *warm);
     if (!warm) st = tide_err(m->ctx, TIDE_E_NOMEM, "out of memory planning");

@@ -363,7 +363,7 @@ pool_predict pool_predictor(const tide_pool *p, const tide_pool_workload *w, tid
                           .host_addressable = p->be->vt->device_is_host, .weights_on_ssd = p->weights_on_ssd,
                           /* as the models' offloaded runs (policy tide) keep weights warm: place.c */
                           .warm = !p->be->vt->device_is_host || p->weights_on_ssd,
-                          .cfg = &w->cfg, .ctx_len = w->ctx_len,
+                          .cfg = &w->cfg, .ck = w->m ? w->m->ck : NULL, .ctx_len = w->ctx_len,
                           .name = w->name};
 }
 

@@ -27,18 +27,35 @@ static tide_status step_graph(const pool_predict *pp, int seq, bool prefill, tid
 }
 
 /* The model's warm layout at `limit` bytes (runtime/place.c
- * warm_layout_upto): the weights in order, each TIDE_PLAN_ALIGN-rounded,
- * first fit (one that does not fit is skipped, a later smaller one may).
- * The arena offset of each tensor of g into off (TIDE_HOME: not warm; NULL:
- * not wanted); returns the region's bytes. */
-static uint64_t warm_layout(const tide_graph *g, uint64_t limit, uint64_t *off) {
+ * warm_layout_upto): the checkpoint's tensors in its order (without one,
+ * the graph's weights in theirs), each TIDE_PLAN_ALIGN-rounded, first fit
+ * (one that does not fit is skipped, a later smaller one may). The arena
+ * offset of each tensor of g into off (TIDE_HOME: not warm; NULL: not
+ * wanted); returns the region's bytes. */
+static uint64_t warm_layout(const pool_predict *pp, const tide_graph *g, uint64_t limit, uint64_t *off) {
     uint64_t at = 0;
-    for (int t = 0; t < g->n_tensors; t++) {
-        const tide_tensor *tt = &g->tensors[t];
-        if (off) off[t] = TIDE_HOME;
-        uint64_t n = tide_plan_align(tt->nbytes);
-        if (tt->role != TIDE_ROLE_WEIGHT || n > limit - at) continue;
-        if (off) off[t] = at;
+    for (int t = 0; off && t < g->n_tensors; t++) off[t] = TIDE_HOME;
+    if (!pp->ck) {
+        for (int t = 0; t < g->n_tensors; t++) {
+            const tide_tensor *tt = &g->tensors[t];
+            uint64_t n = tide_plan_align(tt->nbytes);
+            if (tt->role != TIDE_ROLE_WEIGHT || n > limit - at) continue;
+            if (off) off[t] = at;
+            at += n;
+        }
+        return at;
+    }
+    int nc = tide_checkpoint_n_tensors(pp->ck);
+    for (int i = 0; i < nc; i++) {
+        tide_tensor_info ti;
+        if (tide_checkpoint_get_index(pp->ck, i, &ti)) continue;
+        uint64_t n = tide_plan_align(ti.nbytes);
+        if (n > limit - at) continue;
+        for (int t = 0; off && t < g->n_tensors; t++)
+            if (g->tensors[t].role == TIDE_ROLE_WEIGHT && !strcmp(g->tensors[t].name, ti.name)) {
+                off[t] = at;
+                break;
+            }
         at += n;
     }
     return at;
@@ -71,7 +88,7 @@ tide_status pool_predict_bounds(const pool_predict *pp, uint64_t *min, uint64_t 
         if (!st) {
             *min = TIDE_MAX(*min, mn);
             *need = TIDE_MAX(*need, TIDE_MAX(pk, mn));
-            if (pp->warm && !k) wb = warm_layout(g, UINT64_MAX, NULL);
+            if (pp->warm && !k) wb = warm_layout(pp, g, UINT64_MAX, NULL);
         }
         tide_graph_free(g);
     }
@@ -111,7 +128,7 @@ static tide_status price_at(const pool_predict *pp, tide_graph *pre, tide_graph 
     if (full) n = TIDE_MAX(n, full->n_tensors);
     uint64_t *off = tide_malloc((size_t)(n ? n : 1) * sizeof *off * 2);
     if (!off) return tide_err(pp->ctx, TIDE_E_NOMEM, "out of memory predicting");
-    *warm = limit ? warm_layout(pre, limit, off) : 0;
+    *warm = limit ? warm_layout(pp, pre, limit, off) : 0;
     if (*warm) warm_map(pre, off, dec, off + n);
     tide_status st = TIDE_OK;
     for (int s = 0; s < 2 && !st; s++) {
@@ -213,6 +230,55 @@ double pool_predict_cost(const pool_curve *cv, int k, double wt, uint64_t cur) {
     return wt * cv->t[k] + (cur && point_at(cv, cur) == k ? 0 : cv->u[k]);
 }
 
+/* The predicted time of the queued work with workload i at point at[i] of
+ * its curve (pool_predict_choose's bound for shares: the workloads run at
+ * once, so the longest of each shared resource's summed busy time and each
+ * one's own time, plus the warm weights loaded for the shares that change);
+ * INFINITY where a point has no plan. */
+static double shares_time(int n, const pool_curve *const *cv, const double *wt, const uint64_t *cur, const int *at) {
+    double comp = 0, link = 0, ssd = 0, own = 0, load = 0;
+    for (int i = 0; i < n; i++) {
+        int k = at[i];
+        if (k < 0 || !isfinite(cv[i]->t[k])) return INFINITY;
+        comp += wt[i] * cv[i]->comp[k];
+        link += wt[i] * cv[i]->link[k];
+        ssd += wt[i] * cv[i]->ssd[k];
+        own = fmax(own, wt[i] * cv[i]->t[k]);
+        load += pool_predict_cost(cv[i], k, wt[i], cur ? cur[i] : 0) - wt[i] * cv[i]->t[k];
+    }
+    return fmax(fmax(comp, link), fmax(ssd, own)) + load;
+}
+
+/* The points of every workload's curve, all of their combinations that fit
+ * `total`, searched for the least shares_time (ties: the first found, in
+ * the order of fewer bytes); false when there are more than
+ * POOL_EXHAUSTIVE combinations. */
+#define POOL_EXHAUSTIVE 200000
+static bool best_points(int n, const pool_curve *const *cv, const double *wt, const uint64_t *cur, uint64_t total,
+                        int *best) {
+    double combos = 1;
+    for (int i = 0; i < n; i++) combos *= cv[i]->n > 0 ? cv[i]->n : 1;
+    if (n < 1 || combos > POOL_EXHAUSTIVE) return false;
+    int at[n];
+    double best_t = INFINITY;
+    for (int i = 0; i < n; i++) at[i] = best[i] = 0;
+    for (;;) {
+        uint64_t sum = 0;
+        for (int i = 0; i < n; i++) sum += cv[i]->b[at[i]];
+        if (sum <= total) {
+            double t = shares_time(n, cv, wt, cur, at);
+            if (t < best_t) {
+                best_t = t;
+                memcpy(best, at, sizeof at);
+            }
+        }
+        int i = 0; /* the next combination, odometer order */
+        while (i < n && ++at[i] >= cv[i]->n) at[i++] = 0;
+        if (i == n) break;
+    }
+    return isfinite(best_t);
+}
+
 void pool_predict_partition(int n, const pool_curve *const *cv, const double *wt, const uint64_t *cur,
                             uint64_t total, uint64_t *share) {
     int at[n ? n : 1];
@@ -222,7 +288,14 @@ void pool_predict_partition(int n, const pool_curve *const *cv, const double *wt
         share[i] = cv[i]->b[0];
         left = left >= share[i] ? left - share[i] : 0;
     }
-    for (;;) { /* the move of the largest saving per byte */
+    if (best_points(n, cv, wt, cur, total, at)) {
+        left = total;
+        for (int i = 0; i < n; i++) {
+            share[i] = cv[i]->b[at[i]];
+            left -= share[i];
+        }
+    }
+    for (;;) { /* then the move of the largest saving per byte, while one helps */
         int bi = -1, bk = 0;
         double best = 0;
         for (int i = 0; i < n; i++) {
@@ -253,21 +326,15 @@ void pool_predict_partition(int n, const pool_curve *const *cv, const double *wt
 bool pool_predict_choose(int n, const pool_curve *const *cv, const double *wt, const uint64_t *cur, uint64_t total,
                          bool sliced_now, uint64_t *share, double *part_s, double *slice_s) {
     pool_predict_partition(n, cv, wt, cur, total, share);
-    double comp = 0, link = 0, ssd = 0, own = 0, load = 0, slice = 0;
+    int at[n ? n : 1];
+    double slice = 0;
     for (int i = 0; i < n; i++) {
-        int k = point_at(cv[i], share[i]), s = point_at(cv[i], total);
-        if (k < 0 || !isfinite(cv[i]->t[k])) own = INFINITY;
-        else {
-            comp += wt[i] * cv[i]->comp[k];
-            link += wt[i] * cv[i]->link[k];
-            ssd += wt[i] * cv[i]->ssd[k];
-            own = fmax(own, wt[i] * cv[i]->t[k]);
-            load += pool_predict_cost(cv[i], k, wt[i], cur ? cur[i] : 0) - wt[i] * cv[i]->t[k];
-        }
+        at[i] = point_at(cv[i], share[i]);
+        int s = point_at(cv[i], total);
         if (s < 0 || !isfinite(cv[i]->t[s])) slice = INFINITY;
         else slice += wt[i] * cv[i]->t[s] + (n > 1 ? wt[i] : 1) * cv[i]->u[s];
     }
-    *part_s = fmax(fmax(comp, link), fmax(ssd, own)) + load;
+    *part_s = shares_time(n, cv, wt, cur, at);
     *slice_s = slice;
     /* a change of regime must be predicted POOL_REGIME_MARGIN faster: the
      * two predictions are estimates, and each change reloads weights */

@@ -34,6 +34,8 @@ typedef struct pool_predict {
     bool warm;                /* the model keeps weights warm in its arena across requests
                                  (tide policy, on a device or with the weights on SSD) */
     const tide_llama_config *cfg;
+    const tide_checkpoint *ck; /* the model's weights, whose order its warm region follows
+                                 (NULL: the graph's order) */
     int ctx_len;
     const char *name;
 } pool_predict;
