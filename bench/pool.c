@@ -28,7 +28,10 @@
  * the pool's own function), and requests running at once share the device's
  * time evenly (processor sharing: no gain is assumed from overlapping one
  * workload's transfers with another's compute). A request starts when its
- * share fits beside those of the requests running.
+ * share fits beside those of the requests running. Time-sliced, a serial
+ * turn takes the whole budget and every other workload's warm weights are
+ * lost; a tide turn runs at its knee (pool_predict_knee) and the others'
+ * stay loaded while they fit beside it, evicted as the pool evicts.
  */
 #include "serve/pool_predict.h"
 #include "backend/backend.h"
@@ -296,14 +299,33 @@ static void run_simulated(sim_wl *init, const wl_spec *tr, uint64_t total, tide_
                 if (w[i].present && !w[i].running && w[i].done < tr[i].n_req && (bi < 0 || w[i].ready < w[bi].ready))
                     bi = i;
             if (bi < 0) break;
-            uint64_t s = sliced ? total : w[bi].share;
+            /* time-sliced: serial's turn takes the whole budget, tide's its knee */
+            int kn = pol == TIDE_POOL_TIDE ? pool_predict_knee(&w[bi].cv, total) : -1;
+            uint64_t s = !sliced ? w[bi].share : kn >= 0 ? w[bi].cv.b[kn] : total;
             if ((sliced && running) || held + s > total) break;
             w[bi].running = true;
             w[bi].held = s;
             w[bi].work = curve_at(&w[bi].cv, s, w[bi].loaded);
             w[bi].loaded = s;
-            for (int i = 0; sliced && i < N_WL; i++) /* the others' arenas made room */
-                if (i != bi) w[i].loaded = 0;
+            if (sliced) { /* the others' arenas made room: all (serial), or as the pool evicts (tide) */
+                uint64_t res = 0;
+                for (int i = 0; i < N_WL; i++)
+                    if (i != bi) res += pol == TIDE_POOL_TIDE ? w[i].loaded : 0;
+                for (int i = 0; pol != TIDE_POOL_TIDE && i < N_WL; i++)
+                    if (i != bi) w[i].loaded = 0;
+                while (res + s > total) {
+                    int v = -1;
+                    uint64_t need = res + s - total;
+                    for (int i = 0; i < N_WL; i++) {
+                        if (i == bi || !w[i].loaded) continue;
+                        uint64_t f = w[i].loaded, vf = v >= 0 ? w[v].loaded : 0;
+                        if (v < 0 || (f >= need ? vf < need || f < vf : vf < need && f > vf)) v = i;
+                    }
+                    if (v < 0) break;
+                    res -= w[v].loaded;
+                    w[v].loaded = 0;
+                }
+            }
             held += s;
             running++;
         }

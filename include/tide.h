@@ -723,9 +723,12 @@ typedef enum tide_pool_policy {
                            queued work (by the planner and simulator: each share
                            priced with the weights its model keeps warm there, a
                            changed share with loading them again); time-slicing
-                           as SERIAL when the workloads' minimums do not fit
-                           together, or when it is predicted faster than shares
-                           running at once (logged with both predictions) */
+                           when the workloads' minimums do not fit together, or
+                           when it is predicted faster than shares running at
+                           once (logged with both predictions): one at a time as
+                           SERIAL, but each turn at its knee (the least budget
+                           predicted as fast as the whole), the others keeping
+                           their warm weights until a turn needs the room */
     TIDE_POOL_EQUAL,    /* static equal shares among the workloads present */
     TIDE_POOL_SERIAL,   /* one workload holds the whole budget at a time, the others
                            wait their turn (first come, first served), as a loader

@@ -20,6 +20,8 @@
  *     when predicted 10% faster (a 5% difference keeps either);
  *   - the partition searches every combination of points where there are
  *     few (a greedy would block a workload's knee);
+ *   - a time-sliced turn runs at its knee, and slicing loads warm weights
+ *     once where the knees fit together;
  *   - the warm weights each point predicts are the ones the model keeps at
  *     that budget (the tiny fixture, run).
  */
@@ -241,6 +243,35 @@ static void test_partition_search(void **state) {
     assert_int_equal(sh[1], 2 * TIDE_PLAN_ALIGN);
 }
 
+/* A time-sliced turn's share is its knee: the smallest point as fast as
+ * the whole budget (pool_predict_knee). When the knees fit the budget
+ * together, slicing loads each workload's warm weights once (they stay
+ * loaded between turns), none for one whose share is its knee already;
+ * when they do not, again at every request. */
+static void test_knee(void **state) {
+    (void)state;
+    pool_curve a = {.n = 3, .b = {10 * TIDE_PLAN_ALIGN, 20 * TIDE_PLAN_ALIGN, 40 * TIDE_PLAN_ALIGN},
+                    .t = {5, 1, 1}, .comp = {5, 1, 1}, .u = {0, 0.5, 0.5}};
+    assert_int_equal(pool_predict_knee(&a, 40 * TIDE_PLAN_ALIGN), 1);
+    assert_int_equal(pool_predict_knee(&a, 30 * TIDE_PLAN_ALIGN), 1);
+    assert_int_equal(pool_predict_knee(&a, 15 * TIDE_PLAN_ALIGN), 0);
+    assert_int_equal(pool_predict_knee(&a, 5 * TIDE_PLAN_ALIGN), -1);
+    pool_curve b = a;
+    const pool_curve *cv[2] = {&a, &b};
+    double wt[2] = {3, 3}, part = 0, slice = 0;
+    uint64_t sh[2];
+    /* knees 20 + 20 fit 40: each loads once, 2 x (3 x 1 + 0.5) */
+    (void)pool_predict_choose(2, cv, wt, NULL, 40 * TIDE_PLAN_ALIGN, false, sh, &part, &slice);
+    assert_true(fabs(slice - 7) < 1e-12);
+    /* holding their knees: no load */
+    uint64_t cur[2] = {20 * TIDE_PLAN_ALIGN, 20 * TIDE_PLAN_ALIGN};
+    (void)pool_predict_choose(2, cv, wt, cur, 40 * TIDE_PLAN_ALIGN, false, sh, &part, &slice);
+    assert_true(fabs(slice - 6) < 1e-12);
+    /* 30: the knees do not fit together; every request loads again, 2 x 3 x (1 + 0.5) */
+    (void)pool_predict_choose(2, cv, wt, NULL, 30 * TIDE_PLAN_ALIGN, false, sh, &part, &slice);
+    assert_true(fabs(slice - 9) < 1e-12);
+}
+
 /* What the pool predicts a model keeps warm is what the model keeps: on the
  * CPU with the weights on SSD, untiled (as a pool runs its models), at every
  * point of a model's curve for a request of 7 + 4 tokens, the model's
@@ -338,6 +369,7 @@ int main(void) {
         cmocka_unit_test(test_share_change_cost),
         cmocka_unit_test(test_choose),
         cmocka_unit_test(test_partition_search),
+        cmocka_unit_test(test_knee),
         cmocka_unit_test(test_warm_matches_model),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -15,22 +15,25 @@
  * at that share, and the time to load those once; both are found by
  * planning (pool_predict.c). A partition (partition()) sets every
  * workload's share:
- *   tide    start every share at its minimum, then repeatedly move one
- *           workload up to a later point of its curve, the move of the
- *           largest predicted saving per byte (saving weighted by its queued
- *           requests; a share other than the one it holds loaded also costs
- *           loading its warm weights again), while bytes remain: a greedy
- *           over each curve's points that can jump a flat stretch to a drop
- *           beyond it. The pool is time-sliced instead (as serial) when the
- *           minimums do not fit together, or when time-slicing is predicted
- *           cheaper by a margin (10%, either way: changes of regime reload
- *           weights): every queued request priced at the whole budget, and
- *           at loading its warm weights again (another workload ran between)
- *           against the shares' cost (pool_predict_choose).
+ *   tide    the combination of the curves' points that fits the budget
+ *           with the least predicted time of the queued work (every one
+ *           searched where there are few, pool_predict_partition; a share
+ *           other than the one held costs loading its warm weights again),
+ *           then the bytes left to the move of the largest predicted saving
+ *           per byte while one helps. The pool is time-sliced instead when
+ *           the minimums do not fit together, or when time-slicing is
+ *           predicted cheaper by a margin (10%, either way: changes of regime
+ *           reload weights): every queued request priced at its turn's
+ *           share, loading its warm weights again unless the turns' shares
+ *           fit together, against the shares' cost (pool_predict_choose).
  *   equal   the budget over the workloads present, in TIDE_PLAN_ALIGN units.
  *   serial  time-sliced always.
- * Time-sliced, the workload whose turn it is (first come, first served) holds
- * the whole budget while its request runs; the others hold nothing.
+ * Time-sliced, one workload runs at a time, whose turn it is (first come,
+ * first served): under serial with the whole budget, the others holding
+ * nothing; under tide at its knee of the budget (the smallest point of its
+ * curve predicted as fast as the whole budget), the others keeping what they
+ * hold until a turn needs the room (evict_one: the idle workload that frees
+ * it holding the least), so warm weights that fit together stay loaded.
  *
  * Measured times feed the curves: a request that drifts more than 30% from
  * its prediction refits its workload's profile, plans its curve again and
@@ -131,9 +134,20 @@ static int index_of(const tide_pool *p, const tide_pool_workload *w) {
     return -1;
 }
 
-/* The share w should hold now. */
+/* The share w runs a time-sliced turn at: the whole budget (serial), or
+ * (tide) its knee of it, the smallest point of its curve predicted as fast
+ * as the whole budget, so that the rest stays with the warm weights other
+ * workloads keep loaded between their turns. */
+static uint64_t turn_share(const tide_pool *p, const tide_pool_workload *w) {
+    if (p->policy != TIDE_POOL_TIDE) return p->total;
+    int k = pool_predict_knee(&w->cv, p->total);
+    return k >= 0 ? w->cv.b[k] : p->total;
+}
+
+/* The share w should hold now (time-sliced and idle: none, though under
+ * policy tide it keeps what it holds until another turn needs the room). */
 static uint64_t target(const tide_pool *p, const tide_pool_workload *w) {
-    if (p->sliced) return w->running_turn ? p->total : 0;
+    if (p->sliced) return w->running_turn ? turn_share(p, w) : 0;
     return w->share;
 }
 
@@ -172,13 +186,13 @@ void pool_partition(tide_pool *p, const char *why) {
     for (int i = 0; i < n; i++) p->w[i]->share = 0;
     if (p->sliced) {
         if (by_cost)
-            pool_log_locked(p, "pool: %s: time-slicing the %d workloads, one at a time with the whole budget of %llu "
-                            "bytes: predicted queued work %.6g s, against %.6g s in shares", why, n,
+            pool_log_locked(p, "pool: %s: time-slicing the %d workloads, one at a time, each turn at its knee of the "
+                            "budget of %llu bytes: predicted queued work %.6g s, against %.6g s in shares", why, n,
                             (unsigned long long)p->total, slice_s, part_s);
         else if (p->policy == TIDE_POOL_TIDE && !was)
             pool_log_locked(p, "pool: %s: the minimums of the %d workloads (%llu bytes) exceed the budget of %llu "
-                            "bytes: time-slicing, one workload at a time with the whole budget", why, n,
-                            (unsigned long long)sum_min, (unsigned long long)p->total);
+                            "bytes: time-slicing, one workload at a time, each turn at its knee of the budget", why,
+                            n, (unsigned long long)sum_min, (unsigned long long)p->total);
         else
             pool_log_locked(p, "pool: %s: time-sliced among %d workloads, %llu bytes each in turn", why, n,
                             (unsigned long long)p->total);
@@ -248,13 +262,21 @@ static tide_status shrink_locked(tide_pool *p, tide_pool_workload *v, uint64_t b
     return TIDE_OK;
 }
 
-/* Shrinks one idle workload other than w that holds more than its target.
- * Returns true when it changed something (mu was dropped meanwhile). */
-static bool evict_one(tide_pool *p, tide_pool_workload *w) {
+/* Shrinks one idle workload other than w that holds more than its target,
+ * w needing `need` more bytes: the one that frees them holding the fewest
+ * bytes (the fewest warm weights to load again), else the one that frees the
+ * most. Returns true when it changed something (mu was dropped meanwhile). */
+static bool evict_one(tide_pool *p, tide_pool_workload *w, uint64_t need) {
+    tide_pool_workload *v = NULL;
     for (int i = 0; i < p->n; i++) {
-        tide_pool_workload *v = p->w[i];
+        tide_pool_workload *c = p->w[i];
+        uint64_t t = target(p, c);
+        if (c == w || c->model_busy || c->held <= t) continue;
+        uint64_t frees = c->held - t, vf = v ? v->held - target(p, v) : 0;
+        if (!v || (frees >= need ? vf < need || c->held < v->held : vf < need && frees > vf)) v = c;
+    }
+    if (v) {
         uint64_t t = target(p, v);
-        if (v == w || v->model_busy || v->held <= t) continue;
         v->model_busy = true;
         if (shrink_locked(p, v, t, p->sliced ? "another workload's turn" : "room for another workload"))
             pool_log_locked(p, "pool: '%s' could not be set to %llu bytes: %s", v->name, (unsigned long long)t,
@@ -273,6 +295,14 @@ static bool first_in_turn(const tide_pool *p, const tide_pool_workload *w) {
     return true;
 }
 
+/* Whether a time-sliced turn is running (one at a time, though the turns'
+ * shares may leave room for another). */
+static bool turn_running(const tide_pool *p) {
+    for (int i = 0; i < p->n; i++)
+        if (p->w[i]->running_turn) return true;
+    return false;
+}
+
 /* Gives w (claimed, mu held) the share it should run with and marks its
  * model busy: waits for a turn (time-sliced) and for room, shrinking idle
  * workloads that hold more than theirs. *waited is set when it waited. */
@@ -286,8 +316,8 @@ static tide_status acquire(tide_pool *p, tide_pool_workload *w, bool *waited) {
         uint64_t want;
         if (p->sliced) {
             if (!w->turn) w->turn = ++p->turn_next;
-            if (!first_in_turn(p, w)) goto wait;
-            want = p->total;
+            if (!first_in_turn(p, w) || turn_running(p)) goto wait;
+            want = turn_share(p, w);
         } else {
             if (w->turn) {
                 w->turn = 0;
@@ -333,7 +363,7 @@ static tide_status acquire(tide_pool *p, tide_pool_workload *w, bool *waited) {
             }
             return TIDE_OK;
         }
-        if (evict_one(p, w)) continue;
+        if (evict_one(p, w, want - w->held - (p->total - p->held_sum))) continue;
     wait:
         *waited = true;
         pthread_cond_wait(&p->cv, &p->mu);
@@ -349,7 +379,10 @@ static void release_after(tide_pool *p, tide_pool_workload *w) {
     bool others_wait = false;
     for (int i = 0; i < p->n; i++)
         if (p->w[i] != w && p->w[i]->waiting) others_wait = true;
-    if (w->held > t && (!p->sliced || others_wait))
+    /* time-sliced: the share is left held until another turn needs its room
+     * (evict_one), at once under serial when others wait (a whole-model
+     * loader's turn takes the whole budget anyway) */
+    if (w->held > t && (!p->sliced || (others_wait && p->policy != TIDE_POOL_TIDE)))
         if (shrink_locked(p, w, t, "its request ended"))
             pool_log_locked(p, "pool: '%s' could not be set to %llu bytes: %s", w->name, (unsigned long long)t,
                             tide_ctx_last_error(w->ctx));
@@ -363,7 +396,7 @@ pool_predict pool_predictor(const tide_pool *p, const tide_pool_workload *w, tid
                           .host_addressable = p->be->vt->device_is_host, .weights_on_ssd = p->weights_on_ssd,
                           /* as the models' offloaded runs (policy tide) keep weights warm: place.c */
                           .warm = !p->be->vt->device_is_host || p->weights_on_ssd,
-                          .cfg = &w->cfg, .ck = w->m ? w->m->ck : NULL, .ctx_len = w->ctx_len,
+                          .cfg = &w->cfg, .ck = w->m ? w->m->ck : NULL, .total = p->total, .ctx_len = w->ctx_len,
                           .name = w->name};
 }
 

@@ -192,11 +192,19 @@ tide_status pool_predict_curve(const pool_predict *pp, uint64_t min, uint64_t ne
     if (!st && pp->warm && prompt < pp->ctx_len) st = step_graph(pp, pp->ctx_len, true, &full);
     cv->n = 0;
     double ratio = need > min ? (double)need / (double)min : 1;
-    for (int k = 0; !st && k < POOL_POINTS; k++) {
+    uint64_t bs[POOL_POINTS_MAX];
+    int nb = 0;
+    for (int k = 0; k < POOL_POINTS; k++) {
         uint64_t b = k == 0 ? min
                    : k == POOL_POINTS - 1 ? need
                    : tide_plan_align((uint64_t)((double)min * pow(ratio, (double)k / (POOL_POINTS - 1))));
         b = TIDE_MIN(TIDE_MAX(b, min), need);
+        if (pp->total > min && pp->total < need && (nb ? bs[nb - 1] : 0) < pp->total && b > pp->total)
+            bs[nb++] = pp->total; /* the whole budget, in order */
+        bs[nb++] = b;
+    }
+    for (int k = 0; !st && k < nb; k++) {
+        uint64_t b = bs[k];
         if (cv->n && b <= cv->b[cv->n - 1]) continue;
         step_cost t;
         uint64_t warm = 0;
@@ -323,16 +331,33 @@ void pool_predict_partition(int n, const pool_curve *const *cv, const double *wt
         }
 }
 
+int pool_predict_knee(const pool_curve *cv, uint64_t total) {
+    int s = point_at(cv, total);
+    if (s < 0 || !isfinite(cv->t[s])) return s;
+    for (int k = 0; k < s; k++)
+        if (isfinite(cv->t[k]) && cv->t[k] <= cv->t[s] * (1 + POOL_KNEE_SLACK)) return k;
+    return s;
+}
+
 bool pool_predict_choose(int n, const pool_curve *const *cv, const double *wt, const uint64_t *cur, uint64_t total,
                          bool sliced_now, uint64_t *share, double *part_s, double *slice_s) {
     pool_predict_partition(n, cv, wt, cur, total, share);
     int at[n ? n : 1];
+    at[0] = -1;
     double slice = 0;
+    uint64_t knees = 0;
+    for (int i = 0; i < n; i++) {
+        int s = pool_predict_knee(cv[i], total);
+        knees += s >= 0 ? cv[i]->b[s] : total;
+    }
     for (int i = 0; i < n; i++) {
         at[i] = point_at(cv[i], share[i]);
-        int s = point_at(cv[i], total);
+        int s = pool_predict_knee(cv[i], total);
         if (s < 0 || !isfinite(cv[i]->t[s])) slice = INFINITY;
-        else slice += wt[i] * cv[i]->t[s] + (n > 1 ? wt[i] : 1) * cv[i]->u[s];
+        else if (knees <= total) /* every turn's share stays loaded beside the others' */
+            slice += pool_predict_cost(cv[i], s, wt[i], cur ? cur[i] : 0);
+        else
+            slice += wt[i] * cv[i]->t[s] + (n > 1 ? wt[i] : 1) * cv[i]->u[s];
     }
     *part_s = shares_time(n, cv, wt, cur, at);
     *slice_s = slice;

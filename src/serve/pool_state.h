@@ -38,7 +38,7 @@ struct tide_pool_workload {
     uint64_t configured;       /* the model's budget (0: none set) */
     bool claimed;              /* a request owns the workload */
     bool model_busy;           /* P3 */
-    bool running_turn;         /* time-sliced: its turn, the whole budget */
+    bool running_turn;         /* time-sliced: its turn, at its turn share (pool.c turn_share) */
     bool leaving;
     bool drift_logged;
     bool planned;              /* a request ran at the configured budget (its plans exist) */
