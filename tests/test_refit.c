@@ -301,13 +301,19 @@ static tide_status train_run(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *b
 
 /* ---------------------------------------------------------------- 2. bit-identity */
 
-static void test_replan_bit_identical(void **state) {
-    (void)state;
-    tide_ctx *ctx = tide_ctx_new();
+/* The training fixture both bit-identity tests train. */
+static tide_checkpoint *train_fixture(tide_ctx *ctx) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/train/train-bf16-gqa", fixtures());
     tide_checkpoint *ck = NULL;
     assert_int_equal(tide_checkpoint_open(ctx, dir, &ck), TIDE_OK);
+    return ck;
+}
+
+static void test_replan_bit_identical(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_checkpoint *ck = train_fixture(ctx);
     tide_backend *be = NULL;
     assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
     assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK);
@@ -477,14 +483,11 @@ static void test_refit_2x(void **state) {
  * refit is close and not asserted: what is, is that it was chosen again, that
  * later steps report the new plan's count, and that every step and the final
  * state stay bit-identical to the unconstrained run. On the CPU backend
- * (device_is_host) the placement is kept (-1). */
+ * (device_is_host) the placement is not chosen again (-1). */
 static void test_placement_on_refit(void **state) {
     (void)state;
     tide_ctx *ctx = tide_ctx_new();
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/train/train-bf16-gqa", fixtures());
-    tide_checkpoint *ck = NULL;
-    assert_int_equal(tide_checkpoint_open(ctx, dir, &ck), TIDE_OK);
+    tide_checkpoint *ck = train_fixture(ctx);
     tide_trainer_opts o = {.step = {.batch = 2, .seq = 16, .accum = 2, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                     .weight_decay = 0.1f, .grad_clip = 1.0f},
                            .lr = 1e-3, .min_lr = 1e-3};
@@ -520,8 +523,9 @@ static void test_placement_on_refit(void **state) {
             assert_int_equal(r.st[0].optimizer_host_groups, r.st[0].optimizer_groups);
             assert_int_equal(r.st[1].refit_host_groups_before, r.st[1].optimizer_host_groups);
         } else {
+            /* not chosen again (the replan may still take another of the
+             * planner's candidates, whose count the stats then give) */
             assert_int_equal(r.st[1].refit_host_groups_before, -1);
-            assert_int_equal(r.st[2].optimizer_host_groups, r.st[0].optimizer_host_groups);
         }
         for (int s = 0; s < steps; s++)
             if (memcmp(&r.st[s].loss, &ref.st[s].loss, sizeof r.st[s].loss))
