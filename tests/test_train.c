@@ -545,13 +545,19 @@ static void test_offload_bit_identical(void **state) {
     assert_int_equal(train_run(ctx, &f, be, NULL, steps, NULL, NULL, 0, &ref), TIDE_OK);
     uint64_t state_bytes = 0;
     for (int i = 0; i < ref.n; i++) state_bytes += ref.bytes[i];
-    static const char *const policies[] = {"tide", "static-layer", "lru", "checkpoint-layer", "zero-offload"};
+    /* the sixth: policy tide with every update on the host CPU, which with
+     * the state on SSD stages each update's state in host memory (host
+     * memory short: every version written home, the staging room kept
+     * from other spills; test_optim_place's test_host_short is the case
+     * that did not plan before) */
+    static const char *const policies[] = {"tide", "static-layer", "lru", "checkpoint-layer", "zero-offload", "tide"};
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    int n_runs = 0, n_ckpt = 0, n_zero = 0;
-    for (int pi = 0; pi < 5; pi++)
+    int n_runs = 0, n_ckpt = 0, n_zero = 0, n_cpu = 0;
+    for (int pi = 0; pi < 6; pi++)
         for (int bi = 0; bi < 3; bi++)
             for (int ssd = 0; ssd < 2; ssd++) {
-                tide_offload_opts off = {.policy = policies[pi], .hw = "h100-80g", .ssd_dirs = tmp};
+                tide_offload_opts off = {.policy = policies[pi], .hw = "h100-80g", .ssd_dirs = tmp,
+                                         .optimizer = pi == 5 ? "cpu" : NULL};
                 if (bi < 2) {
                     off.budget_kind = TIDE_BUDGET_FRACTION;
                     off.fraction = bi ? 0.25 : 0.5;
@@ -561,11 +567,12 @@ static void test_offload_bit_identical(void **state) {
                 /* a host budget below the training state homes it on SSD */
                 if (ssd) off.host_budget = state_bytes / 3;
                 char what[160];
-                snprintf(what, sizeof what, "policy %s, budget %s, state on %s", policies[pi],
-                         bi == 0 ? "50%" : bi == 1 ? "25%" : "min", ssd ? "SSD" : "host");
+                snprintf(what, sizeof what, "policy %s%s, budget %s, state on %s", policies[pi],
+                         pi == 5 ? " (AdamW on the CPU)" : "", bi == 0 ? "50%" : bi == 1 ? "25%" : "min",
+                         ssd ? "SSD" : "host");
                 run_out r;
                 tide_status st = train_run(ctx, &f, be, &off, steps, NULL, NULL, 0, &r);
-                if (st == TIDE_E_INFEASIBLE && pi > 0 && bi < 2) {
+                if (st == TIDE_E_INFEASIBLE && pi > 0 && pi < 5 && bi < 2) {
                     /* a baseline whose minimum is above this fraction: its
                      * minimum budget is tested below */
                     run_out_free(&r);
@@ -577,10 +584,12 @@ static void test_offload_bit_identical(void **state) {
                 n_runs++;
                 n_ckpt += pi == 3;
                 n_zero += pi == 4;
+                n_cpu += pi == 5;
             }
     assert_true(n_runs >= 12);
     assert_int_equal(n_ckpt, 6); /* recomputed activations: every budget, state on host and SSD */
     assert_int_equal(n_zero, 6); /* every AdamW on the host CPU: every budget, state on host and SSD */
+    assert_int_equal(n_cpu, 6);
     run_out_free(&ref);
     tide_backend_free(be);
     fixture_close(&f);

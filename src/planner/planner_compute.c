@@ -226,10 +226,12 @@ tide_status engine_compute_host(engine *e, int step) {
         int next = tide_lifetime_next_use(&e->lt, t, step, &nrw);
         bool dead = next == TIDE_NEVER || nrw == TIDE_USE_WRITE;
         /* the final version of a tensor homed on SSD (a state the host
-         * updated in a spill copy) goes home now, as a device copy's STORE */
+         * updated in a spill copy) goes home now, as a device copy's STORE;
+         * where host memory is short (state went to SSD for it), every
+         * version does, so that its spill copy leaves the staging room */
         tide_tier home = e->plan->home[t];
         if (written && home == TIDE_TIER_SSD && role_homebound(T->role) && !T->cp[home].valid &&
-            (step == tide_lifetime_last_write(&e->lt, t) || next == TIDE_NEVER) &&
+            (step == tide_lifetime_last_write(&e->lt, t) || next == TIDE_NEVER || e->stage_keep) &&
             engine_move(e, t, TIDE_TIER_HOST, step) < 0)
             return e->st;
         if (written || dead) {

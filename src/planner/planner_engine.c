@@ -61,7 +61,8 @@ static tide_arena *tier_arena(engine *e, tide_tier tier) { return tier == TIDE_T
  * last quarter is kept for near reuse); SSD when host is full. */
 int engine_spill_tier(engine *e, int t) {
     uint64_t n = tier_size(e, t, TIDE_TIER_HOST);
-    bool host = tide_arena_best_fit(&e->host, n, NULL, NULL, 1) != NULL;
+    bool host = e->host_used + n + e->stage_keep <= e->host.size &&
+                tide_arena_best_fit(&e->host, n, NULL, NULL, 1) != NULL;
     if (!e->has_ssd) return host ? TIDE_TIER_HOST : -1;
     if (!host) return TIDE_TIER_SSD;
     if (e->host_used + n <= e->host.size / 4 * 3) return TIDE_TIER_HOST;
@@ -626,6 +627,10 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
             if (best < 0) break;
             p->home[best] = TIDE_TIER_SSD;
             on_host -= g->tensors[best].nbytes;
+            /* the host computes' staging room, kept from ordinary spills
+             * too (they go to SSD instead), or a state homed on SSD may find
+             * no room to be staged in */
+            if (pass == 1) e->stage_keep = stage;
         }
     }
     if (host_budget && on_host > host_budget)

@@ -137,6 +137,9 @@ typedef struct engine {
     tide_arena host, ssd;         /* host and SSD spill areas */
     bool has_ssd;
     uint64_t host_used;           /* bytes of the host spill area in use */
+    uint64_t stage_keep;          /* bytes of it ordinary spills leave free: the largest
+                                     host compute's operands, where state went to SSD
+                                     for want of host memory (0: none kept) */
     double *op_s;                 /* cost of each op */
     double *op_cum;               /* op_cum[i]: cost of ops 0..i-1 (n_ops + 1) */
     int exec;                     /* next step to compute */
