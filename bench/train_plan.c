@@ -40,7 +40,8 @@
  * Budgets: 100, 50, 25 and 10% of the step's unconstrained peak, capped at
  * the profile's device memory when the peak is larger (as the CLI does), and
  * each policy's own minimum. Every plan is verified before it is counted.
- * Last, the planning time of a llama-2-70b step on h100-80g (target < 5 s).
+ * Last, the planning time of a llama-2-70b step on h100-80g (target < 60 s,
+ * Training II's; TERAIO's plans take 397 s).
  *
  * --largest PCT replaces all of that: per config shape and profile, the
  * largest layer count whose tide step at the device-memory budget reaches
@@ -51,7 +52,7 @@
  * figures `tide plan --train` prints.
  * Output: one JSON line per plan as soon as it is made (also to --json FILE),
  * markdown tables at the end. Exit status 0 when every plan made verifies and
- * the 70b step plans in under 5 s (with --largest: when every plan made
+ * the 70b step plans in under 60 s (with --largest: when every plan made
  * verifies, whatever the largest count); 1 otherwise; 2 for a usage error.
  */
 #include "core/core.h"
@@ -69,6 +70,7 @@
 #define GIB 1073741824.0
 #define MAX_LIST 8
 #define N_BUDGETS 5 /* 100, 50, 25, 10 %, min */
+#define PLAN_S_TARGET 60.0 /* the llama-2-70b step's planning time, seconds (Training II) */
 
 static const double budget_frac[N_BUDGETS] = {1.0, 0.5, 0.25, 0.10, 0};
 
@@ -763,7 +765,7 @@ int main(int argc, char **argv) {
     }
 
     printf("\n## Table 3: planning time of a llama-2-70b training step on h100-80g (batch %d x seq %d x accum %d, "
-           "two steps; target < 5 s)\n\n", batch, seq, accum);
+           "two steps; target < 60 s)\n\n", batch, seq, accum);
     printf("| budget | GiB | ops per step | instructions | plan s | verify s | x LB | step s | %% of ideal | h2d GB | "
            "d2h GB | SSD read GB | SSD write GB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int k = 0; k < n_big; k++) {
@@ -781,9 +783,9 @@ int main(int argc, char **argv) {
            "and kept activations exceed the host memory, the SSD traffic makes x LB large)\n",
            bs.peak / GIB, bs.hw.host_mem_bytes / GIB, bs.ideal_s, big_build_s, big_min_search_s);
 
-    bool big_ok = big_worst < 5.0 && big[0].r.ok;
+    bool big_ok = big_worst < PLAN_S_TARGET && big[0].r.ok;
     printf("\nsummary: worst tide x lower bound over the percentage rows %.3f; rows where tide's step is slower than "
-           "a baseline's at the same budget: %d; llama-2-70b step planned in at most %.3f s (target < 5 s: %s); "
+           "a baseline's at the same budget: %d; llama-2-70b step planned in at most %.3f s (target < 60 s: %s); "
            "failures (unverified plans, errors): %d\n",
            worst_pct_xlb, slower, big_worst, big_ok ? "met" : "MISSED", failures);
     jprintf("{\"bench\":\"train_plan\",\"table\":\"summary\",\"worst_tide_x_lower_bound\":%.4f,\"tide_slower_rows\":%d,"
