@@ -225,18 +225,28 @@ static void test_never_fails_where_zero_offload_plans(void **state) {
  * the plan with the option is zero-offload's (its makespan, all updates on
  * the host by train_optim_sync) and without it slower; at 50% and 80%
  * tide's own is faster and kept; never slower than zero-offload with it. */
+/* The training graph of a built-in configuration cut to `layers` (in dtype
+ * dt; TIDE_DTYPE_COUNT: its own) for batch x seq x accum, and the h100-80g
+ * profile into *hw. */
+static tide_graph *shaped_step(tide_ctx *ctx, const char *name, int layers, tide_dtype dt, int batch, int seq,
+                               int accum, tide_hw *hw) {
+    tide_llama_config cfg;
+    assert_int_equal(tide_llama_config_named(ctx, name, &cfg), TIDE_OK);
+    cfg.num_hidden_layers = layers;
+    if (dt != TIDE_DTYPE_COUNT) cfg.dtype = dt;
+    tide_llama_train_opts o = {.batch = batch, .seq = seq, .accum = accum, .beta1 = 0.9f, .beta2 = 0.95f,
+                               .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
+    tide_graph *g = NULL;
+    assert_int_equal(tide_llama_build_train(ctx, &cfg, &o, &g), TIDE_OK);
+    assert_int_equal(tide_hw_load(ctx, "h100-80g", hw), TIDE_OK);
+    return g;
+}
+
 static void test_final_plan_considers_zero_offload(void **state) {
     (void)state;
     tide_ctx *ctx = tide_ctx_new();
-    tide_llama_config cfg;
-    assert_int_equal(tide_llama_config_named(ctx, "llama-7b", &cfg), TIDE_OK);
-    cfg.num_hidden_layers = 8;
-    tide_llama_train_opts o = {.batch = 8, .seq = 2048, .accum = 4, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                               .weight_decay = 0.1f, .grad_clip = 1.0f};
-    tide_graph *g = NULL;
     tide_hw hw;
-    assert_int_equal(tide_llama_build_train(ctx, &cfg, &o, &g), TIDE_OK);
-    assert_int_equal(tide_hw_load(ctx, "h100-80g", &hw), TIDE_OK);
+    tide_graph *g = shaped_step(ctx, "llama-7b", 8, TIDE_DTYPE_COUNT, 8, 2048, 4, &hw);
     uint64_t peak = tide_plan_unconstrained_peak(ctx, g, &hw, 2);
     static const double frac[] = {0.3, 0.5, 0.8};
     for (int k = 0; k < 3; k++) {
@@ -290,16 +300,8 @@ static void test_final_plan_considers_zero_offload(void **state) {
 static void test_host_short(void **state) {
     (void)state;
     tide_ctx *ctx = tide_ctx_new();
-    tide_llama_config cfg;
-    assert_int_equal(tide_llama_config_named(ctx, "tinyllama-1.1b", &cfg), TIDE_OK);
-    cfg.num_hidden_layers = 4;
-    cfg.dtype = TIDE_BF16;
-    tide_llama_train_opts o = {.batch = 8, .seq = 512, .accum = 1, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                               .weight_decay = 0.1f, .grad_clip = 1.0f};
-    tide_graph *g = NULL;
     tide_hw hw;
-    assert_int_equal(tide_llama_build_train(ctx, &cfg, &o, &g), TIDE_OK);
-    assert_int_equal(tide_hw_load(ctx, "h100-80g", &hw), TIDE_OK);
+    tide_graph *g = shaped_step(ctx, "tinyllama-1.1b", 4, TIDE_BF16, 8, 512, 1, &hw);
     uint64_t peak = tide_plan_unconstrained_peak(ctx, g, &hw, 2);
     tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .device_budget = peak / 10, .host_budget = UINT64_C(4) << 30,
                          .n_iter = 2, .hw = &hw};
