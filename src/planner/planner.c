@@ -521,10 +521,17 @@ static int cheap_positions(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw
     return n_pos;
 }
 
-/* Whether recompute.c's cheap rule recomputes anything in g (a graph with no
- * backward has nothing to recompute: no second plan then). */
-static bool has_cheap_recompute(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw) {
-    return cheap_positions(ctx, g, hw, 0) > g->n_ops;
+/* Plans g under o and keeps that plan in *out when it finishes first (as
+ * the tide policy's, with as_tide); a plan that fails changes nothing. */
+static void keep_faster(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *o, bool as_tide, tide_plan **out) {
+    tide_plan *alt = NULL;
+    if (plan_make(ctx, g, o, true, &alt) == TIDE_OK && alt->stats.makespan_s < (*out)->stats.makespan_s) {
+        tide_plan_free(*out);
+        if (as_tide) alt->policy = TIDE_POLICY_TIDE;
+        *out = alt;
+    } else {
+        tide_plan_free(alt);
+    }
 }
 
 /* When no plan of the tide policy fits a training step (the device budget,
@@ -581,34 +588,25 @@ tide_status tide_plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_o
     if (st || opts->policy != TIDE_POLICY_TIDE || opts->host_addressable || opts->warm_off || opts->warm_region ||
         opts->shared_scratch)
         return st;
-    tide_plan *alt = NULL;
     if (!opts->host_ops && !opts->recompute_cheap) {
         tide_plan_opts so = *opts;
         so.policy = TIDE_POLICY_STATIC_LAYER;
-        if (plan_make(ctx, g, &so, true, &alt) == TIDE_OK && alt->stats.makespan_s < (*out)->stats.makespan_s) {
-            tide_plan_free(*out);
-            alt->policy = TIDE_POLICY_TIDE;
-            *out = alt;
-        } else {
-            tide_plan_free(alt);
-        }
+        keep_faster(ctx, g, &so, true, out);
     }
     const tide_plan_stats *ps = &(*out)->stats;
-    if (!opts->recompute_cheap && ps->bytes_d2h + ps->bytes_ssd_write > 0 && has_cheap_recompute(ctx, g, opts->hw)) {
+    if (!opts->recompute_cheap && ps->bytes_d2h + ps->bytes_ssd_write > 0) {
+        /* single ops where the cheap rule recomputes any (a graph with no
+         * backward has nothing to recompute), then chains where they
+         * recompute more */
+        int single = cheap_positions(ctx, g, opts->hw, 0);
         tide_plan_opts ro = *opts;
         ro.recompute_cheap = true;
-        for (int chain = 0; chain <= RECOMPUTE_CHAIN_DEPTH; chain += RECOMPUTE_CHAIN_DEPTH) {
-            /* single ops, then chains where they recompute more */
-            if (chain && cheap_positions(ctx, g, opts->hw, chain) <= cheap_positions(ctx, g, opts->hw, 0)) break;
-            ro.recompute_chain = chain;
-            alt = NULL;
-            if (plan_make(ctx, g, &ro, true, &alt) == TIDE_OK && alt->stats.makespan_s < (*out)->stats.makespan_s) {
-                tide_plan_free(*out);
-                *out = alt;
-            } else {
-                tide_plan_free(alt);
+        if (single > g->n_ops) {
+            keep_faster(ctx, g, &ro, false, out);
+            if (cheap_positions(ctx, g, opts->hw, RECOMPUTE_CHAIN_DEPTH) > single) {
+                ro.recompute_chain = RECOMPUTE_CHAIN_DEPTH;
+                keep_faster(ctx, g, &ro, false, out);
             }
-            if (!RECOMPUTE_CHAIN_DEPTH) break;
         }
     }
     if (opts->consider_zero_offload && has_adamw(g)) {
@@ -616,14 +614,7 @@ tide_status tide_plan_make(tide_ctx *ctx, const tide_graph *g, const tide_plan_o
         zo.policy = TIDE_POLICY_ZERO_OFFLOAD;
         zo.host_ops = NULL;
         zo.recompute_cheap = false;
-        alt = NULL;
-        if (plan_make(ctx, g, &zo, true, &alt) == TIDE_OK && alt->stats.makespan_s < (*out)->stats.makespan_s) {
-            tide_plan_free(*out);
-            alt->policy = TIDE_POLICY_TIDE;
-            *out = alt;
-        } else {
-            tide_plan_free(alt);
-        }
+        keep_faster(ctx, g, &zo, true, out);
     }
     tide_err_clear(ctx);
     (*out)->stats.plan_seconds = tide_now() - t0;

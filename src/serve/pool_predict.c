@@ -342,17 +342,17 @@ int pool_predict_knee(const pool_curve *cv, uint64_t total) {
 bool pool_predict_choose(int n, const pool_curve *const *cv, const double *wt, const uint64_t *cur, uint64_t total,
                          bool sliced_now, uint64_t *share, double *part_s, double *slice_s) {
     pool_predict_partition(n, cv, wt, cur, total, share);
-    int at[n ? n : 1];
+    int at[n ? n : 1], knee[n ? n : 1];
     at[0] = -1;
     double slice = 0;
     uint64_t knees = 0;
     for (int i = 0; i < n; i++) {
-        int s = pool_predict_knee(cv[i], total);
-        knees += s >= 0 ? cv[i]->b[s] : total;
+        knee[i] = pool_predict_knee(cv[i], total);
+        knees += knee[i] >= 0 ? cv[i]->b[knee[i]] : total;
     }
     for (int i = 0; i < n; i++) {
         at[i] = point_at(cv[i], share[i]);
-        int s = pool_predict_knee(cv[i], total);
+        int s = knee[i];
         if (s < 0 || !isfinite(cv[i]->t[s])) slice = INFINITY;
         else if (knees <= total) /* every turn's share stays loaded beside the others' */
             slice += pool_predict_cost(cv[i], s, wt[i], cur ? cur[i] : 0);
