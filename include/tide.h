@@ -142,7 +142,8 @@ const char *tide_role_name(tide_role r);
  *              the output its third input]
  *   ROPE       in: x (R, H*hd), pos i32 (T)                   out: (R, H*hd)
  *              [n_heads, head_dim, rope_theta, batch]; HF rotate_half convention;
- *              T = R / batch positions from pos[idx0]
+ *              T = R / batch positions from pos[idx0]. [pos_rows: one
+ *              position per row instead, row r at pos[idx0 + r]]
  *   ATTENTION  in: q (R, H*hd), k (R, KV*hd), v (R, KV*hd), pos i32 (T),
  *                  kcache (B, C, KV*hd), vcache (B, C, KV*hd)
  *              out: o (R, H*hd), kcache, vcache
@@ -151,6 +152,9 @@ const char *tide_role_name(tide_role r);
  *              With only the first 4 inputs the caches are written fresh: pos
  *              must be 0..T-1, so nothing but what this op writes is read, and
  *              the caches' old contents need not be loaded.
+ *              [pos_rows (6 inputs only): one position per row, row r = b*T + t
+ *              at pos[idx0 + r], so that each sequence of a batch is at its own
+ *              position (a decode step of several generations at once)]
  *              With 4 inputs and o alone as output there is no cache (a
  *              training forward): each query attends over k and v rows 0..t
  *              of its own sequence.
@@ -242,6 +246,7 @@ typedef struct tide_op_params {
     double flops;     /* GENERIC: floating-point operations it stands for */
     /* tiles (all 0 for a whole op) */
     int64_t idx0;     /* EMBED: first tokens entry; ROPE, ATTENTION: first pos entry */
+    bool pos_rows;    /* ROPE, ATTENTION: pos holds a position per row (see above) */
     int64_t row0;     /* MATMUL, TAKE_LAST: first output row written */
     int64_t col0;     /* MATMUL: first output column written */
     int64_t vocab0;   /* EMBED: id of the table's first row */
@@ -334,6 +339,13 @@ typedef struct tide_llama_graph_opts {
     bool all_logits;  /* logits for every row (B*T, V) instead of the last (B, V) */
     bool fresh_cache; /* the run starts at position 0: attention writes the caches
                          without reading their old contents (pos must be 0..T-1) */
+    bool row_pos;     /* "pos" is (B*T): a position per row (row b*T + t), so that each
+                         sequence of the batch is at its own position (several
+                         generations' decode steps as one forward); not with
+                         fresh_cache */
+    int cache_row;    /* batch row b uses row cache_row + b of the caches: the cache
+                         tensors are byte ranges of "cache.L.k" / "cache.L.v" of
+                         (cache_row + B) rows or more (0: rows 0..B-1) */
     /* Tiling, for budgets below the largest op's working set (0: none). The
      * rows become tiles of at most tile_rows tokens of one sequence, each op
      * run tile by tile (attention reading the cache written by the tiles
@@ -350,8 +362,9 @@ typedef struct tide_llama_graph_opts {
 
 /* Builds the forward graph of a LLaMA-style decoder. Tensor names of weights
  * follow Hugging Face ("model.layers.3.mlp.up_proj.weight"); inputs are "tokens"
- * (B, T) and "pos" (T); state is "cache.L.k" / "cache.L.v" (B, C, KV*hd, f32);
- * outputs are "logits" and "next_token". */
+ * (B, T) and "pos" (T, or B*T with row_pos); state is "cache.L.k" / "cache.L.v"
+ * (B, C, KV*hd, f32; byte ranges of them named "cache.L.k.rN" with a
+ * cache_row, "cache.L.k.bS" when tiled); outputs are "logits" and "next_token". */
 tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
                              const tide_llama_graph_opts *opts, tide_graph **out);
 
@@ -659,6 +672,9 @@ typedef struct tide_gen_stats {
                                    once and kept across runs (tide_offload_opts.no_warm) */
     bool async_issue;           /* device work was queued ahead and ordered by events
                                    (a backend with events, sync_issue unset) */
+    int batch;                  /* generations run together (tide_model_generate_batch;
+                                   1 alone) */
+    int batch_steps;            /* decode forwards that advanced more than one of them */
 } tide_gen_stats;
 
 /* Greedy generation for one sequence: prefill `prompt` (n_prompt tokens), then
@@ -693,6 +709,54 @@ typedef struct tide_gen_opts {
 tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_prompt, int max_new,
                                    const tide_gen_opts *o, int32_t *out_tokens, int *n_out,
                                    tide_gen_stats *stats);
+
+/* Checks the arguments of a generation against m as tide_model_generate_ex
+ * does (prompt, lengths against the cache, token ids, stop ids), recording
+ * the reason on ctx (m's own when NULL). Reads only what tide_model_new fixed:
+ * safe beside m's runs when ctx is not m's. TIDE_OK, TIDE_E_INVALID or
+ * TIDE_E_RANGE. */
+tide_status tide_model_check_generate(const tide_model *m, tide_ctx *ctx, const int32_t *prompt, int n_prompt,
+                                      int max_new, const tide_gen_opts *o, const int32_t *out_tokens);
+
+/* The most generations one tide_model_generate_batch runs together. */
+#define TIDE_MAX_BATCH 64
+
+/* One generation of a batch (tide_model_generate_batch): its arguments as
+ * tide_model_generate_ex's, and its results. */
+typedef struct tide_gen_request {
+    const int32_t *prompt;
+    int n_prompt;
+    int max_new;
+    const tide_gen_opts *opts;  /* may be NULL; start_pos must be 0 */
+    int32_t *out_tokens;        /* room for max_new ids */
+    /* results */
+    int n_out;                  /* ids generated */
+    tide_status status;         /* TIDE_OK, its refusal, or the batch's failure */
+    tide_gen_stats stats;       /* its own: prefill_s (its prompt), decode_s (from the
+                                   batch's first decode step to its last id), tokens,
+                                   logits_hash (its own logits: equal to the hash of the
+                                   same request run alone when bit-identical); the
+                                   offloaded counters (bytes, predicted_s, exec_s) and
+                                   batch are the whole batch's */
+} tide_gen_request;
+
+/* Runs n generations together (1 <= n <= the model's max_batch): each
+ * request's prompt is prefilled alone into cache row i (requests ordered by
+ * max_new, longest first), then every request still generating takes its
+ * next step in one forward, each row at its own position (a graph with a
+ * position per row: tide_llama_graph_opts.row_pos). The forward's batch is
+ * the highest row still generating plus one: a row below it that has ended
+ * is padding (position 0 of its own cache row, its output unused). Where
+ * that graph cannot be planned under the budget (TIDE_E_INFEASIBLE), the
+ * rows step one at a time instead. Each request's ids, and its logits, equal
+ * those of the same request run alone with tide_model_generate_ex (bit for
+ * bit wherever a matmul's row does not depend on the rows beside it: the CPU
+ * backend, and CUDA's 16-bit fast mode). A request's refusal (its arguments,
+ * as tide_model_check_generate) is its own, message on m's context; a
+ * failing run fails every request not yet ended. Stats of the batch may be
+ * NULL. Returns TIDE_OK when every request succeeded, else the first
+ * failure. */
+tide_status tide_model_generate_batch(tide_model *m, tide_gen_request *reqs, int n, tide_gen_stats *batch_stats);
 
 /* Runs the model on `tokens` (batch * seq ids, batch-major) at positions
  * start_pos.., with caches for each batch row, and copies all logits
@@ -817,17 +881,31 @@ tide_ctx *tide_pool_workload_ctx(tide_pool_workload *w);
 /* Runs one request of w: tide_model_generate_ex on w's model (arguments,
  * results and errors as there) within w's current share. Thread-safe:
  * several threads may call it at once, for different workloads or the same
- * one; requests of one workload run one at a time, in turn; before running,
- * a request takes the share w was last given (waiting, when it grows, until
- * the others' shares in use leave room; with SERIAL, until its turn). A
- * request whose share differs from the one w's plans were made at replans
- * (lazily, as a model does). Returns TIDE_OK; TIDE_E_INVALID when w is not
- * in the pool or is being removed (the message on the pool's context) or for
- * bad arguments; the failure of setting the share or of the run (on w's
- * context). */
+ * one. A workload's requests queue in arrival order; whichever of their
+ * threads finds the workload free takes the queue's first max_batch
+ * requests (its model's tide_model_opts.max_batch, given to
+ * tide_pool_add_model) and runs them as one batch
+ * (tide_model_generate_batch: each prompt prefilled alone, then one forward
+ * per step for all; one request alone runs as tide_model_generate_ex), its
+ * callbacks (on_token, the sampler) called from that thread; the others
+ * wait for their results. Before running, a batch takes the share w was
+ * last given (waiting, when it grows, until the others' shares in use
+ * leave room; with SERIAL, until its turn). A batch whose share differs
+ * from the one w's plans were made at replans (lazily, as a model does).
+ * Returns TIDE_OK; TIDE_E_INVALID when w is not in the pool or is being
+ * removed (the message on the pool's context) or for bad arguments
+ * (tide_model_check_generate; start_pos must be 0); the failure of setting
+ * the share or of the run (on w's context; a batch's failure is every
+ * request's in it). stats: the request's own (tide_gen_request.stats). */
 tide_status tide_pool_generate(tide_pool *p, tide_pool_workload *w, const int32_t *prompt, int n_prompt,
                                int max_new, const tide_gen_opts *g, int32_t *out_tokens, int *n_out,
                                tide_gen_stats *stats);
+/* As tide_pool_generate, its failure recorded on ctx (the caller's, used by
+ * no other thread meanwhile) instead of w's context, which the requests of
+ * a batch share; a refusal because w is leaving is also on the pool's. */
+tide_status tide_pool_generate_on(tide_pool *p, tide_pool_workload *w, tide_ctx *ctx, const int32_t *prompt,
+                                  int n_prompt, int max_new, const tide_gen_opts *g, int32_t *out_tokens,
+                                  int *n_out, tide_gen_stats *stats);
 
 /* What the shares are partitioned for: w's typical request (prompt_tokens,
  * new_tokens; 0 keeps the current value; defaults 32 and 16, clamped to the
@@ -856,6 +934,8 @@ typedef struct tide_pool_stats {
     int64_t refits;             /* cost model refits after a drifted request (see
                                    tide_pool_opts.no_refit), each followed by a
                                    re-partition counted in partitions */
+    int64_t batches;            /* batches of several requests run together */
+    int64_t batched_requests;   /* the requests in them */
     double predicted_s, measured_s; /* summed over completed requests */
 } tide_pool_stats;
 
@@ -875,6 +955,8 @@ typedef struct tide_pool_workload_stats {
     int64_t requests, drifted, replans;
     int64_t refits;             /* its profile refitted from its measured requests: at
                                    most one per 8 of its requests */
+    int64_t batches, batched_requests; /* as tide_pool_stats, its own */
+    int max_batch;              /* requests a batch of it takes */
     double predicted_s, measured_s; /* summed over its completed requests */
     uint64_t peak_device_bytes; /* highest arena byte its plans used */
 } tide_pool_workload_stats;

@@ -675,6 +675,84 @@ static void test_attention(void **state) {
     }
 }
 
+/* A position per row (pos_rows): each sequence of the batch at its own
+ * positions, in rope and in attention (a batch of decode steps), equals
+ * that sequence run alone as a batch of one at those positions, bit for bit,
+ * on every backend; the batch is also checked against the reference. */
+typedef struct prow_cfg {
+    int B, T, C, H, KV, hd;
+    int pos[6];
+} prow_cfg;
+
+/* One op case of cfg a for rows [b0, b0 + nb) (nb = B with pos_rows, else a
+ * sequence alone): rope when !attn. Data from the seeded generator, so that
+ * the same seed gives every case the same numbers; the sequence's rows are
+ * taken from the whole batch's (tc_copy_host). */
+static void prow_case(tcase *c, const prow_cfg *a, bool attn, bool rows) {
+    int B = rows ? a->B : 1, H = a->H, KV = a->KV, hd = a->hd;
+    int64_t R = (int64_t)B * a->T, qd = (int64_t)H * hd, kd = (int64_t)KV * hd;
+    tc_open(c, rows ? "pos_rows" : "one sequence");
+    int q = tc_tensor(c, "q", TIDE_F32, TIDE_ROLE_INPUT, R, qd, 0, 1);
+    int k = tc_tensor(c, "k", TIDE_F32, TIDE_ROLE_INPUT, R, kd, 0, 1);
+    int v = tc_tensor(c, "v", TIDE_F32, TIDE_ROLE_INPUT, R, kd, 0, 1);
+    int pos = tc_tensor(c, "pos", TIDE_I32, TIDE_ROLE_INPUT, rows ? R : a->T, 0, 0, 0);
+    int kc = tc_tensor(c, "cache.k", TIDE_F32, TIDE_ROLE_STATE, B, a->C, kd, 1);
+    int vc = tc_tensor(c, "cache.v", TIDE_F32, TIDE_ROLE_STATE, B, a->C, kd, 1);
+    int o = tc_tensor(c, "o", TIDE_F32, TIDE_ROLE_TEMP, R, qd, 0, 1);
+    if (!attn) {
+        tc_op(c, TIDE_OP_ROPE, 2, (int[]){q, pos}, 1, &o,
+              &(tide_op_params){.n_heads = H, .head_dim = hd, .rope_theta = 10000.0f, .batch = B, .pos_rows = rows});
+        return;
+    }
+    tc_op(c, TIDE_OP_ATTENTION, 6, (int[]){q, k, v, pos, kc, vc}, 3, (int[]){o, kc, vc},
+          &(tide_op_params){.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B, .pos_rows = rows});
+}
+
+static void test_pos_rows(void **state) {
+    (void)state;
+    static const prow_cfg cs[] = {
+        {3, 1, 40, 4, 2, 32, {5, 0, 33}},        /* three decode steps */
+        {2, 2, 300, 8, 2, 64, {3, 4, 257, 258}}, /* two sequences, two steps each */
+        {3, 2, 16, 2, 1, 16, {0, 1, 14, 15, 7, 8}},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        for (int attn = 0; attn < 2; attn++) {
+            const prow_cfg *a = &cs[i];
+            tcase c;
+            prow_case(&c, a, attn, true);
+            int32_t *p = c.host[3];
+            for (int r = 0; r < a->B * a->T; r++) p[r] = a->pos[r];
+            tc_check(&c, attn ? (tol[]){{.atol = 1e-5}, EXACT, EXACT} : (tol[]){{.rtol = 1e-5, .atol = 1e-6}});
+            const tide_op *op = &c.g->ops[c.op];
+            for (int bi = 0; bi < n_be; bi++) {
+                void *whole[MAX_T];
+                assert_int_equal(tc_run(&c, bes[bi].be, whole), TIDE_OK);
+                for (int b = 0; b < a->B; b++) {
+                    tcase one;
+                    prow_case(&one, a, attn, false);
+                    for (int t = 0; t < 7; t++) { /* q k v pos kc vc o: row b's part of each */
+                        size_t nb = (size_t)tide_graph_tensor_bytes(one.g, t);
+                        tc_copy_host(&one, t, &c, t, (size_t)b * nb);
+                    }
+                    void *alone[MAX_T];
+                    assert_int_equal(tc_run(&one, bes[bi].be, alone), TIDE_OK);
+                    for (int k = 0; k < op->n_out; k++) {
+                        int t = op->out[k];
+                        size_t nb = (size_t)tide_graph_tensor_bytes(one.g, t);
+                        if (memcmp((uint8_t *)whole[t] + (size_t)b * nb, alone[t], nb))
+                            fail_msg("%s %s pos_rows case %zu: row %d of '%s' differs from the sequence alone",
+                                     tide_backend_name(bes[bi].be), tide_op_name(op->kind), i, b,
+                                     tide_graph_tensor_name(c.g, t));
+                    }
+                    res_free(alone, tide_graph_n_tensors(one.g));
+                    tc_close(&one);
+                }
+                res_free(whole, tide_graph_n_tensors(c.g));
+            }
+            tc_close(&c);
+        }
+}
+
 static void test_elementwise(void **state) {
     (void)state;
     static const int64_t shapes[][2] = {{3, 333}, {64, 1563}};
@@ -2229,6 +2307,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_embed_tiled), cmocka_unit_test(test_matmul_tiled), cmocka_unit_test(test_rope_tiled),
         cmocka_unit_test(test_attention_tiled), cmocka_unit_test(test_take_last_tiled),
         cmocka_unit_test(test_matmul_tile_bits),
+        cmocka_unit_test(test_pos_rows),
         cmocka_unit_test_setup_teardown(test_matmul_fast, fast_on, fast_off),
         cmocka_unit_test(test_matmul_backward), cmocka_unit_test(test_matmul_gradw), cmocka_unit_test(test_embed_bwd),
         cmocka_unit_test(test_rmsnorm_bwd), cmocka_unit_test(test_rope_bwd), cmocka_unit_test(test_silu_mul_bwd),

@@ -13,7 +13,12 @@
  *     is the decode step's graph);
  *   - a seeded sampler gives the same ids run after run, resident and
  *     offloaded;
- *   - bad arguments: TIDE_E_INVALID / TIDE_E_RANGE, nothing generated.
+ *   - bad arguments: TIDE_E_INVALID / TIDE_E_RANGE, nothing generated;
+ *   - a batch (tide_model_generate_batch): four requests of different
+ *     prompts, lengths, stop ids and samplers run together give each the ids
+ *     and logits (hash) of the same request run alone, on the plain engine,
+ *     resident and offloaded; their decode steps share forwards; a refused
+ *     request is refused alone.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -220,11 +225,128 @@ static void test_bad_arguments(void **state) {
     assert_int_equal(tide_model_generate_ex(f->m, bad, 2, 1, NULL, out, &n, NULL), TIDE_E_RANGE);
 }
 
+/* ---------------------------------------------------------------- batches */
+
+enum { NB = 4, NB_NEW = 12 };
+
+typedef struct breq {
+    int32_t prompt[16];
+    int n_prompt, max_new;
+    int32_t stop;       /* -1: none */
+    uint64_t seed;      /* 0: greedy */
+} breq;
+
+static const breq batch_reqs[NB] = {
+    {{1, 17, 42, 250, 3, 99, 8}, 7, 12, -1, 0},
+    {{5, 6, 7}, 3, 3, -1, 0},
+    {{9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}, 12, 8, -1, 31},
+    {{200, 100, 50, 25, 12}, 5, 12, -1, 0},
+};
+
+/* Runs request r alone (its own sampler when seeded) into out, n, hash. */
+static void run_alone(fixture *f, tide_model *m, const breq *r, int32_t stop, int32_t *out, int *n, uint64_t *hash) {
+    tide_sampler *smp = NULL;
+    if (r->seed) {
+        tide_sampler_opts so = {.temperature = 1.0, .top_k = 20, .seed = r->seed};
+        assert_int_equal(tide_sampler_new(f->ctx, &so, vocab(f), &smp), TIDE_OK);
+        for (int i = 0; i < r->n_prompt; i++) assert_int_equal(tide_sampler_accept(smp, r->prompt[i]), TIDE_OK);
+    }
+    tide_gen_opts go = {.sampler = smp, .stop_ids = &stop, .n_stop_ids = stop >= 0};
+    tide_gen_stats gs;
+    assert_int_equal(tide_model_generate_ex(m, r->prompt, r->n_prompt, r->max_new, &go, out, n, &gs), TIDE_OK);
+    assert_int_equal(gs.batch, 1);
+    *hash = gs.logits_hash;
+    tide_sampler_free(smp);
+}
+
+/* The batch of batch_reqs (request 3 stopping at stop3, request `bad` given
+ * an id outside the vocabulary) against each run alone. */
+static void check_batch(fixture *f, tide_model *m, int32_t stop3, int bad) {
+    int32_t want[NB][NB_NEW], got[NB][NB_NEW];
+    int want_n[NB];
+    uint64_t want_h[NB];
+    int32_t stops[NB] = {-1, -1, -1, stop3};
+    for (int i = 0; i < NB; i++)
+        if (i != bad) run_alone(f, m, &batch_reqs[i], stops[i], want[i], &want_n[i], &want_h[i]);
+    tide_sampler *smp[NB] = {0};
+    tide_gen_opts go[NB];
+    tide_gen_request rq[NB];
+    breq local[NB];
+    memcpy(local, batch_reqs, sizeof local);
+    if (bad >= 0) local[bad].prompt[0] = vocab(f);
+    for (int i = 0; i < NB; i++) {
+        if (local[i].seed) {
+            tide_sampler_opts so = {.temperature = 1.0, .top_k = 20, .seed = local[i].seed};
+            assert_int_equal(tide_sampler_new(f->ctx, &so, vocab(f), &smp[i]), TIDE_OK);
+            for (int t = 0; t < local[i].n_prompt; t++) tide_sampler_accept(smp[i], local[i].prompt[t]);
+        }
+        go[i] = (tide_gen_opts){.sampler = smp[i], .stop_ids = &stops[i], .n_stop_ids = stops[i] >= 0};
+        rq[i] = (tide_gen_request){.prompt = local[i].prompt, .n_prompt = local[i].n_prompt,
+                                   .max_new = local[i].max_new, .opts = &go[i], .out_tokens = got[i]};
+    }
+    tide_gen_stats bs;
+    tide_status st = tide_model_generate_batch(m, rq, NB, &bs);
+    assert_int_equal(st, bad >= 0 ? TIDE_E_RANGE : TIDE_OK);
+    assert_int_equal(bs.batch, bad >= 0 ? NB - 1 : NB);
+    assert_true(bs.batch_steps > 0); /* some steps advanced several requests at once */
+    for (int i = 0; i < NB; i++) {
+        if (i == bad) {
+            assert_int_equal(rq[i].status, TIDE_E_RANGE);
+            assert_int_equal(rq[i].n_out, 0);
+            continue;
+        }
+        assert_int_equal(rq[i].status, TIDE_OK);
+        assert_int_equal(rq[i].n_out, want_n[i]);
+        assert_memory_equal(got[i], want[i], (size_t)want_n[i] * sizeof(int32_t));
+        assert_true(rq[i].stats.logits_hash == want_h[i]);
+        assert_int_equal(rq[i].stats.decode_tokens, want_n[i] > 1 ? want_n[i] - 1 : 0);
+        tide_sampler_free(smp[i]);
+    }
+}
+
+static void test_batch(void **state) {
+    fixture *f = *state;
+    tide_model *m = NULL;
+    tide_model_opts mo = {.max_batch = NB, .ctx_len = 64};
+    assert_int_equal(tide_model_new(f->ctx, f->ck, f->be, &mo, &m), TIDE_OK);
+    /* request 3's id at step 6, as a stop id: it ends there in the batch too */
+    int32_t ids[NB_NEW];
+    int n = 0;
+    uint64_t h;
+    run_alone(f, m, &batch_reqs[3], -1, ids, &n, &h);
+    int32_t stop3 = ids[6];
+    check_batch(f, m, -1, -1);
+    check_batch(f, m, stop3, -1);
+    check_batch(f, m, -1, 1);
+    tide_offload_opts o = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.5, .policy = "tide", .hw = "a100-80g"};
+    assert_int_equal(tide_model_set_offload(m, &o), TIDE_OK);
+    check_batch(f, m, stop3, -1);
+    o.weights_on_ssd = true;
+    o.fraction = 0.35;
+    assert_int_equal(tide_model_set_offload(m, &o), TIDE_OK);
+    check_batch(f, m, -1, -1);
+    assert_int_equal(tide_model_set_offload(m, NULL), TIDE_OK);
+    assert_int_equal(tide_model_set_engine(m, TIDE_ENGINE_PLAIN), TIDE_OK);
+    check_batch(f, m, stop3, 2);
+    /* refusals of the batch itself */
+    tide_gen_request rq[NB + 1] = {0};
+    assert_int_equal(tide_model_generate_batch(m, rq, NB + 1, NULL), TIDE_E_INVALID);
+    assert_int_equal(tide_model_generate_batch(m, rq, 0, NULL), TIDE_E_INVALID);
+    tide_gen_opts cont = {.start_pos = 2};
+    int32_t out[4];
+    rq[0] = (tide_gen_request){.prompt = batch_reqs[0].prompt, .n_prompt = 7, .max_new = 4, .opts = &cont,
+                               .out_tokens = out};
+    assert_int_equal(tide_model_generate_batch(m, rq, 1, NULL), TIDE_E_INVALID);
+    assert_int_equal(rq[0].status, TIDE_E_INVALID);
+    tide_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plain_equals_generate), cmocka_unit_test(test_greedy_sampler),
         cmocka_unit_test(test_stops),                 cmocka_unit_test(test_continuation),
         cmocka_unit_test(test_seeded),                cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_batch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -17,6 +17,8 @@
  *   - tide's fallback to time-slicing when the minimums do not fit, and back;
  *   - removing a workload with a request in flight waits for it, and refuses
  *     the request queued behind it;
+ *   - requests of one workload that wait together run as one batch (the
+ *     traces' workloads take up to three), each equal to its run alone;
  *   - bad input: no budget, unknown policy, duplicate name, a minimum above
  *     the budget, equal shares below a minimum, unknown workloads,
  *     continuation requests.
@@ -65,7 +67,8 @@ typedef struct reference {
 } reference;
 static reference refs[N_FIX][N_KIND];
 
-static const tide_model_opts model_opts = {.max_batch = 1, .ctx_len = CTX_LEN};
+/* up to N_THREADS requests of a workload waiting together run as one batch */
+static const tide_model_opts model_opts = {.max_batch = N_THREADS, .ctx_len = CTX_LEN};
 
 /* ---------------------------------------------------------------- counted device memory */
 
@@ -449,11 +452,13 @@ static void run_trace(tide_pool_policy policy, uint64_t budget, uint64_t seed, i
     tide_pool_stats end;
     tide_pool_stats_get(t->p, &end);
     print_message("  %s: budget %llu, %d requests, %lld partitions, %lld replans, %lld waits, peak held %llu, "
-                  "peak device %llu, drifted %lld of %lld (measured %.3g s, predicted %.3g s), %d log lines\n",
+                  "peak device %llu, drifted %lld of %lld (measured %.3g s, predicted %.3g s), %lld batches of "
+                  "%lld requests, %d log lines\n",
                   tide_pool_policy_name(policy), (unsigned long long)budget, t->requests,
                   (long long)end.partitions, (long long)end.replans, (long long)end.waits,
                   (unsigned long long)end.peak_held_bytes, (unsigned long long)live_peak, (long long)end.drifted,
-                  (long long)end.requests, end.measured_s, end.predicted_s, lc.lines);
+                  (long long)end.requests, end.measured_s, end.predicted_s, (long long)end.batches,
+                  (long long)end.batched_requests, lc.lines);
     assert_int_equal(t->requests, N_THREADS * t->per_thread);
     assert_int_equal(end.requests, t->requests);
     assert_int_equal(end.n_workloads, 0);
@@ -656,6 +661,55 @@ static void test_fallback(void **state) {
     tide_pool_free(p);
     limit_live(0);
     assert_int_equal(live_bytes, 0);
+    assert_int_equal(tide_alloc_live_bytes(), base);
+}
+
+/* Three requests queued behind a running one run as one batch: each equal
+ * to its run alone, the batch counted. */
+static void test_batching(void **state) {
+    (void)state;
+    int64_t base = tide_alloc_live_bytes();
+    tide_pool *p = pool_make(TIDE_POOL_TIDE, 2 * max_of(need_b), NULL);
+    tide_model_opts mo = {.max_batch = 4, .ctx_len = CTX_LEN};
+    tide_pool_workload *w = NULL;
+    assert_int_equal(tide_pool_add_model(p, fixture_names[0], ck[0], &mo, &w), TIDE_OK);
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    int seen = 0;
+    bool go = false;
+    gen_arg a[4];
+    pthread_t th[4];
+    a[0] = (gen_arg){.p = p, .w = w, .fix = 0, .kind = 3, .mu = &mu, .cv = &cv, .tokens_seen = &seen, .go = &go};
+    assert_int_equal(pthread_create(&th[0], NULL, gen_thread, &a[0]), 0);
+    pthread_mutex_lock(&mu);
+    while (!seen) pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    for (int i = 1; i < 4; i++) {
+        a[i] = (gen_arg){.p = p, .w = w, .fix = 0, .kind = i - 1};
+        assert_int_equal(pthread_create(&th[i], NULL, gen_thread, &a[i]), 0);
+    }
+    tide_pool_workload_stats ws;
+    for (int tries = 0; tries < 20000; tries++) { /* at most 20 s */
+        assert_int_equal(tide_pool_workload_stats_get(p, w, &ws), TIDE_OK);
+        if (ws.waiting == 3) break;
+        usleep(1000);
+    }
+    assert_int_equal(ws.waiting, 3);
+    pthread_mutex_lock(&mu);
+    go = true;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 4; i++) check_alone(&a[i]);
+    assert_int_equal(tide_pool_workload_stats_get(p, w, &ws), TIDE_OK);
+    assert_int_equal(ws.requests, 4);
+    assert_int_equal(ws.batches, 1);
+    assert_int_equal(ws.batched_requests, 3);
+    assert_int_equal(ws.max_batch, 4);
+    tide_pool_stats ps;
+    tide_pool_stats_get(p, &ps);
+    assert_int_equal(ps.batches, 1);
+    tide_pool_free(p);
     assert_int_equal(tide_alloc_live_bytes(), base);
 }
 
@@ -901,6 +955,7 @@ int main(void) {
         cmocka_unit_test(test_minimum_verified), cmocka_unit_test(test_partition),
         cmocka_unit_test(test_bad_input),        cmocka_unit_test(test_fallback),
         cmocka_unit_test(test_remove_inflight),  cmocka_unit_test(test_trace_tide),
+        cmocka_unit_test(test_batching),
         cmocka_unit_test(test_trace_equal),      cmocka_unit_test(test_trace_serial),
         cmocka_unit_test(test_measured_profile), cmocka_unit_test(test_trace_device),
         cmocka_unit_test(test_trace_weights_on_ssd),

@@ -78,9 +78,9 @@ static tide_status check_rope(CHECK_ARGS) {
         FAIL("rope: n_heads %d x head_dim %d (even) must equal %lld", p->n_heads, p->head_dim,
              (long long)x->shape[1]);
     if (pos->dtype != TIDE_I32 || p->batch <= 0 || x->shape[0] % p->batch ||
-        p->idx0 + x->shape[0] / p->batch > tide_tensor_numel(pos))
-        FAIL("rope: batch %d x positions '%s' (from %lld) must cover %lld rows", p->batch, pos->name,
-             (long long)p->idx0, (long long)x->shape[0]);
+        p->idx0 + (p->pos_rows ? x->shape[0] : x->shape[0] / p->batch) > tide_tensor_numel(pos))
+        FAIL("rope: batch %d x positions '%s' (from %lld%s) must cover %lld rows", p->batch, pos->name,
+             (long long)p->idx0, p->pos_rows ? ", one per row" : "", (long long)x->shape[0]);
     if (!(p->rope_theta > 0)) FAIL("rope: rope_theta must be positive");
     *flops = 6.0 * (double)tide_tensor_numel(x);
     return TIDE_OK;
@@ -104,11 +104,13 @@ static tide_status check_attention(CHECK_ARGS) {
         FAIL("attention: k '%s' and v '%s' must be f32 (%lld, %lld)", k->name, v->name, (long long)R,
              (long long)kd);
     int64_t T_ = R % p->batch ? -1 : R / p->batch;
-    if (pos->dtype != TIDE_I32 || T_ < 0 || p->idx0 + T_ > tide_tensor_numel(pos))
-        FAIL("attention: batch %d x positions '%s' (from %lld) must cover %lld rows", p->batch, pos->name,
-             (long long)p->idx0, (long long)R);
+    if (pos->dtype != TIDE_I32 || T_ < 0 || p->idx0 + (p->pos_rows ? R : T_) > tide_tensor_numel(pos))
+        FAIL("attention: batch %d x positions '%s' (from %lld%s) must cover %lld rows", p->batch, pos->name,
+             (long long)p->idx0, p->pos_rows ? ", one per row" : "", (long long)R);
     if (n_in == 4 && p->idx0)
         FAIL("attention: a fresh cache is written from position 0; a later tile reads it (6 inputs)");
+    if (p->pos_rows && n_in != 6)
+        FAIL("attention: a position per row reads and writes the caches (6 inputs and 3 outputs)");
     double keys0 = n_in == 4 ? 0.5 * (double)T_ : 0;
     if (n_out == 1) { /* no cache: keys and values are k and v themselves */
         *flops = 4.0 * (double)R * (double)qd * keys0;
@@ -130,7 +132,7 @@ static tide_status check_attention(CHECK_ARGS) {
      * cache is fresh, idx0 + T/2 for a later tile of a prefill, about half
      * the cache otherwise. */
     double keys = n_in == 4 ? 0.5 * (double)T_
-                : p->idx0   ? (double)p->idx0 + 0.5 * (double)T_
+                : p->idx0 && !p->pos_rows ? (double)p->idx0 + 0.5 * (double)T_
                             : 0.5 * (double)kc->shape[1];
     *flops = 4.0 * (double)R * (double)qd * keys;
     return TIDE_OK;
@@ -239,6 +241,7 @@ static tide_status check_rope_bwd(CHECK_ARGS) {
 
 static tide_status check_attention_bwd(CHECK_ARGS) {
     const tide_tensor *q = T(0), *k = T(1), *v = T(2), *o = T(3), *dout = T(4), *pos = T(5);
+    if (p->pos_rows) FAIL("attention_bwd: its sequences are fresh (positions 0..T-1): no position per row");
     if (p->n_heads <= 0 || p->n_kv_heads <= 0 || p->head_dim <= 0 || p->batch <= 0 || p->n_heads % p->n_kv_heads)
         FAIL("attention_bwd: n_heads %d must be a positive multiple of n_kv_heads %d", p->n_heads, p->n_kv_heads);
     int64_t R = q->shape[0], qd = (int64_t)p->n_heads * p->head_dim, kd = (int64_t)p->n_kv_heads * p->head_dim;

@@ -5,7 +5,7 @@
  * Shapes, with R = B*T rows (batch-major), D = hidden, H heads, KV kv heads,
  * hd = D/H, I = intermediate, V = vocab, C = cache length:
  *
- *   tokens (B, T) i32, pos (T) i32                               INPUT
+ *   tokens (B, T) i32, pos (T) i32 (B*T with row_pos)            INPUT
  *   h.0 = embed(model.embed_tokens.weight (V, D), tokens)        (R, D)
  *   per layer L:
  *     xn   = rmsnorm(h.L, input_layernorm (D))                   (R, D)
@@ -14,6 +14,7 @@
  *     attn = attention(qr, kr, v, pos, cache.L.k, cache.L.v)     (R, H*hd)
  *            (with fresh_cache the caches are only written: the run starts at 0)
  *            cache.L.k / cache.L.v (B, C, KV*hd) f32             STATE
+ *            (with a cache_row, "cache.L.k.rN": rows N.. of them)
  *     hm   = h.L + attn . o_proj^T                               (R, D)
  *     xn2  = rmsnorm(hm, post_attention_layernorm)
  *     mlp  = (silu(xn2 . gate^T) * (xn2 . up^T)) . down^T        (R, I) -> (R, D)
@@ -141,6 +142,9 @@ tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
     if ((int64_t)B * T > (INT64_C(1) << 31))
         return tide_err(ctx, TIDE_E_INVALID, "batch %d x seq %d is too many rows", B, T);
     if (o->tile_rows < 0) return tide_err(ctx, TIDE_E_INVALID, "tile rows %d is negative", o->tile_rows);
+    if (o->row_pos && o->fresh_cache)
+        return tide_err(ctx, TIDE_E_INVALID, "a position per row reads the caches: not with a fresh cache");
+    if (o->cache_row < 0) return tide_err(ctx, TIDE_E_INVALID, "cache row %d is negative", o->cache_row);
     const int64_t D = cfg->hidden_size, H = cfg->num_attention_heads, KV = cfg->num_key_value_heads;
     const int64_t hd = D / H, I = cfg->intermediate_size, V = cfg->vocab_size, R = (int64_t)B * T;
     const int64_t kd = KV * hd;
@@ -184,7 +188,7 @@ tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
         return TIDE_E_NOMEM;
     }
     const int tokens = tensor(&b, "tokens", TIDE_I32, TIDE_ROLE_INPUT, 2, B, T, 0);
-    const int pos = tensor(&b, "pos", TIDE_I32, TIDE_ROLE_INPUT, 1, T, 0, 0);
+    const int pos = tensor(&b, "pos", TIDE_I32, TIDE_ROLE_INPUT, 1, o->row_pos ? R : T, 0, 0);
 
     /* matmul of every tile's x[k] by a (split) weight into out[k] */
     #define MATMUL_TILES(X, OUT, NAME, N_, K_, FMT, LAYER)                                              \
@@ -219,19 +223,29 @@ tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
         int w_post = weight(&b, wt, D, 0, "model.layers.%d.post_attention_layernorm.weight", L);
         char cname[64];
         snprintf(cname, sizeof cname, "cache.%d.k", L);
-        if (!tiled) {
+        uint64_t seq_bytes = (uint64_t)C * (uint64_t)kd * sizeof(float);
+        if (!tiled && !o->cache_row) {
             kc[0] = tensor(&b, cname, TIDE_F32, TIDE_ROLE_STATE, 3, B, C, kd);
             snprintf(cname, sizeof cname, "cache.%d.v", L);
             vc[0] = tensor(&b, cname, TIDE_F32, TIDE_ROLE_STATE, 3, B, C, kd);
+        } else if (!tiled) { /* rows cache_row.. of the caches */
+            for (int c = 0; c < 2 && !b.st; c++) {
+                char whole[64], part[80];
+                snprintf(whole, sizeof whole, "cache.%d.%c", L, c ? 'v' : 'k');
+                snprintf(part, sizeof part, "%s.r%d", whole, o->cache_row);
+                int id = tensor(&b, part, TIDE_F32, TIDE_ROLE_STATE, 3, B, C, kd);
+                if (!b.st) b.st = tide_graph_set_tensor_home(b.g, id, whole, (uint64_t)o->cache_row * seq_bytes);
+                (c ? vc : kc)[0] = id;
+            }
         } else {
-            uint64_t seq_bytes = (uint64_t)C * (uint64_t)kd * sizeof(float);
             for (int s = 0; s < B && !b.st; s++)
                 for (int c = 0; c < 2 && !b.st; c++) {
                     char whole[64], part[80];
                     snprintf(whole, sizeof whole, "cache.%d.%c", L, c ? 'v' : 'k');
-                    snprintf(part, sizeof part, "%s.b%d", whole, s);
+                    snprintf(part, sizeof part, "%s.b%d", whole, o->cache_row + s);
                     int id = tensor(&b, part, TIDE_F32, TIDE_ROLE_STATE, 3, 1, C, kd);
-                    if (!b.st) b.st = tide_graph_set_tensor_home(b.g, id, whole, (uint64_t)s * seq_bytes);
+                    if (!b.st)
+                        b.st = tide_graph_set_tensor_home(b.g, id, whole, (uint64_t)(o->cache_row + s) * seq_bytes);
                     (c ? vc : kc)[s] = id;
                 }
         }
@@ -240,15 +254,19 @@ tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
         MATMUL_TILES(A, Bk, "k", kd, D, "model.layers.%d.self_attn.k_proj.weight", L);
         MATMUL_TILES(A, Bv, "v", kd, D, "model.layers.%d.self_attn.v_proj.weight", L);
         for (int k = 0; k < NT; k++) {
+            /* a tile's first pos entry: its first step, or with a position per
+             * row its first row */
+            int64_t idx0 = o->row_pos ? (int64_t)tl[k].b0 * T + tl[k].t0 : tl[k].t0;
             tide_op_params rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd,
-                                 .batch = tl[k].nb, .idx0 = tl[k].t0};
+                                 .batch = tl[k].nb, .idx0 = idx0, .pos_rows = o->row_pos};
             Cq[k] = op1(&b, TIDE_OP_ROPE, Bq[k], pos, tact(&b, "q_rope", k, NT, ROWS(k), H * hd), &rp);
             rp.n_heads = (int)KV;
             Ck[k] = op1(&b, TIDE_OP_ROPE, Bk[k], pos, tact(&b, "k_rope", k, NT, ROWS(k), kd), &rp);
         }
         for (int k = 0; k < NT && !b.st; k++) {
             tide_op_params ap = {.n_heads = (int)H, .n_kv_heads = (int)KV, .head_dim = (int)hd,
-                                 .batch = tl[k].nb, .idx0 = tl[k].t0};
+                                 .batch = tl[k].nb, .idx0 = o->row_pos ? (int64_t)tl[k].b0 * T + tl[k].t0 : tl[k].t0,
+                                 .pos_rows = o->row_pos};
             int s = tiled ? tl[k].b0 : 0;
             At[k] = tact(&b, "attn", k, NT, ROWS(k), H * hd);
             int ain[6] = {Cq[k], Ck[k], Bv[k], pos, kc[s], vc[s]}, aout[3] = {At[k], kc[s], vc[s]};

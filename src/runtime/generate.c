@@ -11,27 +11,38 @@
 
 #include <string.h>
 
-/* The slot of the graph of this shape, made when missing (the older slot
- * goes). `fresh`: the run starts at position 0, so the caches are written
- * without being read (and never loaded when offloading). */
-static tide_status get_slot(tide_model *m, int batch, int seq, bool all_logits, bool fresh, graph_slot **out) {
+/* A graph's shape: what tells one slot from another. */
+typedef struct slot_key {
+    int batch, seq;
+    bool all_logits, fresh, row_pos;
+    int cache_row;
+} slot_key;
+
+/* The slot of the graph of this shape, made when missing (the least
+ * recently run slot goes). `fresh`: the run starts at position 0, so the
+ * caches are written without being read (and never loaded when offloading). */
+static tide_status get_slot_key(tide_model *m, const slot_key *k, graph_slot **out) {
+    graph_slot *victim = &m->slots[0];
     for (int i = 0; i < MODEL_SLOTS; i++) {
         graph_slot *s = &m->slots[i];
-        if (s->g && s->batch == batch && s->seq == seq && s->all_logits == all_logits && s->fresh == fresh) {
+        if (s->g && s->batch == k->batch && s->seq == k->seq && s->all_logits == k->all_logits &&
+            s->fresh == k->fresh && s->row_pos == k->row_pos && s->cache_row == k->cache_row) {
+            s->used = ++m->slot_clock;
             *out = s;
             return TIDE_OK;
         }
+        if (!s->g ? victim->g != NULL : victim->g && s->used < victim->used) victim = s;
     }
-    tide_llama_graph_opts go = {.batch = batch, .seq = seq, .ctx_len = m->ctx_len, .all_logits = all_logits,
-                                .fresh_cache = fresh};
+    tide_llama_graph_opts go = {.batch = k->batch, .seq = k->seq, .ctx_len = m->ctx_len, .all_logits = k->all_logits,
+                                .fresh_cache = k->fresh, .row_pos = k->row_pos, .cache_row = k->cache_row};
     tide_graph *g = NULL;
     tide_status st = tide_llama_build(m->ctx, &m->cfg, &go, &g);
     if (st) return st;
-    graph_slot *s = &m->slots[m->next_slot];
-    m->next_slot = (m->next_slot + 1) % MODEL_SLOTS;
+    graph_slot *s = victim;
     if (m->last_planned == s) m->last_planned = NULL;
     tide_model_slot_clear(s);
-    *s = (graph_slot){.g = g, .batch = batch, .seq = seq, .all_logits = all_logits, .fresh = fresh};
+    *s = (graph_slot){.g = g, .batch = k->batch, .seq = k->seq, .all_logits = k->all_logits, .fresh = k->fresh,
+                      .row_pos = k->row_pos, .cache_row = k->cache_row, .used = ++m->slot_clock};
     s->logits = tide_malloc(tide_graph_tensor_bytes(g, tide_graph_find(g, "logits")));
     s->next = tide_malloc(tide_graph_tensor_bytes(g, tide_graph_find(g, "next_token")));
     if (!s->logits || !s->next) {
@@ -40,6 +51,11 @@ static tide_status get_slot(tide_model *m, int batch, int seq, bool all_logits, 
     }
     *out = s;
     return TIDE_OK;
+}
+
+static tide_status get_slot(tide_model *m, int batch, int seq, bool all_logits, bool fresh, graph_slot **out) {
+    slot_key k = {.batch = batch, .seq = seq, .all_logits = all_logits, .fresh = fresh};
+    return get_slot_key(m, &k, out);
 }
 
 /* Runs slot s once on the model's engine and folds its logits into the
@@ -110,6 +126,28 @@ static bool is_stop(const tide_gen_opts *o, int32_t id) {
     return false;
 }
 
+tide_status tide_model_check_generate(const tide_model *m, tide_ctx *ctx, const int32_t *prompt, int n_prompt,
+                                      int max_new, const tide_gen_opts *opts, const int32_t *out_tokens) {
+    static const tide_gen_opts none;
+    const tide_gen_opts *o = opts ? opts : &none;
+    if (!ctx) ctx = m->ctx;
+    int start = o->start_pos;
+    if (n_prompt < 1 || !prompt || max_new < 0 || start < 0 || start >= n_prompt)
+        return tide_err(ctx, TIDE_E_INVALID, "a prompt of at least one token past start_pos %d is needed "
+                        "(%d tokens given)", start, n_prompt);
+    if (o->n_stop_ids < 0 || (o->n_stop_ids && !o->stop_ids))
+        return tide_err(ctx, TIDE_E_INVALID, "%d stop ids given without their array", o->n_stop_ids);
+    if (max_new > 0 && !out_tokens) return tide_err(ctx, TIDE_E_INVALID, "no room for the generated tokens");
+    if ((int64_t)n_prompt + max_new - 1 > m->ctx_len)
+        return tide_err(ctx, TIDE_E_RANGE, "%d prompt + %d new tokens need %d positions; the cache "
+                        "holds %d", n_prompt, max_new, n_prompt + max_new - 1, m->ctx_len);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= m->cfg.vocab_size)
+            return tide_err(ctx, TIDE_E_RANGE, "token id %d at position %d is outside the vocabulary "
+                            "(0 to %d)", prompt[i], i, m->cfg.vocab_size - 1);
+    return TIDE_OK;
+}
+
 tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_prompt, int max_new,
                                    const tide_gen_opts *opts, int32_t *out_tokens, int *n_out,
                                    tide_gen_stats *stats) {
@@ -117,16 +155,7 @@ tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_p
     const tide_gen_opts *o = opts ? opts : &none;
     if (n_out) *n_out = 0;
     int start = o->start_pos;
-    if (n_prompt < 1 || max_new < 0 || start < 0 || start >= n_prompt)
-        return tide_err(m->ctx, TIDE_E_INVALID, "a prompt of at least one token past start_pos %d is needed "
-                        "(%d tokens given)", start, n_prompt);
-    if (o->n_stop_ids < 0 || (o->n_stop_ids && !o->stop_ids))
-        return tide_err(m->ctx, TIDE_E_INVALID, "%d stop ids given without their array", o->n_stop_ids);
-    if (max_new > 0 && !out_tokens) return tide_err(m->ctx, TIDE_E_INVALID, "no room for the generated tokens");
-    if ((int64_t)n_prompt + max_new - 1 > m->ctx_len)
-        return tide_err(m->ctx, TIDE_E_RANGE, "%d prompt + %d new tokens need %d positions; the cache "
-                        "holds %d", n_prompt, max_new, n_prompt + max_new - 1, m->ctx_len);
-    tide_status st = check_tokens(m, prompt, n_prompt);
+    tide_status st = tide_model_check_generate(m, m->ctx, prompt, n_prompt, max_new, o, out_tokens);
     if (st) return st;
     int n_pre = n_prompt - start;
     int32_t *pos = tide_malloc((size_t)n_pre * sizeof *pos);
@@ -178,9 +207,191 @@ tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_p
     r.state_bytes = m->state_bytes;
     r.predicted_prefill_s = pred0;
     r.logits_hash = m->logits_hash;
+    r.batch = 1;
     if (stats) *stats = r;
     if (n_out) *n_out = n;
     return TIDE_OK;
+}
+
+/* ---------------------------------------------------------------- batches */
+
+/* The next id of a batch row b after a run of slot s: the graph's argmax,
+ * or the sampler's draw from row b of the logits. */
+static tide_status next_id_row(const tide_model *m, graph_slot *s, const tide_gen_opts *o, int b, int32_t *id) {
+    if (!o->sampler) {
+        *id = s->next[b];
+        return TIDE_OK;
+    }
+    tide_status st = tide_sampler_sample(o->sampler, s->logits + (size_t)b * (size_t)m->cfg.vocab_size, id);
+    return st ? st : tide_sampler_accept(o->sampler, *id);
+}
+
+/* A request of a batch while it runs. */
+typedef struct batch_seq {
+    tide_gen_request *r;
+    const tide_gen_opts *o;
+    int row;
+    bool active;    /* has a next step to run */
+    int32_t last;   /* the id its next step reads */
+    uint64_t hash;  /* of its own logits */
+    double end;     /* when its last id came */
+} batch_seq;
+
+/* Takes the id row b of slot s gives for q; ends q after a stop id, a
+ * callback's stop or its max_new. */
+static tide_status batch_take(tide_model *m, graph_slot *s, batch_seq *q, int b) {
+    const uint64_t V = (uint64_t)m->cfg.vocab_size;
+    q->hash = tide_hash_bytes(q->hash, s->logits + (size_t)b * V, V * sizeof(float));
+    int32_t id = 0;
+    tide_status st = next_id_row(m, s, q->o, b, &id);
+    if (st) return st;
+    q->r->out_tokens[q->r->n_out++] = id;
+    q->last = id;
+    q->end = tide_now();
+    if (is_stop(q->o, id) || (q->o->on_token && q->o->on_token(q->o->user, id)) || q->r->n_out >= q->r->max_new)
+        q->active = false;
+    return TIDE_OK;
+}
+
+/* One decode step of every active row. rows_alone: step them one at a time
+ * (the batch's graph could not be planned); set here when that is found. */
+static tide_status batch_step(tide_model *m, batch_seq *q, int nq, bool *rows_alone, int *batched) {
+    int hi = -1, n_active = 0;
+    for (int i = 0; i < nq; i++)
+        if (q[i].active) hi = TIDE_MAX(hi, q[i].row), n_active++;
+    tide_status st = TIDE_OK;
+    if (hi > 0 && !*rows_alone) {
+        int B = hi + 1;
+        int32_t tok[TIDE_MAX_BATCH], pos[TIDE_MAX_BATCH];
+        for (int b = 0; b < B; b++) tok[b] = pos[b] = 0; /* padding: position 0 of an ended row */
+        for (int i = 0; i < nq; i++)
+            if (q[i].active) {
+                tok[q[i].row] = q[i].last;
+                pos[q[i].row] = q[i].r->n_prompt + q[i].r->n_out - 1;
+            }
+        slot_key k = {.batch = B, .seq = 1, .row_pos = true};
+        graph_slot *s = NULL;
+        if (!(st = get_slot_key(m, &k, &s))) st = run_slot(m, s, tok, pos, NULL, NULL);
+        if (st == TIDE_E_INFEASIBLE) {
+            *rows_alone = true; /* below: one at a time */
+            tide_err_clear(m->ctx);
+        } else {
+            if (st) return st;
+            if (n_active > 1) (*batched)++;
+            for (int i = 0; i < nq && !st; i++)
+                if (q[i].active) st = batch_take(m, s, &q[i], q[i].row);
+            return st;
+        }
+    }
+    for (int i = 0; i < nq && !st; i++) {
+        if (!q[i].active) continue;
+        slot_key k = {.batch = 1, .seq = 1, .cache_row = q[i].row};
+        int32_t tok = q[i].last, p = q[i].r->n_prompt + q[i].r->n_out - 1;
+        graph_slot *s = NULL;
+        if (!(st = get_slot_key(m, &k, &s)) && !(st = run_slot(m, s, &tok, &p, NULL, NULL)))
+            st = batch_take(m, s, &q[i], 0);
+    }
+    return st;
+}
+
+tide_status tide_model_generate_batch(tide_model *m, tide_gen_request *reqs, int n, tide_gen_stats *batch_stats) {
+    static const tide_gen_opts none;
+    if (batch_stats) memset(batch_stats, 0, sizeof *batch_stats);
+    if (!reqs || n < 1 || n > m->max_batch || n > TIDE_MAX_BATCH)
+        return tide_err(m->ctx, TIDE_E_INVALID, "a batch of %d generations (the model holds %d sequences)", n,
+                        m->max_batch);
+    batch_seq q[TIDE_MAX_BATCH];
+    int nq = 0, max_steps = 0;
+    tide_status first = TIDE_OK;
+    for (int i = 0; i < n; i++) {
+        tide_gen_request *r = &reqs[i];
+        r->n_out = 0;
+        memset(&r->stats, 0, sizeof r->stats);
+        const tide_gen_opts *o = r->opts ? r->opts : &none;
+        r->status = tide_model_check_generate(m, m->ctx, r->prompt, r->n_prompt, r->max_new, o, r->out_tokens);
+        if (!r->status && o->start_pos)
+            r->status = tide_err(m->ctx, TIDE_E_INVALID, "a batch's generations start at position 0 (start_pos %d): "
+                                 "their cache rows are the batch's", o->start_pos);
+        if (r->status) {
+            if (!first) first = r->status;
+            continue;
+        }
+        if (r->max_new == 0) continue; /* nothing to run, as tide_model_generate_ex */
+        /* longest first: rows end from the highest down, and the forward shrinks */
+        int j = nq++;
+        for (; j > 0 && q[j - 1].r->max_new < r->max_new; j--) q[j] = q[j - 1];
+        q[j] = (batch_seq){.r = r, .o = o, .active = true};
+        max_steps = TIDE_MAX(max_steps, r->max_new - 1);
+    }
+    for (int i = 0; i < nq; i++) q[i].row = i;
+    memset(&m->acc, 0, sizeof m->acc);
+    for (int i = 0; i < MODEL_SLOTS; i++) m->slots[i].gen_runs = 0;
+    m->warm_decode = TIDE_MIN(max_steps, MODEL_WARM_DECODE_STEPS);
+    m->logits_hash = 0;
+    tide_status st = TIDE_OK;
+    double pred0 = 0;
+    for (int i = 0; i < nq && !st; i++) {
+        tide_gen_request *r = q[i].r;
+        int32_t *pos = tide_malloc((size_t)r->n_prompt * sizeof *pos);
+        if (!pos) {
+            st = tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
+            break;
+        }
+        for (int t = 0; t < r->n_prompt; t++) pos[t] = t;
+        double t0 = tide_now();
+        slot_key k = {.batch = 1, .seq = r->n_prompt, .fresh = true, .cache_row = q[i].row};
+        graph_slot *s = NULL;
+        if (!(st = get_slot_key(m, &k, &s)) && !(st = run_slot(m, s, r->prompt, pos, NULL, NULL)))
+            st = batch_take(m, s, &q[i], 0);
+        tide_free(pos);
+        r->stats.prefill_s = tide_now() - t0;
+    }
+    pred0 = m->acc.predicted_s;
+    double t1 = tide_now();
+    bool rows_alone = false;
+    int batched = 0, steps = 0;
+    for (;;) {
+        bool any = false;
+        for (int i = 0; i < nq; i++) any |= q[i].active;
+        if (st || !any) break;
+        st = batch_step(m, q, nq, &rows_alone, &batched);
+        tide_progress(m->ctx, "token", (uint64_t)++steps, (uint64_t)max_steps);
+    }
+    tide_gen_stats acc = m->acc;
+    acc.batch = nq;
+    acc.batch_steps = batched;
+    acc.predicted_prefill_s = pred0;
+    acc.peak_bytes = m->offload ? m->weight_bytes + m->state_bytes + m->acc.peak_device_bytes : m->peak_bytes;
+    acc.weight_bytes = m->weight_bytes;
+    acc.state_bytes = m->state_bytes;
+    for (int i = 0; i < nq; i++) {
+        tide_gen_request *r = q[i].r;
+        if (st && (q[i].active || r->n_out == 0)) { /* ended by the failure */
+            r->status = st;
+            if (!first) first = st;
+            continue;
+        }
+        tide_gen_stats g = acc;
+        g.prefill_s = r->stats.prefill_s;
+        g.decode_s = r->n_out > 1 ? q[i].end - t1 : 0;
+        g.prefill_tokens = r->n_prompt;
+        g.decode_tokens = r->n_out > 1 ? r->n_out - 1 : 0;
+        g.prefill_tokens_per_s = g.prefill_s > 0 ? g.prefill_tokens / g.prefill_s : 0;
+        g.decode_tokens_per_s = g.decode_s > 0 ? g.decode_tokens / g.decode_s : 0;
+        g.logits_hash = q[i].hash;
+        r->stats = g;
+    }
+    if (batch_stats) {
+        *batch_stats = acc;
+        batch_stats->decode_s = tide_now() - t1;
+        for (int i = 0; i < nq; i++) {
+            batch_stats->prefill_s += q[i].r->stats.prefill_s;
+            batch_stats->prefill_tokens += q[i].r->n_prompt;
+            batch_stats->decode_tokens += q[i].r->n_out > 1 ? q[i].r->n_out - 1 : 0;
+        }
+        batch_stats->logits_hash = m->logits_hash;
+    }
+    return first;
 }
 
 tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prompt, int n_new,

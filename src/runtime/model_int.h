@@ -46,6 +46,10 @@ typedef struct tide_binding {
 typedef struct graph_slot {
     int batch, seq;
     bool all_logits, fresh;
+    bool row_pos;             /* a position per row (a batch of generations' decode step) */
+    int cache_row;            /* the first cache row its batch uses */
+    uint64_t used;            /* when it last ran (the model's slot clock): the least
+                                 recently used slot goes when a new shape needs one */
     tide_graph *g;            /* the graph (untiled; the runner has its own, maybe tiled) */
     tide_runner *run;         /* the planned engine's, made on first use */
     double predicted_s;       /* simulated makespan of its plan */
@@ -58,7 +62,7 @@ typedef struct graph_slot {
                                  timeline is the last one's) */
 } graph_slot;
 
-#define MODEL_SLOTS 2         /* the prefill and the decode graph */
+#define MODEL_SLOTS 3         /* the prefill, the decode step and a batch's decode step */
 /* The most decode steps a warm region is chosen for after a prompt: beyond
  * them the steps alone decide, and the prompt would not count */
 #define MODEL_WARM_DECODE_STEPS 32
@@ -108,7 +112,7 @@ struct tide_model {
     bool pinned_by_be;        /* the copies come from be->vt->host_alloc */
     uint64_t pinned_bytes;
     graph_slot slots[MODEL_SLOTS];
-    int next_slot;
+    uint64_t slot_clock;
     graph_slot *last_planned; /* for traces: the first offloaded graph run (the prefill) */
     tide_gen_stats acc;       /* counters of the current generation */
     uint64_t logits_hash;     /* FNV-1a over every logits output, in run order */

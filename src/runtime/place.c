@@ -254,7 +254,8 @@ static tide_plan_opts offload_opts(const tide_model *m, uint64_t budget) {
 
 static tide_llama_graph_opts slot_graph_opts(const tide_model *m, const graph_slot *s) {
     return (tide_llama_graph_opts){.batch = s->batch, .seq = s->seq, .ctx_len = m->ctx_len,
-                                   .all_logits = s->all_logits, .fresh_cache = s->fresh};
+                                   .all_logits = s->all_logits, .fresh_cache = s->fresh, .row_pos = s->row_pos,
+                                   .cache_row = s->cache_row};
 }
 
 /* The warm offset of every tensor of g (TIDE_HOME: not warm). Every cache
@@ -406,22 +407,27 @@ static tide_status plan_graph(tide_model *m, const tide_llama_graph_opts *go, in
  * a later run may bring). */
 static tide_status predict_warm(tide_model *m, const graph_slot *s, double *secs) {
     const int steps = m->warm_decode >= 0 ? m->warm_decode : MODEL_WARM_DECODE_STEPS;
-    tide_llama_graph_opts go[3] = {slot_graph_opts(m, s), slot_graph_opts(m, s), slot_graph_opts(m, s)};
-    go[1].seq = 1;
-    go[1].fresh_cache = false;
-    go[1].all_logits = false;
+    tide_llama_graph_opts go[4] = {slot_graph_opts(m, s)};
+    for (int k = 1; k < 4; k++)
+        go[k] = (tide_llama_graph_opts){.batch = 1, .seq = 1, .ctx_len = m->ctx_len, .cache_row = s->cache_row};
     /* the longest prompt a later run may bring (the whole context, fresh):
-     * it must still plan beside the warm region, or that run would fail */
+     * it must still plan beside the warm region, or that run would fail;
+     * and where the model holds several sequences, their decode step as
+     * one forward (tide_model_generate_batch) */
     go[2].seq = m->ctx_len;
     go[2].fresh_cache = true;
-    go[2].all_logits = false;
+    go[2].cache_row = 0;
+    go[3].batch = m->max_batch;
+    go[3].row_pos = true;
+    go[3].cache_row = 0;
     int tile = s->min_tile ? s->min_tile : m->off.tile;
     *secs = 0;
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         if (k == 1 && s->seq <= 1) continue;
         /* (only beside a warm region: without one, the budget is the
          * caller's to size for the prompts it brings) */
-        if (k == 2 && (s->seq >= m->ctx_len || !m->warm_w)) break;
+        if (k == 2 && (s->seq >= m->ctx_len || !m->warm_w)) continue;
+        if (k == 3 && (m->max_batch <= 1 || !m->warm_w || (s->row_pos && s->batch >= m->max_batch))) continue;
         tide_graph *g = NULL;
         tide_plan *p = NULL;
         int level = 0;

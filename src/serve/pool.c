@@ -535,6 +535,7 @@ tide_status tide_pool_add_model(tide_pool *p, const char *name, tide_checkpoint 
         goto fail;
     }
     w->ctx_len = mo && mo->ctx_len > 0 ? mo->ctx_len : w->cfg.max_position_embeddings;
+    w->max_batch = TIDE_MAX(1, TIDE_MIN(mo && mo->max_batch > 0 ? mo->max_batch : 1, TIDE_MAX_BATCH));
     w->prompt = POOL_PROMPT;
     w->gen = POOL_NEW;
     w->weight = 1;
@@ -666,16 +667,23 @@ tide_status tide_pool_set_demand(tide_pool *p, tide_pool_workload *w, int prompt
     return TIDE_OK;
 }
 
-/* Counts a completed request into w and the pool (mu held). */
-static void record(tide_pool *p, tide_pool_workload *w, const tide_gen_stats *gs) {
+/* Counts n completed requests (one batch, statistics gs) into w and the pool
+ * (mu held). */
+static void record(tide_pool *p, tide_pool_workload *w, const tide_gen_stats *gs, int n) {
     double pred = gs->predicted_s, meas = gs->exec_s;
-    w->requests++;
-    p->requests++;
+    w->requests += n;
+    p->requests += n;
     w->pred_s += pred;
     w->meas_s += meas;
     p->pred_s += pred;
     p->meas_s += meas;
     w->peak_dev = TIDE_MAX(w->peak_dev, gs->peak_device_bytes);
+    if (n > 1) {
+        w->batches++;
+        p->batches++;
+        w->batched += n;
+        p->batched += n;
+    }
     if (pred > 0 && fabs(meas - pred) > POOL_DRIFT * pred) {
         w->drifted++;
         p->drifted++;
@@ -688,58 +696,173 @@ static void record(tide_pool *p, tide_pool_workload *w, const tide_gen_stats *gs
     }
 }
 
-tide_status tide_pool_generate(tide_pool *p, tide_pool_workload *w, const int32_t *prompt, int n_prompt,
-                               int max_new, const tide_gen_opts *g, int32_t *out_tokens, int *n_out,
-                               tide_gen_stats *stats) {
+/* ---------------------------------------------------------------- requests
+ *
+ * A request joins its workload's queue. Whichever request thread finds the
+ * workload unclaimed leads: it claims it, takes its share (acquire, which
+ * may wait; requests arriving meanwhile join the queue), then takes the
+ * queue's first max_batch requests and runs them as one batch outside mu,
+ * fills in each one's results and marks it done. A request's thread waits
+ * until its request is done, leading whenever the workload is free and its
+ * request still queued. */
+
+static void queue_remove(tide_pool_workload *w, pool_req *r) {
+    pool_req **pp = &w->q_head, *prev = NULL;
+    while (*pp && *pp != r) prev = *pp, pp = &(*pp)->next;
+    if (!*pp) return;
+    *pp = r->next;
+    if (w->q_tail == r) w->q_tail = prev;
+    r->next = NULL;
+}
+
+/* Records the failure st of request r: its own context gets the message
+ * of src (the workload's, where the run recorded it). */
+static void req_fail(pool_req *r, tide_ctx *src, tide_status st) {
+    r->st = st;
+    if (r->ctx && r->ctx != src) tide_err(r->ctx, st, "%s", tide_ctx_last_error(src));
+}
+
+/* Runs the batch b[0..n) of w (claimed, model_busy, mu not held); the
+ * batch's statistics into *bs, the requests that ran into *ran. */
+static void run_batch(tide_pool_workload *w, pool_req **b, int n, tide_gen_stats *bs, int *ran) {
+    tide_gen_request rq[TIDE_MAX_BATCH];
+    pool_req *of[TIDE_MAX_BATCH];
+    int k = 0;
+    *ran = 0;
+    memset(bs, 0, sizeof *bs);
+    for (int i = 0; i < n; i++) {
+        pool_req *r = b[i];
+        tide_ctx *ec = r->ctx ? r->ctx : w->ctx;
+        if (r->g && r->g->start_pos) {
+            r->st = tide_err(ec, TIDE_E_UNSUPPORTED, "a pool's requests start at position 0: a workload's cache "
+                             "is not kept between requests (its share may change, and batches use its rows)");
+            continue;
+        }
+        if ((r->st = tide_model_check_generate(w->m, ec, r->prompt, r->n_prompt, r->max_new, r->g, r->out_tokens)))
+            continue;
+        rq[k] = (tide_gen_request){.prompt = r->prompt, .n_prompt = r->n_prompt, .max_new = r->max_new,
+                                   .opts = r->g, .out_tokens = r->out_tokens};
+        of[k++] = r;
+    }
+    if (k == 1) { /* alone: the ordinary generation */
+        pool_req *r = of[0];
+        tide_status st = tide_model_generate_ex(w->m, r->prompt, r->n_prompt, r->max_new, r->g, r->out_tokens,
+                                                &r->n_out, &r->stats);
+        if (st) req_fail(r, w->ctx, st);
+        else *bs = r->stats, *ran = 1;
+        return;
+    }
+    if (k == 0) return;
+    tide_status st = tide_model_generate_batch(w->m, rq, k, bs);
+    for (int i = 0; i < k; i++) {
+        pool_req *r = of[i];
+        r->n_out = rq[i].n_out;
+        r->stats = rq[i].stats;
+        if (rq[i].status) req_fail(r, w->ctx, rq[i].status);
+        else (*ran)++;
+    }
+    if (st && *ran < k) *ran = 0; /* a run failed: its measurements are not a request's */
+}
+
+/* Leads w (claimed by the caller, mu held): its share, then one batch from
+ * the queue. own is the caller's request (still queued): when the share
+ * cannot be had, it alone fails. Returns whether own was refused because w
+ * is leaving. */
+static bool lead(tide_pool *p, tide_pool_workload *w, pool_req *own) {
+    bool waited = false;
+    tide_status st = acquire(p, w, &waited);
+    if (waited) own->waited = true;
+    if (st) {
+        queue_remove(w, own);
+        w->waiting--;
+        own->taken = own->done = true;
+        if (w->leaving && st == TIDE_E_INVALID) { /* refused: said by the caller */
+            own->st = st;
+            return true;
+        }
+        req_fail(own, w->ctx, st);
+        return false;
+    }
+    pool_req *b[TIDE_MAX_BATCH];
+    int n = 0;
+    while (w->q_head && n < w->max_batch) {
+        pool_req *r = w->q_head;
+        queue_remove(w, r);
+        r->taken = true;
+        w->waiting--;
+        b[n++] = r;
+    }
+    pthread_mutex_unlock(&p->mu);
+    tide_gen_stats bs;
+    int ran = 0;
+    run_batch(w, b, n, &bs, &ran);
+    if (ran) pool_refit_after(p, w, &bs); /* claim and model_busy still held */
+    pthread_mutex_lock(&p->mu);
+    w->planned = true;
+    if (ran) record(p, w, &bs, ran);
+    release_after(p, w);
+    for (int i = 0; i < n; i++) b[i]->done = true;
+    return false;
+}
+
+tide_status tide_pool_generate_on(tide_pool *p, tide_pool_workload *w, tide_ctx *ctx, const int32_t *prompt,
+                                  int n_prompt, int max_new, const tide_gen_opts *g, int32_t *out_tokens,
+                                  int *n_out, tide_gen_stats *stats) {
     if (n_out) *n_out = 0;
     pthread_mutex_lock(&p->mu);
     if (index_of(p, w) < 0 || w->leaving) {
         pthread_mutex_unlock(&p->mu);
         pthread_mutex_lock(&p->mgmt);
         tide_status st = tide_err(p->ctx, TIDE_E_INVALID, "no such workload in the pool (or being removed)");
+        if (ctx) tide_err(ctx, st, "%s", tide_ctx_last_error(p->ctx));
         pthread_mutex_unlock(&p->mgmt);
         return st;
     }
     w->users++;
     w->waiting++;
-    bool waited = false, claimed = false, run = false;
-    while (w->claimed && !w->leaving) {
-        waited = true;
+    pool_req r = {.prompt = prompt, .n_prompt = n_prompt, .max_new = max_new, .g = g, .out_tokens = out_tokens,
+                  .ctx = ctx};
+    if (w->q_tail) w->q_tail->next = &r;
+    else w->q_head = &r;
+    w->q_tail = &r;
+    bool refused = false;
+    while (!r.done) {
+        if (!r.taken && w->leaving) { /* refused: w is being removed */
+            queue_remove(w, &r);
+            w->waiting--;
+            r.done = refused = true;
+            r.st = TIDE_E_INVALID;
+            break;
+        }
+        if (!r.taken && !w->claimed) {
+            w->claimed = true;
+            refused = lead(p, w, &r);
+            w->claimed = false;
+            pthread_cond_broadcast(&p->cv);
+            continue;
+        }
+        r.waited = true;
         pthread_cond_wait(&p->cv, &p->mu);
     }
-    tide_status st = TIDE_E_INVALID; /* refused: w is being removed */
-    if (!w->leaving) {
-        w->claimed = claimed = true;
-        if (g && g->start_pos)
-            st = tide_err(w->ctx, TIDE_E_UNSUPPORTED, "a pool's requests start at position 0: a workload's cache "
-                          "is not kept between requests (its share may change)");
-        else
-            run = !(st = acquire(p, w, &waited));
-    }
-    bool refused = !run && st == TIDE_E_INVALID && w->leaving;
-    w->waiting--;
-    if (waited) p->waits++;
-    pthread_mutex_unlock(&p->mu);
-    tide_gen_stats gs = {0};
-    if (run) st = tide_model_generate_ex(w->m, prompt, n_prompt, max_new, g, out_tokens, n_out, &gs);
-    if (run && !st) pool_refit_after(p, w, &gs); /* claim and model_busy still held */
-    pthread_mutex_lock(&p->mu);
-    if (run) {
-        w->planned = true;
-        if (!st) record(p, w, &gs);
-        release_after(p, w);
-    }
-    if (claimed) w->claimed = false;
+    if (r.waited) p->waits++;
     w->users--; /* w may be freed from here on */
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     if (refused) {
         pthread_mutex_lock(&p->mgmt);
         tide_err(p->ctx, TIDE_E_INVALID, "the workload is being removed: request refused");
+        if (ctx) tide_err(ctx, TIDE_E_INVALID, "the workload is being removed: request refused");
         pthread_mutex_unlock(&p->mgmt);
     }
-    if (!st && stats) *stats = gs;
-    return st;
+    if (n_out) *n_out = r.n_out;
+    if (!r.st && stats) *stats = r.stats;
+    return r.st;
+}
+
+tide_status tide_pool_generate(tide_pool *p, tide_pool_workload *w, const int32_t *prompt, int n_prompt,
+                               int max_new, const tide_gen_opts *g, int32_t *out_tokens, int *n_out,
+                               tide_gen_stats *stats) {
+    return tide_pool_generate_on(p, w, NULL, prompt, n_prompt, max_new, g, out_tokens, n_out, stats);
 }
 
 void tide_pool_stats_get(tide_pool *p, tide_pool_stats *s) {
@@ -748,6 +871,7 @@ void tide_pool_stats_get(tide_pool *p, tide_pool_stats *s) {
                            .held_bytes = p->held_sum, .peak_held_bytes = p->peak_held,
                            .partitions = p->partitions, .replans = p->replans, .waits = p->waits,
                            .requests = p->requests, .drifted = p->drifted, .refits = p->refits,
+                           .batches = p->batches, .batched_requests = p->batched,
                            .predicted_s = p->pred_s,
                            .measured_s = p->meas_s};
     for (int i = 0; i < p->n; i++) s->shares_bytes += p->w[i]->share;
@@ -764,6 +888,8 @@ tide_status tide_pool_workload_stats_get(tide_pool *p, tide_pool_workload *w, ti
     *s = (tide_pool_workload_stats){.share_bytes = target(p, w), .held_bytes = w->held, .min_bytes = w->min,
                                     .need_bytes = w->need, .waiting = w->waiting, .requests = w->requests,
                                     .drifted = w->drifted, .replans = w->replans, .refits = w->refits,
+                                    .batches = w->batches, .batched_requests = w->batched,
+                                    .max_batch = w->max_batch,
                                     .predicted_s = w->pred_s,
                                     .measured_s = w->meas_s, .peak_device_bytes = w->peak_dev};
     s->predicted_request_s = pool_predicted_at(w, p->sliced ? p->total : w->share);

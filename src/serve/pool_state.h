@@ -17,6 +17,22 @@
 #define POOL_PROMPT 32       /* the default typical request */
 #define POOL_NEW 16
 
+/* A request of a workload: queued until a leader takes it into a batch
+ * (pool.c, "requests"), fields under mu except what the leader fills while
+ * it runs (n_out, st, stats), which the request's thread reads after done. */
+typedef struct pool_req {
+    struct pool_req *next;
+    const int32_t *prompt;
+    int n_prompt, max_new;
+    const tide_gen_opts *g;
+    int32_t *out_tokens;
+    tide_ctx *ctx;             /* where its failure is recorded (NULL: the workload's) */
+    bool taken, done, waited;
+    int n_out;
+    tide_status st;
+    tide_gen_stats stats;
+} pool_req;
+
 struct tide_pool_workload {
     tide_pool *pool;
     char *name;
@@ -44,6 +60,9 @@ struct tide_pool_workload {
     bool planned;              /* a request ran at the configured budget (its plans exist) */
     int users;                 /* threads inside tide_pool_generate for it */
     int waiting;
+    pool_req *q_head, *q_tail; /* its requests not yet taken, in arrival order */
+    int max_batch;             /* requests one batch takes (its model's max_batch) */
+    int64_t batches, batched;  /* batches of several requests, and the requests in them */
     uint64_t turn;             /* time-sliced queue position (0: not queued) */
     int64_t requests, drifted, replans, refits;
     bool refit_tried;          /* a refit was tried (pool_refit.c, F2) */
@@ -77,7 +96,7 @@ struct tide_pool {
     bool sliced_by_cost;       /* sliced because predicted faster (not for the minimums) */
     uint64_t turn_next;
     uint64_t held_sum, peak_held;
-    int64_t partitions, replans, waits, requests, drifted, refits;
+    int64_t partitions, replans, waits, requests, drifted, refits, batches, batched;
     double pred_s, meas_s;
 };
 

@@ -172,8 +172,9 @@ static tide_status cpu_rope(tide_ctx *ctx, int nt, const tide_graph *g, const ti
                             void *const *out, void *scratch) {
     const tide_op_params *p = &op->p;
     const tide_tensor *x = tin(g, op, 0);
-    tk_rope(in[0], (const int32_t *)in[1] + p->idx0, x->shape[0], x->shape[0] / p->batch, p->n_heads,
-            p->head_dim, p->rope_theta, out[0], nt);
+    /* a position per row: row r reads pos[r % R] */
+    tk_rope(in[0], (const int32_t *)in[1] + p->idx0, x->shape[0], p->pos_rows ? x->shape[0] : x->shape[0] / p->batch,
+            p->n_heads, p->head_dim, p->rope_theta, out[0], nt);
     return TIDE_OK;
 }
 
@@ -205,7 +206,22 @@ static tide_status cpu_attention(tide_ctx *ctx, int nt, const tide_graph *g, con
                                 "'%s'[%lld] is %d", (long long)d.T - 1, pos->name, (long long)t,
                                 pp[t]);
     int64_t bad = -1;
-    tide_status st = tk_attention(in[0], in[1], in[2], pp, out[1], out[2], out[0], &d, &bad, nt);
+    tide_status st = TIDE_OK;
+    if (!p->pos_rows) {
+        st = tk_attention(in[0], in[1], in[2], pp, out[1], out[2], out[0], &d, &bad, nt);
+    } else {
+        /* a position per row: each sequence as a batch of one at its own
+         * positions, so a row computes what it computes alone */
+        tk_attn_dims d1 = d;
+        d1.B = 1;
+        const int64_t qd = (int64_t)d.H * d.hd, kd = (int64_t)d.KV * d.hd, rows = d.T;
+        for (int64_t b = 0; b < d.B && !st; b++) {
+            st = tk_attention((const float *)in[0] + b * rows * qd, (const float *)in[1] + b * rows * kd,
+                              (const float *)in[2] + b * rows * kd, pp + b * rows, (float *)out[1] + b * d.C * kd,
+                              (float *)out[2] + b * d.C * kd, (float *)out[0] + b * rows * qd, &d1, &bad, nt);
+            if (st == TIDE_E_RANGE) bad += b * rows;
+        }
+    }
     if (st == TIDE_E_RANGE)
         return tide_err(ctx, st, "attention: position %d at index %lld of '%s' is outside the cache '%s' (capacity %lld)",
                         pp[bad], (long long)(p->idx0 + bad), pos->name, kc->name,
@@ -302,8 +318,9 @@ static tide_status cpu_rope_bwd(tide_ctx *ctx, int nt, const tide_graph *g, cons
                                 void *const *out, void *scratch) {
     const tide_op_params *p = &op->p;
     const tide_tensor *dy = tin(g, op, 0);
-    tk_rope_bwd(in[0], (const int32_t *)in[1] + p->idx0, dy->shape[0], dy->shape[0] / p->batch, p->n_heads,
-                p->head_dim, p->rope_theta, out[0], nt);
+    tk_rope_bwd(in[0], (const int32_t *)in[1] + p->idx0, dy->shape[0],
+                p->pos_rows ? dy->shape[0] : dy->shape[0] / p->batch, p->n_heads, p->head_dim, p->rope_theta,
+                out[0], nt);
     return TIDE_OK;
 }
 

@@ -185,21 +185,31 @@ static tide_status op_attention(tide_backend *be, cu_queue *q, const tide_graph 
     int64_t bad = -1;
     int32_t val = 0;
     tide_status st = TIDE_OK;
+    int64_t n_pos = p->pos_rows ? B * T : T;
     if (q->async) {
-        CU_TRY(q->ctx, tcu_range_record(q->stream, pp, T, C, REC_ATTENTION, p->idx0, q->rec),
+        CU_TRY(q->ctx, tcu_range_record(q->stream, pp, n_pos, C, REC_ATTENTION, p->idx0, q->rec),
                "attention range record kernel");
         q->rec_armed = true;
-    } else if ((st = range_check(be, q, pp, T, C, &bad, &val, "attention"))) {
+    } else if ((st = range_check(be, q, pp, n_pos, C, &bad, &val, "attention"))) {
         return st;
     }
     if (bad >= 0)
         return tide_err(q->ctx, TIDE_E_RANGE, "attention: position %d at index %lld of '%s' is outside the cache "
                         "'%s' (capacity %lld)", val, (long long)(p->idx0 + bad), pos->name, kc->name, (long long)C);
-    CU_TRY(q->ctx, tcu_cache_write(q->stream, in[1], in[2], pp, B, T, C, (int64_t)KV * hd, out[1], out[2]),
-           "attention cache write kernel");
-    CU_TRY(q->ctx, tcu_attention(q->stream, in[0], pp, out[1], out[2], out[0], B, T, C, H, KV, hd,
-                                 impl_of(be)->attn_rows),
-           "attention kernel");
+    const int64_t kd = (int64_t)KV * hd, qd = (int64_t)H * hd;
+    /* a position per row: each sequence as a batch of one at its own
+     * positions, so a row computes what it computes alone */
+    for (int64_t b = 0, nb = p->pos_rows ? B : 1, bb = p->pos_rows ? 1 : B; b < nb; b++) {
+        const float *qb = (const float *)in[0] + b * T * qd, *kb = (const float *)in[1] + b * T * kd,
+                    *vb = (const float *)in[2] + b * T * kd;
+        float *kcb = (float *)out[1] + b * C * kd, *vcb = (float *)out[2] + b * C * kd,
+              *ob = (float *)out[0] + b * T * qd;
+        CU_TRY(q->ctx, tcu_cache_write(q->stream, kb, vb, pp + b * T, bb, T, C, kd, kcb, vcb),
+               "attention cache write kernel");
+        CU_TRY(q->ctx, tcu_attention(q->stream, qb, pp + b * T, kcb, vcb, ob, bb, T, C, H, KV, hd,
+                                     impl_of(be)->attn_rows),
+               "attention kernel");
+    }
     return TIDE_OK;
 }
 
@@ -245,8 +255,10 @@ static tide_status op_rope(tide_backend *be, cu_queue *q, const tide_graph *g, c
     const tide_op_params *p = &op->p;
     cudaStream_t s = q->stream;
     const tide_tensor *x = tin(g, op, 0);
-    CU_TRY(ctx, tcu_rope(s, in[0], (const int32_t *)in[1] + p->idx0, x->shape[0], x->shape[0] / p->batch, p->n_heads,
-                         p->head_dim, p->rope_theta, out[0]),
+    /* a position per row: row r reads pos[r % R] */
+    CU_TRY(ctx, tcu_rope(s, in[0], (const int32_t *)in[1] + p->idx0, x->shape[0],
+                         p->pos_rows ? x->shape[0] : x->shape[0] / p->batch, p->n_heads, p->head_dim, p->rope_theta,
+                         out[0]),
            "rope kernel");
     return TIDE_OK;
 }

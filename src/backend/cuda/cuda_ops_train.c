@@ -182,8 +182,8 @@ tide_status tide_cuda_rope_bwd(tide_backend *be, cu_queue *q, const tide_graph *
                                void *const *in, void *const *out, void *scratch) {
     const tide_op_params *p = &op->p;
     int64_t R = tin(g, op, 0)->shape[0];
-    CU_TRY(q->ctx, tcu_rope_inverse(q->stream, in[0], (const int32_t *)in[1] + p->idx0, R, R / p->batch, p->n_heads,
-                                    p->head_dim, p->rope_theta, out[0]),
+    CU_TRY(q->ctx, tcu_rope_inverse(q->stream, in[0], (const int32_t *)in[1] + p->idx0, R,
+                                    p->pos_rows ? R : R / p->batch, p->n_heads, p->head_dim, p->rope_theta, out[0]),
            "rope_bwd kernel");
     return TIDE_OK;
 }
