@@ -6,7 +6,7 @@ timing of the same generation. Standard library only.
 
 Usage: bench/serve_load.py [--quick] [--requests R] [--max-tokens N]
                            [--clients 1,4,16] [--rounds K] [--threads N]
-                           [--budget X] [--backend cpu|cuda] [--model DIR] [--tide PATH]
+                           [--budget X] [--max-batch B] [--backend cpu|cuda] [--model DIR] [--tide PATH]
                            [--bench-engine PATH] [--json FILE]
 
 The model is the built-in one (tinyllama-1.1b's shapes, synthetic bf16
@@ -29,10 +29,11 @@ cores). The phases:
      the last one's end), request latency p50/p99 (nearest rank), time to
      the first token's event p50.
   2. two models (the same weights served under two names, one budget): the
-     same for each level above 1, the N clients split over the two. Requests for one model are
-     queued and run one at a time (not batched), so aggregate tokens/s
-     cannot grow with clients on one model; two models run two requests at
-     once, each within its share of the budget (on the same cores).
+     same for each level above 1, the N clients split over the two. A
+     model's requests that wait together run as one batch of up to
+     --max-batch (the server's default 4; 1: one at a time, for comparison):
+     one forward per decode step for all of them. Two models run at once,
+     each within its share of the budget (on the same cores).
   3. overhead: 2K non-streamed requests through the server (one client,
      nothing else running), K before and K after `bench_engine --backend
      cpu --prompt P --new N --reps K+1` (build/bench_engine, beside --tide),
@@ -42,7 +43,7 @@ cores). The phases:
      same threads: library time = P / prefill tokens/s + (N - 1) / decode
      tokens/s. Overhead per request = median server wall time - library
      time: HTTP, JSON, tokenizing, the pool's per-request planning and KV
-     cache, the turn queue. `tide run --prompt PROMPT --new-tokens N
+     cache, the request queue. `tide run --prompt PROMPT --new-tokens N
      --json` runs once too: its greedy text and token count must be the
      server's, and its prefill_s + decode_s (a fresh process: the weights'
      pages first touched, cold) is printed beside them. Without
@@ -94,7 +95,7 @@ class Server:
         self.err = open(os.path.join(tmp, "serve-%d.err" % len(models)), "w+")
         args = [tide, "serve"] + [x for n, d in models.items() for x in ("--model", f"{n}={d}")] + [
             "--budget", a.budget, "--backend", a.backend, "--threads", str(a.threads), "--port", "0",
-            "--queue", "64", "--ssd", tmp]
+            "--queue", "64", "--ssd", tmp] + (["--max-batch", str(a.max_batch)] if a.max_batch else [])
         self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.err, text=True)
         line = self.p.stdout.readline()
         m = re.search(r"listening on http://127\.0\.0\.1:(\d+)/v1", line)
@@ -266,6 +267,8 @@ def main():
     ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda"),
                     help="the servers' and the library runs' backend (default cpu)")
     ap.add_argument("--budget", default="8G", help="the server's budget (default 8G)")
+    ap.add_argument("--max-batch", type=int, default=None,
+                    help="the server's --max-batch (default: the server's own, 4)")
     ap.add_argument("--model", default=None, help="model directory (default: the built-in model)")
     ap.add_argument("--tide", default=os.path.join(HERE, "..", "build", "tide"), help="the tide binary")
     ap.add_argument("--bench-engine", default=None, help="the bench_engine binary (default: beside --tide)")
@@ -328,8 +331,8 @@ def main():
     print(f"\nmodel {model_dir}, {a.backend.upper()} backend, {a.threads} threads per model, budget {a.budget}, "
           f"max_tokens {a.max_tokens}, {a.requests} streamed request(s) per client"
           + (f", load average {load1:.2f} at start" if load1 is not None else ""))
-    print("Requests for one model are queued and run one at a time (not batched): aggregate tokens/s "
-          "cannot grow with clients on one model. Two models run two requests at once, on the same cores.\n")
+    print(f"A model's requests waiting together run as one batch of up to {a.max_batch or 'the default 4'} "
+          "(one forward per decode step). Two models run at once, on the same cores.\n")
     print("| models | clients | requests | tokens | tokens/s (aggregate) | latency p50 (s) | latency p99 (s) | TTFT p50 (s) |")
     print("|---|---|---|---|---|---|---|---|")
     f = lambda v: "-" if v is None else f"{v:.2f}"
@@ -349,7 +352,7 @@ def main():
         print("FAIL: " + x)
     out = {"bench": "serve_load", "model": model_dir, "backend": a.backend, "threads": a.threads, "budget": a.budget,
            "max_tokens": a.max_tokens, "requests_per_client": a.requests, "loadavg_start": load1,
-           "batched": False, "levels": rows, "overhead": over, "wall_s": time.perf_counter() - t_all,
+           "max_batch": a.max_batch or 4, "levels": rows, "overhead": over, "wall_s": time.perf_counter() - t_all,
            "checks_passed": not fails}
     line = json.dumps(out)
     print(line)

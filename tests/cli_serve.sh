@@ -12,7 +12,7 @@ TOK=$TIDE_DATA/tokenizer
 
 expect 0 "serve help" -- "$TIDE" serve --help
 for o in --model --budget --host-budget --ssd --policy --port --host --max-batch --api-key --threads --backend \
-         --quiet --queue --ctx --max-loaded evicted stream_options /v1/completions /v1/chat/completions /v1/models /health /metrics "not batched"; do
+         --quiet --queue --ctx --max-loaded evicted stream_options /v1/completions /v1/chat/completions /v1/models /health /metrics "one forward"; do
     contains "$TMP/out" "$o" "serve help lists $o"
 done
 expect 0 "top-level help" -- "$TIDE" --help
@@ -34,8 +34,9 @@ expect 2 "no model" -- "$TIDE" serve --budget 64M
 contains "$TMP/err" "--model" "no model: message"
 expect 2 "no budget" -- "$TIDE" serve --model a="$TMP/a"
 contains "$TMP/err" "--budget" "no budget: message"
-expect 2 "--max-batch 4" -- "$TIDE" serve --model a="$TMP/a" --budget 64M --max-batch 4
-contains "$TMP/err" "not batched" "--max-batch: message"
+expect 2 "--max-batch 0" -- "$TIDE" serve --model a="$TMP/a" --budget 64M --max-batch 0
+contains "$TMP/err" "max-batch" "--max-batch 0: message"
+expect 2 "--max-batch 65" -- "$TIDE" serve --model a="$TMP/a" --budget 64M --max-batch 65
 expect 2 "a percentage budget" -- "$TIDE" serve --model a="$TMP/a" --budget 25%
 expect 2 "no model directory" -- "$TIDE" serve --model a="$TMP/none" --budget 64M
 contains "$TMP/err" "config.json" "no model directory: message"

@@ -254,6 +254,10 @@ def first_server():
         t.join(120)
     check(len(results) == 12 and all(t == refs[m] for m, t in results), "concurrent clients get the greedy text",
           [r for r in results if r[1] != refs[r[0]]][:2])
+    text = request(port, "GET", "/metrics")[2].decode()
+    nb = [metric(text, "tide_model_batches_total", f'{{model="{m}"}}') for m in MODELS]
+    check(all(v is not None for v in nb), "/metrics counts each model's batches", nb)
+    print(f"  concurrent clients: batches of several requests per model {nb}")
 
     # a client that leaves mid-stream: the server goes on
     s = open_raw_stream(port, {"model": "a", "prompt": PROMPT, "max_tokens": 100})

@@ -26,7 +26,7 @@ static const char help[] =
     "                  [--policy tide|equal|serial] [--hw PROFILE] [--ctx N]\n"
     "                  [--host ADDR] [--port N] [--api-key KEY] [--queue N]\n"
     "                  [--max-loaded N]\n"
-    "                  [--max-batch 1] [--backend auto|cpu|cuda] [--threads N] [--quiet]\n"
+    "                  [--max-batch N] [--backend auto|cpu|cuda] [--threads N] [--quiet]\n"
     "\n"
     "Serves the models over HTTP with OpenAI's API, all of them under one device\n"
     "budget: a pool gives each loaded model a share of the budget and moves the\n"
@@ -59,9 +59,13 @@ static const char help[] =
     "1 MiB), 503 (--queue full; no room for the model while the others have\n"
     "requests) or 500.\n"
     "\n"
-    "Requests are queued per model and run one at a time through the pool: they\n"
-    "are not batched into one forward yet. Requests for different models run at\n"
-    "once, within their shares; --max-batch takes only 1.\n"
+    "Requests are queued per model; those waiting together when the model comes\n"
+    "free run as one batch of up to --max-batch: each prompt is prefilled alone\n"
+    "into its own row of the KV cache, then every request still generating takes\n"
+    "its next token in one forward, each row at its own position (no padding to\n"
+    "a common length; a row that has ended is padding until the rows above it\n"
+    "end). Each answer is the one the request gets alone. Requests for different\n"
+    "models run at once, within their shares.\n"
     "\n"
     "  --model NAME=DIR    a model to serve as NAME (letters, digits, . _ - : /):\n"
     "                      a Hugging Face-layout LLaMA checkpoint with its\n"
@@ -95,7 +99,10 @@ static const char help[] =
     "  --max-loaded N      models loaded at once (default 0: as many as the budget\n"
     "                      holds); loading one more evicts the least recently\n"
     "                      used idle one\n"
-    "  --max-batch N       requests per forward: only 1 for now\n"
+    "  --max-batch N       requests of a model run together (default 4, at most\n"
+    "                      64); each model's KV cache in host memory holds N\n"
+    "                      sequences of --ctx tokens (1: requests one at a time,\n"
+    "                      the smallest cache)\n"
     "  --backend B         auto, cpu or cuda\n"
     "  --threads N         CPU threads of each model (default: all cores)\n"
     "  --quiet             no log lines on standard error\n"
@@ -212,10 +219,9 @@ static int parse_args(int argc, char **argv, serve_args *a) {
             a->so.max_queue = (int)v;
             break;
         case 'G':
-            if (cli_parse_int(optarg, 1, INT_MAX, &v)) return cli_usage_error("serve", "bad --max-batch '%s'", optarg);
-            if (v != 1)
-                return cli_usage_error("serve", "--max-batch %ld: requests are not batched into one forward yet; "
-                                       "each model runs its requests one at a time (only --max-batch 1)", v);
+            if (cli_parse_int(optarg, 1, TIDE_MAX_BATCH, &v))
+                return cli_usage_error("serve", "bad --max-batch '%s' (1 to %d)", optarg, TIDE_MAX_BATCH);
+            a->so.max_batch = (int)v;
             break;
         case 'b':
             if (cli_parse_backend(optarg, &a->backend))

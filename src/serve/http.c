@@ -83,6 +83,8 @@ char *serve_metrics_text(serve_server *s) {
         {"tide_model_min_bytes", "gauge", "The model's minimum device bytes."},
         {"tide_model_replans_total", "counter", "Share changes applied to the model (its plans made again)."},
         {"tide_model_drifted_total", "counter", "Requests whose measured time was over 30% from the prediction."},
+        {"tide_model_batches_total", "counter", "Batches of several of its requests run together (one forward per step)."},
+        {"tide_model_batched_requests_total", "counter", "Requests that ran in those batches."},
     };
     enum { N_PER = sizeof per_model / sizeof per_model[0] };
     /* lru held: a loaded model's workload is not removed under the reads */
@@ -102,12 +104,14 @@ char *serve_metrics_text(serve_server *s) {
             case 3: v = (double)atomic_load(&m->prompt_tokens); break;
             case 4: v = (double)atomic_load(&m->requests); break;
             case 5: v = atomic_load(&m->inflight); break;
-            case 6: v = ws.waiting + atomic_load(&m->run_waiting); break;
+            case 6: v = ws.waiting; break;
             case 7: v = (double)ws.share_bytes; break;
             case 8: v = (double)ws.held_bytes; break;
             case 9: v = (double)ws.min_bytes; break;
             case 10: v = (double)ws.replans; break;
-            default: v = (double)ws.drifted; break;
+            case 11: v = (double)ws.drifted; break;
+            case 12: v = (double)ws.batches; break;
+            default: v = (double)ws.batched_requests; break;
             }
             tide_strbuf_printf(&b, "%s{model=\"%s\"} %.17g\n", per_model[k].name, m->name, v);
         }
@@ -132,6 +136,8 @@ char *serve_metrics_text(serve_server *s) {
          (double)ps.drifted},
         {"tide_pool_waits_total", "counter", "Requests that waited for room or their turn.", (double)ps.waits},
         {"tide_pool_requests_total", "counter", "Requests the pool completed.", (double)ps.requests},
+        {"tide_pool_batches_total", "counter", "Batches of several requests of one model run together.",
+         (double)ps.batches},
     };
     for (size_t k = 0; k < sizeof pool / sizeof pool[0]; k++) {
         tb_head(&b, pool[k].name, pool[k].type, pool[k].help);
@@ -509,8 +515,6 @@ int serve_http_run(const serve_opts *o, const sigset_t *signals) {
         models[i].name = o->models[i].name;
         models[i].dir = o->models[i].dir;
         pthread_mutex_init(&models[i].mu, NULL);
-        pthread_mutex_init(&models[i].run_mu, NULL);
-        pthread_cond_init(&models[i].run_cv, NULL);
     }
     int rc = 1;
     char port[16];

@@ -26,6 +26,8 @@ typedef struct serve_opts {
     int ctx_len;                  /* 0: each model's positions, at most 4096 */
     int max_queue;                /* requests accepted per model at once (running and
                                      waiting); more get 503 */
+    int max_batch;                /* a model's requests run together in one forward
+                                     (tide_pool_generate: waiting ones batched; 0: 4) */
     int threads;                  /* CPU threads of each model (0: all) */
     int max_loaded;               /* models loaded at once (0: as many as the budget
                                      holds); the least recently used idle one goes */

@@ -13,10 +13,14 @@
  * Sampling is tide_sampler's; with temperature 0 (the default) greedy, so a
  * completion equals `tide run --prompt` on the same model, text for text.
  *
- * Threads: requests of every model run at once, each on its own thread; the
- * requests of one model take turns (turn_take), one at a time in the pool. A tokenizer encodes on one
- * thread at a time (serve_model.mu); decoding (one tide_detok per request)
- * only reads it.
+ * Threads: every request waits on its own thread; the pool runs a model's
+ * requests that wait together as one batch (up to --max-batch), from
+ * whichever of their threads leads it, so a request's token callback (its
+ * text, its stream) may run on another request's thread while its own
+ * waits: it touches only the request's own state (and the stream's, under
+ * its lock). A failure's message comes back on the request's own context
+ * (tide_pool_generate_on). A tokenizer encodes on one thread at a time
+ * (serve_model.mu); decoding (one tide_detok per request) only reads it.
  */
 #include "serve/http_int.h"
 
@@ -112,31 +116,6 @@ static int on_token(void *user, int32_t id) {
     return 0;
 }
 
-/* A request's turn at its model, first come, first served: the pool runs a
- * model's requests one at a time anyway, and taking the turn here too is
- * what makes a failure's message the request's own. The pool records it on
- * the workload's context, which every request of the model shares and the
- * next one may overwrite as soon as the pool lets it run, i.e. before this
- * thread has read it; under the turn, no request of the model runs until the
- * message is copied. The pool still sees every model that has requests
- * waiting (the one whose turn it is waits in the pool), so its shares and
- * turns between models are what they were. */
-static void turn_take(serve_model *m) {
-    pthread_mutex_lock(&m->run_mu);
-    uint64_t t = m->run_next++;
-    atomic_fetch_add(&m->run_waiting, 1);
-    while (m->run_serving != t) pthread_cond_wait(&m->run_cv, &m->run_mu);
-    atomic_fetch_sub(&m->run_waiting, 1);
-    pthread_mutex_unlock(&m->run_mu);
-}
-
-static void turn_pass(serve_model *m) {
-    pthread_mutex_lock(&m->run_mu);
-    m->run_serving++;
-    pthread_cond_broadcast(&m->run_cv);
-    pthread_mutex_unlock(&m->run_mu);
-}
-
 int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const char *piece, size_t n), void *user,
               const atomic_bool *cancel, serve_result *res, serve_error *e) {
     serve_model *m = p->m;
@@ -152,11 +131,9 @@ int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const
     int n_out = 0;
     tide_status ts = TIDE_OK;
     char msg[400] = "";
-    turn_take(m);
     if (atomic_load(&s->stopping)) rs.cancelled = true; /* not started: nothing to cancel mid-way */
-    else ts = tide_pool_generate(s->o.pool, m->w, p->ids, p->n_ids, p->max_new, &go, gen, &n_out, &st);
-    if (ts) snprintf(msg, sizeof msg, "%s", tide_ctx_last_error(tide_pool_workload_ctx(m->w)));
-    turn_pass(m);
+    else ts = tide_pool_generate_on(s->o.pool, m->w, p->ctx, p->ids, p->n_ids, p->max_new, &go, gen, &n_out, &st);
+    if (ts) snprintf(msg, sizeof msg, "%s", tide_ctx_last_error(p->ctx));
     free(gen);
     if (!ts && p->out.err) {
         ts = p->out.err;

@@ -21,6 +21,7 @@
 
 #define SERVE_MAX_BODY ((size_t)1 << 20) /* request bodies above this: 413 */
 #define SERVE_DEFAULT_MAX_TOKENS 16      /* /v1/completions without max_tokens */
+#define SERVE_MAX_BATCH 4                /* --max-batch by default */
 #define SERVE_CHAT_MAX_TOKENS 256        /* /v1/chat/completions without it */
 
 /* Where a model is (http_models.c has the diagram); under serve_server.lru. */
@@ -40,10 +41,6 @@ typedef struct serve_model {
     int users;                    /* prepared requests holding it loaded */
     uint64_t last_used;           /* serve_server.tick at its last use */
     atomic_llong evictions;
-    pthread_mutex_t run_mu;       /* its requests' turns: one in the pool at a time */
-    pthread_cond_t run_cv;
-    uint64_t run_next, run_serving; /* tickets (under run_mu): first come, first served */
-    atomic_int run_waiting;       /* requests waiting here for their turn */
     tide_ctx *ctx;                /* loading's and the tokenizer's errors */
     tide_checkpoint *ck;
     tide_tokenizer *tok;

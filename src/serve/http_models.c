@@ -170,7 +170,8 @@ static void room_by_minimums(serve_server *s, serve_model *m) {
 /* Adds m's workload to the pool, evicting for R2. Returns 0 or -1 with *e
  * filled. */
 static int add_to_pool(serve_server *s, serve_model *m, serve_error *e) {
-    tide_model_opts mo = {.max_batch = 1, .ctx_len = m->ctx_len};
+    tide_model_opts mo = {.max_batch = s->o.max_batch > 0 ? s->o.max_batch : SERVE_MAX_BATCH,
+                          .ctx_len = m->ctx_len};
     for (;;) {
         char msg[400];
         pthread_mutex_lock(&s->mgmt);
@@ -295,7 +296,5 @@ void serve_models_free(serve_server *s) {
         tide_ctx_free(m->ctx);
         m->ctx = NULL;
         pthread_mutex_destroy(&m->mu);
-        pthread_mutex_destroy(&m->run_mu);
-        pthread_cond_destroy(&m->run_cv);
     }
 }
