@@ -852,7 +852,8 @@ void tide_pool_free(tide_pool *p);
 
 /* Adds a model workload named `name` (unique in the pool) of checkpoint ck
  * (which must outlive the workload) with options mo (may be NULL: batch 1,
- * the config's context length). The pool makes and owns the tide_model, on a
+ * the config's context length; mo->max_batch is how many of its waiting
+ * requests one batch takes, tide_pool_generate). The pool makes and owns the tide_model, on a
  * context of its own (tide_pool_workload_ctx), finds its minimum and its
  * predicted request time at a few budgets (planning, not running), and
  * re-partitions. Safe while other workloads run requests. Returns TIDE_OK;
