@@ -732,8 +732,8 @@ typedef struct tide_gen_request {
     /* results */
     int n_out;                  /* ids generated */
     tide_status status;         /* TIDE_OK, its refusal, or the batch's failure */
-    tide_gen_stats stats;       /* its own: prefill_s (its prompt), decode_s (from the
-                                   batch's first decode step to its last id), tokens,
+    tide_gen_stats stats;       /* its own: prefill_s (its prompt), decode_s (from its
+                                   prefill's end to its last id), tokens,
                                    logits_hash (its own logits: equal to the hash of the
                                    same request run alone when bit-identical); the
                                    offloaded counters (bytes, predicted_s, exec_s) and
@@ -757,6 +757,29 @@ typedef struct tide_gen_request {
  * NULL. Returns TIDE_OK when every request succeeded, else the first
  * failure. */
 tide_status tide_model_generate_batch(tide_model *m, tide_gen_request *reqs, int n, tide_gen_stats *batch_stats);
+
+/* What a batch tells its caller while it runs (tide_model_generate_batch_ex). */
+typedef struct tide_batch_hooks {
+    /* Before each decode step while a cache row is free: may set *req to a
+     * further generation (the caller's, valid until its done) and return
+     * non-zero; it is checked and prefilled alone into the lowest free row,
+     * then steps with the others. Returning 0 admits none before this step. */
+    int (*admit)(void *user, tide_gen_request **req);
+    /* Once per request, as soon as it has ended (its ids, n_out, status and
+     * stats final; the offloaded counters the batch's up to then): a
+     * request's results may be used before the batch ends. The batch does
+     * not touch the request afterwards. */
+    void (*done)(void *user, tide_gen_request *req);
+    void *user;
+} tide_batch_hooks;
+
+/* tide_model_generate_batch with hooks (h may be NULL): requests join the
+ * batch between steps (h->admit; a row ended frees its place; n may be 0
+ * with an admit hook) and each is reported when it ends (h->done). The
+ * batch ends when no row is generating and admit gives nothing. Its
+ * outcome for each request, and what the return value says, are as there. */
+tide_status tide_model_generate_batch_ex(tide_model *m, tide_gen_request *reqs, int n, const tide_batch_hooks *h,
+                                         tide_gen_stats *batch_stats);
 
 /* Runs the model on `tokens` (batch * seq ids, batch-major) at positions
  * start_pos.., with caches for each batch row, and copies all logits
@@ -883,13 +906,15 @@ tide_ctx *tide_pool_workload_ctx(tide_pool_workload *w);
  * results and errors as there) within w's current share. Thread-safe:
  * several threads may call it at once, for different workloads or the same
  * one. A workload's requests queue in arrival order; whichever of their
- * threads finds the workload free takes the queue's first max_batch
- * requests (its model's tide_model_opts.max_batch, given to
- * tide_pool_add_model) and runs them as one batch
- * (tide_model_generate_batch: each prompt prefilled alone, then one forward
- * per step for all; one request alone runs as tide_model_generate_ex), its
- * callbacks (on_token, the sampler) called from that thread; the others
- * wait for their results. Before running, a batch takes the share w was
+ * threads finds the workload free leads a batch
+ * (tide_model_generate_batch_ex: each prompt prefilled alone, then one
+ * forward per decode step for all) of up to max_batch requests at once
+ * (its model's tide_model_opts.max_batch, given to tide_pool_add_model):
+ * queued requests join it between its steps as rows free up, while its
+ * share is unchanged and no other workload waits for room or a turn; each
+ * request returns to its thread as soon as it ends. Its callbacks
+ * (on_token, the sampler) are called from the leading thread. Before
+ * running, a batch takes the share w was
  * last given (waiting, when it grows, until the others' shares in use
  * leave room; with SERIAL, until its turn). A batch whose share differs
  * from the one w's plans were made at replans (lazily, as a model does).

@@ -18,7 +18,9 @@
  *     prompts, lengths, stop ids and samplers run together give each the ids
  *     and logits (hash) of the same request run alone, on the plain engine,
  *     resident and offloaded; their decode steps share forwards; a refused
- *     request is refused alone.
+ *     request is refused alone; requests admitted while the batch runs
+ *     (tide_model_generate_batch_ex) equal their runs alone too, and each
+ *     is reported done as it ends, before the batch ends.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -304,6 +306,67 @@ static void check_batch(fixture *f, tide_model *m, int32_t stop3, int bad) {
     }
 }
 
+/* Hooks of a batch: admits request k before step k_at[k], records the
+ * order in which requests end. */
+typedef struct join_state {
+    tide_gen_request *rq;
+    int next, steps, n_done;
+    int at[NB];          /* admit request i before the at[i]-th admit call */
+    int done_order[NB];
+    int calls;
+} join_state;
+
+static int join_admit(void *user, tide_gen_request **req) {
+    join_state *j = user;
+    j->calls++;
+    if (j->next < NB && j->calls >= j->at[j->next]) {
+        *req = &j->rq[j->next++];
+        return 1;
+    }
+    return 0;
+}
+
+static void join_done(void *user, tide_gen_request *req) {
+    join_state *j = user;
+    assert_true(req->n_out >= 1 && req->status == TIDE_OK);
+    j->done_order[j->n_done++] = (int)(req - j->rq);
+}
+
+static void check_join(fixture *f, tide_model *m) {
+    int32_t want[NB][NB_NEW], got[NB][NB_NEW];
+    int want_n[NB];
+    uint64_t want_h[NB];
+    for (int i = 0; i < NB; i++) run_alone(f, m, &batch_reqs[i], -1, want[i], &want_n[i], &want_h[i]);
+    tide_sampler *smp[NB] = {0};
+    tide_gen_opts go[NB];
+    tide_gen_request rq[NB];
+    for (int i = 0; i < NB; i++) {
+        if (batch_reqs[i].seed) {
+            tide_sampler_opts so = {.temperature = 1.0, .top_k = 20, .seed = batch_reqs[i].seed};
+            assert_int_equal(tide_sampler_new(f->ctx, &so, vocab(f), &smp[i]), TIDE_OK);
+            for (int t = 0; t < batch_reqs[i].n_prompt; t++) tide_sampler_accept(smp[i], batch_reqs[i].prompt[t]);
+        }
+        go[i] = (tide_gen_opts){.sampler = smp[i]};
+        rq[i] = (tide_gen_request){.prompt = batch_reqs[i].prompt, .n_prompt = batch_reqs[i].n_prompt,
+                                   .max_new = batch_reqs[i].max_new, .opts = &go[i], .out_tokens = got[i]};
+    }
+    /* request 0 starts alone; 1 joins before the first step, 2 and 3 later */
+    join_state j = {.rq = rq, .next = 1, .at = {0, 1, 3, 5}};
+    tide_batch_hooks h = {.admit = join_admit, .done = join_done, .user = &j};
+    tide_gen_stats bs;
+    assert_int_equal(tide_model_generate_batch_ex(m, rq, 1, &h, &bs), TIDE_OK);
+    assert_int_equal(bs.batch, NB);
+    assert_true(bs.batch_steps > 0);
+    assert_int_equal(j.n_done, NB);
+    assert_int_equal(j.done_order[0], 1); /* 3 new tokens: ends first */
+    for (int i = 0; i < NB; i++) {
+        assert_int_equal(rq[i].n_out, want_n[i]);
+        assert_memory_equal(got[i], want[i], (size_t)want_n[i] * sizeof(int32_t));
+        assert_true(rq[i].stats.logits_hash == want_h[i]);
+        tide_sampler_free(smp[i]);
+    }
+}
+
 static void test_batch(void **state) {
     fixture *f = *state;
     tide_model *m = NULL;
@@ -318,9 +381,11 @@ static void test_batch(void **state) {
     check_batch(f, m, -1, -1);
     check_batch(f, m, stop3, -1);
     check_batch(f, m, -1, 1);
+    check_join(f, m);
     tide_offload_opts o = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.5, .policy = "tide", .hw = "a100-80g"};
     assert_int_equal(tide_model_set_offload(m, &o), TIDE_OK);
     check_batch(f, m, stop3, -1);
+    check_join(f, m);
     o.weights_on_ssd = true;
     o.fraction = 0.35;
     assert_int_equal(tide_model_set_offload(m, &o), TIDE_OK);

@@ -17,8 +17,9 @@
  *   - tide's fallback to time-slicing when the minimums do not fit, and back;
  *   - removing a workload with a request in flight waits for it, and refuses
  *     the request queued behind it;
- *   - requests of one workload that wait together run as one batch (the
- *     traces' workloads take up to three), each equal to its run alone;
+ *   - requests of one workload run as one batch (the traces' workloads take
+ *     up to three), those queued while a batch runs joining it between its
+ *     steps, each equal to its run alone;
  *   - bad input: no budget, unknown policy, duplicate name, a minimum above
  *     the budget, equal shares below a minimum, unknown workloads,
  *     continuation requests.
@@ -37,6 +38,7 @@
 #include "verify/verify.h"
 
 #include <dirent.h>
+#include <stdatomic.h>
 #include <ftw.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -588,6 +590,9 @@ typedef struct gen_arg {
     pthread_cond_t *cv;
     int *tokens_seen;
     bool *go;
+    int (*on_token)(void *user, int32_t id); /* instead of pause_first */
+    atomic_bool *back;                       /* set once the request has returned */
+    int calls;                               /* of on_token */
 } gen_arg;
 
 static int pause_first(void *user, int32_t id) {
@@ -604,11 +609,12 @@ static int pause_first(void *user, int32_t id) {
 static void *gen_thread(void *p) {
     gen_arg *a = p;
     const reference *r = &refs[a->fix][a->kind];
-    tide_gen_opts go = {.on_token = a->mu ? pause_first : NULL, .user = a};
+    tide_gen_opts go = {.on_token = a->on_token ? a->on_token : a->mu ? pause_first : NULL, .user = a};
     tide_gen_stats gs = {0};
     a->st = tide_pool_generate(a->p, a->w, r->prompt, kind_prompt[a->kind], kind_new[a->kind], &go, a->tok, &a->n,
                                &gs);
     a->hash = gs.logits_hash;
+    if (a->back) atomic_store(a->back, true);
     return NULL;
 }
 
@@ -664,8 +670,25 @@ static void test_fallback(void **state) {
     assert_int_equal(tide_alloc_live_bytes(), base);
 }
 
-/* Three requests queued behind a running one run as one batch: each equal
- * to its run alone, the batch counted. */
+/* The batch's first request: pauses at its first id (as pause_first) and,
+ * at its sixth, waits for the shortest request of the batch to have
+ * returned to its thread (10 s at most): a request is handed back as soon
+ * as it ends, not when its batch does. */
+static atomic_bool shortest_back;
+static bool shortest_late;
+
+static int pause_then_wait(void *user, int32_t id) {
+    gen_arg *a = user;
+    int n = ++a->calls;
+    if (n == 1) return pause_first(user, id);
+    for (int i = 0; n == 6 && i < 10000 && !atomic_load(&shortest_back); i++) usleep(1000);
+    if (n == 6 && !atomic_load(&shortest_back)) shortest_late = true;
+    return 0;
+}
+
+/* Three requests queued while one runs join its batch at its next step:
+ * each equal to its run alone, the batch counted once; the shortest
+ * returns before the batch ends. */
 static void test_batching(void **state) {
     (void)state;
     int64_t base = tide_alloc_live_bytes();
@@ -679,13 +702,16 @@ static void test_batching(void **state) {
     bool go = false;
     gen_arg a[4];
     pthread_t th[4];
-    a[0] = (gen_arg){.p = p, .w = w, .fix = 0, .kind = 3, .mu = &mu, .cv = &cv, .tokens_seen = &seen, .go = &go};
+    atomic_store(&shortest_back, false);
+    shortest_late = false;
+    a[0] = (gen_arg){.p = p, .w = w, .fix = 0, .kind = 3, .mu = &mu, .cv = &cv, .tokens_seen = &seen, .go = &go,
+                     .on_token = pause_then_wait};
     assert_int_equal(pthread_create(&th[0], NULL, gen_thread, &a[0]), 0);
     pthread_mutex_lock(&mu);
     while (!seen) pthread_cond_wait(&cv, &mu);
     pthread_mutex_unlock(&mu);
-    for (int i = 1; i < 4; i++) {
-        a[i] = (gen_arg){.p = p, .w = w, .fix = 0, .kind = i - 1};
+    for (int i = 1; i < 4; i++) { /* kind 2: 3 new ids, the shortest */
+        a[i] = (gen_arg){.p = p, .w = w, .fix = 0, .kind = i - 1, .back = i == 3 ? &shortest_back : NULL};
         assert_int_equal(pthread_create(&th[i], NULL, gen_thread, &a[i]), 0);
     }
     tide_pool_workload_stats ws;
@@ -701,10 +727,11 @@ static void test_batching(void **state) {
     pthread_mutex_unlock(&mu);
     for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
     for (int i = 0; i < 4; i++) check_alone(&a[i]);
+    assert_false(shortest_late);
     assert_int_equal(tide_pool_workload_stats_get(p, w, &ws), TIDE_OK);
     assert_int_equal(ws.requests, 4);
     assert_int_equal(ws.batches, 1);
-    assert_int_equal(ws.batched_requests, 3);
+    assert_int_equal(ws.batched_requests, 4);
     assert_int_equal(ws.max_batch, 4);
     tide_pool_stats ps;
     tide_pool_stats_get(p, &ps);

@@ -226,20 +226,61 @@ static tide_status next_id_row(const tide_model *m, graph_slot *s, const tide_ge
     return st ? st : tide_sampler_accept(o->sampler, *id);
 }
 
-/* A request of a batch while it runs. */
+/* A cache row of a batch while it runs: the request in it (NULL: free). */
 typedef struct batch_seq {
     tide_gen_request *r;
     const tide_gen_opts *o;
-    int row;
     bool active;    /* has a next step to run */
     int32_t last;   /* the id its next step reads */
     uint64_t hash;  /* of its own logits */
+    double t_dec;   /* when its decode steps could begin (its prefill's end) */
     double end;     /* when its last id came */
 } batch_seq;
 
-/* Takes the id row b of slot s gives for q; ends q after a stop id, a
- * callback's stop or its max_new. */
-static tide_status batch_take(tide_model *m, graph_slot *s, batch_seq *q, int b) {
+typedef struct batch_run {
+    tide_model *m;
+    const tide_batch_hooks *h;
+    batch_seq q[TIDE_MAX_BATCH]; /* by cache row */
+    int rows;                    /* rows it may use */
+    bool rows_alone;             /* the batch's decode graph could not be planned */
+    tide_status first;           /* the first failure of a request */
+    int n_run, batched, max_steps;
+    double prefill_s;
+    int prefill_tokens, decode_tokens;
+} batch_run;
+
+/* Request r has ended (its status set): its statistics, then the caller
+ * told (after which r is not touched). */
+static void batch_end(batch_run *br, tide_gen_request *r, const batch_seq *q) {
+    if (r->status && !br->first) br->first = r->status;
+    if (!r->status) {
+        tide_gen_stats g = br->m->acc; /* the batch's so far */
+        g.batch = br->n_run;
+        g.batch_steps = br->batched;
+        g.prefill_s = r->stats.prefill_s;
+        g.decode_s = q && r->n_out > 1 ? q->end - q->t_dec : 0;
+        g.prefill_tokens = r->max_new > 0 ? r->n_prompt : 0;
+        g.decode_tokens = r->n_out > 1 ? r->n_out - 1 : 0;
+        g.prefill_tokens_per_s = g.prefill_s > 0 ? g.prefill_tokens / g.prefill_s : 0;
+        g.decode_tokens_per_s = g.decode_s > 0 ? g.decode_tokens / g.decode_s : 0;
+        g.peak_bytes = br->m->offload ? br->m->weight_bytes + br->m->state_bytes + g.peak_device_bytes
+                                      : br->m->peak_bytes;
+        g.weight_bytes = br->m->weight_bytes;
+        g.state_bytes = br->m->state_bytes;
+        g.logits_hash = q ? q->hash : 0;
+        r->stats = g;
+        br->prefill_s += g.prefill_s;
+        br->prefill_tokens += g.prefill_tokens;
+        br->decode_tokens += g.decode_tokens;
+    }
+    if (br->h && br->h->done) br->h->done(br->h->user, r);
+}
+
+/* Takes the id row b of slot s gives for the request in row `row`; ends it
+ * after a stop id, a callback's stop or its max_new. */
+static tide_status batch_take(batch_run *br, graph_slot *s, int row, int b) {
+    tide_model *m = br->m;
+    batch_seq *q = &br->q[row];
     const uint64_t V = (uint64_t)m->cfg.vocab_size;
     q->hash = tide_hash_bytes(q->hash, s->logits + (size_t)b * V, V * sizeof(float));
     int32_t id = 0;
@@ -248,150 +289,173 @@ static tide_status batch_take(tide_model *m, graph_slot *s, batch_seq *q, int b)
     q->r->out_tokens[q->r->n_out++] = id;
     q->last = id;
     q->end = tide_now();
-    if (is_stop(q->o, id) || (q->o->on_token && q->o->on_token(q->o->user, id)) || q->r->n_out >= q->r->max_new)
-        q->active = false;
+    if (is_stop(q->o, id) || (q->o->on_token && q->o->on_token(q->o->user, id)) || q->r->n_out >= q->r->max_new) {
+        batch_seq ended = *q;
+        *q = (batch_seq){0}; /* the row is free from here on */
+        ended.r->status = TIDE_OK;
+        batch_end(br, ended.r, &ended);
+    }
     return TIDE_OK;
 }
 
-/* One decode step of every active row. rows_alone: step them one at a time
- * (the batch's graph could not be planned); set here when that is found. */
-static tide_status batch_step(tide_model *m, batch_seq *q, int nq, bool *rows_alone, int *batched) {
+/* Adds request r: refused (and ended) when its arguments are bad, ended at
+ * once with nothing to generate, else prefilled alone into the lowest free
+ * row. A failing run is returned (r still in its row, to fail with the
+ * others). */
+static tide_status batch_add(batch_run *br, tide_gen_request *r) {
+    static const tide_gen_opts none;
+    tide_model *m = br->m;
+    const tide_gen_opts *o = r->opts ? r->opts : &none;
+    r->n_out = 0;
+    memset(&r->stats, 0, sizeof r->stats);
+    r->status = tide_model_check_generate(m, m->ctx, r->prompt, r->n_prompt, r->max_new, o, r->out_tokens);
+    if (!r->status && o->start_pos)
+        r->status = tide_err(m->ctx, TIDE_E_INVALID, "a batch's generations start at position 0 (start_pos %d): "
+                             "their cache rows are the batch's", o->start_pos);
+    if (r->status || r->max_new == 0) { /* refused, or nothing to run (as tide_model_generate_ex) */
+        batch_end(br, r, NULL);
+        return TIDE_OK;
+    }
+    int row = 0;
+    while (row < br->rows && br->q[row].r) row++;
+    batch_seq *q = &br->q[row];
+    *q = (batch_seq){.r = r, .o = o, .active = true};
+    br->n_run++;
+    br->max_steps = TIDE_MAX(br->max_steps, r->max_new - 1);
+    /* a warm region chosen now weighs the decode steps of the batch so far */
+    m->warm_decode = TIDE_MIN(br->max_steps, MODEL_WARM_DECODE_STEPS);
+    int32_t *pos = tide_malloc((size_t)r->n_prompt * sizeof *pos);
+    if (!pos) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
+    for (int t = 0; t < r->n_prompt; t++) pos[t] = t;
+    double t0 = tide_now();
+    slot_key k = {.batch = 1, .seq = r->n_prompt, .fresh = true, .cache_row = row};
+    graph_slot *s = NULL;
+    tide_status st = get_slot_key(m, &k, &s);
+    if (!st) st = run_slot(m, s, r->prompt, pos, NULL, NULL);
+    tide_free(pos);
+    r->stats.prefill_s = tide_now() - t0;
+    q->t_dec = tide_now();
+    return st ? st : batch_take(br, s, row, 0);
+}
+
+/* One decode step of every active row: one forward of the rows up to the
+ * highest active one (the ended rows below it padding: position 0 of their
+ * own row), or, where that graph cannot be planned, each row alone. */
+static tide_status batch_step(batch_run *br) {
+    tide_model *m = br->m;
     int hi = -1, n_active = 0;
-    for (int i = 0; i < nq; i++)
-        if (q[i].active) hi = TIDE_MAX(hi, q[i].row), n_active++;
+    for (int i = 0; i < br->rows; i++)
+        if (br->q[i].active) hi = i, n_active++;
     tide_status st = TIDE_OK;
-    if (hi > 0 && !*rows_alone) {
+    if (hi > 0 && !br->rows_alone) {
         int B = hi + 1;
         int32_t tok[TIDE_MAX_BATCH], pos[TIDE_MAX_BATCH];
-        for (int b = 0; b < B; b++) tok[b] = pos[b] = 0; /* padding: position 0 of an ended row */
-        for (int i = 0; i < nq; i++)
-            if (q[i].active) {
-                tok[q[i].row] = q[i].last;
-                pos[q[i].row] = q[i].r->n_prompt + q[i].r->n_out - 1;
-            }
+        for (int b = 0; b < B; b++) {
+            const batch_seq *q = &br->q[b];
+            tok[b] = q->active ? q->last : 0;
+            pos[b] = q->active ? q->r->n_prompt + q->r->n_out - 1 : 0;
+        }
         slot_key k = {.batch = B, .seq = 1, .row_pos = true};
         graph_slot *s = NULL;
         if (!(st = get_slot_key(m, &k, &s))) st = run_slot(m, s, tok, pos, NULL, NULL);
-        if (st == TIDE_E_INFEASIBLE) {
-            *rows_alone = true; /* below: one at a time */
-            tide_err_clear(m->ctx);
-        } else {
+        if (st != TIDE_E_INFEASIBLE) {
             if (st) return st;
-            if (n_active > 1) (*batched)++;
-            for (int i = 0; i < nq && !st; i++)
-                if (q[i].active) st = batch_take(m, s, &q[i], q[i].row);
+            if (n_active > 1) br->batched++;
+            for (int b = 0; b < B && !st; b++)
+                if (br->q[b].active) st = batch_take(br, s, b, b);
             return st;
         }
+        br->rows_alone = true; /* below: one at a time, from now on */
+        tide_err_clear(m->ctx);
     }
-    for (int i = 0; i < nq && !st; i++) {
-        if (!q[i].active) continue;
-        slot_key k = {.batch = 1, .seq = 1, .cache_row = q[i].row};
-        int32_t tok = q[i].last, p = q[i].r->n_prompt + q[i].r->n_out - 1;
+    for (int i = 0; i < br->rows && !st; i++) {
+        batch_seq *q = &br->q[i];
+        if (!q->active) continue;
+        slot_key k = {.batch = 1, .seq = 1, .cache_row = i};
+        int32_t tok = q->last, p = q->r->n_prompt + q->r->n_out - 1;
         graph_slot *s = NULL;
         if (!(st = get_slot_key(m, &k, &s)) && !(st = run_slot(m, s, &tok, &p, NULL, NULL)))
-            st = batch_take(m, s, &q[i], 0);
+            st = batch_take(br, s, i, 0);
     }
     return st;
 }
 
-tide_status tide_model_generate_batch(tide_model *m, tide_gen_request *reqs, int n, tide_gen_stats *batch_stats) {
-    static const tide_gen_opts none;
+tide_status tide_model_generate_batch_ex(tide_model *m, tide_gen_request *reqs, int n, const tide_batch_hooks *h,
+                                         tide_gen_stats *batch_stats) {
     if (batch_stats) memset(batch_stats, 0, sizeof *batch_stats);
-    if (!reqs || n < 1 || n > m->max_batch || n > TIDE_MAX_BATCH)
+    const int rows = TIDE_MIN(m->max_batch, TIDE_MAX_BATCH);
+    if (n < 0 || (n > 0 && !reqs) || n > rows || (n == 0 && !(h && h->admit)))
         return tide_err(m->ctx, TIDE_E_INVALID, "a batch of %d generations (the model holds %d sequences)", n,
                         m->max_batch);
-    batch_seq q[TIDE_MAX_BATCH];
-    int nq = 0, max_steps = 0;
-    tide_status first = TIDE_OK;
+    batch_run *br = tide_calloc(1, sizeof *br);
+    if (!br) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
+    br->m = m;
+    br->h = h;
+    br->rows = rows;
+    /* the given requests longest first: rows end from the highest down, and
+     * the forward shrinks */
+    tide_gen_request *order[TIDE_MAX_BATCH];
     for (int i = 0; i < n; i++) {
-        tide_gen_request *r = &reqs[i];
-        r->n_out = 0;
-        memset(&r->stats, 0, sizeof r->stats);
-        const tide_gen_opts *o = r->opts ? r->opts : &none;
-        r->status = tide_model_check_generate(m, m->ctx, r->prompt, r->n_prompt, r->max_new, o, r->out_tokens);
-        if (!r->status && o->start_pos)
-            r->status = tide_err(m->ctx, TIDE_E_INVALID, "a batch's generations start at position 0 (start_pos %d): "
-                                 "their cache rows are the batch's", o->start_pos);
-        if (r->status) {
-            if (!first) first = r->status;
-            continue;
-        }
-        if (r->max_new == 0) continue; /* nothing to run, as tide_model_generate_ex */
-        /* longest first: rows end from the highest down, and the forward shrinks */
-        int j = nq++;
-        for (; j > 0 && q[j - 1].r->max_new < r->max_new; j--) q[j] = q[j - 1];
-        q[j] = (batch_seq){.r = r, .o = o, .active = true};
-        max_steps = TIDE_MAX(max_steps, r->max_new - 1);
+        int j = i;
+        for (; j > 0 && order[j - 1]->max_new < reqs[i].max_new; j--) order[j] = order[j - 1];
+        order[j] = &reqs[i];
     }
-    for (int i = 0; i < nq; i++) q[i].row = i;
+    for (int i = 0; i < n; i++)
+        br->max_steps = TIDE_MAX(br->max_steps, reqs[i].max_new - 1);
     memset(&m->acc, 0, sizeof m->acc);
     for (int i = 0; i < MODEL_SLOTS; i++) m->slots[i].gen_runs = 0;
-    m->warm_decode = TIDE_MIN(max_steps, MODEL_WARM_DECODE_STEPS);
+    m->warm_decode = TIDE_MIN(TIDE_MAX(br->max_steps, 0), MODEL_WARM_DECODE_STEPS);
     m->logits_hash = 0;
     tide_status st = TIDE_OK;
-    double pred0 = 0;
-    for (int i = 0; i < nq && !st; i++) {
-        tide_gen_request *r = q[i].r;
-        int32_t *pos = tide_malloc((size_t)r->n_prompt * sizeof *pos);
-        if (!pos) {
-            st = tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
-            break;
-        }
-        for (int t = 0; t < r->n_prompt; t++) pos[t] = t;
-        double t0 = tide_now();
-        slot_key k = {.batch = 1, .seq = r->n_prompt, .fresh = true, .cache_row = q[i].row};
-        graph_slot *s = NULL;
-        if (!(st = get_slot_key(m, &k, &s)) && !(st = run_slot(m, s, r->prompt, pos, NULL, NULL)))
-            st = batch_take(m, s, &q[i], 0);
-        tide_free(pos);
-        r->stats.prefill_s = tide_now() - t0;
-    }
-    pred0 = m->acc.predicted_s;
+    for (int i = 0; i < n && !st; i++) st = batch_add(br, order[i]);
     double t1 = tide_now();
-    bool rows_alone = false;
-    int batched = 0, steps = 0;
-    for (;;) {
+    double pred0 = m->acc.predicted_s;
+    int steps = 0;
+    while (!st) {
+        /* requests joining between steps, into free rows */
+        for (;;) {
+            int free_rows = 0;
+            for (int i = 0; i < rows; i++) free_rows += !br->q[i].r;
+            tide_gen_request *nr = NULL;
+            if (!free_rows || !h || !h->admit || !h->admit(h->user, &nr) || !nr) break;
+            if ((st = batch_add(br, nr))) break;
+        }
         bool any = false;
-        for (int i = 0; i < nq; i++) any |= q[i].active;
+        for (int i = 0; i < rows; i++) any |= br->q[i].active;
         if (st || !any) break;
-        st = batch_step(m, q, nq, &rows_alone, &batched);
-        tide_progress(m->ctx, "token", (uint64_t)++steps, (uint64_t)max_steps);
+        st = batch_step(br);
+        tide_progress(m->ctx, "token", (uint64_t)++steps, (uint64_t)br->max_steps);
     }
+    /* a failing run fails every request not yet ended; so do those given
+     * but never reached */
+    for (int i = 0; st && i < rows; i++)
+        if (br->q[i].r) {
+            tide_gen_request *r = br->q[i].r;
+            br->q[i] = (batch_seq){0};
+            r->status = st;
+            batch_end(br, r, NULL);
+        }
     tide_gen_stats acc = m->acc;
-    acc.batch = nq;
-    acc.batch_steps = batched;
+    acc.batch = br->n_run;
+    acc.batch_steps = br->batched;
     acc.predicted_prefill_s = pred0;
     acc.peak_bytes = m->offload ? m->weight_bytes + m->state_bytes + m->acc.peak_device_bytes : m->peak_bytes;
     acc.weight_bytes = m->weight_bytes;
     acc.state_bytes = m->state_bytes;
-    for (int i = 0; i < nq; i++) {
-        tide_gen_request *r = q[i].r;
-        if (st && (q[i].active || r->n_out == 0)) { /* ended by the failure */
-            r->status = st;
-            if (!first) first = st;
-            continue;
-        }
-        tide_gen_stats g = acc;
-        g.prefill_s = r->stats.prefill_s;
-        g.decode_s = r->n_out > 1 ? q[i].end - t1 : 0;
-        g.prefill_tokens = r->n_prompt;
-        g.decode_tokens = r->n_out > 1 ? r->n_out - 1 : 0;
-        g.prefill_tokens_per_s = g.prefill_s > 0 ? g.prefill_tokens / g.prefill_s : 0;
-        g.decode_tokens_per_s = g.decode_s > 0 ? g.decode_tokens / g.decode_s : 0;
-        g.logits_hash = q[i].hash;
-        r->stats = g;
-    }
-    if (batch_stats) {
-        *batch_stats = acc;
-        batch_stats->decode_s = tide_now() - t1;
-        for (int i = 0; i < nq; i++) {
-            batch_stats->prefill_s += q[i].r->stats.prefill_s;
-            batch_stats->prefill_tokens += q[i].r->n_prompt;
-            batch_stats->decode_tokens += q[i].r->n_out > 1 ? q[i].r->n_out - 1 : 0;
-        }
-        batch_stats->logits_hash = m->logits_hash;
-    }
+    acc.prefill_s = br->prefill_s;
+    acc.decode_s = tide_now() - t1;
+    acc.prefill_tokens = br->prefill_tokens;
+    acc.decode_tokens = br->decode_tokens;
+    acc.logits_hash = m->logits_hash;
+    if (batch_stats) *batch_stats = acc;
+    tide_status first = br->first ? br->first : st;
+    tide_free(br);
     return first;
+}
+
+tide_status tide_model_generate_batch(tide_model *m, tide_gen_request *reqs, int n, tide_gen_stats *batch_stats) {
+    if (!reqs || n < 1) return tide_err(m->ctx, TIDE_E_INVALID, "a batch of %d generations", n);
+    return tide_model_generate_batch_ex(m, reqs, n, NULL, batch_stats);
 }
 
 tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prompt, int n_new,

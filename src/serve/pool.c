@@ -73,6 +73,7 @@
 #include "runtime/model_int.h"
 
 #include <assert.h>
+#include <stddef.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -366,7 +367,9 @@ static tide_status acquire(tide_pool *p, tide_pool_workload *w, bool *waited) {
         if (evict_one(p, w, want - w->held - (p->total - p->held_sum))) continue;
     wait:
         *waited = true;
+        w->acquiring = true; /* a running batch of another admits no more (pool_admit) */
         pthread_cond_wait(&p->cv, &p->mu);
+        w->acquiring = false;
     }
 }
 
@@ -700,11 +703,15 @@ static void record(tide_pool *p, tide_pool_workload *w, const tide_gen_stats *gs
  *
  * A request joins its workload's queue. Whichever request thread finds the
  * workload unclaimed leads: it claims it, takes its share (acquire, which
- * may wait; requests arriving meanwhile join the queue), then takes the
- * queue's first max_batch requests and runs them as one batch outside mu,
- * fills in each one's results and marks it done. A request's thread waits
- * until its request is done, leading whenever the workload is free and its
- * request still queued. */
+ * may wait; requests arriving meanwhile join the queue), then runs one
+ * batch outside mu (tide_model_generate_batch_ex): before each decode step
+ * the batch admits queued requests into its free rows (pool_admit, while
+ * admit_ok: never past a re-partition of its share or another workload
+ * waiting for room or a turn), and each request is handed back to its
+ * thread the moment it ends (pool_done). A request's thread waits until its
+ * request is done, leading whenever the workload is free and its request
+ * still queued. The batch's measurements are recorded, and may refit the
+ * cost model, when it ends. */
 
 static void queue_remove(tide_pool_workload *w, pool_req *r) {
     pool_req **pp = &w->q_head, *prev = NULL;
@@ -722,52 +729,85 @@ static void req_fail(pool_req *r, tide_ctx *src, tide_status st) {
     if (r->ctx && r->ctx != src) tide_err(r->ctx, st, "%s", tide_ctx_last_error(src));
 }
 
-/* Runs the batch b[0..n) of w (claimed, model_busy, mu not held); the
- * batch's statistics into *bs, the requests that ran into *ran. */
-static void run_batch(tide_pool_workload *w, pool_req **b, int n, tide_gen_stats *bs, int *ran) {
-    tide_gen_request rq[TIDE_MAX_BATCH];
-    pool_req *of[TIDE_MAX_BATCH];
-    int k = 0;
-    *ran = 0;
-    memset(bs, 0, sizeof *bs);
-    for (int i = 0; i < n; i++) {
-        pool_req *r = b[i];
-        tide_ctx *ec = r->ctx ? r->ctx : w->ctx;
-        if (r->g && r->g->start_pos) {
-            r->st = tide_err(ec, TIDE_E_UNSUPPORTED, "a pool's requests start at position 0: a workload's cache "
-                             "is not kept between requests (its share may change, and batches use its rows)");
-            continue;
-        }
-        if ((r->st = tide_model_check_generate(w->m, ec, r->prompt, r->n_prompt, r->max_new, r->g, r->out_tokens)))
-            continue;
-        rq[k] = (tide_gen_request){.prompt = r->prompt, .n_prompt = r->n_prompt, .max_new = r->max_new,
-                                   .opts = r->g, .out_tokens = r->out_tokens};
-        of[k++] = r;
+/* A batch being led: what its hooks need. */
+typedef struct lead_state {
+    tide_pool *p;
+    tide_pool_workload *w;
+    int admitted, ran;
+} lead_state;
+
+/* Whether w's running batch may take one more request from its queue (mu
+ * held): its first always; then only while w is not leaving, its share is
+ * the one it runs at (a re-partition waits for the batch to end), no other
+ * workload waits for room, and, time-sliced, none waits for its turn: a
+ * batch fed without end must not hold the budget from the others. */
+static bool admit_ok(const tide_pool *p, const tide_pool_workload *w, int admitted) {
+    if (w->leaving || !w->q_head) return false;
+    if (!admitted) return true;
+    if (!p->sliced && w->share != w->configured) return false;
+    for (int i = 0; i < p->n; i++) {
+        const tide_pool_workload *v = p->w[i];
+        if (v != w && (v->acquiring || (p->sliced && v->waiting))) return false;
     }
-    if (k == 1) { /* alone: the ordinary generation */
-        pool_req *r = of[0];
-        tide_status st = tide_model_generate_ex(w->m, r->prompt, r->n_prompt, r->max_new, r->g, r->out_tokens,
-                                                &r->n_out, &r->stats);
-        if (st) req_fail(r, w->ctx, st);
-        else *bs = r->stats, *ran = 1;
-        return;
-    }
-    if (k == 0) return;
-    tide_status st = tide_model_generate_batch(w->m, rq, k, bs);
-    for (int i = 0; i < k; i++) {
-        pool_req *r = of[i];
-        r->n_out = rq[i].n_out;
-        r->stats = rq[i].stats;
-        if (rq[i].status) req_fail(r, w->ctx, rq[i].status);
-        else (*ran)++;
-    }
-    if (st && *ran < k) *ran = 0; /* a run failed: its measurements are not a request's */
+    return true;
 }
 
-/* Leads w (claimed by the caller, mu held): its share, then one batch from
- * the queue. own is the caller's request (still queued): when the share
- * cannot be had, it alone fails. Returns whether own was refused because w
- * is leaving. */
+/* tide_batch_hooks.admit: the next request of w's queue, checked on its own
+ * context (a refused one ends at once). */
+static int pool_admit(void *user, tide_gen_request **req) {
+    lead_state *ls = user;
+    tide_pool *p = ls->p;
+    tide_pool_workload *w = ls->w;
+    pthread_mutex_lock(&p->mu);
+    while (admit_ok(p, w, ls->admitted)) {
+        pool_req *r = w->q_head;
+        queue_remove(w, r);
+        r->taken = true;
+        w->waiting--;
+        ls->admitted++;
+        pthread_mutex_unlock(&p->mu);
+        tide_ctx *ec = r->ctx ? r->ctx : w->ctx;
+        tide_status st = TIDE_OK;
+        if (r->g && r->g->start_pos)
+            st = tide_err(ec, TIDE_E_UNSUPPORTED, "a pool's requests start at position 0: a workload's cache is "
+                          "not kept between requests (its share may change, and batches use its rows)");
+        else
+            st = tide_model_check_generate(w->m, ec, r->prompt, r->n_prompt, r->max_new, r->g, r->out_tokens);
+        if (!st) {
+            r->gr = (tide_gen_request){.prompt = r->prompt, .n_prompt = r->n_prompt, .max_new = r->max_new,
+                                       .opts = r->g, .out_tokens = r->out_tokens};
+            *req = &r->gr;
+            return 1;
+        }
+        pthread_mutex_lock(&p->mu);
+        r->st = st;
+        r->done = true; /* r is its thread's from here on */
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return 0;
+}
+
+/* tide_batch_hooks.done: request gr's results to its thread, which may
+ * return at once. */
+static void pool_done(void *user, tide_gen_request *gr) {
+    lead_state *ls = user;
+    pool_req *r = (pool_req *)((char *)gr - offsetof(pool_req, gr));
+    r->n_out = gr->n_out;
+    r->stats = gr->stats;
+    if (gr->status) req_fail(r, ls->w->ctx, gr->status);
+    else ls->ran++;
+    pthread_mutex_lock(&ls->p->mu);
+    r->done = true; /* not touched from here on */
+    pthread_cond_broadcast(&ls->p->cv);
+    pthread_mutex_unlock(&ls->p->mu);
+}
+
+/* Leads w (claimed by the caller, mu held): its share, then one batch,
+ * whose requests come from the queue (pool_admit) and go back to their
+ * threads as each ends (pool_done). own is the caller's request (still
+ * queued): when the share cannot be had, it alone fails. Returns whether
+ * own was refused because w is leaving. */
 static bool lead(tide_pool *p, tide_pool_workload *w, pool_req *own) {
     bool waited = false;
     tide_status st = acquire(p, w, &waited);
@@ -783,25 +823,17 @@ static bool lead(tide_pool *p, tide_pool_workload *w, pool_req *own) {
         req_fail(own, w->ctx, st);
         return false;
     }
-    pool_req *b[TIDE_MAX_BATCH];
-    int n = 0;
-    while (w->q_head && n < w->max_batch) {
-        pool_req *r = w->q_head;
-        queue_remove(w, r);
-        r->taken = true;
-        w->waiting--;
-        b[n++] = r;
-    }
     pthread_mutex_unlock(&p->mu);
+    lead_state ls = {.p = p, .w = w};
+    tide_batch_hooks h = {.admit = pool_admit, .done = pool_done, .user = &ls};
     tide_gen_stats bs;
-    int ran = 0;
-    run_batch(w, b, n, &bs, &ran);
-    if (ran) pool_refit_after(p, w, &bs); /* claim and model_busy still held */
+    st = tide_model_generate_batch_ex(w->m, NULL, 0, &h, &bs);
+    bool measured = !st && ls.ran > 0; /* a failed run's measurements are not a request's */
+    if (measured) pool_refit_after(p, w, &bs); /* claim and model_busy still held */
     pthread_mutex_lock(&p->mu);
     w->planned = true;
-    if (ran) record(p, w, &bs, ran);
+    if (measured) record(p, w, &bs, ls.ran);
     release_after(p, w);
-    for (int i = 0; i < n; i++) b[i]->done = true;
     return false;
 }
 

@@ -17,9 +17,10 @@
 #define POOL_PROMPT 32       /* the default typical request */
 #define POOL_NEW 16
 
-/* A request of a workload: queued until a leader takes it into a batch
+/* A request of a workload: queued until a leader admits it into a batch
  * (pool.c, "requests"), fields under mu except what the leader fills while
- * it runs (n_out, st, stats), which the request's thread reads after done. */
+ * it runs (gr, n_out, st, stats), which the request's thread reads once
+ * done is set (the leader touches it no more). */
 typedef struct pool_req {
     struct pool_req *next;
     const int32_t *prompt;
@@ -31,6 +32,7 @@ typedef struct pool_req {
     int n_out;
     tide_status st;
     tide_gen_stats stats;
+    tide_gen_request gr;       /* in the batch that took it (the leader's) */
 } pool_req;
 
 struct tide_pool_workload {
@@ -56,6 +58,7 @@ struct tide_pool_workload {
     bool model_busy;           /* P3 */
     bool running_turn;         /* time-sliced: its turn, at its turn share (pool.c turn_share) */
     bool leaving;
+    bool acquiring;            /* a request of it waits in acquire for room or its turn */
     bool drift_logged;
     bool planned;              /* a request ran at the configured budget (its plans exist) */
     int users;                 /* threads inside tide_pool_generate for it */
