@@ -292,6 +292,7 @@ static void check_batch(fixture *f, tide_model *m, int32_t stop3, int bad) {
     assert_int_equal(bs.batch, bad >= 0 ? NB - 1 : NB);
     assert_true(bs.batch_steps > 0); /* some steps advanced several requests at once */
     for (int i = 0; i < NB; i++) {
+        tide_sampler_free(smp[i]);
         if (i == bad) {
             assert_int_equal(rq[i].status, TIDE_E_RANGE);
             assert_int_equal(rq[i].n_out, 0);
@@ -302,7 +303,6 @@ static void check_batch(fixture *f, tide_model *m, int32_t stop3, int bad) {
         assert_memory_equal(got[i], want[i], (size_t)want_n[i] * sizeof(int32_t));
         assert_true(rq[i].stats.logits_hash == want_h[i]);
         assert_int_equal(rq[i].stats.decode_tokens, want_n[i] > 1 ? want_n[i] - 1 : 0);
-        tide_sampler_free(smp[i]);
     }
 }
 
@@ -363,8 +363,8 @@ static void check_join(fixture *f, tide_model *m) {
         assert_int_equal(rq[i].n_out, want_n[i]);
         assert_memory_equal(got[i], want[i], (size_t)want_n[i] * sizeof(int32_t));
         assert_true(rq[i].stats.logits_hash == want_h[i]);
-        tide_sampler_free(smp[i]);
     }
+    for (int i = 0; i < NB; i++) tide_sampler_free(smp[i]);
 }
 
 static void test_batch(void **state) {

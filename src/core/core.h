@@ -100,6 +100,9 @@ tide_status tide_write_file_atomic(tide_ctx *ctx, const char *what, const char *
 
 /* Monotonic wall clock in seconds. */
 double tide_now(void);
+/* Bytes of host memory available now (MemAvailable, else the free pages),
+ * 0 when unknown. */
+uint64_t tide_host_available(void);
 
 /* Allocation of the graph arrays: grows *arr (elements of size elem) to hold at
  * least need elements; returns 0 or -1 when memory is exhausted. */

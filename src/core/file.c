@@ -7,6 +7,7 @@
 #include "core/core.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -159,4 +160,16 @@ tide_status tide_write_file_atomic(tide_ctx *ctx, const char *what, const char *
     if (st) return st;
     if (n) fwrite(buf, 1, n, f.fp); /* a short write leaves ferror set: commit reports it */
     return tide_file_commit(&f);
+}
+
+uint64_t tide_host_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    if (kb) return (uint64_t)kb * 1024;
+    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
 }

@@ -56,19 +56,6 @@ static void unpin(tide_model *m) {
     m->pinned_bytes = 0;
 }
 
-/* Bytes of host memory available now (MemAvailable), 0 when unknown. */
-static uint64_t host_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    unsigned long long kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    if (f) fclose(f);
-    if (kb) return (uint64_t)kb * 1024;
-    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
-}
-
 /* Copies the checkpoint's tensors into pinned host memory (host_alloc; on a
  * backend without it, aligned memory locked with mlock), in checkpoint order,
  * while the copies stay within half the host memory available before the
@@ -87,7 +74,7 @@ static tide_status pin_weights(tide_model *m) {
         tide_tensor_info ti;
         if (tide_checkpoint_get_index(m->ck, i, &ti) == TIDE_OK) total += ti.nbytes;
     }
-    uint64_t limit = m->pinned_bytes + host_available() / 2;
+    uint64_t limit = m->pinned_bytes + tide_host_available() / 2;
     const char *why = NULL;
     for (int i = 0; i < m->n_weights && !why; i++) {
         tide_tensor_info ti;

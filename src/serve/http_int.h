@@ -21,7 +21,8 @@
 
 #define SERVE_MAX_BODY ((size_t)1 << 20) /* request bodies above this: 413 */
 #define SERVE_DEFAULT_MAX_TOKENS 16      /* /v1/completions without max_tokens */
-#define SERVE_MAX_BATCH 4                /* --max-batch by default */
+#define SERVE_MAX_BATCH 4                /* --max-batch by default (fewer where the KV cache's rows would
+                                            take over a quarter of the host memory available) */
 #define SERVE_CHAT_MAX_TOKENS 256        /* /v1/chat/completions without it */
 
 /* Where a model is (http_models.c has the diagram); under serve_server.lru. */
