@@ -674,7 +674,8 @@ typedef struct tide_gen_stats {
                                    (a backend with events, sync_issue unset) */
     int batch;                  /* generations run together (tide_model_generate_batch;
                                    1 alone) */
-    int batch_steps;            /* decode forwards that advanced more than one of them */
+    int batch_steps;            /* forwards that advanced more than one of them (a decode
+                                   step, or prompts of one length prefilled together) */
 } tide_gen_stats;
 
 /* Greedy generation for one sequence: prefill `prompt` (n_prompt tokens), then
@@ -741,10 +742,12 @@ typedef struct tide_gen_request {
 } tide_gen_request;
 
 /* Runs n generations together (1 <= n <= the model's max_batch): each
- * request's prompt is prefilled alone into cache row i (requests ordered by
- * max_new, longest first), then every request still generating takes its
- * next step in one forward, each row at its own position (a graph with a
- * position per row: tide_llama_graph_opts.row_pos). The forward's batch is
+ * request's prompt is prefilled into cache row i (requests ordered by
+ * max_new, longest first; prompts of one length in consecutive rows
+ * together, as one batch of sequences, the others alone), then every
+ * request still generating takes its next step in one forward, each row at
+ * its own position (a graph with a position per row:
+ * tide_llama_graph_opts.row_pos). The forward's batch is
  * the highest row still generating plus one: a row below it that has ended
  * is padding (position 0 of its own cache row, its output unused). Where
  * that graph cannot be planned under the budget (TIDE_E_INFEASIBLE), the

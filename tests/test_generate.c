@@ -367,6 +367,44 @@ static void check_join(fixture *f, tide_model *m) {
     for (int i = 0; i < NB; i++) tide_sampler_free(smp[i]);
 }
 
+/* Prompts of one length, prefilled together as one forward (and a
+ * sampled one among them): each equal to its run alone. */
+static void check_same_length(fixture *f, tide_model *m) {
+    breq same[NB];
+    for (int i = 0; i < NB; i++) {
+        same[i] = (breq){.n_prompt = 6, .max_new = 4 + 2 * i, .stop = -1, .seed = i == 2 ? 5 : 0};
+        for (int t = 0; t < 6; t++) same[i].prompt[t] = (int32_t)(1 + 37 * i + 11 * t) % vocab(f);
+    }
+    int32_t want[NB][NB_NEW], got[NB][NB_NEW];
+    int want_n[NB];
+    uint64_t want_h[NB];
+    for (int i = 0; i < NB; i++) run_alone(f, m, &same[i], -1, want[i], &want_n[i], &want_h[i]);
+    tide_sampler *smp[NB] = {0};
+    tide_gen_opts go[NB];
+    tide_gen_request rq[NB];
+    for (int i = 0; i < NB; i++) {
+        if (same[i].seed) {
+            tide_sampler_opts so = {.temperature = 1.0, .top_k = 20, .seed = same[i].seed};
+            assert_int_equal(tide_sampler_new(f->ctx, &so, vocab(f), &smp[i]), TIDE_OK);
+            for (int t = 0; t < same[i].n_prompt; t++) tide_sampler_accept(smp[i], same[i].prompt[t]);
+        }
+        go[i] = (tide_gen_opts){.sampler = smp[i]};
+        rq[i] = (tide_gen_request){.prompt = same[i].prompt, .n_prompt = same[i].n_prompt,
+                                   .max_new = same[i].max_new, .opts = &go[i], .out_tokens = got[i]};
+    }
+    tide_gen_stats bs;
+    assert_int_equal(tide_model_generate_batch(m, rq, NB, &bs), TIDE_OK);
+    /* one prefill of the four, then max_new - 1 = 9 decode steps of which
+     * all but the last three advance several rows */
+    assert_int_equal(bs.batch_steps, 1 + 7);
+    for (int i = 0; i < NB; i++) {
+        assert_int_equal(rq[i].n_out, want_n[i]);
+        assert_memory_equal(got[i], want[i], (size_t)want_n[i] * sizeof(int32_t));
+        assert_true(rq[i].stats.logits_hash == want_h[i]);
+        tide_sampler_free(smp[i]);
+    }
+}
+
 static void test_batch(void **state) {
     fixture *f = *state;
     tide_model *m = NULL;
@@ -382,10 +420,12 @@ static void test_batch(void **state) {
     check_batch(f, m, stop3, -1);
     check_batch(f, m, -1, 1);
     check_join(f, m);
+    check_same_length(f, m);
     tide_offload_opts o = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.5, .policy = "tide", .hw = "a100-80g"};
     assert_int_equal(tide_model_set_offload(m, &o), TIDE_OK);
     check_batch(f, m, stop3, -1);
     check_join(f, m);
+    check_same_length(f, m);
     o.weights_on_ssd = true;
     o.fraction = 0.35;
     assert_int_equal(tide_model_set_offload(m, &o), TIDE_OK);

@@ -243,6 +243,7 @@ typedef struct batch_run {
     batch_seq q[TIDE_MAX_BATCH]; /* by cache row */
     int rows;                    /* rows it may use */
     bool rows_alone;             /* the batch's decode graph could not be planned */
+    bool prefill_alone;          /* nor a prefill of several prompts */
     tide_status first;           /* the first failure of a request */
     int n_run, batched, max_steps;
     double prefill_s;
@@ -298,11 +299,10 @@ static tide_status batch_take(batch_run *br, graph_slot *s, int row, int b) {
     return TIDE_OK;
 }
 
-/* Adds request r: refused (and ended) when its arguments are bad, ended at
- * once with nothing to generate, else prefilled alone into the lowest free
- * row. A failing run is returned (r still in its row, to fail with the
- * others). */
-static tide_status batch_add(batch_run *br, tide_gen_request *r) {
+/* Takes request r into the batch: refused (and ended) when its arguments are
+ * bad, ended at once with nothing to generate, else given the lowest free
+ * row, to be prefilled (batch_prefill). Returns whether it took a row. */
+static bool batch_admit(batch_run *br, tide_gen_request *r) {
     static const tide_gen_opts none;
     tide_model *m = br->m;
     const tide_gen_opts *o = r->opts ? r->opts : &none;
@@ -314,28 +314,69 @@ static tide_status batch_add(batch_run *br, tide_gen_request *r) {
                              "their cache rows are the batch's", o->start_pos);
     if (r->status || r->max_new == 0) { /* refused, or nothing to run (as tide_model_generate_ex) */
         batch_end(br, r, NULL);
-        return TIDE_OK;
+        return false;
     }
     int row = 0;
     while (row < br->rows && br->q[row].r) row++;
-    batch_seq *q = &br->q[row];
-    *q = (batch_seq){.r = r, .o = o, .active = true};
+    br->q[row] = (batch_seq){.r = r, .o = o}; /* active once prefilled */
     br->n_run++;
     br->max_steps = TIDE_MAX(br->max_steps, r->max_new - 1);
     /* a warm region chosen now weighs the decode steps of the batch so far */
     m->warm_decode = TIDE_MIN(br->max_steps, MODEL_WARM_DECODE_STEPS);
-    int32_t *pos = tide_malloc((size_t)r->n_prompt * sizeof *pos);
-    if (!pos) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
-    for (int t = 0; t < r->n_prompt; t++) pos[t] = t;
-    double t0 = tide_now();
-    slot_key k = {.batch = 1, .seq = r->n_prompt, .fresh = true, .cache_row = row};
-    graph_slot *s = NULL;
-    tide_status st = get_slot_key(m, &k, &s);
-    if (!st) st = run_slot(m, s, r->prompt, pos, NULL, NULL);
-    tide_free(pos);
-    r->stats.prefill_s = tide_now() - t0;
-    q->t_dec = tide_now();
-    return st ? st : batch_take(br, s, row, 0);
+    return true;
+}
+
+/* Prefills the rows taken but not yet prefilled: those of one prompt length
+ * in consecutive rows as one forward (a batch of sequences at positions
+ * 0..T-1, each row computing what it computes alone), the others alone, and
+ * all alone from the first such forward the budget cannot plan.
+ * A failing run is returned (its requests still in their rows, to fail
+ * with the others). */
+static tide_status batch_prefill(batch_run *br) {
+    tide_model *m = br->m;
+    tide_status st = TIDE_OK;
+    for (int r0 = 0; r0 < br->rows && !st; r0++) {
+        batch_seq *q0 = &br->q[r0];
+        if (!q0->r || q0->active) continue;
+        const int T = q0->r->n_prompt;
+        int g = 1;
+        while (!br->prefill_alone && r0 + g < br->rows && br->q[r0 + g].r && !br->q[r0 + g].active &&
+               br->q[r0 + g].r->n_prompt == T)
+            g++;
+        int32_t *tok = tide_malloc((size_t)g * (size_t)T * sizeof *tok), *pos = tide_malloc((size_t)T * sizeof *pos);
+        if (!tok || !pos) {
+            tide_free(tok);
+            tide_free(pos);
+            return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
+        }
+        for (int i = 0; i < g; i++) memcpy(tok + (size_t)i * T, br->q[r0 + i].r->prompt, (size_t)T * sizeof *tok);
+        for (int t = 0; t < T; t++) pos[t] = t;
+        double t0 = tide_now();
+        slot_key k = {.batch = g, .seq = T, .fresh = true, .cache_row = r0};
+        graph_slot *s = NULL;
+        st = get_slot_key(m, &k, &s);
+        if (!st) st = run_slot(m, s, tok, pos, NULL, NULL);
+        tide_free(tok);
+        tide_free(pos);
+        if (st == TIDE_E_INFEASIBLE && g > 1) { /* the budget holds them one at a time */
+            br->prefill_alone = true;
+            tide_err_clear(m->ctx);
+            st = TIDE_OK;
+            r0--;
+            continue;
+        }
+        double t1 = tide_now();
+        for (int i = 0; i < g; i++) {
+            batch_seq *q = &br->q[r0 + i];
+            q->r->stats.prefill_s = t1 - t0;
+            q->t_dec = t1;
+            q->active = true;
+        }
+        if (g > 1 && !st) br->batched++;
+        for (int i = 0; i < g && !st; i++) st = batch_take(br, s, r0 + i, i);
+        r0 += g - 1;
+    }
+    return st;
 }
 
 /* One decode step of every active row: one forward of the rows up to the
@@ -407,19 +448,23 @@ tide_status tide_model_generate_batch_ex(tide_model *m, tide_gen_request *reqs, 
     m->warm_decode = TIDE_MIN(TIDE_MAX(br->max_steps, 0), MODEL_WARM_DECODE_STEPS);
     m->logits_hash = 0;
     tide_status st = TIDE_OK;
-    for (int i = 0; i < n && !st; i++) st = batch_add(br, order[i]);
+    for (int i = 0; i < n; i++) batch_admit(br, order[i]);
     double t1 = tide_now();
-    double pred0 = m->acc.predicted_s;
+    double pred0 = 0;
     int steps = 0;
+    bool first_round = true;
     while (!st) {
-        /* requests joining between steps, into free rows */
+        /* requests joining between steps, into free rows; then the new
+         * rows' prompts */
         for (;;) {
             int free_rows = 0;
             for (int i = 0; i < rows; i++) free_rows += !br->q[i].r;
             tide_gen_request *nr = NULL;
             if (!free_rows || !h || !h->admit || !h->admit(h->user, &nr) || !nr) break;
-            if ((st = batch_add(br, nr))) break;
+            batch_admit(br, nr);
         }
+        st = batch_prefill(br);
+        if (first_round) pred0 = m->acc.predicted_s, t1 = tide_now(), first_round = false;
         bool any = false;
         for (int i = 0; i < rows; i++) any |= br->q[i].active;
         if (st || !any) break;
