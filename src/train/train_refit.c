@@ -70,6 +70,7 @@ static tide_status replan(tide_trainer *t, const tide_hw *hw, tide_runner **out,
         tide_err_clear(ctx);
         placed = false;
     }
+    bool took_new = false; /* the plan kept is the new placement's (pass 0) */
     for (int pass = placed ? 0 : 1; pass < 2; pass++) {
         po.host_ops = pass == 0 ? ops : t->host_ops;
         if ((st = tide_plan_make(ctx, g, &po, &p))) {
@@ -81,7 +82,10 @@ static tide_status replan(tide_trainer *t, const tide_hw *hw, tide_runner **out,
             tide_graph_free(g);
             return st;
         }
-        if (same_homes(old, p) && p->device_budget <= t->arena_bytes) break;
+        if (same_homes(old, p) && p->device_budget <= t->arena_bytes) {
+            took_new = pass == 0;
+            break;
+        }
         tide_plan_free(p);
         p = NULL;
     }
@@ -90,7 +94,7 @@ static tide_status replan(tide_trainer *t, const tide_hw *hw, tide_runner **out,
         tide_graph_free(g);
         return tide_err(ctx, TIDE_E_INVALID, "the refitted plan homes the training state differently");
     }
-    if (placed && po.host_ops == ops) {
+    if (took_new) {
         *host_before = t->optim_choice.n_host;
         if (ops != t->host_ops) tide_free(t->host_ops);
         t->host_ops = ops;
