@@ -332,39 +332,58 @@ static void join_done(void *user, tide_gen_request *req) {
     j->done_order[j->n_done++] = (int)(req - j->rq);
 }
 
-static void check_join(fixture *f, tide_model *m) {
+/* A batch of NB requests (no stop ids) and their runs alone. */
+typedef struct batch_case {
     int32_t want[NB][NB_NEW], got[NB][NB_NEW];
     int want_n[NB];
     uint64_t want_h[NB];
-    for (int i = 0; i < NB; i++) run_alone(f, m, &batch_reqs[i], -1, want[i], &want_n[i], &want_h[i]);
-    tide_sampler *smp[NB] = {0};
+    tide_sampler *smp[NB];
     tide_gen_opts go[NB];
     tide_gen_request rq[NB];
+} batch_case;
+
+/* Runs each of reqs alone, then sets c up to run them as a batch (their own
+ * samplers seeded again). */
+static void case_make(fixture *f, tide_model *m, const breq *reqs, batch_case *c) {
+    memset(c, 0, sizeof *c);
+    for (int i = 0; i < NB; i++) run_alone(f, m, &reqs[i], -1, c->want[i], &c->want_n[i], &c->want_h[i]);
     for (int i = 0; i < NB; i++) {
-        if (batch_reqs[i].seed) {
-            tide_sampler_opts so = {.temperature = 1.0, .top_k = 20, .seed = batch_reqs[i].seed};
-            assert_int_equal(tide_sampler_new(f->ctx, &so, vocab(f), &smp[i]), TIDE_OK);
-            for (int t = 0; t < batch_reqs[i].n_prompt; t++) tide_sampler_accept(smp[i], batch_reqs[i].prompt[t]);
+        if (reqs[i].seed) {
+            tide_sampler_opts so = {.temperature = 1.0, .top_k = 20, .seed = reqs[i].seed};
+            assert_int_equal(tide_sampler_new(f->ctx, &so, vocab(f), &c->smp[i]), TIDE_OK);
+            for (int t = 0; t < reqs[i].n_prompt; t++) tide_sampler_accept(c->smp[i], reqs[i].prompt[t]);
         }
-        go[i] = (tide_gen_opts){.sampler = smp[i]};
-        rq[i] = (tide_gen_request){.prompt = batch_reqs[i].prompt, .n_prompt = batch_reqs[i].n_prompt,
-                                   .max_new = batch_reqs[i].max_new, .opts = &go[i], .out_tokens = got[i]};
+        c->go[i] = (tide_gen_opts){.sampler = c->smp[i]};
+        c->rq[i] = (tide_gen_request){.prompt = reqs[i].prompt, .n_prompt = reqs[i].n_prompt,
+                                      .max_new = reqs[i].max_new, .opts = &c->go[i], .out_tokens = c->got[i]};
     }
+}
+
+/* Each request of the batch equal to its run alone (ids and logits). */
+static void case_check(batch_case *c) {
+    for (int i = 0; i < NB; i++) {
+        assert_int_equal(c->rq[i].status, TIDE_OK);
+        assert_int_equal(c->rq[i].n_out, c->want_n[i]);
+        assert_memory_equal(c->got[i], c->want[i], (size_t)c->want_n[i] * sizeof(int32_t));
+        assert_true(c->rq[i].stats.logits_hash == c->want_h[i]);
+        tide_sampler_free(c->smp[i]);
+    }
+}
+
+static void check_join(fixture *f, tide_model *m) {
+    batch_case *c = malloc(sizeof *c);
+    case_make(f, m, batch_reqs, c);
     /* request 0 starts alone; 1 joins before the first step, 2 and 3 later */
-    join_state j = {.rq = rq, .next = 1, .at = {0, 1, 3, 5}};
+    join_state j = {.rq = c->rq, .next = 1, .at = {0, 1, 3, 5}};
     tide_batch_hooks h = {.admit = join_admit, .done = join_done, .user = &j};
     tide_gen_stats bs;
-    assert_int_equal(tide_model_generate_batch_ex(m, rq, 1, &h, &bs), TIDE_OK);
+    assert_int_equal(tide_model_generate_batch_ex(m, c->rq, 1, &h, &bs), TIDE_OK);
     assert_int_equal(bs.batch, NB);
     assert_true(bs.batch_steps > 0);
     assert_int_equal(j.n_done, NB);
     assert_int_equal(j.done_order[0], 1); /* 3 new tokens: ends first */
-    for (int i = 0; i < NB; i++) {
-        assert_int_equal(rq[i].n_out, want_n[i]);
-        assert_memory_equal(got[i], want[i], (size_t)want_n[i] * sizeof(int32_t));
-        assert_true(rq[i].stats.logits_hash == want_h[i]);
-    }
-    for (int i = 0; i < NB; i++) tide_sampler_free(smp[i]);
+    case_check(c);
+    free(c);
 }
 
 /* Prompts of one length, prefilled together as one forward (and a
@@ -375,34 +394,15 @@ static void check_same_length(fixture *f, tide_model *m) {
         same[i] = (breq){.n_prompt = 6, .max_new = 4 + 2 * i, .stop = -1, .seed = i == 2 ? 5 : 0};
         for (int t = 0; t < 6; t++) same[i].prompt[t] = (int32_t)(1 + 37 * i + 11 * t) % vocab(f);
     }
-    int32_t want[NB][NB_NEW], got[NB][NB_NEW];
-    int want_n[NB];
-    uint64_t want_h[NB];
-    for (int i = 0; i < NB; i++) run_alone(f, m, &same[i], -1, want[i], &want_n[i], &want_h[i]);
-    tide_sampler *smp[NB] = {0};
-    tide_gen_opts go[NB];
-    tide_gen_request rq[NB];
-    for (int i = 0; i < NB; i++) {
-        if (same[i].seed) {
-            tide_sampler_opts so = {.temperature = 1.0, .top_k = 20, .seed = same[i].seed};
-            assert_int_equal(tide_sampler_new(f->ctx, &so, vocab(f), &smp[i]), TIDE_OK);
-            for (int t = 0; t < same[i].n_prompt; t++) tide_sampler_accept(smp[i], same[i].prompt[t]);
-        }
-        go[i] = (tide_gen_opts){.sampler = smp[i]};
-        rq[i] = (tide_gen_request){.prompt = same[i].prompt, .n_prompt = same[i].n_prompt,
-                                   .max_new = same[i].max_new, .opts = &go[i], .out_tokens = got[i]};
-    }
+    batch_case *c = malloc(sizeof *c);
+    case_make(f, m, same, c);
     tide_gen_stats bs;
-    assert_int_equal(tide_model_generate_batch(m, rq, NB, &bs), TIDE_OK);
+    assert_int_equal(tide_model_generate_batch(m, c->rq, NB, &bs), TIDE_OK);
     /* one prefill of the four, then max_new - 1 = 9 decode steps of which
-     * all but the last three advance several rows */
+     * all but the last two advance several rows */
     assert_int_equal(bs.batch_steps, 1 + 7);
-    for (int i = 0; i < NB; i++) {
-        assert_int_equal(rq[i].n_out, want_n[i]);
-        assert_memory_equal(got[i], want[i], (size_t)want_n[i] * sizeof(int32_t));
-        assert_true(rq[i].stats.logits_hash == want_h[i]);
-        tide_sampler_free(smp[i]);
-    }
+    case_check(c);
+    free(c);
 }
 
 static void test_batch(void **state) {
