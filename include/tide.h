@@ -737,8 +737,10 @@ typedef struct tide_gen_request {
                                    prefill's end to its last id), tokens,
                                    logits_hash (its own logits: equal to the hash of the
                                    same request run alone when bit-identical); the
-                                   offloaded counters (bytes, predicted_s, exec_s) and
-                                   batch are the whole batch's */
+                                   offloaded counters (bytes, predicted_s, exec_s) are
+                                   those of the forwards run while it was in the batch
+                                   (shared with the requests beside it), batch and
+                                   batch_steps the batch's up to its end */
 } tide_gen_request;
 
 /* Runs n generations together (1 <= n <= the model's max_batch): each
@@ -765,13 +767,14 @@ tide_status tide_model_generate_batch(tide_model *m, tide_gen_request *reqs, int
 typedef struct tide_batch_hooks {
     /* Before each decode step while a cache row is free: may set *req to a
      * further generation (the caller's, valid until its done) and return
-     * non-zero; it is checked and prefilled alone into the lowest free row,
-     * then steps with the others. Returning 0 admits none before this step. */
+     * non-zero; it is checked and prefilled into the lowest free row (with
+     * those of its prompt length admitted before the same step), then steps
+     * with the others. Returning 0 admits none before this step. */
     int (*admit)(void *user, tide_gen_request **req);
     /* Once per request, as soon as it has ended (its ids, n_out, status and
-     * stats final; the offloaded counters the batch's up to then): a
-     * request's results may be used before the batch ends. The batch does
-     * not touch the request afterwards. */
+     * stats final, as tide_gen_request.stats says): a request's results may
+     * be used before the batch ends. The batch does not touch the request
+     * afterwards. */
     void (*done)(void *user, tide_gen_request *req);
     void *user;
 } tide_batch_hooks;

@@ -235,6 +235,7 @@ typedef struct batch_seq {
     uint64_t hash;  /* of its own logits */
     double t_dec;   /* when its decode steps could begin (its prefill's end) */
     double end;     /* when its last id came */
+    tide_gen_stats acc0; /* the batch's counters when it was admitted */
 } batch_seq;
 
 typedef struct batch_run {
@@ -255,7 +256,17 @@ typedef struct batch_run {
 static void batch_end(batch_run *br, tide_gen_request *r, const batch_seq *q) {
     if (r->status && !br->first) br->first = r->status;
     if (!r->status) {
-        tide_gen_stats g = br->m->acc; /* the batch's so far */
+        /* the counters of the forwards run while it was in the batch */
+        tide_gen_stats g = br->m->acc;
+        if (q) {
+            g.bytes_h2d -= q->acc0.bytes_h2d;
+            g.bytes_d2h -= q->acc0.bytes_d2h;
+            g.bytes_ssd_read -= q->acc0.bytes_ssd_read;
+            g.bytes_ssd_write -= q->acc0.bytes_ssd_write;
+            g.predicted_s -= q->acc0.predicted_s;
+            g.exec_s -= q->acc0.exec_s;
+            g.ssd_read_s -= q->acc0.ssd_read_s;
+        }
         g.batch = br->n_run;
         g.batch_steps = br->batched;
         g.prefill_s = r->stats.prefill_s;
@@ -318,7 +329,7 @@ static bool batch_admit(batch_run *br, tide_gen_request *r) {
     }
     int row = 0;
     while (row < br->rows && br->q[row].r) row++;
-    br->q[row] = (batch_seq){.r = r, .o = o}; /* active once prefilled */
+    br->q[row] = (batch_seq){.r = r, .o = o, .acc0 = m->acc}; /* active once prefilled */
     br->n_run++;
     br->max_steps = TIDE_MAX(br->max_steps, r->max_new - 1);
     /* a warm region chosen now weighs the decode steps of the batch so far */
