@@ -911,16 +911,16 @@ tide_ctx *tide_pool_workload_ctx(tide_pool_workload *w);
 /* Runs one request of w: tide_model_generate_ex on w's model (arguments,
  * results and errors as there) within w's current share. Thread-safe:
  * several threads may call it at once, for different workloads or the same
- * one. A workload's requests queue in arrival order; whichever of their
- * threads finds the workload free leads a batch
- * (tide_model_generate_batch_ex: each prompt prefilled alone, then one
- * forward per decode step for all) of up to max_batch requests at once
- * (its model's tide_model_opts.max_batch, given to tide_pool_add_model):
- * queued requests join it between its steps as rows free up, while its
- * share is unchanged and no other workload waits for room or a turn; each
- * request returns to its thread as soon as it ends. Its callbacks
- * (on_token, the sampler) are called from the leading thread. Before
- * running, a batch takes the share w was
+ * one. A workload's requests queue in arrival order; a thread of the
+ * workload's own (started by tide_pool_add_model) runs them in batches
+ * (tide_model_generate_batch_ex: prompts prefilled into free cache rows,
+ * then one forward per decode step for all) of up to max_batch requests at
+ * once (its model's tide_model_opts.max_batch): queued requests join a
+ * running batch between its steps as rows free up, while its share is
+ * unchanged and no other workload waits for room or a turn; each request
+ * returns to its caller as soon as it ends. Its callbacks (on_token, the
+ * sampler) are called from the workload's thread. Before running, a batch
+ * takes the share w was
  * last given (waiting, when it grows, until the others' shares in use
  * leave room; with SERIAL, until its turn). A batch whose share differs
  * from the one w's plans were made at replans (lazily, as a model does).

@@ -476,6 +476,9 @@ tide_status tide_pool_new(tide_ctx *ctx, tide_backend *be, const tide_pool_opts 
     return TIDE_OK;
 }
 
+static void workload_stop(tide_pool *p, tide_pool_workload *w);
+static void *worker_main(void *arg);
+
 static void workload_free(tide_pool_workload *w) {
     if (!w) return;
     tide_model_free(w->m);
@@ -486,7 +489,10 @@ static void workload_free(tide_pool_workload *w) {
 
 void tide_pool_free(tide_pool *p) {
     if (!p) return;
-    for (int i = 0; i < p->n; i++) workload_free(p->w[i]);
+    for (int i = 0; i < p->n; i++) {
+        workload_stop(p, p->w[i]);
+        workload_free(p->w[i]);
+    }
     tide_free(p->w);
     if (p->hw_tmp) unlink(p->hw_arg);
     tide_free(p->hw_arg);
@@ -576,6 +582,13 @@ tide_status tide_pool_add_model(tide_pool *p, const char *name, tide_checkpoint 
         st = tide_err(p->ctx, TIDE_E_NOMEM, "out of memory adding workload '%s'", name);
         goto fail;
     }
+    /* its worker waits on mu, held here, until the workload is in the pool */
+    if (pthread_create(&w->worker, NULL, worker_main, w)) {
+        pthread_mutex_unlock(&p->mu);
+        st = tide_err(p->ctx, TIDE_E_NOMEM, "cannot start a thread for workload '%s'", name);
+        goto fail;
+    }
+    w->worker_on = true;
     p->w[p->n++] = w;
     char why[160];
     snprintf(why, sizeof why, "'%.100s' arrived (minimum %llu bytes)", name, (unsigned long long)w->min);
@@ -606,6 +619,7 @@ tide_status tide_pool_remove(tide_pool *p, tide_pool_workload *w) {
     while (w->users > 0 || w->model_busy) pthread_cond_wait(&p->cv, &p->mu);
     w->model_busy = true; /* nothing else touches it now; its arena goes with the model */
     pthread_mutex_unlock(&p->mu);
+    workload_stop(p, w);
     pthread_mutex_lock(&p->mgmt); /* a set_demand of w planning now finishes first */
     tide_model_free(w->m);
     w->m = NULL;
@@ -701,17 +715,16 @@ static void record(tide_pool *p, tide_pool_workload *w, const tide_gen_stats *gs
 
 /* ---------------------------------------------------------------- requests
  *
- * A request joins its workload's queue. Whichever request thread finds the
- * workload unclaimed leads: it claims it, takes its share (acquire, which
- * may wait; requests arriving meanwhile join the queue), then runs one
- * batch outside mu (tide_model_generate_batch_ex): before each decode step
- * the batch admits queued requests into its free rows (pool_admit, while
- * admit_ok: never past a re-partition of its share or another workload
- * waiting for room or a turn), and each request is handed back to its
- * thread the moment it ends (pool_done). A request's thread waits until its
- * request is done, leading whenever the workload is free and its request
- * still queued. The batch's measurements are recorded, and may refit the
- * cost model, when it ends. */
+ * A request joins its workload's queue and its thread waits. The
+ * workload's worker thread (worker_main) leads while requests are queued:
+ * it claims the workload, takes its share (acquire, which may wait;
+ * requests arriving meanwhile join the queue), then runs one batch outside
+ * mu (tide_model_generate_batch_ex): before each decode step the batch
+ * admits queued requests into its free rows (pool_admit, while admit_ok:
+ * never past a re-partition of its share or another workload waiting for
+ * room or a turn), and each request is handed back to its thread the
+ * moment it ends (pool_done). The batch's measurements are recorded, and
+ * may refit the cost model, when it ends. */
 
 static void queue_remove(tide_pool_workload *w, pool_req *r) {
     pool_req **pp = &w->q_head, *prev = NULL;
@@ -734,7 +747,19 @@ typedef struct lead_state {
     tide_pool *p;
     tide_pool_workload *w;
     int admitted, ran;
+    int live;                        /* admitted and not yet ended */
+    pool_req *held[TIDE_MAX_BATCH];  /* ended last of the batch so far: handed back
+                                        once the batch is counted, or when another
+                                        joins (release_held) */
+    int n_held;
 } lead_state;
+
+/* Hands the held requests back to their threads (mu held). */
+static void release_held(tide_pool *p, lead_state *ls) {
+    for (int i = 0; i < ls->n_held; i++) ls->held[i]->done = true; /* not touched from here on */
+    if (ls->n_held) pthread_cond_broadcast(&p->cv);
+    ls->n_held = 0;
+}
 
 /* Whether w's running batch may take one more request from its queue (mu
  * held): its first always; then only while w is not leaving, its share is
@@ -777,6 +802,10 @@ static int pool_admit(void *user, tide_gen_request **req) {
             r->gr = (tide_gen_request){.prompt = r->prompt, .n_prompt = r->n_prompt, .max_new = r->max_new,
                                        .opts = r->g, .out_tokens = r->out_tokens};
             *req = &r->gr;
+            ls->live++;
+            pthread_mutex_lock(&p->mu);
+            release_held(p, ls); /* the batch goes on: they need not wait for its end */
+            pthread_mutex_unlock(&p->mu);
             return 1;
         }
         pthread_mutex_lock(&p->mu);
@@ -789,7 +818,9 @@ static int pool_admit(void *user, tide_gen_request **req) {
 }
 
 /* tide_batch_hooks.done: request gr's results to its thread, which may
- * return at once. */
+ * return at once; the last one of the batch so far only once the batch is
+ * counted (record, refit: a request alone returns with its statistics in
+ * the pool's), or when another joins. */
 static void pool_done(void *user, tide_gen_request *gr) {
     lead_state *ls = user;
     pool_req *r = (pool_req *)((char *)gr - offsetof(pool_req, gr));
@@ -797,31 +828,31 @@ static void pool_done(void *user, tide_gen_request *gr) {
     r->stats = gr->stats;
     if (gr->status) req_fail(r, ls->w->ctx, gr->status);
     else ls->ran++;
+    ls->live--;
     pthread_mutex_lock(&ls->p->mu);
-    r->done = true; /* not touched from here on */
-    pthread_cond_broadcast(&ls->p->cv);
+    ls->held[ls->n_held++] = r;
+    if (ls->live > 0) release_held(ls->p, ls);
     pthread_mutex_unlock(&ls->p->mu);
 }
 
-/* Leads w (claimed by the caller, mu held): its share, then one batch,
- * whose requests come from the queue (pool_admit) and go back to their
- * threads as each ends (pool_done). own is the caller's request (still
- * queued): when the share cannot be had, it alone fails. Returns whether
- * own was refused because w is leaving. */
-static bool lead(tide_pool *p, tide_pool_workload *w, pool_req *own) {
+/* Leads w (mu held, w->claimed set by its worker): its share, then one
+ * batch, whose requests come from the queue (pool_admit) and go back to
+ * their threads as each ends (pool_done). When the share cannot be had,
+ * the first queued request fails (while w is leaving, the queued requests
+ * refuse themselves). */
+static void lead(tide_pool *p, tide_pool_workload *w) {
     bool waited = false;
     tide_status st = acquire(p, w, &waited);
-    if (waited) own->waited = true;
+    if (waited && w->q_head) w->q_head->waited = true;
     if (st) {
-        queue_remove(w, own);
+        pool_req *r = w->q_head;
+        if (w->leaving || !r) return;
+        queue_remove(w, r);
         w->waiting--;
-        own->taken = own->done = true;
-        if (w->leaving && st == TIDE_E_INVALID) { /* refused: said by the caller */
-            own->st = st;
-            return true;
-        }
-        req_fail(own, w->ctx, st);
-        return false;
+        r->taken = true;
+        req_fail(r, w->ctx, st);
+        r->done = true; /* r is its thread's from here on */
+        return;
     }
     pthread_mutex_unlock(&p->mu);
     lead_state ls = {.p = p, .w = w};
@@ -834,7 +865,38 @@ static bool lead(tide_pool *p, tide_pool_workload *w, pool_req *own) {
     w->planned = true;
     if (measured) record(p, w, &bs, ls.ran);
     release_after(p, w);
-    return false;
+    release_held(p, &ls);
+}
+
+/* A workload's worker: runs its batches while it has queued requests,
+ * until told to stop (workload_stop). Its requests' threads only queue and
+ * wait, so each returns the moment its request ends, whatever the batch
+ * still runs. */
+static void *worker_main(void *arg) {
+    tide_pool_workload *w = arg;
+    tide_pool *p = w->pool;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!w->stop && (!w->q_head || w->leaving)) pthread_cond_wait(&p->cv, &p->mu);
+        if (w->stop) break;
+        w->claimed = true;
+        lead(p, w);
+        w->claimed = false;
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* Stops w's worker and waits for it (mu not held; no batch of w running). */
+static void workload_stop(tide_pool *p, tide_pool_workload *w) {
+    if (!w->worker_on) return;
+    pthread_mutex_lock(&p->mu);
+    w->stop = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    pthread_join(w->worker, NULL);
+    w->worker_on = false;
 }
 
 tide_status tide_pool_generate_on(tide_pool *p, tide_pool_workload *w, tide_ctx *ctx, const int32_t *prompt,
@@ -857,6 +919,8 @@ tide_status tide_pool_generate_on(tide_pool *p, tide_pool_workload *w, tide_ctx 
     if (w->q_tail) w->q_tail->next = &r;
     else w->q_head = &r;
     w->q_tail = &r;
+    if (w->claimed) r.waited = true; /* behind a batch (it may join it) */
+    pthread_cond_broadcast(&p->cv);  /* the worker */
     bool refused = false;
     while (!r.done) {
         if (!r.taken && w->leaving) { /* refused: w is being removed */
@@ -866,14 +930,6 @@ tide_status tide_pool_generate_on(tide_pool *p, tide_pool_workload *w, tide_ctx 
             r.st = TIDE_E_INVALID;
             break;
         }
-        if (!r.taken && !w->claimed) {
-            w->claimed = true;
-            refused = lead(p, w, &r);
-            w->claimed = false;
-            pthread_cond_broadcast(&p->cv);
-            continue;
-        }
-        r.waited = true;
         pthread_cond_wait(&p->cv, &p->mu);
     }
     if (r.waited) p->waits++;

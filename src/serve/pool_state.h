@@ -54,7 +54,10 @@ struct tide_pool_workload {
     uint64_t share;            /* from the last partition (time-sliced: unused) */
     uint64_t held;             /* reserved now: 0 or configured (P2) */
     uint64_t configured;       /* the model's budget (0: none set) */
-    bool claimed;              /* a request owns the workload */
+    bool claimed;              /* its worker leads a batch (pool.c lead) */
+    pthread_t worker;          /* runs its batches (pool.c worker_main) */
+    bool worker_on;            /* started (and not yet joined) */
+    bool stop;                 /* the worker is to end */
     bool model_busy;           /* P3 */
     bool running_turn;         /* time-sliced: its turn, at its turn share (pool.c turn_share) */
     bool leaving;
