@@ -21,6 +21,9 @@
 #            unconstrained                                           (about 2 min)
 #   probe    tide probe of this GPU, then the 25% run predicted with
 #            the probed profile                                      (1-2 min)
+#   serve    bench/serve_load.py --quick on the built-in model: tide
+#            serve batching a model's requests, then --max-batch 1
+#            (one at a time), 1 and 4 clients                         (2-3 min)
 #   compare  tables and ratios from the JSON files                   (seconds)
 # All stages: about 18-23 min on one H100 with 16 cores.
 #
@@ -54,7 +57,7 @@
 
 set -u -o pipefail
 
-ALL_STAGES=(info build test quick bench hf tide probe compare)
+ALL_STAGES=(info build test quick bench hf tide probe serve compare)
 
 usage() {
   echo "usage: bench/gpu_suite.sh OUTDIR [STAGE...]   (stages: ${ALL_STAGES[*]})" >&2
@@ -533,6 +536,23 @@ stage_probe() {
   else
     skip probe.run "no 25% budget: run the bench stage first, or set TIDE_SUITE_BUDGET"
   fi
+}
+
+# serve (2-3 min; the built-in model written on first use, about 1 min):
+# tide serve under load with its default batches, then one request at a
+# time, on the suite's backend.
+stage_serve() {
+  gpu_or_skip serve || return 0
+  ensure_built || return 1
+  local be=cuda
+  [ "$CPU_MODE" = 1 ] && be=cpu
+  fresh serve.json serve-b1.json
+  step serve.batched 180 serve.log - -- python3 "$ROOT/bench/serve_load.py" --quick --backend "$be" \
+    --tide "$BUILD/tide" --json "$OUT/serve.json"
+  keep serve.json
+  step serve.b1 180 serve-b1.log - -- python3 "$ROOT/bench/serve_load.py" --quick --backend "$be" --max-batch 1 \
+    --tide "$BUILD/tide" --json "$OUT/serve-b1.json"
+  keep serve-b1.json
 }
 
 # compare (seconds): reads the JSON files (OUTDIR first, then WORK).
