@@ -28,6 +28,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "cost/cost.h"
+#include "planner/planner.h"
 #include "tide.h"
 
 #include <stdio.h>
@@ -405,6 +407,61 @@ static void check_same_length(fixture *f, tide_model *m) {
     free(c);
 }
 
+/* The smallest untiled budget of the fixture's graph of (B, T) as an
+ * offloaded model on the CPU plans it (policy tide, host homes in place). */
+static uint64_t graph_min(fixture *f, int B, int T, bool fresh, bool row_pos) {
+    tide_llama_graph_opts go = {.batch = B, .seq = T, .ctx_len = 64, .fresh_cache = fresh, .row_pos = row_pos};
+    tide_graph *g = NULL;
+    assert_int_equal(tide_llama_build(f->ctx, tide_checkpoint_config(f->ck), &go, &g), TIDE_OK);
+    tide_hw hw;
+    assert_int_equal(tide_hw_load(f->ctx, "a100-80g", &hw), TIDE_OK);
+    tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = &hw, .host_addressable = true};
+    uint64_t b = 0;
+    assert_int_equal(tide_plan_min_budget(f->ctx, g, &po, &b), TIDE_OK);
+    tide_graph_free(g);
+    return b;
+}
+
+/* A budget where one sequence's graphs plan but the batch's do not (the
+ * least for a 3-token prompt and one decode row, below a 16-row decode
+ * step's and a prefill of 16 prompts', untiled): the batch prefills and
+ * steps its rows one at a time, each as alone. */
+static void test_batch_rows_alone(void **state) {
+    fixture *f = *state;
+    enum { NQ = 16 };
+    uint64_t one = graph_min(f, 1, 3, true, false), dec1 = graph_min(f, 1, 1, false, false);
+    one = one > dec1 ? one : dec1;
+    assert_true(graph_min(f, NQ, 1, false, true) > one);
+    assert_true(graph_min(f, NQ, 3, true, false) > one);
+    tide_model *m = NULL;
+    tide_model_opts mo = {.max_batch = NQ, .ctx_len = 64};
+    assert_int_equal(tide_model_new(f->ctx, f->ck, f->be, &mo, &m), TIDE_OK);
+    tide_offload_opts o = {.budget_kind = TIDE_BUDGET_BYTES, .bytes = one, .policy = "tide", .hw = "a100-80g",
+                           .tile = -1};
+    assert_int_equal(tide_model_set_offload(m, &o), TIDE_OK);
+    int32_t prompt[NQ][3], want[NQ][8], got[NQ][8];
+    int want_n[NQ];
+    uint64_t want_h[NQ];
+    tide_gen_request rq[NQ];
+    for (int i = 0; i < NQ; i++) {
+        for (int t = 0; t < 3; t++) prompt[i][t] = (int32_t)(3 + 19 * i + 5 * t) % vocab(f);
+        tide_gen_stats gs;
+        assert_int_equal(tide_model_generate_ex(m, prompt[i], 3, 2 + i % 6, NULL, want[i], &want_n[i], &gs), TIDE_OK);
+        want_h[i] = gs.logits_hash;
+        rq[i] = (tide_gen_request){.prompt = prompt[i], .n_prompt = 3, .max_new = 2 + i % 6, .out_tokens = got[i]};
+    }
+    tide_gen_stats bs;
+    assert_int_equal(tide_model_generate_batch(m, rq, NQ, &bs), TIDE_OK);
+    assert_int_equal(bs.batch, NQ);
+    assert_int_equal(bs.batch_steps, 0); /* no forward of several rows planned here */
+    for (int i = 0; i < NQ; i++) {
+        assert_int_equal(rq[i].n_out, want_n[i]);
+        assert_memory_equal(got[i], want[i], (size_t)want_n[i] * sizeof(int32_t));
+        assert_true(rq[i].stats.logits_hash == want_h[i]);
+    }
+    tide_model_free(m);
+}
+
 static void test_batch(void **state) {
     fixture *f = *state;
     tide_model *m = NULL;
@@ -451,7 +508,7 @@ int main(void) {
         cmocka_unit_test(test_plain_equals_generate), cmocka_unit_test(test_greedy_sampler),
         cmocka_unit_test(test_stops),                 cmocka_unit_test(test_continuation),
         cmocka_unit_test(test_seeded),                cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_batch),
+        cmocka_unit_test(test_batch),                 cmocka_unit_test(test_batch_rows_alone),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

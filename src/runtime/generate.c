@@ -419,6 +419,7 @@ static tide_status batch_step(batch_run *br) {
         }
         br->rows_alone = true; /* below: one at a time, from now on */
         tide_err_clear(m->ctx);
+        st = TIDE_OK;
     }
     for (int i = 0; i < br->rows && !st; i++) {
         batch_seq *q = &br->q[i];
