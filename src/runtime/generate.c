@@ -79,12 +79,21 @@ static tide_status run_slot(tide_model *m, graph_slot *s, const int32_t *tokens,
     return st;
 }
 
-static tide_status check_tokens(tide_model *m, const int32_t *tokens, int n) {
+/* Every id of tokens[0..n) within the vocabulary; the cause on ctx. */
+static tide_status check_tokens(const tide_model *m, tide_ctx *ctx, const int32_t *tokens, int n) {
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
-            return tide_err(m->ctx, TIDE_E_RANGE, "token id %d at position %d is outside the vocabulary "
+            return tide_err(ctx, TIDE_E_RANGE, "token id %d at position %d is outside the vocabulary "
                             "(0 to %d)", tokens[i], i, m->cfg.vocab_size - 1);
     return TIDE_OK;
+}
+
+/* The model's byte figures of a generation's statistics g: weights, cache,
+ * and the peak (offloaded: theirs plus the plans' highest arena byte). */
+static void model_bytes(const tide_model *m, tide_gen_stats *g) {
+    g->peak_bytes = m->offload ? m->weight_bytes + m->state_bytes + g->peak_device_bytes : m->peak_bytes;
+    g->weight_bytes = m->weight_bytes;
+    g->state_bytes = m->state_bytes;
 }
 
 tide_status tide_model_forward(tide_model *m, const int32_t *tokens, int batch, int seq,
@@ -95,7 +104,7 @@ tide_status tide_model_forward(tide_model *m, const int32_t *tokens, int batch, 
     if (start_pos < 0 || (int64_t)start_pos + seq > m->ctx_len)
         return tide_err(m->ctx, TIDE_E_RANGE, "positions %d..%d exceed the cache length %d", start_pos,
                         start_pos + seq - 1, m->ctx_len);
-    tide_status st = check_tokens(m, tokens, batch * seq);
+    tide_status st = check_tokens(m, m->ctx, tokens, batch * seq);
     if (st) return st;
     graph_slot *s = NULL;
     if ((st = get_slot(m, batch, seq, true, start_pos == 0, &s))) return st;
@@ -141,11 +150,7 @@ tide_status tide_model_check_generate(const tide_model *m, tide_ctx *ctx, const 
     if ((int64_t)n_prompt + max_new - 1 > m->ctx_len)
         return tide_err(ctx, TIDE_E_RANGE, "%d prompt + %d new tokens need %d positions; the cache "
                         "holds %d", n_prompt, max_new, n_prompt + max_new - 1, m->ctx_len);
-    for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= m->cfg.vocab_size)
-            return tide_err(ctx, TIDE_E_RANGE, "token id %d at position %d is outside the vocabulary "
-                            "(0 to %d)", prompt[i], i, m->cfg.vocab_size - 1);
-    return TIDE_OK;
+    return check_tokens(m, ctx, prompt, n_prompt);
 }
 
 tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_prompt, int max_new,
@@ -202,9 +207,7 @@ tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_p
     r.decode_tokens = n > 1 ? n - 1 : 0;
     r.prefill_tokens_per_s = r.prefill_s > 0 ? r.prefill_tokens / r.prefill_s : 0;
     r.decode_tokens_per_s = r.decode_s > 0 ? r.decode_tokens / r.decode_s : 0;
-    r.peak_bytes = m->offload ? m->weight_bytes + m->state_bytes + m->acc.peak_device_bytes : m->peak_bytes;
-    r.weight_bytes = m->weight_bytes;
-    r.state_bytes = m->state_bytes;
+    model_bytes(m, &r);
     r.predicted_prefill_s = pred0;
     r.logits_hash = m->logits_hash;
     r.batch = 1;
@@ -275,10 +278,7 @@ static void batch_end(batch_run *br, tide_gen_request *r, const batch_seq *q) {
         g.decode_tokens = r->n_out > 1 ? r->n_out - 1 : 0;
         g.prefill_tokens_per_s = g.prefill_s > 0 ? g.prefill_tokens / g.prefill_s : 0;
         g.decode_tokens_per_s = g.decode_s > 0 ? g.decode_tokens / g.decode_s : 0;
-        g.peak_bytes = br->m->offload ? br->m->weight_bytes + br->m->state_bytes + g.peak_device_bytes
-                                      : br->m->peak_bytes;
-        g.weight_bytes = br->m->weight_bytes;
-        g.state_bytes = br->m->state_bytes;
+        model_bytes(br->m, &g);
         g.logits_hash = q ? q->hash : 0;
         r->stats = g;
         br->prefill_s += g.prefill_s;
@@ -461,10 +461,8 @@ tide_status tide_model_generate_batch_ex(tide_model *m, tide_gen_request *reqs, 
     m->logits_hash = 0;
     tide_status st = TIDE_OK;
     for (int i = 0; i < n; i++) batch_admit(br, order[i]);
-    double t1 = tide_now();
-    double pred0 = 0;
+    double t1 = 0, pred0 = 0; /* when the first prompts were prefilled, and their prediction */
     int steps = 0;
-    bool first_round = true;
     while (!st) {
         /* requests joining between steps, into free rows; then the new
          * rows' prompts */
@@ -476,7 +474,7 @@ tide_status tide_model_generate_batch_ex(tide_model *m, tide_gen_request *reqs, 
             batch_admit(br, nr);
         }
         st = batch_prefill(br);
-        if (first_round) pred0 = m->acc.predicted_s, t1 = tide_now(), first_round = false;
+        if (steps == 0) pred0 = m->acc.predicted_s, t1 = tide_now();
         bool any = false;
         for (int i = 0; i < rows; i++) any |= br->q[i].active;
         if (st || !any) break;
@@ -496,9 +494,7 @@ tide_status tide_model_generate_batch_ex(tide_model *m, tide_gen_request *reqs, 
     acc.batch = br->n_run;
     acc.batch_steps = br->batched;
     acc.predicted_prefill_s = pred0;
-    acc.peak_bytes = m->offload ? m->weight_bytes + m->state_bytes + m->acc.peak_device_bytes : m->peak_bytes;
-    acc.weight_bytes = m->weight_bytes;
-    acc.state_bytes = m->state_bytes;
+    model_bytes(m, &acc);
     acc.prefill_s = br->prefill_s;
     acc.decode_s = tide_now() - t1;
     acc.prefill_tokens = br->prefill_tokens;

@@ -168,16 +168,20 @@ static void room_by_minimums(serve_server *s, serve_model *m) {
     }
 }
 
-/* How many requests of m run at once: --max-batch, else SERVE_MAX_BATCH or
- * fewer, so that the KV cache's rows (one per request, f32 k and v of every
- * layer for ctx_len positions, in host memory) take at most a quarter of the
- * host memory available now; at least 1. */
-static int batch_rows(const serve_server *s, const serve_model *m) {
-    if (s->o.max_batch > 0) return s->o.max_batch;
+/* Bytes of one row of m's KV cache (one request): f32 k and v of every
+ * layer for ctx_len positions, in host memory. */
+static uint64_t kv_row_bytes(const serve_model *m) {
     const tide_llama_config *c = tide_checkpoint_config(m->ck);
     uint64_t kd = (uint64_t)c->num_key_value_heads * (uint64_t)(c->hidden_size / c->num_attention_heads);
-    uint64_t row = 2 * (uint64_t)c->num_hidden_layers * (uint64_t)m->ctx_len * kd * sizeof(float);
-    uint64_t avail = tide_host_available();
+    return 2 * (uint64_t)c->num_hidden_layers * (uint64_t)m->ctx_len * kd * sizeof(float);
+}
+
+/* How many requests of m run at once: --max-batch, else SERVE_MAX_BATCH or
+ * fewer, so that the KV cache's rows take at most a quarter of the host
+ * memory available now; at least 1. */
+static int batch_rows(const serve_server *s, const serve_model *m) {
+    if (s->o.max_batch > 0) return s->o.max_batch;
+    uint64_t row = kv_row_bytes(m), avail = tide_host_available();
     int n = SERVE_MAX_BATCH;
     while (n > 1 && avail && (uint64_t)n * row > avail / 4) n--;
     return n;
@@ -261,13 +265,10 @@ static int load(serve_server *s, serve_model *m, serve_error *e) {
     if (!s->o.quiet) {
         tide_pool_workload_stats ws;
         tide_pool_workload_stats_get(s->o.pool, m->w, &ws);
-        const tide_llama_config *c = tide_checkpoint_config(m->ck);
-        uint64_t kd = (uint64_t)c->num_key_value_heads * (uint64_t)(c->hidden_size / c->num_attention_heads);
         char kv[32];
         fprintf(stderr, "tide serve: loaded %s from %s (context %d, batches of up to %d requests, KV cache %s in host "
                 "memory)\n", m->name, m->dir, m->ctx_len, ws.max_batch,
-                cli_fmt_bytes(2 * (uint64_t)c->num_hidden_layers * (uint64_t)m->ctx_len * kd * sizeof(float) *
-                              (uint64_t)ws.max_batch, kv, sizeof kv));
+                cli_fmt_bytes(kv_row_bytes(m) * (uint64_t)ws.max_batch, kv, sizeof kv));
     }
     if (s->o.policy == TIDE_POOL_TIDE) room_by_minimums(s, m);
     return 0;
