@@ -36,7 +36,10 @@
  * layer's backward, activations checkpointed per layer) at each budget both
  * plan; the target is 1.5x or more at 25% and below. Table 1c: tide's
  * speed-up over every baseline, budget by budget (at "min", each policy at
- * its own minimum).
+ * its own minimum). Table 2b: tide's minimum budget with row tiles
+ * (tide_train_tiling: the level with the smallest minimum, updates on the
+ * device, and with every update on the CPU) against the untiled step's and
+ * zero-offload's, and tide's step at that minimum.
  * Budgets: 100, 50, 25 and 10% of the step's unconstrained peak, capped at
  * the profile's device memory when the peak is larger (as the CLI does), and
  * each policy's own minimum. Every plan is verified before it is counted.
@@ -165,7 +168,6 @@ static row plan_one(const setup *s, tide_policy pol, uint64_t budget) {
             tide_plan_opts pd = po;
             pd.host_ops = NULL;
             pd.consider_zero_offload = false;
-        pd.consider_zero_offload = false;
             tide_plan *q = NULL;
             if (tide_plan_make(ctx, s->g, &pd, &q) || tide_plan_steady_step(q, &s->hw, &r.dev_step_s, NULL))
                 r.dev_step_s = 0;
@@ -762,6 +764,69 @@ int main(int argc, char **argv) {
             else printf(" no plan (%.2f s) |", t);
         }
         printf("\n");
+    }
+
+    /* Table 2b: tide's minimum with row tiles (tide_train_tiling, as `tide
+     * plan --train --budget min` finds it) against the untiled step's and
+     * zero-offload's (untiled: ZeRO-Offload does not tile) */
+    if (tk >= 0) {
+        printf("\n## Table 2b: training minimum budget with row tiles (GiB): tide tiled against the untiled step "
+               "and zero-offload\n\n| model | hw | tide untiled | tide tiled (level: sequences per tile) | "
+               "zero-offload | zero-offload / tide tiled | tide tiled, every AdamW on the CPU | zero-offload / that | "
+               "tide step at each tiled minimum: %% of ideal | search s |\n|---|---|---|---|---|---|---|---|---|---|\n");
+        for (int si = 0; si < n_setups; si++) {
+            setup *s = &S[si];
+            tide_llama_config cfg;
+            if (config_scaled(s->config, &cfg)) continue;
+            double t0 = tide_now();
+            uint64_t m[2] = {0, 0};
+            int lvl[2] = {-1, -1}, seqs[2] = {0, 0};
+            tide_graph *tg[2] = {NULL, NULL};
+            for (int h = 0; h < 2; h++) {
+                tide_llama_train_opts o = {.batch = batch, .seq = seq, .accum = accum, .beta1 = 0.9f,
+                                           .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
+                tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 2, .hw = &s->hw};
+                tide_graph *g = NULL;
+                if (tide_train_tiling(ctx, &cfg, &o, &po, h == 1, 0, 0, &g, &lvl[h], &m[h])) {
+                    fprintf(stderr, "bench: %s on %s: tiled minimum: %s\n", s->config, s->hw_name,
+                            tide_ctx_last_error(ctx));
+                    failures++;
+                    continue;
+                }
+                seqs[h] = o.tile_seqs ? o.tile_seqs : batch;
+                tg[h] = g;
+            }
+            double search_s = tide_now() - t0;
+            row at[2] = {{0}, {0}};
+            char b5[32], b6[32];
+            for (int h = 0; h < 2; h++)
+                if (tg[h]) { /* tide's step at each tiled minimum (updates placed by the plan) */
+                    setup st = *s;
+                    st.g = tg[h];
+                    at[h] = plan_one(&st, TIDE_POLICY_TIDE, m[h]);
+                    tide_graph_free(tg[h]);
+                }
+            const row *un = &ROW(si, N_BUDGETS - 1, tk), *z = zk >= 0 ? &ROW(si, N_BUDGETS - 1, zk) : NULL;
+            printf("| %s | %s | %s | %.2f (%d: %d) | %s | %s | %.2f (%d: %d) | %s | %s | %.1f |\n", s->config,
+                   s->hw_name, un->budget ? (snprintf(b1, sizeof b1, "%.2f", un->budget / GIB), b1) : "-",
+                   m[0] / GIB, lvl[0], seqs[0], z && z->budget ? (snprintf(b2, sizeof b2, "%.2f", z->budget / GIB), b2) : "-",
+                   z && z->budget && m[0] ? (snprintf(b3, sizeof b3, "%.2fx", (double)z->budget / m[0]), b3) : "-",
+                   m[1] / GIB, lvl[1], seqs[1],
+                   z && z->budget && m[1] ? (snprintf(b4, sizeof b4, "%.2fx", (double)z->budget / m[1]), b4) : "-",
+                   at[0].ok && at[1].ok ? (snprintf(b5, sizeof b5, "%.1f / %.1f", 100 * s->ideal_s / at[0].step_s,
+                                                    100 * s->ideal_s / at[1].step_s), b5)
+                   : at[0].ok ? (snprintf(b6, sizeof b6, "%.1f / no plan", 100 * s->ideal_s / at[0].step_s), b6)
+                              : "no plan",
+                   search_s);
+            jprintf("{\"bench\":\"train_plan\",\"table\":\"tiled_min\",\"config\":\"%s\",\"hw\":\"%s\","
+                    "\"untiled_min_bytes\":%llu,\"tiled_min_bytes\":%llu,\"tiled_level\":%d,\"tile_seqs\":%d,"
+                    "\"tiled_min_host_updates_bytes\":%llu,\"tiled_level_host_updates\":%d,"
+                    "\"zero_offload_min_bytes\":%llu,\"step_at_tiled_min_s\":%.4f,\"step_at_tiled_min_host_updates_s\":%.4f,"
+                    "\"ideal_step_s\":%.4f}\n",
+                    s->config, s->hw.name, (unsigned long long)un->budget, (unsigned long long)m[0], lvl[0],
+                    seqs[0], (unsigned long long)m[1], lvl[1], z ? (unsigned long long)z->budget : 0ULL,
+                    at[0].ok ? at[0].step_s : 0, at[1].ok ? at[1].step_s : 0, s->ideal_s);
+        }
     }
 
     printf("\n## Table 3: planning time of a llama-2-70b training step on h100-80g (batch %d x seq %d x accum %d, "

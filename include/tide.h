@@ -189,8 +189,11 @@ const char *tide_role_name(tide_role r);
  *                (pos 0..T-1 for each of the batch's sequences), the softmax
  *                recomputed from q and k [n_heads, n_kv_heads, head_dim, batch]
  *   SILU_MUL_BWD in: gate (R, I), up (R, I), dy (R, I)        out: dgate, dup
- *   CROSS_ENTROPY in: h (R, D), w (V, D), targets i32 (R) [, dw]
- *                out: loss (1), dh (R, D), dw (V, D)
+ *   CROSS_ENTROPY in: h (R, D), w (V, D), targets i32 (R, or rows idx0..
+ *                idx0+R of a longer one) [, dw [, loss]]
+ *                out: loss (1), dh (R, D), dw (V, D); with dw among the
+ *                inputs dw adds into it, with loss too the loss does (a row
+ *                tile of a batch)
  *                logits = h . w^T, computed a chunk of rows at a time (never
  *                all R x V at once); loss = scale * sum over rows of
  *                (logsumexp(logits) - logits[target]); dh = scale * (softmax -
@@ -379,6 +382,13 @@ typedef struct tide_llama_train_opts {
     float grad_clip;   /* the global gradient norm's limit (0: no clipping) */
     bool grads_out;    /* the gradients are OUTPUTs (readable after a step, before
                           clipping: gradient checks) instead of TEMPs */
+    int tile_seqs;     /* row tiles: each micro-batch runs as tiles of this many
+                          whole sequences, every op once per tile (0, or >=
+                          batch: one tile). A tile's ops hold a tile's rows, so
+                          the largest op's working set shrinks with the tile;
+                          the weight gradients, the loss and the head's gradient
+                          add up over the tiles. The same step up to f32
+                          summation order (bit for bit with the same tiles) */
 } tide_llama_train_opts;
 
 /* Builds the graph of one training step. Tensors:
@@ -412,7 +422,16 @@ const char *tide_train_class_name(tide_train_class c);
  * 1 MiB). Sets o's tile fields for level `level` of a graph of (batch, seq);
  * returns false past the last level. */
 #define TIDE_TILE_LEVELS 7
+/* How a graph is tiled (tide_offload_opts.tile): TIDE_TILE_AUTO picks a
+ * level, TIDE_TILE_NONE never tiles, 1..TIDE_TILE_LEVELS-1 forces a level. */
+#define TIDE_TILE_AUTO 0
+#define TIDE_TILE_NONE (-1)
 bool tide_llama_tile_level(tide_llama_graph_opts *o, int level);
+/* The tiling levels of a training step: level 0 is no tiling, level k >= 1
+ * tiles each micro-batch by ceil(batch / 2^k) sequences, down to one (the
+ * last level; none past 1 for batch 1). Sets o->tile_seqs for `level` (below
+ * TIDE_TILE_LEVELS); returns false past the last level. */
+bool tide_llama_train_tile_level(tide_llama_train_opts *o, int level);
 
 /* A persistent tensor may be a byte range of a larger one: a weight block of a
  * checkpoint tensor, a batch row of a KV cache. home names the whole tensor
@@ -1038,8 +1057,19 @@ tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *b
                              tide_trainer **out);
 void tide_trainer_free(tide_trainer *t);
 /* Offloads later steps under a budget (TIDE_BUDGET_NONE: resident). Only
- * before the first step. tile and pin_weights are ignored. */
+ * before the first step. pin_weights is ignored. tile: the row tiling of the
+ * step (tide_llama_train_tile_level): auto (policy tide only; the baselines
+ * run the graph as made) tiles when the largest op does not fit the budget,
+ * the coarsest level that plans, and with TIDE_BUDGET_MIN the level whose
+ * minimum is smallest; TIDE_TILE_NONE never tiles; a level forces it. */
 tide_status tide_trainer_set_offload(tide_trainer *t, const tide_offload_opts *o);
+/* Runs steps in row tiles of tile_seqs sequences (0: none), as
+ * tide_llama_train_opts.tile_seqs: for a resident run to compare bit for bit
+ * with an offloaded run that tiled. Only before the first step. */
+tide_status tide_trainer_set_tiling(tide_trainer *t, int tile_seqs);
+/* The sequences per row tile of the steps (0: untiled); an offloaded
+ * trainer's tiling is chosen at its first step. */
+int tide_trainer_tile_seqs(const tide_trainer *t);
 /* Continues from the training state saved in dir (tide_trainer_save): its
  * parameters, master weights, moments and step. Only before the first step.
  * TIDE_E_FORMAT / TIDE_E_NOT_FOUND naming the file and tensor when the state
@@ -1118,7 +1148,8 @@ const char *tide_trainer_tensor(const tide_trainer *t, int i, tide_dtype *dt, ui
  * leaves an existing dir as it was. */
 tide_status tide_trainer_save(tide_trainer *t, const char *dir, tide_dtype save_dtype, const char *const *extra,
                               int n_extra);
-/* The step graph (for reports). */
+/* The step graph (for reports). The first step may replace it by its row
+ * tiled form (tide_trainer_set_offload's tile): take it after that step. */
 const tide_graph *tide_trainer_graph(const tide_trainer *t);
 /* Writes the measured timeline of the last step as Perfetto trace JSON
  * (json_path) and as an SVG of device memory over time, measured and

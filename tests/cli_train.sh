@@ -45,6 +45,28 @@ expect 0 "state on SSD, minimum budget, checked" -- "$TIDE" train --model "$FX" 
 contains "$TMP/out" '"check_passed":true' "SSD-homed state: bit-identical"
 [ -z "$(ls -A "$TMP/spill")" ] && PASSES=$((PASSES + 1)) || { echo "FAIL: state file left behind"; FAILS=$((FAILS + 1)); }
 
+# row tiles in a real run: at its minimum the step runs in tiles of one
+# sequence, bit for bit the resident run of the same tiles (--check), below the
+# untiled minimum; --tile none keeps it whole; --tile needs a budget
+expect 0 "untiled minimum" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 2 --batch 2 --seq 16 --accum 2 \
+    --budget min --optimizer cpu --tile none --hw h100-80g --json
+contains "$TMP/out" '"tile_seqs":2,' "--tile none: one tile of the micro-batch"
+umin=$(sed -n 's/.*"budget_bytes":\([0-9]*\).*/\1/p' "$TMP/out" | tail -1)
+expect 0 "tiled minimum, checked" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 2 --batch 2 --seq 16 \
+    --accum 2 --budget min --optimizer cpu --hw h100-80g --check --json --ssd "$TMP/spill"
+contains "$TMP/out" '"tile_seqs":1,' "the minimum tiles one sequence at a time"
+contains "$TMP/out" '"check_passed":true' "tiled: bit-identical to the resident run of the same tiles"
+tmin=$(sed -n 's/.*"budget_bytes":\([0-9]*\).*/\1/p' "$TMP/out" | tail -1)
+awk -v t="$tmin" -v u="$umin" 'BEGIN { exit !(t > 0 && t < u) }' && PASSES=$((PASSES + 1)) || { echo "FAIL: tiled minimum $tmin not below the untiled $umin"; FAILS=$((FAILS + 1)); }
+expect 0 "tiled, text summary" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 2 --seq 16 \
+    --budget min --optimizer cpu --hw h100-80g --quiet
+contains "$TMP/out" "row tiles of 1 of the 2 sequences" "the summary names the tiles"
+expect 1 "the tiled minimum with --tile none" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 2 \
+    --seq 16 --accum 2 --budget "$tmin" --optimizer cpu --tile none --hw h100-80g --quiet
+contains "$TMP/err" "infeasible" "--tile none below the untiled minimum: infeasible"
+expect 2 "--tile without --budget" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --tile 1
+expect 2 "bad --tile" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --budget min --tile x
+
 # AdamW on the host CPU (computation co-offload): every update there, at 25%,
 # at the minimum and with the state homed on SSD (moved into host memory,
 # updated there and moved home), bit-identical to the unconstrained run
@@ -190,6 +212,27 @@ contains "$TMP/out" "AdamW: 0 of 291 updates on the host CPU" "device placement"
 expect 0 "plan --train --optimizer cpu" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
     --budget 25% --hw a100-80g --optimizer cpu
 contains "$TMP/out" "AdamW: 291 of 291 updates on the host CPU" "cpu placement"
+# row tiles of a training step: the minimum with --optimizer cpu falls below
+# the untiled step's, which --tile none keeps; the baselines tile only when told
+expect 0 "plan --train, tiled minimum" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
+    --budget min --hw a100-80g --optimizer cpu --json
+for f in tile_level tile_seqs max_working_set_bytes untiled_max_working_set_bytes untiled_min_budget_bytes; do
+    json_field "$TMP/out" "$f"
+done
+contains "$TMP/out" '"tile_seqs":1,' "the smallest minimum tiles one sequence at a time"
+tmin=$(sed -n 's/.*"budget_bytes":\([0-9]*\).*/\1/p' "$TMP/out")
+umin=$(sed -n 's/.*"untiled_min_budget_bytes":\([0-9]*\).*/\1/p' "$TMP/out")
+awk -v t="$tmin" -v u="$umin" 'BEGIN { exit !(t > 0 && 3 * t < u) }' && PASSES=$((PASSES + 1)) || { echo "FAIL: tiled minimum $tmin not below a third of the untiled $umin"; FAILS=$((FAILS + 1)); }
+expect 0 "plan --train at the tiled minimum, text" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 \
+    --accum 4 --budget "$tmin" --hw a100-80g --optimizer cpu
+contains "$TMP/out" "tiling      level 3: row tiles of 1 of the 8 sequences" "the tiling line"
+expect 1 "the tiled minimum with --tile none" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 \
+    --accum 4 --budget "$tmin" --hw a100-80g --optimizer cpu --tile none
+contains "$TMP/err" "silu_mul_bwd) needs at least" "--tile none below the untiled step names the op"
+expect 0 "plan --train, zero-offload untiled at min" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 \
+    --accum 4 --budget min --hw a100-80g --policy zero-offload --json
+contains "$TMP/out" '"tile_level":0,' "zero-offload is not tiled unless asked"
+expect 2 "bad --tile with --train" -- "$TIDE" plan --train --config llama-7b --budget min --tile 7
 expect 2 "--optimizer without --train" -- "$TIDE" plan --config llama-7b --budget 25% --optimizer cpu
 expect 2 "--optimizer cpu under lru" -- "$TIDE" plan --train --config llama-7b --budget 25% --policy lru --optimizer cpu
 

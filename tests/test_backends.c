@@ -1527,35 +1527,49 @@ static void test_attention_bwd_workspace(void **state) {
     }
 }
 
+/* sum of exp(l[j] - mx) over j < n */
+static double sum_exp(const double *l, int64_t n, double mx) {
+    double s = 0;
+    for (int64_t j = 0; j < n; j++) s += exp(l[j] - mx);
+    return s;
+}
+
 /* CROSS_ENTROPY: rows with ignored targets (-1), f32 and 16-bit weights
  * (widened whole, or 9 rows at a time in a smaller workspace), fresh and
- * accumulating into dw. */
+ * accumulating into dw; a row tile (targets from [3] of a longer tensor, the
+ * loss and dw adding into the earlier tiles', the loss checked against its
+ * value worked in double). */
 static void test_cross_entropy(void **state) {
     (void)state;
     static const int64_t shapes[][3] = {{6, 16, 50}, {40, 64, 300}}; /* R, D, V */
     for (int d = 0; d < 3; d++)
         for (int s = 0; s < 2; s++)
-            for (int var = 0; var < 3; var++) {
-                bool acc = var == 1, small = var == 2;
+            for (int var = 0; var < 4; var++) {
+                bool tile = var == 3, acc = var == 1 || tile, small = var == 2;
                 if (small && wdts[d] == TIDE_F32) continue;
-                int64_t R = shapes[s][0], D = shapes[s][1], V = shapes[s][2];
+                int64_t R = shapes[s][0], D = shapes[s][1], V = shapes[s][2], t0 = tile ? 3 : 0;
                 const float scale = 1.0f / (float)R;
                 char what[96];
                 snprintf(what, sizeof what, "%s R=%lld D=%lld V=%lld%s%s", tide_dtype_name(wdts[d]), (long long)R,
-                         (long long)D, (long long)V, acc ? " accumulate" : "", small ? " 9-row blocks" : "");
+                         (long long)D, (long long)V, tile ? " row tile" : acc ? " accumulate" : "",
+                         small ? " 9-row blocks" : "");
                 tcase c;
                 tc_open(&c, what);
                 int h = tc_tensor(&c, "h", TIDE_F32, TIDE_ROLE_INPUT, R, D, 0, 1);
                 int w = tc_tensor(&c, "w", wdts[d], TIDE_ROLE_WEIGHT, V, D, 0, 0.5f);
-                int tg = tc_tensor(&c, "targets", TIDE_I32, TIDE_ROLE_INPUT, R, 0, 0, 0);
+                int tg = tc_tensor(&c, "targets", TIDE_I32, TIDE_ROLE_INPUT, R + t0, 0, 0, 0);
                 int loss = tc_tensor(&c, "loss", TIDE_F32, TIDE_ROLE_OUTPUT, 1, 0, 0, 1);
                 int dh = tc_tensor(&c, "dh", TIDE_F32, TIDE_ROLE_TEMP, R, D, 0, 1);
                 int dw = tc_tensor(&c, "dw", TIDE_F32, TIDE_ROLE_TEMP, V, D, 0, 1);
                 int32_t *t = c.host[tg];
+                for (int64_t r = 0; r < t0; r++) t[r] = (int32_t)V + 7; /* before the tile: never read */
+                t += t0;
                 for (int64_t r = 0; r < R; r++) t[r] = r % 5 == 2 ? -1 : irand((int)V);
                 t[0] = (int32_t)V - 1;
-                tc_op(&c, TIDE_OP_CROSS_ENTROPY, acc ? 4 : 3, (int[]){h, w, tg, dw}, 3, (int[]){loss, dh, dw},
-                      &(tide_op_params){.scale = scale});
+                tc_op(&c, TIDE_OP_CROSS_ENTROPY, tile ? 5 : acc ? 4 : 3, (int[]){h, w, tg, dw, loss}, 3,
+                      (int[]){loss, dh, dw}, &(tide_op_params){.scale = scale, .idx0 = t0});
+                double want_loss = 0;
+                float *exp_loss = tile ? tc_expect_init(&c, loss) : NULL;
                 if (small) {
                     uint64_t lb = (uint64_t)(R * V) * 4; /* one chunk: R rows of logits */
                     c.g->ops[c.op].scratch_bytes = ((uint64_t)R * 8 + 63) / 64 * 64 + lb + 9 * (uint64_t)D * 4;
@@ -1574,6 +1588,7 @@ static void test_cross_entropy(void **state) {
                         l[j] = s2;
                         mx = fmax(mx, s2);
                     }
+                    want_loss += log(sum_exp(l, V, mx)) + mx - l[t[r]];
                     for (int64_t j = 0; j < V; j++) sum += (l[j] = exp(l[j] - mx));
                     for (int64_t j = 0; j < V; j++) {
                         double gv = fabs(scale * (l[j] / sum - (j == t[r])));
@@ -1585,15 +1600,16 @@ static void test_cross_entropy(void **state) {
                 }
                 for (int64_t i = 0; i < R * D; i++) mdh[i] += 1e-6;
                 for (int64_t i = 0; i < V * D; i++) mdw[i] += 1e-6 + (acc ? fabs(prev[i]) : 0);
+                if (exp_loss) exp_loss[0] = (float)((double)exp_loss[0] + scale * want_loss);
                 tc_check(&c, (tol[]){{.rtol = 1e-5}, {.rtol = 1e-5, .scale = mdh}, {.rtol = 1e-5, .scale = mdw}});
                 free(mdh);
                 free(mdw);
                 free(l);
                 free(wx);
-                if (!acc && !small) {
+                if ((!acc && !small) || tile) {
                     t[R - 1] = (int32_t)V;
-                    char needle[64];
-                    snprintf(needle, sizeof needle, "target %lld", (long long)V);
+                    char needle[96];
+                    snprintf(needle, sizeof needle, "target %lld of row %lld", (long long)V, (long long)(t0 + R - 1));
                     tc_expect_range(&c, needle);
                 }
                 tc_close(&c);

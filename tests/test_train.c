@@ -33,6 +33,7 @@
  *     summed learning rates.
  */
 #include "tide.h"
+#include "graph/graph.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -217,6 +218,45 @@ static void test_graph(void **state) {
         assert_int_equal(by[TIDE_TRAIN_MASTER], c.dtype == TIDE_BF16 ? 4 * n : 0);
         tide_graph_free(g);
     }
+    /* row tiles: levels halve the sequences per tile down to one */
+    {
+        static const int want[][5] = {{8, 4, 2, 1, 0}, {5, 3, 2, 1, 0}, {2, 1, 0, 0, 0}, {1, 0, 0, 0, 0}};
+        for (int i = 0; i < 4; i++) {
+            tide_llama_train_opts o = step_opts(want[i][0], 8, 1);
+            assert_true(tide_llama_train_tile_level(&o, 0));
+            assert_int_equal(o.tile_seqs, 0);
+            int k = 1;
+            for (; tide_llama_train_tile_level(&o, k); k++) assert_int_equal(o.tile_seqs, want[i][k]);
+            assert_int_equal(want[i][k], 0); /* no level past tiles of one sequence */
+        }
+        /* batch 4 in tiles of 3 and 1: every activation per tile, the loss
+         * adding up over the tiles, the same parameters as untiled */
+        tide_llama_config c = tiny_cfg(TIDE_BF16, false, 2);
+        tide_llama_train_opts o = step_opts(4, 8, 2);
+        tide_graph *g0 = NULL, *g = NULL;
+        assert_int_equal(tide_llama_build_train(ctx, &c, &o, &g0), TIDE_OK);
+        o.tile_seqs = 3;
+        assert_int_equal(tide_llama_build_train(ctx, &c, &o, &g), TIDE_OK);
+        assert_int_equal(tide_graph_tensor_bytes(g, tide_graph_find(g, "mb1.l1.g.t0")), 3 * 8 * 128 * 4);
+        assert_int_equal(tide_graph_tensor_bytes(g, tide_graph_find(g, "mb1.l1.g.t1")), 1 * 8 * 128 * 4);
+        assert_true(tide_graph_find(g, "mb0.l0.g") < 0 && tide_graph_find(g, "mb0.l0.g.t2") < 0);
+        for (int t = 0; t < tide_graph_n_tensors(g0); t++)
+            if (tide_train_tensor_class(g0, t) != TIDE_TRAIN_ACT && tide_train_tensor_class(g0, t) != TIDE_TRAIN_INPUT)
+                assert_int_equal(tide_graph_find(g, tide_graph_tensor_name(g0, t)), t); /* same index */
+        int n_ce = 0, n_five = 0;
+        for (int i = 0; i < tide_graph_n_ops(g); i++) {
+            const tide_op *op = &g->ops[i];
+            if (op->kind != TIDE_OP_CROSS_ENTROPY) continue;
+            n_ce++;
+            n_five += op->n_in == 5;
+        }
+        assert_int_equal(n_ce, 4);   /* 2 tiles x 2 micro-batches */
+        assert_int_equal(n_five, 2); /* each micro-batch's second tile adds into its loss */
+        tide_graph_free(g0);
+        tide_graph_free(g);
+        o.tile_seqs = -1;
+        assert_int_equal(tide_llama_build_train(ctx, &c, &o, &g), TIDE_E_INVALID);
+    }
     tide_llama_config c = tiny_cfg(TIDE_F32, false, 2);
     tide_graph *g = NULL;
     tide_llama_train_opts o = step_opts(2, 33, 1);
@@ -355,16 +395,19 @@ static void check_bf16(const char *what, const float *x, const float *y, size_t 
     }
 }
 
-static void run_fixture(const char *name) {
+/* Trains fixture `name` (in row tiles of tile_seqs sequences when > 0) and
+ * compares every step with PyTorch's. */
+static void run_fixture(const char *name, int tile_seqs) {
     tide_ctx *ctx = tide_ctx_new();
     fixture f;
     fixture_open(ctx, &f, name);
+    f.o.step.tile_seqs = tile_seqs;
     tide_backend *be = NULL;
     assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
     assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK); /* PyTorch's f32 tolerances */
     f.o.step.grads_out = true;
     tide_trainer *t = NULL;
-    assert_int_equal(tide_trainer_new(ctx, f.ck, be, &f.o, &t), TIDE_OK);
+    if (tide_trainer_new(ctx, f.ck, be, &f.o, &t)) fail_msg("%s", tide_ctx_last_error(ctx));
     const size_t R = (size_t)f.o.step.batch * f.o.step.seq * f.o.step.accum;
     int32_t *in = malloc(R * 4), *tg = malloc(R * 4);
     const cJSON *losses = cJSON_GetObjectItem(f.exp, "loss"), *norms = cJSON_GetObjectItem(f.exp, "grad_norm");
@@ -447,21 +490,32 @@ static void run_fixture(const char *name) {
 
 static void test_torch_f32_gqa(void **state) {
     (void)state;
-    run_fixture("train-f32-gqa");
+    run_fixture("train-f32-gqa", 0);
 }
 static void test_torch_bf16_gqa(void **state) {
     (void)state;
-    run_fixture("train-bf16-gqa");
+    run_fixture("train-bf16-gqa", 0);
 }
 static void test_torch_f32_tied(void **state) {
     (void)state;
-    run_fixture("train-f32-tied");
+    run_fixture("train-f32-tied", 0);
+}
+
+/* Row tiles of one sequence (each micro-batch of 2 runs as 2 tiles: losses
+ * and gradients added over tiles) still train as PyTorch does. */
+static void test_torch_tiled(void **state) {
+    (void)state;
+    run_fixture("train-f32-gqa", 1);
+    run_fixture("train-bf16-gqa", 1);
+    run_fixture("train-f32-tied", 1);
 }
 
 /* ---------------------------------------------------------------- bit-identity */
 
 typedef struct run_out {
     double loss[8], norm[8];
+    int tiles; /* the trainer's sequences per row tile (0: untiled) */
+    uint64_t budget; /* the device budget of the last step */
     char **names;
     void **vals;
     uint64_t *bytes;
@@ -500,6 +554,7 @@ static tide_status train_run(tide_ctx *ctx, fixture *f, tide_backend *be, const 
         if ((st = tide_trainer_step(t, in, tg, &ts))) break;
         out->loss[s] = ts.loss;
         out->norm[s] = ts.grad_norm;
+        out->budget = ts.budget_bytes;
         if (save_dir && s + 1 == save_at) st = tide_trainer_save(t, save_dir, tide_checkpoint_config(f->ck)->dtype, NULL, 0);
     }
     if (!st) {
@@ -514,11 +569,26 @@ static tide_status train_run(tide_ctx *ctx, fixture *f, tide_backend *be, const 
             out->names[i] = strdup(out->names[i]);
         }
     }
+    if (t) out->tiles = tide_trainer_tile_seqs(t);
     if (!st && trace_path) st = tide_trainer_write_trace(t, trace_path, NULL);
     free(in);
     free(tg);
     tide_trainer_free(t);
     return st;
+}
+
+/* The resident runs of f's first `steps` steps, untiled and in row tiles of
+ * one sequence (the reference of a run that tiles), and the bytes of the
+ * training state. */
+static void resident_refs(tide_ctx *ctx, fixture *f, tide_backend *be, int steps, run_out *ref, run_out *ref_tiled,
+                          uint64_t *state_bytes) {
+    assert_int_equal(train_run(ctx, f, be, NULL, steps, NULL, NULL, 0, ref), TIDE_OK);
+    f->o.step.tile_seqs = 1;
+    assert_int_equal(train_run(ctx, f, be, NULL, steps, NULL, NULL, 0, ref_tiled), TIDE_OK);
+    f->o.step.tile_seqs = 0;
+    assert_int_equal(ref_tiled->tiles, 1);
+    *state_bytes = 0;
+    for (int i = 0; i < ref->n; i++) *state_bytes += ref->bytes[i];
 }
 
 static void assert_same(const run_out *a, const run_out *b, int from, int steps, const char *what) {
@@ -541,10 +611,9 @@ static void test_offload_bit_identical(void **state) {
     assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
     assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK); /* PyTorch's f32 tolerances */
     const int steps = 3;
-    run_out ref;
-    assert_int_equal(train_run(ctx, &f, be, NULL, steps, NULL, NULL, 0, &ref), TIDE_OK);
+    run_out ref, ref_tiled;
     uint64_t state_bytes = 0;
-    for (int i = 0; i < ref.n; i++) state_bytes += ref.bytes[i];
+    resident_refs(ctx, &f, be, steps, &ref, &ref_tiled, &state_bytes);
     /* the sixth: policy tide with every update on the host CPU, which with
      * the state on SSD stages each update's state in host memory (host
      * memory short: every version written home, the staging room kept
@@ -552,7 +621,7 @@ static void test_offload_bit_identical(void **state) {
      * that did not plan before) */
     static const char *const policies[] = {"tide", "static-layer", "lru", "checkpoint-layer", "zero-offload", "tide"};
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    int n_runs = 0, n_ckpt = 0, n_zero = 0, n_cpu = 0;
+    int n_runs = 0, n_ckpt = 0, n_zero = 0, n_cpu = 0, n_tiled = 0;
     for (int pi = 0; pi < 6; pi++)
         for (int bi = 0; bi < 3; bi++)
             for (int ssd = 0; ssd < 2; ssd++) {
@@ -579,7 +648,10 @@ static void test_offload_bit_identical(void **state) {
                     continue;
                 }
                 if (st) fail_msg("%s: %s", what, tide_ctx_last_error(ctx));
-                assert_same(&r, &ref, 0, steps, what);
+                /* only the tide policy tiles by itself */
+                if (r.tiles) assert_int_equal(pi == 0 || pi == 5, 1);
+                assert_same(&r, r.tiles ? &ref_tiled : &ref, 0, steps, what);
+                n_tiled += r.tiles != 0;
                 run_out_free(&r);
                 n_runs++;
                 n_ckpt += pi == 3;
@@ -590,7 +662,79 @@ static void test_offload_bit_identical(void **state) {
     assert_int_equal(n_ckpt, 6); /* recomputed activations: every budget, state on host and SSD */
     assert_int_equal(n_zero, 6); /* every AdamW on the host CPU: every budget, state on host and SSD */
     assert_int_equal(n_cpu, 6);
+    assert_true(n_tiled >= 1); /* a minimum below the untiled step's */
     run_out_free(&ref);
+    run_out_free(&ref_tiled);
+    tide_backend_free(be);
+    fixture_close(&f);
+    tide_ctx_free(ctx);
+}
+
+/* Row tiles chosen for the budget: the tiled minimum is below the untiled
+ * one; between the two, tide tiles by itself (a budget the untiled step cannot
+ * plan under) and refuses with tiling off; forced levels tile the baselines.
+ * Every tiled run is bit for bit the resident run of the same tiles. */
+static void test_tiled_budgets(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    fixture f;
+    fixture_open(ctx, &f, "train-bf16-gqa");
+    tide_backend *be = NULL;
+    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    const int steps = 2;
+    run_out ref, ref_tiled, r;
+    uint64_t state_bytes = 0;
+    resident_refs(ctx, &f, be, steps, &ref, &ref_tiled, &state_bytes);
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    tide_offload_opts off = {.policy = "tide", .hw = "h100-80g", .ssd_dirs = tmp, .optimizer = "cpu",
+                             .budget_kind = TIDE_BUDGET_MIN, .tile = TIDE_TILE_NONE};
+    /* the minimum untiled, and with tiles */
+    assert_int_equal(train_run(ctx, &f, be, &off, steps, NULL, NULL, 0, &r), TIDE_OK);
+    assert_int_equal(r.tiles, 0);
+    assert_same(&r, &ref, 0, steps, "untiled minimum");
+    const uint64_t untiled_min = r.budget;
+    run_out_free(&r);
+    off.tile = TIDE_TILE_AUTO;
+    assert_int_equal(train_run(ctx, &f, be, &off, steps, NULL, NULL, 0, &r), TIDE_OK);
+    assert_int_equal(r.tiles, 1);
+    assert_same(&r, &ref_tiled, 0, steps, "tiled minimum");
+    const uint64_t tiled_min = r.budget;
+    run_out_free(&r);
+    print_message("  minimum budget: untiled %llu bytes, row tiles of one sequence %llu\n",
+                  (unsigned long long)untiled_min, (unsigned long long)tiled_min);
+    assert_true(tiled_min + 4096 < untiled_min);
+    /* between the two: tiles by itself (state on host and on SSD), none refused */
+    off.budget_kind = TIDE_BUDGET_BYTES;
+    off.bytes = (tiled_min + untiled_min) / 2;
+    for (int ssd = 0; ssd < 2; ssd++) {
+        off.host_budget = ssd ? state_bytes / 3 : 0;
+        assert_int_equal(train_run(ctx, &f, be, &off, steps, NULL, NULL, 0, &r), TIDE_OK);
+        assert_int_equal(r.tiles, 1);
+        assert_same(&r, &ref_tiled, 0, steps, ssd ? "between the minimums, state on SSD" : "between the minimums");
+        run_out_free(&r);
+    }
+    off.host_budget = 0;
+    off.tile = TIDE_TILE_NONE;
+    assert_int_equal(train_run(ctx, &f, be, &off, steps, NULL, NULL, 0, &r), TIDE_E_INFEASIBLE);
+    run_out_free(&r);
+    /* the baselines tile only when a level is forced; the tiled graph's
+     * recomputations and host updates still compute the resident bits */
+    static const char *const base[] = {"zero-offload", "checkpoint-layer", "lru"};
+    for (int k = 0; k < 3; k++) {
+        tide_offload_opts o2 = {.policy = base[k], .hw = "h100-80g", .ssd_dirs = tmp,
+                                .budget_kind = TIDE_BUDGET_MIN, .tile = 1};
+        assert_int_equal(train_run(ctx, &f, be, &o2, steps, NULL, NULL, 0, &r), TIDE_OK);
+        assert_int_equal(r.tiles, 1);
+        assert_same(&r, &ref_tiled, 0, steps, base[k]);
+        run_out_free(&r);
+        o2.tile = TIDE_TILE_AUTO;
+        assert_int_equal(train_run(ctx, &f, be, &o2, steps, NULL, NULL, 0, &r), TIDE_OK);
+        assert_int_equal(r.tiles, 0);
+        assert_same(&r, &ref, 0, steps, base[k]);
+        run_out_free(&r);
+    }
+    run_out_free(&ref);
+    run_out_free(&ref_tiled);
     tide_backend_free(be);
     fixture_close(&f);
     tide_ctx_free(ctx);
@@ -744,8 +888,10 @@ int main(void) {
         cmocka_unit_test(test_torch_f32_gqa),
         cmocka_unit_test(test_torch_bf16_gqa),
         cmocka_unit_test(test_torch_f32_tied),
+        cmocka_unit_test(test_torch_tiled),
         cmocka_unit_test(test_offload_bit_identical),
         cmocka_unit_test(test_tide_recompute_bit_identical),
+        cmocka_unit_test(test_tiled_budgets),
         cmocka_unit_test(test_resume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -67,7 +67,9 @@ static const char help[] =
     "                     op's working set: auto (default: the coarsest tiling that\n"
     "                     fits; with --budget min the one with the smallest minimum),\n"
     "                     none, or a level 1-6 (level k: tiles of seq/2^(k-1) tokens\n"
-    "                     of one sequence, weights cut into blocks of 64 MiB/2^(k-1))\n"
+    "                     of one sequence, weights cut into blocks of 64 MiB/2^(k-1));\n"
+    "                     with --train: row tiles of batch/2^k whole sequences\n"
+    "                     (auto tiles for --policy tide only)\n"
     "  --json             print one JSON object\n"
     "  --trace FILE       write the predicted timeline as Perfetto trace JSON\n"
     "  --out FILE         write the plan as JSON\n";
@@ -220,8 +222,8 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     if (optind != argc) return cli_usage_error("plan", "unexpected argument '%s'", argv[optind]);
     if (!a->model == !a->config) return cli_usage_error("plan", "give exactly one of --model and --config");
     if (!a->budget) return cli_usage_error("plan", "--budget is required (bytes, a percentage or min)");
-    if (a->train && (a->decode || a->weights_on_ssd || a->tile))
-        return cli_usage_error("plan", "--train plans a training step: no --decode, --weights-on-ssd or --tile");
+    if (a->train && (a->decode || a->weights_on_ssd))
+        return cli_usage_error("plan", "--train plans a training step: no --decode or --weights-on-ssd");
     if ((a->have_accum || a->have_optim) && !a->train)
         return cli_usage_error("plan", "--accum and --optimizer need --train");
     if (a->policy == TIDE_POLICY_CHECKPOINT_LAYER && !a->train)

@@ -3,6 +3,7 @@
  * resident or offloaded under a budget, with checkpoints and resumption.
  */
 #include "cli.h"
+#include "runtime/tiling.h"
 #include "train/data.h"
 
 #include <cjson/cJSON.h>
@@ -22,7 +23,7 @@ static const char help[] =
     "                  [--warmup N] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]\n"
     "                  [--grad-clip X] [--shuffle SEED]\n"
     "                  [--budget BYTES|PCT%|auto|min|none] [--policy P]\n"
-    "                  [--optimizer auto|device|cpu] [--no-refit]\n"
+    "                  [--optimizer auto|device|cpu] [--tile auto|none|LEVEL] [--no-refit]\n"
     "                  [--host-budget BYTES] [--ssd DIR[,DIR]] [--pread] [--hw PROFILE]\n"
     "                  [--check] [--out DIR] [--save-every N] [--save-dtype model|f32]\n"
     "                  [--resume DIR] [--trace FILE] [--trace-svg FILE]\n"
@@ -83,6 +84,15 @@ static const char help[] =
     "                      device, unless the budget cannot hold an update's\n"
     "                      operands), device, or cpu (all on the host CPU; tide\n"
     "                      policy)\n"
+    "  --tile T            row tiles of an offloaded step: auto (default, policy\n"
+    "                      tide: the step's ops run on tiles of whole sequences\n"
+    "                      when the budget is below the untiled step's largest\n"
+    "                      op, the coarsest tiling that plans; with --budget min\n"
+    "                      the one with the smallest minimum), none, or a level\n"
+    "                      1-6 (tiles of batch/2^level sequences). Gradients and\n"
+    "                      the loss add up over the tiles: the same step up to f32\n"
+    "                      summation order (--check compares with a resident run\n"
+    "                      of the same tiles)\n"
     "  --host-budget X     host memory for the training state and spills: state\n"
     "                      that does not fit is homed on SSD (default: the\n"
     "                      profile's host memory)\n"
@@ -133,7 +143,8 @@ typedef struct train_args {
     tide_token_dtype data_dtype;
     long steps, batch, seq, accum, warmup, save_every, threads;
     double lr, min_lr, wd, beta1, beta2, eps, clip;
-    bool have_min_lr, have_steps, shuffle, check, json, quiet, pread, save_f32, no_refit;
+    bool have_min_lr, have_steps, shuffle, check, json, quiet, pread, save_f32, no_refit, have_tile;
+    int tile;                     /* --tile (runtime/tiling.h) */
     uint64_t seed, host_budget;
     tide_backend_kind backend;
     tide_matmul_mode matmul;
@@ -172,6 +183,7 @@ static const struct option train_options[] = {
     {"grad-clip", required_argument, 0, 'g'},   {"shuffle", required_argument, 0, 'u'},
     {"budget", required_argument, 0, 'b'},      {"policy", required_argument, 0, 'P'},
     {"optimizer", required_argument, 0, 'O'},   {"no-refit", no_argument, 0, 'F'},
+    {"tile", required_argument, 0, 'E'},
     {"host-budget", required_argument, 0, 'H'}, {"ssd", required_argument, 0, 's'},
     {"pread", no_argument, 0, 'R'},             {"hw", required_argument, 0, 'w'},
     {"check", no_argument, 0, 'c'},             {"out", required_argument, 0, 'o'},
@@ -266,6 +278,12 @@ static int parse_args(int argc, char **argv, train_job *j) {
                 return cli_usage_error("train", "unknown --optimizer '%s' (auto, device or cpu)", optarg);
             a->optimizer = optarg;
             break;
+        case 'E':
+            if (tide_tile_parse(NULL, optarg, &a->tile))
+                return cli_usage_error("train", "bad --tile '%s' (auto, none or a level 1 to %d)", optarg,
+                                       TIDE_TILE_LEVELS - 1);
+            a->have_tile = true;
+            break;
         case 'H':
             if (cli_parse_bytes(optarg, &a->host_budget) || !a->host_budget) BAD("--host-budget");
             break;
@@ -320,6 +338,8 @@ static int parse_args(int argc, char **argv, train_job *j) {
     }
     j->offload = j->off.budget_kind != TIDE_BUDGET_NONE;
     if (!a->data && !a->demo) return cli_usage_error("train", "--data is required with --model or --resume");
+    if (a->have_tile && !j->offload)
+        return cli_usage_error("train", "--tile tiles an offloaded step: it needs --budget");
     if (a->check && !j->offload)
         return cli_usage_error("train", "--check compares an offloaded run with the unconstrained one: it needs "
                                "--budget");
@@ -343,6 +363,7 @@ static int parse_args(int argc, char **argv, train_job *j) {
     j->off.hw = a->hw;
     j->off.timeline = a->trace || a->trace_svg;
     j->off.no_refit = a->no_refit;
+    j->off.tile = a->tile;
     return -1;
 }
 
@@ -586,6 +607,8 @@ static int train_loop(train_job *j) {
         tide_status e = tide_trainer_step(j->tr, j->inputs, j->targets, &st);
         cli_progress_end(&j->ps);
         if (e) return cli_fail(j->ctx, "training step");
+        if (j->ref && s == s0 && tide_trainer_set_tiling(j->ref, tide_trainer_tile_seqs(j->tr)))
+            return cli_fail(j->ctx, "preparing the reference"); /* the same tiles, bit for bit */
         if (j->ref) {
             if (tide_trainer_step(j->ref, j->inputs, j->targets, &rs)) return cli_fail(j->ctx, "reference step");
             float x = (float)st.loss, y = (float)rs.loss;
@@ -643,6 +666,8 @@ static int summary(train_job *j) {
         cJSON_AddNumberToObject(o, "budget_bytes", (double)s->budget_bytes);
         cJSON_AddStringToObject(o, "policy", j->offload ? a->policy : "none");
         cJSON_AddNumberToObject(o, "peak_device_bytes", (double)s->peak_device_bytes);
+        cJSON_AddNumberToObject(o, "tile_seqs", tide_trainer_tile_seqs(j->tr) ? tide_trainer_tile_seqs(j->tr)
+                                                                                : (double)a->batch);
         /* a resident plan is not priced on a profile of this machine */
         cJSON_AddNumberToObject(o, "optimizer_groups", s->optimizer_groups);
         cJSON_AddNumberToObject(o, "optimizer_host_groups", s->optimizer_host_groups);
@@ -676,10 +701,14 @@ static int summary(train_job *j) {
                s->loss, measured);
         if (j->offload) printf(", %.3f s predicted", predicted);
         printf("\n");
-        if (j->offload)
+        if (j->offload) {
             printf("offload    policy %s, device budget %s, peak device %s; AdamW: %d of %d updates on the host "
-                   "CPU\n", a->policy, cli_fmt_bytes(s->budget_bytes, b1, sizeof b1),
+                   "CPU", a->policy, cli_fmt_bytes(s->budget_bytes, b1, sizeof b1),
                    cli_fmt_bytes(s->peak_device_bytes, b2, sizeof b2), s->optimizer_host_groups, s->optimizer_groups);
+            int ts = tide_trainer_tile_seqs(j->tr);
+            if (ts) printf("; row tiles of %d of the %ld sequences", ts, a->batch);
+            printf("\n");
+        }
         const tide_train_stats *r = &j->refit;
         if (r->replan) {
             printf("refit      after step %lld: measured %.3f s, predicted %.3f s before the refit, %.3f s after%s",

@@ -15,6 +15,7 @@
 #include "plan_int.h"
 #include "trace/trace.h"
 #include "train/train_plan.h"
+#include "runtime/tiling.h"
 #include "verify/verify.h"
 
 #include <cjson/cJSON.h>
@@ -23,14 +24,14 @@
 #include <string.h>
 
 /* Bytes of the activations a micro-batch keeps from its forward for its
- * backward: those of the first micro-batch written before its loss and read
- * after it. */
+ * backward: those of the first micro-batch written before its (first row
+ * tile's) loss and read after it. */
 static uint64_t kept_activations(const tide_graph *g) {
-    int ce = -1, next = g->n_ops;
+    int ce = -1, next = g->n_ops; /* the first loss, the next micro-batch's first (row tiles share a loss) */
     for (int i = 0; i < g->n_ops; i++)
         if (g->ops[i].kind == TIDE_OP_CROSS_ENTROPY) {
             if (ce < 0) ce = i;
-            else {
+            else if (g->ops[i].out[0] != g->ops[ce].out[0]) {
                 next = i;
                 break;
             }
@@ -85,12 +86,49 @@ int plan_train(const plan_args *a) {
         rc = cli_fail(ctx, "sizing the unconstrained step");
         goto done;
     }
-    if (!strcmp(a->budget, "min")) {
-        if (tide_plan_min_budget(ctx, g, &po, &po.device_budget)) {
+    /* row tiles: auto for the tide policy; the baselines untiled unless forced */
+    const int tile = a->tile == TIDE_TILE_AUTO && a->policy != TIDE_POLICY_TIDE ? TIDE_TILE_NONE : a->tile;
+    int level = 0;
+    uint64_t untiled_min = 0, untiled_ws = 0;
+    const bool min_budget = !strcmp(a->budget, "min");
+    {
+        /* the untiled step's largest device working set (updates on the host
+         * need none, as with --optimizer cpu) */
+        tide_plan_opts pw = po;
+        bool *host = a->optim == TRAIN_OPTIM_CPU ? tide_calloc((size_t)g->n_ops, sizeof *host) : NULL;
+        if (host)
+            for (int i = 0; i < g->n_ops; i++) host[i] = g->ops[i].kind == TIDE_OP_ADAMW;
+        pw.host_ops = host;
+        if (tide_plan_max_working_set(ctx, g, &pw, &untiled_ws)) untiled_ws = tide_graph_max_working_set(g, NULL);
+        tide_err_clear(ctx);
+        tide_free(host);
+    }
+    if (min_budget) {
+        tide_graph *tg = NULL;
+        bool all = a->optim == TRAIN_OPTIM_CPU && a->policy == TIDE_POLICY_TIDE;
+        if (tide_train_tiling(ctx, &cfg, &to, &po, all, tile, 0, &tg, &level, &po.device_budget)) {
             rc = cli_fail(ctx, "finding the minimum budget");
             goto done;
         }
+        tide_graph_free(g);
+        g = tg;
         snprintf(note, sizeof note, "(the minimum for %s)", tide_policy_name(a->policy));
+        if (level > 0) { /* the untiled step's own minimum, for comparison */
+            tide_llama_train_opts uo = to;
+            uo.tile_seqs = 0;
+            tide_graph *ug = NULL;
+            bool *host = NULL;
+            tide_plan_opts pu = po;
+            if (!tide_llama_build_train(ctx, &cfg, &uo, &ug)) {
+                if (all && (host = tide_calloc((size_t)ug->n_ops, sizeof *host)))
+                    for (int i = 0; i < ug->n_ops; i++) host[i] = ug->ops[i].kind == TIDE_OP_ADAMW;
+                pu.host_ops = host;
+                if (tide_plan_min_budget(ctx, ug, &pu, &untiled_min)) untiled_min = 0;
+                tide_err_clear(ctx);
+            }
+            tide_free(host);
+            tide_graph_free(ug);
+        }
     } else if (a->budget[0] && a->budget[strlen(a->budget) - 1] == '%') {
         char *end;
         double pct = strtod(a->budget, &end);
@@ -113,12 +151,43 @@ int plan_train(const plan_args *a) {
         goto done;
     }
     double t0 = tide_now();
-    /* where the AdamW updates run (the search plans candidates itself) */
-    tide_status st = train_optim_place(ctx, g, &po, a->optim, &host_ops, &oc);
-    po.host_ops = host_ops;
-    po.consider_zero_offload = true;
-    if (!st) st = tide_plan_make(ctx, g, &po, &p);
-    if (!st) train_optim_sync(g, p, &oc);
+    tide_status st = TIDE_OK;
+    for (int from = 0;;) {
+        if (!min_budget && tile != TIDE_TILE_NONE) {
+            /* the coarsest tiling whose largest op fits (updates that may run
+             * on the host need no room) */
+            tide_graph *tg = NULL;
+            tide_llama_train_opts lo = to;
+            if ((st = tide_train_tiling(ctx, &cfg, &lo, &po, a->optim != TRAIN_OPTIM_DEVICE, tile, from, &tg,
+                                        &level, NULL)))
+                break;
+            tide_graph_free(g);
+            g = tg;
+            to = lo;
+        }
+        /* where the AdamW updates run (the search plans candidates itself) */
+        tide_free(host_ops);
+        host_ops = NULL;
+        po.host_ops = NULL;
+        st = train_optim_place(ctx, g, &po, a->optim, &host_ops, &oc);
+        po.host_ops = host_ops;
+        po.consider_zero_offload = true;
+        if (!st) st = tide_plan_make(ctx, g, &po, &p);
+        if (!st) train_optim_sync(g, p, &oc);
+        if (st != TIDE_E_INFEASIBLE || min_budget || tile != TIDE_TILE_AUTO) break;
+        tide_plan_free(p); /* a finer tiling may plan */
+        p = NULL;
+        from = level + 1;
+        char why[512];
+        snprintf(why, sizeof why, "%s", tide_ctx_last_error(ctx));
+        tide_graph *tg = NULL;
+        tide_llama_train_opts lo = to;
+        if (tide_train_tiling(ctx, &cfg, &lo, &po, a->optim != TRAIN_OPTIM_DEVICE, tile, from, &tg, &level, NULL)) {
+            tide_err(ctx, TIDE_E_INFEASIBLE, "%s", why); /* no finer level fits: the refusal stands */
+            break;
+        }
+        tide_graph_free(tg);
+    }
     if (st) {
         if (a->json && st == TIDE_E_INFEASIBLE)
             printf("{\"feasible\":false,\"policy\":\"%s\",\"budget_bytes\":%llu}\n", tide_policy_name(a->policy),
@@ -127,6 +196,8 @@ int plan_train(const plan_args *a) {
         goto done;
     }
     double plan_s = tide_now() - t0;
+    uint64_t ws = 0; /* the planned graph's largest device working set, as planned */
+    if (tide_plan_max_working_set(ctx, g, &po, &ws)) ws = tide_graph_max_working_set(g, NULL);
     if (tide_plan_verify(p)) {
         rc = cli_fail(ctx, "the plan failed verification and was not used");
         goto done;
@@ -188,6 +259,11 @@ int plan_train(const plan_args *a) {
         cJSON_AddNumberToObject(o, "step_bytes_ssd_write", (double)lb.ssd_write);
         cJSON_AddNumberToObject(o, "n_instructions", p->n_ins);
         cJSON_AddNumberToObject(o, "n_ops", g->n_ops);
+        cJSON_AddNumberToObject(o, "tile_level", level);
+        cJSON_AddNumberToObject(o, "tile_seqs", to.tile_seqs ? to.tile_seqs : to.batch);
+        cJSON_AddNumberToObject(o, "max_working_set_bytes", (double)ws);
+        cJSON_AddNumberToObject(o, "untiled_max_working_set_bytes", (double)untiled_ws);
+        if (untiled_min) cJSON_AddNumberToObject(o, "untiled_min_budget_bytes", (double)untiled_min);
         cJSON_AddNumberToObject(o, "makespan_s", s->makespan_s);
         cJSON_AddNumberToObject(o, "step_s", step);
         cJSON_AddNumberToObject(o, "ideal_step_s", ideal);
@@ -208,6 +284,16 @@ int plan_train(const plan_args *a) {
         printf("plan        %s training step, batch %ld x seq %ld x accum %ld, policy %s, hw %s\n", cfg.name,
                a->batch, a->seq, a->accum, tide_policy_name(p->policy), hw.name);
         printf("verified    yes (%d instructions, %d ops x %d steps)\n", p->n_ins, g->n_ops, p->n_iter);
+        if (level > 0) {
+            char b3[32];
+            printf("tiling      level %d: row tiles of %d of the %ld sequences; largest op %s (untiled %s)",
+                   level, to.tile_seqs, a->batch, cli_fmt_bytes(ws, b1, sizeof b1),
+                   cli_fmt_bytes(untiled_ws, b2, sizeof b2));
+            if (untiled_min) printf("; untiled minimum %s", cli_fmt_bytes(untiled_min, b3, sizeof b3));
+            printf("\n");
+        } else {
+            printf("tiling      none (largest op %s)\n", cli_fmt_bytes(ws, b1, sizeof b1));
+        }
         printf("budget      %s %s; unconstrained peak %s\n", cli_fmt_bytes(p->device_budget, b1, sizeof b1), note,
                cli_fmt_bytes(peak, b2, sizeof b2));
         printf("memory      weights %s, master weights %s, moments %s, gradients %s, activations %s kept "

@@ -276,14 +276,20 @@ static tide_status check_cross_entropy(CHECK_ARGS) {
     int64_t R = h->shape[0], D = h->shape[1];
     if (w->ndim != 2 || !is_float(w->dtype) || w->shape[1] != D)
         FAIL("cross_entropy: weight '%s' must be 2-D float (vocab, %lld)", w->name, (long long)D);
-    if (tg->dtype != TIDE_I32 || tide_tensor_numel(tg) != R)
-        FAIL("cross_entropy: targets '%s' must be i32 with one id per row of '%s'", tg->name, h->name);
+    if (tg->dtype != TIDE_I32 || p->idx0 + R > tide_tensor_numel(tg))
+        FAIL("cross_entropy: targets '%s' must be i32 with one id per row of '%s' (from [%lld] on)", tg->name,
+             h->name, (long long)p->idx0);
     if (!is_f32_shape(O(0), 1, 0) || !is_f32_shape(O(1), R, D) || !is_f32_shape(O(2), w->shape[0], D))
         FAIL("cross_entropy: outputs must be f32: loss '%s' (1), dh '%s' (%lld, %lld), dw '%s' (%lld, %lld)",
              O(0)->name, O(1)->name, (long long)R, (long long)D, O(2)->name, (long long)w->shape[0], (long long)D);
     if (!isfinite(p->scale)) FAIL("cross_entropy: scale must be finite");
     *flops = 6.0 * (double)R * (double)w->shape[0] * (double)D;
-    return check_accumulate(g, "cross_entropy", n_in, 3, in, out[2]);
+    /* 4 inputs: dw adds into its 4th; 5: the loss adds into its 5th too (a
+     * row tile of a batch whose loss is the sum of its tiles') */
+    if (n_in == 5 && (in[3] != out[2] || in[4] != out[0]))
+        FAIL("cross_entropy: its 4th and 5th inputs must be the gradient '%s' and the loss '%s' it adds into",
+             O(2)->name, O(0)->name);
+    return n_in == 5 ? TIDE_OK : check_accumulate(g, "cross_entropy", n_in, 3, in, out[2]);
 }
 
 static tide_status check_sumsq(CHECK_ARGS) {
@@ -429,7 +435,7 @@ static const tide_op_desc descs[TIDE_OP_COUNT] = {
     [TIDE_OP_ATTENTION_BWD] = {"attention_bwd", 6, 6, 3, TIDE_OPC_ATTENTION, false, check_attention_bwd, NULL,
                                scratch_attention_bwd},
     [TIDE_OP_SILU_MUL_BWD] = {"silu_mul_bwd", 3, 3, 2, TIDE_OPC_VECTOR, false, check_silu_mul_bwd, NULL, NULL},
-    [TIDE_OP_CROSS_ENTROPY] = {"cross_entropy", 3, 4, 3, TIDE_OPC_MATMUL, false, check_cross_entropy, NULL,
+    [TIDE_OP_CROSS_ENTROPY] = {"cross_entropy", 3, 5, 3, TIDE_OPC_MATMUL, false, check_cross_entropy, NULL,
                                scratch_cross_entropy},
     [TIDE_OP_SUMSQ] = {"sumsq", 1, 2, 1, TIDE_OPC_VECTOR, false, check_sumsq, NULL, scratch_sumsq},
     [TIDE_OP_ADAMW] = {"adamw", -1, -1, -1, TIDE_OPC_VECTOR, false, check_adamw, NULL, NULL},

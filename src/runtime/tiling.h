@@ -8,12 +8,35 @@
 
 #include "planner/planner.h"
 
-/* How a LLaMA graph is tiled (tide_llama_tile_level): TIDE_TILE_AUTO picks a
- * level, TIDE_TILE_NONE never tiles, 1..TIDE_TILE_LEVELS-1 forces a level. */
-#define TIDE_TILE_AUTO 0
-#define TIDE_TILE_NONE (-1)
+/* TIDE_TILE_AUTO, TIDE_TILE_NONE: tide.h */
 /* Graphs with more ops than this are not tried by TIDE_TILE_AUTO. */
 #define TIDE_TILE_MAX_OPS 150000
+
+/* A search over the tiling levels of some workload. build makes the graph of
+ * a level (*g NULL past the last level) and, optionally, the ops of that
+ * graph to place on the host CPU (*host_ops, freed by the search; NULL: the
+ * plan options' own). */
+typedef struct tide_tile_searcher {
+    tide_status (*build)(void *user, int level, tide_graph **g, bool **host_ops);
+    void *user;
+    const tide_plan_opts *opts;
+    int max_ops;      /* a level after the first with more ops is not tried (0: no limit) */
+    const char *what; /* words after "too small" in the refusal, or NULL */
+} tide_tile_searcher;
+
+/* Tries the levels from `from` (tile: TIDE_TILE_AUTO, TIDE_TILE_NONE: level 0
+ * only, or a forced level: that one):
+ *   - with min_budget: the level whose minimum budget is smallest (coarsest
+ *     on ties), that minimum in *min_budget;
+ *   - else, with plan: the coarsest level whose plan fits opts->device_budget,
+ *     the plan in *plan;
+ *   - else: the coarsest level whose largest working set fits (the caller
+ *     plans it; where that fails, it searches again from *level + 1).
+ * On success *g is the level's graph (the caller frees it) and *level the
+ * level; TIDE_E_INFEASIBLE (the message gives what the last level tried
+ * needs) when none fits, *level -1. */
+tide_status tide_tile_search(tide_ctx *ctx, const tide_tile_searcher *s, int tile, int from, tide_graph **g,
+                             int *level, tide_plan **plan, uint64_t *min_budget);
 
 /* Builds the graph of (cfg, base) tiled for opts. With min_budget NULL: the
  * coarsest level (from none) whose plan fits opts->device_budget, and, when

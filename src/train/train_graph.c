@@ -42,6 +42,15 @@
  * Loss scale: each micro-batch's cross-entropy is a mean over its B*T rows
  * divided by accum, so the step's loss is the sum of the loss.M and its
  * gradients the mean over every row of the step.
+ *
+ * Row tiles (tile_seqs): each micro-batch runs as tiles of whole sequences
+ * (attention needs a sequence's every row), each activation once per tile
+ * ("NAME.tK"). The forward runs layer by layer, each layer tile by tile (a
+ * layer's weights serve every tile at once); each tile then takes its final
+ * norm, loss and its backward through the norm; the backward runs layer by
+ * layer, tile by tile. The embedding and the loss read the tile's rows of
+ * tokens.M and targets.M (idx0); the loss, the head's gradient and every
+ * weight gradient add up over the tiles.
  */
 #include "graph/graph.h"
 
@@ -64,11 +73,13 @@ static int tensor(tb *b, const char *name, tide_dtype dt, tide_role role, int nd
     return id;
 }
 
-/* Activation `what` of micro-batch m, in layer b->layer when >= 0. */
-static int act(tb *b, int m, const char *what, int64_t rows, int64_t cols) {
-    char name[128];
-    if (b->layer >= 0) snprintf(name, sizeof name, "mb%d.l%d.%s", m, b->layer, what);
-    else snprintf(name, sizeof name, "mb%d.%s", m, what);
+/* Activation `what` of micro-batch m, in layer b->layer when >= 0, of row
+ * tile k of nt (no suffix when there is one). */
+static int act(tb *b, int m, int k, int nt, const char *what, int64_t rows, int64_t cols) {
+    char name[128], tile[24] = "";
+    if (nt > 1) snprintf(tile, sizeof tile, ".t%d", k);
+    if (b->layer >= 0) snprintf(name, sizeof name, "mb%d.l%d.%s%s", m, b->layer, what, tile);
+    else snprintf(name, sizeof name, "mb%d.%s%s", m, what, tile);
     return tensor(b, name, TIDE_F32, TIDE_ROLE_TEMP, cols ? 2 : 1, rows, cols);
 }
 
@@ -103,8 +114,8 @@ static void add_param(tb *b, param *p, const char *name, tide_dtype dt, int64_t 
 }
 
 /* out = x . w^T (forward) */
-static int mm(tb *b, int m, const char *what, int x, int w, int64_t rows, int64_t n) {
-    int o = act(b, m, what, rows, n), in[2] = {x, w};
+static int mm(tb *b, int m, int k, int nt, const char *what, int x, int w, int64_t rows, int64_t n) {
+    int o = act(b, m, k, nt, what, rows, n), in[2] = {x, w};
     op(b, TIDE_OP_MATMUL, 2, in, 1, &o, NULL);
     return o;
 }
@@ -148,6 +159,7 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
     if (B < 1 || T < 1 || A < 1)
         return tide_err(ctx, TIDE_E_INVALID, "a training step needs batch, seq and accum >= 1 (got %d, %d, %d)", B,
                         T, A);
+    if (o->tile_seqs < 0) return tide_err(ctx, TIDE_E_INVALID, "tiles of %d sequences: negative", o->tile_seqs);
     if (T > cfg->max_position_embeddings)
         return tide_err(ctx, TIDE_E_INVALID, "seq %d is beyond the model's %d positions (max_position_embeddings)", T,
                         cfg->max_position_embeddings);
@@ -166,7 +178,8 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
     param *lp = tide_calloc((size_t)NL * P_LAYER, sizeof *lp);
     /* per layer the kept activations of the micro-batch being built */
     enum { K_H, K_XN, K_V, K_QR, K_KR, K_A, K_HM, K_XN2, K_G, K_U, K_S, K_N };
-    int *keep = tide_calloc((size_t)(NL + 1) * K_N, sizeof *keep);
+    const int n_tiles = o->tile_seqs > 0 && o->tile_seqs < B ? (B + o->tile_seqs - 1) / o->tile_seqs : 1;
+    int *keep = tide_calloc((size_t)(NL + 1) * (size_t)n_tiles * K_N, sizeof *keep);
     tb b = {.g = tide_graph_new(ctx), .layer = -1};
     if (!lp || !keep || !b.g) {
         tide_free(lp);
@@ -203,6 +216,14 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
     const int sumsq = tensor(&b, "grad_sumsq", TIDE_F32, TIDE_ROLE_OUTPUT, 1, 1, 0);
 
     tide_op_params np = {.eps = eps};
+    /* row tiles: runs of ts whole sequences of each micro-batch */
+    const int ts = o->tile_seqs > 0 && o->tile_seqs < B ? o->tile_seqs : B, NT = (B + ts - 1) / ts;
+    int *tk = tide_calloc((size_t)NT * 8, sizeof *tk);
+    if (!tk && !b.st) b.st = tide_err(ctx, TIDE_E_NOMEM, "out of memory building a training graph");
+    int *h = tk, *hf = tk + NT, *dh = tk + 2 * NT, *dhm = tk + 3 * NT;
+#define NB(k) TIDE_MIN(ts, B - (k) * ts) /* sequences of tile k */
+#define RK(k) ((int64_t)NB(k) * T)      /* its rows */
+#define KEEP(L, k) (&keep[((size_t)(L) * NT + (size_t)(k)) * K_N])
     for (int m = 0; m < A && !b.st; m++) {
         char nm[64];
         b.layer = -1;
@@ -213,135 +234,149 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
         snprintf(nm, sizeof nm, "loss.%d", m);
         int loss = tensor(&b, nm, TIDE_F32, TIDE_ROLE_OUTPUT, 1, 1, 0);
 
-        /* forward */
-        int h = act(&b, m, "h.0", R, D);
-        {
+        /* forward, layer by layer, each layer tile by tile */
+        for (int k = 0; k < NT && !b.st; k++) {
+            h[k] = act(&b, m, k, NT, "h.0", RK(k), D);
+            tide_op_params ep = {.idx0 = (int64_t)k * ts * T};
             int in[2] = {emb.w, tokens};
-            op(&b, TIDE_OP_EMBED, 2, in, 1, &h, NULL);
+            op(&b, TIDE_OP_EMBED, 2, in, 1, &h[k], &ep);
         }
         for (int L = 0; L < NL && !b.st; L++) {
-            b.layer = L;
             param *P = &lp[L * P_LAYER];
-            int *k = &keep[L * K_N];
-            k[K_H] = h;
-            int in[4];
-            k[K_XN] = act(&b, m, "xn", R, D);
-            in[0] = h, in[1] = P[P_LN1].w;
-            op(&b, TIDE_OP_RMSNORM, 2, in, 1, &k[K_XN], &np);
-            int q = mm(&b, m, "q", k[K_XN], P[P_Q].w, R, H * hd);
-            int kk = mm(&b, m, "k", k[K_XN], P[P_K].w, R, kd);
-            k[K_V] = mm(&b, m, "v", k[K_XN], P[P_V].w, R, kd);
-            tide_op_params rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd, .batch = B};
-            k[K_QR] = act(&b, m, "qr", R, H * hd);
-            in[0] = q, in[1] = pos;
-            op(&b, TIDE_OP_ROPE, 2, in, 1, &k[K_QR], &rp);
-            rp.n_heads = (int)KV;
-            k[K_KR] = act(&b, m, "kr", R, kd);
-            in[0] = kk;
-            op(&b, TIDE_OP_ROPE, 2, in, 1, &k[K_KR], &rp);
-            tide_op_params ap = {.n_heads = (int)H, .n_kv_heads = (int)KV, .head_dim = (int)hd, .batch = B};
-            k[K_A] = act(&b, m, "a", R, H * hd);
-            in[0] = k[K_QR], in[1] = k[K_KR], in[2] = k[K_V], in[3] = pos;
-            op(&b, TIDE_OP_ATTENTION, 4, in, 1, &k[K_A], &ap);
-            int proj = mm(&b, m, "a_out", k[K_A], P[P_O].w, R, D);
-            k[K_HM] = add2(&b, h, proj, act(&b, m, "hm", R, D));
-            k[K_XN2] = act(&b, m, "xn2", R, D);
-            in[0] = k[K_HM], in[1] = P[P_LN2].w;
-            op(&b, TIDE_OP_RMSNORM, 2, in, 1, &k[K_XN2], &np);
-            k[K_G] = mm(&b, m, "g", k[K_XN2], P[P_G].w, R, I);
-            k[K_U] = mm(&b, m, "u", k[K_XN2], P[P_U].w, R, I);
-            k[K_S] = act(&b, m, "s", R, I);
-            in[0] = k[K_G], in[1] = k[K_U];
-            op(&b, TIDE_OP_SILU_MUL, 2, in, 1, &k[K_S], NULL);
-            int down = mm(&b, m, "s_out", k[K_S], P[P_D].w, R, D);
-            b.layer = -1;
-            char hn[32];
-            snprintf(hn, sizeof hn, "h.%d", L + 1);
-            int hn_id = act(&b, m, hn, R, D);
-            b.layer = L;
-            h = add2(&b, k[K_HM], down, hn_id);
-        }
-        b.layer = -1;
-        int hN = h;
-        int hf = act(&b, m, "hf", R, D);
-        {
-            int in[2] = {hN, fnorm.w};
-            op(&b, TIDE_OP_RMSNORM, 2, in, 1, &hf, &np);
-        }
-        /* loss and the head's gradient */
-        int dhf = act(&b, m, "d_hf", R, D);
-        {
-            tide_op_params cp = {.scale = (float)(1.0 / ((double)R * (double)A))};
-            int in[4] = {hf, hp->w, targets, hp->grad}, outs[3] = {loss, dhf, hp->grad};
-            op(&b, TIDE_OP_CROSS_ENTROPY, hp->written ? 4 : 3, in, 3, outs, &cp);
-            hp->written = true;
-        }
-        int dh = act(&b, m, "d_h.N", R, D);
-        norm_bwd(&b, hN, &fnorm, dhf, dh, eps);
-
-        /* backward through the layers */
-        for (int L = NL - 1; L >= 0 && !b.st; L--) {
-            b.layer = L;
-            param *P = &lp[L * P_LAYER];
-            int *k = &keep[L * K_N];
-            int ds = act(&b, m, "d_s", R, I);
-            mm_dx(&b, dh, P[P_D].w, ds, false);
-            mm_dw(&b, dh, k[K_S], &P[P_D]);
-            int dg = act(&b, m, "d_g", R, I), du = act(&b, m, "d_u", R, I);
-            {
-                int in[3] = {k[K_G], k[K_U], ds}, outs[2] = {dg, du};
-                op(&b, TIDE_OP_SILU_MUL_BWD, 3, in, 2, outs, NULL);
-            }
-            int dxn2 = act(&b, m, "d_xn2", R, D);
-            mm_dx(&b, dg, P[P_G].w, dxn2, false);
-            mm_dx(&b, du, P[P_U].w, dxn2, true);
-            mm_dw(&b, dg, k[K_XN2], &P[P_G]);
-            mm_dw(&b, du, k[K_XN2], &P[P_U]);
-            int dhm_n = act(&b, m, "d_hm_norm", R, D);
-            norm_bwd(&b, k[K_HM], &P[P_LN2], dxn2, dhm_n, eps);
-            int dhm = add2(&b, dh, dhm_n, act(&b, m, "d_hm", R, D));
-            int da = act(&b, m, "d_a", R, H * hd);
-            mm_dx(&b, dhm, P[P_O].w, da, false);
-            mm_dw(&b, dhm, k[K_A], &P[P_O]);
-            int dqr = act(&b, m, "d_qr", R, H * hd), dkr = act(&b, m, "d_kr", R, kd), dv = act(&b, m, "d_v", R, kd);
-            {
-                tide_op_params ap = {.n_heads = (int)H, .n_kv_heads = (int)KV, .head_dim = (int)hd, .batch = B};
-                int in[6] = {k[K_QR], k[K_KR], k[K_V], k[K_A], da, pos}, outs[3] = {dqr, dkr, dv};
-                op(&b, TIDE_OP_ATTENTION_BWD, 6, in, 3, outs, &ap);
-            }
-            int dq = act(&b, m, "d_q", R, H * hd), dk = act(&b, m, "d_k", R, kd);
-            {
+            for (int k = 0; k < NT && !b.st; k++) {
+                b.layer = L;
+                const int64_t Rk = RK(k);
+                int *kp = KEEP(L, k);
+                kp[K_H] = h[k];
+                int in[4];
+                kp[K_XN] = act(&b, m, k, NT, "xn", Rk, D);
+                in[0] = h[k], in[1] = P[P_LN1].w;
+                op(&b, TIDE_OP_RMSNORM, 2, in, 1, &kp[K_XN], &np);
+                int q = mm(&b, m, k, NT, "q", kp[K_XN], P[P_Q].w, Rk, H * hd);
+                int kk = mm(&b, m, k, NT, "k", kp[K_XN], P[P_K].w, Rk, kd);
+                kp[K_V] = mm(&b, m, k, NT, "v", kp[K_XN], P[P_V].w, Rk, kd);
                 tide_op_params rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd,
-                                     .batch = B};
-                int in[2] = {dqr, pos};
-                op(&b, TIDE_OP_ROPE_BWD, 2, in, 1, &dq, &rp);
+                                     .batch = NB(k)};
+                kp[K_QR] = act(&b, m, k, NT, "qr", Rk, H * hd);
+                in[0] = q, in[1] = pos;
+                op(&b, TIDE_OP_ROPE, 2, in, 1, &kp[K_QR], &rp);
                 rp.n_heads = (int)KV;
-                in[0] = dkr;
-                op(&b, TIDE_OP_ROPE_BWD, 2, in, 1, &dk, &rp);
+                kp[K_KR] = act(&b, m, k, NT, "kr", Rk, kd);
+                in[0] = kk;
+                op(&b, TIDE_OP_ROPE, 2, in, 1, &kp[K_KR], &rp);
+                tide_op_params ap = {.n_heads = (int)H, .n_kv_heads = (int)KV, .head_dim = (int)hd, .batch = NB(k)};
+                kp[K_A] = act(&b, m, k, NT, "a", Rk, H * hd);
+                in[0] = kp[K_QR], in[1] = kp[K_KR], in[2] = kp[K_V], in[3] = pos;
+                op(&b, TIDE_OP_ATTENTION, 4, in, 1, &kp[K_A], &ap);
+                int proj = mm(&b, m, k, NT, "a_out", kp[K_A], P[P_O].w, Rk, D);
+                kp[K_HM] = add2(&b, h[k], proj, act(&b, m, k, NT, "hm", Rk, D));
+                kp[K_XN2] = act(&b, m, k, NT, "xn2", Rk, D);
+                in[0] = kp[K_HM], in[1] = P[P_LN2].w;
+                op(&b, TIDE_OP_RMSNORM, 2, in, 1, &kp[K_XN2], &np);
+                kp[K_G] = mm(&b, m, k, NT, "g", kp[K_XN2], P[P_G].w, Rk, I);
+                kp[K_U] = mm(&b, m, k, NT, "u", kp[K_XN2], P[P_U].w, Rk, I);
+                kp[K_S] = act(&b, m, k, NT, "s", Rk, I);
+                in[0] = kp[K_G], in[1] = kp[K_U];
+                op(&b, TIDE_OP_SILU_MUL, 2, in, 1, &kp[K_S], NULL);
+                int down = mm(&b, m, k, NT, "s_out", kp[K_S], P[P_D].w, Rk, D);
+                b.layer = -1;
+                char hn[32];
+                snprintf(hn, sizeof hn, "h.%d", L + 1);
+                int hn_id = act(&b, m, k, NT, hn, Rk, D);
+                b.layer = L;
+                h[k] = add2(&b, kp[K_HM], down, hn_id);
             }
-            int dxn = act(&b, m, "d_xn", R, D);
-            mm_dx(&b, dq, P[P_Q].w, dxn, false);
-            mm_dx(&b, dk, P[P_K].w, dxn, true);
-            mm_dx(&b, dv, P[P_V].w, dxn, true);
-            mm_dw(&b, dq, k[K_XN], &P[P_Q]);
-            mm_dw(&b, dk, k[K_XN], &P[P_K]);
-            mm_dw(&b, dv, k[K_XN], &P[P_V]);
-            int dh_n = act(&b, m, "d_h_norm", R, D);
-            norm_bwd(&b, k[K_H], &P[P_LN1], dxn, dh_n, eps);
-            b.layer = -1;
-            char dn[32];
-            snprintf(dn, sizeof dn, "d_h.%d", L);
-            int dh_id = act(&b, m, dn, R, D);
-            b.layer = L;
-            dh = add2(&b, dhm, dh_n, dh_id);
+        }
+        /* per tile: the final norm, the loss and the head's gradient (the
+         * loss and gradient add up over the tiles), the norm's backward */
+        b.layer = -1;
+        for (int k = 0; k < NT && !b.st; k++) {
+            const int64_t Rk = RK(k);
+            hf[k] = act(&b, m, k, NT, "hf", Rk, D);
+            int in2[2] = {h[k], fnorm.w};
+            op(&b, TIDE_OP_RMSNORM, 2, in2, 1, &hf[k], &np);
+            int dhf = act(&b, m, k, NT, "d_hf", Rk, D);
+            tide_op_params cp = {.scale = (float)(1.0 / ((double)R * (double)A)), .idx0 = (int64_t)k * ts * T};
+            int in[5] = {hf[k], hp->w, targets, hp->grad, loss}, outs[3] = {loss, dhf, hp->grad};
+            op(&b, TIDE_OP_CROSS_ENTROPY, k ? 5 : hp->written ? 4 : 3, in, 3, outs, &cp);
+            hp->written = true;
+            dh[k] = act(&b, m, k, NT, "d_h.N", Rk, D);
+            norm_bwd(&b, h[k], &fnorm, dhf, dh[k], eps);
+        }
+
+        /* backward through the layers, each layer tile by tile */
+        for (int L = NL - 1; L >= 0 && !b.st; L--) {
+            param *P = &lp[L * P_LAYER];
+            for (int k = 0; k < NT && !b.st; k++) {
+                b.layer = L;
+                const int64_t Rk = RK(k);
+                int *kp = KEEP(L, k);
+                int ds = act(&b, m, k, NT, "d_s", Rk, I);
+                mm_dx(&b, dh[k], P[P_D].w, ds, false);
+                mm_dw(&b, dh[k], kp[K_S], &P[P_D]);
+                int dg = act(&b, m, k, NT, "d_g", Rk, I), du = act(&b, m, k, NT, "d_u", Rk, I);
+                {
+                    int in[3] = {kp[K_G], kp[K_U], ds}, outs[2] = {dg, du};
+                    op(&b, TIDE_OP_SILU_MUL_BWD, 3, in, 2, outs, NULL);
+                }
+                int dxn2 = act(&b, m, k, NT, "d_xn2", Rk, D);
+                mm_dx(&b, dg, P[P_G].w, dxn2, false);
+                mm_dx(&b, du, P[P_U].w, dxn2, true);
+                mm_dw(&b, dg, kp[K_XN2], &P[P_G]);
+                mm_dw(&b, du, kp[K_XN2], &P[P_U]);
+                int dhm_n = act(&b, m, k, NT, "d_hm_norm", Rk, D);
+                norm_bwd(&b, kp[K_HM], &P[P_LN2], dxn2, dhm_n, eps);
+                dhm[k] = add2(&b, dh[k], dhm_n, act(&b, m, k, NT, "d_hm", Rk, D));
+                int da = act(&b, m, k, NT, "d_a", Rk, H * hd);
+                mm_dx(&b, dhm[k], P[P_O].w, da, false);
+                mm_dw(&b, dhm[k], kp[K_A], &P[P_O]);
+                int dqr = act(&b, m, k, NT, "d_qr", Rk, H * hd), dkr = act(&b, m, k, NT, "d_kr", Rk, kd),
+                    dv = act(&b, m, k, NT, "d_v", Rk, kd);
+                {
+                    tide_op_params ap = {.n_heads = (int)H, .n_kv_heads = (int)KV, .head_dim = (int)hd,
+                                         .batch = NB(k)};
+                    int in[6] = {kp[K_QR], kp[K_KR], kp[K_V], kp[K_A], da, pos}, outs[3] = {dqr, dkr, dv};
+                    op(&b, TIDE_OP_ATTENTION_BWD, 6, in, 3, outs, &ap);
+                }
+                int dq = act(&b, m, k, NT, "d_q", Rk, H * hd), dk = act(&b, m, k, NT, "d_k", Rk, kd);
+                {
+                    tide_op_params rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd,
+                                         .batch = NB(k)};
+                    int in[2] = {dqr, pos};
+                    op(&b, TIDE_OP_ROPE_BWD, 2, in, 1, &dq, &rp);
+                    rp.n_heads = (int)KV;
+                    in[0] = dkr;
+                    op(&b, TIDE_OP_ROPE_BWD, 2, in, 1, &dk, &rp);
+                }
+                int dxn = act(&b, m, k, NT, "d_xn", Rk, D);
+                mm_dx(&b, dq, P[P_Q].w, dxn, false);
+                mm_dx(&b, dk, P[P_K].w, dxn, true);
+                mm_dx(&b, dv, P[P_V].w, dxn, true);
+                mm_dw(&b, dq, kp[K_XN], &P[P_Q]);
+                mm_dw(&b, dk, kp[K_XN], &P[P_K]);
+                mm_dw(&b, dv, kp[K_XN], &P[P_V]);
+                int dh_n = act(&b, m, k, NT, "d_h_norm", Rk, D);
+                norm_bwd(&b, kp[K_H], &P[P_LN1], dxn, dh_n, eps);
+                b.layer = -1;
+                char dn[32];
+                snprintf(dn, sizeof dn, "d_h.%d", L);
+                int dh_id = act(&b, m, k, NT, dn, Rk, D);
+                b.layer = L;
+                dh[k] = add2(&b, dhm[k], dh_n, dh_id);
+            }
         }
         b.layer = -1;
-        {
-            int in[3] = {dh, tokens, emb.grad};
-            op(&b, TIDE_OP_EMBED_BWD, emb.written ? 3 : 2, in, 1, &emb.grad, NULL);
+        for (int k = 0; k < NT && !b.st; k++) {
+            tide_op_params ep = {.idx0 = (int64_t)k * ts * T};
+            int in[3] = {dh[k], tokens, emb.grad};
+            op(&b, TIDE_OP_EMBED_BWD, emb.written ? 3 : 2, in, 1, &emb.grad, &ep);
             emb.written = true;
         }
     }
+#undef NB
+#undef RK
+#undef KEEP
+    tide_free(tk);
 
     /* the optimizer: parameters in checkpoint order */
     int n_par = 0;
@@ -385,6 +420,18 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
     }
     *out = b.g;
     return TIDE_OK;
+}
+
+bool tide_llama_train_tile_level(tide_llama_train_opts *o, int level) {
+    if (level < 0 || level >= TIDE_TILE_LEVELS) return false;
+    if (level == 0) {
+        o->tile_seqs = 0;
+        return true;
+    }
+    int64_t prev = ((int64_t)o->batch + (INT64_C(1) << (level - 1)) - 1) >> (level - 1);
+    if (prev <= 1) return false; /* the level before already has tiles of one sequence */
+    o->tile_seqs = (int)(((int64_t)o->batch + (INT64_C(1) << level) - 1) >> level);
+    return true;
 }
 
 static bool starts(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }

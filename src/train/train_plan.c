@@ -11,6 +11,10 @@
  */
 #include "train/train_plan.h"
 
+#include "runtime/tiling.h"
+
+#include <stdio.h>
+
 tide_status tide_plan_steady_step(const tide_plan *p, const tide_hw *hw, double *step, tide_sim_result *keep) {
     tide_sim_result sim;
     tide_status st = tide_simulate(p, hw, &sim);
@@ -71,4 +75,40 @@ tide_step_bytes tide_plan_step_bytes(const tide_plan *p) {
         }
     }
     return b;
+}
+
+typedef struct train_level {
+    tide_ctx *ctx;
+    const tide_llama_config *cfg;
+    const tide_llama_train_opts *base;
+    bool host_updates;
+} train_level;
+
+/* The step graph of tiling level `level` (*g NULL past the last), with every
+ * ADAMW on the host when asked. */
+static tide_status build_train_level(void *user, int level, tide_graph **g, bool **host_ops) {
+    train_level *u = user;
+    *g = NULL;
+    *host_ops = NULL;
+    tide_llama_train_opts o = *u->base;
+    if (!tide_llama_train_tile_level(&o, level)) return TIDE_OK;
+    tide_status st = tide_llama_build_train(u->ctx, u->cfg, &o, g);
+    if (st || !u->host_updates) return st;
+    if (!(*host_ops = tide_calloc((size_t)((*g)->n_ops ? (*g)->n_ops : 1), sizeof **host_ops))) {
+        tide_graph_free(*g);
+        *g = NULL;
+        return tide_err(u->ctx, TIDE_E_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < (*g)->n_ops; i++) (*host_ops)[i] = (*g)->ops[i].kind == TIDE_OP_ADAMW;
+    return TIDE_OK;
+}
+
+tide_status tide_train_tiling(tide_ctx *ctx, const tide_llama_config *cfg, tide_llama_train_opts *o,
+                              const tide_plan_opts *po, bool host_updates, int tile, int from, tide_graph **g,
+                              int *level, uint64_t *min_budget) {
+    train_level u = {ctx, cfg, o, host_updates};
+    tide_tile_searcher s = {.build = build_train_level, .user = &u, .opts = po, .what = " for a training step"};
+    tide_status st = tide_tile_search(ctx, &s, tile, from, g, level, NULL, min_budget);
+    if (!st) tide_llama_train_tile_level(o, *level);
+    return st;
 }

@@ -35,4 +35,20 @@ typedef struct tide_step_bytes {
 } tide_step_bytes;
 tide_step_bytes tide_plan_step_bytes(const tide_plan *p);
 
+/* Row tiling of a training step (tide_llama_train_tile_level) for a budget.
+ * tile: TIDE_TILE_AUTO, TIDE_TILE_NONE or a level; host_updates: every ADAMW
+ * runs on the host CPU (po->host_ops is made per graph, as the graphs of the
+ * levels differ). Levels from `from` (a forced level: that one) are tried:
+ *   - with min_budget: the level whose minimum budget under po is smallest
+ *     (coarsest on ties), that minimum in *min_budget;
+ *   - without: the coarsest level whose largest device working set under po
+ *     fits po->device_budget (a plan may still find it infeasible: the
+ *     caller then tries from *level + 1).
+ * On success *g is the level's graph (the caller frees it), *level the level
+ * and o->tile_seqs its tiles. TIDE_E_INFEASIBLE (message on ctx) when no
+ * level fits; the failure of building or planning otherwise. */
+tide_status tide_train_tiling(tide_ctx *ctx, const tide_llama_config *cfg, tide_llama_train_opts *o,
+                              const tide_plan_opts *po, bool host_updates, int tile, int from, tide_graph **g,
+                              int *level, uint64_t *min_budget);
+
 #endif

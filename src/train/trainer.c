@@ -27,6 +27,8 @@
  * its measured instructions and replan, keeping the homes (train_refit.c).
  */
 #include "train/trainer_int.h"
+#include "train/train_plan.h"
+#include "runtime/tiling.h"
 #include "sim/sim.h"
 #include "trace/trace.h"
 
@@ -496,42 +498,141 @@ tide_status train_bind_runner(tide_trainer *t, tide_runner *run, const char *sta
 
 /* ---------------------------------------------------------------- the first step */
 
+/* Makes t->g the step graph of tiles of tile_seqs sequences. Only TEMP,
+ * INPUT and OUTPUT tensors differ between tilings: every persistent tensor
+ * keeps its index (they are made first), so nothing indexed by them moves. */
+static tide_status retile(tide_trainer *t, int tile_seqs) {
+    if (tile_seqs == t->o.step.tile_seqs) return TIDE_OK;
+    tide_llama_train_opts o = t->o.step;
+    o.tile_seqs = tile_seqs;
+    tide_graph *g = NULL;
+    tide_status st = tide_llama_build_train(t->ctx, &t->cfg, &o, &g);
+    if (st) return st;
+    train_home *home = tide_calloc((size_t)g->n_tensors, sizeof *home);
+    if (!home) {
+        tide_graph_free(g);
+        return tide_err(t->ctx, TIDE_E_NOMEM, "out of memory");
+    }
+    tide_free(t->home); /* empty before the first step */
+    t->home = home;
+    tide_graph_free(t->g);
+    t->g = g;
+    t->o.step = o;
+    for (int m = 0; m < o.accum; m++) {
+        char nm[32];
+        snprintf(nm, sizeof nm, "tokens.%d", m);
+        t->in_tok[m] = tide_graph_find(g, nm);
+        snprintf(nm, sizeof nm, "targets.%d", m);
+        t->in_tgt[m] = tide_graph_find(g, nm);
+    }
+    return TIDE_OK;
+}
+
+tide_status tide_trainer_set_tiling(tide_trainer *t, int tile_seqs) {
+    if (t->run) return tide_err(t->ctx, TIDE_E_INVALID, "the tiling is set before the first step");
+    if (tile_seqs < 0) return tide_err(t->ctx, TIDE_E_INVALID, "tiles of %d sequences: negative", tile_seqs);
+    return retile(t, tile_seqs >= t->o.step.batch ? 0 : tile_seqs);
+}
+
+int tide_trainer_tile_seqs(const tide_trainer *t) { return t->o.step.tile_seqs; }
+
+/* The offloaded plan of a step: the budget, the tiling (t->g is rebuilt when
+ * it changes), where the updates run, and the plan of *g (the runner's own
+ * copy of t->g). */
+static tide_status plan_offloaded(tide_trainer *t, tide_graph **gout, tide_plan **pout) {
+    tide_ctx *ctx = t->ctx;
+    tide_status st = TIDE_OK;
+    /* the baselines run the graph as it is unless a level is forced */
+    int tile = t->off.tile;
+    if (tile == TIDE_TILE_AUTO && t->policy != TIDE_POLICY_TIDE) tile = TIDE_TILE_NONE;
+    const bool min = t->off.budget_kind == TIDE_BUDGET_MIN;
+    uint64_t b = 0;
+    if (!min || tile == TIDE_TILE_NONE) { /* a fraction is of the graph as given */
+        if ((st = resolve_budget(t, &b))) return st;
+    }
+    for (int from = 0;;) {
+        tide_graph *g = NULL;
+        tide_plan *p = NULL;
+        if (tile == TIDE_TILE_NONE) {
+            if (from > 0) return st;
+            if ((st = tide_llama_build_train(ctx, &t->cfg, &t->o.step, &g))) return st;
+        } else {
+            tide_llama_train_opts so = t->o.step;
+            tide_plan_opts po = train_offload_opts(t, b);
+            int level = -1;
+            uint64_t m = 0;
+            if (min) {
+                bool all = t->optim == TRAIN_OPTIM_CPU && t->policy == TIDE_POLICY_TIDE;
+                st = tide_train_tiling(ctx, &t->cfg, &so, &po, all, tile, 0, &g, &level, &m);
+                b = (m + 255) & ~(uint64_t)255;
+            } else {
+                /* updates that may run on the host need no room in the arena
+                 * (auto on the CPU backend falls back to them, below) */
+                st = tide_train_tiling(ctx, &t->cfg, &so, &po, t->optim != TRAIN_OPTIM_DEVICE, tile, from, &g,
+                                       &level, NULL);
+            }
+            if (st && from > 0 && st == TIDE_E_INFEASIBLE) {
+                /* no finer level fits: the coarser level's refusal stands */
+                tide_err(ctx, TIDE_E_INFEASIBLE, "%s", t->plan_why);
+            }
+            if (st) return st;
+            if ((st = retile(t, so.tile_seqs))) {
+                tide_graph_free(g);
+                return st;
+            }
+            from = level + 1;
+        }
+        t->budget = b;
+        tide_plan_opts po = train_offload_opts(t, b);
+        /* where device memory is host memory, a host update is the same work in the same place */
+        train_optim_mode mode = t->be->vt->device_is_host && t->optim == TRAIN_OPTIM_AUTO &&
+                                t->policy != TIDE_POLICY_ZERO_OFFLOAD ? TRAIN_OPTIM_DEVICE : t->optim;
+        tide_free(t->host_ops);
+        t->host_ops = NULL;
+        st = train_optim_place(ctx, g, &po, mode, &t->host_ops, &t->optim_choice);
+        po.host_ops = t->host_ops;
+        po.consider_zero_offload = true;
+        if (!st) st = tide_plan_make(ctx, g, &po, &p);
+        if (st == TIDE_E_INFEASIBLE && mode != t->optim) {
+            /* the arena cannot hold some update's operands: updates on
+             * the host CPU (their state read in place) let the step plan */
+            tide_err_clear(ctx);
+            tide_free(t->host_ops);
+            t->host_ops = NULL;
+            po.host_ops = NULL;
+            tide_plan_free(p);
+            p = NULL;
+            st = train_optim_place(ctx, g, &po, t->optim, &t->host_ops, &t->optim_choice);
+            po.host_ops = t->host_ops;
+            if (!st) st = tide_plan_make(ctx, g, &po, &p);
+        }
+        if (!st) {
+            *gout = g;
+            *pout = p;
+            return TIDE_OK;
+        }
+        tide_plan_free(p);
+        tide_graph_free(g);
+        /* a finer tiling may plan where this one did not */
+        if (st != TIDE_E_INFEASIBLE || min || tile == TIDE_TILE_NONE || tile > 0) return st;
+        snprintf(t->plan_why, sizeof t->plan_why, "%s", tide_ctx_last_error(ctx));
+    }
+}
+
 static tide_status prepare(tide_trainer *t) {
     tide_ctx *ctx = t->ctx;
     tide_plan *p = NULL;
     tide_graph *g = NULL;
     tide_status st;
     double t0 = tide_now();
-    /* the runner owns its graph: a second copy of the step graph */
-    if ((st = tide_llama_build_train(ctx, &t->cfg, &t->o.step, &g))) return st;
     if (t->offload) {
-        uint64_t b = 0;
-        if (!(st = resolve_budget(t, &b))) {
-            t->budget = b;
-            tide_plan_opts po = train_offload_opts(t, b);
-            /* where device memory is host memory, a host update is the same work in the same place */
-            train_optim_mode mode = t->be->vt->device_is_host && t->optim == TRAIN_OPTIM_AUTO &&
-                                    t->policy != TIDE_POLICY_ZERO_OFFLOAD ? TRAIN_OPTIM_DEVICE : t->optim;
-            st = train_optim_place(ctx, g, &po, mode, &t->host_ops, &t->optim_choice);
-            po.host_ops = t->host_ops;
-            po.consider_zero_offload = true;
-            if (!st) st = tide_plan_make(ctx, g, &po, &p);
-            if (st == TIDE_E_INFEASIBLE && mode != t->optim) {
-                /* the arena cannot hold some update's operands: updates on
-                 * the host CPU (their state read in place) let the step plan */
-                tide_err_clear(ctx);
-                tide_free(t->host_ops);
-                t->host_ops = NULL;
-                po.host_ops = NULL;
-                st = train_optim_place(ctx, g, &po, t->optim, &t->host_ops, &t->optim_choice);
-                po.host_ops = t->host_ops;
-                if (!st) st = tide_plan_make(ctx, g, &po, &p);
-            }
-        }
+        st = plan_offloaded(t, &g, &p);
         if (!st && (st = t->be->vt->alloc(t->be, p->device_budget, &t->arena)))
             st = tide_err(ctx, st, "cannot allocate the device arena of %llu bytes: %s",
                           (unsigned long long)p->device_budget, tide_ctx_last_error(t->be->ctx));
     } else {
+        /* the runner owns its graph: a second copy of the step graph */
+        if ((st = tide_llama_build_train(ctx, &t->cfg, &t->o.step, &g))) return st;
         if (!(st = plan_resident(t, &p)) && (st = t->be->vt->alloc(t->be, (p->device_budget + 255) & ~(uint64_t)255, &t->arena)))
             st = tide_err(ctx, st, "cannot allocate the device arena of %llu bytes: %s",
                           (unsigned long long)p->device_budget, tide_ctx_last_error(t->be->ctx));

@@ -460,7 +460,7 @@ void test_ce_rows() {
             double *dterms = (double *)d.put(nullptr, terms.size() * 8, 0, "terms");
             float *loss = (float *)d.put(nullptr, 4, 0, "loss");
             expect_status(emu::tcu_ce_rows(nullptr, dl, c.R, c.V, dt, c.scale, dterms), cudaSuccess, "tcu_ce_rows");
-            expect_status(emu::tcu_ce_loss(nullptr, dterms, c.R, c.scale, loss), cudaSuccess, "tcu_ce_loss");
+            expect_status(emu::tcu_ce_loss(nullptr, dterms, c.R, c.scale, false, loss), cudaSuccess, "tcu_ce_loss");
             return std::vector<Bytes>{as_bytes(dl, l.size()), as_bytes(dterms, terms.size()), as_bytes(loss, 1)};
         });
         std::vector<float> g = from_bytes<float>(got[0]);

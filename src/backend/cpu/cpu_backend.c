@@ -364,22 +364,25 @@ static tide_status cpu_cross_entropy(tide_ctx *ctx, int nt, const tide_graph *g,
                                      void *const *in, void *const *out, void *scratch) {
     const tide_tensor *h = tin(g, op, 0), *w = tin(g, op, 1), *tg = tin(g, op, 2);
     int64_t R = h->shape[0], D = h->shape[1], V = w->shape[0], bad = -1;
-    const int32_t *targets = in[2];
+    const int32_t *targets = (const int32_t *)in[2] + op->p.idx0; /* a row tile's targets */
     /* the workspace's first R doubles, to 64 bytes (per-row loss terms), are
      * the GPU's (graph/ops.c) */
     uint64_t terms = ((uint64_t)R * sizeof(double) + 63) / 64 * 64;
     bool room = scratch && op->scratch_bytes > terms;
-    tide_status st = tk_cross_entropy(in[0], in[1], w->dtype, targets, R, V, D, op->p.scale, op->n_in == 4,
+    /* 5 inputs: the loss adds into the earlier tiles' (in[4] is out[0]) */
+    const float before = op->n_in == 5 ? *(const float *)in[4] : 0.0f;
+    tide_status st = tk_cross_entropy(in[0], in[1], w->dtype, targets, R, V, D, op->p.scale, op->n_in >= 4,
                                       tide_ce_chunk_rows(R, V), out[0], out[1], out[2],
                                       room ? (uint8_t *)scratch + terms : NULL,
                                       room ? (size_t)(op->scratch_bytes - terms) : 0, &bad, nt);
     if (st == TIDE_E_RANGE)
         return tide_err(ctx, st, "cross_entropy: target %d of row %lld of '%s' is outside the vocabulary of '%s' "
-                        "(%lld ids)", targets[bad], (long long)bad, tg->name, w->name, (long long)V);
+                        "(%lld ids)", targets[bad], (long long)(op->p.idx0 + bad), tg->name, w->name, (long long)V);
     if (st == TIDE_E_INVALID)
         return tide_err(ctx, st, "cross_entropy: needs its workspace of %llu bytes",
                         (unsigned long long)op->scratch_bytes);
     if (st) return tide_err(ctx, st, "cross_entropy '%s': dimensions beyond what BLAS takes", w->name);
+    if (op->n_in == 5) *(float *)out[0] = before + *(float *)out[0];
     return TIDE_OK;
 }
 

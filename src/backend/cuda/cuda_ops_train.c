@@ -246,11 +246,14 @@ tide_status tide_cuda_cross_entropy(tide_backend *be, cu_queue *q, const tide_gr
                         wt->name);
     int64_t bad = -1;
     int32_t val = 0;
-    tide_status st = check_ids(q, in[2], R, INT64_MIN, V, false, REC_TARGET, 0, &bad, &val, "cross_entropy");
+    const int32_t *targets = (const int32_t *)in[2] + op->p.idx0; /* a row tile's targets */
+    tide_status st = check_ids(q, targets, R, INT64_MIN, V, false, REC_TARGET, op->p.idx0, &bad, &val,
+                               "cross_entropy");
     if (st) return st;
     if (bad >= 0)
         return tide_err(q->ctx, TIDE_E_RANGE, "cross_entropy: target %d of row %lld of '%s' is outside the "
-                        "vocabulary of '%s' (%lld ids)", val, (long long)bad, tg->name, wt->name, (long long)V);
+                        "vocabulary of '%s' (%lld ids)", val, (long long)(op->p.idx0 + bad), tg->name, wt->name,
+                        (long long)V);
     /* the workspace (graph/ops.c): R loss terms (to 64 bytes), logits (CR,
      * V), [widened rows of w] */
     const int64_t CR = TIDE_MAX(1, TIDE_MIN(tide_ce_chunk_rows(R, V), R));
@@ -271,7 +274,6 @@ tide_status tide_cuda_cross_entropy(tide_backend *be, cu_queue *q, const tide_gr
     const size_t es = tide_dtype_size(wt->dtype);
     const uint8_t *wb = in[1];
     const float *h = in[0];
-    const int32_t *targets = in[2];
     float *dh = out[1], *dw = out[2];
     if ((st = tide_cuda_queue_blas(be, q, q->ctx))) return st;
     if (!f32 && whole)
@@ -291,7 +293,7 @@ tide_status tide_cuda_cross_entropy(tide_backend *be, cu_queue *q, const tide_gr
             if (bs != CUBLAS_STATUS_SUCCESS) return blas_fail(q, bs, "cublasSgemm of cross_entropy '%s' logits", wt->name);
         }
         CU_TRY(q->ctx, tcu_ce_rows(q->stream, L, cr, V, targets + r0, scale, terms + r0), "cross_entropy row kernel");
-        const float beta_w = op->n_in == 4 || r0 > 0 ? 1.0f : 0.0f;
+        const float beta_w = op->n_in >= 4 || r0 > 0 ? 1.0f : 0.0f;
         for (int64_t v0 = 0; v0 < V; v0 += vb) {
             const int cnt = (int)TIDE_MIN(vb, V - v0);
             if (!whole)
@@ -308,6 +310,7 @@ tide_status tide_cuda_cross_entropy(tide_backend *be, cu_queue *q, const tide_gr
                 return blas_fail(q, bs, "cublasSgemm of cross_entropy '%s' gradients", wt->name);
         }
     }
-    CU_TRY(q->ctx, tcu_ce_loss(q->stream, terms, R, scale, out[0]), "cross_entropy loss kernel");
+    /* 5 inputs: the loss adds into the earlier tiles' (in[4] is out[0]) */
+    CU_TRY(q->ctx, tcu_ce_loss(q->stream, terms, R, scale, op->n_in == 5, out[0]), "cross_entropy loss kernel");
     return TIDE_OK;
 }

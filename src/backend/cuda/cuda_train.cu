@@ -630,16 +630,20 @@ extern "C" cudaError_t tcu_ce_rows(cudaStream_t s, float *l, int64_t R, int64_t 
     return cudaGetLastError();
 }
 
-__global__ void k_ce_loss(const double *terms, int64_t n, float scale, float *loss) {
+__global__ void k_ce_loss(const double *terms, int64_t n, float scale, bool add, float *loss) {
     __shared__ double sh[32];
     double s = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s = __dadd_rn(s, terms[i]);
     s = tr_block_sum(s, sh);
-    if (threadIdx.x == 0) *loss = (float)__dmul_rn((double)scale, s);
+    if (threadIdx.x == 0) {
+        const float part = (float)__dmul_rn((double)scale, s);
+        *loss = add ? __fadd_rn(*loss, part) : part;
+    }
 }
 
-extern "C" cudaError_t tcu_ce_loss(cudaStream_t s, const double *terms, int64_t n, float scale, float *loss) {
-    k_ce_loss<<<1, TR_BLOCK, 0, s>>>(terms, n, scale, loss);
+extern "C" cudaError_t tcu_ce_loss(cudaStream_t s, const double *terms, int64_t n, float scale, bool add,
+                                   float *loss) {
+    k_ce_loss<<<1, TR_BLOCK, 0, s>>>(terms, n, scale, add, loss);
     return cudaGetLastError();
 }
 

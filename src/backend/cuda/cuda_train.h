@@ -104,8 +104,9 @@ cudaError_t tcu_ce_rows(cudaStream_t s, float *l, int64_t R, int64_t V, const in
                         double *terms);
 
 /* CROSS_ENTROPY's loss (1) = (float)(scale * sum of terms (n)), the sum in
- * double by one block in a fixed order. */
-cudaError_t tcu_ce_loss(cudaStream_t s, const double *terms, int64_t n, float scale, float *loss);
+ * double by one block in a fixed order; with add, that value is added to
+ * *loss in f32 (a row tile after the first). */
+cudaError_t tcu_ce_loss(cudaStream_t s, const double *terms, int64_t n, float scale, bool add, float *loss);
 
 /* SUMSQ: out (1) = (float)(acc + sum g^2) with acc = *acc_in (NULL: 0; may
  * be out), the squares summed in double: partial sums over equal blocks of
