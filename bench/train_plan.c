@@ -88,6 +88,8 @@ typedef struct row {
     int n_host, n_groups;  /* tide: AdamW updates placed on the host CPU, of all */
     double dev_step_s;     /* tide with updates on the host: the step with all on the device */
     tide_step_bytes bytes;
+    int tile_level;     /* tide: the row tiling level planned (0: untiled) */
+    tide_status st;     /* the planner's status when !ok (0 for a failed verification) */
     char why[200];      /* the planner's message when !ok */
 } row;
 
@@ -100,6 +102,8 @@ typedef struct setup {
     double ideal_s;
     uint64_t cls[TIDE_TRAIN_CLASS_COUNT];
     char label[96];      /* hw_name's storage in the main tables */
+    tide_llama_config cfg;
+    tide_llama_train_opts step; /* g's step options (untiled) */
 } setup;
 
 static tide_ctx *ctx;
@@ -123,36 +127,21 @@ static void jprintf(const char *fmt, ...) {
 
 /* Plans, verifies and simulates one (policy, budget). A plan that fails
  * verification counts as a failure of the run. */
-static row plan_one(const setup *s, tide_policy pol, uint64_t budget) {
-    row r = {.budget = budget};
-    tide_plan_opts po = {.policy = pol, .device_budget = budget, .n_iter = 2, .hw = &s->hw};
-    tide_plan *p = NULL;
-    bool *host_ops = NULL;
-    train_optim_choice oc = {0};
+/* The figures of plan p of g (made under po, its updates placed as oc says,
+ * in plan_s): verified, simulated, against the bound; for tide with updates
+ * on the host, the step with all of them on the device beside it. Frees p. */
+static row eval_plan(const setup *s, const tide_graph *g, const tide_plan_opts *po, tide_plan *p,
+                     const train_optim_choice *oc, double plan_s) {
+    row r = {.budget = po->device_budget, .plan_s = plan_s, .n_host = oc->n_host};
+    r.n_groups = po->policy == TIDE_POLICY_TIDE || po->policy == TIDE_POLICY_ZERO_OFFLOAD ? oc->n_groups : 0;
     double t0 = tide_now();
-    /* tide places each AdamW update on the device or the host CPU by planning */
-    tide_status st = train_optim_place(ctx, s->g, &po, TRAIN_OPTIM_AUTO, &host_ops, &oc);
-    po.host_ops = host_ops;
-    po.consider_zero_offload = true; /* as the CLI plans it */
-    if (!st) st = tide_plan_make(ctx, s->g, &po, &p);
-    if (!st) train_optim_sync(s->g, p, &oc);
-    r.plan_s = tide_now() - t0;
-    r.n_host = oc.n_host;
-    r.n_groups = pol == TIDE_POLICY_TIDE || pol == TIDE_POLICY_ZERO_OFFLOAD ? oc.n_groups : 0;
-    if (st) {
-        snprintf(r.why, sizeof r.why, "%s", tide_ctx_last_error(ctx));
-        if (st != TIDE_E_INFEASIBLE && st != TIDE_E_UNSUPPORTED) failures++;
-        tide_free(host_ops);
-        return r;
-    }
-    t0 = tide_now();
-    st = tide_plan_verify(p);
+    tide_status st = tide_plan_verify(p);
     r.verify_s = tide_now() - t0;
     tide_bounds b;
     if (st) {
         snprintf(r.why, sizeof r.why, "verification failed: %s", tide_ctx_last_error(ctx));
         failures++;
-    } else if (tide_plan_steady_step(p, &s->hw, &r.step_s, NULL) || tide_plan_bounds(ctx, s->g, &po, &b)) {
+    } else if (tide_plan_steady_step(p, &s->hw, &r.step_s, NULL) || tide_plan_bounds(ctx, g, po, &b)) {
         snprintf(r.why, sizeof r.why, "simulating: %s", tide_ctx_last_error(ctx));
         failures++;
     } else {
@@ -163,18 +152,61 @@ static row plan_one(const setup *s, tide_policy pol, uint64_t budget) {
         r.lb_link_s = b.link_s;
         r.bytes = tide_plan_step_bytes(p);
         r.n_ins = p->n_ins;
-        if (r.n_host && pol == TIDE_POLICY_TIDE) {
+        if (r.n_host && po->policy == TIDE_POLICY_TIDE) {
             /* the same step with every update on the device, side by side */
-            tide_plan_opts pd = po;
+            tide_plan_opts pd = *po;
             pd.host_ops = NULL;
             pd.consider_zero_offload = false;
             tide_plan *q = NULL;
-            if (tide_plan_make(ctx, s->g, &pd, &q) || tide_plan_steady_step(q, &s->hw, &r.dev_step_s, NULL))
+            if (tide_plan_make(ctx, g, &pd, &q) || tide_plan_steady_step(q, &s->hw, &r.dev_step_s, NULL))
                 r.dev_step_s = 0;
             tide_plan_free(q);
         }
     }
     tide_plan_free(p);
+    return r;
+}
+
+/* A failed plan's row. */
+static row no_plan(uint64_t budget, tide_status st, double plan_s) {
+    row r = {.budget = budget, .st = st, .plan_s = plan_s};
+    snprintf(r.why, sizeof r.why, "%s", tide_ctx_last_error(ctx));
+    if (st != TIDE_E_INFEASIBLE && st != TIDE_E_UNSUPPORTED) failures++;
+    return r;
+}
+
+/* Plans policy pol at budget as `tide plan --train` does: the baselines the
+ * untiled step; tide with its row tiling searched (tide_train_plan_tiled:
+ * the untiled step where its largest op fits, finer tilings while faster). */
+static row plan_one(const setup *s, tide_policy pol, uint64_t budget) {
+    tide_plan_opts po = {.policy = pol, .device_budget = budget, .n_iter = 2, .hw = &s->hw};
+    double t0 = tide_now();
+    if (pol == TIDE_POLICY_TIDE) {
+        tide_llama_train_opts o = s->step;
+        tide_train_planned tp;
+        tide_status st = tide_train_plan_tiled(ctx, &s->cfg, &o, &po, TRAIN_OPTIM_AUTO, TRAIN_OPTIM_AUTO,
+                                               TIDE_TILE_AUTO, &tp);
+        double plan_s = tide_now() - t0;
+        if (st) return no_plan(budget, st, plan_s);
+        po.host_ops = tp.host_ops;
+        po.consider_zero_offload = true;
+        row r = eval_plan(s, tp.g, &po, tp.p, &tp.oc, plan_s);
+        r.tile_level = tp.level;
+        tp.p = NULL;
+        tide_train_planned_free(&tp);
+        return r;
+    }
+    tide_plan *p = NULL;
+    bool *host_ops = NULL;
+    train_optim_choice oc = {0};
+    tide_status st = train_optim_place(ctx, s->g, &po, TRAIN_OPTIM_AUTO, &host_ops, &oc);
+    po.host_ops = host_ops;
+    po.consider_zero_offload = true; /* as the CLI plans it */
+    if (!st) st = tide_plan_make(ctx, s->g, &po, &p);
+    if (!st) train_optim_sync(s->g, p, &oc);
+    double plan_s = tide_now() - t0;
+    row r = st ? no_plan(budget, st, plan_s) : eval_plan(s, s->g, &po, p, &oc, plan_s);
+    if (st) r.n_groups = pol == TIDE_POLICY_ZERO_OFFLOAD ? oc.n_groups : 0;
     tide_free(host_ops);
     return r;
 }
@@ -199,9 +231,10 @@ static void print_json_row(const setup *s, int bi, tide_policy pol, const row *r
         jprintf("\"budget\":\"%.0f%%\",\"budget_base\":\"%s\",", budget_frac[bi] * 100,
                 s->peak > s->hw.device_mem_bytes ? "device_memory" : "unconstrained_peak");
     else jprintf("\"budget\":\"min\",");
-    jprintf("\"budget_bytes\":%llu,\"unconstrained_peak_bytes\":%llu,\"device_mem_bytes\":%llu,\"feasible\":%s,",
+    jprintf("\"budget_bytes\":%llu,\"unconstrained_peak_bytes\":%llu,\"device_mem_bytes\":%llu,\"feasible\":%s,"
+            "\"tile_level\":%d,",
             (unsigned long long)r->budget, (unsigned long long)s->peak, (unsigned long long)s->hw.device_mem_bytes,
-            r->ok ? "true" : "false");
+            r->ok ? "true" : "false", r->tile_level);
     if (r->ok)
         jprintf("\"x_lower_bound\":%.4f,\"pct_of_ideal\":%.2f,\"step_s\":%.4f,\"ideal_step_s\":%.4f,"
                 "\"makespan_s\":%.4f,\"lower_bound_s\":%.4f,\"lb_compute_s\":%.4f,\"lb_link_s\":%.4f,"
@@ -297,9 +330,14 @@ static uint64_t parse_bytes(const char *s) {
     return end == s || *end || !(v > 0) || v * mul >= 1.8e19 ? 0 : (uint64_t)(v * mul);
 }
 
+static tide_llama_train_opts step_opts(int batch, int seq, int accum) {
+    return (tide_llama_train_opts){.batch = batch, .seq = seq, .accum = accum, .beta1 = 0.9f, .beta2 = 0.95f,
+                                   .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
+}
+
 static tide_status build_step(const tide_llama_config *cfg, int batch, int seq, int accum, tide_graph **g) {
-    return tide_llama_build_train(ctx, cfg, &(tide_llama_train_opts){.batch = batch, .seq = seq, .accum = accum,
-        .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f}, g);
+    tide_llama_train_opts o = step_opts(batch, seq, accum);
+    return tide_llama_build_train(ctx, cfg, &o, g);
 }
 
 /* Loads a profile and applies --ssds / --host-mem (0: as shipped); label
@@ -334,7 +372,7 @@ static int largest_probe(const tide_llama_config *base, const char *spec, const 
     cfg.num_hidden_layers = layers;
     *out = (probe){.layers = layers, .params = tide_llama_config_params(&cfg)};
     setup *s = &out->s;
-    *s = (setup){.config = spec, .hw_name = label, .hw = *hw};
+    *s = (setup){.config = spec, .hw_name = label, .hw = *hw, .cfg = cfg, .step = step_opts(batch, seq, accum)};
     fprintf(stderr, "bench: %s with %d layers (%.1fB parameters) on %s ...\n", spec, layers, out->params / 1e9, label);
     tide_status st = build_step(&cfg, batch, seq, accum, &s->g);
     if (!st && !(s->peak = tide_plan_unconstrained_peak(ctx, s->g, &s->hw, 2))) st = TIDE_E_INFEASIBLE;
@@ -521,6 +559,8 @@ int main(int argc, char **argv) {
             s->config = configs[ci];
             s->hw_name = s->label;
             s->g = g;
+            s->cfg = cfg;
+            s->step = step_opts(batch, seq, accum);
             if (load_hw(hws[hi], ssds, host_mem, &s->hw, s->label, sizeof s->label)) {
                 fprintf(stderr, "bench: %s: %s\n", hws[hi], tide_ctx_last_error(ctx));
                 return 1;
@@ -575,12 +615,14 @@ int main(int argc, char **argv) {
     {
         tide_llama_config cfg;
         double t0 = tide_now();
+        bs.step = step_opts(batch, seq, accum);
         if (tide_llama_config_named(ctx, bs.config, &cfg) || build_step(&cfg, batch, seq, accum, &bs.g) ||
             tide_hw_load(ctx, bs.hw_name, &bs.hw)) {
             fprintf(stderr, "bench: llama-2-70b: %s\n", tide_ctx_last_error(ctx));
             return 1;
         }
         big_build_s = tide_now() - t0;
+        bs.cfg = cfg;
         fprintf(stderr, "bench: llama-2-70b on h100-80g ...\n");
         if (!(bs.peak = tide_plan_unconstrained_peak(ctx, bs.g, &bs.hw, 2)) ||
             tide_plan_ideal_step(ctx, bs.g, &bs.hw, &bs.ideal_s)) {
@@ -646,6 +688,10 @@ int main(int argc, char **argv) {
                     snprintf(label, sizeof label, "%.0f%%%s", budget_frac[bi] * 100,
                              s->peak > s->hw.device_mem_bytes ? " (capped)" : "");
                 else snprintf(label, sizeof label, "min (own)");
+                if (r->tile_level > 0) { /* tide planned row tiles */
+                    size_t n = strlen(label);
+                    snprintf(label + n, sizeof label - n, ", tiled %d", r->tile_level);
+                }
                 if (!r->ok) {
                     printf("| %s | %s | %s | %s | %s | infeasible: %s | | | | | | | | | %s | | |\n", s->config,
                            s->hw_name, label, r->budget ? (snprintf(b2, sizeof b2, "%.2f", r->budget / GIB), b2) : "",
@@ -729,8 +775,12 @@ int main(int argc, char **argv) {
         for (int si = 0; si < n_setups; si++)
             for (int bi = 0; bi < N_BUDGETS; bi++) {
                 const row *t = &ROW(si, bi, tk);
-                char label[16] = "min";
+                char label[32] = "min";
                 if (budget_frac[bi] > 0) snprintf(label, sizeof label, "%.0f%%", budget_frac[bi] * 100);
+                if (t->tile_level > 0) {
+                    size_t n = strlen(label);
+                    snprintf(label + n, sizeof label - n, ", tiled %d", t->tile_level);
+                }
                 if (!t->ok)
                     printf("| %s | %s | %s | %.2f | no plan | |", S[si].config, S[si].hw_name, label, t->budget / GIB);
                 else printf("| %s | %s | %s | %.2f | %.1f | %.3f |", S[si].config, S[si].hw_name, label,
@@ -800,11 +850,9 @@ int main(int argc, char **argv) {
             row at[2] = {{0}, {0}};
             char b5[32], b6[32];
             for (int h = 0; h < 2; h++)
-                if (tg[h]) { /* tide's step at each tiled minimum (updates placed by the plan) */
-                    setup st = *s;
-                    st.g = tg[h];
-                    at[h] = plan_one(&st, TIDE_POLICY_TIDE, m[h]);
+                if (tg[h]) { /* tide's step at each tiled minimum (tiling and updates placed by the plan) */
                     tide_graph_free(tg[h]);
+                    at[h] = plan_one(s, TIDE_POLICY_TIDE, m[h]);
                 }
             const row *un = &ROW(si, N_BUDGETS - 1, tk), *z = zk >= 0 ? &ROW(si, N_BUDGETS - 1, zk) : NULL;
             printf("| %s | %s | %s | %.2f (%d: %d) | %s | %s | %.2f (%d: %d) | %s | %s | %.1f |\n", s->config,

@@ -334,8 +334,9 @@ static void test_replan_bit_identical(void **state) {
     assert_int_equal(tide_hw_save(ctx, &slow, path), TIDE_OK);
     for (int ssd = 0; ssd < 2; ssd++)
         for (int no_refit = 0; no_refit < 2; no_refit++) {
+            /* the untiled step (the refit keeps the tiling; test_train checks tiled runs) */
             tide_offload_opts off = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.25, .hw = path,
-                                     .ssd_dirs = tmpdir(), .no_refit = no_refit};
+                                     .ssd_dirs = tmpdir(), .no_refit = no_refit, .tile = TIDE_TILE_NONE};
             if (ssd) off.host_budget = state_bytes / 3; /* the training state homed on SSD */
             run_out r;
             tide_status st = train_run(ctx, ck, be, &o, &off, steps, &r);
@@ -436,7 +437,7 @@ static void test_refit_2x(void **state) {
         tide_hw wrong = tide_hw_scaled(&hw, factors[fi] * probe_err);
         assert_int_equal(tide_hw_save(ctx, &wrong, path), TIDE_OK);
         tide_offload_opts off = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.25, .hw = path,
-                                 .ssd_dirs = tmpdir()};
+                                 .ssd_dirs = tmpdir(), .tile = TIDE_TILE_NONE};
         bool ok = false;
         for (int attempt = 0; attempt < 3 && !ok; attempt++) {
             run_out r;
@@ -507,7 +508,7 @@ static void test_placement_on_refit(void **state) {
         assert_int_equal(tide_async_backend_new(ctx, &ao, &be), TIDE_OK);
         if (apart) assert_int_equal(train_run(ctx, ck, be, &o, NULL, steps, &ref), TIDE_OK);
         tide_offload_opts off = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.25, .hw = path,
-                                 .ssd_dirs = tmpdir()};
+                                 .ssd_dirs = tmpdir(), .tile = TIDE_TILE_NONE};
         run_out r;
         if (train_run(ctx, ck, be, &o, &off, steps, &r)) fail_msg("training: %s", tide_ctx_last_error(ctx));
         for (int s = 0; s < steps; s++)

@@ -86,6 +86,12 @@ int plan_train(const plan_args *a) {
         rc = cli_fail(ctx, "sizing the unconstrained step");
         goto done;
     }
+    /* the ideal: the untiled step with unlimited memory (tiles only add ops) */
+    double ideal = 0;
+    if (tide_plan_ideal_step(ctx, g, &hw, &ideal)) {
+        rc = cli_fail(ctx, "simulating");
+        goto done;
+    }
     /* row tiles: auto for the tide policy; the baselines untiled unless forced */
     const int tile = a->tile == TIDE_TILE_AUTO && a->policy != TIDE_POLICY_TIDE ? TIDE_TILE_NONE : a->tile;
     int level = 0;
@@ -151,42 +157,20 @@ int plan_train(const plan_args *a) {
         goto done;
     }
     double t0 = tide_now();
-    tide_status st = TIDE_OK;
-    for (int from = 0;;) {
-        if (!min_budget && tile != TIDE_TILE_NONE) {
-            /* the coarsest tiling whose largest op fits (updates that may run
-             * on the host need no room) */
-            tide_graph *tg = NULL;
-            tide_llama_train_opts lo = to;
-            if ((st = tide_train_tiling(ctx, &cfg, &lo, &po, a->optim != TRAIN_OPTIM_DEVICE, tile, from, &tg,
-                                        &level, NULL)))
-                break;
-            tide_graph_free(g);
-            g = tg;
-            to = lo;
-        }
-        /* where the AdamW updates run (the search plans candidates itself) */
-        tide_free(host_ops);
-        host_ops = NULL;
-        po.host_ops = NULL;
-        st = train_optim_place(ctx, g, &po, a->optim, &host_ops, &oc);
+    /* the row tiling (at the minimum: the level found above), where the
+     * AdamW updates run (the search plans candidates itself) and the plan */
+    tide_train_planned tp;
+    int ptile = min_budget ? (level > 0 ? level : TIDE_TILE_NONE) : tile;
+    tide_status st = tide_train_plan_tiled(ctx, &cfg, &to, &po, a->optim, a->optim, ptile, &tp);
+    if (!st) {
+        tide_graph_free(g);
+        g = tp.g;
+        p = tp.p;
+        host_ops = tp.host_ops;
+        oc = tp.oc;
+        level = tp.level;
         po.host_ops = host_ops;
         po.consider_zero_offload = true;
-        if (!st) st = tide_plan_make(ctx, g, &po, &p);
-        if (!st) train_optim_sync(g, p, &oc);
-        if (st != TIDE_E_INFEASIBLE || min_budget || tile != TIDE_TILE_AUTO) break;
-        tide_plan_free(p); /* a finer tiling may plan */
-        p = NULL;
-        from = level + 1;
-        char why[512];
-        snprintf(why, sizeof why, "%s", tide_ctx_last_error(ctx));
-        tide_graph *tg = NULL;
-        tide_llama_train_opts lo = to;
-        if (tide_train_tiling(ctx, &cfg, &lo, &po, a->optim != TRAIN_OPTIM_DEVICE, tile, from, &tg, &level, NULL)) {
-            tide_err(ctx, TIDE_E_INFEASIBLE, "%s", why); /* no finer level fits: the refusal stands */
-            break;
-        }
-        tide_graph_free(tg);
     }
     if (st) {
         if (a->json && st == TIDE_E_INFEASIBLE)
@@ -202,9 +186,9 @@ int plan_train(const plan_args *a) {
         rc = cli_fail(ctx, "the plan failed verification and was not used");
         goto done;
     }
-    double step = 0, ideal = 0, dev_step = 0;
+    double step = 0, dev_step = 0;
     tide_bounds bounds;
-    if (tide_plan_steady_step(p, &hw, &step, &sim) || tide_plan_ideal_step(ctx, g, &hw, &ideal) ||
+    if (tide_plan_steady_step(p, &hw, &step, &sim) ||
         tide_plan_bounds(ctx, g, &po, &bounds)) {
         rc = cli_fail(ctx, "simulating");
         goto done;

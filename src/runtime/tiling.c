@@ -46,7 +46,7 @@ tide_status tide_tile_search(tide_ctx *ctx, const tide_tile_searcher *s, int til
         tide_graph *gk = NULL;
         bool *host = NULL;
         if ((st = s->build(s->user, k, &gk, &host)) || !gk) break; /* no level past the last */
-        if (k > first && s->max_ops && gk->n_ops > s->max_ops) { /* finer levels only grow */
+        if (tile == TIDE_TILE_AUTO && k > 0 && s->max_ops && gk->n_ops > s->max_ops) { /* finer levels only grow */
             tide_free(host);
             tide_graph_free(gk);
             break;

@@ -20,7 +20,8 @@ typedef struct tide_tile_searcher {
     tide_status (*build)(void *user, int level, tide_graph **g, bool **host_ops);
     void *user;
     const tide_plan_opts *opts;
-    int max_ops;      /* a level after the first with more ops is not tried (0: no limit) */
+    int max_ops;      /* with tile auto, a tiled level with more ops is not tried (nor
+                         finer ones; 0: no limit) */
     const char *what; /* words after "too small" in the refusal, or NULL */
 } tide_tile_searcher;
 

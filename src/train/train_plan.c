@@ -14,6 +14,7 @@
 #include "runtime/tiling.h"
 
 #include <stdio.h>
+#include <string.h>
 
 tide_status tide_plan_steady_step(const tide_plan *p, const tide_hw *hw, double *step, tide_sim_result *keep) {
     tide_sim_result sim;
@@ -107,8 +108,101 @@ tide_status tide_train_tiling(tide_ctx *ctx, const tide_llama_config *cfg, tide_
                               const tide_plan_opts *po, bool host_updates, int tile, int from, tide_graph **g,
                               int *level, uint64_t *min_budget) {
     train_level u = {ctx, cfg, o, host_updates};
-    tide_tile_searcher s = {.build = build_train_level, .user = &u, .opts = po, .what = " for a training step"};
+    tide_tile_searcher s = {.build = build_train_level, .user = &u, .opts = po, .max_ops = TIDE_TILE_MAX_OPS,
+                            .what = " for a training step"};
     tide_status st = tide_tile_search(ctx, &s, tile, from, g, level, NULL, min_budget);
     if (!st) tide_llama_train_tile_level(o, *level);
     return st;
+}
+
+void tide_train_planned_free(tide_train_planned *t) {
+    tide_plan_free(t->p);
+    tide_graph_free(t->g);
+    tide_free(t->host_ops);
+    memset(t, 0, sizeof *t);
+}
+
+/* Places g's updates (mode; on INFEASIBLE, fallback when it differs) and
+ * plans the step into *c (which takes g). */
+static tide_status plan_graph(tide_ctx *ctx, tide_graph *g, const tide_plan_opts *po, train_optim_mode mode,
+                              train_optim_mode fallback, tide_train_planned *c) {
+    memset(c, 0, sizeof *c);
+    c->g = g;
+    tide_plan_opts pk = *po;
+    tide_status st = train_optim_place(ctx, g, &pk, mode, &c->host_ops, &c->oc);
+    pk.host_ops = c->host_ops;
+    pk.consider_zero_offload = true;
+    if (!st) st = tide_plan_make(ctx, g, &pk, &c->p);
+    if (st == TIDE_E_INFEASIBLE && mode != fallback) {
+        /* the arena cannot hold some update's operands: updates on the host
+         * CPU (their state read in place) let the step plan */
+        tide_err_clear(ctx);
+        tide_free(c->host_ops);
+        c->host_ops = NULL;
+        tide_plan_free(c->p);
+        c->p = NULL;
+        pk.host_ops = NULL;
+        st = train_optim_place(ctx, g, &pk, fallback, &c->host_ops, &c->oc);
+        pk.host_ops = c->host_ops;
+        if (!st) st = tide_plan_make(ctx, g, &pk, &c->p);
+    }
+    if (!st) train_optim_sync(g, c->p, &c->oc);
+    return st;
+}
+
+tide_status tide_train_plan_tiled(tide_ctx *ctx, const tide_llama_config *cfg, tide_llama_train_opts *o,
+                                  const tide_plan_opts *po, train_optim_mode mode, train_optim_mode fallback, int tile,
+                                  tide_train_planned *out) {
+    memset(out, 0, sizeof *out);
+    tide_status st;
+    if (tile == TIDE_TILE_NONE) { /* the step as o makes it */
+        tide_graph *g = NULL;
+        if ((st = tide_llama_build_train(ctx, cfg, o, &g))) return st;
+        st = plan_graph(ctx, g, po, mode, fallback, out);
+        if (st) tide_train_planned_free(out);
+        return st;
+    }
+    tide_train_planned best = {0};
+    tide_llama_train_opts best_o = *o;
+    char why[512] = "";
+    st = TIDE_OK;
+    for (int from = 0;;) {
+        tide_llama_train_opts lo = *o;
+        tide_graph *g = NULL;
+        int level = -1;
+        /* the coarsest level from `from` whose largest op fits (updates that
+         * may run on the host need no room; zero-offload places its own) */
+        st = tide_train_tiling(ctx, cfg, &lo, po, fallback != TRAIN_OPTIM_DEVICE && po->policy == TIDE_POLICY_TIDE,
+                               tile, from, &g, &level, NULL);
+        if (st) break;
+        tide_train_planned c;
+        st = plan_graph(ctx, g, po, mode, fallback, &c);
+        c.level = level;
+        if (st) {
+            snprintf(why, sizeof why, "%s", tide_ctx_last_error(ctx));
+            tide_train_planned_free(&c);
+            if (st != TIDE_E_INFEASIBLE || best.p || tile > 0) break;
+            from = level + 1; /* a finer tiling may plan where this one did not */
+            continue;
+        }
+        /* a finer tiling than the coarsest that fits leaves the prefetch more
+         * room (smaller working sets): keep refining while it is faster */
+        if (best.p && !(c.p->stats.makespan_s < best.p->stats.makespan_s)) {
+            tide_train_planned_free(&c);
+            break;
+        }
+        tide_train_planned_free(&best);
+        best = c;
+        best_o = lo;
+        if (tile > 0) break;
+        from = level + 1;
+    }
+    if (best.p) {
+        tide_err_clear(ctx);
+        *out = best;
+        *o = best_o;
+        return TIDE_OK;
+    }
+    if (st == TIDE_E_INFEASIBLE && why[0]) return tide_err(ctx, st, "%s", why); /* the plan's refusal, not "no level" */
+    return st ? st : tide_err(ctx, TIDE_E_INFEASIBLE, "no tiling of the training step plans");
 }

@@ -11,6 +11,7 @@
 #include "ir/plan.h"
 #include "planner/planner.h"
 #include "sim/sim.h"
+#include "train/optim_place.h"
 
 /* The steady step time of p simulated on hw, into *step: with n_iter >= 2,
  * the end of the second iteration's last instruction minus the end of the
@@ -50,5 +51,32 @@ tide_step_bytes tide_plan_step_bytes(const tide_plan *p);
 tide_status tide_train_tiling(tide_ctx *ctx, const tide_llama_config *cfg, tide_llama_train_opts *o,
                               const tide_plan_opts *po, bool host_updates, int tile, int from, tide_graph **g,
                               int *level, uint64_t *min_budget);
+
+/* A training step planned by tide_train_plan_tiled: its graph, plan, tiling
+ * level, the updates placed on the host CPU (one per op of g, or NULL) and
+ * the placement's figures. */
+typedef struct tide_train_planned {
+    tide_graph *g;
+    tide_plan *p;
+    int level;
+    bool *host_ops;
+    train_optim_choice oc;
+} tide_train_planned;
+void tide_train_planned_free(tide_train_planned *t);
+
+/* Plans a training step (po: policy, budget, host budget, n_iter, profile)
+ * with its row tiling searched: tile TIDE_TILE_NONE plans the step o makes;
+ * a forced level plans that level; auto starts at the coarsest level whose
+ * largest op fits (a level that does not plan gives way to the next) and
+ * plans finer levels while each is predicted faster than the last (smaller
+ * working sets leave the prefetch more room), keeping the fastest. Each
+ * level's AdamW updates are placed by train_optim_place (mode; where that
+ * placement cannot plan, fallback) and the plan may be the zero-offload
+ * baseline's (consider_zero_offload). On success *out holds the plan kept
+ * and o->tile_seqs its tiles; the failure of the last level tried
+ * otherwise (TIDE_E_INFEASIBLE naming what it needs). */
+tide_status tide_train_plan_tiled(tide_ctx *ctx, const tide_llama_config *cfg, tide_llama_train_opts *o,
+                                  const tide_plan_opts *po, train_optim_mode mode, train_optim_mode fallback, int tile,
+                                  tide_train_planned *out);
 
 #endif

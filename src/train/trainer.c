@@ -545,78 +545,40 @@ static tide_status plan_offloaded(tide_trainer *t, tide_graph **gout, tide_plan 
     /* the baselines run the graph as it is unless a level is forced */
     int tile = t->off.tile;
     if (tile == TIDE_TILE_AUTO && t->policy != TIDE_POLICY_TIDE) tile = TIDE_TILE_NONE;
-    const bool min = t->off.budget_kind == TIDE_BUDGET_MIN;
+    tide_llama_train_opts so = t->o.step;
     uint64_t b = 0;
-    if (!min || tile == TIDE_TILE_NONE) { /* a fraction is of the graph as given */
+    if (t->off.budget_kind != TIDE_BUDGET_MIN || tile == TIDE_TILE_NONE) { /* a fraction is of the graph as given */
         if ((st = resolve_budget(t, &b))) return st;
-    }
-    for (int from = 0;;) {
+    } else {
+        /* the level whose minimum is smallest, planned at that minimum */
+        tide_plan_opts po = train_offload_opts(t, 0);
         tide_graph *g = NULL;
-        tide_plan *p = NULL;
-        if (tile == TIDE_TILE_NONE) {
-            if (from > 0) return st;
-            if ((st = tide_llama_build_train(ctx, &t->cfg, &t->o.step, &g))) return st;
-        } else {
-            tide_llama_train_opts so = t->o.step;
-            tide_plan_opts po = train_offload_opts(t, b);
-            int level = -1;
-            uint64_t m = 0;
-            if (min) {
-                bool all = t->optim == TRAIN_OPTIM_CPU && t->policy == TIDE_POLICY_TIDE;
-                st = tide_train_tiling(ctx, &t->cfg, &so, &po, all, tile, 0, &g, &level, &m);
-                b = (m + 255) & ~(uint64_t)255;
-            } else {
-                /* updates that may run on the host need no room in the arena
-                 * (auto on the CPU backend falls back to them, below) */
-                st = tide_train_tiling(ctx, &t->cfg, &so, &po, t->optim != TRAIN_OPTIM_DEVICE, tile, from, &g,
-                                       &level, NULL);
-            }
-            if (st && from > 0 && st == TIDE_E_INFEASIBLE) {
-                /* no finer level fits: the coarser level's refusal stands */
-                tide_err(ctx, TIDE_E_INFEASIBLE, "%s", t->plan_why);
-            }
-            if (st) return st;
-            if ((st = retile(t, so.tile_seqs))) {
-                tide_graph_free(g);
-                return st;
-            }
-            from = level + 1;
-        }
-        t->budget = b;
-        tide_plan_opts po = train_offload_opts(t, b);
-        /* where device memory is host memory, a host update is the same work in the same place */
-        train_optim_mode mode = t->be->vt->device_is_host && t->optim == TRAIN_OPTIM_AUTO &&
-                                t->policy != TIDE_POLICY_ZERO_OFFLOAD ? TRAIN_OPTIM_DEVICE : t->optim;
-        tide_free(t->host_ops);
-        t->host_ops = NULL;
-        st = train_optim_place(ctx, g, &po, mode, &t->host_ops, &t->optim_choice);
-        po.host_ops = t->host_ops;
-        po.consider_zero_offload = true;
-        if (!st) st = tide_plan_make(ctx, g, &po, &p);
-        if (st == TIDE_E_INFEASIBLE && mode != t->optim) {
-            /* the arena cannot hold some update's operands: updates on
-             * the host CPU (their state read in place) let the step plan */
-            tide_err_clear(ctx);
-            tide_free(t->host_ops);
-            t->host_ops = NULL;
-            po.host_ops = NULL;
-            tide_plan_free(p);
-            p = NULL;
-            st = train_optim_place(ctx, g, &po, t->optim, &t->host_ops, &t->optim_choice);
-            po.host_ops = t->host_ops;
-            if (!st) st = tide_plan_make(ctx, g, &po, &p);
-        }
-        if (!st) {
-            *gout = g;
-            *pout = p;
-            return TIDE_OK;
-        }
-        tide_plan_free(p);
+        int level = -1;
+        uint64_t m = 0;
+        bool all = t->optim == TRAIN_OPTIM_CPU && t->policy == TIDE_POLICY_TIDE;
+        if ((st = tide_train_tiling(ctx, &t->cfg, &so, &po, all, tile, 0, &g, &level, &m))) return st;
         tide_graph_free(g);
-        /* a finer tiling may plan where this one did not */
-        if (st != TIDE_E_INFEASIBLE || min || tile == TIDE_TILE_NONE || tile > 0) return st;
-        snprintf(t->plan_why, sizeof t->plan_why, "%s", tide_ctx_last_error(ctx));
+        b = (m + 255) & ~(uint64_t)255;
+        tile = level > 0 ? level : TIDE_TILE_NONE;
     }
+    t->budget = b;
+    tide_plan_opts po = train_offload_opts(t, b);
+    /* where device memory is host memory, a host update is the same work in
+     * the same place: on the device, unless the budget cannot hold it */
+    train_optim_mode mode = t->be->vt->device_is_host && t->optim == TRAIN_OPTIM_AUTO &&
+                            t->policy != TIDE_POLICY_ZERO_OFFLOAD ? TRAIN_OPTIM_DEVICE : t->optim;
+    tide_train_planned r;
+    if ((st = tide_train_plan_tiled(ctx, &t->cfg, &so, &po, mode, t->optim, tile, &r))) return st;
+    if ((st = retile(t, so.tile_seqs))) {
+        tide_train_planned_free(&r);
+        return st;
+    }
+    tide_free(t->host_ops);
+    t->host_ops = r.host_ops;
+    t->optim_choice = r.oc;
+    *gout = r.g;
+    *pout = r.p;
+    return TIDE_OK;
 }
 
 static tide_status prepare(tide_trainer *t) {

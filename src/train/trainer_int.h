@@ -43,7 +43,6 @@ struct tide_trainer {
     uint64_t warm_bytes;
     double plan_s, predicted_s;
     uint64_t budget;              /* offloaded: the resolved device budget plans are made under */
-    char plan_why[512];           /* why the last tiling tried did not plan */
     int runs;                     /* steps run by this trainer (a resumed state's not counted) */
     bool refit_done;              /* the refit has been decided (train_refit.c) */
     uint64_t peak_device;
