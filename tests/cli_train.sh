@@ -171,7 +171,7 @@ contains "$TMP/out" '"check_passed":true' "demonstration checks bit for bit"
 
 # plan --train
 expect 0 "plan a training step" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
-    --budget 25% --hw a100-80g
+    --budget 25% --hw a100-80g --tile none
 for w in "master weights" "moments" "gradients" "activations" "ideal step" "lower bound" "planning time"; do
     contains "$TMP/out" "$w" "plan --train table has $w"
 done
@@ -199,22 +199,23 @@ done
 expect 2 "--accum without --train" -- "$TIDE" plan --config llama-7b --budget 25% --accum 2
 # where AdamW runs: auto moves updates to the host CPU on the a100 profile and
 # says by how much it beats all-device; device and cpu are what they say
+# (untiled steps: the placement is the point here, row tiles below)
 expect 0 "plan --train, AdamW placed" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
-    --budget 25% --hw a100-80g --json
+    --budget 25% --hw a100-80g --json --tile none
 for f in optimizer_groups optimizer_host_groups device_optimizer_step_s; do json_field "$TMP/out" "$f"; done
 grep -q '"optimizer_host_groups":[1-9]' "$TMP/out" && PASSES=$((PASSES + 1)) || { echo "FAIL: auto placed no update on the host"; FAILS=$((FAILS + 1)); }
 auto_step=$(sed -e 's/.*"step_s":\([0-9.e+-]*\).*/\1/' "$TMP/out")
 dev_step=$(sed -e 's/.*"device_optimizer_step_s":\([0-9.e+-]*\).*/\1/' "$TMP/out")
 awk -v a="$auto_step" -v d="$dev_step" 'BEGIN { exit !(a < d) }' && PASSES=$((PASSES + 1)) || { echo "FAIL: auto step $auto_step not below all-device $dev_step"; FAILS=$((FAILS + 1)); }
 expect 0 "plan --train --optimizer device" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
-    --budget 25% --hw a100-80g --optimizer device
+    --budget 25% --hw a100-80g --optimizer device --tile none
 contains "$TMP/out" "AdamW: 0 of 291 updates on the host CPU" "device placement"
 expect 0 "plan --train --optimizer cpu" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
-    --budget 25% --hw a100-80g --optimizer cpu
+    --budget 25% --hw a100-80g --optimizer cpu --tile none
 contains "$TMP/out" "AdamW: 291 of 291 updates on the host CPU" "cpu placement"
 # row tiles of a training step: the minimum with --optimizer cpu falls below
 # the untiled step's, which --tile none keeps; the baselines tile only when told
-expect 0 "plan --train, tiled minimum" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
+expect 0 "plan --train, tiled minimum" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 1 \
     --budget min --hw a100-80g --optimizer cpu --json
 for f in tile_level tile_seqs max_working_set_bytes untiled_max_working_set_bytes untiled_min_budget_bytes; do
     json_field "$TMP/out" "$f"
@@ -224,13 +225,13 @@ tmin=$(sed -n 's/.*"budget_bytes":\([0-9]*\).*/\1/p' "$TMP/out")
 umin=$(sed -n 's/.*"untiled_min_budget_bytes":\([0-9]*\).*/\1/p' "$TMP/out")
 awk -v t="$tmin" -v u="$umin" 'BEGIN { exit !(t > 0 && 3 * t < u) }' && PASSES=$((PASSES + 1)) || { echo "FAIL: tiled minimum $tmin not below a third of the untiled $umin"; FAILS=$((FAILS + 1)); }
 expect 0 "plan --train at the tiled minimum, text" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 \
-    --accum 4 --budget "$tmin" --hw a100-80g --optimizer cpu
+    --accum 1 --budget "$tmin" --hw a100-80g --optimizer cpu
 contains "$TMP/out" "tiling      level 3: row tiles of 1 of the 8 sequences" "the tiling line"
 expect 1 "the tiled minimum with --tile none" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 \
-    --accum 4 --budget "$tmin" --hw a100-80g --optimizer cpu --tile none
+    --accum 1 --budget "$tmin" --hw a100-80g --optimizer cpu --tile none
 contains "$TMP/err" "silu_mul_bwd) needs at least" "--tile none below the untiled step names the op"
 expect 0 "plan --train, zero-offload untiled at min" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 \
-    --accum 4 --budget min --hw a100-80g --policy zero-offload --json
+    --accum 1 --budget min --hw a100-80g --policy zero-offload --json
 contains "$TMP/out" '"tile_level":0,' "zero-offload is not tiled unless asked"
 expect 2 "bad --tile with --train" -- "$TIDE" plan --train --config llama-7b --budget min --tile 7
 expect 2 "--optimizer without --train" -- "$TIDE" plan --config llama-7b --budget 25% --optimizer cpu
