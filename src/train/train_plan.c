@@ -150,6 +150,36 @@ static tide_status plan_graph(tide_ctx *ctx, tide_graph *g, const tide_plan_opts
     return st;
 }
 
+/* Plans g with the AdamW placement of `like` (a plan of another tiling of
+ * the same step: the k-th update of g where like's k-th ran) into *c, which
+ * takes g. One plan, not a placement search. */
+static tide_status plan_placed(tide_ctx *ctx, tide_graph *g, const tide_plan_opts *po, const tide_train_planned *like,
+                               tide_train_planned *c) {
+    memset(c, 0, sizeof *c);
+    c->g = g;
+    c->oc = like->oc;
+    tide_plan_opts pk = *po;
+    if (like->host_ops) {
+        if (!(c->host_ops = tide_calloc((size_t)(g->n_ops ? g->n_ops : 1), sizeof *c->host_ops)))
+            return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
+        int i = 0;
+        for (int j = 0; j < like->g->n_ops; j++) {
+            if (like->g->ops[j].kind != TIDE_OP_ADAMW) continue;
+            while (i < g->n_ops && g->ops[i].kind != TIDE_OP_ADAMW) i++;
+            if (i == g->n_ops) break;
+            c->host_ops[i++] = like->host_ops[j];
+        }
+    }
+    pk.host_ops = c->host_ops;
+    pk.consider_zero_offload = true;
+    tide_status st = tide_plan_make(ctx, g, &pk, &c->p);
+    if (!st) {
+        c->oc.makespan_s = c->p->stats.makespan_s;
+        train_optim_sync(g, c->p, &c->oc);
+    }
+    return st;
+}
+
 tide_status tide_train_plan_tiled(tide_ctx *ctx, const tide_llama_config *cfg, tide_llama_train_opts *o,
                                   const tide_plan_opts *po, train_optim_mode mode, train_optim_mode fallback, int tile,
                                   tide_train_planned *out) {
@@ -164,6 +194,7 @@ tide_status tide_train_plan_tiled(tide_ctx *ctx, const tide_llama_config *cfg, t
     }
     tide_train_planned best = {0};
     tide_llama_train_opts best_o = *o;
+    int first_level = -1; /* the first level that planned (its placement searched) */
     char why[512] = "";
     st = TIDE_OK;
     for (int from = 0;;) {
@@ -175,8 +206,10 @@ tide_status tide_train_plan_tiled(tide_ctx *ctx, const tide_llama_config *cfg, t
         st = tide_train_tiling(ctx, cfg, &lo, po, fallback != TRAIN_OPTIM_DEVICE && po->policy == TIDE_POLICY_TIDE,
                                tile, from, &g, &level, NULL);
         if (st) break;
+        /* the first level that plans searches the AdamW placement; finer
+         * ones take it (a search per level would multiply the planning) */
         tide_train_planned c;
-        st = plan_graph(ctx, g, po, mode, fallback, &c);
+        st = best.p ? plan_placed(ctx, g, po, &best, &c) : plan_graph(ctx, g, po, mode, fallback, &c);
         c.level = level;
         if (st) {
             snprintf(why, sizeof why, "%s", tide_ctx_last_error(ctx));
@@ -191,11 +224,27 @@ tide_status tide_train_plan_tiled(tide_ctx *ctx, const tide_llama_config *cfg, t
             tide_train_planned_free(&c);
             break;
         }
+        if (!best.p) first_level = level;
         tide_train_planned_free(&best);
         best = c;
         best_o = lo;
         if (tile > 0) break;
         from = level + 1;
+    }
+    if (best.p && best.level != first_level && best.g->n_ops <= TIDE_TRAIN_SEARCH_MAX_OPS) {
+        /* the finer level chosen with the first level's placement: its own
+         * placement search, kept when faster */
+        tide_graph *g = NULL;
+        tide_train_planned c;
+        if (!tide_llama_build_train(ctx, cfg, &best_o, &g)) {
+            if (!plan_graph(ctx, g, po, mode, fallback, &c) && c.p->stats.makespan_s < best.p->stats.makespan_s) {
+                c.level = best.level;
+                tide_train_planned_free(&best);
+                best = c;
+            } else {
+                tide_train_planned_free(&c);
+            }
+        }
     }
     if (best.p) {
         tide_err_clear(ctx);

@@ -69,12 +69,17 @@ void tide_train_planned_free(tide_train_planned *t);
  * a forced level plans that level; auto starts at the coarsest level whose
  * largest op fits (a level that does not plan gives way to the next) and
  * plans finer levels while each is predicted faster than the last (smaller
- * working sets leave the prefetch more room), keeping the fastest. Each
- * level's AdamW updates are placed by train_optim_place (mode; where that
- * placement cannot plan, fallback) and the plan may be the zero-offload
- * baseline's (consider_zero_offload). On success *out holds the plan kept
+ * working sets leave the prefetch more room), keeping the fastest. The
+ * first level that plans places the AdamW updates by train_optim_place
+ * (mode; where that placement cannot plan, fallback); finer levels are
+ * tried with its placement (one plan each), and the level kept then searches
+ * its own (when it has at most TIDE_TRAIN_SEARCH_MAX_OPS ops: the search
+ * plans it about 2 + 2 log2(updates) times), kept when faster. A plan may be
+ * the zero-offload baseline's
+ * (consider_zero_offload). On success *out holds the plan kept
  * and o->tile_seqs its tiles; the failure of the last level tried
  * otherwise (TIDE_E_INFEASIBLE naming what it needs). */
+#define TIDE_TRAIN_SEARCH_MAX_OPS 40000
 tide_status tide_train_plan_tiled(tide_ctx *ctx, const tide_llama_config *cfg, tide_llama_train_opts *o,
                                   const tide_plan_opts *po, train_optim_mode mode, train_optim_mode fallback, int tile,
                                   tide_train_planned *out);
