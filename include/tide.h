@@ -1059,9 +1059,10 @@ void tide_trainer_free(tide_trainer *t);
 /* Offloads later steps under a budget (TIDE_BUDGET_NONE: resident). Only
  * before the first step. pin_weights is ignored. tile: the row tiling of the
  * step (tide_llama_train_tile_level): auto (policy tide only; the baselines
- * run the graph as made) tiles when the largest op does not fit the budget,
- * the coarsest level that plans, and with TIDE_BUDGET_MIN the level whose
- * minimum is smallest; TIDE_TILE_NONE never tiles; a level forces it. */
+ * run the graph as made) starts from the coarsest level whose largest op
+ * fits the budget and takes finer levels while each is predicted faster;
+ * with TIDE_BUDGET_MIN, the level whose minimum is smallest; TIDE_TILE_NONE
+ * never tiles; a level forces it. */
 tide_status tide_trainer_set_offload(tide_trainer *t, const tide_offload_opts *o);
 /* Runs steps in row tiles of tile_seqs sequences (0: none), as
  * tide_llama_train_opts.tile_seqs: for a resident run to compare bit for bit
