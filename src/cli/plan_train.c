@@ -101,9 +101,7 @@ int plan_train(const plan_args *a) {
         /* the untiled step's largest device working set (updates on the host
          * need none, as with --optimizer cpu) */
         tide_plan_opts pw = po;
-        bool *host = a->optim == TRAIN_OPTIM_CPU ? tide_calloc((size_t)g->n_ops, sizeof *host) : NULL;
-        if (host)
-            for (int i = 0; i < g->n_ops; i++) host[i] = g->ops[i].kind == TIDE_OP_ADAMW;
+        bool *host = a->optim == TRAIN_OPTIM_CPU ? train_optim_all_host(ctx, g) : NULL;
         pw.host_ops = host;
         if (tide_plan_max_working_set(ctx, g, &pw, &untiled_ws)) untiled_ws = tide_graph_max_working_set(g, NULL);
         tide_err_clear(ctx);
@@ -116,24 +114,15 @@ int plan_train(const plan_args *a) {
             rc = cli_fail(ctx, "finding the minimum budget");
             goto done;
         }
-        tide_graph_free(g);
-        g = tg;
+        tide_graph_free(tg); /* planned below at that level */
         snprintf(note, sizeof note, "(the minimum for %s)", tide_policy_name(a->policy));
-        if (level > 0) { /* the untiled step's own minimum, for comparison */
-            tide_llama_train_opts uo = to;
-            uo.tile_seqs = 0;
-            tide_graph *ug = NULL;
-            bool *host = NULL;
+        if (level > 0) { /* the untiled step's own minimum (g), for comparison */
             tide_plan_opts pu = po;
-            if (!tide_llama_build_train(ctx, &cfg, &uo, &ug)) {
-                if (all && (host = tide_calloc((size_t)ug->n_ops, sizeof *host)))
-                    for (int i = 0; i < ug->n_ops; i++) host[i] = ug->ops[i].kind == TIDE_OP_ADAMW;
-                pu.host_ops = host;
-                if (tide_plan_min_budget(ctx, ug, &pu, &untiled_min)) untiled_min = 0;
-                tide_err_clear(ctx);
-            }
+            bool *host = all ? train_optim_all_host(ctx, g) : NULL;
+            pu.host_ops = host;
+            if (tide_plan_min_budget(ctx, g, &pu, &untiled_min)) untiled_min = 0;
+            tide_err_clear(ctx);
             tide_free(host);
-            tide_graph_free(ug);
         }
     } else if (a->budget[0] && a->budget[strlen(a->budget) - 1] == '%') {
         char *end;

@@ -200,3 +200,13 @@ bool train_optim_sync(const tide_graph *g, const tide_plan *p, train_optim_choic
     choice->device_makespan_s = 0;
     return true;
 }
+
+bool *train_optim_all_host(tide_ctx *ctx, const tide_graph *g) {
+    bool *h = tide_calloc((size_t)(g->n_ops ? g->n_ops : 1), sizeof *h);
+    if (!h) {
+        tide_err(ctx, TIDE_E_NOMEM, "out of memory");
+        return NULL;
+    }
+    for (int i = 0; i < g->n_ops; i++) h[i] = g->ops[i].kind == TIDE_OP_ADAMW;
+    return h;
+}

@@ -43,6 +43,10 @@ typedef struct train_optim_choice {
 tide_status train_optim_place(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *po, train_optim_mode mode,
                               bool **host_ops, train_optim_choice *choice);
 
+/* Every ADAMW of g on the host CPU: a host_ops array (one per op of g, the
+ * caller frees it), or NULL (TIDE_E_NOMEM on ctx). */
+bool *train_optim_all_host(tide_ctx *ctx, const tide_graph *g);
+
 /* After the step's plan p of g is made from choice's placement: when the
  * planner took the zero-offload baseline's plan instead (tide_plan_make:
  * faster, or the only one that fits), *choice is set to what p places

@@ -95,12 +95,11 @@ static tide_status build_train_level(void *user, int level, tide_graph **g, bool
     if (!tide_llama_train_tile_level(&o, level)) return TIDE_OK;
     tide_status st = tide_llama_build_train(u->ctx, u->cfg, &o, g);
     if (st || !u->host_updates) return st;
-    if (!(*host_ops = tide_calloc((size_t)((*g)->n_ops ? (*g)->n_ops : 1), sizeof **host_ops))) {
+    if (!(*host_ops = train_optim_all_host(u->ctx, *g))) {
         tide_graph_free(*g);
         *g = NULL;
-        return tide_err(u->ctx, TIDE_E_NOMEM, "out of memory");
+        return TIDE_E_NOMEM;
     }
-    for (int i = 0; i < (*g)->n_ops; i++) (*host_ops)[i] = (*g)->ops[i].kind == TIDE_OP_ADAMW;
     return TIDE_OK;
 }
 

@@ -302,9 +302,7 @@ static tide_status resolve_budget(tide_trainer *t, uint64_t *out) {
         if (t->optim == TRAIN_OPTIM_CPU && t->policy == TIDE_POLICY_TIDE) {
             /* the smallest budget with every update on the host (zero-offload
              * places them there itself) */
-            if (!(all = tide_calloc((size_t)t->g->n_ops, sizeof *all)))
-                return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
-            for (int i = 0; i < t->g->n_ops; i++) all[i] = t->g->ops[i].kind == TIDE_OP_ADAMW;
+            if (!(all = train_optim_all_host(ctx, t->g))) return TIDE_E_NOMEM;
             po.host_ops = all;
         }
         tide_status st = tide_plan_min_budget(ctx, t->g, &po, &b);
