@@ -177,6 +177,9 @@ const char *tide_role_name(tide_role r);
  *   EMBED_BWD    in: dy (R, D), tokens i32 (B, T) [, dtable]  out: dtable (V, D)
  *                dtable[tokens[idx0 + r]] += dy[r] for every row r, rows in
  *                order; without the third input dtable is zeroed first [idx0]
+ *                Vocabulary block: dtable holds rows [vocab0, vocab0 + V) of
+ *                the gradient of a vocabulary of `vocab` ids; a token outside
+ *                the block adds nothing there [vocab0, vocab]
  *   RMSNORM_BWD  in: x (R, D), w (D), dy (R, D) [, dw]        out: dx (R, D), dw (D)
  *                the gradients of y = x / sqrt(mean(x^2) + eps) * w [eps]
  *   MATMUL_GRADW in: dy (R, N), x (R, K) [, dw]               out: dw (N, K) = dy^T . x
@@ -199,6 +202,27 @@ const char *tide_role_name(tide_role r);
  *                (logsumexp(logits) - logits[target]); dh = scale * (softmax -
  *                onehot) . w; dw = scale * (softmax - onehot)^T . h. A
  *                negative target contributes nothing [scale]
+ *   CE_STATS, CE_BLOCK: CROSS_ENTROPY over a head in vocabulary blocks, w
+ *                (Vb, D) being rows [vocab0, vocab0 + Vb) of a head of
+ *                `vocab` ids (targets must be below vocab), so that no op
+ *                holds the whole head or its gradient. First every block's
+ *                CE_STATS in vocabulary order, then every block's CE_BLOCK:
+ *   CE_STATS     in: h (R, D), w (Vb, D), targets i32 [, stats (R, 3)] [, loss (1)]
+ *                out: stats (R, 3) [, loss (1)]
+ *                each row's running (max logit M, sum of exp(logit - M) S,
+ *                the target's logit t) merged with this block's; the first
+ *                block (vocab0 0) takes no stats. The last block (vocab0 + Vb
+ *                = vocab) writes the loss too, scale times the sum over rows
+ *                with a target >= 0 of M + log S - t (in double, row order),
+ *                adding into its 5th input with `accumulate` [vocab0, vocab,
+ *                idx0, scale, accumulate]
+ *   CE_BLOCK     in: h (R, D), w (Vb, D), targets i32, stats (R, 3) [, dh] [, dw]
+ *                out: dh (R, D), dw (Vb, D)
+ *                g = scale * (exp(logit - M - log S) - onehot) (a zero row
+ *                where the target < 0); dh = g . w, adding into its 5th input
+ *                for every block past the first (vocab0 > 0); dw = g^T . h,
+ *                adding into its last input with `accumulate` [vocab0, vocab,
+ *                idx0, scale, accumulate]
  *   SUMSQ        in: g (any shape, f32) [, acc (1)]           out: acc (1) = acc + sum g^2
  *   ADAMW        in: param, [master (f32),] m, v, grad, hyper (4), sumsq (1)
  *                out: param, [master,] m, v
@@ -232,6 +256,8 @@ typedef enum tide_op_kind {
     TIDE_OP_CROSS_ENTROPY,
     TIDE_OP_SUMSQ,
     TIDE_OP_ADAMW,
+    TIDE_OP_CE_STATS,
+    TIDE_OP_CE_BLOCK,
     TIDE_OP_COUNT
 } tide_op_kind;
 const char *tide_op_name(tide_op_kind k);
@@ -252,12 +278,13 @@ typedef struct tide_op_params {
     bool pos_rows;    /* ROPE, ATTENTION: pos holds a position per row (see above) */
     int64_t row0;     /* MATMUL, TAKE_LAST: first output row written */
     int64_t col0;     /* MATMUL: first output column written */
-    int64_t vocab0;   /* EMBED: id of the table's first row */
-    int64_t vocab;    /* EMBED: whole vocabulary (0: the table's rows) */
+    int64_t vocab0;   /* EMBED, EMBED_BWD, CE_STATS, CE_BLOCK: id of the block's first row */
+    int64_t vocab;    /* the same: whole vocabulary (0: the block's rows) */
     /* training */
     bool no_transpose; /* MATMUL: out = x . w, w (K, N) */
-    bool accumulate;   /* MATMUL: out += the product (the output its third input) */
-    float scale;       /* CROSS_ENTROPY: the factor of the loss and its gradients */
+    bool accumulate;   /* MATMUL: out += the product (the output its third input);
+                          CE_STATS: the loss adds; CE_BLOCK: dw adds */
+    float scale;       /* CROSS_ENTROPY, CE_*: the factor of the loss and its gradients */
     float beta1, beta2, adam_eps, weight_decay, max_norm; /* ADAMW */
 } tide_op_params;
 

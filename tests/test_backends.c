@@ -1266,6 +1266,37 @@ static void test_matmul_gradw(void **state) {
         }
 }
 
+/* EMBED_BWD into a block of the gradient: ids [20, 20 + 17) of 50; the
+ * others add nothing there. */
+static void test_embed_bwd_block(void **state) {
+    (void)state;
+    enum { B = 2, T = 9, IDX0 = 3, R = 12, V = 50, V0 = 20, VB = 17, D = 40 };
+    for (int acc = 0; acc < 2; acc++) {
+        tcase c;
+        tc_open(&c, acc ? "block accumulate" : "block");
+        int dy = tc_tensor(&c, "dy", TIDE_F32, TIDE_ROLE_INPUT, R, D, 0, 1);
+        int tok = tc_tensor(&c, "tokens", TIDE_I32, TIDE_ROLE_INPUT, B, T, 0, 0);
+        int dt = tc_tensor(&c, "dtable", TIDE_F32, TIDE_ROLE_TEMP, VB, D, 0, 1);
+        int32_t *ids = c.host[tok];
+        for (int i = 0; i < B * T; i++) ids[i] = i < IDX0 ? V : irand(V);
+        ids[IDX0] = ids[IDX0 + 4] = V0, ids[IDX0 + 1] = V0 + VB - 1, ids[IDX0 + 2] = V0 - 1, ids[IDX0 + 3] = V0 + VB;
+        tc_op(&c, TIDE_OP_EMBED_BWD, acc ? 3 : 2, (int[]){dy, tok, dt}, 1, &dt,
+              &(tide_op_params){.idx0 = IDX0, .vocab0 = V0, .vocab = V});
+        float *e = tc_expect_init(&c, dt);
+        if (!acc) memset(e, 0, (size_t)VB * D * sizeof(float));
+        const float *dyf = c.host[dy];
+        for (int r = 0; r < R; r++) {
+            int id = ids[IDX0 + r] - V0;
+            if (id >= 0 && id < VB)
+                for (int i = 0; i < D; i++) e[id * D + i] += dyf[r * D + i];
+        }
+        tc_check(&c, (tol[]){EXACT});
+        ids[IDX0 + 6] = V + 1;
+        tc_expect_range(&c, "token id 51");
+        tc_close(&c);
+    }
+}
+
 static void test_embed_bwd(void **state) {
     (void)state;
     static const int64_t shapes[][2] = {{50, 33}, {300, 300}}; /* V, D: one or two column blocks */
@@ -1614,6 +1645,173 @@ static void test_cross_entropy(void **state) {
                 }
                 tc_close(&c);
             }
+}
+
+/* CE_STATS and CE_BLOCK: a head of V = 300 ids in three uneven blocks, f32
+ * and 16-bit weights, targets from [3] of a longer tensor with ignored rows.
+ * Each op once per block, its inputs (the statistics of the blocks before,
+ * the gradient so far) set from a double reference of the whole head, its
+ * outputs checked against that reference: the statistics, the loss (fresh
+ * and adding), dh (fresh at the first block, adding later) and dw (fresh and
+ * adding). */
+static void test_ce_blocks(void **state) {
+    (void)state;
+    enum { R = 24, D = 48, V = 300, T0 = 3, NB = 3 };
+    static const int64_t b0[NB + 1] = {0, 100, 230, V};
+    const float scale = 1.0f / (float)R;
+    for (int d = 0; d < 3; d++) {
+        /* the reference: logits, per-row prefix statistics before each block, the whole's */
+        tcase c0;
+        tc_open(&c0, "ce blocks data");
+        int hh = tc_tensor(&c0, "h", TIDE_F32, TIDE_ROLE_INPUT, R, D, 0, 1);
+        int ww = tc_tensor(&c0, "w", wdts[d], TIDE_ROLE_WEIGHT, V, D, 0, 0.5f);
+        float *wx = widened(&c0, ww);
+        const float *hf = c0.host[hh];
+        int32_t tgt[R + T0];
+        for (int r = 0; r < T0; r++) tgt[r] = V + 7; /* before the rows: never read */
+        for (int r = 0; r < R; r++) tgt[T0 + r] = r % 5 == 2 ? -1 : irand(V);
+        tgt[T0] = V - 1, tgt[T0 + 1] = 100, tgt[T0 + 3] = 99;
+        const int32_t *t = tgt + T0;
+        double *l = dalloc0((size_t)R * V), *mag = dalloc0((size_t)R * V);
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < V; j++)
+                for (int e = 0; e < D; e++) {
+                    l[r * V + j] += (double)hf[r * D + e] * wx[j * D + e];
+                    mag[r * V + j] += fabs((double)hf[r * D + e] * wx[j * D + e]);
+                }
+        /* stats of ids [0, b) per row: max, sum exp, target logit */
+#define PREFIX(b, r, M, S, Tl)                                                                                         \
+    do {                                                                                                               \
+        M = -INFINITY, S = 0, Tl = 0;                                                                                  \
+        for (int j = 0; j < (b); j++) M = fmax(M, l[(r) * V + j]);                                                     \
+        for (int j = 0; j < (b); j++) S += exp(l[(r) * V + j] - M);                                                    \
+        if (t[r] >= 0 && t[r] < (b)) Tl = l[(r) * V + t[r]];                                                           \
+    } while (0)
+        double want_loss = 0;
+        for (int r = 0; r < R; r++) {
+            double M, S, Tl;
+            PREFIX(V, r, M, S, Tl);
+            if (t[r] >= 0) want_loss += M + log(S) - Tl;
+        }
+        for (int k = 0; k < NB; k++) {
+            const int64_t v0 = b0[k], vb = b0[k + 1] - b0[k];
+            const bool first = k == 0, last = k == NB - 1;
+            for (int acc = 0; acc < 1 + last; acc++) {
+                char what[96];
+                snprintf(what, sizeof what, "stats %s block %lld+%lld%s", tide_dtype_name(wdts[d]), (long long)v0,
+                         (long long)vb, acc ? " loss adding" : "");
+                tcase c;
+                tc_open(&c, what);
+                int h = tc_tensor(&c, "h", TIDE_F32, TIDE_ROLE_INPUT, R, D, 0, 1);
+                int w = tc_tensor(&c, "w", wdts[d], TIDE_ROLE_WEIGHT, vb, D, 0, 0.5f);
+                int tg = tc_tensor(&c, "targets", TIDE_I32, TIDE_ROLE_INPUT, R + T0, 0, 0, 0);
+                int st = tc_tensor(&c, "stats", TIDE_F32, TIDE_ROLE_TEMP, R, 3, 0, 1);
+                int loss = tc_tensor(&c, "loss", TIDE_F32, TIDE_ROLE_OUTPUT, 1, 0, 0, 1);
+                tc_copy_host(&c, h, &c0, hh, 0);
+                tc_copy_host(&c, w, &c0, ww, (size_t)v0 * D * tide_dtype_size(wdts[d]));
+                memcpy(c.host[tg], tgt, sizeof tgt);
+                float *sin = c.host[st];
+                for (int r = 0; r < R; r++) {
+                    double M, S, Tl;
+                    PREFIX((int)v0, r, M, S, Tl);
+                    sin[r * 3] = (float)M, sin[r * 3 + 1] = (float)S, sin[r * 3 + 2] = (float)Tl;
+                }
+                int ins[5] = {h, w, tg, st, loss}, n_in = first ? 3 : 4;
+                if (first) ins[3] = loss; /* unused */
+                if (acc) ins[n_in++] = loss;
+                tc_op(&c, TIDE_OP_CE_STATS, n_in, ins, last ? 2 : 1, (int[]){st, loss},
+                      &(tide_op_params){.vocab0 = v0, .vocab = V, .idx0 = T0, .scale = scale, .accumulate = acc});
+                float *es = tc_expect_init(&c, st);
+                double *sc = dalloc0((size_t)R * 3);
+                for (int r = 0; r < R; r++) {
+                    double M, S, Tl, worst = 0;
+                    PREFIX((int)(v0 + vb), r, M, S, Tl);
+                    es[r * 3] = (float)M, es[r * 3 + 1] = (float)S, es[r * 3 + 2] = (float)Tl;
+                    for (int j = 0; j < v0 + vb; j++) worst = fmax(worst, mag[r * V + j]);
+                    /* a logit's error is 1e-5 of its terms' magnitudes; S moves by S times it */
+                    sc[r * 3] = sc[r * 3 + 2] = worst + 1e-6;
+                    sc[r * 3 + 1] = S * worst + 1e-6;
+                }
+                if (last) {
+                    float *el = tc_expect_init(&c, loss);
+                    el[0] = (float)((acc ? (double)el[0] : 0.0) + scale * want_loss);
+                }
+                tc_check(&c, (tol[]){{.rtol = 1e-5, .scale = sc}, {.rtol = 1e-5}});
+                free(sc);
+                if (last && !acc) {
+                    ((int32_t *)c.host[tg])[T0 + R - 1] = V;
+                    char needle[96];
+                    snprintf(needle, sizeof needle, "target %d of row %d", V, T0 + R - 1);
+                    tc_expect_range(&c, needle);
+                }
+                tc_close(&c);
+            }
+        }
+        /* CE_BLOCK per block, with the whole head's statistics */
+        for (int k = 0; k < NB; k++) {
+            const int64_t v0 = b0[k], vb = b0[k + 1] - b0[k];
+            for (int acc = 0; acc < 2; acc++) {
+                char what[96];
+                snprintf(what, sizeof what, "grad %s block %lld+%lld%s", tide_dtype_name(wdts[d]), (long long)v0,
+                         (long long)vb, acc ? " dw adding" : "");
+                tcase c;
+                tc_open(&c, what);
+                int h = tc_tensor(&c, "h", TIDE_F32, TIDE_ROLE_INPUT, R, D, 0, 1);
+                int w = tc_tensor(&c, "w", wdts[d], TIDE_ROLE_WEIGHT, vb, D, 0, 0.5f);
+                int tg = tc_tensor(&c, "targets", TIDE_I32, TIDE_ROLE_INPUT, R + T0, 0, 0, 0);
+                int st = tc_tensor(&c, "stats", TIDE_F32, TIDE_ROLE_TEMP, R, 3, 0, 1);
+                int dh = tc_tensor(&c, "dh", TIDE_F32, TIDE_ROLE_TEMP, R, D, 0, 1);
+                int dw = tc_tensor(&c, "dw", TIDE_F32, TIDE_ROLE_TEMP, vb, D, 0, 1);
+                tc_copy_host(&c, h, &c0, hh, 0);
+                tc_copy_host(&c, w, &c0, ww, (size_t)v0 * D * tide_dtype_size(wdts[d]));
+                memcpy(c.host[tg], tgt, sizeof tgt);
+                float *sin = c.host[st];
+                double *lse = dalloc0(R);
+                for (int r = 0; r < R; r++) {
+                    double M, S, Tl;
+                    PREFIX(V, r, M, S, Tl);
+                    sin[r * 3] = (float)M, sin[r * 3 + 1] = (float)S, sin[r * 3 + 2] = (float)Tl;
+                    lse[r] = M + log(S);
+                }
+                int ins[6] = {h, w, tg, st}, n_in = 4;
+                if (v0 > 0) ins[n_in++] = dh;
+                if (acc) ins[n_in++] = dw;
+                tc_op(&c, TIDE_OP_CE_BLOCK, n_in, ins, 2, (int[]){dh, dw},
+                      &(tide_op_params){.vocab0 = v0, .vocab = V, .idx0 = T0, .scale = scale, .accumulate = acc});
+                float *edh = tc_expect_init(&c, dh), *edw = tc_expect_init(&c, dw);
+                double *mdh = dalloc0((size_t)R * D), *mdw = dalloc0((size_t)vb * D);
+                double *xdh = dalloc0((size_t)R * D), *xdw = dalloc0((size_t)vb * D);
+                for (int r = 0; r < R; r++) {
+                    if (t[r] < 0) continue;
+                    for (int64_t j = 0; j < vb; j++) {
+                        double gv = scale * (exp(l[r * V + v0 + j] - lse[r]) - (v0 + j == t[r]));
+                        for (int e = 0; e < D; e++) {
+                            xdh[r * D + e] += gv * wx[(v0 + j) * D + e];
+                            mdh[r * D + e] += fabs(gv * wx[(v0 + j) * D + e]);
+                            xdw[j * D + e] += gv * hf[r * D + e];
+                            mdw[j * D + e] += fabs(gv * hf[r * D + e]);
+                        }
+                    }
+                }
+                for (int64_t i = 0; i < R * D; i++) {
+                    double prev = v0 > 0 ? edh[i] : 0;
+                    edh[i] = (float)(prev + xdh[i]);
+                    mdh[i] += 1e-6 + fabs(prev);
+                }
+                for (int64_t i = 0; i < vb * D; i++) {
+                    double prev = acc ? edw[i] : 0;
+                    edw[i] = (float)(prev + xdw[i]);
+                    mdw[i] += 1e-6 + fabs(prev);
+                }
+                tc_check(&c, (tol[]){{.rtol = 1e-5, .scale = mdh}, {.rtol = 1e-5, .scale = mdw}});
+                free(mdh), free(mdw), free(xdh), free(xdw), free(lse);
+                tc_close(&c);
+            }
+        }
+#undef PREFIX
+        free(l), free(mag), free(wx);
+        tc_close(&c0);
+    }
 }
 
 static void test_sumsq(void **state) {
@@ -2325,11 +2523,11 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_matmul_tile_bits),
         cmocka_unit_test(test_pos_rows),
         cmocka_unit_test_setup_teardown(test_matmul_fast, fast_on, fast_off),
-        cmocka_unit_test(test_matmul_backward), cmocka_unit_test(test_matmul_gradw), cmocka_unit_test(test_embed_bwd),
+        cmocka_unit_test(test_matmul_backward), cmocka_unit_test(test_matmul_gradw), cmocka_unit_test(test_embed_bwd), cmocka_unit_test(test_embed_bwd_block),
         cmocka_unit_test(test_rmsnorm_bwd), cmocka_unit_test(test_rope_bwd), cmocka_unit_test(test_silu_mul_bwd),
         cmocka_unit_test(test_attention_nocache), cmocka_unit_test(test_attention_bwd),
         cmocka_unit_test(test_attention_bwd_workspace),
-        cmocka_unit_test(test_cross_entropy), cmocka_unit_test(test_sumsq), cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_cross_entropy), cmocka_unit_test(test_ce_blocks), cmocka_unit_test(test_sumsq), cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_model),
     };
     int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);

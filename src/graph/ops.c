@@ -205,6 +205,9 @@ static tide_status check_embed_bwd(CHECK_ARGS) {
         FAIL("embed_bwd: tokens '%s' must be i32 with rows from [%lld] on", tok->name, (long long)p->idx0);
     if (!is_act(dt) || dt->shape[1] != dy->shape[1])
         FAIL("embed_bwd: gradient '%s' must be f32 (vocab, %lld)", dt->name, (long long)dy->shape[1]);
+    if (p->vocab ? p->vocab0 + dt->shape[0] > p->vocab : p->vocab0 != 0)
+        FAIL("embed_bwd: gradient block '%s' (ids %lld..) runs past the vocabulary of %lld", dt->name,
+             (long long)p->vocab0, (long long)p->vocab);
     *flops = (double)tide_tensor_numel(dy);
     return check_accumulate(g, "embed_bwd", n_in, 2, in, out[0]);
 }
@@ -292,6 +295,68 @@ static tide_status check_cross_entropy(CHECK_ARGS) {
     return n_in == 5 ? TIDE_OK : check_accumulate(g, "cross_entropy", n_in, 3, in, out[2]);
 }
 
+/* What CE_STATS and CE_BLOCK share: h, a head block w and the targets. */
+static tide_status check_ce_common(tide_graph *g, const char *nm, int n_in, int min_in, const int *in, int n_out,
+                                   const tide_op_params *p) {
+    if (n_in < min_in || n_out < 1)
+        FAIL("%s takes %d or more inputs and 1 or more outputs, got %d and %d", nm, min_in, n_in, n_out);
+    const tide_tensor *h = T(0), *w = T(1), *tg = T(2);
+    if (!is_act(h)) FAIL("%s: '%s' must be 2-D f32", nm, h->name);
+    int64_t R = h->shape[0], D = h->shape[1];
+    if (w->ndim != 2 || !is_float(w->dtype) || w->shape[1] != D)
+        FAIL("%s: weight block '%s' must be 2-D float (rows, %lld)", nm, w->name, (long long)D);
+    if (p->vocab < 1 || p->vocab0 + w->shape[0] > p->vocab)
+        FAIL("%s: weight block '%s' (ids %lld..) must lie in a vocabulary of %lld ids", nm, w->name,
+             (long long)p->vocab0, (long long)p->vocab);
+    if (tg->dtype != TIDE_I32 || p->idx0 + R > tide_tensor_numel(tg))
+        FAIL("%s: targets '%s' must be i32 with one id per row of '%s' (from [%lld] on)", nm, tg->name, h->name,
+             (long long)p->idx0);
+    if (!isfinite(p->scale)) FAIL("%s: scale must be finite", nm);
+    return TIDE_OK;
+}
+
+static tide_status check_ce_stats(CHECK_ARGS) {
+    tide_status st = check_ce_common(g, "ce_stats", n_in, 3, in, n_out, p);
+    if (st) return st;
+    const tide_tensor *h = T(0), *w = T(1);
+    int64_t R = h->shape[0];
+    bool first = p->vocab0 == 0, last = p->vocab0 + w->shape[0] == p->vocab;
+    int want_in = 3 + !first + (last && p->accumulate), want_out = 1 + last;
+    if (n_in != want_in || n_out != want_out || (p->accumulate && !last))
+        FAIL("ce_stats: the block at id %lld%s takes %d inputs and %d outputs, got %d and %d", (long long)p->vocab0,
+             last ? (p->accumulate ? " (the last, its loss adding)" : " (the last)") : "", want_in, want_out, n_in,
+             n_out);
+    if (!is_f32_shape(O(0), R, 3)) FAIL("ce_stats: statistics '%s' must be f32 (%lld, 3)", O(0)->name, (long long)R);
+    if (!first && in[3] != out[0])
+        FAIL("ce_stats: its 4th input must be the statistics '%s' it updates", O(0)->name);
+    if (last && !is_f32_shape(O(1), 1, 0)) FAIL("ce_stats: the loss '%s' must be one f32", O(1)->name);
+    if (last && p->accumulate && in[4] != out[1])
+        FAIL("ce_stats: its 5th input must be the loss '%s' it adds into", O(1)->name);
+    *flops = 2.0 * (double)R * (double)w->shape[0] * (double)h->shape[1];
+    return TIDE_OK;
+}
+
+static tide_status check_ce_block(CHECK_ARGS) {
+    tide_status st = check_ce_common(g, "ce_block", n_in, 4, in, n_out, p);
+    if (st) return st;
+    const tide_tensor *h = T(0), *w = T(1);
+    int64_t R = h->shape[0], D = h->shape[1];
+    bool first = p->vocab0 == 0;
+    int want_in = 4 + !first + p->accumulate;
+    if (n_in != want_in || n_out != 2)
+        FAIL("ce_block: the block at id %lld%s takes %d inputs and 2 outputs, got %d and %d", (long long)p->vocab0,
+             p->accumulate ? " (dw adding)" : "", want_in, n_in, n_out);
+    if (!is_f32_shape(T(3), R, 3)) FAIL("ce_block: statistics '%s' must be f32 (%lld, 3)", T(3)->name, (long long)R);
+    if (!is_f32_shape(O(0), R, D) || !is_f32_shape(O(1), w->shape[0], D))
+        FAIL("ce_block: outputs must be f32: dh '%s' (%lld, %lld), dw '%s' (%lld, %lld)", O(0)->name, (long long)R,
+             (long long)D, O(1)->name, (long long)w->shape[0], (long long)D);
+    if (!first && in[4] != out[0]) FAIL("ce_block: its 5th input must be the gradient '%s' it adds into", O(0)->name);
+    if (p->accumulate && in[n_in - 1] != out[1])
+        FAIL("ce_block: its last input must be the gradient '%s' it adds into", O(1)->name);
+    *flops = 6.0 * (double)R * (double)w->shape[0] * (double)D;
+    return TIDE_OK;
+}
+
 static tide_status check_sumsq(CHECK_ARGS) {
     if (T(0)->dtype != TIDE_F32) FAIL("sumsq: '%s' must be f32", T(0)->name);
     if (!is_f32_shape(O(0), 1, 0)) FAIL("sumsq: '%s' must be one f32", O(0)->name);
@@ -349,6 +414,9 @@ static uint64_t scratch_cross_entropy(const tide_graph *g, const tide_op *op) {
     uint64_t wb = w->dtype == TIDE_F32 ? 0 : TIDE_MIN((uint64_t)tide_tensor_numel(w) * 4, UINT64_C(16) << 20);
     return round_up((uint64_t)h->shape[0] * 8, 64) + logits + wb;
 }
+
+/* CE_STATS' and CE_BLOCK's: as CROSS_ENTROPY's over the block's rows. */
+static uint64_t scratch_ce_block(const tide_graph *g, const tide_op *op) { return scratch_cross_entropy(g, op); }
 
 /* RMSNORM_BWD's workspace: each row's 1/rms (R floats: the CPU's whole
  * need), then, 256-byte aligned, dw's partial sums in double over blocks of
@@ -439,6 +507,8 @@ static const tide_op_desc descs[TIDE_OP_COUNT] = {
                                scratch_cross_entropy},
     [TIDE_OP_SUMSQ] = {"sumsq", 1, 2, 1, TIDE_OPC_VECTOR, false, check_sumsq, NULL, scratch_sumsq},
     [TIDE_OP_ADAMW] = {"adamw", -1, -1, -1, TIDE_OPC_VECTOR, false, check_adamw, NULL, NULL},
+    [TIDE_OP_CE_STATS] = {"ce_stats", -1, -1, -1, TIDE_OPC_MATMUL, false, check_ce_stats, NULL, scratch_ce_block},
+    [TIDE_OP_CE_BLOCK] = {"ce_block", -1, -1, -1, TIDE_OPC_MATMUL, false, check_ce_block, NULL, scratch_ce_block},
 };
 
 const tide_op_desc *tide_op_desc_of(tide_op_kind k) {

@@ -282,13 +282,13 @@ static tide_status cpu_embed_bwd(tide_ctx *ctx, int nt, const tide_graph *g, con
                                  void *const *out, void *scratch) {
     const tide_tensor *dy = tin(g, op, 0), *tok = tin(g, op, 1), *dt = tout(g, op, 0);
     const int32_t *ids = (const int32_t *)in[1] + op->p.idx0;
-    int64_t bad = -1;
-    tide_status st = tk_embed_bwd(in[0], ids, dy->shape[0], dy->shape[1], dt->shape[0], op->n_in == 3, out[0],
-                                  &bad, nt);
+    int64_t bad = -1, vocab = op->p.vocab ? op->p.vocab : dt->shape[0];
+    tide_status st = tk_embed_bwd_block(in[0], ids, dy->shape[0], dy->shape[1], dt->shape[0], op->p.vocab0, vocab,
+                                        op->n_in == 3, out[0], &bad, nt);
     if (st == TIDE_E_RANGE)
         return tide_err(ctx, st, "embed_bwd: token id %d at position %lld of '%s' is outside the gradient '%s' "
                         "(vocabulary %lld)", ids[bad], (long long)(op->p.idx0 + bad), tok->name, dt->name,
-                        (long long)dt->shape[0]);
+                        (long long)vocab);
     return st;
 }
 
@@ -386,6 +386,52 @@ static tide_status cpu_cross_entropy(tide_ctx *ctx, int nt, const tide_graph *g,
     return TIDE_OK;
 }
 
+/* CE_STATS and CE_BLOCK: the workspace past the GPU's per-row terms, as
+ * cross_entropy's. */
+static tide_status cpu_ce_err(tide_ctx *ctx, tide_status st, const tide_graph *g, const tide_op *op,
+                              const int32_t *targets, int64_t bad) {
+    const char *nm = tide_op_name(op->kind);
+    if (st == TIDE_E_RANGE)
+        return tide_err(ctx, st, "%s: target %d of row %lld of '%s' is outside the vocabulary of %lld ids", nm,
+                        targets[bad], (long long)(op->p.idx0 + bad), tin(g, op, 2)->name, (long long)op->p.vocab);
+    if (st == TIDE_E_INVALID)
+        return tide_err(ctx, st, "%s: needs its workspace of %llu bytes", nm, (unsigned long long)op->scratch_bytes);
+    if (st) return tide_err(ctx, st, "%s '%s': dimensions beyond what BLAS takes", nm, tin(g, op, 1)->name);
+    return TIDE_OK;
+}
+
+static tide_status cpu_ce_stats(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
+                                void *const *out, void *scratch) {
+    const tide_tensor *h = tin(g, op, 0), *w = tin(g, op, 1);
+    int64_t R = h->shape[0], D = h->shape[1], Vb = w->shape[0], bad = -1;
+    const int32_t *targets = (const int32_t *)in[2] + op->p.idx0;
+    uint64_t terms = ((uint64_t)R * sizeof(double) + 63) / 64 * 64;
+    bool room = scratch && op->scratch_bytes > terms;
+    bool first = op->p.vocab0 == 0, last = op->n_out == 2;
+    const float before = last && op->p.accumulate ? *(const float *)in[4] : 0.0f;
+    tide_status st = tk_ce_stats(in[0], in[1], w->dtype, targets, R, Vb, D, op->p.vocab0, op->p.vocab, op->p.scale,
+                                 first ? NULL : in[3], out[0], last ? out[1] : NULL, tide_ce_chunk_rows(R, Vb),
+                                 room ? (uint8_t *)scratch + terms : NULL,
+                                 room ? (size_t)(op->scratch_bytes - terms) : 0, &bad, nt);
+    if (st) return cpu_ce_err(ctx, st, g, op, targets, bad);
+    if (last && op->p.accumulate) *(float *)out[1] = before + *(float *)out[1];
+    return TIDE_OK;
+}
+
+static tide_status cpu_ce_block(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
+                                void *const *out, void *scratch) {
+    const tide_tensor *h = tin(g, op, 0), *w = tin(g, op, 1);
+    int64_t R = h->shape[0], D = h->shape[1], Vb = w->shape[0], bad = -1;
+    const int32_t *targets = (const int32_t *)in[2] + op->p.idx0;
+    uint64_t terms = ((uint64_t)R * sizeof(double) + 63) / 64 * 64;
+    bool room = scratch && op->scratch_bytes > terms;
+    tide_status st = tk_ce_block(in[0], in[1], w->dtype, targets, R, Vb, D, op->p.vocab0, op->p.vocab, op->p.scale,
+                                 in[3], op->p.vocab0 > 0, op->p.accumulate, out[0], out[1], tide_ce_chunk_rows(R, Vb),
+                                 room ? (uint8_t *)scratch + terms : NULL,
+                                 room ? (size_t)(op->scratch_bytes - terms) : 0, &bad, nt);
+    return st ? cpu_ce_err(ctx, st, g, op, targets, bad) : TIDE_OK;
+}
+
 static tide_status cpu_sumsq(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
                              void *const *out, void *scratch) {
     float acc = op->n_in == 2 ? *(const float *)in[1] : 0.0f;
@@ -432,6 +478,8 @@ static const cpu_kernel cpu_kernels[TIDE_OP_COUNT] = {
     [TIDE_OP_ATTENTION_BWD] = cpu_attention_bwd,
     [TIDE_OP_SILU_MUL_BWD] = cpu_silu_mul_bwd,
     [TIDE_OP_CROSS_ENTROPY] = cpu_cross_entropy,
+    [TIDE_OP_CE_STATS] = cpu_ce_stats,
+    [TIDE_OP_CE_BLOCK] = cpu_ce_block,
     [TIDE_OP_SUMSQ] = cpu_sumsq,
     [TIDE_OP_ADAMW] = cpu_adamw,
 };

@@ -189,6 +189,11 @@ void tk_generic(int n_in, const uint8_t *const *in, const uint64_t *in_bytes, in
  * with *bad the first row whose id is outside [0, V); nothing written then. */
 tide_status tk_embed_bwd(const float *dy, const int32_t *tokens, int64_t R, int64_t D, int64_t V,
                          bool accumulate, float *dtable, int64_t *bad, int nt);
+/* The same for a block of the gradient: dtable (V, D) holds the rows of ids
+ * [vocab0, vocab0 + V) of a vocabulary of `vocab`; a token elsewhere adds
+ * nothing, one >= vocab is TIDE_E_RANGE. */
+tide_status tk_embed_bwd_block(const float *dy, const int32_t *tokens, int64_t R, int64_t D, int64_t V,
+                               int64_t vocab0, int64_t vocab, bool accumulate, float *dtable, int64_t *bad, int nt);
 
 /* RMSNORM_BWD: the gradients of tk_rmsnorm's y = w * (x * rs), rs =
  * 1/sqrtf(mean(x^2) + eps) computed as tk_rmsnorm does. x, dy, dx (R, D), w
@@ -241,6 +246,27 @@ void tk_silu_mul_bwd(const float *gate, const float *up, const float *dy, float 
 tide_status tk_cross_entropy(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
                              int64_t V, int64_t D, float scale, bool accumulate, int64_t chunk_rows, float *loss,
                              float *dh, float *dw, void *scratch, size_t scratch_bytes, int64_t *bad, int nt);
+
+/* CE_STATS (tide.h) for a head block w (Vb, D) of ids [vocab0, vocab0 + Vb)
+ * of `vocab`: stats (R, 3) = each row's (max, sum of exp(logit - max), the
+ * target's logit), this block's merged into stats_in's (NULL: the first
+ * block): M = max of the two, S = S_in exp(M_in - M) + S_b exp(M_b - M) in
+ * double rounded to f32, t = t_in + the block's (0 where the target is
+ * elsewhere). With loss (the last block): *loss = scale * the sum in double,
+ * row order, of M + log S - t over rows whose target is >= 0. Logits a chunk
+ * of rows at a time in scratch, as tk_cross_entropy's (same layout and
+ * needs). TIDE_E_RANGE with *bad for a target >= vocab. */
+tide_status tk_ce_stats(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
+                        int64_t Vb, int64_t D, int64_t vocab0, int64_t vocab, float scale, const float *stats_in,
+                        float *stats, float *loss, int64_t chunk_rows, void *scratch, size_t scratch_bytes,
+                        int64_t *bad, int nt);
+/* CE_BLOCK: g = scale * (exp(logit - M) / S - onehot) per row (zero where the
+ * target < 0; the target's entry formed in double as tk_cross_entropy's);
+ * dh (+)= g . w (adding with dh_add), dw (+)= g^T . h (adding with dw_add). */
+tide_status tk_ce_block(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
+                        int64_t Vb, int64_t D, int64_t vocab0, int64_t vocab, float scale, const float *stats,
+                        bool dh_add, bool dw_add, float *dh, float *dw, int64_t chunk_rows, void *scratch,
+                        size_t scratch_bytes, int64_t *bad, int nt);
 
 /* SUMSQ: returns acc_in + sum of g[i]^2 over n, summed in double in blocks
  * of a fixed size whose partial sums are added in order, rounded to f32

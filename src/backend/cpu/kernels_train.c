@@ -22,6 +22,31 @@
 /* ------------------------------------------------------------- softmax rows */
 
 #ifdef TK_X86
+/* s[j] = exp(s[j] - m) for s[j] <= m; returns their sum in double. */
+TK_AVX2 static double exp_shift_avx2(float *s, int64_t n, float m) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 vm = _mm256_set1_ps(m);
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0;
+    int64_t j;
+    for (j = 0; j + 8 <= n; j += 8) {
+        __m256 e = exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(s + j, e);
+        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    if (j < n) {
+        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j)), lane);
+        __m256 e = exp_neg_avx2(_mm256_sub_ps(_mm256_maskload_ps(s + j, mask), vm));
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(mask));
+        _mm256_maskstore_ps(s + j, mask, e);
+        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double part[4];
+    _mm256_storeu_pd(part, _mm256_add_pd(a0, a1));
+    return (part[0] + part[1]) + (part[2] + part[3]);
+}
+
 TK_AVX2 static double exp_row_avx2(float *s, int64_t n, float *mx) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     __m256 vmx = _mm256_set1_ps(-INFINITY);
@@ -71,6 +96,20 @@ double tk_exp_row(float *s, int64_t n, float *mx, bool avx) {
     return sum;
 }
 
+/* s[j] = exp(s[j] - m) (every s[j] <= m), their sum in double. */
+static double exp_shift(float *s, int64_t n, float m, bool avx) {
+#ifdef TK_X86
+    if (avx) return exp_shift_avx2(s, n, m);
+#endif
+    double sum = 0;
+    for (int64_t j = 0; j < n; j++) {
+        float e = expf(s[j] - m);
+        s[j] = e;
+        sum += e;
+    }
+    return sum;
+}
+
 /* ------------------------------------------------------------- embed, norm */
 
 /* Columns a thread owns at once in the row-ordered sums. */
@@ -78,8 +117,13 @@ double tk_exp_row(float *s, int64_t n, float *mx, bool avx) {
 
 tide_status tk_embed_bwd(const float *dy, const int32_t *tokens, int64_t R, int64_t D, int64_t V,
                          bool accumulate, float *dtable, int64_t *bad, int nt) {
+    return tk_embed_bwd_block(dy, tokens, R, D, V, 0, V, accumulate, dtable, bad, nt);
+}
+
+tide_status tk_embed_bwd_block(const float *dy, const int32_t *tokens, int64_t R, int64_t D, int64_t V,
+                               int64_t vocab0, int64_t vocab, bool accumulate, float *dtable, int64_t *bad, int nt) {
     for (int64_t r = 0; r < R; r++)
-        if (tokens[r] < 0 || tokens[r] >= V) {
+        if (tokens[r] < 0 || tokens[r] >= vocab) {
             *bad = r;
             return TIDE_E_RANGE;
         }
@@ -92,7 +136,9 @@ tide_status tk_embed_bwd(const float *dy, const int32_t *tokens, int64_t R, int6
     for (int64_t cb = 0; cb < ncb; cb++) {
         int64_t c0 = cb * TK_COLS, n = TIDE_MIN(TK_COLS, D - c0);
         for (int64_t r = 0; r < R; r++) {
-            float *dst = dtable + (int64_t)tokens[r] * D + c0;
+            int64_t id = (int64_t)tokens[r] - vocab0;
+            if (id < 0 || id >= V) continue; /* another block's row */
+            float *dst = dtable + id * D + c0;
             const float *src = dy + r * D + c0;
 #pragma omp simd
             for (int64_t i = 0; i < n; i++) dst[i] += src[i];
@@ -311,6 +357,155 @@ tide_status tk_cross_entropy(const float *h, const void *w, tide_dtype wdt, cons
     }
     tk_blas_restore(prev);
     *loss = (float)((double)scale * total);
+    return TIDE_OK;
+}
+
+/* ------------------------------------------------------------- cross-entropy in vocabulary blocks */
+
+/* The layout CE_STATS and CE_BLOCK share with tk_cross_entropy: logits of a
+ * chunk of rows (cr, Vb) in scratch, then (16-bit heads) a widened block of
+ * rows of w. */
+typedef struct ce_work {
+    const void *w;
+    tide_dtype wdt;
+    int64_t Vb, D, CR, vb;
+    bool whole;
+    float *L, *wf;
+    const float *W;
+} ce_work;
+
+static tide_status ce_work_init(ce_work *c, const void *w, tide_dtype wdt, int64_t R, int64_t Vb, int64_t D,
+                                int64_t chunk_rows, void *scratch, size_t scratch_bytes, int nt) {
+    if (R > INT_MAX || Vb > INT_MAX || D > INT_MAX) return TIDE_E_UNSUPPORTED;
+    *c = (ce_work){.w = w, .wdt = wdt, .Vb = Vb, .D = D, .CR = TIDE_MAX(1, TIDE_MIN(chunk_rows, R)), .vb = Vb};
+    const size_t lbytes = (size_t)(c->CR * Vb) * sizeof(float);
+    if (!scratch || scratch_bytes < lbytes) return TIDE_E_INVALID;
+    c->L = scratch;
+    if (wdt != TIDE_F32) {
+        int64_t vb = (int64_t)((scratch_bytes - lbytes) / ((size_t)D * sizeof(float)));
+        if (vb < 1) return TIDE_E_INVALID;
+        vb = TIDE_MIN(vb, Vb);
+        int64_t nblk = (Vb + vb - 1) / vb;
+        c->vb = (Vb + nblk - 1) / nblk;
+        c->wf = (float *)((uint8_t *)scratch + lbytes);
+    }
+    c->whole = c->vb == Vb;
+    c->W = wdt == TIDE_F32 ? w : c->wf;
+    if (wdt != TIDE_F32 && c->whole) ce_widen(w, wdt, D, 0, Vb, c->wf, nt);
+    return TIDE_OK;
+}
+
+/* The rows [v0, v0 + cnt) of w as f32, widened into the scratch if need be. */
+static const float *ce_rows_of(ce_work *c, int64_t v0, int64_t cnt, int nt) {
+    if (c->whole) return c->W + v0 * c->D;
+    ce_widen(c->w, c->wdt, c->D, v0, cnt, c->wf, nt);
+    return c->wf;
+}
+
+/* logits (cr, Vb) = h[chunk] . w^T into c->L */
+static void ce_logits(ce_work *c, const float *hc, int64_t cr, int nt) {
+    for (int64_t v0 = 0; v0 < c->Vb; v0 += c->vb) {
+        int64_t cnt = TIDE_MIN(c->vb, c->Vb - v0);
+        tk_gemm(false, true, cr, cnt, c->D, 1.0f, hc, c->D, ce_rows_of(c, v0, cnt, nt), c->D, 0.0f, c->L + v0,
+                c->Vb, nt);
+    }
+}
+
+static tide_status ce_check_targets(const int32_t *targets, int64_t R, int64_t vocab, int64_t *bad) {
+    for (int64_t r = 0; r < R; r++)
+        if (targets[r] >= vocab) {
+            *bad = r;
+            return TIDE_E_RANGE;
+        }
+    return TIDE_OK;
+}
+
+tide_status tk_ce_stats(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
+                        int64_t Vb, int64_t D, int64_t vocab0, int64_t vocab, float scale, const float *stats_in,
+                        float *stats, float *loss, int64_t chunk_rows, void *scratch, size_t scratch_bytes,
+                        int64_t *bad, int nt) {
+    tide_status st = ce_check_targets(targets, R, vocab, bad);
+    if (st) return st;
+    ce_work c;
+    if ((st = ce_work_init(&c, w, wdt, R, Vb, D, chunk_rows, scratch, scratch_bytes, nt))) return st;
+    const bool avx = tk_have_avx2();
+    int prev = tk_blas_single();
+    for (int64_t r0 = 0; r0 < R; r0 += c.CR) {
+        const int64_t cr = TIDE_MIN(c.CR, R - r0);
+        ce_logits(&c, h + r0 * D, cr, nt);
+#pragma omp parallel for schedule(static) num_threads(nt) if (cr * Vb >= TK_PAR_MIN)
+        for (int64_t i = 0; i < cr; i++) {
+            const int64_t r = r0 + i;
+            float *l = c.L + i * Vb, mx;
+            int64_t t = (int64_t)targets[r] - vocab0;
+            float tl = t >= 0 && t < Vb ? l[t] : 0.0f;
+            double sum = tk_exp_row(l, Vb, &mx, avx);
+            float *o = stats + r * 3;
+            if (!stats_in) {
+                o[0] = mx, o[1] = (float)sum, o[2] = tl;
+                continue;
+            }
+            const float *in = stats_in + r * 3;
+            float M = in[0] > mx ? in[0] : mx;
+            double S = (double)in[1] * exp((double)in[0] - (double)M) + sum * exp((double)mx - (double)M);
+            o[0] = M, o[1] = (float)S, o[2] = in[2] + tl;
+        }
+    }
+    tk_blas_restore(prev);
+    if (loss) {
+        double total = 0;
+        for (int64_t r = 0; r < R; r++)
+            if (targets[r] >= 0)
+                total += (double)stats[r * 3] + log((double)stats[r * 3 + 1]) - (double)stats[r * 3 + 2];
+        *loss = (float)((double)scale * total);
+    }
+    return TIDE_OK;
+}
+
+tide_status tk_ce_block(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
+                        int64_t Vb, int64_t D, int64_t vocab0, int64_t vocab, float scale, const float *stats,
+                        bool dh_add, bool dw_add, float *dh, float *dw, int64_t chunk_rows, void *scratch,
+                        size_t scratch_bytes, int64_t *bad, int nt) {
+    tide_status st = ce_check_targets(targets, R, vocab, bad);
+    if (st) return st;
+    ce_work c;
+    if ((st = ce_work_init(&c, w, wdt, R, Vb, D, chunk_rows, scratch, scratch_bytes, nt))) return st;
+    const bool avx = tk_have_avx2();
+    int prev = tk_blas_single();
+    for (int64_t r0 = 0; r0 < R; r0 += c.CR) {
+        const int64_t cr = TIDE_MIN(c.CR, R - r0);
+        const float *hc = h + r0 * D;
+        ce_logits(&c, hc, cr, nt);
+        /* g = scale * (softmax - onehot) in place of the logits */
+#pragma omp parallel for schedule(static) num_threads(nt) if (cr * Vb >= TK_PAR_MIN)
+        for (int64_t i = 0; i < cr; i++) {
+            const int64_t r = r0 + i;
+            float *l = c.L + i * Vb;
+            if (targets[r] < 0) {
+                memset(l, 0, (size_t)Vb * sizeof(float));
+                continue;
+            }
+            const float *sr = stats + r * 3;
+            double S = (double)sr[1];
+            exp_shift(l, Vb, sr[0], avx);
+            float inv = (float)(1.0 / S);
+            int64_t t = (int64_t)targets[r] - vocab0;
+            float et = t >= 0 && t < Vb ? l[t] : 0.0f;
+#pragma omp simd
+            for (int64_t j = 0; j < Vb; j++) l[j] = scale * (l[j] * inv);
+            if (t >= 0 && t < Vb) l[t] = (float)((double)scale * ((double)et / S - 1.0));
+        }
+        /* dh[chunk] (+)= G . w over the sub-blocks in order; dw[sub-block] (+)= G^T . h[chunk] */
+        float beta_w = dw_add || r0 > 0 ? 1.0f : 0.0f;
+        for (int64_t v0 = 0; v0 < Vb; v0 += c.vb) {
+            int64_t cnt = TIDE_MIN(c.vb, Vb - v0);
+            const float *wblk = ce_rows_of(&c, v0, cnt, nt);
+            tk_gemm(false, false, cr, D, cnt, 1.0f, c.L + v0, Vb, wblk, D, v0 || dh_add ? 1.0f : 0.0f, dh + r0 * D,
+                    D, nt);
+            tk_gemm(true, false, cnt, D, cr, 1.0f, c.L + v0, Vb, hc, D, beta_w, dw + v0 * D, D, nt);
+        }
+    }
+    tk_blas_restore(prev);
     return TIDE_OK;
 }
 
