@@ -416,7 +416,18 @@ typedef struct tide_llama_train_opts {
                           the weight gradients, the loss and the head's gradient
                           add up over the tiles. The same step up to f32
                           summation order (bit for bit with the same tiles) */
+    int vocab_blocks;  /* the embedding and the head (each a vocab x hidden
+                          parameter) in this many blocks of rows (0 or 1:
+                          whole; at most TIDE_VOCAB_BLOCKS_MAX): their forward,
+                          loss (CE_STATS, CE_BLOCK), backward and AdamW run a
+                          block at a time, so no op holds a whole one, its
+                          gradient or its optimizer state. Block k of a
+                          parameter NAME is the STATE "NAME.vK" (its master and
+                          moments "master.NAME.vK", ...), homed at its rows of
+                          NAME (tide_graph_tensor_home). The same step up to
+                          f32 summation order in the loss */
 } tide_llama_train_opts;
+#define TIDE_VOCAB_BLOCKS_MAX 64
 
 /* Builds the graph of one training step. Tensors:
  *   parameters     Hugging Face names, the checkpoint's dtype         STATE
@@ -455,9 +466,11 @@ const char *tide_train_class_name(tide_train_class c);
 #define TIDE_TILE_NONE (-1)
 bool tide_llama_tile_level(tide_llama_graph_opts *o, int level);
 /* The tiling levels of a training step: level 0 is no tiling, level k >= 1
- * tiles each micro-batch by ceil(batch / 2^k) sequences, down to one (the
- * last level; none past 1 for batch 1). Sets o->tile_seqs for `level` (below
- * TIDE_TILE_LEVELS); returns false past the last level. */
+ * tiles each micro-batch by ceil(batch / 2^k) sequences, down to one; the
+ * levels after that keep tiles of one sequence and split the embedding and
+ * the head into 2, 4, 8, ... vocabulary blocks (vocab_blocks). Sets
+ * o->tile_seqs and o->vocab_blocks for `level` (below TIDE_TILE_LEVELS);
+ * returns false past the last level. */
 bool tide_llama_train_tile_level(tide_llama_train_opts *o, int level);
 
 /* A persistent tensor may be a byte range of a larger one: a weight block of a
@@ -1098,6 +1111,13 @@ tide_status tide_trainer_set_tiling(tide_trainer *t, int tile_seqs);
 /* The sequences per row tile of the steps (0: untiled); an offloaded
  * trainer's tiling is chosen at its first step. */
 int tide_trainer_tile_seqs(const tide_trainer *t);
+/* Runs steps with the embedding and the head in vocab_blocks blocks of rows
+ * (0: whole), as tide_llama_train_opts.vocab_blocks; before the first step.
+ * An offloaded trainer whose tiling is searched sets its own at its first
+ * step. The blocks are state tensors of their own ("NAME.vK", listed by
+ * tide_trainer_tensor); tide_trainer_read of NAME gathers them. */
+tide_status tide_trainer_set_vocab_blocks(tide_trainer *t, int vocab_blocks);
+int tide_trainer_vocab_blocks(const tide_trainer *t);
 /* Continues from the training state saved in dir (tide_trainer_save): its
  * parameters, master weights, moments and step. Only before the first step.
  * TIDE_E_FORMAT / TIDE_E_NOT_FOUND naming the file and tensor when the state

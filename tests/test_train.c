@@ -129,22 +129,35 @@ static float bf16f(uint16_t h) {
 }
 
 /* A trainer tensor as f32 values (f32 or bf16 in the trainer), malloc'd. */
-static float *tr_get(tide_trainer *t, const char *name, size_t *n) {
+/* The dtype and bytes of training state `name`, whole or in vocabulary
+ * blocks ("NAME.vK", summed). */
+static bool tr_size(tide_trainer *t, const char *name, tide_dtype *dt, uint64_t *nb) {
     int k = tide_trainer_n_tensors(t);
+    size_t len = strlen(name);
+    bool found = false;
+    *nb = 0;
+    for (int i = 0; i < k; i++) {
+        uint64_t b = 0;
+        tide_dtype d = TIDE_F32;
+        const char *nm = tide_trainer_tensor(t, i, &d, &b);
+        if (!strcmp(nm, name)) {
+            *nb = b, *dt = d;
+            return true;
+        }
+        if (!strncmp(nm, name, len) && !strncmp(nm + len, ".v", 2)) {
+            *nb += b, *dt = d;
+            found = true;
+        }
+    }
+    return found;
+}
+
+static float *tr_get(tide_trainer *t, const char *name, size_t *n) {
     tide_dtype dt = TIDE_F32;
     uint64_t nb = 0;
-    bool found = false;
-    for (int i = 0; i < k && !found; i++) {
-        const char *nm = tide_trainer_tensor(t, i, &dt, &nb);
-        found = !strcmp(nm, name);
-    }
+    bool found = tr_size(t, name, &dt, &nb);
     if (!found) { /* a gradient (grads_out): f32 of the parameter's elements */
-        char pn[256];
-        snprintf(pn, sizeof pn, "%s", name + strlen("grad."));
-        for (int i = 0; i < k && !found; i++) {
-            const char *nm = tide_trainer_tensor(t, i, &dt, &nb);
-            found = !strcmp(nm, pn);
-        }
+        found = !strncmp(name, "grad.", 5) && tr_size(t, name + strlen("grad."), &dt, &nb);
         if (!found) return NULL;
         nb = nb / tide_dtype_size(dt) * 4;
         dt = TIDE_F32;
@@ -218,16 +231,25 @@ static void test_graph(void **state) {
         assert_int_equal(by[TIDE_TRAIN_MASTER], c.dtype == TIDE_BF16 ? 4 * n : 0);
         tide_graph_free(g);
     }
-    /* row tiles: levels halve the sequences per tile down to one */
+    /* row tiles: levels halve the sequences per tile down to one, then
+     * split the vocabulary in 2, 4, ... blocks, up to TIDE_TILE_LEVELS - 1 */
     {
-        static const int want[][5] = {{8, 4, 2, 1, 0}, {5, 3, 2, 1, 0}, {2, 1, 0, 0, 0}, {1, 0, 0, 0, 0}};
+        static const int want[][TIDE_TILE_LEVELS][2] = {
+            {{8, 0}, {4, 0}, {2, 0}, {1, 0}, {1, 2}, {1, 4}, {1, 8}},
+            {{5, 0}, {3, 0}, {2, 0}, {1, 0}, {1, 2}, {1, 4}, {1, 8}},
+            {{2, 0}, {1, 0}, {1, 2}, {1, 4}, {1, 8}, {1, 16}, {1, 32}},
+            {{1, 0}, {0, 2}, {0, 4}, {0, 8}, {0, 16}, {0, 32}, {0, 64}}};
         for (int i = 0; i < 4; i++) {
-            tide_llama_train_opts o = step_opts(want[i][0], 8, 1);
+            tide_llama_train_opts o = step_opts(want[i][0][0], 8, 1);
             assert_true(tide_llama_train_tile_level(&o, 0));
             assert_int_equal(o.tile_seqs, 0);
-            int k = 1;
-            for (; tide_llama_train_tile_level(&o, k); k++) assert_int_equal(o.tile_seqs, want[i][k]);
-            assert_int_equal(want[i][k], 0); /* no level past tiles of one sequence */
+            assert_int_equal(o.vocab_blocks, 0);
+            for (int k = 1; k < TIDE_TILE_LEVELS; k++) {
+                assert_true(tide_llama_train_tile_level(&o, k));
+                assert_int_equal(o.tile_seqs, want[i][k][0]);
+                assert_int_equal(o.vocab_blocks, want[i][k][1]);
+            }
+            assert_false(tide_llama_train_tile_level(&o, TIDE_TILE_LEVELS));
         }
         /* batch 4 in tiles of 3 and 1: every activation per tile, the loss
          * adding up over the tiles, the same parameters as untiled */
@@ -255,6 +277,61 @@ static void test_graph(void **state) {
         tide_graph_free(g0);
         tide_graph_free(g);
         o.tile_seqs = -1;
+        assert_int_equal(tide_llama_build_train(ctx, &c, &o, &g), TIDE_E_INVALID);
+    }
+    /* vocabulary blocks: 3 blocks of the embedding and the head (a tied head
+     * shares the embedding's), each homed at its rows; per tile every
+     * block's CE_STATS (the last writing the loss) then CE_BLOCK; the state
+     * and gradients the same bytes as whole */
+    for (int tied = 0; tied < 2; tied++) {
+        tide_llama_config c = tiny_cfg(TIDE_BF16, tied, 2);
+        tide_llama_train_opts o = step_opts(2, 8, 2);
+        tide_graph *g0 = NULL, *g = NULL;
+        assert_int_equal(tide_llama_build_train(ctx, &c, &o, &g0), TIDE_OK);
+        o.tile_seqs = 1;
+        o.vocab_blocks = 3;
+        assert_int_equal(tide_llama_build_train(ctx, &c, &o, &g), TIDE_OK);
+        const int64_t D = c.hidden_size, V = c.vocab_size;
+        assert_true(tide_graph_find(g, "model.embed_tokens.weight") < 0);
+        for (int k = 0; k < 3; k++) {
+            char nm[96];
+            uint64_t off = 1;
+            int64_t v0 = V * k / 3, v1 = V * (k + 1) / 3;
+            snprintf(nm, sizeof nm, "model.embed_tokens.weight.v%d", k);
+            int t = tide_graph_find(g, nm);
+            assert_true(t >= 0);
+            assert_string_equal(tide_graph_tensor_home(g, t, &off), "model.embed_tokens.weight");
+            assert_int_equal(off, (uint64_t)(v0 * D * 2));
+            assert_int_equal(tide_graph_tensor_bytes(g, t), (uint64_t)((v1 - v0) * D * 2));
+            snprintf(nm, sizeof nm, "exp_avg_sq.model.embed_tokens.weight.v%d", k);
+            t = tide_graph_find(g, nm);
+            assert_string_equal(tide_graph_tensor_home(g, t, &off), "exp_avg_sq.model.embed_tokens.weight");
+            assert_int_equal(off, (uint64_t)(v0 * D * 4));
+            snprintf(nm, sizeof nm, "lm_head.weight.v%d", k);
+            assert_int_equal(tide_graph_find(g, nm) >= 0, !tied);
+        }
+        uint64_t by0[TIDE_TRAIN_CLASS_COUNT] = {0}, by[TIDE_TRAIN_CLASS_COUNT] = {0};
+        for (int t = 0; t < tide_graph_n_tensors(g0); t++) by0[tide_train_tensor_class(g0, t)] += tide_graph_tensor_bytes(g0, t);
+        for (int t = 0; t < tide_graph_n_tensors(g); t++) by[tide_train_tensor_class(g, t)] += tide_graph_tensor_bytes(g, t);
+        for (int k = TIDE_TRAIN_PARAM; k <= TIDE_TRAIN_GRAD; k++) assert_int_equal(by[k], by0[k]);
+        int n_stats = 0, n_loss = 0, n_block = 0, n_ce = 0, n_adamw = 0, n_adamw0 = 0;
+        for (int i = 0; i < tide_graph_n_ops(g); i++) {
+            const tide_op *op = &g->ops[i];
+            n_stats += op->kind == TIDE_OP_CE_STATS;
+            n_loss += op->kind == TIDE_OP_CE_STATS && op->n_out == 2;
+            n_block += op->kind == TIDE_OP_CE_BLOCK;
+            n_ce += op->kind == TIDE_OP_CROSS_ENTROPY;
+            n_adamw += op->kind == TIDE_OP_ADAMW;
+        }
+        for (int i = 0; i < tide_graph_n_ops(g0); i++) n_adamw0 += g0->ops[i].kind == TIDE_OP_ADAMW;
+        assert_int_equal(n_ce, 0);
+        assert_int_equal(n_stats, 3 * 2 * 2); /* 3 blocks x 2 tiles x 2 micro-batches */
+        assert_int_equal(n_loss, 2 * 2);
+        assert_int_equal(n_block, 3 * 2 * 2);
+        assert_int_equal(n_adamw, n_adamw0 + 2 * (tied ? 1 : 2)); /* a whole one becomes 3 */
+        tide_graph_free(g0);
+        tide_graph_free(g);
+        o.vocab_blocks = TIDE_VOCAB_BLOCKS_MAX + 1;
         assert_int_equal(tide_llama_build_train(ctx, &c, &o, &g), TIDE_E_INVALID);
     }
     tide_llama_config c = tiny_cfg(TIDE_F32, false, 2);
@@ -397,11 +474,12 @@ static void check_bf16(const char *what, const float *x, const float *y, size_t 
 
 /* Trains fixture `name` (in row tiles of tile_seqs sequences when > 0) and
  * compares every step with PyTorch's. */
-static void run_fixture(const char *name, int tile_seqs) {
+static void run_fixture_blocks(const char *name, int tile_seqs, int vocab_blocks) {
     tide_ctx *ctx = tide_ctx_new();
     fixture f;
     fixture_open(ctx, &f, name);
     f.o.step.tile_seqs = tile_seqs;
+    f.o.step.vocab_blocks = vocab_blocks;
     tide_backend *be = NULL;
     assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
     assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK); /* PyTorch's f32 tolerances */
@@ -488,6 +566,8 @@ static void run_fixture(const char *name, int tile_seqs) {
     free(tg);
 }
 
+static void run_fixture(const char *name, int tile_seqs) { run_fixture_blocks(name, tile_seqs, 0); }
+
 static void test_torch_f32_gqa(void **state) {
     (void)state;
     run_fixture("train-f32-gqa", 0);
@@ -510,11 +590,22 @@ static void test_torch_tiled(void **state) {
     run_fixture("train-f32-tied", 1);
 }
 
+/* The embedding and the head in vocabulary blocks (3, uneven; a tied head
+ * shares the embedding's blocks), row tiles or none: still PyTorch's
+ * training, the gradients gathered from the blocks. */
+static void test_torch_vocab_blocks(void **state) {
+    (void)state;
+    run_fixture_blocks("train-f32-gqa", 0, 3);
+    run_fixture_blocks("train-bf16-gqa", 1, 2);
+    run_fixture_blocks("train-f32-tied", 1, 3);
+}
+
 /* ---------------------------------------------------------------- bit-identity */
 
 typedef struct run_out {
     double loss[8], norm[8];
-    int tiles; /* the trainer's sequences per row tile (0: untiled) */
+    int tiles;   /* the trainer's sequences per row tile (0: untiled) */
+    int vblocks; /* its vocabulary blocks (0: none) */
     uint64_t budget; /* the device budget of the last step */
     char **names;
     void **vals;
@@ -569,7 +660,7 @@ static tide_status train_run(tide_ctx *ctx, fixture *f, tide_backend *be, const 
             out->names[i] = strdup(out->names[i]);
         }
     }
-    if (t) out->tiles = tide_trainer_tile_seqs(t);
+    if (t) out->tiles = tide_trainer_tile_seqs(t), out->vblocks = tide_trainer_vocab_blocks(t);
     if (!st && trace_path) st = tide_trainer_write_trace(t, trace_path, NULL);
     free(in);
     free(tg);
@@ -589,6 +680,35 @@ static void resident_refs(tide_ctx *ctx, fixture *f, tide_backend *be, int steps
     assert_int_equal(ref_tiled->tiles, 1);
     *state_bytes = 0;
     for (int i = 0; i < ref->n; i++) *state_bytes += ref->bytes[i];
+}
+
+/* Resident runs of a fixture's first steps by tiling (row tiles, vocabulary
+ * blocks), made as asked for: the reference of an offloaded run that tiled. */
+typedef struct ref_cache {
+    tide_ctx *ctx;
+    fixture *f;
+    tide_backend *be;
+    int steps, n, key[8][2];
+    run_out r[8];
+} ref_cache;
+
+static const run_out *ref_like(ref_cache *c, const run_out *run) {
+    for (int i = 0; i < c->n; i++)
+        if (c->key[i][0] == run->tiles && c->key[i][1] == run->vblocks) return &c->r[i];
+    assert_true(c->n < 8);
+    tide_llama_train_opts keep = c->f->o.step;
+    c->f->o.step.tile_seqs = run->tiles, c->f->o.step.vocab_blocks = run->vblocks;
+    run_out *r = &c->r[c->n];
+    assert_int_equal(train_run(c->ctx, c->f, c->be, NULL, c->steps, NULL, NULL, 0, r), TIDE_OK);
+    c->f->o.step = keep;
+    assert_int_equal(r->tiles, run->tiles);
+    assert_int_equal(r->vblocks, run->vblocks);
+    c->key[c->n][0] = run->tiles, c->key[c->n][1] = run->vblocks;
+    return &c->r[c->n++];
+}
+
+static void ref_cache_free(ref_cache *c) {
+    for (int i = 0; i < c->n; i++) run_out_free(&c->r[i]);
 }
 
 static void assert_same(const run_out *a, const run_out *b, int from, int steps, const char *what) {
@@ -614,6 +734,7 @@ static void test_offload_bit_identical(void **state) {
     run_out ref, ref_tiled;
     uint64_t state_bytes = 0;
     resident_refs(ctx, &f, be, steps, &ref, &ref_tiled, &state_bytes);
+    ref_cache refs = {.ctx = ctx, .f = &f, .be = be, .steps = steps};
     /* the sixth: policy tide with every update on the host CPU, which with
      * the state on SSD stages each update's state in host memory (host
      * memory short: every version written home, the staging room kept
@@ -649,9 +770,9 @@ static void test_offload_bit_identical(void **state) {
                 }
                 if (st) fail_msg("%s: %s", what, tide_ctx_last_error(ctx));
                 /* only the tide policy tiles by itself */
-                if (r.tiles) assert_int_equal(pi == 0 || pi == 5, 1);
-                assert_same(&r, r.tiles ? &ref_tiled : &ref, 0, steps, what);
-                n_tiled += r.tiles != 0;
+                if (r.tiles || r.vblocks) assert_int_equal(pi == 0 || pi == 5, 1);
+                assert_same(&r, r.tiles || r.vblocks ? ref_like(&refs, &r) : &ref, 0, steps, what);
+                n_tiled += r.tiles != 0 || r.vblocks != 0;
                 run_out_free(&r);
                 n_runs++;
                 n_ckpt += pi == 3;
@@ -663,6 +784,7 @@ static void test_offload_bit_identical(void **state) {
     assert_int_equal(n_zero, 6); /* every AdamW on the host CPU: every budget, state on host and SSD */
     assert_int_equal(n_cpu, 6);
     assert_true(n_tiled >= 1); /* a minimum below the untiled step's */
+    ref_cache_free(&refs);
     run_out_free(&ref);
     run_out_free(&ref_tiled);
     tide_backend_free(be);
@@ -670,10 +792,12 @@ static void test_offload_bit_identical(void **state) {
     tide_ctx_free(ctx);
 }
 
-/* Row tiles chosen for the budget: the tiled minimum is below the untiled
- * one; between the two, tide tiles by itself (a budget the untiled step cannot
- * plan under) and refuses with tiling off; forced levels tile the baselines.
- * Every tiled run is bit for bit the resident run of the same tiles. */
+/* Tiles chosen for the budget: the tiled minimum is below the untiled one,
+ * and with the vocabulary in blocks below the minimum of row tiles alone;
+ * between the untiled and the tiled minimum, tide tiles by itself (a budget
+ * the untiled step cannot plan under) and refuses with tiling off; forced
+ * levels tile the baselines. Every tiled run is bit for bit the resident run
+ * of the same tiles. */
 static void test_tiled_budgets(void **state) {
     (void)state;
     tide_ctx *ctx = tide_ctx_new();
@@ -685,32 +809,46 @@ static void test_tiled_budgets(void **state) {
     run_out ref, ref_tiled, r;
     uint64_t state_bytes = 0;
     resident_refs(ctx, &f, be, steps, &ref, &ref_tiled, &state_bytes);
+    ref_cache refs = {.ctx = ctx, .f = &f, .be = be, .steps = steps};
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     tide_offload_opts off = {.policy = "tide", .hw = "h100-80g", .ssd_dirs = tmp, .optimizer = "cpu",
                              .budget_kind = TIDE_BUDGET_MIN, .tile = TIDE_TILE_NONE};
-    /* the minimum untiled, and with tiles */
+    /* the minimum untiled, in row tiles of one sequence (level 1 of a batch
+     * of 2), and at the level of the smallest minimum */
     assert_int_equal(train_run(ctx, &f, be, &off, steps, NULL, NULL, 0, &r), TIDE_OK);
     assert_int_equal(r.tiles, 0);
+    assert_int_equal(r.vblocks, 0);
     assert_same(&r, &ref, 0, steps, "untiled minimum");
     const uint64_t untiled_min = r.budget;
+    run_out_free(&r);
+    off.tile = 1;
+    assert_int_equal(train_run(ctx, &f, be, &off, steps, NULL, NULL, 0, &r), TIDE_OK);
+    assert_int_equal(r.tiles, 1);
+    assert_int_equal(r.vblocks, 0);
+    assert_same(&r, &ref_tiled, 0, steps, "row tiles' minimum");
+    const uint64_t rows_min = r.budget;
     run_out_free(&r);
     off.tile = TIDE_TILE_AUTO;
     assert_int_equal(train_run(ctx, &f, be, &off, steps, NULL, NULL, 0, &r), TIDE_OK);
     assert_int_equal(r.tiles, 1);
-    assert_same(&r, &ref_tiled, 0, steps, "tiled minimum");
+    assert_true(r.vblocks >= 2);
+    assert_same(&r, ref_like(&refs, &r), 0, steps, "tiled minimum");
     const uint64_t tiled_min = r.budget;
+    print_message("  minimum budget: untiled %llu bytes, row tiles of one sequence %llu, with %d vocabulary "
+                  "blocks %llu\n", (unsigned long long)untiled_min, (unsigned long long)rows_min, r.vblocks,
+                  (unsigned long long)tiled_min);
     run_out_free(&r);
-    print_message("  minimum budget: untiled %llu bytes, row tiles of one sequence %llu\n",
-                  (unsigned long long)untiled_min, (unsigned long long)tiled_min);
-    assert_true(tiled_min + 4096 < untiled_min);
+    assert_true(rows_min + 4096 < untiled_min);
+    assert_true(tiled_min + 4096 < rows_min);
     /* between the two: tiles by itself (state on host and on SSD), none refused */
     off.budget_kind = TIDE_BUDGET_BYTES;
     off.bytes = (tiled_min + untiled_min) / 2;
     for (int ssd = 0; ssd < 2; ssd++) {
         off.host_budget = ssd ? state_bytes / 3 : 0;
         assert_int_equal(train_run(ctx, &f, be, &off, steps, NULL, NULL, 0, &r), TIDE_OK);
-        assert_int_equal(r.tiles, 1);
-        assert_same(&r, &ref_tiled, 0, steps, ssd ? "between the minimums, state on SSD" : "between the minimums");
+        assert_true(r.tiles || r.vblocks);
+        assert_same(&r, ref_like(&refs, &r), 0, steps,
+                    ssd ? "between the minimums, state on SSD" : "between the minimums");
         run_out_free(&r);
     }
     off.host_budget = 0;
@@ -722,10 +860,11 @@ static void test_tiled_budgets(void **state) {
     static const char *const base[] = {"zero-offload", "checkpoint-layer", "lru"};
     for (int k = 0; k < 3; k++) {
         tide_offload_opts o2 = {.policy = base[k], .hw = "h100-80g", .ssd_dirs = tmp,
-                                .budget_kind = TIDE_BUDGET_MIN, .tile = 1};
+                                .budget_kind = TIDE_BUDGET_MIN, .tile = k == 0 ? 2 : 1};
         assert_int_equal(train_run(ctx, &f, be, &o2, steps, NULL, NULL, 0, &r), TIDE_OK);
         assert_int_equal(r.tiles, 1);
-        assert_same(&r, &ref_tiled, 0, steps, base[k]);
+        assert_int_equal(r.vblocks, k == 0 ? 2 : 0);
+        assert_same(&r, ref_like(&refs, &r), 0, steps, base[k]);
         run_out_free(&r);
         o2.tile = TIDE_TILE_AUTO;
         assert_int_equal(train_run(ctx, &f, be, &o2, steps, NULL, NULL, 0, &r), TIDE_OK);
@@ -733,6 +872,7 @@ static void test_tiled_budgets(void **state) {
         assert_same(&r, &ref, 0, steps, base[k]);
         run_out_free(&r);
     }
+    ref_cache_free(&refs);
     run_out_free(&ref);
     run_out_free(&ref_tiled);
     tide_backend_free(be);
@@ -827,11 +967,19 @@ static void test_resume(void **state) {
     snprintf(dir, sizeof dir, "%s/tide-test-resume-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
     rm_rf(dir);
     const int steps = 5, at = 2;
-    for (int offl = 0; offl < 2; offl++) {
-        tide_offload_opts off = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.25, .hw = "h100-80g"};
+    /* resident, offloaded at 25%, offloaded at the minimum (the embedding and
+     * the head in vocabulary blocks, chosen at the first step, after the
+     * resume), resident in 3 uneven vocabulary blocks: the checkpoint holds
+     * whole tensors whatever the blocks */
+    for (int var = 0; var < 4; var++) {
+        const bool offl = var == 1 || var == 2;
+        tide_offload_opts off = {.budget_kind = var == 2 ? TIDE_BUDGET_MIN : TIDE_BUDGET_FRACTION, .fraction = 0.25,
+                                 .hw = "h100-80g", .optimizer = var == 2 ? "cpu" : NULL};
         const tide_offload_opts *po = offl ? &off : NULL;
+        f.o.step.vocab_blocks = var == 3 ? 3 : 0;
         run_out whole, first, rest;
         assert_int_equal(train_run(ctx, &f, be, po, steps, NULL, dir, at, &whole), TIDE_OK);
+        if (var >= 2) assert_int_equal(whole.vblocks, var == 3 ? 3 : whole.vblocks > 1 ? whole.vblocks : -1);
         /* the run interrupted after saving: a new trainer from the save */
         assert_int_equal(train_run(ctx, &f, be, po, at, NULL, NULL, 0, &first), TIDE_OK);
         if (train_run(ctx, &f, be, po, steps, dir, NULL, 0, &rest)) fail_msg("resume: %s", tide_ctx_last_error(ctx));
@@ -865,6 +1013,7 @@ static void test_resume(void **state) {
             }
         }
         run_out again;
+        f.o.step.vocab_blocks = 0; /* a whole trainer from the blocks' save */
         assert_int_equal(train_run(ctx, &f, be, NULL, at + 1, dir, NULL, 0, &again), TIDE_OK);
         if (rel(loss, again.loss[at]) > 1e-5)
             fail_msg("the saved model's loss %.9g differs from the trainer's %.9g", loss, again.loss[at]);
@@ -888,7 +1037,7 @@ int main(void) {
         cmocka_unit_test(test_torch_f32_gqa),
         cmocka_unit_test(test_torch_bf16_gqa),
         cmocka_unit_test(test_torch_f32_tied),
-        cmocka_unit_test(test_torch_tiled),
+        cmocka_unit_test(test_torch_tiled), cmocka_unit_test(test_torch_vocab_blocks),
         cmocka_unit_test(test_offload_bit_identical),
         cmocka_unit_test(test_tide_recompute_bit_identical),
         cmocka_unit_test(test_tiled_budgets),

@@ -69,6 +69,8 @@ static const char help[] =
     "                     none, or a level 1-6 (level k: tiles of seq/2^(k-1) tokens\n"
     "                     of one sequence, weights cut into blocks of 64 MiB/2^(k-1));\n"
     "                     with --train: row tiles of batch/2^k whole sequences\n"
+    "                     down to one, then tiles of one sequence with the\n"
+    "                     embedding and the head in 2, 4, 8, ... vocabulary blocks\n"
     "                     (auto, for --policy tide only: from the coarsest that\n"
     "                     fits, finer ones while each is predicted faster)\n"
     "  --json             print one JSON object\n"

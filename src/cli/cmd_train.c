@@ -89,10 +89,14 @@ static const char help[] =
     "                      from the coarsest tiling whose largest op fits the\n"
     "                      budget, finer ones while each is predicted faster; with\n"
     "                      --budget min the one with the smallest minimum), none,\n"
-    "                      or a level 1-6 (tiles of batch/2^level sequences).\n"
-    "                      Gradients and the loss add up over the tiles: the same\n"
-    "                      step up to f32 summation order (--check compares with a\n"
-    "                      resident run of the same tiles)\n"
+    "                      or a level 1-6 (tiles of batch/2^level sequences down\n"
+    "                      to one; the levels past that keep tiles of one\n"
+    "                      sequence and run the embedding and the head in 2, 4,\n"
+    "                      8, ... vocabulary blocks: their loss, gradients and\n"
+    "                      AdamW a block of rows at a time). Gradients and the\n"
+    "                      loss add up over the tiles: the same step up to f32\n"
+    "                      summation order (--check compares with a resident run\n"
+    "                      of the same tiles)\n"
     "  --host-budget X     host memory for the training state and spills: state\n"
     "                      that does not fit is homed on SSD (default: the\n"
     "                      profile's host memory)\n"
@@ -607,7 +611,9 @@ static int train_loop(train_job *j) {
         tide_status e = tide_trainer_step(j->tr, j->inputs, j->targets, &st);
         cli_progress_end(&j->ps);
         if (e) return cli_fail(j->ctx, "training step");
-        if (j->ref && s == s0 && tide_trainer_set_tiling(j->ref, tide_trainer_tile_seqs(j->tr)))
+        if (j->ref && s == s0 &&
+            (tide_trainer_set_tiling(j->ref, tide_trainer_tile_seqs(j->tr)) ||
+             tide_trainer_set_vocab_blocks(j->ref, tide_trainer_vocab_blocks(j->tr))))
             return cli_fail(j->ctx, "preparing the reference"); /* the same tiles, bit for bit */
         if (j->ref) {
             if (tide_trainer_step(j->ref, j->inputs, j->targets, &rs)) return cli_fail(j->ctx, "reference step");
@@ -668,6 +674,7 @@ static int summary(train_job *j) {
         cJSON_AddNumberToObject(o, "peak_device_bytes", (double)s->peak_device_bytes);
         cJSON_AddNumberToObject(o, "tile_seqs", tide_trainer_tile_seqs(j->tr) ? tide_trainer_tile_seqs(j->tr)
                                                                                 : (double)a->batch);
+        cJSON_AddNumberToObject(o, "vocab_blocks", TIDE_MAX(1, tide_trainer_vocab_blocks(j->tr)));
         /* a resident plan is not priced on a profile of this machine */
         cJSON_AddNumberToObject(o, "optimizer_groups", s->optimizer_groups);
         cJSON_AddNumberToObject(o, "optimizer_host_groups", s->optimizer_host_groups);
@@ -707,6 +714,8 @@ static int summary(train_job *j) {
                    cli_fmt_bytes(s->peak_device_bytes, b2, sizeof b2), s->optimizer_host_groups, s->optimizer_groups);
             int ts = tide_trainer_tile_seqs(j->tr);
             if (ts) printf("; row tiles of %d of the %ld sequences", ts, a->batch);
+            if (tide_trainer_vocab_blocks(j->tr) > 1)
+                printf("; embedding and head in %d vocabulary blocks", tide_trainer_vocab_blocks(j->tr));
             printf("\n");
         }
         const tide_train_stats *r = &j->refit;

@@ -234,6 +234,7 @@ int plan_train(const plan_args *a) {
         cJSON_AddNumberToObject(o, "n_ops", g->n_ops);
         cJSON_AddNumberToObject(o, "tile_level", level);
         cJSON_AddNumberToObject(o, "tile_seqs", to.tile_seqs ? to.tile_seqs : to.batch);
+        cJSON_AddNumberToObject(o, "vocab_blocks", to.vocab_blocks > 1 ? to.vocab_blocks : 1);
         cJSON_AddNumberToObject(o, "max_working_set_bytes", (double)ws);
         cJSON_AddNumberToObject(o, "untiled_max_working_set_bytes", (double)untiled_ws);
         if (untiled_min) cJSON_AddNumberToObject(o, "untiled_min_budget_bytes", (double)untiled_min);
@@ -259,8 +260,10 @@ int plan_train(const plan_args *a) {
         printf("verified    yes (%d instructions, %d ops x %d steps)\n", p->n_ins, g->n_ops, p->n_iter);
         if (level > 0) {
             char b3[32];
-            printf("tiling      level %d: row tiles of %d of the %ld sequences; largest op %s (untiled %s)",
-                   level, to.tile_seqs, a->batch, cli_fmt_bytes(ws, b1, sizeof b1),
+            printf("tiling      level %d: row tiles of %d of the %ld sequences", level,
+                   to.tile_seqs ? to.tile_seqs : (int)a->batch, a->batch);
+            if (to.vocab_blocks > 1) printf(", embedding and head in %d vocabulary blocks", to.vocab_blocks);
+            printf("; largest op %s (untiled %s)", cli_fmt_bytes(ws, b1, sizeof b1),
                    cli_fmt_bytes(untiled_ws, b2, sizeof b2));
             if (untiled_min) printf("; untiled minimum %s", cli_fmt_bytes(untiled_min, b3, sizeof b3));
             printf("\n");

@@ -18,19 +18,28 @@
 #include <stdio.h>
 #include <string.h>
 
-/* The graph tensors of parameter k: the parameter, its master (-1 when f32),
- * its moments. */
+/* The graph tensors of a block of a parameter: the parameter, its master
+ * (-1 when f32), its moments, and the block's elements [elem0, elem0 + n)
+ * of the whole. A parameter is one block, or several (vocabulary blocks:
+ * graph tensors homed at their rows of it, in order). */
 typedef struct par_ids {
     int w, master, m, v;
+    uint64_t elem0, n;
 } par_ids;
 
 typedef struct par_list {
-    int n;
+    int n;               /* parameters */
+    int *first, *count;  /* their blocks in id */
     par_ids *id;
     tide_train_param *tp;
+    char **names;        /* tp's names (a retiled graph outlives none of its own) */
 } par_list;
 
 static void par_list_free(par_list *pl) {
+    for (int k = 0; pl->names && k < pl->n; k++) tide_free(pl->names[k]);
+    tide_free(pl->names);
+    tide_free(pl->first);
+    tide_free(pl->count);
     tide_free(pl->id);
     tide_free(pl->tp);
 }
@@ -38,19 +47,25 @@ static void par_list_free(par_list *pl) {
 static tide_status par_list_make(tide_trainer *t, par_list *pl) {
     const tide_graph *g = t->g;
     *pl = (par_list){0};
-    for (int i = 0; i < g->n_tensors; i++) pl->n += tide_train_tensor_class(g, i) == TIDE_TRAIN_PARAM;
-    pl->id = tide_calloc((size_t)pl->n + 1, sizeof *pl->id);
-    pl->tp = tide_calloc((size_t)pl->n + 1, sizeof *pl->tp);
-    if (!pl->id || !pl->tp) {
+    int nb = 0;
+    for (int i = 0; i < g->n_tensors; i++) nb += tide_train_tensor_class(g, i) == TIDE_TRAIN_PARAM;
+    pl->id = tide_calloc((size_t)nb + 1, sizeof *pl->id);
+    pl->tp = tide_calloc((size_t)nb + 1, sizeof *pl->tp);
+    pl->first = tide_calloc((size_t)nb + 1, sizeof *pl->first);
+    pl->count = tide_calloc((size_t)nb + 1, sizeof *pl->count);
+    pl->names = tide_calloc((size_t)nb + 1, sizeof *pl->names);
+    if (!pl->id || !pl->tp || !pl->first || !pl->count || !pl->names) {
         par_list_free(pl);
         return tide_err(t->ctx, TIDE_E_NOMEM, "out of memory");
     }
-    int k = 0;
+    int kb = 0;
     for (int i = 0; i < g->n_tensors; i++) {
         if (tide_train_tensor_class(g, i) != TIDE_TRAIN_PARAM) continue;
         const tide_tensor *T = &g->tensors[i];
+        uint64_t off = 0;
+        const char *home = tide_graph_tensor_home(g, i, &off);
         char nm[300];
-        par_ids *p = &pl->id[k];
+        par_ids *p = &pl->id[kb];
         p->w = i;
         snprintf(nm, sizeof nm, "master.%s", T->name);
         p->master = tide_graph_find(g, nm);
@@ -58,10 +73,26 @@ static tide_status par_list_make(tide_trainer *t, par_list *pl) {
         p->m = tide_graph_find(g, nm);
         snprintf(nm, sizeof nm, "exp_avg_sq.%s", T->name);
         p->v = tide_graph_find(g, nm);
-        pl->tp[k].name = T->name;
-        pl->tp[k].ndim = T->ndim;
-        for (int d = 0; d < T->ndim; d++) pl->tp[k].shape[d] = T->shape[d];
-        k++;
+        p->elem0 = off / tide_dtype_size(T->dtype);
+        p->n = (uint64_t)tide_tensor_numel(T);
+        int k = pl->n - 1;
+        if (k >= 0 && strcmp(pl->names[k], home) == 0 && off > 0) {
+            /* the next block of parameter k: rows added */
+            pl->count[k]++;
+            pl->tp[k].shape[0] += T->shape[0];
+        } else {
+            k = pl->n++;
+            if (!(pl->names[k] = tide_strdup(home))) {
+                par_list_free(pl);
+                return tide_err(t->ctx, TIDE_E_NOMEM, "out of memory");
+            }
+            pl->first[k] = kb;
+            pl->count[k] = 1;
+            pl->tp[k].name = pl->names[k];
+            pl->tp[k].ndim = T->ndim;
+            for (int d = 0; d < T->ndim; d++) pl->tp[k].shape[d] = T->shape[d];
+        }
+        kb++;
     }
     return TIDE_OK;
 }
@@ -76,10 +107,8 @@ typedef struct saver {
     void *buf;
 } saver;
 
-/* The graph tensor behind part `part` of parameter k, and whether it must
- * be rounded from f32 to dt. */
-static int part_tensor(const saver *s, tide_train_part part, int k, tide_dtype dt) {
-    const par_ids *p = &s->pl.id[k];
+/* The graph tensor behind part `part` of block p of a parameter. */
+static int part_tensor(const par_ids *p, tide_train_part part, tide_dtype dt) {
     switch (part) {
     case TIDE_PART_MODEL:
         /* f32 asked of a 16-bit parameter: its master */
@@ -96,19 +125,29 @@ static tide_status save_fill(void *user, tide_train_part part, int k, tide_dtype
                              void *dst) {
     saver *s = user;
     tide_trainer *t = s->t;
-    int i = part_tensor(s, part, k, dt);
-    if (i < 0) return tide_err(t->ctx, TIDE_E_INVALID, "no tensor for part %d of parameter %d", (int)part, k);
-    const tide_tensor *T = &t->g->tensors[i];
-    if (T->dtype != dt)
-        return tide_err(t->ctx, TIDE_E_INVALID, "'%s' is %s, %s was asked for", T->name, tide_dtype_name(T->dtype),
-                        tide_dtype_name(dt));
-    if (s->cur != i) {
-        tide_status st = train_read_tensor(t, i, s->buf);
-        if (st) return st;
-        s->cur = i;
-    }
     size_t es = tide_dtype_size(dt);
-    memcpy(dst, (char *)s->buf + elem0 * es, n * es);
+    /* the elements [elem0, elem0 + n) from each block they fall in */
+    for (int b = 0; b < s->pl.count[k] && n > 0; b++) {
+        const par_ids *p = &s->pl.id[s->pl.first[k] + b];
+        if (elem0 >= p->elem0 + p->n) continue;
+        int i = part_tensor(p, part, dt);
+        if (i < 0) return tide_err(t->ctx, TIDE_E_INVALID, "no tensor for part %d of parameter %d", (int)part, k);
+        const tide_tensor *T = &t->g->tensors[i];
+        if (T->dtype != dt)
+            return tide_err(t->ctx, TIDE_E_INVALID, "'%s' is %s, %s was asked for", T->name,
+                            tide_dtype_name(T->dtype), tide_dtype_name(dt));
+        if (s->cur != i) {
+            tide_status st = train_read_tensor(t, i, s->buf);
+            if (st) return st;
+            s->cur = i;
+        }
+        uint64_t from = elem0 - p->elem0, cnt = TIDE_MIN(n, p->n - from);
+        memcpy(dst, (char *)s->buf + from * es, cnt * es);
+        dst = (char *)dst + cnt * es;
+        elem0 += cnt;
+        n -= cnt;
+    }
+    if (n > 0) return tide_err(t->ctx, TIDE_E_INVALID, "parameter %d has no element %llu", k, (unsigned long long)elem0);
     return TIDE_OK;
 }
 
@@ -202,11 +241,31 @@ tide_status tide_trainer_resume(tide_trainer *t, const char *dir) {
     return TIDE_OK;
 }
 
+tide_status train_resume_rebind(tide_trainer *t) {
+    resumed *rs = t->resume;
+    par_list pl;
+    tide_status st = par_list_make(t, &pl);
+    if (st) return st;
+    if (pl.n != rs->pl.n) {
+        par_list_free(&pl);
+        return tide_err(t->ctx, TIDE_E_INVALID, "the retiled graph has %d parameters, the resumed state %d", pl.n,
+                        rs->pl.n);
+    }
+    /* the new blocks, the names and shapes the resumed state was opened with */
+    tide_free(rs->pl.first), tide_free(rs->pl.count), tide_free(rs->pl.id);
+    rs->pl.first = pl.first, rs->pl.count = pl.count, rs->pl.id = pl.id;
+    pl.first = pl.count = NULL;
+    pl.id = NULL;
+    par_list_free(&pl);
+    return TIDE_OK;
+}
+
 tide_status train_resume_value(tide_trainer *t, int i, void *dst) {
     resumed *rs = t->resume;
     const tide_tensor *T = &t->g->tensors[i];
-    for (int k = 0; k < rs->pl.n; k++) {
-        const par_ids *p = &rs->pl.id[k];
+    for (int k = 0; k < rs->pl.n; k++)
+    for (int b = 0; b < rs->pl.count[k]; b++) {
+        const par_ids *p = &rs->pl.id[rs->pl.first[k] + b];
         tide_train_part part;
         if (i == p->w || i == p->master) part = TIDE_PART_MASTER;
         else if (i == p->m) part = TIDE_PART_EXP_AVG;
@@ -214,6 +273,7 @@ tide_status train_resume_value(tide_trainer *t, int i, void *dst) {
         else continue;
         const float *src = tide_train_resume_tensor(rs->r, part, k, NULL);
         if (!src) return tide_err(t->ctx, TIDE_E_FORMAT, "%s: no saved value for '%s'", t->resume_dir, T->name);
+        src += p->elem0;
         size_t n = (size_t)tide_tensor_numel(T);
         /* a parameter is its master rounded to its dtype */
         if (T->dtype == TIDE_F32) memcpy(dst, src, n * sizeof(float));

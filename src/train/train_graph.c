@@ -92,25 +92,78 @@ static void op(tb *b, tide_op_kind kind, int n_in, const int *in, int n_out, con
 /* A parameter and its optimizer tensors. */
 typedef struct param {
     int w, grad, master, m, v; /* master -1 for f32 parameters */
+    int layer;
     bool written;              /* its gradient has been written this step */
 } param;
 
-static void add_param(tb *b, param *p, const char *name, tide_dtype dt, int64_t d0, int64_t d1, bool grads_out) {
-    char n2[160];
+/* Makes tensor id (of element size es) rows [r0, ...) of `home` (d1 columns):
+ * a block of a persistent tensor. */
+static void set_home(tb *b, int id, const char *home, int64_t r0, int64_t d1, size_t es) {
+    if (b->st || r0 < 0) return;
+    b->st = tide_graph_set_tensor_home(b->g, id, home, (uint64_t)r0 * (uint64_t)d1 * es);
+}
+
+/* The parameter `name` (d0, d1), or with r0 >= 0 its block of rows: tensors
+ * "NAME.vK" (and "master.NAME.vK", ...) homed at rows r0.. of the whole. */
+static void add_param_block(tb *b, param *p, const char *name, tide_dtype dt, int64_t d0, int64_t d1,
+                            bool grads_out, int64_t r0, int k) {
+    char n1[160], n2[176], home[176];
     int nd = d1 ? 2 : 1;
-    p->w = tensor(b, name, dt, TIDE_ROLE_STATE, nd, d0, d1);
+    if (r0 >= 0) snprintf(n1, sizeof n1, "%s.v%d", name, k);
+    else snprintf(n1, sizeof n1, "%s", name);
+    p->w = tensor(b, n1, dt, TIDE_ROLE_STATE, nd, d0, d1);
+    set_home(b, p->w, name, r0, d1, tide_dtype_size(dt));
     p->master = -1;
     if (dt != TIDE_F32) {
-        snprintf(n2, sizeof n2, "master.%s", name);
+        snprintf(n2, sizeof n2, "master.%s", n1);
         p->master = tensor(b, n2, TIDE_F32, TIDE_ROLE_STATE, nd, d0, d1);
+        snprintf(home, sizeof home, "master.%s", name);
+        set_home(b, p->master, home, r0, d1, 4);
     }
-    snprintf(n2, sizeof n2, "exp_avg.%s", name);
+    snprintf(n2, sizeof n2, "exp_avg.%s", n1);
     p->m = tensor(b, n2, TIDE_F32, TIDE_ROLE_STATE, nd, d0, d1);
-    snprintf(n2, sizeof n2, "exp_avg_sq.%s", name);
+    snprintf(home, sizeof home, "exp_avg.%s", name);
+    set_home(b, p->m, home, r0, d1, 4);
+    snprintf(n2, sizeof n2, "exp_avg_sq.%s", n1);
     p->v = tensor(b, n2, TIDE_F32, TIDE_ROLE_STATE, nd, d0, d1);
-    snprintf(n2, sizeof n2, "grad.%s", name);
+    snprintf(home, sizeof home, "exp_avg_sq.%s", name);
+    set_home(b, p->v, home, r0, d1, 4);
+    snprintf(n2, sizeof n2, "grad.%s", n1);
     p->grad = tensor(b, n2, TIDE_F32, grads_out ? TIDE_ROLE_OUTPUT : TIDE_ROLE_TEMP, nd, d0, d1);
+    p->layer = b->layer;
     p->written = false;
+}
+
+static void add_param(tb *b, param *p, const char *name, tide_dtype dt, int64_t d0, int64_t d1, bool grads_out) {
+    add_param_block(b, p, name, dt, d0, d1, grads_out, -1, 0);
+}
+
+/* A (vocab, D) parameter, whole (nb 1) or in nb blocks of rows: block k
+ * holds ids [v0[k], v0[k + 1]). */
+typedef struct vparam {
+    int nb;
+    int64_t vocab, v0[TIDE_VOCAB_BLOCKS_MAX + 1];
+    param b[TIDE_VOCAB_BLOCKS_MAX];
+} vparam;
+
+static void add_vparam(tb *b, vparam *vp, const char *name, tide_dtype dt, int64_t V, int64_t D, int nb,
+                       bool grads_out) {
+    vp->nb = nb > 1 ? nb : 1;
+    vp->vocab = V;
+    for (int k = 0; k <= vp->nb; k++) vp->v0[k] = V * k / vp->nb;
+    if (vp->nb == 1) {
+        add_param(b, &vp->b[0], name, dt, V, D, grads_out);
+        return;
+    }
+    for (int k = 0; k < vp->nb; k++)
+        add_param_block(b, &vp->b[k], name, dt, vp->v0[k + 1] - vp->v0[k], D, grads_out, vp->v0[k], k);
+}
+
+/* The tile parameters of block k of vp (none when it is whole). */
+static void vblock(const vparam *vp, int k, tide_op_params *p) {
+    if (vp->nb == 1) return;
+    p->vocab0 = vp->v0[k];
+    p->vocab = vp->vocab;
 }
 
 /* out = x . w^T (forward) */
@@ -160,6 +213,9 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
         return tide_err(ctx, TIDE_E_INVALID, "a training step needs batch, seq and accum >= 1 (got %d, %d, %d)", B,
                         T, A);
     if (o->tile_seqs < 0) return tide_err(ctx, TIDE_E_INVALID, "tiles of %d sequences: negative", o->tile_seqs);
+    if (o->vocab_blocks < 0 || o->vocab_blocks > TIDE_VOCAB_BLOCKS_MAX || o->vocab_blocks > cfg->vocab_size)
+        return tide_err(ctx, TIDE_E_INVALID, "%d vocabulary blocks: from 0 to %d (and at most the vocabulary)",
+                        o->vocab_blocks, TIDE_VOCAB_BLOCKS_MAX);
     if (T > cfg->max_position_embeddings)
         return tide_err(ctx, TIDE_E_INVALID, "seq %d is beyond the model's %d positions (max_position_embeddings)", T,
                         cfg->max_position_embeddings);
@@ -176,21 +232,24 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
     const float eps = cfg->rms_norm_eps;
 
     param *lp = tide_calloc((size_t)NL * P_LAYER, sizeof *lp);
+    vparam *vps = tide_calloc(2, sizeof *vps); /* the embedding, the head */
     /* per layer the kept activations of the micro-batch being built */
     enum { K_H, K_XN, K_V, K_QR, K_KR, K_A, K_HM, K_XN2, K_G, K_U, K_S, K_N };
     const int n_tiles = o->tile_seqs > 0 && o->tile_seqs < B ? (B + o->tile_seqs - 1) / o->tile_seqs : 1;
     int *keep = tide_calloc((size_t)(NL + 1) * (size_t)n_tiles * K_N, sizeof *keep);
     tb b = {.g = tide_graph_new(ctx), .layer = -1};
-    if (!lp || !keep || !b.g) {
+    if (!lp || !vps || !keep || !b.g) {
         tide_free(lp);
+        tide_free(vps);
         tide_free(keep);
         tide_graph_free(b.g);
         return tide_err(ctx, TIDE_E_NOMEM, "out of memory building a training graph");
     }
 
     /* parameters in checkpoint order: embedding, layers, norm, head */
-    param emb, fnorm, head;
-    add_param(&b, &emb, "model.embed_tokens.weight", wt, V, D, o->grads_out);
+    param fnorm;
+    vparam *emb = &vps[0], *hp = emb;
+    add_vparam(&b, emb, "model.embed_tokens.weight", wt, V, D, o->vocab_blocks, o->grads_out);
     static const char *const pname[P_LAYER] = {
         "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
@@ -206,10 +265,9 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
     }
     b.layer = -1;
     add_param(&b, &fnorm, "model.norm.weight", wt, D, 0, o->grads_out);
-    param *hp = &emb;
     if (!cfg->tie_word_embeddings) {
-        add_param(&b, &head, "lm_head.weight", wt, V, D, o->grads_out);
-        hp = &head;
+        hp = &vps[1];
+        add_vparam(&b, hp, "lm_head.weight", wt, V, D, o->vocab_blocks, o->grads_out);
     }
     const int pos = tensor(&b, "pos", TIDE_I32, TIDE_ROLE_INPUT, 1, T, 0);
     const int hyper = tensor(&b, "hyper", TIDE_F32, TIDE_ROLE_INPUT, 1, 4, 0);
@@ -237,9 +295,12 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
         /* forward, layer by layer, each layer tile by tile */
         for (int k = 0; k < NT && !b.st; k++) {
             h[k] = act(&b, m, k, NT, "h.0", RK(k), D);
-            tide_op_params ep = {.idx0 = (int64_t)k * ts * T};
-            int in[2] = {emb.w, tokens};
-            op(&b, TIDE_OP_EMBED, 2, in, 1, &h[k], &ep);
+            for (int vb = 0; vb < emb->nb; vb++) {
+                tide_op_params ep = {.idx0 = (int64_t)k * ts * T};
+                vblock(emb, vb, &ep);
+                int in[3] = {emb->b[vb].w, tokens, h[k]};
+                op(&b, TIDE_OP_EMBED, vb ? 3 : 2, in, 1, &h[k], &ep);
+            }
         }
         for (int L = 0; L < NL && !b.st; L++) {
             param *P = &lp[L * P_LAYER];
@@ -296,10 +357,35 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
             int in2[2] = {h[k], fnorm.w};
             op(&b, TIDE_OP_RMSNORM, 2, in2, 1, &hf[k], &np);
             int dhf = act(&b, m, k, NT, "d_hf", Rk, D);
-            tide_op_params cp = {.scale = (float)(1.0 / ((double)R * (double)A)), .idx0 = (int64_t)k * ts * T};
-            int in[5] = {hf[k], hp->w, targets, hp->grad, loss}, outs[3] = {loss, dhf, hp->grad};
-            op(&b, TIDE_OP_CROSS_ENTROPY, k ? 5 : hp->written ? 4 : 3, in, 3, outs, &cp);
-            hp->written = true;
+            const float scale = (float)(1.0 / ((double)R * (double)A));
+            if (hp->nb == 1) {
+                param *P = &hp->b[0];
+                tide_op_params cp = {.scale = scale, .idx0 = (int64_t)k * ts * T};
+                int in[5] = {hf[k], P->w, targets, P->grad, loss}, outs[3] = {loss, dhf, P->grad};
+                op(&b, TIDE_OP_CROSS_ENTROPY, k ? 5 : P->written ? 4 : 3, in, 3, outs, &cp);
+                P->written = true;
+            } else {
+                /* the head in vocabulary blocks: every block's statistics (the
+                 * last adds the loss), then every block's gradients */
+                int stats = act(&b, m, k, NT, "ce_stats", Rk, 3);
+                for (int vb = 0; vb < hp->nb && !b.st; vb++) {
+                    bool last = vb == hp->nb - 1;
+                    tide_op_params cp = {.scale = scale, .idx0 = (int64_t)k * ts * T, .accumulate = last && k > 0};
+                    vblock(hp, vb, &cp);
+                    int in[5] = {hf[k], hp->b[vb].w, targets, stats, loss}, outs[2] = {stats, loss};
+                    op(&b, TIDE_OP_CE_STATS, 3 + (vb > 0) + cp.accumulate, in, last ? 2 : 1, outs, &cp);
+                }
+                for (int vb = 0; vb < hp->nb && !b.st; vb++) {
+                    param *P = &hp->b[vb];
+                    tide_op_params cp = {.scale = scale, .idx0 = (int64_t)k * ts * T, .accumulate = P->written};
+                    vblock(hp, vb, &cp);
+                    int in[6] = {hf[k], P->w, targets, stats}, n = 4, outs[2] = {dhf, P->grad};
+                    if (vb > 0) in[n++] = dhf;
+                    if (P->written) in[n++] = P->grad;
+                    op(&b, TIDE_OP_CE_BLOCK, n, in, 2, outs, &cp);
+                    P->written = true;
+                }
+            }
             dh[k] = act(&b, m, k, NT, "d_h.N", Rk, D);
             norm_bwd(&b, h[k], &fnorm, dhf, dh[k], eps);
         }
@@ -366,12 +452,15 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
             }
         }
         b.layer = -1;
-        for (int k = 0; k < NT && !b.st; k++) {
-            tide_op_params ep = {.idx0 = (int64_t)k * ts * T};
-            int in[3] = {dh[k], tokens, emb.grad};
-            op(&b, TIDE_OP_EMBED_BWD, emb.written ? 3 : 2, in, 1, &emb.grad, &ep);
-            emb.written = true;
-        }
+        for (int k = 0; k < NT && !b.st; k++)
+            for (int vb = 0; vb < emb->nb; vb++) {
+                param *P = &emb->b[vb];
+                tide_op_params ep = {.idx0 = (int64_t)k * ts * T};
+                vblock(emb, vb, &ep);
+                int in[3] = {dh[k], tokens, P->grad};
+                op(&b, TIDE_OP_EMBED_BWD, P->written ? 3 : 2, in, 1, &P->grad, &ep);
+                P->written = true;
+            }
     }
 #undef NB
 #undef RK
@@ -380,23 +469,24 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
 
     /* the optimizer: parameters in checkpoint order */
     int n_par = 0;
-    param **all = tide_calloc((size_t)NL * P_LAYER + 3, sizeof *all);
+    param **all = tide_calloc((size_t)NL * P_LAYER + 1 + 2 * TIDE_VOCAB_BLOCKS_MAX, sizeof *all);
     if (!all && !b.st) b.st = tide_err(ctx, TIDE_E_NOMEM, "out of memory building a training graph");
     if (all) {
-        all[n_par++] = &emb;
+        for (int vb = 0; vb < emb->nb; vb++) all[n_par++] = &emb->b[vb];
         for (int L = 0; L < NL; L++)
             for (int k = 0; k < P_LAYER; k++) all[n_par++] = &lp[L * P_LAYER + k];
         all[n_par++] = &fnorm;
-        if (hp == &head) all[n_par++] = &head;
+        if (hp != emb)
+            for (int vb = 0; vb < hp->nb; vb++) all[n_par++] = &hp->b[vb];
     }
     for (int i = 0; i < n_par && !b.st; i++) {
-        b.layer = i == 0 || i > NL * P_LAYER ? -1 : (i - 1) / P_LAYER;
+        b.layer = all[i]->layer;
         int in[2] = {all[i]->grad, sumsq};
         op(&b, TIDE_OP_SUMSQ, i ? 2 : 1, in, 1, &sumsq, NULL);
     }
     for (int i = 0; i < n_par && !b.st; i++) {
         param *P = all[i];
-        b.layer = i == 0 || i > NL * P_LAYER ? -1 : (i - 1) / P_LAYER;
+        b.layer = P->layer;
         tide_op_params ap = {.beta1 = o->beta1, .beta2 = o->beta2, .adam_eps = o->eps,
                              .weight_decay = o->weight_decay, .max_norm = o->grad_clip};
         int in[7], outs[4], n = 0;
@@ -413,6 +503,7 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
     }
     tide_free(all);
     tide_free(lp);
+    tide_free(vps);
     tide_free(keep);
     if (b.st) {
         tide_graph_free(b.g);
@@ -424,13 +515,20 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
 
 bool tide_llama_train_tile_level(tide_llama_train_opts *o, int level) {
     if (level < 0 || level >= TIDE_TILE_LEVELS) return false;
-    if (level == 0) {
-        o->tile_seqs = 0;
+    o->tile_seqs = 0;
+    o->vocab_blocks = 0;
+    if (level == 0) return true;
+    /* row levels: tiles of ceil(batch / 2^k) sequences down to one */
+    int rows = 0;
+    while (rows < 30 && (((int64_t)o->batch + (INT64_C(1) << rows) - 1) >> rows) > 1) rows++;
+    if (level <= rows) {
+        o->tile_seqs = (int)(((int64_t)o->batch + (INT64_C(1) << level) - 1) >> level);
         return true;
     }
-    int64_t prev = ((int64_t)o->batch + (INT64_C(1) << (level - 1)) - 1) >> (level - 1);
-    if (prev <= 1) return false; /* the level before already has tiles of one sequence */
-    o->tile_seqs = (int)(((int64_t)o->batch + (INT64_C(1) << level) - 1) >> level);
+    int vb = 1 << (level - rows);
+    if (vb > TIDE_VOCAB_BLOCKS_MAX) return false;
+    o->tile_seqs = o->batch > 1 ? 1 : 0;
+    o->vocab_blocks = vb;
     return true;
 }
 

@@ -50,6 +50,8 @@ double tide_train_lr(const tide_trainer_opts *o, int64_t s) {
     return o->min_lr + 0.5 * (o->lr - o->min_lr) * (1.0 + cos(M_PI * prog));
 }
 
+static tide_status retile(tide_trainer *t, int tile_seqs, int vocab_blocks);
+
 /* ---------------------------------------------------------------- making */
 
 static tide_status check_opts(tide_ctx *ctx, const tide_trainer_opts *o) {
@@ -75,7 +77,10 @@ tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *b
     t->cfg = *tide_checkpoint_config(ck);
     t->o = *o;
     t->state_fd = -1;
-    if ((st = tide_llama_build_train(ctx, &t->cfg, &o->step, &t->g))) goto fail;
+    /* the graph with whole parameters first (the checkpoint's), in vocabulary
+     * blocks below when asked for */
+    t->o.step.vocab_blocks = 0;
+    if ((st = tide_llama_build_train(ctx, &t->cfg, &t->o.step, &t->g))) goto fail;
     /* every parameter must be in the checkpoint with its shape and dtype */
     for (int i = 0; i < t->g->n_tensors; i++) {
         const tide_tensor *T = &t->g->tensors[i];
@@ -113,6 +118,7 @@ tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *b
         snprintf(nm, sizeof nm, "targets.%d", m);
         t->in_tgt[m] = tide_graph_find(t->g, nm);
     }
+    if (o->step.vocab_blocks > 1 && (st = retile(t, o->step.tile_seqs, o->step.vocab_blocks))) goto fail;
     *out = t;
     return TIDE_OK;
 fail:
@@ -402,12 +408,20 @@ static tide_status initial_value(tide_trainer *t, int i, void *buf) {
         memset(buf, 0, T->nbytes);
         return TIDE_OK;
     }
-    const char *pname = c == TIDE_TRAIN_MASTER ? T->name + strlen("master.") : T->name;
+    /* a block of a parameter (vocabulary blocks) is a range of its home */
+    uint64_t off = 0;
+    const char *home = tide_graph_tensor_home(t->g, i, &off);
+    const char *pname = c == TIDE_TRAIN_MASTER ? home + strlen("master.") : home;
     tide_tensor_info ti;
     if (tide_checkpoint_get(t->ck, pname, &ti))
         return tide_err(t->ctx, TIDE_E_FORMAT, "the checkpoint has no parameter '%s'", pname);
-    if (c == TIDE_TRAIN_MASTER) tide_convert_to_f32(ti.data, ti.dtype, buf, (size_t)(ti.nbytes / tide_dtype_size(ti.dtype)));
-    else memcpy(buf, ti.data, T->nbytes);
+    size_t es = tide_dtype_size(ti.dtype), n = (size_t)tide_tensor_numel(T);
+    uint64_t elem0 = off / tide_dtype_size(T->dtype);
+    if ((elem0 + n) * es > ti.nbytes)
+        return tide_err(t->ctx, TIDE_E_FORMAT, "'%s' runs past its checkpoint tensor '%s'", T->name, pname);
+    const char *src = (const char *)ti.data + elem0 * es;
+    if (c == TIDE_TRAIN_MASTER) tide_convert_to_f32(src, ti.dtype, buf, n);
+    else memcpy(buf, src, T->nbytes);
     return TIDE_OK;
 }
 
@@ -499,10 +513,12 @@ tide_status train_bind_runner(tide_trainer *t, tide_runner *run, const char *sta
 /* Makes t->g the step graph of tiles of tile_seqs sequences. Only TEMP,
  * INPUT and OUTPUT tensors differ between tilings: every persistent tensor
  * keeps its index (they are made first), so nothing indexed by them moves. */
-static tide_status retile(tide_trainer *t, int tile_seqs) {
-    if (tile_seqs == t->o.step.tile_seqs) return TIDE_OK;
+static tide_status retile(tide_trainer *t, int tile_seqs, int vocab_blocks) {
+    if (vocab_blocks == 1) vocab_blocks = 0;
+    if (tile_seqs == t->o.step.tile_seqs && vocab_blocks == t->o.step.vocab_blocks) return TIDE_OK;
     tide_llama_train_opts o = t->o.step;
     o.tile_seqs = tile_seqs;
+    o.vocab_blocks = vocab_blocks;
     tide_graph *g = NULL;
     tide_status st = tide_llama_build_train(t->ctx, &t->cfg, &o, &g);
     if (st) return st;
@@ -523,16 +539,27 @@ static tide_status retile(tide_trainer *t, int tile_seqs) {
         snprintf(nm, sizeof nm, "targets.%d", m);
         t->in_tgt[m] = tide_graph_find(g, nm);
     }
-    return TIDE_OK;
+    /* vocabulary blocks change the persistent tensors: a resumed state is
+     * looked up in the new graph */
+    return t->resume ? train_resume_rebind(t) : TIDE_OK;
 }
 
 tide_status tide_trainer_set_tiling(tide_trainer *t, int tile_seqs) {
     if (t->run) return tide_err(t->ctx, TIDE_E_INVALID, "the tiling is set before the first step");
     if (tile_seqs < 0) return tide_err(t->ctx, TIDE_E_INVALID, "tiles of %d sequences: negative", tile_seqs);
-    return retile(t, tile_seqs >= t->o.step.batch ? 0 : tile_seqs);
+    return retile(t, tile_seqs >= t->o.step.batch ? 0 : tile_seqs, t->o.step.vocab_blocks);
+}
+
+tide_status tide_trainer_set_vocab_blocks(tide_trainer *t, int vocab_blocks) {
+    if (t->run) return tide_err(t->ctx, TIDE_E_INVALID, "the vocabulary blocks are set before the first step");
+    if (vocab_blocks < 0 || vocab_blocks > TIDE_VOCAB_BLOCKS_MAX)
+        return tide_err(t->ctx, TIDE_E_INVALID, "%d vocabulary blocks: from 0 to %d", vocab_blocks,
+                        TIDE_VOCAB_BLOCKS_MAX);
+    return retile(t, t->o.step.tile_seqs, vocab_blocks);
 }
 
 int tide_trainer_tile_seqs(const tide_trainer *t) { return t->o.step.tile_seqs; }
+int tide_trainer_vocab_blocks(const tide_trainer *t) { return t->o.step.vocab_blocks; }
 
 /* The offloaded plan of a step: the budget, the tiling (t->g is rebuilt when
  * it changes), where the updates run, and the plan of *g (the runner's own
@@ -567,7 +594,7 @@ static tide_status plan_offloaded(tide_trainer *t, tide_graph **gout, tide_plan 
                             t->policy != TIDE_POLICY_ZERO_OFFLOAD ? TRAIN_OPTIM_DEVICE : t->optim;
     tide_train_planned r;
     if ((st = tide_train_plan_tiled(ctx, &t->cfg, &so, &po, mode, t->optim, tile, &r))) return st;
-    if ((st = retile(t, so.tile_seqs))) {
+    if ((st = retile(t, so.tile_seqs, so.vocab_blocks))) {
         tide_train_planned_free(&r);
         return st;
     }
@@ -710,6 +737,32 @@ tide_status train_read_tensor(tide_trainer *t, int i, void *dst) {
 
 tide_status tide_trainer_read(tide_trainer *t, const char *name, void *dst, uint64_t nbytes) {
     int i = tide_graph_find(t->g, name);
+    if (i < 0) {
+        /* a parameter, its state or its gradient in vocabulary blocks: the
+         * blocks "NAME.v0", "NAME.v1", ... in order */
+        char bn[300];
+        uint64_t at = 0;
+        int k = 0;
+        for (;; k++) {
+            snprintf(bn, sizeof bn, "%s.v%d", name, k);
+            int j = tide_graph_find(t->g, bn);
+            if (j < 0) break;
+            const tide_tensor *B = &t->g->tensors[j];
+            bool bgrad = B->role == TIDE_ROLE_OUTPUT && tide_train_tensor_class(t->g, j) == TIDE_TRAIN_GRAD;
+            if (B->role != TIDE_ROLE_STATE && !bgrad) break;
+            if (bgrad && !t->run) return tide_err(t->ctx, TIDE_E_INVALID, "'%s': no step has been taken", name);
+            if (at + B->nbytes > nbytes)
+                return tide_err(t->ctx, TIDE_E_INVALID, "'%s' has more than %llu bytes", name,
+                                (unsigned long long)nbytes);
+            tide_status st = train_read_tensor(t, j, (char *)dst + at);
+            if (st) return st;
+            at += B->nbytes;
+        }
+        if (k > 0 && at != nbytes)
+            return tide_err(t->ctx, TIDE_E_INVALID, "'%s' has %llu bytes, not %llu", name, (unsigned long long)at,
+                            (unsigned long long)nbytes);
+        if (k > 0) return TIDE_OK;
+    }
     bool grad = i >= 0 && t->g->tensors[i].role == TIDE_ROLE_OUTPUT && tide_train_tensor_class(t->g, i) == TIDE_TRAIN_GRAD;
     if (i < 0 || (t->g->tensors[i].role != TIDE_ROLE_STATE && !grad))
         return tide_err(t->ctx, TIDE_E_NOT_FOUND, "no training tensor '%s'", name);

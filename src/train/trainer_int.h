@@ -70,6 +70,8 @@ tide_plan_opts train_offload_opts(const tide_trainer *t, uint64_t budget);
 tide_status train_read_tensor(tide_trainer *t, int i, void *dst);
 /* The value a resumed state gives state tensor i of t->g, into dst. */
 tide_status train_resume_value(tide_trainer *t, int i, void *dst);
+/* Looks a resumed state's parameters up again in a rebuilt t->g. */
+tide_status train_resume_rebind(tide_trainer *t);
 /* Frees what tide_trainer_resume opened. */
 void train_resume_close(tide_trainer *t);
 /* Binds the homes of run (a runner of a plan of the step graph) to the
