@@ -8,9 +8,9 @@
  * go round, shared memory poisoned), which must give the same bits, then
  * against the CPU with the bounds of tests/test_kernels_train.c:
  *
- *   - EMBED_BWD (f32 sums in row order), ADAMW (every operation rounded as
- *     the CPU's, the 16-bit roundings included), widening columns, the id
- *     checks: exact;
+ *   - EMBED_BWD (f32 sums in row order; the whole gradient or a block of
+ *     it), ADAMW (every operation rounded as the CPU's, the 16-bit
+ *     roundings included), widening columns, the id checks: exact;
  *   - RMSNORM_BWD, SILU_MUL_BWD: 1e-5 of the scale of the element's terms
  *     (dw's sums in double over blocks of rows, added in order: rounded
  *     once, so one block gives the CPU's bits);
@@ -20,6 +20,11 @@
  *     here) within 2 ulp of each gradient element (the sum of the
  *     exponentials in double runs in another order), the loss terms within
  *     1e-12 relative, the loss 1e-6 relative;
+ *   - CE_STATS' rows: the CPU's arithmetic (tk_ce_stats' row, transcribed)
+ *     with each row's max and target logit exact, its sum of exponentials
+ *     within 1 ulp (a double sum in another order, rounded once), the loss
+ *     terms those of the rounded statistics; CE_BLOCK's rows (tk_ce_block's,
+ *     transcribed; no sums): exact;
  *   - SUMSQ: 1e-6 relative (a double sum rounded once).
  * Launcher contracts (invalid arguments, empty work, too small a
  * workspace) are checked, and every __global__ kernel of cuda_train.cu must
@@ -194,39 +199,42 @@ void test_matmul_small() {
 
 void test_embed_bwd() {
     struct C {
-        int64_t V, D, R;
+        int64_t V, D, R, vocab0, vocab; /* the gradient's rows: ids [vocab0, vocab0 + V) of vocab */
         bool acc;
-    } cs[] = {{50, 33, 12, false}, {300, 300, 40, true}, {7, 600, 9, false}, {200, 64, 1500, true}, {1, 8, 5, false}};
+    } cs[] = {{50, 33, 12, 0, 50, false},   {300, 300, 40, 0, 300, true},   {7, 600, 9, 0, 7, false},
+              {200, 64, 1500, 0, 200, true}, {1, 8, 5, 0, 1, false},        {17, 40, 30, 20, 50, false},
+              {100, 300, 200, 150, 250, true}, {3, 8, 40, 0, 10, true}};
     for (const C &c : cs) {
-        begin_case("V=%lld D=%lld R=%lld%s (ids out of range among them)", (long long)c.V, (long long)c.D,
-                   (long long)c.R, c.acc ? " accumulate" : "");
+        begin_case("V=%lld D=%lld R=%lld ids %lld.. of %lld%s (ids out of range among them)", (long long)c.V,
+                   (long long)c.D, (long long)c.R, (long long)c.vocab0, (long long)c.vocab, c.acc ? " accumulate" : "");
         std::vector<float> dy = frands((size_t)(c.R * c.D));
         std::vector<int32_t> tok(c.R);
-        for (auto &t : tok) t = irand((int)c.V);
-        tok[0] = 0;
-        if (c.R > 3) tok[1] = tok[3] = (int32_t)c.V - 1; /* repeated ids: rows in order */
+        for (auto &t : tok) t = irand((int)c.vocab);
+        tok[0] = (int32_t)c.vocab0;
+        if (c.R > 3) tok[1] = tok[3] = (int32_t)(c.vocab0 + c.V - 1); /* repeated ids: rows in order */
         std::vector<float> dt0 = c.acc ? frands((size_t)(c.V * c.D), 5.0f) : std::vector<float>((size_t)(c.V * c.D), 0.0f);
-        /* the reference runs on the good ids only: the kernel skips the others */
+        /* the reference runs on the ids of the vocabulary only: the kernel skips the others */
         std::vector<int32_t> good_tok;
         std::vector<float> good_dy;
         std::vector<int32_t> with_bad = tok;
-        if (c.R > 4) with_bad[2] = -1, with_bad[4] = (int32_t)c.V;
+        if (c.R > 4) with_bad[2] = -1, with_bad[4] = (int32_t)c.vocab;
         for (int64_t r = 0; r < c.R; r++)
-            if (with_bad[r] >= 0 && with_bad[r] < c.V) {
+            if (with_bad[r] >= 0 && with_bad[r] < c.vocab) {
                 good_tok.push_back(with_bad[r]);
                 good_dy.insert(good_dy.end(), dy.begin() + r * c.D, dy.begin() + (r + 1) * c.D);
             }
         std::vector<float> want = dt0;
         int64_t bad = -1;
-        if (tk_embed_bwd(good_dy.data(), good_tok.data(), (int64_t)good_tok.size(), c.D, c.V, true, want.data(), &bad,
-                         1))
-            fail("tk_embed_bwd failed");
+        if (tk_embed_bwd_block(good_dy.data(), good_tok.data(), (int64_t)good_tok.size(), c.D, c.V, c.vocab0, c.vocab,
+                               true, want.data(), &bad, 1))
+            fail("tk_embed_bwd_block failed");
         std::vector<Bytes> got = under_schedules([&](int) {
             Dev d;
             float *ddy = d.put(dy, 4, "dy");
             int32_t *dtk = d.put(with_bad, 0, "tokens");
             float *o = d.put(dt0, 0, "dtable");
-            expect_status(emu::tcu_embed_bwd(nullptr, ddy, dtk, c.R, c.D, c.V, o), cudaSuccess, "tcu_embed_bwd");
+            expect_status(emu::tcu_embed_bwd(nullptr, ddy, dtk, c.R, c.D, c.vocab0, c.V, o), cudaSuccess,
+                          "tcu_embed_bwd");
             return std::vector<Bytes>{as_bytes(o, dt0.size())};
         });
         expect_same("dtable", got[0], as_bytes(want.data(), want.size()), 4);
@@ -234,7 +242,7 @@ void test_embed_bwd() {
     }
     begin_case("contract");
     emu::launch_log.clear();
-    expect_status(emu::tcu_embed_bwd(nullptr, nullptr, nullptr, 0, 4, 4, nullptr), cudaSuccess, "R=0");
+    expect_status(emu::tcu_embed_bwd(nullptr, nullptr, nullptr, 0, 4, 0, 4, nullptr), cudaSuccess, "R=0");
     expect_launches({});
     end_case();
 }
@@ -484,6 +492,167 @@ void test_ce_rows() {
     end_case();
 }
 
+/* ------------------------------------------------------------- cross_entropy in vocabulary blocks */
+
+/* tk_ce_stats' row (kernels_train.c, its portable path), transcribed: the
+ * block's statistics of l (Vb) merged into in (NULL: the first block) at o;
+ * returns the row's loss term from the rounded statistics. */
+double ce_stats_row_ref(const float *l, int64_t Vb, int64_t t, const float *in, float *o) {
+    float m = l[0];
+    for (int64_t j = 1; j < Vb; j++) m = l[j] > m ? l[j] : m;
+    double sum = 0;
+    for (int64_t j = 0; j < Vb; j++) sum += expf(l[j] - m);
+    const float tl = t >= 0 && t < Vb ? l[t] : 0.0f;
+    if (!in) {
+        o[0] = m, o[1] = (float)sum, o[2] = tl;
+    } else {
+        float M = in[0] > m ? in[0] : m;
+        double S = (double)in[1] * exp((double)in[0] - (double)M) + sum * exp((double)m - (double)M);
+        o[0] = M, o[1] = (float)S, o[2] = in[2] + tl;
+    }
+    return (double)o[0] + log((double)o[1]) - (double)o[2];
+}
+
+void test_ce_stats_rows() {
+    struct C {
+        int64_t R, Vb, vocab0, vocab;
+        float amp;
+        bool first, last, in_place;
+    } cs[] = {{6, 50, 0, 120, 3.0f, true, false, false},       {9, 1000, 1000, 3000, 10.0f, false, true, true},
+              {3, 5000, 200, 5200, 30.0f, false, true, false},  {70, 300, 0, 300, 1.0f, true, true, false},
+              {2, 1, 5, 6, 1.0f, false, false, true},           {40, 129, 64, 400, 5.0f, false, false, true}};
+    for (const C &c : cs) {
+        begin_case("R=%lld ids %lld..+%lld of %lld logits in +-%g%s%s%s", (long long)c.R, (long long)c.vocab0,
+                   (long long)c.Vb, (long long)c.vocab, c.amp, c.first ? " first" : "", c.last ? " last" : "",
+                   c.in_place ? " in place" : "");
+        std::vector<float> l = frands((size_t)(c.R * c.Vb), c.amp);
+        std::vector<int32_t> tg(c.R);
+        /* ignored rows, targets in the block, elsewhere, and past the vocabulary (not checked here) */
+        for (int64_t r = 0; r < c.R; r++)
+            tg[r] = r % 5 == 2 ? -1 : r % 7 == 3 ? (int32_t)c.vocab : r % 3 ? (int32_t)(c.vocab0 + irand((int)c.Vb))
+                                                                             : irand((int)c.vocab);
+        tg[0] = (int32_t)(c.vocab0 + c.Vb - 1);
+        std::vector<float> in((size_t)(c.R * 3));
+        for (int64_t r = 0; r < c.R; r++) {
+            in[r * 3] = c.amp * frand();
+            in[r * 3 + 1] = 1.0f + 50.0f * std::fabs(frand());
+            in[r * 3 + 2] = c.amp * frand();
+        }
+        std::vector<float> want((size_t)(c.R * 3));
+        std::vector<double> terms((size_t)c.R, 0.0);
+        for (int64_t r = 0; r < c.R; r++) {
+            const float *prev = c.first ? nullptr : &in[r * 3];
+            double term = ce_stats_row_ref(&l[r * c.Vb], c.Vb, (int64_t)tg[r] - c.vocab0, prev, &want[r * 3]);
+            if (tg[r] >= 0) terms[r] = term;
+        }
+        std::vector<Bytes> got = under_schedules([&](int) {
+            Dev d;
+            float *dl = d.put(l, 0, "logits");
+            int32_t *dt = d.put(tg, 0, "targets");
+            float *din = c.first ? nullptr : d.put(in, 4, "stats in");
+            float *dst = c.in_place ? din : (float *)d.put(nullptr, want.size() * 4, 0, "stats");
+            double *dterms = c.last ? (double *)d.put(nullptr, terms.size() * 8, 0, "terms") : nullptr;
+            expect_status(emu::tcu_ce_stats_rows(nullptr, dl, c.R, c.Vb, dt, c.vocab0, din, dst, dterms), cudaSuccess,
+                          "tcu_ce_stats_rows");
+            return std::vector<Bytes>{as_bytes(dl, l.size()), as_bytes(dst, want.size()),
+                                      c.last ? as_bytes(dterms, terms.size()) : Bytes()};
+        });
+        expect_same("logits (only read)", got[0], as_bytes(l.data(), l.size()), 4);
+        std::vector<float> st = from_bytes<float>(got[1]);
+        /* max and target logit exact; the sum of exponentials in double in another order, rounded once: 1 ulp */
+        expect_near("stats", st.data(), want.data(), st.size(), [&](size_t i) {
+            return i % 3 == 1 ? std::ldexp(1.0, std::ilogb(std::max(std::fabs(want[i]), 1e-30f)) - 23) : 0.0;
+        });
+        if (c.last) {
+            std::vector<double> gt = from_bytes<double>(got[2]);
+            for (int64_t r = 0; r < c.R; r++) {
+                /* from the statistics as the kernel rounded them */
+                double w = tg[r] >= 0 ? (double)st[r * 3] + log((double)st[r * 3 + 1]) - (double)st[r * 3 + 2] : 0.0;
+                if (!(std::fabs(gt[r] - w) <= 1e-12 * std::fabs(w) + 1e-300))
+                    fail("term %lld = %.17g, want %.17g", (long long)r, gt[r], w);
+                if (!(std::fabs(gt[r] - terms[r]) <= 1e-6 * (std::fabs(terms[r]) + 1.0)))
+                    fail("term %lld = %.17g, the reference's %.17g", (long long)r, gt[r], terms[r]);
+            }
+        }
+        end_case();
+    }
+    begin_case("contract");
+    emu::launch_log.clear();
+    {
+        emu::Buffer b(64);
+        expect_status(emu::tcu_ce_stats_rows(nullptr, nullptr, 0, 5, nullptr, 0, nullptr, nullptr, nullptr),
+                      cudaSuccess, "R=0");
+        expect_status(emu::tcu_ce_stats_rows(nullptr, b.as<float>(), 2, 0, b.as<int32_t>(), 0, nullptr, b.as<float>(),
+                                             nullptr),
+                      cudaErrorInvalidValue, "Vb=0");
+    }
+    expect_launches({});
+    end_case();
+}
+
+/* tk_ce_block's row (its portable path), transcribed. */
+void ce_block_row_ref(float *l, int64_t Vb, int32_t target, int64_t vocab0, const float *st, float scale) {
+    if (target < 0) {
+        std::fill(l, l + Vb, 0.0f);
+        return;
+    }
+    const double S = (double)st[1];
+    for (int64_t j = 0; j < Vb; j++) l[j] = expf(l[j] - st[0]);
+    const float inv = (float)(1.0 / S);
+    const int64_t t = (int64_t)target - vocab0;
+    const float et = t >= 0 && t < Vb ? l[t] : 0.0f;
+    for (int64_t j = 0; j < Vb; j++) l[j] = scale * (l[j] * inv);
+    if (t >= 0 && t < Vb) l[t] = (float)((double)scale * ((double)et / S - 1.0));
+}
+
+void test_ce_block_rows() {
+    struct C {
+        int64_t R, Vb, vocab0, vocab;
+        float amp, scale;
+    } cs[] = {{6, 50, 0, 120, 3.0f, 1.0f / 6}, {9, 1000, 1000, 3000, 10.0f, 0.01f}, {3, 5000, 200, 5200, 30.0f, -2.0f},
+              {70, 300, 0, 300, 1.0f, 1.0f},   {2, 1, 5, 6, 1.0f, 1.0f}};
+    for (const C &c : cs) {
+        begin_case("R=%lld ids %lld..+%lld of %lld logits in +-%g scale %g", (long long)c.R, (long long)c.vocab0,
+                   (long long)c.Vb, (long long)c.vocab, c.amp, c.scale);
+        std::vector<float> l = frands((size_t)(c.R * c.Vb), c.amp);
+        std::vector<int32_t> tg(c.R);
+        for (int64_t r = 0; r < c.R; r++)
+            tg[r] = r % 5 == 2 ? -1 : r % 7 == 3 ? (int32_t)c.vocab : r % 3 ? (int32_t)(c.vocab0 + irand((int)c.Vb))
+                                                                             : irand((int)c.vocab);
+        tg[0] = (int32_t)c.vocab0;
+        /* the whole head's statistics: a max at or above the block's, a sum of at least the block's */
+        std::vector<float> st((size_t)(c.R * 3));
+        for (int64_t r = 0; r < c.R; r++) {
+            float m = l[r * c.Vb];
+            for (int64_t j = 1; j < c.Vb; j++) m = std::max(m, l[r * c.Vb + j]);
+            st[r * 3] = m + (r % 2 ? 0.0f : std::fabs(frand()));
+            double sum = 0;
+            for (int64_t j = 0; j < c.Vb; j++) sum += expf(l[r * c.Vb + j] - st[r * 3]);
+            st[r * 3 + 1] = (float)(sum * (1.0 + 3.0 * std::fabs(frand())));
+            st[r * 3 + 2] = frand();
+        }
+        std::vector<float> want = l;
+        for (int64_t r = 0; r < c.R; r++) ce_block_row_ref(&want[r * c.Vb], c.Vb, tg[r], c.vocab0, &st[r * 3], c.scale);
+        std::vector<Bytes> got = under_schedules([&](int) {
+            Dev d;
+            float *dl = d.put(l, 0, "logits");
+            int32_t *dt = d.put(tg, 0, "targets");
+            float *ds = d.put(st, 4, "stats");
+            expect_status(emu::tcu_ce_block_rows(nullptr, dl, c.R, c.Vb, dt, c.vocab0, ds, c.scale), cudaSuccess,
+                          "tcu_ce_block_rows");
+            return std::vector<Bytes>{as_bytes(dl, l.size())};
+        });
+        /* no sums: every element rounded as the CPU's */
+        expect_same("gradient", got[0], as_bytes(want.data(), want.size()), 4);
+        end_case();
+    }
+    begin_case("contract");
+    emu::launch_log.clear();
+    expect_status(emu::tcu_ce_block_rows(nullptr, nullptr, 0, 5, nullptr, 0, nullptr, 1.0f), cudaSuccess, "R=0");
+    expect_launches({});
+    end_case();
+}
+
 /* ------------------------------------------------------------- sumsq */
 
 void test_sumsq() {
@@ -612,6 +781,8 @@ int main(int argc, char **argv) {
                          {"silu_mul_bwd", test_silu_mul_bwd},
                          {"attention_bwd", test_attention_bwd},
                          {"ce_rows", test_ce_rows},
+                         {"ce_stats_rows", test_ce_stats_rows},
+                         {"ce_block_rows", test_ce_block_rows},
                          {"sumsq", test_sumsq},
                          {"adamw", test_adamw},
                      },

@@ -58,8 +58,9 @@
  * one GPU model and toolkit, and tiles repeat the untiled product's bits.
  *
  * Range errors (EMBED and EMBED_BWD token ids, ATTENTION positions,
- * CROSS_ENTROPY targets, the positions of fresh sequences that ATTENTION
- * without a cache and ATTENTION_BWD need) are found on the GPU.
+ * CROSS_ENTROPY, CE_STATS and CE_BLOCK targets, the positions of fresh
+ * sequences that ATTENTION without a cache and ATTENTION_BWD need) are
+ * found on the GPU.
  * Synchronous queue: a check kernel leaves the smallest bad index in the
  * queue's flag, which is read back before anything is written, so an
  * out-of-range op writes nothing and fails, as on the CPU. Asynchronous
@@ -316,6 +317,11 @@ static tide_status read_record(tide_ctx *ctx, cu_queue *q) {
     case REC_TARGET:
         snprintf(what, sizeof what, "cross_entropy: target %d of row %d is outside the vocabulary (%d ids)", r[2],
                  r[1], r[3]);
+        break;
+    case REC_CE_STATS:
+    case REC_CE_BLOCK:
+        snprintf(what, sizeof what, "%s: target %d of row %d is outside the vocabulary of %d ids",
+                 r[0] == REC_CE_STATS ? "ce_stats" : "ce_block", r[2], r[1], r[3]);
         break;
     case REC_POSITIONS:
         snprintf(what, sizeof what, "attention of fresh sequences needs positions 0..%d, but index %d is %d",

@@ -56,6 +56,8 @@ enum {
     REC_EMBED_BWD = 3, /* a token id outside the gradient's rows */
     REC_TARGET = 4,    /* a target at or past the vocabulary */
     REC_POSITIONS = 5, /* a position other than its index (fresh sequences) */
+    REC_CE_STATS = 6,  /* a CE_STATS target at or past the vocabulary */
+    REC_CE_BLOCK = 7,  /* a CE_BLOCK target at or past the vocabulary */
 };
 
 /* Records a CUDA failure on ctx: "cuda: <what>: <error string> (<name>,
@@ -99,6 +101,10 @@ tide_status tide_cuda_silu_mul_bwd(tide_backend *be, cu_queue *q, const tide_gra
                                    void *const *in, void *const *out, void *scratch);
 tide_status tide_cuda_cross_entropy(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                                     void *const *in, void *const *out, void *scratch);
+tide_status tide_cuda_ce_stats(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                               void *const *in, void *const *out, void *scratch);
+tide_status tide_cuda_ce_block(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                               void *const *in, void *const *out, void *scratch);
 tide_status tide_cuda_sumsq(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                             void *const *in, void *const *out, void *scratch);
 tide_status tide_cuda_adamw(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,

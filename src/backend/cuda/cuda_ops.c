@@ -352,6 +352,8 @@ static const tide_cuda_op cu_kernels[TIDE_OP_COUNT] = {
     [TIDE_OP_ATTENTION_BWD] = tide_cuda_attention_bwd,
     [TIDE_OP_SILU_MUL_BWD] = tide_cuda_silu_mul_bwd,
     [TIDE_OP_CROSS_ENTROPY] = tide_cuda_cross_entropy,
+    [TIDE_OP_CE_STATS] = tide_cuda_ce_stats,
+    [TIDE_OP_CE_BLOCK] = tide_cuda_ce_block,
     [TIDE_OP_SUMSQ] = tide_cuda_sumsq,
     [TIDE_OP_ADAMW] = tide_cuda_adamw,
 };

@@ -11,23 +11,30 @@
  *   - MATMUL_GRADW dw (N, K) (+)= dy (R, N)^T . x (R, K):
  *     dw^T (K, N) = x^T (K, R) . dy (R, N): cublasSgemm(N, T, m=K, n=N, k=R,
  *     x, K, dy, N, beta, dw, K);
- *   - CROSS_ENTROPY, for each chunk of cr rows (tide_ce_chunk_rows) and
- *     each block of cnt vocabulary rows from v0 (the whole vocabulary for
- *     f32 weights; for 16-bit ones as many rows as the scratch holds
- *     widened, once per chunk when they all fit, else twice, as the CPU):
+ *   - CROSS_ENTROPY, and CE_STATS and CE_BLOCK over their head block (V
+ *     its rows), for each chunk of cr rows (tide_ce_chunk_rows) and each
+ *     block of cnt rows of w from v0 (all of w for f32 weights; for 16-bit
+ *     ones as many rows as the scratch holds widened: once per op when they
+ *     all fit, else at each use, as the CPU):
  *       logits L (cr, V), columns v0.. = h (cr, D) . W^T:
  *         cublasSgemm(T, N, m=cnt, n=cr, k=D, W, D, h, D, 0, L + v0, V);
- *       after tcu_ce_rows turned L into G = scale (softmax - onehot),
+ *       CE_STATS: tcu_ce_stats_rows merges the rows' statistics of L into
+ *       the running ones; CROSS_ENTROPY (tcu_ce_rows) and CE_BLOCK
+ *       (tcu_ce_block_rows) turn L into G = scale (softmax - onehot), then
  *       dh (cr, D) (+)= G[:, block] . W:
- *         cublasSgemm(N, N, m=D, n=cr, k=cnt, W, D, L + v0, V, v0 ? 1 : 0, dh, D);
+ *         cublasSgemm(N, N, m=D, n=cr, k=cnt, W, D, L + v0, V, beta_h, dh, D),
+ *         beta_h 1 past the first block of w (CE_BLOCK: or past the head's
+ *         first block);
  *       dw[block] (cnt, D) (+)= G[:, block]^T . h:
  *         cublasSgemm(N, T, m=D, n=cnt, k=cr, h, D, L + v0, V, beta, dw + v0 D, D),
  *         beta 1 past the first chunk or when accumulating.
- *     The loss terms of all rows wait in the workspace's first R doubles
- *     and are summed once at the end (tcu_ce_loss). CROSS_ENTROPY runs in f32
- *     whatever the matmul mode: the gradient G is never rounded to 16 bits.
+ *     The loss terms of all rows (CROSS_ENTROPY, the last CE_STATS) wait in
+ *     the workspace's first R doubles and are summed once at the end
+ *     (tcu_ce_loss). These ops run in f32 whatever the matmul mode: the
+ *     gradient G is never rounded to 16 bits.
  *
- * Ids: EMBED_BWD's tokens, CROSS_ENTROPY's targets and the positions of
+ * Ids: EMBED_BWD's tokens (against the whole vocabulary for a block of the
+ * gradient), the targets of the cross-entropy ops and the positions of
  * fresh sequences are checked as cuda_backend.c's note says: on a
  * synchronous queue before anything is written (the op fails naming the
  * first bad one, as the CPU), on an asynchronous one through the queue's
@@ -150,18 +157,20 @@ tide_status tide_cuda_embed_bwd(tide_backend *be, cu_queue *q, const tide_graph 
                                 void *const *in, void *const *out, void *scratch) {
     const tide_tensor *dy = tin(g, op, 0), *tok = tin(g, op, 1), *dt = tout(g, op, 0);
     const int32_t *ids = (const int32_t *)in[1] + op->p.idx0;
+    /* a block of the gradient: rows [vocab0, vocab0 + V) of a vocabulary of `vocab` */
     int64_t R = dy->shape[0], D = dy->shape[1], V = dt->shape[0], bad = -1;
+    int64_t vocab = op->p.vocab ? op->p.vocab : V;
     int32_t val = 0;
-    tide_status st = check_ids(q, ids, R, 0, V, false, REC_EMBED_BWD, op->p.idx0, &bad, &val, "embed_bwd");
+    tide_status st = check_ids(q, ids, R, 0, vocab, false, REC_EMBED_BWD, op->p.idx0, &bad, &val, "embed_bwd");
     if (st) return st;
     if (bad >= 0)
         return tide_err(q->ctx, TIDE_E_RANGE, "embed_bwd: token id %d at position %lld of '%s' is outside the "
                         "gradient '%s' (vocabulary %lld)", val, (long long)(op->p.idx0 + bad), tok->name, dt->name,
-                        (long long)V);
+                        (long long)vocab);
     if (op->n_in == 2)
         CU_TRY(q->ctx, cudaMemsetAsync(out[0], 0, (size_t)dt->nbytes, q->stream), "cudaMemsetAsync of '%s'",
                dt->name);
-    CU_TRY(q->ctx, tcu_embed_bwd(q->stream, in[0], ids, R, D, V, out[0]), "embed_bwd kernel");
+    CU_TRY(q->ctx, tcu_embed_bwd(q->stream, in[0], ids, R, D, op->p.vocab0, V, out[0]), "embed_bwd kernel");
     return TIDE_OK;
 }
 
@@ -236,81 +245,205 @@ tide_status tide_cuda_matmul_gradw(tide_backend *be, cu_queue *q, const tide_gra
     return bs == CUBLAS_STATUS_SUCCESS ? TIDE_OK : blas_fail(q, bs, "cublasSgemm of matmul_gradw '%s'", dw->name);
 }
 
-tide_status tide_cuda_cross_entropy(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
-                                    void *const *in, void *const *out, void *scratch) {
-    const tide_tensor *ht = tin(g, op, 0), *wt = tin(g, op, 1), *tg = tin(g, op, 2);
-    const int64_t R = ht->shape[0], D = ht->shape[1], V = wt->shape[0];
-    const float scale = op->p.scale;
-    if (!fits_int(R, V, D))
-        return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "cross_entropy '%s': dimensions beyond what cuBLAS takes",
-                        wt->name);
+/* ---------------------------------------------------------------- cross-entropy */
+
+/* The work of CROSS_ENTROPY, CE_STATS and CE_BLOCK over a head w (V, D)
+ * (the whole head or one block of it), in the workspace as graph/ops.c
+ * sizes it: the rows' loss terms (R doubles, to 64 bytes), the logits of a
+ * chunk of CR rows (CR, V), then for a 16-bit head rows of w widened to
+ * f32: all of them, widened once, when they fit, else equal blocks of vb
+ * rows widened at each use (the CPU's blocks). */
+typedef struct ce_plan {
+    const uint8_t *w;
+    tide_dtype wdt;
+    int64_t R, V, D, CR, vb;
+    bool whole; /* every row of w in one block */
+    double *terms;
+    float *L, *wf;
+    const char *nm, *wname;
+} ce_plan;
+
+/* Fails the op naming the first target at or past `vocab` (negative ones
+ * are ignored rows), before anything is written; an asynchronous queue
+ * records it as `kind`. */
+static tide_status ce_check_targets(cu_queue *q, const tide_graph *g, const tide_op *op, const int32_t *targets,
+                                    int64_t vocab, int32_t kind) {
+    const char *nm = tide_op_name(op->kind);
+    const int64_t R = tin(g, op, 0)->shape[0];
     int64_t bad = -1;
     int32_t val = 0;
-    const int32_t *targets = (const int32_t *)in[2] + op->p.idx0; /* a row tile's targets */
-    tide_status st = check_ids(q, targets, R, INT64_MIN, V, false, REC_TARGET, op->p.idx0, &bad, &val,
-                               "cross_entropy");
-    if (st) return st;
-    if (bad >= 0)
+    tide_status st = check_ids(q, targets, R, INT64_MIN, vocab, false, kind, op->p.idx0, &bad, &val, nm);
+    if (st || bad < 0) return st;
+    if (op->kind == TIDE_OP_CROSS_ENTROPY)
         return tide_err(q->ctx, TIDE_E_RANGE, "cross_entropy: target %d of row %lld of '%s' is outside the "
-                        "vocabulary of '%s' (%lld ids)", val, (long long)(op->p.idx0 + bad), tg->name, wt->name,
-                        (long long)V);
-    /* the workspace (graph/ops.c): R loss terms (to 64 bytes), logits (CR,
-     * V), [widened rows of w] */
-    const int64_t CR = TIDE_MAX(1, TIDE_MIN(tide_ce_chunk_rows(R, V), R));
-    const uint64_t lbytes = (uint64_t)(CR * V) * sizeof(float);
-    const uint64_t tbytes = ((uint64_t)R * sizeof(double) + 63) / 64 * 64;
+                        "vocabulary of '%s' (%lld ids)", val, (long long)(op->p.idx0 + bad), tin(g, op, 2)->name,
+                        tin(g, op, 1)->name, (long long)vocab);
+    return tide_err(q->ctx, TIDE_E_RANGE, "%s: target %d of row %lld of '%s' is outside the vocabulary of %lld ids",
+                    nm, val, (long long)(op->p.idx0 + bad), tin(g, op, 2)->name, (long long)vocab);
+}
+
+/* Lays out the workspace, makes q's cuBLAS handle and widens the whole of
+ * a 16-bit head when it fits. */
+static tide_status ce_plan_init(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                                const void *w, void *scratch, ce_plan *c) {
+    const tide_tensor *ht = tin(g, op, 0), *wt = tin(g, op, 1);
+    *c = (ce_plan){.w = w, .wdt = wt->dtype, .R = ht->shape[0], .V = wt->shape[0], .D = ht->shape[1],
+                   .nm = tide_op_name(op->kind), .wname = wt->name};
+    if (!fits_int(c->R, c->V, c->D))
+        return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "%s '%s': dimensions beyond what cuBLAS takes", c->nm, c->wname);
+    c->CR = TIDE_MAX(1, TIDE_MIN(tide_ce_chunk_rows(c->R, c->V), c->R));
+    const uint64_t lbytes = (uint64_t)(c->CR * c->V) * sizeof(float);
+    const uint64_t tbytes = ((uint64_t)c->R * sizeof(double) + 63) / 64 * 64;
     if (!scratch || op->scratch_bytes < tbytes + lbytes) return no_workspace(q, op);
-    double *terms = scratch;
-    float *L = (float *)((uint8_t *)scratch + tbytes), *wf = (float *)((uint8_t *)scratch + tbytes + lbytes);
-    int64_t vb = V; /* rows of w per block */
-    if (wt->dtype != TIDE_F32) {
-        vb = (int64_t)((op->scratch_bytes - tbytes - lbytes) / ((uint64_t)D * sizeof(float)));
+    c->terms = scratch;
+    c->L = (float *)((uint8_t *)scratch + tbytes);
+    c->wf = (float *)((uint8_t *)scratch + tbytes + lbytes);
+    c->vb = c->V;
+    if (c->wdt != TIDE_F32) {
+        int64_t vb = (int64_t)((op->scratch_bytes - tbytes - lbytes) / ((uint64_t)c->D * sizeof(float)));
         if (vb < 1) return no_workspace(q, op);
-        vb = TIDE_MIN(vb, V);
-        int64_t nblk = (V + vb - 1) / vb;
-        vb = (V + nblk - 1) / nblk; /* equal blocks, as the CPU's */
+        vb = TIDE_MIN(vb, c->V);
+        int64_t nblk = (c->V + vb - 1) / vb;
+        c->vb = (c->V + nblk - 1) / nblk; /* equal blocks, as the CPU's */
     }
-    const bool whole = vb == V, f32 = wt->dtype == TIDE_F32;
-    const size_t es = tide_dtype_size(wt->dtype);
-    const uint8_t *wb = in[1];
+    c->whole = c->vb == c->V;
+    tide_status st = tide_cuda_queue_blas(be, q, q->ctx);
+    if (st) return st;
+    if (c->wdt != TIDE_F32 && c->whole)
+        CU_TRY(q->ctx, tcu_convert(q->stream, c->w, c->wdt, c->wf, c->V * c->D), "%s weight conversion kernel", c->nm);
+    return TIDE_OK;
+}
+
+/* *W = rows [v0, v0 + cnt) of w as f32, widened into the workspace if need be. */
+static tide_status ce_rows_of(cu_queue *q, const ce_plan *c, int64_t v0, int64_t cnt, const float **W) {
+    if (c->wdt == TIDE_F32) {
+        *W = (const float *)c->w + v0 * c->D;
+        return TIDE_OK;
+    }
+    if (c->whole) {
+        *W = c->wf + v0 * c->D;
+        return TIDE_OK;
+    }
+    CU_TRY(q->ctx, tcu_convert(q->stream, c->w + (size_t)(v0 * c->D) * tide_dtype_size(c->wdt), c->wdt, c->wf,
+                               cnt * c->D),
+           "%s weight conversion kernel", c->nm);
+    *W = c->wf;
+    return TIDE_OK;
+}
+
+/* logits L (cr, V) = hc (cr, D) . w^T, block by block. */
+static tide_status ce_logits(cu_queue *q, const ce_plan *c, const float *hc, int cr) {
+    const float one = 1.0f, zero = 0.0f;
+    for (int64_t v0 = 0; v0 < c->V; v0 += c->vb) {
+        const int cnt = (int)TIDE_MIN(c->vb, c->V - v0);
+        const float *W = NULL;
+        tide_status st = ce_rows_of(q, c, v0, cnt, &W);
+        if (st) return st;
+        cublasStatus_t bs = cublasSgemm(q->blas, CUBLAS_OP_T, CUBLAS_OP_N, cnt, cr, (int)c->D, &one, W, (int)c->D, hc,
+                                        (int)c->D, &zero, c->L + v0, (int)c->V);
+        if (bs != CUBLAS_STATUS_SUCCESS) {
+            char what[300];
+            snprintf(what, sizeof what, "cublasSgemm of %s '%s' logits", c->nm, c->wname);
+            return tide_cuda_blas_fail(q->ctx, bs, what);
+        }
+    }
+    return TIDE_OK;
+}
+
+/* With G (cr, V) in place of the logits: dh (cr, D) (+)= G . w and dw (V,
+ * D) (+)= G^T . hc, block by block; dh adds past the first block or with
+ * dh_add, dw with dw_add. */
+static tide_status ce_grads(cu_queue *q, const ce_plan *c, const float *hc, int cr, bool dh_add, bool dw_add,
+                            float *dh, float *dw) {
+    const float one = 1.0f, beta_w = dw_add ? 1.0f : 0.0f;
+    for (int64_t v0 = 0; v0 < c->V; v0 += c->vb) {
+        const int cnt = (int)TIDE_MIN(c->vb, c->V - v0);
+        const float *W = NULL;
+        tide_status st = ce_rows_of(q, c, v0, cnt, &W);
+        if (st) return st;
+        const float beta_h = v0 || dh_add ? 1.0f : 0.0f;
+        cublasStatus_t bs = cublasSgemm(q->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)c->D, cr, cnt, &one, W, (int)c->D,
+                                        c->L + v0, (int)c->V, &beta_h, dh, (int)c->D);
+        if (bs == CUBLAS_STATUS_SUCCESS)
+            bs = cublasSgemm(q->blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)c->D, cnt, cr, &one, hc, (int)c->D, c->L + v0,
+                             (int)c->V, &beta_w, dw + v0 * c->D, (int)c->D);
+        if (bs != CUBLAS_STATUS_SUCCESS) {
+            char what[300];
+            snprintf(what, sizeof what, "cublasSgemm of %s '%s' gradients", c->nm, c->wname);
+            return tide_cuda_blas_fail(q->ctx, bs, what);
+        }
+    }
+    return TIDE_OK;
+}
+
+tide_status tide_cuda_cross_entropy(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                                    void *const *in, void *const *out, void *scratch) {
+    const int32_t *targets = (const int32_t *)in[2] + op->p.idx0; /* a row tile's targets */
+    ce_plan c;
+    tide_status st = ce_check_targets(q, g, op, targets, tin(g, op, 1)->shape[0], REC_TARGET);
+    if (st || (st = ce_plan_init(be, q, g, op, in[1], scratch, &c))) return st;
     const float *h = in[0];
     float *dh = out[1], *dw = out[2];
-    if ((st = tide_cuda_queue_blas(be, q, q->ctx))) return st;
-    if (!f32 && whole)
-        CU_TRY(q->ctx, tcu_convert(q->stream, wb, wt->dtype, wf, V * D), "cross_entropy weight conversion kernel");
-    const float one = 1.0f, zero = 0.0f;
-    for (int64_t r0 = 0; r0 < R; r0 += CR) {
-        const int cr = (int)TIDE_MIN(CR, R - r0);
-        const float *hc = h + r0 * D;
-        for (int64_t v0 = 0; v0 < V; v0 += vb) {
-            const int cnt = (int)TIDE_MIN(vb, V - v0);
-            if (!whole)
-                CU_TRY(q->ctx, tcu_convert(q->stream, wb + (size_t)(v0 * D) * es, wt->dtype, wf, cnt * D),
-                       "cross_entropy weight conversion kernel");
-            const float *W = f32 ? (const float *)in[1] + v0 * D : whole ? wf + v0 * D : wf;
-            cublasStatus_t bs = cublasSgemm(q->blas, CUBLAS_OP_T, CUBLAS_OP_N, cnt, cr, (int)D, &one, W, (int)D, hc,
-                                            (int)D, &zero, L + v0, (int)V);
-            if (bs != CUBLAS_STATUS_SUCCESS) return blas_fail(q, bs, "cublasSgemm of cross_entropy '%s' logits", wt->name);
-        }
-        CU_TRY(q->ctx, tcu_ce_rows(q->stream, L, cr, V, targets + r0, scale, terms + r0), "cross_entropy row kernel");
-        const float beta_w = op->n_in >= 4 || r0 > 0 ? 1.0f : 0.0f;
-        for (int64_t v0 = 0; v0 < V; v0 += vb) {
-            const int cnt = (int)TIDE_MIN(vb, V - v0);
-            if (!whole)
-                CU_TRY(q->ctx, tcu_convert(q->stream, wb + (size_t)(v0 * D) * es, wt->dtype, wf, cnt * D),
-                       "cross_entropy weight conversion kernel");
-            const float *W = f32 ? (const float *)in[1] + v0 * D : whole ? wf + v0 * D : wf;
-            const float beta_h = v0 ? 1.0f : 0.0f;
-            cublasStatus_t bs = cublasSgemm(q->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)D, cr, cnt, &one, W, (int)D,
-                                            L + v0, (int)V, &beta_h, dh + r0 * D, (int)D);
-            if (bs == CUBLAS_STATUS_SUCCESS)
-                bs = cublasSgemm(q->blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)D, cnt, cr, &one, hc, (int)D, L + v0, (int)V,
-                                 &beta_w, dw + v0 * D, (int)D);
-            if (bs != CUBLAS_STATUS_SUCCESS)
-                return blas_fail(q, bs, "cublasSgemm of cross_entropy '%s' gradients", wt->name);
-        }
+    for (int64_t r0 = 0; r0 < c.R; r0 += c.CR) {
+        const int cr = (int)TIDE_MIN(c.CR, c.R - r0);
+        const float *hc = h + r0 * c.D;
+        if ((st = ce_logits(q, &c, hc, cr))) return st;
+        CU_TRY(q->ctx, tcu_ce_rows(q->stream, c.L, cr, c.V, targets + r0, op->p.scale, c.terms + r0),
+               "cross_entropy row kernel");
+        if ((st = ce_grads(q, &c, hc, cr, false, op->n_in >= 4 || r0 > 0, dh + r0 * c.D, dw))) return st;
     }
     /* 5 inputs: the loss adds into the earlier tiles' (in[4] is out[0]) */
-    CU_TRY(q->ctx, tcu_ce_loss(q->stream, terms, R, scale, op->n_in == 5, out[0]), "cross_entropy loss kernel");
+    CU_TRY(q->ctx, tcu_ce_loss(q->stream, c.terms, c.R, op->p.scale, op->n_in == 5, out[0]),
+           "cross_entropy loss kernel");
+    return TIDE_OK;
+}
+
+/* CE_STATS: each chunk's logits, then its rows' statistics merged into the
+ * running ones (in[3], which is out[0], past the first block); the last
+ * block leaves each row's loss term in the workspace and sums them. */
+tide_status tide_cuda_ce_stats(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                               void *const *in, void *const *out, void *scratch) {
+    const tide_op_params *p = &op->p;
+    const int32_t *targets = (const int32_t *)in[2] + p->idx0;
+    const bool first = p->vocab0 == 0, last = op->n_out == 2;
+    ce_plan c;
+    tide_status st = ce_check_targets(q, g, op, targets, p->vocab, REC_CE_STATS);
+    if (st || (st = ce_plan_init(be, q, g, op, in[1], scratch, &c))) return st;
+    const float *h = in[0], *stats_in = first ? NULL : in[3];
+    float *stats = out[0];
+    for (int64_t r0 = 0; r0 < c.R; r0 += c.CR) {
+        const int cr = (int)TIDE_MIN(c.CR, c.R - r0);
+        if ((st = ce_logits(q, &c, h + r0 * c.D, cr))) return st;
+        CU_TRY(q->ctx, tcu_ce_stats_rows(q->stream, c.L, cr, c.V, targets + r0, p->vocab0,
+                                         stats_in ? stats_in + r0 * 3 : NULL, stats + r0 * 3,
+                                         last ? c.terms + r0 : NULL),
+               "ce_stats row kernel");
+    }
+    /* with accumulate the loss adds into its 5th input (in[4] is out[1]) */
+    if (last)
+        CU_TRY(q->ctx, tcu_ce_loss(q->stream, c.terms, c.R, p->scale, p->accumulate, out[1]), "ce_stats loss kernel");
+    return TIDE_OK;
+}
+
+/* CE_BLOCK: each chunk's logits turned into g from the whole head's
+ * statistics (in[3]), then its products into dh (adding past the first
+ * block: in[4] is out[0]) and dw (adding with accumulate). */
+tide_status tide_cuda_ce_block(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                               void *const *in, void *const *out, void *scratch) {
+    const tide_op_params *p = &op->p;
+    const int32_t *targets = (const int32_t *)in[2] + p->idx0;
+    ce_plan c;
+    tide_status st = ce_check_targets(q, g, op, targets, p->vocab, REC_CE_BLOCK);
+    if (st || (st = ce_plan_init(be, q, g, op, in[1], scratch, &c))) return st;
+    const float *h = in[0], *stats = in[3];
+    float *dh = out[0], *dw = out[1];
+    for (int64_t r0 = 0; r0 < c.R; r0 += c.CR) {
+        const int cr = (int)TIDE_MIN(c.CR, c.R - r0);
+        const float *hc = h + r0 * c.D;
+        if ((st = ce_logits(q, &c, hc, cr))) return st;
+        CU_TRY(q->ctx, tcu_ce_block_rows(q->stream, c.L, cr, c.V, targets + r0, p->vocab0, stats + r0 * 3, p->scale),
+               "ce_block row kernel");
+        if ((st = ce_grads(q, &c, hc, cr, p->vocab0 > 0, p->accumulate || r0 > 0, dh + r0 * c.D, dw))) return st;
+    }
     return TIDE_OK;
 }

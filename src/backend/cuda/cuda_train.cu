@@ -7,8 +7,8 @@
  * Layout of the work:
  *   - element-wise ops (SILU_MUL_BWD, ADAMW, widening columns): grid-stride
  *     loops;
- *   - row ops (RMSNORM_BWD's dx, CROSS_ENTROPY's softmax rows): a block per
- *     row, reductions through warp shuffles and a shared-memory stage in an
+ *   - row ops (RMSNORM_BWD's dx, the softmax rows of CROSS_ENTROPY, CE_STATS
+ *     and CE_BLOCK): a block per row, reductions through warp shuffles and a shared-memory stage in an
  *     order fixed by thread index (as cuda_kernels.cu's);
  *   - sums over rows (RMSNORM_BWD's dw, SUMSQ): a block per (column block,
  *     block of rows) writes partial sums in double to the workspace, which a
@@ -208,13 +208,14 @@ extern "C" cudaError_t tcu_matmul_small(cudaStream_t s, const float *x, const vo
 
 /* Block (column block cb, vocabulary slice sl): thread c adds, for every
  * token in order whose id lies in the slice, dy's element c of that row to
- * the id's row. Each element of dtable has one thread, which adds in row
- * order: the CPU's sums, bit for bit. */
-__global__ void k_embed_bwd(const float *dy, const int32_t *tokens, int64_t R, int64_t D, int64_t V, int64_t ncb,
-                            int64_t per, float *dtable) {
+ * the id's row (row id - vocab0 of the block). Each element of dtable has
+ * one thread, which adds in row order: the CPU's sums, bit for bit. */
+__global__ void k_embed_bwd(const float *dy, const int32_t *tokens, int64_t R, int64_t D, int64_t vocab0, int64_t V,
+                            int64_t ncb, int64_t per, float *dtable) {
     __shared__ int32_t tok[EB_TOKENS];
     const int64_t cb = blockIdx.x % ncb, sl = blockIdx.x / ncb;
-    const int64_t c = cb * blockDim.x + threadIdx.x, lo = sl * per, hi = lo + per < V ? lo + per : V;
+    const int64_t c = cb * blockDim.x + threadIdx.x, lo = vocab0 + sl * per;
+    const int64_t hi = lo + per < vocab0 + V ? lo + per : vocab0 + V;
     for (int64_t r0 = 0; r0 < R; r0 += EB_TOKENS) {
         const int nt = (int)(R - r0 < EB_TOKENS ? R - r0 : EB_TOKENS);
         __syncthreads(); /* the previous chunk is consumed */
@@ -224,7 +225,7 @@ __global__ void k_embed_bwd(const float *dy, const int32_t *tokens, int64_t R, i
         for (int i = 0; i < nt; i++) {
             const int64_t id = tok[i];
             if (id >= lo && id < hi) {
-                float *d = dtable + id * D + c;
+                float *d = dtable + (id - vocab0) * D + c;
                 *d = __fadd_rn(*d, dy[(r0 + i) * D + c]);
             }
         }
@@ -232,12 +233,12 @@ __global__ void k_embed_bwd(const float *dy, const int32_t *tokens, int64_t R, i
 }
 
 extern "C" cudaError_t tcu_embed_bwd(cudaStream_t s, const float *dy, const int32_t *tokens, int64_t R, int64_t D,
-                                     int64_t V, float *dtable) {
+                                     int64_t vocab0, int64_t V, float *dtable) {
     if (R <= 0 || D <= 0 || V <= 0) return cudaSuccess;
     const int bs = tr_cols_block(D);
     const int64_t ncb = (D + bs - 1) / bs, nsl = V < EB_SLICES ? V : EB_SLICES, per = (V + nsl - 1) / nsl;
     if (ncb * nsl > 0x7fffffff) return cudaErrorInvalidValue;
-    k_embed_bwd<<<(unsigned)(ncb * nsl), bs, 0, s>>>(dy, tokens, R, D, V, ncb, per, dtable);
+    k_embed_bwd<<<(unsigned)(ncb * nsl), bs, 0, s>>>(dy, tokens, R, D, vocab0, V, ncb, per, dtable);
     return cudaGetLastError();
 }
 
@@ -644,6 +645,84 @@ __global__ void k_ce_loss(const double *terms, int64_t n, float scale, bool add,
 extern "C" cudaError_t tcu_ce_loss(cudaStream_t s, const double *terms, int64_t n, float scale, bool add,
                                    float *loss) {
     k_ce_loss<<<1, TR_BLOCK, 0, s>>>(terms, n, scale, add, loss);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------- cross_entropy in vocabulary blocks */
+
+/* A block per row: the block's max and sum of expf(l - max) in double (as
+ * k_ce_rows), merged by thread 0 with the statistics of the blocks before
+ * (stats_in may be stats: each row's are read, then written, by one
+ * thread), as tk_ce_stats; with terms, the row's loss term from the rounded
+ * statistics. */
+__global__ void k_ce_stats_rows(const float *l, int64_t R, int64_t Vb, const int32_t *targets, int64_t vocab0,
+                                const float *stats_in, float *stats, double *terms) {
+    __shared__ float shf[32];
+    __shared__ double shd[32];
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        const float *row = l + r * Vb;
+        float mx = -INFINITY;
+        for (int64_t j = threadIdx.x; j < Vb; j += blockDim.x) mx = row[j] > mx ? row[j] : mx;
+        mx = tr_block_max(mx, shf);
+        double sum = 0;
+        for (int64_t j = threadIdx.x; j < Vb; j += blockDim.x)
+            sum = __dadd_rn(sum, (double)expf(__fsub_rn(row[j], mx)));
+        sum = tr_block_sum(sum, shd);
+        if (threadIdx.x) continue;
+        const int64_t tg = targets[r], t = tg - vocab0;
+        const float tl = t >= 0 && t < Vb ? row[t] : 0.0f;
+        float M = mx, S = (float)sum, T = tl;
+        if (stats_in) {
+            const float *in = stats_in + r * 3;
+            M = in[0] > mx ? in[0] : mx;
+            S = (float)__dadd_rn(__dmul_rn((double)in[1], exp(__dsub_rn((double)in[0], (double)M))),
+                                 __dmul_rn(sum, exp(__dsub_rn((double)mx, (double)M))));
+            T = __fadd_rn(in[2], tl);
+        }
+        float *o = stats + r * 3;
+        o[0] = M, o[1] = S, o[2] = T;
+        if (terms) terms[r] = tg >= 0 ? __dsub_rn(__dadd_rn((double)M, log((double)S)), (double)T) : 0.0;
+    }
+}
+
+extern "C" cudaError_t tcu_ce_stats_rows(cudaStream_t s, const float *l, int64_t R, int64_t Vb,
+                                         const int32_t *targets, int64_t vocab0, const float *stats_in, float *stats,
+                                         double *terms) {
+    if (R <= 0) return cudaSuccess;
+    if (Vb <= 0) return cudaErrorInvalidValue;
+    k_ce_stats_rows<<<(unsigned)(R < CE_MAX_GRID ? R : CE_MAX_GRID), TR_BLOCK, 0, s>>>(l, R, Vb, targets, vocab0,
+                                                                                      stats_in, stats, terms);
+    return cudaGetLastError();
+}
+
+/* A block per row: g in place of the logits, each element by its own
+ * thread, as tk_ce_block. */
+__global__ void k_ce_block_rows(float *l, int64_t R, int64_t Vb, const int32_t *targets, int64_t vocab0,
+                                const float *stats, float scale) {
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        float *row = l + r * Vb;
+        const int64_t tg = targets[r];
+        if (tg < 0) { /* ignored: no gradient */
+            for (int64_t j = threadIdx.x; j < Vb; j += blockDim.x) row[j] = 0.0f;
+            continue;
+        }
+        const int64_t t = tg - vocab0;
+        const float M = stats[r * 3];
+        const double S = (double)stats[r * 3 + 1];
+        const float inv = (float)__ddiv_rn(1.0, S);
+        for (int64_t j = threadIdx.x; j < Vb; j += blockDim.x) {
+            const float e = expf(__fsub_rn(row[j], M));
+            row[j] = j == t ? (float)__dmul_rn((double)scale, __dsub_rn(__ddiv_rn((double)e, S), 1.0))
+                            : __fmul_rn(scale, __fmul_rn(e, inv));
+        }
+    }
+}
+
+extern "C" cudaError_t tcu_ce_block_rows(cudaStream_t s, float *l, int64_t R, int64_t Vb, const int32_t *targets,
+                                         int64_t vocab0, const float *stats, float scale) {
+    if (R <= 0 || Vb <= 0) return cudaSuccess;
+    k_ce_block_rows<<<(unsigned)(R < CE_MAX_GRID ? R : CE_MAX_GRID), TR_BLOCK, 0, s>>>(l, R, Vb, targets, vocab0,
+                                                                                      stats, scale);
     return cudaGetLastError();
 }
 

@@ -49,12 +49,13 @@ cudaError_t tcu_convert_cols(cudaStream_t s, const void *w, tide_dtype dt, int64
 cudaError_t tcu_matmul_small(cudaStream_t s, const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K,
                              int64_t N, bool w_kn, bool accumulate, float *out, int64_t ldo);
 
-/* EMBED_BWD: dtable (V, D) += dy (R, D) row r at row tokens[r], rows in
- * order of r (so exactly the CPU's f32 sums); ids outside [0, V) are
- * skipped. The caller zeroes dtable first for the fresh form. A block per
- * (column block, slice of the vocabulary) walks every token. */
-cudaError_t tcu_embed_bwd(cudaStream_t s, const float *dy, const int32_t *tokens, int64_t R, int64_t D, int64_t V,
-                          float *dtable);
+/* EMBED_BWD: dtable (V, D), the rows of ids [vocab0, vocab0 + V), +=
+ * dy (R, D) row r at row tokens[r] - vocab0, rows in order of r (so exactly
+ * the CPU's f32 sums); ids outside the block are skipped. The caller zeroes
+ * dtable first for the fresh form. A block per (column block, slice of the
+ * vocabulary block) walks every token. */
+cudaError_t tcu_embed_bwd(cudaStream_t s, const float *dy, const int32_t *tokens, int64_t R, int64_t D,
+                          int64_t vocab0, int64_t V, float *dtable);
 
 /* RMSNORM_BWD: x, dy, dx (R, D), w (D) of wdt, dw (D), in the CPU's
  * arithmetic (tk_rmsnorm_bwd): rs = 1/sqrtf(mean(x^2) + eps) with the
@@ -107,6 +108,25 @@ cudaError_t tcu_ce_rows(cudaStream_t s, float *l, int64_t R, int64_t V, const in
  * double by one block in a fixed order; with add, that value is added to
  * *loss in f32 (a row tile after the first). */
 cudaError_t tcu_ce_loss(cudaStream_t s, const double *terms, int64_t n, float scale, bool add, float *loss);
+
+/* CE_STATS' row work on a chunk of logits l (R, Vb) of the head's ids
+ * [vocab0, vocab0 + Vb), with targets (R): each row's max m, sum of
+ * expf(l - m) (in double) and target logit (0 where the target is
+ * elsewhere), merged into stats_in's (R, 3; NULL: the first block) as
+ * tk_ce_stats does: M the larger max, S = S_in exp(M_in - M) + sum exp(m -
+ * M) in double rounded to f32, t = t_in + the block's; written to stats
+ * (R, 3), which may be stats_in. With terms (the last block): terms[r] =
+ * M + log S - t in double from the rounded statistics, 0 where the target
+ * is < 0. l is only read. cudaErrorInvalidValue for Vb < 1 (with rows). */
+cudaError_t tcu_ce_stats_rows(cudaStream_t s, const float *l, int64_t R, int64_t Vb, const int32_t *targets,
+                              int64_t vocab0, const float *stats_in, float *stats, double *terms);
+
+/* CE_BLOCK's row work: each row of l (R, Vb) (ids [vocab0, vocab0 + Vb))
+ * whose target is >= 0 becomes g = scale * (expf(l - M) * (float)(1 / S) -
+ * onehot) from the whole head's stats (R, 3) = (M, S, t), the target's
+ * entry formed in double, as tk_ce_block; other rows become zeros. */
+cudaError_t tcu_ce_block_rows(cudaStream_t s, float *l, int64_t R, int64_t Vb, const int32_t *targets,
+                              int64_t vocab0, const float *stats, float scale);
 
 /* SUMSQ: out (1) = (float)(acc + sum g^2) with acc = *acc_in (NULL: 0; may
  * be out), the squares summed in double: partial sums over equal blocks of
