@@ -1097,10 +1097,11 @@ tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *b
                              tide_trainer **out);
 void tide_trainer_free(tide_trainer *t);
 /* Offloads later steps under a budget (TIDE_BUDGET_NONE: resident). Only
- * before the first step. pin_weights is ignored. tile: the row tiling of the
- * step (tide_llama_train_tile_level): auto (policy tide only; the baselines
- * run the graph as made) starts from the coarsest level whose largest op
- * fits the budget and takes finer levels while each is predicted faster;
+ * before the first step. pin_weights is ignored. tile: the tiling of the step
+ * (tide_llama_train_tile_level: row tiles, then vocabulary blocks): auto
+ * (policy tide only; the baselines run the graph as made) starts from the
+ * coarsest level whose largest op fits the budget and takes finer levels
+ * while each is predicted faster;
  * with TIDE_BUDGET_MIN, the level whose minimum is smallest; TIDE_TILE_NONE
  * never tiles; a level forces it. */
 tide_status tide_trainer_set_offload(tide_trainer *t, const tide_offload_opts *o);

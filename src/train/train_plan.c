@@ -93,6 +93,7 @@ static tide_status build_train_level(void *user, int level, tide_graph **g, bool
     *host_ops = NULL;
     tide_llama_train_opts o = *u->base;
     if (!tide_llama_train_tile_level(&o, level)) return TIDE_OK;
+    if (o.vocab_blocks > u->cfg->vocab_size) return TIDE_OK; /* no more blocks than ids */
     tide_status st = tide_llama_build_train(u->ctx, u->cfg, &o, g);
     if (st || !u->host_updates) return st;
     if (!(*host_ops = train_optim_all_host(u->ctx, *g))) {
