@@ -400,36 +400,50 @@ static tide_status cpu_ce_err(tide_ctx *ctx, tide_status st, const tide_graph *g
     return TIDE_OK;
 }
 
+/* What CE_STATS and CE_BLOCK take alike: shapes, the targets from idx0, and
+ * the workspace past the GPU's R per-row doubles (to 64 bytes). */
+typedef struct cpu_ce {
+    int64_t R, D, Vb;
+    tide_dtype wdt;
+    const int32_t *targets;
+    void *work;
+    size_t work_bytes;
+} cpu_ce;
+
+static cpu_ce cpu_ce_of(const tide_graph *g, const tide_op *op, void *const *in, void *scratch) {
+    const tide_tensor *h = tin(g, op, 0), *w = tin(g, op, 1);
+    cpu_ce c = {.R = h->shape[0], .D = h->shape[1], .Vb = w->shape[0], .wdt = w->dtype,
+                .targets = (const int32_t *)in[2] + op->p.idx0};
+    uint64_t terms = ((uint64_t)c.R * sizeof(double) + 63) / 64 * 64;
+    if (scratch && op->scratch_bytes > terms) {
+        c.work = (uint8_t *)scratch + terms;
+        c.work_bytes = (size_t)(op->scratch_bytes - terms);
+    }
+    return c;
+}
+
 static tide_status cpu_ce_stats(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
                                 void *const *out, void *scratch) {
-    const tide_tensor *h = tin(g, op, 0), *w = tin(g, op, 1);
-    int64_t R = h->shape[0], D = h->shape[1], Vb = w->shape[0], bad = -1;
-    const int32_t *targets = (const int32_t *)in[2] + op->p.idx0;
-    uint64_t terms = ((uint64_t)R * sizeof(double) + 63) / 64 * 64;
-    bool room = scratch && op->scratch_bytes > terms;
+    cpu_ce c = cpu_ce_of(g, op, in, scratch);
+    int64_t bad = -1;
     bool first = op->p.vocab0 == 0, last = op->n_out == 2;
     const float before = last && op->p.accumulate ? *(const float *)in[4] : 0.0f;
-    tide_status st = tk_ce_stats(in[0], in[1], w->dtype, targets, R, Vb, D, op->p.vocab0, op->p.vocab, op->p.scale,
-                                 first ? NULL : in[3], out[0], last ? out[1] : NULL, tide_ce_chunk_rows(R, Vb),
-                                 room ? (uint8_t *)scratch + terms : NULL,
-                                 room ? (size_t)(op->scratch_bytes - terms) : 0, &bad, nt);
-    if (st) return cpu_ce_err(ctx, st, g, op, targets, bad);
+    tide_status st = tk_ce_stats(in[0], in[1], c.wdt, c.targets, c.R, c.Vb, c.D, op->p.vocab0, op->p.vocab,
+                                 op->p.scale, first ? NULL : in[3], out[0], last ? out[1] : NULL,
+                                 tide_ce_chunk_rows(c.R, c.Vb), c.work, c.work_bytes, &bad, nt);
+    if (st) return cpu_ce_err(ctx, st, g, op, c.targets, bad);
     if (last && op->p.accumulate) *(float *)out[1] = before + *(float *)out[1];
     return TIDE_OK;
 }
 
 static tide_status cpu_ce_block(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
                                 void *const *out, void *scratch) {
-    const tide_tensor *h = tin(g, op, 0), *w = tin(g, op, 1);
-    int64_t R = h->shape[0], D = h->shape[1], Vb = w->shape[0], bad = -1;
-    const int32_t *targets = (const int32_t *)in[2] + op->p.idx0;
-    uint64_t terms = ((uint64_t)R * sizeof(double) + 63) / 64 * 64;
-    bool room = scratch && op->scratch_bytes > terms;
-    tide_status st = tk_ce_block(in[0], in[1], w->dtype, targets, R, Vb, D, op->p.vocab0, op->p.vocab, op->p.scale,
-                                 in[3], op->p.vocab0 > 0, op->p.accumulate, out[0], out[1], tide_ce_chunk_rows(R, Vb),
-                                 room ? (uint8_t *)scratch + terms : NULL,
-                                 room ? (size_t)(op->scratch_bytes - terms) : 0, &bad, nt);
-    return st ? cpu_ce_err(ctx, st, g, op, targets, bad) : TIDE_OK;
+    cpu_ce c = cpu_ce_of(g, op, in, scratch);
+    int64_t bad = -1;
+    tide_status st = tk_ce_block(in[0], in[1], c.wdt, c.targets, c.R, c.Vb, c.D, op->p.vocab0, op->p.vocab,
+                                 op->p.scale, in[3], op->p.vocab0 > 0, op->p.accumulate, out[0], out[1],
+                                 tide_ce_chunk_rows(c.R, c.Vb), c.work, c.work_bytes, &bad, nt);
+    return st ? cpu_ce_err(ctx, st, g, op, c.targets, bad) : TIDE_OK;
 }
 
 static tide_status cpu_sumsq(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,

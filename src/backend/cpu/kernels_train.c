@@ -48,7 +48,6 @@ TK_AVX2 static double exp_shift_avx2(float *s, int64_t n, float m) {
 }
 
 TK_AVX2 static double exp_row_avx2(float *s, int64_t n, float *mx) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     __m256 vmx = _mm256_set1_ps(-INFINITY);
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(s + j));
@@ -57,26 +56,8 @@ TK_AVX2 static double exp_row_avx2(float *s, int64_t n, float *mx) {
     h = _mm_max_ss(h, _mm_movehdup_ps(h));
     float m = _mm_cvtss_f32(h);
     for (; j < n; j++) m = s[j] > m ? s[j] : m;
-    __m256 vm = _mm256_set1_ps(m);
-    __m256d a0 = _mm256_setzero_pd(), a1 = a0;
-    for (j = 0; j + 8 <= n; j += 8) {
-        __m256 e = exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
-        _mm256_storeu_ps(s + j, e);
-        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
-    }
-    if (j < n) {
-        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j)), lane);
-        __m256 e = exp_neg_avx2(_mm256_sub_ps(_mm256_maskload_ps(s + j, mask), vm));
-        e = _mm256_and_ps(e, _mm256_castsi256_ps(mask));
-        _mm256_maskstore_ps(s + j, mask, e);
-        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
-    }
-    double part[4];
-    _mm256_storeu_pd(part, _mm256_add_pd(a0, a1));
     *mx = m;
-    return (part[0] + part[1]) + (part[2] + part[3]);
+    return exp_shift_avx2(s, n, m);
 }
 #endif
 
