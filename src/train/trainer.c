@@ -510,9 +510,12 @@ tide_status train_bind_runner(tide_trainer *t, tide_runner *run, const char *sta
 
 /* ---------------------------------------------------------------- the first step */
 
-/* Makes t->g the step graph of tiles of tile_seqs sequences. Only TEMP,
- * INPUT and OUTPUT tensors differ between tilings: every persistent tensor
- * keeps its index (they are made first), so nothing indexed by them moves. */
+/* Makes t->g the step graph of tiles of tile_seqs sequences and vocab_blocks
+ * vocabulary blocks; before the first step (the homes are empty, and
+ * t->home is made anew). Row tiles change only TEMP, INPUT and OUTPUT
+ * tensors (every persistent tensor keeps its index: they are made first);
+ * vocabulary blocks change the persistent tensors too, so a resumed state is
+ * looked up again. */
 static tide_status retile(tide_trainer *t, int tile_seqs, int vocab_blocks) {
     if (vocab_blocks == 1) vocab_blocks = 0;
     if (tile_seqs == t->o.step.tile_seqs && vocab_blocks == t->o.step.vocab_blocks) return TIDE_OK;
