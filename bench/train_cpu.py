@@ -259,7 +259,9 @@ def machine():
             "mem_gib": round(mem / 2**30, 1), "os": platform.platform(), "python": platform.python_version()}
 
 
-def versions(tide):
+def versions(tide, need_torch=True):
+    """tide's commit and the Python side's versions; without need_torch a
+    missing torch is recorded as absent instead of failing."""
     v = {}
     try:
         out = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "describe", "--always",
@@ -275,13 +277,16 @@ def versions(tide):
                         "m=re.search(r'CPU capability usage: (\\S+)', c); print(m.group(1) if m else '?'); "
                         "print('mkl' if torch.backends.mkl.is_available() else 'no-mkl')"],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if p.returncode != 0:
+    if p.returncode != 0 and need_torch:
         fail("this comparison needs torch, transformers and numpy: "
              + (p.stderr.strip().splitlines() or ["import failed"])[-1]
              + ". Install them with: pip install torch transformers")
-    lines = p.stdout.split("\n")
-    v["torch"], v["transformers"], v["numpy"] = lines[0].split()
-    v["torch_cpu_capability"], v["torch_blas"] = lines[1].strip(), lines[2].strip()
+    if p.returncode == 0:
+        lines = p.stdout.split("\n")
+        v["torch"], v["transformers"], v["numpy"] = lines[0].split()
+        v["torch_cpu_capability"], v["torch_blas"] = lines[1].strip(), lines[2].strip()
+    else:
+        v["torch"] = v["transformers"] = "absent"
     try:
         import ctypes
 

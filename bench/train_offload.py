@@ -83,7 +83,7 @@ def main():
     ssd = a.ssd or os.path.join(a.work_dir, "ssd")
     os.makedirs(ssd, exist_ok=True)
     emit = tc.json_emitter(a.json)
-    emit({"bench": "train_offload", "machine": tc.machine(), "versions": tc.versions(a.tide),
+    emit({"bench": "train_offload", "machine": tc.machine(), "versions": tc.versions(a.tide, need_torch=False),
           "load_average": os.getloadavg()})
     # train_cpu's helpers read these fields
     a.dtypes, a.reps = a.dtype, 1
