@@ -15,7 +15,7 @@ mode=${1:-build}
 
 packages=(build-essential cmake ninja-build pkg-config libopenblas-dev liburing-dev
           libcjson-dev libcmocka-dev libpcre2-dev libutf8proc-dev libdnnl-dev libedit-dev
-          libmicrohttpd-dev)
+          libmicrohttpd-dev python3 python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -38,6 +38,14 @@ cmake --build "$build" -j "$jobs"
 case "$mode" in
   build) ;;
   run) exec "$build/tide" run "$@" ;;
-  test) cd "$build" && exec ctest --output-on-failure -j "$jobs" "$@" ;;
+  test)
+    # the `openai` client for cli_serve's check of tide serve against it, in a
+    # virtual environment of the build's own (best effort: without a package
+    # index the check says it was skipped)
+    if [ ! -x "$build/pyenv/bin/python3" ] || ! "$build/pyenv/bin/python3" -c 'import openai' 2>/dev/null; then
+      { python3 -m venv "$build/pyenv" && "$build/pyenv/bin/python3" -m pip install --quiet openai; } >/dev/null 2>&1 ||
+        echo "setup: the openai package could not be installed into $build/pyenv; cli_serve skips its client" >&2
+    fi
+    cd "$build" && exec ctest --output-on-failure -j "$jobs" "$@" ;;
   *) echo "usage: scripts/setup.sh [build|run|test] [args]" >&2; exit 2 ;;
 esac
