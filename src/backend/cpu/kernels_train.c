@@ -527,6 +527,72 @@ static inline uint16_t to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* One AdamW step's operands and scalars (tk_adamw). */
+typedef struct adamw_k {
+    float clip, decay, w1, w1m, b2, omb2, nstep, bc2s, eps;
+    bool small, bf16;
+    float *p32, *pf, *m, *v;
+    uint16_t *p16;
+    const float *grad;
+} adamw_k;
+
+/* Elements [i0, i1): torch's operations in torch's order, each rounded to
+ * f32 (C17 leaves a * b + c uncontracted), so every instruction set gives
+ * the same bits; TO16 rounds a value to the 16-bit parameter's dtype. */
+#define ADAMW_RANGE(k, i0, i1, TO16, PF, P16)                                                                        \
+    const float clip = (k)->clip, decay = (k)->decay, w1 = (k)->w1, w1m = (k)->w1m, b2 = (k)->b2;                   \
+    const float omb2 = (k)->omb2, nstep = (k)->nstep, bc2s = (k)->bc2s, eps = (k)->eps;                             \
+    const bool small = (k)->small;                                                                                   \
+    float *restrict p32 = (k)->p32, *restrict pf = (k)->pf, *restrict m = (k)->m, *restrict v = (k)->v;            \
+    uint16_t *restrict p16 = (k)->p16;                                                                               \
+    const float *restrict grad = (k)->grad;                                                                          \
+    _Pragma("omp simd") for (int64_t i = (i0); i < (i1); i++) {                                                     \
+        float g = grad[i] * clip;                                                                                    \
+        float p = p32[i] * decay;                                                                                    \
+        float mi = m[i], d = g - mi;                                                                                 \
+        mi = small ? fmaf(w1, d, mi) : fmaf(w1m, d, g);                                                              \
+        float vi = fmaf(omb2 * g, g, v[i] * b2);                                                                     \
+        float denom = sqrtf(vi) / bc2s + eps;                                                                        \
+        p = p + nstep * mi / denom;                                                                                  \
+        m[i] = mi;                                                                                                   \
+        v[i] = vi;                                                                                                   \
+        p32[i] = p;                                                                                                  \
+        if (PF) pf[i] = p;                                                                                           \
+        if (P16) p16[i] = TO16(p);                                                                                   \
+    }
+
+static inline uint16_t to_f16(float f) { return tide_f32_to_f16(f); }
+
+/* The loops' three forms: a 16-bit parameter rounded from its master, an
+ * f32 master copied to its f32 parameter, an f32 parameter alone. The file
+ * is built without errno from the math functions (CMakeLists.txt), so sqrtf
+ * is one instruction and the loop vectorises; sqrtf never sees a negative
+ * value here. */
+#define ADAMW_FORMS(k, i0, i1, TO16)                                                                                 \
+    if ((k)->p16) {                                                                                                  \
+        ADAMW_RANGE(k, i0, i1, TO16, 0, 1)                                                                           \
+    } else if ((k)->pf) {                                                                                            \
+        ADAMW_RANGE(k, i0, i1, TO16, 1, 0)                                                                           \
+    } else {                                                                                                         \
+        ADAMW_RANGE(k, i0, i1, TO16, 0, 0)                                                                           \
+    }
+
+static void adamw_range(const adamw_k *k, int64_t i0, int64_t i1) {
+    if (k->bf16) {
+        ADAMW_FORMS(k, i0, i1, to_bf16)
+    } else {
+        ADAMW_FORMS(k, i0, i1, to_f16)
+    }
+}
+
+#ifdef TK_X86
+/* The same with FMA and 8-wide registers (without them fmaf is a call and
+ * the loop stays scalar); f16 parameters keep the portable loop. */
+TK_AVX2 static void adamw_range_avx2(const adamw_k *k, int64_t i0, int64_t i1) {
+    ADAMW_FORMS(k, i0, i1, to_bf16)
+}
+#endif
+
 void tk_adamw(void *param, tide_dtype pdt, float *master, float *m, float *v, const float *grad, int64_t n,
               const tk_adamw_args *a, int nt) {
     /* torch.nn.utils.clip_grad_norm_: f32 norm, coefficient clamped at 1 */
@@ -535,28 +601,27 @@ void tk_adamw(void *param, tide_dtype pdt, float *master, float *m, float *v, co
         float c = a->max_norm / (sqrtf(a->sumsq) + 1e-6f);
         clip = c > 1.0f ? 1.0f : c;
     }
-    const float decay = (float)(1.0 - (double)a->lr * (double)a->weight_decay);
-    const float w1 = (float)(1.0 - (double)a->beta1), w1m = w1 - 1.0f;
-    const bool small = fabsf(w1) < 0.5f; /* torch's lerp: from the nearer end */
-    const float b2 = a->beta2, omb2 = (float)(1.0 - (double)a->beta2);
-    const float nstep = -a->step;
-    const float bc2s = a->bc2_sqrt, eps = a->eps;
-    float *p32 = master ? master : param;
-    float *pf = master && pdt == TIDE_F32 ? param : NULL;   /* an f32 copy of an f32 master */
-    uint16_t *p16 = master && pdt != TIDE_F32 ? param : NULL;
-#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TK_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) {
-        float g = grad[i] * clip;
-        float p = p32[i] * decay;
-        float mi = m[i], d = g - mi;
-        mi = small ? fmaf(w1, d, mi) : fmaf(w1m, d, g);
-        float vi = fmaf(omb2 * g, g, v[i] * b2);
-        float denom = sqrtf(vi) / bc2s + eps;
-        p = p + nstep * mi / denom;
-        m[i] = mi;
-        v[i] = vi;
-        p32[i] = p;
-        if (pf) pf[i] = p;
-        if (p16) p16[i] = pdt == TIDE_BF16 ? to_bf16(p) : tide_f32_to_f16(p);
+    adamw_k k = {.clip = clip, .decay = (float)(1.0 - (double)a->lr * (double)a->weight_decay),
+                 .w1 = (float)(1.0 - (double)a->beta1), .b2 = a->beta2, .omb2 = (float)(1.0 - (double)a->beta2),
+                 .nstep = -a->step, .bc2s = a->bc2_sqrt, .eps = a->eps, .bf16 = pdt == TIDE_BF16,
+                 .p32 = master ? master : param, .m = m, .v = v, .grad = grad};
+    k.w1m = k.w1 - 1.0f;
+    k.small = fabsf(k.w1) < 0.5f; /* torch's lerp: from the nearer end */
+    k.pf = master && pdt == TIDE_F32 ? param : NULL;   /* an f32 copy of an f32 master */
+    k.p16 = master && pdt != TIDE_F32 ? param : NULL;
+#ifdef TK_X86
+    const bool avx = tk_have_avx2() && pdt != TIDE_F16;
+#endif
+    int64_t nblk = (n + TK_ELEM_BLOCK - 1) / TK_ELEM_BLOCK;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= TK_PAR_MIN)
+    for (int64_t b = 0; b < nblk; b++) {
+        int64_t i0 = b * TK_ELEM_BLOCK, i1 = TIDE_MIN(n, i0 + TK_ELEM_BLOCK);
+#ifdef TK_X86
+        if (avx) {
+            adamw_range_avx2(&k, i0, i1);
+            continue;
+        }
+#endif
+        adamw_range(&k, i0, i1);
     }
 }
