@@ -1647,6 +1647,28 @@ static void test_cross_entropy(void **state) {
             }
 }
 
+/* A case of CE_STATS or CE_BLOCK over rows [v0, v0 + vb) of c0's head ww
+ * (D columns): h (R, D) and the targets (R + t0 of them, the rows' from
+ * [t0]) copied from c0's hh and tgt, and the statistics (R, 3), which the
+ * caller fills. */
+typedef struct ce_ids {
+    int h, w, tg, st;
+} ce_ids;
+
+static ce_ids ce_case_open(tcase *c, const char *what, const tcase *c0, int hh, int ww, int64_t R, int64_t D,
+                           int64_t v0, int64_t vb, const int32_t *tgt, int64_t t0) {
+    tide_dtype dt = tide_graph_tensor_dtype(c0->g, ww);
+    tc_open(c, what);
+    ce_ids id = {.h = tc_tensor(c, "h", TIDE_F32, TIDE_ROLE_INPUT, R, D, 0, 1),
+                 .w = tc_tensor(c, "w", dt, TIDE_ROLE_WEIGHT, vb, D, 0, 0.5f),
+                 .tg = tc_tensor(c, "targets", TIDE_I32, TIDE_ROLE_INPUT, R + t0, 0, 0, 0),
+                 .st = tc_tensor(c, "stats", TIDE_F32, TIDE_ROLE_TEMP, R, 3, 0, 1)};
+    tc_copy_host(c, id.h, c0, hh, 0);
+    tc_copy_host(c, id.w, c0, ww, (size_t)(v0 * D) * tide_dtype_size(dt));
+    memcpy(c->host[id.tg], tgt, (size_t)(R + t0) * sizeof *tgt);
+    return id;
+}
+
 /* CE_STATS and CE_BLOCK: a head of V = 300 ids in three uneven blocks, f32
  * and 16-bit weights, targets from [3] of a longer tensor with ignored rows.
  * Each op once per block, its inputs (the statistics of the blocks before,
@@ -1701,23 +1723,17 @@ static void test_ce_blocks(void **state) {
                 snprintf(what, sizeof what, "stats %s block %lld+%lld%s", tide_dtype_name(wdts[d]), (long long)v0,
                          (long long)vb, acc ? " loss adding" : "");
                 tcase c;
-                tc_open(&c, what);
-                int h = tc_tensor(&c, "h", TIDE_F32, TIDE_ROLE_INPUT, R, D, 0, 1);
-                int w = tc_tensor(&c, "w", wdts[d], TIDE_ROLE_WEIGHT, vb, D, 0, 0.5f);
-                int tg = tc_tensor(&c, "targets", TIDE_I32, TIDE_ROLE_INPUT, R + T0, 0, 0, 0);
-                int st = tc_tensor(&c, "stats", TIDE_F32, TIDE_ROLE_TEMP, R, 3, 0, 1);
+                ce_ids id = ce_case_open(&c, what, &c0, hh, ww, R, D, v0, vb, tgt, T0);
+                const int tg = id.tg, st = id.st;
                 int loss = tc_tensor(&c, "loss", TIDE_F32, TIDE_ROLE_OUTPUT, 1, 0, 0, 1);
-                tc_copy_host(&c, h, &c0, hh, 0);
-                tc_copy_host(&c, w, &c0, ww, (size_t)v0 * D * tide_dtype_size(wdts[d]));
-                memcpy(c.host[tg], tgt, sizeof tgt);
                 float *sin = c.host[st];
                 for (int r = 0; r < R; r++) {
                     double M, S, Tl;
                     PREFIX((int)v0, r, M, S, Tl);
                     sin[r * 3] = (float)M, sin[r * 3 + 1] = (float)S, sin[r * 3 + 2] = (float)Tl;
                 }
-                int ins[5] = {h, w, tg, st, loss}, n_in = first ? 3 : 4;
-                if (first) ins[3] = loss; /* unused */
+                int ins[5] = {id.h, id.w, tg}, n_in = 3;
+                if (!first) ins[n_in++] = st;
                 if (acc) ins[n_in++] = loss;
                 tc_op(&c, TIDE_OP_CE_STATS, n_in, ins, last ? 2 : 1, (int[]){st, loss},
                       &(tide_op_params){.vocab0 = v0, .vocab = V, .idx0 = T0, .scale = scale, .accumulate = acc});
@@ -1755,17 +1771,10 @@ static void test_ce_blocks(void **state) {
                 snprintf(what, sizeof what, "grad %s block %lld+%lld%s", tide_dtype_name(wdts[d]), (long long)v0,
                          (long long)vb, acc ? " dw adding" : "");
                 tcase c;
-                tc_open(&c, what);
-                int h = tc_tensor(&c, "h", TIDE_F32, TIDE_ROLE_INPUT, R, D, 0, 1);
-                int w = tc_tensor(&c, "w", wdts[d], TIDE_ROLE_WEIGHT, vb, D, 0, 0.5f);
-                int tg = tc_tensor(&c, "targets", TIDE_I32, TIDE_ROLE_INPUT, R + T0, 0, 0, 0);
-                int st = tc_tensor(&c, "stats", TIDE_F32, TIDE_ROLE_TEMP, R, 3, 0, 1);
+                ce_ids id = ce_case_open(&c, what, &c0, hh, ww, R, D, v0, vb, tgt, T0);
                 int dh = tc_tensor(&c, "dh", TIDE_F32, TIDE_ROLE_TEMP, R, D, 0, 1);
                 int dw = tc_tensor(&c, "dw", TIDE_F32, TIDE_ROLE_TEMP, vb, D, 0, 1);
-                tc_copy_host(&c, h, &c0, hh, 0);
-                tc_copy_host(&c, w, &c0, ww, (size_t)v0 * D * tide_dtype_size(wdts[d]));
-                memcpy(c.host[tg], tgt, sizeof tgt);
-                float *sin = c.host[st];
+                float *sin = c.host[id.st];
                 double *lse = dalloc0(R);
                 for (int r = 0; r < R; r++) {
                     double M, S, Tl;
@@ -1773,7 +1782,7 @@ static void test_ce_blocks(void **state) {
                     sin[r * 3] = (float)M, sin[r * 3 + 1] = (float)S, sin[r * 3 + 2] = (float)Tl;
                     lse[r] = M + log(S);
                 }
-                int ins[6] = {h, w, tg, st}, n_in = 4;
+                int ins[6] = {id.h, id.w, id.tg, id.st}, n_in = 4;
                 if (v0 > 0) ins[n_in++] = dh;
                 if (acc) ins[n_in++] = dw;
                 tc_op(&c, TIDE_OP_CE_BLOCK, n_in, ins, 2, (int[]){dh, dw},

@@ -151,8 +151,9 @@ static tide_status plan_graph(tide_ctx *ctx, tide_graph *g, const tide_plan_opts
 }
 
 /* Plans g with the AdamW placement of `like` (a plan of another tiling of
- * the same step: the k-th update of g where like's k-th ran) into *c, which
- * takes g. One plan, not a placement search. */
+ * the same step: each update of g where like's update of the same parameter
+ * ran, a block of a parameter where the whole or its block did) into *c,
+ * which takes g. One plan, not a placement search. */
 static tide_status plan_placed(tide_ctx *ctx, tide_graph *g, const tide_plan_opts *po, const tide_train_planned *like,
                                tide_train_planned *c) {
     memset(c, 0, sizeof *c);
@@ -162,12 +163,18 @@ static tide_status plan_placed(tide_ctx *ctx, tide_graph *g, const tide_plan_opt
     if (like->host_ops) {
         if (!(c->host_ops = tide_calloc((size_t)(g->n_ops ? g->n_ops : 1), sizeof *c->host_ops)))
             return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
-        int i = 0;
-        for (int j = 0; j < like->g->n_ops; j++) {
-            if (like->g->ops[j].kind != TIDE_OP_ADAMW) continue;
-            while (i < g->n_ops && g->ops[i].kind != TIDE_OP_ADAMW) i++;
-            if (i == g->n_ops) break;
-            c->host_ops[i++] = like->host_ops[j];
+        /* the updates come in parameter order in both graphs */
+        int j = 0;
+        for (int i = 0; i < g->n_ops; i++) {
+            if (g->ops[i].kind != TIDE_OP_ADAMW) continue;
+            const char *home = tide_graph_tensor_home(g, g->ops[i].in[0], NULL);
+            for (int k = j; k < like->g->n_ops; k++)
+                if (like->g->ops[k].kind == TIDE_OP_ADAMW &&
+                    !strcmp(tide_graph_tensor_home(like->g, like->g->ops[k].in[0], NULL), home)) {
+                    c->host_ops[i] = like->host_ops[k];
+                    j = k;
+                    break;
+                }
         }
     }
     pk.host_ops = c->host_ops;

@@ -77,7 +77,7 @@ void tide_train_planned_free(tide_train_planned *t);
  * plans it about 2 + 2 log2(updates) times), kept when faster. A plan may be
  * the zero-offload baseline's
  * (consider_zero_offload). On success *out holds the plan kept
- * and o->tile_seqs its tiles; the failure of the last level tried
+ * and o->tile_seqs and o->vocab_blocks its tiling; the failure of the last level tried
  * otherwise (TIDE_E_INFEASIBLE naming what it needs). */
 #define TIDE_TRAIN_SEARCH_MAX_OPS 40000
 tide_status tide_train_plan_tiled(tide_ctx *ctx, const tide_llama_config *cfg, tide_llama_train_opts *o,

@@ -288,64 +288,10 @@ static void ce_widen(const void *w, tide_dtype wdt, int64_t D, int64_t v0, int64
     for (int64_t i = 0; i < cnt; i++) tk_convert(wb + (size_t)((v0 + i) * D) * es, wdt, wf + i * D, (size_t)D);
 }
 
-tide_status tk_cross_entropy(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
-                             int64_t V, int64_t D, float scale, bool accumulate, int64_t chunk_rows, float *loss,
-                             float *dh, float *dw, void *scratch, size_t scratch_bytes, int64_t *bad, int nt) {
-    if (R > INT_MAX || V > INT_MAX || D > INT_MAX) return TIDE_E_UNSUPPORTED;
-    for (int64_t r = 0; r < R; r++)
-        if (targets[r] >= V) {
-            *bad = r;
-            return TIDE_E_RANGE;
-        }
-    const int64_t CR = TIDE_MAX(1, TIDE_MIN(chunk_rows, R));
-    const size_t lbytes = (size_t)(CR * V) * sizeof(float);
-    if (!scratch || scratch_bytes < lbytes) return TIDE_E_INVALID;
-    float *L = scratch, *wf = NULL;
-    int64_t vb = V; /* rows of w per widened block */
-    if (wdt != TIDE_F32) {
-        vb = (int64_t)((scratch_bytes - lbytes) / ((size_t)D * sizeof(float)));
-        if (vb < 1) return TIDE_E_INVALID;
-        vb = TIDE_MIN(vb, V);
-        int64_t nblk = (V + vb - 1) / vb;
-        vb = (V + nblk - 1) / nblk;
-        wf = (float *)((uint8_t *)scratch + lbytes);
-    }
-    const bool whole = vb == V; /* w widened once (or f32): one block */
-    const float *W = wdt == TIDE_F32 ? w : wf;
-    const bool avx = tk_have_avx2();
-    int prev = tk_blas_single();
-    if (wdt != TIDE_F32 && whole) ce_widen(w, wdt, D, 0, V, wf, nt);
-    double total = 0;
-    for (int64_t r0 = 0; r0 < R; r0 += CR) {
-        const int64_t cr = TIDE_MIN(CR, R - r0);
-        const float *hc = h + r0 * D;
-        /* logits (cr, V) = h[chunk] . w^T */
-        for (int64_t v0 = 0; v0 < V; v0 += vb) {
-            int64_t cnt = TIDE_MIN(vb, V - v0);
-            if (!whole) ce_widen(w, wdt, D, v0, cnt, wf, nt);
-            tk_gemm(false, true, cr, cnt, D, 1.0f, hc, D, whole ? W + v0 * D : wf, D, 0.0f, L + v0, V, nt);
-        }
-        total += ce_rows(L, cr, V, targets + r0, scale, avx, nt);
-        /* dh[chunk] = G . w over the blocks in order; dw[block] (+)= G^T . h[chunk] */
-        float beta_w = accumulate || r0 > 0 ? 1.0f : 0.0f;
-        for (int64_t v0 = 0; v0 < V; v0 += vb) {
-            int64_t cnt = TIDE_MIN(vb, V - v0);
-            if (!whole) ce_widen(w, wdt, D, v0, cnt, wf, nt);
-            const float *wblk = whole ? W + v0 * D : wf;
-            tk_gemm(false, false, cr, D, cnt, 1.0f, L + v0, V, wblk, D, v0 ? 1.0f : 0.0f, dh + r0 * D, D, nt);
-            tk_gemm(true, false, cnt, D, cr, 1.0f, L + v0, V, hc, D, beta_w, dw + v0 * D, D, nt);
-        }
-    }
-    tk_blas_restore(prev);
-    *loss = (float)((double)scale * total);
-    return TIDE_OK;
-}
-
-/* ------------------------------------------------------------- cross-entropy in vocabulary blocks */
-
-/* The layout CE_STATS and CE_BLOCK share with tk_cross_entropy: logits of a
- * chunk of rows (cr, Vb) in scratch, then (16-bit heads) a widened block of
- * rows of w. */
+/* The work of CROSS_ENTROPY, CE_STATS and CE_BLOCK over a head w (Vb, D),
+ * whole or a block of one: logits of a chunk of rows (cr, Vb) in scratch,
+ * then (16-bit heads) rows of w widened to f32: all of them, once, when they
+ * fit, else equal blocks of vb rows widened at each use. */
 typedef struct ce_work {
     const void *w;
     tide_dtype wdt;
@@ -355,9 +301,18 @@ typedef struct ce_work {
     const float *W;
 } ce_work;
 
-static tide_status ce_work_init(ce_work *c, const void *w, tide_dtype wdt, int64_t R, int64_t Vb, int64_t D,
-                                int64_t chunk_rows, void *scratch, size_t scratch_bytes, int nt) {
+/* Lays the work out; TIDE_E_RANGE with *bad the first row whose target is
+ * >= vocab (nothing written), TIDE_E_INVALID for too small a scratch,
+ * TIDE_E_UNSUPPORTED for a dimension above INT_MAX. */
+static tide_status ce_work_init(ce_work *c, const void *w, tide_dtype wdt, const int32_t *targets, int64_t vocab,
+                                int64_t R, int64_t Vb, int64_t D, int64_t chunk_rows, void *scratch,
+                                size_t scratch_bytes, int64_t *bad, int nt) {
     if (R > INT_MAX || Vb > INT_MAX || D > INT_MAX) return TIDE_E_UNSUPPORTED;
+    for (int64_t r = 0; r < R; r++)
+        if (targets[r] >= vocab) {
+            *bad = r;
+            return TIDE_E_RANGE;
+        }
     *c = (ce_work){.w = w, .wdt = wdt, .Vb = Vb, .D = D, .CR = TIDE_MAX(1, TIDE_MIN(chunk_rows, R)), .vb = Vb};
     const size_t lbytes = (size_t)(c->CR * Vb) * sizeof(float);
     if (!scratch || scratch_bytes < lbytes) return TIDE_E_INVALID;
@@ -392,23 +347,53 @@ static void ce_logits(ce_work *c, const float *hc, int64_t cr, int nt) {
     }
 }
 
-static tide_status ce_check_targets(const int32_t *targets, int64_t R, int64_t vocab, int64_t *bad) {
-    for (int64_t r = 0; r < R; r++)
-        if (targets[r] >= vocab) {
-            *bad = r;
-            return TIDE_E_RANGE;
-        }
+/* With G (cr, Vb) in place of the logits: dh[chunk] (+)= G . w over the
+ * blocks of w in order (adding past the first block, or with dh_add), and
+ * dw[block] (+)= G^T . h[chunk] (adding past the first chunk r0, or with
+ * dw_add). */
+static void ce_grads(ce_work *c, const float *hc, int64_t r0, int64_t cr, bool dh_add, bool dw_add, float *dh,
+                     float *dw, int nt) {
+    const int64_t Vb = c->Vb, D = c->D;
+    float beta_w = dw_add || r0 > 0 ? 1.0f : 0.0f;
+    for (int64_t v0 = 0; v0 < Vb; v0 += c->vb) {
+        int64_t cnt = TIDE_MIN(c->vb, Vb - v0);
+        const float *wblk = ce_rows_of(c, v0, cnt, nt);
+        tk_gemm(false, false, cr, D, cnt, 1.0f, c->L + v0, Vb, wblk, D, v0 || dh_add ? 1.0f : 0.0f, dh + r0 * D,
+                D, nt);
+        tk_gemm(true, false, cnt, D, cr, 1.0f, c->L + v0, Vb, hc, D, beta_w, dw + v0 * D, D, nt);
+    }
+}
+
+tide_status tk_cross_entropy(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
+                             int64_t V, int64_t D, float scale, bool accumulate, int64_t chunk_rows, float *loss,
+                             float *dh, float *dw, void *scratch, size_t scratch_bytes, int64_t *bad, int nt) {
+    ce_work c;
+    tide_status st = ce_work_init(&c, w, wdt, targets, V, R, V, D, chunk_rows, scratch, scratch_bytes, bad, nt);
+    if (st) return st;
+    const bool avx = tk_have_avx2();
+    int prev = tk_blas_single();
+    double total = 0;
+    for (int64_t r0 = 0; r0 < R; r0 += c.CR) {
+        const int64_t cr = TIDE_MIN(c.CR, R - r0);
+        const float *hc = h + r0 * D;
+        ce_logits(&c, hc, cr, nt);
+        total += ce_rows(c.L, cr, V, targets + r0, scale, avx, nt);
+        ce_grads(&c, hc, r0, cr, false, accumulate, dh, dw, nt);
+    }
+    tk_blas_restore(prev);
+    *loss = (float)((double)scale * total);
     return TIDE_OK;
 }
+
+/* ------------------------------------------------------------- cross-entropy in vocabulary blocks */
 
 tide_status tk_ce_stats(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
                         int64_t Vb, int64_t D, int64_t vocab0, int64_t vocab, float scale, const float *stats_in,
                         float *stats, float *loss, int64_t chunk_rows, void *scratch, size_t scratch_bytes,
                         int64_t *bad, int nt) {
-    tide_status st = ce_check_targets(targets, R, vocab, bad);
-    if (st) return st;
     ce_work c;
-    if ((st = ce_work_init(&c, w, wdt, R, Vb, D, chunk_rows, scratch, scratch_bytes, nt))) return st;
+    tide_status st = ce_work_init(&c, w, wdt, targets, vocab, R, Vb, D, chunk_rows, scratch, scratch_bytes, bad, nt);
+    if (st) return st;
     const bool avx = tk_have_avx2();
     int prev = tk_blas_single();
     for (int64_t r0 = 0; r0 < R; r0 += c.CR) {
@@ -447,10 +432,9 @@ tide_status tk_ce_block(const float *h, const void *w, tide_dtype wdt, const int
                         int64_t Vb, int64_t D, int64_t vocab0, int64_t vocab, float scale, const float *stats,
                         bool dh_add, bool dw_add, float *dh, float *dw, int64_t chunk_rows, void *scratch,
                         size_t scratch_bytes, int64_t *bad, int nt) {
-    tide_status st = ce_check_targets(targets, R, vocab, bad);
-    if (st) return st;
     ce_work c;
-    if ((st = ce_work_init(&c, w, wdt, R, Vb, D, chunk_rows, scratch, scratch_bytes, nt))) return st;
+    tide_status st = ce_work_init(&c, w, wdt, targets, vocab, R, Vb, D, chunk_rows, scratch, scratch_bytes, bad, nt);
+    if (st) return st;
     const bool avx = tk_have_avx2();
     int prev = tk_blas_single();
     for (int64_t r0 = 0; r0 < R; r0 += c.CR) {
@@ -476,15 +460,7 @@ tide_status tk_ce_block(const float *h, const void *w, tide_dtype wdt, const int
             for (int64_t j = 0; j < Vb; j++) l[j] = scale * (l[j] * inv);
             if (t >= 0 && t < Vb) l[t] = (float)((double)scale * ((double)et / S - 1.0));
         }
-        /* dh[chunk] (+)= G . w over the sub-blocks in order; dw[sub-block] (+)= G^T . h[chunk] */
-        float beta_w = dw_add || r0 > 0 ? 1.0f : 0.0f;
-        for (int64_t v0 = 0; v0 < Vb; v0 += c.vb) {
-            int64_t cnt = TIDE_MIN(c.vb, Vb - v0);
-            const float *wblk = ce_rows_of(&c, v0, cnt, nt);
-            tk_gemm(false, false, cr, D, cnt, 1.0f, c.L + v0, Vb, wblk, D, v0 || dh_add ? 1.0f : 0.0f, dh + r0 * D,
-                    D, nt);
-            tk_gemm(true, false, cnt, D, cr, 1.0f, c.L + v0, Vb, hc, D, beta_w, dw + v0 * D, D, nt);
-        }
+        ce_grads(&c, hc, r0, cr, dh_add, dw_add, dh, dw, nt);
     }
     tk_blas_restore(prev);
     return TIDE_OK;
