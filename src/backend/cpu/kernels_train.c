@@ -61,22 +61,6 @@ TK_AVX2 static double exp_row_avx2(float *s, int64_t n, float *mx) {
 }
 #endif
 
-double tk_exp_row(float *s, int64_t n, float *mx, bool avx) {
-#ifdef TK_X86
-    if (avx) return exp_row_avx2(s, n, mx);
-#endif
-    float m = s[0];
-    for (int64_t j = 1; j < n; j++) m = s[j] > m ? s[j] : m;
-    double sum = 0;
-    for (int64_t j = 0; j < n; j++) {
-        float e = expf(s[j] - m);
-        s[j] = e;
-        sum += e;
-    }
-    *mx = m;
-    return sum;
-}
-
 /* s[j] = exp(s[j] - m) (every s[j] <= m), their sum in double. */
 static double exp_shift(float *s, int64_t n, float m, bool avx) {
 #ifdef TK_X86
@@ -89,6 +73,16 @@ static double exp_shift(float *s, int64_t n, float m, bool avx) {
         sum += e;
     }
     return sum;
+}
+
+double tk_exp_row(float *s, int64_t n, float *mx, bool avx) {
+#ifdef TK_X86
+    if (avx) return exp_row_avx2(s, n, mx);
+#endif
+    float m = s[0];
+    for (int64_t j = 1; j < n; j++) m = s[j] > m ? s[j] : m;
+    *mx = m;
+    return exp_shift(s, n, m, false);
 }
 
 /* ------------------------------------------------------------- embed, norm */
