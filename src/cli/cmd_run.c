@@ -140,7 +140,7 @@ static const char help_tail[] =
     "the built-in model is written), TIDE_DATA (hardware profiles), on a GPU\n"
     "TIDE_EXEC_SYNC=1 (wait for every op and copy instead of queueing them ahead\n"
     "with events, to compare) and TIDE_CUDA_ATTENTION=rows (per-row attention\n"
-    "kernel only). See the README's Environment section.\n";
+    "kernel only). See docs/running.md, section 8 (Environment).\n";
 
 static int parse_tokens(const char *s, int32_t **out, int *n) {
     int cap = 16, cnt = 0;
