@@ -107,7 +107,7 @@ const char *tide_dtype_name(tide_dtype dt);
  * Returns 0 on success, -1 if the name is unknown. */
 int tide_dtype_parse(const char *name, tide_dtype *out);
 
-/* Tensor roles (DESIGN section 3). */
+/* Tensor roles (docs/design.md section 3.1). */
 typedef enum tide_role {
     TIDE_ROLE_WEIGHT = 0, /* persistent, read-only, clean copy at home */
     TIDE_ROLE_STATE,      /* persistent, read-write (KV cache, optimizer state) */

@@ -1,5 +1,5 @@
 /*
- * executor.h - runs a verified plan on a backend (DESIGN sections 2-3, 8).
+ * executor.h - runs a verified plan on a backend (docs/design.md sections 2-3, 8).
  *
  * The executor decides nothing: it allocates the device arena of exactly the
  * plan's budget once, a host spill pool and an SSD spill store of the sizes the

@@ -1,6 +1,6 @@
 /*
  * plan.h - the plan IR: what the planner produces, the verifier proves, the
- * simulator replays, the executor runs and traces draw (DESIGN sections 3-5).
+ * simulator replays, the executor runs and traces draw (docs/design.md sections 3-5).
  * It is the contract every pipeline stage shares; nothing here plans,
  * checks or runs anything.
  *
@@ -198,7 +198,7 @@ static inline uint64_t tide_plan_align(uint64_t n) {
 
 /* One instruction's start and end in seconds from the start of a run:
  * predicted by the simulator or measured by the executor, drawn by traces
- * (DESIGN invariant 5: both come in this one format). */
+ * (docs/design.md invariant 5: both come in this one format). */
 typedef struct tide_sim_event {
     int ins;                      /* instruction index */
     double start_s, end_s;

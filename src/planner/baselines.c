@@ -1,5 +1,5 @@
 /*
- * baselines.c - the two baseline policies of DESIGN section 6, planned by the
+ * baselines.c - the two baseline policies of docs/design.md section 6.4, planned by the
  * same engine as tide (planner_engine.c) so that policy is compared, not
  * engine; their plans are ordinary plans, checked by the same verifier.
  *

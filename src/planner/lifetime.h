@@ -1,5 +1,5 @@
 /*
- * lifetime.h - lifetime analysis for the planner (DESIGN section 4.1).
+ * lifetime.h - lifetime analysis for the planner (docs/design.md section 4.1).
  *
  * A plan runs the graph n_iter times; the planner reasons over the unrolled
  * op sequence, where step = iter * n_ops + op. For every tensor this module

@@ -1,5 +1,5 @@
 /*
- * planner.c - the planner (DESIGN section 4): turns a graph, a device budget
+ * planner.c - the planner (docs/design.md section 4): turns a graph, a device budget
  * and a cost model into a plan of COMPUTE/LOAD/STORE/MOVE/DROP instructions on
  * five streams. This file holds the `tide` policy and the public entry points
  * (tide_plan_make, tide_plan_min_budget, tide_plan_unconstrained_peak,

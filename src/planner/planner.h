@@ -1,8 +1,8 @@
 /*
- * planner.h - the planner's entry points (DESIGN section 4): a graph, a
+ * planner.h - the planner's entry points (docs/design.md section 4): a graph, a
  * device budget and a cost model in, a plan out; the smallest budget a policy
- * can plan, the unconstrained peak, and the lower bound and ideal of DESIGN
- * section 6. The planner plans graphs; it never builds them (the runtime
+ * can plan, the unconstrained peak, and the lower bound and ideal of docs/design.md
+ * section 6.3. The planner plans graphs; it never builds them (the runtime
  * does) and never runs them (the executor does).
  */
 #ifndef TIDE_PLANNER_H
@@ -83,7 +83,7 @@ uint64_t tide_graph_max_working_set(const tide_graph *g, int *which);
  * (TIDE_E_INVALID, TIDE_E_INFEASIBLE: host memory, TIDE_E_NOMEM). */
 tide_status tide_plan_max_working_set(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, uint64_t *ws);
 
-/* Lower bound (DESIGN section 6) and ideal for a graph on hw at a budget. */
+/* Lower bound (docs/design.md section 6.3) and ideal for a graph on hw at a budget. */
 typedef struct tide_bounds {
     double compute_s;             /* sum of op costs */
     double link_s;                /* minimum bytes per link / bandwidth, max over links */

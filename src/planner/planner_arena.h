@@ -1,5 +1,5 @@
 /*
- * planner_arena.h - the planner's range allocator (DESIGN section 4.3): one
+ * planner_arena.h - the planner's range allocator (docs/design.md section 4.3): one
  * instance lays out the device arena, others the host and SSD spill areas.
  *
  * The range [base, base + size) is cut into blocks kept in address order

@@ -39,7 +39,7 @@
 #include "planner/planner_arena.h"
 #include "sim/sim.h"
 
-/* Device copy states (DESIGN 3; the diagram is in planner.c). */
+/* Device copy states (docs/design.md section 3.3; the diagram is in planner.c). */
 enum { DEV_NONE = 0, DEV_PLACED, DEV_VALID };
 
 /* A tensor's copy on HOST or SSD. */

@@ -1,7 +1,7 @@
 /*
  * recompute.c - recomputation schedules: which ops run a second time in an
  * iteration, and where, so that the activations they produce need neither
- * stay on the device nor be stored and loaded back (DESIGN 4b: keep,
+ * stay on the device nor be stored and loaded back (docs/design.md section 4.5: keep,
  * store+prefetch, or drop+recompute).
  *
  * A schedule is the sequence of positions of one iteration, each naming the

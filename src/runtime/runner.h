@@ -27,8 +27,8 @@ typedef struct tide_runner_opts {
 } tide_runner_opts;
 
 /* Makes a runner of plan p of graph g on be, taking both (freed with the
- * runner, or at once on failure). The plan is verified first (DESIGN invariant
- * 3: a plan the verifier rejects never runs). Returns TIDE_OK,
+ * runner, or at once on failure). The plan is verified first (docs/design.md
+ * invariant 3: a plan the verifier rejects never runs). Returns TIDE_OK,
  * TIDE_E_VERIFY, or what tide_exec_new returns (arena, pool or spill store
  * refused). */
 tide_status tide_runner_new(tide_ctx *ctx, tide_backend *be, tide_graph *g, tide_plan *p,

@@ -1,6 +1,6 @@
 /*
  * sim.h - the simulator: a plan replayed on a hardware profile predicts its
- * timeline (DESIGN section 2), with instruction costs from the cost model.
+ * timeline (docs/design.md sections 2, 6.2), with instruction costs from the cost model.
  */
 #ifndef TIDE_SIM_H
 #define TIDE_SIM_H

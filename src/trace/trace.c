@@ -3,7 +3,7 @@
  * (open it in ui.perfetto.dev or chrome://tracing). The timeline may come
  * from the simulator or be measured by the executor: this file only needs each
  * instruction's start and end, so predicted and measured runs look alike
- * (DESIGN invariant 5).
+ * (docs/design.md invariant 5).
  *
  * Layout of the file:
  *   {"displayTimeUnit":"ms","traceEvents":[

@@ -1,7 +1,7 @@
 /*
  * trace_svg.c - draws a plan's device arena over time as an SVG picture, one
  * panel per timeline (measured, predicted, ...), so that runs of one plan sit
- * side by side (DESIGN section 2: "memory timeline picture"; invariant 5).
+ * side by side (docs/design.md section 2: "memory timeline picture"; invariant 5).
  * Written with fprintf; no library.
  *
  * Picture, top to bottom (all sizes in px, fixed width SVG_W):

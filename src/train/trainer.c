@@ -22,7 +22,7 @@
  * Offloaded: the plan under the budget (bytes, a fraction of the
  * unconstrained peak, the minimum, or auto), n_iter 1: each step loads what it
  * needs from the homes and leaves every persistent tensor at home with its
- * latest version (DESIGN section 8), so steps chain with no state kept on the
+ * latest version (docs/design.md section 5, V5), so steps chain with no state kept on the
  * device between them. The second offloaded step may refit the profile from
  * its measured instructions and replan, keeping the homes (train_refit.c).
  */

@@ -1,7 +1,7 @@
 /*
  * verify.c - the plan verifier: an independent replay of a plan's instruction
  * list proving that the plan is safe under EVERY interleaving its streams and
- * waits allow, not only the one the planner simulated (DESIGN sections 5, 8).
+ * waits allow, not only the one the planner simulated (docs/design.md sections 5, 8).
  * It reads the plan and the graph and nothing of the planner, so a planner bug
  * cannot hide behind shared code (it is built as a library of its own, against
  * ir/ and graph/ alone). The first violation in list order is reported:

@@ -1,5 +1,5 @@
 /*
- * verify.h - the plan verifier (DESIGN section 5). It is built as a library
+ * verify.h - the plan verifier (docs/design.md section 5). It is built as a library
  * of its own that sees only the plan IR and the graph, so its independence
  * from the planner holds by construction.
  */
@@ -8,7 +8,7 @@
 
 #include "ir/plan.h"
 
-/* Replays p against its graph and proves DESIGN section 5's invariants: every
+/* Replays p against its graph and proves docs/design.md section 5's invariants: every
  * COMPUTE reads the current version of each input from device memory; live
  * device ranges never overlap (transfers in flight included); every
  * offset+size is inside the budget; every cross-stream RAW/WAR/WAW hazard on
