@@ -17,6 +17,10 @@
 #   - the lone copy then finds nothing, and says which directories it
 #     searched and which names it knows; $TIDE_DATA still overrides.
 # The binary given as $1 (the tree's own build) is not used.
+#
+# What it proves: `cmake --install` to a temporary prefix, the build tree
+# removed: the installed `tide`, copied alone or with its prefix moved, finds
+# its profiles and plans.
 source "$(dirname "$0")/lib_cli.sh" "$1"
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 unset TIDE_DATA

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # cli_plan.sh - `tide plan` end to end: the table, the JSON, minimum budgets,
 # and every kind of bad input (exit status and the message naming the cause).
+#
+# What it proves: `tide plan` of inference graphs end to end (its table, JSON
+# and minimum budgets), and each bad input's exit status and message; `tide
+# plan --train` is tested in cli_train.
 source "$(dirname "$0")/lib_cli.sh" "$1"
 
 expect 0 "help" -- "$TIDE" plan --help

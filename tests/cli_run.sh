@@ -2,6 +2,10 @@
 # cli_run.sh - `tide run` and `tide make-model` end to end on small models:
 # the summary and JSON, offloaded runs checked bit for bit for every policy,
 # traces, spill directories left empty, and bad input (exit status, message).
+#
+# What it proves: `tide run` end to end, and each bad input's exit status and
+# message; `--check` of a resident run against the plain engine, `--engine
+# plain`.
 source "$(dirname "$0")/lib_cli.sh" "$1"
 : "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
 FX=$TIDE_FIXTURES/tiny-bf16-gqa

@@ -5,6 +5,10 @@
 # run is bit-identical to the unconstrained reference run (the plain engine,
 # run after it); the peak RSS of both runs and the predicted against measured
 # prefill and decode are reported.
+#
+# What it proves: offloading on the CPU: weights on SSD at 25% and 10%
+# bit-identical to the unconstrained run with nothing copied to the device,
+# weights in place at 25%, the demonstration's memory figures, bad input.
 source "$(dirname "$0")/lib_cli.sh" "$1"
 : "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
 FX=$TIDE_FIXTURES/tiny-bf16-gqa

@@ -6,6 +6,19 @@
 # are greedy), --stop, offloaded text runs checked bit for bit, `tide chat`
 # through a pipe and through a terminal (Ctrl-C stops an answer, Ctrl-D
 # ends), and bad input (exit status, message naming the cause).
+#
+# What it proves: text in and out end to end on a small model with the
+# built-in tokenizer: `--prompt` generates what the same ids given by `tide
+# tokenize` generate, `--prompt-file` the same; seeded runs repeat, another
+# seed differs, temperature 0 and top-k 1 are greedy; `--stop` ends the text
+# right before the stop string; text runs offloaded under every policy and
+# sampled at the minimum budget checked bit for bit; `--chat` prompts as the
+# template gives them; `tide chat` through a pipe (one answer per line,
+# `/clear`, offloaded answers equal resident ones) and in a pseudo-terminal
+# (Ctrl-C stops an answer, Ctrl-D ends with exit 0); bad input (vocabulary
+# larger than the embedding, missing and malformed tokenizer.json, empty and
+# too-long prompts, unknown template, a model without a template, bad sampling
+# values).
 source "$(dirname "$0")/lib_cli.sh" "$1"
 : "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
 : "${TIDE_DATA:?TIDE_DATA must point at data}"

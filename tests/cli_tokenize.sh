@@ -4,6 +4,11 @@
 # recorded in expected.json in every mode, the text and JSON forms, --file with
 # bytes read exactly (invalid UTF-8, NUL, standard input), and bad input (exit
 # status, message naming the file and the problem).
+#
+# What it proves: `tide tokenize` against the recorded ids of the five
+# tokenizers, text and JSON forms, `--file` with invalid UTF-8 and NUL and
+# from standard input, bad input (missing, truncated, unsupported
+# tokenizer.json).
 source "$(dirname "$0")/lib_cli.sh" "$1"
 : "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
 FX=$TIDE_FIXTURES/text

@@ -3,6 +3,26 @@
 # lines and JSON, offloaded training checked bit for bit, checkpoints that
 # load in `tide run`, resumption, and bad input (exit status, message, no
 # checkpoint left looking whole).
+#
+# What it proves: `tide train` and `tide plan --train` end to end, and each
+# bad input's exit status and message; `tide train` resident and offloaded for
+# every policy (state on SSD at the minimum budget), and with every AdamW
+# update on the host CPU (at 25%, the minimum, and with the state on SSD;
+# `--optimizer auto` at the all-host minimum, below the device updates' own,
+# placing some on the host, bit-identical; likewise `--policy zero-offload` at
+# the minimum, state on host and on SSD), checked bit for bit, checkpoints
+# that `tide run` loads, resume equal to the uninterrupted run, the replan
+# line and `refit` object of a run on a profile with rates far too slow and
+# none with `--no-refit`, the demonstration, `tide plan --train`; row tiles
+# (`tide train` at its tiled minimum below the untiled one, checked bit for
+# bit, and refused there with `--tile none`; `tide plan --train` of llama-7b
+# at its tiled minimum (tiles of one sequence, the vocabulary in 4 blocks)
+# under a seventh of the untiled one and under two thirds of row tiles' alone,
+# its `tiling` line and JSON fields, zero-offload untiled unless asked, bad
+# `--tile`); bad training input (odd-sized, short and out-of-vocabulary data,
+# `--seq` beyond the positions, an unwritable `--out`, a disk filling up
+# mid-save with the earlier checkpoint left whole, a resume of another shape
+# or model).
 source "$(dirname "$0")/lib_cli.sh" "$1"
 : "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
 FX=$TIDE_FIXTURES/train/train-bf16-gqa

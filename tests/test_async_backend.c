@@ -8,6 +8,13 @@
  * queue_sync of its queue and of each queue whose work it skipped, on that
  * queue's context; queues are limited in number and reused; destroy drains
  * queued work.
+ *
+ * What it proves: the asynchronous test backend keeps backend.h's promises:
+ * synchronous calls return finished work, queues are ordered by events only,
+ * event_sync blocks, errors of queued work come back from synchronize, or
+ * from queue_sync of the queues they touched, once and on the queue's own
+ * context (two queues failing at once from two threads each keep their own
+ * message), queues are limited in number and reused.
  */
 #include <setjmp.h>
 #include <stdarg.h>

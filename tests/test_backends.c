@@ -66,6 +66,28 @@
  * backend (a check of the harness and of CPU determinism), a line says why
  * CUDA was skipped, and the program exits 77 (skipped) if everything else
  * passed.
+ *
+ * What it proves: every op on every available backend against the CPU (the
+ * CPU's fast mode against its f32 mode within (2^-8 + 2e-5) sum abs(x w), and
+ * a whole model in the fast mode offloaded bit-identical to resident), the
+ * tiled forms too (checked against independent expectations, with what a tile
+ * must keep compared bit for bit); the CUDA fast matmul mode against a bound
+ * for bf16/f16-rounded activations; a whole model in each matmul mode,
+ * offloaded bit-identical to resident; a three-stream pipeline ordered by
+ * events alone, each stream on a queue of its own, on every backend with
+ * events and on the asynchronous test backend; concurrent threads each on a
+ * queue of their own; the queue limit (CUDA cases skip without a GPU); ROPE
+ * and ATTENTION with a position per row (`pos_rows`): each batch row
+ * bit-identical to its sequence run alone, on every backend; CROSS_ENTROPY of
+ * a row tile (targets from an offset into a longer tensor, which a mutation
+ * reading from 0 hits as out of range; the loss and the head's gradient
+ * adding into the earlier tiles'; the loss against its value worked in
+ * double) on every backend; the loss over a head in three uneven vocabulary
+ * blocks (CE_STATS: each block's running statistics from those of the blocks
+ * before, the last block's loss fresh and adding; CE_BLOCK: each block's dh,
+ * fresh and adding, and dw, fresh and adding) against a double reference of
+ * the whole head, and EMBED_BWD into a block of the gradient (exact), with
+ * their range errors, on every backend.
  */
 #include "tide.h"
 #include "async_backend.h"

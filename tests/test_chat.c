@@ -21,6 +21,17 @@
  *     and near relatives (Phi-3, GLM-4) are not taken for zephyr;
  *   - failed allocations are TIDE_E_NOMEM with nothing leaked.
  * TIDE_FIXTURES unset is a failure, not a skip: the fixtures are committed.
+ *
+ * What it proves: the six chat-template families on templates written by
+ * `scripts/make_chat_fixtures.py` to each family's published format and
+ * rendered by transformers' `apply_chat_template` (tiny tokenizers with each
+ * family's special tokens, `tests/fixtures/chat/`): 12 conversations per
+ * family (with and without a system message, one user message, with and
+ * without the generation prompt, odd role orders, empty and whitespace-padded
+ * content, non-ASCII) equal byte for byte, their ids equal transformers'; the
+ * 13 conversations transformers refuses refused; 12 differently written
+ * templates detected to their family, unknown ones (Phi-3-like, GLM-4-like,
+ * custom) refused naming `--template`; every failed allocation.
  */
 #include "tide.h"
 #include "core/alloc_test.h"

@@ -3,6 +3,12 @@
  * parameter counts), tide_llama_config_check, and reading and writing Hugging
  * Face config.json files, with one test per kind of bad file (the status and a
  * message naming the file and the field).
+ *
+ * What it proves: configs and safetensors, one test per kind of malformed
+ * input (truncated file, header past the end, offsets out of range or
+ * overlapping, dtype/shape/size mismatch, missing or extra tensor, bad config
+ * or index JSON, unknown config name), synthetic checkpoints byte-identical
+ * per seed.
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -19,6 +19,11 @@
  *   4. matvec_bw_f32 / _f16 / _bf16 round-trip through a profile file,
  *      are optional, and a bad value is refused naming the field;
  *   5. the CPU's probe (tide_probe_backend) measures them.
+ *
+ * What it proves: the cost model's prices: a decode-shaped matmul priced by
+ * the profile's matrix-vector bandwidth against hand-worked figures, SSD
+ * loads into host memory priced as the read alone, the CPU probe's profile
+ * fields.
  */
 #include <setjmp.h>
 #include <stdarg.h>

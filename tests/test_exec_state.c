@@ -21,6 +21,11 @@
  *   s0 = g(s0, s3)
  *   s1 = g(s1, s3, t)
  *   out = g(s0, s1, s2, s3)  out (999) output
+ *
+ * What it proves: persistent tensors homed in a file on SSD and written back
+ * by the executor: the file's contents equal host-homed runs bit for bit over
+ * budgets, iterations, host-addressable plans, direct and buffered
+ * descriptors; injected write failures named.
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -5,6 +5,31 @@
  * directory, failed allocations, two streams failing at once) end in a clean
  * status, reported once, with nothing left behind; two executors share one
  * backend at the same time.
+ *
+ * What it proves: offloaded outputs bit-identical to the unconstrained run
+ * for every policy, budget (100%, 50%, 25%, min) and weight home (host, SSD,
+ * pinned copies); a GPU's paths (uploaded weights, host-homed cache,
+ * double-buffered SSD reads into device memory) through a CPU backend that
+ * reports device memory; tiled graphs (row tiles, weight blocks of 1-2 KiB)
+ * at the full budget and their own minimum, and batch-2 forward and
+ * generation through the model API with forced and automatic tiling, equal to
+ * the untiled run; SSD spills with injected faults; the Nth allocation
+ * failing; asynchronous issue on a backend whose queues run behind the caller
+ * with random delays (`tests/async_backend.h`): every policy, budget and
+ * weight home, spills to host and SSD, direct-to-device reads, resident runs
+ * and generation bit-identical to the CPU, measured timelines that respect
+ * every wait of the plan, a queued range error reported with its message
+ * (each missing or misplaced wait tried was caught); two streams failing at
+ * the same moment (a kernel's range error met by an injected copy failure, a
+ * bad token met by an SSD read error) reported once, with one cause, clean
+ * under ThreadSanitizer; two executors of two plans sharing one backend (CPU,
+ * and the asynchronous test backend) from two threads at once, every run
+ * bit-identical; ops forced onto the host CPU (CPU and asynchronous backends,
+ * budgets 100%, 50%, minimum, weights on host and SSD), host homes used in
+ * place and weights warm in a lent arena, every run bit-identical; two models
+ * on one backend instance, interleaved step by step and from two threads,
+ * resident, offloaded and on the plain engine, every logit equal to each
+ * model run alone.
  */
 #include <setjmp.h>
 #include <stdarg.h>

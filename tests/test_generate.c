@@ -21,6 +21,20 @@
  *     request is refused alone; requests admitted while the batch runs
  *     (tide_model_generate_batch_ex) equal their runs alone too, and each
  *     is reported done as it ends, before the batch ends.
+ *
+ * What it proves: `tide_model_generate_ex`: without options equal to
+ * `tide_model_generate` (ids and logits); greedy samplers equal to the
+ * graph's argmax; stop ids and a callback end generation where they should; a
+ * generation cut short and continued from the cache (`start_pos`) equal to
+ * the uncut one bit for bit, greedy and sampled, resident and offloaded;
+ * seeded runs repeat resident and offloaded; bad arguments; a batch
+ * (`tide_model_generate_batch`) of four requests with different prompts,
+ * lengths, stop ids and samplers gives each the ids and logits hash of its
+ * run alone, resident, offloaded (weights on host and on SSD) and on the
+ * plain engine, with decode steps shared; a refused request in the batch
+ * fails alone; at a budget where only one sequence's graphs plan (found by
+ * the planner in the test), a 16-request batch prefills and steps its rows
+ * one at a time, each request equal to its run alone.
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -6,6 +6,11 @@
  * Simulator cases run on a "unit" profile whose rates make every duration a
  * round number of seconds (1 GFLOP/s, 1 GB/s h2d, 0.5 GB/s d2h, no latencies),
  * so expected makespans are computed by hand in the comments.
+ *
+ * What it proves: profiles (and malformed ones), the cost model, simulated
+ * makespans computed by hand, traces and plan JSON round trips; the backend
+ * probe run through the CPU backend's vtable, and on the asynchronous test
+ * backend in queued batches (counted), the matmul modes' rules.
  */
 #include <setjmp.h>
 #include <stdarg.h>

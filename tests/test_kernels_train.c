@@ -32,6 +32,15 @@
  *   - ADAMW: exact against an f32 transcription of torch's single-tensor
  *     AdamW here (torch's vectorised CPU kernels fuse lerp and addcmul into
  *     FMAs), and 1e-5 of the largest step (lr / bc1) against a double one.
+ *
+ * What it proves: every CPU training kernel (the backward of each forward op,
+ * the fused cross-entropy, SUMSQ, AdamW, MATMUL's transposed and accumulating
+ * forms, attention without a cache) against central finite differences of its
+ * forward and a double reference of its gradient; the same bits for 1, 2 and
+ * 3 threads; accumulating forms against fresh plus previous; AdamW bit for
+ * bit against an f32 transcription of torch's (f32, bf16 and f16 with
+ * masters, clipped or not, 1-D tensors without decay); bad ids, targets and
+ * positions refused.
  */
 #include "tide.h"
 #include "backend/backend.h"

@@ -18,6 +18,13 @@
  *   plus the lifetime queries, the lower bound, and the message of a budget
  *   below an op's need beside what the plan reserves (the two apart).
  * The hardware profile is filled in by hand (an H100-like machine).
+ *
+ * What it proves: hundreds of random DAGs under random budgets for all three
+ * policies, every plan verified; "needs at least N bytes" below the minimum;
+ * reload counts equal Belady's optimum (brute force) on small cases; random
+ * DAGs with ops forced onto the host CPU, host homes used in place, warm
+ * weights and a shared scratch, every plan verified and the baselines
+ * refusing them.
  */
 #include <setjmp.h>
 #include <stdarg.h>

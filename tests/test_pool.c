@@ -23,6 +23,31 @@
  *   - bad input: no budget, unknown policy, duplicate name, a minimum above
  *     the budget, equal shares below a minimum, unknown workloads,
  *     continuation requests.
+ *
+ * What it proves: the device-budget arbiter on the three fixtures, CPU
+ * backend: random arrival and departure traces of 2-5 workloads (seeded, two
+ * budgets per policy) with requests from three threads, under `tide` (one
+ * budget time-slices at times), `equal` and `serial`: every request's ids and
+ * logits hash equal to the same request run alone on a resident model, each
+ * plan's peak within the share it ran at, the budget never exceeded at any
+ * instant (the pool's hook on every change of the shares in use, and every
+ * device allocation of the backend counted before it is made), nothing leaked
+ * once all have left; the same traces where device memory is not host memory
+ * (the asynchronous test backend taking the GPU paths: weights loaded into
+ * each share's arena), every request still equal to the CPU's run alone; the
+ * same again with every workload's weights homed on SSD on the CPU backend
+ * (the minimums grow: the weights stream through the shares); each workload's
+ * minimum planned and verified at exactly that budget; `tide` shares
+ * predicted no slower than `equal` ones (both priced from the same planned
+ * points of each workload's curve); the fallback to time-slicing and back;
+ * removing a workload with a request in flight (waits for it, refuses the one
+ * queued behind it); bad input (no budget, unknown policy or profile,
+ * duplicate name, a minimum above the budget, equal shares below a minimum,
+ * unknown or foreign workloads, continuation requests, bad tokens); with no
+ * profile given, the machine measured once and its temporary profile file
+ * gone with the pool; the traces' workloads batch up to three waiting
+ * requests (every batched request equal to its run alone); three requests
+ * queued behind a running one run as one batch, each equal to its run alone.
  */
 #include <setjmp.h>
 #include <stdarg.h>

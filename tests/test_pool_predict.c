@@ -24,6 +24,18 @@
  *     once where the knees fit together;
  *   - the warm weights each point predicts are the ones the model keeps at
  *     that budget (the tiny fixture, run).
+ *
+ * What it proves: what the pool predicts and how policy tide chooses, no
+ * model run: with warm weights (weights in host memory on the h100-80g
+ * profile, and on SSD) a workload's need is its unconstrained peak plus every
+ * weight, at the need every weight is warm, the request faster than the cold
+ * prediction there (less link and SSD time), the load time at least the bytes
+ * over the slower of link and drives; a share held costs no load, another one
+ * does, the greedy moves only when the queued requests repay the load, a held
+ * share at the chosen point stays; shares against time-slicing: sliced when
+ * every share would stream over one link, shares when all fit warm, when a
+ * compute-bound and a link-bound workload overlap, and when they tie; one
+ * workload never sliced.
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -27,6 +27,20 @@
  * Bit-identity of checkpoint-layer steps and of tide steps that recompute
  * (and of zero-offload steps) against the resident step is in test_train.c (test_offload_bit_identical,
  * test_tide_recompute_bit_identical).
+ *
+ * What it proves: checkpoint-layer plans of small training steps (2 and 4
+ * layers, 1 and 2 micro-batches) verify, recompute only forward ops of layers
+ * (TEMP outputs, no in-place update), peak below lru's keep-everything plan
+ * with no activation stored, less host traffic than lru at checkpoint-layer's
+ * own peak; the same plan as lru on an inference graph; the tide policy's
+ * cheap recomputation on a slow link verifies and `tide_plan_make` keeps the
+ * faster plan; a recomputation planted in a real plan from a stale input (an
+ * op that updated a tensor in place) rejected by the verifier; zero-offload
+ * plans of the same steps (room for everything, a quarter of it, its minimum)
+ * verify, place every ADAMW and nothing else on the host, store each gradient
+ * to host before any COMPUTE of another layer, recompute as checkpoint-layer,
+ * peak below checkpoint-layer; an inference graph and a caller's host
+ * placement refused.
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -15,6 +15,11 @@
  *   - a prompt holding a token id >= vocab fails with TIDE_E_RANGE and a
  *     message naming the id.
  * TIDE_FIXTURES unset is a failure, not a skip: the fixtures are committed.
+ *
+ * What it proves: whole-model logits (max error / max logit <= 1e-4; measured
+ * about 1.5e-6) and greedy tokens (exact) against Hugging Face `transformers`
+ * on three committed fixtures: f32 tied, bf16 GQA (transformers-5 config
+ * layout), f16 sharded.
  */
 #include "tide.h"
 

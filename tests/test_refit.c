@@ -28,6 +28,21 @@
  *   4. Where device memory is apart from the host's (a test double of a GPU),
  *      the AdamW placement is chosen again on the refitted rates, and the
  *      steps stay bit-identical (test_placement_on_refit).
+ *
+ * What it proves: the refit of the cost model from a measured run: on a
+ * hand-made plan and timeline each class (op kinds, h2d, d2h, SSD reads and
+ * writes, host computes) gets its exact ratio and the refitted profile
+ * predicts its measured sum (exactly for single-stage transfers), a class
+ * below the threshold takes the pooled ratio of all such classes, or the
+ * whole run's where they have too little time together, the same inputs give
+ * the same profile bit for bit; a profile far too slow makes the trainer
+ * replan after its second step, with every step and the final state
+ * bit-identical to the unconstrained run (state on host and on SSD),
+ * `no_refit` keeps the plan; a profile of this machine (the CPU probe, its
+ * rates first corrected by its own error on this step) with every rate
+ * doubled or halved is more than 15% off, and the refitted prediction comes
+ * within 15% of the median of the next three measured steps (up to three
+ * attempts on a shared machine).
  */
 #include <setjmp.h>
 #include <stdarg.h>

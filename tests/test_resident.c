@@ -24,6 +24,11 @@
  * host and device memory is checked to lie inside one live device
  * allocation; a copy that does not fails with a message saying so, as the
  * emulated GPU reports it.
+ *
+ * What it proves: resident runs on a device: the whole warm region reserved
+ * (activations never land in unused rows of the KV cache) and the arena at
+ * least its size, against the plain engine bit for bit; errors of the plain
+ * engine and of uploads named on the model's own context.
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -34,6 +34,19 @@
  *   - reset forgets the history; failed allocations are TIDE_E_NOMEM with
  *     nothing leaked.
  * No timing: throughput is not a test.
+ *
+ * What it proves: the sampler: the generator's first outputs pinned to the
+ * splitmix64/xoshiro256** definitions; the first 20 draws of a fixed case
+ * computed outside the library; a seed repeats 1000 draws, other seeds
+ * differ; temperature 0 and top-k 1 are the argmax; the distribution of every
+ * combination of temperature, top-k, top-p, min-p and the three penalties
+ * (with windows that wrap) equal to a plain double reference within 1e-12, on
+ * vocabularies up to 150k; 10^5 draws against it by a chi-square test (reject
+ * at p < 1e-4, fixed seeds) for six configurations, and the same test
+ * rejecting draws compared against the untruncated softmax, a 3% other
+ * temperature and the unpenalised distribution (p from 1e-21 down), so it
+ * cannot pass vacuously; NaN and infinite logits, bad options named, every
+ * failed allocation.
  */
 #include "tide.h"
 #include "core/alloc_test.h"

@@ -16,6 +16,10 @@
  * paths; failed allocations during open; reads of a caller's file (end of file
  * reads zeros); registered buffers; use from a thread other than the opener's;
  * the raw bandwidth helpers.
+ *
+ * What it proves: the SSD store round-trips data through io_uring and through
+ * the pread fallback; injected read/write errors, ENOSPC, bad directories;
+ * nothing left behind.
  */
 #include "core/alloc_test.h"
 #include "store/ssd.h"

@@ -12,6 +12,11 @@
  * does not exist, every allocation failing in turn. Last, a chain plan of about
  * a million instructions, replayed by the simulator, drawn twice; its peak is
  * checked against a brute-force sweep and the file's size stays bounded.
+ *
+ * What it proves: profiles (and malformed ones), the cost model, simulated
+ * makespans computed by hand, traces and plan JSON round trips; the backend
+ * probe run through the CPU backend's vtable, and on the asynchronous test
+ * backend in queued batches (counted), the matmul modes' rules.
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -31,6 +31,38 @@
  *     a gradient that is rounding noise into a full +-lr step, so up to 16
  *     elements per tensor may exceed these, none by more than twice the
  *     summed learning rates.
+ *
+ * What it proves: training against PyTorch on three committed fixtures
+ * (`scripts/make_train_fixtures.py`: `LlamaForCausalLM` +
+ * `torch.optim.AdamW`, 10 steps, warmup and cosine, clipping, 2
+ * micro-batches; f32 GQA, bf16 GQA with f32 masters, f32 tied): per-step loss
+ * and gradient norm within 1e-5 relative, the same steps clipped, step-1
+ * gradients within 1e-5 of each tensor's largest (exact zeros kept), final
+ * parameters within 1e-4 (bf16: one ulp on at most 1%), moments within 1e-3
+ * of their largest; offloaded steps bit-identical to the unconstrained run
+ * for every policy (checkpoint-layer's recomputed activations and
+ * zero-offload's host updates included) at 50%, 25% and the minimum budget
+ * with the training state homed on host and on SSD; tide steps that recompute
+ * (a 20 MB/s link; more COMPUTEs in the step's trace than ops) bit-identical;
+ * resume after save bit-identical to the uninterrupted run, and the saved
+ * checkpoint's logits (through `tide_model_forward`) giving the loss the
+ * trainer computes next; row tiles: the three fixtures trained in tiles of
+ * one sequence still match PyTorch within the same tolerances, the tiled
+ * graph's shapes (a tile's activations, a loss per micro-batch added over its
+ * tiles, every persistent tensor at its untiled index), the tide policy
+ * tiling by itself at its minimum (below the untiled one) and between the two
+ * minimums (state on host and on SSD), `--tile none` refused there, the
+ * baselines tiled only when a level is forced; every tiled run bit-identical
+ * to the resident run of the same tiles; vocabulary blocks: the graph's
+ * blocks (names, homes at their rows, the same bytes of state and gradients
+ * as whole, the loss's op counts, a tied head sharing the embedding's
+ * blocks), the three fixtures trained with the embedding and the head in 2 or
+ * 3 uneven blocks (with row tiles or without) still matching PyTorch,
+ * gradients gathered from the blocks; the minimum with vocabulary blocks
+ * below the minimum of row tiles alone, bit for bit; save and resume of a run
+ * whose blocks were chosen at its first step (after the resume) and of one in
+ * 3 blocks, equal to the uninterrupted run, the checkpoint whole (it runs as
+ * a model and resumes an unblocked trainer).
  */
 #include "tide.h"
 #include "graph/graph.h"

@@ -7,6 +7,13 @@
  * checkpoints saved and read back (by tide_checkpoint_open and by resume,
  * bit-exact), replaced atomically, and left as they were when a save fails
  * (a failing fill, a file size limit, refused destinations, every allocation).
+ *
+ * What it proves: token files (u16, u32, every `.npy` integer kind; odd size,
+ * too short, ids out of range, malformed headers named), batch windows and
+ * shuffled starts, the synthetic corpus; the safetensors writer; checkpoints
+ * saved and reloaded bit for bit; a failing fill, a file-size limit and every
+ * allocation failing leave the earlier checkpoint whole and no temporary
+ * behind.
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -13,6 +13,15 @@
  * homes and op scratch. Then: every allocation failing in turn, a brute-force
  * race oracle (sharing nothing with the verifier) against single-wait
  * removals, and a 200k-instruction plan for speed.
+ *
+ * What it proves: the verifier accepts correct plans and rejects each planted
+ * fault (overlap, missing wait, stale read, budget overflow, lost dirty
+ * state, ...); a recomputation accepted when it reads its first compute's
+ * input versions, rejected from a stale input or of a value rewritten since;
+ * host computes (a device operand, the wrong stream, a missing wait on the
+ * STORE that brought an input to host memory, a device reading host memory in
+ * a plan that does not allow it); warm tensors (dropped, ending stale, a
+ * stale home read, overlapping, a temp kept warm).
  */
 #include <setjmp.h>
 #include <stdarg.h>

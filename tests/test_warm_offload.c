@@ -17,6 +17,18 @@
  *   - the baselines keep nothing warm;
  *   - a prefill alone is predicted no slower with the warm weights chosen
  *     than with none (test_prefill_alone).
+ *
+ * What it proves: offloaded runs with warm weights, on a device (CUDA, or the
+ * asynchronous test double taking the GPU paths) and on the CPU with the
+ * weights on SSD: two requests (prefill and decode steps) bit-identical to
+ * the unconstrained run with warm weights and without; the bytes moved fall
+ * by the warm bytes once per graph run; at the minimum budget nothing is warm
+ * and the bytes are the cold run's; static-layer keeps nothing warm; warm
+ * weights leave room for the longest prompt: on the CPU with weights on SSD
+ * and no tiling, at 8 budgets from a whole-context prompt's minimum to twice
+ * it, a short request and then one of the whole context both run with the
+ * unconstrained tokens (the warm region once took the room the long prompt
+ * needed).
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -10,6 +10,10 @@
  *
  * Plain C, no test framework: the program must stay within what the base
  * links. Exit status 0 on success, 1 on the first failed check.
+ *
+ * What it proves: the verifier built against `ir/`, `graph/` and `core/`
+ * alone and linked without the planner, simulator, runtime or backends: a
+ * plan verifies there and a planted fault is rejected.
  */
 #include "ir/plan.h"
 #include "verify/verify.h"

@@ -6,6 +6,39 @@
 # checked bit for bit, and the failures a GPU can have: no driver, no device,
 # a device that answers but cannot be used, device memory refused, pinning
 # refused, a kernel that faults.
+#
+# What it proves: (with `test_backends_cudaemu`, which is
+# tests/test_backends.c built on the emulation, and
+# `bench_gpu_offload_cudaemu`) the whole CUDA backend without a GPU:
+# `cuda_backend.c` and `cuda_ops.c` built against the toolkit's headers and
+# linked with an emulated CUDA runtime and cuBLAS
+# (`tests/emu/cuda_rt_emu.cpp`) and the kernels on the emulation above. A
+# device thread runs the queued work of every stream in a random order that
+# respects stream order and event waits, lagging the host by random delays
+# (or, with `TIDE_EMU_LAZY=1`, running nothing until the host waits for it);
+# the host waits only where CUDA promises to (synchronize calls, `cudaFree`),
+# so copies to host memory, pinned or not, land when the device gets to them;
+# copy and GEMM operands or kernel pointer arguments outside device memory,
+# writes past an allocation, overlapping copies, pinned memory released under
+# a queued copy, a pinned copy source written by the host before its copy ran,
+# and streams or events used after destroy stop the run. `test_backends` runs
+# all its cases there on "cuda"; `cli_cuda_emu` runs `tide run` on the
+# emulated GPU (every policy offloaded and checked bit for bit, SSD-homed
+# weights through the bounce buffer, traces from timing events,
+# `TIDE_EXEC_SYNC=1`, `--budget auto`, offloaded runs on a lazy device) and
+# its failures (CUDA errors 35 and 100, a GPU present but unusable, device
+# memory and pinning refused, a kernel fault issued ahead or not); the GPU
+# benchmark runs there on a 4-layer tiny model, so its own code has run before
+# a GPU session needs it. Shown to catch 15 of 16 bugs planted in
+# `cuda_backend.c` (a missing event wait, an event on the wrong stream, a
+# wrong leading dimension, transpose, dtype or chunk offset for cuBLAS, a
+# wrong pitch, a range record not armed or not cleared, a host pointer handed
+# to a kernel, ...; the one missed, `synchronize` waiting for the compute
+# stream only, is masked by the executor's own event waits) and an executor
+# that lets the SSD reader refill a bounce-buffer half before its queued copy
+# ran. `build/tide-cudaemu` is the command-line tool on the emulated GPU;
+# `TIDE_EMU_*` variables set its memory, schedule and injected failures (see
+# `tests/emu/cuda_rt_emu.cpp`).
 source "$(dirname "$0")/../lib_cli.sh" "$1"
 : "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
 FX=$TIDE_FIXTURES/tiny-bf16-gqa

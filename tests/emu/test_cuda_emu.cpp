@@ -54,6 +54,16 @@
  * shapes (sanitizer builds, where the emulation runs 5 times slower), -v
  * prints every case with its time, and an argument naming an op runs only
  * that op's cases.
+ *
+ * What it proves: the CUDA kernels without a GPU: the current
+ * `cuda_kernels.cu` and `cuda_gemm.cu`, rewritten at build time into C++ that
+ * runs every CUDA thread as a coroutine (barriers wait for the block,
+ * shuffles for the warp), each case under three schedules that must give the
+ * same bits, buffers against guard pages; every launcher against the CPU
+ * kernel with `test_backends`' tolerances (178 attention shapes on both
+ * kernels, all f16/bf16 bit patterns); shown to catch 39 planted bugs (a
+ * missing barrier, an off-by-one mask, an ignored leading dimension, wrong
+ * rounding, ...).
  */
 #include "tide.h"
 #include "backend/cuda/cuda_gemm.h"
