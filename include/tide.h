@@ -1084,8 +1084,8 @@ typedef struct tide_hw tide_hw;
  * characters than letters, digits, '-', '_' and '.'); TIDE_E_FORMAT naming the
  * bad field; TIDE_E_IO; TIDE_E_NOMEM. *out is NULL on failure. */
 tide_status tide_hw_open(tide_ctx *ctx, const char *name_or_path, tide_hw **out);
-/* Frees a profile; NULL is a no-op. Plans and timelines made with it must not
- * be simulated with it afterwards. */
+/* Frees a profile; NULL is a no-op. A tide_train_plan planned on it refers to
+ * it: free that first. */
 void tide_hw_free(tide_hw *hw);
 /* Writes the names tide_hw_open finds ("a100-80g, h100-80g, ..."; those shipped
  * with tide when no data directory is readable) into buf, NUL-terminated and
@@ -1316,11 +1316,11 @@ typedef struct tide_train_plan tide_train_plan;
  * within o->tile: TIDE_TILE_NONE plans the step to describes; a level plans
  * that level; auto starts at the coarsest level whose largest op fits and
  * plans finer ones while each is predicted faster, keeping the fastest. With
- * optimizer auto, the updates are placed where the predicted step is
- * shortest (on the device where the host placement cannot plan); the plan
- * may be the zero-offload baseline's when that is faster. On success *out
- * holds the step and to->tile_seqs and to->vocab_blocks its tiling. Returns
- * TIDE_OK; TIDE_E_INFEASIBLE naming what the last level tried needs;
+ * optimizer auto, each update is placed where the predicted step is
+ * shortest; the plan may be the zero-offload baseline's when that is faster.
+ * On success *out holds the step and to->tile_seqs and to->vocab_blocks its
+ * tiling; it refers to o->hw, which must outlive it. Returns TIDE_OK;
+ * TIDE_E_INFEASIBLE naming what the last level tried needs;
  * TIDE_E_UNSUPPORTED (host updates under a baseline); the failure of
  * building; TIDE_E_NOMEM. *out NULL on failure. */
 tide_status tide_train_plan_new(tide_ctx *ctx, const tide_llama_config *cfg, tide_llama_train_opts *to,
