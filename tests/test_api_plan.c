@@ -5,7 +5,9 @@
  * of a small model's prefill (their figures, verification, timeline, trace
  * files, bounds, the minimum budget and the tiling search), a planned
  * training step (its tiling, optimizer placement and memory figures), and
- * the refusals of bad budgets and arguments. Every figure the public
+ * the refusals of bad budgets and arguments, and every allocation of the
+ * wrappers failed in turn (TIDE_E_NOMEM, nothing returned, nothing leaked).
+ * Every figure the public
  * functions give is compared with the planner's own for the same inputs
  * (planner/planner.h, runtime/tiling.h, train/train_plan.h): the wrappers
  * must change nothing.
@@ -24,7 +26,8 @@
 
 #include "tide.h"
 
-/* the references only */
+/* the references and fault injection only */
+#include "core/alloc_test.h"
 #include "planner/planner.h"
 #include "runtime/tiling.h"
 #include "train/train_plan.h"
@@ -396,6 +399,55 @@ static void test_train_plan(void **state) {
     tide_graph_free(g);
 }
 
+/* Fails each allocation of opening a profile, planning, simulating and
+ * planning a training step in turn: each call either succeeds or returns
+ * TIDE_E_NOMEM with nothing in *out, and the bytes held come back to where
+ * they were once the results are freed. */
+static void test_nomem(void **state) {
+    fixture *f = *state;
+    f->po.device_budget = tide_plan_align(tide_planner_peak(f->ctx, f->g, &f->po) / 2);
+    tide_llama_train_opts to = {.batch = 1, .seq = 32, .accum = 1, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                .weight_decay = 0.1f, .grad_clip = 1.0f};
+    tide_planner_opts to_o = f->po;
+    to_o.n_iter = 2;
+    to_o.device_budget = (uint64_t)1 << 30;
+    to_o.tile = TIDE_TILE_NONE;
+    to_o.optimizer = TIDE_OPTIM_DEVICE;
+    int failed = 0;
+    for (long nth = 1;; nth++) {
+        int64_t live = tide_alloc_live_bytes();
+        tide_hw *hw = (tide_hw *)1;
+        tide_plan *p = (tide_plan *)1;
+        tide_timeline *tl = (tide_timeline *)1;
+        tide_train_plan *tp = (tide_train_plan *)1;
+        tide_llama_train_opts o = to;
+        tide_alloc_fail_nth(nth);
+        tide_status s1 = tide_hw_open(f->ctx, "h100-80g", &hw);
+        tide_status s2 = tide_plan_new(f->ctx, f->g, &f->po, &p);
+        tide_status s3 = s2 ? s2 : tide_plan_simulate(p, f->hw, &tl);
+        tide_status s4 = tide_train_plan_new(f->ctx, &f->cfg, &o, &to_o, &tp);
+        tide_alloc_fail_nth(0);
+        tide_status all[4] = {s1, s2, s3, s4};
+        for (int k = 0; k < 4; k++)
+            if (all[k] != TIDE_OK && all[k] != TIDE_E_NOMEM)
+                fail_msg("allocation %ld, call %d: %s: %s", nth, k, tide_status_str(all[k]),
+                         tide_ctx_last_error(f->ctx));
+        if (s1) assert_null(hw);
+        if (s2) assert_null(p);
+        if (s3 && !s2) assert_null(tl);
+        if (s4) assert_null(tp);
+        failed += s1 || s2 || s3 || s4;
+        bool done = !s1 && !s2 && !s3 && !s4;
+        tide_hw_free(s1 ? NULL : hw);
+        tide_timeline_free(s3 ? NULL : tl);
+        tide_plan_free(s2 ? NULL : p);
+        tide_train_plan_free(s4 ? NULL : tp);
+        assert_int_equal(tide_alloc_live_bytes(), live);
+        if (done) break;
+    }
+    assert_true(failed > 10);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_hw_profiles, setup, teardown),
@@ -403,6 +455,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_plan, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tiling, setup, teardown),
         cmocka_unit_test_setup_teardown(test_train_plan, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_nomem, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
