@@ -1055,6 +1055,394 @@ typedef struct tide_pool_workload_stats {
 /* Fills *s for w. TIDE_OK, or TIDE_E_INVALID when w is not in the pool. */
 tide_status tide_pool_workload_stats_get(tide_pool *p, tide_pool_workload *w, tide_pool_workload_stats *s);
 
+/* ---------------------------------------------------------------- planning
+ *
+ * Planning without running: hardware profiles, plans of a graph under a
+ * device budget and a policy (their figures, JSON, verification and predicted
+ * timeline), the minimum-budget and tiling searches, the planning of a whole
+ * training step, probing this machine into a profile, and the token files a
+ * training run reads. This is what `tide plan`, `tide probe` and `tide train`
+ * use; a plan never needs weights, only a graph's shapes. Errors are recorded
+ * on the context given (a plan's: the one it was made with). */
+
+/* Records status and a printf-style message as ctx's last error, for code that
+ * reports a failure of its own through a context (a generation callback that
+ * stopped it); returns status. ctx NULL: only returns status. */
+tide_status tide_ctx_set_error(tide_ctx *ctx, tide_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* A hardware profile: what the cost model and the simulator know of a machine
+ * (peak FLOP/s by dtype, device and host memory, link and SSD bandwidths,
+ * latencies). Shipped profiles live in data/hw/NAME.json; `tide probe`
+ * measures one (tide_hw_probe). */
+typedef struct tide_hw tide_hw;
+
+/* Loads a profile by name (a shipped one: data/hw/NAME.json in the data
+ * directories) or from a path (a name containing '/' or ending in .json) into
+ * a new handle *out. Returns TIDE_OK; TIDE_E_NOT_FOUND listing the known names
+ * and the directories searched; TIDE_E_INVALID (no name, a name with other
+ * characters than letters, digits, '-', '_' and '.'); TIDE_E_FORMAT naming the
+ * bad field; TIDE_E_IO; TIDE_E_NOMEM. *out is NULL on failure. */
+tide_status tide_hw_open(tide_ctx *ctx, const char *name_or_path, tide_hw **out);
+/* Frees a profile; NULL is a no-op. A tide_train_plan planned on it refers to
+ * it: free that first. */
+void tide_hw_free(tide_hw *hw);
+/* Writes the names tide_hw_open finds ("a100-80g, h100-80g, ..."; those shipped
+ * with tide when no data directory is readable) into buf, NUL-terminated and
+ * cut to cap bytes (cap 0: nothing written). Returns the length of the whole
+ * list, so a return >= cap means it was cut. */
+size_t tide_hw_names(char *buf, size_t cap);
+/* The fields of a profile a report prints. */
+typedef struct tide_hw_info {
+    const char *name;             /* valid while the profile lives */
+    uint64_t device_mem_bytes, host_mem_bytes;
+    double flops_f32, flops_f16, flops_bf16; /* peak dense matmul FLOP/s by dtype */
+    double matmul_efficiency;     /* fraction of the peak large matmuls reach */
+    double mem_bw;                /* device memory, bytes/s */
+    double h2d_bw, d2h_bw;        /* host <-> device link, bytes/s each way */
+    int ssd_count;
+    double ssd_read_bw, ssd_write_bw; /* per drive, bytes/s */
+} tide_hw_info;
+/* Fills *out from hw (both non-NULL). */
+void tide_hw_info_get(const tide_hw *hw, tide_hw_info *out);
+/* Writes hw as profile JSON to path (a temporary name renamed over it, never
+ * half-written). Returns TIDE_OK, TIDE_E_IO naming the path, or TIDE_E_NOMEM. */
+tide_status tide_hw_save(tide_ctx *ctx, const tide_hw *hw, const char *path);
+
+typedef struct tide_hw_probe_opts {
+    const char *ssd_dirs;         /* directories on the drives to measure, comma-separated
+                                     (NULL or "": $TMPDIR or /tmp) */
+    double seconds;               /* rough wall time to spend (<= 0: 10 s) */
+    const tide_hw *base;          /* device backends: start from this profile and replace
+                                     what is measured (NULL: every field measured); the CPU
+                                     probe measures every field and ignores it */
+} tide_hw_probe_opts;
+/* No base, the default directories, 10 seconds. */
+tide_hw_probe_opts tide_hw_probe_opts_default(void);
+/* Measures this machine as backend be sees it into a new profile *out, every
+ * rate through the backend's own kernels in its current matmul mode: matmuls
+ * of llama-7b's shape with f32, f16 and bf16 weights, memory bandwidth, the
+ * per-op overhead, host <-> device copies and their latency, the device's
+ * memory, on the CPU a decode step's matrix-vector rates, and sequential
+ * O_DIRECT writes and reads of a temporary file (unlinked at once) on each
+ * drive of ssd_dirs. Named "probed-<hostname>[-<backend>]". Returns TIDE_OK,
+ * TIDE_E_IO (a directory missing or not writable, an I/O failure),
+ * TIDE_E_INVALID (an empty directory list), TIDE_E_NOMEM (also when the
+ * device cannot hold the test tensors) or the backend's failure; *out is NULL
+ * on failure. o NULL: the defaults. */
+tide_status tide_hw_probe(tide_ctx *ctx, tide_backend *be, const tide_hw_probe_opts *o, tide_hw **out);
+
+/* How a plan decides what stays on the device. */
+typedef enum tide_policy {
+    TIDE_POLICY_TIDE = 0,         /* tide's planner: prefetch and evict by simulation */
+    TIDE_POLICY_STATIC_LAYER,     /* whole layers resident, the rest double-buffered */
+    TIDE_POLICY_LRU,              /* load on demand, least recently used evicted */
+    TIDE_POLICY_CHECKPOINT_LAYER, /* training: layer inputs kept, the rest recomputed */
+    TIDE_POLICY_ZERO_OFFLOAD,     /* training: every AdamW update on the host CPU */
+} tide_policy;
+/* "tide", "static-layer", "lru", "checkpoint-layer", "zero-offload"; "?" for
+ * anything else. */
+const char *tide_policy_name(tide_policy p);
+/* The policy named s into *out: 0, or -1 for an unknown name. */
+int tide_policy_parse(const char *s, tide_policy *out);
+
+/* Where a training step's AdamW updates run. */
+typedef enum tide_optim_mode {
+    TIDE_OPTIM_AUTO = 0,          /* each update where the plan's predicted step is shortest */
+    TIDE_OPTIM_DEVICE,            /* every update on the device */
+    TIDE_OPTIM_CPU,               /* every update on the host CPU */
+} tide_optim_mode;
+/* "auto", "device", "cpu". */
+const char *tide_optim_mode_name(tide_optim_mode m);
+/* The mode named s into *out: TIDE_OK, or TIDE_E_INVALID (message on ctx,
+ * which may be NULL). */
+tide_status tide_optim_mode_parse(tide_ctx *ctx, const char *s, tide_optim_mode *out);
+
+/* What a plan is made under. */
+typedef struct tide_planner_opts {
+    tide_policy policy;
+    uint64_t device_budget;       /* bytes of the device arena (searches for a minimum
+                                     ignore it) */
+    uint64_t host_budget;         /* host memory for homes and spills; 0: the profile's */
+    int n_iter;                   /* iterations of the graph in one plan, >= 1 (a training
+                                     step is planned as a steady state of 2) */
+    const tide_hw *hw;            /* the cost model; required */
+    bool weights_on_ssd;          /* home the weights on SSD instead of host memory */
+    bool host_updates;            /* every ADAMW op of the graph runs on the host CPU
+                                     (tide policy; graphs without ADAMW: no effect) */
+    int tile;                     /* searches that build graphs: TIDE_TILE_AUTO,
+                                     TIDE_TILE_NONE or a level; the rest ignore it */
+    tide_optim_mode optimizer;    /* tide_train_plan_new: where the updates run
+                                     (host_updates is then ignored) */
+} tide_planner_opts;
+/* Policy tide, no budget, the profile's host memory, one iteration, no
+ * profile (set hw), weights on host, tile auto, optimizer auto. */
+tide_planner_opts tide_planner_opts_default(void);
+
+/* The unconstrained peak of g: the device bytes the tide policy's plan of
+ * o->n_iter iterations on o->hw uses with no limit (persistent tensors
+ * resident, temporaries freed after their last use). Where that cannot be
+ * planned, the bytes of every tensor of g (an upper bound); 0 for a graph
+ * without tensors or a NULL argument (TIDE_E_INVALID on ctx). */
+uint64_t tide_planner_peak(tide_ctx *ctx, const tide_graph *g, const tide_planner_opts *o);
+/* The smallest device budget for which o->policy plans g under o (a binary
+ * search from the largest op working set to the unconstrained peak) into
+ * *min_budget. Returns TIDE_OK, TIDE_E_INFEASIBLE (host memory cannot hold
+ * what lives there), TIDE_E_UNSUPPORTED, TIDE_E_NOMEM. */
+tide_status tide_planner_min_budget(tide_ctx *ctx, const tide_graph *g, const tide_planner_opts *o,
+                                    uint64_t *min_budget);
+/* The largest device working set of g's ops under o (what device computes
+ * need at once; ops placed on the host need none) into *ws: no plan fits a
+ * smaller budget. Returns TIDE_OK, or the failure of setting up a plan
+ * (TIDE_E_INVALID, TIDE_E_INFEASIBLE: host memory, TIDE_E_NOMEM). */
+tide_status tide_planner_max_working_set(tide_ctx *ctx, const tide_graph *g, const tide_planner_opts *o,
+                                         uint64_t *ws);
+/* The largest working set over g's ops, every op on the device: each
+ * distinct input and output plus its scratch (*which: that op, may be NULL). */
+uint64_t tide_graph_max_working_set(const tide_graph *g, int *which);
+
+/* The bounds a plan of g is measured against. */
+typedef struct tide_bounds {
+    double compute_s;             /* sum of op costs */
+    double link_s;                /* minimum bytes per link / bandwidth, max over links */
+    double lower_bound_s;         /* max(compute_s, link_s) */
+    double ideal_s;               /* simulated makespan with an unlimited budget */
+} tide_bounds;
+/* The bounds of g under o (its budget, policy, placement) into *out. Returns
+ * TIDE_OK or the failure of planning the ideal. */
+tide_status tide_planner_bounds(tide_ctx *ctx, const tide_graph *g, const tide_planner_opts *o, tide_bounds *out);
+/* The ideal step of a training graph g on o->hw into *step: the steady step
+ * (tide policy, 2 iterations) with every weight and state resident on the
+ * device, warm at fixed offsets, and no budget: only the batch moves. Returns
+ * TIDE_OK, TIDE_E_NOMEM, or the failure of planning or simulating. */
+tide_status tide_planner_ideal_step(tide_ctx *ctx, const tide_graph *g, const tide_planner_opts *o, double *step);
+
+/* A plan: every tensor move and compute of a graph's o->n_iter iterations
+ * under a device budget, with its arena offsets and stream order. It refers
+ * to its graph, which must outlive it. */
+typedef struct tide_plan tide_plan;
+
+/* Plans g under o into *out. Returns TIDE_OK; TIDE_E_INFEASIBLE with "needs
+ * at least N bytes" when the budget is below an op's working set or host
+ * memory cannot hold what must live there; TIDE_E_UNSUPPORTED (an option the
+ * policy does not plan); TIDE_E_INVALID; TIDE_E_NOMEM. The plan's figures
+ * (tide_plan_info_get) are filled in, its makespan simulated on o->hw. */
+tide_status tide_plan_new(tide_ctx *ctx, const tide_graph *g, const tide_planner_opts *o, tide_plan **out);
+/* Frees a plan; NULL is a no-op. */
+void tide_plan_free(tide_plan *p);
+/* Proves p with the independent verifier: every compute reads the current
+ * version of its inputs on the device, live device ranges never overlap, all
+ * within the budget, every cross-stream hazard ordered, persistent tensors end
+ * at home. Returns TIDE_OK, or TIDE_E_VERIFY naming the first violation. */
+tide_status tide_plan_verify(const tide_plan *p);
+/* Writes p as JSON to path (loading it needs the same graph). Returns
+ * TIDE_OK, TIDE_E_IO, TIDE_E_NOMEM. */
+tide_status tide_plan_save_json(const tide_plan *p, const char *path);
+
+/* A plan's figures. Bytes per link count the whole plan; step_* its second
+ * iteration (its only one when n_iter is 1). */
+typedef struct tide_plan_info {
+    tide_policy policy;           /* the plan's own (a training step's search may keep the
+                                     zero-offload baseline's plan, labelled tide) */
+    int n_iter, n_instructions;
+    uint64_t device_budget;
+    uint64_t peak_device_bytes;   /* highest arena byte in use at any instant */
+    uint64_t peak_host_bytes, peak_ssd_bytes; /* spill areas' high water (homes excluded) */
+    uint64_t bytes_h2d, bytes_d2h, bytes_ssd_read, bytes_ssd_write;
+    uint64_t step_bytes_h2d, step_bytes_d2h, step_bytes_ssd_read, step_bytes_ssd_write;
+    double compute_s;             /* sum of op costs */
+    double makespan_s;            /* simulated on the planning profile */
+    double plan_seconds;          /* wall time planning took */
+} tide_plan_info;
+/* Fills *out from p (both non-NULL). */
+void tide_plan_info_get(const tide_plan *p, tide_plan_info *out);
+
+/* A predicted timeline: a plan replayed on a profile, each instruction's
+ * start and end. */
+typedef struct tide_timeline tide_timeline;
+/* Replays p on hw (streams FIFO, waits delay starts, each link and the SSDs
+ * shared) into *out. Returns TIDE_OK, TIDE_E_NOMEM, or TIDE_E_INVALID (a
+ * malformed plan; message on p's context). */
+tide_status tide_plan_simulate(const tide_plan *p, const tide_hw *hw, tide_timeline **out);
+/* Frees a timeline; NULL is a no-op. */
+void tide_timeline_free(tide_timeline *t);
+/* Seconds from the start to the end of the last instruction. */
+double tide_timeline_makespan(const tide_timeline *t);
+/* The steady step: with 2 or more iterations, the end of the second
+ * iteration's last instruction minus the end of the first's; else the
+ * makespan. */
+double tide_timeline_step(const tide_timeline *t);
+/* Writes t, a timeline of p, as Perfetto trace JSON to json_path (one track
+ * per stream, a counter of device bytes in use) and as an SVG of the device
+ * arena over time to svg_path; either may be NULL. Each file is written to a
+ * temporary name and renamed. Returns TIDE_OK, TIDE_E_INVALID (t not of p),
+ * TIDE_E_IO naming the path, TIDE_E_NOMEM. */
+tide_status tide_plan_write_trace(const tide_plan *p, const tide_timeline *t, const char *json_path,
+                                  const char *svg_path);
+
+/* The graph of (cfg, base) at the coarsest tiling level from none, within
+ * o->tile, whose plan under o fits o->device_budget: that graph into *g and
+ * its level into *level, and, with plan non-NULL, its plan into *plan (of *g;
+ * the caller frees both). Graphs of more than 150000 ops are not tried by
+ * tile auto. Returns TIDE_OK, TIDE_E_INFEASIBLE when no level fits (the
+ * message gives what the finest level tried needs), or the failure of
+ * building or planning; *g and *plan NULL on failure. */
+tide_status tide_llama_plan(tide_ctx *ctx, const tide_llama_config *cfg, const tide_llama_graph_opts *base,
+                            const tide_planner_opts *o, tide_graph **g, int *level, tide_plan **plan);
+/* The tiling level of (cfg, base), within o->tile, whose minimum budget under
+ * o is smallest (coarsest on ties): its graph into *g (the caller frees it),
+ * its level into *level, that minimum into *min_budget. Errors as
+ * tide_llama_plan. */
+tide_status tide_llama_min_budget(tide_ctx *ctx, const tide_llama_config *cfg, const tide_llama_graph_opts *base,
+                                  const tide_planner_opts *o, tide_graph **g, int *level, uint64_t *min_budget);
+/* Parses "auto", "none" or a level 1 .. TIDE_TILE_LEVELS-1 into *tile;
+ * TIDE_E_INVALID otherwise (message on ctx, which may be NULL). */
+tide_status tide_tile_parse(tide_ctx *ctx, const char *s, int *tile);
+
+/* The row tiling of a training step (tide_llama_train_tile_level) whose
+ * minimum budget under o is smallest (coarsest on ties), within o->tile:
+ * its level into *level, that minimum into *min_budget, its tiles into
+ * to->tile_seqs. o->host_updates: every update on the host in each level's
+ * graph. Returns TIDE_OK, TIDE_E_INFEASIBLE when no level fits, or the
+ * failure of building or planning. */
+tide_status tide_train_min_budget(tide_ctx *ctx, const tide_llama_config *cfg, tide_llama_train_opts *to,
+                                  const tide_planner_opts *o, int *level, uint64_t *min_budget);
+
+/* A planned training step: its graph (row tiles and vocabulary blocks as
+ * chosen), its plan and where its AdamW updates run. */
+typedef struct tide_train_plan tide_train_plan;
+/* Plans a training step of (cfg, *to) under o (policy, budget, host budget,
+ * n_iter, profile; o->optimizer places the updates) with its tiling searched
+ * within o->tile: TIDE_TILE_NONE plans the step to describes; a level plans
+ * that level; auto starts at the coarsest level whose largest op fits and
+ * plans finer ones while each is predicted faster, keeping the fastest. With
+ * optimizer auto, each update is placed where the predicted step is
+ * shortest; the plan may be the zero-offload baseline's when that is faster.
+ * On success *out holds the step and to->tile_seqs and to->vocab_blocks its
+ * tiling; it refers to o->hw, which must outlive it. Returns TIDE_OK;
+ * TIDE_E_INFEASIBLE naming what the last level tried needs;
+ * TIDE_E_UNSUPPORTED (host updates under a baseline); the failure of
+ * building; TIDE_E_NOMEM. *out NULL on failure. */
+tide_status tide_train_plan_new(tide_ctx *ctx, const tide_llama_config *cfg, tide_llama_train_opts *to,
+                                const tide_planner_opts *o, tide_train_plan **out);
+/* Frees a planned step, its graph and its plan; NULL is a no-op. */
+void tide_train_plan_free(tide_train_plan *t);
+/* The step's graph and plan, owned by t. */
+const tide_graph *tide_train_plan_graph(const tide_train_plan *t);
+const tide_plan *tide_train_plan_get_plan(const tide_train_plan *t);
+/* The largest device working set of the step's graph under its own placement
+ * into *ws. Errors as tide_planner_max_working_set. */
+tide_status tide_train_plan_max_working_set(const tide_train_plan *t, uint64_t *ws);
+/* The bounds of the step's graph under its budget and placement. Errors as
+ * tide_planner_bounds. */
+tide_status tide_train_plan_bounds(const tide_train_plan *t, tide_bounds *out);
+/* A planned step's figures. */
+typedef struct tide_train_plan_info {
+    int tile_level;               /* 0: untiled */
+    int optimizer_groups;         /* AdamW updates in the step (one per parameter) */
+    int optimizer_host_groups;    /* of them on the host CPU */
+    uint64_t optimizer_host_state_bytes, optimizer_state_bytes; /* parameter, master and
+                                     moment bytes of those updates, and of all */
+    double device_optimizer_makespan_s; /* the step with every update on the device (0:
+                                     not planned or infeasible) */
+    int plans_tried;              /* plans the placement search made */
+    double plan_seconds;          /* wall time of the whole search */
+    uint64_t weight_bytes, master_bytes, moment_bytes, gradient_bytes; /* of the graph */
+    uint64_t kept_activation_bytes; /* activations a micro-batch keeps from its forward
+                                     for its backward (the first micro-batch's, written
+                                     before its loss and read after it) */
+} tide_train_plan_info;
+/* Fills *out from t (both non-NULL). */
+void tide_train_plan_info_get(const tide_train_plan *t, tide_train_plan_info *out);
+
+/* Training tokens: a flat file of token ids, mapped read-only, cut
+ * into the (inputs, targets) windows of each micro-batch; and a generator of
+ * a synthetic corpus for runs without a data set.
+ *
+ * Files: raw little-endian uint16 (nanoGPT's train.bin, the default), raw
+ * little-endian uint32, or a 1-D integer .npy array (NumPy format 1.0, 2.0 or
+ * 3.0; dtype u1/i1/u2/i2/u4/i4/u8/i8, little-endian or single-byte; the
+ * header's dtype is used whatever the caller asked for). Every id is checked
+ * once at open (0 <= id < vocab), so a batch never reads a bad id.
+ *
+ * Windows (the nanoGPT convention): with W = n_tokens - T - 1 window starts,
+ * row b of micro-batch m of step s reads the T+1 tokens at
+ *     start = (((s * accum + m) * B + b) * T) mod W               (in order)
+ *     start = uniform(splitmix64(seed, (s * accum + m) * B + b)) in [0, W)
+ *                                                                  (shuffled)
+ * inputs are its first T tokens, targets its last T (shifted by one). Both are
+ * pure functions of (step, micro-batch, row): a resumed run needs only the
+ * step to continue the same sequence of batches, and no generator state. The
+ * arithmetic is exact (128-bit) for any step a run can reach.
+ *
+ * A tide_tokens is read-only after open and may be shared by threads.
+ */
+/* How the file's bytes hold the ids. A file whose name ends in ".npy", or
+ * whose bytes start with NumPy's magic, is read as .npy whatever is given. */
+typedef enum tide_token_dtype {
+    TIDE_TOKENS_AUTO = 0, /* .npy as above, else raw u16 */
+    TIDE_TOKENS_U16,      /* raw little-endian uint16 */
+    TIDE_TOKENS_U32,      /* raw little-endian uint32 */
+} tide_token_dtype;
+
+typedef struct tide_tokens tide_tokens;
+
+/* Opens path and checks it: its size (a whole number of ids, at least
+ * seq + 2 of them: one window and one more start), the .npy header, and every
+ * id against vocab. Returns TIDE_OK with *out set, or, with *out NULL and a
+ * message naming the file and the problem:
+ *   TIDE_E_NOT_FOUND  no such file;
+ *   TIDE_E_IO         cannot open, stat or map it; not a regular file;
+ *   TIDE_E_FORMAT     odd size ("odd size for u16"), too short for one window,
+ *                     malformed .npy (magic, header, size);
+ *   TIDE_E_UNSUPPORTED a valid .npy of another kind (float, big-endian, not 1-D);
+ *   TIDE_E_RANGE      an id < 0 or >= vocab: the first one, its index and value;
+ *   TIDE_E_INVALID    vocab or seq < 1, a NULL argument;
+ *   TIDE_E_NOMEM.
+ * ctx receives the errors of later calls on the handle too. */
+tide_status tide_tokens_open(tide_ctx *ctx, const char *path, tide_token_dtype dt, int64_t vocab, int64_t seq,
+                             tide_tokens **out);
+void tide_tokens_free(tide_tokens *tk);
+/* Number of ids in the file. */
+int64_t tide_tokens_count(const tide_tokens *tk);
+/* Id i (0 <= i < count), widened. */
+int64_t tide_tokens_at(const tide_tokens *tk, int64_t i);
+/* "u16", "u32", or the .npy's dtype ("<i4", "|u1", ...). */
+const char *tide_tokens_dtype_name(const tide_tokens *tk);
+
+/* The shape of the batches of a run. */
+typedef struct tide_batch_spec {
+    int batch;     /* B >= 1: rows of a micro-batch */
+    int seq;       /* T >= 1: tokens of a row; n_tokens >= T + 2 */
+    int accum;     /* micro-batches per step >= 1 */
+    bool shuffle;  /* draw window starts from seed instead of walking the file */
+    uint64_t seed;
+} tide_batch_spec;
+
+/* The start of row b's window in micro-batch micro of step (the formula
+ * above); -1 when an argument is out of range (no error recorded). */
+int64_t tide_tokens_window(const tide_tokens *tk, const tide_batch_spec *spec, int64_t step, int micro, int b);
+
+/* Fills inputs and targets, each (B, T) int32 row-major, for micro-batch micro
+ * (0 <= micro < accum) of step (>= 0). Returns TIDE_OK, or TIDE_E_INVALID
+ * naming the bad argument (also when the file is shorter than T + 2 ids). */
+tide_status tide_tokens_batch(const tide_tokens *tk, const tide_batch_spec *spec, int64_t step, int micro,
+                              int32_t *inputs, int32_t *targets);
+
+/* Writes a synthetic corpus of n_tokens ids in [0, vocab) to path, whole or
+ * not at all (tide_file_begin/commit). The ids follow a Markov chain drawn
+ * from seed: each id has 4 successors (pseudo-random ids), taken with
+ * probabilities 1/2, 1/4, 1/8, 1/8, so a model can learn it down to an
+ * entropy of 1.75 bits (1.21 nats) per token, less where successors collide.
+ * The bytes depend only on (vocab, n_tokens, seed). A path ending in ".npy"
+ * gets a .npy file ('<u2' when vocab <= 65536, else '<u4'), which
+ * tide_tokens_open reads back with TIDE_TOKENS_AUTO; otherwise raw ids of
+ * dtype dt (AUTO: u16 when vocab <= 65536, else u32). Returns TIDE_OK,
+ * TIDE_E_INVALID (vocab < 1, n_tokens < 1, u16 for vocab > 65536) or
+ * TIDE_E_IO naming the path and the cause. */
+tide_status tide_tokens_write_synthetic(tide_ctx *ctx, const char *path, tide_token_dtype dt, int64_t vocab,
+                                        int64_t n_tokens, uint64_t seed);
+
 /* ---------------------------------------------------------------- training */
 
 /* A trainer: the training-step graph of a checkpoint's model (see

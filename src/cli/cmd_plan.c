@@ -4,10 +4,6 @@
  */
 #include "cli.h"
 #include "plan_int.h"
-#include "runtime/tiling.h"
-#include "sim/sim.h"
-#include "trace/trace.h"
-#include "verify/verify.h"
 
 #include <cjson/cJSON.h>
 #include <getopt.h>
@@ -87,20 +83,19 @@ static void tile_words(const tide_graph *g, int level, long seq, char *buf, size
     }
     char w[32];
     snprintf(buf, n, "level %d (tiles of <= %d tokens of one sequence, weight blocks <= %s; %d ops)", level,
-             o.tile_rows, cli_fmt_bytes(o.tile_weight_bytes, w, sizeof w), g->n_ops);
+             o.tile_rows, cli_fmt_bytes(o.tile_weight_bytes, w, sizeof w), tide_graph_n_ops(g));
 }
 
-static void print_human(const plan_args *a, const tide_llama_config *cfg, const tide_hw *hw,
-                        const tide_plan *p, uint64_t peak, const tide_bounds *b, const char *budget_note,
-                        const char *tiling) {
+static void print_human(const plan_args *a, const tide_llama_config *cfg, const tide_hw_info *hw,
+                        const tide_plan_info *s, int n_ops, uint64_t peak, const tide_bounds *b,
+                        const char *budget_note, const char *tiling) {
     char b1[32], b2[32], b3[32], b4[32];
-    const tide_plan_stats *s = &p->stats;
     printf("plan        %s %s, batch %ld, %s %ld, policy %s, hw %s\n", cfg->name,
            a->decode ? "decode" : "prefill", a->batch, a->decode ? "steps" : "seq",
-           a->decode ? a->decode : a->seq, tide_policy_name(p->policy), hw->name);
-    printf("verified    yes (%d instructions, %d ops x %d iterations)\n", p->n_ins, p->g->n_ops, p->n_iter);
+           a->decode ? a->decode : a->seq, tide_policy_name(s->policy), hw->name);
+    printf("verified    yes (%d instructions, %d ops x %d iterations)\n", s->n_instructions, n_ops, s->n_iter);
     printf("tiling      %s\n", tiling);
-    printf("budget      %s %s; unconstrained peak %s\n", cli_fmt_bytes(p->device_budget, b1, sizeof b1),
+    printf("budget      %s %s; unconstrained peak %s\n", cli_fmt_bytes(s->device_budget, b1, sizeof b1),
            budget_note, cli_fmt_bytes(peak, b2, sizeof b2));
     printf("\n%-22s %14s\n", "", "value");
     printf("%-22s %14s\n", "peak device", cli_fmt_bytes(s->peak_device_bytes, b1, sizeof b1));
@@ -118,9 +113,8 @@ static void print_human(const plan_args *a, const tide_llama_config *cfg, const 
     printf("%-22s %13.4fs\n", "planning time", s->plan_seconds);
 }
 
-static void print_json(const plan_args *a, const tide_llama_config *cfg, const tide_hw *hw,
-                       const tide_plan *p, uint64_t peak, const tide_bounds *b, int level) {
-    const tide_plan_stats *s = &p->stats;
+static void print_json(const plan_args *a, const tide_llama_config *cfg, const tide_hw_info *hw,
+                       const tide_plan_info *s, int n_ops, uint64_t peak, const tide_bounds *b, int level) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddBoolToObject(o, "feasible", 1);
     cJSON_AddBoolToObject(o, "verified", 1);
@@ -130,8 +124,8 @@ static void print_json(const plan_args *a, const tide_llama_config *cfg, const t
     cJSON_AddNumberToObject(o, "seq", (double)a->seq);
     cJSON_AddNumberToObject(o, "decode_steps", (double)a->decode);
     cJSON_AddStringToObject(o, "hw", hw->name);
-    cJSON_AddStringToObject(o, "policy", tide_policy_name(p->policy));
-    cJSON_AddNumberToObject(o, "budget_bytes", (double)p->device_budget);
+    cJSON_AddStringToObject(o, "policy", tide_policy_name(s->policy));
+    cJSON_AddNumberToObject(o, "budget_bytes", (double)s->device_budget);
     cJSON_AddNumberToObject(o, "unconstrained_peak_bytes", (double)peak);
     cJSON_AddNumberToObject(o, "peak_device_bytes", (double)s->peak_device_bytes);
     cJSON_AddNumberToObject(o, "peak_host_spill_bytes", (double)s->peak_host_bytes);
@@ -140,8 +134,8 @@ static void print_json(const plan_args *a, const tide_llama_config *cfg, const t
     cJSON_AddNumberToObject(o, "bytes_d2h", (double)s->bytes_d2h);
     cJSON_AddNumberToObject(o, "bytes_ssd_read", (double)s->bytes_ssd_read);
     cJSON_AddNumberToObject(o, "bytes_ssd_write", (double)s->bytes_ssd_write);
-    cJSON_AddNumberToObject(o, "n_instructions", p->n_ins);
-    cJSON_AddNumberToObject(o, "n_ops", p->g->n_ops);
+    cJSON_AddNumberToObject(o, "n_instructions", s->n_instructions);
+    cJSON_AddNumberToObject(o, "n_ops", n_ops);
     cJSON_AddNumberToObject(o, "tile_level", level);
     cJSON_AddNumberToObject(o, "makespan_s", s->makespan_s);
     cJSON_AddNumberToObject(o, "compute_s", s->compute_s);
@@ -214,7 +208,7 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             a->have_accum = true;
             break;
         case 'O':
-            if (train_optim_parse(optarg, &a->optim))
+            if (tide_optim_mode_parse(NULL, optarg, &a->optim))
                 return cli_usage_error("plan", "unknown --optimizer '%s' (auto, device or cpu)", optarg);
             a->have_optim = true;
             break;
@@ -235,10 +229,10 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     if (a->policy == TIDE_POLICY_ZERO_OFFLOAD && !a->train)
         return cli_usage_error("plan", "--policy zero-offload runs a training step's AdamW updates on the host CPU: "
                                "it needs --train");
-    if (a->policy == TIDE_POLICY_ZERO_OFFLOAD && a->have_optim && a->optim == TRAIN_OPTIM_DEVICE)
+    if (a->policy == TIDE_POLICY_ZERO_OFFLOAD && a->have_optim && a->optim == TIDE_OPTIM_DEVICE)
         return cli_usage_error("plan", "--policy zero-offload runs every AdamW update on the host CPU: no "
                                "--optimizer device with it");
-    if (a->optim == TRAIN_OPTIM_CPU && a->policy != TIDE_POLICY_TIDE && a->policy != TIDE_POLICY_ZERO_OFFLOAD)
+    if (a->optim == TIDE_OPTIM_CPU && a->policy != TIDE_POLICY_TIDE && a->policy != TIDE_POLICY_ZERO_OFFLOAD)
         return cli_usage_error("plan", "--optimizer cpu is planned by the tide policy only");
     return -1;
 }
@@ -247,9 +241,10 @@ static int parse_args(int argc, char **argv, plan_args *a) {
 typedef struct plan_job {
     tide_ctx *ctx;
     tide_llama_config cfg;
-    tide_hw hw;
+    tide_hw *hw;
+    tide_hw_info hwi;
     tide_llama_graph_opts go;
-    tide_plan_opts po;
+    tide_planner_opts po;
     tide_graph *g;
     tide_plan *p;
     uint64_t peak;                /* unconstrained peak of the untiled graph */
@@ -264,7 +259,8 @@ static int load_job(const plan_args *a, plan_job *j) {
     if (a->model) snprintf(path, sizeof path, "%s/config.json", a->model);
     if (a->model ? tide_llama_config_load(j->ctx, path, &j->cfg) : tide_llama_config_named(j->ctx, a->config, &j->cfg))
         return cli_fail(j->ctx, "config");
-    if (tide_hw_load(j->ctx, a->hw_name, &j->hw)) return cli_fail(j->ctx, "hardware profile");
+    if (tide_hw_open(j->ctx, a->hw_name, &j->hw)) return cli_fail(j->ctx, "hardware profile");
+    tide_hw_info_get(j->hw, &j->hwi);
     int n_iter = a->decode ? (int)a->decode : 1;
     j->go = (tide_llama_graph_opts){.batch = (int)a->batch, .seq = a->decode ? 1 : (int)a->seq,
                                     .ctx_len = (int)(a->seq + a->decode), .fresh_cache = !a->decode};
@@ -272,9 +268,14 @@ static int load_job(const plan_args *a, plan_job *j) {
         fprintf(stderr, "tide plan: note: %d positions exceed the model's max_position_embeddings %d\n",
                 j->go.ctx_len, j->cfg.max_position_embeddings);
     if (tide_llama_build(j->ctx, &j->cfg, &j->go, &j->g)) return cli_fail(j->ctx, "building the graph");
-    j->po = (tide_plan_opts){.policy = a->policy, .host_budget = a->host_budget, .n_iter = n_iter, .hw = &j->hw,
-                             .weights_on_ssd = a->weights_on_ssd};
-    j->peak = tide_plan_unconstrained_peak(j->ctx, j->g, &j->hw, n_iter);
+    j->po = tide_planner_opts_default();
+    j->po.policy = a->policy;
+    j->po.host_budget = a->host_budget;
+    j->po.n_iter = n_iter;
+    j->po.hw = j->hw;
+    j->po.weights_on_ssd = a->weights_on_ssd;
+    j->po.tile = a->tile;
+    j->peak = tide_planner_peak(j->ctx, j->g, &j->po);
     return 0;
 }
 
@@ -284,7 +285,7 @@ static int load_job(const plan_args *a, plan_job *j) {
 static int choose_budget(const plan_args *a, plan_job *j) {
     if (!strcmp(a->budget, "min")) {
         tide_graph *tg = NULL;
-        if (tide_llama_plan_tiled(j->ctx, &j->cfg, &j->go, &j->po, a->tile, &tg, &j->level, NULL, &j->po.device_budget))
+        if (tide_llama_min_budget(j->ctx, &j->cfg, &j->go, &j->po, &tg, &j->level, &j->po.device_budget))
             return cli_fail(j->ctx, "finding the minimum budget");
         tide_graph_free(j->g);
         j->g = tg;
@@ -294,18 +295,18 @@ static int choose_budget(const plan_args *a, plan_job *j) {
         double pct = strtod(a->budget, &end);
         if (end == a->budget || *end != '%' || !(pct > 0 && pct <= 100))
             return cli_usage_error("plan", "bad --budget '%s' (a percentage in (0, 100])", a->budget);
-        uint64_t base = TIDE_MIN(j->peak, j->hw.device_mem_bytes);
+        uint64_t base = j->peak < j->hwi.device_mem_bytes ? j->peak : j->hwi.device_mem_bytes;
         j->po.device_budget = (uint64_t)((double)base * pct / 100.0);
         snprintf(j->note, sizeof j->note, "(%g%% of %s)", pct,
-                 j->peak > j->hw.device_mem_bytes ? "the device memory" : "the unconstrained peak");
+                 j->peak > j->hwi.device_mem_bytes ? "the device memory" : "the unconstrained peak");
     } else if (cli_parse_bytes(a->budget, &j->po.device_budget) || !j->po.device_budget) {
         return cli_usage_error("plan", "bad --budget '%s' (bytes such as 20G, a percentage, or min)", a->budget);
     }
-    if (j->po.device_budget > j->hw.device_mem_bytes) {
+    if (j->po.device_budget > j->hwi.device_mem_bytes) {
         char b1[32], b2[32];
         fprintf(stderr, "tide: plan: budget %s is more than %s's device memory %s\n",
-                cli_fmt_bytes(j->po.device_budget, b1, sizeof b1), j->hw.name,
-                cli_fmt_bytes(j->hw.device_mem_bytes, b2, sizeof b2));
+                cli_fmt_bytes(j->po.device_budget, b1, sizeof b1), j->hwi.name,
+                cli_fmt_bytes(j->hwi.device_mem_bytes, b2, sizeof b2));
         return 1;
     }
     return 0;
@@ -316,8 +317,8 @@ static int choose_budget(const plan_args *a, plan_job *j) {
 static int make_plan(const plan_args *a, plan_job *j) {
     bool is_min = !strcmp(a->budget, "min");
     tide_graph *tg = NULL;
-    tide_status st = is_min ? tide_plan_make(j->ctx, j->g, &j->po, &j->p)
-                            : tide_llama_plan_tiled(j->ctx, &j->cfg, &j->go, &j->po, a->tile, &tg, &j->level, &j->p, NULL);
+    tide_status st = is_min ? tide_plan_new(j->ctx, j->g, &j->po, &j->p)
+                            : tide_llama_plan(j->ctx, &j->cfg, &j->go, &j->po, &tg, &j->level, &j->p);
     if (st) {
         if (a->json && st == TIDE_E_INFEASIBLE)
             printf("{\"feasible\":false,\"policy\":\"%s\",\"budget_bytes\":%llu}\n", tide_policy_name(a->policy),
@@ -335,21 +336,22 @@ static int make_plan(const plan_args *a, plan_job *j) {
 /* The bounds, the files asked for, and the report. Returns 0 or the exit status. */
 static int report(const plan_args *a, plan_job *j) {
     tide_bounds bounds;
-    if (tide_plan_bounds(j->ctx, j->g, &j->po, &bounds)) return cli_fail(j->ctx, "bounds");
+    if (tide_planner_bounds(j->ctx, j->g, &j->po, &bounds)) return cli_fail(j->ctx, "bounds");
     if (a->trace) {
-        tide_sim_result sim;
-        tide_status st = tide_simulate(j->p, &j->hw, &sim);
-        if (!st) {
-            st = tide_trace_write(j->p, sim.events, sim.n_events, a->trace);
-            tide_sim_result_free(&sim);
-        }
+        tide_timeline *tl = NULL;
+        tide_status st = tide_plan_simulate(j->p, j->hw, &tl);
+        if (!st) st = tide_plan_write_trace(j->p, tl, a->trace, NULL);
+        tide_timeline_free(tl);
         if (st) return cli_fail(j->ctx, "writing the trace");
     }
     if (a->out && tide_plan_save_json(j->p, a->out)) return cli_fail(j->ctx, "writing the plan");
     char tiling[160];
     tile_words(j->g, j->level, j->go.seq, tiling, sizeof tiling);
-    if (a->json) print_json(a, &j->cfg, &j->hw, j->p, j->peak, &bounds, j->level);
-    else print_human(a, &j->cfg, &j->hw, j->p, j->peak, &bounds, j->note, tiling);
+    tide_plan_info s;
+    tide_plan_info_get(j->p, &s);
+    int n_ops = tide_graph_n_ops(j->g);
+    if (a->json) print_json(a, &j->cfg, &j->hwi, &s, n_ops, j->peak, &bounds, j->level);
+    else print_human(a, &j->cfg, &j->hwi, &s, n_ops, j->peak, &bounds, j->note, tiling);
     return 0;
 }
 
@@ -363,6 +365,7 @@ int cmd_plan(int argc, char **argv) {
     if (!(rc = load_job(&a, &j)) && !(rc = choose_budget(&a, &j)) && !(rc = make_plan(&a, &j))) rc = report(&a, &j);
     tide_plan_free(j.p);
     tide_graph_free(j.g);
+    tide_hw_free(j.hw);
     tide_ctx_free(j.ctx);
     return rc;
 }

@@ -2,7 +2,6 @@
  * cmd_probe.c - `tide probe`: measure this machine into a hardware profile.
  */
 #include "cli.h"
-#include "probe/probe.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -81,12 +80,12 @@ int cmd_probe(int argc, char **argv) {
     if (!ctx) return 1;
     int rc = 0;
     tide_backend *be = NULL;
-    tide_hw base_hw;
+    tide_hw *base_hw = NULL, *hw = NULL;
     if (tide_backend_new(ctx, kind, &be)) {
         rc = cli_fail(ctx, "backend");
     } else if (tide_backend_set_matmul(be, mm)) {
         rc = cli_fail(ctx, "--matmul");
-    } else if (base && tide_hw_load(ctx, base, &base_hw)) {
+    } else if (base && tide_hw_open(ctx, base, &base_hw)) {
         rc = cli_fail(ctx, "--base");
     }
     if (rc) {
@@ -94,19 +93,24 @@ int cmd_probe(int argc, char **argv) {
         tide_ctx_free(ctx);
         return rc;
     }
+    tide_hw_probe_opts po = tide_hw_probe_opts_default();
+    po.ssd_dirs = ssd;
+    po.seconds = (double)seconds;
+    po.base = base_hw;
     if (base && !strcmp(tide_backend_name(be), "cpu"))
         fprintf(stderr, "tide: probe: --base is for GPUs; the CPU probe measures every field of its profile\n");
-    tide_hw hw;
     fprintf(stderr, "tide: probing the %s backend (matmul %s) for about %ld s\n", tide_backend_name(be),
             tide_matmul_name(tide_backend_matmul(be)), seconds);
-    if (tide_probe_backend(ctx, be, ssd, (double)seconds, base ? &base_hw : NULL, &hw)) {
+    if (tide_hw_probe(ctx, be, &po, &hw)) {
         rc = cli_fail(ctx, "probe");
     } else if (out) {
-        if (tide_hw_save(ctx, &hw, out)) rc = cli_fail(ctx, "writing the profile");
+        tide_hw_info i;
+        tide_hw_info_get(hw, &i);
+        if (tide_hw_save(ctx, hw, out)) rc = cli_fail(ctx, "writing the profile");
         else
             fprintf(stderr, "tide: wrote %s: matmul f32 %.1f, bf16 %.1f GFLOP/s; h2d %.2f, d2h %.2f GB/s; "
-                    "ssd read %.2f, write %.2f GB/s\n", out, hw.flops[TIDE_F32] / 1e9, hw.flops[TIDE_BF16] / 1e9,
-                    hw.h2d_bw / 1e9, hw.d2h_bw / 1e9, hw.ssd_read_bw / 1e9, hw.ssd_write_bw / 1e9);
+                    "ssd read %.2f, write %.2f GB/s\n", out, i.flops_f32 / 1e9, i.flops_bf16 / 1e9,
+                    i.h2d_bw / 1e9, i.d2h_bw / 1e9, i.ssd_read_bw / 1e9, i.ssd_write_bw / 1e9);
     } else {
         /* the profile writer goes through a file (temporary name + rename) */
         char tmp[] = "/tmp/tide-probe-XXXXXX";
@@ -116,7 +120,7 @@ int cmd_probe(int argc, char **argv) {
             rc = 1;
         } else {
             close(fd);
-            if (tide_hw_save(ctx, &hw, tmp)) {
+            if (tide_hw_save(ctx, hw, tmp)) {
                 rc = cli_fail(ctx, "printing the profile");
             } else {
                 FILE *f = fopen(tmp, "r");
@@ -128,6 +132,8 @@ int cmd_probe(int argc, char **argv) {
             unlink(tmp);
         }
     }
+    tide_hw_free(hw);
+    tide_hw_free(base_hw);
     tide_backend_free(be);
     tide_ctx_free(ctx);
     return rc;

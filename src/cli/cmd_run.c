@@ -3,7 +3,6 @@
  */
 #include "cli.h"
 #include "cli/textgen.h"
-#include "runtime/tiling.h"
 
 #include <cjson/cJSON.h>
 #include <getopt.h>
@@ -676,7 +675,7 @@ static tide_status generate(run_job *r, int32_t *out, int *n_out, tide_gen_stats
         if (print && r->out.out) tide_ctx_set_progress(r->ctx, NULL, NULL);
         tide_status s = tide_model_generate_ex(r->m, r->prompt, r->n_prompt, (int)a->new_tokens, &go, out, n_out, st);
         tide_ctx_set_progress(r->ctx, cli_progress, &r->ps);
-        if (!s && r->out.err) s = tide_err(r->ctx, r->out.err, "decoding the generated tokens: %s", tide_ctx_last_error(r->ctx));
+        if (!s && r->out.err) s = tide_ctx_set_error(r->ctx, r->out.err, "decoding the generated tokens: %s", tide_ctx_last_error(r->ctx));
         if (!s) cli_textout_finish(&r->out);
         r->out.out = keep;
         return s;

@@ -3,8 +3,6 @@
  * resident or offloaded under a budget, with checkpoints and resumption.
  */
 #include "cli.h"
-#include "runtime/tiling.h"
-#include "train/data.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -148,7 +146,7 @@ typedef struct train_args {
     long steps, batch, seq, accum, warmup, save_every, threads;
     double lr, min_lr, wd, beta1, beta2, eps, clip;
     bool have_min_lr, have_steps, shuffle, check, json, quiet, pread, save_f32, no_refit, have_tile;
-    int tile;                     /* --tile (runtime/tiling.h) */
+    int tile;                     /* --tile (tide_tile_parse) */
     uint64_t seed, host_budget;
     tide_backend_kind backend;
     tide_matmul_mode matmul;
@@ -202,138 +200,152 @@ static const struct option train_options[] = {
 
 #define BAD(opt) return cli_usage_error("train", "bad " opt " '%s'", optarg)
 
+/* The options whose defaults the demonstration changes, where given. */
+typedef struct seen_opts {
+    bool lr, warmup, batch, seq;
+} seen_opts;
+
+/* Option c (its argument in optarg) into j. Returns -1 to go on, else the
+ * exit status (0 after --help, 2 on a usage error). */
+static int parse_option(int c, train_job *j, seen_opts *seen) {
+    train_args *a = &j->a;
+    switch (c) {
+    case 'm': a->model = optarg; break;
+    case 'd': a->data = optarg; break;
+    case 'D':
+        if (!strcmp(optarg, "u16")) a->data_dtype = TIDE_TOKENS_U16;
+        else if (!strcmp(optarg, "u32")) a->data_dtype = TIDE_TOKENS_U32;
+        else return cli_usage_error("train", "bad --data-dtype '%s' (u16 or u32)", optarg);
+        break;
+    case 'n':
+        if (cli_parse_int(optarg, 1, 1L << 40, &a->steps)) BAD("--steps");
+        a->have_steps = true;
+        break;
+    case 'B':
+        if (cli_parse_int(optarg, 1, 1 << 16, &a->batch)) BAD("--batch");
+        seen->batch = true;
+        break;
+    case 'S':
+        if (cli_parse_int(optarg, 1, 1 << 22, &a->seq)) BAD("--seq");
+        seen->seq = true;
+        break;
+    case 'A':
+        if (cli_parse_int(optarg, 1, 4096, &a->accum)) BAD("--accum");
+        break;
+    case 'l':
+        if (cli_parse_double(optarg, 1e-12, 10, &a->lr)) BAD("--lr");
+        seen->lr = true;
+        break;
+    case 'L':
+        if (cli_parse_double(optarg, 0, 10, &a->min_lr)) BAD("--min-lr");
+        a->have_min_lr = true;
+        break;
+    case 'W':
+        if (cli_parse_int(optarg, 0, 1L << 40, &a->warmup)) BAD("--warmup");
+        seen->warmup = true;
+        break;
+    case 'y':
+        if (cli_parse_double(optarg, 0, 10, &a->wd)) BAD("--weight-decay");
+        break;
+    case '1':
+        if (cli_parse_double(optarg, 0, 0.999999999, &a->beta1)) BAD("--beta1");
+        break;
+    case '2':
+        if (cli_parse_double(optarg, 0, 0.999999999, &a->beta2)) BAD("--beta2");
+        break;
+    case 'e':
+        if (cli_parse_double(optarg, 1e-30, 1, &a->eps)) BAD("--eps");
+        break;
+    case 'g':
+        if (cli_parse_double(optarg, 0, 1e30, &a->clip)) BAD("--grad-clip");
+        break;
+    case 'u':
+        if (cli_parse_u64(optarg, &a->seed)) BAD("--shuffle");
+        a->shuffle = true;
+        break;
+    case 'b':
+        a->budget = optarg;
+        if (cli_parse_budget(optarg, &j->off))
+            return cli_usage_error("train", "bad --budget '%s' (bytes such as 2G, a percentage such as 25%%, "
+                                   "auto, min or none)", optarg);
+        break;
+    case 'P':
+        if (strcmp(optarg, "tide") && strcmp(optarg, "static-layer") && strcmp(optarg, "lru") &&
+            strcmp(optarg, "checkpoint-layer") && strcmp(optarg, "zero-offload"))
+            return cli_usage_error("train", "unknown --policy '%s' (tide, static-layer, lru, checkpoint-layer "
+                                   "or zero-offload)", optarg);
+        a->policy = optarg;
+        break;
+    case 'O':
+        if (strcmp(optarg, "auto") && strcmp(optarg, "device") && strcmp(optarg, "cpu"))
+            return cli_usage_error("train", "unknown --optimizer '%s' (auto, device or cpu)", optarg);
+        a->optimizer = optarg;
+        break;
+    case 'E':
+        if (tide_tile_parse(NULL, optarg, &a->tile))
+            return cli_usage_error("train", "bad --tile '%s' (auto, none or a level 1 to %d)", optarg,
+                                   TIDE_TILE_LEVELS - 1);
+        a->have_tile = true;
+        break;
+    case 'H':
+        if (cli_parse_bytes(optarg, &a->host_budget) || !a->host_budget) BAD("--host-budget");
+        break;
+    case 's': a->ssd = optarg; break;
+    case 'R': a->pread = true; break;
+    case 'w': a->hw = optarg; break;
+    case 'c': a->check = true; break;
+    case 'o': a->out = optarg; break;
+    case 'v':
+        if (cli_parse_int(optarg, 1, 1L << 40, &a->save_every)) BAD("--save-every");
+        break;
+    case 'V':
+        if (!strcmp(optarg, "model")) a->save_f32 = false;
+        else if (!strcmp(optarg, "f32")) a->save_f32 = true;
+        else return cli_usage_error("train", "bad --save-dtype '%s' (model or f32)", optarg);
+        break;
+    case 'r': a->resume = optarg; break;
+    case 'x': a->trace = optarg; break;
+    case 'X': a->trace_svg = optarg; break;
+    case 'k':
+        if (cli_parse_backend(optarg, &a->backend))
+            return cli_usage_error("train", "unknown --backend '%s' (auto, cpu or cuda)", optarg);
+        break;
+    case 'M':
+        if (tide_matmul_parse(NULL, optarg, &a->matmul))
+            return cli_usage_error("train", "unknown --matmul '%s' (auto, f32 or fast)", optarg);
+        break;
+    case 'T':
+        if (cli_parse_int(optarg, 1, 4096, &a->threads)) BAD("--threads");
+        break;
+    case 'F': a->no_refit = true; break;
+    case 'j': a->json = true; break;
+    case 'q': a->quiet = true; break;
+    case 'h': fputs(help, stdout); return 0;
+    default: return cli_usage_error("train", "unknown option");
+    }
+    return -1;
+}
+
 static int parse_args(int argc, char **argv, train_job *j) {
     train_args *a = &j->a;
     *a = (train_args){.policy = "tide", .steps = 100, .batch = 4, .seq = 256, .accum = 1, .lr = 3e-4, .wd = 0.1,
                       .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0, .backend = TIDE_BACKEND_AUTO};
     optind = 1;
     int c;
-    bool have_lr = false, have_warmup = false, have_batch = false, have_seq = false;
+    seen_opts seen = {0};
     while ((c = getopt_long(argc, argv, "h", train_options, NULL)) != -1) {
-        switch (c) {
-        case 'm': a->model = optarg; break;
-        case 'd': a->data = optarg; break;
-        case 'D':
-            if (!strcmp(optarg, "u16")) a->data_dtype = TIDE_TOKENS_U16;
-            else if (!strcmp(optarg, "u32")) a->data_dtype = TIDE_TOKENS_U32;
-            else return cli_usage_error("train", "bad --data-dtype '%s' (u16 or u32)", optarg);
-            break;
-        case 'n':
-            if (cli_parse_int(optarg, 1, 1L << 40, &a->steps)) BAD("--steps");
-            a->have_steps = true;
-            break;
-        case 'B':
-            if (cli_parse_int(optarg, 1, 1 << 16, &a->batch)) BAD("--batch");
-            have_batch = true;
-            break;
-        case 'S':
-            if (cli_parse_int(optarg, 1, 1 << 22, &a->seq)) BAD("--seq");
-            have_seq = true;
-            break;
-        case 'A':
-            if (cli_parse_int(optarg, 1, 4096, &a->accum)) BAD("--accum");
-            break;
-        case 'l':
-            if (cli_parse_double(optarg, 1e-12, 10, &a->lr)) BAD("--lr");
-            have_lr = true;
-            break;
-        case 'L':
-            if (cli_parse_double(optarg, 0, 10, &a->min_lr)) BAD("--min-lr");
-            a->have_min_lr = true;
-            break;
-        case 'W':
-            if (cli_parse_int(optarg, 0, 1L << 40, &a->warmup)) BAD("--warmup");
-            have_warmup = true;
-            break;
-        case 'y':
-            if (cli_parse_double(optarg, 0, 10, &a->wd)) BAD("--weight-decay");
-            break;
-        case '1':
-            if (cli_parse_double(optarg, 0, 0.999999999, &a->beta1)) BAD("--beta1");
-            break;
-        case '2':
-            if (cli_parse_double(optarg, 0, 0.999999999, &a->beta2)) BAD("--beta2");
-            break;
-        case 'e':
-            if (cli_parse_double(optarg, 1e-30, 1, &a->eps)) BAD("--eps");
-            break;
-        case 'g':
-            if (cli_parse_double(optarg, 0, 1e30, &a->clip)) BAD("--grad-clip");
-            break;
-        case 'u':
-            if (cli_parse_u64(optarg, &a->seed)) BAD("--shuffle");
-            a->shuffle = true;
-            break;
-        case 'b':
-            a->budget = optarg;
-            if (cli_parse_budget(optarg, &j->off))
-                return cli_usage_error("train", "bad --budget '%s' (bytes such as 2G, a percentage such as 25%%, "
-                                       "auto, min or none)", optarg);
-            break;
-        case 'P':
-            if (strcmp(optarg, "tide") && strcmp(optarg, "static-layer") && strcmp(optarg, "lru") &&
-                strcmp(optarg, "checkpoint-layer") && strcmp(optarg, "zero-offload"))
-                return cli_usage_error("train", "unknown --policy '%s' (tide, static-layer, lru, checkpoint-layer "
-                                       "or zero-offload)", optarg);
-            a->policy = optarg;
-            break;
-        case 'O':
-            if (strcmp(optarg, "auto") && strcmp(optarg, "device") && strcmp(optarg, "cpu"))
-                return cli_usage_error("train", "unknown --optimizer '%s' (auto, device or cpu)", optarg);
-            a->optimizer = optarg;
-            break;
-        case 'E':
-            if (tide_tile_parse(NULL, optarg, &a->tile))
-                return cli_usage_error("train", "bad --tile '%s' (auto, none or a level 1 to %d)", optarg,
-                                       TIDE_TILE_LEVELS - 1);
-            a->have_tile = true;
-            break;
-        case 'H':
-            if (cli_parse_bytes(optarg, &a->host_budget) || !a->host_budget) BAD("--host-budget");
-            break;
-        case 's': a->ssd = optarg; break;
-        case 'R': a->pread = true; break;
-        case 'w': a->hw = optarg; break;
-        case 'c': a->check = true; break;
-        case 'o': a->out = optarg; break;
-        case 'v':
-            if (cli_parse_int(optarg, 1, 1L << 40, &a->save_every)) BAD("--save-every");
-            break;
-        case 'V':
-            if (!strcmp(optarg, "model")) a->save_f32 = false;
-            else if (!strcmp(optarg, "f32")) a->save_f32 = true;
-            else return cli_usage_error("train", "bad --save-dtype '%s' (model or f32)", optarg);
-            break;
-        case 'r': a->resume = optarg; break;
-        case 'x': a->trace = optarg; break;
-        case 'X': a->trace_svg = optarg; break;
-        case 'k':
-            if (cli_parse_backend(optarg, &a->backend))
-                return cli_usage_error("train", "unknown --backend '%s' (auto, cpu or cuda)", optarg);
-            break;
-        case 'M':
-            if (tide_matmul_parse(NULL, optarg, &a->matmul))
-                return cli_usage_error("train", "unknown --matmul '%s' (auto, f32 or fast)", optarg);
-            break;
-        case 'T':
-            if (cli_parse_int(optarg, 1, 4096, &a->threads)) BAD("--threads");
-            break;
-        case 'F': a->no_refit = true; break;
-        case 'j': a->json = true; break;
-        case 'q': a->quiet = true; break;
-        case 'h': fputs(help, stdout); return 0;
-        default: return cli_usage_error("train", "unknown option");
-        }
+        int rc = parse_option(c, j, &seen);
+        if (rc >= 0) return rc;
     }
     if (optind != argc) return cli_usage_error("train", "unexpected argument '%s'", argv[optind]);
     a->demo = !a->model && !a->data && !a->resume;
     if (a->demo) {
         /* the demonstration: a small model learning a generated corpus */
         if (!a->have_steps) a->steps = 40;
-        if (!have_lr) a->lr = 1e-3;
-        if (!have_warmup) a->warmup = 5;
-        if (!have_batch) a->batch = 8;
-        if (!have_seq) a->seq = 128;
+        if (!seen.lr) a->lr = 1e-3;
+        if (!seen.warmup) a->warmup = 5;
+        if (!seen.batch) a->batch = 8;
+        if (!seen.seq) a->seq = 128;
         if (!a->budget) {
             j->off.budget_kind = TIDE_BUDGET_FRACTION;
             j->off.fraction = 0.25;
@@ -399,7 +411,8 @@ static int ensure_demo(train_job *j) {
         return 1;
     }
     if (stat(j->data_path, &sb) != 0 &&
-        tide_tokens_write_synthetic(j->ctx, j->data_path, TIDE_TOKENS_U16, TIDE_MIN(256, cfg.vocab_size), 1 << 20, 1))
+        tide_tokens_write_synthetic(j->ctx, j->data_path, TIDE_TOKENS_U16,
+                                    cfg.vocab_size < 256 ? cfg.vocab_size : 256, 1 << 20, 1))
         return cli_fail(j->ctx, "generating the demonstration corpus");
     return 0;
 }
@@ -674,7 +687,7 @@ static int summary(train_job *j) {
         cJSON_AddNumberToObject(o, "peak_device_bytes", (double)s->peak_device_bytes);
         cJSON_AddNumberToObject(o, "tile_seqs", tide_trainer_tile_seqs(j->tr) ? tide_trainer_tile_seqs(j->tr)
                                                                                 : (double)a->batch);
-        cJSON_AddNumberToObject(o, "vocab_blocks", TIDE_MAX(1, tide_trainer_vocab_blocks(j->tr)));
+        cJSON_AddNumberToObject(o, "vocab_blocks", tide_trainer_vocab_blocks(j->tr) > 1 ? tide_trainer_vocab_blocks(j->tr) : 1);
         /* a resident plan is not priced on a profile of this machine */
         cJSON_AddNumberToObject(o, "optimizer_groups", s->optimizer_groups);
         cJSON_AddNumberToObject(o, "optimizer_host_groups", s->optimizer_host_groups);

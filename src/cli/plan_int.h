@@ -6,9 +6,6 @@
 #define TIDE_CLI_PLAN_INT_H
 
 #include "cli.h"
-#include "ir/plan.h"
-#include "planner/planner.h"
-#include "train/optim_place.h"
 
 typedef struct plan_args {
     const char *model, *config, *hw_name, *budget, *trace, *out;
@@ -17,7 +14,7 @@ typedef struct plan_args {
     tide_policy policy;
     bool json, weights_on_ssd, train, have_accum;
     int tile;
-    train_optim_mode optim;       /* --optimizer (training) */
+    tide_optim_mode optim;        /* --optimizer (training) */
     bool have_optim;
 } plan_args;
 

@@ -316,6 +316,18 @@ static void list_names(char dirs[MAX_DATA_DIRS][PATH_MAX], int n_dirs, char *buf
     }
 }
 
+size_t tide_hw_names(char *buf, size_t cap) {
+    char dirs[MAX_DATA_DIRS][PATH_MAX], all[4096];
+    list_names(dirs, data_dirs(dirs), all, sizeof all);
+    size_t n = strlen(all);
+    if (cap) {
+        size_t k = n < cap - 1 ? n : cap - 1;
+        memcpy(buf, all, k);
+        buf[k] = '\0';
+    }
+    return n;
+}
+
 static bool looks_like_path(const char *s) {
     size_t l = strlen(s);
     return strchr(s, '/') != NULL || (l >= 5 && strcmp(s + l - 5, ".json") == 0);

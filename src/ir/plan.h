@@ -127,15 +127,11 @@ typedef struct tide_ins {
 
 #define TIDE_HOME UINT64_MAX
 
-typedef enum tide_policy {
-    TIDE_POLICY_TIDE = 0, TIDE_POLICY_STATIC_LAYER, TIDE_POLICY_LRU, TIDE_POLICY_CHECKPOINT_LAYER,
-    TIDE_POLICY_ZERO_OFFLOAD, TIDE_POLICY_COUNT
-} tide_policy;
+/* tide_policy, tide_policy_name and tide_policy_parse: tide.h. */
+#define TIDE_POLICY_COUNT (TIDE_POLICY_ZERO_OFFLOAD + 1)
 /* The policies before it plan any graph; zero-offload plans training steps
  * only (it places their AdamW updates on the host). */
 #define TIDE_POLICY_INFERENCE_COUNT TIDE_POLICY_ZERO_OFFLOAD
-const char *tide_policy_name(tide_policy p);
-int tide_policy_parse(const char *s, tide_policy *out); /* 0 or -1 */
 
 typedef struct tide_plan_stats {
     uint64_t peak_device_bytes;   /* highest byte in use of the arena at any instant */

@@ -84,12 +84,7 @@ uint64_t tide_graph_max_working_set(const tide_graph *g, int *which);
 tide_status tide_plan_max_working_set(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, uint64_t *ws);
 
 /* Lower bound (docs/design.md section 6.3) and ideal for a graph on hw at a budget. */
-typedef struct tide_bounds {
-    double compute_s;             /* sum of op costs */
-    double link_s;                /* minimum bytes per link / bandwidth, max over links */
-    double lower_bound_s;         /* max(compute_s, link_s) */
-    double ideal_s;               /* simulated makespan with an unlimited budget */
-} tide_bounds;
+/* tide_bounds: tide.h. */
 tide_status tide_plan_bounds(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts,
                              tide_bounds *out);
 
