@@ -6,17 +6,16 @@
  * trust every extent (checkpoint.h lists what holds). Also: matching a
  * checkpoint against the WEIGHT tensors of a graph.
  *
- * File format: u64 little-endian N, N bytes of JSON header
- *   {"name": {"dtype": "BF16", "shape": [d0, ...], "data_offsets": [b, e]}, ...,
- *    "__metadata__": {...}}
- * then the data section; offsets are relative to its start. Tensors may not
- * overlap; gaps between them are tolerated.
+ * Each file is opened and its header checked by the one safetensors reader
+ * (model/st_file.h, which gives the format); here, a checkpoint's tensors
+ * may not overlap, and gaps between them are tolerated.
  *
  * Every failure names the file, the tensor where there is one, and the
  * problem. Name lookup is a binary search over the tensors sorted once at open.
  */
 #include "model/checkpoint.h"
 #include "graph/graph.h"
+#include "model/st_file.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -28,9 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define HEADER_MAX (100u << 20)   /* the reference implementation's limit */
 #define INDEX_MAX (64u << 20)
-#define EXACT_INT_MAX 9007199254740992.0 /* 2^53: JSON numbers are doubles here */
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -49,61 +46,8 @@ static bool file_exists(const char *path) {
     return stat(path, &st) == 0;
 }
 
-/* Reads a non-negative integer that a double holds exactly. */
-static bool json_u64(const cJSON *it, uint64_t *v) {
-    if (!cJSON_IsNumber(it)) return false;
-    double d = it->valuedouble;
-    if (!(d >= 0.0) || d > EXACT_INT_MAX || d != floor(d)) return false;
-    *v = (uint64_t)d;
-    return true;
-}
-
-/* Parses JSON that must be an object followed only by whitespace. Returns
- * NULL and a description of the problem in why. */
-static cJSON *parse_object(const char *text, size_t len, char *why, size_t why_n) {
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
-    if (!root) {
-        size_t off = end && end >= text ? (size_t)(end - text) : 0;
-        snprintf(why, why_n, "is not valid JSON (error near byte %zu)", off);
-        return NULL;
-    }
-    for (const char *q = end; q < text + len; q++) {
-        if (*q != ' ' && *q != '\t' && *q != '\n' && *q != '\r') {
-            snprintf(why, why_n, "is not valid JSON (trailing bytes at byte %zu)",
-                     (size_t)(q - text));
-            cJSON_Delete(root);
-            return NULL;
-        }
-    }
-    if (!cJSON_IsObject(root)) {
-        snprintf(why, why_n, "is not a JSON object");
-        cJSON_Delete(root);
-        return NULL;
-    }
-    return root;
-}
-
-static int dtype_from_st(const char *s, tide_dtype *dt) {
-    if (strcmp(s, "BF16") == 0) *dt = TIDE_BF16;
-    else if (strcmp(s, "F16") == 0) *dt = TIDE_F16;
-    else if (strcmp(s, "F32") == 0) *dt = TIDE_F32;
-    else if (strcmp(s, "I32") == 0) *dt = TIDE_I32;
-    else return -1;
-    return 0;
-}
-
 static int cmp_tensor_name(const void *a, const void *b) {
     return strcmp(((const tide_ck_tensor *)a)->name, ((const tide_ck_tensor *)b)->name);
-}
-
-/* Formats a shape as "(a, b)" into buf. */
-static const char *shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
-    size_t o = (size_t)snprintf(buf, n, "(");
-    for (int i = 0; i < ndim && o < n; i++)
-        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (o < n) snprintf(buf + o, n - o, ")");
-    return buf;
 }
 
 /* ---------------------------------------------------------------- one file */
@@ -120,87 +64,22 @@ static int cmp_extent(const void *a, const void *b) {
     return 0;
 }
 
-/* Validates one header entry and appends it to ck->tensors. */
-static tide_status add_tensor(tide_checkpoint *ck, int fi, const cJSON *e) {
-    tide_ctx *ctx = ck->ctx;
+/* Validates one header entry (st_file.c) and appends it to ck->tensors. */
+static tide_status add_tensor(tide_checkpoint *ck, int fi, const tide_st_file *sf, const cJSON *e) {
     const tide_ck_file *f = &ck->files[fi];
-    const char *name = e->string;
-    if (!cJSON_IsObject(e))
-        return tide_err(ctx, TIDE_E_FORMAT, "%s: tensor '%s': header entry is not an object",
-                        f->path, name);
-    const cJSON *jdt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
-    const cJSON *jshape = cJSON_GetObjectItemCaseSensitive(e, "shape");
-    const cJSON *joff = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    tide_st_tensor st;
+    tide_status s = tide_st_tensor_read(ck->ctx, f->path, sf, e, &st);
+    if (s) return s;
     tide_ck_tensor t;
     memset(&t, 0, sizeof t);
     t.file = fi;
-    if (!cJSON_IsString(jdt))
-        return tide_err(ctx, TIDE_E_FORMAT, "%s: tensor '%s': missing or non-string dtype",
-                        f->path, name);
-    if (dtype_from_st(jdt->valuestring, &t.dtype) != 0)
-        return tide_err(ctx, TIDE_E_FORMAT,
-                        "%s: tensor '%s': unknown or unsupported dtype '%s' (BF16, F16, F32, I32)",
-                        f->path, name, jdt->valuestring);
-    if (!cJSON_IsArray(jshape))
-        return tide_err(ctx, TIDE_E_FORMAT, "%s: tensor '%s': bad shape: not an array", f->path,
-                        name);
-    int nd = cJSON_GetArraySize(jshape);
-    if (nd > TIDE_MAX_DIMS)
-        return tide_err(ctx, TIDE_E_FORMAT, "%s: tensor '%s': bad shape: %d dims (at most %d)",
-                        f->path, name, nd, TIDE_MAX_DIMS);
-    t.ndim = nd;
-    uint64_t numel = 1;
-    bool overflow = false;
-    for (int i = 0; i < nd; i++) {
-        uint64_t d;
-        if (!json_u64(cJSON_GetArrayItem(jshape, i), &d))
-            return tide_err(ctx, TIDE_E_FORMAT,
-                            "%s: tensor '%s': bad shape: dim %d is not a non-negative integer",
-                            f->path, name, i);
-        t.shape[i] = (int64_t)d;
-        if (d && numel > UINT64_MAX / 4 / d) overflow = true;
-        else numel *= d;
-    }
-    uint64_t begin, end;
-    if (!cJSON_IsArray(joff) || cJSON_GetArraySize(joff) != 2 ||
-        !json_u64(cJSON_GetArrayItem(joff, 0), &begin) ||
-        !json_u64(cJSON_GetArrayItem(joff, 1), &end))
-        return tide_err(ctx, TIDE_E_FORMAT,
-                        "%s: tensor '%s': data_offsets is not two non-negative integers", f->path,
-                        name);
-    if (begin > end)
-        return tide_err(ctx, TIDE_E_FORMAT,
-                        "%s: tensor '%s': data_offsets begin %llu > end %llu", f->path, name,
-                        (unsigned long long)begin, (unsigned long long)end);
-    uint64_t data_len = f->size - f->data_start;
-    if (end > data_len)
-        return tide_err(ctx, TIDE_E_FORMAT,
-                        "%s: tensor '%s': data_offsets end %llu past the end of the data section "
-                        "(%llu bytes): file truncated?",
-                        f->path, name, (unsigned long long)end, (unsigned long long)data_len);
-    uint64_t esz = tide_dtype_size(t.dtype);
-    if (overflow) {
-        char sb[128];
-        return tide_err(ctx, TIDE_E_FORMAT, "%s: tensor '%s': shape %s has too many elements",
-                        f->path, name, shape_str(sb, sizeof sb, nd, t.shape));
-    }
-    if (end - begin != numel * esz) {
-        char sb[128];
-        return tide_err(ctx, TIDE_E_FORMAT,
-                        "%s: tensor '%s': byte size %llu (data_offsets) != %llu expected for %s %s",
-                        f->path, name, (unsigned long long)(end - begin),
-                        (unsigned long long)(numel * esz), jdt->valuestring,
-                        shape_str(sb, sizeof sb, nd, t.shape));
-    }
-    t.nbytes = end - begin;
-    t.offset = f->data_start + begin;
-    if (t.nbytes && t.offset % esz != 0)
-        return tide_err(ctx, TIDE_E_FORMAT,
-                        "%s: tensor '%s': data at file offset %llu is not aligned to its %llu-byte "
-                        "elements",
-                        f->path, name, (unsigned long long)t.offset, (unsigned long long)esz);
-    t.name = tide_strdup(name);
-    if (!t.name) return tide_err(ctx, TIDE_E_NOMEM, "%s: out of memory", f->path);
+    t.dtype = st.dtype;
+    t.ndim = st.ndim;
+    memcpy(t.shape, st.shape, sizeof t.shape);
+    t.nbytes = st.nbytes;
+    t.offset = st.offset;
+    t.name = tide_strdup(e->string);
+    if (!t.name) return tide_err(ck->ctx, TIDE_E_NOMEM, "%s: out of memory", f->path);
     ck->tensors[ck->n_tensors++] = t;
     return TIDE_OK;
 }
@@ -256,56 +135,25 @@ static tide_status open_file(tide_checkpoint *ck, const char *name) {
     ck->n_files++; /* from here on tide_checkpoint_free releases it */
     if (!f->name || !f->path) return tide_err(ctx, TIDE_E_NOMEM, "out of memory opening %s", name);
 
-    f->fd = open(f->path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0)
-        return tide_err(ctx, errno == ENOENT ? TIDE_E_NOT_FOUND : TIDE_E_IO, "%s: cannot open: %s",
-                        f->path, strerror(errno));
-    struct stat st;
-    if (fstat(f->fd, &st) != 0)
-        return tide_err(ctx, TIDE_E_IO, "%s: cannot stat: %s", f->path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) return tide_err(ctx, TIDE_E_IO, "%s: not a regular file", f->path);
-    f->size = (uint64_t)st.st_size;
-    if (f->size < 8)
-        return tide_err(ctx, TIDE_E_FORMAT,
-                        "%s: truncated: %llu bytes, shorter than the 8-byte header length",
-                        f->path, (unsigned long long)f->size);
-    void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, f->fd, 0);
-    if (m == MAP_FAILED) return tide_err(ctx, TIDE_E_IO, "%s: mmap failed: %s", f->path, strerror(errno));
-    f->map = m;
-
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | f->map[i];
-    if (hlen > f->size - 8)
-        return tide_err(ctx, TIDE_E_FORMAT,
-                        "%s: header length %llu past the end of the file (%llu bytes): truncated "
-                        "or not a safetensors file",
-                        f->path, (unsigned long long)hlen, (unsigned long long)f->size);
-    if (hlen > HEADER_MAX)
-        return tide_err(ctx, TIDE_E_FORMAT, "%s: header length %llu exceeds the %u-byte limit",
-                        f->path, (unsigned long long)hlen, HEADER_MAX);
-    f->data_start = 8 + hlen;
-
-    char why[128];
-    cJSON *root = parse_object((const char *)f->map + 8, (size_t)hlen, why, sizeof why);
-    if (!root) return tide_err(ctx, TIDE_E_FORMAT, "%s: header %s", f->path, why);
-
+    tide_st_file sf;
+    tide_status s = tide_st_open(ctx, f->path, &sf);
+    if (s) return s;
+    /* the file stays open and mapped for the checkpoint's life */
+    f->fd = sf.fd;
+    f->map = sf.map;
+    f->size = sf.size;
+    f->data_start = sf.data_start;
+    cJSON *root = sf.header;
     int n = cJSON_GetArraySize(root);
     if (tide_grow((void **)&ck->tensors, &ck->cap_tensors, ck->n_tensors + n, sizeof *ck->tensors)) {
         cJSON_Delete(root);
         return tide_err(ctx, TIDE_E_NOMEM, "%s: out of memory", f->path);
     }
     int first = ck->n_tensors;
-    tide_status s = TIDE_OK;
     const cJSON *e;
     cJSON_ArrayForEach(e, root) {
-        if (strcmp(e->string, "__metadata__") == 0) {
-            if (!cJSON_IsObject(e)) {
-                s = tide_err(ctx, TIDE_E_FORMAT, "%s: __metadata__ is not an object", f->path);
-                break;
-            }
-            continue;
-        }
-        if ((s = add_tensor(ck, fi, e))) break;
+        if (strcmp(e->string, "__metadata__") == 0) continue;
+        if ((s = add_tensor(ck, fi, &sf, e))) break;
     }
     cJSON_Delete(root);
     if (s) return s;
@@ -331,7 +179,7 @@ static tide_status open_sharded(tide_checkpoint *ck, const char *index_path,
     tide_status st = tide_read_text_file(ctx, index_path, INDEX_MAX, &text, &len);
     if (st) return st;
     char why[128];
-    cJSON *root = parse_object(text, len, why, sizeof why);
+    cJSON *root = tide_st_parse_object(text, len, why, sizeof why);
     tide_free(text);
     if (!root) return tide_err(ctx, TIDE_E_FORMAT, "%s: %s", index_path, why);
     *weight_map_root = root;
@@ -586,8 +434,8 @@ tide_status tide_checkpoint_match(const tide_checkpoint *ck, const tide_graph *g
             return tide_err(ctx, TIDE_E_FORMAT,
                             "%s: tensor '%s': expected %s %s, found %s %s",
                             tide_checkpoint_tensor_file(ck, c)->path, gt->name,
-                            tide_dtype_name(gt->dtype), shape_str(a, sizeof a, gt->ndim, gt->shape),
-                            tide_dtype_name(ct->dtype), shape_str(b, sizeof b, ct->ndim, ct->shape));
+                            tide_dtype_name(gt->dtype), tide_st_shape_str(a, sizeof a, gt->ndim, gt->shape),
+                            tide_dtype_name(ct->dtype), tide_st_shape_str(b, sizeof b, ct->ndim, ct->shape));
         }
     }
     for (int c = 0; c < ck->n_tensors; c++) {

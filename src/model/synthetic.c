@@ -19,8 +19,9 @@
  * tide_f32_to_f16 do).
  *
  * Layout: tensors in model order (embeddings, layer 0 .. L-1, final norm,
- * output head), packed without gaps; the JSON header is padded with spaces so
- * the data section starts at a multiple of TIDE_CK_DATA_ALIGN. Shards are cut
+ * output head), packed without gaps; the header is the one safetensors
+ * writer's (model/st_file.c: padded with spaces so the data section starts
+ * at a multiple of TIDE_ST_DATA_ALIGN, TIDE_CK_DATA_ALIGN). Shards are cut
  * greedily at tensor boundaries when the total exceeds shard_bytes.
  *
  * Writing: each file is a byte stream (header, then data) cut into CHUNK_BYTES
@@ -36,6 +37,7 @@
  * directory are then removed.
  */
 #include "model/checkpoint.h"
+#include "model/st_file.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -175,29 +177,25 @@ static void gen_range(const syn_tensor *t, tide_dtype dt, uint64_t block, uint32
 
 /* ---------------------------------------------------------------- text */
 
-static const char *st_dtype(tide_dtype dt) {
-    switch (dt) {
-    case TIDE_BF16: return "BF16";
-    case TIDE_F16: return "F16";
-    default: return "F32";
+/* The padded header of one shard (model/st_file.c): metadata format "pt",
+ * its tensors packed from data offset 0 in model order. TIDE_OK or
+ * TIDE_E_NOMEM / TIDE_E_INVALID naming the shard. */
+static tide_status shard_header(tide_ctx *ctx, tide_strbuf *b, const syn_shard *sh, const syn_tensor *ts,
+                                tide_dtype dt) {
+    tide_st_entry *e = tide_calloc((size_t)(sh->count ? sh->count : 1), sizeof *e);
+    uint64_t *nbytes = tide_calloc((size_t)(sh->count ? sh->count : 1), sizeof *nbytes);
+    tide_status st = e && nbytes ? TIDE_OK : tide_err(ctx, TIDE_E_NOMEM, "%s: out of memory building its header",
+                                                      sh->path);
+    for (int i = 0; !st && i < sh->count; i++) {
+        const syn_tensor *t = &ts[sh->first + i];
+        e[i] = (tide_st_entry){.name = t->name, .dtype = dt, .ndim = t->ndim};
+        memcpy(e[i].shape, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
     }
-}
-
-/* The padded header of one shard: 8-byte length + JSON + spaces. */
-static void shard_header(tide_strbuf *b, const syn_shard *sh, const syn_tensor *ts, tide_dtype dt) {
-    tide_strbuf_printf(b, "12345678{\"__metadata__\":{\"format\":\"pt\"}");
-    for (int i = sh->first; i < sh->first + sh->count; i++) {
-        const syn_tensor *t = &ts[i];
-        tide_strbuf_printf(b, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name, st_dtype(dt));
-        for (int d = 0; d < t->ndim; d++) tide_strbuf_printf(b, "%s%lld", d ? "," : "", (long long)t->shape[d]);
-        tide_strbuf_printf(b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)t->begin,
-                  (unsigned long long)(t->begin + t->nbytes));
-    }
-    tide_strbuf_printf(b, "}");
-    while (!b->oom && b->len % TIDE_CK_DATA_ALIGN != 0) tide_strbuf_printf(b, " ");
-    if (b->oom) return;
-    uint64_t n = b->len - 8;
-    for (int i = 0; i < 8; i++) b->p[i] = (char)((n >> (8 * i)) & 0xff);
+    const tide_st_meta meta = {"format", "pt"};
+    if (!st) st = tide_st_header(ctx, sh->path, e, sh->count, &meta, 1, b, nbytes);
+    tide_free(e);
+    tide_free(nbytes);
+    return st;
 }
 
 /* ---------------------------------------------------------------- files */
@@ -366,10 +364,10 @@ static tide_status write_shard(writer *w, syn_shard *sh) {
     tide_ctx *ctx = w->ctx;
     pipeline *pl = &w->pl;
     tide_strbuf hb = {0};
-    shard_header(&hb, sh, w->ts, w->cfg->dtype);
-    if (hb.oom) {
+    tide_status hs = shard_header(ctx, &hb, sh, w->ts, w->cfg->dtype);
+    if (hs) {
         tide_free(hb.p);
-        return tide_err(ctx, TIDE_E_NOMEM, "%s: out of memory building its header", sh->path);
+        return hs;
     }
     uint64_t hlen = hb.len, size = hlen + sh->data_bytes;
 
@@ -613,10 +611,8 @@ tide_status tide_checkpoint_make_synthetic(tide_ctx *ctx, const tide_llama_confi
     sync_init = true;
     for (int s = 0; s < ns; s++) {
         tide_strbuf hb = {0};
-        shard_header(&hb, &sh[s], ts, cfg->dtype);
-        if (hb.oom) {
+        if ((st = shard_header(ctx, &hb, &sh[s], ts, cfg->dtype))) {
             tide_free(hb.p);
-            st = tide_err(ctx, TIDE_E_NOMEM, "make_synthetic %s: out of memory", dir);
             goto done;
         }
         w.total += hb.len + sh[s].data_bytes;

@@ -519,17 +519,11 @@ static tide_status reserve_warm_region(engine *e, uint64_t n, uint64_t *bytes) {
     return TIDE_OK;
 }
 
-tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *o) {
-    memset(e, 0, sizeof *e);
-    e->ctx = ctx;
-    e->g = g;
-    e->hw = o->hw;
-    e->n_iter = o->n_iter;
-    e->clk.last_compute_step = -1;
-    e->clk.last_compute = -1;
-    if (!o->hw) return tide_err(ctx, TIDE_E_INVALID, "plan: no hardware profile given");
-    if ((unsigned)o->policy >= TIDE_POLICY_COUNT)
-        return tide_err(ctx, TIDE_E_INVALID, "plan: unknown policy %d", (int)o->policy);
+/* The op schedule of the policy (recomputation of checkpointed
+ * activations, the zero-offload policy's host updates) into e->sched and
+ * *n_pos; then the tensors' lifetimes over it. */
+static tide_status init_schedule(engine *e, const tide_graph *g, const tide_plan_opts *o) {
+    tide_ctx *ctx = e->ctx;
     int n_pos = g->n_ops;
     tide_status st = TIDE_OK;
     if (o->policy == TIDE_POLICY_CHECKPOINT_LAYER) {
@@ -556,14 +550,15 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
     if (st) return st;
     e->n_ops = n_pos;
     e->n_steps = e->lt.n_steps;
-    int nt = g->n_tensors;
-    const tide_hw *hw = o->hw;
-    e->has_ssd = hw->ssd_count > 0 && hw->ssd_read_bw > 0 && hw->ssd_write_bw > 0;
-    if (o->weights_on_ssd && !e->has_ssd)
-        return tide_err(ctx, TIDE_E_INVALID, "plan: weights on SSD asked for, but the profile '%s' has no SSD",
-                        hw->name);
+    return TIDE_OK;
+}
 
-    e->plan = tide_plan_alloc(ctx, g, o->n_iter);
+/* The plan, the per-tensor and per-op tables, the op costs over the
+ * schedule. */
+static tide_status init_tables(engine *e, const tide_graph *g, const tide_plan_opts *o) {
+    const int nt = g->n_tensors;
+    const tide_hw *hw = o->hw;
+    e->plan = tide_plan_alloc(e->ctx, g, o->n_iter);
     e->t = tide_calloc((size_t)(nt ? nt : 1), sizeof *e->t);
     e->op_s = tide_malloc((size_t)(g->n_ops ? g->n_ops : 1) * sizeof *e->op_s);
     e->op_cum = tide_malloc((size_t)(e->n_ops + 1) * sizeof *e->op_cum);
@@ -571,7 +566,7 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
     e->sp.scratch_cap = SCRATCH_RING;
     e->sp.scratch = tide_calloc((size_t)e->sp.scratch_cap, sizeof *e->sp.scratch);
     if (!e->plan || !e->t || !e->op_s || !e->op_cum || !e->clk.cs_after || !e->sp.scratch)
-        return tide_err(ctx, TIDE_E_NOMEM, "out of memory planning a graph of %d ops", g->n_ops);
+        return tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning a graph of %d ops", g->n_ops);
     tide_plan *p = e->plan;
     p->policy = o->policy;
     p->device_budget = o->device_budget;
@@ -588,8 +583,15 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
     }
     for (int i = 0; i < e->n_steps; i++) e->clk.cs_after[i] = -1;
     for (int i = 0; i < e->sp.scratch_cap; i++) e->sp.scratch[i].step = -1;
+    return TIDE_OK;
+}
 
-    /* Homes: weights on SSD when asked or when host memory cannot hold them. */
+/* Homes: weights on SSD when asked or when host memory cannot hold them,
+ * then state; *host_cap the host memory left for spill copies. */
+static tide_status choose_homes(engine *e, const tide_graph *g, const tide_plan_opts *o, uint64_t *host_cap_out) {
+    const int nt = g->n_tensors;
+    const tide_hw *hw = o->hw;
+    tide_plan *p = e->plan;
     uint64_t host_budget = o->host_budget ? o->host_budget : hw->host_mem_bytes;
     uint64_t on_host = 0;
     for (int t = 0; t < nt; t++) {
@@ -634,7 +636,7 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
         }
     }
     if (host_budget && on_host > host_budget)
-        return tide_err(ctx, TIDE_E_INFEASIBLE,
+        return tide_err(e->ctx, TIDE_E_INFEASIBLE,
                         "plan: host memory of %llu bytes cannot hold the %llu bytes that must live there "
                         "(inputs, outputs%s)",
                         (unsigned long long)host_budget, (unsigned long long)on_host,
@@ -645,13 +647,15 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
      * same memory: the arena is what the budget bounds, so spills go to SSD
      * when there is one (host computes aside, which need host copies). */
     if (o->host_addressable && e->has_ssd && !o->host_ops) host_cap = 0;
-    tide_relmap_init(&e->sp.rel);
-    if (tide_arena_init(&e->sp.dev, 0, o->device_budget, TIDE_PLAN_ALIGN) ||
-        tide_arena_init(&e->host, 0, host_cap, TIDE_PLAN_ALIGN) ||
-        tide_arena_init(&e->ssd, 0, e->has_ssd ? UINT64_C(1) << 60 : 0, SSD_ALIGN))
-        return tide_err(ctx, TIDE_E_NOMEM, "out of memory planning");
+    *host_cap_out = host_cap;
+    return TIDE_OK;
+}
 
-    for (int t = 0; t < nt; t++) {
+/* Every tensor's starting state: no instruction yet, its home copy (valid
+ * but for outputs) for the persistent ones; and the host ops' lookahead. */
+static tide_status init_tensors(engine *e, const tide_graph *g, const tide_plan_opts *o) {
+    tide_plan *p = e->plan;
+    for (int t = 0; t < g->n_tensors; t++) {
         engine_tensor *T = &e->t[t];
         const tide_tensor *gt = &g->tensors[t];
         T->nbytes = gt->nbytes;
@@ -678,11 +682,19 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
     e->host_op = e->own_host_op ? e->own_host_op : o->host_ops;
     if (e->host_op) {
         if (!(e->next_host = tide_malloc((size_t)(e->n_ops + 1) * sizeof *e->next_host)))
-            return tide_err(ctx, TIDE_E_NOMEM, "out of memory planning");
+            return tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
         e->next_host[e->n_ops] = e->n_ops;
         for (int i = e->n_ops - 1; i >= 0; i--)
             e->next_host[i] = e->host_op[e->sched ? e->sched[i] : i] ? i : e->next_host[i + 1];
     }
+    return TIDE_OK;
+}
+
+/* What the whole plan reserves (warm tensors and region, shared scratch),
+ * then TIDE_E_INFEASIBLE unless every op's working set fits beside it. */
+static tide_status reserve_and_check(engine *e, const tide_graph *g, const tide_plan_opts *o) {
+    tide_ctx *ctx = e->ctx;
+    tide_status st;
     uint64_t reserved = 0; /* for the whole plan: no op's working set may use it */
     if (o->warm_off && (st = place_warm(e, o->warm_off, &reserved))) return st;
     if (o->warm_region && (st = reserve_warm_region(e, o->warm_region, &reserved))) return st;
@@ -705,6 +717,35 @@ tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tid
                         kind, (unsigned long long)need, (unsigned long long)reserved);
     }
     return TIDE_OK;
+}
+
+tide_status engine_init(engine *e, tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *o) {
+    memset(e, 0, sizeof *e);
+    e->ctx = ctx;
+    e->g = g;
+    e->hw = o->hw;
+    e->n_iter = o->n_iter;
+    e->clk.last_compute_step = -1;
+    e->clk.last_compute = -1;
+    if (!o->hw) return tide_err(ctx, TIDE_E_INVALID, "plan: no hardware profile given");
+    if ((unsigned)o->policy >= TIDE_POLICY_COUNT)
+        return tide_err(ctx, TIDE_E_INVALID, "plan: unknown policy %d", (int)o->policy);
+    tide_status st = init_schedule(e, g, o);
+    if (st) return st;
+    const tide_hw *hw = o->hw;
+    e->has_ssd = hw->ssd_count > 0 && hw->ssd_read_bw > 0 && hw->ssd_write_bw > 0;
+    if (o->weights_on_ssd && !e->has_ssd)
+        return tide_err(ctx, TIDE_E_INVALID, "plan: weights on SSD asked for, but the profile '%s' has no SSD",
+                        hw->name);
+    uint64_t host_cap = 0;
+    if ((st = init_tables(e, g, o)) || (st = choose_homes(e, g, o, &host_cap))) return st;
+    tide_relmap_init(&e->sp.rel);
+    if (tide_arena_init(&e->sp.dev, 0, o->device_budget, TIDE_PLAN_ALIGN) ||
+        tide_arena_init(&e->host, 0, host_cap, TIDE_PLAN_ALIGN) ||
+        tide_arena_init(&e->ssd, 0, e->has_ssd ? UINT64_C(1) << 60 : 0, SSD_ALIGN))
+        return tide_err(ctx, TIDE_E_NOMEM, "out of memory planning");
+    if ((st = init_tensors(e, g, o))) return st;
+    return reserve_and_check(e, g, o);
 }
 
 void engine_free(engine *e, bool keep_plan) {

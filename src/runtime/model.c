@@ -12,6 +12,7 @@
  */
 #include "probe/probe.h"
 #include "runtime/model_int.h"
+#include "runtime/session.h"
 
 #include <stdio.h>
 #include <sys/mman.h>
@@ -307,13 +308,11 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
     if (on && pol == TIDE_POLICY_ZERO_OFFLOAD)
         return tide_err(m->ctx, TIDE_E_INVALID, "policy zero-offload runs a training step's AdamW updates on the "
                         "host CPU; inference takes tide, static-layer or lru");
-    if (on && o->budget_kind == TIDE_BUDGET_FRACTION && !(o->fraction > 0 && o->fraction <= 1))
-        return tide_err(m->ctx, TIDE_E_INVALID, "budget fraction %g is not in (0, 1]", o->fraction);
+    tide_status st = on ? tide_session_check_offload(m->ctx, o) : TIDE_OK;
+    if (st) return st;
     if (o && (o->tile < TIDE_TILE_NONE || o->tile >= TIDE_TILE_LEVELS))
         return tide_err(m->ctx, TIDE_E_INVALID, "tiling %d is not auto (0), none (-1) or a level 1 to %d", o->tile,
                         TIDE_TILE_LEVELS - 1);
-    if (on && o->budget_kind == TIDE_BUDGET_BYTES && !o->bytes)
-        return tide_err(m->ctx, TIDE_E_INVALID, "a budget of 0 bytes");
     if (o && (o->pin_weights < -1 || o->pin_weights > 1))
         return tide_err(m->ctx, TIDE_E_INVALID, "pin_weights %d is not auto (0), always (1) or never (-1)",
                         o->pin_weights);
@@ -343,16 +342,8 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
         return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
     m->off.ssd_dirs = m->off_ssd_dirs;
     m->off.hw = NULL; /* resolved now: the caller's string need not outlive this call */
-    tide_status st = o->hw ? tide_hw_load(m->ctx, o->hw, &m->hw)
-                           /* a quick measurement of this machine, so predictions mean something */
-                           : tide_probe_backend(m->ctx, m->be, m->off_ssd_dirs, 1.0, NULL, &m->hw);
-    if (st) return st;
+    if ((st = tide_session_hw(m->ctx, m->be, o->hw, m->off_ssd_dirs, &m->hw))) return st;
     m->hw_probed = !o->hw;
-    if (!m->be->vt->device_is_host && m->be->matmul == TIDE_MATMUL_F32) {
-        /* 16-bit weights are widened and multiplied at the f32 rate */
-        for (int d = 0; d < TIDE_DTYPE_COUNT; d++)
-            if (d == TIDE_F16 || d == TIDE_BF16) m->hw.flops[d] = TIDE_MIN(m->hw.flops[d], m->hw.flops[TIDE_F32]);
-    }
     bool pin = !o->weights_on_ssd && (o->pin_weights == 1 || (o->pin_weights == 0 && !m->be->vt->device_is_host));
     if (!pin) unpin(m);
     else if ((st = pin_weights(m))) return st;

@@ -43,6 +43,7 @@
  *              --tide_planned_release (a new budget, policy)--> (none)
  */
 #include "runtime/model_int.h"
+#include "runtime/session.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -227,18 +228,6 @@ static tide_status ensure_arena(tide_model *m, uint64_t need, const graph_slot *
 
 /* ---------------------------------------------------------------- plans */
 
-/* The cost model of resident plans. They move nothing but inputs and
- * outputs, so any profile gives the same plan but for the timing
- * predictions, which resident runs do not report: a fixed one, no measuring. */
-static const tide_hw *resident_hw(void) {
-    static const tide_hw hw = {
-        .name = "resident", .device_mem_bytes = UINT64_C(1) << 40,
-        .flops = {1e13, 1e13, 1e13, 1e13}, .matmul_efficiency = 1, .mem_bw = 1e11,
-        .h2d_bw = 1e10, .d2h_bw = 1e10, .host_mem_bytes = UINT64_C(1) << 40,
-    };
-    return &hw;
-}
-
 /* Whether offloaded plans use host homes in place: where device memory is
  * host memory (the CPU), under the tide policy (the baselines plan every
  * tensor through the arena, as on a device, so that policies compare). */
@@ -286,77 +275,49 @@ static tide_status warm_offsets(tide_model *m, const tide_graph *g, uint64_t *wa
     return TIDE_OK;
 }
 
-/* A resident plan of g: unconstrained, its budget the arena bytes it uses
- * (on a device, the warm region at least: it is reserved whole). */
+/* A resident plan of g (runtime/session.c): on a device with the warm
+ * layout in place (the warm region reserved whole). */
 static tide_status plan_resident(tide_model *m, tide_graph *g, tide_plan **out) {
-    tide_ctx *ctx = m->ctx;
-    tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = resident_hw(),
-                         .host_addressable = m->be->vt->device_is_host, .shared_scratch = true};
-    uint64_t *warm = NULL;
-    tide_status st = TIDE_OK;
-    if (uses_warm(m)) {
-        if (!(warm = tide_malloc((size_t)(g->n_tensors ? g->n_tensors : 1) * sizeof *warm)))
-            return tide_err(ctx, TIDE_E_NOMEM, "out of memory planning");
-        if ((st = warm_layout(m)) || (st = warm_offsets(m, g, warm))) goto done;
-        po.warm_off = warm;
-        po.warm_region = m->warm_bytes;
-    }
-    uint64_t peak = 0;
-    if ((st = tide_plan_peak_unbounded(ctx, g, &po, &peak))) goto done;
-    po.device_budget = m->warm_bytes + peak + TIDE_PLAN_ALIGN;
-    if ((st = tide_plan_make(ctx, g, &po, out))) goto done;
-    /* what it uses is all it needs: the plan holds no byte above its peak */
-    uint64_t used = TIDE_MAX((*out)->stats.peak_device_bytes, po.warm_region);
-    (*out)->device_budget = TIDE_MAX(used, (uint64_t)TIDE_PLAN_ALIGN);
-done:
+    if (!uses_warm(m)) return tide_session_plan_resident(m->ctx, m->be, g, NULL, 0, out);
+    uint64_t *warm = tide_malloc((size_t)(g->n_tensors ? g->n_tensors : 1) * sizeof *warm);
+    if (!warm) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory planning");
+    tide_status st = warm_layout(m);
+    if (!st && !(st = warm_offsets(m, g, warm)))
+        st = tide_session_plan_resident(m->ctx, m->be, g, warm, m->warm_bytes, out);
     tide_free(warm);
     return st;
 }
 
+/* The smallest budget of slot s's graph at the coarsest tiling that plans
+ * (TIDE_BUDGET_MIN): the slot keeps that tiling. */
+typedef struct min_search {
+    tide_model *m;
+    graph_slot *s;
+} min_search;
+
+static tide_status min_budget(void *user, uint64_t *b) {
+    min_search *u = user;
+    tide_model *m = u->m;
+    tide_plan_opts po = offload_opts(m, 0);
+    tide_llama_graph_opts go = slot_graph_opts(m, u->s);
+    tide_graph *tg = NULL;
+    int level = 0;
+    tide_status st = tide_llama_plan_tiled(m->ctx, &m->cfg, &go, &po, m->off.tile, &tg, &level, NULL, b);
+    if (st) return st;
+    tide_graph_free(tg); /* the slot plans the graph of that level again, at the budget */
+    u->s->min_tile = level > 0 ? level : TIDE_TILE_NONE;
+    return TIDE_OK;
+}
+
 /* Resolves the budget from the first graph planned and allocates the arena. */
 static tide_status resolve_budget(tide_model *m, graph_slot *s) {
-    tide_ctx *ctx = m->ctx;
-    uint64_t peak = tide_plan_unconstrained_peak(ctx, s->g, &m->hw, 1);
-    if (!peak) return tide_err(ctx, TIDE_E_INVALID, "cannot size the unconstrained run: %s", tide_ctx_last_error(ctx));
+    min_search u = {m, s};
     uint64_t b = 0;
-    switch (m->off.budget_kind) {
-    case TIDE_BUDGET_BYTES: b = m->off.bytes; break;
-    case TIDE_BUDGET_FRACTION: b = (uint64_t)((double)peak * m->off.fraction); break;
-    case TIDE_BUDGET_AUTO: {
-        uint64_t fr = 0, tot = 0;
-        if (m->be->vt->mem_info) {
-            /* the device's free memory less a margin for the runtime's own
-             * allocations (cuBLAS workspaces, kernels, streams) */
-            tide_status st = m->be->vt->mem_info(m->be, &fr, &tot);
-            if (st) return tide_model_be_fail(m, NULL, st, "--budget auto: cannot read the device's free memory");
-            uint64_t margin = TIDE_AUTO_MARGIN(tot);
-            if (fr <= margin)
-                return tide_err(ctx, TIDE_E_NOMEM, "--budget auto: the device has %llu bytes free, no more than the "
-                                "%llu-byte margin kept for the runtime", (unsigned long long)fr,
-                                (unsigned long long)margin);
-            b = TIDE_MIN(peak, fr - margin);
-        } else {
-            b = TIDE_MIN(peak, m->hw.device_mem_bytes / 10 * 9);
-        }
-        break;
-    }
-    case TIDE_BUDGET_MIN: {
-        tide_plan_opts po = offload_opts(m, 0);
-        tide_llama_graph_opts go = slot_graph_opts(m, s);
-        tide_graph *tg = NULL;
-        int level = 0;
-        tide_status st = tide_llama_plan_tiled(ctx, &m->cfg, &go, &po, m->off.tile, &tg, &level, NULL, &b);
-        if (st) return st;
-        tide_graph_free(tg); /* the slot plans the graph of that level again, at the budget */
-        s->min_tile = level > 0 ? level : TIDE_TILE_NONE;
-        break;
-    }
-    default: return tide_err(ctx, TIDE_E_INVALID, "no budget");
-    }
-    if (m->off.budget_kind != TIDE_BUDGET_BYTES) b = (b + 255) & ~(uint64_t)255; /* BYTES is exact */
-    tide_status st = m->be->vt->alloc(m->be, b, &m->arena);
-    if (st) return tide_err(ctx, st, "cannot allocate the device arena of %llu bytes: %s", (unsigned long long)b,
-                            tide_ctx_last_error(m->be->ctx));
+    tide_status st = tide_session_budget(m->ctx, m->be, &m->off, &m->hw, s->g, "run", min_budget, &u, &b);
+    if (st) return st;
+    if ((st = m->be->vt->alloc(m->be, b, &m->arena)))
+        return tide_err(m->ctx, st, "cannot allocate the device arena of %llu bytes: %s", (unsigned long long)b,
+                        tide_ctx_last_error(m->be->ctx));
     m->budget = m->arena_bytes = b;
     return TIDE_OK;
 }

@@ -1,6 +1,6 @@
 /*
- * save.c - training checkpoints (save.h): the streaming safetensors writer,
- * the directory-level atomic save, and the optimizer-state reader for resume.
+ * save.c - training checkpoints (save.h): the directory-level atomic save
+ * and the optimizer-state reader for resume.
  *
  * Design note.
  *   Invariants kept by tide_train_save_dir:
@@ -22,15 +22,10 @@
  *     tmp holds old      --remove_ck_dir-->   done (parent fsynced)
  *   and from any state before publish, remove_ck_dir(tmp) back to the start.
  *
- * The writer streams each tensor through one buffer of at most TIDE_ST_CHUNK
- * bytes: the caller's fill produces a chunk, the chunk goes to a stdio stream
- * on the temporary file (tide_file_begin), so memory stays bounded whatever
- * the model's size. A write error stops the save at the chunk that hit it.
- *
- * The reader maps optimizer.safetensors and checks every extent it hands
- * out (dtype F32, the parameter's shape, inside the data section, aligned to
- * 4 bytes); it is separate from the model loader's (model/safetensors.c),
- * which opens only model files of a checkpoint directory and drops metadata.
+ * The reader maps optimizer.safetensors through the one safetensors reader
+ * (model/st_file.c, as the model loader does) and checks every extent it
+ * hands out (dtype F32, the parameter's shape, inside the data section,
+ * aligned); the files are written by the one writer there.
  */
 #include "train/save.h"
 
@@ -45,28 +40,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define HEADER_MAX (100u << 20) /* the safetensors reference implementation's limit */
-#define DATA_ALIGN 4096         /* data section start, as TIDE_CK_DATA_ALIGN */
-
-/* ---------------------------------------------------------------- text */
-
-/* s as a JSON string, quotes included. */
-static void text_json(tide_strbuf *t, const char *s) {
-    tide_strbuf_add(t, "\"", 1);
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\') {
-            char e[2] = {'\\', (char)*c};
-            tide_strbuf_add(t, e, 2);
-        } else if (*c < 0x20) {
-            tide_strbuf_printf(t, "\\u%04x", *c);
-        } else {
-            tide_strbuf_add(t, (const char *)c, 1);
-        }
-    }
-    tide_strbuf_add(t, "\"", 1);
-}
-
-/* ---------------------------------------------------------------- writer */
+/* ---------------------------------------------------------------- conversion */
 
 void tide_convert_from_f32(const float *src, tide_dtype dt, void *dst, size_t n) {
     uint16_t *h = dst;
@@ -81,165 +55,6 @@ void tide_convert_from_f32(const float *src, tide_dtype dt, void *dst, size_t n)
         memmove(dst, src, n * sizeof(float));
         break;
     }
-}
-
-static const char *st_dtype_name(tide_dtype dt) {
-    switch (dt) {
-    case TIDE_F32: return "F32";
-    case TIDE_F16: return "F16";
-    case TIDE_BF16: return "BF16";
-    case TIDE_I32: return "I32";
-    default: return NULL;
-    }
-}
-
-static int cmp_name_ptr(const void *a, const void *b) {
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* Checks the entries and meta pairs; fills nbytes[i]. */
-static tide_status check_entries(tide_ctx *ctx, const char *path, const tide_st_entry *e, int n,
-                                 const tide_st_meta *meta, int n_meta, uint64_t *nbytes) {
-    for (int i = 0; i < n; i++) {
-        if (!e[i].name || !e[i].name[0] || strcmp(e[i].name, "__metadata__") == 0)
-            return tide_err(ctx, TIDE_E_INVALID, "%s: tensor %d has no usable name", path, i);
-        if (!st_dtype_name(e[i].dtype))
-            return tide_err(ctx, TIDE_E_INVALID, "%s: tensor '%s': bad dtype %d", path, e[i].name, (int)e[i].dtype);
-        if (e[i].ndim < 0 || e[i].ndim > TIDE_MAX_DIMS)
-            return tide_err(ctx, TIDE_E_INVALID, "%s: tensor '%s': %d dims", path, e[i].name, e[i].ndim);
-        uint64_t b = tide_dtype_size(e[i].dtype);
-        for (int d = 0; d < e[i].ndim; d++) {
-            int64_t x = e[i].shape[d];
-            if (x < 0 || (x && b > ((uint64_t)1 << 52) / (uint64_t)x))
-                return tide_err(ctx, TIDE_E_INVALID, "%s: tensor '%s': bad dim %d (%lld)", path, e[i].name, d,
-                                (long long)x);
-            b *= (uint64_t)x;
-        }
-        nbytes[i] = b;
-    }
-    for (int i = 0; i < n_meta; i++)
-        if (!meta[i].key || !meta[i].value)
-            return tide_err(ctx, TIDE_E_INVALID, "%s: metadata pair %d has a NULL key or value", path, i);
-    int total = n + n_meta;
-    const char **names = tide_malloc((size_t)(total ? total : 1) * sizeof *names);
-    if (!names) return tide_err(ctx, TIDE_E_NOMEM, "%s: out of memory", path);
-    for (int i = 0; i < n; i++) names[i] = e[i].name;
-    for (int i = 0; i < n_meta; i++) names[n + i] = meta[i].key;
-    /* Tensor names and metadata keys live in different objects: check each. */
-    tide_status st = TIDE_OK;
-    const int lo[2] = {0, n}, cnt[2] = {n, n_meta};
-    for (int g = 0; g < 2 && !st; g++) {
-        qsort(names + lo[g], (size_t)cnt[g], sizeof *names, cmp_name_ptr);
-        for (int i = lo[g] + 1; i < lo[g] + cnt[g] && !st; i++)
-            if (strcmp(names[i - 1], names[i]) == 0)
-                st = tide_err(ctx, TIDE_E_INVALID, "%s: duplicate %s '%s'", path, g ? "metadata key" : "tensor",
-                              names[i]);
-    }
-    tide_free(names);
-    return st;
-}
-
-/* The header: 8-byte length, JSON, spaces up to the data alignment. */
-static void build_header(tide_strbuf *t, const tide_st_entry *e, int n, const tide_st_meta *meta, int n_meta,
-                         const uint64_t *nbytes) {
-    tide_strbuf_add(t, "\0\0\0\0\0\0\0\0{", 9);
-    bool first = true;
-    if (n_meta) {
-        tide_strbuf_add(t, "\"__metadata__\":{", 16);
-        for (int i = 0; i < n_meta; i++) {
-            if (i) tide_strbuf_add(t, ",", 1);
-            text_json(t, meta[i].key);
-            tide_strbuf_add(t, ":", 1);
-            text_json(t, meta[i].value);
-        }
-        tide_strbuf_add(t, "}", 1);
-        first = false;
-    }
-    uint64_t off = 0;
-    for (int i = 0; i < n; i++) {
-        if (!first) tide_strbuf_add(t, ",", 1);
-        first = false;
-        text_json(t, e[i].name);
-        tide_strbuf_printf(t, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name(e[i].dtype));
-        for (int d = 0; d < e[i].ndim; d++) tide_strbuf_printf(t, "%s%lld", d ? "," : "", (long long)e[i].shape[d]);
-        tide_strbuf_printf(t, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
-                    (unsigned long long)(off + nbytes[i]));
-        off += nbytes[i];
-    }
-    tide_strbuf_add(t, "}", 1);
-    while (!t->oom && t->len % DATA_ALIGN) tide_strbuf_add(t, " ", 1);
-    if (t->oom) return;
-    uint64_t hlen = t->len - 8;
-    for (int i = 0; i < 8; i++) t->p[i] = (char)((hlen >> (8 * i)) & 0xff);
-}
-
-/* Streams the data of every entry into af. */
-static tide_status write_data(tide_atomic_file *af, const tide_st_entry *e, int n, const uint64_t *nbytes,
-                              tide_st_fill_fn fill, void *user) {
-    tide_ctx *ctx = af->ctx;
-    uint64_t total = 0, done = 0, most = 0;
-    for (int i = 0; i < n; i++) {
-        total += nbytes[i];
-        most = TIDE_MAX(most, nbytes[i]);
-    }
-    size_t cap = (size_t)TIDE_MIN(most, TIDE_ST_CHUNK);
-    unsigned char *buf = tide_malloc_aligned(cap ? cap : 64, 64);
-    if (!buf) return tide_err(ctx, TIDE_E_NOMEM, "%s '%s': out of memory for a write buffer", af->what, af->path);
-    tide_status st = TIDE_OK;
-    for (int i = 0; i < n && !st; i++) {
-        uint64_t esz = tide_dtype_size(e[i].dtype), numel = nbytes[i] / esz, per = cap / esz;
-        for (uint64_t j = 0; j < numel && !st; j += per) {
-            uint64_t m = TIDE_MIN(per, numel - j);
-            tide_err_clear(ctx);
-            if ((st = fill(user, i, j, m, buf))) {
-                char why[TIDE_ERRMSG_MAX];
-                snprintf(why, sizeof why, "%s", tide_ctx_last_error(ctx));
-                st = tide_err(ctx, st, "%s '%s': tensor '%s': %s", af->what, af->path, e[i].name,
-                              why[0] ? why : tide_status_str(st));
-                break;
-            }
-            errno = 0;
-            if (fwrite(buf, 1, (size_t)(m * esz), af->fp) != (size_t)(m * esz)) {
-                int err = errno ? errno : EIO;
-                st = tide_err(ctx, TIDE_E_IO, "%s '%s': write failed: %s", af->what, af->path, strerror(err));
-                break;
-            }
-            done += m * esz;
-            tide_progress(ctx, "saving", done, total);
-        }
-    }
-    tide_free_aligned(buf);
-    return st;
-}
-
-tide_status tide_safetensors_write(tide_ctx *ctx, const char *path, const tide_st_entry *entries, int n_entries,
-                                   const tide_st_meta *meta, int n_meta, tide_st_fill_fn fill, void *user) {
-    if (!path || !*path) return tide_err(ctx, TIDE_E_INVALID, "safetensors_write: no path");
-    if (n_entries < 0 || n_meta < 0 || (n_entries && (!entries || !fill)) || (n_meta && !meta))
-        return tide_err(ctx, TIDE_E_INVALID, "%s: bad tensor or metadata list", path);
-    uint64_t *nbytes = tide_malloc((size_t)(n_entries ? n_entries : 1) * sizeof *nbytes);
-    if (!nbytes) return tide_err(ctx, TIDE_E_NOMEM, "%s: out of memory", path);
-    tide_strbuf h = {0};
-    tide_status st = check_entries(ctx, path, entries, n_entries, meta, n_meta, nbytes);
-    if (!st) {
-        build_header(&h, entries, n_entries, meta, n_meta, nbytes);
-        if (h.oom || h.len - 8 > HEADER_MAX)
-            st = tide_err(ctx, h.oom ? TIDE_E_NOMEM : TIDE_E_INVALID, "%s: %s", path,
-                          h.oom ? "out of memory building the header" : "header larger than 100 MiB");
-    }
-    tide_atomic_file af;
-    if (!st && !(st = tide_file_begin(ctx, "safetensors file", path, &af))) {
-        errno = 0;
-        if (fwrite(h.p, 1, h.len, af.fp) != h.len)
-            st = tide_err(ctx, TIDE_E_IO, "safetensors file '%s': write failed: %s", path,
-                          strerror(errno ? errno : EIO));
-        if (!st) st = write_data(&af, entries, n_entries, nbytes, fill, user);
-        if (st) tide_file_abort(&af);
-        else st = tide_file_commit(&af);
-    }
-    tide_free(h.p);
-    tide_free(nbytes);
-    return st;
 }
 
 /* ---------------------------------------------------------------- config */
@@ -574,9 +389,8 @@ tide_status tide_train_save_dir(tide_ctx *ctx, const char *dir, const tide_train
 struct tide_train_resume {
     tide_ctx *ctx;
     char *path; /* dir/optimizer.safetensors */
-    const unsigned char *map;
-    uint64_t size;
-    cJSON *root; /* the header */
+    tide_st_file f; /* mapped, its header parsed (st_file.c); the descriptor closed */
+    cJSON *root;    /* f's header */
     const cJSON *meta_obj;
     tide_train_meta meta;
     int n_params;
@@ -585,19 +399,10 @@ struct tide_train_resume {
 
 void tide_train_resume_free(tide_train_resume *r) {
     if (!r) return;
-    if (r->map) munmap((void *)r->map, (size_t)r->size);
-    cJSON_Delete(r->root);
+    tide_st_close(&r->f);
     tide_free(r->offset);
     tide_free(r->path);
     tide_free(r);
-}
-
-static const char *shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
-    size_t o = (size_t)snprintf(buf, n, "(");
-    for (int i = 0; i < ndim && o < n; i++)
-        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (o < n) snprintf(buf + o, n - o, ")");
-    return buf;
 }
 
 /* config.json of dir against cfg. */
@@ -665,84 +470,43 @@ static tide_status read_meta(tide_train_resume *r) {
     return TIDE_OK;
 }
 
-/* Tensor name (part, parameter) of the file: checked and located. */
-static tide_status read_tensor(tide_train_resume *r, const char *name, const tide_train_param *p, uint64_t data_start,
-                               uint64_t *offset) {
+/* Tensor name (part, parameter) of the file: checked (st_file.c, then F32
+ * of the parameter's shape) and located. */
+static tide_status read_tensor(tide_train_resume *r, const char *name, const tide_train_param *p, uint64_t *offset) {
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(r->root, name);
     if (!e) return tide_err(r->ctx, TIDE_E_NOT_FOUND, "%s: tensor '%s' is missing", r->path, name);
-    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
-    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
-    const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
-    if (!cJSON_IsString(dt) || strcmp(dt->valuestring, "F32") != 0)
+    tide_st_tensor t;
+    tide_status st = tide_st_tensor_read(r->ctx, r->path, &r->f, e, &t);
+    if (st) return st;
+    if (t.dtype != TIDE_F32)
         return tide_err(r->ctx, TIDE_E_FORMAT, "%s: tensor '%s': dtype %s, expected F32", r->path, name,
-                        cJSON_IsString(dt) ? dt->valuestring : "missing");
-    int64_t shape[TIDE_MAX_DIMS] = {0};
-    int nd = cJSON_IsArray(sh) ? cJSON_GetArraySize(sh) : -1;
-    bool same = nd == p->ndim;
-    for (int i = 0; i < nd && i < TIDE_MAX_DIMS; i++) {
-        const cJSON *x = cJSON_GetArrayItem(sh, i);
-        shape[i] = cJSON_IsNumber(x) ? (int64_t)x->valuedouble : -1;
-        same = same && cJSON_IsNumber(x) && x->valuedouble == (double)p->shape[i];
-    }
+                        cJSON_GetObjectItemCaseSensitive(e, "dtype")->valuestring);
+    bool same = t.ndim == p->ndim;
+    for (int i = 0; i < t.ndim && same; i++) same = t.shape[i] == p->shape[i];
     if (!same) {
         char a[128], b[128];
-        if (nd < 0 || nd > TIDE_MAX_DIMS) snprintf(a, sizeof a, "a malformed shape");
-        else shape_str(a, sizeof a, nd, shape);
-        return tide_err(r->ctx, TIDE_E_FORMAT, "%s: tensor '%s': shape %s, expected %s", r->path, name, a,
-                        shape_str(b, sizeof b, p->ndim, p->shape));
+        return tide_err(r->ctx, TIDE_E_FORMAT, "%s: tensor '%s': shape %s, expected %s", r->path, name,
+                        tide_st_shape_str(a, sizeof a, t.ndim, t.shape),
+                        tide_st_shape_str(b, sizeof b, p->ndim, p->shape));
     }
-    uint64_t numel = 1;
-    for (int i = 0; i < p->ndim; i++) numel *= (uint64_t)p->shape[i];
-    const cJSON *b0 = cJSON_IsArray(off) ? cJSON_GetArrayItem(off, 0) : NULL;
-    const cJSON *b1 = cJSON_IsArray(off) ? cJSON_GetArrayItem(off, 1) : NULL;
-    double lo = cJSON_IsNumber(b0) ? b0->valuedouble : -1, hi = cJSON_IsNumber(b1) ? b1->valuedouble : -1;
-    if (cJSON_GetArraySize(off) != 2 || lo < 0 || hi < lo || hi > 9007199254740992.0 ||
-        hi != (double)(uint64_t)hi || lo != (double)(uint64_t)lo || (uint64_t)hi > r->size - data_start || (uint64_t)hi - (uint64_t)lo != numel * 4 ||
-        (data_start + (uint64_t)lo) % 4 != 0)
-        return tide_err(r->ctx, TIDE_E_FORMAT,
-                        "%s: tensor '%s': data_offsets are not %llu bytes inside the data section, 4-byte aligned",
-                        r->path, name, (unsigned long long)(numel * 4));
-    *offset = data_start + (uint64_t)lo;
+    *offset = t.offset;
     return TIDE_OK;
 }
 
 /* Maps and checks dir/optimizer.safetensors. */
-static tide_status open_optimizer(tide_train_resume *r, const char *dir, const tide_train_param *params, int n,
-                                  uint64_t fingerprint) {
+static tide_status open_optimizer(tide_train_resume *r, const tide_train_param *params, int n, uint64_t fingerprint) {
     tide_ctx *ctx = r->ctx;
-    int fd = open(r->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return tide_err(ctx, errno == ENOENT ? TIDE_E_NOT_FOUND : TIDE_E_IO, "checkpoint %s: cannot open %s: %s", dir,
-                        r->path, strerror(errno));
-    struct stat sb;
-    int e = fstat(fd, &sb) != 0 ? errno : !S_ISREG(sb.st_mode) ? EINVAL : 0;
-    if (!e && sb.st_size >= 8) {
-        void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
-        if (m == MAP_FAILED) e = errno;
-        else {
-            r->map = m;
-            r->size = (uint64_t)sb.st_size;
-        }
-    }
-    close(fd);
-    if (e) return tide_err(ctx, TIDE_E_IO, "%s: cannot map: %s", r->path, strerror(e));
-    uint64_t hlen = 0;
-    for (int i = 7; r->map && i >= 0; i--) hlen = (hlen << 8) | r->map[i];
-    if (!r->map || hlen > r->size - 8 || hlen > HEADER_MAX)
-        return tide_err(ctx, TIDE_E_FORMAT, "%s: truncated or not a safetensors file", r->path);
-    const char *h = (const char *)r->map + 8, *end = NULL;
-    r->root = cJSON_ParseWithLengthOpts(h, (size_t)hlen, &end, false);
-    bool trailing = false;
-    for (const char *q = end; r->root && q < h + hlen; q++) trailing |= *q != ' ' && *q != '\n' && *q != '\t';
-    if (!cJSON_IsObject(r->root) || trailing)
-        return tide_err(ctx, TIDE_E_FORMAT, "%s: header is not a JSON object", r->path);
+    tide_status st = tide_st_open(ctx, r->path, &r->f);
+    if (st) return st;
+    close(r->f.fd); /* mapped: the descriptor is not needed */
+    r->f.fd = -1;
+    r->root = r->f.header;
     r->meta_obj = cJSON_GetObjectItemCaseSensitive(r->root, "__metadata__");
     const char *fmt = cJSON_IsObject(r->meta_obj) ? meta_str(r->meta_obj, "format") : NULL;
     if (!fmt || strcmp(fmt, TIDE_TRAIN_FORMAT) != 0)
         return tide_err(ctx, TIDE_E_FORMAT, "%s: not a tide training checkpoint: format '%s', expected '%s'", r->path,
                         fmt ? fmt : "(none)", TIDE_TRAIN_FORMAT);
-    tide_status st = read_meta(r);
-    if (st) return st;
+    if ((st = read_meta(r))) return st;
     char want[32];
     snprintf(want, sizeof want, "%016llx", (unsigned long long)fingerprint);
     const char *got = meta_str(r->meta_obj, "config_fingerprint");
@@ -754,7 +518,7 @@ static tide_status open_optimizer(tide_train_resume *r, const char *dir, const t
     for (int i = 0; i < n; i++)
         for (int k = 0; k < 3; k++) {
             snprintf(name, sizeof name, "%s%s", part_prefix[TIDE_PART_MASTER + k], params[i].name);
-            if ((st = read_tensor(r, name, &params[i], 8 + hlen, &r->offset[3 * i + k]))) return st;
+            if ((st = read_tensor(r, name, &params[i], &r->offset[3 * i + k]))) return st;
         }
     if (cJSON_GetArraySize(r->root) != 3 * n + 1) {
         /* Something besides the expected tensors: name it. */
@@ -793,6 +557,7 @@ tide_status tide_train_resume_open(tide_ctx *ctx, const char *dir, const tide_ll
     tide_status st = check_config(ctx, dir, cfg, &fp);
     if (st) return st;
     tide_train_resume *r = tide_calloc(1, sizeof *r);
+    if (r) r->f.fd = -1; /* nothing open yet */
     size_t plen = strlen(dir) + sizeof "/optimizer.safetensors";
     if (!r || !(r->path = tide_malloc(plen)) || !(r->offset = tide_calloc((size_t)n_params * 3, sizeof *r->offset))) {
         tide_train_resume_free(r);
@@ -801,7 +566,7 @@ tide_status tide_train_resume_open(tide_ctx *ctx, const char *dir, const tide_ll
     snprintf(r->path, plen, "%s/optimizer.safetensors", dir);
     r->ctx = ctx;
     r->n_params = n_params;
-    if ((st = open_optimizer(r, dir, params, n_params, fp))) {
+    if ((st = open_optimizer(r, params, n_params, fp))) {
         tide_train_resume_free(r);
         return st;
     }
@@ -820,7 +585,7 @@ const float *tide_train_resume_tensor(const tide_train_resume *r, tide_train_par
     if (!r || param < 0 || param >= r->n_params || part < TIDE_PART_MASTER || part >= TIDE_PART_COUNT) return NULL;
     uint64_t off = r->offset[3 * param + (part - TIDE_PART_MASTER)];
     if (file_offset) *file_offset = off;
-    return (const float *)(r->map + off);
+    return (const float *)(r->f.map + off);
 }
 
 const char *tide_train_resume_path(const tide_train_resume *r) { return r->path; }

@@ -27,40 +27,12 @@
 #define TIDE_TRAIN_SAVE_H
 
 #include "core/core.h"
+#include "model/st_file.h" /* the safetensors writer */
 
 #include <stdbool.h>
 #include <stdint.h>
 
 /* ---------------------------------------------------------------- safetensors */
-
-typedef struct tide_st_entry {
-    const char *name;  /* unique, not "__metadata__" */
-    tide_dtype dtype;  /* written as F32, F16, BF16 or I32 */
-    int ndim;          /* 0..TIDE_MAX_DIMS */
-    int64_t shape[TIDE_MAX_DIMS];
-} tide_st_entry;
-
-/* One "__metadata__" pair (safetensors metadata values are strings). */
-typedef struct tide_st_meta {
-    const char *key, *value;
-} tide_st_meta;
-
-/* Produces elements [elem0, elem0 + n) of entry i, in the entry's dtype, at
- * dst. Called in file order: entries in order, each in increasing chunks of
- * at most TIDE_ST_CHUNK bytes. Returns TIDE_OK, or a status with its message
- * recorded on the writer's ctx (the writer adds the path and tensor). */
-typedef tide_status (*tide_st_fill_fn)(void *user, int i, uint64_t elem0, uint64_t n, void *dst);
-
-#define TIDE_ST_CHUNK ((uint64_t)4 << 20)
-
-/* Writes a safetensors file at path, whole or not at all (tide_file_begin /
- * commit: a temporary beside it, fsynced, renamed over path). Returns TIDE_OK;
- * TIDE_E_INVALID (a bad entry: no name, duplicate, bad dtype or shape; a NULL
- * argument); the fill's status, prefixed with the path and the tensor; TIDE_E_IO
- * naming the path and the system's cause (ENOSPC, EFBIG, EIO ...); TIDE_E_NOMEM.
- * On failure the temporary is removed and path holds what it held before. */
-tide_status tide_safetensors_write(tide_ctx *ctx, const char *path, const tide_st_entry *entries, int n_entries,
-                                   const tide_st_meta *meta, int n_meta, tide_st_fill_fn fill, void *user);
 
 /* dst[i] = src[i] rounded to dt (f32: copied; f16, bf16: nearest even, NaN
  * kept NaN), for n elements. dt must be f32, f16 or bf16. */

@@ -43,6 +43,11 @@
  * divided by accum, so the step's loss is the sum of the loss.M and its
  * gradients the mean over every row of the step.
  *
+ * The forward of each layer is the inference graph's (model/llama_int.h,
+ * llama_layer_forward: the same ops, the activations named "mbM.lL.*"
+ * here), run one row tile at a time; what training adds is the embedding
+ * in vocabulary blocks, the loss, the backward and the optimizer.
+ *
  * Row tiles (tile_seqs): each micro-batch runs as tiles of whole sequences
  * (attention needs a sequence's every row), each activation once per tile
  * ("NAME.tK"). The forward runs layer by layer, each layer tile by tile (a
@@ -52,41 +57,26 @@
  * tokens.M and targets.M (idx0); the loss, the head's gradient and every
  * weight gradient add up over the tiles.
  */
-#include "graph/graph.h"
+#include "model/llama_int.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-typedef struct tb {
-    tide_graph *g;
-    tide_status st;
-    int layer;
-} tb;
+typedef llama_builder tb;
 
 static int tensor(tb *b, const char *name, tide_dtype dt, tide_role role, int ndim, int64_t d0, int64_t d1) {
-    if (b->st) return -1;
-    int64_t shape[2] = {d0, d1};
-    int id = -1;
-    b->st = tide_graph_add_tensor(b->g, name, dt, role, ndim, shape, &id);
-    if (!b->st) tide_graph_set_tensor_layer(b->g, id, b->layer);
-    return id;
+    return llama_tensor(b, name, dt, role, ndim, d0, d1, 0);
 }
 
-/* Activation `what` of micro-batch m, in layer b->layer when >= 0, of row
- * tile k of nt (no suffix when there is one). */
-static int act(tb *b, int m, int k, int nt, const char *what, int64_t rows, int64_t cols) {
-    char name[128], tile[24] = "";
-    if (nt > 1) snprintf(tile, sizeof tile, ".t%d", k);
-    if (b->layer >= 0) snprintf(name, sizeof name, "mb%d.l%d.%s%s", m, b->layer, what, tile);
-    else snprintf(name, sizeof name, "mb%d.%s%s", m, what, tile);
-    return tensor(b, name, TIDE_F32, TIDE_ROLE_TEMP, cols ? 2 : 1, rows, cols);
+/* Activation `what` of the micro-batch of b->prefix, in layer b->layer when
+ * >= 0, of row tile k of nt (no suffix when there is one). */
+static int act(tb *b, int k, int nt, const char *what, int64_t rows, int64_t cols) {
+    return llama_act(b, what, k, nt, rows, cols);
 }
 
 static void op(tb *b, tide_op_kind kind, int n_in, const int *in, int n_out, const int *out, const tide_op_params *p) {
-    if (b->st) return;
-    tide_op_params z = {0};
-    b->st = tide_graph_add_op(b->g, kind, n_in, in, n_out, out, p ? p : &z, b->layer, NULL);
+    llama_op(b, kind, n_in, in, n_out, out, p);
 }
 
 /* A parameter and its optimizer tensors. */
@@ -166,13 +156,6 @@ static void vblock(const vparam *vp, int k, tide_op_params *p) {
     p->vocab = vp->vocab;
 }
 
-/* out = x . w^T (forward) */
-static int mm(tb *b, int m, int k, int nt, const char *what, int x, int w, int64_t rows, int64_t n) {
-    int o = act(b, m, k, nt, what, rows, n), in[2] = {x, w};
-    op(b, TIDE_OP_MATMUL, 2, in, 1, &o, NULL);
-    return o;
-}
-
 /* dx (=, +=) dy . w: the input gradient of a forward x . w^T */
 static void mm_dx(tb *b, int dy, int w, int dx, bool add) {
     tide_op_params p = {.no_transpose = true, .accumulate = add};
@@ -203,11 +186,29 @@ static int add2(tb *b, int a, int c, int out) {
 
 enum { P_LN1, P_Q, P_K, P_V, P_O, P_LN2, P_G, P_U, P_D, P_LAYER };
 
-tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, const tide_llama_train_opts *o,
-                                   tide_graph **out) {
-    *out = NULL;
-    tide_status st = tide_llama_config_check(ctx, cfg);
-    if (st) return st;
+/* The forward's activation names (llama_int.h's order). */
+static const char *const train_names[LLAMA_NAMES] = {"xn", "q",  "k",  "v", "qr", "kr",    "a", "a_out",
+                                                     "hm", "xn2", "g", "u", "s",  "s_out", "h"};
+
+/* The step being built: its parameters, its row tiles (runs of ts whole
+ * sequences of each micro-batch) and the kept activations of the
+ * micro-batch being built. */
+typedef struct train_build {
+    tb b;
+    const tide_llama_config *cfg;
+    const tide_llama_train_opts *o;
+    param *lp;                     /* NL x P_LAYER, in checkpoint order */
+    param fnorm;
+    vparam *emb, *hp;              /* the head is the embedding when tied */
+    int pos, hyper, sumsq;
+    int ts, NT;
+    llama_tile *tiles;             /* NT */
+    llama_acts *keep;              /* (L, k): layer L's activations of tile k, h its input */
+    int *h, *dh, *dhm;             /* per tile: the residual stream and its gradients */
+    llama_wsplit *ws;
+} train_build;
+
+static tide_status check_train_opts(tide_ctx *ctx, const tide_llama_config *cfg, const tide_llama_train_opts *o) {
     const int B = o->batch, T = o->seq, A = o->accum;
     if (B < 1 || T < 1 || A < 1)
         return tide_err(ctx, TIDE_E_INVALID, "a training step needs batch, seq and accum >= 1 (got %d, %d, %d)", B,
@@ -225,268 +226,243 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
           o->grad_clip >= 0))
         return tide_err(ctx, TIDE_E_INVALID, "AdamW needs betas in [0, 1), eps > 0, weight decay >= 0 and a "
                         "gradient clip >= 0");
+    return TIDE_OK;
+}
+
+/* The parameters in checkpoint order (embedding, layers, norm, head), then
+ * the step's fixed inputs and grad_sumsq. */
+static void add_params(train_build *s) {
+    tb *b = &s->b;
+    const tide_llama_config *cfg = s->cfg;
     const int64_t D = cfg->hidden_size, H = cfg->num_attention_heads, KV = cfg->num_key_value_heads;
-    const int64_t hd = D / H, I = cfg->intermediate_size, V = cfg->vocab_size, R = (int64_t)B * T, kd = KV * hd;
-    const int NL = cfg->num_hidden_layers;
+    const int64_t hd = D / H, I = cfg->intermediate_size, V = cfg->vocab_size, kd = KV * hd;
     const tide_dtype wt = cfg->dtype;
-    const float eps = cfg->rms_norm_eps;
-
-    param *lp = tide_calloc((size_t)NL * P_LAYER, sizeof *lp);
-    vparam *vps = tide_calloc(2, sizeof *vps); /* the embedding, the head */
-    /* per layer the kept activations of the micro-batch being built */
-    enum { K_H, K_XN, K_V, K_QR, K_KR, K_A, K_HM, K_XN2, K_G, K_U, K_S, K_N };
-    const int n_tiles = o->tile_seqs > 0 && o->tile_seqs < B ? (B + o->tile_seqs - 1) / o->tile_seqs : 1;
-    int *keep = tide_calloc((size_t)(NL + 1) * (size_t)n_tiles * K_N, sizeof *keep);
-    tb b = {.g = tide_graph_new(ctx), .layer = -1};
-    if (!lp || !vps || !keep || !b.g) {
-        tide_free(lp);
-        tide_free(vps);
-        tide_free(keep);
-        tide_graph_free(b.g);
-        return tide_err(ctx, TIDE_E_NOMEM, "out of memory building a training graph");
-    }
-
-    /* parameters in checkpoint order: embedding, layers, norm, head */
-    param fnorm;
-    vparam *emb = &vps[0], *hp = emb;
-    add_vparam(&b, emb, "model.embed_tokens.weight", wt, V, D, o->vocab_blocks, o->grads_out);
+    const bool go = s->o->grads_out;
+    add_vparam(b, s->emb, "model.embed_tokens.weight", wt, V, D, s->o->vocab_blocks, go);
     static const char *const pname[P_LAYER] = {
         "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
     const int64_t pshape[P_LAYER][2] = {{D, 0}, {H * hd, D}, {kd, D}, {kd, D}, {D, H * hd},
                                         {D, 0}, {I, D},      {I, D},  {D, I}};
-    for (int L = 0; L < NL && !b.st; L++) {
-        b.layer = L;
+    for (int L = 0; L < cfg->num_hidden_layers && !b->st; L++) {
+        b->layer = L;
         for (int k = 0; k < P_LAYER; k++) {
             char name[128];
             snprintf(name, sizeof name, "model.layers.%d.%s.weight", L, pname[k]);
-            add_param(&b, &lp[L * P_LAYER + k], name, wt, pshape[k][0], pshape[k][1], o->grads_out);
+            add_param(b, &s->lp[L * P_LAYER + k], name, wt, pshape[k][0], pshape[k][1], go);
         }
     }
-    b.layer = -1;
-    add_param(&b, &fnorm, "model.norm.weight", wt, D, 0, o->grads_out);
+    b->layer = -1;
+    add_param(b, &s->fnorm, "model.norm.weight", wt, D, 0, go);
     if (!cfg->tie_word_embeddings) {
-        hp = &vps[1];
-        add_vparam(&b, hp, "lm_head.weight", wt, V, D, o->vocab_blocks, o->grads_out);
+        s->hp = s->emb + 1;
+        add_vparam(b, s->hp, "lm_head.weight", wt, V, D, s->o->vocab_blocks, go);
     }
-    const int pos = tensor(&b, "pos", TIDE_I32, TIDE_ROLE_INPUT, 1, T, 0);
-    const int hyper = tensor(&b, "hyper", TIDE_F32, TIDE_ROLE_INPUT, 1, 4, 0);
-    const int sumsq = tensor(&b, "grad_sumsq", TIDE_F32, TIDE_ROLE_OUTPUT, 1, 1, 0);
+    s->pos = tensor(b, "pos", TIDE_I32, TIDE_ROLE_INPUT, 1, s->o->seq, 0);
+    s->hyper = tensor(b, "hyper", TIDE_F32, TIDE_ROLE_INPUT, 1, 4, 0);
+    s->sumsq = tensor(b, "grad_sumsq", TIDE_F32, TIDE_ROLE_OUTPUT, 1, 1, 0);
+}
 
+static int64_t tile_rows(const train_build *s, int k) { return (int64_t)s->tiles[k].nb * s->tiles[k].n; }
+
+/* The forward of a micro-batch: the embedding tile by tile, then layer by
+ * layer, each layer tile by tile, keeping every layer's activations. */
+static void forward(train_build *s, int tokens) {
+    tb *b = &s->b;
+    const int T = s->o->seq, NT = s->NT, NL = s->cfg->num_hidden_layers;
+    const vparam *emb = s->emb;
+    for (int k = 0; k < NT && !b->st; k++) {
+        s->h[k] = act(b, k, NT, "h.0", tile_rows(s, k), s->cfg->hidden_size);
+        for (int vb = 0; vb < emb->nb; vb++) {
+            tide_op_params ep = {.idx0 = (int64_t)k * s->ts * T};
+            vblock(emb, vb, &ep);
+            int in[3] = {emb->b[vb].w, tokens, s->h[k]};
+            op(b, TIDE_OP_EMBED, vb ? 3 : 2, in, 1, &s->h[k], &ep);
+        }
+    }
+    llama_layer_in li = {.cfg = s->cfg, .pos = s->pos, .seq = T, .tiles = s->tiles, .n_tiles = NT, .ws = s->ws,
+                         .names = train_names};
+    for (int L = 0; L < NL && !b->st; L++) {
+        llama_acts *kp = &s->keep[(size_t)L * NT];
+        for (int k = 0; k < NT && !b->st; k++) {
+            const int h_in = s->h[k];
+            kp[k].h = h_in;
+            llama_layer_forward(b, &li, L, k, k + 1, kp);
+            s->h[k] = kp[k].h; /* h.L+1 */
+            kp[k].h = h_in;    /* the backward reads the layer's input */
+        }
+    }
+}
+
+/* Tile k's final norm, loss and the head's gradient (the loss and gradient
+ * add up over the tiles), then its backward through the norm into dh[k]. */
+static void loss_tile(train_build *s, int k, int targets, int loss) {
+    tb *b = &s->b;
+    const int NT = s->NT;
+    const int64_t Rk = tile_rows(s, k), D = s->cfg->hidden_size, R = (int64_t)s->o->batch * s->o->seq;
+    const float eps = s->cfg->rms_norm_eps;
+    vparam *hp = s->hp;
     tide_op_params np = {.eps = eps};
-    /* row tiles: runs of ts whole sequences of each micro-batch */
-    const int ts = o->tile_seqs > 0 && o->tile_seqs < B ? o->tile_seqs : B, NT = (B + ts - 1) / ts;
-    int *tk = tide_calloc((size_t)NT * 8, sizeof *tk);
-    if (!tk && !b.st) b.st = tide_err(ctx, TIDE_E_NOMEM, "out of memory building a training graph");
-    int *h = tk, *hf = tk + NT, *dh = tk + 2 * NT, *dhm = tk + 3 * NT;
-#define NB(k) TIDE_MIN(ts, B - (k) * ts) /* sequences of tile k */
-#define RK(k) ((int64_t)NB(k) * T)      /* its rows */
-#define KEEP(L, k) (&keep[((size_t)(L) * NT + (size_t)(k)) * K_N])
-    for (int m = 0; m < A && !b.st; m++) {
-        char nm[64];
-        b.layer = -1;
-        snprintf(nm, sizeof nm, "tokens.%d", m);
-        int tokens = tensor(&b, nm, TIDE_I32, TIDE_ROLE_INPUT, 2, B, T);
-        snprintf(nm, sizeof nm, "targets.%d", m);
-        int targets = tensor(&b, nm, TIDE_I32, TIDE_ROLE_INPUT, 1, R, 0);
-        snprintf(nm, sizeof nm, "loss.%d", m);
-        int loss = tensor(&b, nm, TIDE_F32, TIDE_ROLE_OUTPUT, 1, 1, 0);
-
-        /* forward, layer by layer, each layer tile by tile */
-        for (int k = 0; k < NT && !b.st; k++) {
-            h[k] = act(&b, m, k, NT, "h.0", RK(k), D);
-            for (int vb = 0; vb < emb->nb; vb++) {
-                tide_op_params ep = {.idx0 = (int64_t)k * ts * T};
-                vblock(emb, vb, &ep);
-                int in[3] = {emb->b[vb].w, tokens, h[k]};
-                op(&b, TIDE_OP_EMBED, vb ? 3 : 2, in, 1, &h[k], &ep);
-            }
+    int hf = act(b, k, NT, "hf", Rk, D);
+    int in2[2] = {s->h[k], s->fnorm.w};
+    op(b, TIDE_OP_RMSNORM, 2, in2, 1, &hf, &np);
+    int dhf = act(b, k, NT, "d_hf", Rk, D);
+    const float scale = (float)(1.0 / ((double)R * (double)s->o->accum));
+    const int64_t idx0 = (int64_t)k * s->ts * s->o->seq;
+    if (hp->nb == 1) {
+        param *P = &hp->b[0];
+        tide_op_params cp = {.scale = scale, .idx0 = idx0};
+        int in[5] = {hf, P->w, targets, P->grad, loss}, outs[3] = {loss, dhf, P->grad};
+        op(b, TIDE_OP_CROSS_ENTROPY, k ? 5 : P->written ? 4 : 3, in, 3, outs, &cp);
+        P->written = true;
+    } else {
+        /* the head in vocabulary blocks: every block's statistics (the last
+         * adds the loss), then every block's gradients */
+        int stats = act(b, k, NT, "ce_stats", Rk, 3);
+        for (int vb = 0; vb < hp->nb && !b->st; vb++) {
+            bool last = vb == hp->nb - 1;
+            tide_op_params cp = {.scale = scale, .idx0 = idx0, .accumulate = last && k > 0};
+            vblock(hp, vb, &cp);
+            int in[5] = {hf, hp->b[vb].w, targets, stats, loss}, outs[2] = {stats, loss};
+            op(b, TIDE_OP_CE_STATS, 3 + (vb > 0) + cp.accumulate, in, last ? 2 : 1, outs, &cp);
         }
-        for (int L = 0; L < NL && !b.st; L++) {
-            param *P = &lp[L * P_LAYER];
-            for (int k = 0; k < NT && !b.st; k++) {
-                b.layer = L;
-                const int64_t Rk = RK(k);
-                int *kp = KEEP(L, k);
-                kp[K_H] = h[k];
-                int in[4];
-                kp[K_XN] = act(&b, m, k, NT, "xn", Rk, D);
-                in[0] = h[k], in[1] = P[P_LN1].w;
-                op(&b, TIDE_OP_RMSNORM, 2, in, 1, &kp[K_XN], &np);
-                int q = mm(&b, m, k, NT, "q", kp[K_XN], P[P_Q].w, Rk, H * hd);
-                int kk = mm(&b, m, k, NT, "k", kp[K_XN], P[P_K].w, Rk, kd);
-                kp[K_V] = mm(&b, m, k, NT, "v", kp[K_XN], P[P_V].w, Rk, kd);
-                tide_op_params rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd,
-                                     .batch = NB(k)};
-                kp[K_QR] = act(&b, m, k, NT, "qr", Rk, H * hd);
-                in[0] = q, in[1] = pos;
-                op(&b, TIDE_OP_ROPE, 2, in, 1, &kp[K_QR], &rp);
-                rp.n_heads = (int)KV;
-                kp[K_KR] = act(&b, m, k, NT, "kr", Rk, kd);
-                in[0] = kk;
-                op(&b, TIDE_OP_ROPE, 2, in, 1, &kp[K_KR], &rp);
-                tide_op_params ap = {.n_heads = (int)H, .n_kv_heads = (int)KV, .head_dim = (int)hd, .batch = NB(k)};
-                kp[K_A] = act(&b, m, k, NT, "a", Rk, H * hd);
-                in[0] = kp[K_QR], in[1] = kp[K_KR], in[2] = kp[K_V], in[3] = pos;
-                op(&b, TIDE_OP_ATTENTION, 4, in, 1, &kp[K_A], &ap);
-                int proj = mm(&b, m, k, NT, "a_out", kp[K_A], P[P_O].w, Rk, D);
-                kp[K_HM] = add2(&b, h[k], proj, act(&b, m, k, NT, "hm", Rk, D));
-                kp[K_XN2] = act(&b, m, k, NT, "xn2", Rk, D);
-                in[0] = kp[K_HM], in[1] = P[P_LN2].w;
-                op(&b, TIDE_OP_RMSNORM, 2, in, 1, &kp[K_XN2], &np);
-                kp[K_G] = mm(&b, m, k, NT, "g", kp[K_XN2], P[P_G].w, Rk, I);
-                kp[K_U] = mm(&b, m, k, NT, "u", kp[K_XN2], P[P_U].w, Rk, I);
-                kp[K_S] = act(&b, m, k, NT, "s", Rk, I);
-                in[0] = kp[K_G], in[1] = kp[K_U];
-                op(&b, TIDE_OP_SILU_MUL, 2, in, 1, &kp[K_S], NULL);
-                int down = mm(&b, m, k, NT, "s_out", kp[K_S], P[P_D].w, Rk, D);
-                b.layer = -1;
-                char hn[32];
-                snprintf(hn, sizeof hn, "h.%d", L + 1);
-                int hn_id = act(&b, m, k, NT, hn, Rk, D);
-                b.layer = L;
-                h[k] = add2(&b, kp[K_HM], down, hn_id);
-            }
+        for (int vb = 0; vb < hp->nb && !b->st; vb++) {
+            param *P = &hp->b[vb];
+            tide_op_params cp = {.scale = scale, .idx0 = idx0, .accumulate = P->written};
+            vblock(hp, vb, &cp);
+            int in[6] = {hf, P->w, targets, stats}, n = 4, outs[2] = {dhf, P->grad};
+            if (vb > 0) in[n++] = dhf;
+            if (P->written) in[n++] = P->grad;
+            op(b, TIDE_OP_CE_BLOCK, n, in, 2, outs, &cp);
+            P->written = true;
         }
-        /* per tile: the final norm, the loss and the head's gradient (the
-         * loss and gradient add up over the tiles), the norm's backward */
-        b.layer = -1;
-        for (int k = 0; k < NT && !b.st; k++) {
-            const int64_t Rk = RK(k);
-            hf[k] = act(&b, m, k, NT, "hf", Rk, D);
-            int in2[2] = {h[k], fnorm.w};
-            op(&b, TIDE_OP_RMSNORM, 2, in2, 1, &hf[k], &np);
-            int dhf = act(&b, m, k, NT, "d_hf", Rk, D);
-            const float scale = (float)(1.0 / ((double)R * (double)A));
-            if (hp->nb == 1) {
-                param *P = &hp->b[0];
-                tide_op_params cp = {.scale = scale, .idx0 = (int64_t)k * ts * T};
-                int in[5] = {hf[k], P->w, targets, P->grad, loss}, outs[3] = {loss, dhf, P->grad};
-                op(&b, TIDE_OP_CROSS_ENTROPY, k ? 5 : P->written ? 4 : 3, in, 3, outs, &cp);
-                P->written = true;
-            } else {
-                /* the head in vocabulary blocks: every block's statistics (the
-                 * last adds the loss), then every block's gradients */
-                int stats = act(&b, m, k, NT, "ce_stats", Rk, 3);
-                for (int vb = 0; vb < hp->nb && !b.st; vb++) {
-                    bool last = vb == hp->nb - 1;
-                    tide_op_params cp = {.scale = scale, .idx0 = (int64_t)k * ts * T, .accumulate = last && k > 0};
-                    vblock(hp, vb, &cp);
-                    int in[5] = {hf[k], hp->b[vb].w, targets, stats, loss}, outs[2] = {stats, loss};
-                    op(&b, TIDE_OP_CE_STATS, 3 + (vb > 0) + cp.accumulate, in, last ? 2 : 1, outs, &cp);
-                }
-                for (int vb = 0; vb < hp->nb && !b.st; vb++) {
-                    param *P = &hp->b[vb];
-                    tide_op_params cp = {.scale = scale, .idx0 = (int64_t)k * ts * T, .accumulate = P->written};
-                    vblock(hp, vb, &cp);
-                    int in[6] = {hf[k], P->w, targets, stats}, n = 4, outs[2] = {dhf, P->grad};
-                    if (vb > 0) in[n++] = dhf;
-                    if (P->written) in[n++] = P->grad;
-                    op(&b, TIDE_OP_CE_BLOCK, n, in, 2, outs, &cp);
-                    P->written = true;
-                }
-            }
-            dh[k] = act(&b, m, k, NT, "d_h.N", Rk, D);
-            norm_bwd(&b, h[k], &fnorm, dhf, dh[k], eps);
-        }
-
-        /* backward through the layers, each layer tile by tile */
-        for (int L = NL - 1; L >= 0 && !b.st; L--) {
-            param *P = &lp[L * P_LAYER];
-            for (int k = 0; k < NT && !b.st; k++) {
-                b.layer = L;
-                const int64_t Rk = RK(k);
-                int *kp = KEEP(L, k);
-                int ds = act(&b, m, k, NT, "d_s", Rk, I);
-                mm_dx(&b, dh[k], P[P_D].w, ds, false);
-                mm_dw(&b, dh[k], kp[K_S], &P[P_D]);
-                int dg = act(&b, m, k, NT, "d_g", Rk, I), du = act(&b, m, k, NT, "d_u", Rk, I);
-                {
-                    int in[3] = {kp[K_G], kp[K_U], ds}, outs[2] = {dg, du};
-                    op(&b, TIDE_OP_SILU_MUL_BWD, 3, in, 2, outs, NULL);
-                }
-                int dxn2 = act(&b, m, k, NT, "d_xn2", Rk, D);
-                mm_dx(&b, dg, P[P_G].w, dxn2, false);
-                mm_dx(&b, du, P[P_U].w, dxn2, true);
-                mm_dw(&b, dg, kp[K_XN2], &P[P_G]);
-                mm_dw(&b, du, kp[K_XN2], &P[P_U]);
-                int dhm_n = act(&b, m, k, NT, "d_hm_norm", Rk, D);
-                norm_bwd(&b, kp[K_HM], &P[P_LN2], dxn2, dhm_n, eps);
-                dhm[k] = add2(&b, dh[k], dhm_n, act(&b, m, k, NT, "d_hm", Rk, D));
-                int da = act(&b, m, k, NT, "d_a", Rk, H * hd);
-                mm_dx(&b, dhm[k], P[P_O].w, da, false);
-                mm_dw(&b, dhm[k], kp[K_A], &P[P_O]);
-                int dqr = act(&b, m, k, NT, "d_qr", Rk, H * hd), dkr = act(&b, m, k, NT, "d_kr", Rk, kd),
-                    dv = act(&b, m, k, NT, "d_v", Rk, kd);
-                {
-                    tide_op_params ap = {.n_heads = (int)H, .n_kv_heads = (int)KV, .head_dim = (int)hd,
-                                         .batch = NB(k)};
-                    int in[6] = {kp[K_QR], kp[K_KR], kp[K_V], kp[K_A], da, pos}, outs[3] = {dqr, dkr, dv};
-                    op(&b, TIDE_OP_ATTENTION_BWD, 6, in, 3, outs, &ap);
-                }
-                int dq = act(&b, m, k, NT, "d_q", Rk, H * hd), dk = act(&b, m, k, NT, "d_k", Rk, kd);
-                {
-                    tide_op_params rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd,
-                                         .batch = NB(k)};
-                    int in[2] = {dqr, pos};
-                    op(&b, TIDE_OP_ROPE_BWD, 2, in, 1, &dq, &rp);
-                    rp.n_heads = (int)KV;
-                    in[0] = dkr;
-                    op(&b, TIDE_OP_ROPE_BWD, 2, in, 1, &dk, &rp);
-                }
-                int dxn = act(&b, m, k, NT, "d_xn", Rk, D);
-                mm_dx(&b, dq, P[P_Q].w, dxn, false);
-                mm_dx(&b, dk, P[P_K].w, dxn, true);
-                mm_dx(&b, dv, P[P_V].w, dxn, true);
-                mm_dw(&b, dq, kp[K_XN], &P[P_Q]);
-                mm_dw(&b, dk, kp[K_XN], &P[P_K]);
-                mm_dw(&b, dv, kp[K_XN], &P[P_V]);
-                int dh_n = act(&b, m, k, NT, "d_h_norm", Rk, D);
-                norm_bwd(&b, kp[K_H], &P[P_LN1], dxn, dh_n, eps);
-                b.layer = -1;
-                char dn[32];
-                snprintf(dn, sizeof dn, "d_h.%d", L);
-                int dh_id = act(&b, m, k, NT, dn, Rk, D);
-                b.layer = L;
-                dh[k] = add2(&b, dhm[k], dh_n, dh_id);
-            }
-        }
-        b.layer = -1;
-        for (int k = 0; k < NT && !b.st; k++)
-            for (int vb = 0; vb < emb->nb; vb++) {
-                param *P = &emb->b[vb];
-                tide_op_params ep = {.idx0 = (int64_t)k * ts * T};
-                vblock(emb, vb, &ep);
-                int in[3] = {dh[k], tokens, P->grad};
-                op(&b, TIDE_OP_EMBED_BWD, P->written ? 3 : 2, in, 1, &P->grad, &ep);
-                P->written = true;
-            }
     }
-#undef NB
-#undef RK
-#undef KEEP
-    tide_free(tk);
+    s->dh[k] = act(b, k, NT, "d_h.N", Rk, D);
+    norm_bwd(b, s->h[k], &s->fnorm, dhf, s->dh[k], eps);
+}
 
-    /* the optimizer: parameters in checkpoint order */
-    int n_par = 0;
+/* The backward of layer L for tile k: dh[k] from d_h.L+1 to d_h.L, every
+ * weight gradient added into. */
+static void backward_tile(train_build *s, int L, int k) {
+    tb *b = &s->b;
+    const tide_llama_config *cfg = s->cfg;
+    const int NT = s->NT, nb = s->tiles[k].nb;
+    const int64_t D = cfg->hidden_size, H = cfg->num_attention_heads, KV = cfg->num_key_value_heads;
+    const int64_t hd = D / H, I = cfg->intermediate_size, kd = KV * hd, Rk = tile_rows(s, k);
+    const float eps = cfg->rms_norm_eps;
+    param *P = &s->lp[L * P_LAYER];
+    const llama_acts *kp = &s->keep[(size_t)L * NT + k];
+    int *dh = s->dh, *dhm = s->dhm;
+    b->layer = L;
+    int ds = act(b, k, NT, "d_s", Rk, I);
+    mm_dx(b, dh[k], P[P_D].w, ds, false);
+    mm_dw(b, dh[k], kp->s, &P[P_D]);
+    int dg = act(b, k, NT, "d_g", Rk, I), du = act(b, k, NT, "d_u", Rk, I);
+    {
+        int in[3] = {kp->g, kp->u, ds}, outs[2] = {dg, du};
+        op(b, TIDE_OP_SILU_MUL_BWD, 3, in, 2, outs, NULL);
+    }
+    int dxn2 = act(b, k, NT, "d_xn2", Rk, D);
+    mm_dx(b, dg, P[P_G].w, dxn2, false);
+    mm_dx(b, du, P[P_U].w, dxn2, true);
+    mm_dw(b, dg, kp->xn2, &P[P_G]);
+    mm_dw(b, du, kp->xn2, &P[P_U]);
+    int dhm_n = act(b, k, NT, "d_hm_norm", Rk, D);
+    norm_bwd(b, kp->hm, &P[P_LN2], dxn2, dhm_n, eps);
+    dhm[k] = add2(b, dh[k], dhm_n, act(b, k, NT, "d_hm", Rk, D));
+    int da = act(b, k, NT, "d_a", Rk, H * hd);
+    mm_dx(b, dhm[k], P[P_O].w, da, false);
+    mm_dw(b, dhm[k], kp->a, &P[P_O]);
+    int dqr = act(b, k, NT, "d_qr", Rk, H * hd), dkr = act(b, k, NT, "d_kr", Rk, kd),
+        dv = act(b, k, NT, "d_v", Rk, kd);
+    {
+        tide_op_params ap = {.n_heads = (int)H, .n_kv_heads = (int)KV, .head_dim = (int)hd, .batch = nb};
+        int in[6] = {kp->qr, kp->kr, kp->v, kp->a, da, s->pos}, outs[3] = {dqr, dkr, dv};
+        op(b, TIDE_OP_ATTENTION_BWD, 6, in, 3, outs, &ap);
+    }
+    int dq = act(b, k, NT, "d_q", Rk, H * hd), dk = act(b, k, NT, "d_k", Rk, kd);
+    {
+        tide_op_params rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd, .batch = nb};
+        int in[2] = {dqr, s->pos};
+        op(b, TIDE_OP_ROPE_BWD, 2, in, 1, &dq, &rp);
+        rp.n_heads = (int)KV;
+        in[0] = dkr;
+        op(b, TIDE_OP_ROPE_BWD, 2, in, 1, &dk, &rp);
+    }
+    int dxn = act(b, k, NT, "d_xn", Rk, D);
+    mm_dx(b, dq, P[P_Q].w, dxn, false);
+    mm_dx(b, dk, P[P_K].w, dxn, true);
+    mm_dx(b, dv, P[P_V].w, dxn, true);
+    mm_dw(b, dq, kp->xn, &P[P_Q]);
+    mm_dw(b, dk, kp->xn, &P[P_K]);
+    mm_dw(b, dv, kp->xn, &P[P_V]);
+    int dh_n = act(b, k, NT, "d_h_norm", Rk, D);
+    norm_bwd(b, kp->h, &P[P_LN1], dxn, dh_n, eps);
+    b->layer = -1;
+    char dn[32];
+    snprintf(dn, sizeof dn, "d_h.%d", L);
+    int dh_id = act(b, k, NT, dn, Rk, D);
+    b->layer = L;
+    dh[k] = add2(b, dhm[k], dh_n, dh_id);
+}
+
+/* Micro-batch m: its inputs, forward, loss and backward. */
+static void micro_batch(train_build *s, int m) {
+    tb *b = &s->b;
+    const int B = s->o->batch, T = s->o->seq, NT = s->NT, NL = s->cfg->num_hidden_layers;
+    char nm[64], prefix[24];
+    snprintf(prefix, sizeof prefix, "mb%d.", m);
+    b->prefix = prefix;
+    b->layer = -1;
+    snprintf(nm, sizeof nm, "tokens.%d", m);
+    int tokens = tensor(b, nm, TIDE_I32, TIDE_ROLE_INPUT, 2, B, T);
+    snprintf(nm, sizeof nm, "targets.%d", m);
+    int targets = tensor(b, nm, TIDE_I32, TIDE_ROLE_INPUT, 1, (int64_t)B * T, 0);
+    snprintf(nm, sizeof nm, "loss.%d", m);
+    int loss = tensor(b, nm, TIDE_F32, TIDE_ROLE_OUTPUT, 1, 1, 0);
+
+    forward(s, tokens);
+    b->layer = -1;
+    for (int k = 0; k < NT && !b->st; k++) loss_tile(s, k, targets, loss);
+    for (int L = NL - 1; L >= 0 && !b->st; L--)
+        for (int k = 0; k < NT && !b->st; k++) backward_tile(s, L, k);
+    b->layer = -1;
+    for (int k = 0; k < NT && !b->st; k++)
+        for (int vb = 0; vb < s->emb->nb; vb++) {
+            param *P = &s->emb->b[vb];
+            tide_op_params ep = {.idx0 = (int64_t)k * s->ts * T};
+            vblock(s->emb, vb, &ep);
+            int in[3] = {s->dh[k], tokens, P->grad};
+            op(b, TIDE_OP_EMBED_BWD, P->written ? 3 : 2, in, 1, &P->grad, &ep);
+            P->written = true;
+        }
+    b->prefix = "";
+}
+
+/* The optimizer, parameters in checkpoint order: grad_sumsq, then AdamW. */
+static void optimizer(train_build *s) {
+    tb *b = &s->b;
+    const tide_llama_train_opts *o = s->o;
+    const int NL = s->cfg->num_hidden_layers;
+    int n_par = 0, sumsq = s->sumsq;
     param **all = tide_calloc((size_t)NL * P_LAYER + 1 + 2 * TIDE_VOCAB_BLOCKS_MAX, sizeof *all);
-    if (!all && !b.st) b.st = tide_err(ctx, TIDE_E_NOMEM, "out of memory building a training graph");
+    if (!all && !b->st) b->st = tide_err(b->g->ctx, TIDE_E_NOMEM, "out of memory building a training graph");
     if (all) {
-        for (int vb = 0; vb < emb->nb; vb++) all[n_par++] = &emb->b[vb];
+        for (int vb = 0; vb < s->emb->nb; vb++) all[n_par++] = &s->emb->b[vb];
         for (int L = 0; L < NL; L++)
-            for (int k = 0; k < P_LAYER; k++) all[n_par++] = &lp[L * P_LAYER + k];
-        all[n_par++] = &fnorm;
-        if (hp != emb)
-            for (int vb = 0; vb < hp->nb; vb++) all[n_par++] = &hp->b[vb];
+            for (int k = 0; k < P_LAYER; k++) all[n_par++] = &s->lp[L * P_LAYER + k];
+        all[n_par++] = &s->fnorm;
+        if (s->hp != s->emb)
+            for (int vb = 0; vb < s->hp->nb; vb++) all[n_par++] = &s->hp->b[vb];
     }
-    for (int i = 0; i < n_par && !b.st; i++) {
-        b.layer = all[i]->layer;
+    for (int i = 0; i < n_par && !b->st; i++) {
+        b->layer = all[i]->layer;
         int in[2] = {all[i]->grad, sumsq};
-        op(&b, TIDE_OP_SUMSQ, i ? 2 : 1, in, 1, &sumsq, NULL);
+        op(b, TIDE_OP_SUMSQ, i ? 2 : 1, in, 1, &sumsq, NULL);
     }
-    for (int i = 0; i < n_par && !b.st; i++) {
+    for (int i = 0; i < n_par && !b->st; i++) {
         param *P = all[i];
-        b.layer = P->layer;
+        b->layer = P->layer;
         tide_op_params ap = {.beta1 = o->beta1, .beta2 = o->beta2, .adam_eps = o->eps,
                              .weight_decay = o->weight_decay, .max_norm = o->grad_clip};
         int in[7], outs[4], n = 0;
@@ -497,19 +473,50 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
         for (int j = 0; j < n; j++) outs[j] = in[j];
         int n_out = n;
         in[n++] = P->grad;
-        in[n++] = hyper;
+        in[n++] = s->hyper;
         in[n++] = sumsq;
-        op(&b, TIDE_OP_ADAMW, n, in, n_out, outs, &ap);
+        op(b, TIDE_OP_ADAMW, n, in, n_out, outs, &ap);
     }
     tide_free(all);
-    tide_free(lp);
-    tide_free(vps);
-    tide_free(keep);
-    if (b.st) {
-        tide_graph_free(b.g);
-        return b.st;
+}
+
+tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, const tide_llama_train_opts *o,
+                                   tide_graph **out) {
+    *out = NULL;
+    tide_status st = tide_llama_config_check(ctx, cfg);
+    if (st || (st = check_train_opts(ctx, cfg, o))) return st;
+    const int B = o->batch, NL = cfg->num_hidden_layers;
+    /* row tiles: runs of ts whole sequences of each micro-batch */
+    const int ts = o->tile_seqs > 0 && o->tile_seqs < B ? o->tile_seqs : B, NT = (B + ts - 1) / ts;
+    train_build s = {.b = {.g = tide_graph_new(ctx), .layer = -1, .prefix = ""}, .cfg = cfg, .o = o, .ts = ts,
+                     .NT = NT};
+    s.lp = tide_calloc((size_t)NL * P_LAYER, sizeof *s.lp);
+    s.emb = s.hp = tide_calloc(2, sizeof *s.emb); /* the embedding, the head */
+    s.keep = tide_calloc((size_t)(NL + 1) * (size_t)NT, sizeof *s.keep);
+    s.tiles = tide_calloc((size_t)NT, sizeof *s.tiles);
+    int *tk = tide_calloc((size_t)NT * 3, sizeof *tk);
+    s.ws = tide_malloc(sizeof *s.ws);
+    if (!s.lp || !s.emb || !s.keep || !s.tiles || !tk || !s.ws || !s.b.g) {
+        s.b.st = tide_err(ctx, TIDE_E_NOMEM, "out of memory building a training graph");
+    } else {
+        s.h = tk, s.dh = tk + NT, s.dhm = tk + 2 * NT;
+        for (int k = 0; k < NT; k++)
+            s.tiles[k] = (llama_tile){.b0 = k * ts, .nb = TIDE_MIN(ts, B - k * ts), .t0 = 0, .n = o->seq};
+        add_params(&s);
+        for (int m = 0; m < o->accum && !s.b.st; m++) micro_batch(&s, m);
+        optimizer(&s);
     }
-    *out = b.g;
+    tide_free(s.lp);
+    tide_free(s.emb);
+    tide_free(s.keep);
+    tide_free(s.tiles);
+    tide_free(tk);
+    tide_free(s.ws);
+    if (s.b.st) {
+        tide_graph_free(s.b.g);
+        return s.b.st;
+    }
+    *out = s.b.g;
     return TIDE_OK;
 }
 

@@ -28,6 +28,7 @@
  */
 #include "train/trainer_int.h"
 #include "train/train_plan.h"
+#include "runtime/session.h"
 #include "runtime/tiling.h"
 #include "sim/sim.h"
 #include "trace/trace.h"
@@ -171,10 +172,8 @@ tide_status tide_trainer_set_offload(tide_trainer *t, const tide_offload_opts *o
         return tide_err(t->ctx, TIDE_E_INVALID, "unknown policy '%s' (tide, static-layer, lru, checkpoint-layer or "
                        "zero-offload)",
                        o->policy);
-    if (on && o->budget_kind == TIDE_BUDGET_FRACTION && !(o->fraction > 0 && o->fraction <= 1))
-        return tide_err(t->ctx, TIDE_E_INVALID, "budget fraction %g is not in (0, 1]", o->fraction);
-    if (on && o->budget_kind == TIDE_BUDGET_BYTES && !o->bytes)
-        return tide_err(t->ctx, TIDE_E_INVALID, "a budget of 0 bytes");
+    tide_status st = on ? tide_session_check_offload(t->ctx, o) : TIDE_OK;
+    if (st) return st;
     tide_free(t->ssd_dirs);
     t->ssd_dirs = NULL;
     t->offload = false;
@@ -195,12 +194,7 @@ tide_status tide_trainer_set_offload(tide_trainer *t, const tide_offload_opts *o
         return tide_err(t->ctx, TIDE_E_INVALID, "AdamW on the CPU is planned by the tide policy only, not %s",
                         o->policy);
     t->off.optimizer = NULL;
-    tide_status st = o->hw ? tide_hw_load(t->ctx, o->hw, &t->hw)
-                           : tide_probe_backend(t->ctx, t->be, t->ssd_dirs, 1.0, NULL, &t->hw);
-    if (st) return st;
-    if (!t->be->vt->device_is_host && t->be->matmul == TIDE_MATMUL_F32)
-        for (int d = 0; d < TIDE_DTYPE_COUNT; d++)
-            if (d == TIDE_F16 || d == TIDE_BF16) t->hw.flops[d] = TIDE_MIN(t->hw.flops[d], t->hw.flops[TIDE_F32]);
+    if ((st = tide_session_hw(t->ctx, t->be, o->hw, t->ssd_dirs, &t->hw))) return st;
     t->offload = true;
     return TIDE_OK;
 }
@@ -228,17 +222,6 @@ const char *tide_trainer_tensor(const tide_trainer *t, int k, tide_dtype *dt, ui
 
 /* ---------------------------------------------------------------- plans */
 
-/* The cost model of resident plans (they move nothing but the batch, so any
- * profile gives the same plan): a fixed one. */
-static const tide_hw *resident_hw(void) {
-    static const tide_hw hw = {
-        .name = "resident", .device_mem_bytes = UINT64_C(1) << 40,
-        .flops = {1e13, 1e13, 1e13, 1e13}, .matmul_efficiency = 1, .mem_bw = 1e11,
-        .h2d_bw = 1e10, .d2h_bw = 1e10, .host_mem_bytes = UINT64_C(1) << 40,
-    };
-    return &hw;
-}
-
 /* Resident on a device: every persistent tensor warm at the bottom of the arena. */
 static tide_status warm_layout(tide_trainer *t) {
     size_t nt = (size_t)t->g->n_tensors;
@@ -254,22 +237,12 @@ static tide_status warm_layout(tide_trainer *t) {
     return TIDE_OK;
 }
 
+/* A resident plan of the step (runtime/session.c): on a device with every
+ * persistent tensor warm. */
 static tide_status plan_resident(tide_trainer *t, tide_plan **out) {
-    tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = resident_hw(),
-                         .host_addressable = t->be->vt->device_is_host, .shared_scratch = true};
     tide_status st;
-    if (!t->be->vt->device_is_host) {
-        if ((st = warm_layout(t))) return st;
-        po.warm_off = t->warm;
-        po.warm_region = t->warm_bytes;
-    }
-    uint64_t peak = 0;
-    if ((st = tide_plan_peak_unbounded(t->ctx, t->g, &po, &peak))) return st;
-    po.device_budget = t->warm_bytes + peak + TIDE_PLAN_ALIGN;
-    if ((st = tide_plan_make(t->ctx, t->g, &po, out))) return st;
-    /* what it uses is all it needs, the warm tensors included */
-    (*out)->device_budget = TIDE_MAX(TIDE_MAX((*out)->stats.peak_device_bytes, t->warm_bytes), (uint64_t)TIDE_PLAN_ALIGN);
-    return TIDE_OK;
+    if (!t->be->vt->device_is_host && (st = warm_layout(t))) return st;
+    return tide_session_plan_resident(t->ctx, t->be, t->g, t->warm, t->warm_bytes, out);
 }
 
 tide_plan_opts train_offload_opts(const tide_trainer *t, uint64_t budget) {
@@ -277,50 +250,25 @@ tide_plan_opts train_offload_opts(const tide_trainer *t, uint64_t budget) {
                             .n_iter = 1, .hw = &t->hw};
 }
 
+/* The smallest budget of the step (TIDE_BUDGET_MIN); with the optimizer on
+ * the CPU under the tide policy, with every update on the host
+ * (zero-offload places them there itself). */
+static tide_status min_budget(void *user, uint64_t *b) {
+    tide_trainer *t = user;
+    tide_plan_opts po = train_offload_opts(t, 0);
+    bool *all = NULL;
+    if (t->optim == TRAIN_OPTIM_CPU && t->policy == TIDE_POLICY_TIDE) {
+        if (!(all = train_optim_all_host(t->ctx, t->g))) return TIDE_E_NOMEM;
+        po.host_ops = all;
+    }
+    tide_status st = tide_plan_min_budget(t->ctx, t->g, &po, b);
+    tide_free(all);
+    return st;
+}
+
 /* The budget of the offloaded plan. */
 static tide_status resolve_budget(tide_trainer *t, uint64_t *out) {
-    tide_ctx *ctx = t->ctx;
-    uint64_t peak = tide_plan_unconstrained_peak(ctx, t->g, &t->hw, 1);
-    if (!peak) return tide_err(ctx, TIDE_E_INVALID, "cannot size the unconstrained step: %s", tide_ctx_last_error(ctx));
-    uint64_t b = 0;
-    switch (t->off.budget_kind) {
-    case TIDE_BUDGET_BYTES: b = t->off.bytes; break;
-    case TIDE_BUDGET_FRACTION: b = (uint64_t)((double)peak * t->off.fraction); break;
-    case TIDE_BUDGET_AUTO: {
-        uint64_t fr = 0, tot = 0;
-        if (t->be->vt->mem_info) {
-            tide_status st = t->be->vt->mem_info(t->be, &fr, &tot);
-            if (st) return st;
-            uint64_t margin = TIDE_AUTO_MARGIN(tot);
-            if (fr <= margin)
-                return tide_err(ctx, TIDE_E_NOMEM, "--budget auto: the device has %llu bytes free, no more than the "
-                                "%llu-byte margin kept for the runtime", (unsigned long long)fr,
-                                (unsigned long long)margin);
-            b = TIDE_MIN(peak, fr - margin);
-        } else {
-            b = TIDE_MIN(peak, t->hw.device_mem_bytes / 10 * 9);
-        }
-        break;
-    }
-    case TIDE_BUDGET_MIN: {
-        tide_plan_opts po = train_offload_opts(t, 0);
-        bool *all = NULL;
-        if (t->optim == TRAIN_OPTIM_CPU && t->policy == TIDE_POLICY_TIDE) {
-            /* the smallest budget with every update on the host (zero-offload
-             * places them there itself) */
-            if (!(all = train_optim_all_host(ctx, t->g))) return TIDE_E_NOMEM;
-            po.host_ops = all;
-        }
-        tide_status st = tide_plan_min_budget(ctx, t->g, &po, &b);
-        tide_free(all);
-        if (st) return st;
-        break;
-    }
-    default: return tide_err(ctx, TIDE_E_INVALID, "no budget");
-    }
-    if (t->off.budget_kind != TIDE_BUDGET_BYTES) b = (b + 255) & ~(uint64_t)255;
-    *out = b;
-    return TIDE_OK;
+    return tide_session_budget(t->ctx, t->be, &t->off, &t->hw, t->g, "step", min_budget, t, out);
 }
 
 /* ---------------------------------------------------------------- homes */
@@ -786,7 +734,7 @@ tide_status tide_trainer_write_trace(tide_trainer *t, const char *json_path, con
     if (json_path && (st = tide_trace_write(p, tl, p->n_ins, json_path))) return st;
     if (svg_path) {
         tide_sim_result sim;
-        if ((st = tide_simulate(p, t->offload ? &t->hw : resident_hw(), &sim))) return st;
+        if ((st = tide_simulate(p, t->offload ? &t->hw : tide_session_resident_hw(), &sim))) return st;
         const tide_sim_event *tls[2] = {tl, sim.events};
         const char *labels[2] = {"measured", "predicted"};
         st = tide_trace_svg_write(p, tls, labels, 2, svg_path);
