@@ -3,8 +3,8 @@
  * acquired and held loaded, http_models.c; the prompt rendered and encoded,
  * checked against the context, its sampler made) on the thread of its
  * connection, so that what is wrong with it is answered with a status before
- * any stream begins, and then run through the pool, its text made by the
- * CLI's cli_textout (stop strings held back until they cannot match).
+ * any stream begins, and then run through the pool, its text made by a
+ * tide_textgen (stop strings held back until they cannot match).
  *
  * The prompt is encoded as `tide run` encodes it: a completion's prompt with
  * the tokenizer's special tokens added (the BOS), a chat rendered by the
@@ -30,16 +30,9 @@
 
 /* Encodes text (m->mu held) into p->ids. */
 static int encode(serve_model *m, const char *text, size_t len, unsigned flags, serve_prepared *p, serve_error *e) {
-    size_t n = 0;
-    if (tide_tokenizer_encode(m->tok, text, len, flags, NULL, 0, &n))
-        return serve_fail(e, 400, "invalid_request_error", "cannot encode the prompt: %s", tide_ctx_last_error(m->ctx));
-    if (n == 0) return serve_fail(e, 400, "invalid_request_error", "the prompt is empty");
-    if (n > (size_t)m->ctx_len) n = (size_t)m->ctx_len + 1; /* too long either way: counted below */
-    if (!(p->ids = malloc(n * sizeof *p->ids))) return serve_fail(e, 500, "server_error", "out of memory");
-    size_t got = 0;
-    if (tide_tokenizer_encode(m->tok, text, len, flags, p->ids, n, &got))
-        return serve_fail(e, 400, "invalid_request_error", "cannot encode the prompt: %s", tide_ctx_last_error(m->ctx));
-    p->n_ids = got > (size_t)INT32_MAX ? INT32_MAX : (int)got;
+    tide_status st = tide_tokenizer_encode_prompt(m->tok, text, len, flags, &p->ids, &p->n_ids);
+    if (st == TIDE_E_NOMEM) return serve_fail(e, 500, "server_error", "out of memory");
+    if (st) return serve_fail(e, 400, "invalid_request_error", "%s", tide_ctx_last_error(m->ctx));
     return 0;
 }
 
@@ -88,14 +81,17 @@ int serve_prepare(serve_server *s, const serve_request *r, serve_prepared *p, se
     if (so.temperature > 0 && !r->seed_given) so.seed = cli_random_seed();
     if (tide_sampler_new(p->ctx, &so, tide_tokenizer_n_vocab(m->tok), &p->sampler))
         return serve_fail(e, 400, "invalid_request_error", "%s", tide_ctx_last_error(p->ctx));
-    for (int i = 0; i < p->n_ids; i++)
-        if (tide_sampler_accept(p->sampler, p->ids[i]))
-            return serve_fail(e, 500, "server_error", "%s", tide_ctx_last_error(p->ctx));
+    if (tide_sampler_start(p->sampler, so.seed, p->ids, p->n_ids))
+        return serve_fail(e, 500, "server_error", "%s", tide_ctx_last_error(p->ctx));
     p->stop_ids = r->chat ? m->chat_stop_ids : m->stop_ids;
     p->n_stop_ids = r->chat ? m->n_chat_stop_ids : m->n_stop_ids;
-    if (cli_textout_init(&p->out, m->tok, NULL, (const char *const *)r->stops, r->n_stops))
-        return serve_fail(e, 500, "server_error", "out of memory");
-    p->out_ready = true;
+    tide_textgen_opts to = tide_textgen_opts_default();
+    to.stops = (const char *const *)r->stops;
+    to.n_stops = r->n_stops;
+    if (tide_textgen_new(p->ctx, m->tok, &to, &p->out))
+        return serve_fail(e, tide_ctx_last_status(p->ctx) == TIDE_E_NOMEM ? 500 : 400,
+                          tide_ctx_last_status(p->ctx) == TIDE_E_NOMEM ? "server_error" : "invalid_request_error",
+                          "'stop': %s", tide_ctx_last_error(p->ctx));
     return 0;
 }
 
@@ -108,7 +104,7 @@ typedef struct run_state {
 
 static int on_token(void *user, int32_t id) {
     run_state *rs = user;
-    if (cli_textout_on_token(&rs->p->out, id)) return 1;
+    if (tide_textgen_on_token(rs->p->out, id)) return 1;
     if (atomic_load(&rs->s->stopping) || (rs->cancel && atomic_load(rs->cancel))) {
         rs->cancelled = true;
         return 1;
@@ -122,8 +118,7 @@ int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const
     memset(res, 0, sizeof *res);
     int32_t *gen = malloc((size_t)p->max_new * sizeof *gen);
     if (!gen) return serve_fail(e, 500, "server_error", "out of memory");
-    p->out.emit = emit;
-    p->out.emit_user = user;
+    tide_textgen_set_emit(p->out, emit, user);
     run_state rs = {.s = s, .p = p, .cancel = cancel};
     tide_gen_opts go = {.sampler = p->sampler, .stop_ids = p->stop_ids, .n_stop_ids = p->n_stop_ids,
                         .on_token = on_token, .user = &rs};
@@ -135,15 +130,17 @@ int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const
     else ts = tide_pool_generate_on(s->o.pool, m->w, p->ctx, p->ids, p->n_ids, p->max_new, &go, gen, &n_out, &st);
     if (ts) snprintf(msg, sizeof msg, "%s", tide_ctx_last_error(p->ctx));
     free(gen);
-    if (!ts && p->out.err) {
-        ts = p->out.err;
+    if (!ts && tide_textgen_status(p->out)) {
+        ts = tide_textgen_status(p->out);
         snprintf(msg, sizeof msg, "decoding the generated tokens into text failed");
     }
     if (ts) return serve_fail(e, 500, "server_error", "generation failed (%s): %s", tide_status_str(ts), msg);
-    cli_textout_finish(&p->out);
-    res->text = p->out.text;
+    if ((ts = tide_textgen_finish(p->out)))
+        return serve_fail(e, 500, "server_error", "generation failed (%s): decoding the generated tokens into text "
+                          "failed", tide_status_str(ts));
+    res->text = tide_textgen_text(p->out, NULL);
     res->cancelled = rs.cancelled;
-    res->finish = p->out.stopped || (n_out < p->max_new && !rs.cancelled) ? "stop" : "length";
+    res->finish = tide_textgen_stopped(p->out) || (n_out < p->max_new && !rs.cancelled) ? "stop" : "length";
     res->n_prompt = p->n_ids;
     res->n_gen = n_out;
     atomic_fetch_add(&m->requests, 1);
@@ -154,9 +151,9 @@ int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const
 
 void serve_prepared_free(serve_prepared *p) {
     if (p->held) serve_model_release(p->s, p->m);
-    if (p->out_ready) cli_textout_free(&p->out);
+    tide_textgen_free(p->out);
     tide_sampler_free(p->sampler);
     tide_ctx_free(p->ctx);
-    free(p->ids);
+    tide_free_ids(p->ids);
     memset(p, 0, sizeof *p);
 }

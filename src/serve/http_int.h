@@ -152,13 +152,12 @@ typedef struct serve_prepared {
     tide_ctx *ctx;                /* the sampler's */
     const int32_t *stop_ids;
     int n_stop_ids;
-    cli_textout out;
-    bool out_ready;
+    tide_textgen *out;            /* the answer's text, stop strings cut */
 } serve_prepared;
 
 /* What a run gives. */
 typedef struct serve_result {
-    const char *text;             /* the answer (in prep->out, valid while prep lives) */
+    const char *text;             /* the answer (prep->out's, valid while prep lives) */
     const char *finish;           /* "stop" or "length" */
     int n_prompt, n_gen;
     bool cancelled;               /* stopped by the client leaving or by shutdown */
