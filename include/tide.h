@@ -41,6 +41,7 @@ typedef enum tide_status {
     TIDE_E_NO_DEVICE,   /* the requested device is absent */
     TIDE_E_BACKEND,     /* a backend call failed */
     TIDE_E_VERIFY,      /* a plan failed verification */
+    TIDE_E_BUSY,        /* what is asked for is held by others now: try again later */
 } tide_status;
 
 /* Returns a short constant English name for a status ("ok", "i/o error", ...). */
@@ -1028,6 +1029,8 @@ typedef struct tide_pool_stats {
     int64_t batches;            /* batches of several requests run together */
     int64_t batched_requests;   /* the requests in them */
     double predicted_s, measured_s; /* summed over completed requests */
+    int64_t evictions;          /* models offered to the pool (tide_pool_offer_model)
+                                   evicted to make room for another */
 } tide_pool_stats;
 
 /* Fills *s (under the pool's lock: a consistent snapshot). */
@@ -1496,6 +1499,74 @@ int tide_tokenizer_stop_ids(const tide_tokenizer *tok, const tide_chat_template 
 tide_status tide_tokenizer_encode_prompt(tide_tokenizer *tok, const char *text, size_t len, unsigned flags,
                                          int32_t **ids, int *n_ids);
 void tide_free_ids(int32_t *ids);
+
+/* ---------------------------------------------------------------- several workloads: models a pool loads */
+
+/* The budget "auto" means for a pool on be (tide_pool_opts.budget_bytes): a
+ * GPU's free memory now less the margin TIDE_BUDGET_AUTO keeps (the larger
+ * of 512 MiB and 1/32 of its memory), in whole 256-byte units. Returns
+ * TIDE_OK; TIDE_E_UNSUPPORTED for a backend that has no free memory to read
+ * (the CPU's: give bytes); TIDE_E_INFEASIBLE when the free memory is no
+ * more than the margin (the message gives both); the backend's failure of
+ * reading it. Messages on ctx. */
+tide_status tide_pool_auto_budget(tide_ctx *ctx, tide_backend *be, uint64_t *out);
+
+/* A pool may load models itself. Offered a model (a name and a Hugging Face
+ * model directory), it loads it on its first tide_pool_acquire (checkpoint,
+ * then tide_pool_add_model) and keeps it while there is room; when an
+ * acquire needs a model that is not loaded and there is no room, the least
+ * recently used loaded model that nobody holds is evicted (tide_pool_remove,
+ * logged with its reason through tide_pool_opts.log) and the load goes on.
+ * Room runs out when the pool's max_loaded models are loaded; when, under
+ * policy equal, the pool refuses the model beside the others; and, under
+ * policy tide, when the loaded models' minimums with the new one's exceed the
+ * budget (the new model is loaded, then idle ones evicted until the minimums
+ * fit; with none idle the pool time-slices). Offer every model before the
+ * first acquire. */
+typedef struct tide_pool_model_opts {
+    int ctx_len;      /* its KV cache's positions (0: the model's, at most 4096) */
+    int max_batch;    /* its requests one batch takes (0: 4, fewer where its KV
+                         cache, in host memory, would take over a quarter of the
+                         host memory available when it loads) */
+    int threads;      /* CPU threads of its runs (0: all) */
+} tide_pool_model_opts;
+
+/* The defaults above (all 0). */
+tide_pool_model_opts tide_pool_model_opts_default(void);
+/* Offers the model in directory dir as `name` (o may be NULL: the defaults).
+ * Nothing is read yet. TIDE_OK; TIDE_E_INVALID (no name or directory, a name
+ * offered before, a bad option); TIDE_E_NOMEM. Messages on the pool's context. */
+tide_status tide_pool_offer_model(tide_pool *p, const char *name, const char *dir, const tide_pool_model_opts *o);
+/* At most n offered models loaded at once (0, the default: as many as the
+ * budget holds). TIDE_OK or TIDE_E_INVALID (n < 0). */
+tide_status tide_pool_set_max_loaded(tide_pool *p, int n);
+/* The workload of offered model `name`, loaded first when it is not (evicting
+ * as said above), and held loaded until tide_pool_release: a held model is
+ * never evicted. Thread-safe; a thread that finds the model being loaded or
+ * evicted waits for that. Returns TIDE_OK; TIDE_E_NOT_FOUND (never offered);
+ * TIDE_E_BUSY when there is no room and every model that would have to go is
+ * held (the message names the limit or the budget and the models holding it:
+ * try again later); or the failure of loading it ("cannot load the model ...",
+ * "cannot add the model ... to the pool: ..."). Messages on ctx (NULL: the
+ * model's own context). */
+tide_status tide_pool_acquire(tide_pool *p, const char *name, tide_ctx *ctx, tide_pool_workload **out);
+/* Ends one hold of tide_pool_acquire on w. */
+void tide_pool_release(tide_pool *p, tide_pool_workload *w);
+/* The checkpoint w runs (valid while w is in the pool), and the positions
+ * of its KV cache. */
+tide_checkpoint *tide_pool_workload_checkpoint(tide_pool_workload *w);
+int tide_pool_workload_ctx_len(const tide_pool_workload *w);
+
+typedef struct tide_pool_model_info {
+    bool loaded;                /* loaded now */
+    int holders;                /* tide_pool_acquire holds on it now */
+    int64_t evictions;          /* times it was evicted */
+    int ctx_len;                /* its KV cache's positions (loaded: else 0) */
+    tide_pool_workload_stats stats; /* its workload's (loaded: else zero) */
+} tide_pool_model_info;
+
+/* A consistent snapshot of offered model `name`. TIDE_OK or TIDE_E_NOT_FOUND. */
+tide_status tide_pool_model_info_get(tide_pool *p, const char *name, tide_pool_model_info *out);
 
 #ifdef __cplusplus
 }
