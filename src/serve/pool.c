@@ -68,9 +68,9 @@
  */
 #include "serve/pool_state.h"
 
-#include "backend/backend.h"
-#include "probe/probe.h"
-#include "runtime/model_ext.h"
+#include "backend/backend.h"  /* device_is_host: predictions where device memory is host memory */
+#include "probe/probe.h"      /* the machine measured once, when no profile is named */
+#include "runtime/model_ext.h" /* the model's profile (refits), not its layout */
 
 #include <assert.h>
 #include <stddef.h>
