@@ -41,6 +41,7 @@ typedef enum tide_status {
     TIDE_E_NO_DEVICE,   /* the requested device is absent */
     TIDE_E_BACKEND,     /* a backend call failed */
     TIDE_E_VERIFY,      /* a plan failed verification */
+    TIDE_E_BUSY,        /* what is asked for is held by others now: try again later */
 } tide_status;
 
 /* Returns a short constant English name for a status ("ok", "i/o error", ...). */
@@ -1028,6 +1029,8 @@ typedef struct tide_pool_stats {
     int64_t batches;            /* batches of several requests run together */
     int64_t batched_requests;   /* the requests in them */
     double predicted_s, measured_s; /* summed over completed requests */
+    int64_t evictions;          /* models offered to the pool (tide_pool_offer_model)
+                                   evicted to make room for another */
 } tide_pool_stats;
 
 /* Fills *s (under the pool's lock: a consistent snapshot). */
@@ -1796,6 +1799,162 @@ const char *tide_chat_template_end_of_turn(const tide_chat_template *c);
 tide_status tide_chat_format(tide_ctx *ctx, const tide_chat_template *c, const tide_chat_msg *msgs, int n,
                              bool add_generation_prompt, char **out, size_t *len);
 void tide_free_text(char *text);
+
+/* ---------------------------------------------------------------- text generation */
+
+/* Generated ids to text, as a program that prints or streams a model's answer
+ * needs it: the text of each id handed out as it comes, in pieces that never
+ * split a UTF-8 character, and the generation stopped at the first stop
+ * string, of which nothing is handed out (a stop string split across tokens
+ * included: the text that might begin one is held back until it cannot).
+ * The pieces handed out, joined, are always a prefix of the text, and equal
+ * it once tide_textgen_finish has run. Special tokens give no text by
+ * default. One text generation is used by one thread at a time. */
+typedef struct tide_textgen tide_textgen;
+
+typedef struct tide_textgen_opts {
+    const char *const *stops;   /* stop strings (non-empty, valid UTF-8), copied */
+    int n_stops;
+    unsigned decode_flags;      /* TIDE_DECODE_*: the default skips special tokens */
+    /* Optional: each piece of text as soon as it can no longer be part of a
+     * stop string (not NUL-terminated, valid during the call). */
+    void (*emit)(void *user, const char *piece, size_t len);
+    void *emit_user;
+} tide_textgen_opts;
+
+/* The defaults: no stop strings, special tokens skipped, no emit. */
+tide_textgen_opts tide_textgen_opts_default(void);
+/* A text generation decoding with tok (which must outlive it); o NULL is the
+ * defaults. Failures are recorded on ctx. Returns TIDE_OK, TIDE_E_INVALID
+ * (an empty or invalid UTF-8 stop string, unknown flags: the message says
+ * which) or TIDE_E_NOMEM. */
+tide_status tide_textgen_new(tide_ctx *ctx, const tide_tokenizer *tok, const tide_textgen_opts *o,
+                             tide_textgen **out);
+void tide_textgen_free(tide_textgen *tg);
+/* Replaces the emit callback (NULL: none) for the pieces from now on. */
+void tide_textgen_set_emit(tide_textgen *tg, void (*emit)(void *user, const char *piece, size_t len), void *user);
+/* Starts a new text: empty, not stopped, no failure kept. */
+void tide_textgen_reset(tide_textgen *tg);
+/* Adds the text of generated id `id`; *stop (may be NULL) is set when the
+ * text has met a stop string (it is cut where that begins; the ids after it
+ * add nothing). Returns TIDE_OK, or the failure (an id out of the
+ * tokenizer's range: TIDE_E_RANGE; TIDE_E_NOMEM), which leaves the text as
+ * it was and is returned again by every later call until the reset. */
+tide_status tide_textgen_push(tide_textgen *tg, int32_t id, bool *stop);
+/* tide_gen_opts.on_token for a text generation (user: the tide_textgen):
+ * pushes the id and returns non-zero to stop the generation at a stop
+ * string or a failure (tide_textgen_status tells which). */
+int tide_textgen_on_token(void *user, int32_t id);
+/* Ends the text: what was held back for a stop string that never came, and
+ * the decoder's tail (U+FFFD for an unfinished character), are added and
+ * handed out. Returns TIDE_OK or the kept failure. */
+tide_status tide_textgen_finish(tide_textgen *tg);
+/* The text so far (NUL-terminated, *len its length; valid until the next call
+ * that changes tg), without any stop string. */
+const char *tide_textgen_text(const tide_textgen *tg, size_t *len);
+/* Whether a stop string ended the text. */
+bool tide_textgen_stopped(const tide_textgen *tg);
+/* The first failure since the reset (TIDE_OK when none). */
+tide_status tide_textgen_status(const tide_textgen *tg);
+
+/* One text generation on m: tg reset, then tide_model_generate_ex with g
+ * (may be NULL; its sampler, stop ids and start position used as given),
+ * each id pushed into tg before g->on_token (when set) is called, then
+ * tg finished. The sampler is the caller's to start (tide_sampler_start).
+ * Returns what tide_model_generate_ex returns (its message on m's context),
+ * else tg's failure (on tg's context, "decoding the generated tokens: ..."). */
+tide_status tide_textgen_generate(tide_textgen *tg, tide_model *m, const int32_t *prompt, int n_prompt,
+                                  int max_new, const tide_gen_opts *g, int32_t *out_tokens, int *n_out,
+                                  tide_gen_stats *stats);
+
+/* Starts a generation's sampling: s reset to seed, then the prompt's ids
+ * accepted (the penalties see them). TIDE_OK, TIDE_E_INVALID (NULL
+ * arguments) or TIDE_E_RANGE (an id outside s's vocabulary). */
+tide_status tide_sampler_start(tide_sampler *s, uint64_t seed, const int32_t *prompt, int n_prompt);
+
+/* The ids a generation of text stops on: tok's EOS ids, then c's end-of-turn
+ * token when c is given and tok has it (and it is not one of them already).
+ * Writes the first min(count, cap) into ids (may be NULL with cap 0) and
+ * returns the count (at most tide_tokenizer_eos_ids' + 1). */
+int tide_tokenizer_stop_ids(const tide_tokenizer *tok, const tide_chat_template *c, int32_t *ids, int cap);
+
+/* Encodes a prompt into *ids (free with tide_free_ids), *n_ids of them, as
+ * tide_tokenizer_encode with flags (a chat prompt from tide_chat_format
+ * without TIDE_TOKENIZE_ADD_SPECIAL: the template writes the BOS). Failures
+ * are recorded on the tokenizer's context: TIDE_E_INVALID for "the prompt is
+ * empty" (no text or no ids) or a failure of encoding ("cannot encode the
+ * prompt: ..."), TIDE_E_RANGE for more than 2^30 ids, TIDE_E_NOMEM. */
+tide_status tide_tokenizer_encode_prompt(tide_tokenizer *tok, const char *text, size_t len, unsigned flags,
+                                         int32_t **ids, int *n_ids);
+void tide_free_ids(int32_t *ids);
+
+/* ---------------------------------------------------------------- several workloads: models a pool loads */
+
+/* The budget "auto" means for a pool on be (tide_pool_opts.budget_bytes): a
+ * GPU's free memory now less the margin TIDE_BUDGET_AUTO keeps (the larger
+ * of 512 MiB and 1/32 of its memory), in whole 256-byte units. Returns
+ * TIDE_OK; TIDE_E_UNSUPPORTED for a backend that has no free memory to read
+ * (the CPU's: give bytes); TIDE_E_INFEASIBLE when the free memory is no
+ * more than the margin (the message gives both); the backend's failure of
+ * reading it. Messages on ctx. */
+tide_status tide_pool_auto_budget(tide_ctx *ctx, tide_backend *be, uint64_t *out);
+
+/* A pool may load models itself. Offered a model (a name and a Hugging Face
+ * model directory), it loads it on its first tide_pool_acquire (checkpoint,
+ * then tide_pool_add_model) and keeps it while there is room; when an
+ * acquire needs a model that is not loaded and there is no room, the least
+ * recently used loaded model that nobody holds is evicted (tide_pool_remove,
+ * logged with its reason through tide_pool_opts.log) and the load goes on.
+ * Room runs out when the pool's max_loaded models are loaded; when, under
+ * policy equal, the pool refuses the model beside the others; and, under
+ * policy tide, when the loaded models' minimums with the new one's exceed the
+ * budget (the new model is loaded, then idle ones evicted until the minimums
+ * fit; with none idle the pool time-slices). Offer every model before the
+ * first acquire. */
+typedef struct tide_pool_model_opts {
+    int ctx_len;      /* its KV cache's positions (0: the model's, at most 4096) */
+    int max_batch;    /* its requests one batch takes (0: 4, fewer where its KV
+                         cache, in host memory, would take over a quarter of the
+                         host memory available when it loads) */
+    int threads;      /* CPU threads of its runs (0: all) */
+} tide_pool_model_opts;
+
+/* The defaults above (all 0). */
+tide_pool_model_opts tide_pool_model_opts_default(void);
+/* Offers the model in directory dir as `name` (o may be NULL: the defaults).
+ * Nothing is read yet. TIDE_OK; TIDE_E_INVALID (no name or directory, a name
+ * offered before, a bad option); TIDE_E_NOMEM. Messages on the pool's context. */
+tide_status tide_pool_offer_model(tide_pool *p, const char *name, const char *dir, const tide_pool_model_opts *o);
+/* At most n offered models loaded at once (0, the default: as many as the
+ * budget holds). TIDE_OK or TIDE_E_INVALID (n < 0). */
+tide_status tide_pool_set_max_loaded(tide_pool *p, int n);
+/* The workload of offered model `name`, loaded first when it is not (evicting
+ * as said above), and held loaded until tide_pool_release: a held model is
+ * never evicted. Thread-safe; a thread that finds the model being loaded or
+ * evicted waits for that. Returns TIDE_OK; TIDE_E_NOT_FOUND (never offered);
+ * TIDE_E_BUSY when there is no room and every model that would have to go is
+ * held (the message names the limit or the budget and the models holding it:
+ * try again later); or the failure of loading it ("cannot load the model ...",
+ * "cannot add the model ... to the pool: ..."). Messages on ctx (NULL: the
+ * model's own context). */
+tide_status tide_pool_acquire(tide_pool *p, const char *name, tide_ctx *ctx, tide_pool_workload **out);
+/* Ends one hold of tide_pool_acquire on w. */
+void tide_pool_release(tide_pool *p, tide_pool_workload *w);
+/* The checkpoint w runs (valid while w is in the pool), and the positions
+ * of its KV cache. */
+tide_checkpoint *tide_pool_workload_checkpoint(tide_pool_workload *w);
+int tide_pool_workload_ctx_len(const tide_pool_workload *w);
+
+typedef struct tide_pool_model_info {
+    bool loaded;                /* loaded now */
+    int holders;                /* tide_pool_acquire holds on it now */
+    int64_t evictions;          /* times it was evicted */
+    int ctx_len;                /* its KV cache's positions (loaded: else 0) */
+    tide_pool_workload_stats stats; /* its workload's (loaded: else zero) */
+} tide_pool_model_info;
+
+/* A consistent snapshot of offered model `name`. TIDE_OK or TIDE_E_NOT_FOUND. */
+tide_status tide_pool_model_info_get(tide_pool *p, const char *name, tide_pool_model_info *out);
 
 #ifdef __cplusplus
 }

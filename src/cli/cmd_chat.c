@@ -81,7 +81,7 @@ typedef struct chat_job {
     tide_sampler *sampler;
     int32_t *stop_ids;
     int n_stop_ids;
-    cli_textout out;
+    tide_textgen *out;         /* the answer, printed as it comes */
 
     tide_chat_msg *msgs;       /* the conversation; contents malloc'd */
     int n_msgs, cap_msgs;
@@ -99,6 +99,13 @@ static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) {
     (void)sig;
     interrupted = 1;
+}
+
+/* tide_gen_opts.on_token after each id's text: Ctrl-C stops the answer. */
+static int on_token(void *user, int32_t id) {
+    (void)user;
+    (void)id;
+    return interrupted != 0;
 }
 
 static const struct option chat_options[] = {
@@ -213,10 +220,13 @@ static int open_all(chat_job *j) {
     if (j->text.so.temperature > 0 && !j->text.seed_given) j->text.so.seed = cli_random_seed();
     if (tide_sampler_new(j->c, &j->text.so, tide_tokenizer_n_vocab(j->tok), &j->sampler))
         return cli_fail(j->c, "sampling options");
-    if (cli_stop_ids(j->tok, j->tmpl, &j->stop_ids, &j->n_stop_ids) ||
-        cli_textout_init(&j->out, j->tok, stdout, j->text.stops, j->text.n_stops))
-        return 1;
-    j->out.interrupt = &interrupted;
+    if (cli_stop_ids(j->tok, j->tmpl, &j->stop_ids, &j->n_stop_ids)) return 1;
+    tide_textgen_opts to = tide_textgen_opts_default();
+    to.stops = j->text.stops;
+    to.n_stops = j->text.n_stops;
+    to.emit = cli_print_piece;
+    to.emit_user = stdout;
+    if (tide_textgen_new(j->c, j->tok, &to, &j->out)) return cli_fail(j->c, "--stop");
     if (!(j->cached = malloc((size_t)j->ctx * sizeof *j->cached)) ||
         !(j->gen = malloc((size_t)j->new_tokens * sizeof *j->gen)))
         return fprintf(stderr, "tide: out of memory\n"), 1;
@@ -272,21 +282,16 @@ static int turn(chat_job *j, const char *line) {
     while (start < j->n_cached && start < n - 1 && ids[start] == j->cached[start]) start++;
     long room = j->ctx - n + 1;
     int max_new = (int)(j->new_tokens < room ? j->new_tokens : room);
-    tide_sampler_reset(j->sampler, j->text.so.seed + (uint64_t)j->turns);
-    for (int i = 0; i < n; i++) tide_sampler_accept(j->sampler, ids[i]);
-    cli_textout_reset(&j->out);
+    tide_sampler_start(j->sampler, j->text.so.seed + (uint64_t)j->turns, ids, n);
     interrupted = 0;
     tide_gen_opts go = {.sampler = j->sampler, .stop_ids = j->stop_ids, .n_stop_ids = j->n_stop_ids,
-                        .start_pos = start, .on_token = cli_textout_on_token, .user = &j->out};
+                        .start_pos = start, .on_token = on_token};
     tide_gen_stats st;
     int n_gen = 0;
-    tide_status s = tide_model_generate_ex(j->m, ids, n, max_new, &go, j->gen, &n_gen, &st);
-    if (!s && j->out.err) s = j->out.err;
-    if (s) {
+    if (tide_textgen_generate(j->out, j->m, ids, n, max_new, &go, j->gen, &n_gen, &st)) {
         free(ids);
         return cli_fail(j->c, "generating");
     }
-    cli_textout_finish(&j->out);
     fputc('\n', stdout);
     fflush(stdout);
     /* the cache now holds the prompt and all but the last id drawn */
@@ -302,7 +307,7 @@ static int turn(chat_job *j, const char *line) {
     j->prefill_s += st.prefill_s;
     if (interrupted && isatty(STDERR_FILENO)) fprintf(stderr, "[stopped]\n");
     interrupted = 0;
-    return add_msg(j, "assistant", j->out.text) ? (fprintf(stderr, "tide: out of memory\n"), 1) : 0;
+    return add_msg(j, "assistant", tide_textgen_text(j->out, NULL)) ? (fprintf(stderr, "tide: out of memory\n"), 1) : 0;
 }
 
 /* The next input line without its newline (malloc'd), or NULL at the end of
@@ -397,7 +402,7 @@ int cmd_chat(int argc, char **argv) {
     free(j.cached);
     free(j.gen);
     free(j.stop_ids);
-    cli_textout_free(&j.out);
+    tide_textgen_free(j.out);
     tide_sampler_free(j.sampler);
     tide_model_free(j.m);
     tide_chat_template_free(j.tmpl);

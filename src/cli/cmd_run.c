@@ -230,7 +230,7 @@ typedef struct run_job {
     tide_sampler *sampler;        /* also without text, when sampling options are given */
     int32_t *stop_ids;
     int n_stop_ids;
-    cli_textout out;
+    tide_textgen *out;          /* the text (printed as it comes unless --json) */
     const char *stop_reason;      /* "eos", "stop" (a --stop string), "length" */
 } run_job;
 
@@ -348,7 +348,7 @@ static void print_json(const run_job *r) {
     cJSON_AddNumberToObject(o, "new_tokens", (double)a->new_tokens);
     cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(gen, r->n_gen));
     if (r->text_mode) {
-        cJSON_AddStringToObject(o, "text", r->out.text);
+        cJSON_AddStringToObject(o, "text", tide_textgen_text(r->out, NULL));
         cJSON_AddStringToObject(o, "stop_reason", r->stop_reason);
     }
     if (a->text.so.temperature > 0) {
@@ -576,7 +576,13 @@ static int text_prompt(run_job *r, const tide_llama_config *cfg) {
     } else if (a->chat) {
         char *chat = NULL;
         size_t clen = 0;
-        rc = cli_chat_prompt(r->ctx, r->tok, &a->text, text, &chat, &clen, &r->tmpl);
+        tide_chat_msg msgs[2];
+        int n = 0;
+        if (a->text.system) msgs[n++] = (tide_chat_msg){"system", a->text.system};
+        msgs[n++] = (tide_chat_msg){"user", text};
+        if (tide_chat_template_get(r->ctx, r->tok, a->text.template_name, &r->tmpl) ||
+            tide_chat_format(r->ctx, r->tmpl, msgs, n, true, &chat, &clen))
+            rc = cli_fail(r->ctx, "chat template");
         if (!rc) rc = cli_encode(r->ctx, r->tok, chat, clen, flags, &r->prompt, &r->n_prompt);
         tide_free_text(chat);
     } else {
@@ -584,9 +590,12 @@ static int text_prompt(run_job *r, const tide_llama_config *cfg) {
     }
     free(text);
     if (rc) return rc;
-    if (cli_stop_ids(r->tok, r->tmpl, &r->stop_ids, &r->n_stop_ids) ||
-        cli_textout_init(&r->out, r->tok, a->json ? NULL : stdout, a->text.stops, a->text.n_stops))
-        return 1;
+    tide_textgen_opts to = tide_textgen_opts_default();
+    to.stops = a->text.stops;
+    to.n_stops = a->text.n_stops;
+    if (!a->json) to.emit = cli_print_piece, to.emit_user = stdout;
+    if (cli_stop_ids(r->tok, r->tmpl, &r->stop_ids, &r->n_stop_ids)) return 1;
+    if (tide_textgen_new(r->ctx, r->tok, &to, &r->out)) return cli_fail(r->ctx, "--stop");
     return 0;
 }
 
@@ -660,24 +669,15 @@ static void rss_end(rss_measure *m) { m->peak = cli_rss_peak(); }
 static tide_status generate(run_job *r, int32_t *out, int *n_out, tide_gen_stats *st, bool print) {
     const run_args *a = &r->a;
     tide_gen_opts go = {.sampler = r->sampler, .stop_ids = r->stop_ids, .n_stop_ids = r->n_stop_ids};
-    if (r->sampler) {
-        tide_sampler_reset(r->sampler, a->text.so.seed);
-        for (int i = 0; i < r->n_prompt; i++)
-            if (tide_sampler_accept(r->sampler, r->prompt[i])) return TIDE_E_RANGE;
-    }
+    if (r->sampler && tide_sampler_start(r->sampler, a->text.so.seed, r->prompt, r->n_prompt)) return TIDE_E_RANGE;
     if (r->text_mode) {
-        cli_textout_reset(&r->out);
-        FILE *keep = r->out.out;
-        if (!print) r->out.out = NULL;
-        go.on_token = cli_textout_on_token;
-        go.user = &r->out;
+        bool shown = print && !a->json;
+        tide_textgen_set_emit(r->out, shown ? cli_print_piece : NULL, shown ? stdout : NULL);
         /* per-token progress lines would break the text printed */
-        if (print && r->out.out) tide_ctx_set_progress(r->ctx, NULL, NULL);
-        tide_status s = tide_model_generate_ex(r->m, r->prompt, r->n_prompt, (int)a->new_tokens, &go, out, n_out, st);
+        if (shown) tide_ctx_set_progress(r->ctx, NULL, NULL);
+        tide_status s = tide_textgen_generate(r->out, r->m, r->prompt, r->n_prompt, (int)a->new_tokens, &go, out,
+                                              n_out, st);
         tide_ctx_set_progress(r->ctx, cli_progress, &r->ps);
-        if (!s && r->out.err) s = tide_ctx_set_error(r->ctx, r->out.err, "decoding the generated tokens: %s", tide_ctx_last_error(r->ctx));
-        if (!s) cli_textout_finish(&r->out);
-        r->out.out = keep;
         return s;
     }
     return tide_model_generate_ex(r->m, r->prompt, r->n_prompt, (int)a->new_tokens, &go, out, n_out, st);
@@ -719,7 +719,7 @@ static int main_run(run_job *r) {
     rss_begin(&r->rss);
     tide_status st = generate(r, r->gen, &r->n_gen, &r->stats, true);
     if (!st && r->text_mode)
-        r->stop_reason = r->out.stopped ? "stop" : r->n_gen < a->new_tokens ? "eos" : "length";
+        r->stop_reason = tide_textgen_stopped(r->out) ? "stop" : r->n_gen < a->new_tokens ? "eos" : "length";
     rss_end(&r->rss);
     cli_progress_end(&r->ps);
     if (!a->quiet && tide_model_notice(r->m)[0]) fprintf(stderr, "tide: note: %s\n", tide_model_notice(r->m));
@@ -783,7 +783,7 @@ int cmd_run(int argc, char **argv) {
     if (!(rc = open_model(&r)) && !(rc = both_runs(&r))) rc = report(&r);
     tide_model_free(r.m);
     tide_sampler_free(r.sampler);
-    cli_textout_free(&r.out);
+    tide_textgen_free(r.out);
     tide_chat_template_free(r.tmpl);
     tide_tokenizer_free(r.tok);
     free(r.stop_ids);

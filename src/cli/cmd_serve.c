@@ -1,13 +1,11 @@
 /*
  * cmd_serve.c - `tide serve`: an OpenAI-compatible HTTP server for several
  * models under one device budget (a tide_pool; the server is
- * src/serve/http.c). This file parses the options, makes the backend and the
- * pool, and hands them to the server.
+ * src/cli/serve/http.c). This file parses the options, makes the backend and
+ * the pool, and hands them to the server.
  */
-#include "backend/backend.h"
 #include "cli.h"
-#include "runtime/runner.h"
-#include "serve/http.h"
+#include "cli/serve/http.h"
 
 #include <getopt.h>
 #include <limits.h>
@@ -134,6 +132,8 @@ typedef struct serve_args {
     tide_offload_opts budget;
     bool budget_given;
     tide_pool_opts po;
+    tide_pool_model_opts mo;      /* every model's (context, batch, threads) */
+    int max_loaded;
     serve_opts so;
     tide_backend_kind backend;
 } serve_args;
@@ -205,7 +205,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         case 'w': a->po.hw = optarg; break;
         case 'x':
             if (cli_parse_int(optarg, 2, 1 << 24, &v)) return cli_usage_error("serve", "bad --ctx '%s' (>= 2)", optarg);
-            a->so.ctx_len = (int)v;
+            a->mo.ctx_len = (int)v;
             break;
         case 'a': a->so.host = optarg; break;
         case 'p':
@@ -223,7 +223,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         case 'G':
             if (cli_parse_int(optarg, 1, TIDE_MAX_BATCH, &v))
                 return cli_usage_error("serve", "bad --max-batch '%s' (1 to %d)", optarg, TIDE_MAX_BATCH);
-            a->so.max_batch = (int)v;
+            a->mo.max_batch = (int)v;
             break;
         case 'b':
             if (cli_parse_backend(optarg, &a->backend))
@@ -231,13 +231,13 @@ static int parse_args(int argc, char **argv, serve_args *a) {
             break;
         case 'T':
             if (cli_parse_int(optarg, 1, 4096, &v)) return cli_usage_error("serve", "bad --threads '%s'", optarg);
-            a->so.threads = (int)v;
+            a->mo.threads = (int)v;
             break;
         case 'L':
             if (cli_parse_int(optarg, 0, SERVE_MAX_MODELS, &v))
                 return cli_usage_error("serve", "bad --max-loaded '%s' (0 for no limit, up to %d)", optarg,
                                        SERVE_MAX_MODELS);
-            a->so.max_loaded = (int)v;
+            a->max_loaded = (int)v;
             break;
         case 'q': a->so.quiet = true; break;
         case 'h': fputs(help, stdout); return 0;
@@ -254,22 +254,17 @@ static int parse_args(int argc, char **argv, serve_args *a) {
 
 /* --budget auto: the device's free memory less the margin tide run keeps. */
 static int auto_budget(tide_ctx *ctx, tide_backend *be, uint64_t *out) {
-    uint64_t fr = 0, tot = 0;
-    if (!be->vt->mem_info) {
+    tide_status st = tide_pool_auto_budget(ctx, be, out);
+    if (st == TIDE_E_UNSUPPORTED) {
         fprintf(stderr, "tide serve: --budget auto reads a GPU's free memory; the %s backend has none: give bytes\n",
                 tide_backend_name(be));
         return 2;
     }
-    if (be->vt->mem_info(be, &fr, &tot)) return cli_fail(be->ctx, "--budget auto: reading the device's free memory");
-    uint64_t margin = TIDE_AUTO_MARGIN(tot);
-    if (fr <= margin) {
-        fprintf(stderr, "tide serve: --budget auto: the device has %llu bytes free, no more than the %llu-byte margin "
-                "kept for the runtime\n", (unsigned long long)fr, (unsigned long long)margin);
+    if (st == TIDE_E_INFEASIBLE) {
+        fprintf(stderr, "tide serve: --budget auto: %s\n", tide_ctx_last_error(ctx));
         return 1;
     }
-    *out = (fr - margin) & ~(uint64_t)255;
-    (void)ctx;
-    return 0;
+    return st ? cli_fail(ctx, "--budget auto") : 0;
 }
 
 static void pool_log(void *user, const char *line) {
@@ -312,9 +307,19 @@ int cmd_serve(int argc, char **argv) {
         rc = cli_fail(pool_ctx, "the pool");
         goto done;
     }
+    /* the pool loads them on their first requests, and evicts */
+    for (int i = 0; i < a.n_models; i++)
+        if (tide_pool_offer_model(pool, a.models[i].name, a.models[i].dir, &a.mo)) {
+            rc = cli_fail(pool_ctx, "the pool");
+            tide_pool_free(pool);
+            goto done;
+        }
+    if (tide_pool_set_max_loaded(pool, a.max_loaded)) {
+        rc = cli_fail(pool_ctx, "the pool");
+        tide_pool_free(pool);
+        goto done;
+    }
     a.so.pool = pool;
-    a.so.policy = a.po.policy;
-    a.so.pool_ctx = pool_ctx;
     rc = serve_http_run(&a.so, &sigs); /* frees the pool */
 done:
     tide_backend_free(be);

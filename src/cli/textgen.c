@@ -1,14 +1,6 @@
 /*
- * textgen.c - text in and text out for `tide run --prompt` and `tide chat`
- * (see textgen.h).
- *
- * Stop strings: the text is searched after every id from the first byte a
- * new match could start at; the text after the last byte that might begin a
- * stop string (the longest suffix that is a proper prefix of one) is held
- * back, so nothing of a stop string is ever printed, and what is printed is
- * exactly the final text's prefix. Since the decoder emits whole UTF-8
- * sequences and stop strings are valid UTF-8, a held-back suffix starts on a
- * character boundary.
+ * textgen.c - the text options of `tide run --prompt`, `tide chat` and
+ * `tide serve` (see textgen.h); the text itself is src/text/textgen.c's.
  */
 #include "cli/textgen.h"
 
@@ -120,155 +112,35 @@ uint64_t cli_random_seed(void) {
     return s;
 }
 
-int cli_chat_prompt(tide_ctx *ctx, const tide_tokenizer *tok, const cli_text_opts *t, const char *user,
-                    char **out, size_t *len, tide_chat_template **tmpl) {
-    if (!*tmpl && tide_chat_template_get(ctx, tok, t->template_name, tmpl)) return cli_fail(ctx, "chat template");
-    tide_chat_msg msgs[2];
-    int n = 0;
-    if (t->system) msgs[n++] = (tide_chat_msg){"system", t->system};
-    msgs[n++] = (tide_chat_msg){"user", user};
-    if (tide_chat_format(ctx, *tmpl, msgs, n, true, out, len)) return cli_fail(ctx, "chat template");
+int cli_stop_ids(const tide_tokenizer *tok, const tide_chat_template *tmpl, int32_t **out, int *n) {
+    int cnt = tide_tokenizer_stop_ids(tok, tmpl, NULL, 0);
+    int32_t *v = malloc((size_t)(cnt ? cnt : 1) * sizeof *v);
+    if (!v) return fprintf(stderr, "tide: out of memory\n"), 1;
+    tide_tokenizer_stop_ids(tok, tmpl, v, cnt);
+    *out = v;
+    *n = cnt;
     return 0;
 }
 
 int cli_encode(tide_ctx *ctx, tide_tokenizer *tok, const char *text, size_t len, unsigned flags, int32_t **ids,
                int *n) {
-    size_t cnt = 0;
-    if (tide_tokenizer_encode(tok, text, len, flags, NULL, 0, &cnt)) return cli_fail(ctx, "encoding the prompt");
-    if (cnt == 0 || len == 0) {
-        fprintf(stderr, "tide: the prompt is empty\n");
+    int32_t *v = NULL;
+    if (tide_tokenizer_encode_prompt(tok, text, len, flags, &v, n)) {
+        fprintf(stderr, "tide: %s\n", tide_ctx_last_error(ctx));
         return 1;
     }
-    if (cnt > INT32_MAX / 2) {
-        fprintf(stderr, "tide: the prompt is too long (%zu tokens)\n", cnt);
-        return 1;
+    /* the commands free their prompts with free() */
+    if (!(*ids = malloc((size_t)*n * sizeof **ids))) {
+        tide_free_ids(v);
+        return fprintf(stderr, "tide: out of memory encoding the prompt\n"), 1;
     }
-    int32_t *v = malloc(cnt * sizeof *v);
-    if (!v) return fprintf(stderr, "tide: out of memory encoding the prompt\n"), 1;
-    if (tide_tokenizer_encode(tok, text, len, flags, v, cnt, &cnt)) {
-        free(v);
-        return cli_fail(ctx, "encoding the prompt");
-    }
-    *ids = v;
-    *n = (int)cnt;
+    memcpy(*ids, v, (size_t)*n * sizeof **ids);
+    tide_free_ids(v);
     return 0;
 }
 
-int cli_stop_ids(const tide_tokenizer *tok, const tide_chat_template *tmpl, int32_t **out, int *n) {
-    const int32_t *eos = NULL;
-    int ne = tide_tokenizer_eos_ids(tok, &eos);
-    int32_t *v = malloc((size_t)(ne + 1) * sizeof *v);
-    if (!v) return fprintf(stderr, "tide: out of memory\n"), 1;
-    memcpy(v, eos, (size_t)ne * sizeof *v);
-    int32_t eot = tmpl ? tide_tokenizer_find(tok, tide_chat_template_end_of_turn(tmpl)) : -1;
-    bool have = eot < 0;
-    for (int i = 0; i < ne && !have; i++) have = v[i] == eot;
-    if (!have) v[ne++] = eot;
-    *out = v;
-    *n = ne;
-    return 0;
-}
-
-/* ------------------------------------------------------------ text out */
-
-int cli_textout_init(cli_textout *o, const tide_tokenizer *tok, FILE *out, const char *const *stops, int n_stops) {
-    memset(o, 0, sizeof *o);
-    o->out = out;
-    o->stops = stops;
-    o->n_stops = n_stops;
-    for (int i = 0; i < n_stops; i++) {
-        o->stop_len[i] = strlen(stops[i]);
-        if (o->stop_len[i] > o->max_stop) o->max_stop = o->stop_len[i];
-    }
-    o->cap = 256;
-    if (!(o->text = malloc(o->cap)) || tide_detok_new(tok, TIDE_DECODE_SKIP_SPECIAL, &o->dt)) {
-        free(o->text);
-        o->text = NULL;
-        fprintf(stderr, "tide: out of memory\n");
-        return 1;
-    }
-    o->text[0] = '\0';
-    return 0;
-}
-
-void cli_textout_free(cli_textout *o) {
-    tide_detok_free(o->dt);
-    free(o->text);
-    o->dt = NULL;
-    o->text = NULL;
-}
-
-void cli_textout_reset(cli_textout *o) {
-    tide_detok_reset(o->dt);
-    o->len = o->shown = 0;
-    o->text[0] = '\0';
-    o->stopped = false;
-    o->err = TIDE_OK;
-}
-
-static void show(cli_textout *o, size_t upto) {
-    if (upto > o->shown && o->out) {
-        fwrite(o->text + o->shown, 1, upto - o->shown, o->out);
-        fflush(o->out);
-    }
-    if (upto > o->shown && o->emit) o->emit(o->emit_user, o->text + o->shown, upto - o->shown);
-    if (upto > o->shown) o->shown = upto;
-}
-
-/* Appends s[0..n); then looks for a stop string and shows what can no
- * longer be part of one. */
-static int add_text(cli_textout *o, const char *s, size_t n) {
-    if (o->len + n + 1 > o->cap) {
-        size_t cap = o->cap;
-        while (o->len + n + 1 > cap) cap *= 2;
-        char *t = realloc(o->text, cap);
-        if (!t) {
-            o->err = TIDE_E_NOMEM;
-            return 1;
-        }
-        o->text = t;
-        o->cap = cap;
-    }
-    size_t from = o->len >= o->max_stop ? o->len - o->max_stop + 1 : 0;
-    memcpy(o->text + o->len, s, n);
-    o->len += n;
-    o->text[o->len] = '\0';
-    size_t cut = SIZE_MAX;
-    for (int i = 0; i < o->n_stops; i++) {
-        const char *hit = strstr(o->text + from, o->stops[i]);
-        if (hit && (size_t)(hit - o->text) < cut) cut = (size_t)(hit - o->text);
-    }
-    if (cut != SIZE_MAX) {
-        o->len = cut;
-        o->text[cut] = '\0';
-        show(o, cut);
-        o->stopped = true;
-        return 1;
-    }
-    size_t hold = 0;
-    for (int i = 0; i < o->n_stops; i++) {
-        for (size_t k = o->stop_len[i] - 1; k > hold; k--)
-            if (k <= o->len && !memcmp(o->text + o->len - k, o->stops[i], k)) {
-                hold = k;
-                break;
-            }
-    }
-    show(o, o->len - hold);
-    return 0;
-}
-
-int cli_textout_on_token(void *user, int32_t id) {
-    cli_textout *o = user;
-    const char *s;
-    size_t n;
-    if ((o->err = tide_detok_push(o->dt, id, &s, &n))) return 1;
-    if (n && add_text(o, s, n)) return 1;
-    return o->interrupt && *o->interrupt;
-}
-
-void cli_textout_finish(cli_textout *o) {
-    const char *s;
-    size_t n;
-    if (!o->stopped && !tide_detok_finish(o->dt, &s, &n) && n) add_text(o, s, n);
-    show(o, o->len);
+void cli_print_piece(void *user, const char *piece, size_t n) {
+    FILE *f = user;
+    fwrite(piece, 1, n, f);
+    fflush(f);
 }

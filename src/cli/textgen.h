@@ -1,8 +1,8 @@
 /*
- * textgen.h - text in and text out for the commands that generate (`tide
- * run --prompt`, `tide chat`): the sampling options they share, the prompt
- * through the tokenizer, and generated ids printed as text while they come,
- * with --stop strings held back until they can no longer match.
+ * textgen.h - the text options of the commands that generate (`tide run
+ * --prompt`, `tide chat`, and the sampling fields `tide serve` takes): their
+ * getopt entries, help and parsing. The text itself (prompts, stop ids, stop
+ * strings, streamed UTF-8) is the library's (tide.h, "text generation").
  */
 #ifndef TIDE_CLI_TEXTGEN_H
 #define TIDE_CLI_TEXTGEN_H
@@ -10,7 +10,6 @@
 #include "tide.h"
 
 #include <getopt.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 
@@ -51,52 +50,17 @@ bool cli_text_sampling_given(const cli_text_opts *t);
 /* A seed from the system's random source (the clock where there is none). */
 uint64_t cli_random_seed(void);
 
-/* The template of the model's tokenizer (--template NAME, else detected)
- * and the conversation [system], user formatted with the assistant's
- * header. *out is freed with tide_free_text. Returns 0 or 1 (message
- * printed). */
-int cli_chat_prompt(tide_ctx *ctx, const tide_tokenizer *tok, const cli_text_opts *t, const char *user,
-                    char **out, size_t *len, tide_chat_template **tmpl);
+/* The stop ids of a generation (tide_tokenizer_stop_ids) copied
+ * into a malloc'd array. Returns 0, or 1 with the message printed. */
+int cli_stop_ids(const tide_tokenizer *tok, const tide_chat_template *tmpl, int32_t **out, int *n);
 
-/* Encodes text into a malloc'd array. Returns 0, or 1 with the message
- * printed (an empty result is "an empty prompt"). */
+/* Encodes a prompt (tide_tokenizer_encode_prompt; ctx: the tokenizer's)
+ * into a malloc'd array. Returns 0, or 1 with the message printed. */
 int cli_encode(tide_ctx *ctx, tide_tokenizer *tok, const char *text, size_t len, unsigned flags, int32_t **ids,
                int *n);
 
-/* The stop ids of a generation: the tokenizer's EOS ids, and the chat
- * template's end-of-turn token (tmpl may be NULL). *out is malloc'd. */
-int cli_stop_ids(const tide_tokenizer *tok, const tide_chat_template *tmpl, int32_t **out, int *n);
-
-/* Generated ids to text, printed as they come (to out, when not NULL; to
- * emit, when set) and
- * collected; generation stops at a --stop string, which is neither printed
- * nor collected, nor is anything after it. Special tokens print nothing. */
-typedef struct cli_textout {
-    tide_detok *dt;
-    FILE *out;
-    /* Optional: also given each piece as it is shown (`tide serve` streams
-     * them); piece is not NUL-terminated. */
-    void (*emit)(void *user, const char *piece, size_t n);
-    void *emit_user;
-    const char *const *stops;
-    int n_stops;
-    size_t stop_len[CLI_MAX_STOPS];
-    size_t max_stop;           /* the longest stop string's length */
-    char *text;                /* the text so far (NUL-terminated) */
-    size_t len, cap;
-    size_t shown;              /* text[0..shown) has been written to out */
-    bool stopped;              /* a stop string matched */
-    volatile sig_atomic_t *interrupt; /* set (by a signal): stop */
-    tide_status err;           /* a decode failure (the callback then stops) */
-} cli_textout;
-
-int cli_textout_init(cli_textout *o, const tide_tokenizer *tok, FILE *out, const char *const *stops, int n_stops);
-void cli_textout_free(cli_textout *o);
-/* Starts a new text (the stream and the text emptied). */
-void cli_textout_reset(cli_textout *o);
-/* tide_gen_opts.on_token for a cli_textout: non-zero to stop. */
-int cli_textout_on_token(void *user, int32_t id);
-/* Ends the text: what was held back for a stop string is written. */
-void cli_textout_finish(cli_textout *o);
+/* Writes a piece of generated text to the FILE * user and flushes it: the
+ * emit callback of a tide_textgen that prints as it comes. */
+void cli_print_piece(void *user, const char *piece, size_t n);
 
 #endif

@@ -22,6 +22,7 @@ static const char *const status_names[] = {
     [TIDE_E_NO_DEVICE] = "no device",
     [TIDE_E_BACKEND] = "backend failure",
     [TIDE_E_VERIFY] = "verification failed",
+    [TIDE_E_BUSY] = "busy",
 };
 
 const char *tide_status_str(tide_status s) {

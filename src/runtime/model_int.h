@@ -18,6 +18,7 @@
 #define TIDE_MODEL_INT_H
 
 #include "backend/backend.h"
+#include "runtime/model_ext.h"
 #include "runtime/runner.h"
 #include "runtime/tiling.h"
 #include "sim/sim.h"
@@ -62,7 +63,7 @@ typedef struct graph_slot {
                                  timeline is the last one's) */
 } graph_slot;
 
-#define MODEL_SLOTS 3         /* the prefill, the decode step and a batch's decode step */
+#define MODEL_SLOTS TIDE_MODEL_GEN_PLANS /* the prefill, the decode step and a batch's decode step */
 /* The most decode steps a warm region is chosen for after a prompt: beyond
  * them the steps alone decide, and the prompt would not count */
 #define MODEL_WARM_DECODE_STEPS 32
@@ -174,18 +175,6 @@ void tide_planned_release(tide_model *m);
  * and benchmarks: TIDE_OK, or TIDE_E_INVALID when there is none (the message
  * says what is missing). */
 tide_status tide_model_last_run(const tide_model *m, const tide_plan **plan, const tide_sim_event **timeline);
-/* What the last tide_model_generate_ex ran offloaded, for a refit of the
- * cost model (cost/refit.h): per plan run, the plan, the measured timeline
- * of its last run and how many times it ran, into the arrays (MODEL_SLOTS
- * each). Returns how many plans; 0 when none ran offloaded or one of them
- * was not measured (on a GPU without tide_offload_opts.timeline). The
- * pointers are valid until the model's next run or setting. */
-int tide_model_gen_runs(const tide_model *m, const tide_plan **plans, const tide_sim_event **timelines, int *runs);
-/* Replaces the profile the offloaded plans are priced and planned with (a
- * refit of it): the plans are made again on next use (the arena, the
- * budget and the cache kept). Until the next tide_model_set_offload, which
- * loads the profile it is given. TIDE_OK, or TIDE_E_INVALID when the model
- * is not offloading. */
-tide_status tide_model_set_hw(tide_model *m, const tide_hw *hw);
+/* tide_model_gen_runs, tide_model_hw, tide_model_set_hw: model_ext.h */
 
 #endif

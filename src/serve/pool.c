@@ -68,9 +68,9 @@
  */
 #include "serve/pool_state.h"
 
-#include "backend/backend.h"
-#include "probe/probe.h"
-#include "runtime/model_int.h"
+#include "backend/backend.h"  /* device_is_host: predictions where device memory is host memory */
+#include "probe/probe.h"      /* the machine measured once, when no profile is named */
+#include "runtime/model_ext.h" /* the model's profile (refits), not its layout */
 
 #include <assert.h>
 #include <stddef.h>
@@ -399,7 +399,7 @@ pool_predict pool_predictor(const tide_pool *p, const tide_pool_workload *w, tid
                           .host_addressable = p->be->vt->device_is_host, .weights_on_ssd = p->weights_on_ssd,
                           /* as the models' offloaded runs (policy tide) keep weights warm: place.c */
                           .warm = !p->be->vt->device_is_host || p->weights_on_ssd,
-                          .cfg = &w->cfg, .ck = w->m ? w->m->ck : NULL, .total = p->total, .ctx_len = w->ctx_len,
+                          .cfg = &w->cfg, .ck = w->ck, .total = p->total, .ctx_len = w->ctx_len,
                           .name = w->name};
 }
 
@@ -462,7 +462,7 @@ tide_status tide_pool_new(tide_ctx *ctx, tide_backend *be, const tide_pool_opts 
             st = tide_hw_save(ctx, &p->hw, p->hw_arg);
         }
     }
-    if (!st && !be->vt->device_is_host && be->matmul == TIDE_MATMUL_F32) {
+    if (!st && !be->vt->device_is_host && tide_backend_matmul(be) == TIDE_MATMUL_F32) {
         /* as the models' own plans assume: 16-bit weights at the f32 rate */
         for (int d = 0; d < TIDE_DTYPE_COUNT; d++)
             if (d == TIDE_F16 || d == TIDE_BF16) p->hw.flops[d] = TIDE_MIN(p->hw.flops[d], p->hw.flops[TIDE_F32]);
@@ -494,6 +494,7 @@ void tide_pool_free(tide_pool *p) {
         workload_free(p->w[i]);
     }
     tide_free(p->w);
+    pool_models_free(p); /* the checkpoints the workloads used: after them */
     if (p->hw_tmp) unlink(p->hw_arg);
     tide_free(p->hw_arg);
     tide_free(p->ssd_dirs);
@@ -537,6 +538,7 @@ tide_status tide_pool_add_model(tide_pool *p, const char *name, tide_checkpoint 
         goto fail;
     }
     w->pool = p;
+    w->ck = ck;
     w->cfg = *tide_checkpoint_config(ck);
     w->hw = p->hw;
     if ((st = tide_model_new(w->ctx, ck, p->be, mo, &w->m))) {
@@ -960,7 +962,7 @@ void tide_pool_stats_get(tide_pool *p, tide_pool_stats *s) {
                            .partitions = p->partitions, .replans = p->replans, .waits = p->waits,
                            .requests = p->requests, .drifted = p->drifted, .refits = p->refits,
                            .batches = p->batches, .batched_requests = p->batched,
-                           .predicted_s = p->pred_s,
+                           .evictions = p->evictions, .predicted_s = p->pred_s,
                            .measured_s = p->meas_s};
     for (int i = 0; i < p->n; i++) s->shares_bytes += p->w[i]->share;
     pthread_mutex_unlock(&p->mu);

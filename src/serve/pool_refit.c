@@ -40,7 +40,7 @@
 #include "serve/pool_state.h"
 
 #include "cost/refit.h"
-#include "runtime/model_int.h"
+#include "runtime/model_ext.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -62,13 +62,13 @@ static void log_failure(tide_pool *p, tide_pool_workload *w, const char *why) {
 /* The refitted profile and curve of w from the request just run (outside
  * mu, mgmt held). TIDE_OK, or the failure (message on w->ctx). */
 static tide_status refit_curve(tide_pool *p, tide_pool_workload *w, refit_result *r) {
-    const tide_plan *plans[MODEL_SLOTS];
-    const tide_sim_event *tls[MODEL_SLOTS];
-    int runs[MODEL_SLOTS];
+    const tide_plan *plans[TIDE_MODEL_GEN_PLANS];
+    const tide_sim_event *tls[TIDE_MODEL_GEN_PLANS];
+    int runs[TIDE_MODEL_GEN_PLANS];
     int n = tide_model_gen_runs(w->m, plans, tls, runs);
     if (!n) return tide_err(w->ctx, TIDE_E_INVALID, "no measured timeline of the request's runs");
     /* F3: against the profile the plans were priced with, the model's */
-    tide_status st = tide_hw_refit_runs(n, plans, tls, runs, &w->m->hw, &r->hw, NULL);
+    tide_status st = tide_hw_refit_runs(n, plans, tls, runs, tide_model_hw(w->m), &r->hw, NULL);
     if (st) return st;
     pool_predict pp = pool_predictor(p, w, w->ctx);
     pp.hw = &r->hw;

@@ -40,6 +40,7 @@ struct tide_pool_workload {
     char *name;
     tide_ctx *ctx;             /* the model's, and generate's failures */
     tide_model *m;
+    tide_checkpoint *ck;       /* its model's (the caller's, or pool_models.c's) */
     tide_llama_config cfg;
     int ctx_len;
     /* written under mgmt and mu; read under either, or by the holder of
@@ -103,7 +104,9 @@ struct tide_pool {
     uint64_t turn_next;
     uint64_t held_sum, peak_held;
     int64_t partitions, replans, waits, requests, drifted, refits, batches, batched;
+    int64_t evictions;         /* models pool_models.c evicted */
     double pred_s, meas_s;
+    struct pool_models *models; /* the models offered to it (pool_models.c; NULL: none yet) */
 };
 
 /* pool.c. With mu held: one line to opts.log (when given). */
@@ -116,6 +119,10 @@ void pool_partition(tide_pool *p, const char *why);
 double pool_predicted_at(const tide_pool_workload *w, uint64_t share);
 /* How w's predictions are planned (pool_predict.h), failures on ctx. */
 pool_predict pool_predictor(const tide_pool *p, const tide_pool_workload *w, tide_ctx *ctx);
+
+/* pool_models.c. Frees the models offered (their workloads already freed). */
+typedef struct pool_models pool_models;
+void pool_models_free(tide_pool *p);
 
 /* pool_refit.c. Called by the thread of w's request that just succeeded
  * with statistics gs, outside mu, with w's claim and model_busy still set:

@@ -30,8 +30,7 @@
  * stopped, which waits for every connection; then the pool and the models
  * are freed.
  */
-#include "serve/http_int.h"
-#include "core/core.h"
+#include "cli/serve/http_int.h"
 
 #include <microhttpd.h>
 #include <netdb.h>
@@ -43,6 +42,46 @@
 #include <unistd.h>
 
 #define STREAM_QUEUE 64 /* events a stream's producer may be ahead of its client */
+
+/* ---------------------------------------------------------------- text buffers */
+
+/* A growing text (malloc'd: the daemon frees bodies with free()), p[len]
+ * NUL once anything was added; a failed allocation sets oom and stops
+ * appending. Start from {0}. */
+typedef struct textbuf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} textbuf;
+
+static void tb_add(textbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (b->len + n + 1 > cap) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void tb_printf(textbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tb_printf(textbuf *b, const char *fmt, ...) {
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof line) b->oom = true; /* no line of /metrics is this long */
+    else tb_add(b, line, (size_t)n);
+}
 
 /* ---------------------------------------------------------------- counters and /metrics */
 
@@ -56,16 +95,16 @@ void serve_count(serve_server *s, const char *endpoint, int status) {
 }
 
 /* One metric's HELP and TYPE lines. */
-static void tb_head(tide_strbuf *b, const char *name, const char *type, const char *help) {
-    tide_strbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+static void tb_head(textbuf *b, const char *name, const char *type, const char *help) {
+    tb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 char *serve_metrics_text(serve_server *s) {
-    tide_strbuf b = {0};
+    textbuf b = {0};
     tb_head(&b, "tide_requests_total", "counter", "HTTP requests answered, by endpoint and status.");
     pthread_mutex_lock(&s->mmu);
     for (int i = 0; i < s->n_counters; i++)
-        tide_strbuf_printf(&b, "tide_requests_total{endpoint=\"%s\",status=\"%d\"} %lld\n", s->counters[i].endpoint,
+        tb_printf(&b, "tide_requests_total{endpoint=\"%s\",status=\"%d\"} %lld\n", s->counters[i].endpoint,
                   s->counters[i].status, s->counters[i].n);
     pthread_mutex_unlock(&s->mmu);
     static const struct {
@@ -87,19 +126,18 @@ char *serve_metrics_text(serve_server *s) {
         {"tide_model_batched_requests_total", "counter", "Requests that ran in those batches."},
     };
     enum { N_PER = sizeof per_model / sizeof per_model[0] };
-    /* lru held: a loaded model's workload is not removed under the reads */
-    pthread_mutex_lock(&s->lru);
+    /* a snapshot of each model (the pool's: loaded, evictions, its workload) */
+    tide_pool_model_info info[s->n_models ? s->n_models : 1];
+    for (int i = 0; i < s->n_models; i++) tide_pool_model_info_get(s->o.pool, s->models[i].name, &info[i]);
     for (int k = 0; k < N_PER; k++) {
         tb_head(&b, per_model[k].name, per_model[k].type, per_model[k].help);
         for (int i = 0; i < s->n_models; i++) {
             serve_model *m = &s->models[i];
-            tide_pool_workload_stats ws = {0};
-            bool loaded = m->state == MODEL_LOADED;
-            if (loaded) tide_pool_workload_stats_get(s->o.pool, m->w, &ws);
+            const tide_pool_workload_stats ws = info[i].stats;
             double v = 0;
             switch (k) {
-            case 0: v = loaded; break;
-            case 1: v = (double)atomic_load(&m->evictions); break;
+            case 0: v = info[i].loaded; break;
+            case 1: v = (double)info[i].evictions; break;
             case 2: v = (double)atomic_load(&m->gen_tokens); break;
             case 3: v = (double)atomic_load(&m->prompt_tokens); break;
             case 4: v = (double)atomic_load(&m->requests); break;
@@ -113,10 +151,9 @@ char *serve_metrics_text(serve_server *s) {
             case 12: v = (double)ws.batches; break;
             default: v = (double)ws.batched_requests; break;
             }
-            tide_strbuf_printf(&b, "%s{model=\"%s\"} %.17g\n", per_model[k].name, m->name, v);
+            tb_printf(&b, "%s{model=\"%s\"} %.17g\n", per_model[k].name, m->name, v);
         }
     }
-    pthread_mutex_unlock(&s->lru);
     tide_pool_stats ps;
     tide_pool_stats_get(s->o.pool, &ps);
     const struct {
@@ -128,7 +165,7 @@ char *serve_metrics_text(serve_server *s) {
         {"tide_pool_peak_held_bytes", "gauge", "The most device bytes held at any instant.", (double)ps.peak_held_bytes},
         {"tide_pool_workloads", "gauge", "Models in the pool (loaded).", ps.n_workloads},
         {"tide_evictions_total", "counter", "Models evicted to make room for another (--max-loaded, the budget).",
-         (double)atomic_load(&s->evictions)},
+         (double)ps.evictions},
         {"tide_pool_time_sliced", "gauge", "1 when one model holds the budget at a time.", ps.time_sliced},
         {"tide_pool_partitions_total", "counter", "Re-partitions of the budget.", (double)ps.partitions},
         {"tide_replans_total", "counter", "Share changes applied to a model.", (double)ps.replans},
@@ -141,12 +178,10 @@ char *serve_metrics_text(serve_server *s) {
     };
     for (size_t k = 0; k < sizeof pool / sizeof pool[0]; k++) {
         tb_head(&b, pool[k].name, pool[k].type, pool[k].help);
-        tide_strbuf_printf(&b, "%s %.17g\n", pool[k].name, pool[k].v);
+        tb_printf(&b, "%s %.17g\n", pool[k].name, pool[k].v);
     }
-    /* the daemon frees a body with free(): a copy of the text */
-    char *out = b.oom ? NULL : strdup(b.p);
-    tide_free(b.p);
-    return out;
+    if (b.oom) free(b.p);
+    return b.oom ? NULL : b.p;
 }
 
 /* ---------------------------------------------------------------- answers */
@@ -410,7 +445,7 @@ static enum MHD_Result handle_generate(serve_server *s, struct MHD_Connection *c
 /* ---------------------------------------------------------------- routing */
 
 typedef struct conn {
-    tide_strbuf body;
+    textbuf body;
     bool too_large;
 } conn;
 
@@ -431,7 +466,7 @@ static void add_body(conn *cn, const char *data, size_t n) {
         cn->too_large = true;
         return;
     }
-    tide_strbuf_add(&cn->body, data, n);
+    tb_add(&cn->body, data, n);
     if (cn->body.oom) cn->too_large = true;
 }
 
@@ -487,7 +522,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     conn *cn = *con_cls;
-    if (cn) tide_free(cn->body.p);
+    if (cn) free(cn->body.p);
     free(cn);
     *con_cls = NULL;
 }
@@ -507,10 +542,7 @@ int serve_http_run(const serve_opts *o, const sigset_t *signals) {
     s->o = *o;
     s->models = models;
     s->n_models = o->n_models;
-    pthread_mutex_init(&s->mgmt, NULL);
     pthread_mutex_init(&s->mmu, NULL);
-    pthread_mutex_init(&s->lru, NULL);
-    pthread_cond_init(&s->lru_cv, NULL);
     for (int i = 0; i < o->n_models; i++) {
         models[i].name = o->models[i].name;
         models[i].dir = o->models[i].dir;
@@ -554,10 +586,7 @@ int serve_http_run(const serve_opts *o, const sigset_t *signals) {
 done:
     tide_pool_free(o->pool);
     serve_models_free(s);
-    pthread_mutex_destroy(&s->mgmt);
     pthread_mutex_destroy(&s->mmu);
-    pthread_mutex_destroy(&s->lru);
-    pthread_cond_destroy(&s->lru_cv);
     free(models);
     free(s);
     return rc;

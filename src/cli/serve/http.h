@@ -18,27 +18,19 @@ typedef struct serve_model_spec {
 typedef struct serve_opts {
     const serve_model_spec *models;
     int n_models;
-    tide_pool *pool;              /* the models' workloads are added on first use */
-    tide_ctx *pool_ctx;           /* the pool's context (its management errors) */
+    tide_pool *pool;              /* offered the models (tide_pool_offer_model): it loads them */
     const char *host;             /* address to bind (default 127.0.0.1) */
     int port;                     /* 0: any free port (printed) */
     const char *api_key;          /* NULL: no authorization asked */
-    int ctx_len;                  /* 0: each model's positions, at most 4096 */
     int max_queue;                /* requests accepted per model at once (running and
                                      waiting); more get 503 */
-    int max_batch;                /* a model's requests run together in one forward
-                                     (tide_pool_generate: waiting ones batched; 0: 4) */
-    int threads;                  /* CPU threads of each model (0: all) */
-    int max_loaded;               /* models loaded at once (0: as many as the budget
-                                     holds); the least recently used idle one goes */
-    tide_pool_policy policy;      /* the pool's: when minimums not fitting evicts */
     bool quiet;
 } serve_opts;
 
 /* Serves until SIGINT or SIGTERM (which the caller has blocked in every
  * thread: the server waits for them with sigwait), then stops accepting,
  * cancels the generations in flight at their next token, waits for every
- * connection to end and frees the pool and what it loaded. Returns the
+ * connection to end and frees the pool (with the models it loaded). Returns the
  * process exit status: 0 after a signal, 1 when the server cannot start
  * (the message printed). */
 int serve_http_run(const serve_opts *o, const sigset_t *signals);

@@ -3,14 +3,16 @@
  * that they share: the server, its models, a parsed request, an error.
  *
  * The HTTP front end is part of the command-line program, not of libtide:
- * it uses the CLI's text helpers (cli/textgen.h) and libmicrohttpd, and the
- * library only through tide.h (the pool, the tokenizer, the sampler).
+ * it uses the CLI's text options (cli/textgen.h) and libmicrohttpd, and the
+ * library only through tide.h (the pool, which loads and evicts the models;
+ * the tokenizer, the text generation, the sampler). It translates requests
+ * and answers.
  */
 #ifndef TIDE_SERVE_HTTP_INT_H
 #define TIDE_SERVE_HTTP_INT_H
 
 #include "cli/textgen.h"
-#include "serve/http.h"
+#include "cli/serve/http.h"
 #include "tide.h"
 
 #include <pthread.h>
@@ -25,30 +27,17 @@
                                             take over a quarter of the host memory available) */
 #define SERVE_CHAT_MAX_TOKENS 256        /* /v1/chat/completions without it */
 
-/* Where a model is (http_models.c has the diagram); under serve_server.lru. */
-typedef enum serve_model_state {
-    MODEL_UNLOADED = 0,
-    MODEL_LOADING,                /* one thread loads it; the others wait */
-    MODEL_LOADED,
-    MODEL_EVICTING,               /* one thread removes it; the others wait */
-} serve_model_state;
-
-/* One --model NAME=DIR, loaded on its first request, kept while the budget
- * (and --max-loaded) leaves room, evicted when idle and another needs it. */
+/* One --model NAME=DIR: offered to the pool, which loads it on its first
+ * request and evicts it when another needs the room (src/serve/pool_models.c).
+ * Its text (tokenizer, chat template, stop ids) is the server's, opened on
+ * its first request and kept. */
 typedef struct serve_model {
     const char *name, *dir;
-    pthread_mutex_t mu;           /* the tokenizer's encoder (one thread) */
-    serve_model_state state;      /* under serve_server.lru, as users and last_used */
-    int users;                    /* prepared requests holding it loaded */
-    uint64_t last_used;           /* serve_server.tick at its last use */
-    atomic_llong evictions;
-    tide_ctx *ctx;                /* loading's and the tokenizer's errors */
-    tide_checkpoint *ck;
-    tide_tokenizer *tok;
+    pthread_mutex_t mu;           /* its text's opening, and the tokenizer's encoder (one thread) */
+    tide_ctx *ctx;                /* the tokenizer's errors */
+    tide_tokenizer *tok;          /* NULL until its first request */
     tide_chat_template *tmpl;     /* NULL: no chat template (chat gets 400) */
     char tmpl_err[256];           /* why there is none */
-    tide_pool_workload *w;
-    int ctx_len;                  /* the KV cache's positions */
     int32_t *stop_ids, *chat_stop_ids; /* EOS ids; and the end of turn too */
     int n_stop_ids, n_chat_stop_ids;
     atomic_int inflight;          /* requests accepted and not yet answered */
@@ -67,11 +56,6 @@ typedef struct serve_server {
     serve_opts o;
     serve_model *models;
     int n_models;
-    pthread_mutex_t mgmt;         /* the pool's management calls and its context */
-    pthread_mutex_t lru;          /* the models' state, users, last_used; tick */
-    pthread_cond_t lru_cv;        /* broadcast when a model leaves LOADING or EVICTING */
-    uint64_t tick;
-    atomic_llong evictions;
     struct MHD_Daemon *d;
     atomic_bool stopping;         /* shutting down: generations stop at their next token */
     atomic_llong next_id;
@@ -127,24 +111,13 @@ char *serve_chunk_json(const serve_request *r, const char *id, time_t created, c
  * choices, the request's usage (the chunks before carry "usage": null). */
 char *serve_usage_chunk_json(const serve_request *r, const char *id, time_t created, int n_prompt, int n_gen);
 
-/* http_models.c: makes m loaded and holds it so (m->users) until
- * serve_model_release: waits while another thread loads or evicts it, loads
- * it otherwise, evicting idle models first when --max-loaded or the budget
- * asks. Returns 0, or -1 with *e filled (503: every model that would have to
- * go has requests; 500: it cannot be loaded). */
-int serve_model_acquire(serve_server *s, serve_model *m, serve_error *e);
-void serve_model_release(serve_server *s, serve_model *m);
-/* Whether m is loaded now (a snapshot). */
-bool serve_model_loaded(serve_server *s, serve_model *m);
-/* Unloads what m holds of its own (checkpoint, tokenizer, ...; its workload
- * must already be out of the pool, or the pool freed). */
-void serve_model_unload(serve_model *m);
-
 /* A request made ready to run (http_gen.c): the prompt's ids, its sampler. */
 typedef struct serve_prepared {
     serve_server *s;
     serve_model *m;
-    bool held;                    /* m acquired: released by serve_prepared_free */
+    tide_pool_workload *w;        /* m's, held loaded (tide_pool_acquire) until
+                                     serve_prepared_free */
+    int ctx_len;                  /* its KV cache's positions */
     int32_t *ids;
     int n_ids;
     int max_new;
@@ -152,19 +125,19 @@ typedef struct serve_prepared {
     tide_ctx *ctx;                /* the sampler's */
     const int32_t *stop_ids;
     int n_stop_ids;
-    cli_textout out;
-    bool out_ready;
+    tide_textgen *out;            /* the answer's text, stop strings cut */
 } serve_prepared;
 
 /* What a run gives. */
 typedef struct serve_result {
-    const char *text;             /* the answer (in prep->out, valid while prep lives) */
+    const char *text;             /* the answer (prep->out's, valid while prep lives) */
     const char *finish;           /* "stop" or "length" */
     int n_prompt, n_gen;
     bool cancelled;               /* stopped by the client leaving or by shutdown */
 } serve_result;
 
-/* Acquires the request's model (serve_model_acquire), renders
+/* Acquires the request's model from the pool (tide_pool_acquire: 503 when
+ * there is no room, 500 when it cannot be loaded), renders
  * and encodes its prompt, checks it against the context and makes its
  * sampler. Returns 0, or -1 with *e filled. */
 int serve_prepare(serve_server *s, const serve_request *r, serve_prepared *p, serve_error *e);
@@ -174,8 +147,7 @@ int serve_prepare(serve_server *s, const serve_request *r, serve_prepared *p, se
 int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const char *piece, size_t n), void *user,
               const atomic_bool *cancel, serve_result *res, serve_error *e);
 void serve_prepared_free(serve_prepared *p);
-/* Frees what the models loaded (the pool must be freed first: it owns the
- * models' workloads). */
+/* Frees the models' text. */
 void serve_models_free(serve_server *s);
 
 /* http.c: counts one answer for /metrics. */

@@ -15,7 +15,7 @@
  * are refused (400); other fields are ignored (user, logit_bias, ...), as
  * OpenAI's clients send fields a server may not know.
  */
-#include "serve/http_int.h"
+#include "cli/serve/http_int.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -263,8 +263,10 @@ char *serve_models_json(serve_server *s) {
         cJSON_AddStringToObject(m, "object", "model");
         cJSON_AddNumberToObject(m, "created", 0);
         cJSON_AddStringToObject(m, "owned_by", "tide");
-        cJSON_AddBoolToObject(m, "loaded", serve_model_loaded(s, &s->models[i]));
-        cJSON_AddNumberToObject(m, "evictions", (double)atomic_load(&s->models[i].evictions));
+        tide_pool_model_info info;
+        tide_pool_model_info_get(s->o.pool, s->models[i].name, &info);
+        cJSON_AddBoolToObject(m, "loaded", info.loaded);
+        cJSON_AddNumberToObject(m, "evictions", (double)info.evictions);
         cJSON_AddItemToArray(data, m);
     }
     return print_free(o);

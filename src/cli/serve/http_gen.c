@@ -1,10 +1,14 @@
 /*
  * http_gen.c - `tide serve`'s generations: a request is prepared (its model
- * acquired and held loaded, http_models.c; the prompt rendered and encoded,
+ * acquired from the pool and held loaded; the prompt rendered and encoded,
  * checked against the context, its sampler made) on the thread of its
  * connection, so that what is wrong with it is answered with a status before
- * any stream begins, and then run through the pool, its text made by the
- * CLI's cli_textout (stop strings held back until they cannot match).
+ * any stream begins, and then run through the pool, its text made by a
+ * tide_textgen (stop strings held back until they cannot match).
+ *
+ * The model is the pool's to load, keep or evict (src/serve/pool_models.c):
+ * a request holds it loaded from its preparation to its end. The model's
+ * text (tokenizer, chat template, stop ids) is opened on its first request.
  *
  * The prompt is encoded as `tide run` encodes it: a completion's prompt with
  * the tokenizer's special tokens added (the BOS), a chat rendered by the
@@ -22,7 +26,7 @@
  * (tide_pool_generate_on). A tokenizer encodes on one thread at a time
  * (serve_model.mu); decoding (one tide_detok per request) only reads it.
  */
-#include "serve/http_int.h"
+#include "cli/serve/http_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,26 +34,72 @@
 
 /* Encodes text (m->mu held) into p->ids. */
 static int encode(serve_model *m, const char *text, size_t len, unsigned flags, serve_prepared *p, serve_error *e) {
-    size_t n = 0;
-    if (tide_tokenizer_encode(m->tok, text, len, flags, NULL, 0, &n))
-        return serve_fail(e, 400, "invalid_request_error", "cannot encode the prompt: %s", tide_ctx_last_error(m->ctx));
-    if (n == 0) return serve_fail(e, 400, "invalid_request_error", "the prompt is empty");
-    if (n > (size_t)m->ctx_len) n = (size_t)m->ctx_len + 1; /* too long either way: counted below */
-    if (!(p->ids = malloc(n * sizeof *p->ids))) return serve_fail(e, 500, "server_error", "out of memory");
-    size_t got = 0;
-    if (tide_tokenizer_encode(m->tok, text, len, flags, p->ids, n, &got))
-        return serve_fail(e, 400, "invalid_request_error", "cannot encode the prompt: %s", tide_ctx_last_error(m->ctx));
-    p->n_ids = got > (size_t)INT32_MAX ? INT32_MAX : (int)got;
+    tide_status st = tide_tokenizer_encode_prompt(m->tok, text, len, flags, &p->ids, &p->n_ids);
+    if (st == TIDE_E_NOMEM) return serve_fail(e, 500, "server_error", "out of memory");
+    if (st) return serve_fail(e, 400, "invalid_request_error", "%s", tide_ctx_last_error(m->ctx));
     return 0;
+}
+
+/* Opens m's text on its first request (m->mu held): the tokenizer, which
+ * must belong to the checkpoint ck, the chat template, the stop ids. On
+ * failure nothing is kept, so that a later request tries again. */
+static int open_text(serve_server *s, serve_model *m, tide_checkpoint *ck, serve_error *e) {
+    if (m->tok) return 0;
+    if (!m->ctx && !(m->ctx = tide_ctx_new())) return serve_fail(e, 500, "server_error", "out of memory");
+    const tide_llama_config *cfg = tide_checkpoint_config(ck);
+    int rc = 0;
+    if (tide_tokenizer_open(m->ctx, m->dir, &m->tok))
+        rc = serve_fail(e, 500, "server_error", "the model '%s' has no usable tokenizer: %s", m->name,
+                        tide_ctx_last_error(m->ctx));
+    else if (tide_tokenizer_n_vocab(m->tok) > cfg->vocab_size)
+        rc = serve_fail(e, 500, "server_error", "the model '%s': the tokenizer's %d ids exceed the model's "
+                        "vocabulary of %d: they do not belong together", m->name, tide_tokenizer_n_vocab(m->tok),
+                        cfg->vocab_size);
+    if (!rc && tide_chat_template_get(m->ctx, m->tok, NULL, &m->tmpl)) {
+        snprintf(m->tmpl_err, sizeof m->tmpl_err, "%s", tide_ctx_last_error(m->ctx));
+        m->tmpl = NULL;
+    }
+    if (!rc && (cli_stop_ids(m->tok, NULL, &m->stop_ids, &m->n_stop_ids) ||
+                cli_stop_ids(m->tok, m->tmpl, &m->chat_stop_ids, &m->n_chat_stop_ids)))
+        rc = serve_fail(e, 500, "server_error", "out of memory");
+    if (rc) {
+        if (!s->o.quiet) fprintf(stderr, "tide serve: %s\n", e->msg);
+        free(m->stop_ids);
+        free(m->chat_stop_ids);
+        m->stop_ids = m->chat_stop_ids = NULL;
+        tide_chat_template_free(m->tmpl);
+        tide_tokenizer_free(m->tok);
+        m->tmpl = NULL;
+        m->tok = NULL;
+    }
+    return rc;
+}
+
+void serve_models_free(serve_server *s) {
+    for (int i = 0; i < s->n_models; i++) {
+        serve_model *m = &s->models[i];
+        free(m->stop_ids);
+        free(m->chat_stop_ids);
+        tide_chat_template_free(m->tmpl);
+        tide_tokenizer_free(m->tok);
+        tide_ctx_free(m->ctx);
+        pthread_mutex_destroy(&m->mu);
+    }
 }
 
 int serve_prepare(serve_server *s, const serve_request *r, serve_prepared *p, serve_error *e) {
     memset(p, 0, sizeof *p);
     serve_model *m = p->m = r->model;
     p->s = s;
-    if (serve_model_acquire(s, m, e)) return -1;
-    p->held = true;
     if (!(p->ctx = tide_ctx_new())) return serve_fail(e, 500, "server_error", "out of memory");
+    tide_status st = tide_pool_acquire(s->o.pool, m->name, p->ctx, &p->w);
+    if (st == TIDE_E_BUSY) return serve_fail(e, 503, "server_overloaded", "%s", tide_ctx_last_error(p->ctx));
+    if (st) return serve_fail(e, 500, "server_error", "%s", tide_ctx_last_error(p->ctx));
+    p->ctx_len = tide_pool_workload_ctx_len(p->w);
+    pthread_mutex_lock(&m->mu);
+    int trc = open_text(s, m, tide_pool_workload_checkpoint(p->w), e);
+    pthread_mutex_unlock(&m->mu);
+    if (trc) return -1;
     char *chat = NULL;
     size_t len = 0;
     if (r->chat) {
@@ -71,31 +121,34 @@ int serve_prepare(serve_server *s, const serve_request *r, serve_prepared *p, se
     }
     tide_free_text(chat);
     if (rc) return -1;
-    if (p->n_ids >= m->ctx_len)
+    if (p->n_ids >= p->ctx_len)
         return serve_fail(e, 400, "invalid_request_error", "the prompt is %s%d tokens, longer than the model '%s' "
                           "takes: its context holds %d tokens, prompt and answer (at most %d for the prompt)",
-                          p->n_ids > m->ctx_len ? "more than " : "", p->n_ids > m->ctx_len ? m->ctx_len : p->n_ids,
-                          m->name, m->ctx_len, m->ctx_len - 1);
+                          p->n_ids > p->ctx_len ? "more than " : "", p->n_ids > p->ctx_len ? p->ctx_len : p->n_ids,
+                          m->name, p->ctx_len, p->ctx_len - 1);
     /* n new ids need n_ids + n - 1 positions: the last id drawn is never run */
-    int room = m->ctx_len - p->n_ids + 1;
+    int room = p->ctx_len - p->n_ids + 1;
     if (r->max_tokens > room)
         return serve_fail(e, 400, "invalid_request_error", "the prompt (%d tokens) and 'max_tokens' (%d) exceed the "
                           "model '%s''s context of %d tokens: at most %d new tokens fit", p->n_ids, r->max_tokens,
-                          m->name, m->ctx_len, room);
+                          m->name, p->ctx_len, room);
     int def = r->chat ? SERVE_CHAT_MAX_TOKENS : SERVE_DEFAULT_MAX_TOKENS;
     p->max_new = r->max_tokens ? r->max_tokens : def < room ? def : room;
     tide_sampler_opts so = r->so;
     if (so.temperature > 0 && !r->seed_given) so.seed = cli_random_seed();
     if (tide_sampler_new(p->ctx, &so, tide_tokenizer_n_vocab(m->tok), &p->sampler))
         return serve_fail(e, 400, "invalid_request_error", "%s", tide_ctx_last_error(p->ctx));
-    for (int i = 0; i < p->n_ids; i++)
-        if (tide_sampler_accept(p->sampler, p->ids[i]))
-            return serve_fail(e, 500, "server_error", "%s", tide_ctx_last_error(p->ctx));
+    if (tide_sampler_start(p->sampler, so.seed, p->ids, p->n_ids))
+        return serve_fail(e, 500, "server_error", "%s", tide_ctx_last_error(p->ctx));
     p->stop_ids = r->chat ? m->chat_stop_ids : m->stop_ids;
     p->n_stop_ids = r->chat ? m->n_chat_stop_ids : m->n_stop_ids;
-    if (cli_textout_init(&p->out, m->tok, NULL, (const char *const *)r->stops, r->n_stops))
-        return serve_fail(e, 500, "server_error", "out of memory");
-    p->out_ready = true;
+    tide_textgen_opts to = tide_textgen_opts_default();
+    to.stops = (const char *const *)r->stops;
+    to.n_stops = r->n_stops;
+    if (tide_textgen_new(p->ctx, m->tok, &to, &p->out))
+        return serve_fail(e, tide_ctx_last_status(p->ctx) == TIDE_E_NOMEM ? 500 : 400,
+                          tide_ctx_last_status(p->ctx) == TIDE_E_NOMEM ? "server_error" : "invalid_request_error",
+                          "'stop': %s", tide_ctx_last_error(p->ctx));
     return 0;
 }
 
@@ -108,7 +161,7 @@ typedef struct run_state {
 
 static int on_token(void *user, int32_t id) {
     run_state *rs = user;
-    if (cli_textout_on_token(&rs->p->out, id)) return 1;
+    if (tide_textgen_on_token(rs->p->out, id)) return 1;
     if (atomic_load(&rs->s->stopping) || (rs->cancel && atomic_load(rs->cancel))) {
         rs->cancelled = true;
         return 1;
@@ -122,8 +175,7 @@ int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const
     memset(res, 0, sizeof *res);
     int32_t *gen = malloc((size_t)p->max_new * sizeof *gen);
     if (!gen) return serve_fail(e, 500, "server_error", "out of memory");
-    p->out.emit = emit;
-    p->out.emit_user = user;
+    tide_textgen_set_emit(p->out, emit, user);
     run_state rs = {.s = s, .p = p, .cancel = cancel};
     tide_gen_opts go = {.sampler = p->sampler, .stop_ids = p->stop_ids, .n_stop_ids = p->n_stop_ids,
                         .on_token = on_token, .user = &rs};
@@ -132,18 +184,20 @@ int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const
     tide_status ts = TIDE_OK;
     char msg[400] = "";
     if (atomic_load(&s->stopping)) rs.cancelled = true; /* not started: nothing to cancel mid-way */
-    else ts = tide_pool_generate_on(s->o.pool, m->w, p->ctx, p->ids, p->n_ids, p->max_new, &go, gen, &n_out, &st);
+    else ts = tide_pool_generate_on(s->o.pool, p->w, p->ctx, p->ids, p->n_ids, p->max_new, &go, gen, &n_out, &st);
     if (ts) snprintf(msg, sizeof msg, "%s", tide_ctx_last_error(p->ctx));
     free(gen);
-    if (!ts && p->out.err) {
-        ts = p->out.err;
+    if (!ts && tide_textgen_status(p->out)) {
+        ts = tide_textgen_status(p->out);
         snprintf(msg, sizeof msg, "decoding the generated tokens into text failed");
     }
     if (ts) return serve_fail(e, 500, "server_error", "generation failed (%s): %s", tide_status_str(ts), msg);
-    cli_textout_finish(&p->out);
-    res->text = p->out.text;
+    if ((ts = tide_textgen_finish(p->out)))
+        return serve_fail(e, 500, "server_error", "generation failed (%s): decoding the generated tokens into text "
+                          "failed", tide_status_str(ts));
+    res->text = tide_textgen_text(p->out, NULL);
     res->cancelled = rs.cancelled;
-    res->finish = p->out.stopped || (n_out < p->max_new && !rs.cancelled) ? "stop" : "length";
+    res->finish = tide_textgen_stopped(p->out) || (n_out < p->max_new && !rs.cancelled) ? "stop" : "length";
     res->n_prompt = p->n_ids;
     res->n_gen = n_out;
     atomic_fetch_add(&m->requests, 1);
@@ -153,10 +207,10 @@ int serve_run(serve_server *s, serve_prepared *p, void (*emit)(void *user, const
 }
 
 void serve_prepared_free(serve_prepared *p) {
-    if (p->held) serve_model_release(p->s, p->m);
-    if (p->out_ready) cli_textout_free(&p->out);
+    if (p->w) tide_pool_release(p->s->o.pool, p->w);
+    tide_textgen_free(p->out);
     tide_sampler_free(p->sampler);
     tide_ctx_free(p->ctx);
-    free(p->ids);
+    tide_free_ids(p->ids);
     memset(p, 0, sizeof *p);
 }
