@@ -26,8 +26,11 @@ target_link_libraries(tide_shared PRIVATE "$<LINK_LIBRARY:WHOLE_ARCHIVE,tide>")
 target_include_directories(tide_shared PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
                                               $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 # --no-undefined: every symbol the objects use is resolved by a library
-# the .so names, so it loads into a program that links nothing else.
-target_link_options(tide_shared PRIVATE -Wl,--no-undefined)
+# the .so names, so it loads into a program that links nothing else. (Not
+# under a sanitizer, whose runtime the executable brings.)
+if(NOT TIDE_SANITIZE)
+  target_link_options(tide_shared PRIVATE -Wl,--no-undefined)
+endif()
 set_target_properties(tide_shared PROPERTIES
   OUTPUT_NAME tide EXPORT_NAME tide
   VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR})
@@ -82,6 +85,6 @@ if(TIDE_BUILD_TESTS)
   add_test(NAME lib_install COMMAND bash ${PROJECT_SOURCE_DIR}/tests/lib_install.sh
            $<TARGET_FILE:tide-cli> ${CMAKE_BINARY_DIR})
   set_tests_properties(lib_install PROPERTIES
-    ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures;TIDE_DATA=${PROJECT_SOURCE_DIR}/data"
+    ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures;TIDE_DATA=${PROJECT_SOURCE_DIR}/data;TIDE_SANITIZE=${TIDE_SANITIZE}"
     SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()

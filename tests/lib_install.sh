@@ -13,6 +13,9 @@ BUILD=${2:?usage: $0 TIDE BUILD_DIR}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 : "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
 : "${TIDE_DATA:?TIDE_DATA must point at data}"
+# a sanitized libtide.so needs its runtime in the program, which a plain
+# build of the example does not link
+[ -z "${TIDE_SANITIZE:-}" ] || { echo "skipped: a TIDE_SANITIZE=$TIDE_SANITIZE build"; exit 77; }
 for tool in cmake cc pkg-config; do
     command -v $tool >/dev/null || { echo "skipped: $tool not found"; exit 77; }
 done
