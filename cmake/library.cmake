@@ -57,6 +57,8 @@ set(TIDE_PKG_CUDA OFF)
 if(TIDE_CUDA AND TARGET CUDA::cudart)
   set(TIDE_PKG_CUDA ON)
   # the CUDA objects' host code is C++: a C linker needs libstdc++ named
+  # (the build tree's programs link with the CUDA linker, which names it)
+  target_link_libraries(tide INTERFACE $<INSTALL_INTERFACE:stdc++>)
   string(APPEND TIDE_PC_LIBS_PRIVATE
          " -L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcublasLt -lcudart -lstdc++ -l${CMAKE_DL_LIBS}")
 endif()
