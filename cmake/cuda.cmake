@@ -97,8 +97,9 @@ set_target_properties(tide PROPERTIES
   CUDA_STANDARD_REQUIRED ON
   CUDA_RUNTIME_LIBRARY Shared
   CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
-# PUBLIC: src/backend/backend.c and every consumer see that the backend exists.
-target_compile_definitions(tide PUBLIC TIDE_HAVE_CUDA=1)
+# PUBLIC: src/backend/backend.c and every consumer in this build (the tests)
+# see that the backend exists; not exported to installed consumers.
+target_compile_definitions(tide PUBLIC $<BUILD_INTERFACE:TIDE_HAVE_CUDA=1>)
 target_link_libraries(tide PUBLIC CUDA::cudart CUDA::cublas)
 
 # ---------------------------------------------------------------- cuFile (optional)

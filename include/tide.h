@@ -26,6 +26,33 @@
 extern "C" {
 #endif
 
+/* Every function declared here is exported from libtide.so; the library is
+ * built with hidden visibility, so nothing else is (tests/lib_symbols.sh). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
+/* ---------------------------------------------------------------- version */
+
+/* The version of this header, as SQLite's SQLITE_VERSION: CMakeLists.txt reads
+ * the three numbers from here (its project version, the shared library's
+ * SONAME libtide.so.MAJOR, tide.pc and the CMake package). MAJOR changes when
+ * the ABI breaks, MINOR when the API grows, PATCH for fixes. */
+#define TIDE_VERSION_MAJOR 0
+#define TIDE_VERSION_MINOR 1
+#define TIDE_VERSION_PATCH 0
+#define TIDE_VERSION_STR_(a, b, c) #a "." #b "." #c
+#define TIDE_VERSION_XSTR_(a, b, c) TIDE_VERSION_STR_(a, b, c)
+/* "MAJOR.MINOR.PATCH" */
+#define TIDE_VERSION TIDE_VERSION_XSTR_(TIDE_VERSION_MAJOR, TIDE_VERSION_MINOR, TIDE_VERSION_PATCH)
+/* MAJOR * 1000000 + MINOR * 1000 + PATCH, for #if comparisons */
+#define TIDE_VERSION_NUMBER (TIDE_VERSION_MAJOR * 1000000 + TIDE_VERSION_MINOR * 1000 + TIDE_VERSION_PATCH)
+
+/* The version of the library linked (TIDE_VERSION when it was built), as
+ * sqlite3_libversion(): a program compares it with the TIDE_VERSION it was
+ * compiled against to detect a mismatched shared library. */
+const char *tide_version(void);
+
 /* ---------------------------------------------------------------- status */
 
 typedef enum tide_status {
@@ -97,7 +124,6 @@ typedef enum tide_dtype {
     TIDE_F16,
     TIDE_BF16,
     TIDE_I32,
-    TIDE_DTYPE_COUNT
 } tide_dtype;
 
 /* Bytes per element; 0 for an invalid dtype. */
@@ -115,7 +141,6 @@ typedef enum tide_role {
     TIDE_ROLE_INPUT,
     TIDE_ROLE_OUTPUT,
     TIDE_ROLE_TEMP,       /* activations, workspace */
-    TIDE_ROLE_COUNT
 } tide_role;
 const char *tide_role_name(tide_role r);
 
@@ -166,9 +191,6 @@ const char *tide_role_name(tide_role r);
  *              Tiled form: rows [row0, row0 + B) of a larger output; a second
  *              input naming the output keeps its other rows.
  *   ARGMAX     in: x (R, V)                                   out: i32 (R)
- *   GENERIC    any tensors; a synthetic op for planning tests and benchmarks:
- *              the CPU backend fills each output with a deterministic function
- *              of its inputs. [flops]
  *
  * Training ops (the backward of each forward op, the loss, the optimizer).
  * Every gradient is f32. An op whose gradient output may be accumulated (dw,
@@ -247,8 +269,8 @@ typedef enum tide_op_kind {
     TIDE_OP_ADD,
     TIDE_OP_TAKE_LAST,
     TIDE_OP_ARGMAX,
-    TIDE_OP_GENERIC,
-    TIDE_OP_EMBED_BWD,
+    /* 9 is the library's own synthetic op (planning tests, benchmarks) */
+    TIDE_OP_EMBED_BWD = 10,
     TIDE_OP_RMSNORM_BWD,
     TIDE_OP_MATMUL_GRADW,
     TIDE_OP_ROPE_BWD,
@@ -259,7 +281,6 @@ typedef enum tide_op_kind {
     TIDE_OP_ADAMW,
     TIDE_OP_CE_STATS,
     TIDE_OP_CE_BLOCK,
-    TIDE_OP_COUNT
 } tide_op_kind;
 const char *tide_op_name(tide_op_kind k);
 
@@ -273,7 +294,7 @@ typedef struct tide_op_params {
     int n_kv_heads;   /* ATTENTION */
     int head_dim;     /* ROPE, ATTENTION */
     int batch;        /* ROPE, ATTENTION, TAKE_LAST: B (rows = B*T) */
-    double flops;     /* GENERIC: floating-point operations it stands for */
+    double flops;     /* the library's synthetic op only (0) */
     /* tiles (all 0 for a whole op) */
     int64_t idx0;     /* EMBED: first tokens entry; ROPE, ATTENTION: first pos entry */
     bool pos_rows;    /* ROPE, ATTENTION: pos holds a position per row (see above) */
@@ -450,7 +471,6 @@ typedef enum tide_train_class {
     TIDE_TRAIN_PARAM = 0, TIDE_TRAIN_MASTER, TIDE_TRAIN_MOMENT, TIDE_TRAIN_GRAD,
     TIDE_TRAIN_ACT,       /* activations, their gradients, loss, norm */
     TIDE_TRAIN_INPUT,     /* tokens, targets, positions, hyperparameters */
-    TIDE_TRAIN_CLASS_COUNT
 } tide_train_class;
 tide_train_class tide_train_tensor_class(const tide_graph *g, int tensor);
 const char *tide_train_class_name(tide_train_class c);
@@ -588,6 +608,9 @@ tide_status tide_matmul_parse(tide_ctx *ctx, const char *s, tide_matmul_mode *ou
 typedef struct tide_model tide_model;
 
 typedef struct tide_model_opts {
+    size_t size;      /* sizeof(tide_model_opts), as tide_model_opts_default()
+                         sets it; 0 (a zeroed struct): this version's; another
+                         size is refused (TIDE_E_INVALID) */
     int max_batch;    /* cache batch capacity (>= 1) */
     int ctx_len;      /* KV cache capacity in positions (0: config's max) */
     bool sync_issue;  /* issue every device call only once the previous one has
@@ -595,6 +618,10 @@ typedef struct tide_model_opts {
                          the failing instruction of a device fault: the tide command
                          sets it for the environment variable TIDE_EXEC_SYNC=1) */
 } tide_model_opts;
+
+/* The defaults, filled in (size set): one sequence (max_batch 1), the
+ * config's context length, asynchronous issue. Edit what differs. */
+tide_model_opts tide_model_opts_default(void);
 
 tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
                            const tide_model_opts *opts, tide_model **out);
@@ -624,6 +651,9 @@ typedef enum tide_budget_kind {
 } tide_budget_kind;
 
 typedef struct tide_offload_opts {
+    size_t size;      /* sizeof(tide_offload_opts), as tide_offload_opts_default()
+                         sets it; 0 (a zeroed struct): this version's; another
+                         size is refused (TIDE_E_INVALID) */
     tide_budget_kind budget_kind;
     uint64_t bytes;
     double fraction;
@@ -633,7 +663,6 @@ typedef struct tide_offload_opts {
     uint64_t host_budget;     /* bytes for spills on host (0: unlimited) */
     const char *ssd_dirs;     /* comma-separated spill directories (NULL: $TMPDIR or /tmp) */
     bool weights_on_ssd;      /* home the weights on SSD: read from the checkpoint file */
-    bool force_pread;         /* SSD store without io_uring */
     bool direct_storage;      /* with weights_on_ssd on a GPU: read the weights straight
                                  into device memory with GPUDirect Storage (cuFile) where
                                  this build and machine have it; where not, through
@@ -680,6 +709,12 @@ typedef struct tide_offload_opts {
                                  on a GPU the executor then records timing events
                                  until the refit is decided */
 } tide_offload_opts;
+
+/* The defaults, filled in (size set): no budget (resident), the tide policy,
+ * automatic tiling, pinning and optimizer placement, the measured machine's
+ * profile, warm weights and the refit on. Set budget_kind (and bytes or
+ * fraction) to offload. */
+tide_offload_opts tide_offload_opts_default(void);
 
 /* Switches the model to offloaded runs (or back to resident ones, with
  * TIDE_BUDGET_NONE). Every plan is verified before it runs. Plans are made
@@ -747,6 +782,9 @@ tide_status tide_model_generate(tide_model *m, const int32_t *prompt, int n_prom
 
 /* Generation with a sampler, stop ids, continuation and a callback. */
 typedef struct tide_gen_opts {
+    size_t size;      /* sizeof(tide_gen_opts), as tide_gen_opts_default()
+                         sets it; 0 (a zeroed struct): this version's; another
+                         size is refused (TIDE_E_INVALID) */
     struct tide_sampler *sampler; /* NULL: greedy (the graph's own argmax, as
                                    tide_model_generate). Each generated id is
                                    accepted into it; the prompt's ids are the
@@ -763,6 +801,10 @@ typedef struct tide_gen_opts {
     void *user;
 } tide_gen_opts;
 
+/* The defaults, filled in (size set): greedy, no stop ids, from position 0,
+ * no callback. */
+tide_gen_opts tide_gen_opts_default(void);
+
 /* As tide_model_generate, for at most max_new ids: *n_out receives how many
  * were generated (fewer after a stop id or a callback's stop). o may be NULL.
  * TIDE_E_INVALID for start_pos outside [0, n_prompt), n_stop_ids < 0 or a
@@ -770,14 +812,6 @@ typedef struct tide_gen_opts {
 tide_status tide_model_generate_ex(tide_model *m, const int32_t *prompt, int n_prompt, int max_new,
                                    const tide_gen_opts *o, int32_t *out_tokens, int *n_out,
                                    tide_gen_stats *stats);
-
-/* Checks the arguments of a generation against m as tide_model_generate_ex
- * does (prompt, lengths against the cache, token ids, stop ids), recording
- * the reason on ctx (m's own when NULL). Reads only what tide_model_new fixed:
- * safe beside m's runs when ctx is not m's. TIDE_OK, TIDE_E_INVALID or
- * TIDE_E_RANGE. */
-tide_status tide_model_check_generate(const tide_model *m, tide_ctx *ctx, const int32_t *prompt, int n_prompt,
-                                      int max_new, const tide_gen_opts *o, const int32_t *out_tokens);
 
 /* The most generations one tide_model_generate_batch runs together. */
 #define TIDE_MAX_BATCH 64
@@ -817,7 +851,7 @@ typedef struct tide_gen_request {
  * those of the same request run alone with tide_model_generate_ex (bit for
  * bit wherever a matmul's row does not depend on the rows beside it: the CPU
  * backend, and CUDA's 16-bit fast mode). A request's refusal (its arguments,
- * as tide_model_check_generate) is its own, message on m's context; a
+ * as tide_model_generate_ex checks them) is its own, message on m's context; a
  * failing run fails every request not yet ended. Stats of the batch may be
  * NULL. Returns TIDE_OK when every request succeeded, else the first
  * failure. */
@@ -894,6 +928,9 @@ const char *tide_pool_policy_name(tide_pool_policy p);
 tide_status tide_pool_policy_parse(tide_ctx *ctx, const char *s, tide_pool_policy *out);
 
 typedef struct tide_pool_opts {
+    size_t size;      /* sizeof(tide_pool_opts), as tide_pool_opts_default()
+                         sets it; 0 (a zeroed struct): this version's; another
+                         size is refused (TIDE_E_INVALID) */
     uint64_t budget_bytes;    /* the whole device budget shared by every workload (> 0) */
     tide_pool_policy policy;
     const char *hw;           /* profile the predictions and plans use (name or path, as
@@ -928,6 +965,10 @@ typedef struct tide_pool_opts {
     void (*log)(void *user, const char *line);
     void *log_user;
 } tide_pool_opts;
+
+/* The defaults, filled in (size set): the tide policy, the measured machine's
+ * profile, no host limit, refits on, no log. budget_bytes is 0: set it. */
+tide_pool_opts tide_pool_opts_default(void);
 
 /* Makes a pool on be (which must outlive it); its failures, and those of the
  * management calls below, are recorded on ctx, which should not be be's own
@@ -986,7 +1027,7 @@ tide_ctx *tide_pool_workload_ctx(tide_pool_workload *w);
  * from the one w's plans were made at replans (lazily, as a model does).
  * Returns TIDE_OK; TIDE_E_INVALID when w is not in the pool or is being
  * removed (the message on the pool's context) or for bad arguments
- * (tide_model_check_generate; start_pos must be 0); the failure of setting
+ * (as tide_model_generate_ex checks them; start_pos must be 0); the failure of setting
  * the share or of the run (on w's context; a batch's failure is every
  * request's in it). stats: the request's own (tide_gen_request.stats). */
 tide_status tide_pool_generate(tide_pool *p, tide_pool_workload *w, const int32_t *prompt, int n_prompt,
@@ -1463,6 +1504,9 @@ tide_status tide_tokens_write_synthetic(tide_ctx *ctx, const char *path, tide_to
 typedef struct tide_trainer tide_trainer;
 
 typedef struct tide_trainer_opts {
+    size_t size;      /* sizeof(tide_trainer_opts), as tide_trainer_opts_default()
+                         sets it; 0 (a zeroed struct): this version's; another
+                         size is refused (TIDE_E_INVALID) */
     tide_llama_train_opts step;  /* batch, seq, accum, AdamW and clipping */
     double lr;                   /* peak learning rate */
     double min_lr;               /* with cosine: the rate the decay ends at */
@@ -1475,6 +1519,13 @@ typedef struct tide_trainer_opts {
     uint64_t seed;
     bool sync_issue;             /* as tide_model_opts.sync_issue */
 } tide_trainer_opts;
+
+/* The defaults, filled in (size set), those of `tide train`: micro-batches of
+ * 4 sequences of 256 tokens, no accumulation, AdamW with betas 0.9 and 0.95,
+ * eps 1e-8, weight decay 0.1, the gradient norm clipped to 1, a constant
+ * learning rate of 3e-4 (a cosine schedule would run over 100 steps), no
+ * warmup, seed 0. */
+tide_trainer_opts tide_trainer_opts_default(void);
 
 /* The learning rate of step s (from 0): s < warmup: lr * (s + 1) / warmup;
  * then, with cosine, min_lr + (lr - min_lr) * (1 + cos(pi * (s - warmup) /
@@ -1728,6 +1779,9 @@ void tide_detok_reset(tide_detok *d);
  * temperature, top-k, top-p, min-p, then one draw from the renormalised
  * softmax of what is left. A zero-initialised struct is greedy decoding. */
 typedef struct tide_sampler_opts {
+    size_t size;      /* sizeof(tide_sampler_opts), as tide_sampler_opts_default()
+                         sets it; 0 (a zeroed struct): this version's; another
+                         size is refused (TIDE_E_INVALID) */
     double temperature;         /* <= 0: greedy (the argmax, the lowest id on a tie);
                                    else logits are divided by it */
     int32_t top_k;              /* keep the k highest logits (0: all) */
@@ -1744,6 +1798,10 @@ typedef struct tide_sampler_opts {
                                    the same seed and logits give the same ids on every
                                    machine */
 } tide_sampler_opts;
+
+/* The defaults, filled in (size set): greedy (temperature 0), no
+ * truncation, no penalties, seed 0. */
+tide_sampler_opts tide_sampler_opts_default(void);
 
 typedef struct tide_sampler tide_sampler;
 
@@ -1955,6 +2013,10 @@ typedef struct tide_pool_model_info {
 
 /* A consistent snapshot of offered model `name`. TIDE_OK or TIDE_E_NOT_FOUND. */
 tide_status tide_pool_model_info_get(tide_pool *p, const char *name, tide_pool_model_info *out);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

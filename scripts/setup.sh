@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # setup.sh - installs what tide needs on Debian 12 (only the missing packages),
 # builds it, and then does one of:
-#   scripts/setup.sh run [tide run options]   run `tide run` (default model)
+#   scripts/setup.sh run [tide run options]   build only `tide`, run `tide run`
+#                                             (default model)
 #   scripts/setup.sh test                     run the whole test suite (ctest)
 #   scripts/setup.sh build                    build only
 # Environment: BUILD_DIR (default build), TIDE_SANITIZE (address|thread),
@@ -33,7 +34,13 @@ build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DTIDE_SANITIZE="${TIDE_SANITIZE:-}" >/dev/null
-cmake --build "$build" -j "$jobs"
+# `run` needs the command-line program alone (the CMake target tide-cli, its
+# output named tide); `build` and `test` build everything, the tests too.
+if [ "$mode" = run ]; then
+  cmake --build "$build" -j "$jobs" --target tide-cli
+else
+  cmake --build "$build" -j "$jobs"
+fi
 
 case "$mode" in
   build) ;;

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# cli_install.sh - an installed tide finds its hardware profiles in its own
-# prefix, with no source tree, build tree or $TIDE_DATA to lean on.
+# cli_install.sh - `cmake --install` ships the binary, both libraries (and
+# the SONAME links), tide.h, tide.pc and the CMake package; an installed tide
+# finds its hardware profiles in its own prefix, with no source tree, build
+# tree or $TIDE_DATA to lean on. (tests/lib_install.sh builds a program
+# against the installed library.)
 #
-# A fresh build of the `tide` binary alone (no tests, no benchmarks, no CUDA;
-# about half a minute on 2 cores) is configured with -DTIDE_SOURCE_DATA=OFF,
+# A fresh build of the `tide` binary and the libraries alone (no tests, no
+# benchmarks, no CUDA; about a minute on 2 cores) is configured with
+# -DTIDE_SOURCE_DATA=OFF,
 # which compiles out the last fallback of src/cost/hw.c, the source tree's
 # data/. That is the honest way to show the source tree does not serve the
 # profiles: this very script runs from inside it, so it cannot be hidden, and
@@ -44,13 +48,23 @@ stop() {
 expect 0 "configure" -- cmake -S "$SRC" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DTIDE_BUILD_TESTS=OFF -DTIDE_BUILD_BENCH=OFF -DTIDE_CUDA=OFF -DTIDE_SOURCE_DATA=OFF \
     -DCMAKE_INSTALL_PREFIX="$P" || stop
-expect 0 "build tide-cli" -- cmake --build "$B" --target tide-cli -j 2 || stop
+expect 0 "build tide-cli and the libraries" -- cmake --build "$B" --target tide-cli tide_shared -j 2 || stop
 expect 0 "install" -- cmake --install "$B" || stop
 rm -rf "$B"
 
 expect 0 "binary installed" -- test -x "$P/bin/tide"
 expect 0 "header installed" -- test -f "$P/include/tide.h"
-expect 0 "static library installed" -- test -n "$(find "$P" -name libtide.a)"
+L=$P/lib
+[ -d "$P/lib64" ] && L=$P/lib64
+[ -d "$P/lib/x86_64-linux-gnu" ] && L=$P/lib/x86_64-linux-gnu
+expect 0 "static library installed" -- test -f "$L/libtide.a"
+expect 0 "shared library installed" -- test -f "$L/libtide.so.$(sed -n 's/^Version: //p' "$L/pkgconfig/tide.pc")"
+expect 0 "SONAME link installed" -- test -L "$L/libtide.so.0"
+expect 0 "development link installed" -- test -L "$L/libtide.so"
+expect 0 "tide.pc installed" -- test -f "$L/pkgconfig/tide.pc"
+expect 0 "CMake package installed" -- test -f "$L/cmake/tide/tideConfig.cmake"
+expect 0 "CMake package version installed" -- test -f "$L/cmake/tide/tideConfigVersion.cmake"
+expect 0 "CMake targets installed" -- test -n "$(find "$L/cmake/tide" -name 'tideTargets*.cmake')"
 for f in "$SRC"/data/hw/*.json; do
     expect 0 "profile $(basename "$f") installed" -- cmp "$f" "$P/share/tide/hw/$(basename "$f")"
 done

@@ -679,8 +679,10 @@ static void test_device_paths(void **state) {
     } cs[] = {{true, false}, {true, true}, {false, false}};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         tide_offload_opts o = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = 0.7, .ssd_dirs = spill_dir,
-                               .hw = "h100-80g", .weights_on_ssd = cs[i].ssd, .force_pread = cs[i].pread,
-                               .tile = TIDE_TILE_NONE};
+                               .hw = "h100-80g", .weights_on_ssd = cs[i].ssd, .tile = TIDE_TILE_NONE};
+        /* the pread path, by the variable src/store/ssd.c reads at the store's opening */
+        if (cs[i].pread) setenv("TIDE_SSD_PREAD", "1", 1);
+        else unsetenv("TIDE_SSD_PREAD");
         assert_int_equal(tide_model_set_offload(m, &o), TIDE_OK);
         tide_status st = tide_model_generate(m, tok, SEQ, 6, got, &gs);
         if (st) fail_msg("case %zu: %s", i, tide_ctx_last_error(ctx));
@@ -693,6 +695,7 @@ static void test_device_paths(void **state) {
             assert_true(gs.pinned_weight_bytes == gs.weight_bytes && gs.bytes_ssd_read == 0);
         }
     }
+    unsetenv("TIDE_SSD_PREAD");
     /* direct storage reads (a stand-in for cuFile), then a backend that
      * refuses them: the first refusal turns them off with a notice, and the
      * run goes on through the bounce buffer */

@@ -592,6 +592,26 @@ static void test_raw_bw(void **state) {
     assert_dirs_empty(e);
 }
 
+/* TIDE_SSD_PREAD picks the pread engine for a store whose options leave the
+ * choice to io_uring (the route `tide run --pread` takes), and "0" does not. */
+static void test_env_pread(void **state) {
+    struct env *e = *state;
+    tide_ssd_opts o = base_opts(e);
+    setenv("TIDE_SSD_PREAD", "1", 1);
+    tide_ssd *s = NULL;
+    tide_status st = tide_ssd_open(e->ctx, e->dirs, 2, 4 * MIB, &o, &s);
+    unsetenv("TIDE_SSD_PREAD");
+    if (st != TIDE_OK) fail_msg("open: %s", tide_ctx_last_error(e->ctx));
+    assert_string_equal(tide_ssd_backend_name(s), "pread");
+    assert_string_equal(tide_ssd_fallback_reason(s), "forced by TIDE_SSD_PREAD");
+    tide_ssd_close(s);
+    setenv("TIDE_SSD_PREAD", "0", 1);
+    s = open2(e, 4 * MIB, &o); /* io_uring where the kernel allows it (else skipped) */
+    unsetenv("TIDE_SSD_PREAD");
+    tide_ssd_close(s);
+    assert_dirs_empty(e);
+}
+
 /* A case on one engine, named for it. */
 #define ON(fn, engine, env) {#fn "/" engine, fn, setup, teardown, env}
 #define BOTH(fn) ON(fn, "io_uring", &env_uring), ON(fn, "pread", &env_pread)
@@ -610,6 +630,7 @@ int main(void) {
         BOTH(test_refuse_direct),
         ON(test_enospc, "pread", &env_pread),
         ON(test_bad_dirs, "pread", &env_pread),
+        ON(test_env_pread, "io_uring", &env_uring),
         BOTH(test_alloc_faults),
         ON(test_raw_bw, "raw", &env_pread),
     };

@@ -547,7 +547,7 @@ static int parse_args(int argc, char **argv, run_job *r) {
     r->off.host_budget = a->host_budget;
     r->off.ssd_dirs = a->ssd;
     r->off.weights_on_ssd = a->weights_on_ssd;
-    r->off.force_pread = a->pread;
+    if (a->pread) setenv("TIDE_SSD_PREAD", "1", 1); /* src/store/ssd.c: the pread path */
     r->off.direct_storage = a->direct_storage;
     r->off.hw = a->hw;
     return -1;

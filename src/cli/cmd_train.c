@@ -375,7 +375,7 @@ static int parse_args(int argc, char **argv, train_job *j) {
     j->off.optimizer = a->optimizer;
     j->off.host_budget = a->host_budget;
     j->off.ssd_dirs = a->ssd;
-    j->off.force_pread = a->pread;
+    if (a->pread) setenv("TIDE_SSD_PREAD", "1", 1); /* src/store/ssd.c: the pread path */
     j->off.hw = a->hw;
     j->off.timeline = a->trace || a->trace_svg;
     j->off.no_refit = a->no_refit;

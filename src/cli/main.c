@@ -48,7 +48,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(cmd, "-V") || !strcmp(cmd, "--version")) {
-        puts("tide 0.1.0");
+        printf("tide %s\n", tide_version());
         return 0;
     }
     if (!strcmp(cmd, "help")) {

@@ -22,6 +22,13 @@
 
 #define TIDE_ERRMSG_MAX 1024
 
+/* How many members the public enums have: include/tide.h leaves these out,
+ * since they grow with each member added (an array sized by them in a
+ * program would change size with the library). */
+#define TIDE_DTYPE_COUNT (TIDE_I32 + 1)
+#define TIDE_ROLE_COUNT (TIDE_ROLE_TEMP + 1)
+#define TIDE_TRAIN_CLASS_COUNT (TIDE_TRAIN_INPUT + 1)
+
 struct tide_ctx {
     tide_status last_status;
     char last_error[TIDE_ERRMSG_MAX];
@@ -35,6 +42,16 @@ struct tide_ctx {
  * status. */
 tide_status tide_err(tide_ctx *ctx, tide_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The check of an option struct's size field (src/core/opts.c): TIDE_OK for
+ * 0 or `want` (sizeof the struct), else TIDE_E_INVALID naming `type`. */
+tide_status tide_opts_size(tide_ctx *ctx, const char *type, size_t got, size_t want);
+#define TIDE_OPTS_SIZE(ctx, type, o) ((o) ? tide_opts_size((ctx), #type, (o)->size, sizeof(type)) : TIDE_OK)
+/* Returns the refusal from the enclosing function (o may be NULL). */
+#define TIDE_OPTS_SIZE_CHECK(ctx, type, o)                  \
+    do {                                                    \
+        tide_status size_st_ = TIDE_OPTS_SIZE(ctx, type, o); \
+        if (size_st_) return size_st_;                      \
+    } while (0)
 /* Clears the last error. */
 void tide_err_clear(tide_ctx *ctx);
 void tide_progress(tide_ctx *ctx, const char *what, uint64_t done, uint64_t total);

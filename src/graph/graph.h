@@ -12,6 +12,14 @@
 
 #include "core/core.h"
 
+/* The op kinds the public header leaves out: GENERIC, a synthetic op for the
+ * planning tests and benchmarks (any tensors; the CPU backend fills each
+ * output with a deterministic function of its inputs; tide_op_params.flops
+ * says what it stands for), in the public enum's hole at 9; and the number of
+ * kinds, which grows with each one added. */
+#define TIDE_OP_GENERIC ((tide_op_kind)9)
+#define TIDE_OP_COUNT (TIDE_OP_CE_BLOCK + 1)
+
 typedef struct tide_tensor {
     char *name;
     tide_dtype dtype;

@@ -140,6 +140,7 @@ tide_status tide_model_check_generate(const tide_model *m, tide_ctx *ctx, const 
     static const tide_gen_opts none;
     const tide_gen_opts *o = opts ? opts : &none;
     if (!ctx) ctx = m->ctx;
+    TIDE_OPTS_SIZE_CHECK(ctx, tide_gen_opts, opts);
     int start = o->start_pos;
     if (n_prompt < 1 || !prompt || max_new < 0 || start < 0 || start >= n_prompt)
         return tide_err(ctx, TIDE_E_INVALID, "a prompt of at least one token past start_pos %d is needed "

@@ -241,6 +241,7 @@ void tide_model_free(tide_model *m) {
 tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
                            const tide_model_opts *opts, tide_model **out) {
     *out = NULL;
+    TIDE_OPTS_SIZE_CHECK(ctx, tide_model_opts, opts);
     tide_model *m = tide_calloc(1, sizeof *m);
     if (!m) return tide_err(ctx, TIDE_E_NOMEM, "out of memory creating a model");
     m->ctx = ctx;
@@ -301,6 +302,7 @@ tide_status tide_model_set_engine(tide_model *m, tide_engine engine) {
 }
 
 tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
+    TIDE_OPTS_SIZE_CHECK(m->ctx, tide_offload_opts, o);
     tide_policy pol = TIDE_POLICY_TIDE;
     bool on = o && o->budget_kind != TIDE_BUDGET_NONE;
     if (on && o->policy && tide_policy_parse(o->policy, &pol))

@@ -177,4 +177,15 @@ void tide_planned_release(tide_model *m);
 tide_status tide_model_last_run(const tide_model *m, const tide_plan **plan, const tide_sim_event **timeline);
 /* tide_model_gen_runs, tide_model_hw, tide_model_set_hw: model_ext.h */
 
+/* ---------------------------------------------------------------- generate.c */
+
+/* Checks the arguments of a generation against m as tide_model_generate_ex
+ * does (the options' size, prompt, lengths against the cache, token ids, stop
+ * ids), recording the reason on ctx (m's own when NULL). Reads only what
+ * tide_model_new fixed: safe beside m's runs when ctx is not m's (the pool
+ * checks a request on its caller's context before it joins a batch).
+ * TIDE_OK, TIDE_E_INVALID or TIDE_E_RANGE. */
+tide_status tide_model_check_generate(const tide_model *m, tide_ctx *ctx, const int32_t *prompt, int n_prompt,
+                                      int max_new, const tide_gen_opts *o, const int32_t *out_tokens);
+
 #endif

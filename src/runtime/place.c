@@ -506,7 +506,7 @@ static tide_status prepare(tide_model *m, graph_slot *s) {
     bool async = tide_backend_has_events(m->be) && !m->sync_issue;
     /* measured where it costs nothing (synchronous issue: host clocks), or
      * where asked for (timing events on a GPU) */
-    tide_runner_opts ro = {.exec = {.ssd_dirs = m->off_ssd_dirs, .force_pread = m->off.force_pread,
+    tide_runner_opts ro = {.exec = {.ssd_dirs = m->off_ssd_dirs,
                                     .direct_storage = m->off.direct_storage, .arena = m->arena,
                                     .arena_bytes = m->arena_bytes, .sync_issue = m->sync_issue,
                                     .timed = m->offload && (m->off.timeline || !async)}};

@@ -417,6 +417,7 @@ static tide_status plan_curve(const tide_pool *p, const tide_pool_workload *w, i
 
 tide_status tide_pool_new(tide_ctx *ctx, tide_backend *be, const tide_pool_opts *o, tide_pool **out) {
     *out = NULL;
+    TIDE_OPTS_SIZE_CHECK(ctx, tide_pool_opts, o);
     if (!be || !o || !o->budget_bytes)
         return tide_err(ctx, TIDE_E_INVALID, "a pool needs a backend and a budget of at least one byte");
     if (!tide_pool_policy_name(o->policy))

@@ -238,8 +238,14 @@ tide_status tide_ssd_open(tide_ctx *ctx, const char *const *dirs, int n_dirs,
     for (int i = 0; i < n_dirs; i++)
         if ((st = reserve_spill(s, i)) != TIDE_OK) goto fail;
 
+    /* TIDE_SSD_PREAD (set, not "0"): the pread path for every store of the
+     * process, the route by which a program (`tide run --pread`) or a test
+     * takes it without an option of the public API. */
+    const char *env = getenv("TIDE_SSD_PREAD");
+    bool by_env = env && *env && strcmp(env, "0");
     char why[sizeof s->fallback_reason] = "forced";
-    int rc = o.force_fallback ? -1 : tide_ssd_uring_init(s, why, sizeof why);
+    if (by_env && !o.force_fallback) snprintf(why, sizeof why, "forced by TIDE_SSD_PREAD");
+    int rc = o.force_fallback || by_env ? -1 : tide_ssd_uring_init(s, why, sizeof why);
     if (rc == 1) {
         st = tide_err(ctx, TIDE_E_NOMEM, "out of memory");
         goto fail;

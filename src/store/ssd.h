@@ -20,7 +20,8 @@
  *     tide_ssd_register() use READ_FIXED/WRITE_FIXED (no per-request page
  *     pinning), other buffers plain READ/WRITE;
  *   - "pread": a small pool of threads doing pread/pwrite, used when the kernel
- *     or a seccomp filter refuses io_uring, or when asked to (force_fallback).
+ *     or a seccomp filter refuses io_uring, or when asked to (force_fallback,
+ *     or the environment variable TIDE_SSD_PREAD set to anything but "0").
  * Short transfers are resubmitted for the remainder, EAGAIN/EINTR retried; every
  * call drains all of its requests before it returns, even on failure, so the
  * caller's buffer is never touched after a call returns.

@@ -181,6 +181,7 @@ static tide_status check_opts(tide_ctx *ctx, const tide_sampler_opts *o, int32_t
 tide_status tide_sampler_new(tide_ctx *ctx, const tide_sampler_opts *o, int32_t n_vocab, tide_sampler **out) {
     if (!o || !out) return tide_err(ctx, TIDE_E_INVALID, "tide_sampler_new: NULL argument");
     *out = NULL;
+    TIDE_OPTS_SIZE_CHECK(ctx, tide_sampler_opts, o);
     tide_status st = check_opts(ctx, o, n_vocab);
     if (st) return st;
     tide_sampler *s = tide_calloc(1, sizeof *s);

@@ -68,6 +68,7 @@ static tide_status check_opts(tide_ctx *ctx, const tide_trainer_opts *o) {
 tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be, const tide_trainer_opts *o,
                              tide_trainer **out) {
     *out = NULL;
+    TIDE_OPTS_SIZE_CHECK(ctx, tide_trainer_opts, o);
     tide_status st = check_opts(ctx, o);
     if (st) return st;
     tide_trainer *t = tide_calloc(1, sizeof *t);
@@ -165,6 +166,7 @@ void tide_trainer_free(tide_trainer *t) {
 }
 
 tide_status tide_trainer_set_offload(tide_trainer *t, const tide_offload_opts *o) {
+    TIDE_OPTS_SIZE_CHECK(t->ctx, tide_offload_opts, o);
     if (t->run) return tide_err(t->ctx, TIDE_E_INVALID, "offloading is set before the first step");
     bool on = o && o->budget_kind != TIDE_BUDGET_NONE;
     tide_policy pol = TIDE_POLICY_TIDE;
@@ -428,7 +430,7 @@ static tide_status upload_warm(tide_trainer *t) {
 
 tide_runner_opts train_runner_opts(const tide_trainer *t, bool timed) {
     bool async = tide_backend_has_events(t->be) && !t->o.sync_issue;
-    return (tide_runner_opts){.exec = {.ssd_dirs = t->ssd_dirs, .force_pread = t->off.force_pread, .arena = t->arena,
+    return (tide_runner_opts){.exec = {.ssd_dirs = t->ssd_dirs, .arena = t->arena,
                                        .arena_bytes = t->arena_bytes, .sync_issue = t->o.sync_issue,
                                        .timed = timed || t->off.timeline || !async}};
 }
