@@ -210,7 +210,8 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
         snprintf(buf, sizeof buf, "%s", dirs);
         const char *list[16];
         int n = 0;
-        for (char *tok = strtok(buf, ","); tok && n < 16; tok = strtok(NULL, ",")) list[n++] = tok;
+        char *save = NULL; /* strtok_r: another thread may be making an executor too */
+        for (char *tok = strtok_r(buf, ",", &save); tok && n < 16; tok = strtok_r(NULL, ",", &save)) list[n++] = tok;
         tide_ssd_opts so = {.force_fallback = opts->force_pread,
                             .fail_read_nth = opts->fail_ssd_read_nth,
                             .fail_write_nth = opts->fail_ssd_write_nth,
