@@ -745,6 +745,11 @@ tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_sta
         if (!base_w) base_w = w;
     }
     tide_status st = TIDE_OK;
+    /* the run's start, read before the timeline's base event is recorded:
+     * the base completes after it, so every measured end (relative to the
+     * base) lies within the wall time (relative to this), however late the
+     * caller's thread runs on a loaded machine */
+    ex->t0 = tide_now();
     if (timeline && ex->async) {
         if (!ex->ev_time)
             return tide_err(ex->ctx, TIDE_E_INVALID, "a timeline was asked of an executor made without "
@@ -754,7 +759,6 @@ tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_sta
         if (base_w && (st = ex->be->vt->event_record(ex->be, base_w->q, ex->ev_time[2 * p->n_ins])))
             return tide_err(ex->ctx, st, "starting the run's timeline: %s", tide_ctx_last_error(queue_ctx(base_w)));
     }
-    ex->t0 = tide_now();
     /* the workers of streams with instructions, started once */
     int active = 0;
     for (int s = 0; s < TIDE_STREAM_COUNT && !st; s++) {
