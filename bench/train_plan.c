@@ -258,7 +258,8 @@ static void print_json_row(const setup *s, int bi, tide_policy pol, const row *r
 /* Splits a comma-separated list in place; returns the count. */
 static int split(char *s, const char **out) {
     int n = 0;
-    for (char *tok = strtok(s, ","); tok && n < MAX_LIST; tok = strtok(NULL, ",")) out[n++] = tok;
+    char *save = NULL;
+    for (char *tok = strtok_r(s, ",", &save); tok && n < MAX_LIST; tok = strtok_r(NULL, ",", &save)) out[n++] = tok;
     return n;
 }
 

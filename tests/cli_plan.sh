@@ -26,6 +26,8 @@ contains "$TMP/trace.json" '"traceEvents"' "trace written"
 contains "$TMP/plan.json" '"tide-plan"' "plan written"
 if command -v python3 >/dev/null; then
     expect 0 "trace is valid JSON" -- python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$TMP/trace.json"
+else
+    skip_check "trace is valid JSON" "python3 not found"
 fi
 
 for p in tide static-layer lru; do

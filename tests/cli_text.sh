@@ -207,6 +207,8 @@ if not ok:
     sys.stderr.write("status %r\noutput %r\n" % (status, out[-400:]))
 sys.exit(0 if ok else 1)
 EOF
+else
+    skip_check "chat in a terminal" "python3 not found"
 fi
 
 # bad input

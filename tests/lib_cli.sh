@@ -7,6 +7,7 @@ export TIDE_CACHE=$TMP/cache   # never touch the user's cache
 trap 'rm -rf "$TMP"' EXIT
 FAILS=0
 PASSES=0
+SKIPS=0
 
 # expect CODE DESCRIPTION -- command...: runs it, checks the exit status, keeps
 # stdout in $TMP/out and stderr in $TMP/err.
@@ -42,7 +43,20 @@ json_field() {
     contains "$1" "\"$2\":" "JSON field $2"
 }
 
+# skip_check WHAT WHY: a check that cannot run here (a missing tool): the
+# test then ends skipped (77), not passed, unless another check failed.
+skip_check() {
+    echo "skipped: $1: $2"
+    SKIPS=$((SKIPS + 1))
+}
+
+# finish: the summary; status 1 on a failure, else 77 (skipped, ctest's
+# SKIP_RETURN_CODE) when a check could not run, else 0. The script's last
+# command, so that its status is the test's.
 finish() {
-    echo "$PASSES passed, $FAILS failed"
-    [ "$FAILS" -eq 0 ]
+    if [ "$SKIPS" -gt 0 ]; then echo "$PASSES passed, $FAILS failed, $SKIPS skipped"
+    else echo "$PASSES passed, $FAILS failed"; fi
+    [ "$FAILS" -eq 0 ] || return 1
+    [ "$SKIPS" -eq 0 ] || return 77
+    return 0
 }

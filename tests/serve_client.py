@@ -2,8 +2,14 @@
 """serve_client.py - drives `tide serve` over loopback HTTP (standard library
 only) for tests/cli_serve.sh.
 
-Usage: serve_client.py TIDE TMPDIR (TMPDIR holds models a/, b/ and c/, each a
-small checkpoint with the built-in tokenizer; c has a's shape, other weights).
+Usage: serve_client.py TIDE TMPDIR [openai] (TMPDIR holds models a/, b/ and
+c/, each a small checkpoint with the built-in tokenizer; c has a's shape,
+other weights).
+
+With `openai` (tests/cli_serve_openai.sh): only OpenAI's own client (the
+openai package) against one server on models a and b: completion, chat,
+streamed chat with usage, each equal to `tide run`; exit status 77
+(skipped) where the package is not installed.
 
 Five servers, each on a free port (--port 0, the port read from the line the
 server prints):
@@ -14,7 +20,7 @@ server prints):
      413, 401); /metrics as Prometheus text; /v1/models; a loop of 10,000
      requests (/health, malformed JSON, unknown model, no key, a wrong type,
      then 300 completions; 2000 under a sanitizer) each answered with its status, the server's
-     resident memory before and after within RSS_MARGIN; the openai package, where it is installed.
+     resident memory before and after within RSS_MARGIN.
   2. --queue 1: a stream its client does not read holds model a, so a
      second request for a gets 503 while b still answers; then SIGTERM with
      that stream open: exit status 0 within 20 s, no spill file left.
@@ -365,8 +371,6 @@ def first_server():
     print(f"rss: {before >> 10} KiB before, {after >> 10} KiB after {N_LOOP} requests ({N_LOOP_GEN} completions)",
           flush=True)
 
-    openai_part(port, refs)
-
     srv.p.send_signal(signal.SIGINT)
     rc = srv.p.wait(30)
     check(rc == 0, "SIGINT: exit status 0", rc)
@@ -375,11 +379,7 @@ def first_server():
 
 
 def openai_part(port, refs):
-    try:
-        import openai
-    except ImportError:
-        print("skipped: openai package not installed", flush=True)
-        return
+    import openai
     cl = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
     for m in MODELS:
         r = cl.completions.create(model=m, prompt=PROMPT, max_tokens=12, temperature=0)
@@ -503,8 +503,24 @@ def evicting_servers(refs):
               f"policy {policy}: the log says which model was evicted and why", log[-600:])
 
 
-refs = first_server()
-second_server()
-evicting_servers(refs)
+def openai_only():
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        print("skipped: the openai package is not installed", flush=True)
+        sys.exit(77)
+    srv = Server("openai", ["--ctx", "128", "--api-key", KEY])
+    refs = {m: tide_run(m, PROMPT, 12)["text"] for m in MODELS}
+    openai_part(srv.port, refs)
+    srv.p.send_signal(signal.SIGINT)
+    check(srv.p.wait(30) == 0, "SIGINT: exit status 0")
+
+
+if len(sys.argv) > 3 and sys.argv[3] == "openai":
+    openai_only()
+else:
+    refs = first_server()
+    second_server()
+    evicting_servers(refs)
 print(f"{passes} passed, {fails} failed")
 sys.exit(1 if fails else 0)

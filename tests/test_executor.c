@@ -1154,26 +1154,33 @@ static void test_async_failures(void **state) {
  * and the caller's context holds it; under ThreadSanitizer nothing races
  * (when the workers wrote the executor's context, this test raced there).
  * Then an SSD read failing on the io stream (fail_ssd_read_nth) while the bad
- * token fails the compute stream, the same. */
+ * token fails the compute stream, the same.
+ *
+ * The rendezvous is decided by events, not by time: the copies the EMBED
+ * needs (its inputs: the token ids and the embedding table, told apart by
+ * their sizes) pass; the first other copy waits for the EMBED, and the EMBED
+ * for it. A bound of RV_GUARD_MS only turns a hang (a plan that queued such
+ * a copy behind the EMBED's inputs' would be one) into a failure; it is never
+ * reached while the rendezvous works, however loaded the machine. */
+#define RV_GUARD_MS 60000
 static pthread_mutex_t rv_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t rv_cv = PTHREAD_COND_INITIALIZER;
 static bool rv_compute, rv_copy, rv_met; /* at the rendezvous: the EMBED, a copy; they met */
+static size_t rv_pass[2];                /* bytes of the EMBED's inputs: their copies pass */
 static tide_status (*real_compute)(tide_backend *, void *, const tide_graph *, const tide_op *, void *const *,
                                    void *const *, void *);
 static tide_status (*real_to_device)(tide_backend *, void *, void *, const void *, size_t);
 
-/* Waits (rv_mu held) until the two met or ms milliseconds passed. */
-static void rv_wait(int ms) {
+/* Waits (rv_mu held) until the two met, or the hang guard. */
+static void rv_wait(void) {
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += (long)(ms % 1000) * 1000000L;
-    until.tv_sec += ms / 1000 + until.tv_nsec / 1000000000L;
-    until.tv_nsec %= 1000000000L;
+    until.tv_sec += RV_GUARD_MS / 1000;
     while (!rv_met && pthread_cond_timedwait(&rv_cv, &rv_mu, &until) == 0) {
     }
 }
 
-/* The EMBED waits (2 s at most) for a copy to meet, then fails for real. */
+/* The EMBED waits for a copy to meet, then fails for real. */
 static tide_status meeting_compute(tide_backend *be, void *q, const tide_graph *g, const tide_op *op,
                                    void *const *in, void *const *out, void *scratch) {
     if (op->kind == TIDE_OP_EMBED) {
@@ -1181,22 +1188,22 @@ static tide_status meeting_compute(tide_backend *be, void *q, const tide_graph *
         rv_compute = true;
         rv_met = rv_copy;
         pthread_cond_broadcast(&rv_cv);
-        rv_wait(2000);
+        rv_wait();
         pthread_mutex_unlock(&rv_mu);
     }
     return real_compute(be, q, g, op, in, out, scratch);
 }
 
-/* Each copy waits a little for the EMBED (the EMBED's own inputs time out
- * and are copied); the one waiting when the EMBED comes fails with it. */
+/* The EMBED's own inputs are copied; the first other copy waits for the
+ * EMBED and fails with it. */
 static tide_status meeting_to_device(tide_backend *be, void *q, void *dst, const void *src, size_t n) {
     pthread_mutex_lock(&rv_mu);
     bool fail = false;
-    if (!rv_met) {
+    if (!rv_met && n != rv_pass[0] && n != rv_pass[1]) {
         rv_copy = true;
         rv_met = rv_compute;
         pthread_cond_broadcast(&rv_cv);
-        rv_wait(200);
+        rv_wait();
         fail = rv_met;
         rv_copy = false;
     }
@@ -1224,6 +1231,9 @@ static void test_two_failures_at_once(void **state) {
     const tide_backend_vt *host_vt = be->vt;
     tide_backend_vt vt = *host_vt;
     vt.device_is_host = false; /* weights are LOADed: copies on the h2d stream */
+    const tide_llama_config *cfg = tide_checkpoint_config(e.ck);
+    rv_pass[0] = (size_t)SEQ * sizeof(int32_t);
+    rv_pass[1] = (size_t)cfg->vocab_size * (size_t)cfg->hidden_size * tide_dtype_size(cfg->dtype);
     real_compute = vt.compute;
     real_to_device = vt.to_device;
     vt.compute = meeting_compute;

@@ -1007,7 +1007,11 @@ static void test_probe(void **state) {
     double t0 = (double)time(NULL);
     tide_status st = tide_probe(ctx, dir, 1.0, &hw);
     if (st) fail_msg("%s", tide_ctx_last_error(ctx));
-    assert_true((double)time(NULL) - t0 < 30);
+    /* a runaway guard, not a timing check: a probe of 1 s that ran two
+     * minutes ignores its budget (on an idle machine it takes 2-4 s; two
+     * busy loops on two cores about double that) */
+    print_message("the probe of 1 s took %.0f s\n", (double)time(NULL) - t0);
+    assert_true((double)time(NULL) - t0 < 120);
     print_message("%s: sgemm %.1f GFLOP/s (bf16 %.1f, f16 %.1f), mem %.2f GB/s, copy %.2f GB/s, "
                   "ssd read %.2f GB/s write %.2f GB/s latency %.1f us, host %.1f GiB\n",
                   hw.name, hw.flops[TIDE_F32] / 1e9, hw.flops[TIDE_BF16] / 1e9,

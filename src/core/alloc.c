@@ -6,11 +6,15 @@
  * allocator. Live blocks are counted apart from live bytes: a block of 0 bytes
  * is still the allocator's, to be given back to it.
  *
+ * The accounting and fault injection the tests read (alloc_test.h: the
+ * count of allocations, the Nth failing, the live bytes) is compiled only
+ * into the test build's objects (TIDE_TEST_HOOKS); the shipped library counts
+ * only live blocks, which tide_set_allocator needs.
+ *
  * Aligned blocks are carved out of an ordinary block of the allocator: the
  * returned pointer is aligned, and the size and the true base sit in the gap
  * just before it.
  */
-#include "core/alloc_test.h"
 #include "core/core.h"
 
 #include <stdatomic.h>
@@ -20,15 +24,30 @@
 
 #define HDR 16 /* keeps malloc's 16-byte alignment */
 
+static atomic_long live_blocks;
+static tide_allocator hooks; /* all NULL: the C library */
+
+#ifdef TIDE_TEST_HOOKS
+#include "core/alloc_test.h"
+
 static atomic_long n_allocs;
 static atomic_long fail_at; /* allocation number that fails; 0 = none */
 static atomic_llong live_bytes;
-static atomic_long live_blocks;
-static tide_allocator hooks; /* all NULL: the C library */
 
 void tide_alloc_fail_nth(long n) { atomic_store(&fail_at, n > 0 ? atomic_load(&n_allocs) + n : 0); }
 long tide_alloc_count(void) { return atomic_load(&n_allocs); }
 int64_t tide_alloc_live_bytes(void) { return atomic_load(&live_bytes); }
+
+static int should_fail(void) {
+    long k = atomic_fetch_add(&n_allocs, 1) + 1;
+    long f = atomic_load(&fail_at);
+    return f != 0 && k == f;
+}
+#define LIVE_BYTES_ADD(n) atomic_fetch_add(&live_bytes, (long long)(n))
+#else
+#define should_fail() 0
+#define LIVE_BYTES_ADD(n) ((void)0)
+#endif
 
 tide_status tide_set_allocator(const tide_allocator *a) {
     if (a && (!a->alloc || !a->resize || !a->release)) return TIDE_E_INVALID;
@@ -45,18 +64,12 @@ static void raw_release(void *p) {
     else free(p);
 }
 
-static int should_fail(void) {
-    long k = atomic_fetch_add(&n_allocs, 1) + 1;
-    long f = atomic_load(&fail_at);
-    return f != 0 && k == f;
-}
-
 void *tide_malloc(size_t n) {
     if (should_fail() || n > SIZE_MAX - HDR) return NULL;
     unsigned char *p = raw_alloc(n + HDR);
     if (!p) return NULL;
     memcpy(p, &n, sizeof n);
-    atomic_fetch_add(&live_bytes, (long long)n);
+    LIVE_BYTES_ADD(n);
     atomic_fetch_add(&live_blocks, 1);
     return p + HDR;
 }
@@ -77,7 +90,7 @@ void *tide_realloc(void *ptr, size_t n) {
     unsigned char *p = raw_resize(base, n + HDR);
     if (!p) return NULL;
     memcpy(p, &n, sizeof n);
-    atomic_fetch_add(&live_bytes, (long long)n - (long long)old);
+    LIVE_BYTES_ADD((long long)n - (long long)old);
     return p + HDR;
 }
 
@@ -86,7 +99,7 @@ void tide_free(void *ptr) {
     unsigned char *base = (unsigned char *)ptr - HDR;
     size_t n;
     memcpy(&n, base, sizeof n);
-    atomic_fetch_sub(&live_bytes, (long long)n);
+    LIVE_BYTES_ADD(-(long long)n);
     atomic_fetch_sub(&live_blocks, 1);
     raw_release(base);
 }
@@ -108,7 +121,7 @@ void *tide_malloc_aligned(size_t n, size_t alignment) {
     unsigned char *p = (unsigned char *)a;
     memcpy(p - HDR, &n, sizeof n);
     memcpy(p - sizeof(void *), &base, sizeof base);
-    atomic_fetch_add(&live_bytes, (long long)n);
+    LIVE_BYTES_ADD(n);
     atomic_fetch_add(&live_blocks, 1);
     return p;
 }
@@ -120,7 +133,7 @@ void tide_free_aligned(void *ptr) {
     void *base;
     memcpy(&n, p - HDR, sizeof n);
     memcpy(&base, p - sizeof(void *), sizeof base);
-    atomic_fetch_sub(&live_bytes, (long long)n);
+    LIVE_BYTES_ADD(-(long long)n);
     atomic_fetch_sub(&live_blocks, 1);
     raw_release(base);
 }

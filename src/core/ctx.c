@@ -6,7 +6,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 static const char *const status_names[] = {
@@ -90,12 +89,6 @@ void tide_err_clear(tide_ctx *ctx) {
     if (!ctx) return;
     ctx->last_status = TIDE_OK;
     ctx->last_error[0] = '\0';
-}
-
-double tide_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 int tide_grow(void **arr, int *cap, int need, size_t elem) {

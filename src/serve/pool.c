@@ -328,8 +328,10 @@ static tide_status acquire(tide_pool *p, tide_pool_workload *w, bool *waited) {
         }
         if (w->model_busy) goto wait; /* another thread is shrinking it */
         if (want <= w->held || p->held_sum - w->held + want <= p->total) {
-            if (want > w->held) set_held(p, w, want); /* reserve first */
+            /* busy before the reservation: a held share other than the
+             * configured one is a running model's (P2, check_state) */
             w->model_busy = true;
+            if (want > w->held) set_held(p, w, want); /* reserve first */
             w->running_turn = p->sliced;
             tide_status st = TIDE_OK;
             if (w->configured != want) {

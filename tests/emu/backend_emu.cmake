@@ -86,7 +86,7 @@ target_link_libraries(tide-cudaemu PRIVATE tide_cudaemu PkgConfig::MHD)
 add_executable(test_backends_cudaemu ${PROJECT_SOURCE_DIR}/tests/test_backends.c)
 target_include_directories(test_backends_cudaemu PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
 target_compile_definitions(test_backends_cudaemu PRIVATE TIDE_DATA_PATH="${PROJECT_SOURCE_DIR}/data")
-target_link_libraries(test_backends_cudaemu PRIVATE tide_cudaemu PkgConfig::CMOCKA)
+target_link_libraries(test_backends_cudaemu PRIVATE tide_test_hooks tide_cudaemu PkgConfig::CMOCKA)
 # Under a sanitizer (5 times slower here) test_model, three quarters of the
 # time, is left to cli_cuda_emu, which runs the same model paths; and the CLI
 # test offloads with one policy instead of three (TIDE_CLI_QUICK).
@@ -110,13 +110,13 @@ set_tests_properties(test_backends_cudaemu_pitch PROPERTIES
 # Offloaded runs keeping weights warm across runs, on the emulated GPU.
 add_executable(test_warm_offload_cudaemu ${PROJECT_SOURCE_DIR}/tests/test_warm_offload.c)
 target_include_directories(test_warm_offload_cudaemu PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
-target_link_libraries(test_warm_offload_cudaemu PRIVATE tide_cudaemu PkgConfig::CMOCKA)
+target_link_libraries(test_warm_offload_cudaemu PRIVATE tide_test_hooks tide_cudaemu PkgConfig::CMOCKA)
 add_test(NAME test_warm_offload_cudaemu COMMAND test_warm_offload_cudaemu)
 set_tests_properties(test_warm_offload_cudaemu PROPERTIES
   ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures" TIMEOUT 600)
 
 add_executable(test_train_cudaemu ${_emu_dir}/test_train_cudaemu.c)
-target_link_libraries(test_train_cudaemu PRIVATE tide_cudaemu PkgConfig::CMOCKA)
+target_link_libraries(test_train_cudaemu PRIVATE tide_test_hooks tide_cudaemu PkgConfig::CMOCKA)
 add_test(NAME test_train_cudaemu COMMAND test_train_cudaemu)
 set_tests_properties(test_train_cudaemu PROPERTIES
   ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures" TIMEOUT 900 COST 20)

@@ -57,7 +57,7 @@ foreach(t test_cuda_emu test_cuda_emu_train)
   if(TIDE_SANITIZE STREQUAL "address")
     target_compile_options(${t} PRIVATE -fno-sanitize-recover=undefined)
   endif()
-  target_link_libraries(${t} PRIVATE tide)
+  target_link_libraries(${t} PRIVATE tide_test_hooks tide)
 endforeach()
 # Under AddressSanitizer the emulated kernels run about 5 times slower (a
 # minute for the whole set): --quick keeps every case but three quarters of

@@ -9,6 +9,10 @@
  * state as well for AVX-512, the tile state for AMX (which Linux also hands
  * out per process on request: a kernel using it would have to ask first).
  * Other architectures report nothing and run the portable kernels.
+ *
+ * The switches that force the portable or the AVX2 paths (tk_cpu_force_*,
+ * tk_force_generic) are the tests', compiled only into the test build's
+ * objects (TIDE_TEST_HOOKS): the shipped library always runs what it detects.
  */
 #include "backend/cpu/cpu_features.h"
 
@@ -23,8 +27,11 @@
 #endif
 
 static atomic_uint cf_bits; /* TK_CPU_* | TK_CPU_PROBED */
+#ifdef TIDE_TEST_HOOKS
+/* the tests' switches (cpu_features.h): in the test build's objects only */
 static atomic_bool cf_generic;
 static atomic_bool cf_no_avx512;
+#endif
 
 #define TK_CPU_PROBED (1u << 31)
 
@@ -77,15 +84,21 @@ unsigned tk_cpu_detected(void) {
 
 unsigned tk_cpu(void) {
     unsigned v = tk_cpu_detected();
+#ifdef TIDE_TEST_HOOKS
     if (atomic_load_explicit(&cf_generic, memory_order_relaxed)) return 0;
     if (atomic_load_explicit(&cf_no_avx512, memory_order_relaxed))
         v &= ~(TK_CPU_AVX512F | TK_CPU_AVX512BW | TK_CPU_AVX512VL | TK_CPU_AVX512BF16 | TK_CPU_AVX512VNNI);
+#endif
     return v;
 }
 
+#ifdef TIDE_TEST_HOOKS
 void tk_cpu_force_generic(bool on) { atomic_store(&cf_generic, on); }
 
 void tk_cpu_force_no_avx512(bool on) { atomic_store(&cf_no_avx512, on); }
+
+void tk_force_generic(bool on) { tk_cpu_force_generic(on); }
+#endif
 
 const char *tk_cpu_vector_path(void) {
     unsigned base = TK_CPU_AVX512F | TK_CPU_AVX512BW | TK_CPU_AVX512VL;

@@ -24,10 +24,10 @@ unsigned tk_cpu_detected(void);
 /* The set the kernels may use: the detected one, or 0 while
  * tk_cpu_force_generic(true) is in effect (tests: the portable paths). */
 unsigned tk_cpu(void);
-void tk_cpu_force_generic(bool on);
+void tk_cpu_force_generic(bool on); /* test builds only (TIDE_TEST_HOOKS) */
 /* While on, tk_cpu leaves out the AVX-512 bits (tests: the AVX2 paths on an
  * AVX-512 machine). */
-void tk_cpu_force_no_avx512(bool on);
+void tk_cpu_force_no_avx512(bool on); /* test builds only (TIDE_TEST_HOOKS) */
 /* The path of the attention and elementwise kernels under tk_cpu:
  * "avx512 (rope avx2)", "avx2" or "portable". */
 const char *tk_cpu_vector_path(void);

@@ -28,10 +28,9 @@
 /* ------------------------------------------------------------- dispatch */
 
 /* The instruction sets come from cpu_features.c; forcing the portable paths
- * there forces them here too. */
+ * there (tk_force_generic, defined there: test builds only) forces them here
+ * too. */
 void tk_init(void) { (void)tk_cpu_detected(); }
-
-void tk_force_generic(bool on) { tk_cpu_force_generic(on); }
 
 bool tk_have_avx2(void) { return tk_cpu_has(TK_CPU_AVX2); }
 

@@ -48,7 +48,8 @@
 /* Detects CPU features once (thread-safe, idempotent). Kernels call it
  * themselves; calling it early only moves the cost. */
 void tk_init(void);
-/* Tests: true makes every kernel take its portable path even on AVX2 CPUs. */
+/* Tests (TIDE_TEST_HOOKS builds only): true makes every kernel take its
+ * portable path even on AVX2 CPUs. */
 void tk_force_generic(bool on);
 /* True if the AVX2/FMA paths are in use. */
 bool tk_have_avx2(void);
