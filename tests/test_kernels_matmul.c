@@ -7,8 +7,9 @@
  *     subnormals included.
  *   - Row invariance, the property that lets a planner cut a matmul into
  *     row tiles of any size and keep offloaded runs bit-identical: each
- *     output row of the fast mode (tk_matmul_fast) and of the f32 mode on
- *     AVX-512 (tk_matmul) has the same bits whether it is computed alone, in
+ *     output row of the fast mode (tk_matmul_fast) and of the f32 mode
+ *     (tk_matmul, on each of the AVX-512, AVX2 and portable paths the CPU
+ *     has) has the same bits whether it is computed alone, in
  *     a chunk of 1, 3, 4, 7, 16 or 17 rows, with a scratch that holds few
  *     rows, or with 1, 2 or 3 threads; and writing a block of columns of a
  *     wider output (a weight split into row blocks) gives the same bits too.
@@ -22,8 +23,8 @@
  *         itself. The bound is K-independent relative to sum |x w|, which
  *         itself grows with K.
  *   - The kernels string names the instruction sets detected.
- * Skips (77) the AVX-512 cases on CPUs without them; the portable cases
- * always run.
+ * Skips (77) the AVX-512 cases on CPUs without them; the AVX2 and portable
+ * cases run wherever the CPU has them.
  *
  * What it proves: the CPU's matmul kernels: bf16 rounding the same on the
  * AVX-512 and portable paths (ties, NaN, infinities, subnormals); each
@@ -222,11 +223,21 @@ static void test_fast_rows_invariant(void **state) {
     check_invariance(true, TIDE_BF16);
 }
 
+/* The f32 mode on each path this CPU has: AVX-512, AVX2 (forced on an
+ * AVX-512 CPU), portable (forced); bf16 and f32 weights. */
 static void test_f32_rows_invariant(void **state) {
     (void)state;
-    if (!have_512()) skip();
-    check_invariance(false, TIDE_BF16);
-    check_invariance(false, TIDE_F32);
+    for (int path = 2; path >= 0; path--) {
+        if ((path == 2 && !have_512()) || (path == 1 && !tk_have_avx2())) continue;
+        tk_cpu_force_no_avx512(path == 1);
+        tk_force_generic(path == 0);
+        print_message("  f32 mode, %s path: chunks of 1..17 rows, 1..3 threads, column blocks\n",
+                      path == 2 ? "avx512" : path == 1 ? "avx2" : "portable");
+        check_invariance(false, TIDE_BF16);
+        check_invariance(false, TIDE_F32);
+        tk_cpu_force_no_avx512(false);
+        tk_force_generic(false);
+    }
 }
 
 /* ------------------------------------------------------------- accuracy */

@@ -55,9 +55,9 @@ static const char *cpu_kernels_desc(tide_backend *be) {
     else if (avx512)
         mm = "matmul avx512 gemm/gemv (weights widened to f32 in registers)";
     else if (f & TK_CPU_AVX2)
-        mm = "matmul avx2 gemv + openblas sgemm on widened weights";
+        mm = "matmul avx2 gemm/gemv (weights widened to f32 in registers)";
     else
-        mm = "matmul portable gemv + openblas sgemm on widened weights";
+        mm = "matmul portable gemm/gemv (weights widened to f32)";
     snprintf(kernels, sizeof kernels, "%s%s; attention and elementwise %s; training products openblas "
              "sgemm (%s); cpu: %s", mm,
              be->matmul == TIDE_MATMUL_FAST && !tk_matmul_fast_native(TIDE_BF16) ? " (fast mode without "

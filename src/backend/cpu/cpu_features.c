@@ -1,7 +1,7 @@
 /*
  * cpu_features.c - what the x86-64 CPU under us can run, read once with
  * cpuid and xgetbv, so that one binary (built for baseline x86-64) picks its
- * kernels at run time: AVX2+FMA, AVX-512 F/BW/VL, AVX512_BF16, AVX512_VNNI
+ * kernels at run time: AVX2+FMA+F16C, AVX-512 F/BW/VL, AVX512_BF16, AVX512_VNNI
  * and AMX-BF16 (the last two detected and reported, not used yet).
  *
  * An instruction set counts only when the CPU has it and the operating
@@ -45,14 +45,14 @@ static uint64_t xcr0(void) {
 static unsigned probe(void) {
     unsigned a, b, c, d, f = 0;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
-    bool osxsave = c >> 27 & 1, fma = c >> 12 & 1;
+    bool osxsave = c >> 27 & 1, fma = c >> 12 & 1, f16c = c >> 29 & 1;
     if (!osxsave) return 0;
     uint64_t x = xcr0();
     bool ymm = (x & 0x6) == 0x6, zmm = ymm && (x & 0xe0) == 0xe0, tiles = (x & 0x60000) == 0x60000;
     if (__get_cpuid_max(0, NULL) < 7) return 0;
     __cpuid_count(7, 0, a, b, c, d);
     unsigned max_sub = a;
-    if (ymm && (b >> 5 & 1) && fma) f |= TK_CPU_AVX2;
+    if (ymm && (b >> 5 & 1) && fma && f16c) f |= TK_CPU_AVX2;
     if (zmm && (b >> 16 & 1)) f |= TK_CPU_AVX512F;
     if (zmm && (b >> 30 & 1)) f |= TK_CPU_AVX512BW;
     if (zmm && (b >> 31 & 1)) f |= TK_CPU_AVX512VL;

@@ -11,7 +11,7 @@
 
 /* Instruction sets the CPU has and the OS has enabled. The AVX-512 bits are
  * set only together with F, BW, VL and AVX2 (the kernels' common floor). */
-#define TK_CPU_AVX2 (1u << 0)       /* with FMA */
+#define TK_CPU_AVX2 (1u << 0)       /* with FMA and F16C */
 #define TK_CPU_AVX512F (1u << 1)
 #define TK_CPU_AVX512BW (1u << 2)
 #define TK_CPU_AVX512VL (1u << 3)

@@ -78,15 +78,12 @@ void tk_rmsnorm(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_
 
 /* MATMUL. x (R, K), w (N, K) of wdt, out (R, N) = x . w^T, out's rows ldo
  * floats apart (ldo >= N: a block of a wider output); out must not overlap x
- * or w. f32 weights go straight to cblas_sgemm. Other dtypes are
- * converted block by block (as many rows of w as fit in scratch_bytes of
- * scratch, which may be NULL/0), all threads converting a block together, then
- * each running sgemm on its tile of the block's output columns. Small batches
- * (R < TK_MATMUL_FUSED_R) or a scratch too small for one row of w use a fused
- * convert-and-dot kernel instead, which reads each weight once. Returns
- * TIDE_OK, or TIDE_E_UNSUPPORTED if a dimension exceeds what BLAS takes
- * (INT_MAX). */
-#define TK_MATMUL_FUSED_R 16
+ * or w. Register-tiled inner products on every path (AVX-512, AVX2,
+ * portable), the weights widened exactly in registers: each output's bits
+ * depend on its row of x, its row of w and K alone (and the CPU's path), not
+ * on R, N, the thread count or the rows a planner tiled. scratch (may be
+ * NULL/0) only holds rows of x copied with padded strides, the same values.
+ * Returns TIDE_OK, or TIDE_E_UNSUPPORTED if a dimension exceeds INT_MAX. */
 tide_status tk_matmul(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K,
                       int64_t N, float *out, int64_t ldo, void *scratch, size_t scratch_bytes, int nt);
 
@@ -107,14 +104,15 @@ bool tk_matmul_fast_native(tide_dtype wdt);
 
 /* MATMUL's other forms. As tk_matmul, and: w_kn: w is (K, N) and out =
  * x . w (the input gradient of a forward matmul, dx = dy . w); accumulate:
- * out += the product. Unlike tk_matmul's, their bits do not depend on nt:
- * f32 weights go to sgemm tiles fixed by the shape; 16-bit ones are widened
- * into scratch a block at a time (whole rows of w (N, K), whole columns of w
- * (K, N): each output is one sum over all of K); with fewer than
- * TK_MATMUL_FUSED_R rows, or no room in scratch for one row/column, a fused
+ * out += the product. Without w_kn, tk_matmul's kernels (adding). With
+ * w_kn, bits independent of nt: f32 weights go to sgemm tiles fixed by the
+ * shape; 16-bit ones are widened into scratch a block of whole columns at a
+ * time (each output is one sum over all of K); with fewer than
+ * TK_MATMUL_FUSED_R rows, or no room in scratch for one column, a fused
  * kernel reads each weight once. w_kn false and accumulate false is
  * tk_matmul itself. Returns TIDE_OK or TIDE_E_UNSUPPORTED (a dimension above
  * INT_MAX). */
+#define TK_MATMUL_FUSED_R 16
 tide_status tk_matmul_ex(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K, int64_t N,
                          bool w_kn, bool accumulate, float *out, int64_t ldo, void *scratch,
                          size_t scratch_bytes, int nt);

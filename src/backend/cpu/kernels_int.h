@@ -103,4 +103,14 @@ void tk_mm_bf16(const uint16_t *xb, int64_t ldx, const uint16_t *w, int64_t R, i
 void tk_mm_f32w(const float *x, int64_t ldx, const void *w, tide_dtype wdt, int64_t R, int64_t K, int64_t N,
                 float *out, int64_t ldo, bool add, int nt);
 
+/* ------------------------------------------------------------- matmul_avx2.c */
+
+/* tk_mm_f32w's contract without AVX-512: _avx2 on AVX2+FMA+F16C
+ * (tk_have_avx2 only), _portable anywhere. Each output's bits depend on its
+ * row of x, its row of w, K and the path alone. */
+void tk_mm_f32w_avx2(const float *x, int64_t ldx, const void *w, tide_dtype wdt, int64_t R, int64_t K, int64_t N,
+                     float *out, int64_t ldo, bool add, int nt);
+void tk_mm_f32w_portable(const float *x, int64_t ldx, const void *w, tide_dtype wdt, int64_t R, int64_t K, int64_t N,
+                         float *out, int64_t ldo, bool add, int nt);
+
 #endif
