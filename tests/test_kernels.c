@@ -797,9 +797,10 @@ static void test_attention_head_dim_limit(void **state) {
 static void test_attention_deterministic(void **state) {
     (void)state;
     const int B = 2, T = 70, C = 80, H = 8, KV = 2, hd = 64, kd = KV * hd, qd = H * hd, R = B * T;
-    float *res[4] = {0};
-    const int threads[4] = {0, 0, 1, 3};
-    for (int run = 0; run < 4; run++) {
+    enum { RUNS = 5 };
+    float *res[RUNS] = {0};
+    const int threads[RUNS] = {0, 0, 1, 2, 3};
+    for (int run = 0; run < RUNS; run++) {
         fx f;
         fx_open(&f);
         tide_ctx_set_threads(f.ctx, threads[run]);
@@ -829,8 +830,8 @@ static void test_attention_deterministic(void **state) {
         assert_int_equal(fx_run(&f, id, ip, op), TIDE_OK);
         fx_close(&f);
     }
-    for (int run = 1; run < 4; run++) assert_memory_equal(res[0], res[run], R * qd * 4);
-    for (int run = 0; run < 4; run++) free(res[run]);
+    for (int run = 1; run < RUNS; run++) assert_memory_equal(res[0], res[run], R * qd * 4);
+    for (int run = 0; run < RUNS; run++) free(res[run]);
 }
 
 /* One attention run on the path chosen by `path` (2 AVX-512, 1 AVX2, 0
