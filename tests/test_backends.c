@@ -62,10 +62,10 @@
  * Matmul modes: AUTO is FAST on CUDA, and on the CPU where it multiplies
  * bf16 natively (AVX512_BF16), else F32; the CPU takes both.
  *
- * Without a GPU every case but the fast-mode ones still runs on the CPU
- * backend (a check of the harness and of CPU determinism), a line says why
- * CUDA was skipped, and the program exits 77 (skipped) if everything else
- * passed.
+ * Without a GPU every case still runs on the CPU backend (a check of the
+ * harness and of CPU determinism) and a line says why CUDA was skipped; the
+ * ctest entry test_backends_gpu (`test_backends --gpu`) is the one reported
+ * skipped (exit 77) there.
  *
  * What it proves: every op on every available backend against the CPU (the
  * CPU's fast mode against its f32 mode within (2^-8 + 2e-5) sum abs(x w), and
@@ -2528,8 +2528,12 @@ static void close_backends(void) {
 
 /* `test_backends PATTERN` runs only the cases whose names match it, and
  * `test_backends --skip PATTERN` all but those (cmocka's patterns: * and ?
- * wildcards), e.g. "test_take_last*". */
+ * wildcards), e.g. "test_take_last*". `test_backends --gpu [...]` is the
+ * ctest entry test_backends_gpu: skipped (77) at once without a GPU, else the
+ * same run; the plain entry passes on its CPU cases alone. */
 int main(int argc, char **argv) {
+    bool need_gpu = argc > 1 && !strcmp(argv[1], "--gpu");
+    if (need_gpu) argc--, argv++;
     if (argc > 2 && !strcmp(argv[1], "--skip"))
         cmocka_set_skip_filter(argv[2]);
     else if (argc > 1)
@@ -2541,8 +2545,13 @@ int main(int argc, char **argv) {
     if (have_cuda)
         printf("CUDA: device present; every case runs on cpu and cuda\n");
     else
-        printf("CUDA: %s (%s); GPU cases skipped, the cpu cases run\n", cuda_why, tide_status_str(cuda_status));
+        printf("CUDA: %s (%s); GPU cases skipped%s\n", cuda_why, tide_status_str(cuda_status),
+               need_gpu ? "" : ", the cpu cases run (test_backends_gpu reports the skip)");
     fflush(stdout);
+    if (need_gpu && !have_cuda) {
+        close_backends();
+        return 77; /* skipped, for want of a GPU */
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_selection), cmocka_unit_test(test_memory),      cmocka_unit_test(test_streams),
         cmocka_unit_test(test_events),
@@ -2563,6 +2572,5 @@ int main(int argc, char **argv) {
     };
     int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
     close_backends();
-    if (failed) return failed;
-    return have_cuda ? 0 : 77; /* 77: skipped, for want of a GPU */
+    return failed;
 }

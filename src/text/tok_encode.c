@@ -240,7 +240,8 @@ cache:
         slot->len = (uint8_t)n;
         slot->n_ids = (uint8_t)(t->n_out - first);
         memcpy(slot->word, w, n);
-        memcpy(slot->ids, t->out + first, (t->n_out - first) * sizeof *t->out);
+        if (t->n_out > first) /* t->out is NULL until an id is emitted */
+            memcpy(slot->ids, t->out + first, (t->n_out - first) * sizeof *t->out);
     }
     return TIDE_OK;
 }
@@ -712,6 +713,6 @@ tide_status tide_tokenizer_encode(tide_tokenizer *t, const char *text, size_t le
         for (int i = 0; i < t->n_suffix && !st; i++) st = emit_id(t, t->suffix[i]);
     if (st) return st;
     *n_ids = t->n_out;
-    if (ids) memcpy(ids, t->out, TIDE_MIN(cap, t->n_out) * sizeof *ids);
+    if (ids && cap && t->n_out) memcpy(ids, t->out, TIDE_MIN(cap, t->n_out) * sizeof *ids);
     return TIDE_OK;
 }
