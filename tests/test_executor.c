@@ -43,6 +43,7 @@
 #include "planner/planner.h"
 #include "runtime/tiling.h"
 #include "sim/sim.h"
+#include "store/ssd_test.h"
 #include "trace/trace.h"
 #include "verify/verify.h"
 
@@ -790,9 +791,12 @@ static void test_ssd_read_fault(void **state) {
     tide_backend *be = e.be;
     for (long n = 1; n <= 5; n += 2) {
         run_cfg rc = {.policy = TIDE_POLICY_TIDE, .fraction = 0, .weights_on_ssd = true,
-                      .eo = {.ssd_dirs = spill_dir, .fail_ssd_read_nth = n}};
+                      .eo = {.ssd_dirs = spill_dir}};
         float *got = NULL;
-        assert_int_equal(run_planned(ctx, ck, be, &rc, &got, NULL), TIDE_E_IO);
+        tide_ssd_test_set_faults(&(tide_ssd_faults){.fail_read_nth = n});
+        tide_status st = run_planned(ctx, ck, be, &rc, &got, NULL);
+        tide_ssd_test_set_faults(NULL);
+        assert_int_equal(st, TIDE_E_IO);
         assert_null(got);
         assert_non_null(strstr(tide_ctx_last_error(ctx), "instruction"));
         assert_int_equal(dir_entries(spill_dir), 0);
@@ -1153,7 +1157,7 @@ static void test_async_failures(void **state) {
  * The run returns one error, naming one of the two causes and not the other,
  * and the caller's context holds it; under ThreadSanitizer nothing races
  * (when the workers wrote the executor's context, this test raced there).
- * Then an SSD read failing on the io stream (fail_ssd_read_nth) while the bad
+ * Then an SSD read failing on the io stream (fail_read_nth, store/ssd_test.h) while the bad
  * token fails the compute stream, the same.
  *
  * The rendezvous is decided by events, not by time: the copies the EMBED
@@ -1261,9 +1265,11 @@ static void test_two_failures_at_once(void **state) {
     int io = 0;
     for (long n = 1; n <= 6; n++) {
         run_cfg rc = {.policy = TIDE_POLICY_TIDE, .fraction = 0, .weights_on_ssd = true, .bad_token = true,
-                      .eo = {.ssd_dirs = spill_dir, .fail_ssd_read_nth = n}};
+                      .eo = {.ssd_dirs = spill_dir}};
         float *got = NULL;
+        tide_ssd_test_set_faults(&(tide_ssd_faults){.fail_read_nth = n});
         tide_status st = run_planned(ctx, e.ck, be, &rc, &got, NULL);
+        tide_ssd_test_set_faults(NULL);
         assert_null(got);
         one_cause(st, ctx, TIDE_E_RANGE, "outside the vocabulary", TIDE_E_IO, "SSD read", &range, &io);
         assert_int_equal(dir_entries(spill_dir), 0);
@@ -1480,16 +1486,25 @@ static void test_ssd_spill_faults(void **state) {
     assert_true(ps.bytes_ssd_write >= (UINT64_C(1) << 20));
     assert_true(ps.bytes_ssd_read >= (UINT64_C(1) << 20));
     for (int io = 0; io < 2; io++) {
-        tide_exec_opts f = {.ssd_dirs = spill_dir, .force_pread = io, .fail_ssd_write_nth = 1};
-        assert_int_equal(run_spill(ctx, be, 2 * (UINT64_C(1) << 20) + 65536, &f, got, NULL), TIDE_E_IO);
+        tide_exec_opts f = {.ssd_dirs = spill_dir, .force_pread = io};
+        tide_ssd_test_set_faults(&(tide_ssd_faults){.fail_write_nth = 1});
+        st = run_spill(ctx, be, 2 * (UINT64_C(1) << 20) + 65536, &f, got, NULL);
+        tide_ssd_test_set_faults(NULL);
+        assert_int_equal(st, TIDE_E_IO);
         assert_non_null(strstr(tide_ctx_last_error(ctx), "SSD write"));
         assert_int_equal(dir_entries(spill_dir), 0);
-        tide_exec_opts r = {.ssd_dirs = spill_dir, .force_pread = io, .fail_ssd_read_nth = 1};
-        assert_int_equal(run_spill(ctx, be, 2 * (UINT64_C(1) << 20) + 65536, &r, got, NULL), TIDE_E_IO);
+        tide_exec_opts r = {.ssd_dirs = spill_dir, .force_pread = io};
+        tide_ssd_test_set_faults(&(tide_ssd_faults){.fail_read_nth = 1});
+        st = run_spill(ctx, be, 2 * (UINT64_C(1) << 20) + 65536, &r, got, NULL);
+        tide_ssd_test_set_faults(NULL);
+        assert_int_equal(st, TIDE_E_IO);
         assert_int_equal(dir_entries(spill_dir), 0);
     }
-    tide_exec_opts full = {.ssd_dirs = spill_dir, .fail_ssd_enospc = true};
-    assert_int_equal(run_spill(ctx, be, 2 * (UINT64_C(1) << 20) + 65536, &full, got, NULL), TIDE_E_IO);
+    tide_exec_opts full = {.ssd_dirs = spill_dir};
+    tide_ssd_test_set_faults(&(tide_ssd_faults){.fallocate_enospc_dir = 1});
+    st = run_spill(ctx, be, 2 * (UINT64_C(1) << 20) + 65536, &full, got, NULL);
+    tide_ssd_test_set_faults(NULL);
+    assert_int_equal(st, TIDE_E_IO);
     assert_non_null(strstr(tide_ctx_last_error(ctx), "space"));
     assert_int_equal(dir_entries(spill_dir), 0);
     tide_exec_opts bad = {.ssd_dirs = "/nonexistent/tide-spill"};
