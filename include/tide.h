@@ -294,14 +294,6 @@ typedef struct tide_op_params {
     int n_kv_heads;   /* ATTENTION */
     int head_dim;     /* ROPE, ATTENTION */
     int batch;        /* ROPE, ATTENTION, TAKE_LAST: B (rows = B*T) */
-    double flops;     /* the library's synthetic op only (0) */
-    /* tiles (all 0 for a whole op) */
-    int64_t idx0;     /* EMBED: first tokens entry; ROPE, ATTENTION: first pos entry */
-    bool pos_rows;    /* ROPE, ATTENTION: pos holds a position per row (see above) */
-    int64_t row0;     /* MATMUL, TAKE_LAST: first output row written */
-    int64_t col0;     /* MATMUL: first output column written */
-    int64_t vocab0;   /* EMBED, EMBED_BWD, CE_STATS, CE_BLOCK: id of the block's first row */
-    int64_t vocab;    /* the same: whole vocabulary (0: the block's rows) */
     /* training */
     bool no_transpose; /* MATMUL: out = x . w, w (K, N) */
     bool accumulate;   /* MATMUL: out += the product (the output its third input);

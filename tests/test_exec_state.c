@@ -86,9 +86,9 @@ static tide_graph *build(tide_ctx *ctx, ids *id) {
         {2, {s[2], id->t}, s[2]},        {3, {s[3], s[2], id->x}, s[3]}, {2, {s[0], s[3]}, s[0]},
         {3, {s[1], s[3], id->t}, s[1]},  {4, {s[0], s[1], s[2], s[3]}, id->out},
     };
-    tide_op_params p = {.flops = 1e5};
+    tide_op_args p = {.flops = 1e5};
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-        assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, ops[i].n_in, ops[i].in, 1, &ops[i].out, &p, -1, NULL),
+        assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, ops[i].n_in, ops[i].in, 1, &ops[i].out, &p, -1, NULL),
                          TIDE_OK);
     return g;
 }

@@ -812,8 +812,8 @@ static tide_graph *spill_graph(tide_ctx *ctx, int *t_in, int *t_out) {
     int in, early, prev, out;
     assert_int_equal(tide_graph_add_tensor(g, "in", TIDE_F32, TIDE_ROLE_INPUT, 1, &small, &in), TIDE_OK);
     assert_int_equal(tide_graph_add_tensor(g, "early", TIDE_F32, TIDE_ROLE_TEMP, 1, &big, &early), TIDE_OK);
-    tide_op_params p = {.flops = 1e6};
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 1, &in, 1, &early, &p, -1, NULL), TIDE_OK);
+    tide_op_args p = {.flops = 1e6};
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, 1, &in, 1, &early, &p, -1, NULL), TIDE_OK);
     prev = early;
     for (int i = 0; i < 6; i++) {
         char name[16];
@@ -821,12 +821,12 @@ static tide_graph *spill_graph(tide_ctx *ctx, int *t_in, int *t_out) {
         int t;
         assert_int_equal(tide_graph_add_tensor(g, name, TIDE_F32, TIDE_ROLE_TEMP, 1, &big, &t), TIDE_OK);
         int src = i == 0 ? in : prev;
-        assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 1, &src, 1, &t, &p, -1, NULL), TIDE_OK);
+        assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, 1, &src, 1, &t, &p, -1, NULL), TIDE_OK);
         prev = t;
     }
     assert_int_equal(tide_graph_add_tensor(g, "out", TIDE_F32, TIDE_ROLE_OUTPUT, 1, &small, &out), TIDE_OK);
     int last[2] = {early, prev};
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 2, last, 1, &out, &p, -1, NULL), TIDE_OK);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, 2, last, 1, &out, &p, -1, NULL), TIDE_OK);
     *t_in = in;
     *t_out = out;
     return g;
@@ -1566,9 +1566,9 @@ static void test_fresh_cache(void **state) {
     assert_int_equal(tide_graph_add_tensor(g, "kc", TIDE_F32, TIDE_ROLE_STATE, 3, cs, &kc), TIDE_OK);
     assert_int_equal(tide_graph_add_tensor(g, "vc", TIDE_F32, TIDE_ROLE_STATE, 3, cs, &vc), TIDE_OK);
     assert_int_equal(tide_graph_add_tensor(g, "o", TIDE_F32, TIDE_ROLE_OUTPUT, 2, qs, &o_), TIDE_OK);
-    tide_op_params ap = {.n_heads = 1, .n_kv_heads = 1, .head_dim = 8, .batch = 1};
+    tide_op_args ap = {.n_heads = 1, .n_kv_heads = 1, .head_dim = 8, .batch = 1};
     int in[4] = {q, k, v, pos}, out[3] = {o_, kc, vc};
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_ATTENTION, 4, in, 3, out, &ap, -1, NULL), TIDE_OK);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_ATTENTION, 4, in, 3, out, &ap, -1, NULL), TIDE_OK);
     float qd[16] = {0}, cache[2][32] = {{0}}, od[16];
     int32_t pd[2] = {1, 2};
     void *ip[4] = {qd, qd, qd, pd}, *op_[3] = {od, cache[0], cache[1]};
