@@ -151,6 +151,10 @@ const char *tide_role_name(tide_role r);
 /* Op kinds. Activations are f32, row-major; a "row" is one token of one batch
  * element, rows ordered batch-major (row = b*T + t). Weights may be stored as
  * f32, f16 or bf16 and are converted to f32 where the CPU computes.
+ * The tiled forms and pos_rows below are what the library's own tiler and
+ * model builders make; their parameters (idx0, pos_rows, row0, col0, vocab0,
+ * vocab) are not in tide_op_params, so an op added through tide_graph_add_op
+ * is always the whole op with a position per step.
  *
  *   EMBED      in: table (V, D), tokens i32 (B, T)            out: (B*T, D)
  *              Tiled forms: the table may be rows [vocab0, vocab0 + V) of a
