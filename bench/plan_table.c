@@ -346,8 +346,8 @@ static tide_graph *random_graph(int n_ops, unsigned seed) {
         in[k++] = w[rand() % n_w];
         if (i > 0) in[k++] = t[i - 1];
         if (i > 8) in[k++] = t[i - 2 - rand() % TIDE_MIN(i - 2, 64)];
-        tide_op_params p = {.flops = 1e7 * (1 + rand() % 100)};
-        tide_graph_add_op(g, TIDE_OP_GENERIC, k, in, 1, &t[i], &p, -1, NULL);
+        tide_op_args p = {.flops = 1e7 * (1 + rand() % 100)};
+        tide_graph_add_op_args(g, TIDE_OP_GENERIC, k, in, 1, &t[i], &p, -1, NULL);
     }
     free(w);
     free(t);

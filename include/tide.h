@@ -151,6 +151,10 @@ const char *tide_role_name(tide_role r);
 /* Op kinds. Activations are f32, row-major; a "row" is one token of one batch
  * element, rows ordered batch-major (row = b*T + t). Weights may be stored as
  * f32, f16 or bf16 and are converted to f32 where the CPU computes.
+ * The tiled forms and pos_rows below are what the library's own tiler and
+ * model builders make; their parameters (idx0, pos_rows, row0, col0, vocab0,
+ * vocab) are not in tide_op_params, so an op added through tide_graph_add_op
+ * is always the whole op with a position per step.
  *
  *   EMBED      in: table (V, D), tokens i32 (B, T)            out: (B*T, D)
  *              Tiled forms: the table may be rows [vocab0, vocab0 + V) of a
@@ -294,14 +298,6 @@ typedef struct tide_op_params {
     int n_kv_heads;   /* ATTENTION */
     int head_dim;     /* ROPE, ATTENTION */
     int batch;        /* ROPE, ATTENTION, TAKE_LAST: B (rows = B*T) */
-    double flops;     /* the library's synthetic op only (0) */
-    /* tiles (all 0 for a whole op) */
-    int64_t idx0;     /* EMBED: first tokens entry; ROPE, ATTENTION: first pos entry */
-    bool pos_rows;    /* ROPE, ATTENTION: pos holds a position per row (see above) */
-    int64_t row0;     /* MATMUL, TAKE_LAST: first output row written */
-    int64_t col0;     /* MATMUL: first output column written */
-    int64_t vocab0;   /* EMBED, EMBED_BWD, CE_STATS, CE_BLOCK: id of the block's first row */
-    int64_t vocab;    /* the same: whole vocabulary (0: the block's rows) */
     /* training */
     bool no_transpose; /* MATMUL: out = x . w, w (K, N) */
     bool accumulate;   /* MATMUL: out += the product (the output its third input);

@@ -4,7 +4,9 @@
 # hidden visibility and include/tide.h alone restores the default,
 # cmake/library.cmake); a few public functions are there; internal functions
 # (tide_err, tide_malloc: src/core/core.h) are not, though they carry the
-# prefix; the SONAME is libtide.so.MAJOR ($2, the major version).
+# prefix; none of the test build's hooks is in it at all, exported or not
+# (tests/cli_hooks.sh names them: CMakeLists.txt, tide_test_hooks); the
+# SONAME is libtide.so.MAJOR ($2, the major version).
 set -u
 LIB=${1:?usage: $0 LIBTIDE_SO MAJOR}
 MAJOR=${2:?usage: $0 LIBTIDE_SO MAJOR}
@@ -27,6 +29,9 @@ done
 for f in tide_err tide_malloc tide_free; do
     printf '%s\n' "$syms" | grep -qx "$f" && fail "internal $f exported"
 done
+HOOKS='tide_alloc_fail_nth|tide_alloc_count|tide_alloc_live_bytes|tide_test_clock_|tide_exec_test_set_timing|tide_ssd_test_set_faults|tk_cpu_force_|tk_force_generic'
+hooks=$( (nm "$LIB" 2>/dev/null; nm -D "$LIB") | awk '{print $NF}' | grep -E "$HOOKS" | sort -u)
+[ -z "$hooks" ] || fail "test hooks in the library: $(echo $hooks | head -c 600)"
 soname=$(readelf -d "$LIB" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 [ "$soname" = "libtide.so.$MAJOR" ] || fail "SONAME '$soname', wanted libtide.so.$MAJOR"
 echo "$n symbols exported; $FAILS failed"

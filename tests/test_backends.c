@@ -204,8 +204,8 @@ static int tc_tensor(tcase *c, const char *name, tide_dtype dt, tide_role role, 
 }
 
 static void tc_op(tcase *c, tide_op_kind kind, int n_in, const int *in, int n_out, const int *out,
-                  const tide_op_params *p) {
-    tide_status st = tide_graph_add_op(c->g, kind, n_in, in, n_out, out, p, -1, &c->op);
+                  const tide_op_args *p) {
+    tide_status st = tide_graph_add_op_args(c->g, kind, n_in, in, n_out, out, p, -1, &c->op);
     if (st) fail_msg("add_op %s: %s", tide_op_name(kind), tide_ctx_last_error(c->ctx));
 }
 
@@ -465,7 +465,7 @@ static void test_rmsnorm(void **state) {
             int w = tc_tensor(&c, "w", wdts[d], TIDE_ROLE_WEIGHT, D, 0, 0, 1);
             int o = tc_tensor(&c, "y", TIDE_F32, TIDE_ROLE_TEMP, R, D, 0, 1);
             int in[2] = {x, w};
-            tc_op(&c, TIDE_OP_RMSNORM, 2, in, 1, &o, &(tide_op_params){.eps = 1e-5f});
+            tc_op(&c, TIDE_OP_RMSNORM, 2, in, 1, &o, &(tide_op_args){.eps = 1e-5f});
             tc_check(&c, (tol[]){{.atol = 1e-7, .rtol = 1e-6}});
             tc_close(&c);
         }
@@ -505,7 +505,7 @@ static void matmul_case(const mm_case *m) {
     int w = tc_tensor(&c, "w", m->dt, TIDE_ROLE_WEIGHT, N, K, 0, 1);
     int o = tc_tensor(&c, "y", TIDE_F32, TIDE_ROLE_TEMP, Ro, No, 0, 1);
     int in[3] = {x, w, o};
-    tc_op(&c, TIDE_OP_MATMUL, m->Ro ? 3 : 2, in, 1, &o, &(tide_op_params){.row0 = m->row0, .col0 = m->col0});
+    tc_op(&c, TIDE_OP_MATMUL, m->Ro ? 3 : 2, in, 1, &o, &(tide_op_args){.row0 = m->row0, .col0 = m->col0});
     if (m->no_scratch) c.g->ops[c.op].scratch_bytes = 0;
     if (m->scratch) {
         assert_true(m->scratch <= c.g->ops[c.op].scratch_bytes);
@@ -638,7 +638,7 @@ static void test_rope(void **state) {
         for (int t = 0; t < T; t++) ((int32_t *)c.host[pos])[t] = cs[i].pos0 + t;
         int in[2] = {x, pos};
         tc_op(&c, TIDE_OP_ROPE, 2, in, 1, &o,
-              &(tide_op_params){.n_heads = H, .head_dim = hd, .rope_theta = cs[i].theta, .batch = B});
+              &(tide_op_args){.n_heads = H, .head_dim = hd, .rope_theta = cs[i].theta, .batch = B});
         double *scale = malloc((size_t)(R * D) * sizeof(double));
         assert_non_null(scale);
         for (int64_t r = 0; r < R; r++)
@@ -684,7 +684,7 @@ static void test_attention(void **state) {
         for (int t = 0; t < a->T; t++) p[t] = a->pos[0] < 0 ? a->pos[1] + t : a->pos[t];
         int in[6] = {q, k, v, pos, kc, vc}, out[3] = {o, kc, vc};
         tc_op(&c, TIDE_OP_ATTENTION, 6, in, 3, out,
-              &(tide_op_params){.n_heads = a->H, .n_kv_heads = a->KV, .head_dim = a->hd, .batch = a->B});
+              &(tide_op_args){.n_heads = a->H, .n_kv_heads = a->KV, .head_dim = a->hd, .batch = a->B});
         tc_check(&c, (tol[]){{.atol = 1e-5}, EXACT, EXACT});
         /* a position past the cache: nothing written, caches included */
         int32_t keep = p[a->T - 1];
@@ -723,11 +723,11 @@ static void prow_case(tcase *c, const prow_cfg *a, bool attn, bool rows) {
     int o = tc_tensor(c, "o", TIDE_F32, TIDE_ROLE_TEMP, R, qd, 0, 1);
     if (!attn) {
         tc_op(c, TIDE_OP_ROPE, 2, (int[]){q, pos}, 1, &o,
-              &(tide_op_params){.n_heads = H, .head_dim = hd, .rope_theta = 10000.0f, .batch = B, .pos_rows = rows});
+              &(tide_op_args){.n_heads = H, .head_dim = hd, .rope_theta = 10000.0f, .batch = B, .pos_rows = rows});
         return;
     }
     tc_op(c, TIDE_OP_ATTENTION, 6, (int[]){q, k, v, pos, kc, vc}, 3, (int[]){o, kc, vc},
-          &(tide_op_params){.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B, .pos_rows = rows});
+          &(tide_op_args){.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B, .pos_rows = rows});
 }
 
 static void test_pos_rows(void **state) {
@@ -806,7 +806,7 @@ static void test_take_last(void **state) {
         tc_open(&c, what);
         int x = tc_tensor(&c, "x", TIDE_F32, TIDE_ROLE_INPUT, (int64_t)B * T, D, 0, 1);
         int o = tc_tensor(&c, "y", TIDE_F32, TIDE_ROLE_TEMP, B, D, 0, 1);
-        tc_op(&c, TIDE_OP_TAKE_LAST, 1, &x, 1, &o, &(tide_op_params){.batch = B});
+        tc_op(&c, TIDE_OP_TAKE_LAST, 1, &x, 1, &o, &(tide_op_args){.batch = B});
         tc_check(&c, (tol[]){EXACT});
         tc_close(&c);
     }
@@ -848,7 +848,7 @@ static void test_generic(void **state) {
     int o = tc_tensor(&c, "o", TIDE_F32, TIDE_ROLE_TEMP, 1000, 3, 0, 1);
     for (int i = 0; i < 3; i++) ((int32_t *)c.host[b])[i] = (int32_t)rnd();
     int in[3] = {a, b, s}, out[2] = {s, o};
-    tc_op(&c, TIDE_OP_GENERIC, 3, in, 2, out, &(tide_op_params){.flops = 1e6});
+    tc_op(&c, TIDE_OP_GENERIC, 3, in, 2, out, &(tide_op_args){.flops = 1e6});
     tc_check(&c, (tol[]){EXACT, EXACT});
     tc_close(&c);
 }
@@ -892,7 +892,7 @@ static void test_embed_tiled(void **state) {
                 for (int r = 0; r < R; r++) ids[IDX0 + r] = tile[r] >= 0 ? tile[r] : irand(V);
                 int in[3] = {tab, tok, out};
                 tc_op(&c, TIDE_OP_EMBED, first ? 2 : 3, in, 1, &out,
-                      &(tide_op_params){.idx0 = IDX0, .vocab0 = v0, .vocab = V});
+                      &(tide_op_args){.idx0 = IDX0, .vocab0 = v0, .vocab = V});
                 float *e = tc_expect_init(&c, out);
                 size_t es = tide_dtype_size(wdts[d]);
                 for (int r = 0; r < R; r++) {
@@ -948,7 +948,7 @@ static void *mm_tile_run(tide_backend *be, tide_ctx *bctx, tide_dtype dt, const 
     memcpy(c.host[x], xs + r0 * K, (size_t)(rc * K) * sizeof(float));
     memcpy(c.host[w], (const uint8_t *)ws + (size_t)(n0 * K) * es, (size_t)(nc * K) * es);
     int in[3] = {x, w, o};
-    tc_op(&c, TIDE_OP_MATMUL, whole ? 2 : 3, in, 1, &o, &(tide_op_params){.row0 = r0, .col0 = n0});
+    tc_op(&c, TIDE_OP_MATMUL, whole ? 2 : 3, in, 1, &o, &(tide_op_args){.row0 = r0, .col0 = n0});
     void *res[MAX_T];
     if (tc_run(&c, be, res))
         fail_msg("%s tiled matmul (%lld rows at %lld, %lld columns at %lld): %s", tide_backend_name(be),
@@ -1064,7 +1064,7 @@ static void test_rope_tiled(void **state) {
         int o = tc_tensor(&c, "y", TIDE_F32, TIDE_ROLE_TEMP, R, D, 0, 1);
         int32_t *p = c.host[pos];
         for (int t = 0; t < cs[i].S; t++) p[t] = cs[i].pos0 + t;
-        tide_op_params pr = {.n_heads = H, .head_dim = hd, .rope_theta = cs[i].theta, .batch = B, .idx0 = idx0};
+        tide_op_args pr = {.n_heads = H, .head_dim = hd, .rope_theta = cs[i].theta, .batch = B, .idx0 = idx0};
         tc_op(&c, TIDE_OP_ROPE, 2, (int[]){x, pos}, 1, &o, &pr);
         /* expected: the untiled op on the tile's positions */
         tcase u;
@@ -1115,7 +1115,7 @@ static void test_attention_tiled(void **state) {
         int o = tc_tensor(&c, "o", TIDE_F32, TIDE_ROLE_TEMP, R, qd, 0, 1);
         int32_t *p = c.host[pos];
         for (int t = 0; t < S; t++) p[t] = t;
-        tide_op_params pr = {.n_heads = cs[i].H, .n_kv_heads = cs[i].KV, .head_dim = cs[i].hd, .batch = B,
+        tide_op_args pr = {.n_heads = cs[i].H, .n_kv_heads = cs[i].KV, .head_dim = cs[i].hd, .batch = B,
                              .idx0 = idx0};
         tc_op(&c, TIDE_OP_ATTENTION, 6, (int[]){q, k, v, pos, kc, vc}, 3, (int[]){o, kc, vc}, &pr);
         /* expected: the untiled op on the tile's positions, same caches */
@@ -1168,7 +1168,7 @@ static void test_take_last_tiled(void **state) {
         tc_open(&c, what);
         int x = tc_tensor(&c, "x", TIDE_F32, TIDE_ROLE_INPUT, (int64_t)B * T, D, 0, 1);
         int o = tc_tensor(&c, "y", TIDE_F32, TIDE_ROLE_TEMP, Ro, D, 0, 1);
-        tc_op(&c, TIDE_OP_TAKE_LAST, 2, (int[]){x, o}, 1, &o, &(tide_op_params){.batch = B, .row0 = row0});
+        tc_op(&c, TIDE_OP_TAKE_LAST, 2, (int[]){x, o}, 1, &o, &(tide_op_args){.batch = B, .row0 = row0});
         float *e = tc_expect_init(&c, o);
         const float *xf = c.host[x];
         for (int b = 0; b < B; b++)
@@ -1223,7 +1223,7 @@ static void matmul_ex_case(tide_dtype dt, int64_t R, int64_t K, int64_t N, bool 
     int w = tc_tensor(&c, "w", dt, TIDE_ROLE_WEIGHT, kn ? K : N, kn ? N : K, 0, 1);
     int o = tc_tensor(&c, "dx", TIDE_F32, TIDE_ROLE_TEMP, R, N, 0, 1);
     tc_op(&c, TIDE_OP_MATMUL, acc ? 3 : 2, (int[]){x, w, o}, 1, &o,
-          &(tide_op_params){.no_transpose = kn, .accumulate = acc});
+          &(tide_op_args){.no_transpose = kn, .accumulate = acc});
     if (scratch == (uint64_t)-1) c.g->ops[c.op].scratch_bytes = 0;
     else if (scratch) {
         assert_true(scratch <= c.g->ops[c.op].scratch_bytes);
@@ -1303,7 +1303,7 @@ static void test_embed_bwd_block(void **state) {
         for (int i = 0; i < B * T; i++) ids[i] = i < IDX0 ? V : irand(V);
         ids[IDX0] = ids[IDX0 + 4] = V0, ids[IDX0 + 1] = V0 + VB - 1, ids[IDX0 + 2] = V0 - 1, ids[IDX0 + 3] = V0 + VB;
         tc_op(&c, TIDE_OP_EMBED_BWD, acc ? 3 : 2, (int[]){dy, tok, dt}, 1, &dt,
-              &(tide_op_params){.idx0 = IDX0, .vocab0 = V0, .vocab = V});
+              &(tide_op_args){.idx0 = IDX0, .vocab0 = V0, .vocab = V});
         float *e = tc_expect_init(&c, dt);
         if (!acc) memset(e, 0, (size_t)VB * D * sizeof(float));
         const float *dyf = c.host[dy];
@@ -1338,7 +1338,7 @@ static void test_embed_bwd(void **state) {
             for (int i = 0; i < B * T; i++) ids[i] = i < IDX0 ? (int32_t)V : irand((int)V); /* not read */
             ids[IDX0] = ids[IDX0 + 4] = ids[IDX0 + 7] = 0; /* a repeated id sums in row order */
             ids[IDX0 + 1] = (int32_t)V - 1;
-            tc_op(&c, TIDE_OP_EMBED_BWD, acc ? 3 : 2, (int[]){dy, tok, dt}, 1, &dt, &(tide_op_params){.idx0 = IDX0});
+            tc_op(&c, TIDE_OP_EMBED_BWD, acc ? 3 : 2, (int[]){dy, tok, dt}, 1, &dt, &(tide_op_args){.idx0 = IDX0});
             /* expected: the contract's f32 sums, rows in order */
             float *e = tc_expect_init(&c, dt);
             if (!acc) memset(e, 0, (size_t)(V * D) * sizeof(float));
@@ -1373,7 +1373,7 @@ static void test_rmsnorm_bwd(void **state) {
                 int dx = tc_tensor(&c, "dx", TIDE_F32, TIDE_ROLE_TEMP, R, D, 0, 1);
                 int dw = tc_tensor(&c, "dw", TIDE_F32, TIDE_ROLE_TEMP, D, 0, 0, 1);
                 tc_op(&c, TIDE_OP_RMSNORM_BWD, acc ? 4 : 3, (int[]){x, w, dy, dw}, 2, (int[]){dx, dw},
-                      &(tide_op_params){.eps = eps});
+                      &(tide_op_args){.eps = eps});
                 float *wx = widened(&c, w);
                 const float *xf = c.host[x], *dyf = c.host[dy], *prev = c.host[dw];
                 double *mdx = dalloc0((size_t)(R * D)), *mdw = dalloc0((size_t)D);
@@ -1414,7 +1414,7 @@ static void test_rope_bwd(void **state) {
         int32_t *p = c.host[pos];
         for (int t = 0; t < cs[i].idx0 + T; t++) p[t] = t * 7;
         tc_op(&c, TIDE_OP_ROPE_BWD, 2, (int[]){dy, pos}, 1, &dx,
-              &(tide_op_params){.n_heads = H, .head_dim = hd, .rope_theta = cs[i].theta, .batch = B,
+              &(tide_op_args){.n_heads = H, .head_dim = hd, .rope_theta = cs[i].theta, .batch = B,
                                 .idx0 = cs[i].idx0});
         double *scale = dalloc0((size_t)(R * D));
         for (int64_t r = 0; r < R; r++)
@@ -1483,7 +1483,7 @@ static void test_attention_nocache(void **state) {
         int32_t *p = c.host[pos];
         for (int t = 0; t < a->T; t++) p[t] = t;
         tc_op(&c, TIDE_OP_ATTENTION, 4, (int[]){q, k, v, pos}, 1, &o,
-              &(tide_op_params){.n_heads = a->H, .n_kv_heads = a->KV, .head_dim = a->hd, .batch = a->B});
+              &(tide_op_args){.n_heads = a->H, .n_kv_heads = a->KV, .head_dim = a->hd, .batch = a->B});
         tc_check(&c, (tol[]){{.atol = 1e-5}});
         /* positions other than 0..T-1: refused, nothing written */
         p[a->T - 1] = a->T + 3;
@@ -1515,7 +1515,7 @@ static void test_attention_bwd(void **state) {
         int32_t *p = c.host[pos];
         for (int t = 0; t < a->T; t++) p[t] = t;
         tc_op(&c, TIDE_OP_ATTENTION_BWD, 6, (int[]){q, k, v, o, dout, pos}, 3, (int[]){dq, dk, dv},
-              &(tide_op_params){.n_heads = a->H, .n_kv_heads = a->KV, .head_dim = a->hd, .batch = a->B});
+              &(tide_op_args){.n_heads = a->H, .n_kv_heads = a->KV, .head_dim = a->hd, .batch = a->B});
         /* the workspace holds the CPU's blocks for one thread at least (so it
          * allocates nothing) and the GPU's row statistics */
         tk_attn_dims dims = {.B = a->B, .T = a->T, .C = a->T, .H = a->H, .KV = a->KV, .hd = a->hd};
@@ -1567,7 +1567,7 @@ static void test_attention_bwd_workspace(void **state) {
                                                    &t[j]),
                              TIDE_OK);
         tc_op(&c, TIDE_OP_ATTENTION_BWD, 6, t, 3, t + 6,
-              &(tide_op_params){.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B});
+              &(tide_op_args){.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B});
         tk_attn_dims d = {.B = B, .T = T, .C = T, .H = H, .KV = KV, .hd = hd};
         uint64_t ws = c.g->ops[c.op].scratch_bytes, per = tk_attention_bwd_work(&d, 1);
         uint64_t slots = per ? ws / per : 0, want = (uint64_t)B * KV;
@@ -1620,7 +1620,7 @@ static void test_cross_entropy(void **state) {
                 for (int64_t r = 0; r < R; r++) t[r] = r % 5 == 2 ? -1 : irand((int)V);
                 t[0] = (int32_t)V - 1;
                 tc_op(&c, TIDE_OP_CROSS_ENTROPY, tile ? 5 : acc ? 4 : 3, (int[]){h, w, tg, dw, loss}, 3,
-                      (int[]){loss, dh, dw}, &(tide_op_params){.scale = scale, .idx0 = t0});
+                      (int[]){loss, dh, dw}, &(tide_op_args){.scale = scale, .idx0 = t0});
                 double want_loss = 0;
                 float *exp_loss = tile ? tc_expect_init(&c, loss) : NULL;
                 if (small) {
@@ -1758,7 +1758,7 @@ static void test_ce_blocks(void **state) {
                 if (!first) ins[n_in++] = st;
                 if (acc) ins[n_in++] = loss;
                 tc_op(&c, TIDE_OP_CE_STATS, n_in, ins, last ? 2 : 1, (int[]){st, loss},
-                      &(tide_op_params){.vocab0 = v0, .vocab = V, .idx0 = T0, .scale = scale, .accumulate = acc});
+                      &(tide_op_args){.vocab0 = v0, .vocab = V, .idx0 = T0, .scale = scale, .accumulate = acc});
                 float *es = tc_expect_init(&c, st);
                 double *sc = dalloc0((size_t)R * 3);
                 for (int r = 0; r < R; r++) {
@@ -1808,7 +1808,7 @@ static void test_ce_blocks(void **state) {
                 if (v0 > 0) ins[n_in++] = dh;
                 if (acc) ins[n_in++] = dw;
                 tc_op(&c, TIDE_OP_CE_BLOCK, n_in, ins, 2, (int[]){dh, dw},
-                      &(tide_op_params){.vocab0 = v0, .vocab = V, .idx0 = T0, .scale = scale, .accumulate = acc});
+                      &(tide_op_args){.vocab0 = v0, .vocab = V, .idx0 = T0, .scale = scale, .accumulate = acc});
                 float *edh = tc_expect_init(&c, dh), *edw = tc_expect_init(&c, dw);
                 double *mdh = dalloc0((size_t)R * D), *mdw = dalloc0((size_t)vb * D);
                 double *xdh = dalloc0((size_t)R * D), *xdw = dalloc0((size_t)vb * D);
@@ -1895,7 +1895,7 @@ static void test_adamw(void **state) {
                 hyper[2] = (float)sqrt(1 - b2 * b2 * b2);
                 hyper[3] = 0;
                 ((float *)c.host[ss])[0] = clip ? 9.0f : 0.25f; /* norm 3 or 0.5 against max_norm 1 */
-                tide_op_params pr = {.beta1 = (float)b1, .beta2 = (float)b2, .adam_eps = 1e-8f, .weight_decay = 0.1f,
+                tide_op_args pr = {.beta1 = (float)b1, .beta2 = (float)b2, .adam_eps = 1e-8f, .weight_decay = 0.1f,
                                      .max_norm = 1.0f};
                 if (master)
                     tc_op(&c, TIDE_OP_ADAMW, 7, (int[]){p, mst, m, v, gr, hy, ss}, 4, (int[]){p, mst, m, v}, &pr);

@@ -36,6 +36,7 @@
 #include "exec/executor.h"
 #include "planner/planner.h"
 #include "store/ssd.h"
+#include "store/ssd_test.h"
 #include "verify/verify.h"
 
 #include <fcntl.h>
@@ -85,9 +86,9 @@ static tide_graph *build(tide_ctx *ctx, ids *id) {
         {2, {s[2], id->t}, s[2]},        {3, {s[3], s[2], id->x}, s[3]}, {2, {s[0], s[3]}, s[0]},
         {3, {s[1], s[3], id->t}, s[1]},  {4, {s[0], s[1], s[2], s[3]}, id->out},
     };
-    tide_op_params p = {.flops = 1e5};
+    tide_op_args p = {.flops = 1e5};
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-        assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, ops[i].n_in, ops[i].in, 1, &ops[i].out, &p, -1, NULL),
+        assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, ops[i].n_in, ops[i].in, 1, &ops[i].out, &p, -1, NULL),
                          TIDE_OK);
     return g;
 }
@@ -221,9 +222,11 @@ static void test_ssd_write_file(void **state) {
     }
     /* the second request of a buffered write fails: the file and the reason
      * are named */
-    tide_ssd_opts so = {.stripe_bytes = 4096, .fail_write_nth = 2};
+    tide_ssd_opts so = {.stripe_bytes = 4096};
     tide_ssd *s = NULL;
+    tide_ssd_test_set_faults(&(tide_ssd_faults){.fail_write_nth = 2});
     assert_int_equal(tide_ssd_open(ctx, NULL, 0, 0, &so, &s), TIDE_OK);
+    tide_ssd_test_set_faults(NULL);
     int fd = open(path, O_RDWR | O_CLOEXEC);
     assert_int_equal(tide_ssd_write_file(s, fd, 10, buf, 3 * 4096), TIDE_E_IO);
     assert_non_null(strstr(tide_ctx_last_error(ctx), path));
@@ -454,9 +457,11 @@ static void test_write_failure(void **state) {
     assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
     for (int v = 0; v < 3; v++) {
         cfg c = {.packed = v == 1, .n_iter = 1, .tight = true, .host_budget = 8192,
-                 .eo = {.fail_ssd_write_nth = 1, .buffered_files = v == 2, .force_pread = v == 1}};
+                 .eo = {.buffered_files = v == 2, .force_pread = v == 1}};
         run R;
+        tide_ssd_test_set_faults(&(tide_ssd_faults){.fail_write_nth = 1});
         run_make(ctx, be, &c, &R);
+        tide_ssd_test_set_faults(NULL);
         /* the first write on the io stream (which runs them in list order)
          * is a state's home: the failure is that one's */
         int first = -1;

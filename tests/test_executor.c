@@ -43,6 +43,7 @@
 #include "planner/planner.h"
 #include "runtime/tiling.h"
 #include "sim/sim.h"
+#include "store/ssd_test.h"
 #include "trace/trace.h"
 #include "verify/verify.h"
 
@@ -790,9 +791,12 @@ static void test_ssd_read_fault(void **state) {
     tide_backend *be = e.be;
     for (long n = 1; n <= 5; n += 2) {
         run_cfg rc = {.policy = TIDE_POLICY_TIDE, .fraction = 0, .weights_on_ssd = true,
-                      .eo = {.ssd_dirs = spill_dir, .fail_ssd_read_nth = n}};
+                      .eo = {.ssd_dirs = spill_dir}};
         float *got = NULL;
-        assert_int_equal(run_planned(ctx, ck, be, &rc, &got, NULL), TIDE_E_IO);
+        tide_ssd_test_set_faults(&(tide_ssd_faults){.fail_read_nth = n});
+        tide_status st = run_planned(ctx, ck, be, &rc, &got, NULL);
+        tide_ssd_test_set_faults(NULL);
+        assert_int_equal(st, TIDE_E_IO);
         assert_null(got);
         assert_non_null(strstr(tide_ctx_last_error(ctx), "instruction"));
         assert_int_equal(dir_entries(spill_dir), 0);
@@ -808,8 +812,8 @@ static tide_graph *spill_graph(tide_ctx *ctx, int *t_in, int *t_out) {
     int in, early, prev, out;
     assert_int_equal(tide_graph_add_tensor(g, "in", TIDE_F32, TIDE_ROLE_INPUT, 1, &small, &in), TIDE_OK);
     assert_int_equal(tide_graph_add_tensor(g, "early", TIDE_F32, TIDE_ROLE_TEMP, 1, &big, &early), TIDE_OK);
-    tide_op_params p = {.flops = 1e6};
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 1, &in, 1, &early, &p, -1, NULL), TIDE_OK);
+    tide_op_args p = {.flops = 1e6};
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, 1, &in, 1, &early, &p, -1, NULL), TIDE_OK);
     prev = early;
     for (int i = 0; i < 6; i++) {
         char name[16];
@@ -817,12 +821,12 @@ static tide_graph *spill_graph(tide_ctx *ctx, int *t_in, int *t_out) {
         int t;
         assert_int_equal(tide_graph_add_tensor(g, name, TIDE_F32, TIDE_ROLE_TEMP, 1, &big, &t), TIDE_OK);
         int src = i == 0 ? in : prev;
-        assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 1, &src, 1, &t, &p, -1, NULL), TIDE_OK);
+        assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, 1, &src, 1, &t, &p, -1, NULL), TIDE_OK);
         prev = t;
     }
     assert_int_equal(tide_graph_add_tensor(g, "out", TIDE_F32, TIDE_ROLE_OUTPUT, 1, &small, &out), TIDE_OK);
     int last[2] = {early, prev};
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 2, last, 1, &out, &p, -1, NULL), TIDE_OK);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, 2, last, 1, &out, &p, -1, NULL), TIDE_OK);
     *t_in = in;
     *t_out = out;
     return g;
@@ -1153,7 +1157,7 @@ static void test_async_failures(void **state) {
  * The run returns one error, naming one of the two causes and not the other,
  * and the caller's context holds it; under ThreadSanitizer nothing races
  * (when the workers wrote the executor's context, this test raced there).
- * Then an SSD read failing on the io stream (fail_ssd_read_nth) while the bad
+ * Then an SSD read failing on the io stream (fail_read_nth, store/ssd_test.h) while the bad
  * token fails the compute stream, the same.
  *
  * The rendezvous is decided by events, not by time: the copies the EMBED
@@ -1261,9 +1265,11 @@ static void test_two_failures_at_once(void **state) {
     int io = 0;
     for (long n = 1; n <= 6; n++) {
         run_cfg rc = {.policy = TIDE_POLICY_TIDE, .fraction = 0, .weights_on_ssd = true, .bad_token = true,
-                      .eo = {.ssd_dirs = spill_dir, .fail_ssd_read_nth = n}};
+                      .eo = {.ssd_dirs = spill_dir}};
         float *got = NULL;
+        tide_ssd_test_set_faults(&(tide_ssd_faults){.fail_read_nth = n});
         tide_status st = run_planned(ctx, e.ck, be, &rc, &got, NULL);
+        tide_ssd_test_set_faults(NULL);
         assert_null(got);
         one_cause(st, ctx, TIDE_E_RANGE, "outside the vocabulary", TIDE_E_IO, "SSD read", &range, &io);
         assert_int_equal(dir_entries(spill_dir), 0);
@@ -1480,16 +1486,25 @@ static void test_ssd_spill_faults(void **state) {
     assert_true(ps.bytes_ssd_write >= (UINT64_C(1) << 20));
     assert_true(ps.bytes_ssd_read >= (UINT64_C(1) << 20));
     for (int io = 0; io < 2; io++) {
-        tide_exec_opts f = {.ssd_dirs = spill_dir, .force_pread = io, .fail_ssd_write_nth = 1};
-        assert_int_equal(run_spill(ctx, be, 2 * (UINT64_C(1) << 20) + 65536, &f, got, NULL), TIDE_E_IO);
+        tide_exec_opts f = {.ssd_dirs = spill_dir, .force_pread = io};
+        tide_ssd_test_set_faults(&(tide_ssd_faults){.fail_write_nth = 1});
+        st = run_spill(ctx, be, 2 * (UINT64_C(1) << 20) + 65536, &f, got, NULL);
+        tide_ssd_test_set_faults(NULL);
+        assert_int_equal(st, TIDE_E_IO);
         assert_non_null(strstr(tide_ctx_last_error(ctx), "SSD write"));
         assert_int_equal(dir_entries(spill_dir), 0);
-        tide_exec_opts r = {.ssd_dirs = spill_dir, .force_pread = io, .fail_ssd_read_nth = 1};
-        assert_int_equal(run_spill(ctx, be, 2 * (UINT64_C(1) << 20) + 65536, &r, got, NULL), TIDE_E_IO);
+        tide_exec_opts r = {.ssd_dirs = spill_dir, .force_pread = io};
+        tide_ssd_test_set_faults(&(tide_ssd_faults){.fail_read_nth = 1});
+        st = run_spill(ctx, be, 2 * (UINT64_C(1) << 20) + 65536, &r, got, NULL);
+        tide_ssd_test_set_faults(NULL);
+        assert_int_equal(st, TIDE_E_IO);
         assert_int_equal(dir_entries(spill_dir), 0);
     }
-    tide_exec_opts full = {.ssd_dirs = spill_dir, .fail_ssd_enospc = true};
-    assert_int_equal(run_spill(ctx, be, 2 * (UINT64_C(1) << 20) + 65536, &full, got, NULL), TIDE_E_IO);
+    tide_exec_opts full = {.ssd_dirs = spill_dir};
+    tide_ssd_test_set_faults(&(tide_ssd_faults){.fallocate_enospc_dir = 1});
+    st = run_spill(ctx, be, 2 * (UINT64_C(1) << 20) + 65536, &full, got, NULL);
+    tide_ssd_test_set_faults(NULL);
+    assert_int_equal(st, TIDE_E_IO);
     assert_non_null(strstr(tide_ctx_last_error(ctx), "space"));
     assert_int_equal(dir_entries(spill_dir), 0);
     tide_exec_opts bad = {.ssd_dirs = "/nonexistent/tide-spill"};
@@ -1551,9 +1566,9 @@ static void test_fresh_cache(void **state) {
     assert_int_equal(tide_graph_add_tensor(g, "kc", TIDE_F32, TIDE_ROLE_STATE, 3, cs, &kc), TIDE_OK);
     assert_int_equal(tide_graph_add_tensor(g, "vc", TIDE_F32, TIDE_ROLE_STATE, 3, cs, &vc), TIDE_OK);
     assert_int_equal(tide_graph_add_tensor(g, "o", TIDE_F32, TIDE_ROLE_OUTPUT, 2, qs, &o_), TIDE_OK);
-    tide_op_params ap = {.n_heads = 1, .n_kv_heads = 1, .head_dim = 8, .batch = 1};
+    tide_op_args ap = {.n_heads = 1, .n_kv_heads = 1, .head_dim = 8, .batch = 1};
     int in[4] = {q, k, v, pos}, out[3] = {o_, kc, vc};
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_ATTENTION, 4, in, 3, out, &ap, -1, NULL), TIDE_OK);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_ATTENTION, 4, in, 3, out, &ap, -1, NULL), TIDE_OK);
     float qd[16] = {0}, cache[2][32] = {{0}}, od[16];
     int32_t pd[2] = {1, 2};
     void *ip[4] = {qd, qd, qd, pd}, *op_[3] = {od, cache[0], cache[1]};

@@ -271,10 +271,10 @@ static void test_cost_model(void **state) {
     assert_int_equal(tide_graph_add_tensor(g, "y2", TIDE_F32, TIDE_ROLE_TEMP, 2, (int64_t[]){4096, 4096}, &y2), 0);
     assert_int_equal(tide_graph_add_tensor(g, "x1", TIDE_F32, TIDE_ROLE_TEMP, 2, (int64_t[]){1, 4096}, &x1), 0);
     assert_int_equal(tide_graph_add_tensor(g, "y1", TIDE_F32, TIDE_ROLE_TEMP, 2, (int64_t[]){1, 4096}, &y1), 0);
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_MATMUL, 2, (int[]){x, w}, 1, (int[]){y}, NULL, 0, NULL), 0);
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_MATMUL, 2, (int[]){x, wf}, 1, (int[]){y2}, NULL, 0, NULL), 0);
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_MATMUL, 2, (int[]){x1, w}, 1, (int[]){y1}, NULL, 0, NULL), 0);
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_ADD, 2, (int[]){y, y2}, 1, (int[]){x}, NULL, 0, NULL), 0);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_MATMUL, 2, (int[]){x, w}, 1, (int[]){y}, NULL, 0, NULL), 0);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_MATMUL, 2, (int[]){x, wf}, 1, (int[]){y2}, NULL, 0, NULL), 0);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_MATMUL, 2, (int[]){x1, w}, 1, (int[]){y1}, NULL, 0, NULL), 0);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_ADD, 2, (int[]){y, y2}, 1, (int[]){x}, NULL, 0, NULL), 0);
     double flops = 2.0 * 4096 * 4096 * 4096;
     /* prefill matmul, bf16 weight: compute-bound at the bf16 rate */
     assert_near(tide_cost_op(&hw, g, &g->ops[0]), flops / (312e12 * 0.75) + 5e-6);
@@ -334,14 +334,14 @@ static sim_graph make_sim_graph(tide_ctx *ctx) {
     assert_int_equal(tide_graph_add_tensor(s.g, "a", TIDE_F32, TIDE_ROLE_TEMP, 1, &small, &s.a), 0);
     assert_int_equal(tide_graph_add_tensor(s.g, "b", TIDE_F32, TIDE_ROLE_TEMP, 1, &small, &s.b), 0);
     assert_int_equal(tide_graph_add_tensor(s.g, "c", TIDE_F32, TIDE_ROLE_TEMP, 1, &small, &s.c), 0);
-    tide_op_params p = {0};
+    tide_op_args p = {0};
     p.flops = 1e9;
     /* (int[]){0}, not NULL, for no inputs: graph.c memcpy()s from it */
-    assert_int_equal(tide_graph_add_op(s.g, TIDE_OP_GENERIC, 0, (int[]){0}, 1, &s.a, &p, -1, NULL), 0);
+    assert_int_equal(tide_graph_add_op_args(s.g, TIDE_OP_GENERIC, 0, (int[]){0}, 1, &s.a, &p, -1, NULL), 0);
     p.flops = 2e9;
-    assert_int_equal(tide_graph_add_op(s.g, TIDE_OP_GENERIC, 1, &s.a, 1, &s.b, &p, -1, NULL), 0);
+    assert_int_equal(tide_graph_add_op_args(s.g, TIDE_OP_GENERIC, 1, &s.a, 1, &s.b, &p, -1, NULL), 0);
     p.flops = 3e9;
-    assert_int_equal(tide_graph_add_op(s.g, TIDE_OP_GENERIC, 2, (int[]){s.b, s.w0}, 1, &s.c, &p, -1, NULL), 0);
+    assert_int_equal(tide_graph_add_op_args(s.g, TIDE_OP_GENERIC, 2, (int[]){s.b, s.w0}, 1, &s.c, &p, -1, NULL), 0);
     return s;
 }
 
@@ -577,10 +577,10 @@ static void test_trace(void **state) {
     assert_int_equal(tide_graph_add_tensor(g, "layer.0.w\"q\"", TIDE_F32, TIDE_ROLE_WEIGHT, 1, &n, &w), 0);
     assert_int_equal(tide_graph_add_tensor(g, "x", TIDE_F32, TIDE_ROLE_TEMP, 1, &n, &x), 0);
     assert_int_equal(tide_graph_add_tensor(g, "y", TIDE_F32, TIDE_ROLE_OUTPUT, 1, &n, &y), 0);
-    tide_op_params prm = {0};
+    tide_op_args prm = {0};
     prm.flops = 1e9;
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 0, (int[]){0}, 1, &x, &prm, -1, NULL), 0);
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 2, (int[]){x, w}, 1, &y, &prm, -1, NULL), 0);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, 0, (int[]){0}, 1, &x, &prm, -1, NULL), 0);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, 2, (int[]){x, w}, 1, &y, &prm, -1, NULL), 0);
     tide_plan *p = tide_plan_alloc(ctx, g, 1);
     p->device_budget = 12288;
     p->host_spill_bytes = 0;
@@ -709,10 +709,10 @@ static tide_graph *make_json_graph(tide_ctx *ctx, const char *xname, json_fixtur
     assert_int_equal(tide_graph_add_tensor(g, "in", TIDE_F32, TIDE_ROLE_INPUT, 1, &n, &f->in), 0);
     assert_int_equal(tide_graph_add_tensor(g, "out", TIDE_F32, TIDE_ROLE_OUTPUT, 1, &n, &f->out), 0);
     assert_int_equal(tide_graph_add_tensor(g, xname, TIDE_F32, TIDE_ROLE_TEMP, 1, &n, &f->x), 0);
-    tide_op_params prm = {0};
+    tide_op_args prm = {0};
     prm.flops = 5;
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 2, (int[]){f->in, f->w}, 1, &f->x, &prm, -1, NULL), 0);
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 2, (int[]){f->x, f->st}, 2, (int[]){f->out, f->st}, &prm, -1, NULL), 0);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, 2, (int[]){f->in, f->w}, 1, &f->x, &prm, -1, NULL), 0);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, 2, (int[]){f->x, f->st}, 2, (int[]){f->out, f->st}, &prm, -1, NULL), 0);
     return g;
 }
 
@@ -1109,8 +1109,8 @@ static void test_probe_backend_ops(void **state) {
         assert_int_equal(tide_graph_add_tensor(g, "o", TIDE_F32, TIDE_ROLE_TEMP, 2, s2, &o), TIDE_OK);
         assert_int_equal(tide_graph_add_tensor(g, "ck", TIDE_F32, TIDE_ROLE_STATE, 3, sc, &kc), TIDE_OK);
         assert_int_equal(tide_graph_add_tensor(g, "cv", TIDE_F32, TIDE_ROLE_STATE, 3, sc, &vc), TIDE_OK);
-        tide_op_params prm = {.n_heads = 2, .n_kv_heads = 2, .head_dim = 128, .batch = 1};
-        assert_int_equal(tide_graph_add_op(g, TIDE_OP_ATTENTION, 4, (int[]){q, k, v, pos}, 3, (int[]){o, kc, vc},
+        tide_op_args prm = {.n_heads = 2, .n_kv_heads = 2, .head_dim = 128, .batch = 1};
+        assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_ATTENTION, 4, (int[]){q, k, v, pos}, 3, (int[]){o, kc, vc},
                                            &prm, -1, &op), TIDE_OK);
         tide_hw slow = back;
         slow.attention_efficiency = back.attention_efficiency / 2;

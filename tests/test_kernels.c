@@ -101,9 +101,9 @@ static int fx_tensor(fx *f, const char *name, tide_dtype dt, tide_role role, int
 }
 
 static int fx_op(fx *f, tide_op_kind kind, int n_in, const int *in, int n_out, const int *out,
-                 const tide_op_params *p) {
+                 const tide_op_args *p) {
     int id = -1;
-    tide_status st = tide_graph_add_op(f->g, kind, n_in, in, n_out, out, p, -1, &id);
+    tide_status st = tide_graph_add_op_args(f->g, kind, n_in, in, n_out, out, p, -1, &id);
     if (st) print_error("add_op %s: %s\n", tide_op_name(kind), tide_ctx_last_error(f->ctx));
     assert_int_equal(st, TIDE_OK);
     return id;
@@ -371,7 +371,7 @@ static void test_rmsnorm(void **state) {
         int w = fx_tensor(&f, "w", wdts[k], TIDE_ROLE_WEIGHT, 1, D, 0, 0);
         int out = fx_tensor(&f, "out", TIDE_F32, TIDE_ROLE_TEMP, 2, R, D, 0);
         int in[2] = {x, w};
-        tide_op_params p = {.eps = eps};
+        tide_op_args p = {.eps = eps};
         int id = fx_op(&f, TIDE_OP_RMSNORM, 2, in, 1, &out, &p);
         float *xb = fx_buf(&f, R * D * 4), *ob = fx_buf(&f, R * D * 4), wsrc[D], wex[D];
         void *wb = fx_buf(&f, tide_graph_tensor_bytes(f.g, w));
@@ -516,7 +516,7 @@ static void check_rope(void) {
     int pos = fx_tensor(&f, "pos", TIDE_I32, TIDE_ROLE_INPUT, 1, T, 0, 0);
     int out = fx_tensor(&f, "out", TIDE_F32, TIDE_ROLE_TEMP, 2, B * T, D, 0);
     int in[2] = {x, pos};
-    tide_op_params p = {.n_heads = H, .head_dim = hd, .rope_theta = theta, .batch = B};
+    tide_op_args p = {.n_heads = H, .head_dim = hd, .rope_theta = theta, .batch = B};
     int id = fx_op(&f, TIDE_OP_ROPE, 2, in, 1, &out, &p);
     float *xb = fx_buf(&f, B * T * D * 4), *ob = fx_buf(&f, B * T * D * 4);
     int32_t *pb = fx_buf(&f, T * 4);
@@ -575,7 +575,7 @@ static void run_attention(const attn_case *ac, int n_threads) {
     int vc = fx_tensor(&f, "vc", TIDE_F32, TIDE_ROLE_STATE, 3, B, C, kd);
     int o = fx_tensor(&f, "o", TIDE_F32, TIDE_ROLE_TEMP, 2, R, qd, 0);
     int in[6] = {q, k, v, pos, kc, vc}, out[3] = {o, kc, vc};
-    tide_op_params p = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B};
+    tide_op_args p = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B};
     int id = fx_op(&f, TIDE_OP_ATTENTION, 6, in, 3, out, &p);
     float *qb = fx_buf(&f, (size_t)R * qd * 4), *kb = fx_buf(&f, (size_t)R * kd * 4),
           *vb = fx_buf(&f, (size_t)R * kd * 4), *ob = fx_buf(&f, (size_t)R * qd * 4);
@@ -676,7 +676,7 @@ static void check_softmax_accuracy(void) {
     int vc = fx_tensor(&f, "vc", TIDE_F32, TIDE_ROLE_STATE, 3, B, C, HD);
     int o = fx_tensor(&f, "o", TIDE_F32, TIDE_ROLE_TEMP, 2, B, HD, 0);
     int in[6] = {q, k, v, pos, kc, vc}, out[3] = {o, kc, vc};
-    tide_op_params p = {.n_heads = 1, .n_kv_heads = 1, .head_dim = HD, .batch = B};
+    tide_op_args p = {.n_heads = 1, .n_kv_heads = 1, .head_dim = HD, .batch = B};
     int id = fx_op(&f, TIDE_OP_ATTENTION, 6, in, 3, out, &p);
     float *qb = fx_buf(&f, B * HD * 4), *kb = fx_buf(&f, B * HD * 4), *vb = fx_buf(&f, B * HD * 4);
     float *kcb = fx_buf(&f, B * C * HD * 4), *vcb = fx_buf(&f, B * C * HD * 4), *ob = fx_buf(&f, B * HD * 4);
@@ -736,7 +736,7 @@ static void test_attention_bad_pos(void **state) {
     int vc = fx_tensor(&f, "vc", TIDE_F32, TIDE_ROLE_STATE, 3, B, C, kd);
     int o = fx_tensor(&f, "o", TIDE_F32, TIDE_ROLE_TEMP, 2, B * T, qd, 0);
     int in[6] = {q, k, v, pos, kc, vc}, out[3] = {o, kc, vc};
-    tide_op_params p = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B};
+    tide_op_args p = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B};
     int id = fx_op(&f, TIDE_OP_ATTENTION, 6, in, 3, out, &p);
     float *qb = fx_buf(&f, B * T * qd * 4), *kb = fx_buf(&f, B * T * kd * 4),
           *vb = fx_buf(&f, B * T * kd * 4), *ob = fx_buf(&f, B * T * qd * 4);
@@ -779,7 +779,7 @@ static void test_attention_head_dim_limit(void **state) {
     int vc = fx_tensor(&f, "vc", TIDE_F32, TIDE_ROLE_STATE, 3, 1, 2, hd);
     int o = fx_tensor(&f, "o", TIDE_F32, TIDE_ROLE_TEMP, 2, 1, hd, 0);
     int in[6] = {q, k, v, pos, kc, vc}, out[3] = {o, kc, vc};
-    tide_op_params p = {.n_heads = 1, .n_kv_heads = 1, .head_dim = hd, .batch = 1};
+    tide_op_args p = {.n_heads = 1, .n_kv_heads = 1, .head_dim = hd, .batch = 1};
     int id = fx_op(&f, TIDE_OP_ATTENTION, 6, in, 3, out, &p);
     float *b[6];
     for (int i = 0; i < 6; i++) b[i] = fx_buf(&f, 2 * hd * 4);
@@ -812,7 +812,7 @@ static void test_attention_deterministic(void **state) {
         int vc = fx_tensor(&f, "vc", TIDE_F32, TIDE_ROLE_STATE, 3, B, C, kd);
         int o = fx_tensor(&f, "o", TIDE_F32, TIDE_ROLE_TEMP, 2, R, qd, 0);
         int in[6] = {q, k, v, pos, kc, vc}, out[3] = {o, kc, vc};
-        tide_op_params p = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B};
+        tide_op_args p = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B};
         int id = fx_op(&f, TIDE_OP_ATTENTION, 6, in, 3, out, &p);
         float *qb = fx_buf(&f, R * qd * 4), *kb = fx_buf(&f, R * kd * 4), *vb = fx_buf(&f, R * kd * 4);
         float *kcb = fx_buf(&f, B * C * kd * 4), *vcb = fx_buf(&f, B * C * kd * 4);
@@ -852,7 +852,7 @@ static float *attention_on_path(int path, int B, int T, int C, int H, int KV, in
     int vc = fx_tensor(&f, "vc", TIDE_F32, TIDE_ROLE_STATE, 3, B, C, kd);
     int o = fx_tensor(&f, "o", TIDE_F32, TIDE_ROLE_TEMP, 2, R, qd, 0);
     int in[6] = {q, k, v, pos, kc, vc}, out[3] = {o, kc, vc};
-    tide_op_params p = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B};
+    tide_op_args p = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B};
     int id = fx_op(&f, TIDE_OP_ATTENTION, 6, in, 3, out, &p);
     float *qb = fx_buf(&f, (size_t)R * qd * 4), *kb = fx_buf(&f, (size_t)R * kd * 4),
           *vb = fx_buf(&f, (size_t)R * kd * 4);
@@ -999,7 +999,7 @@ static void test_take_last(void **state) {
     fx_open(&f);
     int x = fx_tensor(&f, "x", TIDE_F32, TIDE_ROLE_INPUT, 2, B * T, D, 0);
     int o = fx_tensor(&f, "o", TIDE_F32, TIDE_ROLE_TEMP, 2, B, D, 0);
-    tide_op_params p = {.batch = B};
+    tide_op_args p = {.batch = B};
     int id = fx_op(&f, TIDE_OP_TAKE_LAST, 1, &x, 1, &o, &p);
     float *xb = fx_buf(&f, B * T * D * 4), *ob = fx_buf(&f, B * D * 4);
     fill(xb, B * T * D, 1);
@@ -1022,7 +1022,7 @@ static void test_tiled_forms(void **state) {
     int t2 = fx_tensor(&f, "tab[4:11]", TIDE_F32, TIDE_ROLE_WEIGHT, 2, V - 4, D, 0);
     int tok = fx_tensor(&f, "tok", TIDE_I32, TIDE_ROLE_INPUT, 1, R + 2, 0, 0);
     int h = fx_tensor(&f, "h", TIDE_F32, TIDE_ROLE_TEMP, 2, R, D, 0);
-    tide_op_params e1 = {.idx0 = 2, .vocab0 = 0, .vocab = V}, e2 = {.idx0 = 2, .vocab0 = 4, .vocab = V};
+    tide_op_args e1 = {.idx0 = 2, .vocab0 = 0, .vocab = V}, e2 = {.idx0 = 2, .vocab0 = 4, .vocab = V};
     int in_a[2] = {t1, tok}, in_b[3] = {t2, tok, h};
     int ea = fx_op(&f, TIDE_OP_EMBED, 2, in_a, 1, &h, &e1), eb = fx_op(&f, TIDE_OP_EMBED, 3, in_b, 1, &h, &e2);
     float *tab = fx_buf(&f, (size_t)V * D * 4), *hb = fx_buf(&f, (size_t)R * D * 4);
@@ -1051,7 +1051,7 @@ static void test_tiled_forms(void **state) {
     int whole = fx_op(&f, TIDE_OP_MATMUL, 2, iw, 1, &ow, NULL);
     int blk[4];
     for (int i = 0; i < 4; i++) {
-        tide_op_params mp = {.row0 = (i & 1) * (R / 2), .col0 = i < 2 ? 0 : 3};
+        tide_op_args mp = {.row0 = (i & 1) * (R / 2), .col0 = i < 2 ? 0 : 3};
         int in3[3] = {xa, i < 2 ? w1 : w2, o};
         blk[i] = fx_op(&f, TIDE_OP_MATMUL, i ? 3 : 2, in3, 1, &o, &mp);
     }
@@ -1070,7 +1070,7 @@ static void test_tiled_forms(void **state) {
     /* take_last into row 2 of a (3, D) output */
     int xs = fx_tensor(&f, "xs", TIDE_F32, TIDE_ROLE_INPUT, 2, 4, D, 0);
     int last = fx_tensor(&f, "last", TIDE_F32, TIDE_ROLE_TEMP, 2, 3, D, 0);
-    tide_op_params tp = {.batch = 1, .row0 = 2};
+    tide_op_args tp = {.batch = 1, .row0 = 2};
     int in_t[2] = {xs, last};
     int tl = fx_op(&f, TIDE_OP_TAKE_LAST, 2, in_t, 1, &last, &tp);
     float *xsb = fx_buf(&f, 4 * D * 4), *lb = fx_buf(&f, 3 * D * 4);
@@ -1084,16 +1084,16 @@ static void test_tiled_forms(void **state) {
     /* malformed tiles */
     tide_graph *g = f.g;
     int bad3[3] = {x, w, ow};
-    tide_op_params off = {.col0 = 1};
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_MATMUL, 2, iw, 1, &ow, &off, -1, NULL), TIDE_E_INVALID);
+    tide_op_args off = {.col0 = 1};
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_MATMUL, 2, iw, 1, &ow, &off, -1, NULL), TIDE_E_INVALID);
     bad3[2] = o; /* the in-place input must be the output */
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_MATMUL, 3, bad3, 1, &ow, NULL, -1, NULL), TIDE_E_INVALID);
-    tide_op_params past = {.vocab0 = 8, .vocab = V};
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_EMBED, 2, in_a, 1, &h, &past, -1, NULL), TIDE_E_INVALID);
-    tide_op_params far = {.idx0 = 3};
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_EMBED, 2, in_a, 1, &h, &far, -1, NULL), TIDE_E_INVALID);
-    tide_op_params neg = {.row0 = -1, .batch = 1};
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_TAKE_LAST, 1, &xs, 1, &last, &neg, -1, NULL), TIDE_E_INVALID);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_MATMUL, 3, bad3, 1, &ow, NULL, -1, NULL), TIDE_E_INVALID);
+    tide_op_args past = {.vocab0 = 8, .vocab = V};
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_EMBED, 2, in_a, 1, &h, &past, -1, NULL), TIDE_E_INVALID);
+    tide_op_args far = {.idx0 = 3};
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_EMBED, 2, in_a, 1, &h, &far, -1, NULL), TIDE_E_INVALID);
+    tide_op_args neg = {.row0 = -1, .batch = 1};
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_TAKE_LAST, 1, &xs, 1, &last, &neg, -1, NULL), TIDE_E_INVALID);
     fx_close(&f);
 }
 
@@ -1134,7 +1134,7 @@ static void test_generic(void **state) {
     int s = fx_tensor(&f, "s", TIDE_F16, TIDE_ROLE_STATE, 1, 1001, 0, 0);    /* 2002 bytes, in and out */
     int o = fx_tensor(&f, "o", TIDE_F32, TIDE_ROLE_TEMP, 2, 2, 100000, 0);   /* 800000 bytes */
     int in[3] = {a, b, s}, out[2] = {o, s};
-    tide_op_params p = {.flops = 1e6};
+    tide_op_args p = {.flops = 1e6};
     int id = fx_op(&f, TIDE_OP_GENERIC, 3, in, 2, out, &p);
     const uint64_t nb[4] = {28, 600000, 2002, 800000};
     uint8_t *buf[4];
@@ -1186,7 +1186,7 @@ static void test_deterministic(void **state) {
     int ops[4];
     ops[0] = fx_op(&f, TIDE_OP_MATMUL, 2, in, 1, &m, NULL);   /* sgemm blocks */
     ops[1] = fx_op(&f, TIDE_OP_MATMUL, 2, in2, 1, &m2, NULL); /* fused */
-    tide_op_params p = {.eps = 1e-6f, .n_heads = 3, .head_dim = 100, .rope_theta = 500000.0f, .batch = 1};
+    tide_op_args p = {.eps = 1e-6f, .n_heads = 3, .head_dim = 100, .rope_theta = 500000.0f, .batch = 1};
     ops[2] = fx_op(&f, TIDE_OP_RMSNORM, 2, in3, 1, &n, &p);
     ops[3] = fx_op(&f, TIDE_OP_ROPE, 2, in4, 1, &n, &p);
     float *xb = fx_buf(&f, R * K * 4);

@@ -108,9 +108,9 @@ static void *fx_new(fx *f, const char *name, tide_dtype dt, tide_role role, int 
 }
 
 static int fx_op(fx *f, tide_op_kind kind, int n_in, const int *in, int n_out, const int *out,
-                 const tide_op_params *p) {
+                 const tide_op_args *p) {
     int id = -1;
-    tide_status st = tide_graph_add_op(f->g, kind, n_in, in, n_out, out, p, -1, &id);
+    tide_status st = tide_graph_add_op_args(f->g, kind, n_in, in, n_out, out, p, -1, &id);
     if (st) fail_msg("add_op %s: %s", tide_op_name(kind), tide_ctx_last_error(f->ctx));
     return id;
 }
@@ -400,7 +400,7 @@ static void test_matmul_fd(void **state) {
     fill(xb, R * K, 1);
     fill(wb, N * K, 1);
     fill(dyb, R * N, 1);
-    tide_op_params nt = {.no_transpose = true};
+    tide_op_args nt = {.no_transpose = true};
     int i1[2] = {dy, w}, i2[2] = {dy, x};
     int a = fx_op(&f, TIDE_OP_MATMUL, 2, i1, 1, &dx, &nt);
     int b = fx_op(&f, TIDE_OP_MATMUL_GRADW, 2, i2, 1, &dw, NULL);
@@ -460,7 +460,7 @@ static void test_matmul_forms(void **state) {
                 fill(xb, (size_t)R * K, 1);
                 fill(ws, (size_t)K * N, 1);
                 store_as(ws, wdts[k], wb, wx, (size_t)K * N);
-                tide_op_params fresh = {.no_transpose = kn}, acc = {.no_transpose = kn, .accumulate = true};
+                tide_op_args fresh = {.no_transpose = kn}, acc = {.no_transpose = kn, .accumulate = true};
                 int i2[2] = {x, w}, i3[3] = {x, w, o};
                 int id_f = kn ? fx_op(&f, TIDE_OP_MATMUL, 2, i2, 1, &o, &fresh) : -1;
                 int id_a = fx_op(&f, TIDE_OP_MATMUL, 3, i3, 1, &o, &acc);
@@ -588,7 +588,7 @@ static void test_embed_bwd(void **state) {
     float *dtb = fx_new(&f, "dtab", TIDE_F32, TIDE_ROLE_TEMP, 2, V, D, &dt);
     fill(dyb, (size_t)R * D, 1);
     for (int i = 0; i < R + idx0; i++) ids[i] = i < idx0 ? 999 : (int32_t)((i * 7919u) % V);
-    tide_op_params p = {.idx0 = idx0};
+    tide_op_args p = {.idx0 = idx0};
     int i2[2] = {dy, tok}, i3[3] = {dy, tok, dt};
     int a = fx_op(&f, TIDE_OP_EMBED_BWD, 2, i2, 1, &dt, &p);
     int b = fx_op(&f, TIDE_OP_EMBED_BWD, 3, i3, 1, &dt, &p);
@@ -649,7 +649,7 @@ static void test_rmsnorm_bwd(void **state) {
         fill(xb, R * D, 1);
         fill(wb, D, 1);
         fill(dyb, R * D, 1);
-        tide_op_params p = {.eps = eps};
+        tide_op_args p = {.eps = eps};
         int in[3] = {x, w, dy}, out[2] = {dx, dw};
         int id = fx_op(&f, TIDE_OP_RMSNORM_BWD, 3, in, 2, out, &p);
         void *ip[3] = {xb, wb, dyb}, *op[2] = {dxb, dwb};
@@ -680,7 +680,7 @@ static void test_rmsnorm_bwd(void **state) {
         store_as(ws, wdts[k], wb, wx, D);
         fill(xb, (size_t)R * D, 2);
         fill(dyb, (size_t)R * D, 1);
-        tide_op_params p = {.eps = eps};
+        tide_op_args p = {.eps = eps};
         int i3[3] = {x, w, dy}, i4[4] = {x, w, dy, dw}, out[2] = {dx, dw};
         int a = fx_op(&f, TIDE_OP_RMSNORM_BWD, 3, i3, 2, out, &p);
         int b = fx_op(&f, TIDE_OP_RMSNORM_BWD, 4, i4, 2, out, &p);
@@ -740,7 +740,7 @@ static void test_rope_bwd(void **state) {
         const int32_t pv[4] = {-1, 5, 17, 3};
         memcpy(pb, pv, sizeof pv);
         fill(dyb, R * D, 1);
-        tide_op_params p = {.n_heads = H, .head_dim = hd, .rope_theta = theta, .batch = B, .idx0 = 1};
+        tide_op_args p = {.n_heads = H, .head_dim = hd, .rope_theta = theta, .batch = B, .idx0 = 1};
         int in[2] = {dy, pos};
         int id = fx_op(&f, TIDE_OP_ROPE_BWD, 2, in, 1, &dx, &p);
         void *ip[2] = {dyb, pb}, *op[1] = {dxb};
@@ -768,7 +768,7 @@ static void test_rope_bwd(void **state) {
     for (int t = 0; t < T; t++) pb[t] = 1000 + 37 * t;
     fill(dyb, (size_t)R * D, 1);
     fill(xb, (size_t)R * D, 1);
-    tide_op_params p = {.n_heads = H, .head_dim = hd, .rope_theta = theta, .batch = B};
+    tide_op_args p = {.n_heads = H, .head_dim = hd, .rope_theta = theta, .batch = B};
     int i1[2] = {dy, pos}, i2[2] = {x, pos};
     int a = fx_op(&f, TIDE_OP_ROPE_BWD, 2, i1, 1, &dx, &p);
     int b = fx_op(&f, TIDE_OP_ROPE, 2, i2, 1, &y, &p);
@@ -911,7 +911,7 @@ static void att_open(att_fx *a, const att_shape *s) {
     fill(a->v, (size_t)R * kd, 1);
     fill(a->dout, (size_t)R * qd, 1);
     for (int t = 0; t < s->T; t++) a->pos[t] = t;
-    tide_op_params p = {.n_heads = s->H, .n_kv_heads = s->KV, .head_dim = s->hd, .batch = s->B};
+    tide_op_args p = {.n_heads = s->H, .n_kv_heads = s->KV, .head_dim = s->hd, .batch = s->B};
     int i4[4] = {q, k, v, pos}, c3[3] = {o2, kc, vc}, i6[6] = {q, k, v, o, dout, pos}, g3[3] = {dq, dk, dv};
     a->fwd = fx_op(f, TIDE_OP_ATTENTION, 4, i4, 1, &o, &p);
     a->cached = fx_op(f, TIDE_OP_ATTENTION, 4, i4, 3, c3, &p);
@@ -1083,7 +1083,7 @@ static void test_cross_entropy_fd(void **state) {
     fill(wb, V * D, 1);
     const int32_t want[4] = {3, -100, 0, 6};
     memcpy(tb, want, sizeof want);
-    tide_op_params p = {.scale = 0.37f};
+    tide_op_args p = {.scale = 0.37f};
     int in[3] = {h, w, tg}, out[3] = {loss, dh, dw};
     int id = fx_op(&f, TIDE_OP_CROSS_ENTROPY, 3, in, 3, out, &p);
     void *ip[3] = {hb, wb, tb}, *op[3] = {lb, dhb, dwb};
@@ -1124,7 +1124,7 @@ static void test_cross_entropy(void **state) {
         store_as(ws, wdts[k], wb, wx, (size_t)V * D);
         fill(hb, (size_t)R * D, 1.5f);
         for (int r = 0; r < R; r++) tb[r] = r % 11 == 5 ? -1 - r % 3 : (int32_t)((r * 104729u) % V);
-        tide_op_params p = {.scale = scale};
+        tide_op_args p = {.scale = scale};
         int i3[3] = {h, w, tg}, i4[4] = {h, w, tg, dw}, out[3] = {loss, dh, dw};
         int a = fx_op(&f, TIDE_OP_CROSS_ENTROPY, 3, i3, 3, out, &p);
         int b = fx_op(&f, TIDE_OP_CROSS_ENTROPY, 4, i4, 3, out, &p);
@@ -1299,7 +1299,7 @@ static void run_adamw(const adam_case *ac) {
     memset(M, 0, n * 4);
     memset(Vv, 0, n * 4);
     for (int i = 0; i < n; i++) Pd[i] = P[i];
-    tide_op_params p = {.beta1 = ac->beta1, .beta2 = beta2, .adam_eps = eps, .weight_decay = ac->wd,
+    tide_op_args p = {.beta1 = ac->beta1, .beta2 = beta2, .adam_eps = eps, .weight_decay = ac->wd,
                         .max_norm = ac->max_norm};
     int in7[7] = {pt, mt, m1, v1, gt, ht, st}, out4[4] = {pt, mt, m1, v1};
     int in6[6] = {pt, m1, v1, gt, ht, st}, out3[3] = {pt, m1, v1};
@@ -1395,16 +1395,16 @@ static void test_bad_graphs(void **state) {
     int hy = fx_tensor(&f, "hyper", TIDE_F32, TIDE_ROLE_INPUT, 1, 4, 0);
     int ss = fx_tensor(&f, "ss", TIDE_F32, TIDE_ROLE_TEMP, 1, 1, 0);
     int pw = fx_tensor(&f, "p", TIDE_BF16, TIDE_ROLE_STATE, 2, 6, 8);
-    tide_op_params acc = {.accumulate = true}, none = {0}, adam = {.beta1 = 0.9f, .beta2 = 0.95f, .adam_eps = 1e-8f};
+    tide_op_args acc = {.accumulate = true}, none = {0}, adam = {.beta1 = 0.9f, .beta2 = 0.95f, .adam_eps = 1e-8f};
     int i2[2] = {x, w};
     /* accumulate without the output as third input */
-    assert_int_equal(tide_graph_add_op(f.g, TIDE_OP_MATMUL, 2, i2, 1, &o, &acc, -1, NULL), TIDE_E_INVALID);
+    assert_int_equal(tide_graph_add_op_args(f.g, TIDE_OP_MATMUL, 2, i2, 1, &o, &acc, -1, NULL), TIDE_E_INVALID);
     /* gradw accumulating into another tensor */
     int gi[3] = {o, x, m};
-    assert_int_equal(tide_graph_add_op(f.g, TIDE_OP_MATMUL_GRADW, 3, gi, 1, &dw, &none, -1, NULL), TIDE_E_INVALID);
+    assert_int_equal(tide_graph_add_op_args(f.g, TIDE_OP_MATMUL_GRADW, 3, gi, 1, &dw, &none, -1, NULL), TIDE_E_INVALID);
     /* a 16-bit parameter without a master */
     int ai[6] = {pw, m, m, dw, hy, ss}, ao[3] = {pw, m, m};
-    assert_int_equal(tide_graph_add_op(f.g, TIDE_OP_ADAMW, 6, ai, 3, ao, &adam, -1, NULL), TIDE_E_INVALID);
+    assert_int_equal(tide_graph_add_op_args(f.g, TIDE_OP_ADAMW, 6, ai, 3, ao, &adam, -1, NULL), TIDE_E_INVALID);
     if (!strstr(tide_ctx_last_error(f.ctx), "master")) fail_msg("%s", tide_ctx_last_error(f.ctx));
     fx_close(&f);
 }

@@ -127,13 +127,13 @@ static void test_lifetime(void **state) {
     assert_int_equal(tide_graph_add_tensor(g, "x", TIDE_F32, TIDE_ROLE_INPUT, 1, sh, &x), TIDE_OK);
     assert_int_equal(tide_graph_add_tensor(g, "t1", TIDE_F32, TIDE_ROLE_TEMP, 1, sh, &t1), TIDE_OK);
     assert_int_equal(tide_graph_add_tensor(g, "t2", TIDE_F32, TIDE_ROLE_OUTPUT, 1, sh, &t2), TIDE_OK);
-    tide_op_params p = {.flops = 1e6};
+    tide_op_args p = {.flops = 1e6};
     int in0[2] = {x, w}, o0[1] = {t1};            /* op 0: t1 = f(x, w) */
     int in1[2] = {t1, s}, o1[2] = {t2, s};        /* op 1: t2, s = f(t1, s) */
     int in2[1] = {t2}, o2[1] = {t1};              /* op 2: t1 = f(t2) (rewrite) */
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 2, in0, 1, o0, &p, -1, NULL), TIDE_OK);
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 2, in1, 2, o1, &p, -1, NULL), TIDE_OK);
-    assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, 1, in2, 1, o2, &p, -1, NULL), TIDE_OK);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, 2, in0, 1, o0, &p, -1, NULL), TIDE_OK);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, 2, in1, 2, o1, &p, -1, NULL), TIDE_OK);
+    assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, 1, in2, 1, o2, &p, -1, NULL), TIDE_OK);
     tide_lifetime lt;
     assert_int_equal(tide_lifetime_build(ctx, g, 3, &lt), TIDE_OK);
     assert_int_equal(lt.n_steps, 9);
@@ -161,7 +161,7 @@ static void test_lifetime(void **state) {
     assert_int_equal(tide_graph_add_tensor(g2, "a", TIDE_F32, TIDE_ROLE_TEMP, 1, sh, &a), TIDE_OK);
     assert_int_equal(tide_graph_add_tensor(g2, "b", TIDE_F32, TIDE_ROLE_OUTPUT, 1, sh, &b), TIDE_OK);
     in3[0] = a, o3[0] = b;
-    assert_int_equal(tide_graph_add_op(g2, TIDE_OP_GENERIC, 1, in3, 1, o3, &p, -1, NULL), TIDE_OK);
+    assert_int_equal(tide_graph_add_op_args(g2, TIDE_OP_GENERIC, 1, in3, 1, o3, &p, -1, NULL), TIDE_OK);
     assert_int_equal(tide_lifetime_build(ctx, g2, 1, &lt), TIDE_E_INVALID);
     assert_non_null(strstr(tide_ctx_last_error(ctx), "before any op writes it"));
     tide_lifetime_free(&lt);
@@ -243,8 +243,8 @@ static tide_graph *random_graph_s(tide_ctx *ctx, int n_ops, uint64_t max_bytes, 
         if (i == n_ops - 1) /* every output is written at least once */
             for (int j = 0; j < nout; j++)
                 if (!written[outp[j]] && no < TIDE_OP_MAX_OUT) out[no++] = outp[j];
-        tide_op_params p = {.flops = (double)(rnd() % 1000000000ull)};
-        assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, ni, in, no, out, &p, layer, NULL), TIDE_OK);
+        tide_op_args p = {.flops = (double)(rnd() % 1000000000ull)};
+        assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, ni, in, no, out, &p, layer, NULL), TIDE_OK);
         if (scratch && rnd() % 3 == 0) g->ops[g->n_ops - 1].scratch_bytes = 1 + rnd() % max_bytes;
         for (int k = 0; k < no; k++) written[out[k]] = true;
     }
@@ -421,8 +421,8 @@ static void test_belady(void **state) {
             /* compute-bound (each op ~20 ms, a load ~0.1 ms): the regime where
              * tide keeps to MIN's evictions; when the link would idle it
              * trades a load for overlap instead */
-            tide_op_params p = {.flops = 1e12 * (double)(1 + rnd() % 4)};
-            assert_int_equal(tide_graph_add_op(g, TIDE_OP_GENERIC, ni, in, 1, out, &p, -1, NULL), TIDE_OK);
+            tide_op_args p = {.flops = 1e12 * (double)(1 + rnd() % 4)};
+            assert_int_equal(tide_graph_add_op_args(g, TIDE_OP_GENERIC, ni, in, 1, out, &p, -1, NULL), TIDE_OK);
         }
         tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = &hw,
                             .device_budget = TIDE_PLAN_ALIGN + (uint64_t)k * (uint64_t)unit * 4};
@@ -550,9 +550,9 @@ static void test_reserve_message(void **state) {
     CHECK_OK(ctx, tide_graph_add_tensor(g, "y", TIDE_F32, TIDE_ROLE_TEMP, 1, page, &y));
     CHECK_OK(ctx, tide_graph_add_tensor(g, "z", TIDE_F32, TIDE_ROLE_OUTPUT, 1, page, &z));
     int in0[3] = {x, w0, w1}, in1[1] = {y};
-    tide_op_params prm = {.flops = 1e6};
-    CHECK_OK(ctx, tide_graph_add_op(g, TIDE_OP_GENERIC, 3, in0, 1, &y, &prm, 0, NULL));
-    CHECK_OK(ctx, tide_graph_add_op(g, TIDE_OP_GENERIC, 1, in1, 1, &z, &prm, 0, NULL));
+    tide_op_args prm = {.flops = 1e6};
+    CHECK_OK(ctx, tide_graph_add_op_args(g, TIDE_OP_GENERIC, 3, in0, 1, &y, &prm, 0, NULL));
+    CHECK_OK(ctx, tide_graph_add_op_args(g, TIDE_OP_GENERIC, 1, in1, 1, &z, &prm, 0, NULL));
     g->ops[1].scratch_bytes = 100;
     uint64_t warm[5] = {TIDE_HOME, TIDE_HOME, 0, TIDE_HOME, TIDE_HOME};
     tide_plan_opts o = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = &hw, .warm_off = warm,

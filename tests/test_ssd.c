@@ -24,6 +24,7 @@
 #include "core/alloc_test.h"
 #include "store/ssd.h"
 #include "store/ssd_engine.h"
+#include "store/ssd_test.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -277,8 +278,9 @@ static void test_bad_args(void **state) {
 static void test_fail_nth_read(void **state) {
     struct env *e = *state;
     tide_ssd_opts o = base_opts(e);
-    o.fail_read_nth = 5;
+    tide_ssd_test_set_faults(&(tide_ssd_faults){.fail_read_nth = 5});
     tide_ssd *s = open2(e, 4 * MIB, &o);
+    tide_ssd_test_set_faults(NULL);
     unsigned char *d = xalloc(2 * MIB), *back = xalloc(2 * MIB);
     fill(d, 2 * MIB, 6);
     assert_int_equal(tide_ssd_write(s, 0, d, 2 * MIB), TIDE_OK);
@@ -299,8 +301,9 @@ static void test_fail_nth_read(void **state) {
 static void test_fail_nth_write(void **state) {
     struct env *e = *state;
     tide_ssd_opts o = base_opts(e);
-    o.fail_write_nth = 3;
+    tide_ssd_test_set_faults(&(tide_ssd_faults){.fail_write_nth = 3});
     tide_ssd *s = open2(e, 4 * MIB, &o);
+    tide_ssd_test_set_faults(NULL);
     unsigned char *d = xalloc(MIB);
     fill(d, MIB, 7);
     assert_int_equal(tide_ssd_write(s, 0, d, STRIPE), TIDE_OK);     /* write 1 */
@@ -321,9 +324,12 @@ static void test_short_and_eagain(void **state) {
     for (int round = 0; round < 2; round++) {
         tide_ssd_opts o = base_opts(e);
         /* write: requests 1..16, read: 17..32; hit one of each */
-        if (round == 0) o.short_nth = 3, o.eagain_nth = 20;
-        else o.short_nth = 18, o.eagain_nth = 5;
+        tide_ssd_faults f = {0};
+        if (round == 0) f.short_nth = 3, f.eagain_nth = 20;
+        else f.short_nth = 18, f.eagain_nth = 5;
+        tide_ssd_test_set_faults(&f);
         tide_ssd *s = open2(e, 2 * MIB, &o);
+        tide_ssd_test_set_faults(NULL);
         unsigned char *d = xalloc(MIB), *back = xalloc(MIB);
         fill(d, MIB, 8 + (uint64_t)round);
         assert_int_equal(tide_ssd_write(s, 0, d, MIB), TIDE_OK);
@@ -346,8 +352,10 @@ static void test_enospc(void **state) {
     tide_ssd *s = NULL;
 
     /* fallocate of the second directory fails. */
-    o.fallocate_enospc_dir = 2;
-    assert_int_equal(tide_ssd_open(e->ctx, e->dirs, 2, 8 * MIB, &o, &s), TIDE_E_IO);
+    tide_ssd_test_set_faults(&(tide_ssd_faults){.fallocate_enospc_dir = 2});
+    tide_status st = tide_ssd_open(e->ctx, e->dirs, 2, 8 * MIB, &o, &s);
+    tide_ssd_test_set_faults(NULL);
+    assert_int_equal(st, TIDE_E_IO);
     assert_null(s);
     const char *msg = tide_ctx_last_error(e->ctx);
     assert_true(contains(msg, "no space for"));
@@ -472,8 +480,10 @@ static void test_read_file(void **state) {
 
     /* A read error names the file. */
     tide_ssd_close(s);
-    o.fail_read_nth = 2;
-    assert_int_equal(tide_ssd_open(e->ctx, NULL, 0, 0, &o, &s), TIDE_OK);
+    tide_ssd_test_set_faults(&(tide_ssd_faults){.fail_read_nth = 2});
+    tide_status fst = tide_ssd_open(e->ctx, NULL, 0, 0, &o, &s);
+    tide_ssd_test_set_faults(NULL);
+    assert_int_equal(fst, TIDE_OK);
     assert_int_equal(tide_ssd_open_direct(path, &fd), TIDE_OK);
     assert_int_equal(tide_ssd_read_file(s, fd, 0, back, 4 * STRIPE), TIDE_E_IO);
     assert_true(contains(tide_ctx_last_error(e->ctx), path));
@@ -566,8 +576,9 @@ static void test_other_thread(void **state) {
 static void test_refuse_direct(void **state) {
     struct env *e = *state;
     tide_ssd_opts o = base_opts(e);
-    o.refuse_direct = true;
+    tide_ssd_test_set_faults(&(tide_ssd_faults){.refuse_direct = true});
     tide_ssd *s = open2(e, MIB, &o);
+    tide_ssd_test_set_faults(NULL);
     assert_false(tide_ssd_direct(s));
     unsigned char *d = xalloc(MIB), *back = xalloc(MIB);
     fill(d, MIB, 12);

@@ -104,9 +104,9 @@ static int ten(fx *f, const char *name, tide_role role, int64_t elems) {
 }
 
 static int gop(fx *f, const int *in, int n_in, const int *out, int n_out, double flops) {
-    tide_op_params pr = {.flops = flops};
+    tide_op_args pr = {.flops = flops};
     int id;
-    assert_int_equal(tide_graph_add_op(f->g, TIDE_OP_GENERIC, n_in, in, n_out, out, &pr, -1, &id), TIDE_OK);
+    assert_int_equal(tide_graph_add_op_args(f->g, TIDE_OP_GENERIC, n_in, in, n_out, out, &pr, -1, &id), TIDE_OK);
     return id;
 }
 

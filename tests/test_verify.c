@@ -79,9 +79,9 @@ static int ten(fx *f, const char *name, tide_role role) {
 }
 
 static int gop(fx *f, const int *in, int n_in, const int *out, int n_out) {
-    tide_op_params pr = {.flops = 1000};
+    tide_op_args pr = {.flops = 1000};
     int id;
-    assert_int_equal(tide_graph_add_op(f->g, TIDE_OP_GENERIC, n_in, in, n_out, out, &pr, -1, &id), TIDE_OK);
+    assert_int_equal(tide_graph_add_op_args(f->g, TIDE_OP_GENERIC, n_in, in, n_out, out, &pr, -1, &id), TIDE_OK);
     return id;
 }
 

@@ -235,10 +235,8 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
         int n = 0;
         char *save = NULL; /* strtok_r: another thread may be making an executor too */
         for (char *tok = strtok_r(buf, ",", &save); tok && n < 16; tok = strtok_r(NULL, ",", &save)) list[n++] = tok;
-        tide_ssd_opts so = {.force_fallback = opts->force_pread,
-                            .fail_read_nth = opts->fail_ssd_read_nth,
-                            .fail_write_nth = opts->fail_ssd_write_nth,
-                            .fallocate_enospc_dir = opts->fail_ssd_enospc ? 1 : 0};
+        /* fault injection: tide_ssd_test_set_faults (store/ssd_test.h) */
+        tide_ssd_opts so = {.force_fallback = opts->force_pread};
         uint64_t cap = (p->ssd_spill_bytes + ALIGN - 1) / ALIGN * ALIGN + ALIGN;
         if (!(ex->ssd_ctx = tide_ctx_new())) {
             st = tide_err(ctx, TIDE_E_NOMEM, "out of memory creating the executor");

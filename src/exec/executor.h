@@ -48,13 +48,6 @@ typedef struct tide_exec_opts {
     bool direct_storage;      /* read SSD-homed weights straight into device memory
                                  (be->vt->file_read: GPUDirect Storage) where the
                                  backend can; else through the bounce buffer */
-    long fail_ssd_read_nth;   /* fault injection (tests): the Nth read request of the
-                                 SSD store fails: spills, homes opened O_DIRECT, and
-                                 the edge pages a write merges */
-    long fail_ssd_write_nth;  /* the Nth write request fails: spills, and homes
-                                 written back (buffered ones too) */
-    bool fail_ssd_enospc;     /* fault injection (tests): the spill file's fallocate
-                                 fails with ENOSPC */
     bool buffered_files;      /* open file homes without O_DIRECT, as where the
                                  filesystem refuses it (tests of that path) */
     void *arena;              /* device memory of at least the plan's budget to use

@@ -143,8 +143,30 @@ bool tide_op_writes(const tide_op *op, int t) {
 tide_status tide_graph_add_op(tide_graph *g, tide_op_kind kind, int n_in, const int *in,
                               int n_out, const int *out, const tide_op_params *params,
                               int layer, int *id) {
-    static const tide_op_params none = {0};
-    const tide_op_params *p = params ? params : &none;
+    tide_op_args a = {0};
+    if (params) {
+        a.eps = params->eps;
+        a.rope_theta = params->rope_theta;
+        a.n_heads = params->n_heads;
+        a.n_kv_heads = params->n_kv_heads;
+        a.head_dim = params->head_dim;
+        a.batch = params->batch;
+        a.no_transpose = params->no_transpose;
+        a.accumulate = params->accumulate;
+        a.scale = params->scale;
+        a.beta1 = params->beta1;
+        a.beta2 = params->beta2;
+        a.adam_eps = params->adam_eps;
+        a.weight_decay = params->weight_decay;
+        a.max_norm = params->max_norm;
+    }
+    return tide_graph_add_op_args(g, kind, n_in, in, n_out, out, &a, layer, id);
+}
+
+tide_status tide_graph_add_op_args(tide_graph *g, tide_op_kind kind, int n_in, const int *in, int n_out,
+                                   const int *out, const tide_op_args *params, int layer, int *id) {
+    static const tide_op_args none = {0};
+    const tide_op_args *p = params ? params : &none;
     const tide_op_desc *d = tide_op_desc_of(kind);
     if (!d) FAIL("unknown op kind %d", (int)kind);
     if (n_in < 0 || n_in > TIDE_OP_MAX_IN || n_out < 0 || n_out > TIDE_OP_MAX_OUT)

@@ -14,7 +14,7 @@
 
 /* The op kinds the public header leaves out: GENERIC, a synthetic op for the
  * planning tests and benchmarks (any tensors; the CPU backend fills each
- * output with a deterministic function of its inputs; tide_op_params.flops
+ * output with a deterministic function of its inputs; tide_op_args.flops
  * says what it stands for), in the public enum's hole at 9; and the number of
  * kinds, which grows with each one added. */
 #define TIDE_OP_GENERIC ((tide_op_kind)9)
@@ -32,12 +32,42 @@ typedef struct tide_tensor {
     uint64_t home_off; /* ... and the range's first byte */
 } tide_tensor;
 
+/* An op's parameters inside the library: the public tide_op_params (the same
+ * fields, which a library user sets) and what only the library's own graph
+ * builders and tiler set (tide_graph_add_op leaves them 0: a whole op). */
+typedef struct tide_op_args {
+    float eps;        /* RMSNORM */
+    float rope_theta; /* ROPE */
+    int n_heads;      /* ROPE, ATTENTION */
+    int n_kv_heads;   /* ATTENTION */
+    int head_dim;     /* ROPE, ATTENTION */
+    int batch;        /* ROPE, ATTENTION, TAKE_LAST: B (rows = B*T) */
+    double flops;     /* GENERIC only: what the synthetic op stands for */
+    /* tiles (all 0 for a whole op) */
+    int64_t idx0;     /* EMBED: first tokens entry; ROPE, ATTENTION: first pos entry */
+    bool pos_rows;    /* ROPE, ATTENTION: pos holds a position per row (include/tide.h) */
+    int64_t row0;     /* MATMUL, TAKE_LAST: first output row written */
+    int64_t col0;     /* MATMUL: first output column written */
+    int64_t vocab0;   /* EMBED, EMBED_BWD, CE_STATS, CE_BLOCK: id of the block's first row */
+    int64_t vocab;    /* the same: whole vocabulary (0: the block's rows) */
+    /* training */
+    bool no_transpose; /* MATMUL: out = x . w, w (K, N) */
+    bool accumulate;   /* MATMUL: out += the product (the output its third input);
+                          CE_STATS: the loss adds; CE_BLOCK: dw adds */
+    float scale;       /* CROSS_ENTROPY, CE_*: the factor of the loss and its gradients */
+    float beta1, beta2, adam_eps, weight_decay, max_norm; /* ADAMW */
+} tide_op_args;
+
+/* tide_graph_add_op with the library's full parameters (a: NULL for none). */
+tide_status tide_graph_add_op_args(tide_graph *g, tide_op_kind kind, int n_in, const int *in, int n_out,
+                                   const int *out, const tide_op_args *a, int layer, int *id);
+
 typedef struct tide_op {
     tide_op_kind kind;
     int n_in, n_out;
     int in[TIDE_OP_MAX_IN];
     int out[TIDE_OP_MAX_OUT];
-    tide_op_params p;
+    tide_op_args p;
     int layer;    /* decoder layer, -1 for none */
     double flops; /* estimated floating-point operations */
     uint64_t scratch_bytes; /* backend workspace the op needs besides its tensors */
@@ -92,7 +122,7 @@ typedef struct tide_op_desc {
     /* Checks shapes, dtypes and parameters of an op whose arity was checked;
      * sets *flops. TIDE_OK or TIDE_E_INVALID with a message naming the op. */
     tide_status (*check)(tide_graph *g, int n_in, const int *in, int n_out, const int *out,
-                         const tide_op_params *p, double *flops);
+                         const tide_op_args *p, double *flops);
     /* Bytes the op moves through memory; NULL: its distinct inputs and outputs. */
     double (*bytes)(const tide_graph *g, const tide_op *op);
     /* Backend workspace beside its tensors; NULL: none. */
@@ -105,7 +135,7 @@ const tide_op_desc *tide_op_desc_of(tide_op_kind k);
  * tile offsets, then the kind's own check); sets *flops. TIDE_OK or
  * TIDE_E_INVALID naming the problem. */
 tide_status tide_op_check(tide_graph *g, tide_op_kind kind, int n_in, const int *in, int n_out, const int *out,
-                          const tide_op_params *p, double *flops);
+                          const tide_op_args *p, double *flops);
 /* Bytes op moves through memory (the cost model's memory-bound term). */
 double tide_op_bytes(const tide_graph *g, const tide_op *op);
 /* The rows of logits a CROSS_ENTROPY of rows x vocab holds at once (its

@@ -17,7 +17,7 @@
 #define T(i) (&g->tensors[in[i]])
 #define O(i) (&g->tensors[out[i]])
 #define FAIL(...) return tide_err(g->ctx, TIDE_E_INVALID, __VA_ARGS__)
-#define CHECK_ARGS tide_graph *g, int n_in, const int *in, int n_out, const int *out, const tide_op_params *p, \
+#define CHECK_ARGS tide_graph *g, int n_in, const int *in, int n_out, const int *out, const tide_op_args *p, \
                    double *flops
 
 static bool is_act(const tide_tensor *t) { return t->dtype == TIDE_F32 && t->ndim == 2; }
@@ -297,7 +297,7 @@ static tide_status check_cross_entropy(CHECK_ARGS) {
 
 /* What CE_STATS and CE_BLOCK share: h, a head block w and the targets. */
 static tide_status check_ce_common(tide_graph *g, const char *nm, int n_in, int min_in, const int *in, int n_out,
-                                   const tide_op_params *p) {
+                                   const tide_op_args *p) {
     if (n_in < min_in || n_out < 1)
         FAIL("%s takes %d or more inputs and 1 or more outputs, got %d and %d", nm, min_in, n_in, n_out);
     const tide_tensor *h = T(0), *w = T(1), *tg = T(2);
@@ -436,7 +436,7 @@ static uint64_t scratch_rmsnorm_bwd(const tide_graph *g, const tide_op *op) {
  *     blocks (one thread's at least); the CPU runs the op on no more threads
  *     than its workspace holds (its bits do not depend on the count). */
 static uint64_t scratch_attention_bwd(const tide_graph *g, const tide_op *op) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     uint64_t R = (uint64_t)g->tensors[op->in[0]].shape[0], T = R / (uint64_t)p->batch;
     uint64_t stats = 3 * R * (uint64_t)p->n_heads * 4;
     uint64_t bq = TIDE_MAX(16, TIDE_MIN(128, T / 8));
@@ -521,7 +521,7 @@ const char *tide_op_name(tide_op_kind k) {
 }
 
 tide_status tide_op_check(tide_graph *g, tide_op_kind kind, int n_in, const int *in, int n_out, const int *out,
-                          const tide_op_params *p, double *flops) {
+                          const tide_op_args *p, double *flops) {
     const tide_op_desc *d = tide_op_desc_of(kind);
     if (!d) FAIL("unknown op kind %d", (int)kind);
     if (d->min_in >= 0 && (n_in < d->min_in || n_in > d->max_in || (d->n_out >= 0 && n_out != d->n_out)))

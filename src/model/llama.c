@@ -40,7 +40,7 @@
 
 #include <stdio.h>
 
-static int op1(llama_builder *b, tide_op_kind kind, int a, int c, int out, const tide_op_params *p) {
+static int op1(llama_builder *b, tide_op_kind kind, int a, int c, int out, const tide_op_args *p) {
     int in[2] = {a, c};
     llama_op(b, kind, kind == TIDE_OP_TAKE_LAST || kind == TIDE_OP_ARGMAX ? 1 : 2, in, 1, &out, p);
     return out;
@@ -129,7 +129,7 @@ static void head(llama_builder *b, const tide_llama_config *cfg, const tide_llam
     const int64_t D = cfg->hidden_size, V = cfg->vocab_size, rows = o->all_logits ? (int64_t)B * T : B;
     const llama_tile *tl = li->tiles;
     llama_wsplit *ws = li->ws;
-    tide_op_params norm = {.eps = cfg->rms_norm_eps};
+    tide_op_args norm = {.eps = cfg->rms_norm_eps};
     b->layer = -1;
     int wn = llama_tensor(b, "model.norm.weight", cfg->dtype, TIDE_ROLE_WEIGHT, 1, D, 0, 0);
     const char *head_name = cfg->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
@@ -140,7 +140,7 @@ static void head(llama_builder *b, const tide_llama_config *cfg, const tide_llam
         bool first = true;
         for (int k = 0; k < NT && !b->st; k++) {
             if (tl[k].t0 + tl[k].n != T) continue;
-            tide_op_params tp = {.batch = tl[k].nb, .row0 = tl[k].b0};
+            tide_op_args tp = {.batch = tl[k].nb, .row0 = tl[k].b0};
             int in2[2] = {acts[k].h, last};
             llama_op(b, TIDE_OP_TAKE_LAST, first ? 1 : 2, in2, 1, &last, &tp);
             first = false;
@@ -148,7 +148,7 @@ static void head(llama_builder *b, const tide_llama_config *cfg, const tide_llam
         int hn = op1(b, TIDE_OP_RMSNORM, last, wn, llama_act(b, "final_norm", 0, 1, B, D), &norm);
         llama_split(b, ws, cfg->dtype, V, D, o->tile_weight_bytes, head_name, 0);
         for (int j = 0; j < ws->n && !b->st; j++) {
-            tide_op_params mp = {.col0 = ws->row0[j]};
+            tide_op_args mp = {.col0 = ws->row0[j]};
             int in3[3] = {hn, ws->id[j], logits};
             llama_op(b, TIDE_OP_MATMUL, j ? 3 : 2, in3, 1, &logits, &mp);
         }
@@ -159,7 +159,7 @@ static void head(llama_builder *b, const tide_llama_config *cfg, const tide_llam
         llama_split(b, ws, cfg->dtype, V, D, o->tile_weight_bytes, head_name, 0);
         for (int j = 0; j < ws->n && !b->st; j++)
             for (int k = 0; k < NT && !b->st; k++) {
-                tide_op_params mp = {.col0 = ws->row0[j], .row0 = (int64_t)tl[k].b0 * T + tl[k].t0};
+                tide_op_args mp = {.col0 = ws->row0[j], .row0 = (int64_t)tl[k].b0 * T + tl[k].t0};
                 int in3[3] = {acts[k].xn, ws->id[j], logits};
                 llama_op(b, TIDE_OP_MATMUL, j || k ? 3 : 2, in3, 1, &logits, &mp);
             }
@@ -198,7 +198,7 @@ tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
     for (int j = 0; j < ws->n && !b.st; j++)
         for (int k = 0; k < NT && !b.st; k++) {
             if (j == 0) acts[k].h = llama_act(&b, "h.0", k, NT, (int64_t)tl[k].nb * tl[k].n, D);
-            tide_op_params ep = {.idx0 = (int64_t)tl[k].b0 * T + tl[k].t0, .vocab0 = ws->row0[j],
+            tide_op_args ep = {.idx0 = (int64_t)tl[k].b0 * T + tl[k].t0, .vocab0 = ws->row0[j],
                                  .vocab = ws->n > 1 ? V : 0};
             int in3[3] = {ws->id[j], tokens, acts[k].h};
             llama_op(&b, TIDE_OP_EMBED, j ? 3 : 2, in3, 1, &acts[k].h, &ep);

@@ -44,7 +44,7 @@ int llama_tensor(llama_builder *b, const char *name, tide_dtype dt, tide_role ro
 int llama_act(llama_builder *b, const char *what, int k, int n_tiles, int64_t rows, int64_t cols);
 /* Appends an op (NULL p: all parameters 0). */
 void llama_op(llama_builder *b, tide_op_kind kind, int n_in, const int *in, int n_out, const int *out,
-              const tide_op_params *p);
+              const tide_op_args *p);
 
 /* The WEIGHT named by fmt (with %d the layer), (d0) or (d0, d1); the
  * graph's tensor of that name when it has one. */

@@ -26,9 +26,9 @@ int llama_act(llama_builder *b, const char *what, int k, int n_tiles, int64_t ro
 }
 
 void llama_op(llama_builder *b, tide_op_kind kind, int n_in, const int *in, int n_out, const int *out,
-              const tide_op_params *p) {
+              const tide_op_args *p) {
     if (b->st) return;
-    b->st = tide_graph_add_op(b->g, kind, n_in, in, n_out, out, p, b->layer, NULL);
+    b->st = tide_graph_add_op_args(b->g, kind, n_in, in, n_out, out, p, b->layer, NULL);
 }
 
 int llama_weight(llama_builder *b, tide_dtype dt, int64_t d0, int64_t d1, const char *fmt, int layer) {
@@ -87,7 +87,7 @@ static void matmul(llama_builder *b, const llama_layer_in *in, int L, int k0, in
     for (int j = 0; j < ws->n && !b->st; j++)
         for (int k = k0; k < k1 && !b->st; k++) {
             if (j == 0) ACT(k, out) = llama_act(b, what, k, in->n_tiles, rows(in, k), N);
-            tide_op_params mp = {.col0 = ws->row0[j]};
+            tide_op_args mp = {.col0 = ws->row0[j]};
             int in3[3] = {ACT(k, x), ws->id[j], ACT(k, out)};
             llama_op(b, TIDE_OP_MATMUL, j ? 3 : 2, in3, 1, &ACT(k, out), &mp);
         }
@@ -97,7 +97,7 @@ static void matmul(llama_builder *b, const llama_layer_in *in, int L, int k0, in
  * tensor c_id (a weight, pos); a new activation named `what`. */
 static void each(llama_builder *b, const llama_layer_in *in, int k0, int k1, llama_acts *acts, tide_op_kind kind,
                  size_t a, long c_field, int c_id, size_t out, const char *what, int64_t cols,
-                 const tide_op_params *p) {
+                 const tide_op_args *p) {
     for (int k = k0; k < k1 && !b->st; k++) {
         ACT(k, out) = llama_act(b, what, k, in->n_tiles, rows(in, k), cols);
         int in2[2] = {ACT(k, a), c_field >= 0 ? ACT(k, (size_t)c_field) : c_id};
@@ -116,14 +116,14 @@ void llama_layer_forward(llama_builder *b, const llama_layer_in *in, int L, int 
     b->layer = L;
     int w_in = llama_weight(b, wt, D, 0, "model.layers.%d.input_layernorm.weight", L);
     int w_post = llama_weight(b, wt, D, 0, "model.layers.%d.post_attention_layernorm.weight", L);
-    tide_op_params norm = {.eps = cfg->rms_norm_eps};
+    tide_op_args norm = {.eps = cfg->rms_norm_eps};
 
     each(b, in, k0, k1, acts, TIDE_OP_RMSNORM, F(h), -1, w_in, F(xn), nm[0], D, &norm);
     matmul(b, in, L, k0, k1, acts, F(xn), F(q), nm[1], H * hd, D, "model.layers.%d.self_attn.q_proj.weight");
     matmul(b, in, L, k0, k1, acts, F(xn), F(k), nm[2], kd, D, "model.layers.%d.self_attn.k_proj.weight");
     matmul(b, in, L, k0, k1, acts, F(xn), F(v), nm[3], kd, D, "model.layers.%d.self_attn.v_proj.weight");
     for (int k = k0; k < k1 && !b->st; k++) {
-        tide_op_params rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd,
+        tide_op_args rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd,
                              .batch = in->tiles[k].nb, .idx0 = pos0(in, k), .pos_rows = in->pos_rows};
         acts[k].qr = llama_act(b, nm[4], k, in->n_tiles, rows(in, k), H * hd);
         int in2[2] = {acts[k].q, in->pos};
@@ -135,7 +135,7 @@ void llama_layer_forward(llama_builder *b, const llama_layer_in *in, int L, int 
     }
     for (int k = k0; k < k1 && !b->st; k++) {
         const llama_tile *t = &in->tiles[k];
-        tide_op_params ap = {.n_heads = (int)H, .n_kv_heads = (int)KV, .head_dim = (int)hd, .batch = t->nb,
+        tide_op_args ap = {.n_heads = (int)H, .n_kv_heads = (int)KV, .head_dim = (int)hd, .batch = t->nb,
                              .idx0 = pos0(in, k), .pos_rows = in->pos_rows};
         acts[k].a = llama_act(b, nm[6], k, in->n_tiles, rows(in, k), H * hd);
         int ain[6] = {acts[k].qr, acts[k].kr, acts[k].v, in->pos}, aout[3] = {acts[k].a};

@@ -99,7 +99,12 @@ static tide_status create_spill(tide_ssd *s, int i, const char *dir, uint64_t si
     f->dir = tide_strdup(dir);
     if (!f->dir) return tide_err(s->ctx, TIDE_E_NOMEM, "out of memory");
     f->size = size;
-    f->fd = create_nameless(dir, !s->faults.refuse_direct, &f->direct);
+#ifdef TIDE_TEST_HOOKS
+    bool want_direct = !s->faults.refuse_direct;
+#else
+    bool want_direct = true;
+#endif
+    f->fd = create_nameless(dir, want_direct, &f->direct);
     if (f->fd < 0)
         return tide_err(s->ctx, errno == ENOMEM ? TIDE_E_NOMEM : TIDE_E_IO,
                         "cannot create a spill file in %s: %s", dir, strerror(errno));
@@ -132,10 +137,13 @@ static tide_status reserve_spill(tide_ssd *s, int i) {
     struct ssd_file *f = &s->files[i];
     if (f->size == 0) return TIDE_OK;
     int rc;
+#ifdef TIDE_TEST_HOOKS
     if (s->faults.fallocate_enospc_dir == i + 1) {
         rc = -1;
         errno = ENOSPC;
-    } else {
+    } else
+#endif
+    {
         do rc = fallocate(f->fd, 0, 0, (off_t)f->size);
         while (rc != 0 && errno == EINTR);
     }
@@ -169,6 +177,14 @@ void tide_ssd_close(tide_ssd *s) {
     tide_free(s->slots);
     tide_free(s);
 }
+
+#ifdef TIDE_TEST_HOOKS
+static tide_ssd_faults test_faults; /* store/ssd_test.h */
+
+void tide_ssd_test_set_faults(const tide_ssd_faults *f) {
+    test_faults = f ? *f : (tide_ssd_faults){0};
+}
+#endif
 
 tide_status tide_ssd_open(tide_ctx *ctx, const char *const *dirs, int n_dirs,
                           uint64_t capacity, const tide_ssd_opts *opts, tide_ssd **out) {
@@ -211,7 +227,9 @@ tide_status tide_ssd_open(tide_ctx *ctx, const char *const *dirs, int n_dirs,
     s->capacity = capacity;
     s->stripe = o.stripe_bytes;
     s->qd = o.queue_depth;
-    s->faults = o;
+#ifdef TIDE_TEST_HOOKS
+    s->faults = test_faults;
+#endif
     s->direct = true;
     tide_status st = TIDE_OK;
 
@@ -321,13 +339,15 @@ static void next_req(tide_ssd *s, struct xfer *x, struct ssd_req *r) {
     x->buf += len;
     x->left -= len;
 
-    /* Fault injection (tests): counted once per request. */
+#ifdef TIDE_TEST_HOOKS
+    /* Fault injection (store/ssd_test.h): counted once per request. */
     long nth = x->write ? ++s->n_writes : ++s->n_reads;
     long any = ++s->n_requests;
     r->inject_eio = nth == (x->write ? s->faults.fail_write_nth : s->faults.fail_read_nth);
     r->inject_eagain = any == s->faults.eagain_nth;
     if (any == s->faults.short_nth && len > TIDE_SSD_ALIGN)
         r->issue = len / 2 / TIDE_SSD_ALIGN * TIDE_SSD_ALIGN;
+#endif
     s->stats.requests++;
     if (r->fixed) s->stats.fixed_requests++;
 }
@@ -354,6 +374,7 @@ static tide_status req_fail(tide_ssd *s, tide_status st, const struct ssd_req *r
 /* Interprets one completion. Returns true when r goes back in flight. */
 static bool req_done(tide_ssd *s, struct ssd_req *r, tide_status *st) {
     int res = r->res;
+#ifdef TIDE_TEST_HOOKS
     if (r->inject_eio) {
         r->inject_eio = false;
         res = -EIO;
@@ -361,6 +382,7 @@ static bool req_done(tide_ssd *s, struct ssd_req *r, tide_status *st) {
         r->inject_eagain = false;
         res = -EAGAIN; /* it ran, but is redone: idempotent */
     }
+#endif
     if (res == -EAGAIN || res == -EINTR) {
         if (*st != TIDE_OK) return false;
         r->issue = r->len;
@@ -488,14 +510,16 @@ tide_status tide_ssd_read_file(tide_ssd *s, int fd, uint64_t file_off, void *buf
 }
 
 /* A write to a descriptor without O_DIRECT: pwrite, window by window, each
- * window a write request for fault injection (ssd.h). */
+ * window a write request for fault injection (store/ssd_test.h). */
 static tide_status buffered_write(tide_ssd *s, int fd, uint64_t off, const unsigned char *buf, size_t n) {
     while (n > 0) {
         size_t len = n > s->stripe ? (size_t)s->stripe : n;
         struct ssd_req r = {.fd = fd, .file = -1, .write = true, .off = off};
-        s->n_requests++;
         s->stats.requests++;
+#ifdef TIDE_TEST_HOOKS
+        s->n_requests++;
         if (++s->n_writes == s->faults.fail_write_nth) return req_fail(s, TIDE_OK, &r, strerror(EIO));
+#endif
         for (size_t done = 0; done < len;) {
             ssize_t k = pwrite(fd, buf + done, len - done, (off_t)(off + done));
             if (k < 0 && (errno == EINTR || errno == EAGAIN)) {

@@ -61,20 +61,7 @@ typedef struct tide_ssd_opts {
                                a multiple of 4096, at most 256 MiB */
     int fallback_threads;   /* threads of the pread pool; 0: 4 (max 64) */
 
-    /* Fault injection, for tests only (all zero in production). Requests are
-     * counted per store since open: each request a read (tide_ssd_read or
-     * tide_ssd_read_file) or a write is split into counts once, retries
-     * excluded; a call of at most stripe_bytes inside one stripe unit is one
-     * request. */
-    long fail_read_nth;     /* the Nth read request completes with EIO (0: never) */
-    long fail_write_nth;    /* the Nth write request completes with EIO (0: never) */
-    long short_nth;         /* the Nth request (reads and writes together) is issued
-                               for half its length, so it completes short */
-    long eagain_nth;        /* the Nth request (reads and writes together) is
-                               reported as EAGAIN once, after it ran */
-    int fallocate_enospc_dir; /* 1-based index of the directory whose fallocate
-                                 fails with ENOSPC (0: none) */
-    bool refuse_direct;     /* behave as if every directory refused O_DIRECT */
+    /* fault injection: only in test builds, store/ssd_test.h */
 } tide_ssd_opts;
 
 /* Opens a store of `capacity` bytes (rounded up to a multiple of 4096) striped
@@ -124,7 +111,7 @@ tide_status tide_ssd_read_file(tide_ssd *s, int fd, uint64_t file_off, void *buf
  * same engine in the same requests of at most stripe_bytes, with the
  * alignment rules of tide_ssd_write; a buffered one (no O_DIRECT in its
  * flags) takes any offset, length and buffer and is written with pwrite,
- * in windows of stripe_bytes that count as write requests for fail_write_nth
+ * in windows of stripe_bytes that count as write requests for fault injection (fail_write_nth, store/ssd_test.h)
  * (short_nth and eagain_nth do not apply there). A write past the end of
  * the file extends it. Nothing is synced: the bytes are in the file for
  * every later read of it, not yet durable. Returns TIDE_OK, TIDE_E_INVALID

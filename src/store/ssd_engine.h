@@ -15,6 +15,7 @@
 #define TIDE_STORE_SSD_ENGINE_H
 
 #include "store/ssd.h"
+#include "store/ssd_test.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -30,8 +31,10 @@ struct ssd_req {
     bool write;
     bool fixed;           /* buf lies in registered iovec buf_index */
     bool eof_zero;        /* a read past end of file reads zeros (read_file) */
+#ifdef TIDE_TEST_HOOKS
     bool inject_eio;      /* fault injection: report EIO when done */
     bool inject_eagain;   /* fault injection: report EAGAIN once when done */
+#endif
     int buf_index;
     uint64_t off;         /* file offset of the remaining part */
     unsigned char *buf;   /* remaining part */
@@ -90,8 +93,10 @@ struct tide_ssd {
     int n_free;
     struct ssd_req **done; /* qd, filled by run() */
 
-    tide_ssd_opts faults; /* the fault-injection fields are used */
+#ifdef TIDE_TEST_HOOKS
+    tide_ssd_faults faults; /* store/ssd_test.h */
     long n_reads, n_writes, n_requests; /* for fault injection */
+#endif
     tide_ssd_stats stats;
 };
 

@@ -75,7 +75,7 @@ static int act(tb *b, int k, int nt, const char *what, int64_t rows, int64_t col
     return llama_act(b, what, k, nt, rows, cols);
 }
 
-static void op(tb *b, tide_op_kind kind, int n_in, const int *in, int n_out, const int *out, const tide_op_params *p) {
+static void op(tb *b, tide_op_kind kind, int n_in, const int *in, int n_out, const int *out, const tide_op_args *p) {
     llama_op(b, kind, n_in, in, n_out, out, p);
 }
 
@@ -150,7 +150,7 @@ static void add_vparam(tb *b, vparam *vp, const char *name, tide_dtype dt, int64
 }
 
 /* The tile parameters of block k of vp (none when it is whole). */
-static void vblock(const vparam *vp, int k, tide_op_params *p) {
+static void vblock(const vparam *vp, int k, tide_op_args *p) {
     if (vp->nb == 1) return;
     p->vocab0 = vp->v0[k];
     p->vocab = vp->vocab;
@@ -158,7 +158,7 @@ static void vblock(const vparam *vp, int k, tide_op_params *p) {
 
 /* dx (=, +=) dy . w: the input gradient of a forward x . w^T */
 static void mm_dx(tb *b, int dy, int w, int dx, bool add) {
-    tide_op_params p = {.no_transpose = true, .accumulate = add};
+    tide_op_args p = {.no_transpose = true, .accumulate = add};
     int in[3] = {dy, w, dx};
     op(b, TIDE_OP_MATMUL, add ? 3 : 2, in, 1, &dx, &p);
 }
@@ -172,7 +172,7 @@ static void mm_dw(tb *b, int dy, int x, param *w) {
 
 /* dx = rmsnorm_bwd(x, w, dy); grad(w) (=, +=) */
 static void norm_bwd(tb *b, int x, param *w, int dy, int dx, float eps) {
-    tide_op_params p = {.eps = eps};
+    tide_op_args p = {.eps = eps};
     int in[4] = {x, w->w, dy, w->grad}, out[2] = {dx, w->grad};
     op(b, TIDE_OP_RMSNORM_BWD, w->written ? 4 : 3, in, 2, out, &p);
     w->written = true;
@@ -274,7 +274,7 @@ static void forward(train_build *s, int tokens) {
     for (int k = 0; k < NT && !b->st; k++) {
         s->h[k] = act(b, k, NT, "h.0", tile_rows(s, k), s->cfg->hidden_size);
         for (int vb = 0; vb < emb->nb; vb++) {
-            tide_op_params ep = {.idx0 = (int64_t)k * s->ts * T};
+            tide_op_args ep = {.idx0 = (int64_t)k * s->ts * T};
             vblock(emb, vb, &ep);
             int in[3] = {emb->b[vb].w, tokens, s->h[k]};
             op(b, TIDE_OP_EMBED, vb ? 3 : 2, in, 1, &s->h[k], &ep);
@@ -302,7 +302,7 @@ static void loss_tile(train_build *s, int k, int targets, int loss) {
     const int64_t Rk = tile_rows(s, k), D = s->cfg->hidden_size, R = (int64_t)s->o->batch * s->o->seq;
     const float eps = s->cfg->rms_norm_eps;
     vparam *hp = s->hp;
-    tide_op_params np = {.eps = eps};
+    tide_op_args np = {.eps = eps};
     int hf = act(b, k, NT, "hf", Rk, D);
     int in2[2] = {s->h[k], s->fnorm.w};
     op(b, TIDE_OP_RMSNORM, 2, in2, 1, &hf, &np);
@@ -311,7 +311,7 @@ static void loss_tile(train_build *s, int k, int targets, int loss) {
     const int64_t idx0 = (int64_t)k * s->ts * s->o->seq;
     if (hp->nb == 1) {
         param *P = &hp->b[0];
-        tide_op_params cp = {.scale = scale, .idx0 = idx0};
+        tide_op_args cp = {.scale = scale, .idx0 = idx0};
         int in[5] = {hf, P->w, targets, P->grad, loss}, outs[3] = {loss, dhf, P->grad};
         op(b, TIDE_OP_CROSS_ENTROPY, k ? 5 : P->written ? 4 : 3, in, 3, outs, &cp);
         P->written = true;
@@ -321,14 +321,14 @@ static void loss_tile(train_build *s, int k, int targets, int loss) {
         int stats = act(b, k, NT, "ce_stats", Rk, 3);
         for (int vb = 0; vb < hp->nb && !b->st; vb++) {
             bool last = vb == hp->nb - 1;
-            tide_op_params cp = {.scale = scale, .idx0 = idx0, .accumulate = last && k > 0};
+            tide_op_args cp = {.scale = scale, .idx0 = idx0, .accumulate = last && k > 0};
             vblock(hp, vb, &cp);
             int in[5] = {hf, hp->b[vb].w, targets, stats, loss}, outs[2] = {stats, loss};
             op(b, TIDE_OP_CE_STATS, 3 + (vb > 0) + cp.accumulate, in, last ? 2 : 1, outs, &cp);
         }
         for (int vb = 0; vb < hp->nb && !b->st; vb++) {
             param *P = &hp->b[vb];
-            tide_op_params cp = {.scale = scale, .idx0 = idx0, .accumulate = P->written};
+            tide_op_args cp = {.scale = scale, .idx0 = idx0, .accumulate = P->written};
             vblock(hp, vb, &cp);
             int in[6] = {hf, P->w, targets, stats}, n = 4, outs[2] = {dhf, P->grad};
             if (vb > 0) in[n++] = dhf;
@@ -376,13 +376,13 @@ static void backward_tile(train_build *s, int L, int k) {
     int dqr = act(b, k, NT, "d_qr", Rk, H * hd), dkr = act(b, k, NT, "d_kr", Rk, kd),
         dv = act(b, k, NT, "d_v", Rk, kd);
     {
-        tide_op_params ap = {.n_heads = (int)H, .n_kv_heads = (int)KV, .head_dim = (int)hd, .batch = nb};
+        tide_op_args ap = {.n_heads = (int)H, .n_kv_heads = (int)KV, .head_dim = (int)hd, .batch = nb};
         int in[6] = {kp->qr, kp->kr, kp->v, kp->a, da, s->pos}, outs[3] = {dqr, dkr, dv};
         op(b, TIDE_OP_ATTENTION_BWD, 6, in, 3, outs, &ap);
     }
     int dq = act(b, k, NT, "d_q", Rk, H * hd), dk = act(b, k, NT, "d_k", Rk, kd);
     {
-        tide_op_params rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd, .batch = nb};
+        tide_op_args rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd, .batch = nb};
         int in[2] = {dqr, s->pos};
         op(b, TIDE_OP_ROPE_BWD, 2, in, 1, &dq, &rp);
         rp.n_heads = (int)KV;
@@ -430,7 +430,7 @@ static void micro_batch(train_build *s, int m) {
     for (int k = 0; k < NT && !b->st; k++)
         for (int vb = 0; vb < s->emb->nb; vb++) {
             param *P = &s->emb->b[vb];
-            tide_op_params ep = {.idx0 = (int64_t)k * s->ts * T};
+            tide_op_args ep = {.idx0 = (int64_t)k * s->ts * T};
             vblock(s->emb, vb, &ep);
             int in[3] = {s->dh[k], tokens, P->grad};
             op(b, TIDE_OP_EMBED_BWD, P->written ? 3 : 2, in, 1, &P->grad, &ep);
@@ -463,7 +463,7 @@ static void optimizer(train_build *s) {
     for (int i = 0; i < n_par && !b->st; i++) {
         param *P = all[i];
         b->layer = P->layer;
-        tide_op_params ap = {.beta1 = o->beta1, .beta2 = o->beta2, .adam_eps = o->eps,
+        tide_op_args ap = {.beta1 = o->beta1, .beta2 = o->beta2, .adam_eps = o->eps,
                              .weight_decay = o->weight_decay, .max_norm = o->grad_clip};
         int in[7], outs[4], n = 0;
         in[n++] = P->w;

@@ -77,9 +77,9 @@ int main(void) {
     CHECK(tide_graph_add_tensor(g, "w", TIDE_F32, TIDE_ROLE_WEIGHT, 1, shape, &w) == TIDE_OK);
     CHECK(tide_graph_add_tensor(g, "x", TIDE_F32, TIDE_ROLE_INPUT, 1, shape, &x) == TIDE_OK);
     CHECK(tide_graph_add_tensor(g, "y", TIDE_F32, TIDE_ROLE_OUTPUT, 1, shape, &y) == TIDE_OK);
-    tide_op_params pr = {.flops = 1};
+    tide_op_args pr = {.flops = 1};
     int in[2] = {w, x};
-    CHECK(tide_graph_add_op(g, TIDE_OP_GENERIC, 2, in, 1, &y, &pr, -1, NULL) == TIDE_OK);
+    CHECK(tide_graph_add_op_args(g, TIDE_OP_GENERIC, 2, in, 1, &y, &pr, -1, NULL) == TIDE_OK);
 
     tide_status st = plan_and_verify(ctx, g, true);
     if (st) fprintf(stderr, "valid plan rejected: %s\n", tide_ctx_last_error(ctx));

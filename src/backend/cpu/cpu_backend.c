@@ -107,7 +107,7 @@ static const tide_tensor *tout(const tide_graph *g, const tide_op *op, int i) {
 
 static tide_status cpu_embed(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
                              void *const *out, void *scratch) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     const tide_tensor *tab = tin(g, op, 0), *tok = tin(g, op, 1), *o = tout(g, op, 0);
     const int32_t *ids = (const int32_t *)in[1] + p->idx0;
     int64_t R = o->shape[0], bad = -1;
@@ -122,7 +122,7 @@ static tide_status cpu_embed(tide_ctx *ctx, int nt, const tide_graph *g, const t
 
 static tide_status cpu_rmsnorm(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
                                void *const *out, void *scratch) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     const tide_tensor *x = tin(g, op, 0);
     tk_rmsnorm(in[0], in[1], tin(g, op, 1)->dtype, x->shape[0], x->shape[1], p->eps, out[0], nt);
     return TIDE_OK;
@@ -133,7 +133,7 @@ static tide_status cpu_rmsnorm(tide_ctx *ctx, int nt, const tide_graph *g, const
  * called without one, it allocates room for all R rows for the call. */
 static tide_status cpu_matmul(tide_ctx *ctx, int nt, tide_matmul_mode mode, const tide_graph *g, const tide_op *op,
                               void *const *in, void *const *out, void *scratch) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     const tide_tensor *x = tin(g, op, 0), *w = tin(g, op, 1), *o = tout(g, op, 0);
     float *dst = (float *)out[0] + p->row0 * o->shape[1] + p->col0;
     size_t sb = scratch ? (size_t)op->scratch_bytes : 0;
@@ -170,7 +170,7 @@ static tide_status cpu_matmul_f32(tide_ctx *ctx, int nt, const tide_graph *g, co
 
 static tide_status cpu_rope(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
                             void *const *out, void *scratch) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     const tide_tensor *x = tin(g, op, 0);
     /* a position per row: row r reads pos[r % R] */
     tk_rope(in[0], (const int32_t *)in[1] + p->idx0, x->shape[0], p->pos_rows ? x->shape[0] : x->shape[0] / p->batch,
@@ -180,7 +180,7 @@ static tide_status cpu_rope(tide_ctx *ctx, int nt, const tide_graph *g, const ti
 
 static tide_status cpu_attention(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
                                  void *const *out, void *scratch) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     const tide_tensor *pos = tin(g, op, 3);
     const int32_t *pp = (const int32_t *)in[3] + p->idx0;
     tk_attn_dims d = {.B = p->batch, .T = tin(g, op, 0)->shape[0] / p->batch, .H = p->n_heads,
@@ -246,7 +246,7 @@ static tide_status cpu_add(tide_ctx *ctx, int nt, const tide_graph *g, const tid
 
 static tide_status cpu_take_last(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
                                  void *const *out, void *scratch) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     const tide_tensor *x = tin(g, op, 0);
     tk_take_last(in[0], p->batch, x->shape[0] / p->batch, x->shape[1], (float *)out[0] + p->row0 * x->shape[1]);
     return TIDE_OK;
@@ -316,7 +316,7 @@ static tide_status cpu_matmul_gradw(tide_ctx *ctx, int nt, const tide_graph *g, 
 
 static tide_status cpu_rope_bwd(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
                                 void *const *out, void *scratch) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     const tide_tensor *dy = tin(g, op, 0);
     tk_rope_bwd(in[0], (const int32_t *)in[1] + p->idx0, dy->shape[0],
                 p->pos_rows ? dy->shape[0] : dy->shape[0] / p->batch, p->n_heads, p->head_dim, p->rope_theta,
@@ -326,7 +326,7 @@ static tide_status cpu_rope_bwd(tide_ctx *ctx, int nt, const tide_graph *g, cons
 
 static tide_status cpu_attention_bwd(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op,
                                      void *const *in, void *const *out, void *scratch) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     const tide_tensor *pos = tin(g, op, 5);
     const int32_t *pp = in[5];
     tk_attn_dims d = {.B = p->batch, .T = tin(g, op, 0)->shape[0] / p->batch, .H = p->n_heads,
@@ -455,7 +455,7 @@ static tide_status cpu_sumsq(tide_ctx *ctx, int nt, const tide_graph *g, const t
 
 static tide_status cpu_adamw(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
                              void *const *out, void *scratch) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     const tide_tensor *param = tin(g, op, 0);
     bool master = op->n_in == 7;
     int mi = master ? 2 : 1; /* index of m: outputs param, [master,] m, v are inputs 0.. in place */

@@ -169,7 +169,7 @@ static tide_status op_matmul(tide_backend *be, cu_queue *q, const tide_graph *g,
 static tide_status op_attention(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                                 void *const *in, void *const *out, void *scratch) {
     if (op->n_out == 1) return tide_cuda_attention_nocache(be, q, g, op, in, out, scratch);
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     /* the caches are outputs 1 and 2 (also inputs 4 and 5 unless fresh; a fresh
      * cache's positions 0..T-1 are the caller's guarantee, see tide.h) */
     const tide_tensor *pos = tin(g, op, 3), *kc = &g->tensors[op->out[1]];
@@ -216,7 +216,7 @@ static tide_status op_attention(tide_backend *be, cu_queue *q, const tide_graph 
 static tide_status op_embed(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                             void *const *in, void *const *out, void *scratch) {
     tide_ctx *ctx = q->ctx;
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     cudaStream_t s = q->stream;
     const tide_tensor *tab = tin(g, op, 0), *tok = tin(g, op, 1);
     const int32_t *ids = (const int32_t *)in[1] + p->idx0; /* a tile's tokens */
@@ -241,7 +241,7 @@ static tide_status op_embed(tide_backend *be, cu_queue *q, const tide_graph *g, 
 static tide_status op_rmsnorm(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                               void *const *in, void *const *out, void *scratch) {
     tide_ctx *ctx = q->ctx;
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     cudaStream_t s = q->stream;
     const tide_tensor *x = tin(g, op, 0);
     CU_TRY(ctx, tcu_rmsnorm(s, in[0], in[1], tin(g, op, 1)->dtype, x->shape[0], x->shape[1], p->eps, out[0]),
@@ -252,7 +252,7 @@ static tide_status op_rmsnorm(tide_backend *be, cu_queue *q, const tide_graph *g
 static tide_status op_rope(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                            void *const *in, void *const *out, void *scratch) {
     tide_ctx *ctx = q->ctx;
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     cudaStream_t s = q->stream;
     const tide_tensor *x = tin(g, op, 0);
     /* a position per row: row r reads pos[r % R] */
@@ -282,7 +282,7 @@ static tide_status op_add(tide_backend *be, cu_queue *q, const tide_graph *g, co
 static tide_status op_take_last(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                                 void *const *in, void *const *out, void *scratch) {
     tide_ctx *ctx = q->ctx;
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     cudaStream_t s = q->stream;
     const tide_tensor *x = tin(g, op, 0);
     int64_t B = p->batch, T = x->shape[0] / p->batch, D = x->shape[1];

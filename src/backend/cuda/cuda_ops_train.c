@@ -98,7 +98,7 @@ static tide_status no_workspace(cu_queue *q, const tide_op *op) {
 /* The heads and sizes of an attention op, checked against the kernels'
  * limits. */
 static tide_status attn_dims(cu_queue *q, const tide_op *op, int64_t R, const char *nm) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     if (p->head_dim > TCU_ATTN_MAX_HD)
         return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "%s: head_dim %d is above the cuda backend's limit %d", nm,
                         p->head_dim, TCU_ATTN_MAX_HD);
@@ -125,7 +125,7 @@ static tide_status check_fresh(cu_queue *q, const tide_graph *g, const tide_op *
  * place of the caches (C = T), as the CPU's. */
 tide_status tide_cuda_attention_nocache(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                                         void *const *in, void *const *out, void *scratch) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     int64_t R = tin(g, op, 0)->shape[0], B = p->batch, T = R / B;
     tide_status st = attn_dims(q, op, R, "attention");
     if (!st) st = check_fresh(q, g, op, in[3], T, "attention without a cache needs");
@@ -138,7 +138,7 @@ tide_status tide_cuda_attention_nocache(tide_backend *be, cu_queue *q, const tid
 
 tide_status tide_cuda_attention_bwd(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                                     void *const *in, void *const *out, void *scratch) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     int64_t R = tin(g, op, 0)->shape[0], B = p->batch, T = R / B;
     tide_status st = attn_dims(q, op, R, "attention_bwd");
     if (!st) st = check_fresh(q, g, op, in[5], T, "attention_bwd: fresh sequences need");
@@ -189,7 +189,7 @@ tide_status tide_cuda_rmsnorm_bwd(tide_backend *be, cu_queue *q, const tide_grap
 
 tide_status tide_cuda_rope_bwd(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                                void *const *in, void *const *out, void *scratch) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     int64_t R = tin(g, op, 0)->shape[0];
     CU_TRY(q->ctx, tcu_rope_inverse(q->stream, in[0], (const int32_t *)in[1] + p->idx0, R,
                                     p->pos_rows ? R : R / p->batch, p->n_heads, p->head_dim, p->rope_theta, out[0]),
@@ -215,7 +215,7 @@ tide_status tide_cuda_sumsq(tide_backend *be, cu_queue *q, const tide_graph *g, 
 
 tide_status tide_cuda_adamw(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op, void *const *in,
                             void *const *out, void *scratch) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     const tide_tensor *param = tin(g, op, 0);
     bool master = op->n_in == 7;
     int mi = master ? 2 : 1; /* index of m: outputs param, [master,] m, v are inputs 0.. in place */
@@ -403,7 +403,7 @@ tide_status tide_cuda_cross_entropy(tide_backend *be, cu_queue *q, const tide_gr
  * block leaves each row's loss term in the workspace and sums them. */
 tide_status tide_cuda_ce_stats(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                                void *const *in, void *const *out, void *scratch) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     const int32_t *targets = (const int32_t *)in[2] + p->idx0;
     const bool first = p->vocab0 == 0, last = op->n_out == 2;
     ce_plan c;
@@ -430,7 +430,7 @@ tide_status tide_cuda_ce_stats(tide_backend *be, cu_queue *q, const tide_graph *
  * block: in[4] is out[0]) and dw (adding with accumulate). */
 tide_status tide_cuda_ce_block(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                                void *const *in, void *const *out, void *scratch) {
-    const tide_op_params *p = &op->p;
+    const tide_op_args *p = &op->p;
     const int32_t *targets = (const int32_t *)in[2] + p->idx0;
     ce_plan c;
     tide_status st = ce_check_targets(q, g, op, targets, p->vocab, REC_CE_BLOCK);
