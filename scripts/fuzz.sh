@@ -35,7 +35,10 @@ CC="$cc" cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTID
 cmake --build "$build" -j "$jobs" --target fuzz >/dev/null
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/tide-fuzz.XXXXXX")
-trap 'rm -rf "$work"; rm -rf /dev/shm/tide-fuzz-* 2>/dev/null || true' EXIT
+# the targets' scratch files (fuzz/fuzz_util.h): in memory where possible
+shm=$(mktemp -d /dev/shm/tide-fuzz.XXXXXX 2>/dev/null || mktemp -d "$work/shm.XXXXXX")
+export TIDE_FUZZ_DIR=$shm
+trap 'rm -rf "$work" "$shm"' EXIT
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TIDE_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
