@@ -313,6 +313,26 @@ def first_server():
     bad("oversize body", 413, raw=json.dumps({"model": "a", "prompt": "x" * (3 << 19)}))
     bad("prompt longer than the context", 400, {"model": "a", "prompt": " ".join(["tensor"] * 400)}, text="context")
     bad("max_tokens beyond the context", 400, {"model": "a", "prompt": PROMPT, "max_tokens": 1000}, text="context")
+    # two framings of one body: Transfer-Encoding and Content-Length together get 400 naming both
+    body = json.dumps({"model": "a", "prompt": "x", "max_tokens": 2}).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+              + b"\r\nContent-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+              % (len(body), len(body), body))
+    got = b""
+    while True:
+        piece = s.recv(4096)
+        if not piece:
+            break
+        got += piece
+    s.close()
+    head, _, rest = got.partition(b"\r\n\r\n")
+    try:
+        msg = json.loads(rest)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        msg = ""
+    check(head.startswith(b"HTTP/1.1 400") and "Transfer-Encoding" in msg and "Content-Length" in msg,
+          "Transfer-Encoding with Content-Length: 400 naming both", got[:300])
     bad("no key", 401, None, path="/v1/models", method="GET", key=None)
     bad("wrong key", 401, {"model": "a", "prompt": "x"}, key="wrong")
 

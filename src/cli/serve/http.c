@@ -447,6 +447,7 @@ static enum MHD_Result handle_generate(serve_server *s, struct MHD_Connection *c
 typedef struct conn {
     textbuf body;
     bool too_large;
+    bool framing_bad;             /* answered 400 on the first call */
 } conn;
 
 static bool authorized(serve_server *s, struct MHD_Connection *c) {
@@ -479,7 +480,19 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         *con_cls = cn;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding")) {
+            /* two framings of one body (RFC 9112 6.3): refused, never guessed */
+            serve_error e;
+            serve_fail(&e, 400, "invalid_request_error", "the request has both 'Transfer-Encoding' and "
+                       "'Content-Length' headers: send one");
+            cn->framing_bad = true;
+            return answer_error(s, c, "other", &e);
+        }
         if (cl && strtoull(cl, NULL, 10) > SERVE_MAX_BODY) cn->too_large = true;
+        return MHD_YES;
+    }
+    if (cn->framing_bad) {
+        *upload_data_size = 0; /* answered already: the body is dropped */
         return MHD_YES;
     }
     if (*upload_data_size) {
