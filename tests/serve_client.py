@@ -313,6 +313,18 @@ def first_server():
     bad("oversize body", 413, raw=json.dumps({"model": "a", "prompt": "x" * (3 << 19)}))
     bad("prompt longer than the context", 400, {"model": "a", "prompt": " ".join(["tensor"] * 400)}, text="context")
     bad("max_tokens beyond the context", 400, {"model": "a", "prompt": PROMPT, "max_tokens": 1000}, text="context")
+    # strict parsing: a NUL in a string is refused naming the field; exactly one JSON value
+    bad("a NUL in the model name", 400, raw='{"model": "a\\u0000x", "prompt": "x"}', text="'model'")
+    bad("a NUL in the prompt", 400, raw='{"model": "a", "prompt": "x\\u0000y"}', text="'prompt'")
+    bad("a NUL in a message", 400, raw='{"model": "a", "messages": [{"role": "user", "content": "hi"}, '
+        '{"role": "user", "content": "a\\u0000"}]}', path="/v1/chat/completions", text="'messages[1].content'")
+    bad("a raw NUL in a stop string", 400, raw='{"model": "a", "prompt": "x", "stop": ["ok", "s\x00t"]}',
+        text="'stop[1]'")
+    bad("bytes after the JSON object", 400, raw='{"model": "a", "prompt": "x"}\x00garbage', text="after")
+    bad("a second JSON value", 400, raw='{"model": "a", "prompt": "x"} {}', text="after")
+    st, j, b = request(port, "POST", "/v1/completions", None, key=KEY,
+                       raw='{"model": "a", "prompt": "x\\\\u0000", "max_tokens": 2}')
+    check(st == 200, "an escaped backslash before u0000 is text: 200", f"{st} {b[:200]!r}")
     # two framings of one body: Transfer-Encoding and Content-Length together get 400 naming both
     body = json.dumps({"model": "a", "prompt": "x", "max_tokens": 2}).encode()
     s = socket.create_connection(("127.0.0.1", port), timeout=30)

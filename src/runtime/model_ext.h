@@ -34,4 +34,10 @@ const tide_hw *tide_model_hw(const tide_model *m);
  * TIDE_E_INVALID when the model is not offloading. */
 tide_status tide_model_set_hw(tide_model *m, const tide_hw *hw);
 
+/* A generation request checked as tide_model_generate would check it
+ * (declared with its full comment in src/runtime/model_int.h): the pool checks
+ * a request on its caller's context before it joins a batch. */
+tide_status tide_model_check_generate(const tide_model *m, tide_ctx *ctx, const int32_t *prompt, int n_prompt,
+                                      int max_new, const tide_gen_opts *o, const int32_t *out_tokens);
+
 #endif

@@ -177,12 +177,87 @@ static int parse_sampling(const cJSON *o, serve_request *r, serve_error *e) {
     return parse_stops(o, r, e);
 }
 
+/* Where a string of the JSON text holds a NUL (a raw 0 byte or the escape
+ * \u0000), which C strings would silently cut: true, with the field's path
+ * ("messages[1].content", "stop[0]") written to `path`. The scan follows the
+ * text's nesting only; its validity is cJSON's to judge. */
+#define NUL_DEPTH 32
+static bool json_nul_field(const char *t, size_t len, char *path, size_t cap) {
+    struct frame {
+        bool obj, want_key;
+        int index;
+        char key[48];
+    } st[NUL_DEPTH];
+    int depth = 0; /* frames entered; only the first NUL_DEPTH are kept */
+    for (size_t i = 0; i < len; i++) {
+        char c = t[i];
+        struct frame *top = depth > 0 && depth <= NUL_DEPTH ? &st[depth - 1] : NULL;
+        if (c == '{' || c == '[') {
+            if (depth < NUL_DEPTH) st[depth] = (struct frame){.obj = c == '{', .want_key = c == '{'};
+            depth++;
+        } else if (c == '}' || c == ']') {
+            if (depth > 0) depth--;
+        } else if (c == ',' && top) {
+            if (top->obj) top->want_key = true;
+            else top->index++;
+        } else if (c == ':' && top && top->obj) {
+            top->want_key = false;
+        } else if (c == '"') {
+            bool is_key = top && top->obj && top->want_key;
+            size_t k = 0;
+            bool nul = false;
+            char key[48];
+            for (i++; i < len && t[i] != '"'; i++) {
+                char ch = t[i];
+                if (ch == '\\' && i + 1 < len) {
+                    ch = t[++i];
+                    if (ch == 'u' && i + 4 < len && !memcmp(t + i + 1, "0000", 4)) nul = true;
+                } else if (ch == '\0') {
+                    nul = true;
+                }
+                if (is_key && k + 1 < sizeof key) key[k++] = ch;
+            }
+            if (is_key) {
+                key[k] = '\0';
+                memcpy(top->key, key, k + 1);
+            }
+            if (nul) {
+                size_t n = 0;
+                path[0] = '\0';
+                int kept = depth < NUL_DEPTH ? depth : NUL_DEPTH;
+                for (int d = 0; d < kept && n < cap; d++) {
+                    int w = st[d].obj ? snprintf(path + n, cap - n, "%s%s", n ? "." : "", st[d].key)
+                                      : snprintf(path + n, cap - n, "[%d]", st[d].index);
+                    if (w > 0) n += (size_t)w;
+                }
+                if (is_key && n < cap) snprintf(path + n, cap - n, "%s(a key)", n ? " " : "");
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 int serve_parse_request(serve_server *s, const char *body, size_t len, bool chat, serve_request *r, serve_error *e) {
     memset(r, 0, sizeof *r);
     r->chat = chat;
-    cJSON *o = cJSON_ParseWithLength(body, len);
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (!o) return serve_fail(e, 400, "invalid_request_error", "the request body is not valid JSON");
     int rc = -1;
+    /* exactly one JSON value: nothing but white space after it */
+    for (const char *p = end; p && p < body + len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            serve_fail(e, 400, "invalid_request_error", "the request body holds bytes after its JSON value "
+                       "(at offset %zu of %zu)", (size_t)(p - body), len);
+            goto done;
+        }
+    char where[160];
+    if (json_nul_field(body, len, where, sizeof where)) {
+        serve_fail(e, 400, "invalid_request_error", "'%s' holds a NUL character (\\u0000), which is not "
+                   "accepted", where[0] ? where : "(the body)");
+        goto done;
+    }
     if (!cJSON_IsObject(o)) {
         serve_fail(e, 400, "invalid_request_error", "the request body must be a JSON object");
         goto done;
@@ -197,7 +272,9 @@ int serve_parse_request(serve_server *s, const char *body, size_t len, bool chat
         goto done;
     }
     for (int i = 0; i < s->n_models; i++)
-        if (!strcmp(s->models[i].name, model->valuestring)) r->model = &s->models[i];
+        if (strlen(s->models[i].name) == strlen(model->valuestring) &&
+            !memcmp(s->models[i].name, model->valuestring, strlen(model->valuestring)))
+            r->model = &s->models[i];
     if (!r->model) {
         serve_fail(e, 404, "not_found_error", "the model '%.128s' does not exist (GET /v1/models lists those served)",
                    model->valuestring);
