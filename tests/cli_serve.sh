@@ -49,6 +49,15 @@ expect 2 "bad policy" -- "$TIDE" serve --model a="$TMP/a" --budget 64M --policy 
 expect 2 "bad --max-loaded" -- "$TIDE" serve --model a="$TMP/a" --budget 64M --max-loaded -1
 contains "$TMP/err" "--max-loaded" "bad --max-loaded: message"
 expect 2 "bad port" -- "$TIDE" serve --model a="$TMP/a" --budget 64M --port 70000
+# a context the model can never hold: refused at start, naming the model
+sed -e 's/"vocab_size": [0-9]*/"vocab_size": 4160/' "$TIDE_FIXTURES/tiny-bf16-gqa/config.json" > "$TMP/short.json"
+contains "$TMP/short.json" '"max_position_embeddings": 128' "the short model's fixture has 128 positions"
+expect 0 "make-model short" -- "$TIDE" make-model --config "$TMP/short.json" --seed 3 "$TMP/short"
+expect 2 "--ctx beyond the positions" -- timeout 60 "$TIDE" serve --model a="$TMP/a" --model short="$TMP/short" --budget 64M \
+    --ctx 4096 --port 0 --hw h100-80g --backend cpu
+contains "$TMP/err" "'short'" "--ctx beyond the positions: names the model"
+contains "$TMP/err" "128 positions" "--ctx beyond the positions: names its positions"
+rm -rf "$TMP/short"
 if ! command -v python3 >/dev/null; then
     # the checks above ran; the HTTP API's cannot: skipped, not passed
     skip_check "the HTTP API" "python3 not found"

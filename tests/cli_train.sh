@@ -289,6 +289,19 @@ touch "$TMP/afile"
 expect 1 "--out under a file" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 2 --seq 16 --out "$TMP/afile/ck"
 expect 1 "--out a file" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 2 --seq 16 --out "$TMP/afile"
 contains "$TMP/err" "afile" "message names the path"
+# an existing directory where no file can be created (root passes permission
+# bits, not /proc's nor a read-only mount's refusal): refused before the first step
+expect 1 "--out where no file can be created" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 2 --seq 16 \
+    --out /proc/self
+contains "$TMP/err" "no file can be created" "unwritable --out: message"
+if ! grep -q "step" "$TMP/out"; then PASSES=$((PASSES + 1)); else echo "FAIL: unwritable --out: a step ran"; FAILS=$((FAILS + 1)); fi
+mkdir -p "$TMP/ro"
+if mount -t tmpfs -o ro,size=1m tmpfs "$TMP/ro" 2>/dev/null; then # where mounting is allowed (root in CI)
+    expect 1 "--out a read-only mount point" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 2 --seq 16 \
+        --out "$TMP/ro"
+    contains "$TMP/err" "Read-only file system" "read-only --out: message names the cause"
+    umount "$TMP/ro"
+fi
 # a save that fills the disk: the earlier checkpoint stays whole
 cp -r "$TMP/ck2" "$TMP/ckfull"
 (ulimit -f 64; trap '' XFSZ; "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 2 --seq 16 \

@@ -310,7 +310,10 @@ int cmd_serve(int argc, char **argv) {
     /* the pool loads them on their first requests, and evicts */
     for (int i = 0; i < a.n_models; i++)
         if (tide_pool_offer_model(pool, a.models[i].name, a.models[i].dir, &a.mo)) {
+            /* a model the options can never serve (--ctx beyond its
+             * positions, a name given twice) is a bad argument: exit 2 */
             rc = cli_fail(pool_ctx, "the pool");
+            if (tide_ctx_last_status(pool_ctx) == TIDE_E_INVALID) rc = 2;
             tide_pool_free(pool);
             goto done;
         }

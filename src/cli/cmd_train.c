@@ -429,14 +429,33 @@ static tide_trainer_opts trainer_opts(const train_args *a) {
     return o;
 }
 
+/* Creates and removes a file in dir: whether a save could write there (a
+ * read-only mount, a full disk's inode table or permissions refuse it; root
+ * passes permission bits, so access() alone would not tell). */
+static bool dir_takes_files(const char *dir) {
+    char p[PATH_MAX];
+    if (snprintf(p, sizeof p, "%s/.tide-write-probe-XXXXXX", dir) >= (int)sizeof p) return false;
+    int fd = mkstemp(p);
+    if (fd < 0) return false;
+    close(fd);
+    unlink(p);
+    return true;
+}
+
 /* Refuses at once an --out that a save could not write (rather than after
- * the training): an existing path that is not a directory, or a nearest
- * existing ancestor that is not a writable directory. */
+ * the training): an existing path that is not a directory or where no file
+ * can be created, or a nearest existing ancestor that is not a directory
+ * taking files. --save-every saves into the same directory. */
 static int check_out(const char *out) {
     struct stat sb;
     if (stat(out, &sb) == 0) {
         if (!S_ISDIR(sb.st_mode)) {
             fprintf(stderr, "tide: train: --out %s exists and is not a directory\n", out);
+            return 1;
+        }
+        if (!dir_takes_files(out)) {
+            fprintf(stderr, "tide: train: cannot write --out %s: no file can be created there (%s)\n", out,
+                    strerror(errno));
             return 1;
         }
         return 0;
@@ -451,8 +470,9 @@ static int check_out(const char *out) {
         if (stat(p, &sb) == 0) break;
         if (!strcmp(p, ".") || !strcmp(p, "/")) break;
     }
-    if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode) || access(p, W_OK | X_OK) != 0) {
-        fprintf(stderr, "tide: train: cannot write --out %s: %s is not a writable directory\n", out, p);
+    if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode) || !dir_takes_files(p)) {
+        fprintf(stderr, "tide: train: cannot write --out %s: %s is not a directory where files can be created (%s)\n",
+                out, p, strerror(errno));
         return 1;
     }
     return 0;

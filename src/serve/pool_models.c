@@ -166,6 +166,21 @@ tide_status tide_pool_offer_model(tide_pool *p, const char *name, const char *di
     if (o->ctx_len < 0 || o->ctx_len == 1 || o->max_batch < 0 || o->max_batch > TIDE_MAX_BATCH || o->threads < 0)
         return tide_err(p->ctx, TIDE_E_INVALID, "model '%s': context %d, batch %d, threads %d (a context of at "
                         "least 2, a batch of at most %d)", name, o->ctx_len, o->max_batch, o->threads, TIDE_MAX_BATCH);
+    /* a context beyond the model's positions could never be served: refused
+     * now, not on every request (a config that cannot be read is reported
+     * when the model is loaded, as before) */
+    if (o->ctx_len > 0) {
+        char path[4096];
+        tide_llama_config cf;
+        tide_ctx *cc = tide_ctx_new();
+        if (!cc) return tide_err(p->ctx, TIDE_E_NOMEM, "out of memory offering model '%s'", name);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        bool known = !tide_llama_config_load(cc, path, &cf);
+        tide_ctx_free(cc);
+        if (known && cf.max_position_embeddings < o->ctx_len)
+            return tide_err(p->ctx, TIDE_E_INVALID, "the model '%s' (%s) has %d positions, fewer than the context "
+                            "of %d tokens asked for", name, dir, cf.max_position_embeddings, o->ctx_len);
+    }
     tide_status st = TIDE_OK;
     pool_models *c = models_of(p, &st);
     if (!c) return st;
