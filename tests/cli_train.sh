@@ -297,8 +297,11 @@ contains "$TMP/err" "no file can be created" "unwritable --out: message"
 if ! grep -q "step" "$TMP/out"; then PASSES=$((PASSES + 1)); else echo "FAIL: unwritable --out: a step ran"; FAILS=$((FAILS + 1)); fi
 mkdir -p "$TMP/ro"
 if mount -t tmpfs -o ro,size=1m tmpfs "$TMP/ro" 2>/dev/null; then # where mounting is allowed (root in CI)
-    expect 1 "--out a read-only mount point" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 2 --seq 16 \
+    expect 1 "--out a mount point" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 2 --seq 16 \
         --out "$TMP/ro"
+    contains "$TMP/err" "mount point" "--out a mount point: message names the cause"
+    expect 1 "--out inside a read-only mount" -- "$TIDE" train --model "$FX" --data "$DATA" --steps 1 --batch 2 \
+        --seq 16 --out "$TMP/ro/ck"
     contains "$TMP/err" "Read-only file system" "read-only --out: message names the cause"
     umount "$TMP/ro"
 fi

@@ -443,36 +443,42 @@ static bool dir_takes_files(const char *dir) {
 }
 
 /* Refuses at once an --out that a save could not write (rather than after
- * the training): an existing path that is not a directory or where no file
- * can be created, or a nearest existing ancestor that is not a directory
- * taking files. --save-every saves into the same directory. */
+ * the training). A save builds the checkpoint in a directory beside DIR and
+ * renames it into place (src/train/save.c), so what must take files is DIR's
+ * parent (the nearest existing ancestor for a new DIR), and DIR may not be a
+ * mount point (a rename cannot replace one) nor a path that is not a
+ * directory. --save-every saves there too. */
 static int check_out(const char *out) {
-    struct stat sb;
-    if (stat(out, &sb) == 0) {
-        if (!S_ISDIR(sb.st_mode)) {
-            fprintf(stderr, "tide: train: --out %s exists and is not a directory\n", out);
-            return 1;
-        }
-        if (!dir_takes_files(out)) {
-            fprintf(stderr, "tide: train: cannot write --out %s: no file can be created there (%s)\n", out,
-                    strerror(errno));
-            return 1;
-        }
-        return 0;
+    struct stat sb, pb;
+    bool exists = stat(out, &sb) == 0;
+    if (exists && !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "tide: train: --out %s exists and is not a directory\n", out);
+        return 1;
     }
     char p[PATH_MAX];
     snprintf(p, sizeof p, "%s", out);
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') p[--n] = 0; /* "ck/" is ck */
     for (;;) {
         char *slash = strrchr(p, '/');
         if (!slash) snprintf(p, sizeof p, ".");
         else if (slash == p) p[1] = 0;
         else *slash = 0;
-        if (stat(p, &sb) == 0) break;
+        if (stat(p, &pb) == 0) break;
         if (!strcmp(p, ".") || !strcmp(p, "/")) break;
     }
-    if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode) || !dir_takes_files(p)) {
-        fprintf(stderr, "tide: train: cannot write --out %s: %s is not a directory where files can be created (%s)\n",
-                out, p, strerror(errno));
+    if (stat(p, &pb) != 0 || !S_ISDIR(pb.st_mode)) {
+        fprintf(stderr, "tide: train: cannot write --out %s: %s is not a directory\n", out, p);
+        return 1;
+    }
+    if (exists && (sb.st_dev != pb.st_dev || sb.st_ino == pb.st_ino)) {
+        fprintf(stderr, "tide: train: cannot write --out %s: it is a mount point, and a checkpoint is built beside "
+                "it and renamed into place: name a directory inside it\n", out);
+        return 1;
+    }
+    if (!dir_takes_files(p)) {
+        fprintf(stderr, "tide: train: cannot write --out %s: no file can be created in %s (%s)\n", out, p,
+                strerror(errno));
         return 1;
     }
     return 0;
