@@ -430,7 +430,7 @@ def openai_part(port, refs):
 
 
 def second_server():
-    srv = Server("two", ["--ctx", "512", "--queue", "1"])
+    srv = Server("two", ["--ctx", "512", "--queue", "1", "--shutdown-grace", "1"])
     port = srv.port
     # a stream whose client reads nothing more: its producer is held, model a busy
     s = open_raw_stream(port, {"model": "a", "prompt": PROMPT, "max_tokens": 480}, rcvbuf=2048)
@@ -447,6 +447,107 @@ def second_server():
     s.close()
     check(rc == 0, "SIGTERM during a stream: exit status 0", rc)
     check(os.listdir(srv.spill) == [], "no spill file left after SIGTERM", os.listdir(srv.spill))
+
+
+def start_raw_stream(port, body):
+    """A stream read by hand: (socket, bytes so far, up to its first event)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    data = json.dumps(dict(body, stream=True)).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    got = b""
+    while b"data: " not in got:
+        piece = s.recv(4096)
+        if not piece:
+            break
+        got += piece
+    return s, got
+
+
+def read_to_end(s, got):
+    """got and everything the server sends on s until it closes it (or 60 s)."""
+    try:
+        while True:
+            piece = s.recv(65536)
+            if not piece:
+                break
+            got += piece
+    except OSError:
+        pass
+    s.close()
+    return got
+
+
+def dechunk(raw):
+    """(status line, body, whether the chunked body ended with its last chunk)."""
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    body = b""
+    while True:
+        line, sep, rest = rest.partition(b"\r\n")
+        if not sep:
+            return head.split(b"\r\n")[0], body, False
+        try:
+            n = int(line.split(b";")[0], 16)
+        except ValueError:
+            return head.split(b"\r\n")[0], body, False
+        if n == 0:
+            return head.split(b"\r\n")[0], body, rest.startswith(b"\r\n")
+        body, rest = body + rest[:n], rest[n + 2:]
+
+
+def shutdown_servers():
+    """SIGTERM with streams in flight: each ends whole; a second signal skips the grace."""
+    body = {"model": "a", "prompt": PROMPT, "max_tokens": 4000}
+    srv = Server("stop", ["--ctx", "4096", "--shutdown-grace", "0"])
+    socks = [start_raw_stream(srv.port, body) for _ in range(4)]
+    out = [None] * len(socks)
+    readers = [threading.Thread(target=lambda i=i: out.__setitem__(i, read_to_end(*socks[i])))
+               for i in range(len(socks))]
+    for t in readers:
+        t.start()
+    srv.p.send_signal(signal.SIGTERM)
+    for t in readers:
+        t.join()
+    try:
+        rc = srv.p.wait(30)
+    except subprocess.TimeoutExpired:
+        srv.p.kill()
+        rc = "hung"
+    for i, got in enumerate(out):
+        status, body_bytes, ended = dechunk(got)
+        check(b" 200 " in status, f"SIGTERM: stream {i} was answered 200", status)
+        events = [e for e in body_bytes.split(b"\n\n") if e]
+        finish = [json.loads(e[6:])["choices"][0].get("finish_reason") for e in events[:-1]
+                  if e.startswith(b"data: {")]
+        check(events and events[-1] == b"data: [DONE]", f"SIGTERM: stream {i} ends with data: [DONE]", got[-200:])
+        check(finish and finish[-1] in ("length", "stop"), f"SIGTERM: stream {i} has a last chunk with its "
+              "finish_reason", finish[-3:])
+        check(ended, f"SIGTERM: stream {i} ends its chunked body with the last chunk", got[-40:])
+    check(rc == 0, "SIGTERM with streams in flight: exit status 0", rc)
+    check(os.listdir(srv.spill) == [], "SIGTERM with streams in flight: no spill file left", os.listdir(srv.spill))
+    # a request whose body is still arriving holds the 60 s grace: a second
+    # SIGTERM ends the wait (the bound below is far under the grace)
+    srv = Server("stop2", ["--ctx", "512", "--shutdown-grace", "60"])
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"Authorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n".encode() + b'{"model": "a",')
+    time.sleep(0.3)
+    srv.p.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    check(srv.p.poll() is None, "the grace: still running 0.5 s after SIGTERM with a stream in flight",
+          open(srv.err.name).read()[-600:])
+    t0 = time.time()
+    srv.p.send_signal(signal.SIGTERM)
+    try:
+        rc = srv.p.wait(30)
+    except subprocess.TimeoutExpired:
+        srv.p.kill()
+        rc = "hung"
+    s.close()
+    check(rc == 0, "a second SIGTERM: exit status 0", rc)
+    check(time.time() - t0 < 30, "a second SIGTERM: the grace is not waited out")
+    check(os.listdir(srv.spill) == [], "a second SIGTERM: no spill file left", os.listdir(srv.spill))
+    check("stopping at once" in open(srv.err.name).read(), "a second SIGTERM: the log says it stops at once")
 
 
 def stop(srv, what):
@@ -553,6 +654,7 @@ if len(sys.argv) > 3 and sys.argv[3] == "openai":
 else:
     refs = first_server()
     second_server()
+    shutdown_servers()
     evicting_servers(refs)
 print(f"{passes} passed, {fails} failed")
 sys.exit(1 if fails else 0)

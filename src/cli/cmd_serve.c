@@ -23,7 +23,7 @@ static const char help[] =
     "                  [--host-budget BYTES] [--ssd DIRS] [--weights-on-ssd]\n"
     "                  [--policy tide|equal|serial] [--hw PROFILE] [--ctx N]\n"
     "                  [--host ADDR] [--port N] [--api-key KEY] [--queue N]\n"
-    "                  [--max-loaded N]\n"
+    "                  [--max-loaded N] [--shutdown-grace S]\n"
     "                  [--max-batch N] [--backend auto|cpu|cuda] [--threads N] [--quiet]\n"
     "\n"
     "Serves the models over HTTP with OpenAI's API, all of them under one device\n"
@@ -105,12 +105,16 @@ static const char help[] =
     "                      1: requests one at a time, the smallest cache)\n"
     "  --backend B         auto, cpu or cuda\n"
     "  --threads N         CPU threads of each model (default: all cores)\n"
+    "  --shutdown-grace S  seconds the requests in flight get to finish after\n"
+    "                      SIGINT or SIGTERM (default 10; 0: stop them at once)\n"
     "  --quiet             no log lines on standard error\n"
     "\n"
     "The server prints 'tide serve: listening on http://HOST:PORT/v1' once it\n"
-    "accepts requests. SIGINT or SIGTERM stops it: it stops accepting, ends the\n"
-    "generations in flight at their next token (streams end with [DONE]), frees\n"
-    "everything and exits with status 0.\n";
+    "accepts requests. SIGINT or SIGTERM stops it: it stops accepting, lets the\n"
+    "requests in flight finish for up to --shutdown-grace seconds, then ends\n"
+    "those still running at their next token (a stream with a last chunk,\n"
+    "finish_reason \"length\", and data: [DONE]), frees everything and exits\n"
+    "with status 0. A second signal skips the wait.\n";
 
 static const struct option serve_options[] = {
     {"model", required_argument, 0, 'm'},     {"budget", required_argument, 0, 'B'},
@@ -121,7 +125,7 @@ static const struct option serve_options[] = {
     {"api-key", required_argument, 0, 'k'},   {"queue", required_argument, 0, 'Q'},
     {"max-batch", required_argument, 0, 'G'}, {"backend", required_argument, 0, 'b'},
     {"threads", required_argument, 0, 'T'},   {"quiet", no_argument, 0, 'q'},
-    {"max-loaded", required_argument, 0, 'L'},
+    {"max-loaded", required_argument, 0, 'L'}, {"shutdown-grace", required_argument, 0, 'g'},
     {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
 };
 
@@ -177,6 +181,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     a->so.host = "127.0.0.1";
     a->so.port = 8080;
     a->so.max_queue = 16;
+    a->so.shutdown_grace = 10;
     a->backend = TIDE_BACKEND_AUTO;
     optind = 1;
     int c;
@@ -215,6 +220,10 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         case 'k':
             if (!optarg[0]) return cli_usage_error("serve", "--api-key needs a non-empty key");
             a->so.api_key = optarg;
+            break;
+        case 'g':
+            if (cli_parse_double(optarg, 0, 86400, &a->so.shutdown_grace))
+                return cli_usage_error("serve", "bad --shutdown-grace '%s' (0 to 86400 seconds)", optarg);
             break;
         case 'Q':
             if (cli_parse_int(optarg, 1, 1 << 20, &v)) return cli_usage_error("serve", "bad --queue '%s' (>= 1)", optarg);

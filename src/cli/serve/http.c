@@ -24,11 +24,14 @@
  * A client that leaves mid-stream therefore costs at most one token of its
  * model's time, and never blocks another connection.
  *
- * Shutdown (SIGINT/SIGTERM, taken by sigwait on the main thread): stopping
- * is set, so every generation in flight ends at its next token (streams end
- * with their last chunk and [DONE]); the daemon stops accepting and is
- * stopped, which waits for every connection; then the pool and the models
- * are freed.
+ * Shutdown (SIGINT/SIGTERM, taken by sigwait on the main thread): the
+ * daemon stops accepting (quiesced); the requests in flight run on for up to
+ * --shutdown-grace seconds; then stopping is set, so every generation still
+ * running ends at its next token (a stream with its last chunk,
+ * finish_reason "length", and [DONE]), and those last events get up to
+ * SHUTDOWN_DRAIN seconds to reach their clients; then the daemon is stopped
+ * (idle keep-alive connections closed), and the pool and the models are
+ * freed. A second signal during either wait skips the rest of it.
  */
 #include "cli/serve/http_int.h"
 
@@ -479,6 +482,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (!cn) {
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         *con_cls = cn;
+        atomic_fetch_add(&s->requests_open, 1);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding")) {
             /* two framings of one body (RFC 9112 6.3): refused, never guessed */
@@ -535,12 +539,38 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     conn *cn = *con_cls;
-    if (cn) free(cn->body.p);
+    serve_server *s = cls;
+    if (cn) {
+        free(cn->body.p);
+        atomic_fetch_sub(&s->requests_open, 1);
+    }
     free(cn);
     *con_cls = NULL;
 }
 
 /* ---------------------------------------------------------------- run */
+
+#define SHUTDOWN_DRAIN 2.0 /* seconds for the last chunks of streams once generation stops */
+
+/* Requests begun and not yet completed: their bodies arriving, running,
+ * waiting, or their answers (a stream's last events) being sent. */
+static int in_flight(serve_server *s) { return atomic_load(&s->requests_open); }
+
+/* Waits up to `seconds` for every request in flight to be answered; true
+ * when a further signal came first (stop at once). */
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+static bool wait_idle(serve_server *s, const sigset_t *signals, double seconds) {
+    double until = now_s() + seconds;
+    while (in_flight(s) > 0 && now_s() < until) {
+        struct timespec t = {0, 50 * 1000 * 1000};
+        if (sigtimedwait(signals, NULL, &t) > 0) return true;
+    }
+    return false;
+}
 
 int serve_http_run(const serve_opts *o, const sigset_t *signals) {
     serve_server *s = calloc(1, sizeof *s);
@@ -589,12 +619,22 @@ int serve_http_run(const serve_opts *o, const sigset_t *signals) {
     fflush(stdout);
     int sig = 0;
     while (sigwait(signals, &sig)) {}
-    if (!o->quiet) fprintf(stderr, "tide serve: %s: stopping (%d streams in flight)\n", strsignal(sig),
-                           atomic_load(&s->streams));
-    atomic_store(&s->stopping, true);
+    if (!o->quiet)
+        fprintf(stderr, "tide serve: %s: stopping: no new connections; %d requests in flight (%d streams) get up to "
+                "%g s to finish (a second signal stops at once)\n", strsignal(sig), in_flight(s),
+                atomic_load(&s->streams), o->shutdown_grace);
+    /* no new connections; the requests in flight run on for the grace */
     MHD_socket ls = MHD_quiesce_daemon(s->d);
-    MHD_stop_daemon(s->d);
     if (ls != MHD_INVALID_SOCKET) close(ls);
+    bool hard = wait_idle(s, signals, o->shutdown_grace);
+    /* then every generation ends at its next token: a stream with its last
+     * chunk (finish_reason "length") and data: [DONE], sent before the
+     * connections close (a client that reads nothing is not waited for past
+     * SHUTDOWN_DRAIN seconds) */
+    atomic_store(&s->stopping, true);
+    if (!hard) hard = wait_idle(s, signals, SHUTDOWN_DRAIN);
+    if (hard && !o->quiet) fprintf(stderr, "tide serve: stopping at once\n");
+    MHD_stop_daemon(s->d);
     rc = 0;
 done:
     tide_pool_free(o->pool);

@@ -24,13 +24,16 @@ typedef struct serve_opts {
     const char *api_key;          /* NULL: no authorization asked */
     int max_queue;                /* requests accepted per model at once (running and
                                      waiting); more get 503 */
+    double shutdown_grace;        /* seconds the requests in flight get on SIGTERM/SIGINT */
     bool quiet;
 } serve_opts;
 
 /* Serves until SIGINT or SIGTERM (which the caller has blocked in every
  * thread: the server waits for them with sigwait), then stops accepting,
- * cancels the generations in flight at their next token, waits for every
- * connection to end and frees the pool (with the models it loaded). Returns the
+ * lets the requests in flight finish for up to shutdown_grace seconds (a
+ * second signal cuts that short), cancels those still running at their next
+ * token (streams end with a last chunk and [DONE]), and frees the pool (with
+ * the models it loaded). Returns the
  * process exit status: 0 after a signal, 1 when the server cannot start
  * (the message printed). */
 int serve_http_run(const serve_opts *o, const sigset_t *signals);

@@ -60,6 +60,7 @@ typedef struct serve_server {
     atomic_bool stopping;         /* shutting down: generations stop at their next token */
     atomic_llong next_id;
     atomic_int streams;           /* producer threads alive */
+    atomic_int requests_open;     /* requests begun (headers read) and not yet completed */
     pthread_mutex_t mmu;          /* the counters */
     serve_counter counters[SERVE_MAX_COUNTERS];
     int n_counters;
