@@ -550,6 +550,41 @@ def shutdown_servers():
     check("stopping at once" in open(srv.err.name).read(), "a second SIGTERM: the log says it stops at once")
 
 
+def timeout_server():
+    """--timeout: a request dribbled a byte at a time is cut off; an idle connection is not."""
+    srv = Server("slow", ["--ctx", "512", "--timeout", "2", "--keep-alive", "60"])
+    idle = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    slow = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    req = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 200 + b"\r\n\r\n"
+    t0, cut = time.time(), False
+    for i in range(len(req) - 4):  # never the whole request
+        try:
+            slow.sendall(req[i:i + 1])
+            slow.settimeout(0.5)
+            if slow.recv(1024) == b"":
+                cut = True
+                break
+        except socket.timeout:
+            pass
+        except OSError:
+            cut = True
+            break
+        if time.time() - t0 > 30:
+            break
+    check(cut, "--timeout 2: a request sent a byte at a time is cut off")
+    check(time.time() - t0 < 20, "--timeout 2: cut off well before 20 s", time.time() - t0)
+    slow.close()
+    # the idle connection, older than the timeout, still takes a request
+    idle.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    idle.settimeout(30)
+    got = idle.recv(4096)
+    check(got.startswith(b"HTTP/1.1 200"), "--timeout 2: an idle connection kept (--keep-alive 60) is answered",
+          got[:80])
+    idle.close()
+    log = stop(srv, "--timeout")
+    check("cut off by --timeout" in log, "--timeout: the log counts the connection cut off", log[-300:])
+
+
 def stop(srv, what):
     srv.p.send_signal(signal.SIGTERM)
     rc = srv.p.wait(30)
@@ -655,6 +690,7 @@ else:
     refs = first_server()
     second_server()
     shutdown_servers()
+    timeout_server()
     evicting_servers(refs)
 print(f"{passes} passed, {fails} failed")
 sys.exit(1 if fails else 0)

@@ -23,7 +23,8 @@ static const char help[] =
     "                  [--host-budget BYTES] [--ssd DIRS] [--weights-on-ssd]\n"
     "                  [--policy tide|equal|serial] [--hw PROFILE] [--ctx N]\n"
     "                  [--host ADDR] [--port N] [--api-key KEY] [--queue N]\n"
-    "                  [--max-loaded N] [--shutdown-grace S]\n"
+    "                  [--max-loaded N] [--shutdown-grace S] [--timeout S]\n"
+    "                  [--keep-alive S]\n"
     "                  [--max-batch N] [--backend auto|cpu|cuda] [--threads N] [--quiet]\n"
     "\n"
     "Serves the models over HTTP with OpenAI's API, all of them under one device\n"
@@ -105,6 +106,9 @@ static const char help[] =
     "                      1: requests one at a time, the smallest cache)\n"
     "  --backend B         auto, cpu or cuda\n"
     "  --threads N         CPU threads of each model (default: all cores)\n"
+    "  --timeout S         seconds a request's headers and body may take from its\n"
+    "                      first byte (default 10); slower clients are cut off\n"
+    "  --keep-alive S      seconds an idle connection is kept open (default 60)\n"
     "  --shutdown-grace S  seconds the requests in flight get to finish after\n"
     "                      SIGINT or SIGTERM (default 10; 0: stop them at once)\n"
     "  --quiet             no log lines on standard error\n"
@@ -126,6 +130,7 @@ static const struct option serve_options[] = {
     {"max-batch", required_argument, 0, 'G'}, {"backend", required_argument, 0, 'b'},
     {"threads", required_argument, 0, 'T'},   {"quiet", no_argument, 0, 'q'},
     {"max-loaded", required_argument, 0, 'L'}, {"shutdown-grace", required_argument, 0, 'g'},
+    {"timeout", required_argument, 0, 'o'},   {"keep-alive", required_argument, 0, 'K'},
     {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
 };
 
@@ -182,6 +187,8 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     a->so.port = 8080;
     a->so.max_queue = 16;
     a->so.shutdown_grace = 10;
+    a->so.timeout = 10;
+    a->so.keep_alive = 60;
     a->backend = TIDE_BACKEND_AUTO;
     optind = 1;
     int c;
@@ -220,6 +227,15 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         case 'k':
             if (!optarg[0]) return cli_usage_error("serve", "--api-key needs a non-empty key");
             a->so.api_key = optarg;
+            break;
+        case 'o':
+            if (cli_parse_double(optarg, 0.5, 86400, &a->so.timeout))
+                return cli_usage_error("serve", "bad --timeout '%s' (0.5 to 86400 seconds)", optarg);
+            break;
+        case 'K':
+            if (cli_parse_int(optarg, 1, 86400, &v))
+                return cli_usage_error("serve", "bad --keep-alive '%s' (1 to 86400 seconds)", optarg);
+            a->so.keep_alive = (int)v;
             break;
         case 'g':
             if (cli_parse_double(optarg, 0, 86400, &a->so.shutdown_grace))

@@ -448,6 +448,7 @@ static enum MHD_Result handle_generate(serve_server *s, struct MHD_Connection *c
 /* ---------------------------------------------------------------- routing */
 
 typedef struct conn {
+    serve_watched *watched;       /* the connection's deadline (NULL: unwatched) */
     textbuf body;
     bool too_large;
     bool framing_bad;             /* answered 400 on the first call */
@@ -483,6 +484,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         *con_cls = cn;
         atomic_fetch_add(&s->requests_open, 1);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        cn->watched = ci ? ci->socket_context : NULL;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding")) {
             /* two framings of one body (RFC 9112 6.3): refused, never guessed */
@@ -490,6 +493,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             serve_fail(&e, 400, "invalid_request_error", "the request has both 'Transfer-Encoding' and "
                        "'Content-Length' headers: send one");
             cn->framing_bad = true;
+            serve_watch_busy(s->watch, cn->watched, true);
             return answer_error(s, c, "other", &e);
         }
         if (cl && strtoull(cl, NULL, 10) > SERVE_MAX_BODY) cn->too_large = true;
@@ -504,6 +508,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         *upload_data_size = 0;
         return MHD_YES;
     }
+    serve_watch_busy(s->watch, cn->watched, true); /* arrived whole: no deadline while it runs */
     bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET");
     bool is_comp = !strcmp(url, "/v1/completions"), is_chat = !strcmp(url, "/v1/chat/completions");
     const char *endpoint = is_comp ? "/v1/completions" : is_chat ? "/v1/chat/completions"
@@ -541,11 +546,25 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     conn *cn = *con_cls;
     serve_server *s = cls;
     if (cn) {
+        serve_watch_busy(s->watch, cn->watched, false);
         free(cn->body.p);
         atomic_fetch_sub(&s->requests_open, 1);
     }
     free(cn);
     *con_cls = NULL;
+}
+
+/* Connections accepted and closed: watched for their requests' deadline. */
+static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                              enum MHD_ConnectionNotificationCode toe) {
+    serve_server *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = ci ? serve_watch_add(s->watch, ci->connect_fd) : NULL;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        serve_watch_remove(s->watch, *socket_context);
+        *socket_context = NULL;
+    }
 }
 
 /* ---------------------------------------------------------------- run */
@@ -596,6 +615,10 @@ int serve_http_run(const serve_opts *o, const sigset_t *signals) {
     snprintf(port, sizeof port, "%d", o->port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
+    if (!(s->watch = serve_watch_start(o->timeout))) {
+        fprintf(stderr, "tide serve: cannot start the request-deadline thread\n");
+        goto done;
+    }
     int gai = getaddrinfo(o->host, port, &hints, &ai);
     if (gai) {
         fprintf(stderr, "tide serve: cannot use --host '%s': %s\n", o->host, gai_strerror(gai));
@@ -605,7 +628,8 @@ int serve_http_run(const serve_opts *o, const sigset_t *signals) {
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     if (!o->quiet) flags |= MHD_USE_ERROR_LOG;
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                            MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                            MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_NOTIFY_CONNECTION,
+                            notify_connection, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->keep_alive,
                             MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
@@ -635,8 +659,11 @@ int serve_http_run(const serve_opts *o, const sigset_t *signals) {
     if (!hard) hard = wait_idle(s, signals, SHUTDOWN_DRAIN);
     if (hard && !o->quiet) fprintf(stderr, "tide serve: stopping at once\n");
     MHD_stop_daemon(s->d);
+    if (!o->quiet && serve_watch_cut(s->watch))
+        fprintf(stderr, "tide serve: %lld connections were cut off by --timeout\n", serve_watch_cut(s->watch));
     rc = 0;
 done:
+    serve_watch_stop(s->watch);
     tide_pool_free(o->pool);
     serve_models_free(s);
     pthread_mutex_destroy(&s->mmu);

@@ -25,6 +25,8 @@ typedef struct serve_opts {
     int max_queue;                /* requests accepted per model at once (running and
                                      waiting); more get 503 */
     double shutdown_grace;        /* seconds the requests in flight get on SIGTERM/SIGINT */
+    double timeout;               /* seconds a request's headers and body may take from its first byte */
+    int keep_alive;               /* seconds an idle connection is kept */
     bool quiet;
 } serve_opts;
 

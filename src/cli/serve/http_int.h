@@ -52,8 +52,19 @@ typedef struct serve_counter {
     long long n;
 } serve_counter;
 
+/* The deadline of a whole request (http_watch.c). */
+typedef struct serve_watch serve_watch;
+typedef struct serve_watched serve_watched;
+serve_watch *serve_watch_start(double timeout);          /* NULL: out of memory or threads */
+void serve_watch_stop(serve_watch *w);
+serve_watched *serve_watch_add(serve_watch *w, int fd);  /* a connection accepted; NULL: unwatched */
+void serve_watch_remove(serve_watch *w, serve_watched *c);
+void serve_watch_busy(serve_watch *w, serve_watched *c, bool busy); /* request whole / answered */
+long long serve_watch_cut(serve_watch *w);               /* connections cut off so far */
+
 typedef struct serve_server {
     serve_opts o;
+    serve_watch *watch;
     serve_model *models;
     int n_models;
     struct MHD_Daemon *d;
