@@ -585,6 +585,35 @@ def timeout_server():
     check("cut off by --timeout" in log, "--timeout: the log counts the connection cut off", log[-300:])
 
 
+def idle_flood_server():
+    """1,100 connections that send nothing: /health and a completion still answered, on a few threads."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1100 + 64
+    if soft < want:
+        try:  # the hard limit too where it is lower (root may raise it)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard if hard == resource.RLIM_INFINITY or hard >= want
+                                                        else want))
+        except (ValueError, OSError) as e:
+            check(False, "1,100 idle connections: the test's open-file limit", (soft, hard, e))
+            return
+    srv = Server("flood", ["--ctx", "512"])
+    idle = []
+    for _ in range(1100):
+        idle.append(socket.create_connection(("127.0.0.1", srv.port), timeout=30))
+    time.sleep(0.5)
+    st, j, _ = request(srv.port, "GET", "/health")
+    check(st == 200, "1,100 idle connections held: /health answered", st)
+    st, j, _ = request(srv.port, "POST", "/v1/completions", {"model": "a", "prompt": PROMPT, "max_tokens": 4})
+    check(st == 200, "1,100 idle connections held: a completion answered", (st, j))
+    with open(f"/proc/{srv.p.pid}/status") as f:
+        threads = int(next(line for line in f if line.startswith("Threads:")).split()[1])
+    check(threads < 100, "1,100 idle connections: the server's threads stay few (no thread per connection)", threads)
+    for c in idle:
+        c.close()
+    stop(srv, "1,100 idle connections")
+
+
 def stop(srv, what):
     srv.p.send_signal(signal.SIGTERM)
     rc = srv.p.wait(30)
@@ -691,6 +720,7 @@ else:
     second_server()
     shutdown_servers()
     timeout_server()
+    idle_flood_server()
     evicting_servers(refs)
 print(f"{passes} passed, {fails} failed")
 sys.exit(1 if fails else 0)

@@ -24,7 +24,7 @@ static const char help[] =
     "                  [--policy tide|equal|serial] [--hw PROFILE] [--ctx N]\n"
     "                  [--host ADDR] [--port N] [--api-key KEY] [--queue N]\n"
     "                  [--max-loaded N] [--shutdown-grace S] [--timeout S]\n"
-    "                  [--keep-alive S]\n"
+    "                  [--keep-alive S] [--max-connections N] [--http-threads N]\n"
     "                  [--max-batch N] [--backend auto|cpu|cuda] [--threads N] [--quiet]\n"
     "\n"
     "Serves the models over HTTP with OpenAI's API, all of them under one device\n"
@@ -109,6 +109,10 @@ static const char help[] =
     "  --timeout S         seconds a request's headers and body may take from its\n"
     "                      first byte (default 10); slower clients are cut off\n"
     "  --keep-alive S      seconds an idle connection is kept open (default 60)\n"
+    "  --max-connections N open connections at once (default 4096; more are\n"
+    "                      closed unanswered)\n"
+    "  --http-threads N    event-loop threads of the HTTP server (default 4);\n"
+    "                      generations run on threads of their own\n"
     "  --shutdown-grace S  seconds the requests in flight get to finish after\n"
     "                      SIGINT or SIGTERM (default 10; 0: stop them at once)\n"
     "  --quiet             no log lines on standard error\n"
@@ -131,6 +135,7 @@ static const struct option serve_options[] = {
     {"threads", required_argument, 0, 'T'},   {"quiet", no_argument, 0, 'q'},
     {"max-loaded", required_argument, 0, 'L'}, {"shutdown-grace", required_argument, 0, 'g'},
     {"timeout", required_argument, 0, 'o'},   {"keep-alive", required_argument, 0, 'K'},
+    {"max-connections", required_argument, 0, 'C'}, {"http-threads", required_argument, 0, 'R'},
     {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
 };
 
@@ -189,6 +194,8 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     a->so.shutdown_grace = 10;
     a->so.timeout = 10;
     a->so.keep_alive = 60;
+    a->so.max_connections = 4096;
+    a->so.threads = 4;
     a->backend = TIDE_BACKEND_AUTO;
     optind = 1;
     int c;
@@ -231,6 +238,15 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         case 'o':
             if (cli_parse_double(optarg, 0.5, 86400, &a->so.timeout))
                 return cli_usage_error("serve", "bad --timeout '%s' (0.5 to 86400 seconds)", optarg);
+            break;
+        case 'C':
+            if (cli_parse_int(optarg, 1, 1 << 20, &v))
+                return cli_usage_error("serve", "bad --max-connections '%s' (>= 1)", optarg);
+            a->so.max_connections = (int)v;
+            break;
+        case 'R':
+            if (cli_parse_int(optarg, 1, 256, &v)) return cli_usage_error("serve", "bad --http-threads '%s' (1 to 256)", optarg);
+            a->so.threads = (int)v;
             break;
         case 'K':
             if (cli_parse_int(optarg, 1, 86400, &v))

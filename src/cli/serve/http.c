@@ -2,21 +2,26 @@
  * http.c - `tide serve`'s HTTP server on libmicrohttpd: routing,
  * authorization, request bodies, streams, /metrics and the run loop.
  *
- * Threads. The daemon runs a thread per connection (its internal polling
- * thread accepts), so the requests of several clients run at once. An
- * answer that is not streamed is generated on its connection's thread. A
+ * Threads. The daemon runs a few event-loop threads (epoll, --http-threads),
+ * never a thread per connection, so thousands of idle connections cost a
+ * descriptor each and no thread. No daemon thread waits for a model: a
+ * generation request is parsed on the daemon's thread, then its connection is
+ * suspended while a job thread of its own prepares it (acquires the model,
+ * maybe loading it; encodes the prompt) and, when it is not streamed, runs
+ * it; the job resumes the connection and the daemon queues the answer. A
  * stream has a producer thread of its own, which generates and turns each
  * piece of text into a server-sent event, and a bounded queue of events
- * (STREAM_QUEUE) that the connection's thread (stream_read, called by the
- * daemon) drains into the socket: a slow client holds back its own
- * producer only.
+ * (STREAM_QUEUE) that the daemon drains into the socket (stream_read): when
+ * the queue is empty the connection is suspended and the producer's next
+ * event resumes it, so a slow client holds back its own producer only.
  *
  * A stream's life:
  *   handle_generate: prepared, producer started, response queued
  *   producer: events pushed (waiting while the queue is full), then the
  *     last chunk (and the usage chunk when asked for) and "data: [DONE]",
  *     done set
- *   stream_read: events popped; end of stream once done and empty
+ *   stream_read: events popped; the connection suspended while the queue
+ *     is empty (wake() resumes it); end of stream once done and empty
  *   stream_free (the daemon, when the response is destroyed: answer
  *     complete, or the client gone): cancel set, so the producer's next
  *     token ends its generation and a full queue stops blocking it; the
@@ -41,7 +46,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define STREAM_QUEUE 64 /* events a stream's producer may be ahead of its client */
@@ -238,8 +245,19 @@ typedef struct stream {
     size_t off;                   /* bytes of head already read */
     bool done;                    /* the producer pushed its last event */
     bool first;                   /* no chunk sent yet */
+    bool suspended;               /* the connection waits for an event (stream_read suspended it) */
+    struct MHD_Connection *c;
     atomic_bool cancel;
 } stream;
+
+/* Resumes st's connection if stream_read suspended it for want of an event
+ * (st->mu held). */
+static void wake(stream *st) {
+    if (!st->suspended) return;
+    st->suspended = false;
+    atomic_fetch_sub(&st->s->suspended, 1);
+    MHD_resume_connection(st->c);
+}
 
 /* Appends "data: JSON\n\n" (json taken), waiting while the queue is full;
  * dropped once the stream is cancelled. */
@@ -270,6 +288,7 @@ static void push(stream *st, char *json) {
         st->tail = ev;
         st->n_events++;
         ev = NULL;
+        wake(st);
     }
     pthread_cond_broadcast(&st->cv);
     pthread_mutex_unlock(&st->mu);
@@ -305,6 +324,7 @@ static void *producer(void *arg) {
     }
     pthread_mutex_lock(&st->mu);
     st->done = true;
+    wake(st);
     pthread_cond_broadcast(&st->cv);
     pthread_mutex_unlock(&st->mu);
     return NULL;
@@ -313,7 +333,15 @@ static void *producer(void *arg) {
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     stream *st = cls;
     pthread_mutex_lock(&st->mu);
-    while (!st->head && !st->done) pthread_cond_wait(&st->cv, &st->mu);
+    if (!st->head && !st->done) {
+        /* nothing yet: the connection waits, suspended, without holding
+         * the daemon's thread; the producer's next event resumes it */
+        st->suspended = true;
+        atomic_fetch_add(&st->s->suspended, 1);
+        MHD_suspend_connection(st->c);
+        pthread_mutex_unlock(&st->mu);
+        return 0;
+    }
     if (!st->head) {
         pthread_mutex_unlock(&st->mu);
         return MHD_CONTENT_READER_END_OF_STREAM;
@@ -338,6 +366,10 @@ static void stream_free(void *cls) {
     stream *st = cls;
     pthread_mutex_lock(&st->mu);
     atomic_store(&st->cancel, true);
+    if (st->suspended) { /* the connection is going: never resumed after this */
+        st->suspended = false;
+        atomic_fetch_sub(&st->s->suspended, 1);
+    }
     pthread_cond_broadcast(&st->cv);
     pthread_mutex_unlock(&st->mu);
     pthread_join(st->th, NULL);
@@ -371,6 +403,7 @@ static enum MHD_Result start_stream(serve_server *s, struct MHD_Connection *c, c
         goto fail;
     }
     st->s = s;
+    st->c = c;
     st->req = *req;
     st->prep = *prep;
     st->first = true;
@@ -405,50 +438,121 @@ fail:
     return answer_error(s, c, endpoint, &e);
 }
 
-static enum MHD_Result handle_generate(serve_server *s, struct MHD_Connection *c, const char *endpoint, bool chat,
-                                       const char *body, size_t len) {
+/* A generation request's preparation (the model acquired, maybe loaded; the
+ * prompt encoded) and, when it is not streamed, its run: on a thread of its
+ * own while the connection is suspended, so that the daemon's threads never
+ * wait for a model. */
+typedef struct job {
+    serve_server *s;
+    struct MHD_Connection *c;
+    pthread_t th;
+    bool started;                 /* th runs (joined before the job is freed) */
     serve_request req;
     serve_prepared prep;
     serve_error e;
-    if (serve_parse_request(s, body, len, chat, &req, &e)) {
-        serve_request_free(&req);
-        return answer_error(s, c, endpoint, &e);
+    bool failed;                  /* the preparation failed: e */
+    char *out;                    /* not streamed: the answer or the error's JSON */
+    int status;
+} job;
+
+static void *job_main(void *arg) {
+    job *j = arg;
+    serve_server *s = j->s;
+    if (serve_prepare(s, &j->req, &j->prep, &j->e)) {
+        j->failed = true;
+    } else if (!j->req.stream) {
+        serve_result res;
+        char id[48];
+        j->status = 200;
+        if (serve_run(s, &j->prep, NULL, NULL, NULL, &res, &j->e)) {
+            j->out = serve_error_json(&j->e);
+            j->status = j->e.status;
+        } else {
+            request_id(s, j->req.chat, id, sizeof id);
+            j->out = serve_answer_json(&j->req, id, time(NULL), res.text, res.finish, res.n_prompt, res.n_gen);
+        }
     }
-    serve_model *m = req.model;
-    if (atomic_fetch_add(&m->inflight, 1) >= s->o.max_queue) {
-        atomic_fetch_sub(&m->inflight, 1);
-        serve_request_free(&req);
-        serve_fail(&e, 503, "server_overloaded", "the model '%s' has %d requests queued (--queue): try again later",
-                   m->name, s->o.max_queue);
-        return answer_error(s, c, endpoint, &e);
+    atomic_fetch_sub(&s->suspended, 1);
+    MHD_resume_connection(j->c);
+    return NULL;
+}
+
+/* Frees a job whose answer was not started (its request still counted in
+ * its model's inflight). */
+static void job_free(job *j) {
+    if (j->started) pthread_join(j->th, NULL);
+    atomic_fetch_sub(&j->req.model->inflight, 1);
+    serve_prepared_free(&j->prep);
+    serve_request_free(&j->req);
+    free(j->out);
+    free(j);
+}
+
+/* The first call parses the request and starts its job (the connection
+ * suspended); the call after the job resumes it answers. */
+static enum MHD_Result handle_generate(serve_server *s, struct MHD_Connection *c, job **slot, const char *endpoint,
+                                       bool chat, const char *body, size_t len) {
+    serve_error e;
+    job *j = *slot;
+    if (!j) {
+        serve_request req;
+        if (serve_parse_request(s, body, len, chat, &req, &e)) {
+            serve_request_free(&req);
+            return answer_error(s, c, endpoint, &e);
+        }
+        serve_model *m = req.model;
+        if (atomic_fetch_add(&m->inflight, 1) >= s->o.max_queue) {
+            atomic_fetch_sub(&m->inflight, 1);
+            serve_request_free(&req);
+            serve_fail(&e, 503, "server_overloaded", "the model '%s' has %d requests queued (--queue): try again "
+                       "later", m->name, s->o.max_queue);
+            return answer_error(s, c, endpoint, &e);
+        }
+        if (!(j = calloc(1, sizeof *j))) {
+            atomic_fetch_sub(&m->inflight, 1);
+            serve_request_free(&req);
+            serve_fail(&e, 500, "server_error", "out of memory");
+            return answer_error(s, c, endpoint, &e);
+        }
+        j->s = s;
+        j->c = c;
+        j->req = req;
+        *slot = j;
+        atomic_fetch_add(&s->suspended, 1);
+        MHD_suspend_connection(c);
+        if (pthread_create(&j->th, NULL, job_main, j)) {
+            j->failed = true;
+            serve_fail(&j->e, 500, "server_error", "cannot start a thread for the request");
+            atomic_fetch_sub(&s->suspended, 1);
+            MHD_resume_connection(c);
+        } else {
+            j->started = true;
+        }
+        return MHD_YES;
     }
-    if (serve_prepare(s, &req, &prep, &e)) {
-        atomic_fetch_sub(&m->inflight, 1);
-        serve_prepared_free(&prep);
-        serve_request_free(&req);
-        return answer_error(s, c, endpoint, &e);
-    }
-    if (req.stream) return start_stream(s, c, endpoint, &req, &prep);
-    serve_result res;
-    char id[48], *out = NULL;
-    int status = 200;
-    if (serve_run(s, &prep, NULL, NULL, NULL, &res, &e)) {
-        out = serve_error_json(&e);
-        status = e.status;
+    *slot = NULL;
+    if (j->started) pthread_join(j->th, NULL);
+    j->started = false;
+    enum MHD_Result rc;
+    if (j->failed) {
+        rc = answer_error(s, c, endpoint, &j->e);
+        job_free(j);
+    } else if (j->req.stream) {
+        rc = start_stream(s, c, endpoint, &j->req, &j->prep); /* takes the request and its preparation */
+        free(j);
     } else {
-        request_id(s, chat, id, sizeof id);
-        out = serve_answer_json(&req, id, time(NULL), res.text, res.finish, res.n_prompt, res.n_gen);
+        rc = answer(s, c, endpoint, j->status, j->out, "application/json"); /* takes out */
+        j->out = NULL;
+        job_free(j);
     }
-    atomic_fetch_sub(&m->inflight, 1);
-    serve_prepared_free(&prep);
-    serve_request_free(&req);
-    return answer(s, c, endpoint, status, out, "application/json");
+    return rc;
 }
 
 /* ---------------------------------------------------------------- routing */
 
 typedef struct conn {
     serve_watched *watched;       /* the connection's deadline (NULL: unwatched) */
+    job *job;                     /* a generation being prepared or run (the connection suspended) */
     textbuf body;
     bool too_large;
     bool framing_bad;             /* answered 400 on the first call */
@@ -539,13 +643,14 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                    SERVE_MAX_BODY);
         return answer_error(s, c, endpoint, &e);
     }
-    return handle_generate(s, c, endpoint, is_chat, cn->body.p ? cn->body.p : "", cn->body.len);
+    return handle_generate(s, c, &cn->job, endpoint, is_chat, cn->body.p ? cn->body.p : "", cn->body.len);
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     conn *cn = *con_cls;
     serve_server *s = cls;
     if (cn) {
+        if (cn->job) job_free(cn->job); /* closed before the job's answer was queued */
         serve_watch_busy(s->watch, cn->watched, false);
         free(cn->body.p);
         atomic_fetch_sub(&s->requests_open, 1);
@@ -569,6 +674,7 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
 
 /* ---------------------------------------------------------------- run */
 
+#define SERVE_SPARE_FDS 256 /* descriptors kept for model files, spill files, pipes */
 #define SHUTDOWN_DRAIN 2.0 /* seconds for the last chunks of streams once generation stops */
 
 /* Requests begun and not yet completed: their bodies arriving, running,
@@ -619,18 +725,37 @@ int serve_http_run(const serve_opts *o, const sigset_t *signals) {
         fprintf(stderr, "tide serve: cannot start the request-deadline thread\n");
         goto done;
     }
+    /* a descriptor per connection: the soft limit raised toward the hard one */
+    unsigned max_conn = (unsigned)o->max_connections;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        rlim_t want = (rlim_t)max_conn + SERVE_SPARE_FDS;
+        if (rl.rlim_cur < want) {
+            rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+            setrlimit(RLIMIT_NOFILE, &rl);
+            getrlimit(RLIMIT_NOFILE, &rl);
+        }
+        if (rl.rlim_cur < want) {
+            max_conn = rl.rlim_cur > 2 * SERVE_SPARE_FDS ? (unsigned)(rl.rlim_cur - SERVE_SPARE_FDS) : SERVE_SPARE_FDS;
+            fprintf(stderr, "tide serve: warning: the open-file limit (%llu) holds %u connections, not the %d asked "
+                    "(--max-connections)\n", (unsigned long long)rl.rlim_cur, max_conn, o->max_connections);
+        }
+    }
     int gai = getaddrinfo(o->host, port, &hints, &ai);
     if (gai) {
         fprintf(stderr, "tide serve: cannot use --host '%s': %s\n", o->host, gai_strerror(gai));
         goto done;
     }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_POLL;
+    /* a few event-loop threads (epoll), never a thread per connection:
+     * generations run on threads of their own, their connections suspended */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     if (!o->quiet) flags |= MHD_USE_ERROR_LOG;
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                             MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_NOTIFY_CONNECTION,
                             notify_connection, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->keep_alive,
-                            MHD_OPTION_END);
+                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)o->threads, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)max_conn, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
         fprintf(stderr, "tide serve: cannot listen on %s port %d (in use, or not an address of this machine?)\n",
@@ -658,6 +783,9 @@ int serve_http_run(const serve_opts *o, const sigset_t *signals) {
     atomic_store(&s->stopping, true);
     if (!hard) hard = wait_idle(s, signals, SHUTDOWN_DRAIN);
     if (hard && !o->quiet) fprintf(stderr, "tide serve: stopping at once\n");
+    /* the daemon may not be stopped with a connection suspended: the jobs
+     * and producers still running end at their next token and resume theirs */
+    while (atomic_load(&s->suspended) > 0) nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
     MHD_stop_daemon(s->d);
     if (!o->quiet && serve_watch_cut(s->watch))
         fprintf(stderr, "tide serve: %lld connections were cut off by --timeout\n", serve_watch_cut(s->watch));

@@ -27,6 +27,8 @@ typedef struct serve_opts {
     double shutdown_grace;        /* seconds the requests in flight get on SIGTERM/SIGINT */
     double timeout;               /* seconds a request's headers and body may take from its first byte */
     int keep_alive;               /* seconds an idle connection is kept */
+    int max_connections;          /* open connections at once (more are closed unanswered) */
+    int threads;                  /* the daemon's event-loop threads */
     bool quiet;
 } serve_opts;
 

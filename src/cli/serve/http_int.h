@@ -72,6 +72,7 @@ typedef struct serve_server {
     atomic_llong next_id;
     atomic_int streams;           /* producer threads alive */
     atomic_int requests_open;     /* requests begun (headers read) and not yet completed */
+    atomic_int suspended;         /* connections suspended (a job, or a stream waiting for an event) */
     pthread_mutex_t mmu;          /* the counters */
     serve_counter counters[SERVE_MAX_COUNTERS];
     int n_counters;
