@@ -15,7 +15,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 build=${BUILD_DIR:-build-fuzz}
 secs=${FUZZ_SECONDS:-30}
-jobs=${JOBS:-$(nproc)}
+jobs=${JOBS:-$(getconf _NPROCESSORS_ONLN)} # not nproc: it honours OMP_NUM_THREADS, which CI sets to 1
 all=(fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_chat fuzz_serve fuzz_tokens fuzz_plan fuzz_hw)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
