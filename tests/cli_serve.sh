@@ -14,7 +14,7 @@ TOK=$TIDE_DATA/tokenizer
 
 expect 0 "serve help" -- "$TIDE" serve --help
 for o in --model --budget --host-budget --ssd --policy --port --host --max-batch --api-key --threads --backend \
-         --quiet --queue --ctx --max-loaded --timeout --keep-alive --shutdown-grace --max-connections --http-threads evicted stream_options /v1/completions /v1/chat/completions /v1/models /health /metrics "one forward"; do
+         --quiet --queue --ctx --max-loaded --timeout --keep-alive --shutdown-grace --max-connections --http-threads --per-client evicted stream_options /v1/completions /v1/chat/completions /v1/models /health /metrics "one forward"; do
     contains "$TMP/out" "$o" "serve help lists $o"
 done
 expect 0 "top-level help" -- "$TIDE" --help

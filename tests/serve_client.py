@@ -614,6 +614,48 @@ def idle_flood_server():
     stop(srv, "1,100 idle connections")
 
 
+def per_client_server():
+    """--per-client 4: a fifth connection from 127.0.0.2 is answered 503; 127.0.0.1 is never limited."""
+    srv = Server("perclient", ["--ctx", "512", "--per-client", "4"])
+
+    def conn_from(src):
+        c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        c.settimeout(30)
+        c.bind((src, 0))
+        c.connect(("127.0.0.1", srv.port))
+        return c
+    held = [conn_from("127.0.0.2") for _ in range(4)]
+    time.sleep(0.3)
+    fifth = conn_from("127.0.0.2")
+    fifth.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    got = b""
+    try:
+        while True:
+            piece = fifth.recv(4096)
+            if not piece:
+                break
+            got += piece
+    except OSError:
+        pass
+    fifth.close()
+    check(got.startswith(b"HTTP/1.1 503"), "--per-client 4: the fifth connection of 127.0.0.2 gets 503", got[:120])
+    check(b"per-client" in got and b"server_overloaded" in got, "--per-client: the 503 says why", got[-200:])
+    loop = [socket.create_connection(("127.0.0.1", srv.port), timeout=30) for _ in range(8)]
+    st, _, _ = request(srv.port, "GET", "/health")
+    check(st == 200, "--per-client 4: 127.0.0.1 with 9 connections is not limited", st)
+    # one of 127.0.0.2's connections closed: it may open another
+    held.pop().close()
+    time.sleep(0.3)
+    again = conn_from("127.0.0.2")
+    again.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    got = again.recv(4096)
+    check(got.startswith(b"HTTP/1.1 200"), "--per-client 4: under the limit again, 127.0.0.2 is answered", got[:80])
+    again.close()
+    for c in held + loop:
+        c.close()
+    stop(srv, "--per-client")
+
+
 def stop(srv, what):
     srv.p.send_signal(signal.SIGTERM)
     rc = srv.p.wait(30)
@@ -721,6 +763,7 @@ else:
     shutdown_servers()
     timeout_server()
     idle_flood_server()
+    per_client_server()
     evicting_servers(refs)
 print(f"{passes} passed, {fails} failed")
 sys.exit(1 if fails else 0)

@@ -25,6 +25,7 @@ static const char help[] =
     "                  [--host ADDR] [--port N] [--api-key KEY] [--queue N]\n"
     "                  [--max-loaded N] [--shutdown-grace S] [--timeout S]\n"
     "                  [--keep-alive S] [--max-connections N] [--http-threads N]\n"
+    "                  [--per-client N]\n"
     "                  [--max-batch N] [--backend auto|cpu|cuda] [--threads N] [--quiet]\n"
     "\n"
     "Serves the models over HTTP with OpenAI's API, all of them under one device\n"
@@ -111,6 +112,9 @@ static const char help[] =
     "  --keep-alive S      seconds an idle connection is kept open (default 60)\n"
     "  --max-connections N open connections at once (default 4096; more are\n"
     "                      closed unanswered)\n"
+    "  --per-client N      connections one client address may hold (default 64;\n"
+    "                      0: no limit; 127.0.0.1 and ::1 are never limited);\n"
+    "                      past it a request is answered 503, then closed\n"
     "  --http-threads N    event-loop threads of the HTTP server (default 4);\n"
     "                      generations run on threads of their own\n"
     "  --shutdown-grace S  seconds the requests in flight get to finish after\n"
@@ -136,6 +140,7 @@ static const struct option serve_options[] = {
     {"max-loaded", required_argument, 0, 'L'}, {"shutdown-grace", required_argument, 0, 'g'},
     {"timeout", required_argument, 0, 'o'},   {"keep-alive", required_argument, 0, 'K'},
     {"max-connections", required_argument, 0, 'C'}, {"http-threads", required_argument, 0, 'R'},
+    {"per-client", required_argument, 0, 'I'},
     {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
 };
 
@@ -196,6 +201,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     a->so.keep_alive = 60;
     a->so.max_connections = 4096;
     a->so.threads = 4;
+    a->so.per_client = 64;
     a->backend = TIDE_BACKEND_AUTO;
     optind = 1;
     int c;
@@ -243,6 +249,10 @@ static int parse_args(int argc, char **argv, serve_args *a) {
             if (cli_parse_int(optarg, 1, 1 << 20, &v))
                 return cli_usage_error("serve", "bad --max-connections '%s' (>= 1)", optarg);
             a->so.max_connections = (int)v;
+            break;
+        case 'I':
+            if (cli_parse_int(optarg, 0, 1 << 20, &v)) return cli_usage_error("serve", "bad --per-client '%s' (>= 0)", optarg);
+            a->so.per_client = (int)v;
             break;
         case 'R':
             if (cli_parse_int(optarg, 1, 256, &v)) return cli_usage_error("serve", "bad --http-threads '%s' (1 to 256)", optarg);

@@ -223,6 +223,24 @@ static enum MHD_Result answer_error(serve_server *s, struct MHD_Connection *c, c
     return answer(s, c, endpoint, e->status, serve_error_json(e), "application/json");
 }
 
+/* An error answer after which the connection is closed. */
+static enum MHD_Result answer_close(serve_server *s, struct MHD_Connection *c, const char *endpoint,
+                                    const serve_error *e) {
+    char *body = serve_error_json(e);
+    if (!body) return MHD_NO;
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    MHD_add_response_header(r, "Connection", "close");
+    enum MHD_Result rc = MHD_queue_response(c, (unsigned)e->status, r);
+    MHD_destroy_response(r);
+    serve_count(s, endpoint, e->status);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- streams */
 
 typedef struct event {
@@ -591,6 +609,15 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         cn->watched = ci ? ci->socket_context : NULL;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (serve_watch_over(s->watch, cn->watched)) {
+            /* past --per-client: answered at its headers, then closed */
+            serve_error e;
+            serve_fail(&e, 503, "server_overloaded", "this client has more than %d connections open "
+                       "(--per-client): close some and try again", s->o.per_client);
+            cn->framing_bad = true; /* the body, if any, is dropped */
+            serve_watch_busy(s->watch, cn->watched, true);
+            return answer_close(s, c, "other", &e);
+        }
         if (cl && MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding")) {
             /* two framings of one body (RFC 9112 6.3): refused, never guessed */
             serve_error e;
@@ -665,7 +692,8 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
     serve_server *s = cls;
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-        *socket_context = ci ? serve_watch_add(s->watch, ci->connect_fd) : NULL;
+        const union MHD_ConnectionInfo *ca = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        *socket_context = ci ? serve_watch_add(s->watch, ci->connect_fd, ca ? ca->client_addr : NULL) : NULL;
     } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
         serve_watch_remove(s->watch, *socket_context);
         *socket_context = NULL;
@@ -721,7 +749,7 @@ int serve_http_run(const serve_opts *o, const sigset_t *signals) {
     snprintf(port, sizeof port, "%d", o->port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
-    if (!(s->watch = serve_watch_start(o->timeout))) {
+    if (!(s->watch = serve_watch_start(o->timeout, o->per_client))) {
         fprintf(stderr, "tide serve: cannot start the request-deadline thread\n");
         goto done;
     }

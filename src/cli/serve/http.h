@@ -29,6 +29,7 @@ typedef struct serve_opts {
     int keep_alive;               /* seconds an idle connection is kept */
     int max_connections;          /* open connections at once (more are closed unanswered) */
     int threads;                  /* the daemon's event-loop threads */
+    int per_client;               /* connections per client address (0: no limit; loopback never limited) */
     bool quiet;
 } serve_opts;
 

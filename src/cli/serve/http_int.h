@@ -55,9 +55,11 @@ typedef struct serve_counter {
 /* The deadline of a whole request (http_watch.c). */
 typedef struct serve_watch serve_watch;
 typedef struct serve_watched serve_watched;
-serve_watch *serve_watch_start(double timeout);          /* NULL: out of memory or threads */
+serve_watch *serve_watch_start(double timeout, int per_client); /* NULL: out of memory or threads */
 void serve_watch_stop(serve_watch *w);
-serve_watched *serve_watch_add(serve_watch *w, int fd);  /* a connection accepted; NULL: unwatched */
+struct sockaddr;
+serve_watched *serve_watch_add(serve_watch *w, int fd, const struct sockaddr *client); /* accepted; NULL: unwatched */
+bool serve_watch_over(serve_watch *w, serve_watched *c);  /* past the per-client limit */
 void serve_watch_remove(serve_watch *w, serve_watched *c);
 void serve_watch_busy(serve_watch *w, serve_watched *c, bool busy); /* request whole / answered */
 long long serve_watch_cut(serve_watch *w);               /* connections cut off so far */
