@@ -586,7 +586,8 @@ def timeout_server():
 
 
 def idle_flood_server():
-    """1,100 connections that send nothing: /health and a completion still answered, on a few threads."""
+    """1,100 connections that send nothing: /health and a completion still answered, on a few threads;
+    then 200 clients leave mid-stream: resident memory within RSS_MARGIN."""
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = 1100 + 64
@@ -611,6 +612,27 @@ def idle_flood_server():
     check(threads < 100, "1,100 idle connections: the server's threads stay few (no thread per connection)", threads)
     for c in idle:
         c.close()
+    # 200 clients that leave mid-stream: each generation ends, nothing kept
+    def leave():
+        c, got = start_raw_stream(srv.port, {"model": "a", "prompt": PROMPT, "max_tokens": 400})
+        c.close()
+    leave()
+    time.sleep(0.5)
+    before = srv.rss()
+    for _ in range(200):
+        leave()
+    deadline = time.time() + 30
+    while time.time() < deadline:  # the last producers end at their next token
+        st, _, b = request(srv.port, "GET", "/metrics")
+        if metric(b.decode(), "tide_queue_depth", '{model="a"}') == 0:
+            break
+        time.sleep(0.1)
+    after = srv.rss()
+    check(metric(b.decode(), "tide_queue_depth", '{model="a"}') == 0, "200 clients leaving mid-stream: none in flight after")
+    if not os.environ.get("TIDE_SANITIZE"):
+        check(after <= before + RSS_MARGIN, f"resident memory within {RSS_MARGIN >> 20} MiB over 200 clients leaving "
+              "mid-stream", f"{before >> 10} KiB before, {after >> 10} KiB after")
+    print(f"rss: {before >> 10} KiB before, {after >> 10} KiB after 200 clients left mid-stream", flush=True)
     stop(srv, "1,100 idle connections")
 
 
