@@ -587,6 +587,29 @@ static void test_encode_api(void **state) {
     assert_int_equal(n, 1);
     assert_int_equal(ids[0], 0);
     tide_tokenizer_free(t);
+    /* an empty string as the first vocabulary entry: the name table holds no
+     * key bytes yet (and, byte-level, its bytes buffer none), so nothing is
+     * copied from or compared against them (UBSan) */
+    static const char *const empty_first[] = {
+        "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\":0,\"a\":1},\"merges\":[]}}",
+        "{\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false},"
+        "\"model\":{\"type\":\"BPE\",\"vocab\":{\"\":0,\"a\":1},\"merges\":[]}}",
+    };
+    for (int v = 0; v < 2; v++) {
+        assert_non_null(f = fopen(path, "w"));
+        fputs(empty_first[v], f);
+        fclose(f);
+        assert_int_equal(tide_tokenizer_open(ctx, path, &t), TIDE_OK);
+        assert_int_equal(tide_tokenizer_encode(t, "a", 1, 0, ids, 4, &n), TIDE_OK);
+        assert_int_equal(n, 1);
+        assert_int_equal(ids[0], 1);
+        int32_t e = 0;
+        char out[8];
+        size_t len = 99;
+        assert_int_equal(tide_tokenizer_decode(t, &e, 1, 0, out, sizeof out, &len), TIDE_OK);
+        assert_int_equal(len, 0);
+        tide_tokenizer_free(t);
+    }
     remove(path);
     rmdir(dir);
     tide_ctx_free(ctx);

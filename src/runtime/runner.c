@@ -60,7 +60,7 @@ tide_status tide_runner_bind(tide_runner *r, const char *name, void *data) {
         uint64_t off = 0;
         const char *home = tide_graph_tensor_home(r->g, t, &off);
         if (strcmp(home, name) != 0) continue;
-        tide_status st = tide_exec_bind_host(r->ex, t, (char *)data + off);
+        tide_status st = tide_exec_bind_host(r->ex, t, data ? (char *)data + off : NULL);
         if (st) return st;
         found++;
     }

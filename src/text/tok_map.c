@@ -21,7 +21,7 @@ uint64_t tok_hash(const void *p, size_t n) {
         n -= 8;
     }
     uint64_t w = 0;
-    memcpy(&w, s, n);
+    if (n) memcpy(&w, s, n);
     h = (h ^ w) * 0x100000001B3ull;
     h ^= h >> 32;
     h *= 0xD6E8FEB86659FD93ull;
@@ -74,7 +74,7 @@ int tok_smap_put(tok_smap *m, const void *key, size_t len, int32_t val) {
     size_t j = h & (m->cap - 1);
     while (m->slots[j].len != UINT32_MAX) {
         struct tok_sslot *e = &m->slots[j];
-        if (e->hash == h && e->len == len && !memcmp(m->keys + e->off, key, len)) {
+        if (e->hash == h && e->len == len && (!len || !memcmp(m->keys + e->off, key, len))) {
             e->val = val;
             return 0;
         }
@@ -88,7 +88,7 @@ int tok_smap_put(tok_smap *m, const void *key, size_t len, int32_t val) {
         m->keys = k;
         m->keys_cap = cap;
     }
-    memcpy(m->keys + m->keys_len, key, len);
+    if (len) memcpy(m->keys + m->keys_len, key, len);
     m->slots[j] = (struct tok_sslot){h, (uint32_t)m->keys_len, (uint32_t)len, val};
     m->keys_len += len;
     m->n++;
@@ -100,7 +100,7 @@ int32_t tok_smap_get(const tok_smap *m, const void *key, size_t len) {
     size_t j = h & (m->cap - 1);
     while (m->slots[j].len != UINT32_MAX) {
         const struct tok_sslot *e = &m->slots[j];
-        if (e->hash == h && e->len == len && !memcmp(m->keys + e->off, key, len)) return e->val;
+        if (e->hash == h && e->len == len && (!len || !memcmp(m->keys + e->off, key, len))) return e->val;
         j = (j + 1) & (m->cap - 1);
     }
     return -1;

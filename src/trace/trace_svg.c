@@ -310,7 +310,7 @@ static int usage_compute(const tide_plan *p, const tide_sim_event *tl, const int
         tide_free(d);
         return -1;
     }
-    qsort(d, n_d, sizeof *d, cmp_delta);
+    if (n_d) qsort(d, n_d, sizeof *d, cmp_delta);
 
     /* Sweep: col[c] (lo[c]) = max (min) over column c's span of the bytes in
      * use, i.e. over the level carried into c and every level reached in it. */
