@@ -19,10 +19,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         tide_graph_add_tensor(g_graph, "x", TIDE_F32, TIDE_ROLE_TEMP, 1, &n, &x) ||
         tide_graph_add_tensor(g_graph, "y", TIDE_F32, TIDE_ROLE_OUTPUT, 1, &n, &y))
         abort();
-    tide_op_params prm = {0};
+    tide_op_args prm = {0}; /* the internal form: flops is not a public parameter */
     prm.flops = 1e9;
-    if (tide_graph_add_op(g_graph, TIDE_OP_GENERIC, 0, (int[]){0}, 1, &x, &prm, -1, NULL) ||
-        tide_graph_add_op(g_graph, TIDE_OP_GENERIC, 2, (int[]){x, w}, 1, &y, &prm, -1, NULL))
+    if (tide_graph_add_op_args(g_graph, TIDE_OP_GENERIC, 0, (int[]){0}, 1, &x, &prm, -1, NULL) ||
+        tide_graph_add_op_args(g_graph, TIDE_OP_GENERIC, 2, (int[]){x, w}, 1, &y, &prm, -1, NULL))
         abort();
     const char *seed = getenv("TIDE_FUZZ_PLAN_SEED");
     if (seed) {

@@ -32,7 +32,11 @@ launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache)
 CC="$cc" cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTIDE_FUZZ=ON \
   -DTIDE_CUDA=OFF -DTIDE_BUILD_BENCH=OFF -DTIDE_BUILD_TESTS=OFF "${launcher[@]}" >/dev/null
-cmake --build "$build" -j "$jobs" --target fuzz >/dev/null
+if ! cmake --build "$build" -j "$jobs" --target fuzz >"$build/build.log" 2>&1; then
+  echo "fuzz.sh: the fuzz targets do not build:" >&2
+  grep -E -A5 "error|FAILED" "$build/build.log" | head -40 >&2
+  exit 1
+fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/tide-fuzz.XXXXXX")
 # the targets' scratch files (fuzz/fuzz_util.h): in memory where possible
