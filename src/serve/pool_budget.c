@@ -7,21 +7,18 @@
  */
 #include "backend/backend.h"
 #include "core/core.h"
-#include "runtime/runner.h"
+#include "runtime/session.h"
 
 tide_status tide_pool_auto_budget(tide_ctx *ctx, tide_backend *be, uint64_t *out) {
     if (!be || !out) return tide_err(ctx, TIDE_E_INVALID, "tide_pool_auto_budget: NULL argument");
     *out = 0;
-    if (!be->vt->mem_info)
-        return tide_err(ctx, TIDE_E_UNSUPPORTED, "an automatic budget reads a GPU's free memory; the %s backend has "
-                        "none", tide_backend_name(be));
-    uint64_t fr = 0, tot = 0;
-    tide_status st = be->vt->mem_info(be, &fr, &tot);
+    uint64_t b = 0;
+    /* the same reading and margin as a model's --budget auto (src/runtime/session.c) */
+    tide_status st = tide_backend_auto_budget(be, &b);
+    if (st == TIDE_E_NOMEM) /* no more free than the margin: no budget can be made */
+        return tide_err(ctx, TIDE_E_INFEASIBLE, "%s", tide_ctx_last_error(be->ctx));
+    if (st == TIDE_E_UNSUPPORTED) return tide_err(ctx, st, "%s", tide_ctx_last_error(be->ctx));
     if (st) return tide_err(ctx, st, "reading the device's free memory: %s", tide_ctx_last_error(be->ctx));
-    uint64_t margin = TIDE_AUTO_MARGIN(tot);
-    if (fr <= margin)
-        return tide_err(ctx, TIDE_E_INFEASIBLE, "the device has %llu bytes free, no more than the %llu-byte margin "
-                        "kept for the runtime", (unsigned long long)fr, (unsigned long long)margin);
-    *out = (fr - margin) & ~(uint64_t)255;
+    *out = b & ~(uint64_t)255;
     return TIDE_OK;
 }
