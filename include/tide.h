@@ -124,14 +124,32 @@ typedef enum tide_dtype {
     TIDE_F16,
     TIDE_BF16,
     TIDE_I32,
+    /* Block-quantized weight types, byte for byte ggml's layouts (as in GGUF
+     * files; docs/quantization.md): a row of n elements is n / block blocks. */
+    TIDE_Q8_0, /* 32 elements in 34 bytes: f16 scale, 32 x int8 */
+    TIDE_Q4_0, /* 32 in 18: f16 scale, 32 x 4 bits (offset 8) */
+    TIDE_Q4_K, /* 256 in 144: f16 d, dmin; 8 x 6-bit scales and mins; 4 bits */
+    TIDE_Q5_K, /* 256 in 176: as Q4_K with a fifth bit */
+    TIDE_Q6_K, /* 256 in 210: 16 x int8 scales, f16 d; 6 bits */
 } tide_dtype;
 
-/* Bytes per element; 0 for an invalid dtype. */
+/* Bytes per element of the scalar types; 0 for a block type or an invalid
+ * dtype (use tide_dtype_bytes for sizes). */
 size_t tide_dtype_size(tide_dtype dt);
-/* "f32", "f16", "bf16", "i32". */
+/* Elements per block: 1 for the scalar types, 32 or 256 for the block types;
+ * 0 for an invalid dtype. */
+int tide_dtype_block(tide_dtype dt);
+/* Bytes per block (the element size for the scalar types); 0 if invalid. */
+size_t tide_dtype_block_bytes(tide_dtype dt);
+/* Bytes of n consecutive elements of a row: n / block blocks. 0 when n is
+ * not a whole number of blocks or dt is invalid. */
+uint64_t tide_dtype_bytes(tide_dtype dt, uint64_t n);
+/* True for the block-quantized types. */
+bool tide_dtype_is_quantized(tide_dtype dt);
+/* "f32", "f16", "bf16", "i32", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k". */
 const char *tide_dtype_name(tide_dtype dt);
-/* Parses "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16", "i32".
- * Returns 0 on success, -1 if the name is unknown. */
+/* Parses those names (either case), and "float32", "float16", "bfloat16",
+ * "int32". Returns 0 on success, -1 if the name is unknown. */
 int tide_dtype_parse(const char *name, tide_dtype *out);
 
 /* Tensor roles (docs/design.md section 3.1). */
@@ -347,6 +365,18 @@ double tide_graph_flops(const tide_graph *g);
 
 /* ---------------------------------------------------------------- LLaMA */
 
+/* Per-weight storage types of a checkpoint that mixes them (GGUF files keep
+ * the norms in f32 and some projections in Q6_K beside Q4_K). */
+#define TIDE_LLAMA_MAX_LAYERS 256
+typedef enum tide_llama_wrole {
+    TIDE_W_Q = 0, TIDE_W_K, TIDE_W_V, TIDE_W_O, TIDE_W_GATE, TIDE_W_UP, TIDE_W_DOWN,
+    TIDE_W_LAYER_ROLES
+} tide_llama_wrole;
+typedef struct tide_llama_wtypes {
+    uint8_t embed, head, norm;                               /* tide_dtype values */
+    uint8_t layer[TIDE_LLAMA_MAX_LAYERS][TIDE_W_LAYER_ROLES]; /* by tide_llama_wrole */
+} tide_llama_wtypes;
+
 typedef struct tide_llama_config {
     char name[64];
     int hidden_size;
@@ -359,8 +389,20 @@ typedef struct tide_llama_config {
     float rms_norm_eps;
     float rope_theta;
     bool tie_word_embeddings;
-    tide_dtype dtype; /* storage dtype of the weights ("torch_dtype") */
+    tide_dtype dtype; /* storage dtype of the weights ("torch_dtype"); a block
+                         type leaves the norms in f32 */
+    bool wtypes_set;  /* each weight's type is in wtypes instead (at most
+                         TIDE_LLAMA_MAX_LAYERS layers) */
+    tide_llama_wtypes wtypes;
+    bool qk_interleaved; /* q_proj and k_proj rows in llama.cpp's GGUF order (each
+                            head's rotary pairs adjacent): RoPE reads them so and
+                            writes Hugging Face's order, so results are equal */
 } tide_llama_config;
+
+/* The storage dtype of the weight of that Hugging Face name under cfg
+ * ("model.layers.3.self_attn.v_proj.weight", "model.norm.weight", ...);
+ * cfg->dtype for a name it does not know. */
+tide_dtype tide_llama_weight_dtype(const tide_llama_config *cfg, const char *name);
 
 /* Fills *cfg with a built-in configuration with true shapes: "tinyllama-1.1b",
  * "llama-7b", "llama-13b", "llama-65b", "llama-2-70b". Returns TIDE_OK or

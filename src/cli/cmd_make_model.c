@@ -73,7 +73,7 @@ int cmd_make_model(int argc, char **argv) {
     }
     if (dtype) {
         tide_dtype dt;
-        if (tide_dtype_parse(dtype, &dt) || dt == TIDE_I32) {
+        if (tide_dtype_parse(dtype, &dt) || dt == TIDE_I32 || tide_dtype_is_quantized(dt)) {
             rc = cli_usage_error("make-model", "bad --dtype '%s' (bf16, f16 or f32)", dtype);
             goto out;
         }

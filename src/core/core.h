@@ -25,7 +25,7 @@
 /* How many members the public enums have: include/tide.h leaves these out,
  * since they grow with each member added (an array sized by them in a
  * program would change size with the library). */
-#define TIDE_DTYPE_COUNT (TIDE_I32 + 1)
+#define TIDE_DTYPE_COUNT (TIDE_Q6_K + 1)
 #define TIDE_ROLE_COUNT (TIDE_ROLE_TEMP + 1)
 #define TIDE_TRAIN_CLASS_COUNT (TIDE_TRAIN_INPUT + 1)
 

@@ -6,28 +6,51 @@
 #include "core/core.h"
 
 #include <string.h>
+#include <strings.h>
 
-static const size_t dtype_sizes[TIDE_DTYPE_COUNT] = {4, 2, 2, 4};
-static const char *const dtype_names[TIDE_DTYPE_COUNT] = {"f32", "f16", "bf16", "i32"};
+static const struct {
+    const char *name;
+    int block;
+    size_t bytes;
+} dtypes[TIDE_DTYPE_COUNT] = {
+    [TIDE_F32] = {"f32", 1, 4},      [TIDE_F16] = {"f16", 1, 2},      [TIDE_BF16] = {"bf16", 1, 2},
+    [TIDE_I32] = {"i32", 1, 4},      [TIDE_Q8_0] = {"q8_0", 32, 34},  [TIDE_Q4_0] = {"q4_0", 32, 18},
+    [TIDE_Q4_K] = {"q4_k", 256, 144}, [TIDE_Q5_K] = {"q5_k", 256, 176}, [TIDE_Q6_K] = {"q6_k", 256, 210},
+};
 
 size_t tide_dtype_size(tide_dtype dt) {
-    return (unsigned)dt < TIDE_DTYPE_COUNT ? dtype_sizes[dt] : 0;
+    return (unsigned)dt < TIDE_DTYPE_COUNT && dtypes[dt].block == 1 ? dtypes[dt].bytes : 0;
 }
 
+int tide_dtype_block(tide_dtype dt) { return (unsigned)dt < TIDE_DTYPE_COUNT ? dtypes[dt].block : 0; }
+
+size_t tide_dtype_block_bytes(tide_dtype dt) { return (unsigned)dt < TIDE_DTYPE_COUNT ? dtypes[dt].bytes : 0; }
+
+uint64_t tide_dtype_bytes(tide_dtype dt, uint64_t n) {
+    if ((unsigned)dt >= TIDE_DTYPE_COUNT || n % (uint64_t)dtypes[dt].block) return 0;
+    uint64_t blocks = n / (uint64_t)dtypes[dt].block;
+    if (blocks > UINT64_MAX / dtypes[dt].bytes) return 0;
+    return blocks * dtypes[dt].bytes;
+}
+
+bool tide_dtype_is_quantized(tide_dtype dt) { return (unsigned)dt < TIDE_DTYPE_COUNT && dtypes[dt].block > 1; }
+
 const char *tide_dtype_name(tide_dtype dt) {
-    return (unsigned)dt < TIDE_DTYPE_COUNT ? dtype_names[dt] : "?";
+    return (unsigned)dt < TIDE_DTYPE_COUNT ? dtypes[dt].name : "?";
 }
 
 int tide_dtype_parse(const char *s, tide_dtype *out) {
-    static const struct { const char *name; tide_dtype dt; } names[] = {
-        {"f32", TIDE_F32},   {"float32", TIDE_F32}, {"F32", TIDE_F32},
-        {"f16", TIDE_F16},   {"float16", TIDE_F16}, {"F16", TIDE_F16},
-        {"bf16", TIDE_BF16}, {"bfloat16", TIDE_BF16}, {"BF16", TIDE_BF16},
-        {"i32", TIDE_I32},   {"int32", TIDE_I32},   {"I32", TIDE_I32},
+    static const struct { const char *name; tide_dtype dt; } aliases[] = {
+        {"float32", TIDE_F32}, {"float16", TIDE_F16}, {"bfloat16", TIDE_BF16}, {"int32", TIDE_I32},
     };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcmp(s, names[i].name) == 0) {
-            *out = names[i].dt;
+    for (int d = 0; d < TIDE_DTYPE_COUNT; d++)
+        if (strcasecmp(s, dtypes[d].name) == 0) {
+            *out = (tide_dtype)d;
+            return 0;
+        }
+    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+        if (strcmp(s, aliases[i].name) == 0) {
+            *out = aliases[i].dt;
             return 0;
         }
     return -1;

@@ -44,6 +44,8 @@
 
 static double rate_of(const tide_hw *hw, tide_dtype dt) {
     double r = (unsigned)dt < TIDE_DTYPE_COUNT ? hw->flops[dt] : 0;
+    /* a block type without a rate of its own: dequantized into bf16 tiles */
+    if (!(r > 0) && tide_dtype_is_quantized(dt)) r = hw->flops[TIDE_BF16];
     return r > 0 ? r : hw->flops[TIDE_F32];
 }
 

@@ -137,10 +137,12 @@ static const char *hw_check(const tide_hw *hw) {
     if (!hw->name[0] || memchr(hw->name, '\0', sizeof hw->name) == NULL) return "name";
     for (size_t i = 0; i < N_FIELDS; i++)
         if (!value_ok(fields[i].kind, field_get(hw, &fields[i]))) return fields[i].key;
-    static const char *const flops_keys[TIDE_DTYPE_COUNT] = {"flops.f32", "flops.f16", "flops.bf16",
-                                                             "flops.i32"};
+    static const char *const flops_keys[TIDE_DTYPE_COUNT] = {
+        "flops.f32", "flops.f16", "flops.bf16", "flops.i32", "flops.q8_0",
+        "flops.q4_0", "flops.q4_k", "flops.q5_k", "flops.q6_k"};
     for (int d = 0; d < TIDE_DTYPE_COUNT; d++)
-        if (!value_ok(F_POSITIVE, hw->flops[d])) return flops_keys[d];
+        if (!value_ok(F_POSITIVE, hw->flops[d]) && !(tide_dtype_is_quantized((tide_dtype)d) && hw->flops[d] == 0))
+            return flops_keys[d]; /* a block type's rate is optional (0: its compute dtype's) */
     for (size_t i = 0; i < N_OPTIONAL; i++) {
         double v = field_get(hw, &optional_fields[i]);
         if (v != 0 && !value_ok(optional_fields[i].kind, v)) return optional_fields[i].key;
@@ -224,6 +226,10 @@ static tide_status hw_parse(tide_ctx *ctx, const char *path, const char *text, s
         snprintf(label, sizeof label, "flops.%s", tide_dtype_name((tide_dtype)d));
         if (d == TIDE_I32 && !cJSON_GetObjectItemCaseSensitive(fl, "i32")) {
             h.flops[d] = h.flops[TIDE_F32]; /* optional: never a matmul dtype */
+            continue;
+        }
+        if (tide_dtype_is_quantized((tide_dtype)d) && !cJSON_GetObjectItemCaseSensitive(fl, tide_dtype_name(d))) {
+            h.flops[d] = 0; /* optional: the cost model uses the compute dtype's */
             continue;
         }
         st = parse_number(ctx, path, fl, tide_dtype_name((tide_dtype)d), label, F_POSITIVE,
@@ -427,6 +433,7 @@ tide_status tide_hw_save(tide_ctx *ctx, const tide_hw *hw, const char *path) {
     }
     append(buf, cap, &n, "  \"flops\": {");
     for (int d = 0; d < TIDE_DTYPE_COUNT; d++) {
+        if (tide_dtype_is_quantized((tide_dtype)d) && hw->flops[d] == 0) continue;
         append(buf, cap, &n, "%s\"%s\": ", d ? ", " : " ", tide_dtype_name((tide_dtype)d));
         append_number(buf, cap, &n, hw->flops[d]);
     }

@@ -79,6 +79,9 @@ tide_status tide_graph_add_tensor(tide_graph *g, const char *name, tide_dtype dt
             return tide_err(ctx, TIDE_E_INVALID, "tensor '%s': too many elements", name);
         numel *= (uint64_t)shape[i];
     }
+    if (shape[ndim - 1] % tide_dtype_block(dt))
+        return tide_err(ctx, TIDE_E_INVALID, "tensor '%s': rows of %lld elements are not whole %s blocks of %d",
+                        name, (long long)shape[ndim - 1], tide_dtype_name(dt), tide_dtype_block(dt));
     if (tide_graph_find(g, name) >= 0)
         return tide_err(ctx, TIDE_E_INVALID, "tensor '%s' is already in the graph", name);
     if (tide_grow((void **)&g->tensors, &g->cap_tensors, g->n_tensors + 1, sizeof *g->tensors))
@@ -95,7 +98,7 @@ tide_status tide_graph_add_tensor(tide_graph *g, const char *name, tide_dtype dt
     t->role = role;
     t->ndim = ndim;
     for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
-    t->nbytes = numel * tide_dtype_size(dt);
+    t->nbytes = tide_dtype_bytes(dt, numel);
     t->layer = -1;
     int tid = g->n_tensors++;
     uint64_t h = hash_str(name) & (uint64_t)(g->index_cap - 1);

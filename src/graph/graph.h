@@ -46,6 +46,8 @@ typedef struct tide_op_args {
     /* tiles (all 0 for a whole op) */
     int64_t idx0;     /* EMBED: first tokens entry; ROPE, ATTENTION: first pos entry */
     bool pos_rows;    /* ROPE, ATTENTION: pos holds a position per row (include/tide.h) */
+    bool rope_interleaved; /* ROPE: x holds each head's pairs (i, i + hd/2) at (2i, 2i+1),
+                              as llama.cpp's GGUF q/k rows; out in (i, i + hd/2) order */
     int64_t row0;     /* MATMUL, TAKE_LAST: first output row written */
     int64_t col0;     /* MATMUL: first output column written */
     int64_t vocab0;   /* EMBED, EMBED_BWD, CE_STATS, CE_BLOCK: id of the block's first row */

@@ -81,6 +81,10 @@ tide_status tide_llama_config_named(tide_ctx *ctx, const char *name, tide_llama_
 
 /* The value checks shared by check() and load(). Returns NULL when cfg is
  * valid, else a message naming the field, written into buf. */
+static bool weight_dtype_ok(int dt) {
+    return dt == TIDE_F32 || dt == TIDE_F16 || dt == TIDE_BF16 || tide_dtype_is_quantized((tide_dtype)dt);
+}
+
 static const char *config_problem(const tide_llama_config *cfg, char *buf, size_t n) {
     struct { const char *field; int v, max; } sizes[] = {
         {"hidden_size", cfg->hidden_size, DIM_MAX},
@@ -126,12 +130,66 @@ static const char *config_problem(const tide_llama_config *cfg, char *buf, size_
         snprintf(buf, n, "rope_theta is %g, must be positive and finite", (double)cfg->rope_theta);
         return buf;
     }
-    if (cfg->dtype != TIDE_F32 && cfg->dtype != TIDE_F16 && cfg->dtype != TIDE_BF16) {
-        snprintf(buf, n, "torch_dtype %s is not a weight dtype (f32, f16 or bf16)",
+    if (!weight_dtype_ok(cfg->dtype)) {
+        snprintf(buf, n, "torch_dtype %s is not a weight dtype (f32, f16, bf16 or a block type)",
                  tide_dtype_name(cfg->dtype));
         return buf;
     }
+    if (cfg->wtypes_set) {
+        const tide_llama_wtypes *w = &cfg->wtypes;
+        if (cfg->num_hidden_layers > TIDE_LLAMA_MAX_LAYERS) {
+            snprintf(buf, n, "%d layers with per-weight types (at most %d)", cfg->num_hidden_layers,
+                     TIDE_LLAMA_MAX_LAYERS);
+            return buf;
+        }
+        bool ok = weight_dtype_ok(w->embed) && weight_dtype_ok(w->head) && weight_dtype_ok(w->norm) &&
+                  !tide_dtype_is_quantized(w->norm);
+        for (int L = 0; L < cfg->num_hidden_layers && ok; L++)
+            for (int r = 0; r < TIDE_W_LAYER_ROLES; r++) ok = ok && weight_dtype_ok(w->layer[L][r]);
+        if (!ok) {
+            snprintf(buf, n, "a per-weight type is not a weight dtype (norms f32, f16 or bf16)");
+            return buf;
+        }
+    }
     return NULL;
+}
+
+/* The role of a Hugging Face weight name: -1 embed, -2 head, -3 norm, 0..6 a
+ * layer's projection (*layer set), -4 unknown. */
+static int weight_role(const char *name, int *layer) {
+    static const char *const roles[TIDE_W_LAYER_ROLES] = {
+        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+        "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
+    if (strcmp(name, "model.embed_tokens.weight") == 0) return -1;
+    if (strcmp(name, "lm_head.weight") == 0) return -2;
+    if (strcmp(name, "model.norm.weight") == 0) return -3;
+    int L, len = 0;
+    if (sscanf(name, "model.layers.%d.%n", &L, &len) != 1 || len == 0 || L < 0) return -4;
+    const char *rest = name + len;
+    if (strcmp(rest, "input_layernorm.weight") == 0 || strcmp(rest, "post_attention_layernorm.weight") == 0)
+        return -3;
+    for (int r = 0; r < TIDE_W_LAYER_ROLES; r++)
+        if (strcmp(rest, roles[r]) == 0) {
+            *layer = L;
+            return r;
+        }
+    return -4;
+}
+
+tide_dtype tide_llama_weight_dtype(const tide_llama_config *cfg, const char *name) {
+    int L = 0, r = weight_role(name, &L);
+    if (!cfg->wtypes_set) {
+        if (r == -3 && tide_dtype_is_quantized(cfg->dtype)) return TIDE_F32;
+        return cfg->dtype;
+    }
+    const tide_llama_wtypes *w = &cfg->wtypes;
+    switch (r) {
+    case -1: return (tide_dtype)w->embed;
+    case -2: return (tide_dtype)(cfg->tie_word_embeddings ? w->embed : w->head);
+    case -3: return (tide_dtype)w->norm;
+    case -4: return cfg->dtype;
+    default: return L < TIDE_LLAMA_MAX_LAYERS ? (tide_dtype)w->layer[L][r] : cfg->dtype;
+    }
 }
 
 /* Returns TIDE_OK, or TIDE_E_INVALID naming the first bad field. */

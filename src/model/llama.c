@@ -131,7 +131,7 @@ static void head(llama_builder *b, const tide_llama_config *cfg, const tide_llam
     llama_wsplit *ws = li->ws;
     tide_op_args norm = {.eps = cfg->rms_norm_eps};
     b->layer = -1;
-    int wn = llama_tensor(b, "model.norm.weight", cfg->dtype, TIDE_ROLE_WEIGHT, 1, D, 0, 0);
+    int wn = llama_weight(b, cfg->dtype, D, 0, "model.norm.weight", 0);
     const char *head_name = cfg->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     int logits = llama_tensor(b, "logits", TIDE_F32, TIDE_ROLE_OUTPUT, 2, rows, V, 0);
     if (!o->all_logits) {
@@ -182,7 +182,7 @@ tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
     llama_acts *acts = tide_calloc((size_t)NT, sizeof *acts);
     llama_wsplit *ws = tide_malloc(sizeof *ws);
     int *kc = tide_calloc((size_t)B * 2, sizeof *kc), *vc = kc ? kc + B : NULL;
-    llama_builder b = {.g = acts && ws && kc ? tide_graph_new(ctx) : NULL, .layer = -1, .prefix = ""};
+    llama_builder b = {.g = acts && ws && kc ? tide_graph_new(ctx) : NULL, .layer = -1, .prefix = "", .wcfg = cfg};
     if (!b.g) {
         tide_free(tl);
         tide_free(acts);

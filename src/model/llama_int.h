@@ -34,6 +34,9 @@ typedef struct llama_builder {
     tide_status st;
     int layer;
     const char *prefix; /* activation names start with it ("" or "mbM.") */
+    const tide_llama_config *wcfg; /* set: each weight's dtype is
+                                      tide_llama_weight_dtype(wcfg, name), not
+                                      the one the caller gives */
 } llama_builder;
 
 /* Adds a tensor of ndim dims (d0, d1, d2); its id, or -1 after an error. */

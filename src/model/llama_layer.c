@@ -34,6 +34,7 @@ void llama_op(llama_builder *b, tide_op_kind kind, int n_in, const int *in, int 
 int llama_weight(llama_builder *b, tide_dtype dt, int64_t d0, int64_t d1, const char *fmt, int layer) {
     char name[128];
     snprintf(name, sizeof name, fmt, layer);
+    if (b->wcfg) dt = tide_llama_weight_dtype(b->wcfg, name);
     int id = b->st ? -1 : tide_graph_find(b->g, name);
     return id >= 0 ? id : llama_tensor(b, name, dt, TIDE_ROLE_WEIGHT, d1 ? 2 : 1, d0, d1, 0);
 }
@@ -42,7 +43,8 @@ void llama_split(llama_builder *b, llama_wsplit *w, tide_dtype dt, int64_t N, in
                  const char *fmt, int layer) {
     char name[128], bname[192];
     snprintf(name, sizeof name, fmt, layer);
-    uint64_t row_bytes = (uint64_t)K * tide_dtype_size(dt), bytes = row_bytes * (uint64_t)N;
+    if (b->wcfg) dt = tide_llama_weight_dtype(b->wcfg, name);
+    uint64_t row_bytes = tide_dtype_bytes(dt, (uint64_t)K), bytes = row_bytes * (uint64_t)N;
     int64_t nblk = max_bytes && bytes > max_bytes ? (int64_t)((bytes + max_bytes - 1) / max_bytes) : 1;
     nblk = TIDE_MIN(TIDE_MIN(nblk, N), (int64_t)LLAMA_MAX_BLOCKS);
     int64_t per = (N + nblk - 1) / nblk;
@@ -124,7 +126,8 @@ void llama_layer_forward(llama_builder *b, const llama_layer_in *in, int L, int 
     matmul(b, in, L, k0, k1, acts, F(xn), F(v), nm[3], kd, D, "model.layers.%d.self_attn.v_proj.weight");
     for (int k = k0; k < k1 && !b->st; k++) {
         tide_op_args rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd,
-                             .batch = in->tiles[k].nb, .idx0 = pos0(in, k), .pos_rows = in->pos_rows};
+                             .batch = in->tiles[k].nb, .idx0 = pos0(in, k), .pos_rows = in->pos_rows,
+                             .rope_interleaved = cfg->qk_interleaved};
         acts[k].qr = llama_act(b, nm[4], k, in->n_tiles, rows(in, k), H * hd);
         int in2[2] = {acts[k].q, in->pos};
         llama_op(b, TIDE_OP_ROPE, 2, in2, 1, &acts[k].qr, &rp);

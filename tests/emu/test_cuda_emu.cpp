@@ -435,14 +435,14 @@ void test_rope() {
         for (int t = 0; t < c.T; t++) pos[t] = c.pos0 >= 0 ? c.pos0 + t : irand(4000);
         std::vector<float> want(x.size());
         if (inv) tk_rope_bwd(x.data(), pos.data(), R, c.T, c.H, c.hd, c.theta, want.data(), 1);
-        else tk_rope(x.data(), pos.data(), R, c.T, c.H, c.hd, c.theta, want.data(), 1);
+        else tk_rope(x.data(), pos.data(), R, c.T, c.H, c.hd, c.theta, false, want.data(), 1);
         std::vector<Bytes> got = under_schedules([&](int) {
             Dev d;
             float *dx = d.put(x, 0, "x");
             int32_t *dp = d.put(pos, 0, "pos");
             float *o = c.inplace ? dx : (float *)d.put(nullptr, x.size() * 4, 0, "out");
             expect_status(inv ? emu::tcu_rope_inverse(nullptr, dx, dp, R, c.T, c.H, c.hd, c.theta, o)
-                              : emu::tcu_rope(nullptr, dx, dp, R, c.T, c.H, c.hd, c.theta, o),
+                              : emu::tcu_rope(nullptr, dx, dp, R, c.T, c.H, c.hd, c.theta, false, o),
                           cudaSuccess, "tcu_rope");
             return std::vector<Bytes>{as_bytes(o, x.size())};
         });

@@ -174,7 +174,7 @@ static tide_status cpu_rope(tide_ctx *ctx, int nt, const tide_graph *g, const ti
     const tide_tensor *x = tin(g, op, 0);
     /* a position per row: row r reads pos[r % R] */
     tk_rope(in[0], (const int32_t *)in[1] + p->idx0, x->shape[0], p->pos_rows ? x->shape[0] : x->shape[0] / p->batch,
-            p->n_heads, p->head_dim, p->rope_theta, out[0], nt);
+            p->n_heads, p->head_dim, p->rope_theta, p->rope_interleaved, out[0], nt);
     return TIDE_OK;
 }
 

@@ -222,6 +222,16 @@ TK_ROPE_PAIRS(rope_pairs_generic, )
 TK_ROPE_PAIRS(rope_pairs_avx2, TK_AVX2)
 #endif
 
+/* The same with the input's pairs adjacent, (2i, 2i + 1) (llama.cpp's GGUF
+ * q/k order; xr is the head's start): the same products, so the same bits. */
+static void rope_pairs_interleaved(const float *xr, float *orow, const float *c, const float *s, int n, int half) {
+    for (int i = 0; i < n; i++) {
+        float x0 = xr[2 * i], x1 = xr[2 * i + 1];
+        orow[i] = x0 * c[i] - x1 * s[i];
+        orow[i + half] = x1 * c[i] + x0 * s[i];
+    }
+}
+
 typedef void (*tk_rope_pairs)(const float *, float *, const float *, const float *, int, int);
 
 /* AVX2 on AVX-512 machines too: the cos/sin of the angles (scalar libm)
@@ -234,12 +244,13 @@ static tk_rope_pairs rope_path(void) {
 }
 
 void tk_rope_rotate(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd, float theta,
-                    bool inverse, float *out, int nt) {
+                    bool inverse, bool interleaved, float *out, int nt) {
     /* the inverse negates sin exactly: a rotation by minus the same angle */
     const float sgn = inverse ? -1.0f : 1.0f;
     int half = hd / 2;
     int64_t D = (int64_t)H * hd;
-    const tk_rope_pairs pairs = rope_path();
+    const tk_rope_pairs pairs = interleaved ? rope_pairs_interleaved : rope_path();
+    const int64_t xstep = interleaved ? 2 : 1; /* input offset of pair i0 */
 #pragma omp parallel for schedule(static) num_threads(nt) if (R * D >= TK_PAR_MIN)
     for (int64_t r = 0; r < R; r++) {
         float p = (float)pos[r % T];
@@ -254,14 +265,14 @@ void tk_rope_rotate(const float *x, const int32_t *pos, int64_t R, int64_t T, in
                 s[i] = sgn * sinf(a);
             }
             for (int h = 0; h < H; h++)
-                pairs(x + r * D + (int64_t)h * hd + i0, out + r * D + (int64_t)h * hd + i0, c, s, n, half);
+                pairs(x + r * D + (int64_t)h * hd + xstep * i0, out + r * D + (int64_t)h * hd + i0, c, s, n, half);
         }
     }
 }
 
 void tk_rope(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd,
-             float theta, float *out, int nt) {
-    tk_rope_rotate(x, pos, R, T, H, hd, theta, false, out, nt);
+             float theta, bool interleaved, float *out, int nt) {
+    tk_rope_rotate(x, pos, R, T, H, hd, theta, false, interleaved, out, nt);
 }
 
 /* ------------------------------------------------------------- elementwise */

@@ -121,9 +121,10 @@ tide_status tk_matmul_ex(const float *x, const void *w, tide_dtype wdt, int64_t 
  * (R, H*hd); row r has position pos[r % T]. For i < hd/2:
  * inv = 1/powf(theta, (float)(2i)/hd), a = (float)pos * inv,
  * out[i] = x[i]*cos a - x[i+hd/2]*sin a, out[i+hd/2] = x[i+hd/2]*cos a + x[i]*sin a.
- * hd must be even. */
+ * hd must be even. interleaved: x's pair i is at (2i, 2i+1) of each head
+ * (llama.cpp's GGUF q/k rows); out as above. */
 void tk_rope(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd,
-             float theta, float *out, int nt);
+             float theta, bool interleaved, float *out, int nt);
 
 /* ATTENTION shapes: B batch, T tokens per batch row (R = B*T), C cache
  * positions, H query heads, KV key/value heads (H % KV == 0), hd head size. */

@@ -81,7 +81,7 @@ void tk_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, con
 /* ROPE (inverse false) and ROPE_BWD (inverse true: sin negated, the rotation
  * by minus the same angle, so the exact transpose): tk_rope's contract. */
 void tk_rope_rotate(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd, float theta,
-                    bool inverse, float *out, int nt);
+                    bool inverse, bool interleaved, float *out, int nt);
 
 /* Replaces s[0..n) (n >= 1) by exp(s_j - max s) and returns their sum, in
  * double; *mx receives the max. AVX2 (exp_neg_avx2) when avx, expf else. */

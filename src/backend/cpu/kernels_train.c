@@ -186,7 +186,7 @@ tide_status tk_matmul_gradw(const float *dy, const float *x, int64_t R, int64_t 
 
 void tk_rope_bwd(const float *dy, const int32_t *pos, int64_t R, int64_t T, int H, int hd, float theta,
                  float *dx, int nt) {
-    tk_rope_rotate(dy, pos, R, T, H, hd, theta, true, dx, nt);
+    tk_rope_rotate(dy, pos, R, T, H, hd, theta, true, false, dx, nt);
 }
 
 static void silu_mul_bwd_generic(const float *gate, const float *up, const float *dy, float *dgate, float *dup,

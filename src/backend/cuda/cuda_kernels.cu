@@ -338,7 +338,7 @@ extern "C" cudaError_t tcu_matmul_fused(cudaStream_t s, const float *x, const vo
  * exactly), ROPE_BWD's. */
 template <bool INV>
 __global__ void k_rope(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd, float theta,
-                       float *out) {
+                       bool il, float *out) {
     const int half = hd / 2;
     const int64_t D = (int64_t)H * hd, n = R * half;
     for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
@@ -355,7 +355,7 @@ __global__ void k_rope(const float *x, const int32_t *pos, int64_t R, int64_t T,
         for (int h = 0; h < H; h++) {
             const float *xr = x + r * D + (int64_t)h * hd;
             float *orow = out + r * D + (int64_t)h * hd;
-            float x0 = xr[i], x1 = xr[i + half];
+            float x0 = il ? xr[2 * i] : xr[i], x1 = il ? xr[2 * i + 1] : xr[i + half];
             orow[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
             orow[i + half] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, sn));
         }
@@ -363,10 +363,10 @@ __global__ void k_rope(const float *x, const int32_t *pos, int64_t R, int64_t T,
 }
 
 extern "C" cudaError_t tcu_rope(cudaStream_t s, const float *x, const int32_t *pos, int64_t R, int64_t T, int H,
-                                int hd, float theta, float *out) {
+                                int hd, float theta, bool interleaved, float *out) {
     int64_t n = R * (hd / 2);
     if (n <= 0 || T <= 0) return cudaSuccess;
-    k_rope<false><<<grid_for(n, TCU_BLOCK), TCU_BLOCK, 0, s>>>(x, pos, R, T, H, hd, theta, out);
+    k_rope<false><<<grid_for(n, TCU_BLOCK), TCU_BLOCK, 0, s>>>(x, pos, R, T, H, hd, theta, interleaved, out);
     return cudaGetLastError();
 }
 
@@ -374,7 +374,7 @@ extern "C" cudaError_t tcu_rope_inverse(cudaStream_t s, const float *x, const in
                                         int H, int hd, float theta, float *out) {
     int64_t n = R * (hd / 2);
     if (n <= 0 || T <= 0) return cudaSuccess;
-    k_rope<true><<<grid_for(n, TCU_BLOCK), TCU_BLOCK, 0, s>>>(x, pos, R, T, H, hd, theta, out);
+    k_rope<true><<<grid_for(n, TCU_BLOCK), TCU_BLOCK, 0, s>>>(x, pos, R, T, H, hd, theta, false, out);
     return cudaGetLastError();
 }
 

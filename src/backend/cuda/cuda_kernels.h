@@ -77,9 +77,11 @@ cudaError_t tcu_matmul_fused(cudaStream_t s, const float *x, const void *w, tide
                              int64_t K, int64_t N, float *out, int64_t ldo);
 
 /* ROPE (HF rotate_half). x (R, H*hd), pos (T) i32, out (R, H*hd) (may equal
- * x); row r has position pos[r % T]; hd even. */
+ * x unless interleaved); row r has position pos[r % T]; hd even.
+ * interleaved: x's pair i at (2i, 2i+1) of each head (llama.cpp's GGUF q/k
+ * rows), out in HF's order. */
 cudaError_t tcu_rope(cudaStream_t s, const float *x, const int32_t *pos, int64_t R, int64_t T, int H, int hd,
-                     float theta, float *out);
+                     float theta, bool interleaved, float *out);
 
 /* ROPE_BWD: as tcu_rope, the rotation by minus the angle (the sine
  * negated exactly: the transpose of ROPE's rotation, as the CPU's). */

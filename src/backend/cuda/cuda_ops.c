@@ -258,7 +258,7 @@ static tide_status op_rope(tide_backend *be, cu_queue *q, const tide_graph *g, c
     /* a position per row: row r reads pos[r % R] */
     CU_TRY(ctx, tcu_rope(s, in[0], (const int32_t *)in[1] + p->idx0, x->shape[0],
                          p->pos_rows ? x->shape[0] : x->shape[0] / p->batch, p->n_heads, p->head_dim, p->rope_theta,
-                         out[0]),
+                         p->rope_interleaved, out[0]),
            "rope kernel");
     return TIDE_OK;
 }
