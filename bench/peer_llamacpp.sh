@@ -116,14 +116,32 @@ if [ ! -f "$src/include/llama.h" ]; then
     tar -xzf "$sdist" -C "$cache" || fail "cannot unpack $sdist"
     [ -f "$src/include/llama.h" ] || fail "$sdist has no vendor/llama.cpp/include/llama.h"
 fi
-bdir="$cache/build-$pkg"
+# the instruction sets /proc/cpuinfo lists, in ggml's option names (all of
+# avx512 f, bw, cd, dq and vl for GGML_AVX512)
+cpu_flags() {
+    local f out="" have
+    have=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+    for f in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI \
+             avx512_bf16:AVX512_BF16 avx_vnni:AVX_VNNI; do
+        case "$have" in *" ${f%%:*} "*) out="$out ${f##*:}" ;; esac
+    done
+    case "$have" in *" avx512f "*) case "$have" in *" avx512bw "*) case "$have" in *" avx512cd "*)
+        case "$have" in *" avx512dq "*) case "$have" in *" avx512vl "*) out="$out AVX512" ;; esac ;; esac ;; esac ;;
+        esac ;; esac
+    echo "${out# }"
+}
+flags=$(cpu_flags)
+bdir="$cache/build-$pkg-$(echo "$flags" | cksum | cut -d' ' -f1)"
 driver="$bdir/llama_driver"
-if [ ! -x "$driver" ] || [ "$here/peer/llama_driver.c" -nt "$driver" ] || [ "$here/peer/CMakeLists.txt" -nt "$driver" ]; then
+quant="$bdir/llama_quant"
+if [ ! -x "$driver" ] || [ ! -x "$quant" ] || [ "$here/peer/llama_driver.c" -nt "$driver" ] ||
+    [ "$here/peer/llama_quant.c" -nt "$quant" ] || [ "$here/peer/CMakeLists.txt" -nt "$driver" ]; then
     gen=()
     command -v ninja >/dev/null && gen=(-G Ninja)
-    log "building llama.cpp ($pkg, CPU, Release, native) and llama_driver in $bdir"
-    { cmake -S "$here/peer" -B "$bdir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DLLAMA_SRC="$src" &&
-        cmake --build "$bdir" --target llama_driver -j "$(nproc)"; } >"$bdir.log" 2>&1 ||
+    log "building llama.cpp ($pkg, CPU, Release, $flags), llama_driver and llama_quant in $bdir"
+    { cmake -S "$here/peer" -B "$bdir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DLLAMA_SRC="$src" \
+        -DPEER_CPU_FLAGS="$flags" &&
+        cmake --build "$bdir" --target llama_driver llama_quant -j "$(nproc)"; } >"$bdir.log" 2>&1 ||
         fail "llama.cpp build failed, see $bdir.log"
 fi
 

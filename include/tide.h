@@ -303,6 +303,7 @@ typedef enum tide_op_kind {
     TIDE_OP_ADAMW,
     TIDE_OP_CE_STATS,
     TIDE_OP_CE_BLOCK,
+    TIDE_OP_ADD_BIAS, /* out (R, N) = x (R, N) + b (N), b a WEIGHT (Qwen2's q/k/v biases) */
 } tide_op_kind;
 const char *tide_op_name(tide_op_kind k);
 
@@ -394,6 +395,7 @@ typedef struct tide_llama_config {
     bool wtypes_set;  /* each weight's type is in wtypes instead (at most
                          TIDE_LLAMA_MAX_LAYERS layers) */
     tide_llama_wtypes wtypes;
+    bool qkv_bias;    /* q_proj, k_proj and v_proj have biases "...q_proj.bias" (Qwen2) */
     bool qk_interleaved; /* q_proj and k_proj rows in llama.cpp's GGUF order (each
                             head's rotary pairs adjacent): RoPE reads them so and
                             writes Hugging Face's order, so results are equal */

@@ -46,7 +46,7 @@ import sys
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 PROMPT_LEN = 11  # tokens in the prompt (batch 1)
 N_NEW = 8  # greedy tokens generated after the prompt
@@ -109,14 +109,39 @@ FIXTURES = [
         3003,
         "100KB",  # the f16 model is ~190 KB, so this gives 2 shards
     ),
+    (
+        "tiny-qwen2",  # Qwen2ForCausalLM: biases on q, k and v
+        torch.bfloat16,
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=256,
+            tie_word_embeddings=True,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            max_position_embeddings=128,
+        ),
+        5005,
+        None,
+    ),
 ]
+
+
+def is_qwen2(name):
+    return "qwen2" in name
 
 DTYPE_NAME = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def expected_names(cfg):
-    """The exact HF LLaMA parameter names a checkpoint of cfg must hold."""
+    """The exact HF LLaMA (Qwen2: and q/k/v biases) parameter names a checkpoint of cfg must hold."""
     names = {"model.embed_tokens.weight", "model.norm.weight"}
+    if cfg.model_type == "qwen2":
+        for i in range(cfg.num_hidden_layers):
+            names |= {f"model.layers.{i}.self_attn.{x}_proj.bias" for x in "qkv"}
     if not cfg.tie_word_embeddings:
         names.add("lm_head.weight")
     for i in range(cfg.num_hidden_layers):
@@ -135,7 +160,7 @@ def expected_names(cfg):
     return names
 
 
-def build(kwargs, seed):
+def build(kwargs, seed, qwen2=False):
     """A randomly initialised model (f32) whose logits are far from zero.
 
     The default init (std 0.02) makes every logit ~0 and greedy decoding
@@ -144,9 +169,12 @@ def build(kwargs, seed):
     weight 1 + N(0, 0.1). With the final RMSNorm giving unit-RMS rows, logits then
     have a standard deviation of about 0.2 * sqrt(hidden), i.e. 1.6 to 2.
     """
-    cfg = LlamaConfig(**kwargs, initializer_range=0.2, attention_bias=False, mlp_bias=False)
+    if qwen2:
+        cfg = Qwen2Config(**kwargs, initializer_range=0.2, use_sliding_window=False)
+    else:
+        cfg = LlamaConfig(**kwargs, initializer_range=0.2, attention_bias=False, mlp_bias=False)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
+    model = Qwen2ForCausalLM(cfg) if qwen2 else LlamaForCausalLM(cfg)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():  # deterministic order
@@ -224,7 +252,8 @@ def reference(d, prompt):
         kw["dtype"] = torch.float32
     else:
         kw["torch_dtype"] = torch.float32
-    model = LlamaForCausalLM.from_pretrained(d, **kw).eval()
+    cls = Qwen2ForCausalLM if is_qwen2(os.path.basename(d)) else LlamaForCausalLM
+    model = cls.from_pretrained(d, **kw).eval()
     assert next(model.parameters()).dtype == torch.float32
     ids = torch.tensor([prompt], dtype=torch.long)  # (1, T)
     with torch.no_grad():
@@ -270,7 +299,7 @@ def reference(d, prompt):
 def make_one(out, name, dtype, kwargs, base_seed, shard):
     d = os.path.join(out, name)
     for seed in range(base_seed, base_seed + MAX_SEED_TRIES):
-        model = build(kwargs, seed)
+        model = build(kwargs, seed, is_qwen2(name))
         cfg = model.config
         save(model, dtype, shard, d)
         check_files(d, cfg, dtype, shard)
@@ -310,6 +339,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures"))
+    ap.add_argument("--only", help="make only this fixture (the others keep their files)")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     transformers.logging.set_verbosity_error()
@@ -318,6 +348,8 @@ def main():
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     print(f"{'fixture':<18} {'seed':>5} {'bytes':>9} {'max|logit|':>10} {'min gap':>8}  generated")
     for name, dtype, kwargs, seed, shard in FIXTURES:
+        if args.only and name != args.only:
+            continue
         ref, size = make_one(args.out, name, dtype, kwargs, seed, shard)
         total += size
         print(

@@ -64,6 +64,11 @@ contains "$TMP/t.svg" "predicted" "svg has the predicted panel"
 if [ -z "$(ls -A "$TMP/spill")" ]; then PASSES=$((PASSES + 1)); else
     echo "FAIL: spill directory not empty: $(ls "$TMP/spill")"; FAILS=$((FAILS + 1)); fi
 
+# Qwen2 (q/k/v biases): offloaded and tiled at the minimum, checked
+expect 0 "qwen2 at the minimum, checked" -- "$TIDE" run --model "$TIDE_FIXTURES/tiny-qwen2" --budget min --check \
+    --new-tokens 4 --json
+contains "$TMP/out" '"check_passed":true' "qwen2 run checked against the unconstrained run"
+
 # bad input
 expect 1 "token id past the vocabulary" -- "$TIDE" run --model "$TMP/m" --tokens 1,2,99999 --new-tokens 2
 contains "$TMP/err" "99999" "message names the id"

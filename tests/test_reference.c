@@ -340,6 +340,7 @@ static struct fixture fixtures[] = {
     {"tiny-f32-mha"},     /* f32, MHA, tied embeddings */
     {"tiny-bf16-gqa"},    /* bf16 storage, GQA 6/2, rope_theta 5e5 */
     {"tiny-f16-sharded"}, /* f16 storage, GQA 8/2, head_dim 8, 2 shards */
+    {"tiny-qwen2"},       /* Qwen2: bf16, q/k/v biases, GQA 4/2, tied, rope_theta 1e6 */
 };
 
 /* NAME must be fixtures[i].name, as a literal, to name the tests. */
@@ -360,6 +361,7 @@ int main(void)
         FIXTURE_TESTS(0, "tiny-f32-mha"),
         FIXTURE_TESTS(1, "tiny-bf16-gqa"),
         FIXTURE_TESTS(2, "tiny-f16-sharded"),
+        FIXTURE_TESTS(3, "tiny-qwen2"),
     };
     return cmocka_run_group_tests_name("reference", tests, NULL, NULL);
 }

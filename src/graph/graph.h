@@ -18,7 +18,7 @@
  * says what it stands for), in the public enum's hole at 9; and the number of
  * kinds, which grows with each one added. */
 #define TIDE_OP_GENERIC ((tide_op_kind)9)
-#define TIDE_OP_COUNT (TIDE_OP_CE_BLOCK + 1)
+#define TIDE_OP_COUNT (TIDE_OP_ADD_BIAS + 1)
 
 typedef struct tide_tensor {
     char *name;

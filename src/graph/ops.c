@@ -157,6 +157,16 @@ static tide_status check_add(CHECK_ARGS) {
     return check_elementwise(g, "add", in, out);
 }
 
+static tide_status check_add_bias(CHECK_ARGS) {
+    const tide_tensor *x = T(0), *b = T(1), *o = O(0);
+    if (!is_act(x) || !is_act(o) || x->shape[0] != o->shape[0] || x->shape[1] != o->shape[1])
+        FAIL("add_bias: input '%s' and output '%s' must be f32 of one 2-D shape", x->name, o->name);
+    if (!is_float(b->dtype) || b->ndim != 1 || b->shape[0] != x->shape[1])
+        FAIL("add_bias: bias '%s' must be a float vector of %lld elements", b->name, (long long)x->shape[1]);
+    *flops = (double)tide_tensor_numel(x);
+    return TIDE_OK;
+}
+
 static tide_status check_take_last(CHECK_ARGS) {
     const tide_tensor *x = T(0), *o = O(0);
     if (!is_act(x) || !is_act(o) || p->batch <= 0 || o->shape[0] < p->row0 + p->batch || o->shape[1] != x->shape[1] ||
@@ -509,6 +519,7 @@ static const tide_op_desc descs[TIDE_OP_COUNT] = {
     [TIDE_OP_ADAMW] = {"adamw", -1, -1, -1, TIDE_OPC_VECTOR, false, check_adamw, NULL, NULL},
     [TIDE_OP_CE_STATS] = {"ce_stats", -1, -1, -1, TIDE_OPC_MATMUL, false, check_ce_stats, NULL, scratch_ce_block},
     [TIDE_OP_CE_BLOCK] = {"ce_block", -1, -1, -1, TIDE_OPC_MATMUL, false, check_ce_block, NULL, scratch_ce_block},
+    [TIDE_OP_ADD_BIAS] = {"add_bias", 2, 2, 1, TIDE_OPC_VECTOR, false, check_add_bias, NULL, NULL},
 };
 
 const tide_op_desc *tide_op_desc_of(tide_op_kind k) {

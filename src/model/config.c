@@ -5,7 +5,8 @@
  *
  * A config.json is accepted when it describes a plain LLaMA decoder
  * (architectures ["LlamaForCausalLM"] and/or model_type "llama", SiLU MLP, no
- * biases, no RoPE scaling). Fields HF gives defaults to (num_key_value_heads,
+ * biases, no RoPE scaling) or a Qwen2 one (["Qwen2ForCausalLM"] / "qwen2": the
+ * same with biases on q, k and v, no sliding window). Fields HF gives defaults to (num_key_value_heads,
  * rope_theta, tie_word_embeddings, torch_dtype) get HF's defaults here, except
  * torch_dtype, whose absence means f32 as in PyTorch. Every shape field is
  * required. Problems with the content are TIDE_E_FORMAT naming the file and the
@@ -166,8 +167,10 @@ static int weight_role(const char *name, int *layer) {
     int L, len = 0;
     if (sscanf(name, "model.layers.%d.%n", &L, &len) != 1 || len == 0 || L < 0) return -4;
     const char *rest = name + len;
-    if (strcmp(rest, "input_layernorm.weight") == 0 || strcmp(rest, "post_attention_layernorm.weight") == 0)
-        return -3;
+    if (strcmp(rest, "input_layernorm.weight") == 0 || strcmp(rest, "post_attention_layernorm.weight") == 0 ||
+        strcmp(rest, "self_attn.q_proj.bias") == 0 || strcmp(rest, "self_attn.k_proj.bias") == 0 ||
+        strcmp(rest, "self_attn.v_proj.bias") == 0)
+        return -3; /* the vectors: norms and biases, one type */
     for (int r = 0; r < TIDE_W_LAYER_ROLES; r++)
         if (strcmp(rest, roles[r]) == 0) {
             *layer = L;
@@ -213,7 +216,8 @@ uint64_t tide_llama_config_params(const tide_llama_config *cfg) {
                      + D * H * hd          /* q_proj */
                      + 2 * D * KV * hd     /* k_proj, v_proj */
                      + H * hd * D          /* o_proj */
-                     + 3 * D * I;          /* gate, up, down */
+                     + 3 * D * I           /* gate, up, down */
+                     + (cfg->qkv_bias ? H * hd + 2 * KV * hd : 0); /* Qwen2's q, k, v biases */
     return V * D + L * layer + D + (cfg->tie_word_embeddings ? 0 : V * D);
 }
 
@@ -278,7 +282,7 @@ static tide_status get_bool(tide_ctx *ctx, const char *path, const cJSON *root, 
 
 /* The fields that say which model this is, and the ones whose non-default
  * values change the computation in ways tide does not implement. */
-static tide_status check_architecture(tide_ctx *ctx, const char *path, const cJSON *root) {
+static tide_status check_architecture(tide_ctx *ctx, const char *path, const cJSON *root, bool *qwen2) {
     const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     bool have_arch = arch && !cJSON_IsNull(arch), have_type = type && !cJSON_IsNull(type);
@@ -289,9 +293,10 @@ static tide_status check_architecture(tide_ctx *ctx, const char *path, const cJS
     if (have_type) {
         if (!cJSON_IsString(type))
             return tide_err(ctx, TIDE_E_FORMAT, "%s: field 'model_type' must be a string", path);
-        if (strcmp(type->valuestring, "llama") != 0)
+        *qwen2 = strcmp(type->valuestring, "qwen2") == 0;
+        if (strcmp(type->valuestring, "llama") != 0 && !*qwen2)
             return tide_err(ctx, TIDE_E_UNSUPPORTED,
-                            "%s: model_type '%s' is not supported (only 'llama')", path,
+                            "%s: model_type '%s' is not supported (only 'llama' and 'qwen2')", path,
                             type->valuestring);
     }
     if (have_arch) {
@@ -303,10 +308,12 @@ static tide_status check_architecture(tide_ctx *ctx, const char *path, const cJS
             if (!cJSON_IsString(a))
                 return tide_err(ctx, TIDE_E_FORMAT,
                                 "%s: field 'architectures' must hold only strings", path);
-            if (strcmp(a->valuestring, "LlamaForCausalLM") != 0)
+            bool q = strcmp(a->valuestring, "Qwen2ForCausalLM") == 0;
+            if ((strcmp(a->valuestring, "LlamaForCausalLM") != 0 && !q) || (have_type && q != *qwen2))
                 return tide_err(ctx, TIDE_E_UNSUPPORTED,
-                                "%s: architecture '%s' is not supported (only LlamaForCausalLM)",
-                                path, a->valuestring);
+                                "%s: architecture '%s' is not supported (LlamaForCausalLM or "
+                                "Qwen2ForCausalLM, as model_type says)", path, a->valuestring);
+            *qwen2 = q;
         }
     }
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
@@ -321,6 +328,16 @@ static tide_status check_architecture(tide_ctx *ctx, const char *path, const cJS
             return tide_err(ctx, TIDE_E_UNSUPPORTED,
                             "%s: hidden_act '%s' is not supported (only 'silu')", path,
                             act->valuestring);
+    }
+    if (*qwen2) {
+        /* Qwen2: biases on q, k, v (always), no sliding window */
+        bool sw = false;
+        tide_status st = get_bool(ctx, path, root, "use_sliding_window", &sw);
+        if (st) return st;
+        if (sw)
+            return tide_err(ctx, TIDE_E_UNSUPPORTED, "%s: use_sliding_window is true; sliding-window "
+                            "attention is not supported", path);
+        return TIDE_OK;
     }
     static const char *const bias_fields[] = {"attention_bias", "mlp_bias"};
     for (size_t i = 0; i < 2; i++) {
@@ -365,8 +382,10 @@ static tide_status parse_config(tide_ctx *ctx, const char *path, const cJSON *ro
     c.rope_theta = 10000.0f;
     c.dtype = TIDE_F32;
     c.num_key_value_heads = -1;
-    tide_status st = check_architecture(ctx, path, root);
+    bool qwen2 = false;
+    tide_status st = check_architecture(ctx, path, root, &qwen2);
     if (st) return st;
+    c.qkv_bias = qwen2;
     if ((st = get_int(ctx, path, root, "hidden_size", true, &c.hidden_size)) ||
         (st = get_int(ctx, path, root, "intermediate_size", true, &c.intermediate_size)) ||
         (st = get_int(ctx, path, root, "num_hidden_layers", true, &c.num_hidden_layers)) ||
@@ -495,7 +514,7 @@ static char *config_json(const tide_llama_config *cfg) {
     if (!o) return NULL;
     bool ok = true;
     cJSON *arch = cJSON_CreateArray();
-    cJSON *name = arch ? cJSON_CreateString("LlamaForCausalLM") : NULL;
+    cJSON *name = arch ? cJSON_CreateString(cfg->qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM") : NULL;
     if (arch && name) cJSON_AddItemToArray(arch, name);
     if (arch && name) cJSON_AddItemToObject(o, "architectures", arch);
     else {
@@ -516,7 +535,7 @@ static char *config_json(const tide_llama_config *cfg) {
     ok = ok && cJSON_AddNumberToObject(o, "max_position_embeddings",
                                         cfg->max_position_embeddings);
     ok = ok && cJSON_AddBoolToObject(o, "mlp_bias", false);
-    ok = ok && cJSON_AddStringToObject(o, "model_type", "llama");
+    ok = ok && cJSON_AddStringToObject(o, "model_type", cfg->qkv_bias ? "qwen2" : "llama");
     ok = ok && cJSON_AddNumberToObject(o, "num_attention_heads", cfg->num_attention_heads);
     ok = ok && cJSON_AddNumberToObject(o, "num_hidden_layers", cfg->num_hidden_layers);
     ok = ok && cJSON_AddNumberToObject(o, "num_key_value_heads", cfg->num_key_value_heads);

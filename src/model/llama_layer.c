@@ -124,6 +124,23 @@ void llama_layer_forward(llama_builder *b, const llama_layer_in *in, int L, int 
     matmul(b, in, L, k0, k1, acts, F(xn), F(q), nm[1], H * hd, D, "model.layers.%d.self_attn.q_proj.weight");
     matmul(b, in, L, k0, k1, acts, F(xn), F(k), nm[2], kd, D, "model.layers.%d.self_attn.k_proj.weight");
     matmul(b, in, L, k0, k1, acts, F(xn), F(v), nm[3], kd, D, "model.layers.%d.self_attn.v_proj.weight");
+    if (cfg->qkv_bias) {
+        static const char *const bias[3] = {"model.layers.%d.self_attn.q_proj.bias",
+                                            "model.layers.%d.self_attn.k_proj.bias",
+                                            "model.layers.%d.self_attn.v_proj.bias"};
+        const size_t fld[3] = {F(q), F(k), F(v)};
+        const int64_t cols[3] = {H * hd, kd, kd};
+        for (int i = 0; i < 3 && !b->st; i++) {
+            char what[48];
+            snprintf(what, sizeof what, "%s_bias", nm[1 + i]);
+            int wb = llama_weight(b, wt, cols[i], 0, bias[i], L);
+            for (int k = k0; k < k1 && !b->st; k++) {
+                int in2[2] = {ACT(k, fld[i]), wb};
+                ACT(k, fld[i]) = llama_act(b, what, k, in->n_tiles, rows(in, k), cols[i]);
+                llama_op(b, TIDE_OP_ADD_BIAS, 2, in2, 1, &ACT(k, fld[i]), NULL);
+            }
+        }
+    }
     for (int k = k0; k < k1 && !b->st; k++) {
         tide_op_args rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd,
                              .batch = in->tiles[k].nb, .idx0 = pos0(in, k), .pos_rows = in->pos_rows,

@@ -485,6 +485,12 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
     *out = NULL;
     tide_status st = tide_llama_config_check(ctx, cfg);
     if (st || (st = check_train_opts(ctx, cfg, o))) return st;
+    if (cfg->qkv_bias)
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "model '%s': training a model with q/k/v biases (Qwen2) is not "
+                        "supported", cfg->name);
+    if (tide_dtype_is_quantized(cfg->dtype) || cfg->wtypes_set || cfg->qk_interleaved)
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "model '%s': training from a GGUF or quantized checkpoint is not "
+                        "supported (convert it to safetensors)", cfg->name);
     const int B = o->batch, NL = cfg->num_hidden_layers;
     /* row tiles: runs of ts whole sequences of each micro-batch */
     const int ts = o->tile_seqs > 0 && o->tile_seqs < B ? o->tile_seqs : B, NT = (B + ts - 1) / ts;

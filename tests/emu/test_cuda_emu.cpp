@@ -802,6 +802,33 @@ void test_elementwise(bool add) {
     end_case();
 }
 
+/* ------------------------------------------------------------- add_bias */
+
+/* ADD_BIAS: rows plus a bias of each weight dtype (any bits: the same float
+ * adds on both sides), the same bits as the CPU kernel. */
+void test_add_bias() {
+    struct C {
+        tide_dtype dt;
+        int64_t R, N;
+    } cs[] = {{TIDE_F32, 7, 96}, {TIDE_F16, 1, 513}, {TIDE_BF16, 5, 1030}, {TIDE_BF16, 1, 1}};
+    for (const C &c : cs) {
+        begin_case("%s R=%lld N=%lld", dtn(c.dt), (long long)c.R, (long long)c.N);
+        Bytes bias = random_bytes((size_t)c.N * tide_dtype_size(c.dt));
+        std::vector<float> x = frands((size_t)(c.R * c.N), 4.0f), want(x.size());
+        tk_add_bias(x.data(), bias.data(), c.dt, c.R, c.N, want.data(), 1);
+        std::vector<Bytes> got = under_schedules([&](int) {
+            Dev d;
+            float *dx = d.put(x, 4, "x");
+            void *db = d.put(bias.data(), bias.size(), 2, "bias");
+            float *o = (float *)d.put(nullptr, x.size() * 4, 8, "out");
+            expect_status(emu::tcu_add_bias(nullptr, dx, db, c.dt, c.R, c.N, o), cudaSuccess, "tcu_add_bias");
+            return std::vector<Bytes>{as_bytes(o, x.size())};
+        });
+        expect_same("out", got[0], as_bytes(want.data(), want.size()), 4);
+        end_case();
+    }
+}
+
 /* ------------------------------------------------------------- argmax */
 
 void test_argmax() {
@@ -982,6 +1009,7 @@ int main(int argc, char **argv) {
                          {"attention_nocache", test_attention_nocache},
                          {"silu_mul", [] { test_elementwise(false); }},
                          {"add", [] { test_elementwise(true); }},
+                         {"add_bias", test_add_bias},
                          {"argmax", test_argmax},
                          {"generic", test_generic},
                          {"round_to_16", test_round16},

@@ -238,6 +238,13 @@ static tide_status cpu_silu_mul(tide_ctx *ctx, int nt, const tide_graph *g, cons
     return TIDE_OK;
 }
 
+static tide_status cpu_add_bias(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
+                                void *const *out, void *scratch) {
+    const tide_tensor *x = tin(g, op, 0);
+    tk_add_bias(in[0], in[1], tin(g, op, 1)->dtype, x->shape[0], x->shape[1], out[0], nt);
+    return TIDE_OK;
+}
+
 static tide_status cpu_add(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
                            void *const *out, void *scratch) {
     tk_add(in[0], in[1], out[0], tide_tensor_numel(tin(g, op, 0)), nt);
@@ -482,6 +489,7 @@ static const cpu_kernel cpu_kernels[TIDE_OP_COUNT] = {
     [TIDE_OP_ATTENTION] = cpu_attention,
     [TIDE_OP_SILU_MUL] = cpu_silu_mul,
     [TIDE_OP_ADD] = cpu_add,
+    [TIDE_OP_ADD_BIAS] = cpu_add_bias,
     [TIDE_OP_TAKE_LAST] = cpu_take_last,
     [TIDE_OP_ARGMAX] = cpu_argmax,
     [TIDE_OP_GENERIC] = cpu_generic,

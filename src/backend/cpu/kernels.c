@@ -341,6 +341,19 @@ void tk_silu_mul(const float *gate, const float *up, float *out, int64_t n, int 
     }
 }
 
+void tk_add_bias(const float *x, const void *b, tide_dtype bdt, int64_t R, int64_t N, float *out, int nt) {
+    float buf[512];
+#pragma omp parallel for schedule(static) num_threads(nt) private(buf) if (R * N >= TK_PAR_MIN)
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c0 = 0; c0 < N; c0 += 512) {
+            int64_t n = TIDE_MIN((int64_t)512, N - c0);
+            tk_convert((const uint8_t *)b + (size_t)c0 * tide_dtype_size(bdt), bdt, buf, (size_t)n);
+            const float *xr = x + r * N + c0;
+            float *o = out + r * N + c0;
+            for (int64_t j = 0; j < n; j++) o[j] = xr[j] + buf[j];
+        }
+}
+
 void tk_add(const float *a, const float *b, float *out, int64_t n, int nt) {
     const tk_rows k = rows_path();
     int64_t nb = (n + TK_PAR_MIN - 1) / TK_PAR_MIN;

@@ -792,6 +792,23 @@ __global__ void k_add(const float *a, const float *b, float *out, int64_t n) {
         out[i] = __fadd_rn(a[i], b[i]);
 }
 
+__global__ void k_add_bias(const float *x, const void *b, tide_dtype bdt, int64_t N, float *out, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t c = i % N;
+        float bv = bdt == TIDE_F32 ? load_w<TIDE_F32>(b, c) : bdt == TIDE_F16 ? load_w<TIDE_F16>(b, c)
+                                                                              : load_w<TIDE_BF16>(b, c);
+        out[i] = __fadd_rn(x[i], bv);
+    }
+}
+
+extern "C" cudaError_t tcu_add_bias(cudaStream_t s, const float *x, const void *b, tide_dtype bdt, int64_t R,
+                                    int64_t N, float *out) {
+    int64_t n = R * N;
+    if (n <= 0) return cudaSuccess;
+    k_add_bias<<<grid_for(n, TCU_BLOCK), TCU_BLOCK, 0, s>>>(x, b, bdt, N, out, n);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t tcu_add(cudaStream_t s, const float *a, const float *b, float *out, int64_t n) {
     if (n <= 0) return cudaSuccess;
     k_add<<<grid_for(n, TCU_BLOCK), TCU_BLOCK, 0, s>>>(a, b, out, n);

@@ -123,6 +123,9 @@ cudaError_t tcu_silu_mul(cudaStream_t s, const float *gate, const float *up, flo
 
 /* ADD. a, b, out (n): out = a + b. */
 cudaError_t tcu_add(cudaStream_t s, const float *a, const float *b, float *out, int64_t n);
+/* ADD_BIAS: out (R, N) = x + b per row, b (N) f32, f16 or bf16. */
+cudaError_t tcu_add_bias(cudaStream_t s, const float *x, const void *b, tide_dtype bdt, int64_t R, int64_t N,
+                         float *out);
 
 /* ARGMAX. x (R, V), out (R) i32: first index of the row's maximum; the
  * first NaN when the row holds one. R < 2^31. */

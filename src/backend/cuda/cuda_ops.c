@@ -279,6 +279,15 @@ static tide_status op_add(tide_backend *be, cu_queue *q, const tide_graph *g, co
     return TIDE_OK;
 }
 
+static tide_status op_add_bias(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
+                               void *const *in, void *const *out, void *scratch) {
+    tide_ctx *ctx = q->ctx;
+    const tide_tensor *x = tin(g, op, 0);
+    CU_TRY(ctx, tcu_add_bias(q->stream, in[0], in[1], tin(g, op, 1)->dtype, x->shape[0], x->shape[1], out[0]),
+           "add_bias kernel");
+    return TIDE_OK;
+}
+
 static tide_status op_take_last(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                                 void *const *in, void *const *out, void *scratch) {
     tide_ctx *ctx = q->ctx;
@@ -342,6 +351,7 @@ static const tide_cuda_op cu_kernels[TIDE_OP_COUNT] = {
     [TIDE_OP_ATTENTION] = op_attention,
     [TIDE_OP_SILU_MUL] = op_silu_mul,
     [TIDE_OP_ADD] = op_add,
+    [TIDE_OP_ADD_BIAS] = op_add_bias,
     [TIDE_OP_TAKE_LAST] = op_take_last,
     [TIDE_OP_ARGMAX] = op_argmax,
     [TIDE_OP_GENERIC] = op_generic,
