@@ -17,6 +17,10 @@ with the `gguf` package from the committed safetensors fixtures.
   general.alignment 64, and one small tensor of each ggml type tide maps
   (raw bytes), for the reader's tests.
 
+Also the seed corpus of the fuzz target fuzz/fuzz_gguf.c,
+fuzz/corpus/fuzz_gguf/: meta.gguf and tiny-model.gguf, a one-layer "llama"
+model of random f32/f16 weights (hidden 8, 2 heads, vocab 4), a few KB.
+
 The model files follow bench/peer/gguf_convert.py (its helpers are used):
 llama.cpp's tensor names, q_proj/k_proj rows permuted per head for ggml's
 adjacent-pair rope, the "llama" architecture's keys. They carry no tokenizer:
@@ -24,6 +28,7 @@ the tests feed token ids. The output is deterministic for a given gguf
 package version.
 """
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -53,7 +58,7 @@ def model_keys(w, cfg, name):
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
-    rope = cfg.get("rope_theta") or cfg.get("rope_parameters", {}).get("rope_theta", 10000.0)
+    rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0
     w.add_rope_freq_base(float(rope))
     w.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-5)))
     w.add_vocab_size(cfg["vocab_size"])
@@ -144,12 +149,47 @@ def write_meta():
     return path
 
 
+def write_tiny_model(path):
+    """A one-layer llama model, hidden 8, heads 2 / kv 1, ffn 16, vocab 4."""
+    w = gguf.GGUFWriter(path, "llama")
+    cfg = {"num_attention_heads": 2, "num_key_value_heads": 1, "hidden_size": 8, "num_hidden_layers": 1,
+           "intermediate_size": 16, "vocab_size": 4, "max_position_embeddings": 16, "rms_norm_eps": 1e-5}
+    model_keys(w, cfg, "tiny-model")
+    rng = np.random.default_rng(11)
+    D, I, V, hd = 8, 16, 4, 4
+
+    def m(rows, cols, dt=np.float32):
+        return rng.standard_normal((rows, cols)).astype(dt)
+    w.add_tensor("token_embd.weight", m(V, D))
+    w.add_tensor("output_norm.weight", np.ones(D, np.float32))
+    w.add_tensor("output.weight", m(V, D, np.float16))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(D, np.float32))
+    w.add_tensor("blk.0.attn_q.weight", m(2 * hd, D))
+    w.add_tensor("blk.0.attn_k.weight", m(hd, D))
+    w.add_tensor("blk.0.attn_v.weight", m(hd, D))
+    w.add_tensor("blk.0.attn_output.weight", m(D, 2 * hd, np.float16))
+    w.add_tensor("blk.0.ffn_norm.weight", np.ones(D, np.float32))
+    w.add_tensor("blk.0.ffn_gate.weight", m(I, D))
+    w.add_tensor("blk.0.ffn_up.weight", m(I, D))
+    w.add_tensor("blk.0.ffn_down.weight", m(D, I))
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=False)
+    w.close()
+    return path
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     made = [write_model("tiny-f32-mha", "tiny-f32-mha.gguf", "keep"),
             write_model("tiny-f16-sharded", "tiny-f16-sharded.gguf", "keep"),
             write_model("tiny-f16-sharded", "tiny-f16-sharded-q8_0.gguf", "q8_0"),
             write_meta()]
+    seeds = os.path.join(root, "fuzz", "corpus", "fuzz_gguf")
+    os.makedirs(seeds, exist_ok=True)
+    shutil.copyfile(made[-1], os.path.join(seeds, "meta.gguf"))
+    made += [os.path.join(seeds, "meta.gguf"), write_tiny_model(os.path.join(seeds, "tiny-model.gguf"))]
     for p in made:
         print(f"make_gguf_fixtures.py: {os.path.relpath(p, root)} ({os.path.getsize(p)} bytes)")
     return 0
