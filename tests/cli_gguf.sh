@@ -5,7 +5,7 @@
 # weights in memory and homed on SSD, f32 and f16), `tide plan` reads the
 # configuration from the metadata, `tide serve` accepts the file, and a GGUF
 # file has no tokenizer yet (as a directory without tokenizer.json: text
-# prompts and `tide tokenize` fail naming the file).
+# prompts and `tide tokenize` fail naming the file), `tide train` refuses it.
 #
 # What it proves: GGUF checkpoints run end to end through the CLI with the
 # same greedy tokens as their safetensors checkpoints.
@@ -51,6 +51,11 @@ contains "$TMP/err" "cut.gguf" "the message names the file"
 contains "$TMP/err" "past the end" "the message says what is wrong"
 expect 1 "Q8_0 GGUF (no quantized kernels yet) fails cleanly" -- "$TIDE" run \
     --model "$G/tiny-f16-sharded-q8_0.gguf" --backend cpu --tokens 1,2 --new-tokens 1
+
+# training needs Hugging Face's q/k order: refused, saying so
+expect 1 "train on a GGUF file" -- "$TIDE" train --model "$G/tiny-f32-mha.gguf" \
+    --data "$TIDE_FIXTURES/train/train-f32-tied/data.u16" --seq 16 --steps 1
+contains "$TMP/err" "llama.cpp's order" "train says why"
 
 # serve takes a GGUF file as a model
 printf 'hello' >"$TMP/cut.txt"
