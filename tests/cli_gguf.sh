@@ -31,9 +31,14 @@ for pair in tiny-f32-mha:tiny-f32-mha tiny-f16-sharded:tiny-f16-sharded; do
     done
 done
 
-expect 0 "run --check on a GGUF file" -- "$TIDE" run --model "$G/tiny-f32-mha.gguf" --backend cpu --tokens $IDS \
-    --new-tokens 4 --budget 50% --check --json
+# weights homed on SSD are read from the GGUF file at its tensors' offsets
+# (32-byte aligned, not 4096: the executor's unaligned path)
+expect 0 "run --check on a GGUF file" -- "$TIDE" run --model "$G/tiny-f16-sharded.gguf" --backend cpu --tokens $IDS \
+    --new-tokens 4 --budget 50% --weights-on-ssd --ssd "$TMP" --check --json
 contains "$TMP/out" '"check_bit_identical":true' "offloaded GGUF run bit-identical to the reference engine"
+contains "$TMP/out" '"weights_on_ssd":true' "weights homed on SSD"
+if grep -q '"bytes_ssd_read":[1-9]' "$TMP/out"; then PASSES=$((PASSES + 1)); else
+    echo "FAIL: no bytes read from the GGUF file"; FAILS=$((FAILS + 1)); fi
 
 expect 0 "plan --model FILE.gguf" -- "$TIDE" plan --model "$G/tiny-f16-sharded.gguf" --seq 16 --budget 50%
 contains "$TMP/out" "plan        tiny-f16-sharded prefill" "plan reads the GGUF metadata"
