@@ -660,6 +660,7 @@ typedef struct edits {
     const char *arch_to; /* every "llama." key renamed to arch_to + "." */
     const char *rename_from, *rename_to;
     const char *drop_tensor;
+    const char *dup_from, *dup_to; /* one more tensor: dup_from's data under another name */
 } edits;
 
 static void put_value(buf *b, const tide_gguf_value *v) {
@@ -700,7 +701,7 @@ static buf rewrite(const char *src, const edits *e) {
     put_u32(&b, 3);
     int64_t nt = tide_gguf_n_tensors(g), nk = tide_gguf_n_kv(g);
     bool set_new = e->set_key && tide_gguf_find_key(g, e->set_key) < 0;
-    put_u64(&b, (uint64_t)(nt - (e->drop_tensor ? 1 : 0)));
+    put_u64(&b, (uint64_t)(nt - (e->drop_tensor ? 1 : 0) + (e->dup_from ? 1 : 0)));
     put_u64(&b, (uint64_t)(nk - (e->drop_key ? 1 : 0) + (set_new ? 1 : 0)));
     for (int64_t i = 0; i < nk; i++) {
         const char *key;
@@ -722,17 +723,26 @@ static buf rewrite(const char *src, const edits *e) {
         put_str(&b, e->set_key);
         put_set_value(&b, e);
     }
-    for (int64_t i = 0; i < nt; i++) {
-        const tide_gguf_tensor *t = tide_gguf_tensor_at(g, i);
+    for (int64_t i = 0; i <= nt; i++) {
+        const tide_gguf_tensor *t = tide_gguf_tensor_at(g, i < nt ? i : tide_gguf_find_tensor(g, e->dup_from));
+        if (i == nt && !e->dup_from) break;
         if (e->drop_tensor && !strcmp(t->name, e->drop_tensor)) continue;
-        put_str(&b, e->rename_from && !strcmp(t->name, e->rename_from) ? e->rename_to : t->name);
+        put_str(&b, i == nt ? e->dup_to : e->rename_from && !strcmp(t->name, e->rename_from) ? e->rename_to : t->name);
         put_u32(&b, (uint32_t)t->n_dims);
         for (int d = 0; d < t->n_dims; d++) put_u64(&b, t->ne[d]);
         put_u32(&b, t->ggml_type);
-        put_u64(&b, t->offset);
+        /* the duplicate's data: a copy after the data section */
+        uint64_t a = tide_gguf_alignment(g), data_len = tide_gguf_size(g) - tide_gguf_data_start(g);
+        put_u64(&b, i == nt ? (data_len + a - 1) / a * a : t->offset);
     }
     while (b.n % tide_gguf_alignment(g)) put(&b, "", 1);
+    size_t data0 = b.n;
     put(&b, tide_gguf_map(g) + tide_gguf_data_start(g), (size_t)(tide_gguf_size(g) - tide_gguf_data_start(g)));
+    if (e->dup_from) {
+        const tide_gguf_tensor *t = tide_gguf_tensor_at(g, tide_gguf_find_tensor(g, e->dup_from));
+        while ((b.n - data0) % tide_gguf_alignment(g)) put(&b, "", 1);
+        put(&b, tide_gguf_tensor_data(g, t), (size_t)t->nbytes);
+    }
     tide_gguf_close(g);
     tide_ctx_free(ctx);
     return b;
@@ -779,7 +789,10 @@ static void test_model_refusals(void **state) {
               "inconsistent head counts", NULL);
     expect_ck(E(.set_key = "general.architecture", .set_type = TIDE_GGUF_STRING, .str = "phi3"),
               TIDE_E_UNSUPPORTED, "general.architecture", "'phi3'");
-    expect_ck(E(.drop_key = "general.architecture"), TIDE_E_NOT_FOUND, "general.architecture", NULL);
+    expect_ck(E(.drop_key = "general.architecture"), TIDE_E_FORMAT, "no key 'general.architecture'", NULL);
+    expect_ck(E(.rename_from = "blk.1.ffn_up.weight", .rename_to = "blk.01.ffn_up.weight"), TIDE_OK, NULL, NULL);
+    expect_ck(E(.dup_from = "blk.1.ffn_up.weight", .dup_to = "blk.01.ffn_up.weight"), TIDE_E_FORMAT,
+              "'blk.1.ffn_up.weight' and 'blk.01.ffn_up.weight' are the same weight", NULL);
     expect_ck(E(.drop_key = "llama.block_count"), TIDE_E_FORMAT, "no key 'llama.block_count'", NULL);
     expect_ck(E(.set_key = "llama.embedding_length", .set_type = TIDE_GGUF_STRING, .str = "64"), TIDE_E_FORMAT,
               "llama.embedding_length", "string");

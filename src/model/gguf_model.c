@@ -200,6 +200,9 @@ static tide_status load(tide_checkpoint *ck, const tide_gguf *g) {
     tide_status st;
     const char *as;
     uint64_t alen;
+    tide_gguf_value av;
+    if (!tide_gguf_get(g, "general.architecture", &av))
+        return tide_err(ctx, TIDE_E_FORMAT, "%s: no key 'general.architecture': not a model", path);
     if ((st = tide_gguf_get_str(g, "general.architecture", &as, &alen))) return st;
     char arch[32];
     if (alen == 5 && !memcmp(as, "llama", 5)) snprintf(arch, sizeof arch, "llama");
@@ -283,7 +286,10 @@ static tide_status load(tide_checkpoint *ck, const tide_gguf *g) {
                           t->name, nm.layer, arch, L);
             continue;
         } else s = 3 + nm.layer * N_LAYER_NAMES + nm.entry;
-        slot[s] = i; /* names are unique (the reader checked) */
+        if (slot[s] >= 0) /* "blk.1" and "blk.01" */
+            st = tide_err(ctx, TIDE_E_FORMAT, "%s: tensors '%s' and '%s' are the same weight", path,
+                          tide_gguf_tensor_at(g, slot[s])->name, t->name);
+        slot[s] = i;
     }
     const tide_gguf_tensor *embed = slot[0] >= 0 ? tide_gguf_tensor_at(g, slot[0]) : NULL;
     if (!st && !embed)
