@@ -321,7 +321,9 @@ static tide_status check_tensor(tide_gguf *g, tide_gguf_tensor *t) {
             numel > (uint64_t)INT64_MAX)
             return tide_err(ctx, TIDE_E_FORMAT, "%s: tensor '%.*s': its dims overflow 63 bits", g->path, SHOW,
                             t->name);
-        if (d > 0) rows *= t->ne[d];
+        if (d > 0 && __builtin_mul_overflow(rows, t->ne[d], &rows))
+            return tide_err(ctx, TIDE_E_FORMAT, "%s: tensor '%.*s': its dims overflow 64 bits", g->path, SHOW,
+                            t->name);
     }
     uint64_t row_bytes = tide_dtype_bytes(t->dtype, t->ne[0]);
     if ((t->ne[0] && !row_bytes) || __builtin_mul_overflow(row_bytes, rows, &t->nbytes))
