@@ -4,12 +4,15 @@
 #
 #   bench/peer_llamacpp.sh [--tide PATH] [--model DIR] [--rounds N] [--threads N]
 #                          [--prompt N] [--new N] [--cache DIR] [--sdist FILE]
-#                          [--commit NAME] [--json FILE]
+#                          [--commit NAME] [--json FILE] [--quant "TYPE ..."]
 #
 # 1. llama.cpp: the source that llama-cpp-python's source distribution vendors
 #    (`pip download --no-deps --no-binary :all: llama-cpp-python`, or --sdist
-#    FILE), built CPU-only, Release, GGML_NATIVE, as a static library with
-#    bench/peer/llama_driver.c (greedy generation from exact token ids),
+#    FILE), built CPU-only, Release, for the instruction sets /proc/cpuinfo
+#    lists (not GGML_NATIVE, which died with an illegal instruction on
+#    quantized types on a VM whose flags list AMX), as a static library with
+#    bench/peer/llama_driver.c (greedy generation from exact token ids) and
+#    bench/peer/llama_quant.c (llama.cpp's quantizer, llama_model_quantize),
 #    through bench/peer/CMakeLists.txt. Kept in the cache directory (default
 #    ${XDG_CACHE_HOME:-~/.cache}/tide/peer-llamacpp), so later runs neither
 #    download nor build.
@@ -47,6 +50,15 @@
 #    names the tide build measured (default: the repository's HEAD, "+dirty"
 #    when its tree has changes).
 #
+# --quant "Q8_0 Q4_K_M" (any of Q8_0 Q4_0 Q4_K_M Q5_K_M Q6_K): instead of 3-5,
+#    llama.cpp's quantizer makes each type's file from the f32 GGUF (its own
+#    mixes), and the rounds run llama.cpp and tide (`tide run --model
+#    FILE.gguf`, its default mode) on each file, interleaved; the report gives
+#    per type both engines' tokens/s, the ratios tide / llama.cpp (medians,
+#    paired, bests: the target is >= 1.0 on the bests), and how many generated
+#    tokens the two engines share (their arithmetic differs: llama.cpp rounds
+#    activations to 8 bits per block as tide does, but sums in another order).
+#
 # Exit status: 0; 1 when a run fails or tokens differ; 2 usage; 77 when a
 # prerequisite is missing (cmake, a C/C++ compiler, python3 with numpy, pip's
 # network access for the first download).
@@ -64,6 +76,7 @@ cache="${XDG_CACHE_HOME:-$HOME/.cache}/tide/peer-llamacpp"
 sdist=""
 json=""
 commit=""
+qtypes=""
 
 usage() {
     sed -n '5,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
@@ -81,11 +94,13 @@ while [ $# -gt 0 ]; do
     --sdist) sdist=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
     --commit) commit=$2; shift 2 ;;
+    --quant) qtypes=$2; shift 2 ;;
     *) usage ;;
     esac
 done
 case "$rounds$threads$n_prompt$n_new" in *[!0-9]*) usage ;; esac
 [ "$rounds" -ge 1 ] && [ "$threads" -ge 1 ] && [ "$n_prompt" -ge 1 ] && [ "$n_new" -ge 2 ] || usage
+for q in $qtypes; do case "$q" in Q8_0 | Q4_0 | Q4_K_M | Q5_K_M | Q6_K) ;; *) usage ;; esac; done
 
 skip() { echo "peer_llamacpp: skipped: $*" >&2; exit 77; }
 fail() { echo "peer_llamacpp: $*" >&2; exit 1; }
@@ -175,11 +190,116 @@ for f in "$gguf" "$gguf32"; do
     fi
 done
 
+# ---------------------------------------------------------------- quantized files
+# Each type's file from the f32 GGUF by llama.cpp's own quantizer, then
+# llama.cpp and tide on each file, interleaved rounds, and the report.
+quant_mode() {
+    local q f c j r out files=() qnames=()
+    for q in $qtypes; do
+        f="$cache/$(basename "$model")-$q.gguf"
+        if [ ! -f "$f" ] || [ "$gguf32" -nt "$f" ]; then
+            log "quantizing $gguf32 to $q with llama.cpp's quantizer"
+            "$quant" "$gguf32" "$f.tmp" "$q" "$(nproc)" >"$f.log" 2>&1 || fail "llama_quant $q failed, see $f.log"
+            mv "$f.tmp" "$f" || fail "cannot rename $f.tmp"
+        fi
+        files+=("$f" "$f")
+        qnames+=("llama.cpp $q" "tide $q")
+    done
+    local ncfg=${#files[@]}
+    log "$("$tide" --version 2>/dev/null | head -n1), llama.cpp from $pkg; $rounds rounds of $ncfg configurations, $threads threads, prompt $n_prompt, $n_new new tokens"
+    local load0 load1
+    load0=$(cut -d' ' -f1-3 /proc/loadavg)
+    for ((r = 0; r < rounds; r++)); do
+        for ((j = 0; j < ncfg; j++)); do
+            c=$(((j + r) % ncfg))
+            out="$work/r$r-c$c.json"
+            if [ $((c % 2)) = 0 ]; then
+                "$driver" --model "${files[$c]}" --margins --threads "$threads" --new-tokens "$n_new" --tokens "$ids" \
+                    >"$out" 2>"$work/r$r-c$c.err"
+            else
+                "$tide" run --backend cpu --model "${files[$c]}" --threads "$threads" --new-tokens "$n_new" \
+                    --tokens "$ids" --json --quiet >"$out" 2>"$work/r$r-c$c.err"
+            fi || { tail -n5 "$work/r$r-c$c.err" >&2; fail "round $((r + 1)): ${qnames[$c]} failed"; }
+            log "round $((r + 1)): ${qnames[$c]} done"
+        done
+    done
+    load1=$(cut -d' ' -f1-3 /proc/loadavg)
+    local cpu flags
+    cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
+    flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512|amx|avx2$|fma$)' | sort -u | tr '\n' ' ')
+    if [ -z "$commit" ]; then
+        commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
+        [ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit+dirty"
+    fi
+    python3 - "$work" "$rounds" "$ncfg" "$json" "$cpu" "$(nproc)" "$flags" "$commit" "$pkg" "$load0" "$load1" \
+        "${qnames[@]}" <<'PYEOF'
+import json, statistics, sys
+work, rounds, ncfg, json_path, cpu, ncores, flags, commit, pkg, load0, load1 = sys.argv[1:12]
+rounds, ncfg = int(rounds), int(ncfg)
+names = sys.argv[12:12 + ncfg]
+last = lambda path: json.loads(open(path).read().strip().splitlines()[-1])
+runs = [[last(f"{work}/r{r}-c{c}.json") for r in range(rounds)] for c in range(ncfg)]
+fails = [f"{names[c]} generates different tokens in different rounds" for c in range(ncfg)
+         if any(x["tokens"] != runs[c][0]["tokens"] for x in runs[c])]
+r0 = runs[0][0]
+print(f"# tide vs llama.cpp on llama.cpp's quantized files, CPU: prompt {r0['prompt_tokens']} tokens, "
+      f"{r0['new_tokens']} generated, {r0['threads']} threads, {rounds} interleaved rounds\n")
+print(f"machine: {cpu}, {ncores} cores; flags: {flags.strip()}; load average {load0} before, {load1} after")
+print(f"tide {commit}; llama.cpp vendored by {pkg}: {r0.get('system_info', '').strip(' |')}\n")
+print("| file | engine | prefill tokens/s (range) | decode tokens/s (range) | best prefill / llama.cpp "
+      "| best decode / llama.cpp | paired prefill / decode | tokens equal to llama.cpp's |")
+print("|---|---|---|---|---|---|---|---|")
+lines, verdicts = [], []
+for c in range(0, ncfg, 2):
+    q = names[c].split()[-1]
+    for e in (c, c + 1):
+        P = [x["prefill_tokens_per_s"] for x in runs[e]]
+        D = [x["decode_tokens_per_s"] for x in runs[e]]
+        bp = max(P) / max(x["prefill_tokens_per_s"] for x in runs[c])
+        bd = max(D) / max(x["decode_tokens_per_s"] for x in runs[c])
+        pp = statistics.median(runs[e][r]["prefill_tokens_per_s"] / runs[c][r]["prefill_tokens_per_s"] for r in range(rounds))
+        pd = statistics.median(runs[e][r]["decode_tokens_per_s"] / runs[c][r]["decode_tokens_per_s"] for r in range(rounds))
+        a, b = runs[c][0]["tokens"], runs[e][0]["tokens"]
+        n = 0
+        while n < len(a) and n < len(b) and a[n] == b[n]:
+            n += 1
+        print(f"| {q} | {names[e].split()[0]} | {statistics.median(P):.2f} ({min(P):.1f}-{max(P):.1f}) "
+              f"| {statistics.median(D):.2f} ({min(D):.2f}-{max(D):.2f}) | {bp:.3f} | {bd:.3f} | {pp:.3f} / {pd:.3f} "
+              f"| {'all' if n == len(a) else f'first {n} of {len(a)}'} |")
+        if e == c + 1:
+            verdicts.append(f"{q}: prefill {bp:.3f} {'met' if bp >= 1 else 'NOT met'}, "
+                            f"decode {bd:.3f} {'met' if bd >= 1 else 'NOT met'}")
+        lines.append({"bench": "peer_llamacpp_quant", "file": q, "engine": names[e].split()[0],
+                      "prompt": r0["prompt_tokens"], "new": r0["new_tokens"], "threads": r0["threads"],
+                      "rounds": rounds, "prefill_tps": round(statistics.median(P), 3),
+                      "decode_tps": round(statistics.median(D), 3), "best_prefill_ratio": round(bp, 4),
+                      "best_decode_ratio": round(bd, 4), "paired_prefill_ratio": round(pp, 4),
+                      "paired_decode_ratio": round(pd, 4), "tokens_equal_to_llama_cpp": n, "commit": commit,
+                      "llama_cpp": pkg, "load": [load0, load1]})
+print("\ntarget tide / llama.cpp >= 1.0 on the best run of each: " + "; ".join(verdicts))
+for f in fails:
+    print(f"FAILED: {f}")
+print()
+out = open(json_path, "a") if json_path else None
+for line in lines:
+    s = json.dumps(line, separators=(",", ":"))
+    print(s)
+    if out:
+        out.write(s + "\n")
+sys.exit(1 if fails else 0)
+PYEOF
+}
+
 # ---------------------------------------------------------------- runs
 vocab=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$model/config.json")
 ids=$(python3 -c 'import sys; n, v = int(sys.argv[1]), int(sys.argv[2]); print(",".join(str(((1 + i * 2654435761) % 2**32) % v) for i in range(n)))' "$n_prompt" "$vocab")
 work=$(mktemp -d "${TMPDIR:-/tmp}/peer-llamacpp.XXXXXX") || fail "mktemp failed"
 trap 'rm -rf "$work"' EXIT
+
+if [ -n "$qtypes" ]; then
+    quant_mode "$@"
+    exit $?
+fi
 
 # Configurations: name and command. tide's default mode is whatever `tide run`
 # picks without --matmul; f32 and fast are added when they are other modes
