@@ -113,4 +113,15 @@ void tk_mm_f32w_avx2(const float *x, int64_t ldx, const void *w, tide_dtype wdt,
 void tk_mm_f32w_portable(const float *x, int64_t ldx, const void *w, tide_dtype wdt, int64_t R, int64_t K, int64_t N,
                          float *out, int64_t ldo, bool add, int nt);
 
+/* ------------------------------------------------------------- matmul_quant.c */
+
+/* Bytes of one row of K activations quantized by tk_quantize_act: K padded
+ * to a multiple of 256 (Kp) int8, Kp / 32 f32 scales, Kp / 16 int16 sums of
+ * the integers of each 16 (zeros past K). */
+size_t tk_matmul_q_row_bytes(int64_t K);
+/* R rows of x (row stride ldx) quantized into dst, tk_matmul_q_row_bytes(K)
+ * bytes a row: per 32 elements d = amax / 127 and q = rint(x * (127 /
+ * amax)), clamped to [-127, 127] (NaN 0); the same bits on every path. */
+void tk_quantize_act(const float *x, int64_t ldx, int64_t R, int64_t K, void *dst, int nt);
+
 #endif
