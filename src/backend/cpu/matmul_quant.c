@@ -385,6 +385,43 @@ static void dot_portable(tide_dtype dt, const tq_sup *u, tq_act a, int64_t s, in
 #ifdef TK_X86
 /* ------------------------------------------------------------- AVX2 / VNNI */
 
+/* sup_scales_k with F16C conversions and the 6-bit scales and mins of a
+ * Q4_K / Q5_K block unpacked four at a time (tide_q4k_scale_min's packing:
+ * bytes 0..3 scales 0..3, bytes 4..7 mins 0..3, bytes 8..11 the low 4 bits of
+ * scales / mins 4..7, whose top 2 bits are those of bytes 0..3 / 4..7). */
+TK_A2 static TK_INLINE void sup_scales_avx2(tide_dtype dt, const void *blk, tq_sup *u) {
+    if (dt == TIDE_Q6_K) {
+        const tide_block_q6_k *x = blk;
+        __m128i sc = _mm_loadu_si128((const __m128i *)x->scales);
+        __m256i s16 = _mm256_cvtepi8_epi16(sc);
+        _mm256_storeu_si256((__m256i *)u->scp, s16);
+        /* scv[c]: scales 2c and 2c+1, each 8 times */
+        const __m128i base = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++)
+            _mm256_storeu_si256((__m256i *)u->scv[c],
+                                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, _mm_add_epi8(base, _mm_set1_epi8((char)(2 * c))))));
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d));
+        _mm256_storeu_ps(u->dA, d);
+        return;
+    }
+    const tide_block_q4_k *x = blk;
+    uint32_t w[3];
+    memcpy(w, x->scales, 12);
+    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    uint32_t sc[2] = {w[0] & m6, (w[2] & m4) | ((w[0] >> 6) & m2) << 4};
+    uint32_t mn[2] = {w[1] & m6, ((w[2] >> 4) & m4) | ((w[1] >> 6) & m2) << 4};
+    __m128i scv, mnv;
+    memcpy(&scv, sc, 8); /* the upper half unused */
+    memcpy(&mnv, mn, 8);
+    scv = _mm_loadl_epi64(&scv);
+    mnv = _mm_loadl_epi64(&mnv);
+    _mm256_storeu_si256((__m256i *)u->sc8, _mm256_cvtepu8_epi32(scv));
+    _mm256_storeu_si256((__m256i *)u->mn, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mnv, mnv)));
+    _mm256_storeu_ps(u->dA, _mm256_set1_ps(_cvtsh_ss(x->d)));
+    _mm256_storeu_ps(u->dM, _mm256_set1_ps(_cvtsh_ss(x->dmin)));
+}
+
 /* Superchunk s of weight row w into u, with AVX2 where it pays. */
 TK_A2 static TK_INLINE void unpack_avx2(tide_dtype dt, const uint8_t *w, int64_t s, int nc, tq_sup *u) {
     const __m256i m4 = _mm256_set1_epi8(15);
@@ -419,7 +456,7 @@ TK_A2 static TK_INLINE void unpack_avx2(tide_dtype dt, const uint8_t *w, int64_t
             const tide_block_q5_k *x = (const tide_block_q5_k *)w + s;
             blk = x, qs = x->qs, qh = x->qh;
         }
-        sup_scales_k(dt, blk, u);
+        sup_scales_avx2(dt, blk, u);
         __m256i h = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
         const __m256i one = _mm256_set1_epi8(1);
         for (int g = 0; g < 4; g++) {
@@ -436,7 +473,7 @@ TK_A2 static TK_INLINE void unpack_avx2(tide_dtype dt, const uint8_t *w, int64_t
     }
     case TIDE_Q6_K: {
         const tide_block_q6_k *x = (const tide_block_q6_k *)w + s;
-        sup_scales_k(dt, x, u);
+        sup_scales_avx2(dt, x, u);
         const __m256i m2 = _mm256_set1_epi8(3 << 4);
         for (int hf = 0; hf < 2; hf++) {
             __m256i l0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * hf));
