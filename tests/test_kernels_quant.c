@@ -9,7 +9,7 @@
  * 1e-3 to 1e-2. Their values are written here from quant_blocks.h's layout
  * definitions alone (wq_value), in double, not from the kernels' code.
  *
- *   - Activations: tk_quantize_act's q and d per 32 elements are
+ *   - Activations: tk_quantize_act's q (at tk_q_pos) and d per 32 elements are
  *     d = amax / 127 and |x - d q| <= d / 2 (+ 2^-20 |x|), |q| <= 127, the
  *     same bits on every path, and the sums of each 16.
  *   - Accuracy, every type, odd shapes included (K one block; K 288, a Q8_0 /
@@ -268,11 +268,12 @@ static void test_quantize_act(void **state) {
             int s[2] = {0, 0};
             for (int i = 0; i < 32; i++) {
                 int k = 32 * c + i;
-                s[i / 16] += q[k];
-                assert_true(q[k] >= -127 && q[k] <= 127);
+                int qk = q[tk_q_pos(k)];
+                s[i / 16] += qk;
+                assert_true(qk >= -127 && qk <= 127);
                 double xv = k < K ? x[r * K + k] : 0;
-                if (!(fabs(xv - (double)d[c] * q[k]) <= 0.5 * d[c] + 0x1p-20 * fabs(xv)))
-                    fail_msg("row %d element %d: %g quantized to %d x %g", r, k, xv, q[k], d[c]);
+                if (!(fabs(xv - (double)d[c] * qk) <= 0.5 * d[c] + 0x1p-20 * fabs(xv)))
+                    fail_msg("row %d element %d: %g quantized to %d x %g", r, k, xv, qk, d[c]);
             }
             assert_int_equal(bs[2 * c], s[0]);
             assert_int_equal(bs[2 * c + 1], s[1]);
@@ -303,7 +304,7 @@ static void check_accuracy(tide_dtype dt, int64_t R, int64_t K, int64_t N) {
         for (int64_t n = 0; n < N; n++) {
             double ref = 0, abs1 = 0, ref32 = 0, round = 0;
             for (int64_t k = 0; k < K; k++) {
-                double mn, mi, a = (double)d[k / 32] * q[k], xv = x[r * K + k];
+                double mn, mi, a = (double)d[k / 32] * q[tk_q_pos(k)], xv = x[r * K + k];
                 w_at(dt, w, K, n, k, &mn, &mi);
                 ref += (mn - mi) * a;
                 abs1 += (fabs(mn) + fabs(mi)) * fabs(a);

@@ -31,10 +31,13 @@
  * contiguous ranges of output columns (rows of w), so each weight is read by
  * one thread.
  *
- * AVX2: VPMADDUBSW (unsigned weights x signed activations; Q8_0's signed
- * weights by the sign trick) then VPMADDWD; AVX-512 VNNI: VPDPBUSD on 256-bit
- * vectors where a chunk has one scale (every type but Q6_K, which keeps the
- * AVX2 form: its per-16 scales ride in VPMADDWD).
+ * The integers of a superchunk, activations and unpacked weights alike, lie
+ * interleaved (tk_q_pos, kernels_int.h): vector i of its 8 holds elements
+ * 4i..4i+3 of each chunk, so a 32-bit multiply-add over the 8 vectors leaves
+ * chunk c's dot product in lane c, with no sum across lanes. AVX2:
+ * VPMADDUBSW (unsigned weights x signed activations; Q8_0's signed weights
+ * by the sign trick) then VPMADDWD; AVX-512 VNNI: VPDPBUSD (on 256-bit
+ * vectors: Zen 4 runs 512-bit ones at the same rate per element).
  */
 #include "backend/cpu/kernels_int.h"
 #include "core/quant_blocks.h"
@@ -213,9 +216,43 @@ TK_A2 static void quant_chunk_avx2(const float *x, int8_t *q, float *d, int16_t 
     bs[0] = (int16_t)_mm_extract_epi32(t, 0);
     bs[1] = (int16_t)_mm_extract_epi32(t, 1);
 }
+
+TK_A2 static void transpose8(const __m256i c[8], __m256i v[8]);
+
+/* The chunks of a superchunk, in element order, stored interleaved. */
+TK_A2 static void quant_store_avx2(int8_t ch[8][32], int8_t *q) {
+    __m256i c[8], v[8];
+    for (int k = 0; k < 8; k++) c[k] = _mm256_load_si256((const __m256i *)ch[k]);
+    transpose8(c, v);
+    for (int k = 0; k < 8; k++) _mm256_storeu_si256((__m256i *)(q + 32 * k), v[k]);
+}
 #endif
 
-void tk_quantize_act(const float *x, int64_t ldx, int64_t R, int64_t K, void *dst, int nt) {
+#ifdef TK_X86
+/* v[i] = dword i of each of c[0..8): an 8 x 8 transpose of 32-bit elements,
+ * from chunk order (c[k] the 32 bytes of chunk k) to the interleaved one. */
+TK_A2 static void transpose8(const __m256i c[8], __m256i v[8]) {
+    __m256i t[8], u[8];
+    for (int k = 0; k < 8; k += 2) {
+        t[k] = _mm256_unpacklo_epi32(c[k], c[k + 1]);
+        t[k + 1] = _mm256_unpackhi_epi32(c[k], c[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) {
+        u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
+        u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
+        u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
+        u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+        v[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+    }
+}
+#endif
+
+/* tk_quantize_act; il false (AVX2 CPUs only): each chunk's 32 bytes in
+ * element order instead, the decode kernels' layout. */
+static void quantize_rows(const float *x, int64_t ldx, int64_t R, int64_t K, void *dst, bool il, int nt) {
     int64_t kp = pad_k(K);
     size_t rb = tk_matmul_q_row_bytes(K);
 #ifdef TK_X86
@@ -228,33 +265,56 @@ void tk_quantize_act(const float *x, int64_t ldx, int64_t R, int64_t K, void *ds
         float *d = (float *)(row + kp);
         int16_t *bs = (int16_t *)(row + kp + kp / 32 * 4);
         const float *xr = x + r * ldx;
-        int64_t c = 0;
-        for (; c < K / 32; c++) {
+        for (int64_t s = 0; s < kp / 256; s++) {
+            _Alignas(32) int8_t ch[8][32]; /* the superchunk's chunks in element order */
+            for (int c = 0; c < 8; c++) {
+                int64_t j = 8 * s + c;
+                if (j >= K / 32) {
+                    memset(ch[c], 0, 32);
+                    d[j] = 0, bs[2 * j] = bs[2 * j + 1] = 0;
+                    continue;
+                }
 #ifdef TK_X86
-            if (avx) {
-                quant_chunk_avx2(xr + 32 * c, q + 32 * c, d + c, bs + 2 * c);
+                if (avx) {
+                    quant_chunk_avx2(xr + 32 * j, ch[c], d + j, bs + 2 * j);
+                    continue;
+                }
+#endif
+                quant_chunk_portable(xr + 32 * j, ch[c], d + j, bs + 2 * j);
+            }
+#ifdef TK_X86
+            if (avx && il) {
+                quant_store_avx2(ch, q + 256 * s);
                 continue;
             }
 #endif
-            quant_chunk_portable(xr + 32 * c, q + 32 * c, d + c, bs + 2 * c);
+            if (!il) {
+                memcpy(q + 256 * s, ch, 256);
+                continue;
+            }
+            for (int c = 0; c < 8; c++)
+                for (int e = 0; e < 32; e++) q[256 * s + tk_q_pos(32 * c + e)] = ch[c][e];
         }
-        memset(q + 32 * c, 0, (size_t)(kp - 32 * c));
-        for (int64_t j = c; j < kp / 32; j++) d[j] = 0, bs[2 * j] = bs[2 * j + 1] = 0;
     }
+}
+
+void tk_quantize_act(const float *x, int64_t ldx, int64_t R, int64_t K, void *dst, int nt) {
+    quantize_rows(x, ldx, R, K, dst, true, nt);
 }
 
 /* ------------------------------------------------------------- unpacked weights */
 
 /* A superchunk of a weight row (256 elements: 8 chunks of 32) unpacked:
  * q the element integers in order (Q8_0 signed, the others unsigned: Q4_0
- * 0..15, Q4_K 0..15, Q5_K 0..31, Q6_K 0..63); sc8 chunk c's integer scale
- * (Q4_K / Q5_K), scp the scale of each 16 (Q6_K), scv chunk c's VPMADDWD
- * vector (Q6_K: scp[2c] 8 times, then scp[2c+1]), mn the min of chunk c
+ * 0..15, Q4_K 0..15, Q5_K 0..31, Q6_K 0..63), interleaved as the
+ * activations are (tk_q_pos); sc8 chunk c's integer scale (Q4_K / Q5_K),
+ * scp the scale of each 16 (Q6_K), sce / sco chunk c's scale of its first /
+ * last 16 (Q6_K: scp[2c], scp[2c + 1]), mn the min of chunk c
  * twice (Q4_K / Q5_K), dA chunk c's f16 scale d, dM its dmin. Chunks past
  * the row's end are zeros. */
 typedef struct tq_sup {
     _Alignas(64) uint8_t q[256];
-    int16_t scv[8][16];
+    int32_t sce[8], sco[8];
     int32_t sc8[8];
     int16_t scp[16];
     int16_t mn[16];
@@ -274,7 +334,7 @@ static void sup_scales_k(tide_dtype dt, const void *blk, tq_sup *u) {
         for (int c = 0; c < 8; c++) {
             u->scp[2 * c] = x->scales[2 * c];
             u->scp[2 * c + 1] = x->scales[2 * c + 1];
-            for (int i = 0; i < 8; i++) u->scv[c][i] = x->scales[2 * c], u->scv[c][8 + i] = x->scales[2 * c + 1];
+            u->sce[c] = x->scales[2 * c], u->sco[c] = x->scales[2 * c + 1];
             u->dA[c] = d;
             u->dM[c] = 0;
         }
@@ -302,11 +362,12 @@ static void unpack_portable(tide_dtype dt, const uint8_t *w, int64_t s, int nc, 
         for (int c = 0; c < nc; c++) {
             if (dt == TIDE_Q8_0) {
                 const tide_block_q8_0 *x = (const tide_block_q8_0 *)w + 8 * s + c;
-                memcpy(u->q + 32 * c, x->qs, 32);
+                for (int i = 0; i < 32; i++) u->q[tk_q_pos(32 * c + i)] = (uint8_t)x->qs[i];
                 u->dA[c] = tide_f16_to_f32(x->d);
             } else {
                 const tide_block_q4_0 *x = (const tide_block_q4_0 *)w + 8 * s + c;
-                for (int i = 0; i < 16; i++) u->q[32 * c + i] = x->qs[i] & 15, u->q[32 * c + 16 + i] = x->qs[i] >> 4;
+                for (int i = 0; i < 16; i++)
+                    u->q[tk_q_pos(32 * c + i)] = x->qs[i] & 15, u->q[tk_q_pos(32 * c + 16 + i)] = x->qs[i] >> 4;
                 u->dA[c] = tide_f16_to_f32(x->d);
             }
         }
@@ -327,8 +388,8 @@ static void unpack_portable(tide_dtype dt, const uint8_t *w, int64_t s, int nc, 
             for (int l = 0; l < 32; l++) {
                 int lo = qs[32 * g + l] & 15, hi = qs[32 * g + l] >> 4;
                 if (qh) lo |= (qh[l] >> (2 * g) & 1) << 4, hi |= (qh[l] >> (2 * g + 1) & 1) << 4;
-                u->q[64 * g + l] = (uint8_t)lo;
-                u->q[64 * g + 32 + l] = (uint8_t)hi;
+                u->q[tk_q_pos(64 * g + l)] = (uint8_t)lo;
+                u->q[tk_q_pos(64 * g + 32 + l)] = (uint8_t)hi;
             }
         break;
     }
@@ -338,10 +399,10 @@ static void unpack_portable(tide_dtype dt, const uint8_t *w, int64_t s, int nc, 
         for (int h = 0; h < 2; h++)
             for (int l = 0; l < 32; l++) {
                 const uint8_t *ql = x->ql + 64 * h, qh = x->qh[32 * h + l];
-                u->q[128 * h + l] = (uint8_t)((ql[l] & 15) | (qh & 3) << 4);
-                u->q[128 * h + l + 32] = (uint8_t)((ql[l + 32] & 15) | (qh >> 2 & 3) << 4);
-                u->q[128 * h + l + 64] = (uint8_t)((ql[l] >> 4) | (qh >> 4 & 3) << 4);
-                u->q[128 * h + l + 96] = (uint8_t)((ql[l + 32] >> 4) | (qh >> 6 & 3) << 4);
+                u->q[tk_q_pos(128 * h + l)] = (uint8_t)((ql[l] & 15) | (qh & 3) << 4);
+                u->q[tk_q_pos(128 * h + l + 32)] = (uint8_t)((ql[l + 32] & 15) | (qh >> 2 & 3) << 4);
+                u->q[tk_q_pos(128 * h + l + 64)] = (uint8_t)((ql[l] >> 4) | (qh >> 4 & 3) << 4);
+                u->q[tk_q_pos(128 * h + l + 96)] = (uint8_t)((ql[l + 32] >> 4) | (qh >> 6 & 3) << 4);
             }
         break;
     }
@@ -362,8 +423,9 @@ static void dot_portable(tide_dtype dt, const tq_sup *u, tq_act a, int64_t s, in
         int32_t dot[2] = {0, 0};
         for (int h = 0; h < 2; h++)
             for (int i = 16 * h; i < 16 * h + 16; i++) {
-                int wv = dt == TIDE_Q8_0 ? (int8_t)u->q[32 * c + i] : u->q[32 * c + i];
-                dot[h] += wv * aq[32 * c + i];
+                int p = (int)tk_q_pos(32 * c + i);
+                int wv = dt == TIDE_Q8_0 ? (int8_t)u->q[p] : u->q[p];
+                dot[h] += wv * aq[p];
             }
         int32_t I, M = 0;
         int32_t b0 = bs[2 * c], b1 = bs[2 * c + 1];
@@ -393,14 +455,11 @@ TK_A2 static TK_INLINE void sup_scales_avx2(tide_dtype dt, const void *blk, tq_s
     if (dt == TIDE_Q6_K) {
         const tide_block_q6_k *x = blk;
         __m128i sc = _mm_loadu_si128((const __m128i *)x->scales);
-        __m256i s16 = _mm256_cvtepi8_epi16(sc);
-        _mm256_storeu_si256((__m256i *)u->scp, s16);
-        /* scv[c]: scales 2c and 2c+1, each 8 times */
-        const __m128i base = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; c++)
-            _mm256_storeu_si256((__m256i *)u->scv[c],
-                                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, _mm_add_epi8(base, _mm_set1_epi8((char)(2 * c))))));
+        _mm256_storeu_si256((__m256i *)u->scp, _mm256_cvtepi8_epi16(sc));
+        const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+        const __m128i odd = _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+        _mm256_storeu_si256((__m256i *)u->sce, _mm256_cvtepi8_epi32(_mm_shuffle_epi8(sc, even)));
+        _mm256_storeu_si256((__m256i *)u->sco, _mm256_cvtepi8_epi32(_mm_shuffle_epi8(sc, odd)));
         __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d));
         _mm256_storeu_ps(u->dA, d);
         return;
@@ -423,8 +482,9 @@ TK_A2 static TK_INLINE void sup_scales_avx2(tide_dtype dt, const void *blk, tq_s
 }
 
 /* Superchunk s of weight row w into u, with AVX2 where it pays. */
-TK_A2 static TK_INLINE void unpack_avx2(tide_dtype dt, const uint8_t *w, int64_t s, int nc, tq_sup *u) {
+TK_A2 static TK_INLINE void unpack_avx2(tide_dtype dt, const uint8_t *w, int64_t s, int nc, tq_sup *u, const bool il) {
     const __m256i m4 = _mm256_set1_epi8(15);
+    __m256i C[8], V[8]; /* the chunks in element order, then interleaved */
     switch (dt) {
     case TIDE_Q8_0:
     case TIDE_Q4_0:
@@ -441,7 +501,7 @@ TK_A2 static TK_INLINE void unpack_avx2(tide_dtype dt, const uint8_t *w, int64_t
                 v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), m4);
                 d = _cvtsh_ss(x->d);
             }
-            _mm256_store_si256((__m256i *)(u->q + 32 * c), v);
+            C[c] = v;
             u->dA[c] = d;
         }
         break;
@@ -466,8 +526,8 @@ TK_A2 static TK_INLINE void unpack_avx2(tide_dtype dt, const uint8_t *w, int64_t
                 lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * g), one), 4));
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * g + 1), one), 4));
             }
-            _mm256_store_si256((__m256i *)(u->q + 64 * g), lo);
-            _mm256_store_si256((__m256i *)(u->q + 64 * g + 32), hi);
+            C[2 * g] = lo;
+            C[2 * g + 1] = hi;
         }
         break;
     }
@@ -484,30 +544,38 @@ TK_A2 static TK_INLINE void unpack_avx2(tide_dtype dt, const uint8_t *w, int64_t
             __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m2));
             __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                          _mm256_and_si256(_mm256_srli_epi16(h, 2), m2));
-            _mm256_store_si256((__m256i *)(u->q + 128 * hf), q0);
-            _mm256_store_si256((__m256i *)(u->q + 128 * hf + 32), q1);
-            _mm256_store_si256((__m256i *)(u->q + 128 * hf + 64), q2);
-            _mm256_store_si256((__m256i *)(u->q + 128 * hf + 96), q3);
+            C[4 * hf] = q0;
+            C[4 * hf + 1] = q1;
+            C[4 * hf + 2] = q2;
+            C[4 * hf + 3] = q3;
         }
         break;
     }
     default:
-        break;
+        return;
     }
+    if (il) {
+        transpose8(C, V);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) _mm256_store_si256((__m256i *)(u->q + 32 * k), V[k]);
+        return;
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) _mm256_store_si256((__m256i *)(u->q + 32 * k), C[k]);
 }
 
 /* Eight vectors of 8 int32 -> one: lane c the sum of d[c]'s lanes (exact). */
 TK_A2 static TK_INLINE __m256i reduce8(const __m256i d[8]) {
     __m256i a = _mm256_hadd_epi32(d[0], d[1]), b = _mm256_hadd_epi32(d[2], d[3]);
     __m256i c = _mm256_hadd_epi32(d[4], d[5]), e = _mm256_hadd_epi32(d[6], d[7]);
-    a = _mm256_hadd_epi32(a, b); /* 128-bit lane: c0 c1 c2 c3 (halves) */
+    a = _mm256_hadd_epi32(a, b); /* each 128-bit half: its share of d[0..4)'s sums */
     c = _mm256_hadd_epi32(c, e);
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20), _mm256_permute2x128_si256(a, c, 0x31));
 }
 
-/* The integers of superchunk u against activations (aq, bs) and the float
- * step, shared by both paths once the chunk dot products D (as they come
- * out of VPMADDWD or VPDPBUSD: Q6_K's already scaled per 16) are reduced. */
+/* The integers of superchunk u against activations (bs: the sums of each
+ * 16) and the float step, shared by both paths: D lane c chunk c's dot
+ * product (Q6_K's already scaled per 16). */
 TK_A2 static TK_INLINE __m256 finish(tide_dtype dt, const tq_sup *u, __m256i D, const int16_t *bs, const float *da,
                                      __m256 acc) {
     __m256i b = _mm256_loadu_si256((const __m256i *)bs);
@@ -526,7 +594,51 @@ TK_A2 static TK_INLINE __m256 finish(tide_dtype dt, const tq_sup *u, __m256i D, 
     return acc;
 }
 
+/* The superchunk's chunk dot products: vector k of u and of the activations
+ * holds 4 elements of every chunk (tk_q_pos), so lane c of the sum over k
+ * is chunk c's (Q6_K: its two 16s each times its scale), no reduction
+ * across lanes; two chains of 4 steps, added (exact integers). */
 TK_A2 static TK_INLINE __m256 dot_avx2(tide_dtype dt, const tq_sup *u, tq_act a, int64_t s, __m256 acc) {
+    const int8_t *aq = a.q + 256 * s;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i d[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        __m256i w = _mm256_load_si256((const __m256i *)(u->q + 32 * k));
+        __m256i x = _mm256_loadu_si256((const __m256i *)(aq + 32 * k));
+        __m256i p = dt == TIDE_Q8_0 ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+                                    : _mm256_maddubs_epi16(w, x);
+        /* Q6_K: the first 16 of each chunk in k < 4, the last 16 in k >= 4 */
+        int h = dt == TIDE_Q6_K ? k >= 4 : k & 1;
+        d[h] = _mm256_add_epi32(d[h], _mm256_madd_epi16(p, ones));
+    }
+    __m256i D = dt == TIDE_Q6_K ? _mm256_add_epi32(_mm256_mullo_epi32(d[0], _mm256_loadu_si256((const __m256i *)u->sce)),
+                                                   _mm256_mullo_epi32(d[1], _mm256_loadu_si256((const __m256i *)u->sco)))
+                                : _mm256_add_epi32(d[0], d[1]);
+    return finish(dt, u, D, a.bs + 16 * s, a.d + 8 * s, acc);
+}
+
+TK_VNNI static TK_INLINE __m256 dot_vnni(tide_dtype dt, const tq_sup *u, tq_act a, int64_t s, __m256 acc) {
+    const int8_t *aq = a.q + 256 * s;
+    __m256i d[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        __m256i w = _mm256_load_si256((const __m256i *)(u->q + 32 * k));
+        __m256i x = _mm256_loadu_si256((const __m256i *)(aq + 32 * k));
+        int h = dt == TIDE_Q6_K ? k >= 4 : k & 1;
+        d[h] = dt == TIDE_Q8_0 ? _mm256_dpbusd_epi32(d[h], _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+                               : _mm256_dpbusd_epi32(d[h], w, x);
+    }
+    __m256i D = dt == TIDE_Q6_K ? _mm256_add_epi32(_mm256_mullo_epi32(d[0], _mm256_loadu_si256((const __m256i *)u->sce)),
+                                                   _mm256_mullo_epi32(d[1], _mm256_loadu_si256((const __m256i *)u->sco)))
+                                : _mm256_add_epi32(d[0], d[1]);
+    return finish(dt, u, D, a.bs + 16 * s, a.d + 8 * s, acc);
+}
+
+/* The same integers from chunks in element order (the decode layout: no
+ * transpose when unpacking, a sum across lanes per chunk instead); not
+ * Q6_K. */
+TK_A2 static TK_INLINE __m256 dot_nat_avx2(tide_dtype dt, const tq_sup *u, tq_act a, int64_t s, __m256 acc) {
     const int8_t *aq = a.q + 256 * s;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i d[8];
@@ -536,13 +648,12 @@ TK_A2 static TK_INLINE __m256 dot_avx2(tide_dtype dt, const tq_sup *u, tq_act a,
         __m256i x = _mm256_loadu_si256((const __m256i *)(aq + 32 * c));
         __m256i p = dt == TIDE_Q8_0 ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
                                     : _mm256_maddubs_epi16(w, x);
-        d[c] = _mm256_madd_epi16(p, dt == TIDE_Q6_K ? _mm256_loadu_si256((const __m256i *)u->scv[c]) : ones);
+        d[c] = _mm256_madd_epi16(p, ones);
     }
     return finish(dt, u, reduce8(d), a.bs + 16 * s, a.d + 8 * s, acc);
 }
 
-TK_VNNI static TK_INLINE __m256 dot_vnni(tide_dtype dt, const tq_sup *u, tq_act a, int64_t s, __m256 acc) {
-    if (dt == TIDE_Q6_K) return dot_avx2(dt, u, a, s, acc);
+TK_VNNI static TK_INLINE __m256 dot_nat_vnni(tide_dtype dt, const tq_sup *u, tq_act a, int64_t s, __m256 acc) {
     const int8_t *aq = a.q + 256 * s;
     __m256i d[8];
 #pragma GCC unroll 8
@@ -560,6 +671,10 @@ TK_VNNI static TK_INLINE __m256 dot_vnni(tide_dtype dt, const tq_sup *u, tq_act 
 
 /* Rows per block: as many quantized rows as fit ~256 KiB (L2), 1..TQ_RB. */
 #define TQ_RB 64
+/* Rows from which a call lays its integers out interleaved: a weight's
+ * transpose then pays for itself over the rows, each sparing its sums
+ * across lanes. */
+#define TQ_IL_ROWS 4
 
 typedef enum { TQ_PORTABLE, TQ_AVX2, TQ_VNNI } tq_path;
 
@@ -608,7 +723,7 @@ static void cols_portable(const tq_job *j) {
 #ifdef TK_X86
 /* The AVX2 and VNNI drivers, one per weight type: the type a constant so
  * that the unpacker and the dot product fold to its code. */
-#define TQ_COLS(NAME, ATTR, DOT, DT)                                                                           \
+#define TQ_COLS(NAME, ATTR, DOT, DT, IL)                                                                         \
     ATTR static void NAME(const tq_job *j) {                                                                   \
         int64_t ns = pad_k(j->K) / 256, rb = TIDE_MAX(1, TIDE_MIN(TQ_RB, (int64_t)((256u << 10) / j->ab)));     \
         __m256 acc[TQ_RB];                                                                                     \
@@ -618,7 +733,7 @@ static void cols_portable(const tq_job *j) {
             for (int64_t n = j->n0; n < j->n1; n++) {                                                          \
                 for (int64_t r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();                                 \
                 for (int64_t s = 0; s < ns; s++) {                                                             \
-                    unpack_avx2(DT, j->w + (size_t)n * j->wrow, s, sup_chunks(j->K, s), &u);                   \
+                    unpack_avx2(DT, j->w + (size_t)n * j->wrow, s, sup_chunks(j->K, s), &u, IL);              \
                     for (int64_t r = 0; r < nr; r++)                                                           \
                         acc[r] = DOT(DT, &u, act_of(j->act + (size_t)(r0 + r) * j->ab, j->K), s, acc[r]);      \
                 }                                                                                              \
@@ -626,23 +741,34 @@ static void cols_portable(const tq_job *j) {
             }                                                                                                  \
         }                                                                                                      \
     }
-TQ_COLS(cols_avx2_q8_0, TK_A2, dot_avx2, TIDE_Q8_0)
-TQ_COLS(cols_avx2_q4_0, TK_A2, dot_avx2, TIDE_Q4_0)
-TQ_COLS(cols_avx2_q4_k, TK_A2, dot_avx2, TIDE_Q4_K)
-TQ_COLS(cols_avx2_q5_k, TK_A2, dot_avx2, TIDE_Q5_K)
-TQ_COLS(cols_avx2_q6_k, TK_A2, dot_avx2, TIDE_Q6_K)
-TQ_COLS(cols_vnni_q8_0, TK_VNNI, dot_vnni, TIDE_Q8_0)
-TQ_COLS(cols_vnni_q4_0, TK_VNNI, dot_vnni, TIDE_Q4_0)
-TQ_COLS(cols_vnni_q4_k, TK_VNNI, dot_vnni, TIDE_Q4_K)
-TQ_COLS(cols_vnni_q5_k, TK_VNNI, dot_vnni, TIDE_Q5_K)
+TQ_COLS(cols_avx2_q8_0, TK_A2, dot_avx2, TIDE_Q8_0, true)
+TQ_COLS(cols_avx2_q4_0, TK_A2, dot_avx2, TIDE_Q4_0, true)
+TQ_COLS(cols_avx2_q4_k, TK_A2, dot_avx2, TIDE_Q4_K, true)
+TQ_COLS(cols_avx2_q5_k, TK_A2, dot_avx2, TIDE_Q5_K, true)
+TQ_COLS(cols_avx2_q6_k, TK_A2, dot_avx2, TIDE_Q6_K, true)
+TQ_COLS(cols_vnni_q8_0, TK_VNNI, dot_vnni, TIDE_Q8_0, true)
+TQ_COLS(cols_vnni_q4_0, TK_VNNI, dot_vnni, TIDE_Q4_0, true)
+TQ_COLS(cols_vnni_q4_k, TK_VNNI, dot_vnni, TIDE_Q4_K, true)
+TQ_COLS(cols_vnni_q5_k, TK_VNNI, dot_vnni, TIDE_Q5_K, true)
+TQ_COLS(cols_vnni_q6_k, TK_VNNI, dot_vnni, TIDE_Q6_K, true)
+TQ_COLS(nat_avx2_q8_0, TK_A2, dot_nat_avx2, TIDE_Q8_0, false)
+TQ_COLS(nat_avx2_q4_0, TK_A2, dot_nat_avx2, TIDE_Q4_0, false)
+TQ_COLS(nat_avx2_q4_k, TK_A2, dot_nat_avx2, TIDE_Q4_K, false)
+TQ_COLS(nat_avx2_q5_k, TK_A2, dot_nat_avx2, TIDE_Q5_K, false)
+TQ_COLS(nat_vnni_q8_0, TK_VNNI, dot_nat_vnni, TIDE_Q8_0, false)
+TQ_COLS(nat_vnni_q4_0, TK_VNNI, dot_nat_vnni, TIDE_Q4_0, false)
+TQ_COLS(nat_vnni_q4_k, TK_VNNI, dot_nat_vnni, TIDE_Q4_K, false)
+TQ_COLS(nat_vnni_q5_k, TK_VNNI, dot_nat_vnni, TIDE_Q5_K, false)
 
-static void cols_x86(tq_path p, const tq_job *j) {
+/* il: the interleaved layout (prefill), else the element order (decode). */
+static void cols_x86(tq_path p, bool il, const tq_job *j) {
+    bool v = p == TQ_VNNI;
     switch (j->dt) {
-    case TIDE_Q8_0: (p == TQ_VNNI ? cols_vnni_q8_0 : cols_avx2_q8_0)(j); break;
-    case TIDE_Q4_0: (p == TQ_VNNI ? cols_vnni_q4_0 : cols_avx2_q4_0)(j); break;
-    case TIDE_Q4_K: (p == TQ_VNNI ? cols_vnni_q4_k : cols_avx2_q4_k)(j); break;
-    case TIDE_Q5_K: (p == TQ_VNNI ? cols_vnni_q5_k : cols_avx2_q5_k)(j); break;
-    case TIDE_Q6_K: cols_avx2_q6_k(j); break; /* the VNNI path's Q6_K is the AVX2 code */
+    case TIDE_Q8_0: (il ? v ? cols_vnni_q8_0 : cols_avx2_q8_0 : v ? nat_vnni_q8_0 : nat_avx2_q8_0)(j); break;
+    case TIDE_Q4_0: (il ? v ? cols_vnni_q4_0 : cols_avx2_q4_0 : v ? nat_vnni_q4_0 : nat_avx2_q4_0)(j); break;
+    case TIDE_Q4_K: (il ? v ? cols_vnni_q4_k : cols_avx2_q4_k : v ? nat_vnni_q4_k : nat_avx2_q4_k)(j); break;
+    case TIDE_Q5_K: (il ? v ? cols_vnni_q5_k : cols_avx2_q5_k : v ? nat_vnni_q5_k : nat_avx2_q5_k)(j); break;
+    case TIDE_Q6_K: (v ? cols_vnni_q6_k : cols_avx2_q6_k)(j); break;
     default: break;
     }
 }
@@ -665,7 +791,11 @@ tide_status tk_matmul_q(const float *x, const void *w, tide_dtype wdt, int64_t R
     if ((double)TIDE_MIN(R, rows) * (double)K * (double)N < 5e5) nt = 1;
     for (int64_t r0 = 0; r0 < R; r0 += rows) {
         int64_t nr = TIDE_MIN(rows, R - r0);
-        tk_quantize_act(x + r0 * K, K, nr, K, scratch, nt);
+        /* the layout: interleaved from TQ_IL_ROWS rows on (and always on the
+         * portable path, and for Q6_K), else in element order; the integers,
+         * and so the bits, are the same */
+        bool il = path == TQ_PORTABLE || wdt == TIDE_Q6_K || nr >= TQ_IL_ROWS;
+        quantize_rows(x + r0 * K, K, nr, K, scratch, il, nt);
 #pragma omp parallel num_threads(nt)
         {
             int t = omp_get_thread_num(), nth = omp_get_num_threads();
@@ -673,7 +803,7 @@ tide_status tk_matmul_q(const float *x, const void *w, tide_dtype wdt, int64_t R
                         .n0 = N * t / nth, .n1 = N * (t + 1) / nth, .out = out + r0 * ldo, .ldo = ldo};
 #ifdef TK_X86
             if (path != TQ_PORTABLE)
-                cols_x86(path, &j);
+                cols_x86(path, il, &j);
             else
 #endif
                 cols_portable(&j);
