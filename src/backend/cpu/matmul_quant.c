@@ -309,12 +309,14 @@ void tk_quantize_act(const float *x, int64_t ldx, int64_t R, int64_t K, void *ds
  * 0..15, Q4_K 0..15, Q5_K 0..31, Q6_K 0..63), interleaved as the
  * activations are (tk_q_pos); sc8 chunk c's integer scale (Q4_K / Q5_K),
  * scp the scale of each 16 (Q6_K), sce / sco chunk c's scale of its first /
- * last 16 (Q6_K: scp[2c], scp[2c + 1]), mn the min of chunk c
+ * last 16 (Q6_K: scp[2c], scp[2c + 1]), scv chunk c's VPMADDWD vector in
+ * element order (Q6_K: scp[2c] 8 times, then scp[2c + 1]), mn the min of chunk c
  * twice (Q4_K / Q5_K), dA chunk c's f16 scale d, dM its dmin. Chunks past
  * the row's end are zeros. */
 typedef struct tq_sup {
     _Alignas(64) uint8_t q[256];
     int32_t sce[8], sco[8];
+    int16_t scv[8][16];
     int32_t sc8[8];
     int16_t scp[16];
     int16_t mn[16];
@@ -451,7 +453,7 @@ static void dot_portable(tide_dtype dt, const tq_sup *u, tq_act a, int64_t s, in
  * Q4_K / Q5_K block unpacked four at a time (tide_q4k_scale_min's packing:
  * bytes 0..3 scales 0..3, bytes 4..7 mins 0..3, bytes 8..11 the low 4 bits of
  * scales / mins 4..7, whose top 2 bits are those of bytes 0..3 / 4..7). */
-TK_A2 static TK_INLINE void sup_scales_avx2(tide_dtype dt, const void *blk, tq_sup *u) {
+TK_A2 static TK_INLINE void sup_scales_avx2(tide_dtype dt, const void *blk, tq_sup *u, const bool il) {
     if (dt == TIDE_Q6_K) {
         const tide_block_q6_k *x = blk;
         __m128i sc = _mm_loadu_si128((const __m128i *)x->scales);
@@ -460,6 +462,13 @@ TK_A2 static TK_INLINE void sup_scales_avx2(tide_dtype dt, const void *blk, tq_s
         const __m128i odd = _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, -1, -1, -1, -1, -1, -1, -1, -1);
         _mm256_storeu_si256((__m256i *)u->sce, _mm256_cvtepi8_epi32(_mm_shuffle_epi8(sc, even)));
         _mm256_storeu_si256((__m256i *)u->sco, _mm256_cvtepi8_epi32(_mm_shuffle_epi8(sc, odd)));
+        if (!il) {
+            const __m128i base = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++)
+                _mm256_storeu_si256((__m256i *)u->scv[c], _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                                                              sc, _mm_add_epi8(base, _mm_set1_epi8((char)(2 * c))))));
+        }
         __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d));
         _mm256_storeu_ps(u->dA, d);
         return;
@@ -488,6 +497,24 @@ TK_A2 static TK_INLINE void unpack_avx2(tide_dtype dt, const uint8_t *w, int64_t
     switch (dt) {
     case TIDE_Q8_0:
     case TIDE_Q4_0:
+        if (nc == 8) {
+            uint16_t h[8];
+            if (dt == TIDE_Q8_0) {
+                const tide_block_q8_0 *x = (const tide_block_q8_0 *)w + 8 * s;
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) C[c] = _mm256_loadu_si256((const __m256i *)x[c].qs), h[c] = x[c].d;
+            } else {
+                const tide_block_q4_0 *x = (const tide_block_q4_0 *)w + 8 * s;
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) {
+                    __m128i b = _mm_loadu_si128((const __m128i *)x[c].qs);
+                    C[c] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), m4);
+                    h[c] = x[c].d;
+                }
+            }
+            _mm256_storeu_ps(u->dA, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
+            break;
+        }
         for (int c = 0; c < 8; c++) {
             __m256i v = _mm256_setzero_si256();
             float d = 0;
@@ -516,7 +543,7 @@ TK_A2 static TK_INLINE void unpack_avx2(tide_dtype dt, const uint8_t *w, int64_t
             const tide_block_q5_k *x = (const tide_block_q5_k *)w + s;
             blk = x, qs = x->qs, qh = x->qh;
         }
-        sup_scales_avx2(dt, blk, u);
+        sup_scales_avx2(dt, blk, u, il);
         __m256i h = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
         const __m256i one = _mm256_set1_epi8(1);
         for (int g = 0; g < 4; g++) {
@@ -533,7 +560,7 @@ TK_A2 static TK_INLINE void unpack_avx2(tide_dtype dt, const uint8_t *w, int64_t
     }
     case TIDE_Q6_K: {
         const tide_block_q6_k *x = (const tide_block_q6_k *)w + s;
-        sup_scales_avx2(dt, x, u);
+        sup_scales_avx2(dt, x, u, il);
         const __m256i m2 = _mm256_set1_epi8(3 << 4);
         for (int hf = 0; hf < 2; hf++) {
             __m256i l0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * hf));
@@ -636,8 +663,8 @@ TK_VNNI static TK_INLINE __m256 dot_vnni(tide_dtype dt, const tq_sup *u, tq_act 
 }
 
 /* The same integers from chunks in element order (the decode layout: no
- * transpose when unpacking, a sum across lanes per chunk instead); not
- * Q6_K. */
+ * transpose when unpacking, a sum across lanes per chunk instead; Q6_K's
+ * scales of each 16 ride in VPMADDWD). */
 TK_A2 static TK_INLINE __m256 dot_nat_avx2(tide_dtype dt, const tq_sup *u, tq_act a, int64_t s, __m256 acc) {
     const int8_t *aq = a.q + 256 * s;
     const __m256i ones = _mm256_set1_epi16(1);
@@ -648,12 +675,13 @@ TK_A2 static TK_INLINE __m256 dot_nat_avx2(tide_dtype dt, const tq_sup *u, tq_ac
         __m256i x = _mm256_loadu_si256((const __m256i *)(aq + 32 * c));
         __m256i p = dt == TIDE_Q8_0 ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
                                     : _mm256_maddubs_epi16(w, x);
-        d[c] = _mm256_madd_epi16(p, ones);
+        d[c] = _mm256_madd_epi16(p, dt == TIDE_Q6_K ? _mm256_loadu_si256((const __m256i *)u->scv[c]) : ones);
     }
     return finish(dt, u, reduce8(d), a.bs + 16 * s, a.d + 8 * s, acc);
 }
 
 TK_VNNI static TK_INLINE __m256 dot_nat_vnni(tide_dtype dt, const tq_sup *u, tq_act a, int64_t s, __m256 acc) {
+    if (dt == TIDE_Q6_K) return dot_nat_avx2(dt, u, a, s, acc);
     const int8_t *aq = a.q + 256 * s;
     __m256i d[8];
 #pragma GCC unroll 8
@@ -759,6 +787,7 @@ TQ_COLS(nat_vnni_q8_0, TK_VNNI, dot_nat_vnni, TIDE_Q8_0, false)
 TQ_COLS(nat_vnni_q4_0, TK_VNNI, dot_nat_vnni, TIDE_Q4_0, false)
 TQ_COLS(nat_vnni_q4_k, TK_VNNI, dot_nat_vnni, TIDE_Q4_K, false)
 TQ_COLS(nat_vnni_q5_k, TK_VNNI, dot_nat_vnni, TIDE_Q5_K, false)
+TQ_COLS(nat_avx2_q6_k, TK_A2, dot_nat_avx2, TIDE_Q6_K, false)
 
 /* il: the interleaved layout (prefill), else the element order (decode). */
 static void cols_x86(tq_path p, bool il, const tq_job *j) {
@@ -768,7 +797,7 @@ static void cols_x86(tq_path p, bool il, const tq_job *j) {
     case TIDE_Q4_0: (il ? v ? cols_vnni_q4_0 : cols_avx2_q4_0 : v ? nat_vnni_q4_0 : nat_avx2_q4_0)(j); break;
     case TIDE_Q4_K: (il ? v ? cols_vnni_q4_k : cols_avx2_q4_k : v ? nat_vnni_q4_k : nat_avx2_q4_k)(j); break;
     case TIDE_Q5_K: (il ? v ? cols_vnni_q5_k : cols_avx2_q5_k : v ? nat_vnni_q5_k : nat_avx2_q5_k)(j); break;
-    case TIDE_Q6_K: (v ? cols_vnni_q6_k : cols_avx2_q6_k)(j); break;
+    case TIDE_Q6_K: (il ? v ? cols_vnni_q6_k : cols_avx2_q6_k : nat_avx2_q6_k)(j); break;
     default: break;
     }
 }
@@ -792,9 +821,9 @@ tide_status tk_matmul_q(const float *x, const void *w, tide_dtype wdt, int64_t R
     for (int64_t r0 = 0; r0 < R; r0 += rows) {
         int64_t nr = TIDE_MIN(rows, R - r0);
         /* the layout: interleaved from TQ_IL_ROWS rows on (and always on the
-         * portable path, and for Q6_K), else in element order; the integers,
-         * and so the bits, are the same */
-        bool il = path == TQ_PORTABLE || wdt == TIDE_Q6_K || nr >= TQ_IL_ROWS;
+         * portable path), else in element order; the integers, and so the
+         * bits, are the same */
+        bool il = path == TQ_PORTABLE || nr >= TQ_IL_ROWS;
         quantize_rows(x + r0 * K, K, nr, K, scratch, il, nt);
 #pragma omp parallel num_threads(nt)
         {
