@@ -6,8 +6,10 @@
  * Weights are random blocks: every quant byte uniform (all 4/5/6/8-bit
  * values and Q8_0's -128, every 6-bit scale and min of the K types, every
  * int8 Q6_K scale), the f16 scales d (and dmin) random positive values of
- * 1e-3 to 1e-2. Their values are written here from quant_blocks.h's layout
- * definitions alone (wq_value), in double, not from the kernels' code.
+ * 1e-3 to 1e-2; and, in one case of each test, random floats quantized by
+ * the reference quantizer (tide_quantize_row). Their values are written here
+ * from quant_blocks.h's layout definitions alone (wq_value), in double, not
+ * from the kernels' code.
  *
  *   - Activations: tk_quantize_act's q (at tk_q_pos) and d per 32 elements are
  *     d = amax / 127 and |x - d q| <= d / 2 (+ 2^-20 |x|), |q| <= 127, the
@@ -29,9 +31,10 @@
  *     portable paths (forced as test_kernels_matmul.c forces them): all
  *     against one result, memcmp.
  *   - EMBED: rows of a quantized table (whole and cut in two vocabulary
- *     blocks, vocab0) bit for bit the dequantization in ggml's arithmetic
- *     (written here from the layouts: Q4_K (d sc) q - dmin m, Q6_K
- *     (d sc)(q - 32), ...), and the rows of other ids zeroed or kept.
+ *     blocks, vocab0) bit for bit the reference dequantization
+ *     (tide_dequantize_row, src/core/quant.h), itself checked here against
+ *     ggml's arithmetic written from the layouts (Q4_K (d sc) q - dmin m,
+ *     Q6_K (d sc)(q - 32), ...); the rows of other ids zeroed or kept.
  *   - Through the CPU backend: a graph's EMBED (quantized table), RMSNORM
  *     (f32 weight) and MATMUL (quantized weight, workspace from ops.c, and
  *     without one) give the kernels' bits; MATMUL's training forms
@@ -45,6 +48,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/kernels_int.h"
+#include "core/quant.h"
 #include "core/quant_blocks.h"
 #include "graph/graph.h"
 
@@ -100,11 +104,23 @@ static void rbytes(void *p, size_t n) {
 
 static uint16_t rscale(void) { return tide_f32_to_f16(0.001f + 0.009f * (0.5f + 0.5f * frand())); }
 
+/* Whether make_w quantizes random floats with the reference quantizer
+ * (tide_quantize_row) instead of drawing random blocks. */
+static bool from_floats;
+
 /* A random (N, K) weight of dt, K whole blocks. */
 static void *make_w(tide_dtype dt, int64_t N, int64_t K) {
     size_t nb = (size_t)tide_dtype_bytes(dt, (uint64_t)(N * K)), bb = tide_dtype_block_bytes(dt);
     uint8_t *w = malloc(nb);
     assert_non_null(w);
+    if (from_floats) {
+        float *f = malloc(sizeof(float) * (size_t)(N * K));
+        assert_non_null(f);
+        for (int64_t i = 0; i < N * K; i++) f[i] = 0.05f * frand() * (i % 61 == 3 ? 6.0f : 1.0f);
+        assert_int_equal(tide_quantize_row(dt, f, w, N * K), 0);
+        free(f);
+        return w;
+    }
     rbytes(w, nb);
     for (size_t off = 0; off < nb; off += bb) {
         uint16_t d = rscale(), dm = rscale();
@@ -336,6 +352,9 @@ static void test_accuracy(void **state) {
         check_accuracy(dt, 3, 2048, 24);
         check_accuracy(dt, 2, blk, 13); /* one block */
         check_accuracy(dt, 1, blk == 32 ? 288 : 512, 9);
+        from_floats = true; /* weights from the reference quantizer */
+        check_accuracy(dt, 4, 2048, 16);
+        from_floats = false;
     }
 }
 
@@ -391,6 +410,9 @@ static void test_invariance(void **state) {
         int64_t blk = tide_dtype_block(qtypes[t]);
         check_invariance(qtypes[t], 2048, 37);
         check_invariance(qtypes[t], blk == 32 ? 288 : 256, 13);
+        from_floats = true;
+        check_invariance(qtypes[t], 512, 21);
+        from_floats = false;
     }
 }
 
@@ -409,8 +431,14 @@ static void test_embed(void **state) {
         float *want = malloc(sizeof(float) * R * D), *got = malloc(sizeof(float) * R * D);
         assert_non_null(want);
         assert_non_null(got);
-        for (int r = 0; r < R; r++)
+        for (int r = 0; r < R; r++) {
             for (int64_t k = 0; k < D; k++) want[r * D + k] = w_f32(dt, tab, D, tok[r], k);
+            /* the layouts' arithmetic here is the reference's, bit for bit */
+            float ref[512];
+            size_t rowb = (size_t)tide_dtype_bytes(dt, (uint64_t)D);
+            assert_int_equal(tide_dequantize_row(dt, tab + (size_t)tok[r] * rowb, ref, D), 0);
+            assert_memory_equal(ref, want + r * D, sizeof(float) * (size_t)D);
+        }
         for (int path = 2; path >= 0; path--) {
             if (!set_path(path)) continue;
             int64_t bad = -1;

@@ -137,9 +137,10 @@ size_t tk_matmul_q_min_scratch(int64_t K);
 /* The path tk_matmul_q takes on this CPU now: "avx512_vnni", "avx2" or
  * "portable". */
 const char *tk_matmul_q_path(void);
-/* dst (n) = a row of n elements of block type dt dequantized in ggml's
- * arithmetic (EMBED's rows). False if dt is not a block type or n not
- * whole blocks. */
+/* dst (n) = a row of n elements of block type dt dequantized: the
+ * reference's bits (tide_dequantize_row, src/core/quant.h: ggml's
+ * arithmetic), EMBED's rows. False if dt is not a block type or n not whole
+ * blocks. */
 bool tk_dequant_row(const void *src, tide_dtype dt, float *dst, int64_t n);
 
 /* ROPE, Hugging Face rotate_half convention. x (R, H*hd), pos (T), out

@@ -1,7 +1,7 @@
 /*
  * matmul_quant.c - MATMUL (out = x . w^T) with block-quantized weights
  * (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K as stored: src/core/quant_blocks.h), and the
- * dequantization of rows for EMBED; chosen at run time (cpu_features.h)
+ * dequantization of rows for EMBED (the reference's, src/core/quant.h); chosen at run time (cpu_features.h)
  * among AVX-512 VNNI, AVX2 and portable code, one binary for every machine.
  *
  * Each row of x is quantized once per call into 8-bit blocks of 32 (tq_act:
@@ -40,6 +40,7 @@
  * vectors: Zen 4 runs 512-bit ones at the same rate per element).
  */
 #include "backend/cpu/kernels_int.h"
+#include "core/quant.h"
 #include "core/quant_blocks.h"
 
 #include <limits.h>
@@ -49,7 +50,7 @@
 
 #define TK_INLINE inline __attribute__((always_inline))
 
-/* ------------------------------------------------------------- dequantization */
+/* ------------------------------------------------------------- weights */
 
 /* 6-bit scale and min j of a Q4_K / Q5_K block. */
 static void scale_min(int j, const uint8_t *s, int *sc, int *m) {
@@ -59,83 +60,8 @@ static void scale_min(int j, const uint8_t *s, int *sc, int *m) {
     *m = b;
 }
 
-/* Elements of Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K blocks as f32, in ggml's
- * arithmetic: Q8_0 q * d; Q4_0 (q - 8) * d; Q4_K / Q5_K (d * sc) * q -
- * (dmin * m); Q6_K (d * sc) * (q - 32). */
-static void dequant_blocks(const void *src, tide_dtype dt, float *dst, int64_t nblocks) {
-    switch (dt) {
-    case TIDE_Q8_0:
-        for (int64_t b = 0; b < nblocks; b++) {
-            const tide_block_q8_0 *x = (const tide_block_q8_0 *)src + b;
-            float d = tide_f16_to_f32(x->d);
-            for (int i = 0; i < 32; i++) dst[32 * b + i] = (float)x->qs[i] * d;
-        }
-        break;
-    case TIDE_Q4_0:
-        for (int64_t b = 0; b < nblocks; b++) {
-            const tide_block_q4_0 *x = (const tide_block_q4_0 *)src + b;
-            float d = tide_f16_to_f32(x->d);
-            for (int i = 0; i < 16; i++) {
-                dst[32 * b + i] = (float)((x->qs[i] & 15) - 8) * d;
-                dst[32 * b + i + 16] = (float)((x->qs[i] >> 4) - 8) * d;
-            }
-        }
-        break;
-    case TIDE_Q4_K:
-    case TIDE_Q5_K:
-        for (int64_t b = 0; b < nblocks; b++) {
-            const uint8_t *s, *qs, *qh = NULL;
-            float d, dmin;
-            if (dt == TIDE_Q4_K) {
-                const tide_block_q4_k *x = (const tide_block_q4_k *)src + b;
-                d = tide_f16_to_f32(x->d), dmin = tide_f16_to_f32(x->dmin), s = x->scales, qs = x->qs;
-            } else {
-                const tide_block_q5_k *x = (const tide_block_q5_k *)src + b;
-                d = tide_f16_to_f32(x->d), dmin = tide_f16_to_f32(x->dmin), s = x->scales, qs = x->qs, qh = x->qh;
-            }
-            float *y = dst + 256 * b;
-            for (int g = 0; g < 4; g++) {
-                int sc0, m0, sc1, m1;
-                scale_min(2 * g, s, &sc0, &m0);
-                scale_min(2 * g + 1, s, &sc1, &m1);
-                float d0 = d * (float)sc0, n0 = dmin * (float)m0, d1 = d * (float)sc1, n1 = dmin * (float)m1;
-                for (int l = 0; l < 32; l++) {
-                    int lo = qs[32 * g + l] & 15, hi = qs[32 * g + l] >> 4;
-                    if (qh) {
-                        lo |= (qh[l] >> (2 * g) & 1) << 4;
-                        hi |= (qh[l] >> (2 * g + 1) & 1) << 4;
-                    }
-                    y[64 * g + l] = d0 * (float)lo - n0;
-                    y[64 * g + 32 + l] = d1 * (float)hi - n1;
-                }
-            }
-        }
-        break;
-    case TIDE_Q6_K:
-        for (int64_t b = 0; b < nblocks; b++) {
-            const tide_block_q6_k *x = (const tide_block_q6_k *)src + b;
-            float d = tide_f16_to_f32(x->d);
-            float *y = dst + 256 * b;
-            for (int h = 0; h < 2; h++)
-                for (int l = 0; l < 32; l++) {
-                    const uint8_t *ql = x->ql + 64 * h, qh = x->qh[32 * h + l];
-                    int q[4] = {(ql[l] & 15) | (qh & 3) << 4, (ql[l + 32] & 15) | (qh >> 2 & 3) << 4,
-                                (ql[l] >> 4) | (qh >> 4 & 3) << 4, (ql[l + 32] >> 4) | (qh >> 6 & 3) << 4};
-                    for (int k = 0; k < 4; k++)
-                        y[128 * h + l + 32 * k] = d * (float)x->scales[8 * h + l / 16 + 2 * k] * (float)(q[k] - 32);
-                }
-        }
-        break;
-    default:
-        break;
-    }
-}
-
 bool tk_dequant_row(const void *src, tide_dtype dt, float *dst, int64_t n) {
-    int qk = tide_dtype_block(dt);
-    if (!tide_dtype_is_quantized(dt) || n % qk) return false;
-    dequant_blocks(src, dt, dst, n / qk);
-    return true;
+    return tide_dtype_is_quantized(dt) && tide_dequantize_row(dt, src, dst, n) == 0;
 }
 
 /* ------------------------------------------------------------- activations */
