@@ -22,12 +22,16 @@
 
 static bool is_act(const tide_tensor *t) { return t->dtype == TIDE_F32 && t->ndim == 2; }
 static bool is_float(tide_dtype d) { return d == TIDE_F32 || d == TIDE_F16 || d == TIDE_BF16; }
+/* A weight a MATMUL or an EMBED takes: float, or block-quantized (its rows
+ * whole blocks, which tide_graph_add_tensor checks). */
+static bool is_weight(tide_dtype d) { return is_float(d) || tide_dtype_is_quantized(d); }
 
 /* ---------------------------------------------------------------- shape contracts */
 
 static tide_status check_embed(CHECK_ARGS) {
     const tide_tensor *tab = T(0), *tok = T(1), *o = O(0);
-    if (tab->ndim != 2 || !is_float(tab->dtype)) FAIL("embed: table '%s' must be a 2-D float tensor", tab->name);
+    if (tab->ndim != 2 || !is_weight(tab->dtype))
+        FAIL("embed: table '%s' must be a 2-D float or block-quantized tensor", tab->name);
     if (tok->dtype != TIDE_I32) FAIL("embed: tokens '%s' must be i32", tok->name);
     if (!is_act(o) || o->shape[1] != tab->shape[1] || p->idx0 + o->shape[0] > tide_tensor_numel(tok))
         FAIL("embed: output '%s' must be f32 (rows, %lld) with rows from '%s'[%lld] on", o->name,
@@ -52,7 +56,8 @@ static tide_status check_rmsnorm(CHECK_ARGS) {
 static tide_status check_matmul(CHECK_ARGS) {
     const tide_tensor *x = T(0), *w = T(1), *o = O(0);
     if (!is_act(x) || !is_act(o)) FAIL("matmul: '%s' and '%s' must be 2-D f32", x->name, o->name);
-    if (w->ndim != 2 || !is_float(w->dtype)) FAIL("matmul: weight '%s' must be 2-D float", w->name);
+    if (w->ndim != 2 || !is_weight(w->dtype))
+        FAIL("matmul: weight '%s' must be 2-D float or block-quantized", w->name);
     if (p->accumulate && n_in != 3) FAIL("matmul: accumulating into '%s' takes it as a third input", o->name);
     if (p->no_transpose) { /* x . w, w (K, N) */
         if (w->shape[0] != x->shape[1] || o->shape[0] < p->row0 + x->shape[0] || o->shape[1] < p->col0 + w->shape[1])
@@ -484,9 +489,17 @@ static double bytes_matmul(const tide_graph *g, const tide_op *op) {
     return (double)x->nbytes + (double)w->nbytes + 4.0 * (double)x->shape[0] * (double)w->shape[0];
 }
 
-/* The CPU converts a 16-bit weight to f32 in column blocks of at most 16 MiB. */
+/* The CPU converts a 16-bit weight to f32 in column blocks of at most 16 MiB.
+ * With a block-quantized weight it quantizes the rows of x to 8 bits, each
+ * row K padded to a multiple of 256 (Kp) taking Kp * 5/4 bytes
+ * (backend/cpu/matmul_quant.c): room for every row up to 16 MiB, at least
+ * one row. */
 static uint64_t scratch_matmul(const tide_graph *g, const tide_op *op) {
-    const tide_tensor *w = &g->tensors[op->in[1]];
+    const tide_tensor *x = &g->tensors[op->in[0]], *w = &g->tensors[op->in[1]];
+    if (tide_dtype_is_quantized(w->dtype)) {
+        uint64_t kp = ((uint64_t)x->shape[1] + 255) / 256 * 256, row = kp + kp / 8 + kp / 8;
+        return TIDE_MAX(row, TIDE_MIN(row * (uint64_t)x->shape[0], UINT64_C(16) << 20));
+    }
     if (w->dtype == TIDE_F32) return 0;
     uint64_t wb = (uint64_t)tide_tensor_numel(w) * 4;
     return TIDE_MIN(wb, UINT64_C(16) << 20);

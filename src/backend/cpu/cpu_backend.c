@@ -10,7 +10,8 @@
  * count is that context's too (tide_ctx_threads).
  *
  * Workspace: the workspace an op gets is op->scratch_bytes of `scratch`
- * (MATMUL with non-f32 weights, CROSS_ENTROPY's logits chunk, RMSNORM_BWD's
+ * (MATMUL with non-f32 weights: with a block-quantized one, its activations
+ * quantized to 8 bits, CROSS_ENTROPY's logits chunk, RMSNORM_BWD's
  * row scales, ATTENTION_BWD's score blocks: see graph/ops.c). Attention works
  * in bounded tiles on each thread's stack (under 96 KiB). ATTENTION_BWD runs
  * on no more threads than its workspace holds blocks for (its bits do not
@@ -58,10 +59,11 @@ static const char *cpu_kernels_desc(tide_backend *be) {
         mm = "matmul avx2 gemm/gemv (weights widened to f32 in registers)";
     else
         mm = "matmul portable gemm/gemv (weights widened to f32)";
-    snprintf(kernels, sizeof kernels, "%s%s; attention and elementwise %s; training products openblas "
-             "sgemm (%s); cpu: %s", mm,
+    snprintf(kernels, sizeof kernels, "%s%s; block-quantized weights (q8_0 q4_0 q4_k q5_k q6_k) %s int8 "
+             "gemm/gemv (activations quantized to 8 bits per 32, exact integer block sums); attention and "
+             "elementwise %s; training products openblas sgemm (%s); cpu: %s", mm,
              be->matmul == TIDE_MATMUL_FAST && !tk_matmul_fast_native(TIDE_BF16) ? " (fast mode without "
-             "avx512_bf16: f32 kernels)" : "", tk_cpu_vector_path(), tk_blas_corename(), isa);
+             "avx512_bf16: f32 kernels)" : "", tk_matmul_q_path(), tk_cpu_vector_path(), tk_blas_corename(), isa);
     return kernels;
 }
 
@@ -151,12 +153,32 @@ static tide_status cpu_matmul(tide_ctx *ctx, int nt, tide_matmul_mode mode, cons
         st = tk_matmul_fast(in[0], in[1], w->dtype, R, K, w->shape[0], p->accumulate, dst, o->shape[1], scratch, sb,
                             nt);
         tide_free(own);
+    } else if (tide_dtype_is_quantized(w->dtype) && !p->no_transpose && !p->accumulate) {
+        /* the activations quantized into the workspace (ops.c sizes it), or
+         * into room for all R rows allocated for the call */
+        void *own = NULL;
+        if (sb < tk_matmul_q_min_scratch(K)) {
+            sb = (size_t)R * tk_matmul_q_min_scratch(K);
+            if (!(own = tide_malloc_aligned(sb ? sb : 1, 64)))
+                return tide_err(ctx, TIDE_E_NOMEM, "matmul '%s': out of memory for %zu bytes of quantized "
+                                "activations", w->name, sb);
+            scratch = own;
+        }
+        st = tk_matmul_q(in[0], in[1], w->dtype, R, K, w->shape[0], dst, o->shape[1], scratch, sb, nt);
+        tide_free_aligned(own);
     } else if (p->no_transpose || p->accumulate) {
         st = tk_matmul_ex(in[0], in[1], w->dtype, R, K, p->no_transpose ? w->shape[1] : w->shape[0], p->no_transpose,
                           p->accumulate, dst, o->shape[1], scratch, sb, nt);
     } else {
         st = tk_matmul(in[0], in[1], w->dtype, R, K, w->shape[0], dst, o->shape[1], scratch, sb, nt);
     }
+    if (st == TIDE_E_UNSUPPORTED && tide_dtype_is_quantized(w->dtype) && (p->no_transpose || p->accumulate))
+        return tide_err(ctx, st, "matmul '%s': the %s form takes no %s weight (block-quantized weights run only "
+                        "x . w^T, inference)", w->name, p->no_transpose ? "no_transpose" : "accumulating",
+                        tide_dtype_name(w->dtype));
+    if (st == TIDE_E_INVALID)
+        return tide_err(ctx, st, "matmul '%s': a %s weight needs %lld columns in whole blocks and a workspace of "
+                        "%zu bytes", w->name, tide_dtype_name(w->dtype), (long long)K, tk_matmul_q_min_scratch(K));
     if (st) return tide_err(ctx, st, "matmul '%s': dimensions beyond what BLAS takes", w->name);
     return TIDE_OK;
 }
@@ -516,6 +538,15 @@ static tide_status cpu_compute(tide_backend *be, void *q, const tide_graph *g, c
         if (!out[i]) return tide_err(ctx, TIDE_E_INVALID, "cpu %s: output %d has no data", nm, i);
     cpu_kernel k = (unsigned)op->kind < TIDE_OP_COUNT ? cpu_kernels[op->kind] : NULL;
     if (!k) return tide_err(ctx, TIDE_E_UNSUPPORTED, "cpu backend: op kind %d is not supported", (int)op->kind);
+    /* block-quantized tensors: a MATMUL's weight and an EMBED's table only */
+    for (int i = 0; i < op->n_in + op->n_out; i++) {
+        const tide_tensor *t = i < op->n_in ? tin(g, op, i) : tout(g, op, i - op->n_in);
+        bool weight = (op->kind == TIDE_OP_MATMUL && i == 1) || (op->kind == TIDE_OP_EMBED && i == 0);
+        if (tide_dtype_is_quantized(t->dtype) && !weight)
+            return tide_err(ctx, TIDE_E_UNSUPPORTED, "cpu %s: tensor '%s' is %s; the cpu backend takes block-quantized "
+                            "tensors only as a matmul's weight or an embed's table", nm, t->name,
+                            tide_dtype_name(t->dtype));
+    }
     if (op->kind == TIDE_OP_MATMUL) return cpu_matmul(ctx, tide_ctx_threads(ctx), be->matmul, g, op, in, out, scratch);
     return k(ctx, tide_ctx_threads(ctx), g, op, in, out, scratch);
 }

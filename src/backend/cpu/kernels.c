@@ -126,13 +126,16 @@ tide_status tk_embed(const void *table, tide_dtype dt, int64_t V, int64_t D, int
             *bad = r;
             return TIDE_E_RANGE;
         }
-    size_t es = tide_dtype_size(dt);
+    size_t rowb = (size_t)tide_dtype_bytes(dt, (uint64_t)D); /* a block type's rows are whole blocks */
+    bool q = tide_dtype_is_quantized(dt);
     const uint8_t *tab = table;
 #pragma omp parallel for schedule(static) num_threads(nt) if (R * D >= TK_PAR_MIN)
     for (int64_t r = 0; r < R; r++) {
         int64_t id = (int64_t)tokens[r] - vocab0;
-        if (id >= 0 && id < V)
-            tk_convert(tab + (size_t)id * (size_t)D * es, dt, out + r * D, (size_t)D);
+        if (id >= 0 && id < V && q)
+            tk_dequant_row(tab + (size_t)id * rowb, dt, out + r * D, D);
+        else if (id >= 0 && id < V)
+            tk_convert(tab + (size_t)id * rowb, dt, out + r * D, (size_t)D);
         else if (first)
             memset(out + r * D, 0, (size_t)D * sizeof(float));
     }

@@ -61,7 +61,8 @@ const char *tk_blas_corename(void);
  * payloads included. */
 void tk_convert(const void *src, tide_dtype dt, float *dst, size_t n);
 
-/* EMBED. table (V, D) of dt holding ids [vocab0, vocab0 + V) of a vocabulary
+/* EMBED. table (V, D) of dt (f32, f16, bf16, or a block type: rows
+ * dequantized by tk_dequant_row, D whole blocks) holding ids [vocab0, vocab0 + V) of a vocabulary
  * of `vocab` ids (0: V), tokens (R), out (R, D) f32: out[r] = the table row of
  * tokens[r] where the table holds it; other rows are zeroed when `first`, else
  * left as they are (a later chunk of a split table). Checks every id first:
@@ -76,7 +77,8 @@ tide_status tk_embed(const void *table, tide_dtype dt, int64_t V, int64_t D, int
 void tk_rmsnorm(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t D, float eps,
                 float *out, int nt);
 
-/* MATMUL. x (R, K), w (N, K) of wdt, out (R, N) = x . w^T, out's rows ldo
+/* MATMUL. x (R, K), w (N, K) of wdt (a block type: tk_matmul_q, which needs
+ * scratch), out (R, N) = x . w^T, out's rows ldo
  * floats apart (ldo >= N: a block of a wider output); out must not overlap x
  * or w. Register-tiled inner products on every path (AVX-512, AVX2,
  * portable), the weights widened exactly in registers: each output's bits
@@ -116,6 +118,30 @@ bool tk_matmul_fast_native(tide_dtype wdt);
 tide_status tk_matmul_ex(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K, int64_t N,
                          bool w_kn, bool accumulate, float *out, int64_t ldo, void *scratch,
                          size_t scratch_bytes, int nt);
+
+/* MATMUL with a block-quantized weight (TIDE_Q8_0, Q4_0, Q4_K, Q5_K, Q6_K,
+ * rows of w as stored: K a whole number of blocks): out (R, N; rows ldo
+ * apart) = x . w^T. Each row of x is quantized once into 8-bit blocks of 32
+ * (f32 scale amax / 127, round to nearest even) in scratch, as many rows at
+ * a time as it holds (at least tk_matmul_q_min_scratch(K) bytes: one row);
+ * every block product is an exact integer, scaled and summed in f32 in one
+ * fixed order (matmul_quant.c), so each output's bits depend on its row of x,
+ * its row of w and K alone: not on R, N, the column block, the thread count,
+ * nor on the code path (AVX-512 VNNI, AVX2 or portable all give the same
+ * bits). Returns TIDE_OK, TIDE_E_INVALID (not a block type, K not whole
+ * blocks, scratch too small) or TIDE_E_UNSUPPORTED (a dimension above
+ * INT_MAX). tk_matmul and tk_matmul_fast call it for block types. */
+tide_status tk_matmul_q(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K, int64_t N, float *out,
+                        int64_t ldo, void *scratch, size_t scratch_bytes, int nt);
+size_t tk_matmul_q_min_scratch(int64_t K);
+/* The path tk_matmul_q takes on this CPU now: "avx512_vnni", "avx2" or
+ * "portable". */
+const char *tk_matmul_q_path(void);
+/* dst (n) = a row of n elements of block type dt dequantized: the
+ * reference's bits (tide_dequantize_row, src/core/quant.h: ggml's
+ * arithmetic), EMBED's rows. False if dt is not a block type or n not whole
+ * blocks. */
+bool tk_dequant_row(const void *src, tide_dtype dt, float *dst, int64_t n);
 
 /* ROPE, Hugging Face rotate_half convention. x (R, H*hd), pos (T), out
  * (R, H*hd); row r has position pos[r % T]. For i < hd/2:

@@ -113,4 +113,23 @@ void tk_mm_f32w_avx2(const float *x, int64_t ldx, const void *w, tide_dtype wdt,
 void tk_mm_f32w_portable(const float *x, int64_t ldx, const void *w, tide_dtype wdt, int64_t R, int64_t K, int64_t N,
                          float *out, int64_t ldo, bool add, int nt);
 
+/* ------------------------------------------------------------- matmul_quant.c */
+
+/* Bytes of one row of K activations quantized by tk_quantize_act: K padded
+ * to a multiple of 256 (Kp) int8 (element k at tk_q_pos(k)), Kp / 32 f32 scales, Kp / 16 int16 sums of
+ * the integers of each 16 (zeros past K). */
+size_t tk_matmul_q_row_bytes(int64_t K);
+/* Where element k of a row sits among its int8s (and element k of a weight
+ * row among an unpacked superchunk's, k < 256): each 256 in 8 vectors of 32
+ * bytes, vector i holding elements 4i..4i+3 of each chunk of 32 in turn, so
+ * that lane c of a 32-bit multiply-add over the vectors sums chunk c. */
+static inline int64_t tk_q_pos(int64_t k) {
+    int64_t c = k / 32 % 8, e = k % 32;
+    return k / 256 * 256 + e / 4 * 32 + c * 4 + e % 4;
+}
+/* R rows of x (row stride ldx) quantized into dst, tk_matmul_q_row_bytes(K)
+ * bytes a row: per 32 elements d = amax / 127 and q = rint(x * (127 /
+ * amax)), clamped to [-127, 127] (NaN 0); the same bits on every path. */
+void tk_quantize_act(const float *x, int64_t ldx, int64_t R, int64_t K, void *dst, int nt);
+
 #endif

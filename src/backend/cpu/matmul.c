@@ -66,6 +66,7 @@ static void mm_f32w_padded(const float *x, const void *w, tide_dtype wdt, int64_
 
 tide_status tk_matmul(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K,
                       int64_t N, float *out, int64_t ldo, void *scratch, size_t scratch_bytes, int nt) {
+    if (tide_dtype_is_quantized(wdt)) return tk_matmul_q(x, w, wdt, R, K, N, out, ldo, scratch, scratch_bytes, nt);
     if (R > INT_MAX || K > INT_MAX || N > INT_MAX || ldo > INT_MAX) return TIDE_E_UNSUPPORTED;
     /* every row count, every path: the weights widened in registers */
     mm_f32w_padded(x, w, wdt, R, K, N, out, ldo, false, scratch, scratch_bytes, nt);
@@ -219,6 +220,7 @@ tide_status tk_matmul_ex(const float *x, const void *w, tide_dtype wdt, int64_t 
                          bool w_kn, bool accumulate, float *out, int64_t ldo, void *scratch,
                          size_t scratch_bytes, int nt) {
     if (!w_kn && !accumulate) return tk_matmul(x, w, wdt, R, K, N, out, ldo, scratch, scratch_bytes, nt);
+    if (tide_dtype_is_quantized(wdt)) return TIDE_E_UNSUPPORTED; /* the training forms take no block type */
     if (R > INT_MAX || K > INT_MAX || N > INT_MAX || ldo > INT_MAX) return TIDE_E_UNSUPPORTED;
     if (!w_kn) {
         mm_f32w_padded(x, w, wdt, R, K, N, out, ldo, true, scratch, scratch_bytes, nt);
