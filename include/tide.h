@@ -437,6 +437,34 @@ tide_status tide_quant_mix_apply(tide_ctx *ctx, const char *mix, tide_llama_conf
 /* Names of the mixes, NULL-terminated. */
 const char *const *tide_quant_mix_names(void);
 
+/* What tide_quantize_checkpoint wrote: per storage type (indexed by
+ * tide_dtype) the number of tensors, their elements and their bytes. */
+#define TIDE_QUANT_STAT_TYPES 16
+typedef struct tide_quantize_stats {
+    int tensors[TIDE_QUANT_STAT_TYPES];
+    uint64_t elements[TIDE_QUANT_STAT_TYPES], bytes[TIDE_QUANT_STAT_TYPES];
+    int fallbacks;            /* weights stored in another type than the mix's rule gives
+                                 because their rows are not whole blocks of it */
+    uint64_t file_bytes;      /* size of the GGUF file */
+    char tokenizer[16];       /* tokenizer.ggml.model written: "llama", "gpt2", or
+                                 "none" (no tokenizer.json: a placeholder vocabulary) */
+    int32_t n_vocab_tokens;   /* tokens from tokenizer.json (the rest of the vocabulary
+                                 padded with unused placeholders) */
+} tide_quantize_stats;
+
+/* Quantizes a checkpoint (a Hugging Face-layout directory read by
+ * tide_checkpoint_open) into a GGUF v3 file at out_path that llama.cpp reads:
+ * llama.cpp's tensor names, q_proj/k_proj rows permuted to llama.cpp's rotary
+ * order, types per tide_quant_mix_apply(mix), the llama.* metadata,
+ * general.file_type, and the tokenizer of the directory's tokenizer.json (with
+ * tokenizer_config.json's BOS/EOS and chat template). Written to a temporary
+ * name and renamed. st may be NULL. Returns TIDE_OK; TIDE_E_NOT_FOUND (unknown
+ * mix, no checkpoint), TIDE_E_FORMAT / TIDE_E_UNSUPPORTED (a checkpoint or
+ * tokenizer it cannot convert, a non-finite weight: named), TIDE_E_IO (cannot
+ * write: the cause named, e.g. no space left), TIDE_E_NOMEM. */
+tide_status tide_quantize_checkpoint(tide_ctx *ctx, const char *in_dir, const char *out_path, const char *mix,
+                                     tide_quantize_stats *st);
+
 typedef struct tide_llama_graph_opts {
     int batch;        /* B >= 1 */
     int seq;          /* T >= 1: tokens processed by this graph */
