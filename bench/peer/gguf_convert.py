@@ -151,7 +151,9 @@ def convert(model_dir, out_path, f32=False):
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
-    w.add_rope_freq_base(float(cfg.get("rope_theta", 10000.0)))
+    # transformers 5 keeps rope_theta in rope_parameters
+    rope_theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0
+    w.add_rope_freq_base(float(rope_theta))
     w.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-5)))
     w.add_vocab_size(n_vocab)
     synthetic_vocab(w, n_vocab)

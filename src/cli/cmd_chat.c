@@ -31,7 +31,7 @@
 #endif
 
 static const char help[] =
-    "Usage: tide chat [--model DIR] [--system TEXT] [--template NAME] [--new-tokens N]\n"
+    "Usage: tide chat [--model PATH] [--system TEXT] [--template NAME] [--new-tokens N]\n"
     "                 [--ctx N] [sampling options] [--stop STRING]...\n"
     "                 [--budget X] [--policy P] [--host-budget X] [--ssd DIRS]\n"
     "                 [--weights-on-ssd] [--hw PROFILE] [--backend B] [--matmul M]\n"
@@ -48,7 +48,9 @@ static const char help[] =
     "Without --model, the built-in model (random weights: its text is noise)\n"
     "with its own tokenizer and the chatml template.\n"
     "\n"
-    "  --model DIR         Hugging Face-layout LLaMA checkpoint with a tokenizer\n"
+    "  --model PATH        Hugging Face-layout LLaMA checkpoint directory with a\n"
+    "                      tokenizer (a GGUF file opens too, but its tokenizer is\n"
+    "                      not read yet)\n"
     "  --new-tokens N      the longest answer in tokens (default 512)\n"
     "  --ctx N             the conversation's length in tokens, the KV cache's size\n"
     "                      (default: the model's positions, at most 4096)\n"

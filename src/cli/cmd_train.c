@@ -495,7 +495,7 @@ static int open_all(train_job *j) {
     const tide_llama_config *cfg = tide_checkpoint_config(j->ck);
     if (a->seq > cfg->max_position_embeddings) {
         fprintf(stderr, "tide: train: --seq %ld is beyond the model's %d positions (max_position_embeddings in "
-                "%s/config.json)\n", a->seq, cfg->max_position_embeddings, mdir);
+                "%s%s)\n", a->seq, cfg->max_position_embeddings, mdir, cli_is_gguf(mdir) ? "" : "/config.json");
         return 1;
     }
     if (tide_backend_new(j->ctx, a->backend, &j->be)) return cli_fail(j->ctx, "backend");

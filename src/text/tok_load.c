@@ -700,6 +700,19 @@ tide_status tide_tokenizer_open(tide_ctx *ctx, const char *path, tide_tokenizer 
     t->ctx = ctx;
     t->bos = t->eos = t->unk_id = -1;
     struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        /* a GGUF model (its magic first): no tokenizer.json to read, as in a
+         * model directory without one */
+        FILE *f = fopen(path, "rb");
+        char magic[4] = {0};
+        bool gguf = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+        if (f) fclose(f);
+        if (gguf) {
+            tide_free(t);
+            return tide_err(ctx, TIDE_E_NOT_FOUND, "%s: a GGUF file: its tokenizer is not read (a tokenizer.json is)",
+                            path);
+        }
+    }
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         snprintf(dir, sizeof dir, "%s", path);
         snprintf(t->json_path, sizeof t->json_path, "%s/tokenizer.json", path);

@@ -71,6 +71,11 @@ tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *b
     TIDE_OPTS_SIZE_CHECK(ctx, tide_trainer_opts, o);
     tide_status st = check_opts(ctx, o);
     if (st) return st;
+    /* the training graph's RoPE (and its backward) reads Hugging Face's q/k
+     * order, and a save writes the rows as they are */
+    if (tide_checkpoint_config(ck)->qk_interleaved)
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "training a checkpoint whose q/k rows are in llama.cpp's order (a "
+                        "GGUF file) is not supported: train its Hugging Face checkpoint");
     tide_trainer *t = tide_calloc(1, sizeof *t);
     if (!t) return tide_err(ctx, TIDE_E_NOMEM, "out of memory making a trainer");
     t->ctx = ctx;
