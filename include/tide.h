@@ -452,8 +452,9 @@ typedef struct tide_quantize_stats {
                                  padded with unused placeholders) */
 } tide_quantize_stats;
 
-/* Quantizes a checkpoint (a Hugging Face-layout directory read by
- * tide_checkpoint_open) into a GGUF v3 file at out_path that llama.cpp reads:
+/* Quantizes a checkpoint (a Hugging Face-layout directory or a GGUF file, read
+ * by tide_checkpoint_open; a GGUF's weights are dequantized first and its
+ * tokenizer.* metadata copied) into a GGUF v3 file at out_path that llama.cpp reads:
  * llama.cpp's tensor names, q_proj/k_proj rows permuted to llama.cpp's rotary
  * order, types per tide_quant_mix_apply(mix), the llama.* metadata,
  * general.file_type, and the tokenizer of the directory's tokenizer.json (with

@@ -2,8 +2,8 @@
 # cli_quantize.sh - `tide quantize` end to end: a synthetic checkpoint (rows
 # of whole 256-blocks, 9 layers so that the _M mixes' more-bits layers differ
 # from the others) with a byte-level tokenizer, one with a SentencePiece-style
-# tokenizer, one without a tokenizer, and the hf-text fixture (rows of 64: the
-# fallbacks), quantized to every type; the `gguf` Python package reads each file
+# tokenizer, one without a tokenizer, the hf-text fixture (rows of 64: the
+# fallbacks), and GGUF files as input, quantized to every type; the `gguf` Python package reads each file
 # back and tests/quant_check.py checks names, shapes, types, metadata, the
 # tokenizer and every dequantized value against the checkpoint within its
 # type's bound (skipped, 77, when gguf is not importable). Also: the same input
@@ -66,6 +66,15 @@ check "$TMP/bare" "$TMP/bare.gguf" Q6_K
 expect 0 "quantize hf-text" -- "$TIDE" quantize --type Q4_K_M "$TIDE_FIXTURES/hf-text" "$TMP/hf.gguf"
 contains "$TMP/out" "fell back" "fallbacks reported"
 check "$TIDE_FIXTURES/hf-text" "$TMP/hf.gguf" Q4_K_M
+
+# a GGUF input (one of the files above, and a fixture of the GGUF reader's): its
+# tokenizer and llama metadata copied, every weight within its bound of the
+# input's dequantized values
+expect 0 "quantize a GGUF file" -- "$TIDE" quantize --type Q4_K_M "$TMP/m-Q8_0.gguf" "$TMP/re.gguf"
+contains "$TMP/out" "tokenizer: gpt2, 384 tokens" "GGUF input: the tokenizer copied"
+check "$TMP/m-Q8_0.gguf" "$TMP/re.gguf" Q4_K_M
+expect 0 "quantize a GGUF fixture" -- "$TIDE" quantize --type Q5_K_M "$TIDE_FIXTURES/gguf/tiny-f16-sharded.gguf" "$TMP/fx.gguf"
+check "$TIDE_FIXTURES/gguf/tiny-f16-sharded.gguf" "$TMP/fx.gguf" Q5_K_M
 
 # bad input
 expect 2 "unknown type" -- "$TIDE" quantize --type Q3_K_M "$TMP/m" "$TMP/x.gguf"

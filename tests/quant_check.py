@@ -119,10 +119,69 @@ def block_bounds(t, x, raw):
     return np.broadcast_to(amax / 16 + 32 * dS + slack, xb.shape)
 
 
+def field_val(r, k):
+    fl = r.fields.get(k)
+    if fl is None:
+        return None
+    if fl.types and fl.types[0] == gguf.GGUFValueType.STRING:
+        return bytes(fl.parts[fl.data[0]]).decode("utf-8")
+    return fl.parts[fl.data[0]][0]
+
+
+def check_from_gguf(model, r, path, mix):
+    """A GGUF input: every tensor of OUT within its bound of the input's
+    dequantized values (same names, rows already in llama.cpp's order), the
+    tokenizer keys copied byte for byte, the shapes' metadata equal."""
+    a = gguf.GGUFReader(model)
+    for k in a.fields:
+        if k.startswith("tokenizer.") or k.startswith("llama."):
+            fb = r.fields.get(k)
+            if fb is None or [bytes(p) for p in a.fields[k].parts] != [bytes(p) for p in fb.parts]:
+                fail(f"{k} not copied from {model}")
+    if int(field_val(r, "general.file_type")) != FTYPE[mix]:
+        fail("general.file_type")
+    L = int(field_val(a, "llama.block_count"))
+    srcs = {t.name: t for t in a.tensors}
+    got = {t.name: t for t in r.tensors}
+    if set(srcs) != set(got):
+        fail(f"tensor names differ: {sorted(set(srcs) ^ set(got))}")
+    tied = "output.weight" not in srcs
+    worst = {}
+    for name, t in got.items():
+        if name not in srcs:
+            continue
+        x = gguf.quants.dequantize(np.asarray(srcs[name].data), Q(srcs[name].tensor_type)).reshape(-1)
+        qt = Q(t.tensor_type)
+        parts = name.split(".")
+        if len(t.shape) == 1:
+            want = Q.F32
+        else:
+            kind = {"output": "head", "token_embd": "head" if tied else "embed"}.get(parts[0], parts[-2])
+            want = want_type(mix, kind, int(parts[1]) if parts[0] == "blk" else 0, L, int(t.shape[0]))
+        if qt != want:
+            fail(f"{name}: type {qt.name}, want {want.name}")
+            continue
+        y = gguf.quants.dequantize(np.asarray(t.data), qt).reshape(-1).astype(np.float64)
+        if qt == Q.F32:
+            if not np.array_equal(y, x.astype(np.float64)):
+                fail(f"{name}: f32 values differ")
+            continue
+        bound = block_bounds(qt, x, np.asarray(t.data).reshape(-1)).reshape(-1)
+        err = np.abs(y - x)
+        worst[qt.name] = max(worst.get(qt.name, 0), float((err / bound).max()))
+        if not (err <= bound).all():
+            fail(f"{name}: an element beyond its bound")
+    print(f"{path}: {len(got)} tensors from {model}; worst error / bound by type: " +
+          ", ".join(f"{k} {v:.3f}" for k, v in sorted(worst.items())))
+    return 1 if FAILS else 0
+
+
 def main():
     model, path, mix = sys.argv[1], sys.argv[2], sys.argv[3]
-    cfg = json.load(open(os.path.join(model, "config.json")))
     r = gguf.GGUFReader(path)
+    if model.endswith(".gguf"):
+        return check_from_gguf(model, r, path, mix)
+    cfg = json.load(open(os.path.join(model, "config.json")))
     f = {k: v for k, v in r.fields.items()}
 
     def val(k):

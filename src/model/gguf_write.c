@@ -123,6 +123,32 @@ void tide_gguf_kv_i32_array(tide_gguf_out *g, const char *k, const int32_t *vals
     if (g->kv.oom) fail(g, TIDE_E_NOMEM, "out of memory building the GGUF metadata");
 }
 
+/* The end (file offset) of a value's payload that starts at v->off. */
+static uint64_t value_end(const tide_gguf_value *v) {
+    static const uint8_t size[TIDE_GGUF_TYPE_COUNT] = {
+        [TIDE_GGUF_U8] = 1, [TIDE_GGUF_I8] = 1, [TIDE_GGUF_U16] = 2, [TIDE_GGUF_I16] = 2, [TIDE_GGUF_U32] = 4,
+        [TIDE_GGUF_I32] = 4, [TIDE_GGUF_F32] = 4, [TIDE_GGUF_BOOL] = 1, [TIDE_GGUF_U64] = 8, [TIDE_GGUF_I64] = 8,
+        [TIDE_GGUF_F64] = 8};
+    if (v->type == TIDE_GGUF_STRING) return v->off + v->n;
+    if (v->type != TIDE_GGUF_ARRAY) return v->off + size[v->type];
+    if (v->n == 0) return v->off;
+    if (v->elem_type != TIDE_GGUF_STRING && v->elem_type != TIDE_GGUF_ARRAY)
+        return v->off + v->n * size[v->elem_type];
+    tide_gguf_value last;
+    if (!tide_gguf_value_elem(v, v->n - 1, &last)) return v->off;
+    return value_end(&last);
+}
+
+void tide_gguf_kv_copy(tide_gguf_out *g, const char *k, const tide_gguf_value *v) {
+    /* the payload as the file holds it: a string's u64 length, an array's u32
+     * element type and u64 count precede v->off */
+    uint64_t start = v->off - (v->type == TIDE_GGUF_STRING ? 8 : v->type == TIDE_GGUF_ARRAY ? 12 : 0);
+    uint64_t end = value_end(v);
+    key(g, k, (uint32_t)v->type);
+    tide_strbuf_add(&g->kv, (const char *)tide_gguf_map(v->g) + start, (size_t)(end - start));
+    if (g->kv.oom) fail(g, TIDE_E_NOMEM, "out of memory building the GGUF metadata");
+}
+
 static uint64_t align_up(uint64_t v) { return (v + TIDE_GGUF_ALIGNMENT - 1) / TIDE_GGUF_ALIGNMENT * TIDE_GGUF_ALIGNMENT; }
 
 int tide_gguf_add_tensor(tide_gguf_out *g, const char *name, tide_dtype dt, int ndim, const int64_t *dims) {
@@ -156,8 +182,8 @@ int tide_gguf_add_tensor(tide_gguf_out *g, const char *name, tide_dtype dt, int 
     return g->n++;
 }
 
-uint64_t tide_gguf_tensor_bytes(const tide_gguf_out *g, int i) { return g->t[i].bytes; }
-int tide_gguf_n_tensors(const tide_gguf_out *g) { return g->n; }
+uint64_t tide_gguf_out_tensor_bytes(const tide_gguf_out *g, int i) { return g->t[i].bytes; }
+int tide_gguf_out_n_tensors(const tide_gguf_out *g) { return g->n; }
 
 tide_status tide_gguf_put(tide_gguf_sink *s, const void *data, size_t n) {
     if (s->written + n > s->want)

@@ -20,18 +20,13 @@
 #define TIDE_GGUF_WRITE_H
 
 #include "core/core.h"
+#include "model/gguf.h" /* tide_gguf_type, and the reader copy_kv takes values from */
 
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #define TIDE_GGUF_ALIGNMENT 32
-
-/* GGUF value types. */
-enum {
-    TIDE_GGUF_U8 = 0, TIDE_GGUF_I8, TIDE_GGUF_U16, TIDE_GGUF_I16, TIDE_GGUF_U32, TIDE_GGUF_I32, TIDE_GGUF_F32,
-    TIDE_GGUF_BOOL, TIDE_GGUF_STRING, TIDE_GGUF_ARRAY, TIDE_GGUF_U64, TIDE_GGUF_I64, TIDE_GGUF_F64
-};
 
 typedef struct tide_gguf_out tide_gguf_out;
 
@@ -50,6 +45,9 @@ void tide_gguf_kv_str_array(tide_gguf_out *g, const char *key, const char *const
                             uint64_t n); /* lens NULL: strlen */
 void tide_gguf_kv_f32_array(tide_gguf_out *g, const char *key, const float *vals, uint64_t n);
 void tide_gguf_kv_i32_array(tide_gguf_out *g, const char *key, const int32_t *vals, uint64_t n);
+/* A value of an open GGUF file (tide_gguf_kv, model/gguf.h), copied byte for
+ * byte under key (arrays of any depth included). */
+void tide_gguf_kv_copy(tide_gguf_out *g, const char *key, const tide_gguf_value *v);
 
 /* Describes the next tensor: name, type, ndim dimensions innermost first
  * (GGUF's order: {row length, rows}). Returns its index, or -1 (remembered
@@ -57,14 +55,14 @@ void tide_gguf_kv_i32_array(tide_gguf_out *g, const char *key, const int32_t *va
  * that are not whole blocks, or no memory. */
 int tide_gguf_add_tensor(tide_gguf_out *g, const char *name, tide_dtype dt, int ndim, const int64_t *dims);
 /* Bytes of tensor i's data. */
-uint64_t tide_gguf_tensor_bytes(const tide_gguf_out *g, int i);
-int tide_gguf_n_tensors(const tide_gguf_out *g);
+uint64_t tide_gguf_out_tensor_bytes(const tide_gguf_out *g, int i);
+int tide_gguf_out_n_tensors(const tide_gguf_out *g);
 
 /* Where a tensor's data goes: tide_gguf_put appends to the current tensor. */
 typedef struct tide_gguf_sink tide_gguf_sink;
 tide_status tide_gguf_put(tide_gguf_sink *s, const void *data, size_t n);
 
-/* Writes tensor i's bytes (exactly tide_gguf_tensor_bytes(g, i)) through
+/* Writes tensor i's bytes (exactly tide_gguf_out_tensor_bytes(g, i)) through
  * tide_gguf_put; returns TIDE_OK or the error it recorded. */
 typedef tide_status (*tide_gguf_data_fn)(void *user, int i, tide_gguf_sink *s);
 

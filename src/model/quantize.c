@@ -32,10 +32,15 @@
  *     the post-processor's template, tokenizer.chat_template. Without a
  *     tokenizer.json a placeholder SentencePiece vocabulary is written (<unk>,
  *     <s>, </s>, the 256 byte tokens where vocab_size allows, then "▁tN").
+ * A GGUF input (tide_checkpoint_open reads it under Hugging Face names, its
+ * q/k rows already in llama.cpp's order: qk_interleaved, so not permuted
+ * again) is dequantized row by row by the reference dequantizers; its
+ * tokenizer.* keys and general.name are copied byte for byte.
  */
 #include "core/core.h"
 #include "core/quant.h"
 #include "model/checkpoint.h"
+#include "model/gguf.h"
 #include "model/gguf_write.h"
 #include "model/quant_mix.h"
 #include "text/tok_int.h"
@@ -84,7 +89,7 @@ static tide_status write_tensor(void *user, int i, tide_gguf_sink *sink) {
     tide_tensor_info info;
     tide_status st = tide_checkpoint_get_index(J->ck, t->ck, &info);
     if (st != TIDE_OK) return st;
-    size_t in_row = tide_dtype_size(info.dtype) * (size_t)t->cols;
+    size_t in_row = (size_t)tide_dtype_bytes(info.dtype, (uint64_t)t->cols);
     size_t out_row = (size_t)tide_dtype_bytes(t->type, (uint64_t)t->cols);
     int64_t chunk = ROWS_PER_CHUNK;
     float *f = tide_malloc(sizeof(float) * (size_t)t->cols * (size_t)chunk);
@@ -101,7 +106,7 @@ static tide_status write_tensor(void *user, int i, tide_gguf_sink *sink) {
 #pragma omp parallel for schedule(dynamic, 4) if (nr >= 8)
         for (int64_t r = 0; r < nr; r++) {
             float *fr = f + (size_t)r * (size_t)t->cols;
-            tide_convert_to_f32(src + (size_t)src_row(t, r0 + r) * in_row, info.dtype, fr, (size_t)t->cols);
+            tide_dequantize_row(info.dtype, src + (size_t)src_row(t, r0 + r) * in_row, fr, t->cols);
             if (!tide_quant_all_finite(fr, t->cols)) {
 #pragma omp critical(tide_quantize_bad)
                 if (bad < 0 || r0 + r < bad) bad = r0 + r;
@@ -316,9 +321,9 @@ static tide_status add_tensor(tide_ctx *ctx, const tide_checkpoint *ck, const ti
     tide_tensor_info info;
     tide_status st = tide_checkpoint_get_index(ck, q->ck, &info);
     if (st != TIDE_OK) return st;
-    if (info.dtype != TIDE_F32 && info.dtype != TIDE_F16 && info.dtype != TIDE_BF16)
-        return tide_err(ctx, TIDE_E_UNSUPPORTED, "checkpoint '%s': tensor %s is %s (quantizing reads f32, f16, bf16)",
-                        ck->dir, hf, tide_dtype_name(info.dtype));
+    if (info.dtype == TIDE_I32 || tide_dtype_bytes(info.dtype, (uint64_t)info.shape[info.ndim - 1]) == 0)
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "checkpoint '%s': tensor %s is %s (not a weight type)", ck->dir, hf,
+                        tide_dtype_name(info.dtype));
     if (info.ndim == 1) {
         q->ndim = 1;
         q->rows = 1;
@@ -355,6 +360,12 @@ tide_status tide_quantize_checkpoint(tide_ctx *ctx, const char *in_dir, const ch
     tide_llama_config cfg = *tide_checkpoint_config(ck);
     tide_tokenizer *tok = NULL;
     tide_gguf_out *g = NULL;
+    tide_gguf *src = NULL; /* a GGUF input: its tokenizer metadata is copied */
+    struct stat sb;
+    if (stat(in_dir, &sb) == 0 && S_ISREG(sb.st_mode) && (st = tide_gguf_open(ctx, in_dir, &src)) != TIDE_OK) {
+        tide_checkpoint_free(ck);
+        return st;
+    }
     vocab_out voc = {0};
     int nt_max = 3 + 9 * cfg.num_hidden_layers;
     qtensor *T = tide_calloc((size_t)nt_max, sizeof *T);
@@ -404,6 +415,11 @@ tide_status tide_quantize_checkpoint(tide_ctx *ctx, const char *in_dir, const ch
     const char *base = strrchr(in_dir, '/');
     char name[256];
     snprintf(name, sizeof name, "%s", cfg.name[0] ? cfg.name : base && base[1] ? base + 1 : in_dir);
+    tide_gguf_value nv;
+    const char *gn;
+    uint64_t gl;
+    if (src && tide_gguf_get(src, "general.name", &nv) && tide_gguf_value_str(&nv, &gn, &gl))
+        snprintf(name, sizeof name, "%.*s", (int)(gl < 255 ? gl : 255), gn);
     int hd = cfg.hidden_size / H;
     tide_gguf_kv_str(g, "general.architecture", "llama");
     tide_gguf_kv_str(g, "general.name", name);
@@ -424,10 +440,25 @@ tide_status tide_quantize_checkpoint(tide_ctx *ctx, const char *in_dir, const ch
     tide_gguf_kv_u32(g, "llama.vocab_size", (uint32_t)cfg.vocab_size);
 
     char tj[4096];
-    struct stat sb;
     snprintf(tj, sizeof tj, "%s/tokenizer.json", in_dir);
     bool gpt2 = false;
-    if (stat(tj, &sb) == 0) {
+    if (src && tide_gguf_find_key(src, "tokenizer.ggml.tokens") >= 0) {
+        /* a GGUF input: its tokenizer, key for key */
+        for (int64_t k = 0; k < tide_gguf_n_kv(src); k++) {
+            const char *key;
+            tide_gguf_value v;
+            if (tide_gguf_kv(src, k, &key, &v) && !strncmp(key, "tokenizer.", 10)) tide_gguf_kv_copy(g, key, &v);
+        }
+        const char *model = "?";
+        uint64_t ml = 1, nt = 0;
+        tide_gguf_value v;
+        if (tide_gguf_get(src, "tokenizer.ggml.model", &v)) tide_gguf_value_str(&v, &model, &ml);
+        snprintf(S.tokenizer, sizeof S.tokenizer, "%.*s", (int)(ml < 15 ? ml : 15), model);
+        if (tide_gguf_get(src, "tokenizer.ggml.tokens", &v)) tide_gguf_value_array(&v, &nt, NULL);
+        S.n_vocab_tokens = (int32_t)nt;
+        goto tensors;
+    }
+    if (!src && stat(tj, &sb) == 0) {
         if ((st = tide_tokenizer_open(ctx, in_dir, &tok)) != TIDE_OK) goto out;
         if ((st = tokenizer_vocab(ctx, tok, cfg.vocab_size, &voc, &gpt2)) != TIDE_OK) goto out;
         snprintf(S.tokenizer, sizeof S.tokenizer, "%s", gpt2 ? "gpt2" : "llama");
@@ -461,6 +492,7 @@ tide_status tide_quantize_checkpoint(tide_ctx *ctx, const char *in_dir, const ch
         tide_gguf_kv_bool(g, "tokenizer.ggml.add_bos_token", false);
     }
 
+tensors:
     /* tensor descriptions and stats */
     uint64_t total = 0;
     for (int i = 0; i < n; i++) {
@@ -484,6 +516,7 @@ tide_status tide_quantize_checkpoint(tide_ctx *ctx, const char *in_dir, const ch
     if (stat(out_path, &sb) == 0) S.file_bytes = (uint64_t)sb.st_size;
     if (stats) *stats = S;
 out:
+    tide_gguf_close(src);
     vocab_free(&voc);
     tide_gguf_free(g);
     tide_tokenizer_free(tok);
