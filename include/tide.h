@@ -424,6 +424,50 @@ tide_status tide_llama_config_check(tide_ctx *ctx, const tide_llama_config *cfg)
 /* Number of parameters. */
 uint64_t tide_llama_config_params(const tide_llama_config *cfg);
 
+/* The quantization mixes of llama.cpp's quantizer (docs/quantization.md):
+ * "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K" (either case). Fills cfg's
+ * per-weight types (wtypes, wtypes_set) as llama.cpp's quantizer would store
+ * them for that model: the mix's base type for every 2-D weight, norms f32,
+ * the output head (the embedding when tied) in Q6_K, attn_v and ffn_down in
+ * Q6_K on llama.cpp's "more bits" layers for the _M mixes, and its fallbacks
+ * where rows are not whole blocks (to tide's nearest type with more bits).
+ * cfg->dtype becomes the base type. Returns TIDE_OK, TIDE_E_NOT_FOUND (an
+ * unknown mix; the message lists the known ones), TIDE_E_INVALID (more than
+ * TIDE_LLAMA_MAX_LAYERS layers) or TIDE_E_UNSUPPORTED (rows that are not whole
+ * 32-element blocks under a Q8_0 or Q4_0 mix, which llama.cpp refuses too). */
+tide_status tide_quant_mix_apply(tide_ctx *ctx, const char *mix, tide_llama_config *cfg);
+/* Names of the mixes, NULL-terminated. */
+const char *const *tide_quant_mix_names(void);
+
+/* What tide_quantize_checkpoint wrote: per storage type (indexed by
+ * tide_dtype) the number of tensors, their elements and their bytes. */
+#define TIDE_QUANT_STAT_TYPES 16
+typedef struct tide_quantize_stats {
+    int tensors[TIDE_QUANT_STAT_TYPES];
+    uint64_t elements[TIDE_QUANT_STAT_TYPES], bytes[TIDE_QUANT_STAT_TYPES];
+    int fallbacks;            /* weights stored in another type than the mix's rule gives
+                                 because their rows are not whole blocks of it */
+    uint64_t file_bytes;      /* size of the GGUF file */
+    char tokenizer[16];       /* tokenizer.ggml.model written: "llama", "gpt2", or
+                                 "none" (no tokenizer.json: a placeholder vocabulary) */
+    int32_t n_vocab_tokens;   /* tokens from tokenizer.json (the rest of the vocabulary
+                                 padded with unused placeholders) */
+} tide_quantize_stats;
+
+/* Quantizes a checkpoint (a Hugging Face-layout directory or a GGUF file, read
+ * by tide_checkpoint_open; a GGUF's weights are dequantized first and its
+ * tokenizer.* metadata copied) into a GGUF v3 file at out_path that llama.cpp reads:
+ * llama.cpp's tensor names, q_proj/k_proj rows permuted to llama.cpp's rotary
+ * order, types per tide_quant_mix_apply(mix), the llama.* metadata,
+ * general.file_type, and the tokenizer of the directory's tokenizer.json (with
+ * tokenizer_config.json's BOS/EOS and chat template). Written to a temporary
+ * name and renamed. st may be NULL. Returns TIDE_OK; TIDE_E_NOT_FOUND (unknown
+ * mix, no checkpoint), TIDE_E_FORMAT / TIDE_E_UNSUPPORTED (a checkpoint or
+ * tokenizer it cannot convert, a non-finite weight: named), TIDE_E_IO (cannot
+ * write: the cause named, e.g. no space left), TIDE_E_NOMEM. */
+tide_status tide_quantize_checkpoint(tide_ctx *ctx, const char *in_dir, const char *out_path, const char *mix,
+                                     tide_quantize_stats *st);
+
 typedef struct tide_llama_graph_opts {
     int batch;        /* B >= 1 */
     int seq;          /* T >= 1: tokens processed by this graph */

@@ -18,6 +18,7 @@ int cmd_train(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 /* Prints "tide: <what>: <ctx message>" on stderr and returns 1. */
 int cli_fail(tide_ctx *ctx, const char *what);

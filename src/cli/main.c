@@ -25,6 +25,8 @@ static const char usage[] =
     "  plan         plan a model's run or training step under a device memory\n"
     "               budget and predict it\n"
     "  make-model   write a deterministic synthetic checkpoint in Hugging Face layout\n"
+    "  quantize     quantize a checkpoint into a GGUF file (Q8_0, Q4_0, Q4_K_M,\n"
+    "               Q5_K_M, Q6_K) that llama.cpp runs\n"
     "  probe        measure this machine into a hardware profile\n"
     "  tokenize     print the token ids and pieces of a text under a model's\n"
     "               tokenizer\n"
@@ -72,6 +74,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(cmd, "chat")) return cmd_chat(argc, argv);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc, argv);
+    if (!strcmp(cmd, "quantize")) return cmd_quantize(argc, argv);
     fprintf(stderr, "tide: unknown command '%s'\n", cmd);
     fputs(usage, stderr);
     return 2;
