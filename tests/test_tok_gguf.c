@@ -421,6 +421,33 @@ static void test_desc(void **state) {
     assert_int_equal(n, 1);
     assert_int_equal(ids[0], 7);
     tide_tokenizer_free(t);
+    /* equal scores: the leftmost pair merges first, whichever token's id is
+     * lower ("bc" comes before "ab" here; "abc" is no token) */
+    make_desc(&s, false);
+    s.tokens[6] = "bc";
+    s.tokens[7] = "ab";
+    s.scores[6] = s.scores[7] = -1.0f;
+    assert_int_equal(tok_gguf_build(ctx, &s.d, &t), TIDE_OK);
+    assert_int_equal(tide_tokenizer_encode(t, "abc", 3, 0, ids, 8, &n), TIDE_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 7);
+    assert_int_equal(ids[1], 5);
+    assert_int_equal(tide_tokenizer_encode(t, "bcab", 4, 0, ids, 8, &n), TIDE_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 6);
+    assert_int_equal(ids[1], 7);
+    tide_tokenizer_free(t);
+    /* every supported pre-tokenizer name builds (its regex compiles) */
+    const char *pres[] = {"gpt-2", "llama-bpe", "llama3", "llama-v3", "qwen2", "tekken"};
+    for (int i = 0; i < 6; i++) {
+        make_desc(&s, true);
+        s.d.pre = pres[i];
+        if (tok_gguf_build(ctx, &s.d, &t)) fail_msg("pre %s: %s", pres[i], tide_ctx_last_error(ctx));
+        assert_int_equal(tide_tokenizer_encode(t, "abc", 3, 0, ids, 8, &n), TIDE_OK);
+        assert_int_equal(n, 1);
+        assert_int_equal(ids[0], 7);
+        tide_tokenizer_free(t);
+    }
     tide_ctx_free(ctx);
 
     make_desc(&s, false);
