@@ -543,12 +543,16 @@ const char *tide_graph_tensor_home(const tide_graph *g, int tensor, uint64_t *of
 /* ---------------------------------------------------------------- checkpoints */
 
 /* A checkpoint: a Hugging Face-layout model directory (config.json plus
- * model.safetensors, or shards listed by model.safetensors.index.json). Tensor
- * data is memory-mapped and validated when opened. */
+ * model.safetensors, or shards listed by model.safetensors.index.json), or a
+ * GGUF file (llama.cpp's format, docs/gguf.md: the configuration from its
+ * metadata, its tensors under Hugging Face names and shapes). Tensor data is
+ * memory-mapped and validated when opened. */
 typedef struct tide_checkpoint tide_checkpoint;
 
-/* Opens dir. Returns TIDE_OK; TIDE_E_NOT_FOUND, TIDE_E_IO or TIDE_E_FORMAT with
- * a message naming the file, tensor and problem. */
+/* Opens dir (a directory, or the path of a .gguf file). Returns TIDE_OK;
+ * TIDE_E_NOT_FOUND, TIDE_E_IO, TIDE_E_FORMAT (damaged) or TIDE_E_UNSUPPORTED
+ * (valid, but a model tide does not run) with a message naming the file,
+ * tensor or key and the problem. */
 tide_status tide_checkpoint_open(tide_ctx *ctx, const char *dir, tide_checkpoint **out);
 void tide_checkpoint_free(tide_checkpoint *ck);
 const tide_llama_config *tide_checkpoint_config(const tide_checkpoint *ck);

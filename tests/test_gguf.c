@@ -499,6 +499,343 @@ static void test_damaged(void **state) {
     free(g0.p);
 }
 
+/* ---------------------------------------------------------------- checkpoints */
+
+#define REQUIRE(ctx, call)                                                                       \
+    do {                                                                                         \
+        tide_status st_ = (call);                                                                \
+        if (st_ != TIDE_OK) {                                                                    \
+            print_error("%s -> %s: %s\n", #call, tide_status_str(st_), tide_ctx_last_error(ctx)); \
+            fail();                                                                              \
+        }                                                                                        \
+    } while (0)
+
+/* The logits of every position of the reference prompt, and 8 greedy ids. */
+static void run_model(tide_ctx *ctx, tide_checkpoint *ck, const int32_t *prompt, int n, float *logits, int32_t *gen) {
+    tide_backend *be = NULL;
+    REQUIRE(ctx, tide_backend_new(ctx, TIDE_BACKEND_CPU, &be));
+    REQUIRE(ctx, tide_backend_set_matmul(be, TIDE_MATMUL_F32));
+    tide_model_opts opts = {.max_batch = 1, .ctx_len = 0};
+    tide_model *m = NULL;
+    REQUIRE(ctx, tide_model_new(ctx, ck, be, &opts, &m));
+    REQUIRE(ctx, tide_model_forward(m, prompt, 1, n, 0, logits));
+    REQUIRE(ctx, tide_model_generate(m, prompt, n, 8, gen, NULL));
+    tide_model_free(m);
+    tide_backend_free(be);
+}
+
+/* The prompt of a fixture's reference.json ("prompt": [ids]). */
+static int read_prompt(const char *dir, int32_t *ids, int max) {
+    char path[4300];
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char text[8192];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = 0;
+    const char *p = strstr(text, "\"prompt\"");
+    assert_non_null(p);
+    p = strchr(p, '[');
+    assert_non_null(p);
+    int n = 0;
+    for (p++; *p && *p != ']' && n < max;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) {
+            p++;
+            continue;
+        }
+        ids[n++] = (int32_t)v;
+        p = end;
+    }
+    return n;
+}
+
+/* A GGUF fixture against the safetensors checkpoint it was made from: the
+ * same configuration (q/k rows in llama.cpp's order), the same tensors by
+ * name, shape and dtype (the norms f32), and the same logits and greedy ids,
+ * bit for bit. */
+static void check_against_safetensors(const char *gguf_name, const char *st_name) {
+    char gp[4200], sp[4200];
+    fixture_path(gp, sizeof gp, gguf_name);
+    fixture_path(sp, sizeof sp, st_name);
+    tide_ctx *ctx = tide_ctx_new();
+    tide_checkpoint *ck = NULL, *ref = NULL;
+    REQUIRE(ctx, tide_checkpoint_open(ctx, gp, &ck));
+    REQUIRE(ctx, tide_checkpoint_open(ctx, sp, &ref));
+    const tide_llama_config *a = tide_checkpoint_config(ck), *b = tide_checkpoint_config(ref);
+    assert_int_equal(a->hidden_size, b->hidden_size);
+    assert_int_equal(a->intermediate_size, b->intermediate_size);
+    assert_int_equal(a->num_hidden_layers, b->num_hidden_layers);
+    assert_int_equal(a->num_attention_heads, b->num_attention_heads);
+    assert_int_equal(a->num_key_value_heads, b->num_key_value_heads);
+    assert_int_equal(a->vocab_size, b->vocab_size);
+    assert_int_equal(a->max_position_embeddings, b->max_position_embeddings);
+    assert_true(a->rms_norm_eps == b->rms_norm_eps);
+    assert_true(a->rope_theta == b->rope_theta);
+    assert_int_equal(a->tie_word_embeddings, b->tie_word_embeddings);
+    assert_int_equal(a->dtype, b->dtype);
+    assert_true(a->qk_interleaved && !b->qk_interleaved);
+    assert_true(a->wtypes_set);
+    assert_int_equal(a->wtypes.norm, TIDE_F32);
+    assert_int_equal(tide_checkpoint_n_tensors(ck), tide_checkpoint_n_tensors(ref));
+    for (int i = 0; i < tide_checkpoint_n_tensors(ref); i++) {
+        tide_tensor_info r, t;
+        REQUIRE(ctx, tide_checkpoint_get_index(ref, i, &r));
+        REQUIRE(ctx, tide_checkpoint_get(ck, r.name, &t));
+        assert_int_equal(t.ndim, r.ndim);
+        for (int d = 0; d < r.ndim; d++) assert_int_equal(t.shape[d], r.shape[d]);
+        assert_int_equal(t.dtype, r.ndim == 1 ? TIDE_F32 : r.dtype);
+        assert_int_equal(tide_llama_weight_dtype(a, r.name), t.dtype);
+        assert_string_equal(t.file, gp);
+        assert_ptr_equal((const unsigned char *)tide_checkpoint_tensor_file(ck, 0)->map + t.file_offset, t.data);
+        /* weights other than q/k are the same values (norms widened) */
+        if (!strstr(r.name, "q_proj") && !strstr(r.name, "k_proj") && r.dtype == t.dtype)
+            assert_memory_equal(t.data, r.data, r.nbytes);
+    }
+    char dir[4200];
+    fixture_path(dir, sizeof dir, st_name);
+    int32_t prompt[64], g1[8], g2[8];
+    int n = read_prompt(dir, prompt, 64);
+    assert_true(n > 0);
+    size_t nl = (size_t)n * (size_t)a->vocab_size;
+    float *l1 = calloc(nl, sizeof *l1), *l2 = calloc(nl, sizeof *l2);
+    assert_non_null(l1);
+    assert_non_null(l2);
+    run_model(ctx, ck, prompt, n, l1, g1);
+    run_model(ctx, ref, prompt, n, l2, g2);
+    size_t diff = 0;
+    for (size_t i = 0; i < nl; i++) diff += memcmp(&l1[i], &l2[i], sizeof *l1) != 0;
+    printf("  %-28s %zu logits, %zu differ from %s's; greedy ids %s\n", gguf_name, nl, diff, st_name,
+           memcmp(g1, g2, sizeof g1) ? "DIFFER" : "equal");
+    assert_int_equal(diff, 0);
+    assert_memory_equal(g1, g2, sizeof g1);
+    free(l1);
+    free(l2);
+    tide_checkpoint_free(ck);
+    tide_checkpoint_free(ref);
+    tide_ctx_free(ctx);
+}
+
+static void test_f32_logits(void **state) { check_against_safetensors("gguf/tiny-f32-mha.gguf", "tiny-f32-mha"); }
+static void test_f16_logits(void **state) {
+    check_against_safetensors("gguf/tiny-f16-sharded.gguf", "tiny-f16-sharded");
+}
+
+/* The Q8_0 file opens (its logits wait for quantized kernels): the matrices
+ * q8_0, the norms f32, the config's dtype the projections'. */
+static void test_q8_0_opens(void **state) {
+    char gp[4200];
+    fixture_path(gp, sizeof gp, "gguf/tiny-f16-sharded-q8_0.gguf");
+    tide_ctx *ctx = tide_ctx_new();
+    tide_checkpoint *ck = NULL;
+    REQUIRE(ctx, tide_checkpoint_open(ctx, gp, &ck));
+    const tide_llama_config *c = tide_checkpoint_config(ck);
+    assert_int_equal(c->dtype, TIDE_Q8_0);
+    assert_int_equal(c->wtypes.norm, TIDE_F32);
+    assert_int_equal(c->wtypes.embed, TIDE_Q8_0);
+    assert_int_equal(c->wtypes.head, TIDE_Q8_0);
+    tide_tensor_info t;
+    REQUIRE(ctx, tide_checkpoint_get(ck, "model.layers.1.mlp.down_proj.weight", &t));
+    assert_int_equal(t.dtype, TIDE_Q8_0);
+    assert_int_equal(t.shape[0], 64);
+    assert_int_equal(t.shape[1], 128);
+    assert_int_equal(t.nbytes, 64 * (128 / 32) * 34);
+    REQUIRE(ctx, tide_checkpoint_get(ck, "model.layers.0.input_layernorm.weight", &t));
+    assert_int_equal(t.dtype, TIDE_F32);
+    assert_int_equal(tide_llama_weight_dtype(c, "model.layers.0.self_attn.k_proj.weight"), TIDE_Q8_0);
+    tide_checkpoint_free(ck);
+    tide_ctx_free(ctx);
+}
+
+/* A rewrite of a GGUF file (read with the reader, written again) with edits. */
+typedef struct edits {
+    const char *drop_key;
+    const char *set_key; /* set to one of: */
+    uint32_t set_type;   /* TIDE_GGUF_U32, _F32 or _STRING */
+    uint32_t u32;
+    float f32;
+    const char *str;
+    const char *arch_to; /* every "llama." key renamed to arch_to + "." */
+    const char *rename_from, *rename_to;
+    const char *drop_tensor;
+} edits;
+
+static void put_value(buf *b, const tide_gguf_value *v) {
+    const unsigned char *map = tide_gguf_map(v->g);
+    if (v->type == TIDE_GGUF_STRING) {
+        put_u64(b, v->n);
+        put(b, map + v->off, (size_t)v->n);
+    } else if (v->type == TIDE_GGUF_ARRAY) {
+        put_u32(b, v->elem_type);
+        put_u64(b, v->n);
+        for (uint64_t i = 0; i < v->n; i++) {
+            tide_gguf_value e;
+            assert_true(tide_gguf_value_elem(v, i, &e));
+            put_value(b, &e);
+        }
+    } else {
+        static const int sz[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+        put(b, map + v->off, (size_t)sz[v->type]);
+    }
+}
+
+static void put_set_value(buf *b, const edits *e) {
+    put_u32(b, e->set_type);
+    if (e->set_type == TIDE_GGUF_U32) put_u32(b, e->u32);
+    else if (e->set_type == TIDE_GGUF_F32) {
+        uint32_t u;
+        memcpy(&u, &e->f32, 4);
+        put_u32(b, u);
+    } else put_str(b, e->str);
+}
+
+static buf rewrite(const char *src, const edits *e) {
+    tide_ctx *ctx = tide_ctx_new();
+    tide_gguf *g = NULL;
+    REQUIRE(ctx, tide_gguf_open(ctx, src, &g));
+    buf b = {0};
+    put_u32(&b, TIDE_GGUF_MAGIC);
+    put_u32(&b, 3);
+    int64_t nt = tide_gguf_n_tensors(g), nk = tide_gguf_n_kv(g);
+    bool set_new = e->set_key && tide_gguf_find_key(g, e->set_key) < 0;
+    put_u64(&b, (uint64_t)(nt - (e->drop_tensor ? 1 : 0)));
+    put_u64(&b, (uint64_t)(nk - (e->drop_key ? 1 : 0) + (set_new ? 1 : 0)));
+    for (int64_t i = 0; i < nk; i++) {
+        const char *key;
+        tide_gguf_value v;
+        tide_gguf_kv(g, i, &key, &v);
+        if (e->drop_key && !strcmp(key, e->drop_key)) continue;
+        char name[256];
+        if (e->arch_to && !strncmp(key, "llama.", 6)) snprintf(name, sizeof name, "%s.%s", e->arch_to, key + 6);
+        else snprintf(name, sizeof name, "%s", key);
+        put_str(&b, name);
+        if (e->set_key && !strcmp(key, e->set_key)) {
+            put_set_value(&b, e);
+            continue;
+        }
+        put_u32(&b, v.type);
+        put_value(&b, &v);
+    }
+    if (set_new) {
+        put_str(&b, e->set_key);
+        put_set_value(&b, e);
+    }
+    for (int64_t i = 0; i < nt; i++) {
+        const tide_gguf_tensor *t = tide_gguf_tensor_at(g, i);
+        if (e->drop_tensor && !strcmp(t->name, e->drop_tensor)) continue;
+        put_str(&b, e->rename_from && !strcmp(t->name, e->rename_from) ? e->rename_to : t->name);
+        put_u32(&b, (uint32_t)t->n_dims);
+        for (int d = 0; d < t->n_dims; d++) put_u64(&b, t->ne[d]);
+        put_u32(&b, t->ggml_type);
+        put_u64(&b, t->offset);
+    }
+    while (b.n % tide_gguf_alignment(g)) put(&b, "", 1);
+    put(&b, tide_gguf_map(g) + tide_gguf_data_start(g), (size_t)(tide_gguf_size(g) - tide_gguf_data_start(g)));
+    tide_gguf_close(g);
+    tide_ctx_free(ctx);
+    return b;
+}
+
+/* The rewritten fixture opened as a checkpoint: status want, a message with
+ * the needles. */
+static void expect_ck(const edits *e, tide_status want, const char *n1, const char *n2) {
+    char src[4200];
+    fixture_path(src, sizeof src, "gguf/tiny-f32-mha.gguf");
+    buf b = rewrite(src, e);
+    write_file(tmp_path, &b);
+    free(b.p);
+    tide_ctx *ctx = tide_ctx_new();
+    tide_checkpoint *ck = (tide_checkpoint *)1;
+    tide_status st = tide_checkpoint_open(ctx, tmp_path, &ck);
+    const char *msg = tide_ctx_last_error(ctx);
+    if (st != want) {
+        print_error("status %s, expected %s: %s\n", tide_status_str(st), tide_status_str(want), msg);
+        fail();
+    }
+    if (!st) {
+        tide_checkpoint_free(ck);
+    } else {
+        assert_null(ck);
+        const char *need[3] = {tmp_path, n1, n2};
+        for (int i = 0; i < 3; i++)
+            if (need[i] && !strstr(msg, need[i])) {
+                print_error("message \"%s\" lacks \"%s\"\n", msg, need[i]);
+                fail();
+            }
+    }
+    tide_ctx_free(ctx);
+}
+
+static void test_model_refusals(void **state) {
+    edits none = {0};
+    expect_ck(&none, TIDE_OK, NULL, NULL); /* the rewrite itself is faithful */
+    edits e;
+#define E(...) (e = (edits){__VA_ARGS__}, &e)
+    expect_ck(E(.set_key = "llama.attention.head_count_kv", .set_type = TIDE_GGUF_U32, .u32 = 3), TIDE_E_FORMAT,
+              "inconsistent head counts", "head_count_kv 3");
+    expect_ck(E(.set_key = "llama.attention.head_count", .set_type = TIDE_GGUF_U32, .u32 = 5), TIDE_E_FORMAT,
+              "inconsistent head counts", NULL);
+    expect_ck(E(.set_key = "general.architecture", .set_type = TIDE_GGUF_STRING, .str = "phi3"),
+              TIDE_E_UNSUPPORTED, "general.architecture", "'phi3'");
+    expect_ck(E(.drop_key = "general.architecture"), TIDE_E_NOT_FOUND, "general.architecture", NULL);
+    expect_ck(E(.drop_key = "llama.block_count"), TIDE_E_FORMAT, "no key 'llama.block_count'", NULL);
+    expect_ck(E(.set_key = "llama.embedding_length", .set_type = TIDE_GGUF_STRING, .str = "64"), TIDE_E_FORMAT,
+              "llama.embedding_length", "string");
+    expect_ck(E(.set_key = "llama.block_count", .set_type = TIDE_GGUF_U32, .u32 = 1), TIDE_E_FORMAT,
+              "'blk.1.", "block_count is 1");
+    expect_ck(E(.set_key = "llama.block_count", .set_type = TIDE_GGUF_U32, .u32 = 3), TIDE_E_FORMAT,
+              "'blk.2.attn_norm.weight' (model.layers.2.input_layernorm.weight) is missing", NULL);
+    expect_ck(E(.drop_tensor = "blk.1.ffn_down.weight"), TIDE_E_FORMAT,
+              "'blk.1.ffn_down.weight' (model.layers.1.mlp.down_proj.weight) is missing", NULL);
+    expect_ck(E(.drop_tensor = "token_embd.weight"), TIDE_E_FORMAT, "token_embd.weight", "missing");
+    expect_ck(E(.set_key = "llama.feed_forward_length", .set_type = TIDE_GGUF_U32, .u32 = 128), TIDE_E_FORMAT,
+              "(model.layers.0.mlp.", "the metadata implies");
+    expect_ck(E(.set_key = "llama.vocab_size", .set_type = TIDE_GGUF_U32, .u32 = 300), TIDE_E_FORMAT,
+              "llama.vocab_size 300", NULL);
+    expect_ck(E(.set_key = "llama.rope.dimension_count", .set_type = TIDE_GGUF_U32, .u32 = 8), TIDE_E_UNSUPPORTED,
+              "llama.rope.dimension_count 8", NULL);
+    expect_ck(E(.set_key = "llama.rope.scaling.type", .set_type = TIDE_GGUF_STRING, .str = "linear"),
+              TIDE_E_UNSUPPORTED, "llama.rope.scaling.type", "rope scaling");
+    expect_ck(E(.set_key = "llama.rope.scaling.type", .set_type = TIDE_GGUF_STRING, .str = "none"), TIDE_OK, NULL,
+              NULL);
+    expect_ck(E(.set_key = "llama.rope.scaling.factor", .set_type = TIDE_GGUF_F32, .f32 = 8.0f), TIDE_E_UNSUPPORTED,
+              "llama.rope.scaling.factor", NULL);
+    expect_ck(E(.set_key = "llama.rope.freq_base", .set_type = TIDE_GGUF_F32, .f32 = -1.0f), TIDE_E_FORMAT,
+              "llama.rope.freq_base", NULL);
+    expect_ck(E(.rename_from = "output_norm.weight", .rename_to = "rope_freqs.weight"), TIDE_E_UNSUPPORTED,
+              "'rope_freqs.weight'", NULL);
+    expect_ck(E(.rename_from = "blk.0.ffn_up.weight", .rename_to = "blk.0.ffn_upx.weight"), TIDE_E_UNSUPPORTED,
+              "'blk.0.ffn_upx.weight'", NULL);
+    /* qwen2: the same keys under its prefix, q/k rows not permuted; its biases refused by name */
+    expect_ck(E(.set_key = "general.architecture", .set_type = TIDE_GGUF_STRING, .str = "qwen2", .arch_to = "qwen2",
+                .rename_from = "blk.0.attn_norm.weight", .rename_to = "blk.0.attn_q.bias"),
+              TIDE_E_UNSUPPORTED, "'blk.0.attn_q.bias'", "biases");
+    expect_ck(E(.set_key = "general.architecture", .set_type = TIDE_GGUF_STRING, .str = "qwen2"), TIDE_E_FORMAT,
+              "no key 'qwen2.", NULL);
+#undef E
+    char src[4200];
+    fixture_path(src, sizeof src, "gguf/tiny-f32-mha.gguf");
+    buf b = rewrite(src, &(edits){.set_key = "general.architecture", .set_type = TIDE_GGUF_STRING, .str = "qwen2",
+                                  .arch_to = "qwen2"});
+    write_file(tmp_path, &b);
+    free(b.p);
+    tide_ctx *ctx = tide_ctx_new();
+    tide_checkpoint *ck = NULL;
+    REQUIRE(ctx, tide_checkpoint_open(ctx, tmp_path, &ck));
+    assert_false(tide_checkpoint_config(ck)->qk_interleaved);
+    tide_checkpoint_free(ck);
+    /* a file that is not GGUF, and a directory as before */
+    buf junk = {0};
+    put(&junk, "not a model at all, just text\n", 30);
+    write_file(tmp_path, &junk);
+    free(junk.p);
+    assert_int_equal(tide_checkpoint_open(ctx, tmp_path, &ck), TIDE_E_FORMAT);
+    assert_non_null(strstr(tide_ctx_last_error(ctx), "not a GGUF file"));
+    tide_ctx_free(ctx);
+}
+
 static void test_not_found(void **state) {
     tide_ctx *ctx = tide_ctx_new();
     tide_gguf *g = NULL;
@@ -520,6 +857,10 @@ int main(void) {
         cmocka_unit_test(test_meta_fixture),
         cmocka_unit_test_setup_teardown(test_damaged, setup_tmp, teardown_tmp),
         cmocka_unit_test(test_not_found),
+        cmocka_unit_test(test_f32_logits),
+        cmocka_unit_test(test_f16_logits),
+        cmocka_unit_test(test_q8_0_opens),
+        cmocka_unit_test_setup_teardown(test_model_refusals, setup_tmp, teardown_tmp),
     };
     return cmocka_run_group_tests_name("gguf", tests, NULL, NULL);
 }

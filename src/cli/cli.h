@@ -72,6 +72,13 @@ int cli_default_model_dir(const char *name, char *buf, size_t len);
  * writes its directory into dir. Returns 0 or the exit status on failure. */
 int cli_ensure_default_model(tide_ctx *ctx, char *dir, size_t len, cli_progress_state *ps);
 
+/* The configuration of --model PATH: PATH/config.json for a directory, the
+ * metadata of a GGUF file (opened as a checkpoint). Returns TIDE_OK or the
+ * status with the message on ctx. */
+tide_status cli_model_config(tide_ctx *ctx, const char *path, tide_llama_config *cfg);
+/* True when path is a regular file that starts with GGUF's magic. */
+bool cli_is_gguf(const char *path);
+
 /* Reads all of path ("-": standard input) into a malloc'd buffer (one NUL
  * after the bytes, not counted in *len); NULL with the message printed. */
 char *cli_read_all(const char *path, size_t *len);

@@ -12,7 +12,7 @@
 #include <string.h>
 
 static const char help[] =
-    "Usage: tide plan (--model DIR | --config NAME) [--batch B] [--seq S] [--decode N]\n"
+    "Usage: tide plan (--model PATH | --config NAME) [--batch B] [--seq S] [--decode N]\n"
     "                 [--train [--accum N] [--optimizer auto|device|cpu]]\n"
     "                 --budget BYTES|PCT%|min [--hw PROFILE] [--policy P]\n"
     "                 [--host-budget BYTES] [--weights-on-ssd] [--tile auto|none|LEVEL]\n"
@@ -22,7 +22,8 @@ static const char help[] =
     "memory budget, checks the plan with the independent verifier, and predicts its\n"
     "timeline on a hardware profile. Needs shapes only, no weights.\n"
     "\n"
-    "  --model DIR        read the configuration from DIR/config.json\n"
+    "  --model PATH       read the configuration from PATH/config.json, or from\n"
+    "                     the metadata of the GGUF file PATH\n"
     "  --config NAME      a built-in configuration: tinyllama-1.1b, llama-7b,\n"
     "                     llama-13b, llama-65b, llama-2-70b\n"
     "  --batch B          sequences processed together (default 1)\n"
@@ -255,9 +256,7 @@ typedef struct plan_job {
 /* The configuration, the profile and the untiled graph. Returns 0 or the
  * exit status. */
 static int load_job(const plan_args *a, plan_job *j) {
-    char path[4096];
-    if (a->model) snprintf(path, sizeof path, "%s/config.json", a->model);
-    if (a->model ? tide_llama_config_load(j->ctx, path, &j->cfg) : tide_llama_config_named(j->ctx, a->config, &j->cfg))
+    if (a->model ? cli_model_config(j->ctx, a->model, &j->cfg) : tide_llama_config_named(j->ctx, a->config, &j->cfg))
         return cli_fail(j->ctx, "config");
     if (tide_hw_open(j->ctx, a->hw_name, &j->hw)) return cli_fail(j->ctx, "hardware profile");
     tide_hw_info_get(j->hw, &j->hwi);

@@ -15,7 +15,7 @@
 #include <string.h>
 
 static const char help[] =
-    "Usage: tide run [--model DIR] [--prompt TEXT | --prompt-file FILE | --tokens 1,2,3 |\n"
+    "Usage: tide run [--model PATH] [--prompt TEXT | --prompt-file FILE | --tokens 1,2,3 |\n"
     "                --prompt-len N] [--new-tokens N] [--chat] [--system TEXT]\n"
     "                [--template NAME] [--temperature T] [--top-k K] [--top-p P]\n"
     "                [--min-p P] [--repeat-penalty R] [--frequency-penalty F]\n"
@@ -60,11 +60,13 @@ static const char help[] =
     "after the offloaded one, and the peak resident memory (RSS) of each run is\n"
     "measured and shown side by side.\n"
     "\n"
-    "  --model DIR         Hugging Face-layout LLaMA checkpoint (config.json +\n"
-    "                      model.safetensors or shards with an index)\n"
+    "  --model PATH        Hugging Face-layout LLaMA checkpoint directory\n"
+    "                      (config.json + model.safetensors or shards with an\n"
+    "                      index), or a GGUF file (docs/gguf.md)\n"
     "  --prompt TEXT       the prompt as text, through the model's tokenizer\n"
-    "                      (tokenizer.json in the model directory; the built-in\n"
-    "                      model has its own), with the BOS token it adds\n"
+    "                      (tokenizer.json in the model directory, a GGUF\n"
+    "                      file's metadata; the built-in model has its own),\n"
+    "                      with the BOS token it adds\n"
     "  --prompt-file FILE  the prompt's text from FILE, exactly ('-': standard input)\n"
     "  --chat              format --prompt (and --system) with the model's chat\n"
     "                      template, as a one-turn conversation (see tide chat)\n"

@@ -69,8 +69,8 @@ static const char help[] =
     "for different models run at once, within their shares.\n"
     "\n"
     "  --model NAME=DIR    a model to serve as NAME (letters, digits, . _ - : /):\n"
-    "                      a Hugging Face-layout LLaMA checkpoint with its\n"
-    "                      tokenizer (several allowed)\n"
+    "                      a Hugging Face-layout LLaMA checkpoint directory with\n"
+    "                      its tokenizer, or a GGUF file (several allowed)\n"
     "  --budget X          the device budget all the models share: bytes (2G) or\n"
     "                      auto (on a GPU its free memory less max(512 MiB, 1/32\n"
     "                      of its memory))\n"
@@ -165,8 +165,8 @@ static bool good_name(const char *s) {
     return true;
 }
 
-/* --model NAME=DIR: DIR must hold a config.json (the rest is read on the
- * model's first request). */
+/* --model NAME=DIR: DIR must hold a config.json, or be a GGUF file (the
+ * rest is read on the model's first request). */
 static int add_model(serve_args *a, const char *arg) {
     const char *eq = strchr(arg, '=');
     if (!eq) return cli_usage_error("serve", "--model takes NAME=DIR, not '%s'", arg);
@@ -184,9 +184,9 @@ static int add_model(serve_args *a, const char *arg) {
     char cfg[PATH_MAX];
     struct stat st;
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    if (stat(cfg, &st) || !S_ISREG(st.st_mode))
-        return cli_usage_error("serve", "--model %s=%s: no config.json in %s (a Hugging Face model directory)", name,
-                               dir, dir);
+    if ((stat(cfg, &st) || !S_ISREG(st.st_mode)) && !cli_is_gguf(dir))
+        return cli_usage_error("serve", "--model %s=%s: neither a GGUF file nor a directory with a config.json (a "
+                               "Hugging Face model directory)", name, dir);
     a->models[a->n_models++] = (serve_model_spec){name, dir};
     return 0;
 }

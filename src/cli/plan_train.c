@@ -46,9 +46,7 @@ typedef struct train_job {
  * peak, the ideal step and the untiled step's largest working set. Returns 0
  * or the exit status. */
 static int load_step(const plan_args *a, train_job *j) {
-    char path[4096];
-    if (a->model) snprintf(path, sizeof path, "%s/config.json", a->model);
-    if (a->model ? tide_llama_config_load(j->ctx, path, &j->cfg) : tide_llama_config_named(j->ctx, a->config, &j->cfg))
+    if (a->model ? cli_model_config(j->ctx, a->model, &j->cfg) : tide_llama_config_named(j->ctx, a->config, &j->cfg))
         return cli_fail(j->ctx, "config");
     if (tide_hw_open(j->ctx, a->hw_name, &j->hw)) return cli_fail(j->ctx, "hardware profile");
     tide_hw_info_get(j->hw, &j->hwi);

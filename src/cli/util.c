@@ -320,3 +320,29 @@ char *cli_read_all(const char *path, size_t *len) {
     *len = n;
     return buf;
 }
+
+bool cli_is_gguf(const char *path) {
+    struct stat st;
+    if (stat(path, &st) || !S_ISREG(st.st_mode)) return false;
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    char m[4] = {0};
+    size_t n = fread(m, 1, 4, f);
+    fclose(f);
+    return n == 4 && !memcmp(m, "GGUF", 4);
+}
+
+tide_status cli_model_config(tide_ctx *ctx, const char *path, tide_llama_config *cfg) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+        tide_checkpoint *ck = NULL;
+        tide_status s = tide_checkpoint_open(ctx, path, &ck);
+        if (s) return s;
+        *cfg = *tide_checkpoint_config(ck);
+        tide_checkpoint_free(ck);
+        return TIDE_OK;
+    }
+    char cp[4096];
+    snprintf(cp, sizeof cp, "%s/config.json", path);
+    return tide_llama_config_load(ctx, cp, cfg);
+}

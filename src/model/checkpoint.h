@@ -5,7 +5,9 @@
  * pread/O_DIRECT from its file extent.
  *
  * An open checkpoint keeps every safetensors file open (fd) and mapped
- * read-only for its whole life. Tensors are sorted by name (strcmp order);
+ * read-only for its whole life; a GGUF checkpoint (model/gguf_model.c) is
+ * one file, kept open and mapped by its tide_gguf, its tensors under
+ * Hugging Face names and shapes. Tensors are sorted by name (strcmp order);
  * tide_checkpoint_get_index(i) is the i-th tensor in that order. Every tensor
  * has been checked at open: known dtype, shape of at most TIDE_MAX_DIMS
  * non-negative dims, nbytes == numel * dtype size, extent inside its file's
@@ -25,6 +27,7 @@ typedef struct tide_ck_file {
     const unsigned char *map; /* whole file mapped read-only */
     uint64_t size;       /* file size in bytes */
     uint64_t data_start; /* absolute offset of the data section: 8 + header length */
+    bool borrowed;       /* fd and map belong to the checkpoint's tide_gguf */
 } tide_ck_file;
 
 /* One tensor. */
@@ -46,7 +49,15 @@ struct tide_checkpoint {
     int n_files, cap_files;
     tide_ck_tensor *tensors; /* sorted by name */
     int n_tensors, cap_tensors;
+    struct tide_gguf *gguf;  /* a GGUF checkpoint's file (metadata for others: the tokenizer) */
 };
+
+/* Opens a GGUF file as a checkpoint (model/gguf_model.c): config from its
+ * metadata, tensors renamed and reshaped as Hugging Face's. The statuses of
+ * tide_checkpoint_open. */
+tide_status tide_checkpoint_open_gguf(tide_ctx *ctx, const char *path, tide_checkpoint **out);
+/* ck's GGUF file, or NULL for a safetensors directory. */
+static inline const struct tide_gguf *tide_checkpoint_gguf(const tide_checkpoint *ck) { return ck->gguf; }
 
 /* Index of the tensor with this name (binary search), or -1. */
 int tide_checkpoint_find(const tide_checkpoint *ck, const char *name);

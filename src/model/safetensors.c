@@ -1,7 +1,7 @@
 /*
  * safetensors.c - opening a Hugging Face-layout checkpoint directory:
  * config.json plus either model.safetensors or the shards listed by
- * model.safetensors.index.json. Each file is mapped read-only and its header
+ * model.safetensors.index.json (a GGUF file is handed to gguf_model.c). Each file is mapped read-only and its header
  * validated completely before anything is returned, so that later readers can
  * trust every extent (checkpoint.h lists what holds). Also: matching a
  * checkpoint against the WEIGHT tensors of a graph.
@@ -15,6 +15,7 @@
  */
 #include "model/checkpoint.h"
 #include "graph/graph.h"
+#include "model/gguf.h"
 #include "model/st_file.h"
 
 #include <cjson/cJSON.h>
@@ -269,8 +270,8 @@ void tide_checkpoint_free(tide_checkpoint *ck) {
     if (!ck) return;
     for (int i = 0; i < ck->n_files; i++) {
         tide_ck_file *f = &ck->files[i];
-        if (f->map) munmap((void *)f->map, (size_t)f->size);
-        if (f->fd >= 0) close(f->fd);
+        if (f->map && !f->borrowed) munmap((void *)f->map, (size_t)f->size);
+        if (f->fd >= 0 && !f->borrowed) close(f->fd);
         tide_free(f->path);
         tide_free(f->name);
     }
@@ -278,13 +279,15 @@ void tide_checkpoint_free(tide_checkpoint *ck) {
     tide_free(ck->files);
     tide_free(ck->tensors);
     tide_free(ck->dir);
+    tide_gguf_close(ck->gguf);
     tide_free(ck);
 }
 
-/* Returns TIDE_OK with *out set; TIDE_E_NOT_FOUND (no directory, config.json,
- * model file or listed shard), TIDE_E_IO, TIDE_E_FORMAT or TIDE_E_UNSUPPORTED
- * (from config.json) with a message naming the file, tensor and problem;
- * TIDE_E_NOMEM. *out is NULL on failure. */
+/* dir: a checkpoint directory, or a GGUF file (model/gguf_model.c). Returns
+ * TIDE_OK with *out set; TIDE_E_NOT_FOUND (no directory, config.json, model
+ * file or listed shard), TIDE_E_IO, TIDE_E_FORMAT or TIDE_E_UNSUPPORTED (from
+ * config.json or the GGUF metadata) with a message naming the file, tensor
+ * and problem; TIDE_E_NOMEM. *out is NULL on failure. */
 tide_status tide_checkpoint_open(tide_ctx *ctx, const char *dir, tide_checkpoint **out) {
     if (!out) return tide_err(ctx, TIDE_E_INVALID, "checkpoint_open: NULL out");
     *out = NULL;
@@ -293,8 +296,9 @@ tide_status tide_checkpoint_open(tide_ctx *ctx, const char *dir, tide_checkpoint
     if (stat(dir, &sd) != 0)
         return tide_err(ctx, errno == ENOENT ? TIDE_E_NOT_FOUND : TIDE_E_IO,
                         "checkpoint %s: %s", dir, strerror(errno));
+    if (S_ISREG(sd.st_mode)) return tide_checkpoint_open_gguf(ctx, dir, out);
     if (!S_ISDIR(sd.st_mode))
-        return tide_err(ctx, TIDE_E_NOT_FOUND, "checkpoint %s: not a directory", dir);
+        return tide_err(ctx, TIDE_E_NOT_FOUND, "checkpoint %s: neither a directory nor a GGUF file", dir);
 
     tide_checkpoint *ck = tide_calloc(1, sizeof *ck);
     if (!ck) return tide_err(ctx, TIDE_E_NOMEM, "out of memory opening checkpoint %s", dir);

@@ -721,9 +721,18 @@ tide_status tok_load_tree(tide_tokenizer *t, const cJSON *root, bool explicit_id
     return st;
 }
 
+/* A GGUF file: named *.gguf (so that a missing one is named as such), or a
+ * regular file that starts with GGUF's magic. */
 static bool is_gguf_path(const char *path) {
     size_t n = strlen(path);
-    return n > 5 && !strcmp(path + n - 5, ".gguf");
+    if (n > 5 && !strcmp(path + n - 5, ".gguf")) return true;
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) return false;
+    FILE *f = fopen(path, "rb");
+    char magic[4] = {0};
+    bool gguf = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+    if (f) fclose(f);
+    return gguf;
 }
 
 tide_status tide_tokenizer_open(tide_ctx *ctx, const char *path, tide_tokenizer **out) {
