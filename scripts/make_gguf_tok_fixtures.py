@@ -41,6 +41,12 @@ ids of each recorded render (DIR/chat-<name>/expected.json). It prints, and
 writes into each expected.json as "differs_from_source", the cases where
 those ids differ from the source fixture's own expected ids.
 
+DIR/tiny-chat.gguf: a model and its tokenizer in one file, for the CLI tests
+(tests/cli_gguf_tok.sh): tests/fixtures/gguf/tiny-f16-sharded.gguf's weights
+and llama.* keys (written by scripts/make_gguf_fixtures.py) with chat/llama2's
+tokenizer keys less its byte tokens (its vocabulary of 200 holds the 115 ids
+left) and its chat template.
+
 How to run (needs python3 with `gguf` and `tokenizers`; a few seconds):
 
     python3 scripts/make_gguf_tok_fixtures.py          # writes tests/fixtures/gguf-tok/
@@ -152,6 +158,14 @@ def extract(d):
 
 def write_gguf(path, k):
     w = gguf.GGUFWriter(path, arch="llama")
+    write_tok_keys(w, k)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_tok_keys(w, k):
     w.add_tokenizer_model(k["model"])
     if "pre" in k:
         w.add_tokenizer_pre(k["pre"])
@@ -171,10 +185,6 @@ def write_gguf(path, k):
         w.add_add_space_prefix(k["add_space_prefix"])
     if "chat_template" in k:
         w.add_chat_template(k["chat_template"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def read_gguf(path):
@@ -269,6 +279,47 @@ def hf_of_gguf(k):
     return j
 
 
+def write_model_gguf(path, model, k):
+    """model's weights and llama.* metadata with the tokenizer keys k (a model
+    file with nothing beside it, for `tide run` and `tide chat`)."""
+    r = gguf.GGUFReader(model)
+    w = gguf.GGUFWriter(path, arch=r.fields["general.architecture"].contents())
+    for name, fld in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        v = fld.contents()
+        if fld.types[0] == gguf.GGUFValueType.STRING:
+            w.add_string(name, v)
+        elif fld.types[0] == gguf.GGUFValueType.UINT32:
+            w.add_uint32(name, v)
+        elif fld.types[0] == gguf.GGUFValueType.FLOAT32:
+            w.add_float32(name, v)
+        else:
+            raise SystemExit("%s: key %s of type %s not copied" % (model, name, fld.types))
+    write_tok_keys(w, k)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def without_bytes(k):
+    """k less its <0xNN> byte tokens (ids renumbered): a vocabulary small enough
+    for the tiny model's embedding."""
+    keep = [i for i, t in enumerate(k["types"]) if t != T.BYTE]
+    new = {old: i for i, old in enumerate(keep)}
+    out = dict(k)
+    out["tokens"] = [k["tokens"][i] for i in keep]
+    out["types"] = [k["types"][i] for i in keep]
+    out["scores"] = [k["scores"][i] for i in keep]
+    for key in ("bos", "eos", "unk", "pad", "eot"):
+        if key in k:
+            out[key] = new[k[key]]
+    return out
+
+
 def differs(exp, src):
     out = []
     for e, s in zip(exp["cases"], src["cases"]):
@@ -333,6 +384,13 @@ def main():
                 f.write("\n")
             print("%-18s %-5s %5d tokens; chat renders whose ids differ from the source fixture: %s" % (
                 name, k["model"], len(k["tokens"]), bad or "none"))
+    # a model with its tokenizer in one file: tiny-f16-sharded's weights
+    # (tests/fixtures/gguf, scripts/make_gguf_fixtures.py; vocabulary 200)
+    # with chat/llama2's tokenizer less its byte tokens (115 ids) and template
+    k = without_bytes(extract(os.path.join(FIX, "chat", "llama2")))
+    path = os.path.join(a.out, "tiny-chat.gguf")
+    write_model_gguf(path, os.path.join(FIX, "gguf", "tiny-f16-sharded.gguf"), k)
+    print("%-18s tiny-f16-sharded's weights, %d tokens, the llama2 template" % ("tiny-chat.gguf", len(k["tokens"])))
     return 0
 
 
