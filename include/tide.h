@@ -1772,8 +1772,8 @@ enum {
      * (or Roberta/Bert) single template. Usually the BOS; nothing for a
      * tokenizer without one (tokenizer_config.json's add_bos_token is not read,
      * as transformers 5 does not read it). From a GGUF file: BOS when
-     * tokenizer.ggml.add_bos_token (default: on for "llama" and the Llama 3
-     * pre-tokenizers), EOS when add_eos_token. */
+     * tokenizer.ggml.add_bos_token (default: on for "llama", the Llama 3
+     * pre-tokenizers and tekken), EOS when add_eos_token. */
     TIDE_TOKENIZE_ADD_SPECIAL = 1u << 0,
     /* Special tokens' text in the input ("<|eot_id|>") is not the special
      * token but ordinary text (transformers' split_special_tokens=True), as

@@ -6,22 +6,25 @@
  * becomes the tokenizer.json tree of the Hugging Face tokenizer it stands for,
  * which tok_load.c reads as it reads a file (one pipeline, one encoder):
  *
- *   llama  model BPE over the vocabulary (every token), byte_fallback, unk
- *          fused; merges from the scores: every split of a normal token into
+ * The model's vocabulary holds every token (a string repeated in the
+ * vocabulary at its first id), so that every id is the file's.
+ *
+ *   llama  model BPE, byte_fallback, unk fused; merges from the scores: every split of a normal token into
  *          two tokens (normal or user-defined) is a merge giving it, ranked by
  *          the token's score (highest first; equal scores share a rank, so the
  *          leftmost pair merges first, as llama.cpp's SentencePiece tokenizer
  *          does); normalizer Prepend("\u2581") when add_space_prefix (default
  *          on) + Replace(" ", "\u2581"); decoder Replace("\u2581", " "),
  *          ByteFallback, Fuse, and Strip(" ", 1) when add_space_prefix
- *   gpt2   model BPE over the tokens that are not control, unknown or
- *          user-defined, with the merges in their order; pre-tokenizer Split
+ *   gpt2   model BPE with the merges in their order; pre-tokenizer Split
  *          (the family's regex, Isolated) + ByteLevel; decoder ByteLevel; the
- *          family's extras (NFC for qwen2, ignore_merges for Llama 3)
+ *          family's extras (NFC for qwen2; ignore_merges and BOS for Llama 3
+ *          and tekken, as llama.cpp sets them)
  *   both   added tokens: control and unknown tokens special, user-defined ones
  *          not, none normalized, stripping nothing (GGUF keeps no such flags);
  *          post-processor: BOS when add_bos_token (default: on for llama and
- *          the Llama 3 family), EOS when add_eos_token (default off).
+ *          the Llama 3 and tekken families), EOS when add_eos_token (default
+ *          off).
  */
 #include "text/tok_gguf.h"
 #include "text/tok_int.h"
@@ -57,7 +60,7 @@ static const pre_family pre_families[] = {
      "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|[^\\r\\n\\p{L}\\p{N}]?"
      "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*"
      "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-     false, false, true},
+     false, true, true},
 };
 #define PRE_NAMES "gpt-2, llama-bpe, llama3, llama-v3, qwen2, tekken"
 
