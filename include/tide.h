@@ -1757,14 +1757,27 @@ tide_status tide_trainer_write_trace(tide_trainer *t, const char *json_path, con
  * Encoding follows Hugging Face `tokenizers` id for id. Input that is not
  * valid UTF-8 is read with each maximal invalid subpart replaced by U+FFFD
  * (Python's errors="replace"). A tokenizer encodes on one thread at a time
- * (it keeps a cache of words); decoding only reads it. */
+ * (it keeps a cache of words); decoding only reads it.
+ *
+ * Or read from a GGUF file's metadata (llama.cpp's tokenizer.ggml.* keys and
+ * tokenizer.chat_template; src/text/tok_gguf.h says what each becomes): the
+ * "llama" model (SentencePiece-style: merges by the tokens' scores, <0xNN>
+ * byte fallback, add_space_prefix) and the "gpt2" model (byte-level BPE with
+ * its merges; tokenizer.ggml.pre one of gpt-2, llama-bpe, llama3, llama-v3,
+ * qwen2, tekken, each split as the Hugging Face tokenizer of that family
+ * does). Control and unknown tokens are special, user-defined ones added
+ * non-special tokens; EOS ids are eos_token_id and eot_token_id. GGUF keeps
+ * no per-token lstrip/rstrip and no Metaspace prepend scheme: a tokenizer
+ * that uses them in tokenizer.json encodes as llama.cpp reads the GGUF. */
 typedef struct tide_tokenizer tide_tokenizer;
 
-/* Opens `path`: a model directory, or a tokenizer.json file (the config files
- * are then looked for beside it). Errors are recorded on ctx, which must
- * outlive the tokenizer. Returns TIDE_OK; TIDE_E_NOT_FOUND (no tokenizer.json),
- * TIDE_E_IO, TIDE_E_FORMAT (malformed JSON or a field of the wrong kind) or
- * TIDE_E_UNSUPPORTED, with a message naming the file and the problem;
+/* Opens `path`: a model directory, a tokenizer.json file (the config files
+ * are then looked for beside it), or a file whose name ends in ".gguf" (its
+ * metadata). Errors are recorded on ctx, which must outlive the tokenizer.
+ * Returns TIDE_OK; TIDE_E_NOT_FOUND (no tokenizer.json or .gguf file),
+ * TIDE_E_IO, TIDE_E_FORMAT (malformed JSON or GGUF, a field or key of the
+ * wrong kind, a GGUF key inconsistent with the others) or TIDE_E_UNSUPPORTED,
+ * with a message naming the file, the field or key and the problem;
  * TIDE_E_NOMEM. */
 tide_status tide_tokenizer_open(tide_ctx *ctx, const char *path, tide_tokenizer **out);
 void tide_tokenizer_free(tide_tokenizer *t);
@@ -1773,11 +1786,13 @@ void tide_tokenizer_free(tide_tokenizer *t);
  * the added tokens; an id may be a hole with no piece). */
 int32_t tide_tokenizer_n_vocab(const tide_tokenizer *t);
 /* The BOS id and the main EOS id (tokenizer_config.json, special_tokens_map.json,
- * else generation_config.json), -1 when the tokenizer names none. */
+ * else generation_config.json; a GGUF file's bos_token_id and eos_token_id), -1
+ * when the tokenizer names none. */
 int32_t tide_tokenizer_bos(const tide_tokenizer *t);
 int32_t tide_tokenizer_eos(const tide_tokenizer *t);
 /* Every id that ends generation: the EOS token and generation_config.json's
- * eos_token_id (one id or a list). Returns their count; *ids (may be NULL)
+ * eos_token_id (one id or a list); from a GGUF file, eos_token_id and
+ * eot_token_id. Returns their count; *ids (may be NULL)
  * points at them, valid while t lives. */
 int tide_tokenizer_eos_ids(const tide_tokenizer *t, const int32_t **ids);
 bool tide_tokenizer_is_eos(const tide_tokenizer *t, int32_t id);
@@ -1792,7 +1807,8 @@ bool tide_tokenizer_is_special(const tide_tokenizer *t, int32_t id);
 int32_t tide_tokenizer_find(const tide_tokenizer *t, const char *piece);
 
 /* The model's chat template (a Jinja source, as tokenizer_config.json's
- * chat_template or a chat_template.jinja file holds it), or NULL. */
+ * chat_template, a chat_template.jinja file or a GGUF file's
+ * tokenizer.chat_template holds it), or NULL. */
 const char *tide_tokenizer_chat_template(const tide_tokenizer *t);
 
 /* Encoding flags. */
@@ -1801,7 +1817,9 @@ enum {
      * does in `tokenizers` and transformers: tokenizer.json's TemplateProcessing
      * (or Roberta/Bert) single template. Usually the BOS; nothing for a
      * tokenizer without one (tokenizer_config.json's add_bos_token is not read,
-     * as transformers 5 does not read it). */
+     * as transformers 5 does not read it). From a GGUF file: BOS when
+     * tokenizer.ggml.add_bos_token (default: on for "llama", the Llama 3
+     * pre-tokenizers and tekken), EOS when add_eos_token. */
     TIDE_TOKENIZE_ADD_SPECIAL = 1u << 0,
     /* Special tokens' text in the input ("<|eot_id|>") is not the special
      * token but ordinary text (transformers' split_special_tokens=True), as

@@ -6,7 +6,7 @@
 # status, message naming the file and the problem).
 #
 # What it proves: `tide tokenize` against the recorded ids of the five
-# tokenizers, text and JSON forms, `--file` with invalid UTF-8 and NUL and
+# tokenizers and of their GGUF files, text and JSON forms, `--file` with invalid UTF-8 and NUL and
 # from standard input, bad input (missing, truncated, unsupported
 # tokenizer.json).
 source "$(dirname "$0")/lib_cli.sh" "$1"
@@ -50,6 +50,22 @@ for fx in bpe-llama3 bpe-gpt2 bpe-qwen2 sp-llama2 sp-metaspace; do
     expect 0 "$fx: --no-parse-special" -- "$TIDE" tokenize --model "$FX/$fx" --json --no-bos --no-parse-special "$text"
     want=$(ids $fx "special llama3" ids_plain) same "$fx: special tokens as text"
 done
+# the same from each fixture's GGUF file (tests/fixtures/gguf-tok: every mode
+# of this case gives the source tokenizer's ids, test_tok_gguf.c)
+GX=$TIDE_FIXTURES/gguf-tok
+for fx in bpe-llama3 bpe-gpt2 bpe-qwen2 sp-llama2 sp-metaspace; do
+    expect 0 "$fx.gguf: json" -- "$TIDE" tokenize --model "$GX/$fx/tokenizer.gguf" --json "$text"
+    want=$(ids $fx "special llama3" ids_bos) same "$fx.gguf: with BOS"
+    expect 0 "$fx.gguf: --no-bos --no-parse-special" -- "$TIDE" tokenize --model "$GX/$fx/tokenizer.gguf" --json \
+        --no-bos --no-parse-special "$text"
+    want=$(ids $fx "special llama3" ids_plain) same "$fx.gguf: special tokens as text"
+done
+expect 1 "missing .gguf" -- "$TIDE" tokenize --model "$TMP/none.gguf" "hi"
+contains "$TMP/err" "none.gguf" "message names the file"
+head -c 100 "$GX/sp-llama2/tokenizer.gguf" >"$TMP/cut.gguf"
+expect 1 "truncated .gguf" -- "$TIDE" tokenize --model "$TMP/cut.gguf" "hi"
+contains "$TMP/err" "cut.gguf" "message names the truncated file"
+
 expect 0 "pieces in JSON" -- "$TIDE" tokenize --model "$FX/bpe-llama3" --json "$text"
 contains "$TMP/out" '"pieces":["<|begin_of_text|>","<|begin_of_text|>","<|start_header_id|>"' "JSON pieces"
 

@@ -13,19 +13,20 @@
 #include <string.h>
 
 static const char help[] =
-    "Usage: tide tokenize --model DIR [--json] [--no-bos] [--no-parse-special]\n"
-    "                     [--file F | TEXT]\n"
+    "Usage: tide tokenize --model DIR|FILE.gguf [--json] [--no-bos]\n"
+    "                     [--no-parse-special] [--file F | TEXT]\n"
     "\n"
     "Encodes TEXT (or the bytes of file F, exactly; '-' reads standard input) with\n"
     "the tokenizer of a Hugging Face model directory (tokenizer.json, with\n"
     "tokenizer_config.json, special_tokens_map.json and generation_config.json for\n"
-    "BOS and EOS) and prints each id with its piece as tokenizer.json spells it.\n"
+    "BOS and EOS) or of a GGUF file (its tokenizer.ggml.* metadata) and prints each\n"
+    "id with its piece as tokenizer.json (or the GGUF vocabulary) spells it.\n"
     "The ids are those Hugging Face tokenizers gives for the same text with\n"
     "add_special_tokens=True. Text that is not valid UTF-8 is read with U+FFFD in\n"
     "place of each invalid sequence.\n"
     "\n"
-    "  --model DIR         the model directory (or its tokenizer.json); a GGUF\n"
-    "                      file's tokenizer is not read yet\n"
+    "  --model DIR         the model directory (or its tokenizer.json), or a .gguf\n"
+    "                      file\n"
     "  --file F            read the text from F instead of the command line\n"
     "  --json              print one JSON object: {\"ids\": [...], \"pieces\": [...]}\n"
     "  --no-bos            do not add the tokens the tokenizer adds around a text\n"
@@ -34,8 +35,9 @@ static const char help[] =
     "                      \"<s>\") as ordinary text, not as the special token\n"
     "\n"
     "Supported: BPE tokenizers, byte-level (GPT-2, Llama 3, Qwen2) and\n"
-    "SentencePiece-style (Llama 2, TinyLlama, Mistral). Other kinds are refused\n"
-    "with a message naming what tokenizer.json asks for.\n";
+    "SentencePiece-style (Llama 2, TinyLlama, Mistral); in GGUF files the \"llama\"\n"
+    "and \"gpt2\" tokenizer models (pre-tokenizers gpt-2, llama-bpe, qwen2,\n"
+    "tekken). Other kinds are refused with a message naming what the file asks for.\n";
 
 /* A piece quoted, with control characters, quotes and backslashes escaped. */
 static void print_piece(const char *p) {

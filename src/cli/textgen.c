@@ -39,8 +39,8 @@ const char cli_text_help[] =
     "                      chat template, whose markers are special tokens)\n"
     "  --system TEXT       the system message of a chat\n"
     "  --template NAME     the chat template family, instead of detecting it from the\n"
-    "                      model's tokenizer_config.json: llama2, llama3, chatml,\n"
-    "                      mistral, zephyr or gemma\n";
+    "                      model's tokenizer_config.json (or GGUF metadata):\n"
+    "                      llama2, llama3, chatml, mistral, zephyr or gemma\n";
 
 int cli_text_option(int c, const char *arg, const char *cmd, cli_text_opts *t) {
     long v;

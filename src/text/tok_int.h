@@ -1,6 +1,7 @@
 /*
  * tok_int.h - the tokenizer's internals, shared by the files of src/text/:
- * tok_load.c (tokenizer.json into this structure), tok_config.c (the config
+ * tok_load.c (tokenizer.json into this structure), tok_gguf.c (GGUF metadata
+ * into a tokenizer.json tree), tok_config.c (the config
  * files beside it; the public queries), tok_regex.c (PCRE2), tok_map.c (hash
  * maps and the word cache's hash), tok_encode.c (text to ids), tok_decode.c (ids to text, whole
  * and streaming), utf8.c (UTF-8 and GPT-2's byte table).
@@ -237,6 +238,15 @@ int tok_char_byte(uint32_t c);
 /* The bytes a byte-level vocabulary entry s spells, into out (room for
  * strlen(s)); returns their count, or -1 when a character is not in the table. */
 long tok_bytelevel_bytes(const char *s, uint8_t *out);
+
+/* tok_load.c: a tokenizer with its scratch and nothing loaded (path: the
+ * file messages name); a tokenizer.json tree into t (explicit_ids: added
+ * tokens keep the ids the tree gives them, as tok_gguf.c's trees need). */
+tide_status tok_new(tide_ctx *ctx, const char *path, tide_tokenizer **out);
+tide_status tok_load_tree(tide_tokenizer *t, const cJSON *root, bool explicit_ids);
+
+/* tok_gguf.c: the tokenizer of a .gguf file's metadata (tok_gguf.h). */
+tide_status tok_gguf_open(tide_ctx *ctx, const char *path, tide_tokenizer **out);
 
 /* tok_config.c: a JSON object file into *out (optional: a missing file gives
  * TIDE_OK and NULL); messages name the path. */

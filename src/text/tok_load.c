@@ -52,6 +52,7 @@ typedef struct loader {
     tok_smap names;       /* every piece -> id (vocabulary and added tokens) */
     int32_t model_n;      /* entries of the model's vocabulary */
     bool has_template;    /* the post-processor adds tokens */
+    bool explicit_ids;    /* added tokens keep their "id" (a tree built by tok_gguf.c) */
 } loader;
 
 static tide_status fail(loader *L, tide_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -625,7 +626,8 @@ static tide_status read_added(loader *L, const cJSON *list) {
          * every file it writes): the id its content already has, else one past
          * the largest added id, or the vocabulary's size for the first */
         int32_t known = tok_smap_get(&L->names, content, strlen(content));
-        if (known >= 0) a->id = known;
+        if (L->explicit_ids) a->id = (int32_t)id->valuedouble;
+        else if (known >= 0) a->id = known;
         else if (max_added < 0 || (max_added < L->model_n && L->model_n)) a->id = L->model_n;
         else a->id = max_added + 1;
         if (a->id > max_added) max_added = a->id;
@@ -666,7 +668,7 @@ static tide_status read_added(loader *L, const cJSON *list) {
 
 /* ------------------------------------------------------------ open / free */
 
-static tide_status load(loader *L, const cJSON *root, const char *dir) {
+static tide_status load(loader *L, const cJSON *root) {
     tide_tokenizer *t = L->t;
     tide_status st;
     const cJSON *o;
@@ -688,45 +690,16 @@ static tide_status load(loader *L, const cJSON *root, const char *dir) {
         if (t->prefix[i] >= t->n_vocab) return fail(L, TIDE_E_FORMAT, "post_processor id %d outside the vocabulary", t->prefix[i]);
     for (int i = 0; i < t->n_suffix; i++)
         if (t->suffix[i] >= t->n_vocab) return fail(L, TIDE_E_FORMAT, "post_processor id %d outside the vocabulary", t->suffix[i]);
-    return tok_read_configs(t, dir);
+    return TIDE_OK;
 }
 
-tide_status tide_tokenizer_open(tide_ctx *ctx, const char *path, tide_tokenizer **out) {
-    if (!path || !out) return tide_err(ctx, TIDE_E_INVALID, "tide_tokenizer_open: NULL argument");
+tide_status tok_new(tide_ctx *ctx, const char *path, tide_tokenizer **out) {
     *out = NULL;
-    char dir[4096];
     tide_tokenizer *t = tide_calloc(1, sizeof *t);
     if (!t) return tide_err(ctx, TIDE_E_NOMEM, "out of memory opening the tokenizer %s", path);
     t->ctx = ctx;
     t->bos = t->eos = t->unk_id = -1;
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
-        /* a GGUF model (its magic first): no tokenizer.json to read, as in a
-         * model directory without one */
-        FILE *f = fopen(path, "rb");
-        char magic[4] = {0};
-        bool gguf = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
-        if (f) fclose(f);
-        if (gguf) {
-            tide_free(t);
-            return tide_err(ctx, TIDE_E_NOT_FOUND, "%s: a GGUF file: its tokenizer is not read (a tokenizer.json is)",
-                            path);
-        }
-    }
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        snprintf(dir, sizeof dir, "%s", path);
-        snprintf(t->json_path, sizeof t->json_path, "%s/tokenizer.json", path);
-    } else if (stat(path, &sb) != 0 && (strlen(path) < 5 || strcmp(path + strlen(path) - 5, ".json"))) {
-        /* neither a directory nor a file: name the file a directory would hold */
-        snprintf(dir, sizeof dir, "%s", path);
-        snprintf(t->json_path, sizeof t->json_path, "%s/tokenizer.json", path);
-    } else {
-        snprintf(t->json_path, sizeof t->json_path, "%s", path);
-        snprintf(dir, sizeof dir, "%s", path);
-        char *slash = strrchr(dir, '/');
-        if (slash) *slash = 0;
-        else snprintf(dir, sizeof dir, ".");
-    }
+    snprintf(t->json_path, sizeof t->json_path, "%s", path);
     t->md = pcre2_match_data_create(1, NULL);
     t->cache = tide_calloc(TOK_CACHE_SLOTS, sizeof *t->cache);
     if (!t->md || !t->cache) {
@@ -737,16 +710,62 @@ tide_status tide_tokenizer_open(tide_ctx *ctx, const char *path, tide_tokenizer 
         tide_tokenizer_free(t);
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "PCRE2 without Unicode support");
     }
+    *out = t;
+    return TIDE_OK;
+}
+
+tide_status tok_load_tree(tide_tokenizer *t, const cJSON *root, bool explicit_ids) {
+    loader L = {.t = t, .file = t->json_path, .explicit_ids = explicit_ids};
+    tide_status st = load(&L, root);
+    tok_smap_free(&L.names);
+    return st;
+}
+
+/* A GGUF file: named *.gguf (so that a missing one is named as such), or a
+ * regular file that starts with GGUF's magic. */
+static bool is_gguf_path(const char *path) {
+    size_t n = strlen(path);
+    if (n > 5 && !strcmp(path + n - 5, ".gguf")) return true;
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) return false;
+    FILE *f = fopen(path, "rb");
+    char magic[4] = {0};
+    bool gguf = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+    if (f) fclose(f);
+    return gguf;
+}
+
+tide_status tide_tokenizer_open(tide_ctx *ctx, const char *path, tide_tokenizer **out) {
+    if (!path || !out) return tide_err(ctx, TIDE_E_INVALID, "tide_tokenizer_open: NULL argument");
+    *out = NULL;
+    if (is_gguf_path(path)) return tok_gguf_open(ctx, path, out);
+    char dir[4096], json[4096];
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        snprintf(dir, sizeof dir, "%s", path);
+        snprintf(json, sizeof json, "%s/tokenizer.json", path);
+    } else if (stat(path, &sb) != 0 && (strlen(path) < 5 || strcmp(path + strlen(path) - 5, ".json"))) {
+        /* neither a directory nor a file: name the file a directory would hold */
+        snprintf(dir, sizeof dir, "%s", path);
+        snprintf(json, sizeof json, "%s/tokenizer.json", path);
+    } else {
+        snprintf(json, sizeof json, "%s", path);
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        else snprintf(dir, sizeof dir, ".");
+    }
+    tide_tokenizer *t;
+    tide_status st = tok_new(ctx, json, &t);
+    if (st) return st;
     cJSON *root;
-    tide_status st = tok_read_json(ctx, t->json_path, TOKENIZER_JSON_MAX, false, &root);
-    if (st) {
+    if ((st = tok_read_json(ctx, t->json_path, TOKENIZER_JSON_MAX, false, &root))) {
         tide_tokenizer_free(t);
         return st;
     }
-    loader L = {.t = t, .file = t->json_path};
-    st = load(&L, root, dir);
+    st = tok_load_tree(t, root, false);
     cJSON_Delete(root);
-    tok_smap_free(&L.names);
+    if (!st) st = tok_read_configs(t, dir);
     if (st) {
         tide_tokenizer_free(t);
         return st;
