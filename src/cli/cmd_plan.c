@@ -12,7 +12,8 @@
 #include <string.h>
 
 static const char help[] =
-    "Usage: tide plan (--model DIR | --config NAME) [--batch B] [--seq S] [--decode N]\n"
+    "Usage: tide plan (--model DIR | --config NAME) [--dtype T] [--batch B] [--seq S]\n"
+    "                 [--decode N]\n"
     "                 [--train [--accum N] [--optimizer auto|device|cpu]]\n"
     "                 --budget BYTES|PCT%|min [--hw PROFILE] [--policy P]\n"
     "                 [--host-budget BYTES] [--weights-on-ssd] [--tile auto|none|LEVEL]\n"
@@ -25,6 +26,9 @@ static const char help[] =
     "  --model DIR        read the configuration from DIR/config.json\n"
     "  --config NAME      a built-in configuration: tinyllama-1.1b, llama-7b,\n"
     "                     llama-13b, llama-65b, llama-2-70b\n"
+    "  --dtype T          plan the weights stored as T instead of the configuration's\n"
+    "                     type: f32, f16, bf16, or a block type q8_0, q4_0, q4_k,\n"
+    "                     q5_k, q6_k (every weight of that type, the norms f32)\n"
     "  --batch B          sequences processed together (default 1)\n"
     "  --seq S            prompt tokens (default 2048)\n"
     "  --decode N         plan N one-token decode steps after an S-token prompt\n"
@@ -88,11 +92,13 @@ static void tile_words(const tide_graph *g, int level, long seq, char *buf, size
 
 static void print_human(const plan_args *a, const tide_llama_config *cfg, const tide_hw_info *hw,
                         const tide_plan_info *s, int n_ops, uint64_t peak, const tide_bounds *b,
-                        const char *budget_note, const char *tiling) {
+                        const char *budget_note, const char *tiling, uint64_t weight_bytes) {
     char b1[32], b2[32], b3[32], b4[32];
     printf("plan        %s %s, batch %ld, %s %ld, policy %s, hw %s\n", cfg->name,
            a->decode ? "decode" : "prefill", a->batch, a->decode ? "steps" : "seq",
            a->decode ? a->decode : a->seq, tide_policy_name(s->policy), hw->name);
+    printf("weights     %s, %s\n", cfg->wtypes_set ? "mixed types" : tide_dtype_name(cfg->dtype),
+           cli_fmt_bytes(weight_bytes, b1, sizeof b1));
     printf("verified    yes (%d instructions, %d ops x %d iterations)\n", s->n_instructions, n_ops, s->n_iter);
     printf("tiling      %s\n", tiling);
     printf("budget      %s %s; unconstrained peak %s\n", cli_fmt_bytes(s->device_budget, b1, sizeof b1),
@@ -114,12 +120,15 @@ static void print_human(const plan_args *a, const tide_llama_config *cfg, const 
 }
 
 static void print_json(const plan_args *a, const tide_llama_config *cfg, const tide_hw_info *hw,
-                       const tide_plan_info *s, int n_ops, uint64_t peak, const tide_bounds *b, int level) {
+                       const tide_plan_info *s, int n_ops, uint64_t peak, const tide_bounds *b, int level,
+                       uint64_t weight_bytes) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddBoolToObject(o, "feasible", 1);
     cJSON_AddBoolToObject(o, "verified", 1);
     cJSON_AddStringToObject(o, "config", cfg->name);
     cJSON_AddStringToObject(o, "workload", a->decode ? "decode" : "prefill");
+    cJSON_AddStringToObject(o, "dtype", cfg->wtypes_set ? "mixed" : tide_dtype_name(cfg->dtype));
+    cJSON_AddNumberToObject(o, "weight_bytes", (double)weight_bytes);
     cJSON_AddNumberToObject(o, "batch", (double)a->batch);
     cJSON_AddNumberToObject(o, "seq", (double)a->seq);
     cJSON_AddNumberToObject(o, "decode_steps", (double)a->decode);
@@ -160,6 +169,7 @@ static const struct option plan_options[] = {
     {"out", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
     {"tile", required_argument, 0, 'T'},   {"train", no_argument, 0, 'r'},
     {"accum", required_argument, 0, 'A'},  {"optimizer", required_argument, 0, 'O'},
+    {"dtype", required_argument, 0, 'd'},
     {0, 0, 0, 0},
 };
 
@@ -203,6 +213,14 @@ static int parse_args(int argc, char **argv, plan_args *a) {
                                        TIDE_TILE_LEVELS - 1);
             break;
         case 'r': a->train = true; break;
+        case 'd': {
+            tide_dtype dt;
+            if (tide_dtype_parse(optarg, &dt) || dt == TIDE_I32)
+                return cli_usage_error("plan", "unknown --dtype '%s' (f32, f16, bf16, q8_0, q4_0, q4_k, q5_k or "
+                                       "q6_k)", optarg);
+            a->dtype = optarg;
+            break;
+        }
         case 'A':
             if (cli_parse_int(optarg, 1, 4096, &a->accum)) return cli_usage_error("plan", "bad --accum '%s'", optarg);
             a->have_accum = true;
@@ -219,6 +237,8 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     if (optind != argc) return cli_usage_error("plan", "unexpected argument '%s'", argv[optind]);
     if (!a->model == !a->config) return cli_usage_error("plan", "give exactly one of --model and --config");
     if (!a->budget) return cli_usage_error("plan", "--budget is required (bytes, a percentage or min)");
+    if (a->train && a->dtype)
+        return cli_usage_error("plan", "--dtype plans inference: a training step keeps the checkpoint's weights");
     if (a->train && (a->decode || a->weights_on_ssd))
         return cli_usage_error("plan", "--train plans a training step: no --decode or --weights-on-ssd");
     if ((a->have_accum || a->have_optim) && !a->train)
@@ -259,6 +279,12 @@ static int load_job(const plan_args *a, plan_job *j) {
     if (a->model) snprintf(path, sizeof path, "%s/config.json", a->model);
     if (a->model ? tide_llama_config_load(j->ctx, path, &j->cfg) : tide_llama_config_named(j->ctx, a->config, &j->cfg))
         return cli_fail(j->ctx, "config");
+    if (a->dtype) { /* parsed by parse_args */
+        tide_dtype dt = TIDE_F32;
+        tide_dtype_parse(a->dtype, &dt);
+        j->cfg.dtype = dt;
+        j->cfg.wtypes_set = false; /* uniform: a block type keeps the norms f32 */
+    }
     if (tide_hw_open(j->ctx, a->hw_name, &j->hw)) return cli_fail(j->ctx, "hardware profile");
     tide_hw_info_get(j->hw, &j->hwi);
     int n_iter = a->decode ? (int)a->decode : 1;
@@ -350,8 +376,9 @@ static int report(const plan_args *a, plan_job *j) {
     tide_plan_info s;
     tide_plan_info_get(j->p, &s);
     int n_ops = tide_graph_n_ops(j->g);
-    if (a->json) print_json(a, &j->cfg, &j->hwi, &s, n_ops, j->peak, &bounds, j->level);
-    else print_human(a, &j->cfg, &j->hwi, &s, n_ops, j->peak, &bounds, j->note, tiling);
+    uint64_t wb = tide_graph_role_bytes(j->g, TIDE_ROLE_WEIGHT);
+    if (a->json) print_json(a, &j->cfg, &j->hwi, &s, n_ops, j->peak, &bounds, j->level, wb);
+    else print_human(a, &j->cfg, &j->hwi, &s, n_ops, j->peak, &bounds, j->note, tiling, wb);
     return 0;
 }
 

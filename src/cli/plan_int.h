@@ -9,6 +9,7 @@
 
 typedef struct plan_args {
     const char *model, *config, *hw_name, *budget, *trace, *out;
+    const char *dtype;            /* --dtype: the weights' storage type, or NULL */
     long batch, seq, decode, accum;
     uint64_t host_budget;
     tide_policy policy;

@@ -22,12 +22,16 @@
 
 static bool is_act(const tide_tensor *t) { return t->dtype == TIDE_F32 && t->ndim == 2; }
 static bool is_float(tide_dtype d) { return d == TIDE_F32 || d == TIDE_F16 || d == TIDE_BF16; }
+/* A weight MATMUL and EMBED read: a float or a block-quantized type (whether
+ * a backend has a kernel for it is the backend's to say). */
+static bool is_weight_type(tide_dtype d) { return is_float(d) || tide_dtype_is_quantized(d); }
 
 /* ---------------------------------------------------------------- shape contracts */
 
 static tide_status check_embed(CHECK_ARGS) {
     const tide_tensor *tab = T(0), *tok = T(1), *o = O(0);
-    if (tab->ndim != 2 || !is_float(tab->dtype)) FAIL("embed: table '%s' must be a 2-D float tensor", tab->name);
+    if (tab->ndim != 2 || !is_weight_type(tab->dtype))
+        FAIL("embed: table '%s' must be a 2-D float or block-quantized tensor", tab->name);
     if (tok->dtype != TIDE_I32) FAIL("embed: tokens '%s' must be i32", tok->name);
     if (!is_act(o) || o->shape[1] != tab->shape[1] || p->idx0 + o->shape[0] > tide_tensor_numel(tok))
         FAIL("embed: output '%s' must be f32 (rows, %lld) with rows from '%s'[%lld] on", o->name,
@@ -52,7 +56,8 @@ static tide_status check_rmsnorm(CHECK_ARGS) {
 static tide_status check_matmul(CHECK_ARGS) {
     const tide_tensor *x = T(0), *w = T(1), *o = O(0);
     if (!is_act(x) || !is_act(o)) FAIL("matmul: '%s' and '%s' must be 2-D f32", x->name, o->name);
-    if (w->ndim != 2 || !is_float(w->dtype)) FAIL("matmul: weight '%s' must be 2-D float", w->name);
+    if (w->ndim != 2 || !is_weight_type(w->dtype))
+        FAIL("matmul: weight '%s' must be 2-D float or block-quantized", w->name);
     if (p->accumulate && n_in != 3) FAIL("matmul: accumulating into '%s' takes it as a third input", o->name);
     if (p->no_transpose) { /* x . w, w (K, N) */
         if (w->shape[0] != x->shape[1] || o->shape[0] < p->row0 + x->shape[0] || o->shape[1] < p->col0 + w->shape[1])
