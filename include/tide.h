@@ -1184,6 +1184,11 @@ typedef struct tide_hw_info {
     double h2d_bw, d2h_bw;        /* host <-> device link, bytes/s each way */
     int ssd_count;
     double ssd_read_bw, ssd_write_bw; /* per drive, bytes/s */
+    const char *source;           /* the profile's "source": "datasheet" (figures not yet
+                                     measured), "probed", ...; "" when it has none */
+    double host_flops, host_mem_bw; /* the host CPU's rates the cost model uses for
+                                     computes placed on it (its defaults where the
+                                     profile has none) */
 } tide_hw_info;
 /* Fills *out from hw (both non-NULL). */
 void tide_hw_info_get(const tide_hw *hw, tide_hw_info *out);

@@ -49,7 +49,9 @@ static const char help[] =
     "  --budget X         device arena: bytes (e.g. 20G), a percentage of the\n"
     "                     unconstrained peak capped at the profile's memory (25%),\n"
     "                     or min (the smallest budget the policy can plan)\n"
-    "  --hw PROFILE       p100-16g, v100-32g, a100-80g, h100-80g (default) or a\n"
+    "  --hw PROFILE       p100-16g, v100-32g, a100-80g, h100-80g (default),\n"
+    "                     h200-141g, l4-24g, a10-24g, rtx-3090-24g, rtx-4090-24g\n"
+    "                     (the last five: datasheet figures until probed) or a\n"
     "                     profile JSON path (see tide probe)\n"
     "  --policy P         tide (default), static-layer (whole layers resident, the\n"
     "                     rest streamed with double buffering) or lru (load on\n"
@@ -97,6 +99,8 @@ static void print_human(const plan_args *a, const tide_llama_config *cfg, const 
     printf("plan        %s %s, batch %ld, %s %ld, policy %s, hw %s\n", cfg->name,
            a->decode ? "decode" : "prefill", a->batch, a->decode ? "steps" : "seq",
            a->decode ? a->decode : a->seq, tide_policy_name(s->policy), hw->name);
+    if (hw->source[0]) printf("hw source   %s%s\n", hw->source,
+                              !strcmp(hw->source, "datasheet") ? " (figures not measured: run tide probe)" : "");
     printf("weights     %s, %s\n", cfg->wtypes_set ? "mixed types" : tide_dtype_name(cfg->dtype),
            cli_fmt_bytes(weight_bytes, b1, sizeof b1));
     printf("verified    yes (%d instructions, %d ops x %d iterations)\n", s->n_instructions, n_ops, s->n_iter);
@@ -133,6 +137,7 @@ static void print_json(const plan_args *a, const tide_llama_config *cfg, const t
     cJSON_AddNumberToObject(o, "seq", (double)a->seq);
     cJSON_AddNumberToObject(o, "decode_steps", (double)a->decode);
     cJSON_AddStringToObject(o, "hw", hw->name);
+    cJSON_AddStringToObject(o, "hw_source", hw->source);
     cJSON_AddStringToObject(o, "policy", tide_policy_name(s->policy));
     cJSON_AddNumberToObject(o, "budget_bytes", (double)s->device_budget);
     cJSON_AddNumberToObject(o, "unconstrained_peak_bytes", (double)peak);
