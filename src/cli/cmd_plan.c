@@ -17,6 +17,7 @@ static const char help[] =
     "                 [--train [--accum N] [--optimizer auto|device|cpu]]\n"
     "                 --budget BYTES|PCT%|min [--hw PROFILE] [--policy P]\n"
     "                 [--host-budget BYTES] [--weights-on-ssd] [--tile auto|none|LEVEL]\n"
+    "                 [--host-compute auto|off]\n"
     "                 [--json] [--trace FILE] [--out PLAN.json]\n"
     "\n"
     "Plans every tensor move of a LLaMA-style model's forward pass under a device\n"
@@ -65,6 +66,13 @@ static const char help[] =
     "  --host-budget X    host memory for weights homed on host and spills\n"
     "                     (default: the profile's host memory)\n"
     "  --weights-on-ssd   home the weights on SSD instead of host memory\n"
+    "  --host-compute M   inference, policy tide: auto (default) runs a MATMUL whose\n"
+    "                     weight lives in host memory on the host CPU instead of\n"
+    "                     bringing the weight over the link (its activations cross\n"
+    "                     instead), op by op where the plan is predicted faster\n"
+    "                     (the profile's host_mem_bw and host_flops against the\n"
+    "                     link); off keeps every op on the device. tide run does\n"
+    "                     not place ops on the host\n"
     "  --tile T           split ops into tiles when the budget is below the largest\n"
     "                     op's working set: auto (default: the coarsest tiling that\n"
     "                     fits; with --budget min the one with the smallest minimum),\n"
@@ -114,6 +122,9 @@ static void print_human(const plan_args *a, const tide_llama_config *cfg, const 
     printf("%-22s %14s\n", "bytes host->device", cli_fmt_bytes(s->bytes_h2d, b1, sizeof b1));
     printf("%-22s %14s\n", "bytes device->host", cli_fmt_bytes(s->bytes_d2h, b2, sizeof b2));
     printf("%-22s %14s\n", "bytes ssd read", cli_fmt_bytes(s->bytes_ssd_read, b3, sizeof b3));
+    if (s->host_computes)
+        printf("%-22s %14d  (reading %s of weights in host memory)\n", "host computes / iter", s->host_computes,
+               cli_fmt_bytes(s->host_compute_weight_bytes, b4, sizeof b4));
     printf("%-22s %14s\n", "bytes ssd write", cli_fmt_bytes(s->bytes_ssd_write, b4, sizeof b4));
     printf("%-22s %13.4fs\n", "predicted makespan", s->makespan_s);
     printf("%-22s %13.4fs  (%.1f%% of ideal)\n", "ideal (no limit)", b->ideal_s,
@@ -149,6 +160,8 @@ static void print_json(const plan_args *a, const tide_llama_config *cfg, const t
     cJSON_AddNumberToObject(o, "bytes_ssd_read", (double)s->bytes_ssd_read);
     cJSON_AddNumberToObject(o, "bytes_ssd_write", (double)s->bytes_ssd_write);
     cJSON_AddNumberToObject(o, "n_instructions", s->n_instructions);
+    cJSON_AddNumberToObject(o, "host_computes", s->host_computes);
+    cJSON_AddNumberToObject(o, "host_compute_weight_bytes", (double)s->host_compute_weight_bytes);
     cJSON_AddNumberToObject(o, "n_ops", n_ops);
     cJSON_AddNumberToObject(o, "tile_level", level);
     cJSON_AddNumberToObject(o, "makespan_s", s->makespan_s);
@@ -174,7 +187,7 @@ static const struct option plan_options[] = {
     {"out", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
     {"tile", required_argument, 0, 'T'},   {"train", no_argument, 0, 'r'},
     {"accum", required_argument, 0, 'A'},  {"optimizer", required_argument, 0, 'O'},
-    {"dtype", required_argument, 0, 'd'},
+    {"dtype", required_argument, 0, 'd'},  {"host-compute", required_argument, 0, 'C'},
     {0, 0, 0, 0},
 };
 
@@ -218,6 +231,11 @@ static int parse_args(int argc, char **argv, plan_args *a) {
                                        TIDE_TILE_LEVELS - 1);
             break;
         case 'r': a->train = true; break;
+        case 'C':
+            if (strcmp(optarg, "auto") && strcmp(optarg, "off"))
+                return cli_usage_error("plan", "bad --host-compute '%s' (auto or off)", optarg);
+            a->host_compute_off = !strcmp(optarg, "off");
+            break;
         case 'd': {
             tide_dtype dt;
             if (tide_dtype_parse(optarg, &dt) || dt == TIDE_I32)
@@ -306,6 +324,7 @@ static int load_job(const plan_args *a, plan_job *j) {
     j->po.hw = j->hw;
     j->po.weights_on_ssd = a->weights_on_ssd;
     j->po.tile = a->tile;
+    j->po.host_compute = a->host_compute_off ? TIDE_HOST_COMPUTE_OFF : TIDE_HOST_COMPUTE_AUTO;
     j->peak = tide_planner_peak(j->ctx, j->g, &j->po);
     return 0;
 }

@@ -17,6 +17,7 @@ typedef struct plan_args {
     int tile;
     tide_optim_mode optim;        /* --optimizer (training) */
     bool have_optim;
+    bool host_compute_off;        /* --host-compute off */
 } plan_args;
 
 /* `tide plan --train`: returns the exit status. */
