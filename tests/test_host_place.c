@@ -6,8 +6,8 @@
  *     q4_k, q8_0 or q6_k tinyllama-1.1b's weight bytes are its blocks' bytes
  *     (norms f32), and the planner's streamed bytes follow them;
  *   - on a machine whose link is slow and whose host memory is fast, the
- *     search puts decode MATMULs on the host CPU and its plan is predicted
- *     faster than every op on the device; on one whose link is fast and host
+ *     search puts decode MATMULs (or whole first layers) on the host CPU and
+ *     its plan is predicted faster than every op on the device; on one whose link is fast and host
  *     slow, it places nothing there;
  *   - the co-offloaded plan verifies, and a planted one where a host compute
  *     reads a tensor that is not in host memory (its activation operand
@@ -139,11 +139,16 @@ static void test_slow_link_places_on_host(void **state) {
     assert_non_null(host);
     assert_true(info.n_candidates >= 22 * 7);
     assert_true(info.n_host > 0 && info.host_weight_bytes > 0);
-    for (int i = 0; i < g->n_ops; i++)
-        if (host[i]) {
-            assert_int_equal(g->ops[i].kind, TIDE_OP_MATMUL);
-            assert_int_equal(g->tensors[g->ops[i].in[1]].role, TIDE_ROLE_WEIGHT);
+    /* MATMULs reading weights, or every op of the first host_layers layers */
+    for (int i = 0; i < g->n_ops; i++) {
+        const tide_op *op = &g->ops[i];
+        if (info.host_layers) {
+            assert_int_equal(host[i], op->layer >= 0 && op->layer < info.host_layers);
+        } else if (host[i]) {
+            assert_int_equal(op->kind, TIDE_OP_MATMUL);
+            assert_int_equal(g->tensors[op->in[1]].role, TIDE_ROLE_WEIGHT);
         }
+    }
     assert_true(info.device_makespan_s > 0);
     assert_true(info.makespan_s < 0.8 * info.device_makespan_s);
     /* the plan with that placement: verified, host computes on the host

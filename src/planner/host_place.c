@@ -19,13 +19,22 @@
  * Candidates: MATMULs reading a WEIGHT homed in host memory whose host
  * compute takes less than TIDE_HOST_PLACE_RATIO times the link time of the
  * weight (prefill's large row counts are compute bound on the host and drop
- * out here). A candidate set is a fraction f of their weight bytes, spread
- * evenly over the graph's order by error diffusion (each op goes to the host
- * when the carried share reaches half its bytes), so that host ops interleave
- * with streamed ones and the host and the link work at the same time. The
- * search tries f = 0, 1/4, 1/2, 3/4 and 1, then halves the step around the
- * best down to 1/32; f = 0 (nothing on the host) is always a candidate, so
- * the plan kept is never predicted slower than the device-only one.
+ * out here; no candidate, no search). Two families of placements are
+ * searched:
+ *   - MATMULs alone: a fraction f of the candidates' weight bytes, spread
+ *     evenly over the graph's order by error diffusion (each op goes to the
+ *     host when the carried share reaches half its bytes), so that host ops
+ *     interleave with streamed ones and the host and the link work at the
+ *     same time; each host MATMUL's activations make a round trip;
+ *   - whole decoder layers: every op of the first k layers (norms,
+ *     attention over a KV cache then kept in host memory, the element-wise
+ *     ops), as llama.cpp's partial offload puts whole layers on the CPU; the
+ *     activations cross the link once where the host's layers end, and the
+ *     device's layers still stream what does not stay resident.
+ * Each family's index (f in 32nds; k) is searched at its quarters, then by
+ * halving steps around the best; index 0 (nothing on the host) is always a
+ * candidate, so the plan kept is never predicted slower than the device-only
+ * one.
  */
 #include "planner/planner.h"
 
@@ -42,23 +51,37 @@ typedef struct hp_search {
     tide_ctx *ctx;
     const tide_graph *g;
     tide_plan_opts po;
-    const int *cand;              /* candidate op indices, in graph order */
+    const int *cand;              /* candidate MATMULs, in graph order */
     int n;
+    int n_layers;                 /* decoder layers of g */
     bool *mask;                   /* scratch: one per op */
-    double cost[33];              /* per f = k/32: predicted makespan (NAN: not tried) */
+    double *cost[2];              /* per family and index: predicted makespan (NAN: not tried) */
+    int size[2];                  /* indices 0..size of each family */
     tide_status last_err;
     int tried;
 } hp_search;
 
-/* Fills s->mask with the candidates of fraction k/32 of their bytes; returns
- * how many went to the host. */
-static int hp_mask(hp_search *s, int k) {
-    memset(s->mask, 0, (size_t)s->g->n_ops * sizeof *s->mask);
-    double f = k / 32.0, carry = 0;
+/* Fills s->mask with candidate set k of a family; returns how many ops went
+ * to the host. Family 0: the MATMULs of a fraction k/32 of the candidates'
+ * weight bytes, spread by error diffusion. Family 1: every op of the first k
+ * decoder layers (attention and its KV cache too), so that activations cross
+ * the link only where the host's layers end. */
+static int hp_mask(hp_search *s, int family, int k) {
+    const tide_graph *g = s->g;
+    memset(s->mask, 0, (size_t)g->n_ops * sizeof *s->mask);
     int n = 0;
+    if (family == 1) {
+        for (int i = 0; i < g->n_ops; i++)
+            if (g->ops[i].layer >= 0 && g->ops[i].layer < k) {
+                s->mask[i] = true;
+                n++;
+            }
+        return n;
+    }
+    double f = k / 32.0, carry = 0;
     for (int i = 0; i < s->n; i++) {
-        const tide_op *op = &s->g->ops[s->cand[i]];
-        double b = (double)s->g->tensors[op->in[1]].nbytes;
+        const tide_op *op = &g->ops[s->cand[i]];
+        double b = (double)g->tensors[op->in[1]].nbytes;
         carry += f * b;
         if (carry >= 0.5 * b) {
             s->mask[s->cand[i]] = true;
@@ -69,17 +92,36 @@ static int hp_mask(hp_search *s, int k) {
     return n;
 }
 
-static double hp_try(hp_search *s, int k) {
-    if (!isnan(s->cost[k])) return s->cost[k];
-    int n = hp_mask(s, k);
+static double hp_try(hp_search *s, int family, int k) {
+    if (!isnan(s->cost[family][k])) return s->cost[family][k];
+    int n = hp_mask(s, family, k);
     s->po.host_ops = n ? s->mask : NULL;
     tide_plan *p = NULL;
     tide_status st = tide_plan_make(s->ctx, s->g, &s->po, &p);
     s->tried++;
     if (st) s->last_err = st;
-    s->cost[k] = st ? INFINITY : p->stats.makespan_s;
+    s->cost[family][k] = st ? INFINITY : p->stats.makespan_s;
     tide_plan_free(p);
-    return s->cost[k];
+    return s->cost[family][k];
+}
+
+/* The best index of a family: its quarters, then halving steps around the
+ * best (0, nothing on the host, among them). */
+static int hp_search_family(hp_search *s, int family) {
+    int N = s->size[family], best = 0;
+    for (int q = 0; q <= 4; q++) {
+        int k = N * q / 4;
+        if (hp_try(s, family, k) < s->cost[family][best]) best = k;
+    }
+    for (int step = N / 8 > 0 ? N / 8 : 1;; step /= 2) {
+        int b0 = best;
+        for (int d = -1; d <= 1; d += 2) {
+            int k = b0 + d * step;
+            if (k >= 0 && k <= N && hp_try(s, family, k) < s->cost[family][best]) best = k;
+        }
+        if (step <= 1) break;
+    }
+    return best;
 }
 
 bool tide_host_place_candidate(const tide_graph *g, const tide_plan_opts *po, int o) {
@@ -95,14 +137,19 @@ tide_status tide_plan_host_place(tide_ctx *ctx, const tide_graph *g, const tide_
                                  tide_host_place_info *info) {
     *host_ops = NULL;
     memset(info, 0, sizeof *info);
-    if (po->policy != TIDE_POLICY_TIDE || po->host_addressable || po->host_ops) return TIDE_OK;
-    for (int i = 0; i < g->n_ops; i++)
+    if (po->policy != TIDE_POLICY_TIDE || po->host_addressable || po->host_ops || po->weights_on_ssd) return TIDE_OK;
+    int n_layers = 0;
+    for (int i = 0; i < g->n_ops; i++) {
         if (g->ops[i].kind == TIDE_OP_ADAMW) return TIDE_OK; /* a training step: train/optim_place.c's */
+        n_layers = TIDE_MAX(n_layers, g->ops[i].layer + 1);
+    }
     int *cand = tide_malloc((size_t)(g->n_ops ? g->n_ops : 1) * sizeof *cand);
     bool *mask = tide_malloc((size_t)(g->n_ops ? g->n_ops : 1) * sizeof *mask);
-    if (!cand || !mask) {
+    double *cost = tide_malloc((size_t)(32 + 1 + n_layers + 1) * sizeof *cost);
+    if (!cand || !mask || !cost) {
         tide_free(cand);
         tide_free(mask);
+        tide_free(cost);
         return tide_err(ctx, TIDE_E_NOMEM, "out of memory placing ops on the host");
     }
     int n = 0;
@@ -112,32 +159,37 @@ tide_status tide_plan_host_place(tide_ctx *ctx, const tide_graph *g, const tide_
     if (!n) {
         tide_free(cand);
         tide_free(mask);
+        tide_free(cost);
         return TIDE_OK;
     }
-    hp_search s = {.ctx = ctx, .g = g, .po = *po, .cand = cand, .n = n, .mask = mask};
-    for (int k = 0; k <= 32; k++) s.cost[k] = NAN;
-    int best = 0;
-    for (int k = 0; k <= 32; k += 8)
-        if (hp_try(&s, k) < s.cost[best]) best = k;
-    for (int step = 4; step >= 1; step /= 2) {
-        int b0 = best;
-        for (int d = -1; d <= 1; d += 2) {
-            int k = b0 + d * step;
-            if (k >= 0 && k <= 32 && hp_try(&s, k) < s.cost[best]) best = k;
+    hp_search s = {.ctx = ctx, .g = g, .po = *po, .cand = cand, .n = n, .n_layers = n_layers, .mask = mask,
+                   .cost = {cost, cost + 33}, .size = {32, n_layers}};
+    for (int k = 0; k < 32 + 1 + n_layers + 1; k++) cost[k] = NAN;
+    int fam = 0, best = hp_search_family(&s, 0);
+    if (n_layers > 0) {
+        s.cost[1][0] = s.cost[0][0]; /* the same plan: nothing on the host */
+        int b1 = hp_search_family(&s, 1);
+        if (s.cost[1][b1] < s.cost[0][best]) {
+            fam = 1;
+            best = b1;
         }
     }
     tide_status st = TIDE_OK;
     info->plans_tried = s.tried;
-    info->device_makespan_s = isfinite(s.cost[0]) ? s.cost[0] : 0;
-    if (!isfinite(s.cost[best])) {
+    info->device_makespan_s = isfinite(s.cost[0][0]) ? s.cost[0][0] : 0;
+    if (!isfinite(s.cost[fam][best])) {
         st = s.last_err ? s.last_err : tide_err(ctx, TIDE_E_INFEASIBLE, "no placement of ops on the host plans");
     } else {
-        info->makespan_s = s.cost[best];
-        info->fraction = best / 32.0;
-        int nh = hp_mask(&s, best);
+        info->makespan_s = s.cost[fam][best];
+        info->host_layers = fam == 1 ? best : 0;
+        int nh = hp_mask(&s, fam, best);
         info->n_host = nh;
+        uint64_t all = 0;
+        for (int i = 0; i < n; i++) all += g->tensors[g->ops[cand[i]].in[1]].nbytes;
         for (int i = 0; i < g->n_ops; i++)
-            if (mask[i]) info->host_weight_bytes += g->tensors[g->ops[i].in[1]].nbytes;
+            if (mask[i] && g->ops[i].kind == TIDE_OP_MATMUL && g->tensors[g->ops[i].in[1]].role == TIDE_ROLE_WEIGHT)
+                info->host_weight_bytes += g->tensors[g->ops[i].in[1]].nbytes;
+        info->fraction = all ? (double)info->host_weight_bytes / (double)all : 0;
         if (nh) {
             *host_ops = mask;
             mask = NULL;
@@ -145,5 +197,6 @@ tide_status tide_plan_host_place(tide_ctx *ctx, const tide_graph *g, const tide_
     }
     tide_free(cand);
     tide_free(mask);
+    tide_free(cost);
     return st;
 }

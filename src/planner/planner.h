@@ -90,6 +90,7 @@ typedef struct tide_host_place_info {
     int n_host;                   /* placed there */
     uint64_t host_weight_bytes;   /* their weights' bytes */
     double fraction;              /* of the candidates' weight bytes */
+    int host_layers;              /* whole decoder layers placed there (0: MATMULs alone) */
     double makespan_s;            /* predicted, of the kept placement */
     double device_makespan_s;     /* predicted with every op on the device (0: not plannable) */
     int plans_tried;
@@ -99,8 +100,10 @@ typedef struct tide_host_place_info {
  * far slower than bringing its weight over the link. */
 bool tide_host_place_candidate(const tide_graph *g, const tide_plan_opts *po, int o);
 /* Chooses the ops of an inference graph g to run on the host CPU under po
- * (policy tide; nothing for other policies, host_addressable plans, a
- * po->host_ops already given, or training graphs) into *host_ops (malloc'd,
+ * (policy tide; nothing for other policies, host_addressable plans, weights
+ * on SSD, a po->host_ops already given, or training graphs): MATMULs spread
+ * over the graph, or every op of the first decoder layers, whichever plans
+ * faster, into *host_ops (malloc'd,
  * one per op; NULL when none is placed there: every op on the device is then
  * predicted as fast or faster). TIDE_OK, TIDE_E_NOMEM, or the failure of
  * planning when no candidate placement plans. */
