@@ -422,6 +422,21 @@ tide_status tide_llama_config_check(tide_ctx *ctx, const tide_llama_config *cfg)
 /* Number of parameters. */
 uint64_t tide_llama_config_params(const tide_llama_config *cfg);
 
+/* The quantization mixes of llama.cpp's quantizer (docs/quantization.md):
+ * "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K" (either case). Fills cfg's
+ * per-weight types (wtypes, wtypes_set) as llama.cpp's quantizer would store
+ * them for that model: the mix's base type for every 2-D weight, norms f32,
+ * the output head (the embedding when tied) in Q6_K, attn_v and ffn_down in
+ * Q6_K on llama.cpp's "more bits" layers for the _M mixes, and its fallbacks
+ * where rows are not whole blocks (to tide's nearest type with more bits).
+ * cfg->dtype becomes the base type. Returns TIDE_OK, TIDE_E_NOT_FOUND (an
+ * unknown mix; the message lists the known ones), TIDE_E_INVALID (more than
+ * TIDE_LLAMA_MAX_LAYERS layers) or TIDE_E_UNSUPPORTED (rows that are not whole
+ * 32-element blocks under a Q8_0 or Q4_0 mix, which llama.cpp refuses too). */
+tide_status tide_quant_mix_apply(tide_ctx *ctx, const char *mix, tide_llama_config *cfg);
+/* Names of the mixes, NULL-terminated. */
+const char *const *tide_quant_mix_names(void);
+
 typedef struct tide_llama_graph_opts {
     int batch;        /* B >= 1 */
     int seq;          /* T >= 1: tokens processed by this graph */
