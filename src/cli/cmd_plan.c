@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static const char help[] =
     "Usage: tide plan (--model DIR | --config NAME) [--dtype T] [--batch B] [--seq S]\n"
@@ -29,7 +30,10 @@ static const char help[] =
     "                     llama-13b, llama-65b, llama-2-70b\n"
     "  --dtype T          plan the weights stored as T instead of the configuration's\n"
     "                     type: f32, f16, bf16, or a block type q8_0, q4_0, q4_k,\n"
-    "                     q5_k, q6_k (every weight of that type, the norms f32)\n"
+    "                     q5_k, q6_k (every weight of that type, the norms f32),\n"
+    "                     or llama.cpp's mix q4_k_m or q5_k_m (per-weight types as\n"
+    "                     its quantizer stores them: the head and some attn_v and\n"
+    "                     ffn_down in q6_k)\n"
     "  --batch B          sequences processed together (default 1)\n"
     "  --seq S            prompt tokens (default 2048)\n"
     "  --decode N         plan N one-token decode steps after an S-token prompt\n"
@@ -191,6 +195,9 @@ static const struct option plan_options[] = {
     {0, 0, 0, 0},
 };
 
+/* Whether --dtype names one of llama.cpp's mixes (tide_quant_mix_apply). */
+static bool is_mix(const char *s) { return !strcasecmp(s, "q4_k_m") || !strcasecmp(s, "q5_k_m"); }
+
 /* Parses argv into *a. Returns -1 to go on, else the exit status (0 after
  * --help, 2 on a usage error). */
 static int parse_args(int argc, char **argv, plan_args *a) {
@@ -238,9 +245,9 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             break;
         case 'd': {
             tide_dtype dt;
-            if (tide_dtype_parse(optarg, &dt) || dt == TIDE_I32)
-                return cli_usage_error("plan", "unknown --dtype '%s' (f32, f16, bf16, q8_0, q4_0, q4_k, q5_k or "
-                                       "q6_k)", optarg);
+            if (!is_mix(optarg) && (tide_dtype_parse(optarg, &dt) || dt == TIDE_I32))
+                return cli_usage_error("plan", "unknown --dtype '%s' (f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, "
+                                       "q6_k, q4_k_m or q5_k_m)", optarg);
             a->dtype = optarg;
             break;
         }
@@ -302,7 +309,9 @@ static int load_job(const plan_args *a, plan_job *j) {
     if (a->model) snprintf(path, sizeof path, "%s/config.json", a->model);
     if (a->model ? tide_llama_config_load(j->ctx, path, &j->cfg) : tide_llama_config_named(j->ctx, a->config, &j->cfg))
         return cli_fail(j->ctx, "config");
-    if (a->dtype) { /* parsed by parse_args */
+    if (a->dtype && is_mix(a->dtype)) {
+        if (tide_quant_mix_apply(j->ctx, a->dtype, &j->cfg)) return cli_fail(j->ctx, "--dtype");
+    } else if (a->dtype) { /* parsed by parse_args */
         tide_dtype dt = TIDE_F32;
         tide_dtype_parse(a->dtype, &dt);
         j->cfg.dtype = dt;
