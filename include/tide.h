@@ -1234,6 +1234,11 @@ typedef struct tide_hw_info {
     double h2d_bw, d2h_bw;        /* host <-> device link, bytes/s each way */
     int ssd_count;
     double ssd_read_bw, ssd_write_bw; /* per drive, bytes/s */
+    const char *source;           /* the profile's "source": "datasheet" (figures not yet
+                                     measured), "probed", ...; "" when it has none */
+    double host_flops, host_mem_bw; /* the host CPU's rates the cost model uses for
+                                     computes placed on it (its defaults where the
+                                     profile has none) */
 } tide_hw_info;
 /* Fills *out from hw (both non-NULL). */
 void tide_hw_info_get(const tide_hw *hw, tide_hw_info *out);
@@ -1290,6 +1295,15 @@ const char *tide_optim_mode_name(tide_optim_mode m);
  * which may be NULL). */
 tide_status tide_optim_mode_parse(tide_ctx *ctx, const char *s, tide_optim_mode *out);
 
+/* Co-offload of inference: whether decode MATMULs whose weights live in host
+ * memory may run on the host CPU (their activations crossing the link
+ * instead of their weights), chosen per op by planning. */
+typedef enum tide_host_compute {
+    TIDE_HOST_COMPUTE_OFF = 0,    /* every op on the device */
+    TIDE_HOST_COMPUTE_AUTO,       /* where the plan is predicted faster, on a profile
+                                     with a host side (host_flops and host_mem_bw) */
+} tide_host_compute;
+
 /* What a plan is made under. */
 typedef struct tide_planner_opts {
     tide_policy policy;
@@ -1306,9 +1320,15 @@ typedef struct tide_planner_opts {
                                      TIDE_TILE_NONE or a level; the rest ignore it */
     tide_optim_mode optimizer;    /* tide_train_plan_new: where the updates run
                                      (host_updates is then ignored) */
+    tide_host_compute host_compute; /* inference plans (tide policy): co-offload of
+                                     MATMULs to the host CPU; graphs with ADAMW, other
+                                     policies and weights on SSD: no effect. Plans,
+                                     bounds and budgets of a graph use the same
+                                     placement (the search is deterministic) */
 } tide_planner_opts;
 /* Policy tide, no budget, the profile's host memory, one iteration, no
- * profile (set hw), weights on host, tile auto, optimizer auto. */
+ * profile (set hw), weights on host, tile auto, optimizer auto, host compute
+ * off. */
 tide_planner_opts tide_planner_opts_default(void);
 
 /* The unconstrained peak of g: the device bytes the tide policy's plan of
@@ -1385,6 +1405,8 @@ typedef struct tide_plan_info {
     double compute_s;             /* sum of op costs */
     double makespan_s;            /* simulated on the planning profile */
     double plan_seconds;          /* wall time planning took */
+    int host_computes;            /* computes placed on the host CPU in the first iteration */
+    uint64_t host_compute_weight_bytes; /* the weights they read (MATMULs'), first iteration */
 } tide_plan_info;
 /* Fills *out from p (both non-NULL). */
 void tide_plan_info_get(const tide_plan *p, tide_plan_info *out);

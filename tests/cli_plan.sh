@@ -55,6 +55,41 @@ expect 0 "weights on ssd" -- "$TIDE" plan --config llama-7b --hw h100-80g --budg
 json_field "$TMP/out" bytes_ssd_read
 
 # bad input
+# --dtype: block-typed weights sized by their blocks (tinyllama-1.1b: 1,100,048,384
+# parameters in 2-D weights, 22 x 2 + 1 norms of 2048 f32)
+expect 0 "dtype q4_k" -- "$TIDE" plan --config tinyllama-1.1b --dtype q4_k --seq 256 --budget 50% --json
+contains "$TMP/out" '"dtype":"q4_k"' "dtype in the JSON"
+w4=$(grep -o '"weight_bytes":[0-9]*' "$TMP/out" | cut -d: -f2)
+expect 0 "dtype bf16" -- "$TIDE" plan --config tinyllama-1.1b --dtype bf16 --seq 256 --budget 50% --json
+w16=$(grep -o '"weight_bytes":[0-9]*' "$TMP/out" | cut -d: -f2)
+norms=$(( (22 * 2 + 1) * 2048 ))
+if [ -z "$w4" ] || [ -z "$w16" ] || [ $(( (w16 - 2 * norms) / 2 / 256 * 144 + 4 * norms )) -ne "$w4" ]; then
+    echo "FAIL: q4_k weight bytes $w4 are not 144 bytes per 256 of bf16's $w16 (norms f32)"
+    FAILS=$((FAILS + 1))
+fi
+expect 0 "dtype q4_k_m" -- "$TIDE" plan --config llama-2-70b --dtype q4_k_m --decode 2 --hw rtx-4090-24g --budget 22G
+contains "$TMP/out" "weights     mixed types" "a mix's weights"
+contains "$TMP/out" "hw source   datasheet" "datasheet profile named"
+expect 2 "bad --dtype" -- "$TIDE" plan --config llama-7b --dtype q3_k --budget 50%
+expect 2 "--dtype with --train" -- "$TIDE" plan --config llama-7b --dtype q4_k --train --budget 50%
+
+# co-offload: on a desktop profile (a slow link, 70 GB/s host memory) decode
+# MATMULs go to the host CPU and the plan is faster; off keeps them on the device
+expect 0 "host compute auto" -- "$TIDE" plan --config llama-2-70b --dtype q4_k --decode 4 --hw rtx-4090-24g \
+    --budget 22G --json
+contains "$TMP/out" '"verified":true' "co-offloaded plan verified"
+hc=$(grep -o '"host_computes":[0-9]*' "$TMP/out" | cut -d: -f2)
+ma=$(grep -o '"makespan_s":[0-9.e+-]*' "$TMP/out" | cut -d: -f2)
+expect 0 "host compute off" -- "$TIDE" plan --config llama-2-70b --dtype q4_k --decode 4 --hw rtx-4090-24g \
+    --budget 22G --json --host-compute off
+contains "$TMP/out" '"host_computes":0' "off places nothing on the host"
+mo=$(grep -o '"makespan_s":[0-9.e+-]*' "$TMP/out" | cut -d: -f2)
+if [ -z "$hc" ] || [ "$hc" -le 0 ] || ! awk -v a="$ma" -v o="$mo" 'BEGIN { exit !(a < o) }'; then
+    echo "FAIL: co-offload placed $hc computes on the host, makespan $ma against $mo off"
+    FAILS=$((FAILS + 1))
+fi
+expect 2 "bad --host-compute" -- "$TIDE" plan --config llama-7b --host-compute maybe --budget 50%
+
 expect 1 "budget below the minimum" -- "$TIDE" plan --config llama-7b --budget 1M --seq 512
 contains "$TMP/err" "needs at least" "below-minimum message gives the minimum"
 expect 1 "budget above the device" -- "$TIDE" plan --config llama-7b --hw v100-32g --budget 100G --seq 512

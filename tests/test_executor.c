@@ -26,7 +26,9 @@
  * and the asynchronous test backend) from two threads at once, every run
  * bit-identical; ops forced onto the host CPU (CPU and asynchronous backends,
  * budgets 100%, 50%, minimum, weights on host and SSD), host homes used in
- * place and weights warm in a lent arena, every run bit-identical; two models
+ * place and weights warm in a lent arena, every run bit-identical; the
+ * co-offload search's own placement (MATMULs or whole first layers on the
+ * host CPU), bit-identical at every budget on both; two models
  * on one backend instance, interleaved step by step and from two threads,
  * resident, offloaded and on the plain engine, every logit equal to each
  * model run alone.
@@ -439,6 +441,82 @@ static void test_placements(void **state) {
     }
     print_message("    %d runs with %d host computes, in-place and warm runs: bit-identical\n", runs, host_ins);
     assert_true(host_ins > 0);
+    tide_backend_free(async);
+    free(ref);
+    env_close(&e);
+}
+
+/* Co-offload's own placement (tide_plan_host_place, the search `tide plan
+ * --host-compute auto` runs) of the prefill graph on a machine whose link is
+ * ten times slower than its host memory: MATMULs, or whole first layers with
+ * their attention, on the host CPU. Run on the CPU and on the asynchronous
+ * backend (device memory apart from host memory) at the full budget, half
+ * of it and the minimum: every run bit-identical to the unconstrained
+ * resident run (a half that falls below a device op's working set is left
+ * out). */
+static const tide_graph *co_graph;
+static bool *co_mask;
+
+static bool coffload_placed(const tide_graph *g, int o) {
+    if (g != co_graph) { /* a new graph: search its placement */
+        free(co_mask);
+        co_mask = NULL;
+        co_graph = g;
+        tide_ctx *ctx = tide_ctx_new();
+        tide_hw slow = hw;
+        slow.h2d_bw = slow.d2h_bw = 1e9;
+        slow.host_mem_bw = 1e10;
+        slow.host_flops = 1e10;
+        tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = &slow};
+        po.device_budget = tide_plan_unconstrained_peak(ctx, g, &slow, 1) / 2;
+        tide_host_place_info info;
+        bool *m = NULL;
+        if (tide_plan_host_place(ctx, g, &po, &m, &info)) fail_msg("co-offload: %s", tide_ctx_last_error(ctx));
+        tide_ctx_free(ctx);
+        co_mask = calloc((size_t)g->n_ops, sizeof *co_mask);
+        if (m) memcpy(co_mask, m, (size_t)g->n_ops * sizeof *co_mask);
+        tide_free(m);
+    }
+    return co_mask[o];
+}
+
+static void test_coffload(void **state) {
+    (void)state;
+    env e = env_open(true);
+    tide_ctx *ctx = e.ctx;
+    const tide_llama_config *cfg = tide_checkpoint_config(e.ck);
+    size_t nbytes = (size_t)SEQ * cfg->vocab_size * sizeof(float);
+    float *ref = resident_logits(e.ck, e.be, ctx);
+    tide_backend *async = NULL;
+    tide_async_opts ao = {.jitter_us = 50, .seed = 11, .device_is_host = false};
+    assert_int_equal(tide_async_backend_new(ctx, &ao, &async), TIDE_OK);
+    tide_backend *bes[2] = {e.be, async};
+    const double fractions[] = {1.0, 0.5, 0};
+    int runs = 0, host_ins = 0;
+    for (int b = 0; b < 2; b++)
+        for (int f = 0; f < 3; f++) {
+            run_cfg rc = {.fraction = fractions[f], .on_host = coffload_placed, .timeline = true};
+            planned x;
+            tide_status st = plan_prepare(ctx, e.ck, bes[b], &rc, &x, NULL);
+            if (st == TIDE_E_INFEASIBLE && fractions[f] < 1) continue; /* below a device op's working set */
+            if (st) fail_msg("co-offload, %s, f=%g: %s", bes[b]->vt->name, fractions[f], tide_ctx_last_error(ctx));
+            for (int i = 0; i < x.p->n_ins; i++) host_ins += x.p->ins[i].place == TIDE_PLACE_HOST;
+            tide_sim_event *tl = calloc((size_t)x.p->n_ins, sizeof *tl);
+            tide_exec_stats es = {0};
+            if (tide_exec_run(x.ex, tl, &es)) fail_msg("run: %s", tide_ctx_last_error(ctx));
+            check_timeline(x.p, tl, es.wall_s);
+            if (memcmp(x.logits, ref, nbytes))
+                fail_msg("co-offload on %s at %g of peak: logits differ from the unconstrained run", bes[b]->vt->name,
+                         fractions[f]);
+            free(tl);
+            planned_free(&x);
+            runs++;
+        }
+    print_message("    %d co-offloaded runs with %d host computes: bit-identical\n", runs, host_ins);
+    assert_true(host_ins > 0); /* the search placed something on the host */
+    free(co_mask);
+    co_mask = NULL;
+    co_graph = NULL;
     tide_backend_free(async);
     free(ref);
     env_close(&e);
@@ -1620,6 +1698,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bit_identical),
         cmocka_unit_test(test_placements),
+        cmocka_unit_test(test_coffload),
         cmocka_unit_test(test_tiled_bit_identical),
         cmocka_unit_test(test_tiled_model_api),
         cmocka_unit_test(test_pinned_weights),

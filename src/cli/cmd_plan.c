@@ -10,12 +10,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static const char help[] =
-    "Usage: tide plan (--model PATH | --config NAME) [--batch B] [--seq S] [--decode N]\n"
-    "                 [--train [--accum N] [--optimizer auto|device|cpu]]\n"
+    "Usage: tide plan (--model PATH | --config NAME) [--dtype T] [--batch B] [--seq S]\n"
+    "                 [--decode N]\n"    "                 [--train [--accum N] [--optimizer auto|device|cpu]]\n"
     "                 --budget BYTES|PCT%|min [--hw PROFILE] [--policy P]\n"
     "                 [--host-budget BYTES] [--weights-on-ssd] [--tile auto|none|LEVEL]\n"
+    "                 [--host-compute auto|off]\n"
     "                 [--json] [--trace FILE] [--out PLAN.json]\n"
     "\n"
     "Plans every tensor move of a LLaMA-style model's forward pass under a device\n"
@@ -26,6 +28,12 @@ static const char help[] =
     "                     the metadata of the GGUF file PATH\n"
     "  --config NAME      a built-in configuration: tinyllama-1.1b, llama-7b,\n"
     "                     llama-13b, llama-65b, llama-2-70b\n"
+    "  --dtype T          plan the weights stored as T instead of the configuration's\n"
+    "                     type: f32, f16, bf16, or a block type q8_0, q4_0, q4_k,\n"
+    "                     q5_k, q6_k (every weight of that type, the norms f32),\n"
+    "                     or llama.cpp's mix q4_k_m or q5_k_m (per-weight types as\n"
+    "                     its quantizer stores them: the head and some attn_v and\n"
+    "                     ffn_down in q6_k)\n"
     "  --batch B          sequences processed together (default 1)\n"
     "  --seq S            prompt tokens (default 2048)\n"
     "  --decode N         plan N one-token decode steps after an S-token prompt\n"
@@ -46,7 +54,9 @@ static const char help[] =
     "  --budget X         device arena: bytes (e.g. 20G), a percentage of the\n"
     "                     unconstrained peak capped at the profile's memory (25%),\n"
     "                     or min (the smallest budget the policy can plan)\n"
-    "  --hw PROFILE       p100-16g, v100-32g, a100-80g, h100-80g (default) or a\n"
+    "  --hw PROFILE       p100-16g, v100-32g, a100-80g, h100-80g (default),\n"
+    "                     h200-141g, l4-24g, a10-24g, rtx-3090-24g, rtx-4090-24g\n"
+    "                     (the last five: datasheet figures until probed) or a\n"
     "                     profile JSON path (see tide probe)\n"
     "  --policy P         tide (default), static-layer (whole layers resident, the\n"
     "                     rest streamed with double buffering) or lru (load on\n"
@@ -60,6 +70,13 @@ static const char help[] =
     "  --host-budget X    host memory for weights homed on host and spills\n"
     "                     (default: the profile's host memory)\n"
     "  --weights-on-ssd   home the weights on SSD instead of host memory\n"
+    "  --host-compute M   inference, policy tide: auto (default) runs a MATMUL whose\n"
+    "                     weight lives in host memory on the host CPU instead of\n"
+    "                     bringing the weight over the link (its activations cross\n"
+    "                     instead), op by op where the plan is predicted faster\n"
+    "                     (the profile's host_mem_bw and host_flops against the\n"
+    "                     link); off keeps every op on the device. tide run does\n"
+    "                     not place ops on the host\n"
     "  --tile T           split ops into tiles when the budget is below the largest\n"
     "                     op's working set: auto (default: the coarsest tiling that\n"
     "                     fits; with --budget min the one with the smallest minimum),\n"
@@ -89,11 +106,15 @@ static void tile_words(const tide_graph *g, int level, long seq, char *buf, size
 
 static void print_human(const plan_args *a, const tide_llama_config *cfg, const tide_hw_info *hw,
                         const tide_plan_info *s, int n_ops, uint64_t peak, const tide_bounds *b,
-                        const char *budget_note, const char *tiling) {
+                        const char *budget_note, const char *tiling, uint64_t weight_bytes) {
     char b1[32], b2[32], b3[32], b4[32];
     printf("plan        %s %s, batch %ld, %s %ld, policy %s, hw %s\n", cfg->name,
            a->decode ? "decode" : "prefill", a->batch, a->decode ? "steps" : "seq",
            a->decode ? a->decode : a->seq, tide_policy_name(s->policy), hw->name);
+    if (hw->source[0]) printf("hw source   %s%s\n", hw->source,
+                              !strcmp(hw->source, "datasheet") ? " (figures not measured: run tide probe)" : "");
+    printf("weights     %s, %s\n", cfg->wtypes_set ? "mixed types" : tide_dtype_name(cfg->dtype),
+           cli_fmt_bytes(weight_bytes, b1, sizeof b1));
     printf("verified    yes (%d instructions, %d ops x %d iterations)\n", s->n_instructions, n_ops, s->n_iter);
     printf("tiling      %s\n", tiling);
     printf("budget      %s %s; unconstrained peak %s\n", cli_fmt_bytes(s->device_budget, b1, sizeof b1),
@@ -105,6 +126,9 @@ static void print_human(const plan_args *a, const tide_llama_config *cfg, const 
     printf("%-22s %14s\n", "bytes host->device", cli_fmt_bytes(s->bytes_h2d, b1, sizeof b1));
     printf("%-22s %14s\n", "bytes device->host", cli_fmt_bytes(s->bytes_d2h, b2, sizeof b2));
     printf("%-22s %14s\n", "bytes ssd read", cli_fmt_bytes(s->bytes_ssd_read, b3, sizeof b3));
+    if (s->host_computes)
+        printf("%-22s %14d  (reading %s of weights in host memory)\n", "host computes / iter", s->host_computes,
+               cli_fmt_bytes(s->host_compute_weight_bytes, b4, sizeof b4));
     printf("%-22s %14s\n", "bytes ssd write", cli_fmt_bytes(s->bytes_ssd_write, b4, sizeof b4));
     printf("%-22s %13.4fs\n", "predicted makespan", s->makespan_s);
     printf("%-22s %13.4fs  (%.1f%% of ideal)\n", "ideal (no limit)", b->ideal_s,
@@ -115,16 +139,20 @@ static void print_human(const plan_args *a, const tide_llama_config *cfg, const 
 }
 
 static void print_json(const plan_args *a, const tide_llama_config *cfg, const tide_hw_info *hw,
-                       const tide_plan_info *s, int n_ops, uint64_t peak, const tide_bounds *b, int level) {
+                       const tide_plan_info *s, int n_ops, uint64_t peak, const tide_bounds *b, int level,
+                       uint64_t weight_bytes) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddBoolToObject(o, "feasible", 1);
     cJSON_AddBoolToObject(o, "verified", 1);
     cJSON_AddStringToObject(o, "config", cfg->name);
     cJSON_AddStringToObject(o, "workload", a->decode ? "decode" : "prefill");
+    cJSON_AddStringToObject(o, "dtype", cfg->wtypes_set ? "mixed" : tide_dtype_name(cfg->dtype));
+    cJSON_AddNumberToObject(o, "weight_bytes", (double)weight_bytes);
     cJSON_AddNumberToObject(o, "batch", (double)a->batch);
     cJSON_AddNumberToObject(o, "seq", (double)a->seq);
     cJSON_AddNumberToObject(o, "decode_steps", (double)a->decode);
     cJSON_AddStringToObject(o, "hw", hw->name);
+    cJSON_AddStringToObject(o, "hw_source", hw->source);
     cJSON_AddStringToObject(o, "policy", tide_policy_name(s->policy));
     cJSON_AddNumberToObject(o, "budget_bytes", (double)s->device_budget);
     cJSON_AddNumberToObject(o, "unconstrained_peak_bytes", (double)peak);
@@ -136,6 +164,8 @@ static void print_json(const plan_args *a, const tide_llama_config *cfg, const t
     cJSON_AddNumberToObject(o, "bytes_ssd_read", (double)s->bytes_ssd_read);
     cJSON_AddNumberToObject(o, "bytes_ssd_write", (double)s->bytes_ssd_write);
     cJSON_AddNumberToObject(o, "n_instructions", s->n_instructions);
+    cJSON_AddNumberToObject(o, "host_computes", s->host_computes);
+    cJSON_AddNumberToObject(o, "host_compute_weight_bytes", (double)s->host_compute_weight_bytes);
     cJSON_AddNumberToObject(o, "n_ops", n_ops);
     cJSON_AddNumberToObject(o, "tile_level", level);
     cJSON_AddNumberToObject(o, "makespan_s", s->makespan_s);
@@ -161,8 +191,12 @@ static const struct option plan_options[] = {
     {"out", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
     {"tile", required_argument, 0, 'T'},   {"train", no_argument, 0, 'r'},
     {"accum", required_argument, 0, 'A'},  {"optimizer", required_argument, 0, 'O'},
+    {"dtype", required_argument, 0, 'd'},  {"host-compute", required_argument, 0, 'C'},
     {0, 0, 0, 0},
 };
+
+/* Whether --dtype names one of llama.cpp's mixes (tide_quant_mix_apply). */
+static bool is_mix(const char *s) { return !strcasecmp(s, "q4_k_m") || !strcasecmp(s, "q5_k_m"); }
 
 /* Parses argv into *a. Returns -1 to go on, else the exit status (0 after
  * --help, 2 on a usage error). */
@@ -204,6 +238,19 @@ static int parse_args(int argc, char **argv, plan_args *a) {
                                        TIDE_TILE_LEVELS - 1);
             break;
         case 'r': a->train = true; break;
+        case 'C':
+            if (strcmp(optarg, "auto") && strcmp(optarg, "off"))
+                return cli_usage_error("plan", "bad --host-compute '%s' (auto or off)", optarg);
+            a->host_compute_off = !strcmp(optarg, "off");
+            break;
+        case 'd': {
+            tide_dtype dt;
+            if (!is_mix(optarg) && (tide_dtype_parse(optarg, &dt) || dt == TIDE_I32))
+                return cli_usage_error("plan", "unknown --dtype '%s' (f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, "
+                                       "q6_k, q4_k_m or q5_k_m)", optarg);
+            a->dtype = optarg;
+            break;
+        }
         case 'A':
             if (cli_parse_int(optarg, 1, 4096, &a->accum)) return cli_usage_error("plan", "bad --accum '%s'", optarg);
             a->have_accum = true;
@@ -220,6 +267,8 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     if (optind != argc) return cli_usage_error("plan", "unexpected argument '%s'", argv[optind]);
     if (!a->model == !a->config) return cli_usage_error("plan", "give exactly one of --model and --config");
     if (!a->budget) return cli_usage_error("plan", "--budget is required (bytes, a percentage or min)");
+    if (a->train && a->dtype)
+        return cli_usage_error("plan", "--dtype plans inference: a training step keeps the checkpoint's weights");
     if (a->train && (a->decode || a->weights_on_ssd))
         return cli_usage_error("plan", "--train plans a training step: no --decode or --weights-on-ssd");
     if ((a->have_accum || a->have_optim) && !a->train)
@@ -258,6 +307,14 @@ typedef struct plan_job {
 static int load_job(const plan_args *a, plan_job *j) {
     if (a->model ? cli_model_config(j->ctx, a->model, &j->cfg) : tide_llama_config_named(j->ctx, a->config, &j->cfg))
         return cli_fail(j->ctx, "config");
+    if (a->dtype && is_mix(a->dtype)) {
+        if (tide_quant_mix_apply(j->ctx, a->dtype, &j->cfg)) return cli_fail(j->ctx, "--dtype");
+    } else if (a->dtype) { /* parsed by parse_args */
+        tide_dtype dt = TIDE_F32;
+        tide_dtype_parse(a->dtype, &dt);
+        j->cfg.dtype = dt;
+        j->cfg.wtypes_set = false; /* uniform: a block type keeps the norms f32 */
+    }
     if (tide_hw_open(j->ctx, a->hw_name, &j->hw)) return cli_fail(j->ctx, "hardware profile");
     tide_hw_info_get(j->hw, &j->hwi);
     int n_iter = a->decode ? (int)a->decode : 1;
@@ -274,6 +331,7 @@ static int load_job(const plan_args *a, plan_job *j) {
     j->po.hw = j->hw;
     j->po.weights_on_ssd = a->weights_on_ssd;
     j->po.tile = a->tile;
+    j->po.host_compute = a->host_compute_off ? TIDE_HOST_COMPUTE_OFF : TIDE_HOST_COMPUTE_AUTO;
     j->peak = tide_planner_peak(j->ctx, j->g, &j->po);
     return 0;
 }
@@ -349,8 +407,9 @@ static int report(const plan_args *a, plan_job *j) {
     tide_plan_info s;
     tide_plan_info_get(j->p, &s);
     int n_ops = tide_graph_n_ops(j->g);
-    if (a->json) print_json(a, &j->cfg, &j->hwi, &s, n_ops, j->peak, &bounds, j->level);
-    else print_human(a, &j->cfg, &j->hwi, &s, n_ops, j->peak, &bounds, j->note, tiling);
+    uint64_t wb = tide_graph_role_bytes(j->g, TIDE_ROLE_WEIGHT);
+    if (a->json) print_json(a, &j->cfg, &j->hwi, &s, n_ops, j->peak, &bounds, j->level, wb);
+    else print_human(a, &j->cfg, &j->hwi, &s, n_ops, j->peak, &bounds, j->note, tiling, wb);
     return 0;
 }
 

@@ -9,6 +9,7 @@
 
 typedef struct plan_args {
     const char *model, *config, *hw_name, *budget, *trace, *out;
+    const char *dtype;            /* --dtype: the weights' storage type, or NULL */
     long batch, seq, decode, accum;
     uint64_t host_budget;
     tide_policy policy;
@@ -16,6 +17,7 @@ typedef struct plan_args {
     int tile;
     tide_optim_mode optim;        /* --optimizer (training) */
     bool have_optim;
+    bool host_compute_off;        /* --host-compute off */
 } plan_args;
 
 /* `tide plan --train`: returns the exit status. */

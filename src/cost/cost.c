@@ -11,6 +11,14 @@
  *              at through the backend's kernel, which a decode step's
  *              matrix-vector products run at; mem_bw where the profile has
  *              none)
+ *              A block-quantized weight (q8_0, q4_0, q4_k, q5_k, q6_k): the
+ *              GPU kernels dequantize tiles into bf16 and multiply those, so
+ *              the FLOPs run at the profile's rate for the block type where
+ *              it has one and at the bf16 rate otherwise; the bytes are the
+ *              weight's quantized bytes (whole blocks, the tensor's nbytes)
+ *              at matvec_bw of the block type, mem_bw where the profile has
+ *              none. Assumed: dequantization costs no extra memory traffic
+ *              and hides behind the loads (decode is bound by the bytes).
  *   ATTENTION  as MATMUL at the rate of its activation dtype, efficiency
  *              attention_efficiency (0.5 when the profile has none)
  *   GENERIC    as MATMUL at the f32 rate
@@ -24,7 +32,8 @@
  *
  * A COMPUTE placed on the host CPU runs at the profile's host rates
  * (host_flops, host_mem_bw) by the same classes, holding the host's compute,
- * so it overlaps the device's.
+ * so it overlaps the device's; a quantized MATMUL there reads its quantized
+ * bytes at host_mem_bw (the CPU kernels dequantize in registers).
  *
  * Transfers: n / bandwidth + latency per stage; the SSD tier is striped over
  * ssd_count drives, so its bandwidth is ssd_count times one drive's. An SSD

@@ -14,6 +14,9 @@
 /* A hardware profile: what the cost model and the simulator know of a machine. */
 typedef struct tide_hw {
     char name[64];
+    char source[64];              /* where the figures come from: "datasheet" (until
+                                     probed), "probed", ...; "" when the profile does
+                                     not say */
     uint64_t device_mem_bytes;
     double flops[TIDE_DTYPE_COUNT]; /* peak dense matmul FLOP/s by activation dtype
                                        (compute dtype; f32 for the CPU backend) */

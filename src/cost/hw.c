@@ -4,10 +4,13 @@
  * predicted seconds.
  *
  * A profile is a flat JSON object with one field per member of tide_hw (cost.h)
- * plus "notes" (ignored: where the figures come from). Every field is required
- * but "notes", "flops.i32" and the optional ones (attention_efficiency,
- * host_flops, host_mem_bw, matvec_bw_f32/_f16/_bf16: absent means the cost
- * model's default), and every
+ * plus "notes" (ignored: where the figures come from, in words) and
+ * "source" (optional, a string of 1 to 63 characters: "datasheet" for
+ * figures taken from datasheets until the machine is probed, "probed" for
+ * `tide probe`'s; `tide plan` prints it). Every field is required but
+ * "notes", "source", "flops.i32" and the optional ones (attention_efficiency,
+ * host_flops, host_mem_bw, matvec_bw_f32/_f16/_bf16/_q8_0/_q4_0/_q4_k/_q5_k/
+ * _q6_k: absent means the cost model's default), and every
  * value is checked: a malformed profile is TIDE_E_FORMAT with a message naming
  * the file and the field.
  *
@@ -45,7 +48,9 @@
 /* Integers stored as JSON numbers must be exact doubles. */
 #define TIDE_JSON_MAX_INT 9007199254740992.0 /* 2^53 */
 
-static const char *const shipped_names[] = {"a100-80g", "h100-80g", "p100-16g", "v100-32g"};
+static const char *const shipped_names[] = {"a10-24g",  "a100-80g",     "h100-80g",     "h200-141g",
+                                            "l4-24g",   "p100-16g",     "rtx-3090-24g", "rtx-4090-24g",
+                                            "v100-32g"};
 
 /* ---------------------------------------------------------------- fields */
 
@@ -85,6 +90,11 @@ static const field optional_fields[] = {
     {"matvec_bw_f32", F_POSITIVE, offsetof(tide_hw, matvec_bw) + TIDE_F32 * sizeof(double)},
     {"matvec_bw_f16", F_POSITIVE, offsetof(tide_hw, matvec_bw) + TIDE_F16 * sizeof(double)},
     {"matvec_bw_bf16", F_POSITIVE, offsetof(tide_hw, matvec_bw) + TIDE_BF16 * sizeof(double)},
+    {"matvec_bw_q8_0", F_POSITIVE, offsetof(tide_hw, matvec_bw) + TIDE_Q8_0 * sizeof(double)},
+    {"matvec_bw_q4_0", F_POSITIVE, offsetof(tide_hw, matvec_bw) + TIDE_Q4_0 * sizeof(double)},
+    {"matvec_bw_q4_k", F_POSITIVE, offsetof(tide_hw, matvec_bw) + TIDE_Q4_K * sizeof(double)},
+    {"matvec_bw_q5_k", F_POSITIVE, offsetof(tide_hw, matvec_bw) + TIDE_Q5_K * sizeof(double)},
+    {"matvec_bw_q6_k", F_POSITIVE, offsetof(tide_hw, matvec_bw) + TIDE_Q6_K * sizeof(double)},
 };
 #define N_OPTIONAL (sizeof optional_fields / sizeof optional_fields[0])
 #define N_FIELDS (sizeof fields / sizeof fields[0])
@@ -135,6 +145,7 @@ static void field_set(tide_hw *hw, const field *f, double v) {
  * Returns NULL when valid, else the name of the first bad field. */
 static const char *hw_check(const tide_hw *hw) {
     if (!hw->name[0] || memchr(hw->name, '\0', sizeof hw->name) == NULL) return "name";
+    if (memchr(hw->source, '\0', sizeof hw->source) == NULL) return "source";
     for (size_t i = 0; i < N_FIELDS; i++)
         if (!value_ok(fields[i].kind, field_get(hw, &fields[i]))) return fields[i].key;
     static const char *const flops_keys[TIDE_DTYPE_COUNT] = {
@@ -198,6 +209,14 @@ static tide_status hw_parse(tide_ctx *ctx, const char *path, const char *text, s
         goto done;
     }
     strcpy(h.name, name->valuestring);
+    const cJSON *source = cJSON_GetObjectItemCaseSensitive(root, "source");
+    if (source) {
+        if (!cJSON_IsString(source) || !source->valuestring[0] || strlen(source->valuestring) >= sizeof h.source) {
+            st = bad_field(ctx, path, "source", "must be a string of 1 to 63 characters");
+            goto done;
+        }
+        strcpy(h.source, source->valuestring);
+    }
     for (size_t i = 0; i < N_FIELDS; i++) {
         double v;
         st = parse_number(ctx, path, root, fields[i].key, fields[i].key, fields[i].kind, &v);
@@ -390,6 +409,18 @@ static void append(char *buf, size_t cap, size_t *n, const char *fmt, ...) {
     if (k > 0) *n += (size_t)k;
 }
 
+/* Appends s as the body of a JSON string. */
+static void append_string(char *buf, size_t cap, size_t *n, const char *s) {
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            append(buf, cap, n, "\\%c", *c);
+        else if (*c < 0x20)
+            append(buf, cap, n, "\\u%04x", *c);
+        else
+            append(buf, cap, n, "%c", *c);
+    }
+}
+
 /* Appends v in the shortest form that reads back as exactly v (cJSON's own
  * printer checks its round trip only approximately, losing the last bit). */
 static void append_number(char *buf, size_t cap, size_t *n, double v) {
@@ -410,15 +441,13 @@ tide_status tide_hw_save(tide_ctx *ctx, const tide_hw *hw, const char *path) {
     char buf[4096];
     size_t n = 0, cap = sizeof buf;
     append(buf, cap, &n, "{\n  \"name\": \"");
-    for (const unsigned char *c = (const unsigned char *)hw->name; *c; c++) {
-        if (*c == '"' || *c == '\\')
-            append(buf, cap, &n, "\\%c", *c);
-        else if (*c < 0x20)
-            append(buf, cap, &n, "\\u%04x", *c);
-        else
-            append(buf, cap, &n, "%c", *c);
-    }
+    append_string(buf, cap, &n, hw->name);
     append(buf, cap, &n, "\",\n");
+    if (hw->source[0]) {
+        append(buf, cap, &n, "  \"source\": \"");
+        append_string(buf, cap, &n, hw->source);
+        append(buf, cap, &n, "\",\n");
+    }
     for (size_t i = 0; i < N_FIELDS; i++) {
         append(buf, cap, &n, "  \"%s\": ", fields[i].key);
         append_number(buf, cap, &n, field_get(hw, &fields[i]));

@@ -319,7 +319,19 @@ static tide_status choose_residents(engine *e) {
     for (int t = 0; t < nt; t++)
         if (e->t[t].warm) return TIDE_OK;
     int64_t *delta = tide_calloc((size_t)n + 1, sizeof *delta);
-    if (!delta) return e->st = tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
+    /* persistent tensors only host computes use are never on the device:
+     * no resident slot, no streaming buffer */
+    bool *dev_use = tide_calloc((size_t)(nt ? nt : 1), sizeof *dev_use);
+    if (!delta || !dev_use) {
+        tide_free(delta);
+        tide_free(dev_use);
+        return e->st = tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
+    }
+    for (int i = 0; i < n; i++) {
+        const tide_op *op = engine_op(e, i);
+        if (e->host_op && e->host_op[e->sched ? e->sched[i] : i]) continue;
+        for (int k = 0; k < op->n_in + op->n_out; k++) dev_use[k < op->n_in ? op->in[k] : op->out[k - op->n_in]] = true;
+    }
     uint64_t cand = 0, wmax = 0, act = 0;
     for (int t = 0; t < nt; t++) {
         int a = lt->start[t], b = lt->start[t + 1];
@@ -327,6 +339,7 @@ static tide_status choose_residents(engine *e) {
         tide_role r = g->tensors[t].role;
         uint64_t sz = e->t[t].asize;
         if (e->t[t].in_place) continue; /* never on the device */
+        if (!dev_use[t] && r != TIDE_ROLE_TEMP && r != TIDE_ROLE_OUTPUT) continue;
         if (r == TIDE_ROLE_TEMP || r == TIDE_ROLE_OUTPUT) {
             delta[lt->use_op[a]] += (int64_t)sz;
             delta[lt->use_op[b - 1] + 1] -= (int64_t)sz;
@@ -348,7 +361,7 @@ static tide_status choose_residents(engine *e) {
         for (int k = 0; k < op->n_in + op->n_out; k++) {
             int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
             tide_role r = g->tensors[t].role;
-            if (r != TIDE_ROLE_TEMP && r != TIDE_ROLE_OUTPUT && !e->t[t].in_place) w += e->t[t].asize;
+            if (r != TIDE_ROLE_TEMP && r != TIDE_ROLE_OUTPUT && !e->t[t].in_place && dev_use[t]) w += e->t[t].asize;
         }
         if (i == 0) w0 = w;
         else wmax = TIDE_MAX(wmax, wprev + w);
@@ -366,7 +379,10 @@ static tide_status choose_residents(engine *e) {
         top = b;
     }
     uint64_t top_free = top && top->owner == TIDE_BLK_FREE ? top->size : 0;
-    if (cand + act <= budget) return TIDE_OK; /* all of it stays: nothing to stream */
+    if (cand + act <= budget) { /* all of it stays: nothing to stream */
+        tide_free(dev_use);
+        return TIDE_OK;
+    }
     uint64_t room = act + wmax;
     uint64_t target = budget > room ? TIDE_MIN(budget - room, top_free) : 0;
     e->pinned = tide_calloc((size_t)nt, sizeof *e->pinned);
@@ -375,6 +391,7 @@ static tide_status choose_residents(engine *e) {
     int *order = tide_malloc((size_t)(nt ? nt : 1) * sizeof *order);
     if (!e->pinned || !e->stream || !e->pin_off || !order) {
         tide_free(order);
+        tide_free(dev_use);
         return e->st = tide_err(e->ctx, TIDE_E_NOMEM, "out of memory planning");
     }
     /* candidates in order of first use (counting sort by op) */
@@ -385,12 +402,13 @@ static tide_status choose_residents(engine *e) {
             int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
             tide_role r = g->tensors[t].role;
             if (r == TIDE_ROLE_TEMP || r == TIDE_ROLE_OUTPUT || lt->use_op[lt->start[t]] != i || e->stream[t] ||
-                e->t[t].in_place)
+                e->t[t].in_place || !dev_use[t])
                 continue;
             e->stream[t] = true; /* marks "listed" until decided below */
             order[m++] = t;
         }
     }
+    tide_free(dev_use);
     /* Classes by what streaming one byte costs: SSD-homed first (the
      * slowest path), then STATE (a LOAD and a STORE), then the rest. Each
      * class fills what the ones before left, spread evenly over the
@@ -738,9 +756,26 @@ tide_status tide_plan_bounds(tide_ctx *ctx, const tide_graph *g, const tide_plan
     }
     const tide_hw *hw = opts->hw;
     const int n_iter = opts->n_iter;
-    double compute = 0;
-    for (int i = 0; i < g->n_ops; i++) compute += e.op_s[i];
-    compute *= n_iter;
+    /* Device and host computes each take their own engine's time; the two
+     * may overlap, so the bound is the busier one. */
+    double compute = 0, host_compute = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        if (e.host_op && e.host_op[i]) host_compute += tide_cost_op_host(opts->hw, g, &g->ops[i]);
+        else compute += e.op_s[i];
+    }
+    compute = TIDE_MAX(compute, host_compute) * n_iter;
+    /* persistent tensors that only host computes use need not cross the link
+     * when they live in host memory */
+    bool *dev_use = tide_calloc((size_t)(g->n_tensors ? g->n_tensors : 1), sizeof *dev_use);
+    if (!dev_use) {
+        engine_free(&e, false);
+        return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < g->n_ops; i++) {
+        const tide_op *op = &g->ops[i];
+        if (e.host_op && e.host_op[i]) continue;
+        for (int k = 0; k < op->n_in + op->n_out; k++) dev_use[k < op->n_in ? op->in[k] : op->out[k - op->n_in]] = true;
+    }
 
     /* Per iteration, the bytes that must arrive from a home: tensors whose
      * value comes from outside the iteration (WEIGHT, INPUT, STATE read
@@ -754,6 +789,7 @@ tide_status tide_plan_bounds(tide_ctx *ctx, const tide_graph *g, const tide_plan
         if (a == b || r == TIDE_ROLE_TEMP) continue;
         uint64_t nb = g->tensors[t].nbytes;
         bool ssd = e.plan->home[t] == TIDE_TIER_SSD;
+        if (!dev_use[t] && !ssd) continue;
         if (r != TIDE_ROLE_OUTPUT && (e.lt.use_rw[a] & TIDE_USE_READ)) *(ssd ? &in_ssd : &in_host) += nb;
         if ((r == TIDE_ROLE_STATE || r == TIDE_ROLE_OUTPUT) && e.lt.last_write_op[t] >= 0)
             *(ssd ? &out_ssd : &out_host) += nb;
@@ -771,6 +807,7 @@ tide_status tide_plan_bounds(tide_ctx *ctx, const tide_graph *g, const tide_plan
         }
         temp_ws = TIDE_MAX(temp_ws, s);
     }
+    tide_free(dev_use);
     uint64_t room = opts->device_budget > temp_ws ? opts->device_budget - temp_ws : 0;
     /* the slower SSD-homed bytes are the ones worth keeping */
     uint64_t later_ssd = in_ssd > room ? in_ssd - room : 0;

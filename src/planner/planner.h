@@ -83,6 +83,33 @@ uint64_t tide_graph_max_working_set(const tide_graph *g, int *which);
  * (TIDE_E_INVALID, TIDE_E_INFEASIBLE: host memory, TIDE_E_NOMEM). */
 tide_status tide_plan_max_working_set(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts, uint64_t *ws);
 
+/* Co-offload of inference (host_place.c): which MATMULs whose weights live in
+ * host memory run on the host CPU, chosen by planning. */
+typedef struct tide_host_place_info {
+    int n_candidates;             /* MATMULs that may run on the host */
+    int n_host;                   /* placed there */
+    uint64_t host_weight_bytes;   /* their weights' bytes */
+    double fraction;              /* of the candidates' weight bytes */
+    int host_layers;              /* whole decoder layers placed there (0: MATMULs alone) */
+    double makespan_s;            /* predicted, of the kept placement */
+    double device_makespan_s;     /* predicted with every op on the device (0: not plannable) */
+    int plans_tried;
+} tide_host_place_info;
+/* Whether op o of g may run on the host CPU in a co-offloaded plan under po:
+ * a MATMUL reading a WEIGHT homed in host memory whose host compute is not
+ * far slower than bringing its weight over the link. */
+bool tide_host_place_candidate(const tide_graph *g, const tide_plan_opts *po, int o);
+/* Chooses the ops of an inference graph g to run on the host CPU under po
+ * (policy tide; nothing for other policies, host_addressable plans, weights
+ * on SSD, a po->host_ops already given, or training graphs): MATMULs spread
+ * over the graph, or every op of the first decoder layers, whichever plans
+ * faster, into *host_ops (malloc'd,
+ * one per op; NULL when none is placed there: every op on the device is then
+ * predicted as fast or faster). TIDE_OK, TIDE_E_NOMEM, or the failure of
+ * planning when no candidate placement plans. */
+tide_status tide_plan_host_place(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *po, bool **host_ops,
+                                 tide_host_place_info *info);
+
 /* Lower bound (docs/design.md section 6.3) and ideal for a graph on hw at a budget. */
 /* tide_bounds: tide.h. */
 tide_status tide_plan_bounds(tide_ctx *ctx, const tide_graph *g, const tide_plan_opts *opts,

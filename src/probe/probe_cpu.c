@@ -288,6 +288,7 @@ void tide_probe_name(tide_hw *h, const char *suffix) {
     host[sizeof host - 1] = '\0';
     if (suffix) snprintf(h->name, sizeof h->name, "probed-%.40s-%.15s", host, suffix);
     else snprintf(h->name, sizeof h->name, "probed-%.56s", host);
+    snprintf(h->source, sizeof h->source, "probed");
     for (char *c = h->name; *c; c++)
         if (!(*c == '-' || *c == '_' || *c == '.' || (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'z') ||
               (*c >= 'A' && *c <= 'Z')))

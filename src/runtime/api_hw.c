@@ -29,7 +29,9 @@ void tide_hw_info_get(const tide_hw *hw, tide_hw_info *out) {
         .flops_f32 = hw->flops[TIDE_F32], .flops_f16 = hw->flops[TIDE_F16], .flops_bf16 = hw->flops[TIDE_BF16],
         .matmul_efficiency = hw->matmul_efficiency, .mem_bw = hw->mem_bw, .h2d_bw = hw->h2d_bw,
         .d2h_bw = hw->d2h_bw, .ssd_count = hw->ssd_count, .ssd_read_bw = hw->ssd_read_bw,
-        .ssd_write_bw = hw->ssd_write_bw,
+        .ssd_write_bw = hw->ssd_write_bw, .source = hw->source,
+        .host_flops = hw->host_flops > 0 ? hw->host_flops : TIDE_HOST_FLOPS_DEFAULT,
+        .host_mem_bw = hw->host_mem_bw > 0 ? hw->host_mem_bw : TIDE_HOST_MEM_BW_DEFAULT,
     };
 }
 

@@ -50,13 +50,31 @@ static tide_status bad_args(tide_ctx *ctx, const char *fn) {
                     "somewhere for the result are required", fn);
 }
 
+/* Whether o asks for co-offload of an inference graph and its profile has a
+ * host side to price it. */
+static bool co_offload(const tide_planner_opts *o) {
+    return o->host_compute == TIDE_HOST_COMPUTE_AUTO && o->policy == TIDE_POLICY_TIDE && !o->weights_on_ssd &&
+           o->hw->host_flops > 0 && o->hw->host_mem_bw > 0;
+}
+
 /* The host placement o asks for on g into *host (NULL: none; the caller
- * frees it). TIDE_OK or TIDE_E_NOMEM. */
+ * frees it): every update of a training graph with host_updates, the
+ * co-offload search's with host_compute auto. TIDE_OK, TIDE_E_NOMEM, or the
+ * search's failure. */
 static tide_status host_ops(tide_ctx *ctx, const tide_graph *g, const tide_planner_opts *o, bool **host) {
     *host = NULL;
-    if (!o->host_updates) return TIDE_OK;
-    *host = train_optim_all_host(ctx, g);
-    return *host ? TIDE_OK : TIDE_E_NOMEM;
+    if (o->host_updates) {
+        *host = train_optim_all_host(ctx, g);
+        if (!*host) return TIDE_E_NOMEM;
+        for (int i = 0; i < g->n_ops; i++)
+            if ((*host)[i]) return TIDE_OK;
+        tide_free(*host); /* no update to place: the co-offload search may */
+        *host = NULL;
+    }
+    if (!co_offload(o)) return TIDE_OK;
+    tide_plan_opts po = plan_opts(o);
+    tide_host_place_info info;
+    return tide_plan_host_place(ctx, g, &po, host, &info);
 }
 
 uint64_t tide_planner_peak(tide_ctx *ctx, const tide_graph *g, const tide_planner_opts *o) {
@@ -132,6 +150,13 @@ void tide_plan_info_get(const tide_plan *p, tide_plan_info *out) {
         .step_bytes_d2h = sb.d2h, .step_bytes_ssd_read = sb.ssd_read, .step_bytes_ssd_write = sb.ssd_write,
         .compute_s = s->compute_s, .makespan_s = s->makespan_s, .plan_seconds = s->plan_seconds,
     };
+    for (int i = 0; i < p->n_ins; i++) {
+        const tide_ins *in = &p->ins[i];
+        if (in->kind != TIDE_INS_COMPUTE || in->iter != 0 || in->place != TIDE_PLACE_HOST) continue;
+        const tide_op *op = &p->g->ops[in->op];
+        out->host_computes++;
+        if (op->kind == TIDE_OP_MATMUL) out->host_compute_weight_bytes += p->g->tensors[op->in[1]].nbytes;
+    }
 }
 
 /* ---------------------------------------------------------------- timelines */
@@ -186,7 +211,24 @@ tide_status tide_llama_plan(tide_ctx *ctx, const tide_llama_config *cfg, const t
     *g = NULL;
     if (plan) *plan = NULL;
     tide_plan_opts po = plan_opts(o);
-    return tide_llama_plan_tiled(ctx, cfg, base, &po, o->tile, g, level, plan, NULL);
+    tide_status st = tide_llama_plan_tiled(ctx, cfg, base, &po, o->tile, g, level, plan, NULL);
+    if (st || !plan || !co_offload(o)) return st;
+    /* co-offload on the graph the tiling chose (host ops only shrink what
+     * the device needs, so it still fits) */
+    bool *host = NULL;
+    tide_host_place_info info;
+    if ((st = tide_plan_host_place(ctx, *g, &po, &host, &info)) || !host) {
+        tide_free(host);
+        return st;
+    }
+    po.host_ops = host;
+    tide_plan *hp = NULL;
+    st = tide_plan_make(ctx, *g, &po, &hp);
+    tide_free(host);
+    if (st) return st;
+    tide_plan_free(*plan);
+    *plan = hp;
+    return TIDE_OK;
 }
 
 tide_status tide_llama_min_budget(tide_ctx *ctx, const tide_llama_config *cfg, const tide_llama_graph_opts *base,
