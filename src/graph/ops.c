@@ -27,7 +27,8 @@ static bool is_float(tide_dtype d) { return d == TIDE_F32 || d == TIDE_F16 || d 
 
 static tide_status check_embed(CHECK_ARGS) {
     const tide_tensor *tab = T(0), *tok = T(1), *o = O(0);
-    if (tab->ndim != 2 || !is_float(tab->dtype)) FAIL("embed: table '%s' must be a 2-D float tensor", tab->name);
+    if (tab->ndim != 2 || !(is_float(tab->dtype) || tide_dtype_is_quantized(tab->dtype)))
+        FAIL("embed: table '%s' must be a 2-D float or block-quantized tensor", tab->name);
     if (tok->dtype != TIDE_I32) FAIL("embed: tokens '%s' must be i32", tok->name);
     if (!is_act(o) || o->shape[1] != tab->shape[1] || p->idx0 + o->shape[0] > tide_tensor_numel(tok))
         FAIL("embed: output '%s' must be f32 (rows, %lld) with rows from '%s'[%lld] on", o->name,
@@ -52,7 +53,9 @@ static tide_status check_rmsnorm(CHECK_ARGS) {
 static tide_status check_matmul(CHECK_ARGS) {
     const tide_tensor *x = T(0), *w = T(1), *o = O(0);
     if (!is_act(x) || !is_act(o)) FAIL("matmul: '%s' and '%s' must be 2-D f32", x->name, o->name);
-    if (w->ndim != 2 || !is_float(w->dtype)) FAIL("matmul: weight '%s' must be 2-D float", w->name);
+    /* a block-quantized weight passes here; backends refuse the forms they do not run */
+    if (w->ndim != 2 || !(is_float(w->dtype) || tide_dtype_is_quantized(w->dtype)))
+        FAIL("matmul: weight '%s' must be 2-D float or block-quantized", w->name);
     if (p->accumulate && n_in != 3) FAIL("matmul: accumulating into '%s' takes it as a third input", o->name);
     if (p->no_transpose) { /* x . w, w (K, N) */
         if (w->shape[0] != x->shape[1] || o->shape[0] < p->row0 + x->shape[0] || o->shape[1] < p->col0 + w->shape[1])
@@ -474,7 +477,12 @@ static double bytes_matmul(const tide_graph *g, const tide_op *op) {
     return (double)x->nbytes + (double)w->nbytes + 4.0 * (double)x->shape[0] * (double)w->shape[0];
 }
 
-/* The CPU converts a 16-bit weight to f32 in column blocks of at most 16 MiB. */
+/* The CPU converts a 16-bit weight to f32 in column blocks of at most 16 MiB.
+ * A block-quantized weight gets the same bound (numel * 4, at most 16 MiB):
+ * CUDA dequantizes it in tiles of whole weight rows, f32 tiles filling the
+ * workspace in the f32 mode, bf16 tiles in its first half and the rounded
+ * activations in the second in the fast mode (src/backend/cuda/cuda_ops.c);
+ * never a whole copy of a weight above 16 MiB. */
 static uint64_t scratch_matmul(const tide_graph *g, const tide_op *op) {
     const tide_tensor *w = &g->tensors[op->in[1]];
     if (w->dtype == TIDE_F32) return 0;

@@ -508,6 +508,14 @@ static tide_status cpu_compute(tide_backend *be, void *q, const tide_graph *g, c
         if (!out[i]) return tide_err(ctx, TIDE_E_INVALID, "cpu %s: output %d has no data", nm, i);
     cpu_kernel k = (unsigned)op->kind < TIDE_OP_COUNT ? cpu_kernels[op->kind] : NULL;
     if (!k) return tide_err(ctx, TIDE_E_UNSUPPORTED, "cpu backend: op kind %d is not supported", (int)op->kind);
+    /* no CPU kernel reads a block-quantized tensor yet (the graph admits
+     * them as MATMUL and EMBED weights) */
+    for (int i = 0; i < op->n_in; i++) {
+        const tide_tensor *t = &g->tensors[op->in[i]];
+        if (tide_dtype_is_quantized(t->dtype))
+            return tide_err(ctx, TIDE_E_UNSUPPORTED, "cpu %s: '%s' is %s: the cpu backend has no kernels for "
+                            "quantized tensors", nm, t->name, tide_dtype_name(t->dtype));
+    }
     if (op->kind == TIDE_OP_MATMUL) return cpu_matmul(ctx, tide_ctx_threads(ctx), be->matmul, g, op, in, out, scratch);
     return k(ctx, tide_ctx_threads(ctx), g, op, in, out, scratch);
 }
