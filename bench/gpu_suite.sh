@@ -12,7 +12,9 @@
 #   test     test_backends, then ctest (or, without cmocka, the CLI
 #            tests), then compute-sanitizer memcheck of test_backends  (2-4 min)
 #   quick    bench_gpu_offload --quick on a 4-layer llama-7b, then
-#            again with TIDE_EXEC_SYNC=1 (synchronous issue)        (about 2 min)
+#            again with TIDE_EXEC_SYNC=1 (synchronous issue), then
+#            bench_gpu_decode (decode's matmuls, bf16 and quantized
+#            weights, against the memory bandwidth)                   (about 3 min)
 #   bench    bench_gpu_offload on llama-7b, --matmul auto, then
 #            --matmul f32 --reps 1; writes the model on first use      (5-8 min)
 #   hf       bench/hf_accelerate.py at the bench's 25% budget and
@@ -444,6 +446,11 @@ stage_quick() {
   step quick.sync 240 quick-sync.log - -- env TIDE_EXEC_SYNC=1 "$BUILD/bench_gpu_offload" --quick \
     ${BENCH_ARGS[@]+"${BENCH_ARGS[@]}"} --json "$OUT/gpu-quick-sync.json" "$QUICK_MODEL"
   keep gpu-quick-sync.json
+  # decode's matmuls (one row) at llama-7b's shapes, bf16 and every block
+  # type: tokens/s of the matmuls and GB/s against the device's bandwidth
+  fresh gpu-decode.json
+  step quick.decode 120 quick-decode.log - -- "$BUILD/bench_gpu_decode" --json "$OUT/gpu-decode.json"
+  keep gpu-decode.json
   # resident runs on the planned engine against the plain one (the one-engine
   # price on a GPU: weights and cache warm in the arena)
   fresh engine.json
@@ -558,7 +565,7 @@ stage_serve() {
 # compare (seconds): reads the JSON files (OUTDIR first, then WORK).
 stage_compare() {
   local files=() f p
-  for f in gpu-offload.json gpu-offload-f32.json gpu-quick.json gpu-quick-sync.json hf-25.json hf-none.json tide-25.json \
+  for f in gpu-offload.json gpu-offload-f32.json gpu-quick.json gpu-quick-sync.json gpu-decode.json hf-25.json hf-none.json tide-25.json \
            tide-none.json tide-25-probe.json probe.json; do
     p=$(result "$f") || p=
     files+=("$f=$p")
@@ -664,6 +671,20 @@ if qa and qs:
             gains[f"{k[0]}@{k[1]}"] = g
             print(f"{k[0]:>14} {f(k[1], 'g'):>4}%: async {f(da[k])} s, sync {f(ds[k])} s = {f(g, '.2f')}x")
     res["async_vs_sync"] = gains
+
+# decode's matmuls (bench_gpu_decode): GB/s per weight type against the device
+dec = lines("gpu-decode.json")
+if dec:
+    found += 1
+    d0 = next((r for r in dec if r.get("row") == "device"), {})
+    print(f"\n## decode matmuls ({d0.get('config')}, {d0.get('rows')} row): {d0.get('gpu')}, peak "
+          f"{f(d0.get('peak_gbs'), '.0f')} GB/s, device copy {f(d0.get('copy_gbs'), '.0f')} GB/s")
+    res["decode"] = {}
+    for r in dec:
+        if r.get("row") == "matmuls":
+            res["decode"][r["dtype"]] = {k: r.get(k) for k in ("tokens_per_s", "gbs", "of_peak", "of_copy")}
+            print(f"{r['dtype']:>6}: {f(r.get('tokens_per_s'), '.1f')} tokens/s, {f(r.get('gbs'), '.0f')} GB/s = "
+                  f"{f(r.get('of_peak'), '.2f')} of peak, {f(r.get('of_copy'), '.2f')} of the copy")
 
 # Hugging Face Accelerate vs tide: tokens/s, ratio tide / HF (above 1: tide faster)
 bench25 = next((r for r in lines("gpu-offload.json") if r.get("row") == "offloaded" and r.get("budget_pct") == 25

@@ -488,8 +488,9 @@ typedef struct tide_llama_graph_opts {
      * before it); weights larger than tile_weight_bytes are split into row
      * blocks (contiguous in the checkpoint), each matmul writing its block of
      * columns and the embedding filling in its ids. Results are bit-identical
-     * to the untiled graph's on the CPU, and on CUDA for 16-bit weights in
-     * the fast matmul mode; CUDA's f32 GEMM (f32 weights, or the f32 mode)
+     * to the untiled graph's on the CPU, and on CUDA for 16-bit and
+     * block-quantized weights in the fast matmul mode (quantized: also in the
+     * f32 mode below 16 rows, docs/cuda_quant.md); CUDA's f32 GEMM (f32 weights, or the f32 mode)
      * picks cuBLAS kernels by a call's rows, so row tiles there agree to f32
      * rounding. */
     int tile_rows;

@@ -46,6 +46,12 @@
  * the tiled parameters: the copies by hand, the rest as the untiled op on
  * the tile's slice of the data, put where the tile goes.
  *
+ * Block-quantized weights (MATMUL, EMBED; test_matmul_quant,
+ * test_embed_quant): on CUDA against the double-precision product of the
+ * dequantized weights (tests/quant_ref.h), with the row-tile bit contract of
+ * docs/cuda_quant.md; refused (TIDE_E_UNSUPPORTED) on the CPU, which has no
+ * kernels for them yet, and in MATMUL's x . w form everywhere.
+ *
  * The training ops (and MATMUL's backward forms, ATTENTION without a cache)
  * run the same way, with the bounds of tests/test_kernels_train.c (their
  * section says which); their id errors (token ids, targets, positions of
@@ -93,6 +99,7 @@
 #include "async_backend.h"
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
+#include "quant_ref.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -2526,6 +2533,259 @@ static void close_backends(void) {
     tide_ctx_free(queued.ctx);
 }
 
+/* ------------------------------------------------------------- quantized weights */
+
+/* MATMUL and EMBED with block-quantized weights (tests/quant_ref.h reads
+ * the blocks): on CUDA, every type, R in {1, 3, 17, 64}, both matmul modes,
+ * against the product in double of x and the dequantized weights: within
+ * 2e-5 * sum_k |x_k w_k| where the weights are used as f32 (the GEMV, R < 16
+ * in the whole output, and the f32 mode's dequantized tiles), within
+ * (2^-7 + 2e-5) * sum_k |x_k w_k| in the fast mode's GEMM (weights and
+ * activations each rounded to bf16: 2^-9 each, a factor 2 to spare). The
+ * bit contract: row tiles (with weight blocks) of a 64-row product in the
+ * fast mode, and of a 12-row one (the GEMV) in both modes, give the whole
+ * product's bits. EMBED (also a block of the vocabulary, first and later
+ * chunk): bit for bit the dequantized rows. The x . w form with a quantized
+ * weight (training) is TIDE_E_UNSUPPORTED with a message; so is every
+ * quantized op on the CPU backend, which has no kernels for them yet. */
+static const tide_dtype qdts[] = {TIDE_Q8_0, TIDE_Q4_0, TIDE_Q4_K, TIDE_Q5_K, TIDE_Q6_K};
+static uint64_t mmq_scratch; /* > 0: the op's workspace cut to this many bytes */
+
+static int tc_qtensor(tcase *c, const char *name, tide_dtype dt, int64_t d0, int64_t d1, const uint8_t *data) {
+    int id = -1;
+    tide_status st = tide_graph_add_tensor(c->g, name, dt, TIDE_ROLE_WEIGHT, 2, (int64_t[]){d0, d1}, &id);
+    if (st) fail_msg("add_tensor %s: %s", name, tide_ctx_last_error(c->ctx));
+    assert_true(id < MAX_T);
+    size_t nb = (size_t)tide_graph_tensor_bytes(c->g, id);
+    c->host[id] = malloc(nb);
+    assert_non_null(c->host[id]);
+    memcpy(c->host[id], data, nb);
+    return id;
+}
+
+/* x rows r0.. (rc) times weight rows n0.. (nc) of the quantized wq (N, K),
+ * as a whole product or as the tile at (r0, n0) of an (R, N) output; *st
+ * gets compute's status, and the result (malloc'd) is the output. */
+static float *mmq_run(tide_backend *be, tide_dtype dt, const float *xs, const uint8_t *wq, int64_t R, int64_t K,
+                      int64_t N, int64_t r0, int64_t rc, int64_t n0, int64_t nc, bool whole, tide_status *st) {
+    tcase c;
+    tc_open(&c, "quantized matmul");
+    size_t rb = (size_t)tide_dtype_bytes(dt, (uint64_t)K);
+    int x = tc_tensor(&c, "x", TIDE_F32, TIDE_ROLE_INPUT, rc, K, 0, 0);
+    int w = tc_qtensor(&c, "w", dt, nc, K, wq + (size_t)n0 * rb);
+    int o = tc_tensor(&c, "y", TIDE_F32, TIDE_ROLE_TEMP, whole ? rc : R, whole ? nc : N, 0, 0);
+    memcpy(c.host[x], xs + r0 * K, (size_t)(rc * K) * sizeof(float));
+    tc_op(&c, TIDE_OP_MATMUL, whole ? 2 : 3, (int[]){x, w, o}, 1, &o,
+          &(tide_op_args){.row0 = whole ? 0 : r0, .col0 = whole ? 0 : n0});
+    if (mmq_scratch) {
+        assert_true(mmq_scratch <= c.g->ops[c.op].scratch_bytes);
+        c.g->ops[c.op].scratch_bytes = mmq_scratch;
+    }
+    void *res[MAX_T];
+    *st = tc_run(&c, be, res);
+    tk_force_generic(false);
+    float *r = res[o];
+    res[o] = NULL;
+    res_free(res, tide_graph_n_tensors(c.g));
+    tc_close(&c);
+    return r;
+}
+
+/* The tiles (rt rows x nb weight rows) of an (R, N) product must give the
+ * whole product's bits; returns the elements that differ. */
+static int64_t mmq_tiles_differ(tide_backend *be, tide_dtype dt, const float *xs, const uint8_t *wq, int64_t R,
+                                int64_t K, int64_t N, int64_t rt, int64_t nb, const float *whole) {
+    float *got = calloc((size_t)(R * N), sizeof(float));
+    assert_non_null(got);
+    for (int64_t r0 = 0; r0 < R; r0 += rt)
+        for (int64_t n0 = 0; n0 < N; n0 += nb) {
+            int64_t rc = TIDE_MIN(rt, R - r0), nc = TIDE_MIN(nb, N - n0);
+            tide_status st;
+            float *o = mmq_run(be, dt, xs, wq, R, K, N, r0, rc, n0, nc, false, &st);
+            assert_int_equal(st, TIDE_OK);
+            for (int64_t r = r0; r < r0 + rc; r++) memcpy(got + r * N + n0, o + r * N + n0, (size_t)nc * 4);
+            free(o);
+        }
+    int64_t diff = 0;
+    for (int64_t i = 0; i < R * N; i++) diff += memcmp(&got[i], &whole[i], 4) != 0;
+    free(got);
+    return diff;
+}
+
+static void test_matmul_quant(void **state) {
+    (void)state;
+    enum { K = 512, N = 40, RMAX = 64 };
+    static const int64_t Rs[] = {1, 3, 17, 64};
+    float *xs = malloc((size_t)(RMAX * K) * sizeof(float)), *wf = malloc((size_t)(N * K) * sizeof(float));
+    uint8_t *wq = malloc((size_t)N * (size_t)K * 2);
+    assert_true(xs && wf && wq);
+    for (int64_t i = 0; i < RMAX * K; i++) xs[i] = frand();
+    int checked = 0;
+    for (size_t d = 0; d < sizeof qdts / sizeof qdts[0]; d++) {
+        tide_dtype dt = qdts[d];
+        size_t rb = (size_t)tide_dtype_bytes(dt, K);
+        qref_fill(dt, wq, rb * N, rnd);
+        for (int64_t n = 0; n < N; n++) qref_dequant_row(dt, wq + n * rb, K, wf + n * K);
+        for (int b = 0; b < n_be; b++) {
+            tide_backend *be = bes[b].be;
+            bool cuda = be->kind == TIDE_BACKEND_CUDA;
+            for (int mode = 0; mode < 2; mode++) {
+                assert_int_equal(tide_backend_set_matmul(be, mode ? TIDE_MATMUL_FAST : TIDE_MATMUL_F32), TIDE_OK);
+                for (size_t ri = 0; ri < sizeof Rs / sizeof Rs[0]; ri++) {
+                    int64_t R = Rs[ri];
+                    tide_status st;
+                    float *o = mmq_run(be, dt, xs, wq, R, K, N, 0, R, 0, N, true, &st);
+                    if (!cuda) {
+                        assert_int_equal(st, TIDE_E_UNSUPPORTED);
+                        assert_non_null(strstr(tide_ctx_last_error(bes[b].ctx), tide_dtype_name(dt)));
+                        free(o);
+                        continue;
+                    }
+                    if (st) fail_msg("%s matmul %s R=%lld: %s", tide_backend_name(be), tide_dtype_name(dt),
+                                     (long long)R, tide_ctx_last_error(bes[b].ctx));
+                    double rtol = mode && R >= 16 ? 0x1p-7 + 2e-5 : 2e-5, worst = 0;
+                    for (int64_t r = 0; r < R; r++)
+                        for (int64_t n = 0; n < N; n++) {
+                            double s = 0, a = 0;
+                            for (int64_t k = 0; k < K; k++) {
+                                double p = (double)xs[r * K + k] * (double)wf[n * K + k];
+                                s += p;
+                                a += fabs(p);
+                            }
+                            double err = fabs((double)o[r * N + n] - s);
+                            if (!(err <= rtol * a))
+                                fail_msg("%s %s mode matmul %s R=%lld: [%lld][%lld] = %.9g, want %.9g (error %.3g "
+                                         "> %.3g)", tide_backend_name(be), mode ? "fast" : "f32", tide_dtype_name(dt),
+                                         (long long)R, (long long)r, (long long)n, o[r * N + n], s, err, rtol * a);
+                            if (a > 0 && err / (rtol * a) > worst) worst = err / (rtol * a);
+                        }
+                    print_message("  %s %s mode matmul %s R=%lld: worst error/bound %.3g\n", tide_backend_name(be),
+                                  mode ? "fast" : "f32", tide_dtype_name(dt), (long long)R, worst);
+                    /* the bit contract: the GEMM path in the fast mode, the GEMV in both */
+                    if (R == RMAX && mode) {
+                        int64_t diff = mmq_tiles_differ(be, dt, xs, wq, R, K, N, 17, 16, o);
+                        if (diff)
+                            fail_msg("%s fast mode matmul %s: row tiles of 17 x 16 differ from the whole (%lld x %d) "
+                                     "in %lld elements", tide_backend_name(be), tide_dtype_name(dt), (long long)R, N,
+                                     (long long)diff);
+                        /* a workspace for 7 weight rows and 7 x rows: 6 weight tiles, 10 row chunks */
+                        mmq_scratch = 2 * 7 * K * 2;
+                        float *o7 = mmq_run(be, dt, xs, wq, R, K, N, 0, R, 0, N, true, &st);
+                        mmq_scratch = 0;
+                        assert_int_equal(st, TIDE_OK);
+                        if (memcmp(o7, o, (size_t)(R * N) * sizeof(float)))
+                            fail_msg("%s fast mode matmul %s: a workspace of 7 rows changes the bits",
+                                     tide_backend_name(be), tide_dtype_name(dt));
+                        free(o7);
+                    }
+                    if (R == RMAX && !mode) {
+                        /* a workspace for 7 f32 weight rows: 6 tiles, each within the bound */
+                        mmq_scratch = 7 * K * 4;
+                        float *o7 = mmq_run(be, dt, xs, wq, R, K, N, 0, R, 0, N, true, &st);
+                        mmq_scratch = 0;
+                        assert_int_equal(st, TIDE_OK);
+                        for (int64_t i = 0; i < R * N; i++) {
+                            double a = 0;
+                            for (int64_t k = 0; k < K; k++) a += fabs((double)xs[i / N * K + k] * wf[i % N * K + k]);
+                            if (!(fabs((double)o7[i] - (double)o[i]) <= 4e-5 * a))
+                                fail_msg("%s f32 mode matmul %s, a workspace of 7 rows: [%lld] = %.9g, whole %.9g",
+                                         tide_backend_name(be), tide_dtype_name(dt), (long long)i, o7[i], o[i]);
+                        }
+                        free(o7);
+                    }
+                    free(o);
+                    checked++;
+                }
+                /* the GEMV (fewer than 16 rows in the whole output): tiles of 5 rows of 12 */
+                if (cuda) {
+                    tide_status st;
+                    float *o = mmq_run(be, dt, xs, wq, 12, K, N, 0, 12, 0, N, true, &st);
+                    assert_int_equal(st, TIDE_OK);
+                    int64_t diff = mmq_tiles_differ(be, dt, xs, wq, 12, K, N, 5, 24, o);
+                    if (diff)
+                        fail_msg("%s %s mode matmul %s: row tiles of 5 x 24 differ from the whole (12 x %d) in %lld "
+                                 "elements", tide_backend_name(be), mode ? "fast" : "f32", tide_dtype_name(dt), N,
+                                 (long long)diff);
+                    free(o);
+                }
+            }
+            assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK);
+            /* the x . w form (w (K, N)) with a quantized weight: refused */
+            tcase c;
+            tc_open(&c, "quantized x . w");
+            int x = tc_tensor(&c, "x", TIDE_F32, TIDE_ROLE_INPUT, 3, 64, 0, 1);
+            int w = tc_qtensor(&c, "w", dt, 64, 256, wq);
+            int o = tc_tensor(&c, "y", TIDE_F32, TIDE_ROLE_TEMP, 3, 256, 0, 1);
+            tc_op(&c, TIDE_OP_MATMUL, 2, (int[]){x, w}, 1, &o, &(tide_op_args){.no_transpose = true});
+            void *res[MAX_T];
+            assert_int_equal(tc_run(&c, be, res), TIDE_E_UNSUPPORTED);
+            assert_non_null(strstr(tide_ctx_last_error(bes[b].ctx), "'w'"));
+            tk_force_generic(false);
+            res_free(res, tide_graph_n_tensors(c.g));
+            tc_close(&c);
+        }
+    }
+    if (!checked) print_message("  no backend under test runs quantized matmuls (cpu: refused, as checked)\n");
+    free(xs);
+    free(wf);
+    free(wq);
+}
+
+static void test_embed_quant(void **state) {
+    (void)state;
+    enum { V = 40, D = 512, R = 7, B = 2, T = 8, IDX0 = 3 };
+    static const int64_t blocks[][2] = {{0, V}, {10, 25}};
+    uint8_t *tq = malloc((size_t)V * D * 2);
+    float *tf = malloc((size_t)(V * D) * sizeof(float));
+    assert_true(tq && tf);
+    for (size_t d = 0; d < sizeof qdts / sizeof qdts[0]; d++) {
+        tide_dtype dt = qdts[d];
+        size_t rb = (size_t)tide_dtype_bytes(dt, D);
+        qref_fill(dt, tq, rb * V, rnd);
+        for (int64_t v = 0; v < V; v++) qref_dequant_row(dt, tq + v * rb, D, tf + v * D);
+        for (int k = 0; k < 2; k++)
+            for (int later = 0; later < (k ? 2 : 1); later++) {
+                int64_t v0 = blocks[k][0], Vb = blocks[k][1] - v0;
+                char what[96];
+                snprintf(what, sizeof what, "%s ids [%lld,%lld) of %d D=%d %s", tide_dtype_name(dt), (long long)v0,
+                         (long long)(v0 + Vb), V, D, later ? "later" : "first");
+                tcase c;
+                tc_open(&c, what);
+                int tab = tc_qtensor(&c, "table", dt, Vb, D, tq + (size_t)v0 * rb);
+                int tok = tc_tensor(&c, "tokens", TIDE_I32, TIDE_ROLE_INPUT, B, T, 0, 0);
+                int out = tc_tensor(&c, "x", TIDE_F32, TIDE_ROLE_TEMP, R, D, 0, 1);
+                int32_t *ids = c.host[tok];
+                for (int i = 0; i < B * T; i++) ids[i] = V; /* outside the tile: out of range if read */
+                for (int r = 0; r < R; r++) ids[IDX0 + r] = r ? irand(V) : (int32_t)(v0 + Vb - 1);
+                tc_op(&c, TIDE_OP_EMBED, later ? 3 : 2, (int[]){tab, tok, out}, 1, &out,
+                      &(tide_op_args){.idx0 = IDX0, .vocab0 = v0, .vocab = V});
+                float *e = tc_expect_init(&c, out);
+                for (int r = 0; r < R; r++) {
+                    int64_t id = ids[IDX0 + r] - v0;
+                    if (id >= 0 && id < Vb) memcpy(e + r * D, tf + (v0 + id) * D, (size_t)D * sizeof(float));
+                    else if (!later) memset(e + r * D, 0, (size_t)D * sizeof(float));
+                }
+                for (int b = 0; b < n_be; b++) {
+                    tide_backend *be = bes[b].be;
+                    void *res[MAX_T];
+                    tide_status st = tc_run(&c, be, res);
+                    tk_force_generic(false);
+                    if (be->kind != TIDE_BACKEND_CUDA) {
+                        assert_int_equal(st, TIDE_E_UNSUPPORTED);
+                    } else {
+                        if (st) fail_msg("%s embed %s: %s", tide_backend_name(be), what, tide_ctx_last_error(bes[b].ctx));
+                        if (memcmp(res[out], e, (size_t)(R * D) * sizeof(float)))
+                            fail_msg("%s embed %s: not the dequantized rows bit for bit", tide_backend_name(be), what);
+                    }
+                    res_free(res, tide_graph_n_tensors(c.g));
+                }
+                tc_close(&c);
+            }
+    }
+    free(tq);
+    free(tf);
+}
+
 /* `test_backends PATTERN` runs only the cases whose names match it, and
  * `test_backends --skip PATTERN` all but those (cmocka's patterns: * and ?
  * wildcards), e.g. "test_take_last*". `test_backends --gpu [...]` is the
@@ -2561,6 +2821,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_embed_tiled), cmocka_unit_test(test_matmul_tiled), cmocka_unit_test(test_rope_tiled),
         cmocka_unit_test(test_attention_tiled), cmocka_unit_test(test_take_last_tiled),
         cmocka_unit_test(test_matmul_tile_bits),
+        cmocka_unit_test(test_matmul_quant), cmocka_unit_test(test_embed_quant),
         cmocka_unit_test(test_pos_rows),
         cmocka_unit_test_setup_teardown(test_matmul_fast, fast_on, fast_off),
         cmocka_unit_test(test_matmul_backward), cmocka_unit_test(test_matmul_gradw), cmocka_unit_test(test_embed_bwd), cmocka_unit_test(test_embed_bwd_block),

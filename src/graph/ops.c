@@ -490,15 +490,20 @@ static double bytes_matmul(const tide_graph *g, const tide_op *op) {
 }
 
 /* The CPU converts a 16-bit weight to f32 in column blocks of at most 16 MiB.
- * With a block-quantized weight it quantizes the rows of x to 8 bits, each
- * row K padded to a multiple of 256 (Kp) taking Kp * 5/4 bytes
- * (backend/cpu/matmul_quant.c): room for every row up to 16 MiB, at least
- * one row. */
+ * With a block-quantized weight, the larger of two needs: the CPU quantizes
+ * the rows of x to 8 bits, each row K padded to a multiple of 256 (Kp) taking
+ * Kp * 5/4 bytes (backend/cpu/matmul_quant.c), room for every row up to 16
+ * MiB and at least one row; CUDA dequantizes the weight in tiles of whole
+ * rows in a workspace of numel * 4 bytes, at most 16 MiB (f32 tiles in the
+ * f32 mode; bf16 tiles in its first half and the rounded activations in the
+ * second in the fast mode, src/backend/cuda/cuda_ops.c), never a whole copy
+ * of a weight above 16 MiB. */
 static uint64_t scratch_matmul(const tide_graph *g, const tide_op *op) {
     const tide_tensor *x = &g->tensors[op->in[0]], *w = &g->tensors[op->in[1]];
     if (tide_dtype_is_quantized(w->dtype)) {
         uint64_t kp = ((uint64_t)x->shape[1] + 255) / 256 * 256, row = kp + kp / 8 + kp / 8;
-        return TIDE_MAX(row, TIDE_MIN(row * (uint64_t)x->shape[0], UINT64_C(16) << 20));
+        uint64_t cpu = TIDE_MAX(row, TIDE_MIN(row * (uint64_t)x->shape[0], UINT64_C(16) << 20));
+        return TIDE_MAX(cpu, TIDE_MIN((uint64_t)tide_tensor_numel(w) * 4, UINT64_C(16) << 20));
     }
     if (w->dtype == TIDE_F32) return 0;
     uint64_t wb = (uint64_t)tide_tensor_numel(w) * 4;

@@ -39,7 +39,7 @@ endif()
 set(_emu_dir ${CMAKE_CURRENT_LIST_DIR})
 set(_emu_gen ${CMAKE_CURRENT_BINARY_DIR}/emu_c)
 set(_emu_inc "")
-foreach(f cuda_kernels cuda_gemm cuda_train)
+foreach(f cuda_kernels cuda_gemm cuda_train cuda_quant)
   add_custom_command(
     OUTPUT ${_emu_gen}/${f}.inc
     COMMAND ${CMAKE_COMMAND} -DSRC=${PROJECT_SOURCE_DIR}/src/backend/cuda/${f}.cu -DOUT=${_emu_gen}/${f}.inc

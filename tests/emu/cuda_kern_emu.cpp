@@ -2,7 +2,7 @@
  * cuda_kern_emu.cpp - the CUDA backend's kernels and launchers for the
  * emulated CUDA runtime (cuda_rt_emu.cpp): the current .cu files of
  * src/backend/cuda (forward kernels, the fast mode's rounding, the training
- * kernels), rewritten by extract.cmake with their extern "C" kept,
+ * kernels, the kernels for quantized weights), rewritten by extract.cmake with their extern "C" kept,
  * so that the launchers (tcu_*) are the C functions cuda_backend.c calls.
  * Their launches, copies and memsets go to the emulated device's streams
  * (cuda_emu.h's hooks) instead of running at once.
@@ -13,6 +13,7 @@
 #include "tide.h"
 #include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_quant.h"
 #include "backend/cuda/cuda_train.h"
 
 #include "cuda_emu.h"
@@ -22,6 +23,7 @@ namespace emu {
 #include "cuda_kernels.inc"
 #include "cuda_gemm.inc"
 #include "cuda_train.inc"
+#include "cuda_quant.inc"
 } // namespace emu
 
 namespace {

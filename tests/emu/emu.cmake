@@ -28,7 +28,7 @@ set(TIDE_EMU_CUDA_DIR "${PROJECT_SOURCE_DIR}/src/backend/cuda" CACHE PATH
     "Directory of the .cu files test_cuda_emu compiles (the real sources; another only to check the test)")
 
 set(_emu_gen ${CMAKE_CURRENT_BINARY_DIR}/emu)
-foreach(f cuda_kernels cuda_gemm cuda_train)
+foreach(f cuda_kernels cuda_gemm cuda_train cuda_quant)
   add_custom_command(
     OUTPUT ${_emu_gen}/${f}.inc
     COMMAND ${CMAKE_COMMAND} -DSRC=${TIDE_EMU_CUDA_DIR}/${f}.cu -DOUT=${_emu_gen}/${f}.inc
@@ -40,11 +40,14 @@ endforeach()
 
 # test_cuda_emu: the forward kernels (cuda_kernels.cu) and the fast mode's
 # rounding (cuda_gemm.cu); test_cuda_emu_train: the training kernels
-# (cuda_train.cu). Both on the harness of emu_check.h.
+# (cuda_train.cu); test_cuda_emu_quant: the kernels for quantized weights
+# (cuda_quant.cu). All on the harness of emu_check.h.
 add_executable(test_cuda_emu ${CMAKE_CURRENT_LIST_DIR}/test_cuda_emu.cpp ${_emu_gen}/cuda_kernels.inc
                ${_emu_gen}/cuda_gemm.inc)
 add_executable(test_cuda_emu_train ${CMAKE_CURRENT_LIST_DIR}/test_cuda_emu_train.cpp ${_emu_gen}/cuda_train.inc)
-foreach(t test_cuda_emu test_cuda_emu_train)
+add_executable(test_cuda_emu_quant ${CMAKE_CURRENT_LIST_DIR}/test_cuda_emu_quant.cpp ${_emu_gen}/cuda_quant.inc)
+target_include_directories(test_cuda_emu_quant PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+foreach(t test_cuda_emu test_cuda_emu_train test_cuda_emu_quant)
   set_target_properties(${t} PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
   # stub/ first: its cuda_runtime_api.h, not a toolkit's, serves the backend's headers.
   target_include_directories(${t} BEFORE PRIVATE ${CMAKE_CURRENT_LIST_DIR}/stub ${_emu_gen}
@@ -71,3 +74,5 @@ add_test(NAME test_cuda_emu COMMAND test_cuda_emu ${_emu_args})
 set_tests_properties(test_cuda_emu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 COST 12)
 add_test(NAME test_cuda_emu_train COMMAND test_cuda_emu_train ${_emu_args})
 set_tests_properties(test_cuda_emu_train PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 COST 5)
+add_test(NAME test_cuda_emu_quant COMMAND test_cuda_emu_quant ${_emu_args})
+set_tests_properties(test_cuda_emu_quant PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 COST 5)

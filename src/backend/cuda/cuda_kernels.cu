@@ -78,18 +78,28 @@ __device__ __forceinline__ float load_w(const void *w, int64_t i) {
     return DT == TIDE_F16 ? f16_to_f32(h) : bf16_to_f32(h);
 }
 
-/* Eight consecutive weights from a 16-byte aligned address. */
+/* Eight consecutive weights from a 16-byte aligned address, in two steps so
+ * that several loads can be in flight before their values are needed: the
+ * raw bits (one 16-byte load, two for f32), then their values. */
 template <int DT>
-__device__ __forceinline__ void load_w8(const void *w, int64_t i, float *o) {
+__device__ __forceinline__ void load_raw8(const void *w, int64_t i, uint4 *r) {
     if (DT == TIDE_F32) {
-        const float4 *p = (const float4 *)((const float *)w + i);
-        float4 a = p[0], b = p[1];
-        o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
-        o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+        const uint4 *p = (const uint4 *)((const float *)w + i);
+        r[0] = p[0];
+        r[1] = p[1];
+    } else {
+        r[0] = *(const uint4 *)((const uint16_t *)w + i);
+    }
+}
+
+template <int DT>
+__device__ __forceinline__ void decode8(const uint4 *r, float *o) {
+    if (DT == TIDE_F32) {
+        const uint32_t v[8] = {r[0].x, r[0].y, r[0].z, r[0].w, r[1].x, r[1].y, r[1].z, r[1].w};
+        for (int j = 0; j < 8; j++) o[j] = __uint_as_float(v[j]);
         return;
     }
-    uint4 u = *(const uint4 *)((const uint16_t *)w + i);
-    uint32_t v[4] = {u.x, u.y, u.z, u.w};
+    const uint32_t v[4] = {r[0].x, r[0].y, r[0].z, r[0].w};
     for (int j = 0; j < 4; j++) {
         uint32_t lo = v[j] & 0xffffu, hi = v[j] >> 16;
         o[2 * j] = DT == TIDE_F16 ? f16_to_f32(lo) : bf16_to_f32(lo);
@@ -254,6 +264,7 @@ extern "C" cudaError_t tcu_rmsnorm(cudaStream_t s, const float *x, const void *w
 /* ------------------------------------------------------------- matmul */
 
 #define MM_WARPS 8
+#define MM_PIPE 4 /* 16-byte weight loads in flight per lane (the decode GEMV streams at bandwidth) */
 
 /* out (R, N) = x (R, K) . w (N, K)^T; warp per weight row n. VEC: K % 8 == 0
  * and x, w 16-byte aligned, so each lane loads 8 weights and 2 float4 of x. */
@@ -271,24 +282,36 @@ __global__ void __launch_bounds__(MM_WARPS * 32) k_matmul_fused(const float *x, 
 #pragma unroll
         for (int r = 0; r < TCU_MATMUL_FUSED_R; r++) acc[r] = 0.0f;
         if (VEC) {
-            for (int64_t k = (int64_t)lane * 8; k < K; k += 32 * 8) {
-                float wv[8];
-                load_w8<DT>(w, wrow + k, wv);
+            /* MM_PIPE steps of 256 weights: their loads first, then their
+             * products in step order (each lane's sum in the order of k,
+             * whatever MM_PIPE is) */
+            for (int64_t k0 = (int64_t)lane * 8; k0 < K; k0 += MM_PIPE * 32 * 8) {
+                uint4 raw[MM_PIPE][2];
 #pragma unroll
-                for (int r = 0; r < TCU_MATMUL_FUSED_R; r++) {
-                    if (r < nr) {
-                        const float4 *xp = (const float4 *)(xb + r * K + k);
-                        float4 a = xp[0], b = xp[1];
-                        float t = acc[r];
-                        t = fmaf(a.x, wv[0], t);
-                        t = fmaf(a.y, wv[1], t);
-                        t = fmaf(a.z, wv[2], t);
-                        t = fmaf(a.w, wv[3], t);
-                        t = fmaf(b.x, wv[4], t);
-                        t = fmaf(b.y, wv[5], t);
-                        t = fmaf(b.z, wv[6], t);
-                        t = fmaf(b.w, wv[7], t);
-                        acc[r] = t;
+                for (int j = 0; j < MM_PIPE; j++)
+                    if (k0 + j * 256 < K) load_raw8<DT>(w, wrow + k0 + j * 256, raw[j]);
+#pragma unroll
+                for (int j = 0; j < MM_PIPE; j++) {
+                    const int64_t k = k0 + j * 256;
+                    if (k >= K) break;
+                    float wv[8];
+                    decode8<DT>(raw[j], wv);
+#pragma unroll
+                    for (int r = 0; r < TCU_MATMUL_FUSED_R; r++) {
+                        if (r < nr) {
+                            const float4 *xp = (const float4 *)(xb + r * K + k);
+                            float4 a = xp[0], b = xp[1];
+                            float t = acc[r];
+                            t = fmaf(a.x, wv[0], t);
+                            t = fmaf(a.y, wv[1], t);
+                            t = fmaf(a.z, wv[2], t);
+                            t = fmaf(a.w, wv[3], t);
+                            t = fmaf(b.x, wv[4], t);
+                            t = fmaf(b.y, wv[5], t);
+                            t = fmaf(b.z, wv[6], t);
+                            t = fmaf(b.w, wv[7], t);
+                            acc[r] = t;
+                        }
                     }
                 }
             }

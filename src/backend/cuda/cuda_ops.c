@@ -14,10 +14,19 @@
  *   - accumulate: the same calls with beta = 1 (out += the product);
  *   - with fewer than TCU_MATMUL_FUSED_R rows or no room for a widened
  *     block: tcu_matmul_small, which reads each weight once per 16 rows.
+ * A block-quantized weight (cuda_quant.h) runs the forward form only:
+ *   - fewer than TCU_MATMUL_FUSED_R rows in the whole output (decoding), or
+ *     no room for one dequantized weight row: tcu_qgemv, in both modes;
+ *   - else the f32 mode dequantizes tiles of weight rows to f32 into the
+ *     scratch and multiplies each with cublasSgemm; the fast mode
+ *     dequantizes them to bf16 into the scratch's first half, rounds chunks
+ *     of x to bf16 into its second half and multiplies on tensor cores
+ *     (cublasGemmEx, f32 compute), as for bf16 weights.
  */
 #include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_int.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_quant.h"
 #include "backend/cuda/cuda_train.h"
 
 #include <limits.h>
@@ -107,6 +116,71 @@ static tide_status gemm_fast(tide_backend *be, cu_queue *q, const tide_op *op, c
     return TIDE_OK;
 }
 
+/* Equal tiles of at most `cap` of n (cap >= 1): the tile size. */
+static int64_t equal_tiles(int64_t n, int64_t cap) {
+    cap = TIDE_MIN(cap, n);
+    int64_t nt = (n + cap - 1) / cap;
+    return (n + nt - 1) / nt;
+}
+
+/* MATMUL with a block-quantized weight w (N, K) (the note at the top). Rw is
+ * the whole output's rows, which pick the path, so that every row tile of
+ * an op takes the path the untiled op takes. The tile sizes follow from the
+ * scratch size alone (a property of the graph). */
+static tide_status matmul_quant(tide_backend *be, cu_queue *q, const tide_op *op, const float *x, const void *w,
+                                const tide_tensor *wt, int64_t R, int64_t K, int64_t N, int64_t Rw, float *o,
+                                int64_t ldo, void *scratch) {
+    const char *tn = tide_dtype_name(wt->dtype);
+    if (op->p.no_transpose || op->p.accumulate)
+        return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "matmul '%s': the %s form with a %s weight is not supported on "
+                        "cuda (quantized weights are not trained)", wt->name,
+                        op->p.no_transpose ? "x . w" : "accumulating", tn);
+    const uint64_t sb = scratch && K > 0 ? op->scratch_bytes : 0;
+    const bool fast = be->matmul == TIDE_MATMUL_FAST;
+    /* fast: bf16 weight rows in the first half, bf16 x rows in the second
+     * (256-byte aligned); f32: f32 weight rows in all of it */
+    const uint64_t half = sb / 2 / 256 * 256;
+    const int64_t cap = K > 0 ? (int64_t)(fast ? half / ((uint64_t)K * 2) : sb / ((uint64_t)K * 4)) : 0;
+    if (Rw < TCU_MATMUL_FUSED_R || cap < 1) {
+        CU_TRY(q->ctx, tcu_qgemv(q->stream, x, w, wt->dtype, R, K, N, o, ldo), "matmul '%s' (%s) gemv kernel",
+               wt->name, tn);
+        return TIDE_OK;
+    }
+    tide_status st = queue_blas(be, q);
+    if (st) return st;
+    const int64_t nb = equal_tiles(N, cap), rows = fast ? equal_tiles(R, cap) : R;
+    const float one = 1.0f, zero = 0.0f;
+    uint8_t *x16 = (uint8_t *)scratch + half;
+    for (int64_t r0 = 0; r0 < R; r0 += rows) {
+        const int64_t rc = TIDE_MIN(rows, R - r0);
+        if (fast)
+            CU_TRY(q->ctx, tcu_round_to_16(q->stream, x + r0 * K, TIDE_BF16, x16, rc * K),
+                   "matmul '%s' activation rounding kernel", wt->name);
+        for (int64_t n0 = 0; n0 < N; n0 += nb) {
+            const int64_t cnt = TIDE_MIN(nb, N - n0);
+            CU_TRY(q->ctx, tcu_qdequant(q->stream, w, wt->dtype, K, n0, cnt, scratch, fast),
+                   "matmul '%s' (%s) dequantization kernel", wt->name, tn);
+            if (!fast) {
+                st = sgemm_rows(be, q, x, scratch, (int)R, (int)K, (int)cnt, false, (int)K, 0.0f, o + n0, (int)ldo,
+                                wt->name);
+                if (st) return st;
+                continue;
+            }
+            cublasStatus_t bs = cublasGemmEx(q->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)cnt, (int)rc, (int)K, &one,
+                                             scratch, CUDA_R_16BF, (int)K, x16, CUDA_R_16BF, (int)K, &zero,
+                                             o + r0 * ldo + n0, CUDA_R_32F, (int)ldo, CUBLAS_COMPUTE_32F,
+                                             CUBLAS_GEMM_DEFAULT);
+            if (bs != CUBLAS_STATUS_SUCCESS) {
+                char what[300];
+                snprintf(what, sizeof what, "cublasGemmEx of matmul '%s' (%lld x %lld x %lld, %s as bf16)", wt->name,
+                         (long long)rc, (long long)cnt, (long long)K, tn);
+                return tide_cuda_blas_fail(q->ctx, bs, what);
+            }
+        }
+    }
+    return TIDE_OK;
+}
+
 static tide_status op_matmul(tide_backend *be, cu_queue *q, const tide_graph *g, const tide_op *op,
                              void *const *in, void *const *out, void *scratch) {
     const tide_tensor *xt = tin(g, op, 0), *wt = tin(g, op, 1);
@@ -128,6 +202,7 @@ static tide_status op_matmul(tide_backend *be, cu_queue *q, const tide_graph *g,
      * a row tile of fewer than TCU_MATMUL_FUSED_R rows takes the kernel the
      * untiled product takes and repeats its bits */
     const int64_t Rw = TIDE_MAX(R, ot->shape[0]);
+    if (tide_dtype_is_quantized(wt->dtype)) return matmul_quant(be, q, op, x, in[1], wt, R, K, N, Rw, o, ldo, scratch);
     if (wt->dtype == TIDE_F32) {
         tide_status st = queue_blas(be, q);
         return st ? st
@@ -238,6 +313,12 @@ static tide_status op_embed(tide_backend *be, cu_queue *q, const tide_graph *g, 
     if (bad >= 0)
         return tide_err(ctx, TIDE_E_RANGE, "embed: token id %d at position %lld of '%s' is outside the "
                         "vocabulary (size %lld)", val, (long long)(p->idx0 + bad), tok->name, (long long)vocab);
+    if (tide_dtype_is_quantized(tab->dtype)) {
+        CU_TRY(ctx, tcu_qembed(s, in[0], tab->dtype, tab->shape[0], tab->shape[1], p->vocab0, op->n_in == 2, ids, R,
+                               out[0]),
+               "embed kernel (%s table '%s')", tide_dtype_name(tab->dtype), tab->name);
+        return TIDE_OK;
+    }
     CU_TRY(ctx, tcu_embed(s, in[0], tab->dtype, tab->shape[0], tab->shape[1], p->vocab0, op->n_in == 2, ids, R,
                           out[0]),
            "embed kernel");
@@ -384,6 +465,16 @@ tide_status tide_cuda_compute(tide_backend *be, void *vq, const tide_graph *g, c
         if (!out[i]) return tide_err(q->ctx, TIDE_E_INVALID, "cuda %s: output %d has no data", nm, i);
     tide_cuda_op k = (unsigned)op->kind < TIDE_OP_COUNT ? cu_kernels[op->kind] : NULL;
     if (!k) return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "cuda backend: op kind %d is not supported", (int)op->kind);
+    /* block-quantized tensors: MATMUL's weight and EMBED's table only (the
+     * training ops, and the norms, take none) */
+    for (int i = 0; i < op->n_in + op->n_out; i++) {
+        const tide_tensor *t = i < op->n_in ? tin(g, op, i) : tout(g, op, i - op->n_in);
+        bool weight_slot = i == (op->kind == TIDE_OP_MATMUL ? 1 : 0) &&
+                           (op->kind == TIDE_OP_MATMUL || op->kind == TIDE_OP_EMBED);
+        if (tide_dtype_is_quantized(t->dtype) && !weight_slot)
+            return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "cuda %s: '%s' is %s: quantized tensors are only read as "
+                            "matmul weights and embedding tables", nm, t->name, tide_dtype_name(t->dtype));
+    }
     pthread_mutex_lock(&q->mu);
     tide_status st = k(be, q, g, op, in, out, scratch);
     if (st == TIDE_OK) {
