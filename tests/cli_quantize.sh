@@ -84,6 +84,13 @@ expect 1 "unreadable input" -- "$TIDE" quantize "$TMP/nothing-here" "$TMP/x.gguf
 contains "$TMP/err" "nothing-here" "missing input named"
 expect 1 "output directory missing" -- "$TIDE" quantize "$TMP/m" "$TMP/no/such/dir/x.gguf"
 contains "$TMP/err" "no/such/dir" "unwritable output named"
+# a NaN in a weight: refused, naming the tensor
+mkdir "$TMP/nan" && cp "$TIDE_FIXTURES"/hf-text/*.json "$TIDE_FIXTURES"/hf-text/model.safetensors "$TMP/nan/"
+size=$(stat -c %s "$TMP/nan/model.safetensors")
+printf '\x00\x00\xc0\x7f' | dd of="$TMP/nan/model.safetensors" bs=1 seek=$((size - 4)) conv=notrunc 2>/dev/null
+expect 1 "a NaN weight" -- "$TIDE" quantize "$TMP/nan" "$TMP/nan.gguf"
+contains "$TMP/err" "NaN or infinity" "NaN weight named"
+[ ! -e "$TMP/nan.gguf" ] && PASSES=$((PASSES + 1)) || { echo "FAIL: nan.gguf written"; FAILS=$((FAILS + 1)); }
 # a write cut short (a file size limit, as a full disk would): an error, nothing left
 mkdir "$TMP/small"
 ( trap '' XFSZ; ulimit -f 1024; exec "$TIDE" quantize --type Q8_0 "$TMP/m" "$TMP/small/x.gguf" ) >"$TMP/out" 2>"$TMP/err"

@@ -102,19 +102,18 @@ static tide_status write_tensor(void *user, int i, tide_gguf_sink *sink) {
     const uint8_t *src = info.data;
     for (int64_t r0 = 0; r0 < t->rows && st == TIDE_OK; r0 += chunk) {
         int64_t nr = t->rows - r0 < chunk ? t->rows - r0 : chunk;
-        int64_t bad = -1;
-#pragma omp parallel for schedule(dynamic, 4) if (nr >= 8)
+        int64_t bad = INT64_MAX; /* the first row holding a NaN or infinity */
+#pragma omp parallel for schedule(dynamic, 4) reduction(min : bad) if (nr >= 8)
         for (int64_t r = 0; r < nr; r++) {
             float *fr = f + (size_t)r * (size_t)t->cols;
             tide_dequantize_row(info.dtype, src + (size_t)src_row(t, r0 + r) * in_row, fr, t->cols);
             if (!tide_quant_all_finite(fr, t->cols)) {
-#pragma omp critical(tide_quantize_bad)
-                if (bad < 0 || r0 + r < bad) bad = r0 + r;
+                if (r0 + r < bad) bad = r0 + r;
                 continue;
             }
             tide_quantize_row(t->type, fr, q + (size_t)r * out_row, t->cols);
         }
-        if (bad >= 0) {
+        if (bad != INT64_MAX) {
             st = tide_err(J->ctx, TIDE_E_FORMAT, "tensor %s: row %lld holds a NaN or infinity (not quantizable)", t->hf,
                           (long long)src_row(t, bad));
             break;
