@@ -184,7 +184,8 @@ static void wq_value(tide_dtype dt, const uint8_t *blk, int j, double *main, dou
 /* Element k of row n of w (N, K) of dt. */
 static void w_at(tide_dtype dt, const uint8_t *w, int64_t K, int64_t n, int64_t k, double *main, double *min) {
     int qk = tide_dtype_block(dt);
-    const uint8_t *blk = w + (size_t)tide_dtype_bytes(dt, (uint64_t)(n * K)) + (size_t)(k / qk) * tide_dtype_block_bytes(dt);
+    const uint8_t *blk =
+        w + (size_t)tide_dtype_bytes(dt, (uint64_t)(n * K)) + (size_t)(k / qk) * tide_dtype_block_bytes(dt);
     wq_value(dt, blk, (int)(k % qk), main, min);
 }
 
@@ -192,7 +193,8 @@ static void w_at(tide_dtype dt, const uint8_t *w, int64_t K, int64_t n, int64_t 
  * from the layouts (what EMBED must give bit for bit). */
 static float w_f32(tide_dtype dt, const uint8_t *w, int64_t K, int64_t n, int64_t k) {
     int qk = tide_dtype_block(dt), j = (int)(k % qk);
-    const uint8_t *blk = w + (size_t)tide_dtype_bytes(dt, (uint64_t)(n * K)) + (size_t)(k / qk) * tide_dtype_block_bytes(dt);
+    const uint8_t *blk =
+        w + (size_t)tide_dtype_bytes(dt, (uint64_t)(n * K)) + (size_t)(k / qk) * tide_dtype_block_bytes(dt);
     switch (dt) {
     case TIDE_Q8_0: {
         const tide_block_q8_0 *b = (const void *)blk;
@@ -445,7 +447,8 @@ static void test_embed(void **state) {
             memset(got, 0xff, sizeof(float) * R * D);
             assert_int_equal(tk_embed(tab, dt, V, D, 0, 0, true, tok, R, got, &bad, 2), TIDE_OK);
             if (memcmp(got, want, sizeof(float) * R * D))
-                fail_msg("embed %s, %s path: rows differ from the dequantization", tide_dtype_name(dt), path_name(path));
+                fail_msg("embed %s, %s path: rows differ from the dequantization", tide_dtype_name(dt),
+                         path_name(path));
             /* the table in two vocabulary blocks [0, 10) and [10, V) */
             memset(got, 0xff, sizeof(float) * R * D);
             size_t off = (size_t)tide_dtype_bytes(dt, (uint64_t)(10 * D));
@@ -454,7 +457,8 @@ static void test_embed(void **state) {
                 if (tok[r] >= 10)
                     for (int64_t k = 0; k < D; k++) assert_true(got[r * D + k] == 0.0f);
             assert_int_equal(tk_embed(tab + off, dt, V - 10, D, 10, V, false, tok, R, got, &bad, 3), TIDE_OK);
-            if (memcmp(got, want, sizeof(float) * R * D)) fail_msg("embed %s: vocabulary blocks differ", tide_dtype_name(dt));
+            if (memcmp(got, want, sizeof(float) * R * D))
+                fail_msg("embed %s: vocabulary blocks differ", tide_dtype_name(dt));
             /* an id out of the vocabulary: nothing written */
             int32_t badtok[2] = {1, V};
             assert_int_equal(tk_embed(tab, dt, V, D, 0, 0, true, badtok, 2, got, &bad, 1), TIDE_E_RANGE);
@@ -511,8 +515,10 @@ static void test_backend(void **state) {
         bcase c = {.ctx = tide_ctx_new()};
         assert_int_equal(tide_backend_new(c.ctx, TIDE_BACKEND_CPU, &c.be), TIDE_OK);
         c.g = tide_graph_new(c.ctx);
-        int tab = add_t(&c, "embed", dt, TIDE_ROLE_WEIGHT, V, D), tok = add_t(&c, "tok", TIDE_I32, TIDE_ROLE_INPUT, T, 0);
-        int h = add_t(&c, "h", TIDE_F32, TIDE_ROLE_TEMP, T, D), nw = add_t(&c, "norm", TIDE_F32, TIDE_ROLE_WEIGHT, D, 0);
+        int tab = add_t(&c, "embed", dt, TIDE_ROLE_WEIGHT, V, D);
+        int tok = add_t(&c, "tok", TIDE_I32, TIDE_ROLE_INPUT, T, 0);
+        int h = add_t(&c, "h", TIDE_F32, TIDE_ROLE_TEMP, T, D);
+        int nw = add_t(&c, "norm", TIDE_F32, TIDE_ROLE_WEIGHT, D, 0);
         int hn = add_t(&c, "hn", TIDE_F32, TIDE_ROLE_TEMP, T, D), w = add_t(&c, "proj", dt, TIDE_ROLE_WEIGHT, N, D);
         int o = add_t(&c, "o", TIDE_F32, TIDE_ROLE_OUTPUT, T, N), o2 = add_t(&c, "o2", TIDE_F32, TIDE_ROLE_TEMP, T, D);
         tide_op_args pe = {0}, pn = {.eps = 1e-5f}, pm = {0}, pt = {.no_transpose = true}, pa = {.accumulate = true};
@@ -538,7 +544,8 @@ static void test_backend(void **state) {
         for (int k = 0; k < D; k++) nwv[k] = 0.5f + 0.5f * frand();
         buf[nw] = nwv;
         float *hb = malloc(sizeof(float) * T * D), *hnb = malloc(sizeof(float) * T * D);
-        float *ob = malloc(sizeof(float) * T * N), *ref = malloc(sizeof(float) * T * N), *o2b = malloc(sizeof(float) * T * D);
+        float *ob = malloc(sizeof(float) * T * N), *ref = malloc(sizeof(float) * T * N);
+        float *o2b = malloc(sizeof(float) * T * D);
         buf[h] = hb, buf[hn] = hnb, buf[o] = ob, buf[o2] = o2b;
         assert_int_equal(run_op(&c, 0, buf, true), TIDE_OK);
         for (int r = 0; r < T; r++)
@@ -569,7 +576,8 @@ static void test_backend(void **state) {
         assert_int_equal(tk_matmul_q(hnb, buf[w], dt, 1, D, 16, tmp, 16, NULL, 0, 1), TIDE_E_INVALID);
         uint8_t small[64];
         assert_int_equal(tk_matmul_q(hnb, buf[w], dt, 1, D, 16, tmp, 16, small, sizeof small, 1), TIDE_E_INVALID);
-        assert_int_equal(tk_matmul_q(hnb, buf[w], TIDE_BF16, 1, D, 16, tmp, 16, small, sizeof small, 1), TIDE_E_INVALID);
+        assert_int_equal(tk_matmul_q(hnb, buf[w], TIDE_BF16, 1, D, 16, tmp, 16, small, sizeof small, 1),
+                         TIDE_E_INVALID);
         free(buf[tab]);
         free(buf[w]);
         free(hb);

@@ -549,8 +549,8 @@ static tide_status cpu_compute(tide_backend *be, void *q, const tide_graph *g, c
         const tide_tensor *t = i < op->n_in ? tin(g, op, i) : tout(g, op, i - op->n_in);
         bool weight = (op->kind == TIDE_OP_MATMUL && i == 1) || (op->kind == TIDE_OP_EMBED && i == 0);
         if (tide_dtype_is_quantized(t->dtype) && !weight)
-            return tide_err(ctx, TIDE_E_UNSUPPORTED, "cpu %s: tensor '%s' is %s; the cpu backend takes block-quantized "
-                            "tensors only as a matmul's weight or an embed's table", nm, t->name,
+            return tide_err(ctx, TIDE_E_UNSUPPORTED, "cpu %s: tensor '%s' is %s; the cpu backend takes "
+                            "block-quantized tensors only as a matmul's weight or an embed's table", nm, t->name,
                             tide_dtype_name(t->dtype));
     }
     if (op->kind == TIDE_OP_MATMUL) return cpu_matmul(ctx, tide_ctx_threads(ctx), be->matmul, g, op, in, out, scratch);

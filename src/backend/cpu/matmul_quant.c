@@ -1,8 +1,9 @@
 /*
  * matmul_quant.c - MATMUL (out = x . w^T) with block-quantized weights
  * (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K as stored: src/core/quant_blocks.h), and the
- * dequantization of rows for EMBED (the reference's, src/core/quant.h); chosen at run time (cpu_features.h)
- * among AVX-512 VNNI, AVX2 and portable code, one binary for every machine.
+ * dequantization of rows for EMBED (the reference's, src/core/quant.h);
+ * chosen at run time (cpu_features.h) among AVX-512 VNNI, AVX2 and portable
+ * code, one binary for every machine.
  *
  * Each row of x is quantized once per call into 8-bit blocks of 32 (tq_act:
  * q = rint(x * 127 / amax), scale amax / 127 in f32, and the sum of q over
@@ -27,14 +28,16 @@
  * Q4_0 blocks) are unpacked once into 8-bit integers and their scales
  * (tq_sup, on the stack), then multiplied with every row of a block of rows
  * whose quantized activations stay in L2; at decode (a row or a few) that
- * is one pass over the weights, which stream at memory speed. Threads take
- * contiguous ranges of output columns (rows of w), so each weight is read by
- * one thread.
+ * is one pass over the weights. Threads take contiguous ranges of output
+ * columns (rows of w), so each weight is read by one thread.
  *
- * The integers of a superchunk, activations and unpacked weights alike, lie
- * interleaved (tk_q_pos, kernels_int.h): vector i of its 8 holds elements
- * 4i..4i+3 of each chunk, so a 32-bit multiply-add over the 8 vectors leaves
- * chunk c's dot product in lane c, with no sum across lanes. AVX2:
+ * From TQ_IL_ROWS rows on (and always on the portable path) the integers of
+ * a superchunk, activations and unpacked weights alike, lie interleaved
+ * (tk_q_pos, kernels_int.h): vector i of its 8 holds elements 4i..4i+3 of
+ * each chunk, so a 32-bit multiply-add over the 8 vectors leaves chunk c's
+ * dot product in lane c, with no sum across lanes, and output columns go in
+ * pairs. Below, for decode, each chunk's 32 bytes stay in element order (no
+ * transpose of the weights) and each chunk's lanes are summed instead. AVX2:
  * VPMADDUBSW (unsigned weights x signed activations; Q8_0's signed weights
  * by the sign trick) then VPMADDWD; AVX-512 VNNI: VPDPBUSD (on 256-bit
  * vectors: Zen 4 runs 512-bit ones at the same rate per element).
@@ -539,12 +542,20 @@ TK_A2 static TK_INLINE __m256 finish(tide_dtype dt, const tq_sup *u, __m256i D, 
         M = _mm256_madd_epi16(b, _mm256_loadu_si256((const __m256i *)u->mn));
     }
     if (dt == TIDE_Q6_K)
-        I = _mm256_sub_epi32(D, _mm256_slli_epi32(_mm256_madd_epi16(b, _mm256_loadu_si256((const __m256i *)u->scp)), 5));
+        I = _mm256_sub_epi32(D,
+                             _mm256_slli_epi32(_mm256_madd_epi16(b, _mm256_loadu_si256((const __m256i *)u->scp)), 5));
     __m256 dav = _mm256_loadu_ps(da);
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(dav, _mm256_loadu_ps(u->dA)), acc);
     if (dt == TIDE_Q4_K || dt == TIDE_Q5_K)
         acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(dav, _mm256_loadu_ps(u->dM)), acc);
     return acc;
+}
+
+/* Q6_K's chunk dot products of its first and last 16 (d[0], d[1]), each
+ * times its scale. */
+TK_A2 static TK_INLINE __m256i q6_scaled(const tq_sup *u, const __m256i d[2]) {
+    return _mm256_add_epi32(_mm256_mullo_epi32(d[0], _mm256_loadu_si256((const __m256i *)u->sce)),
+                            _mm256_mullo_epi32(d[1], _mm256_loadu_si256((const __m256i *)u->sco)));
 }
 
 /* The superchunk's chunk dot products: vector k of u and of the activations
@@ -565,9 +576,7 @@ TK_A2 static TK_INLINE __m256 dot_avx2(tide_dtype dt, const tq_sup *u, tq_act a,
         int h = dt == TIDE_Q6_K ? k >= 4 : k & 1;
         d[h] = _mm256_add_epi32(d[h], _mm256_madd_epi16(p, ones));
     }
-    __m256i D = dt == TIDE_Q6_K ? _mm256_add_epi32(_mm256_mullo_epi32(d[0], _mm256_loadu_si256((const __m256i *)u->sce)),
-                                                   _mm256_mullo_epi32(d[1], _mm256_loadu_si256((const __m256i *)u->sco)))
-                                : _mm256_add_epi32(d[0], d[1]);
+    __m256i D = dt == TIDE_Q6_K ? q6_scaled(u, d) : _mm256_add_epi32(d[0], d[1]);
     return finish(dt, u, D, a.bs + 16 * s, a.d + 8 * s, acc);
 }
 
@@ -582,9 +591,7 @@ TK_VNNI static TK_INLINE __m256 dot_vnni(tide_dtype dt, const tq_sup *u, tq_act 
         d[h] = dt == TIDE_Q8_0 ? _mm256_dpbusd_epi32(d[h], _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
                                : _mm256_dpbusd_epi32(d[h], w, x);
     }
-    __m256i D = dt == TIDE_Q6_K ? _mm256_add_epi32(_mm256_mullo_epi32(d[0], _mm256_loadu_si256((const __m256i *)u->sce)),
-                                                   _mm256_mullo_epi32(d[1], _mm256_loadu_si256((const __m256i *)u->sco)))
-                                : _mm256_add_epi32(d[0], d[1]);
+    __m256i D = dt == TIDE_Q6_K ? q6_scaled(u, d) : _mm256_add_epi32(d[0], d[1]);
     return finish(dt, u, D, a.bs + 16 * s, a.d + 8 * s, acc);
 }
 
@@ -614,8 +621,9 @@ TK_VNNI static TK_INLINE __m256 dot_nat_vnni(tide_dtype dt, const tq_sup *u, tq_
     for (int c = 0; c < 8; c++) {
         __m256i w = _mm256_load_si256((const __m256i *)(u->q + 32 * c));
         __m256i x = _mm256_loadu_si256((const __m256i *)(aq + 32 * c));
-        d[c] = dt == TIDE_Q8_0 ? _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
-                               : _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+        __m256i z = _mm256_setzero_si256();
+        d[c] = dt == TIDE_Q8_0 ? _mm256_dpbusd_epi32(z, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+                               : _mm256_dpbusd_epi32(z, w, x);
     }
     return finish(dt, u, reduce8(d), a.bs + 16 * s, a.d + 8 * s, acc);
 }
