@@ -6,8 +6,10 @@
  * fusing them, whatever its contraction setting):
  *   Q8_0, Q4_0: d * q;  Q4_K, Q5_K: (d * sc) * q - dmin * m;  Q6_K: (d * sc) * q.
  * Written from the layout comments of quant_blocks.h, element by element
- * (not by the 8-element units of the CUDA decoder), so that the CUDA kernels
- * are checked against an independent reading. Header-only, C and C++.
+ * (not by the 8-element units of the CUDA decoder); the tests that use it
+ * also hold it to the library's reference (tide_dequantize_row,
+ * src/core/quant.h), bit for bit, on the blocks they make. Header-only, C
+ * and C++.
  */
 #ifndef TIDE_TESTS_QUANT_REF_H
 #define TIDE_TESTS_QUANT_REF_H
@@ -17,6 +19,7 @@
 extern "C" {
 #endif
 #include "core/core.h" /* tide_f16_to_f32 */
+#include "core/quant.h"
 #ifdef __cplusplus
 }
 #endif
@@ -101,11 +104,19 @@ static inline float qref_elem(tide_dtype dt, const uint8_t *blk, int j) {
     }
 }
 
-/* The n elements (whole blocks) of a row of dt, as f32. */
-static inline void qref_dequant_row(tide_dtype dt, const void *row, int64_t n, float *out) {
+/* The n elements (whole blocks) of a row of dt, as f32; returns the number
+ * of them whose bits differ from tide_dequantize_row's (0, or n when it
+ * refuses the row). */
+static inline int64_t qref_dequant_row(tide_dtype dt, const void *row, int64_t n, float *out) {
     const uint8_t *b = (const uint8_t *)row;
-    int64_t qk = (int64_t)tide_dtype_block(dt), bb = (int64_t)tide_dtype_block_bytes(dt);
+    int64_t qk = (int64_t)tide_dtype_block(dt), bb = (int64_t)tide_dtype_block_bytes(dt), bad = 0;
     for (int64_t i = 0; i < n; i++) out[i] = qref_elem(dt, b + i / qk * bb, (int)(i % qk));
+    for (int64_t i0 = 0; i0 < n; i0 += qk) {
+        float lib[256];
+        if (tide_dequantize_row(dt, b + i0 / qk * bb, lib, qk)) return n;
+        for (int64_t i = 0; i < qk; i++) bad += memcmp(&lib[i], &out[i0 + i], sizeof(float)) != 0;
+    }
+    return bad;
 }
 
 #endif

@@ -48,7 +48,8 @@
  *
  * Block-quantized weights (MATMUL, EMBED; test_matmul_quant,
  * test_embed_quant): on CUDA against the double-precision product of the
- * dequantized weights (tests/quant_ref.h), with the row-tile bit contract of
+ * dequantized weights (tests/quant_ref.h, held bit for bit to
+ * tide_dequantize_row), with the row-tile bit contract of
  * docs/cuda_quant.md; refused (TIDE_E_UNSUPPORTED) on the CPU, which has no
  * kernels for them yet, and in MATMUL's x . w form everywhere.
  *
@@ -2625,7 +2626,7 @@ static void test_matmul_quant(void **state) {
         tide_dtype dt = qdts[d];
         size_t rb = (size_t)tide_dtype_bytes(dt, K);
         qref_fill(dt, wq, rb * N, rnd);
-        for (int64_t n = 0; n < N; n++) qref_dequant_row(dt, wq + n * rb, K, wf + n * K);
+        for (int64_t n = 0; n < N; n++) assert_int_equal(qref_dequant_row(dt, wq + n * rb, K, wf + n * K), 0);
         for (int b = 0; b < n_be; b++) {
             tide_backend *be = bes[b].be;
             bool cuda = be->kind == TIDE_BACKEND_CUDA;
@@ -2742,7 +2743,7 @@ static void test_embed_quant(void **state) {
         tide_dtype dt = qdts[d];
         size_t rb = (size_t)tide_dtype_bytes(dt, D);
         qref_fill(dt, tq, rb * V, rnd);
-        for (int64_t v = 0; v < V; v++) qref_dequant_row(dt, tq + v * rb, D, tf + v * D);
+        for (int64_t v = 0; v < V; v++) assert_int_equal(qref_dequant_row(dt, tq + v * rb, D, tf + v * D), 0);
         for (int k = 0; k < 2; k++)
             for (int later = 0; later < (k ? 2 : 1); later++) {
                 int64_t v0 = blocks[k][0], Vb = blocks[k][1] - v0;

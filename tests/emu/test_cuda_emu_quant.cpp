@@ -2,7 +2,9 @@
  * test_cuda_emu_quant.cpp - the CUDA kernels for block-quantized weights
  * (src/backend/cuda/cuda_quant.cu, cuda_quant.h) on the host emulation of
  * cuda_emu.h, against the tests' own reading of the block layouts
- * (tests/quant_ref.h), for every type (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K):
+ * (tests/quant_ref.h, itself bit-identical to the library's reference
+ * tide_dequantize_row on every weight made here), for every type (Q8_0,
+ * Q4_0, Q4_K, Q5_K, Q6_K):
  *
  *   - tcu_qdequant: rows of a weight as f32 tiles, bit for bit the
  *     reference's values; as bf16 tiles, bit for bit those values rounded
@@ -53,7 +55,9 @@ Bytes qweight(tide_dtype dt, int64_t N, int64_t K, std::vector<float> &wf) {
     qref_fill(dt, w.data(), w.size(), rnd64);
     wf.assign((size_t)(N * K), 0.0f);
     const size_t rb = (size_t)tide_dtype_bytes(dt, (uint64_t)K);
-    for (int64_t n = 0; n < N; n++) qref_dequant_row(dt, w.data() + n * rb, K, wf.data() + n * K);
+    int64_t bad = 0;
+    for (int64_t n = 0; n < N; n++) bad += qref_dequant_row(dt, w.data() + n * rb, K, wf.data() + n * K);
+    if (bad) fail("tests/quant_ref.h and tide_dequantize_row differ in %lld elements", (long long)bad);
     return w;
 }
 
