@@ -16,7 +16,8 @@ cd "$here"
 build=${BUILD_DIR:-build-fuzz}
 secs=${FUZZ_SECONDS:-30}
 jobs=${JOBS:-$(getconf _NPROCESSORS_ONLN)} # not nproc: it honours OMP_NUM_THREADS, which CI sets to 1
-all=(fuzz_safetensors fuzz_gguf fuzz_config fuzz_tokenizer fuzz_chat fuzz_serve fuzz_tokens fuzz_plan fuzz_hw)
+all=(fuzz_safetensors fuzz_gguf fuzz_config fuzz_tokenizer fuzz_tok_gguf fuzz_chat fuzz_serve fuzz_tokens fuzz_plan
+     fuzz_hw)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 
