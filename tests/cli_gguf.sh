@@ -54,8 +54,10 @@ head -c 1000 "$G/tiny-f32-mha.gguf" >"$TMP/cut.gguf"
 expect 1 "truncated GGUF" -- "$TIDE" run --model "$TMP/cut.gguf" --backend cpu --tokens 1,2
 contains "$TMP/err" "cut.gguf" "the message names the file"
 contains "$TMP/err" "past the end" "the message says what is wrong"
-expect 1 "Q8_0 GGUF (no quantized kernels yet) fails cleanly" -- "$TIDE" run \
-    --model "$G/tiny-f16-sharded-q8_0.gguf" --backend cpu --tokens 1,2 --new-tokens 1
+expect 0 "Q8_0 GGUF at the minimum budget, tiled, weights on SSD, checked" -- "$TIDE" run \
+    --model "$G/tiny-f16-sharded-q8_0.gguf" --backend cpu --tokens 1,2,3,4,5 --new-tokens 4 --budget min \
+    --weights-on-ssd --ssd "$TMP" --check --json
+contains "$TMP/out" '"check_passed":true' "the offloaded Q8_0 run equals the unconstrained one"
 
 # training needs Hugging Face's q/k order: refused, saying so
 expect 1 "train on a GGUF file" -- "$TIDE" train --model "$G/tiny-f32-mha.gguf" \

@@ -50,8 +50,9 @@
  * test_embed_quant): on CUDA against the double-precision product of the
  * dequantized weights (tests/quant_ref.h, held bit for bit to
  * tide_dequantize_row), with the row-tile bit contract of
- * docs/cuda_quant.md; refused (TIDE_E_UNSUPPORTED) on the CPU, which has no
- * kernels for them yet, and in MATMUL's x . w form everywhere.
+ * docs/cuda_quant.md; on the CPU too (x rounded to 8 bits per block of 32,
+ * backend/cpu/matmul_quant.c: its bound adds that rounding; any tiling the same
+ * bits); refused (TIDE_E_UNSUPPORTED) in MATMUL's x . w form everywhere.
  *
  * The training ops (and MATMUL's backward forms, ATTENTION without a cache)
  * run the same way, with the bounds of tests/test_kernels_train.c (their
@@ -2636,24 +2637,28 @@ static void test_matmul_quant(void **state) {
                     int64_t R = Rs[ri];
                     tide_status st;
                     float *o = mmq_run(be, dt, xs, wq, R, K, N, 0, R, 0, N, true, &st);
-                    if (!cuda) {
-                        assert_int_equal(st, TIDE_E_UNSUPPORTED);
-                        assert_non_null(strstr(tide_ctx_last_error(bes[b].ctx), tide_dtype_name(dt)));
-                        free(o);
-                        continue;
-                    }
                     if (st) fail_msg("%s matmul %s R=%lld: %s", tide_backend_name(be), tide_dtype_name(dt),
                                      (long long)R, tide_ctx_last_error(bes[b].ctx));
-                    double rtol = mode && R >= 16 ? 0x1p-7 + 2e-5 : 2e-5, worst = 0;
+                    /* CUDA: the weights' values in f32 (or bf16 tiles in the fast GEMM); the CPU rounds
+                     * x to 8 bits per block of 32 (scale amax/127: at most amax/254 off an element) in
+                     * either mode, so its bound adds sum_k |w_k| * amax(x's block of k) / 254 */
+                    double rtol = cuda && mode && R >= 16 ? 0x1p-7 + 2e-5 : 2e-5, worst = 0;
                     for (int64_t r = 0; r < R; r++)
                         for (int64_t n = 0; n < N; n++) {
-                            double s = 0, a = 0;
+                            double s = 0, a = 0, xq = 0;
                             for (int64_t k = 0; k < K; k++) {
                                 double p = (double)xs[r * K + k] * (double)wf[n * K + k];
                                 s += p;
                                 a += fabs(p);
+                                if (!cuda) {
+                                    double amax = 0;
+                                    for (int64_t j = k / 32 * 32; j < k / 32 * 32 + 32; j++)
+                                        amax = fmax(amax, fabs((double)xs[r * K + j]));
+                                    xq += fabs((double)wf[n * K + k]) * amax / 254 * (1 + 1e-6);
+                                }
                             }
                             double err = fabs((double)o[r * N + n] - s);
+                            if (!cuda) a += xq / rtol;
                             if (!(err <= rtol * a))
                                 fail_msg("%s %s mode matmul %s R=%lld: [%lld][%lld] = %.9g, want %.9g (error %.3g "
                                          "> %.3g)", tide_backend_name(be), mode ? "fast" : "f32", tide_dtype_name(dt),
@@ -2663,7 +2668,7 @@ static void test_matmul_quant(void **state) {
                     print_message("  %s %s mode matmul %s R=%lld: worst error/bound %.3g\n", tide_backend_name(be),
                                   mode ? "fast" : "f32", tide_dtype_name(dt), (long long)R, worst);
                     /* the bit contract: the GEMM path in the fast mode, the GEMV in both */
-                    if (R == RMAX && mode) {
+                    if (R == RMAX && (mode || !cuda)) {
                         int64_t diff = mmq_tiles_differ(be, dt, xs, wq, R, K, N, 17, 16, o);
                         if (diff)
                             fail_msg("%s fast mode matmul %s: row tiles of 17 x 16 differ from the whole (%lld x %d) "
@@ -2771,13 +2776,9 @@ static void test_embed_quant(void **state) {
                     void *res[MAX_T];
                     tide_status st = tc_run(&c, be, res);
                     tk_force_generic(false);
-                    if (be->kind != TIDE_BACKEND_CUDA) {
-                        assert_int_equal(st, TIDE_E_UNSUPPORTED);
-                    } else {
-                        if (st) fail_msg("%s embed %s: %s", tide_backend_name(be), what, tide_ctx_last_error(bes[b].ctx));
-                        if (memcmp(res[out], e, (size_t)(R * D) * sizeof(float)))
-                            fail_msg("%s embed %s: not the dequantized rows bit for bit", tide_backend_name(be), what);
-                    }
+                    if (st) fail_msg("%s embed %s: %s", tide_backend_name(be), what, tide_ctx_last_error(bes[b].ctx));
+                    if (memcmp(res[out], e, (size_t)(R * D) * sizeof(float)))
+                        fail_msg("%s embed %s: not the dequantized rows bit for bit", tide_backend_name(be), what);
                     res_free(res, tide_graph_n_tensors(c.g));
                 }
                 tc_close(&c);

@@ -113,9 +113,6 @@ static tide_status cpu_embed(tide_ctx *ctx, int nt, const tide_graph *g, const t
     const tide_tensor *tab = tin(g, op, 0), *tok = tin(g, op, 1), *o = tout(g, op, 0);
     const int32_t *ids = (const int32_t *)in[1] + p->idx0;
     int64_t R = o->shape[0], bad = -1;
-    if (tide_dtype_is_quantized(tab->dtype))
-        return tide_err(ctx, TIDE_E_UNSUPPORTED, "embed: table '%s' is %s: no kernel for block-quantized tables in "
-                        "this build", tab->name, tide_dtype_name(tab->dtype));
     tide_status st = tk_embed(in[0], tab->dtype, tab->shape[0], tab->shape[1], p->vocab0, p->vocab,
                               op->n_in == 2, ids, R, out[0], &bad, nt);
     if (st == TIDE_E_RANGE)
@@ -144,9 +141,6 @@ static tide_status cpu_matmul(tide_ctx *ctx, int nt, tide_matmul_mode mode, cons
     size_t sb = scratch ? (size_t)op->scratch_bytes : 0;
     int64_t R = x->shape[0], K = x->shape[1];
     tide_status st;
-    if (tide_dtype_is_quantized(w->dtype))
-        return tide_err(ctx, TIDE_E_UNSUPPORTED, "matmul: weight '%s' is %s: no kernel for block-quantized weights "
-                        "in this build", w->name, tide_dtype_name(w->dtype));
     if (mode == TIDE_MATMUL_FAST && !p->no_transpose && tk_matmul_fast_native(w->dtype)) {
         void *own = NULL;
         if (sb < tk_matmul_fast_min_scratch(K)) {

@@ -187,9 +187,6 @@ static tide_status op_matmul(tide_backend *be, cu_queue *q, const tide_graph *g,
     const bool kn = op->p.no_transpose, acc = op->p.accumulate;
     const float beta = acc ? 1.0f : 0.0f;
     int64_t R = xt->shape[0], K = xt->shape[1], N = kn ? wt->shape[1] : wt->shape[0];
-    if (tide_dtype_is_quantized(wt->dtype))
-        return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "matmul: weight '%s' is %s: no kernel for block-quantized "
-                        "weights in this build", wt->name, tide_dtype_name(wt->dtype));
     if (R > INT_MAX || K > INT_MAX || N > INT_MAX)
         return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "matmul '%s': dimensions beyond what cuBLAS takes", wt->name);
     const tide_tensor *ot = tout(g, op, 0);
@@ -301,9 +298,6 @@ static tide_status op_embed(tide_backend *be, cu_queue *q, const tide_graph *g, 
     int64_t R = tout(g, op, 0)->shape[0], bad = -1, vocab = p->vocab ? p->vocab : tab->shape[0];
     int32_t val = 0;
     tide_status st = TIDE_OK;
-    if (tide_dtype_is_quantized(tab->dtype))
-        return tide_err(ctx, TIDE_E_UNSUPPORTED, "embed: table '%s' is %s: no kernel for block-quantized tables in "
-                        "this build", tab->name, tide_dtype_name(tab->dtype));
     if (q->async) {
         CU_TRY(ctx, tcu_range_record(s, ids, R, vocab, REC_EMBED, p->idx0, q->rec), "embed range record kernel");
         q->rec_armed = true;
