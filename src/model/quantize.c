@@ -491,7 +491,7 @@ tide_status tide_quantize_checkpoint(tide_ctx *ctx, const char *in_dir, const ch
         tide_gguf_kv_bool(g, "tokenizer.ggml.add_bos_token", false);
     }
 
-tensors:
+tensors:;
     /* tensor descriptions and stats */
     uint64_t total = 0;
     for (int i = 0; i < n; i++) {
