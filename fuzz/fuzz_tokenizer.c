@@ -1,55 +1,6 @@
 /* fuzz_tokenizer: a tokenizer.json (src/text/tok_load.c, tok_config.c) loaded,
- * then text made of a fixed sentence and the input's last bytes encoded
- * (src/text/tok_encode.c) and decoded (src/text/tok_decode.c), and ids taken
- * from the input's bytes decoded as well. */
-#include "fuzz_util.h"
-#include "tide.h"
+ * then encoded (src/text/tok_encode.c) and decoded (src/text/tok_decode.c) as
+ * fuzz_tok.h says. */
+#include "fuzz_tok.h"
 
-static void encode_decode(tide_tokenizer *t, const char *text, size_t len, unsigned flags) {
-    size_t n = 0;
-    if (tide_tokenizer_encode(t, text, len, flags, NULL, 0, &n) != TIDE_OK) return;
-    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
-    size_t n2 = 0;
-    if (tide_tokenizer_encode(t, text, len, flags, ids, n, &n2) != TIDE_OK || n2 != n) abort();
-    size_t tl = 0;
-    char small[8];
-    if (tide_tokenizer_decode(t, ids, n, 0, small, sizeof small, &tl) == TIDE_OK) {
-        char *buf = malloc(tl + 1);
-        size_t tl2 = 0;
-        if (tide_tokenizer_decode(t, ids, n, TIDE_DECODE_SKIP_SPECIAL, buf, tl + 1, &tl2) != TIDE_OK) abort();
-        free(buf);
-    }
-    free(ids);
-}
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    char path[512];
-    fuzz_write("tokenizer.json", data, size, path, sizeof path);
-    tide_ctx *ctx = tide_ctx_new();
-    tide_tokenizer *t = NULL;
-    if (tide_tokenizer_open(ctx, path, &t) == TIDE_OK) {
-        static const char fixed[] = "Hello world, it's 2026!  \t\n\xc3\xa9t\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 <s> </s> 12345";
-        size_t tail = size < 48 ? size : 48;
-        size_t len = sizeof fixed - 1 + tail;
-        char *text = malloc(len);
-        memcpy(text, fixed, sizeof fixed - 1);
-        if (tail) memcpy(text + sizeof fixed - 1, data + size - tail, tail);
-        encode_decode(t, text, len, TIDE_TOKENIZE_ADD_SPECIAL);
-        encode_decode(t, text, len, TIDE_TOKENIZE_SPECIAL_AS_TEXT);
-        free(text);
-        int32_t nv = tide_tokenizer_n_vocab(t);
-        if (nv > 0) {
-            int32_t ids[32];
-            size_t n = 0;
-            for (size_t i = 0; i < size && n < 32; i += 2) ids[n++] = (int32_t)(data[i] | data[i + 1 < size ? i + 1 : i] << 8) % nv;
-            char buf[256];
-            size_t tl = 0;
-            tide_tokenizer_decode(t, ids, n, 0, buf, sizeof buf, &tl);
-            for (size_t i = 0; i < n; i++) (void)tide_tokenizer_piece(t, ids[i]);
-        }
-        (void)tide_tokenizer_find(t, "<s>");
-        tide_tokenizer_free(t);
-    }
-    tide_ctx_free(ctx);
-    return 0;
-}
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { return fuzz_tokenizer_file("tokenizer.json", data, size); }
