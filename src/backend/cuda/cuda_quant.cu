@@ -38,29 +38,9 @@ static unsigned tq_grid(int64_t n, int block) {
     return (unsigned)g;
 }
 
-/* The block of dt: elements and bytes (0 for a type that is not a block type). */
-static int tq_qk(tide_dtype dt) {
-    switch (dt) {
-    case TIDE_Q8_0:
-    case TIDE_Q4_0: return 32;
-    case TIDE_Q4_K:
-    case TIDE_Q5_K:
-    case TIDE_Q6_K: return 256;
-    default: return 0;
-    }
-}
-
-/* Bytes of a row of K elements (K a multiple of the block). */
-static int64_t tq_row_bytes(tide_dtype dt, int64_t K) {
-    switch (dt) {
-    case TIDE_Q8_0: return K / 32 * 34;
-    case TIDE_Q4_0: return K / 32 * 18;
-    case TIDE_Q4_K: return K / 256 * 144;
-    case TIDE_Q5_K: return K / 256 * 176;
-    case TIDE_Q6_K: return K / 256 * 210;
-    default: return 0;
-    }
-}
+/* The block of dt in elements, 0 for a type that is not a block type
+ * (src/core/dtype.c has the sizes). */
+static int tq_qk(tide_dtype dt) { return tide_dtype_is_quantized(dt) ? tide_dtype_block(dt) : 0; }
 
 /* ------------------------------------------------------------- decoder */
 
@@ -209,7 +189,7 @@ extern "C" cudaError_t tcu_qdequant(cudaStream_t s, const void *w, tide_dtype dt
     if (!qk || K <= 0 || K % qk) return cudaErrorInvalidValue;
     if (cnt <= 0) return cudaSuccess;
     const uint8_t *wb = (const uint8_t *)w;
-    const int64_t rb = tq_row_bytes(dt, K);
+    const int64_t rb = (int64_t)tide_dtype_bytes(dt, (uint64_t)K);
     switch (dt) {
     case TIDE_Q8_0: launch_qdequant<TIDE_Q8_0>(s, wb, rb, K, n0, cnt, dst, bf16); break;
     case TIDE_Q4_0: launch_qdequant<TIDE_Q4_0>(s, wb, rb, K, n0, cnt, dst, bf16); break;
@@ -289,7 +269,7 @@ extern "C" cudaError_t tcu_qgemv(cudaStream_t s, const float *x, const void *w, 
     if (!qk || K <= 0 || K % qk || N >= ((int64_t)1 << 31) * TQ_WARPS) return cudaErrorInvalidValue;
     if (R <= 0 || N <= 0) return cudaSuccess;
     const uint8_t *wb = (const uint8_t *)w;
-    const int64_t rb = tq_row_bytes(dt, K);
+    const int64_t rb = (int64_t)tide_dtype_bytes(dt, (uint64_t)K);
     switch (dt) {
     case TIDE_Q8_0: launch_qgemv<TIDE_Q8_0>(s, x, wb, rb, R, K, N, out, ldo); break;
     case TIDE_Q4_0: launch_qgemv<TIDE_Q4_0>(s, x, wb, rb, R, K, N, out, ldo); break;
@@ -330,7 +310,7 @@ extern "C" cudaError_t tcu_qembed(cudaStream_t s, const void *table, tide_dtype 
     if (R <= 0) return cudaSuccess;
     const unsigned g = (unsigned)(R < TQ_MAX_GRID ? R : TQ_MAX_GRID);
     const uint8_t *tb = (const uint8_t *)table;
-    const int64_t rb = tq_row_bytes(dt, D);
+    const int64_t rb = (int64_t)tide_dtype_bytes(dt, (uint64_t)D);
     switch (dt) {
     case TIDE_Q8_0: k_qembed<TIDE_Q8_0><<<g, TQ_BLOCK, 0, s>>>(tb, rb, V, D, vocab0, first, tokens, R, out); break;
     case TIDE_Q4_0: k_qembed<TIDE_Q4_0><<<g, TQ_BLOCK, 0, s>>>(tb, rb, V, D, vocab0, first, tokens, R, out); break;
