@@ -190,6 +190,16 @@ for f in "$gguf" "$gguf32"; do
     fi
 done
 
+# The report's machine (cpu, flags) and tide build (commit, unless --commit).
+machine_and_commit() {
+    cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
+    flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512|amx|avx2$|fma$)' | sort -u | tr '\n' ' ')
+    if [ -z "$commit" ]; then
+        commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
+        [ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit+dirty"
+    fi
+}
+
 # ---------------------------------------------------------------- quantized files
 # Each type's file from the f32 GGUF by llama.cpp's own quantizer, then
 # llama.cpp and tide on each file, interleaved rounds, and the report.
@@ -225,15 +235,13 @@ quant_mode() {
     done
     load1=$(cut -d' ' -f1-3 /proc/loadavg)
     local cpu flags
-    cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
-    flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512|amx|avx2$|fma$)' | sort -u | tr '\n' ' ')
-    if [ -z "$commit" ]; then
-        commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-        [ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit+dirty"
-    fi
-    python3 - "$work" "$rounds" "$ncfg" "$json" "$cpu" "$(nproc)" "$flags" "$commit" "$pkg" "$load0" "$load1" \
+    machine_and_commit
+    PEER_DIR="$here/peer" python3 - "$work" "$rounds" "$ncfg" "$json" "$cpu" "$(nproc)" "$flags" "$commit" "$pkg" \
+        "$load0" "$load1" \
         "${qnames[@]}" <<'PYEOF'
-import json, statistics, sys
+import json, os, statistics, sys
+sys.path.insert(0, os.environ["PEER_DIR"])
+from report import finish
 work, rounds, ncfg, json_path, cpu, ncores, flags, commit, pkg, load0, load1 = sys.argv[1:12]
 rounds, ncfg = int(rounds), int(ncfg)
 names = sys.argv[12:12 + ncfg]
@@ -277,16 +285,7 @@ for c in range(0, ncfg, 2):
                       "paired_decode_ratio": round(pd, 4), "tokens_equal_to_llama_cpp": n, "commit": commit,
                       "llama_cpp": pkg, "load": [load0, load1]})
 print("\ntarget tide / llama.cpp >= 1.0 on the best run of each: " + "; ".join(verdicts))
-for f in fails:
-    print(f"FAILED: {f}")
-print()
-out = open(json_path, "a") if json_path else None
-for line in lines:
-    s = json.dumps(line, separators=(",", ":"))
-    print(s)
-    if out:
-        out.write(s + "\n")
-sys.exit(1 if fails else 0)
+finish(lines, fails, json_path)
 PYEOF
 }
 
@@ -358,15 +357,12 @@ done
 
 # ---------------------------------------------------------------- report
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
-cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
-flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512|amx|avx2$|fma$)' | sort -u | tr '\n' ' ')
-if [ -z "$commit" ]; then
-    commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-    [ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit+dirty"
-fi
-python3 - "$work" "$rounds" "$ncfg" "$f32cfg" "$json" "$cpu" "$(nproc)" "$flags" "$commit" "$pkg" "$default_mode" \
+machine_and_commit
+PEER_DIR="$here/peer" python3 - "$work" "$rounds" "$ncfg" "$f32cfg" "$json" "$cpu" "$(nproc)" "$flags" "$commit" "$pkg" "$default_mode" \
     "$load0" "$load1" "${names[@]}" <<'EOF'
-import json, statistics, sys
+import json, os, statistics, sys
+sys.path.insert(0, os.environ["PEER_DIR"])
+from report import finish
 (work, rounds, ncfg, f32cfg, json_path, cpu, ncores, flags, commit, pkg, default_mode,
  load0, load1) = sys.argv[1:14]
 rounds, ncfg, f32cfg = int(rounds), int(ncfg), int(f32cfg)
@@ -444,14 +440,5 @@ if n < len(ref):
 pt, dt = rng(1, "prefill_tokens_per_s")[1] / pb0, rng(1, "decode_tokens_per_s")[1] / db0
 print(f"target tide (default mode) / llama.cpp >= 1.0, on the best run of each (the one others disturbed least): "
       f"prefill {pt:.3f} {'met' if pt >= 1 else 'NOT met'}, decode {dt:.3f} {'met' if dt >= 1 else 'NOT met'}")
-for f in fails:
-    print(f"FAILED: {f}")
-print()
-out = open(json_path, "a") if json_path else None
-for line in lines:
-    s = json.dumps(line, separators=(",", ":"))
-    print(s)
-    if out:
-        out.write(s + "\n")
-sys.exit(1 if fails else 0)
+finish(lines, fails, json_path)
 EOF
