@@ -263,7 +263,8 @@ static tide_status cpu_silu_mul(tide_ctx *ctx, int nt, const tide_graph *g, cons
 static tide_status cpu_add_bias(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op, void *const *in,
                                 void *const *out, void *scratch) {
     const tide_tensor *x = tin(g, op, 0);
-    tk_add_bias(in[0], in[1], tin(g, op, 1)->dtype, x->shape[0], x->shape[1], out[0], nt);
+    if (tk_add_bias(in[0], in[1], tin(g, op, 1)->dtype, x->shape[0], x->shape[1], out[0], nt))
+        return tide_err(ctx, TIDE_E_NOMEM, "add_bias '%s': out of memory widening the bias", tin(g, op, 1)->name);
     return TIDE_OK;
 }
 

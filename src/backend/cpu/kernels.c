@@ -344,17 +344,20 @@ void tk_silu_mul(const float *gate, const float *up, float *out, int64_t n, int 
     }
 }
 
-void tk_add_bias(const float *x, const void *b, tide_dtype bdt, int64_t R, int64_t N, float *out, int nt) {
-    float buf[512];
-#pragma omp parallel for schedule(static) num_threads(nt) private(buf) if (R * N >= TK_PAR_MIN)
-    for (int64_t r = 0; r < R; r++)
-        for (int64_t c0 = 0; c0 < N; c0 += 512) {
-            int64_t n = TIDE_MIN((int64_t)512, N - c0);
-            tk_convert((const uint8_t *)b + (size_t)c0 * tide_dtype_size(bdt), bdt, buf, (size_t)n);
-            const float *xr = x + r * N + c0;
-            float *o = out + r * N + c0;
-            for (int64_t j = 0; j < n; j++) o[j] = xr[j] + buf[j];
-        }
+tide_status tk_add_bias(const float *x, const void *b, tide_dtype bdt, int64_t R, int64_t N, float *out, int nt) {
+    /* a 16-bit bias widened once for all rows */
+    float *wide = bdt == TIDE_F32 ? NULL : tide_malloc((size_t)N * sizeof(float));
+    if (bdt != TIDE_F32 && !wide) return TIDE_E_NOMEM;
+    if (wide) tk_convert(b, bdt, wide, (size_t)N);
+    const float *bf = wide ? wide : b;
+#pragma omp parallel for schedule(static) num_threads(nt) if (R * N >= TK_PAR_MIN)
+    for (int64_t r = 0; r < R; r++) {
+        const float *xr = x + r * N;
+        float *o = out + r * N;
+        for (int64_t j = 0; j < N; j++) o[j] = xr[j] + bf[j];
+    }
+    tide_free(wide);
+    return TIDE_OK;
 }
 
 void tk_add(const float *a, const float *b, float *out, int64_t n, int nt) {

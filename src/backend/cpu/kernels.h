@@ -190,8 +190,9 @@ void tk_silu_mul(const float *gate, const float *up, float *out, int64_t n, int 
 
 /* ADD. a, b, out (n): out = a + b. */
 void tk_add(const float *a, const float *b, float *out, int64_t n, int nt);
-/* ADD_BIAS: out (R, N) = x + b for each row, b (N) of bdt (f32, f16, bf16). */
-void tk_add_bias(const float *x, const void *b, tide_dtype bdt, int64_t R, int64_t N, float *out, int nt);
+/* ADD_BIAS: out (R, N) = x + b for each row, b (N) of bdt (f32, f16, bf16).
+ * TIDE_E_NOMEM when a 16-bit bias's f32 copy cannot be had. */
+tide_status tk_add_bias(const float *x, const void *b, tide_dtype bdt, int64_t R, int64_t N, float *out, int nt);
 
 /* TAKE_LAST. x (B*T, D), out (B, D): out[b] = x[b*T + T-1]. out must not
  * overlap x. */
