@@ -11,6 +11,9 @@ with the `gguf` package from the committed safetensors fixtures.
   converter keeps them.
 - tiny-f16-sharded-q8_0.gguf: the same weights with every matrix quantized to
   Q8_0 by gguf.quants.quantize (from their exact f32 values), norms f32.
+- tiny-qwen2.gguf: tests/fixtures/tiny-qwen2 as a "qwen2" file: the bf16
+  matrices kept, the norms and the q/k/v biases widened to f32, the q/k rows
+  not permuted (tied embeddings: no output.weight).
 - meta.gguf: no model; a metadata value of every type (each integer type,
   f32, f64, bool, string, arrays of each, an array of strings, nested arrays;
   the package writes no empty strings or arrays, test_gguf builds those),
@@ -65,21 +68,25 @@ def model_keys(w, cfg, name):
     return n_head, n_kv
 
 
-def write_model(src, out, mode):
-    """mode: "keep" (the checkpoint's dtype, norms f32) or "q8_0"."""
+def write_model(src, out, mode, arch="llama"):
+    """mode: "keep" (the checkpoint's dtype, norms f32) or "q8_0". arch "qwen2": llama.cpp's converter keeps
+    the q/k rows in Hugging Face's order there (its rope for qwen2 is the half-split one) and writes the
+    q, k and v biases in f32."""
     import json
     model_dir = os.path.join(FIX, src)
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     path = os.path.join(OUT, out)
-    w = gguf.GGUFWriter(path, "llama")
+    w = gguf.GGUFWriter(path, arch)
     n_head, n_kv = model_keys(w, cfg, src)
     tensors = []
     for name, st_dt, shape, arr in gc.st_tensors(model_dir):
         gname = gc.gguf_name(name)
         if gname is None:
             raise ValueError(f"tensor {name} has no llama.cpp name")
-        if name.endswith("q_proj.weight"):
+        if arch != "llama":
+            pass
+        elif name.endswith("q_proj.weight"):
             arr = gc.rope_permute(arr, n_head)
         elif name.endswith("k_proj.weight"):
             arr = gc.rope_permute(arr, n_kv)
@@ -185,6 +192,7 @@ def main():
     made = [write_model("tiny-f32-mha", "tiny-f32-mha.gguf", "keep"),
             write_model("tiny-f16-sharded", "tiny-f16-sharded.gguf", "keep"),
             write_model("tiny-f16-sharded", "tiny-f16-sharded-q8_0.gguf", "q8_0"),
+            write_model("tiny-qwen2", "tiny-qwen2.gguf", "keep", arch="qwen2"),
             write_meta()]
     seeds = os.path.join(root, "fuzz", "corpus", "fuzz_gguf")
     os.makedirs(seeds, exist_ok=True)

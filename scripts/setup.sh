@@ -46,12 +46,13 @@ case "$mode" in
   build) ;;
   run) exec "$build/tide" run "$@" ;;
   test)
-    # the `openai` client for cli_serve's check of tide serve against it, in a
-    # virtual environment of the build's own (best effort: without a package
-    # index the check says it was skipped)
-    if [ ! -x "$build/pyenv/bin/python3" ] || ! "$build/pyenv/bin/python3" -c 'import openai' 2>/dev/null; then
-      { python3 -m venv "$build/pyenv" && "$build/pyenv/bin/python3" -m pip install --quiet openai; } >/dev/null 2>&1 ||
-        echo "setup: the openai package could not be installed into $build/pyenv; cli_serve skips its client" >&2
+    # the `openai` client for cli_serve's check of tide serve against it and
+    # the `gguf` reader for cli_quantize's check of the files tide writes, in
+    # a virtual environment of the build's own (best effort: without a
+    # package index those checks say they were skipped)
+    if [ ! -x "$build/pyenv/bin/python3" ] || ! "$build/pyenv/bin/python3" -c 'import openai, gguf' 2>/dev/null; then
+      { python3 -m venv "$build/pyenv" && "$build/pyenv/bin/python3" -m pip install --quiet openai gguf; } >/dev/null 2>&1 ||
+        echo "setup: openai and gguf could not be installed into $build/pyenv; cli_serve and cli_quantize skip their checks by them" >&2
     fi
     cd "$build" && exec ctest --output-on-failure -j "$jobs" "$@" ;;
   *) echo "usage: scripts/setup.sh [build|run|test] [args]" >&2; exit 2 ;;

@@ -13,13 +13,18 @@
 source "$(dirname "$0")/lib_cli.sh" "$1"
 : "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
 CHECK=$(dirname "$0")/quant_check.py
+# the build's virtual environment (pyenv/ beside the binary, where
+# scripts/setup.sh test installs gguf) when it has the package
+PY=python3
+[ -x "$(dirname "$TIDE")/pyenv/bin/python3" ] && "$(dirname "$TIDE")/pyenv/bin/python3" -c "import gguf, numpy" 2>/dev/null &&
+    PY=$(dirname "$TIDE")/pyenv/bin/python3
 have_gguf=1
-python3 -c "import gguf, numpy" 2>/dev/null || have_gguf=0
+"$PY" -c "import gguf, numpy" 2>/dev/null || have_gguf=0
 
 # check DIR FILE TYPE: the gguf package reads FILE back and it matches DIR
 check() {
     if [ "$have_gguf" -eq 0 ]; then skip_check "$2" "the gguf Python package is not importable"; return; fi
-    if python3 "$CHECK" "$1" "$2" "$3" >"$TMP/check" 2>&1; then PASSES=$((PASSES + 1)); else
+    if "$PY" "$CHECK" "$1" "$2" "$3" >"$TMP/check" 2>&1; then PASSES=$((PASSES + 1)); else
         echo "FAIL: $2 ($3) does not match $1:"; sed 's/^/  | /' "$TMP/check" | head -12; FAILS=$((FAILS + 1)); fi
 }
 
@@ -66,6 +71,16 @@ check "$TMP/bare" "$TMP/bare.gguf" Q6_K
 expect 0 "quantize hf-text" -- "$TIDE" quantize --type Q4_K_M "$TIDE_FIXTURES/hf-text" "$TMP/hf.gguf"
 contains "$TMP/out" "fell back" "fallbacks reported"
 check "$TIDE_FIXTURES/hf-text" "$TMP/hf.gguf" Q4_K_M
+
+# Qwen2 (q/k/v biases): a "qwen2" file, the biases F32, q/k rows unpermuted; it
+# runs offloaded and checked; its GGUF form (a fixture) quantized too
+expect 0 "quantize qwen2" -- "$TIDE" quantize --type Q8_0 "$TIDE_FIXTURES/tiny-qwen2" "$TMP/qw.gguf"
+check "$TIDE_FIXTURES/tiny-qwen2" "$TMP/qw.gguf" Q8_0
+expect 0 "run the qwen2 file offloaded" -- "$TIDE" run --model "$TMP/qw.gguf" --tokens 1,2,3,4 --new-tokens 4 \
+    --budget 50% --weights-on-ssd --check --quiet
+contains "$TMP/out" "check      passed" "qwen2 file: check passed"
+expect 0 "quantize a qwen2 GGUF" -- "$TIDE" quantize --type Q8_0 "$TIDE_FIXTURES/gguf/tiny-qwen2.gguf" "$TMP/qw2.gguf"
+check "$TIDE_FIXTURES/gguf/tiny-qwen2.gguf" "$TMP/qw2.gguf" Q8_0
 
 # a GGUF input (one of the files above, and a fixture of the GGUF reader's): its
 # tokenizer and llama metadata copied, every weight within its bound of the

@@ -4,7 +4,8 @@ package and checks it against the checkpoint it came from.
 
     python3 tests/quant_check.py MODEL_DIR OUT.gguf TYPE
 
-Checks: GGUF v3, general.architecture llama, general.file_type (llama.cpp's
+Checks: GGUF v3, general.architecture llama (qwen2 for a Qwen2 checkpoint, with its
+q/k/v biases in F32 and q/k rows unpermuted), general.file_type (llama.cpp's
 LLAMA_FTYPE of TYPE), general.quantization_version 2, general.alignment 32, the
 llama.* shapes of config.json; every tensor under llama.cpp's name with its
 dimensions; each weight's type as llama.cpp's mix rules give it (head Q6_K or
@@ -133,14 +134,17 @@ def check_from_gguf(model, r, path, mix):
     dequantized values (same names, rows already in llama.cpp's order), the
     tokenizer keys copied byte for byte, the shapes' metadata equal."""
     a = gguf.GGUFReader(model)
+    arch = field_val(a, "general.architecture")
+    if field_val(r, "general.architecture") != arch:
+        fail(f"general.architecture {field_val(r, 'general.architecture')}, the input's is {arch}")
     for k in a.fields:
-        if k.startswith("tokenizer.") or k.startswith("llama."):
+        if k.startswith("tokenizer.") or k.startswith(f"{arch}."):
             fb = r.fields.get(k)
             if fb is None or [bytes(p) for p in a.fields[k].parts] != [bytes(p) for p in fb.parts]:
                 fail(f"{k} not copied from {model}")
     if int(field_val(r, "general.file_type")) != FTYPE[mix]:
         fail("general.file_type")
-    L = int(field_val(a, "llama.block_count"))
+    L = int(field_val(a, f"{arch}.block_count"))
     srcs = {t.name: t for t in a.tensors}
     got = {t.name: t for t in r.tensors}
     if set(srcs) != set(got):
@@ -196,20 +200,23 @@ def main():
 
     if int(val("GGUF.version")) != 3:
         fail("not GGUF v3")
-    for k, want in [("general.architecture", "llama"), ("general.file_type", FTYPE[mix]),
+    # Qwen2: its own key prefix, q/k/v biases, q/k rows in Hugging Face's order
+    qwen2 = cfg.get("model_type") == "qwen2"
+    a = "qwen2" if qwen2 else "llama"
+    for k, want in [("general.architecture", a), ("general.file_type", FTYPE[mix]),
                     ("general.quantization_version", 2), ("general.alignment", 32),
-                    ("llama.embedding_length", cfg["hidden_size"]), ("llama.block_count", cfg["num_hidden_layers"]),
-                    ("llama.feed_forward_length", cfg["intermediate_size"]),
-                    ("llama.attention.head_count", cfg["num_attention_heads"]),
-                    ("llama.attention.head_count_kv", cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
-                    ("llama.context_length", cfg["max_position_embeddings"]),
-                    ("llama.vocab_size", cfg["vocab_size"])]:
+                    (f"{a}.embedding_length", cfg["hidden_size"]), (f"{a}.block_count", cfg["num_hidden_layers"]),
+                    (f"{a}.feed_forward_length", cfg["intermediate_size"]),
+                    (f"{a}.attention.head_count", cfg["num_attention_heads"]),
+                    (f"{a}.attention.head_count_kv", cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
+                    (f"{a}.context_length", cfg["max_position_embeddings"]),
+                    (f"{a}.vocab_size", cfg["vocab_size"])]:
         got = val(k)
         if got is None or (got != want if isinstance(want, str) else int(got) != want):
             fail(f"{k} = {got}, want {want}")
-    if abs(float(val("llama.rope.freq_base")) - cfg.get("rope_theta", 10000.0)) > 1e-3 * cfg.get("rope_theta", 1e4):
-        fail("llama.rope.freq_base")
-    if abs(float(val("llama.attention.layer_norm_rms_epsilon")) - cfg["rms_norm_eps"]) > 1e-9:
+    if abs(float(val(f"{a}.rope.freq_base")) - cfg.get("rope_theta", 10000.0)) > 1e-3 * cfg.get("rope_theta", 1e4):
+        fail(f"{a}.rope.freq_base")
+    if abs(float(val(f"{a}.attention.layer_norm_rms_epsilon")) - cfg["rms_norm_eps"]) > 1e-9:
         fail("rms eps")
 
     src = st_tensors(model)
@@ -230,10 +237,15 @@ def main():
             expect["output.weight"] = (x, "head", 0)
         else:
             parts = hf.split(".")
-            i, role = int(parts[2]), ".".join(parts[3:-1])
-            if role == "self_attn.q_proj":
+            i, role, suffix = int(parts[2]), ".".join(parts[3:-1]), parts[-1]
+            if suffix == "bias":
+                if not qwen2 or role not in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+                    fail(f"{hf}: a bias the checkpoint should not have")
+                expect[f"blk.{i}.{names[role]}.bias"] = (x, "norm", i)
+                continue
+            if role == "self_attn.q_proj" and not qwen2:
                 x = permute(x, H)
-            elif role == "self_attn.k_proj":
+            elif role == "self_attn.k_proj" and not qwen2:
                 x = permute(x, KV)
             kind = "norm" if names[role].endswith("_norm") else names[role]
             expect[f"blk.{i}.{names[role]}.weight"] = (x, kind, i)

@@ -576,7 +576,9 @@ static void check_against_safetensors(const char *gguf_name, const char *st_name
     assert_true(a->rope_theta == b->rope_theta);
     assert_int_equal(a->tie_word_embeddings, b->tie_word_embeddings);
     assert_int_equal(a->dtype, b->dtype);
-    assert_true(a->qk_interleaved && !b->qk_interleaved);
+    /* llama.cpp permutes the q/k rows of "llama" files, not of "qwen2" ones */
+    assert_true(a->qk_interleaved == !b->qkv_bias && !b->qk_interleaved);
+    assert_int_equal(a->qkv_bias, b->qkv_bias);
     assert_true(a->wtypes_set);
     assert_int_equal(a->wtypes.norm, TIDE_F32);
     assert_int_equal(tide_checkpoint_n_tensors(ck), tide_checkpoint_n_tensors(ref));
@@ -590,8 +592,8 @@ static void check_against_safetensors(const char *gguf_name, const char *st_name
         assert_int_equal(tide_llama_weight_dtype(a, r.name), t.dtype);
         assert_string_equal(t.file, gp);
         assert_ptr_equal((const unsigned char *)tide_checkpoint_tensor_file(ck, 0)->map + t.file_offset, t.data);
-        /* weights other than q/k are the same values (norms widened) */
-        if (!strstr(r.name, "q_proj") && !strstr(r.name, "k_proj") && r.dtype == t.dtype)
+        /* weights other than permuted q/k are the same values (norms and biases widened) */
+        if ((!a->qk_interleaved || (!strstr(r.name, "q_proj") && !strstr(r.name, "k_proj"))) && r.dtype == t.dtype)
             assert_memory_equal(t.data, r.data, r.nbytes);
     }
     char dir[4200];
@@ -622,6 +624,8 @@ static void test_f32_logits(void **state) { check_against_safetensors("gguf/tiny
 static void test_f16_logits(void **state) {
     check_against_safetensors("gguf/tiny-f16-sharded.gguf", "tiny-f16-sharded");
 }
+/* Qwen2: bf16 matrices, f32 norms and q/k/v biases, rows in Hugging Face's order */
+static void test_qwen2_logits(void **state) { check_against_safetensors("gguf/tiny-qwen2.gguf", "tiny-qwen2"); }
 
 /* The Q8_0 file: the matrices q8_0, the norms f32, the config's dtype the
  * projections'; its logits near the f16 model's. */
@@ -694,6 +698,7 @@ typedef struct edits {
     const char *rename_from, *rename_to;
     const char *drop_tensor;
     const char *dup_from, *dup_to; /* one more tensor: dup_from's data under another name */
+    const char *src;               /* the fixture rewritten (default gguf/tiny-f32-mha.gguf) */
 } edits;
 
 static void put_value(buf *b, const tide_gguf_value *v) {
@@ -785,7 +790,7 @@ static buf rewrite(const char *src, const edits *e) {
  * the needles. */
 static void expect_ck(const edits *e, tide_status want, const char *n1, const char *n2) {
     char src[4200];
-    fixture_path(src, sizeof src, "gguf/tiny-f32-mha.gguf");
+    fixture_path(src, sizeof src, e->src ? e->src : "gguf/tiny-f32-mha.gguf");
     buf b = rewrite(src, e);
     write_file(tmp_path, &b);
     free(b.p);
@@ -854,24 +859,24 @@ static void test_model_refusals(void **state) {
               "'rope_freqs.weight'", NULL);
     expect_ck(E(.rename_from = "blk.0.ffn_up.weight", .rename_to = "blk.0.ffn_upx.weight"), TIDE_E_UNSUPPORTED,
               "'blk.0.ffn_upx.weight'", NULL);
-    /* qwen2: the same keys under its prefix, q/k rows not permuted; its biases refused by name */
-    expect_ck(E(.set_key = "general.architecture", .set_type = TIDE_GGUF_STRING, .str = "qwen2", .arch_to = "qwen2",
-                .rename_from = "blk.0.attn_norm.weight", .rename_to = "blk.0.attn_q.bias"),
-              TIDE_E_UNSUPPORTED, "'blk.0.attn_q.bias'", "biases");
+    /* a bias in a "llama" file; in a "qwen2" file (test_qwen2_logits opens a good one): its q, k and v biases
+     * required, other biases refused by name */
+    expect_ck(E(.rename_from = "blk.0.attn_norm.weight", .rename_to = "blk.0.attn_q.bias"), TIDE_E_UNSUPPORTED,
+              "'blk.0.attn_q.bias'", "only qwen2 has q, k and v biases");
     expect_ck(E(.set_key = "general.architecture", .set_type = TIDE_GGUF_STRING, .str = "qwen2"), TIDE_E_FORMAT,
               "no key 'qwen2.", NULL);
+    expect_ck(E(.set_key = "general.architecture", .set_type = TIDE_GGUF_STRING, .str = "qwen2", .arch_to = "qwen2"),
+              TIDE_E_FORMAT, "'blk.0.attn_q.bias' (model.layers.0.self_attn.q_proj.bias) is missing", NULL);
+    expect_ck(E(.src = "gguf/tiny-qwen2.gguf", .drop_tensor = "blk.1.attn_v.bias"), TIDE_E_FORMAT,
+              "'blk.1.attn_v.bias' (model.layers.1.self_attn.v_proj.bias) is missing", NULL);
+    expect_ck(E(.src = "gguf/tiny-qwen2.gguf", .rename_from = "blk.1.attn_v.bias", .rename_to = "blk.1.ffn_up.bias"),
+              TIDE_E_UNSUPPORTED, "'blk.1.ffn_up.bias'", "only q, k and v");
+    expect_ck(E(.src = "gguf/tiny-qwen2.gguf", .rename_from = "blk.0.attn_k.bias", .rename_to = "blk.0.attn_q.bias"),
+              TIDE_E_FORMAT, "duplicate tensor name 'blk.0.attn_q.bias'", NULL);
+    expect_ck(E(.src = "gguf/tiny-qwen2.gguf"), TIDE_OK, NULL, NULL);
 #undef E
-    char src[4200];
-    fixture_path(src, sizeof src, "gguf/tiny-f32-mha.gguf");
-    buf b = rewrite(src, &(edits){.set_key = "general.architecture", .set_type = TIDE_GGUF_STRING, .str = "qwen2",
-                                  .arch_to = "qwen2"});
-    write_file(tmp_path, &b);
-    free(b.p);
     tide_ctx *ctx = tide_ctx_new();
     tide_checkpoint *ck = NULL;
-    REQUIRE(ctx, tide_checkpoint_open(ctx, tmp_path, &ck));
-    assert_false(tide_checkpoint_config(ck)->qk_interleaved);
-    tide_checkpoint_free(ck);
     /* a file that is not GGUF, and a directory as before */
     buf junk = {0};
     put(&junk, "not a model at all, just text\n", 30);
@@ -905,6 +910,7 @@ int main(void) {
         cmocka_unit_test(test_not_found),
         cmocka_unit_test(test_f32_logits),
         cmocka_unit_test(test_f16_logits),
+        cmocka_unit_test(test_qwen2_logits),
         cmocka_unit_test(test_q8_0_opens),
         cmocka_unit_test_setup_teardown(test_model_refusals, setup_tmp, teardown_tmp),
     };

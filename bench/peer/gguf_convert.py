@@ -84,15 +84,18 @@ LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self
 
 
 def gguf_name(hf):
-    """llama.cpp's name for a Hugging Face tensor name, None for one it has no use for."""
+    """llama.cpp's name for a Hugging Face tensor name (Qwen2's q/k/v biases included), None for one it has
+    no use for."""
     top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}
     if hf in top:
         return top[hf]
-    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.weight", hf)
+    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", hf)
     if not m or m.group(2) not in LAYER_NAMES:
         return None
-    return f"blk.{int(m.group(1))}.{LAYER_NAMES[m.group(2)]}.weight"
+    if m.group(3) == "bias" and m.group(2) not in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+        return None  # only Qwen2's q, k and v biases have a llama.cpp name
+    return f"blk.{int(m.group(1))}.{LAYER_NAMES[m.group(2)]}.{m.group(3)}"
 
 
 def synthetic_vocab(w, n_vocab):

@@ -18,7 +18,10 @@
  * implies; anything else in the file is refused by name. Failures name the
  * file, the key or tensor (both names) and the problem: TIDE_E_FORMAT for
  * missing or inconsistent data, TIDE_E_UNSUPPORTED for valid files tide
- * cannot run (other architectures, rope scaling, biases, per-layer sizes).
+ * cannot run (other architectures, rope scaling, biases other than Qwen2's
+ * q/k/v ones, per-layer sizes). A "qwen2" file must hold those three biases
+ * per layer (blk.N.attn_{q,k,v}.bias, under ...self_attn.{q,k,v}_proj.bias),
+ * in the norms' type.
  */
 #include "model/checkpoint.h"
 #include "model/gguf.h"
@@ -46,6 +49,9 @@ static const struct {
     {"ffn_down", "mlp.down_proj", TIDE_W_DOWN},
 };
 #define N_LAYER_NAMES ((int)(sizeof layer_names / sizeof layer_names[0]))
+/* Qwen2's q, k and v biases ("blk.N.attn_q.bias" ...): a layer's slots
+ * N_LAYER_NAMES + 0..2, after its weights. */
+#define N_LAYER_SLOTS (N_LAYER_NAMES + 3)
 
 enum { T_EMBED = -1, T_HEAD = -2, T_NORM = -3 };
 
@@ -81,7 +87,12 @@ static name_kind parse_name(const char *n, gg_name *out) {
             out->entry = e;
             return NAME_OK;
         }
-        if (!strcmp(p + k, ".bias")) return NAME_BIAS;
+        if (!strcmp(p + k, ".bias")) {
+            if (layer_names[e].role < TIDE_W_Q || layer_names[e].role > TIDE_W_V) return NAME_BIAS;
+            out->layer = (int)L;
+            out->entry = N_LAYER_NAMES + (layer_names[e].role - TIDE_W_Q);
+            return NAME_OK;
+        }
     }
     return NAME_UNKNOWN;
 }
@@ -91,6 +102,8 @@ static char *hf_name(const gg_name *g) {
     if (g->kind == T_EMBED) snprintf(buf, sizeof buf, "model.embed_tokens.weight");
     else if (g->kind == T_HEAD) snprintf(buf, sizeof buf, "lm_head.weight");
     else if (g->kind == T_NORM) snprintf(buf, sizeof buf, "model.norm.weight");
+    else if (g->entry >= N_LAYER_NAMES)
+        snprintf(buf, sizeof buf, "model.layers.%d.%s.bias", g->layer, layer_names[1 + g->entry - N_LAYER_NAMES].hf);
     else snprintf(buf, sizeof buf, "model.layers.%d.%s.weight", g->layer, layer_names[g->entry].hf);
     return tide_strdup(buf);
 }
@@ -255,7 +268,9 @@ static tide_status load(tide_checkpoint *ck, const tide_gguf *g) {
     /* the tensors */
     int64_t n = tide_gguf_n_tensors(g);
     int L = c.num_hidden_layers;
-    int n_want = 3 + L * N_LAYER_NAMES; /* with output.weight */
+    const bool qwen2 = !strcmp(arch, "qwen2");
+    c.qkv_bias = qwen2;
+    int n_want = 3 + L * N_LAYER_SLOTS; /* with output.weight and the bias slots */
     int64_t *slot = tide_malloc((size_t)n_want * sizeof *slot);
     if (!slot) return tide_err(ctx, TIDE_E_NOMEM, "%s: out of memory", path);
     for (int i = 0; i < n_want; i++) slot[i] = -1;
@@ -265,8 +280,8 @@ static tide_status load(tide_checkpoint *ck, const tide_gguf *g) {
         gg_name nm;
         switch (parse_name(t->name, &nm)) {
         case NAME_BIAS:
-            st = tide_err(ctx, TIDE_E_UNSUPPORTED, "%s: tensor '%s': attention and MLP biases are not supported yet",
-                          path, t->name);
+            st = tide_err(ctx, TIDE_E_UNSUPPORTED, "%s: tensor '%s': a bias tide's graph does not have (only q, k and "
+                          "v biases, in qwen2 files)", path, t->name);
             continue;
         case NAME_ROPE_FREQS:
             st = tide_err(ctx, TIDE_E_UNSUPPORTED, "%s: tensor '%s': rope frequency factors (rope scaling) are not "
@@ -285,7 +300,11 @@ static tide_status load(tide_checkpoint *ck, const tide_gguf *g) {
             st = tide_err(ctx, TIDE_E_FORMAT, "%s: tensor '%s' is of layer %d, but %s.block_count is %d", path,
                           t->name, nm.layer, arch, L);
             continue;
-        } else s = 3 + nm.layer * N_LAYER_NAMES + nm.entry;
+        } else if (nm.entry >= N_LAYER_NAMES && !qwen2) {
+            st = tide_err(ctx, TIDE_E_UNSUPPORTED, "%s: tensor '%s': biases are not part of a '%s' model (only qwen2 "
+                          "has q, k and v biases)", path, t->name, arch);
+            continue;
+        } else s = 3 + nm.layer * N_LAYER_SLOTS + nm.entry;
         if (slot[s] >= 0) /* "blk.1" and "blk.01" */
             st = tide_err(ctx, TIDE_E_FORMAT, "%s: tensors '%s' and '%s' are the same weight", path,
                           tide_gguf_tensor_at(g, slot[s])->name, t->name);
@@ -326,14 +345,18 @@ static tide_status load(tide_checkpoint *ck, const tide_gguf *g) {
         gg_name nm = {0, 0, 0};
         int64_t want[2];
         int ndim = 2;
+        const char *e = NULL; /* a layer tensor's llama.cpp suffix */
         if (s == 0) nm.kind = T_EMBED, want[0] = c.vocab_size, want[1] = D;
         else if (s == 1) nm.kind = T_HEAD, want[0] = c.vocab_size, want[1] = D;
         else if (s == 2) nm.kind = T_NORM, ndim = 1, want[0] = D;
         else {
-            nm.layer = (s - 3) / N_LAYER_NAMES;
-            nm.entry = (s - 3) % N_LAYER_NAMES;
-            const char *e = layer_names[nm.entry].gg;
-            if (layer_names[nm.entry].role < 0) ndim = 1, want[0] = D;
+            nm.layer = (s - 3) / N_LAYER_SLOTS;
+            nm.entry = (s - 3) % N_LAYER_SLOTS;
+            if (nm.entry >= N_LAYER_NAMES && !qwen2) continue; /* no bias slots */
+            e = layer_names[nm.entry < N_LAYER_NAMES ? nm.entry : 1 + nm.entry - N_LAYER_NAMES].gg;
+            if (nm.entry >= N_LAYER_NAMES)
+                ndim = 1, want[0] = nm.entry == N_LAYER_NAMES ? (int64_t)H * hd : (int64_t)KV * hd;
+            else if (layer_names[nm.entry].role < 0) ndim = 1, want[0] = D;
             else if (!strcmp(e, "attn_q")) want[0] = (int64_t)H * hd, want[1] = D;
             else if (!strcmp(e, "attn_k") || !strcmp(e, "attn_v")) want[0] = (int64_t)KV * hd, want[1] = D;
             else if (!strcmp(e, "attn_output")) want[0] = D, want[1] = (int64_t)H * hd;
@@ -349,7 +372,8 @@ static tide_status load(tide_checkpoint *ck, const tide_gguf *g) {
             if (s != 1) {
                 char gname[96];
                 if (s == 2) snprintf(gname, sizeof gname, "output_norm.weight");
-                else snprintf(gname, sizeof gname, "blk.%d.%s.weight", nm.layer, layer_names[nm.entry].gg);
+                else if (nm.entry >= N_LAYER_NAMES) snprintf(gname, sizeof gname, "blk.%d.%s.bias", nm.layer, e);
+                else snprintf(gname, sizeof gname, "blk.%d.%s.weight", nm.layer, e);
                 st = tide_err(ctx, TIDE_E_FORMAT, "%s: tensor '%s' (%s) is missing", path, gname, hf);
             }
             tide_free(hf);
@@ -376,11 +400,11 @@ static tide_status load(tide_checkpoint *ck, const tide_gguf *g) {
         }
         if (ndim == 1) {
             if (tide_dtype_is_quantized(t->dtype) || t->dtype == TIDE_I32)
-                st = tide_err(ctx, TIDE_E_UNSUPPORTED, "%s: tensor '%s' (%s): a norm weight in %s is not supported (f32, "
-                              "f16, bf16)", path, t->name, hf, tide_dtype_name(t->dtype));
+                st = tide_err(ctx, TIDE_E_UNSUPPORTED, "%s: tensor '%s' (%s): a norm or bias vector in %s is not "
+                              "supported (f32, f16, bf16)", path, t->name, hf, tide_dtype_name(t->dtype));
             else if (norm_type >= 0 && norm_type != (int)t->dtype)
-                st = tide_err(ctx, TIDE_E_UNSUPPORTED, "%s: tensor '%s' is %s but '%s' is %s: norm weights of "
-                              "different types are not supported", path, t->name, tide_dtype_name(t->dtype),
+                st = tide_err(ctx, TIDE_E_UNSUPPORTED, "%s: tensor '%s' is %s but '%s' is %s: norm and bias vectors "
+                              "of different types are not supported", path, t->name, tide_dtype_name(t->dtype),
                               norm_first, tide_dtype_name((tide_dtype)norm_type));
             norm_type = (int)t->dtype, norm_first = t->name;
             c.wtypes.norm = (uint8_t)t->dtype;

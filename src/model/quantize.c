@@ -275,23 +275,34 @@ static tide_status tokenizer_vocab(tide_ctx *ctx, const tide_tokenizer *t, int64
     return st;
 }
 
-/* tokenizer.ggml.pre for a byte-level tokenizer: Llama 3's split regex gives
- * "llama-bpe", anything else "default". */
+/* tokenizer.ggml.pre for a byte-level tokenizer, from its split regex as
+ * tokenizer.json spells it: Llama 3's gives "llama-bpe", Qwen2's (digits one
+ * at a time) "qwen2", anything else "default". */
 static const char *pre_name(const char *json_path) {
+    static const struct {
+        const char *pattern, *name;
+    } known[] = {
+        {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}|", "llama-bpe"},
+        {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}| ?[^", "qwen2"},
+    };
+    enum { N_KNOWN = sizeof known / sizeof known[0] };
     FILE *fp = fopen(json_path, "rb");
     if (!fp) return "default";
-    static const char llama3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}|";
+    size_t longest = 0;
+    for (int i = 0; i < N_KNOWN; i++)
+        if (strlen(known[i].pattern) > longest) longest = strlen(known[i].pattern);
     const char *r = "default";
     char buf[1 << 16];
     size_t keep = 0, n;
-    /* a streaming search: keep the tail of each read in case the pattern spans two */
-    while ((n = fread(buf + keep, 1, sizeof buf - 1 - keep, fp)) > 0) {
+    /* a streaming search: keep the tail of each read in case a pattern spans two */
+    while (!strcmp(r, "default") && (n = fread(buf + keep, 1, sizeof buf - 1 - keep, fp)) > 0) {
         buf[keep + n] = 0;
-        if (strstr(buf, llama3)) {
-            r = "llama-bpe";
-            break;
-        }
-        size_t have = keep + n, tail = sizeof llama3 < have ? sizeof llama3 : have;
+        for (int i = 0; i < N_KNOWN; i++)
+            if (strstr(buf, known[i].pattern)) {
+                r = known[i].name;
+                break;
+            }
+        size_t have = keep + n, tail = longest < have ? longest : have;
         memmove(buf, buf + have - tail, tail);
         keep = tail;
     }
@@ -339,7 +350,8 @@ static tide_status add_tensor(tide_ctx *ctx, const tide_checkpoint *ck, const ti
     if (permute_heads > 0 && (q->rows % permute_heads || (q->rows / permute_heads) % 2))
         return tide_err(ctx, TIDE_E_FORMAT, "checkpoint '%s': tensor %s: %lld rows are not %d heads of even size",
                         ck->dir, hf, (long long)q->rows, permute_heads);
-    q->permute_heads = cfg->qk_interleaved ? 0 : permute_heads;
+    /* llama.cpp's "qwen2" keeps Hugging Face's half-split rotary order */
+    q->permute_heads = cfg->qk_interleaved || cfg->qkv_bias ? 0 : permute_heads;
     (*n)++;
     return TIDE_OK;
 }
@@ -366,7 +378,7 @@ tide_status tide_quantize_checkpoint(tide_ctx *ctx, const char *in_dir, const ch
         return st;
     }
     vocab_out voc = {0};
-    int nt_max = 3 + 9 * cfg.num_hidden_layers;
+    int nt_max = 3 + 12 * cfg.num_hidden_layers; /* 9 per layer, and Qwen2's 3 biases */
     qtensor *T = tide_calloc((size_t)nt_max, sizeof *T);
     if (!T) {
         st = tide_err(ctx, TIDE_E_NOMEM, "out of memory");
@@ -394,6 +406,11 @@ tide_status tide_quantize_checkpoint(tide_ctx *ctx, const char *in_dir, const ch
             snprintf(gg, sizeof gg, "blk.%d.%s.weight", L, layer_gguf[r]);
             if ((st = add_tensor(ctx, ck, &cfg, T, &n, hf, gg, r == TIDE_W_Q ? H : r == TIDE_W_K ? KV : 0, r, L)))
                 goto out;
+            if (cfg.qkv_bias && r <= TIDE_W_V) { /* Qwen2: q, k and v biases, f32 */
+                snprintf(hf, sizeof hf, "model.layers.%d.%s.bias", L, layer_hf[r]);
+                snprintf(gg, sizeof gg, "blk.%d.%s.bias", L, layer_gguf[r]);
+                if ((st = add_tensor(ctx, ck, &cfg, T, &n, hf, gg, 0, -9, L))) goto out;
+            }
         }
     }
     if ((st = add_tensor(ctx, ck, &cfg, T, &n, "model.norm.weight", "output_norm.weight", 0, -9, 0))) goto out;
@@ -420,23 +437,27 @@ tide_status tide_quantize_checkpoint(tide_ctx *ctx, const char *in_dir, const ch
     if (src && tide_gguf_get(src, "general.name", &nv) && tide_gguf_value_str(&nv, &gn, &gl))
         snprintf(name, sizeof name, "%.*s", (int)(gl < 255 ? gl : 255), gn);
     int hd = cfg.hidden_size / H;
-    tide_gguf_kv_str(g, "general.architecture", "llama");
+    const char *arch = cfg.qkv_bias ? "qwen2" : "llama";
+    char key[64];
+#define ARCH_KEY(k) (snprintf(key, sizeof key, "%s." k, arch), key)
+    tide_gguf_kv_str(g, "general.architecture", arch);
     tide_gguf_kv_str(g, "general.name", name);
     tide_gguf_kv_u32(g, "general.file_type", (uint32_t)m->ftype);
     tide_gguf_kv_u32(g, "general.quantization_version", 2);
     tide_gguf_kv_u32(g, "general.alignment", TIDE_GGUF_ALIGNMENT);
-    tide_gguf_kv_u32(g, "llama.context_length", (uint32_t)cfg.max_position_embeddings);
-    tide_gguf_kv_u32(g, "llama.embedding_length", (uint32_t)cfg.hidden_size);
-    tide_gguf_kv_u32(g, "llama.block_count", (uint32_t)cfg.num_hidden_layers);
-    tide_gguf_kv_u32(g, "llama.feed_forward_length", (uint32_t)cfg.intermediate_size);
-    tide_gguf_kv_u32(g, "llama.attention.head_count", (uint32_t)H);
-    tide_gguf_kv_u32(g, "llama.attention.head_count_kv", (uint32_t)KV);
-    tide_gguf_kv_u32(g, "llama.attention.key_length", (uint32_t)hd);
-    tide_gguf_kv_u32(g, "llama.attention.value_length", (uint32_t)hd);
-    tide_gguf_kv_u32(g, "llama.rope.dimension_count", (uint32_t)hd);
-    tide_gguf_kv_f32(g, "llama.rope.freq_base", cfg.rope_theta);
-    tide_gguf_kv_f32(g, "llama.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps);
-    tide_gguf_kv_u32(g, "llama.vocab_size", (uint32_t)cfg.vocab_size);
+    tide_gguf_kv_u32(g, ARCH_KEY("context_length"), (uint32_t)cfg.max_position_embeddings);
+    tide_gguf_kv_u32(g, ARCH_KEY("embedding_length"), (uint32_t)cfg.hidden_size);
+    tide_gguf_kv_u32(g, ARCH_KEY("block_count"), (uint32_t)cfg.num_hidden_layers);
+    tide_gguf_kv_u32(g, ARCH_KEY("feed_forward_length"), (uint32_t)cfg.intermediate_size);
+    tide_gguf_kv_u32(g, ARCH_KEY("attention.head_count"), (uint32_t)H);
+    tide_gguf_kv_u32(g, ARCH_KEY("attention.head_count_kv"), (uint32_t)KV);
+    tide_gguf_kv_u32(g, ARCH_KEY("attention.key_length"), (uint32_t)hd);
+    tide_gguf_kv_u32(g, ARCH_KEY("attention.value_length"), (uint32_t)hd);
+    tide_gguf_kv_u32(g, ARCH_KEY("rope.dimension_count"), (uint32_t)hd);
+    tide_gguf_kv_f32(g, ARCH_KEY("rope.freq_base"), cfg.rope_theta);
+    tide_gguf_kv_f32(g, ARCH_KEY("attention.layer_norm_rms_epsilon"), cfg.rms_norm_eps);
+    tide_gguf_kv_u32(g, ARCH_KEY("vocab_size"), (uint32_t)cfg.vocab_size);
+#undef ARCH_KEY
 
     char tj[4096];
     snprintf(tj, sizeof tj, "%s/tokenizer.json", in_dir);
