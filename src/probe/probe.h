@@ -55,7 +55,7 @@ tide_status tide_probe_drives(tide_ctx *ctx, const char *ssd_dir, double seconds
  * vtable on any backend (the CPU's too, where "device" memory is host
  * memory): fills flops, matmul_efficiency, attention_efficiency, mem_bw,
  * launch_s, h2d_bw, d2h_bw and link_latency_s of h as tide_probe_backend
- * describes them, leaves the rest. seconds_budget <= 0: 6.5 s; below 1.3 s
+ * describes them (the block types' flops excepted), leaves the rest. seconds_budget <= 0: 6.5 s; below 1.3 s
  * the tensors are an eighth of the size. */
 tide_status tide_probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_budget, tide_hw *h);
 
@@ -84,6 +84,9 @@ tide_status tide_probe_matvec(tide_ctx *ctx, tide_backend *be, double seconds_bu
  *                       4096, smaller when the budget is small) with weights
  *                       of each dtype, in the backend's current matmul mode,
  *                       less the per-op overhead below; flops[i32] = f32;
+ *   flops[q8_0] ... [q6_k]  the same with a block-quantized weight, an eighth
+ *                       of the rows (on the CPU matvec_bw of each block type
+ *                       too);
  *   matmul_efficiency   1 (achieved rates);
  *   attention_efficiency  achieved FLOP/s of an ATTENTION op (a fresh
  *                       prefill of 1024 tokens, 32 heads of 128) over
@@ -103,5 +106,12 @@ tide_status tide_probe_matvec(tide_ctx *ctx, tide_backend *be, double seconds_bu
  * tensors; other errors as tide_probe. */
 tide_status tide_probe_backend(tide_ctx *ctx, tide_backend *be, const char *ssd_dir, double seconds_budget,
                                const tide_hw *base, tide_hw *out);
+
+/* tide_probe_backend measuring only the block types in `blocks` (bit d:
+ * tide_dtype d; 0: none, their rates left 0, which the cost model reads as
+ * the bf16 rate), within the same time budget: a run measures the types its
+ * model holds. */
+tide_status tide_probe_backend_blocks(tide_ctx *ctx, tide_backend *be, const char *ssd_dir, double seconds_budget,
+                                      const tide_hw *base, uint32_t blocks, tide_hw *out);
 
 #endif

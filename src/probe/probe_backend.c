@@ -36,6 +36,10 @@
 #define PB_MATVEC_BYTES ((int64_t)64 << 20)
 #define PB_MATVEC_K 4096
 
+/* The block-quantized weight types, whose MATMUL rates are measured too. */
+static const tide_dtype pb_block_types[] = {TIDE_Q8_0, TIDE_Q4_0, TIDE_Q4_K, TIDE_Q5_K, TIDE_Q6_K};
+#define PB_N_BLOCK_TYPES ((int)(sizeof pb_block_types / sizeof pb_block_types[0]))
+
 /* Queued timing (backends with events): the measurement issues on an
  * asynchronous queue of its own, errors on ctx, until pb_unqueue; elsewhere
  * on the default queue (*q NULL), synchronously. */
@@ -272,8 +276,12 @@ static tide_status pb_copies(tide_ctx *ctx, tide_backend *be, size_t n, double s
     return st;
 }
 
-tide_status tide_probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_budget, tide_hw *h) {
+/* tide_probe_ops, with the MATMUL rates of the block types in `blocks` (bit
+ * d: dtype d) measured too. */
+static tide_status probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_budget, uint32_t blocks, tide_hw *h) {
     double budget = seconds_budget > 0 ? seconds_budget : 6.5;
+    int n_blocks = 0;
+    for (int i = 0; i < PB_N_BLOCK_TYPES; i++) n_blocks += (blocks >> pb_block_types[i]) & 1;
     bool big = budget >= 1.3;
     /* per-op and per-copy overheads first: the rates subtract them */
     double t_tiny = 0, t_big = 0, t_h2d = 0, t_d2h = 0, t_lat_h2d = 0, t_lat_d2h = 0;
@@ -285,12 +293,21 @@ tide_status tide_probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_budge
     if (!st) st = pb_copies(ctx, be, n_copy, budget * 0.16, &t_h2d, &t_d2h);
     /* llama-7b's projection shape; an eighth of the rows when time is short */
     int64_t R = big ? 2048 : 256, K = 4096, N = 4096;
-    double r32 = 0, r16 = 0, rbf = 0, ratt = 0, share = budget * 0.60 / 3;
+    double r32 = 0, r16 = 0, rbf = 0, ratt = 0, share = budget * (n_blocks ? 0.45 : 0.60) / 3;
     if (!st) st = pb_matmul(ctx, be, TIDE_F32, R, K, N, share, t_tiny, &r32);
     if (!st) st = pb_matmul(ctx, be, TIDE_F16, R, K, N, share, t_tiny, &r16);
     if (!st) st = pb_matmul(ctx, be, TIDE_BF16, R, K, N, share, t_tiny, &rbf);
+    /* the block types' own kernels (the fill's bytes make valid blocks: every
+     * scale 0x3c3c, 1.06 as f16), at an eighth of the rows: they need not
+     * run at the 16-bit GEMM's rate, which the cost model assumes without */
+    double rq[PB_N_BLOCK_TYPES] = {0};
+    for (int i = 0; i < PB_N_BLOCK_TYPES && !st; i++)
+        if ((blocks >> pb_block_types[i]) & 1)
+            st = pb_matmul(ctx, be, pb_block_types[i], R / 8, K, N, budget * 0.15 / n_blocks, t_tiny, &rq[i]);
     if (!st) st = pb_attention(ctx, be, big ? 1024 : 128, budget * 0.10, t_tiny, &ratt);
     if (st) return st;
+    for (int i = 0; i < PB_N_BLOCK_TYPES; i++)
+        if ((blocks >> pb_block_types[i]) & 1) h->flops[pb_block_types[i]] = rq[i];
     h->attention_efficiency = TIDE_MIN(1.0, ratt / r32);
 
     h->flops[TIDE_F32] = r32;
@@ -309,25 +326,38 @@ tide_status tide_probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_budge
     return TIDE_OK;
 }
 
-tide_status tide_probe_matvec(tide_ctx *ctx, tide_backend *be, double seconds_budget, tide_hw *h) {
+tide_status tide_probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_budget, tide_hw *h) {
+    return probe_ops(ctx, be, seconds_budget, 0, h);
+}
+
+/* tide_probe_matvec, with the block types in `blocks` too. */
+static tide_status probe_matvec(tide_ctx *ctx, tide_backend *be, double seconds_budget, uint32_t blocks, tide_hw *h) {
     double budget = seconds_budget > 0 ? seconds_budget : 1.5;
-    static const tide_dtype dts[] = {TIDE_F32, TIDE_F16, TIDE_BF16};
-    double bw[3] = {0};
-    for (int i = 0; i < 3; i++) {
+    enum { N_MV = 3 + PB_N_BLOCK_TYPES };
+    tide_dtype dts[N_MV] = {TIDE_F32, TIDE_F16, TIDE_BF16};
+    int n_mv = 3;
+    for (int i = 0; i < PB_N_BLOCK_TYPES; i++)
+        if ((blocks >> pb_block_types[i]) & 1) dts[n_mv++] = pb_block_types[i];
+    double bw[N_MV] = {0};
+    for (int i = 0; i < n_mv; i++) {
         double busy = 0, bytes = 0;
-        int64_t n = PB_MATVEC_BYTES / (PB_MATVEC_K * (int64_t)tide_dtype_size(dts[i]));
-        tide_status st = pb_matmul_time(ctx, be, dts[i], 1, PB_MATVEC_K, n, budget / 3, h->launch_s, &busy, &bytes);
+        int64_t n = PB_MATVEC_BYTES / (int64_t)tide_dtype_bytes(dts[i], PB_MATVEC_K); /* 64 MiB of weight */
+        tide_status st = pb_matmul_time(ctx, be, dts[i], 1, PB_MATVEC_K, n, budget / n_mv, h->launch_s, &busy, &bytes);
         if (st) return st;
         bw[i] = bytes / busy;
     }
-    for (int i = 0; i < 3; i++) h->matvec_bw[dts[i]] = bw[i];
+    for (int i = 0; i < n_mv; i++) h->matvec_bw[dts[i]] = bw[i];
     return TIDE_OK;
+}
+
+tide_status tide_probe_matvec(tide_ctx *ctx, tide_backend *be, double seconds_budget, tide_hw *h) {
+    return probe_matvec(ctx, be, seconds_budget, 0, h);
 }
 
 /* The CPU backend (device memory is host memory): every rate through the
  * backend's kernels as tide_probe_backend describes, the host's the same. */
 static tide_status probe_host_backend(tide_ctx *ctx, tide_backend *be, const char *ssd_dir, double budget,
-                                      tide_hw *out) {
+                                      uint32_t blocks, tide_hw *out) {
     tide_hw h;
     memset(&h, 0, sizeof h);
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -335,8 +365,8 @@ static tide_status probe_host_backend(tide_ctx *ctx, tide_backend *be, const cha
     h.device_mem_bytes = h.host_mem_bytes;
     /* the drive first: it fails fast on a bad directory */
     tide_status st = tide_probe_drives(ctx, ssd_dir, budget * 0.35, &h);
-    if (!st) st = tide_probe_ops(ctx, be, budget * 0.45, &h);
-    if (!st) st = tide_probe_matvec(ctx, be, budget * 0.20, &h);
+    if (!st) st = probe_ops(ctx, be, budget * 0.45, blocks, &h);
+    if (!st) st = probe_matvec(ctx, be, budget * 0.20, blocks, &h);
     if (st) return st;
     h.host_flops = h.flops[TIDE_F32]; /* computes placed on the host run on this same CPU */
     h.host_mem_bw = h.mem_bw;
@@ -345,17 +375,17 @@ static tide_status probe_host_backend(tide_ctx *ctx, tide_backend *be, const cha
     return TIDE_OK;
 }
 
-tide_status tide_probe_backend(tide_ctx *ctx, tide_backend *be, const char *ssd_dir, double seconds_budget,
-                               const tide_hw *base, tide_hw *out) {
+tide_status tide_probe_backend_blocks(tide_ctx *ctx, tide_backend *be, const char *ssd_dir, double seconds_budget,
+                                      const tide_hw *base, uint32_t blocks, tide_hw *out) {
     if (!out || !be) return tide_err(ctx, TIDE_E_INVALID, "probe: no backend or no profile to fill");
     double budget = seconds_budget > 0 ? seconds_budget : 10.0;
-    if (be->vt->device_is_host) return probe_host_backend(ctx, be, ssd_dir, budget, out);
+    if (be->vt->device_is_host) return probe_host_backend(ctx, be, ssd_dir, budget, blocks, out);
     tide_hw h;
     if (base) h = *base;
     else memset(&h, 0, sizeof h);
     /* the drive first: it fails fast on a bad directory */
     tide_status st = tide_probe_drives(ctx, ssd_dir, budget * 0.35, &h);
-    if (!st) st = tide_probe_ops(ctx, be, budget * 0.65, &h);
+    if (!st) st = probe_ops(ctx, be, budget * 0.65, blocks, &h);
     uint64_t fr = 0, tot = 0;
     if (!st && be->vt->mem_info && !(st = be->vt->mem_info(be, &fr, &tot))) h.device_mem_bytes = tot;
     if (st) return st;
@@ -366,4 +396,11 @@ tide_status tide_probe_backend(tide_ctx *ctx, tide_backend *be, const char *ssd_
     tide_probe_name(&h, be->vt->name);
     *out = h;
     return TIDE_OK;
+}
+
+tide_status tide_probe_backend(tide_ctx *ctx, tide_backend *be, const char *ssd_dir, double seconds_budget,
+                               const tide_hw *base, tide_hw *out) {
+    uint32_t all = 0;
+    for (int i = 0; i < PB_N_BLOCK_TYPES; i++) all |= UINT32_C(1) << pb_block_types[i];
+    return tide_probe_backend_blocks(ctx, be, ssd_dir, seconds_budget, base, all, out);
 }

@@ -344,7 +344,13 @@ tide_status tide_model_set_offload(tide_model *m, const tide_offload_opts *o) {
         return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory");
     m->off.ssd_dirs = m->off_ssd_dirs;
     m->off.hw = NULL; /* resolved now: the caller's string need not outlive this call */
-    if ((st = tide_session_hw(m->ctx, m->be, o->hw, m->off_ssd_dirs, &m->hw))) return st;
+    uint32_t blocks = 0; /* the block types of the model's weights: a probe measures their kernels */
+    for (int i = 0; i < tide_checkpoint_n_tensors(m->ck); i++) {
+        tide_tensor_info ti;
+        if (tide_checkpoint_get_index(m->ck, i, &ti) == TIDE_OK && tide_dtype_is_quantized(ti.dtype))
+            blocks |= UINT32_C(1) << ti.dtype;
+    }
+    if ((st = tide_session_hw(m->ctx, m->be, o->hw, m->off_ssd_dirs, blocks, &m->hw))) return st;
     m->hw_probed = !o->hw;
     bool pin = !o->weights_on_ssd && (o->pin_weights == 1 || (o->pin_weights == 0 && !m->be->vt->device_is_host));
     if (!pin) unpin(m);

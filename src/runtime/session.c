@@ -24,10 +24,10 @@ tide_status tide_session_check_offload(tide_ctx *ctx, const tide_offload_opts *o
 }
 
 tide_status tide_session_hw(tide_ctx *ctx, tide_backend *be, const char *hw_path, const char *ssd_dirs,
-                            tide_hw *hw) {
+                            uint32_t blocks, tide_hw *hw) {
     tide_status st = hw_path ? tide_hw_load(ctx, hw_path, hw)
                              /* a quick measurement of this machine, so predictions mean something */
-                             : tide_probe_backend(ctx, be, ssd_dirs, 1.0, NULL, hw);
+                             : tide_probe_backend_blocks(ctx, be, ssd_dirs, 1.0, NULL, blocks, hw);
     if (st) return st;
     if (!be->vt->device_is_host && be->matmul == TIDE_MATMUL_F32) {
         /* 16-bit weights are widened and multiplied at the f32 rate */

@@ -26,10 +26,12 @@ tide_status tide_session_check_offload(tide_ctx *ctx, const tide_offload_opts *o
 /* The profile offloaded plans on be are priced with: loaded from hw_path,
  * or (NULL) a quick measurement of this machine (spill directories
  * ssd_dirs); where be multiplies 16-bit weights at the f32 rate (a device
- * in TIDE_MATMUL_F32), their peak is the f32 one. TIDE_OK or the load's or
- * the probe's failure (in ctx). */
+ * in TIDE_MATMUL_F32), their peak is the f32 one. The measurement
+ * includes the block types in `blocks` (bit d: tide_dtype d; the model's
+ * quantized weight types). TIDE_OK or the load's or the probe's failure (in
+ * ctx). */
 tide_status tide_session_hw(tide_ctx *ctx, tide_backend *be, const char *hw_path, const char *ssd_dirs,
-                            tide_hw *hw);
+                            uint32_t blocks, tide_hw *hw);
 
 /* A resident plan of g on be: unconstrained (priced by the resident
  * profile), every op's workspace one shared range, host_addressable where

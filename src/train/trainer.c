@@ -201,7 +201,7 @@ tide_status tide_trainer_set_offload(tide_trainer *t, const tide_offload_opts *o
         return tide_err(t->ctx, TIDE_E_INVALID, "AdamW on the CPU is planned by the tide policy only, not %s",
                         o->policy);
     t->off.optimizer = NULL;
-    if ((st = tide_session_hw(t->ctx, t->be, o->hw, t->ssd_dirs, &t->hw))) return st;
+    if ((st = tide_session_hw(t->ctx, t->be, o->hw, t->ssd_dirs, 0, &t->hw))) return st;
     t->offload = true;
     return TIDE_OK;
 }
