@@ -52,7 +52,8 @@
  * tide_dequantize_row), with the row-tile bit contract of
  * docs/cuda_quant.md; on the CPU too (x rounded to 8 bits per block of 32,
  * backend/cpu/matmul_quant.c: its bound adds that rounding; any tiling the same
- * bits); refused (TIDE_E_UNSUPPORTED) in MATMUL's x . w form everywhere.
+ * bits); MATMUL's x . w form (a frozen quantized weight's input gradient)
+ * on every backend.
  *
  * The training ops (and MATMUL's backward forms, ATTENTION without a cache)
  * run the same way, with the bounds of tests/test_kernels_train.c (their
@@ -2548,8 +2549,9 @@ static void close_backends(void) {
  * fast mode, and of a 12-row one (the GEMV) in both modes, give the whole
  * product's bits. EMBED (also a block of the vocabulary, first and later
  * chunk): bit for bit the dequantized rows. The x . w form with a quantized
- * weight (training) is TIDE_E_UNSUPPORTED with a message; so is every
- * quantized op on the CPU backend, which has no kernels for them yet. */
+ * weight (a frozen weight's input gradient in training), fresh and
+ * accumulating, with the op's workspace and one of 7 dequantized rows, on
+ * every backend within 2e-5 * sum |terms| of the product in double. */
 static const tide_dtype qdts[] = {TIDE_Q8_0, TIDE_Q4_0, TIDE_Q4_K, TIDE_Q5_K, TIDE_Q6_K};
 static uint64_t mmq_scratch; /* > 0: the op's workspace cut to this many bytes */
 
@@ -2716,19 +2718,55 @@ static void test_matmul_quant(void **state) {
                 }
             }
             assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK);
-            /* the x . w form (w (K, N)) with a quantized weight: refused */
-            tcase c;
-            tc_open(&c, "quantized x . w");
-            int x = tc_tensor(&c, "x", TIDE_F32, TIDE_ROLE_INPUT, 3, 64, 0, 1);
-            int w = tc_qtensor(&c, "w", dt, 64, 256, wq);
-            int o = tc_tensor(&c, "y", TIDE_F32, TIDE_ROLE_TEMP, 3, 256, 0, 1);
-            tc_op(&c, TIDE_OP_MATMUL, 2, (int[]){x, w}, 1, &o, &(tide_op_args){.no_transpose = true});
-            void *res[MAX_T];
-            assert_int_equal(tc_run(&c, be, res), TIDE_E_UNSUPPORTED);
-            assert_non_null(strstr(tide_ctx_last_error(bes[b].ctx), "'w'"));
-            tk_force_generic(false);
-            res_free(res, tide_graph_n_tensors(c.g));
-            tc_close(&c);
+            /* the x . w form (w (K, N), a frozen quantized weight's input gradient): the first
+             * 64 * 256 elements of wq read as (64, 256), R = 3 (CPU: the fused kernel) and 20
+             * (sgemm), fresh and accumulating, against the product in double */
+            enum { KK = 64, NN = 256 };
+            size_t rb2 = (size_t)tide_dtype_bytes(dt, NN);
+            float *wk = malloc(sizeof(float) * KK * NN);
+            assert_non_null(wk);
+            for (int64_t k = 0; k < KK; k++) assert_int_equal(qref_dequant_row(dt, wq + k * rb2, NN, wk + k * NN), 0);
+            for (int acc = 0; acc < 2; acc++)
+                for (int64_t R = 3; R <= 20; R += 17) {
+                    tcase c;
+                    tc_open(&c, "quantized x . w");
+                    int x = tc_tensor(&c, "x", TIDE_F32, TIDE_ROLE_INPUT, R, KK, 0, 1);
+                    int w = tc_qtensor(&c, "w", dt, KK, NN, wq);
+                    int o = tc_tensor(&c, "y", TIDE_F32, TIDE_ROLE_TEMP, R, NN, 0, 1);
+                    const float *prev = c.host[o]; /* what an accumulating product adds to */
+                    tc_op(&c, TIDE_OP_MATMUL, acc ? 3 : 2, (int[]){x, w, o}, 1, &o,
+                          &(tide_op_args){.no_transpose = true, .accumulate = acc});
+                    /* accumulating, 20 rows: a workspace of 7 dequantized rows (CUDA: 10 chunks of w's rows) */
+                    if (acc && R == 20) c.g->ops[c.op].scratch_bytes = 7 * NN * 4;
+                    void *res[MAX_T];
+                    tide_status st = tc_run(&c, be, res);
+                    if (st) fail_msg("%s x . w %s R=%lld: %s", tide_backend_name(be), tide_dtype_name(dt),
+                                     (long long)R, tide_ctx_last_error(bes[b].ctx));
+                    const float *xv = c.host[x], *y = res[o];
+                    double worst = 0;
+                    for (int64_t r = 0; r < R; r++)
+                        for (int64_t n = 0; n < NN; n++) {
+                            double s = acc ? (double)prev[r * NN + n] : 0, a = fabs(s);
+                            for (int64_t k = 0; k < KK; k++) {
+                                double p = (double)xv[r * KK + k] * (double)wk[k * NN + n];
+                                s += p;
+                                a += fabs(p);
+                            }
+                            double err = fabs((double)y[r * NN + n] - s);
+                            if (!(err <= 2e-5 * a + 1e-30))
+                                fail_msg("%s x . w %s R=%lld%s: [%lld][%lld] = %.9g, want %.9g", tide_backend_name(be),
+                                         tide_dtype_name(dt), (long long)R, acc ? " accumulating" : "", (long long)r,
+                                         (long long)n, y[r * NN + n], s);
+                            if (a > 0 && err / (2e-5 * a) > worst) worst = err / (2e-5 * a);
+                        }
+                    print_message("  %s x . w %s R=%lld%s: worst error/bound %.3g\n", tide_backend_name(be),
+                                  tide_dtype_name(dt), (long long)R, acc ? " accumulating" : "", worst);
+                    tk_force_generic(false);
+                    res_free(res, tide_graph_n_tensors(c.g));
+                    tc_close(&c);
+                    checked++;
+                }
+            free(wk);
         }
     }
     if (!checked) print_message("  no backend under test runs quantized matmuls (cpu: refused, as checked)\n");

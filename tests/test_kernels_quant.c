@@ -37,11 +37,15 @@
  *     Q6_K (d sc)(q - 32), ...); the rows of other ids zeroed or kept.
  *   - Through the CPU backend: a graph's EMBED (quantized table), RMSNORM
  *     (f32 weight) and MATMUL (quantized weight, workspace from ops.c, and
- *     without one) give the kernels' bits; MATMUL's training forms
- *     (no_transpose, accumulate) with a quantized weight, and other ops
- *     given a quantized tensor, fail with TIDE_E_UNSUPPORTED naming the op
- *     and the type; tk_matmul_ex refuses them; a scratch under one row is
- *     TIDE_E_INVALID.
+ *     without one) give the kernels' bits; the input-gradient form x . w
+ *     (no_transpose: a frozen quantized weight's backward) against a double
+ *     reference of the dequantized weight, fresh and accumulating, its bits
+ *     independent of the thread count on the fused (few rows) and the
+ *     dequantize-into-sgemm path; the accumulating x . w^T with a quantized
+ *     weight, and other ops given a quantized tensor, fail with
+ *     TIDE_E_UNSUPPORTED naming the op and the type; tk_matmul_ex refuses
+ *     them and a w (K, N) whose rows are not whole blocks; a scratch under
+ *     one row is TIDE_E_INVALID.
  */
 #include "tide.h"
 #include "backend/backend.h"
@@ -507,6 +511,27 @@ static tide_status run_op(bcase *c, int i, void **buf, bool ws) {
     return st;
 }
 
+/* y (R, D) = x (R, N) . w for w (N, D) of block type dt, against a double
+ * reference of the dequantized weight: within 1e-5 of the sum of |terms|
+ * (f32 sums of at most a few hundred terms). */
+static void check_q_kn(tide_dtype dt, const float *x, const uint8_t *w, int64_t R, int64_t N, int64_t D,
+                       const float *y) {
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t k = 0; k < D; k++) {
+            double s = 0, a = 0;
+            for (int64_t n = 0; n < N; n++) {
+                double t = (double)x[r * N + n] * (double)w_f32(dt, w, D, n, k);
+                s += t;
+                a += fabs(t);
+            }
+            if (!(fabs((double)y[r * D + k] - s) <= 1e-5 * a + 1e-30)) {
+                print_error("%s x . w: y[%lld][%lld] = %.9g, reference %.9g (sum |terms| %.3g)\n", tide_dtype_name(dt),
+                            (long long)r, (long long)k, (double)y[r * D + k], s, a);
+                fail();
+            }
+        }
+}
+
 static void test_backend(void **state) {
     (void)state;
     enum { T = 6, V = 40, D = 256, N = 70 };
@@ -566,10 +591,36 @@ static void test_backend(void **state) {
         print_message("  %s accumulate: %s\n", tide_dtype_name(dt), msg);
         assert_non_null(strstr(msg, "matmul"));
         assert_non_null(strstr(msg, tide_dtype_name(dt)));
-        assert_int_equal(run_op(&c, 4, buf, true), TIDE_E_UNSUPPORTED);
-        assert_non_null(strstr(tide_ctx_last_error(c.ctx), "no_transpose"));
-        assert_non_null(strstr(tide_ctx_last_error(c.ctx), tide_dtype_name(dt)));
-        /* the kernel itself */
+        /* x . w: o (T, N) times the weight read as (N, D) */
+        assert_int_equal(run_op(&c, 4, buf, true), TIDE_OK);
+        check_q_kn(dt, ob, buf[w], T, N, D, o2b);
+        /* the kernel itself: more rows (the sgemm path, scratch for a few
+         * blocks of columns), thread counts, accumulating */
+        {
+            enum { RB = 40 };
+            float *xb = malloc(sizeof(float) * RB * N), *y1 = malloc(sizeof(float) * RB * D);
+            float *y2 = malloc(sizeof(float) * RB * D), *y3 = malloc(sizeof(float) * RB * D);
+            assert_true(xb && y1 && y2 && y3);
+            for (int i = 0; i < RB * N; i++) xb[i] = frand();
+            size_t sb = (size_t)N * sizeof(float) * (size_t)tide_dtype_block(dt) * 2 + 100;
+            void *scr = malloc(sb);
+            assert_non_null(scr);
+            for (int rows = 1; rows <= RB; rows += RB - 1) { /* 1: fused; 40: sgemm */
+                assert_int_equal(tk_matmul_ex(xb, buf[w], dt, rows, N, D, true, false, y1, D, scr, sb, 1), TIDE_OK);
+                check_q_kn(dt, xb, buf[w], rows, N, D, y1);
+                assert_int_equal(tk_matmul_ex(xb, buf[w], dt, rows, N, D, true, false, y2, D, scr, sb, 3), TIDE_OK);
+                assert_memory_equal(y1, y2, sizeof(float) * (size_t)rows * D);
+                for (int i = 0; i < rows * D; i++) y3[i] = y2[i] = 0.25f * frand();
+                assert_int_equal(tk_matmul_ex(xb, buf[w], dt, rows, N, D, true, true, y2, D, scr, sb, 2), TIDE_OK);
+                for (int i = 0; i < rows * D; i++) assert_true(y2[i] == y3[i] + y1[i]);
+            }
+            free(scr);
+            free(xb);
+            free(y1);
+            free(y2);
+            free(y3);
+        }
+        /* the kernel's refusals: w (K, N) with rows not of whole blocks, the accumulating x . w^T */
         float tmp[16 * 16];
         assert_int_equal(tk_matmul_ex(hnb, buf[w], dt, 1, D, 16, true, false, tmp, 16, NULL, 0, 1), TIDE_E_UNSUPPORTED);
         assert_int_equal(tk_matmul_ex(hnb, buf[w], dt, 1, D, 16, false, true, tmp, 16, NULL, 0, 1), TIDE_E_UNSUPPORTED);

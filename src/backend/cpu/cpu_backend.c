@@ -173,9 +173,8 @@ static tide_status cpu_matmul(tide_ctx *ctx, int nt, tide_matmul_mode mode, cons
         st = tk_matmul(in[0], in[1], w->dtype, R, K, w->shape[0], dst, o->shape[1], scratch, sb, nt);
     }
     if (st == TIDE_E_UNSUPPORTED && tide_dtype_is_quantized(w->dtype) && (p->no_transpose || p->accumulate))
-        return tide_err(ctx, st, "matmul '%s': the %s form takes no %s weight (block-quantized weights run only "
-                        "x . w^T, inference)", w->name, p->no_transpose ? "no_transpose" : "accumulating",
-                        tide_dtype_name(w->dtype));
+        return tide_err(ctx, st, "matmul '%s': a %s weight takes only the x . w^T form (not accumulating) and "
+                        "the x . w form with rows of whole blocks", w->name, tide_dtype_name(w->dtype));
     if (st == TIDE_E_INVALID)
         return tide_err(ctx, st, "matmul '%s': a %s weight needs %lld columns in whole blocks and a workspace of "
                         "%zu bytes", w->name, tide_dtype_name(w->dtype), (long long)K, tk_matmul_q_min_scratch(K));

@@ -111,7 +111,10 @@ bool tk_matmul_fast_native(tide_dtype wdt);
  * shape; 16-bit ones are widened into scratch a block of whole columns at a
  * time (each output is one sum over all of K); with fewer than
  * TK_MATMUL_FUSED_R rows, or no room in scratch for one column, a fused
- * kernel reads each weight once. w_kn false and accumulate false is
+ * kernel reads each weight once. A block-quantized w (rows of whole
+ * blocks) takes the w_kn form only (a frozen quantized weight's input
+ * gradient): dequantized as the reference does (tk_dequant_row), whole
+ * blocks at a time, into the same sums. w_kn false and accumulate false is
  * tk_matmul itself. Returns TIDE_OK or TIDE_E_UNSUPPORTED (a dimension above
  * INT_MAX). */
 #define TK_MATMUL_FUSED_R 16

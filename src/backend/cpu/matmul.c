@@ -172,14 +172,28 @@ void tk_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, con
 
 /* ------------------------------------------------------------- matmul, training forms */
 
+/* Columns [c0, c0 + n) of row k of w (K, N) as f32 into dst: converted, or
+ * for a block type (rows of whole blocks; c0 and n whole blocks but at the
+ * row's end) dequantized as the reference does. */
+static void w_kn_cols(const void *w, tide_dtype wdt, int64_t N, int64_t k, int64_t c0, int64_t n, float *dst) {
+    const uint8_t *wb = w;
+    if (tide_dtype_is_quantized(wdt)) {
+        int64_t blk = tide_dtype_block(wdt);
+        tk_dequant_row(wb + (size_t)tide_dtype_bytes(wdt, (uint64_t)N) * (size_t)k +
+                           (size_t)(c0 / blk) * tide_dtype_block_bytes(wdt),
+                       wdt, dst, n);
+    } else {
+        tk_convert(wb + (size_t)(k * N + c0) * tide_dtype_size(wdt), wdt, dst, (size_t)n);
+    }
+}
+
 /* out (R, N) (+)= x (R, K) . w for w (K, N) of wdt and a few rows: each task
- * owns a block of output columns and runs k in order, converting w's rows
- * a chunk at a time into a stack buffer. */
+ * owns a block of output columns and runs k in order, converting (or
+ * dequantizing: 256 columns are whole blocks of every block type) w's rows a
+ * chunk at a time into a stack buffer. */
 #define TK_NT_COLS 256
 static void matmul_nt_fused(const float *x, const void *w, tide_dtype wdt, int64_t R, int64_t K,
                             int64_t N, float *out, int64_t ldo, bool add, int nt) {
-    size_t es = tide_dtype_size(wdt);
-    const uint8_t *wb = w;
     int64_t ncb = (N + TK_NT_COLS - 1) / TK_NT_COLS;
     for (int64_t r0 = 0; r0 < R; r0 += TK_MATMUL_FUSED_R) {
         int nr = (int)TIDE_MIN(TK_MATMUL_FUSED_R, R - r0);
@@ -195,7 +209,7 @@ static void matmul_nt_fused(const float *x, const void *w, tide_dtype wdt, int64
                 if (wdt == TIDE_F32)
                     wf = (const float *)w + k * N + c0;
                 else
-                    tk_convert(wb + (size_t)(k * N + c0) * es, wdt, buf, (size_t)n);
+                    w_kn_cols(w, wdt, N, k, c0, n, buf);
                 for (int r = 0; r < nr; r++) {
                     float xv = x[(r0 + r) * K + k];
                     float *a = acc[r];
@@ -220,7 +234,8 @@ tide_status tk_matmul_ex(const float *x, const void *w, tide_dtype wdt, int64_t 
                          bool w_kn, bool accumulate, float *out, int64_t ldo, void *scratch,
                          size_t scratch_bytes, int nt) {
     if (!w_kn && !accumulate) return tk_matmul(x, w, wdt, R, K, N, out, ldo, scratch, scratch_bytes, nt);
-    if (tide_dtype_is_quantized(wdt)) return TIDE_E_UNSUPPORTED; /* the training forms take no block type */
+    /* a block type: the input gradient's form only (a frozen quantized base) */
+    if (tide_dtype_is_quantized(wdt) && (!w_kn || N % tide_dtype_block(wdt))) return TIDE_E_UNSUPPORTED;
     if (R > INT_MAX || K > INT_MAX || N > INT_MAX || ldo > INT_MAX) return TIDE_E_UNSUPPORTED;
     if (!w_kn) {
         mm_f32w_padded(x, w, wdt, R, K, N, out, ldo, true, scratch, scratch_bytes, nt);
@@ -234,9 +249,11 @@ tide_status tk_matmul_ex(const float *x, const void *w, tide_dtype wdt, int64_t 
         tk_blas_restore(prev);
         return TIDE_OK;
     }
-    /* 16-bit weights: widened a block of whole columns at a time into
-     * scratch, so each output element is still one sum over all of K */
-    int64_t nb = scratch ? (int64_t)(scratch_bytes / ((size_t)K * sizeof(float))) : 0;
+    /* 16-bit or block-quantized weights: widened (dequantized) a block of
+     * whole columns (whole quantization blocks) at a time into scratch, so
+     * each output element is still one sum over all of K */
+    int64_t gran = tide_dtype_is_quantized(wdt) ? tide_dtype_block(wdt) : 1;
+    int64_t nb = scratch ? (int64_t)(scratch_bytes / ((size_t)K * sizeof(float))) / gran * gran : 0;
     if (R < TK_MATMUL_FUSED_R || nb < 1) {
         tk_blas_restore(prev);
         matmul_nt_fused(x, w, wdt, R, K, N, out, ldo, accumulate, nt);
@@ -244,15 +261,12 @@ tide_status tk_matmul_ex(const float *x, const void *w, tide_dtype wdt, int64_t 
     }
     nb = TIDE_MIN(nb, N);
     int64_t nblk = (N + nb - 1) / nb;
-    nb = (N + nblk - 1) / nblk;
-    size_t es = tide_dtype_size(wdt);
-    const uint8_t *wb = w;
+    nb = ((N + nblk - 1) / nblk + gran - 1) / gran * gran;
     float *wf = scratch;
     for (int64_t n0 = 0; n0 < N; n0 += nb) {
         int64_t cnt = TIDE_MIN(nb, N - n0);
 #pragma omp parallel for schedule(static) num_threads(nt) if (K * cnt >= TK_PAR_MIN)
-        for (int64_t k = 0; k < K; k++)
-            tk_convert(wb + (size_t)(k * N + n0) * es, wdt, wf + k * cnt, (size_t)cnt);
+        for (int64_t k = 0; k < K; k++) w_kn_cols(w, wdt, N, k, n0, cnt, wf + k * cnt);
         tk_gemm(false, false, R, cnt, K, 1.0f, x, K, wf, cnt, beta, out + n0, ldo, nt);
     }
     tk_blas_restore(prev);

@@ -14,7 +14,12 @@
  *   - accumulate: the same calls with beta = 1 (out += the product);
  *   - with fewer than TCU_MATMUL_FUSED_R rows or no room for a widened
  *     block: tcu_matmul_small, which reads each weight once per 16 rows.
- * A block-quantized weight (cuda_quant.h) runs the forward form only:
+ * A block-quantized weight (cuda_quant.h) runs the forward form, and the
+ * input gradient's x . w (w (K, N), rows of whole blocks: a frozen
+ * quantized weight in training), fresh or accumulating: chunks of w's rows
+ * dequantized to f32 into the scratch, as many as it holds (equal chunks,
+ * fixed by the scratch size), each multiplied with cublasSgemm(N, N) into
+ * the output (beta 1 after the first chunk). The forward form:
  *   - fewer than TCU_MATMUL_FUSED_R rows in the whole output (decoding), or
  *     no room for one dequantized weight row: tcu_qgemv, in both modes;
  *   - else the f32 mode dequantizes tiles of weight rows to f32 into the
@@ -131,11 +136,36 @@ static tide_status matmul_quant(tide_backend *be, cu_queue *q, const tide_op *op
                                 const tide_tensor *wt, int64_t R, int64_t K, int64_t N, int64_t Rw, float *o,
                                 int64_t ldo, void *scratch) {
     const char *tn = tide_dtype_name(wt->dtype);
-    if (op->p.no_transpose || op->p.accumulate)
-        return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "matmul '%s': the %s form with a %s weight is not supported on "
-                        "cuda (quantized weights are not trained)", wt->name,
-                        op->p.no_transpose ? "x . w" : "accumulating", tn);
     const uint64_t sb = scratch && K > 0 ? op->scratch_bytes : 0;
+    if (op->p.no_transpose) { /* x (R, K) . w (K, N): N is the quantized rows' length */
+        const int64_t cap = N > 0 ? (int64_t)(sb / ((uint64_t)N * 4)) : 0;
+        if (cap < 1 || N % tide_dtype_block(wt->dtype))
+            return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "matmul '%s': the x . w form with a %s weight needs rows of "
+                            "whole blocks and a workspace of one dequantized row (%lld bytes)", wt->name, tn,
+                            (long long)N * 4);
+        tide_status st = queue_blas(be, q);
+        if (st) return st;
+        const int64_t kc = equal_tiles(K, cap);
+        const float one = 1.0f;
+        for (int64_t k0 = 0; k0 < K; k0 += kc) {
+            const int64_t c = TIDE_MIN(kc, K - k0);
+            CU_TRY(q->ctx, tcu_qdequant(q->stream, w, wt->dtype, N, k0, c, scratch, false),
+                   "matmul '%s' (%s) dequantization kernel", wt->name, tn);
+            const float beta = k0 == 0 && !op->p.accumulate ? 0.0f : 1.0f;
+            cublasStatus_t bs = cublasSgemm(q->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)N, (int)R, (int)c, &one,
+                                            (const float *)scratch, (int)N, x + k0, (int)K, &beta, o, (int)ldo);
+            if (bs != CUBLAS_STATUS_SUCCESS) {
+                char what[300];
+                snprintf(what, sizeof what, "cublasSgemm of matmul '%s' (x . w, %lld x %lld x %lld, %s)", wt->name,
+                         (long long)R, (long long)N, (long long)c, tn);
+                return tide_cuda_blas_fail(q->ctx, bs, what);
+            }
+        }
+        return TIDE_OK;
+    }
+    if (op->p.accumulate)
+        return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "matmul '%s': the accumulating x . w^T form with a %s weight is "
+                        "not supported on cuda", wt->name, tn);
     const bool fast = be->matmul == TIDE_MATMUL_FAST;
     /* fast: bf16 weight rows in the first half, bf16 x rows in the second
      * (256-byte aligned); f32: f32 weight rows in all of it */
