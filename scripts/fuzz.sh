@@ -6,7 +6,8 @@
 # exceeds 2 GB, printing the target, the end of its report and the reproducer
 # (path, hex and base64).
 #   scripts/fuzz.sh [TARGET...]     all targets when none is named
-# Environment: FUZZ_SECONDS, BUILD_DIR, JOBS (build jobs, default: cores),
+# Environment: FUZZ_SECONDS, BUILD_DIR, JOBS (build jobs, and how many targets
+# run at once; default: cores),
 # FUZZ_REQUIRE=1 (no clang is a failure, exit 1; else it is a skip, exit 77),
 # FUZZ_KEEP=DIR (keep the grown corpora and crash files in DIR).
 # Reproduce a crash: BUILD_DIR/fuzz/TARGET FILE (docs/testing.md, "Fuzzing").
@@ -47,32 +48,51 @@ trap 'rm -rf "$work" "$shm"' EXIT
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TIDE_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-failed=()
-for t in "${targets[@]}"; do
-  bin=$build/fuzz/$t
-  [ -x "$bin" ] || { echo "fuzz: no target $t" >&2; exit 2; }
-  corpus=$work/$t/corpus art=$work/$t/crash/
+# One target's run, its verdict in $work/$t/verdict ("ok" or "failed") and
+# what it prints in $work/$t/report (stdout) and $work/$t/report.err.
+run_target() {
+  local t=$1 bin=$build/fuzz/$1 corpus=$work/$1/corpus art=$work/$1/crash/ log=$work/$1/log start=$SECONDS
   mkdir -p "$corpus" "$art"
   cp fuzz/corpus/"$t"/* "$corpus"/ 2>/dev/null || true
-  log=$work/$t/log
-  start=$SECONDS
   if "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
        -artifact_prefix="$art" "$corpus" >"$log" 2>&1; then
     stats=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
     cov=$(grep -E '^#[0-9]+.*(DONE|pulse|NEW|REDUCE).*cov:' "$log" | tail -1 | sed -E 's/.*cov: ([0-9]+) ft: ([0-9]+) corp: ([0-9]+).*/cov \1, features \2, corpus \3/')
-    echo "fuzz: $t ok: ${stats:-?} runs in $((SECONDS - start)) s, $cov"
+    echo "fuzz: $t ok: ${stats:-?} runs in $((SECONDS - start)) s, $cov" >"$work/$t/report"
+    echo ok >"$work/$t/verdict"
   else
-    failed+=("$t")
-    echo "fuzz: $t FAILED; the end of its report:" >&2
-    tail -n 60 "$log" >&2
-    for f in "$art"*; do
-      [ -f "$f" ] || continue
-      echo "fuzz: $t reproducer $f ($(stat -c %s "$f") bytes)" >&2
-      echo "  hex:    $(head -c 4096 "$f" | od -An -tx1 -v | tr -d ' \n')" >&2
-      echo "  base64: $(head -c 4096 "$f" | base64 -w0)" >&2
-      echo "  rerun:  $bin FILE (the bytes above in FILE)" >&2
-    done
+    {
+      echo "fuzz: $t FAILED; the end of its report:"
+      tail -n 60 "$log"
+      for f in "$art"*; do
+        [ -f "$f" ] || continue
+        echo "fuzz: $t reproducer $f ($(stat -c %s "$f") bytes)"
+        echo "  hex:    $(head -c 4096 "$f" | od -An -tx1 -v | tr -d ' \n')"
+        echo "  base64: $(head -c 4096 "$f" | base64 -w0)"
+        echo "  rerun:  $bin FILE (the bytes above in FILE)"
+      done
+    } >"$work/$t/report.err"
+    echo failed >"$work/$t/verdict"
   fi
+}
+for t in "${targets[@]}"; do
+  [ -x "$build/fuzz/$t" ] || { echo "fuzz: no target $t" >&2; exit 2; }
+done
+# the targets run $jobs at a time (each one is single-threaded), reported in
+# the order named
+running=0
+for t in "${targets[@]}"; do
+  if [ "$running" -ge "$jobs" ]; then wait -n || true; running=$((running - 1)); fi
+  run_target "$t" &
+  running=$((running + 1))
+done
+wait
+failed=()
+for t in "${targets[@]}"; do
+  [ -f "$work/$t/report" ] && cat "$work/$t/report"
+  [ -f "$work/$t/report.err" ] && cat "$work/$t/report.err" >&2
+  [ -f "$work/$t/verdict" ] || echo "fuzz: $t: its run stopped without a verdict" >&2
+  [ "$(cat "$work/$t/verdict" 2>/dev/null)" = ok ] || failed+=("$t")
   if [ -n "${FUZZ_KEEP:-}" ]; then mkdir -p "$FUZZ_KEEP"; cp -r "$work/$t" "$FUZZ_KEEP/"; fi
 done
 if [ ${#failed[@]} -gt 0 ]; then

@@ -17,11 +17,16 @@ IDS=17,3,150,99,4,128,61
 # generated FILE: the "generated" line's ids
 generated() { sed -n 's/^generated  *//p' "$1"; }
 
+# the machine measured once for the offloaded runs below (--hw HW), not once
+# per run as a run without --hw does first (that path: cli_run)
+expect 0 "probe" -- "$TIDE" probe --backend cpu --seconds 1 --ssd "$TMP" --out "$TMP/hw.json"
+HW=(--hw "$TMP/hw.json")
+
 for pair in tiny-f32-mha:tiny-f32-mha tiny-f16-sharded:tiny-f16-sharded; do
     gg=$G/${pair%%:*}.gguf st=$TIDE_FIXTURES/${pair#*:}
     expect 0 "run $st" -- "$TIDE" run --model "$st" --backend cpu --tokens $IDS --new-tokens 8
     want=$(generated "$TMP/out")
-    for mode in "" "--weights-on-ssd --budget 50% --ssd $TMP"; do
+    for mode in "" "--weights-on-ssd --budget 50% --ssd $TMP ${HW[*]}"; do
         # shellcheck disable=SC2086
         expect 0 "run $gg $mode" -- "$TIDE" run --model "$gg" --backend cpu --tokens $IDS --new-tokens 8 $mode
         got=$(generated "$TMP/out")
@@ -34,7 +39,7 @@ done
 # weights homed on SSD are read from the GGUF file at its tensors' offsets
 # (32-byte aligned, not 4096: the executor's unaligned path)
 expect 0 "run --check on a GGUF file" -- "$TIDE" run --model "$G/tiny-f16-sharded.gguf" --backend cpu --tokens $IDS \
-    --new-tokens 4 --budget 50% --weights-on-ssd --ssd "$TMP" --check --json
+    --new-tokens 4 --budget 50% --weights-on-ssd --ssd "$TMP" "${HW[@]}" --check --json
 contains "$TMP/out" '"check_bit_identical":true' "offloaded GGUF run bit-identical to the reference engine"
 contains "$TMP/out" '"weights_on_ssd":true' "weights homed on SSD"
 if grep -q '"bytes_ssd_read":[1-9]' "$TMP/out"; then PASSES=$((PASSES + 1)); else
@@ -56,7 +61,7 @@ contains "$TMP/err" "cut.gguf" "the message names the file"
 contains "$TMP/err" "past the end" "the message says what is wrong"
 expect 0 "Q8_0 GGUF at the minimum budget, tiled, weights on SSD, checked" -- "$TIDE" run \
     --model "$G/tiny-f16-sharded-q8_0.gguf" --backend cpu --tokens 1,2,3,4,5 --new-tokens 4 --budget min \
-    --weights-on-ssd --ssd "$TMP" --check --json
+    --weights-on-ssd --ssd "$TMP" "${HW[@]}" --check --json
 contains "$TMP/out" '"check_passed":true' "the offloaded Q8_0 run equals the unconstrained one"
 
 # training needs Hugging Face's q/k order: refused, saying so

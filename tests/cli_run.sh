@@ -45,10 +45,20 @@ expect 2 "--engine plain with a budget" -- "$TIDE" run --model "$TMP/m" --engine
 contains "$TMP/err" "--engine plain" "message names --engine plain"
 expect 2 "bad --engine" -- "$TIDE" run --model "$TMP/m" --engine fast
 
+# Without --hw an offloaded run first measures the machine (1 s, and under a
+# sanitizer far more): the first offloaded run below does, the others plan with
+# the profile measured once here (the same code from there on), HW.
+expect 0 "probe" -- "$TIDE" probe --backend cpu --seconds 1 --ssd "$TMP" --out "$TMP/probed.json"
+contains "$TMP/err" "probing the cpu backend" "probe says what it measures"
+json_field "$TMP/probed.json" h2d_bw
+HW=(--hw "$TMP/probed.json")
+
 mkdir -p "$TMP/spill"
 for p in tide static-layer lru; do
+    hw=("${HW[@]}")
+    [ $p = tide ] && hw=() # measures the machine
     expect 0 "offloaded at 50%, $p, checked" -- "$TIDE" run --model "$TMP/m" --new-tokens 5 --budget 50% \
-        --policy $p --check --json --ssd "$TMP/spill"
+        --policy $p --check --json --ssd "$TMP/spill" "${hw[@]}"
     contains "$TMP/out" '"check_passed":true' "$p: bit-identical to the unconstrained run"
     for f in policy budget_bytes peak_device_bytes bytes_h2d bytes_d2h bytes_ssd_read bytes_ssd_write wall_s \
              predicted_makespan_s unconstrained_wall_s; do
@@ -56,7 +66,7 @@ for p in tide static-layer lru; do
     done
 done
 expect 0 "minimum budget, weights on SSD, pread path" -- "$TIDE" run --model "$TMP/m" --new-tokens 4 --budget min \
-    --weights-on-ssd --pread --check --ssd "$TMP/spill" --trace "$TMP/t.json" --trace-svg "$TMP/t.svg"
+    --weights-on-ssd --pread --check --ssd "$TMP/spill" "${HW[@]}" --trace "$TMP/t.json" --trace-svg "$TMP/t.svg"
 contains "$TMP/out" "check      passed" "min budget check passes"
 contains "$TMP/t.json" '"device bytes"' "trace has the device-bytes counter"
 contains "$TMP/t.svg" "measured" "svg has the measured panel"
@@ -66,7 +76,7 @@ if [ -z "$(ls -A "$TMP/spill")" ]; then PASSES=$((PASSES + 1)); else
 
 # Qwen2 (q/k/v biases): offloaded and tiled at the minimum, checked
 expect 0 "qwen2 at the minimum, checked" -- "$TIDE" run --model "$TIDE_FIXTURES/tiny-qwen2" --budget min --check \
-    --new-tokens 4 --json
+    --new-tokens 4 --json "${HW[@]}"
 contains "$TMP/out" '"check_passed":true' "qwen2 run checked against the unconstrained run"
 
 # bad input
@@ -75,9 +85,10 @@ contains "$TMP/err" "99999" "message names the id"
 expect 2 "bad --tile" -- "$TIDE" run --model "$TMP/m" --budget min --tile fine --new-tokens 2
 contains "$TMP/err" "--tile" "message names --tile"
 expect 2 "--tile without a budget" -- "$TIDE" run --model "$TMP/m" --tile none --new-tokens 2
-expect 0 "tiled at the minimum, checked" -- "$TIDE" run --model "$TMP/m" --budget min --check --new-tokens 3 --json
+expect 0 "tiled at the minimum, checked" -- "$TIDE" run --model "$TMP/m" --budget min --check --new-tokens 3 --json \
+    "${HW[@]}"
 contains "$TMP/out" '"check_passed":true' "tiled run checked against the unconstrained run"
-expect 1 "budget below the minimum" -- "$TIDE" run --model "$TMP/m" --budget 4K --tile none --new-tokens 2
+expect 1 "budget below the minimum" -- "$TIDE" run --model "$TMP/m" --budget 4K --tile none --new-tokens 2 "${HW[@]}"
 contains "$TMP/err" "needs at least" "message gives the minimum"
 expect 1 "spill directory that does not exist" -- "$TIDE" run --model "$TMP/m" --budget min --weights-on-ssd \
     --new-tokens 2 --ssd /nonexistent/tide-spill
@@ -96,7 +107,7 @@ expect 2 "trace without a budget" -- "$TIDE" run --model "$TMP/m" --trace "$TMP/
 expect 2 "bad tokens" -- "$TIDE" run --model "$TMP/m" --tokens 1,,x
 expect 2 "unknown option" -- "$TIDE" run --frobnicate
 expect 1 "host budget too small for what must live on host" -- "$TIDE" run --model "$TMP/m" --budget 50% \
-    --host-budget 4K --new-tokens 2
+    --host-budget 4K --new-tokens 2 "${HW[@]}"
 contains "$TMP/err" "must live" "message says what must live on host"
 # matmul modes: the CPU has both (auto is fast where it multiplies bf16
 # natively); the summary and the JSON say which ran
@@ -116,23 +127,20 @@ fi
 
 # pinned weight copies: forced on the CPU, the same tokens and logits
 expect 0 "--pin-weights yes, checked" -- "$TIDE" run --model "$TMP/m" --new-tokens 4 --budget 50% \
-    --pin-weights yes --check --json
+    --pin-weights yes --check --json "${HW[@]}"
 contains "$TMP/out" '"check_bit_identical":true' "pinned weights: bit-identical"
 if grep -q '"pinned_weight_bytes":0[,}]' "$TMP/out"; then
     echo "FAIL: --pin-weights yes pinned nothing"; FAILS=$((FAILS + 1)); else PASSES=$((PASSES + 1)); fi
-expect 0 "--pin-weights no" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --budget 50% --pin-weights no
+expect 0 "--pin-weights no" -- "$TIDE" run --model "$TMP/m" --new-tokens 2 --budget 50% --pin-weights no "${HW[@]}"
 contains "$TMP/out" "weights    0 B pinned" "summary gives the pinned bytes"
 expect 2 "bad --pin-weights" -- "$TIDE" run --model "$TMP/m" --budget 50% --pin-weights maybe
 expect 2 "--pin-weights without a budget" -- "$TIDE" run --model "$TMP/m" --pin-weights yes
 expect 2 "--direct-storage without --weights-on-ssd" -- "$TIDE" run --model "$TMP/m" --budget 50% --direct-storage
 contains "$TMP/err" "--weights-on-ssd" "message names --weights-on-ssd"
 expect 0 "--direct-storage on the CPU (no effect), checked" -- "$TIDE" run --model "$TMP/m" --budget 50% \
-    --weights-on-ssd --direct-storage --check --new-tokens 3
+    --weights-on-ssd --direct-storage --check --new-tokens 3 "${HW[@]}"
 
 # tide probe: the CPU through the backend, a bad directory, a GPU that is absent
-expect 0 "probe" -- "$TIDE" probe --backend cpu --seconds 1 --ssd "$TMP" --out "$TMP/probed.json"
-contains "$TMP/err" "probing the cpu backend" "probe says what it measures"
-json_field "$TMP/probed.json" h2d_bw
 expect 0 "plan with the probed profile" -- "$TIDE" plan --config tinyllama-1.1b --hw "$TMP/probed.json" \
     --budget 50% --seq 16
 expect 1 "probe, missing directory" -- "$TIDE" probe --seconds 1 --ssd /nonexistent/tide-probe

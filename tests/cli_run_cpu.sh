@@ -36,11 +36,15 @@ sed -e 's/"hidden_size": [0-9]*/"hidden_size": 512/' -e 's/"intermediate_size": 
     -e 's/"vocab_size": [0-9]*/"vocab_size": 2000/' "$FX/config.json" >"$TMP/cfg/config.json"
 expect 0 "make-model" -- "$TIDE" make-model --config "$TMP/cfg/config.json" --layers 8 --seed 5 "$TMP/m"
 mkdir -p "$TMP/spill"
+# the machine measured once for the offloaded runs below (--hw HW), not once
+# per run as a run without --hw does first (that path: cli_run)
+expect 0 "probe" -- "$TIDE" probe --backend cpu --seconds 1 --ssd "$TMP" --out "$TMP/hw.json"
+HW=(--hw "$TMP/hw.json")
 
 # weights streamed from SSD at 25% and 10% of the unconstrained peak
 for b in 25% 10%; do
     expect 0 "weights on SSD at $b, checked" -- "$TIDE" run --model "$TMP/m" --backend cpu --new-tokens 6 \
-        --budget $b --weights-on-ssd --ssd "$TMP/spill" --check --json
+        --budget $b --weights-on-ssd --ssd "$TMP/spill" --check --json "${HW[@]}"
     contains "$TMP/out" '"check_bit_identical":true' "weights on SSD at $b: bit-identical to the unconstrained run"
     contains "$TMP/out" '"bytes_h2d":0,' "weights on SSD at $b: nothing copied host to device"
     contains "$TMP/out" '"bytes_d2h":0,' "weights on SSD at $b: nothing copied device to host"
@@ -75,20 +79,20 @@ then PASSES=$((PASSES + 1)); else
 
 # weights homed in host memory: used in place, no copy, no read
 expect 0 "weights on host at 25%, checked" -- "$TIDE" run --model "$TMP/m" --backend cpu --new-tokens 6 \
-    --budget 25% --ssd "$TMP/spill" --check --json
+    --budget 25% --ssd "$TMP/spill" --check --json "${HW[@]}"
 contains "$TMP/out" '"check_bit_identical":true' "weights in place at 25%: bit-identical"
 contains "$TMP/out" '"bytes_h2d":0,' "weights in place: nothing copied host to device"
 contains "$TMP/out" '"bytes_ssd_read":0,' "weights in place: nothing read from SSD"
 
 # the baselines copy every tensor into the arena, as on a device
 expect 0 "static-layer at 50%, checked" -- "$TIDE" run --model "$TMP/m" --backend cpu --new-tokens 4 \
-    --budget 50% --policy static-layer --check --json
+    --budget 50% --policy static-layer --check --json "${HW[@]}"
 contains "$TMP/out" '"check_bit_identical":true' "static-layer on the CPU: bit-identical"
 positive "$TMP/out" bytes_h2d "static-layer on the CPU copies weights in"
 
 # the summary: memory of both runs, predictions against measurements
 expect 0 "summary" -- "$TIDE" run --model "$TMP/m" --backend cpu --new-tokens 4 --budget 10% --weights-on-ssd \
-    --ssd "$TMP/spill" --check
+    --ssd "$TMP/spill" --check "${HW[@]}"
 contains "$TMP/out" "memory     peak RSS" "summary gives the peak RSS"
 contains "$TMP/out" "during the unconstrained reference run" "summary gives the reference run's peak RSS"
 contains "$TMP/out" "predicted  prefill" "summary gives the predicted prefill"
@@ -101,7 +105,7 @@ if [ -z "$(ls -A "$TMP/spill")" ]; then PASSES=$((PASSES + 1)); else
 
 # bad input keeps its clear errors
 expect 1 "weights on SSD, budget below the minimum" -- "$TIDE" run --model "$TMP/m" --backend cpu --budget 4K \
-    --weights-on-ssd --tile none --new-tokens 2
+    --weights-on-ssd --tile none --new-tokens 2 "${HW[@]}"
 contains "$TMP/err" "needs at least" "message gives the minimum"
 expect 2 "--weights-on-ssd without a budget" -- "$TIDE" run --model "$TMP/m" --weights-on-ssd
 finish

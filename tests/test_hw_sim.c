@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "async_backend.h"
+#include "test_select.h"
 #include "backend/cpu/kernels.h"
 #include "core/alloc_test.h"
 #include "planner/planner.h"
@@ -1183,8 +1184,8 @@ static void test_probe_backend_ops(void **state) {
     tide_ctx_free(ctx);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
+int main(int argc, char **argv) {
+    struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shipped_profiles_load),
         cmocka_unit_test(test_unknown_profile),
         cmocka_unit_test(test_malformed_profiles),
@@ -1202,5 +1203,7 @@ int main(void) {
         cmocka_unit_test(test_probe),
         cmocka_unit_test(test_probe_backend_ops),
     };
-    return cmocka_run_group_tests(tests, setup_all, teardown_all);
+    size_t n = test_select(tests, sizeof tests / sizeof tests[0], argc, argv);
+    if (!n) return 1;
+    return _cmocka_run_group_tests("test_hw_sim", tests, n, setup_all, teardown_all);
 }

@@ -56,6 +56,7 @@
 #include <cmocka.h>
 
 #include "async_backend.h"
+#include "test_select.h"
 #include "backend/backend.h"
 #include "core/alloc_test.h"
 #include "planner/planner.h"
@@ -1007,8 +1008,8 @@ static void test_measured_profile(void **state) {
     assert_int_equal(rmdir(tmp), 0); /* empty: the profile went with the pool */
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
+int main(int argc, char **argv) {
+    struct CMUnitTest tests[] = {
         cmocka_unit_test(test_minimum_verified), cmocka_unit_test(test_partition),
         cmocka_unit_test(test_bad_input),        cmocka_unit_test(test_fallback),
         cmocka_unit_test(test_remove_inflight),  cmocka_unit_test(test_trace_tide),
@@ -1017,5 +1018,7 @@ int main(void) {
         cmocka_unit_test(test_measured_profile), cmocka_unit_test(test_trace_device),
         cmocka_unit_test(test_trace_weights_on_ssd),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    size_t n = test_select(tests, sizeof tests / sizeof tests[0], argc, argv);
+    if (!n) return 1;
+    return _cmocka_run_group_tests("test_pool", tests, n, group_setup, group_teardown);
 }

@@ -96,10 +96,11 @@ if(TIDE_SANITIZE)
   set(_emu_skip --skip test_model)
   set(_emu_quick ";TIDE_CLI_QUICK=1")
 endif()
+# COST of these (the order ctest -j starts them in): the table in CMakeLists.txt
 add_test(NAME test_backends_cudaemu COMMAND test_backends_cudaemu ${_emu_skip})
 set_tests_properties(test_backends_cudaemu PROPERTIES
   ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures;TIDE_DATA=${PROJECT_SOURCE_DIR}/data"
-  TIMEOUT 900 COST 30)
+  TIMEOUT 900)
 
 # A device whose largest 2-D copy pitch (memPitch) is below the test's rows:
 # TAKE_LAST's path for sequences longer than that.
@@ -119,12 +120,12 @@ add_executable(test_train_cudaemu ${_emu_dir}/test_train_cudaemu.c)
 target_link_libraries(test_train_cudaemu PRIVATE tide_test_hooks tide_cudaemu PkgConfig::CMOCKA)
 add_test(NAME test_train_cudaemu COMMAND test_train_cudaemu)
 set_tests_properties(test_train_cudaemu PROPERTIES
-  ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures" TIMEOUT 900 COST 20)
+  ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures" TIMEOUT 900)
 
 add_test(NAME cli_cuda_emu COMMAND bash ${_emu_dir}/cli_cuda_emu.sh $<TARGET_FILE:tide-cudaemu>)
 set_tests_properties(cli_cuda_emu PROPERTIES
   ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures;TIDE_DATA=${PROJECT_SOURCE_DIR}/data${_emu_quick}"
-  TIMEOUT 900 COST 20)
+  TIMEOUT 900)
 
 if(TIDE_BUILD_BENCH)
   add_executable(bench_gpu_offload_cudaemu ${PROJECT_SOURCE_DIR}/bench/gpu_offload.c)
@@ -135,5 +136,5 @@ if(TIDE_BUILD_BENCH)
            COMMAND bench_gpu_offload_cudaemu --config ${PROJECT_SOURCE_DIR}/tests/fixtures/tiny-bf16-gqa/config.json
                    --layers 4 --seq 64 --reps 1 --hw h100-80g ${CMAKE_CURRENT_BINARY_DIR}/emu_bench_model)
   set_tests_properties(bench_gpu_offload_cudaemu PROPERTIES
-    ENVIRONMENT "TIDE_DATA=${PROJECT_SOURCE_DIR}/data" TIMEOUT 600 COST 10)
+    ENVIRONMENT "TIDE_DATA=${PROJECT_SOURCE_DIR}/data" TIMEOUT 600)
 endif()
