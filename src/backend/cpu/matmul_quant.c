@@ -39,8 +39,11 @@
  * pairs. Below, for decode, each chunk's 32 bytes stay in element order (no
  * transpose of the weights) and each chunk's lanes are summed instead. AVX2:
  * VPMADDUBSW (unsigned weights x signed activations; Q8_0's signed weights
- * by the sign trick) then VPMADDWD; AVX-512 VNNI: VPDPBUSD (on 256-bit
- * vectors: Zen 4 runs 512-bit ones at the same rate per element).
+ * by the sign trick) then VPMADDWD; AVX-512 VNNI: VPDPBUSD, on 256-bit
+ * vectors for prefill and on 512-bit ones for decode (dot_z: two chunks a
+ * vector, the weights unpacked in registers, one transposing reduction of
+ * the lanes), where the weights, read once from memory, are also prefetched
+ * ahead (prefetch_sup).
  */
 #include "backend/cpu/kernels_int.h"
 #include "core/quant.h"
