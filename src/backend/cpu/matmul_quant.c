@@ -39,8 +39,11 @@
  * pairs. Below, for decode, each chunk's 32 bytes stay in element order (no
  * transpose of the weights) and each chunk's lanes are summed instead. AVX2:
  * VPMADDUBSW (unsigned weights x signed activations; Q8_0's signed weights
- * by the sign trick) then VPMADDWD; AVX-512 VNNI: VPDPBUSD (on 256-bit
- * vectors: Zen 4 runs 512-bit ones at the same rate per element).
+ * by the sign trick) then VPMADDWD; AVX-512 VNNI: VPDPBUSD, on 256-bit
+ * vectors for prefill and on 512-bit ones for decode (dot_z: two chunks a
+ * vector, the weights unpacked in registers, one transposing reduction of
+ * the lanes), where the weights, read once from memory, are also prefetched
+ * ahead (prefetch_sup).
  */
 #include "backend/cpu/kernels_int.h"
 #include "core/quant.h"
@@ -378,6 +381,23 @@ static void dot_portable(tide_dtype dt, const tq_sup *u, tq_act a, int64_t s, in
 #ifdef TK_X86
 /* ------------------------------------------------------------- AVX2 / VNNI */
 
+/* The 6-bit scales and mins of a Q4_K / Q5_K block as tq_sup's sc8 (int32
+ * per chunk) and mn (int16, twice per chunk), from one 16-byte load of its
+ * 12 bytes of scales (and 4 bytes after them, unused). */
+TK_A2 static TK_INLINE void k_scales_v(const uint8_t *scales, __m256i *sc8, __m256i *mn) {
+    __m128i b = _mm_loadu_si128((const __m128i *)scales);
+    /* low bits of scale / min j: bytes 0..3 / 4..7 for j < 4, the nibbles of
+     * bytes 8..11 for j >= 4; their top 2 bits: those of bytes 0..3 / 4..7 */
+    __m128i a = _mm_shuffle_epi8(b, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    __m128i t = _mm_shuffle_epi8(b, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    __m128i lo = _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    __m128i hn = _mm_and_si128(_mm_srli_epi16(a, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
+    __m128i top = _mm_and_si128(_mm_srli_epi16(t, 2), _mm_set1_epi8(0x30));
+    __m128i r = _mm_or_si128(_mm_or_si128(lo, hn), top);
+    *sc8 = _mm256_cvtepu8_epi32(r);
+    *mn = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(r, r));
+}
+
 /* sup_scales_k with F16C conversions and the 6-bit scales and mins of a
  * Q4_K / Q5_K block unpacked four at a time (tide_q4k_scale_min's packing:
  * bytes 0..3 scales 0..3, bytes 4..7 mins 0..3, bytes 8..11 the low 4 bits of
@@ -403,18 +423,10 @@ TK_A2 static TK_INLINE void sup_scales_avx2(tide_dtype dt, const void *blk, tq_s
         return;
     }
     const tide_block_q4_k *x = blk;
-    uint32_t w[3];
-    memcpy(w, x->scales, 12);
-    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
-    uint32_t sc[2] = {w[0] & m6, (w[2] & m4) | ((w[0] >> 6) & m2) << 4};
-    uint32_t mn[2] = {w[1] & m6, ((w[2] >> 4) & m4) | ((w[1] >> 6) & m2) << 4};
-    __m128i scv, mnv;
-    memcpy(&scv, sc, 8); /* the upper half unused */
-    memcpy(&mnv, mn, 8);
-    scv = _mm_loadl_epi64(&scv);
-    mnv = _mm_loadl_epi64(&mnv);
-    _mm256_storeu_si256((__m256i *)u->sc8, _mm256_cvtepu8_epi32(scv));
-    _mm256_storeu_si256((__m256i *)u->mn, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mnv, mnv)));
+    __m256i sc8, mn;
+    k_scales_v(x->scales, &sc8, &mn);
+    _mm256_storeu_si256((__m256i *)u->sc8, sc8);
+    _mm256_storeu_si256((__m256i *)u->mn, mn);
     _mm256_storeu_ps(u->dA, _mm256_set1_ps(_cvtsh_ss(x->d)));
     _mm256_storeu_ps(u->dM, _mm256_set1_ps(_cvtsh_ss(x->dmin)));
 }
@@ -520,6 +532,21 @@ TK_A2 static TK_INLINE void unpack_avx2(tide_dtype dt, const uint8_t *w, int64_t
     for (int k = 0; k < 8; k++) _mm256_store_si256((__m256i *)(u->q + 32 * k), C[k]);
 }
 
+/* Decode reads each weight once, from memory: the lines of the superchunk
+ * TQ_PF bytes past superchunk s of row wr (the rows lie one after another)
+ * asked for ahead, the hardware's prefetch alone leaving the read short of
+ * the memory's rate (about 0.75 of it for Q4_K at one thread). */
+#define TQ_PF 8192
+TK_A2 static TK_INLINE void prefetch_sup(tide_dtype dt, const uint8_t *wr, int64_t s) {
+    const size_t sb = dt == TIDE_Q8_0   ? 8 * sizeof(tide_block_q8_0)
+                      : dt == TIDE_Q4_0 ? 8 * sizeof(tide_block_q4_0)
+                      : dt == TIDE_Q4_K ? sizeof(tide_block_q4_k)
+                      : dt == TIDE_Q5_K ? sizeof(tide_block_q5_k)
+                                        : sizeof(tide_block_q6_k);
+    const char *p = (const char *)wr + (size_t)s * sb + TQ_PF;
+    for (size_t o = 0; o < sb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
+
 /* Eight vectors of 8 int32 -> one: lane c the sum of d[c]'s lanes (exact). */
 TK_A2 static TK_INLINE __m256i reduce8(const __m256i d[8]) {
     __m256i a = _mm256_hadd_epi32(d[0], d[1]), b = _mm256_hadd_epi32(d[2], d[3]);
@@ -532,23 +559,29 @@ TK_A2 static TK_INLINE __m256i reduce8(const __m256i d[8]) {
 /* The integers of superchunk u against activations (bs: the sums of each
  * 16) and the float step, shared by both paths: D lane c chunk c's dot
  * product (Q6_K's already scaled per 16). */
-TK_A2 static TK_INLINE __m256 finish(tide_dtype dt, const tq_sup *u, __m256i D, const int16_t *bs, const float *da,
-                                     __m256 acc) {
+/* finish on the weight's scales in registers: sc the Q4_K / Q5_K integer
+ * scales (sc8) or Q6_K's of each 16 (scp), mn the mins (mn), dA and dM. */
+TK_A2 static TK_INLINE __m256 finish_v(tide_dtype dt, __m256i D, __m256i sc, __m256i mn, __m256 dA, __m256 dM,
+                                       const int16_t *bs, const float *da, __m256 acc) {
     __m256i b = _mm256_loadu_si256((const __m256i *)bs);
     __m256i I = D, M = _mm256_setzero_si256();
     if (dt == TIDE_Q4_0) I = _mm256_sub_epi32(D, _mm256_slli_epi32(_mm256_madd_epi16(b, _mm256_set1_epi16(1)), 3));
     if (dt == TIDE_Q4_K || dt == TIDE_Q5_K) {
-        I = _mm256_mullo_epi32(D, _mm256_loadu_si256((const __m256i *)u->sc8));
-        M = _mm256_madd_epi16(b, _mm256_loadu_si256((const __m256i *)u->mn));
+        I = _mm256_mullo_epi32(D, sc);
+        M = _mm256_madd_epi16(b, mn);
     }
-    if (dt == TIDE_Q6_K)
-        I = _mm256_sub_epi32(D,
-                             _mm256_slli_epi32(_mm256_madd_epi16(b, _mm256_loadu_si256((const __m256i *)u->scp)), 5));
+    if (dt == TIDE_Q6_K) I = _mm256_sub_epi32(D, _mm256_slli_epi32(_mm256_madd_epi16(b, sc), 5));
     __m256 dav = _mm256_loadu_ps(da);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(dav, _mm256_loadu_ps(u->dA)), acc);
-    if (dt == TIDE_Q4_K || dt == TIDE_Q5_K)
-        acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(dav, _mm256_loadu_ps(u->dM)), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(dav, dA), acc);
+    if (dt == TIDE_Q4_K || dt == TIDE_Q5_K) acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(dav, dM), acc);
     return acc;
+}
+
+TK_A2 static TK_INLINE __m256 finish(tide_dtype dt, const tq_sup *u, __m256i D, const int16_t *bs, const float *da,
+                                     __m256 acc) {
+    __m256i sc = _mm256_loadu_si256((const __m256i *)(dt == TIDE_Q6_K ? (const void *)u->scp : (const void *)u->sc8));
+    return finish_v(dt, D, sc, _mm256_loadu_si256((const __m256i *)u->mn), _mm256_loadu_ps(u->dA),
+                    _mm256_loadu_ps(u->dM), bs, da, acc);
 }
 
 /* Q6_K's chunk dot products of its first and last 16 (d[0], d[1]), each
@@ -627,6 +660,113 @@ TK_VNNI static TK_INLINE __m256 dot_nat_vnni(tide_dtype dt, const tq_sup *u, tq_
     }
     return finish(dt, u, reduce8(d), a.bs + 16 * s, a.d + 8 * s, acc);
 }
+
+/* The decode kernels on 512-bit vectors (AVX-512 VNNI): a superchunk's
+ * weights unpacked in registers as four vectors, chunks 2z and 2z + 1 in
+ * element order in the halves of vector z (the activations' decode layout
+ * as it lies: one load each), four VPDPBUSD, and the lanes of each chunk
+ * summed by one transposing reduction; the integers are those of the paths
+ * above, and finish_v's float steps theirs. */
+
+/* z[i]'s 4 dword sums per 128-bit lane L, in lane 4L + i: per 128 bits,
+ * half a chunk's (16 elements) dot product. */
+TK_VNNI static TK_INLINE __m512i z_quads(const __m512i z[4]) {
+    __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(z[0], z[1]), _mm512_unpackhi_epi32(z[0], z[1]));
+    __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2], z[3]), _mm512_unpackhi_epi32(z[2], z[3]));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+}
+
+/* z_quads' sums of the two halves of each chunk, lane c chunk c's. */
+TK_VNNI static TK_INLINE __m256i z_chunks(__m512i q) {
+    __m512i v = _mm512_add_epi32(q, _mm512_shuffle_i64x2(q, q, _MM_SHUFFLE(2, 3, 0, 1)));
+    const __m512i idx = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, v));
+}
+
+/* acc[r] += weight superchunk s (8 chunks) times activation row r's, r < nr. */
+TK_VNNI static TK_INLINE void dot_z(tide_dtype dt, const uint8_t *wr, int64_t s, const uint8_t *act, size_t ab,
+                                    int64_t K, int64_t nr, __m256 *acc) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    prefetch_sup(dt, wr, s);
+    __m512i W[4];
+    __m256i sc = _mm256_setzero_si256(), mn = _mm256_setzero_si256();
+    __m256 dA, dM = _mm256_setzero_ps();
+    if (dt == TIDE_Q8_0) {
+        const tide_block_q8_0 *x = (const tide_block_q8_0 *)wr + 8 * s;
+        uint16_t h[8];
+#pragma GCC unroll 4
+        for (int z = 0; z < 4; z++) {
+            __m256i lo = _mm256_loadu_si256((const __m256i *)x[2 * z].qs);
+            W[z] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_loadu_si256((const __m256i *)x[2 * z + 1].qs),
+                                      1);
+            h[2 * z] = x[2 * z].d, h[2 * z + 1] = x[2 * z + 1].d;
+        }
+        dA = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    } else if (dt == TIDE_Q4_K || dt == TIDE_Q5_K) {
+        const uint8_t *qs, *qh = NULL;
+        const tide_block_q4_k *k4 = (const tide_block_q4_k *)wr + s;
+        const tide_block_q5_k *k5 = (const tide_block_q5_k *)wr + s;
+        const tide_block_q4_k *x = dt == TIDE_Q4_K ? k4 : (const tide_block_q4_k *)(const void *)k5;
+        qs = dt == TIDE_Q4_K ? k4->qs : k5->qs;
+        if (dt == TIDE_Q5_K) qh = k5->qh;
+        k_scales_v(x->scales, &sc, &mn);
+        dA = _mm256_set1_ps(_cvtsh_ss(x->d));
+        dM = _mm256_set1_ps(_cvtsh_ss(x->dmin));
+        const __m512i nib = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0); /* chunk 2g: low nibbles, 2g + 1: high */
+        __m512i H = qh ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            __m512i b = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * g)));
+            W[g] = _mm512_and_si512(_mm512_srlv_epi64(b, nib), m4);
+            if (qh) {
+                __m512i sh = _mm512_add_epi64(_mm512_set_epi64(1, 1, 1, 1, 0, 0, 0, 0), _mm512_set1_epi64(2 * g));
+                __m512i hb = _mm512_and_si512(_mm512_srlv_epi64(H, sh), _mm512_set1_epi8(1));
+                W[g] = _mm512_or_si512(W[g], _mm512_slli_epi64(hb, 4));
+            }
+        }
+    } else { /* Q6_K */
+        const tide_block_q6_k *x = (const tide_block_q6_k *)wr + s;
+        __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
+        sc = _mm256_cvtepi8_epi16(s8);
+        dA = _mm256_set1_ps(_cvtsh_ss(x->d));
+        const __m512i m2 = _mm512_set1_epi8(3 << 4);
+        const __m512i up = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4), dn = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
+#pragma GCC unroll 2
+        for (int hf = 0; hf < 2; hf++) {
+            __m512i l = _mm512_loadu_si512((const void *)(x->ql + 64 * hf)); /* [chunk 4hf | 4hf + 1] low 4 bits */
+            __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->qh + 32 * hf)));
+            W[2 * hf] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi64(H, up), m2));
+            W[2 * hf + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi64(l, 4), m4),
+                                            _mm512_and_si512(_mm512_srlv_epi64(H, dn), m2));
+        }
+    }
+    __m512i S = _mm512_setzero_si512(), WA[4];
+    __mmask64 neg[4] = {0, 0, 0, 0};
+    if (dt == TIDE_Q6_K) { /* lane 4L + z of z_quads: scale 4z + L */
+        const tide_block_q6_k *x = (const tide_block_q6_k *)wr + s;
+        const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        S = _mm512_permutexvar_epi32(tr, _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x->scales)));
+    }
+#pragma GCC unroll 4
+    for (int z = 0; z < 4; z++) {
+        WA[z] = W[z];
+        if (dt == TIDE_Q8_0) neg[z] = _mm512_movepi8_mask(W[z]), WA[z] = _mm512_abs_epi8(W[z]);
+    }
+    for (int64_t r = 0; r < nr; r++) {
+        tq_act a = act_of(act + (size_t)r * ab, K);
+        const int8_t *aq = a.q + 256 * s;
+        __m512i Z[4];
+#pragma GCC unroll 4
+        for (int z = 0; z < 4; z++) {
+            __m512i x = _mm512_loadu_si512((const void *)(aq + 64 * z));
+            if (dt == TIDE_Q8_0) x = _mm512_mask_sub_epi8(x, neg[z], _mm512_setzero_si512(), x);
+            Z[z] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), WA[z], x);
+        }
+        __m512i q = z_quads(Z);
+        if (dt == TIDE_Q6_K) q = _mm512_mullo_epi32(q, S);
+        acc[r] = finish_v(dt, z_chunks(q), sc, mn, dA, dM, a.bs + 16 * s, a.d + 8 * s, acc[r]);
+    }
+}
 #endif
 
 /* ------------------------------------------------------------- drivers */
@@ -701,6 +841,7 @@ static void cols_portable(const tq_job *j) {
                 for (int64_t r = 0; r < nr; r++) acc[0][r] = acc[1][r] = _mm256_setzero_ps();                  \
                 for (int64_t s = 0; s < ns; s++) {                                                             \
                     int nc = sup_chunks(j->K, s);                                                              \
+                    if (!IL) prefetch_sup(DT, j->w + (size_t)n * j->wrow, s);                                  \
                     unpack_avx2(DT, j->w + (size_t)n * j->wrow, s, nc, &u[0], IL);                             \
                     if (two) {                                                                                 \
                         unpack_avx2(DT, j->w + (size_t)(n + 1) * j->wrow, s, nc, &u[1], IL);                   \
@@ -736,21 +877,50 @@ TQ_COLS(nat_avx2_q8_0, TK_A2, dot_nat_avx2, TIDE_Q8_0, false)
 TQ_COLS(nat_avx2_q4_0, TK_A2, dot_nat_avx2, TIDE_Q4_0, false)
 TQ_COLS(nat_avx2_q4_k, TK_A2, dot_nat_avx2, TIDE_Q4_K, false)
 TQ_COLS(nat_avx2_q5_k, TK_A2, dot_nat_avx2, TIDE_Q5_K, false)
-TQ_COLS(nat_vnni_q8_0, TK_VNNI, dot_nat_vnni, TIDE_Q8_0, false)
 TQ_COLS(nat_vnni_q4_0, TK_VNNI, dot_nat_vnni, TIDE_Q4_0, false)
-TQ_COLS(nat_vnni_q4_k, TK_VNNI, dot_nat_vnni, TIDE_Q4_K, false)
-TQ_COLS(nat_vnni_q5_k, TK_VNNI, dot_nat_vnni, TIDE_Q5_K, false)
 TQ_COLS(nat_avx2_q6_k, TK_A2, dot_nat_avx2, TIDE_Q6_K, false)
+
+/* The 512-bit decode drivers: a column at a time, its superchunks
+ * unpacked once for the rows (fewer than TQ_IL_ROWS); a Q8_0 row's last
+ * superchunk of under 8 blocks by the 256-bit kernel. */
+#define TQ_ZCOLS(NAME, DT)                                                                                     \
+    TK_VNNI static void NAME(const tq_job *j) {                                                                \
+        int64_t ns = pad_k(j->K) / 256;                                                                        \
+        __m256 acc[TQ_IL_ROWS];                                                                                \
+        tq_sup u;                                                                                              \
+        for (int64_t n = j->n0; n < j->n1; n++) {                                                              \
+            const uint8_t *wr = j->w + (size_t)n * j->wrow;                                                    \
+            int64_t s = 0;                                                                                     \
+            if (j->R == 1) { /* the usual decode: the sum in a register */                                     \
+                __m256 a1 = _mm256_setzero_ps();                                                               \
+                for (; s < ns && sup_chunks(j->K, s) == 8; s++) dot_z(DT, wr, s, j->act, j->ab, j->K, 1, &a1); \
+                acc[0] = a1;                                                                                   \
+            } else {                                                                                           \
+                for (int64_t r = 0; r < j->R; r++) acc[r] = _mm256_setzero_ps();                               \
+                for (; s < ns && sup_chunks(j->K, s) == 8; s++) dot_z(DT, wr, s, j->act, j->ab, j->K, j->R, acc); \
+            }                                                                                                  \
+            for (; s < ns; s++) {                                                                              \
+                unpack_avx2(DT, wr, s, sup_chunks(j->K, s), &u, false);                                        \
+                for (int64_t r = 0; r < j->R; r++)                                                             \
+                    acc[r] = dot_nat_vnni(DT, &u, act_of(j->act + (size_t)r * j->ab, j->K), s, acc[r]);        \
+            }                                                                                                  \
+            for (int64_t r = 0; r < j->R; r++) j->out[r * j->ldo + n] = hsum8(acc[r]);                         \
+        }                                                                                                      \
+    }
+TQ_ZCOLS(z_vnni_q8_0, TIDE_Q8_0)
+TQ_ZCOLS(z_vnni_q4_k, TIDE_Q4_K)
+TQ_ZCOLS(z_vnni_q5_k, TIDE_Q5_K)
+TQ_ZCOLS(z_vnni_q6_k, TIDE_Q6_K)
 
 /* il: the interleaved layout (prefill), else the element order (decode). */
 static void cols_x86(tq_path p, bool il, const tq_job *j) {
     bool v = p == TQ_VNNI;
     switch (j->dt) {
-    case TIDE_Q8_0: (il ? v ? cols_vnni_q8_0 : cols_avx2_q8_0 : v ? nat_vnni_q8_0 : nat_avx2_q8_0)(j); break;
+    case TIDE_Q8_0: (il ? v ? cols_vnni_q8_0 : cols_avx2_q8_0 : v ? z_vnni_q8_0 : nat_avx2_q8_0)(j); break;
     case TIDE_Q4_0: (il ? v ? cols_vnni_q4_0 : cols_avx2_q4_0 : v ? nat_vnni_q4_0 : nat_avx2_q4_0)(j); break;
-    case TIDE_Q4_K: (il ? v ? cols_vnni_q4_k : cols_avx2_q4_k : v ? nat_vnni_q4_k : nat_avx2_q4_k)(j); break;
-    case TIDE_Q5_K: (il ? v ? cols_vnni_q5_k : cols_avx2_q5_k : v ? nat_vnni_q5_k : nat_avx2_q5_k)(j); break;
-    case TIDE_Q6_K: (il ? v ? cols_vnni_q6_k : cols_avx2_q6_k : nat_avx2_q6_k)(j); break;
+    case TIDE_Q4_K: (il ? v ? cols_vnni_q4_k : cols_avx2_q4_k : v ? z_vnni_q4_k : nat_avx2_q4_k)(j); break;
+    case TIDE_Q5_K: (il ? v ? cols_vnni_q5_k : cols_avx2_q5_k : v ? z_vnni_q5_k : nat_avx2_q5_k)(j); break;
+    case TIDE_Q6_K: (il ? v ? cols_vnni_q6_k : cols_avx2_q6_k : v ? z_vnni_q6_k : nat_avx2_q6_k)(j); break;
     default: break;
     }
 }
