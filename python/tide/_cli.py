@@ -73,10 +73,11 @@ def _failure(cmd: str, rc: int, stderr: str) -> Error:
     global _STATUS_NAMES
     if _STATUS_NAMES is None:
         _STATUS_NAMES = {_lib.lib.tide_status_str(s).decode(): s for s in range(_lib.E_BUSY + 1)}
-    lines = [ln for ln in stderr.splitlines() if ln.startswith("tide") and not ln.startswith("Try 'tide")]
-    msg = lines[-1] if lines else (stderr.strip() or "tide %s failed with exit status %d" % (cmd, rc))
+    lines = [ln for ln in stderr.splitlines() if ln.startswith(("tide", cmd + ":")) and not ln.startswith("Try '")]
+    # a usage error may come after getopt's own line ("unrecognized option '--x'"): both are kept
+    msg = "; ".join(lines) if lines else (stderr.strip() or "tide %s failed with exit status %d" % (cmd, rc))
     status = _lib.E_INVALID
-    m = _TAIL.match(msg)
+    m = _TAIL.match(lines[-1]) if lines else None
     if rc == 1 and m and m.group(2) in _STATUS_NAMES:
         status = _STATUS_NAMES[m.group(2)]
     elif rc not in (1, 2):
@@ -102,8 +103,10 @@ def _stop(p: subprocess.Popen) -> None:
 
 
 def _run_json(cmd: str, args: List[str], on_line: Optional[Callable[[Dict[str, Any]], None]] = None):
-    """Runs `tide CMD ARGS --json --quiet`; returns its JSON objects."""
-    p = subprocess.Popen([executable(), cmd] + args + ["--json", "--quiet"], stdout=subprocess.PIPE,
+    """Runs `tide CMD ARGS --json` (and --quiet: no progress lines, for
+    train); returns the JSON objects it printed."""
+    quiet = ["--quiet"] if cmd == "train" else []
+    p = subprocess.Popen([executable(), cmd] + args + ["--json"] + quiet, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     objs: List[Dict[str, Any]] = []
     try:
