@@ -46,13 +46,17 @@ case "$mode" in
   build) ;;
   run) exec "$build/tide" run "$@" ;;
   test)
-    # the `openai` client for cli_serve's check of tide serve against it and
-    # the `gguf` reader for cli_quantize's check of the files tide writes, in
-    # a virtual environment of the build's own (best effort: without a
-    # package index those checks say they were skipped)
-    if [ ! -x "$build/pyenv/bin/python3" ] || ! "$build/pyenv/bin/python3" -c 'import openai, gguf' 2>/dev/null; then
-      { python3 -m venv "$build/pyenv" && "$build/pyenv/bin/python3" -m pip install --quiet openai gguf; } >/dev/null 2>&1 ||
-        echo "setup: openai and gguf could not be installed into $build/pyenv; cli_serve and cli_quantize skip their checks by them" >&2
+    # the `openai` client for cli_serve's check of tide serve against it, the
+    # `gguf` reader for cli_quantize's check of the files tide writes, and
+    # numpy, pytest and scikit-build-core for the Python package's tests
+    # (python_api, python_wheel), in a virtual environment of the build's own
+    # (best effort: without a package index those checks say they were skipped)
+    if [ ! -x "$build/pyenv/bin/python3" ] ||
+       ! "$build/pyenv/bin/python3" -c 'import openai, gguf, numpy, pytest, scikit_build_core' 2>/dev/null; then
+      { python3 -m venv "$build/pyenv" &&
+        "$build/pyenv/bin/python3" -m pip install --quiet openai gguf numpy pytest scikit-build-core; } >/dev/null 2>&1 ||
+        echo "setup: openai, gguf, numpy, pytest and scikit-build-core could not be installed into $build/pyenv;" \
+             "cli_serve, cli_quantize, python_api and python_wheel skip their checks by them" >&2
     fi
     cd "$build" && exec ctest --output-on-failure -j "$jobs" "$@" ;;
   *) echo "usage: scripts/setup.sh [build|run|test] [args]" >&2; exit 2 ;;
