@@ -1702,7 +1702,8 @@ typedef struct tide_trainer tide_trainer;
  * (parameters, master weights, moments and the step count are left as they
  * are; the gradients are computed and dropped): *loss the mean cross-entropy
  * over the batch's targets that are not ignored (0 when none), *n_targets
- * their count. For validation losses. */
+ * their count. For validation losses. The measured timeline of the last
+ * run (tide_trainer_write_trace) is then the evaluation's. */
 tide_status tide_trainer_eval(tide_trainer *t, const int32_t *tokens, const int32_t *targets, double *loss,
                               int64_t *n_targets);
 

@@ -818,7 +818,7 @@ static int train_loop(train_job *j) {
         }
         if (st.replan) j->refit = st;
         j->last = st;
-        if (j->eval && ((a->eval_every && (s + 1) % a->eval_every == 0) || s + 1 == a->steps)) {
+        if (j->eval && a->eval_every && (s + 1) % a->eval_every == 0 && s + 1 < a->steps) {
             int rc = validate(j, s + 1);
             if (rc) return rc;
         }
@@ -835,6 +835,11 @@ static int train_loop(train_job *j) {
     if ((a->trace || a->trace_svg) && tide_trainer_steps(j->tr) > s0 &&
         tide_trainer_write_trace(j->tr, a->trace, a->trace_svg))
         return cli_fail(j->ctx, "writing the trace");
+    /* after the trace: it is of the last step, not of a validation */
+    if (j->eval && tide_trainer_steps(j->tr) > s0) {
+        int rc = validate(j, tide_trainer_steps(j->tr));
+        if (rc) return rc;
+    }
     if (a->out) return save(j, "saving the checkpoint");
     return 0;
 }
