@@ -30,6 +30,9 @@ expect 0 "tokenize --out (.jsonl)" -- "$TIDE" tokenize --model "$M" --file "$FX/
 contains "$TMP/out" "6 documents" "document count"
 expect 0 "tokenize --out (.txt)" -- "$TIDE" tokenize --model "$M" --file "$FX/docs.txt" --out "$TMP/txt.u16"
 expect 0 "tokenize --out (.npy)" -- "$TIDE" tokenize --model "$M" --file "$FX/docs.jsonl" --out "$TMP/docs.npy"
+expect 0 "tokenize --out (u32)" -- "$TIDE" tokenize --model "$M" --file "$FX/docs.jsonl" --out "$TMP/docs.u32" \
+    --data-dtype u32
+contains "$TMP/out" "train with --data-dtype u32" "u32 output says how to train on it"
 if cmp -s "$TMP/docs.u16" "$TMP/txt.u16"; then PASSES=$((PASSES + 1)); else
     echo "FAIL: the .txt and the .jsonl give different token files"; FAILS=$((FAILS + 1)); fi
 losses() { grep '"step"' "$TMP/out" | grep -v '"eval"' | sed -e 's/.*"loss":\([^,]*\),.*"grad_norm":\([^,]*\),.*/\1 \2/'; }
@@ -41,7 +44,10 @@ for f in docs.u16 docs.npy; do
     expect 0 "train on $f" -- "$TIDE" train "${run[@]}" --seq 16 --steps 4 --shuffle 3 --data "$TMP/$f"
     losses >"$TMP/$f.loss"
 done
-for f in docs.txt docs.u16 docs.npy; do
+expect 0 "train on docs.u32" -- "$TIDE" train "${run[@]}" --seq 16 --steps 4 --shuffle 3 --data "$TMP/docs.u32" \
+    --data-dtype u32
+losses >"$TMP/docs.u32.loss"
+for f in docs.txt docs.u16 docs.npy docs.u32; do
     if [ -s "$TMP/$f.loss" ] && cmp -s "$TMP/docs.jsonl.loss" "$TMP/$f.loss"; then PASSES=$((PASSES + 1)); else
         echo "FAIL: docs.jsonl and $f train different steps"; paste "$TMP/docs.jsonl.loss" "$TMP/$f.loss" | head -4
         FAILS=$((FAILS + 1)); fi

@@ -103,7 +103,14 @@ static int write_tokens(const char *model, const char *file, const char *out, ti
         const tide_tokens *tk = tide_dataset_tokens(d);
         tide_dataset_info in;
         tide_dataset_info_get(d, &in);
-        printf("wrote %lld tokens of %lld documents to %s\n", (long long)tide_tokens_count(tk), (long long)in.rows, out);
+        bool wide = dt == TIDE_TOKENS_U32;
+        for (int64_t i = 0; !wide && dt == TIDE_TOKENS_AUTO && i < tide_tokens_count(tk); i++)
+            wide = tide_tokens_at(tk, i) > 65535;
+        size_t n = strlen(out);
+        bool npy = n >= 4 && !strcmp(out + n - 4, ".npy");
+        printf("wrote %lld tokens of %lld documents to %s (%s%s)\n", (long long)tide_tokens_count(tk),
+               (long long)in.rows, out, npy ? ".npy, " : "", wide ? npy ? "<u4" : "u32: train with --data-dtype u32"
+                                                                  : npy ? "<u2" : "u16");
     }
     tide_dataset_free(d);
     tide_tokenizer_free(t);
