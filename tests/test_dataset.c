@@ -17,6 +17,8 @@
  *     ignore_index) within 1e-5 of PyTorch's losses and gradient norms, the
  *     first step's gradients within 1e-4 of the largest, the target counts
  *     exact; --train-on all trains on every token but the padding;
+ *   - every chat family (--template): the trained tokens of each conversation
+ *     hold every assistant message and no user or system message;
  *   - evaluation: tide_trainer_eval's loss is the step's loss on the same
  *     batch, and it changes no state (the next step is the same bits as a
  *     trainer that never evaluated);
@@ -339,6 +341,46 @@ static void test_eval_changes_nothing(void **state) {
     tide_dataset_free(d);
 }
 
+/* Every chat family: the trained ids of each conversation decode to a text
+ * that holds every assistant message and no user or system message. */
+static void test_chat_families(void **state) {
+    (void)state;
+    const char *families[] = {"llama2", "llama3", "chatml", "mistral", "zephyr", "gemma"};
+    char *js = slurp(path_of("chat.jsonl"));
+    assert_non_null(js);
+    for (size_t f = 0; f < sizeof families / sizeof *families; f++) {
+        tide_dataset_opts o = {.seq = 512, .chat_template = families[f]};
+        tide_dataset *d = NULL;
+        if (tide_dataset_open(ctx, path_of("chat.jsonl"), tok, 384, TIDE_TOKENS_AUTO, &o, &d, NULL))
+            fail_msg("%s: %s", families[f], tide_ctx_last_error(ctx));
+        tide_batch_spec one = {.batch = 1, .seq = 512, .accum = 1};
+        assert_int_equal(tide_dataset_eval_batches(d, &one), 5);
+        const char *line = js;
+        for (int k = 0; k < 5; k++, line = strchr(line, '\n') + 1) {
+            int32_t in[512], tg[512], ids[512];
+            size_t n = 0, len = 0;
+            assert_int_equal(tide_dataset_eval_batch(d, &one, k, 0, in, tg), TIDE_OK);
+            for (int t = 0; t < 512; t++)
+                if (tg[t] >= 0) ids[n++] = tg[t];
+            char text[4096];
+            assert_int_equal(tide_tokenizer_decode(tok, ids, n, 0, text, sizeof text, &len), TIDE_OK);
+            cJSON *row = cJSON_ParseWithOpts(line, NULL, false);
+            const cJSON *m;
+            cJSON_ArrayForEach(m, cJSON_GetObjectItem(row, "messages")) {
+                const char *role = cJSON_GetObjectItem(m, "role")->valuestring;
+                const char *content = cJSON_GetObjectItem(m, "content")->valuestring;
+                bool in_text = strstr(text, content) != NULL;
+                if (in_text != !strcmp(role, "assistant"))
+                    fail_msg("%s, conversation %d: the %s message '%s' is%s among the trained tokens ('%s')",
+                             families[f], k, role, content, in_text ? "" : " not", text);
+            }
+            cJSON_Delete(row);
+        }
+        tide_dataset_free(d);
+    }
+    free(js);
+}
+
 /* ---------------------------------------------------------------- bad input */
 
 static void expect_bad(const char *name, const char *text, const char *needle) {
@@ -405,7 +447,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_documents_stream),     cmocka_unit_test(test_documents_as_token_file),
         cmocka_unit_test(test_prompt_completion),    cmocka_unit_test(test_chat),
-        cmocka_unit_test(test_eval_changes_nothing), cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_eval_changes_nothing), cmocka_unit_test(test_chat_families),
+        cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
