@@ -68,6 +68,12 @@ contains "$TMP/out" "4 examples" "the header counts the examples kept"
 contains "$TMP/out" "2 truncated, 1 left out" "the header counts those truncated and left out"
 contains "$TMP/out" "padding" "the header gives the padding"
 
+expect 0 "chat, --template zephyr" -- "$TIDE" train "${run[@]}" --steps 1 --template zephyr --data "$FX/chat.jsonl"
+expect 1 "chat, an unknown --template" -- "$TIDE" train "${run[@]}" --steps 1 --template nosuch \
+    --data "$FX/chat.jsonl"
+contains "$TMP/err" "chat.jsonl:1: a \"messages\" row needs a chat template: unknown chat template 'nosuch'" \
+    "unknown template named"
+
 # validation
 expect 0 "--eval-split --eval-every" -- "$TIDE" train "${run[@]}" --steps 4 --eval-split 0.34 --eval-every 2 \
     --data "$FX/pc.jsonl"
