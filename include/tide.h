@@ -276,9 +276,11 @@ const char *tide_role_name(tide_role r);
  *                to the master rounded to its dtype. The gradient is first
  *                scaled by min(1, max_norm / (sqrt(sumsq) + 1e-6)), the global
  *                clipping of torch.nn.utils.clip_grad_norm_ (max_norm 0: none).
- *                hyper = {lr, lr / (1 - beta1^t), sqrt(1 - beta2^t), unused},
+ *                hyper = {lr, lr / (1 - beta1^t), sqrt(1 - beta2^t), gs},
  *                t the step from 1, the second (torch's step size) formed in
- *                double and rounded once. [beta1, beta2, adam_eps,
+ *                double and rounded once; gs > 0 multiplies the gradient
+ *                before the clipping (whose norm is then gs * sqrt(sumsq)),
+ *                0 is 1, gs < 0 skips the update (nothing is written). [beta1, beta2, adam_eps,
  *                weight_decay, max_norm]
  */
 typedef enum tide_op_kind {
@@ -1598,6 +1600,113 @@ tide_status tide_tokens_batch(const tide_tokens *tk, const tide_batch_spec *spec
 tide_status tide_tokens_write_synthetic(tide_ctx *ctx, const char *path, tide_token_dtype dt, int64_t vocab,
                                         int64_t n_tokens, uint64_t seed);
 
+/* Training data sets: a token file (above), or text through the model's
+ * tokenizer: JSON Lines (a name ending in ".jsonl") or plain text (".txt",
+ * one document a line). A JSON line is an object with
+ *   "text": a plain document;
+ *   "prompt" and "completion": one example, the completion its answer;
+ *   "messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...],
+ *               one chat example rendered with the model's chat template
+ *               (tide_chat_format; family named or detected).
+ * Lines with only white space are skipped. Plain documents and examples do
+ * not mix in one file.
+ *
+ * Plain documents become exactly the token stream a token file would hold:
+ * for each in file order, encode(text, TIDE_TOKENIZE_ADD_SPECIAL) (the BOS
+ * where the tokenizer adds one), then the EOS where the tokenizer names one
+ * (unless its template already appends it), concatenated; batches are that
+ * stream's windows (tide_tokens_batch), so a .jsonl and a .bin of the same
+ * ids train the same steps.
+ *
+ * Examples are one per row, right-padded: row b of micro-batch m of step s
+ * holds example g mod N in order, g = (s * accum + m) * B + b, or a uniform
+ * draw from the seed as the window sampler makes (shuffled). Its first
+ * min(L, T + 1) ids e give inputs e[0..L'-1) and targets e[1..L'), the rest of
+ * the row padding (inputs: the EOS id, or 0; targets -1, ignored). Causal
+ * attention keeps each example's attention inside itself exactly, so no mask
+ * is needed. Targets are ignored (-1) outside the completion: a
+ * prompt/completion example is encode(prompt, ADD_SPECIAL) + encode(completion)
+ * + EOS, trained on the completion and the EOS; a chat example is its
+ * rendering cut where each message begins, each piece encoded on its own
+ * (no ADD_SPECIAL: the template writes the BOS), trained on each assistant
+ * message as the template renders it after the assistant header (its end of
+ * turn included). With train_on_all every target is trained. An example longer
+ * than T + 1 ids is truncated (counted); one left with no trained target is
+ * dropped (counted). */
+typedef struct tide_dataset tide_dataset;
+typedef struct tide_tokenizer tide_tokenizer; /* the text section's */
+
+typedef struct tide_dataset_opts {
+    int seq;                    /* T >= 1, the rows' tokens; 0 (text only): read to be
+                                   written (tide_dataset_write_tokens), never batched:
+                                   nothing truncated or left out */
+    bool train_on_all;          /* examples: a target on every token, not only on the
+                                   completion or the assistant's messages */
+    const char *chat_template;  /* a family name (tide_chat_template_names), NULL:
+                                   detected from the tokenizer */
+    double eval_split;          /* [0, 0.5]: that fraction of the rows (documents or
+                                   examples, at least one when > 0), the last in the
+                                   file, kept apart as the evaluation set */
+} tide_dataset_opts;
+
+typedef struct tide_dataset_info {
+    bool examples;              /* rows are examples (else a token stream) */
+    int64_t rows;               /* documents or examples */
+    int64_t tokens;             /* ids in the stream, or in the examples as kept */
+    int64_t targets;            /* examples: the targets trained on (not ignored) */
+    int64_t truncated;          /* examples cut to T + 1 ids */
+    int64_t dropped;            /* examples left with no trained target */
+    int64_t skipped_lines;      /* blank lines */
+    double pad_fraction;        /* examples: of the row positions, the share that
+                                   is padding (each example taken once) */
+} tide_dataset_info;
+
+/* Opens a data set for rows of o->seq tokens. A path ending in ".jsonl" or
+ * ".txt" is text: tok (its tokenizer; NULL is TIDE_E_INVALID "needs the
+ * model's tokenizer") encodes it and every id must be below vocab; anything
+ * else is a token file (tide_tokens_open with dt; tok unused; no eval_split).
+ * With eval_split > 0, *eval receives the evaluation set (else NULL; eval may
+ * be NULL when eval_split is 0). Errors name the file and, for a bad line,
+ * its number: malformed JSON, not an object, no known field, a field of the
+ * wrong type, an unknown role, the chat template refusing the conversation;
+ * an empty file or set (TIDE_E_FORMAT); a stream too short for one window;
+ * the tokenizer's failures. Nothing is returned on failure. */
+tide_status tide_dataset_open(tide_ctx *ctx, const char *path, tide_tokenizer *tok, int64_t vocab,
+                              tide_token_dtype dt, const tide_dataset_opts *o, tide_dataset **out,
+                              tide_dataset **eval);
+void tide_dataset_free(tide_dataset *d);
+void tide_dataset_info_get(const tide_dataset *d, tide_dataset_info *out);
+/* The token stream of a data set of documents or of a token file (NULL for
+ * examples), valid while d lives. */
+const tide_tokens *tide_dataset_tokens(const tide_dataset *d);
+/* Fills inputs and targets (B, T) for micro-batch micro of step, as
+ * tide_tokens_batch for a stream, the rows above for examples; spec->seq must
+ * be the data set's T. */
+tide_status tide_dataset_batch(const tide_dataset *d, const tide_batch_spec *spec, int64_t step, int micro,
+                               int32_t *inputs, int32_t *targets);
+/* Evaluation: every row once, in order, batch * accum rows a batch: a
+ * stream's windows at 0, T, 2T, ... (floor((n - 1) / T) of them), or the
+ * examples; rows past the last padded with ignored targets. The number of
+ * batches, and batch i's micro-batch micro. */
+int64_t tide_dataset_eval_batches(const tide_dataset *d, const tide_batch_spec *spec);
+tide_status tide_dataset_eval_batch(const tide_dataset *d, const tide_batch_spec *spec, int64_t i, int micro,
+                                    int32_t *inputs, int32_t *targets);
+/* Writes a stream's ids to path as a token file tide_tokens_open reads (raw
+ * u16, u32 when dt is TIDE_TOKENS_U32 or AUTO with an id above 65535, or .npy
+ * when path ends in ".npy"), whole or not at all. TIDE_E_INVALID for a data
+ * set of examples (a token file holds no masks) or u16 with a larger id. */
+tide_status tide_dataset_write_tokens(const tide_dataset *d, const char *path, tide_token_dtype dt);
+
+typedef struct tide_trainer tide_trainer;
+/* Runs the step graph on a batch as tide_trainer_step does, with no update
+ * (parameters, master weights, moments and the step count are left as they
+ * are; the gradients are computed and dropped): *loss the mean cross-entropy
+ * over the batch's targets that are not ignored (0 when none), *n_targets
+ * their count. For validation losses. The measured timeline of the last
+ * run (tide_trainer_write_trace) is then the evaluation's. */
+tide_status tide_trainer_eval(tide_trainer *t, const int32_t *tokens, const int32_t *targets, double *loss,
+                              int64_t *n_targets);
+
 /* ---------------------------------------------------------------- training */
 
 /* A trainer: the training-step graph of a checkpoint's model (see
@@ -1716,6 +1825,8 @@ typedef struct tide_train_stats {
                                     host's), the updates on the host before the refit
                                     (optimizer_host_groups: after it); -1: the first
                                     placement kept */
+    int64_t n_targets;           /* the step's targets that are not ignored (the
+                                    loss is their mean) */
 } tide_train_stats;
 
 /* How far a measured offloaded step may be from its plan's prediction,
@@ -1725,7 +1836,11 @@ typedef struct tide_train_stats {
 
 /* Takes one step on accum micro-batches of (batch, seq) tokens: tokens and
  * targets hold accum * batch * seq ids each, micro-batch by micro-batch,
- * batch-major (a target < 0 is ignored). The first step plans and verifies.
+ * batch-major. A target < 0 is ignored: the step's loss is the sum of the
+ * cross-entropies of the n targets that are not, over the whole step (every
+ * micro-batch), divided by n (torch's cross_entropy(ignore_index=-100,
+ * reduction="sum") / n), and the gradients (clipped on their norm) are those of
+ * that loss; n = 0 is TIDE_E_INVALID. The first step plans and verifies.
  * Returns TIDE_OK, TIDE_E_RANGE (an id outside the vocabulary), or the
  * failure of planning or running (the parameters are then not updated
  * consistently: discard the trainer). */

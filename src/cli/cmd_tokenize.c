@@ -15,6 +15,8 @@
 static const char help[] =
     "Usage: tide tokenize --model DIR|FILE.gguf [--json] [--no-bos]\n"
     "                     [--no-parse-special] [--file F | TEXT]\n"
+    "       tide tokenize --model DIR --file DATA.jsonl|DATA.txt --out FILE\n"
+    "                     [--data-dtype u16|u32]\n"
     "\n"
     "Encodes TEXT (or the bytes of file F, exactly; '-' reads standard input) with\n"
     "the tokenizer of a Hugging Face model directory (tokenizer.json, with\n"
@@ -33,6 +35,16 @@ static const char help[] =
     "                      (tokenizer.json's post-processor template: usually BOS)\n"
     "  --no-parse-special  read special-token text in the input (\"<|eot_id|>\",\n"
     "                      \"<s>\") as ordinary text, not as the special token\n"
+    "  --out FILE          write the token stream of a data set of documents (a\n"
+    "                      .jsonl of {\"text\": ...} lines or a .txt, one document\n"
+    "                      a line) to FILE: the ids tide train --data takes from\n"
+    "                      the text itself (each document: BOS where the\n"
+    "                      tokenizer adds one, its ids, EOS), as raw little-endian\n"
+    "                      u16 (u32 with --data-dtype u32 or when an id needs it;\n"
+    "                      train then with --data-dtype u32) or a .npy when FILE\n"
+    "                      ends in .npy; written whole or not at all. A bad line\n"
+    "                      is named by its number\n"
+    "  --data-dtype D      with --out: u16 or u32\n"
     "\n"
     "Supported: BPE tokenizers, byte-level (GPT-2, Llama 3, Qwen2) and\n"
     "SentencePiece-style (Llama 2, TinyLlama, Mistral); in GGUF files the \"llama\"\n"
@@ -70,14 +82,53 @@ static int print_json(const tide_tokenizer *t, const int32_t *ids, size_t n) {
     return 0;
 }
 
+/* tokenize --out: a data set of documents as a token file. */
+static int write_tokens(const char *model, const char *file, const char *out, tide_token_dtype dt) {
+    tide_ctx *ctx = tide_ctx_new();
+    if (!ctx) return 1;
+    tide_tokenizer *t = NULL;
+    tide_dataset *d = NULL;
+    int rc = 0;
+    tide_dataset_opts o = {.seq = 0}; /* read to be written */
+    if (tide_tokenizer_open(ctx, model, &t)) rc = cli_fail(ctx, "tokenizer");
+    else if (strlen(file) < 4 || (strcmp(file + strlen(file) - 4, ".txt") &&
+                                  (strlen(file) < 6 || strcmp(file + strlen(file) - 6, ".jsonl")))) {
+        fprintf(stderr, "tide: tokenize: --out needs a .jsonl or .txt --file, not %s\n", file);
+        rc = 2;
+    } else if (tide_dataset_open(ctx, file, t, tide_tokenizer_n_vocab(t), TIDE_TOKENS_AUTO, &o, &d, NULL)) {
+        rc = cli_fail(ctx, "reading the data");
+    } else if (tide_dataset_write_tokens(d, out, dt)) {
+        rc = cli_fail(ctx, "writing the token file");
+    } else {
+        const tide_tokens *tk = tide_dataset_tokens(d);
+        tide_dataset_info in;
+        tide_dataset_info_get(d, &in);
+        bool wide = dt == TIDE_TOKENS_U32;
+        for (int64_t i = 0; !wide && dt == TIDE_TOKENS_AUTO && i < tide_tokens_count(tk); i++)
+            wide = tide_tokens_at(tk, i) > 65535;
+        size_t n = strlen(out);
+        bool npy = n >= 4 && !strcmp(out + n - 4, ".npy");
+        printf("wrote %lld tokens of %lld documents to %s (%s%s)\n", (long long)tide_tokens_count(tk),
+               (long long)in.rows, out, npy ? ".npy, " : "", wide ? npy ? "<u4" : "u32: train with --data-dtype u32"
+                                                                  : npy ? "<u2" : "u16");
+    }
+    tide_dataset_free(d);
+    tide_tokenizer_free(t);
+    tide_ctx_free(ctx);
+    return rc;
+}
+
 int cmd_tokenize(int argc, char **argv) {
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'}, {"file", required_argument, 0, 'f'},
         {"json", no_argument, 0, 'j'},        {"no-bos", no_argument, 0, 'B'},
         {"no-parse-special", no_argument, 0, 'S'}, {"help", no_argument, 0, 'h'},
+        {"out", required_argument, 0, 'o'},   {"data-dtype", required_argument, 0, 'D'},
         {0, 0, 0, 0},
     };
-    const char *model = NULL, *file = NULL;
+    const char *model = NULL, *file = NULL, *out = NULL;
+    tide_token_dtype dt = TIDE_TOKENS_AUTO;
+    bool have_dt = false;
     bool json = false;
     unsigned flags = TIDE_TOKENIZE_ADD_SPECIAL;
     optind = 1;
@@ -89,11 +140,24 @@ int cmd_tokenize(int argc, char **argv) {
         case 'j': json = true; break;
         case 'B': flags &= ~(unsigned)TIDE_TOKENIZE_ADD_SPECIAL; break;
         case 'S': flags |= TIDE_TOKENIZE_SPECIAL_AS_TEXT; break;
+        case 'o': out = optarg; break;
+        case 'D':
+            if (!strcmp(optarg, "u16")) dt = TIDE_TOKENS_U16;
+            else if (!strcmp(optarg, "u32")) dt = TIDE_TOKENS_U32;
+            else return cli_usage_error("tokenize", "bad --data-dtype '%s' (u16 or u32)", optarg);
+            have_dt = true;
+            break;
         case 'h': fputs(help, stdout); return 0;
         default: return cli_usage_error("tokenize", "unknown option");
         }
     }
     if (!model) return cli_usage_error("tokenize", "--model is required");
+    if (have_dt && !out) return cli_usage_error("tokenize", "--data-dtype is for --out");
+    if (out) {
+        if (!file || optind != argc) return cli_usage_error("tokenize", "--out writes the tokens of --file DATA.jsonl "
+                                                            "or DATA.txt (and takes no text)");
+        return write_tokens(model, file, out, dt);
+    }
     if (file && optind != argc) return cli_usage_error("tokenize", "give either --file or a text, not both");
     if (!file && optind != argc - 1)
         return cli_usage_error("tokenize", "one text is required (quote it), or --file F");

@@ -17,6 +17,8 @@
 
 static const char help[] =
     "Usage: tide train [--model DIR] [--data FILE] [--data-dtype u16|u32] [--steps N]\n"
+    "                  [--train-on completion|all] [--template NAME] [--eval FILE]\n"
+    "                  [--eval-split X] [--eval-every N]\n"
     "                  [--batch B] [--seq T] [--accum N] [--lr X] [--min-lr X]\n"
     "                  [--warmup N] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]\n"
     "                  [--grad-clip X] [--shuffle SEED]\n"
@@ -28,14 +30,16 @@ static const char help[] =
     "                  [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--threads N]\n"
     "                  [--json] [--quiet]\n"
     "\n"
-    "Trains a LLaMA-style model with AdamW on a flat file of token ids. Each step\n"
-    "runs --accum micro-batches of --batch rows of --seq tokens (forward, then\n"
-    "backward, adding into the gradients), clips the gradients' global norm and\n"
-    "updates every parameter; f32 master weights and moments are kept for 16-bit\n"
-    "models. The step is one graph run through a verified plan: without a budget\n"
-    "an unconstrained one; with --budget, one that pages parameters, optimizer\n"
-    "state, gradients and activations between a device arena of that size, host\n"
-    "memory and SSD, and computes exactly what the unconstrained step computes.\n"
+    "Trains a LLaMA-style model with AdamW on a flat file of token ids, or on text\n"
+    "(documents, prompt/completion or chat examples; docs/training.md, section 6,\n"
+    "Datasets). Each step runs --accum micro-batches of --batch rows of --seq\n"
+    "tokens (forward, then backward, adding into the gradients), clips the\n"
+    "gradients' global norm and updates every parameter; f32 master weights and\n"
+    "moments are kept for 16-bit models. The step is one graph run through a\n"
+    "verified plan: without a budget an unconstrained one; with --budget, one\n"
+    "that pages parameters, optimizer state, gradients and activations between a\n"
+    "device arena of that size, host memory and SSD, and computes exactly what\n"
+    "the unconstrained step computes.\n"
     "\n"
     "With no --model and no --data it demonstrates training: the built-in\n"
     "tinyllama-mini model (tinyllama-1.1b's shape cut to 4 layers of width 256\n"
@@ -51,8 +55,38 @@ static const char help[] =
     "                      train.bin), uint32 with --data-dtype u32, or a 1-D\n"
     "                      integer .npy. Micro-batch m of step s, row b reads the\n"
     "                      T+1 tokens at ((((s*accum)+m)*B + b)*T) mod (n - T - 1):\n"
-    "                      inputs its first T, targets its last T\n"
-    "  --shuffle SEED      draw window starts from a generator seeded with SEED\n"
+    "                      inputs its first T, targets its last T.\n"
+    "                      Or text through the model's tokenizer: FILE.jsonl\n"
+    "                      (one JSON object a line: {\"text\": ...} documents,\n"
+    "                      {\"prompt\": ..., \"completion\": ...} or {\"messages\":\n"
+    "                      [{\"role\": \"system\"|\"user\"|\"assistant\", \"content\":\n"
+    "                      ...}]} examples, chat rendered with the model's chat\n"
+    "                      template) or FILE.txt (one document a line). Documents\n"
+    "                      become the token stream a token file would hold (each:\n"
+    "                      BOS where the tokenizer adds one, its ids, EOS), cut\n"
+    "                      into windows as above. Examples are one per row,\n"
+    "                      right-padded (causal attention keeps each inside\n"
+    "                      itself; padding is not trained), truncated to T+1\n"
+    "                      tokens (a warning counts them); row b of micro-batch m\n"
+    "                      of step s holds example ((s*accum)+m)*B + b mod N. The\n"
+    "                      loss is the mean over the step's trained targets (the\n"
+    "                      sum over all its micro-batches over their count)\n"
+    "  --train-on WHAT     examples: completion (default: the loss only on the\n"
+    "                      completion and its EOS, or the assistant's messages) or\n"
+    "                      all (every token)\n"
+    "  --template NAME     the chat template family of \"messages\" rows (default:\n"
+    "                      detected from the tokenizer's chat template)\n"
+    "  --eval FILE         a validation set (any --data format): its loss, the mean\n"
+    "                      over all its targets (windows at 0, T, 2T, ... of a\n"
+    "                      stream; each example once), printed every --eval-every\n"
+    "                      steps and after the last (the step graph run without\n"
+    "                      the update)\n"
+    "  --eval-split X      keep the last fraction X (0 < X <= 0.5) of the rows\n"
+    "                      (documents or examples) of a .jsonl/.txt --data apart\n"
+    "                      as the validation set\n"
+    "  --eval-every N      validate every N steps (default: only after the last)\n"
+    "  --shuffle SEED      draw window starts (examples) from a generator seeded\n"
+    "                      with SEED\n"
     "  --steps N           total optimizer steps (default 100; 40 in the\n"
     "                      demonstration); a resumed run continues to N\n"
     "  --batch B           rows per micro-batch (default 4)\n"
@@ -142,6 +176,10 @@ static const char help[] =
 
 typedef struct train_args {
     const char *model, *data, *budget, *policy, *ssd, *hw, *out, *resume, *trace, *trace_svg, *optimizer;
+    const char *eval, *chat_template;
+    bool train_on_all;
+    double eval_split;
+    long eval_every;
     tide_token_dtype data_dtype;
     long steps, batch, seq, accum, warmup, save_every, threads;
     double lr, min_lr, wd, beta1, beta2, eps, clip;
@@ -162,7 +200,10 @@ typedef struct train_job {
     tide_checkpoint *ck;
     tide_backend *be;
     tide_trainer *tr, *ref;       /* ref: the unconstrained run of --check */
-    tide_tokens *tok;
+    tide_dataset *data, *eval;
+    tide_tokenizer *tokenizer;
+    double eval_loss;             /* the last validation (eval_n > 0) */
+    int64_t eval_n;
     int32_t *inputs, *targets;
     char model_dir[PATH_MAX], data_path[PATH_MAX];
     bool check_ok;
@@ -195,6 +236,9 @@ static const struct option train_options[] = {
     {"matmul", required_argument, 0, 'M'},
     {"threads", required_argument, 0, 'T'},     {"json", no_argument, 0, 'j'},
     {"quiet", no_argument, 0, 'q'},             {"help", no_argument, 0, 'h'},
+    {"train-on", required_argument, 0, 256},    {"template", required_argument, 0, 257},
+    {"eval", required_argument, 0, 258},        {"eval-split", required_argument, 0, 259},
+    {"eval-every", required_argument, 0, 260},
     {0, 0, 0, 0},
 };
 
@@ -318,6 +362,19 @@ static int parse_option(int c, train_job *j, seen_opts *seen) {
         if (cli_parse_int(optarg, 1, 4096, &a->threads)) BAD("--threads");
         break;
     case 'F': a->no_refit = true; break;
+    case 256:
+        if (!strcmp(optarg, "all")) a->train_on_all = true;
+        else if (!strcmp(optarg, "completion")) a->train_on_all = false;
+        else return cli_usage_error("train", "bad --train-on '%s' (completion or all)", optarg);
+        break;
+    case 257: a->chat_template = optarg; break;
+    case 258: a->eval = optarg; break;
+    case 259:
+        if (cli_parse_double(optarg, 1e-9, 0.5, &a->eval_split)) BAD("--eval-split");
+        break;
+    case 260:
+        if (cli_parse_int(optarg, 1, 1L << 40, &a->eval_every)) BAD("--eval-every");
+        break;
     case 'j': a->json = true; break;
     case 'q': a->quiet = true; break;
     case 'h': fputs(help, stdout); return 0;
@@ -369,6 +426,9 @@ static int parse_args(int argc, char **argv, train_job *j) {
         return cli_usage_error("train", "--policy zero-offload runs every AdamW update on the host CPU: no "
                                "--optimizer device with it");
     if (a->save_every && !a->out) return cli_usage_error("train", "--save-every needs --out");
+    if (a->eval && a->eval_split > 0) return cli_usage_error("train", "give --eval FILE or --eval-split X, not both");
+    if (a->eval_every && !a->eval && !(a->eval_split > 0))
+        return cli_usage_error("train", "--eval-every needs --eval FILE or --eval-split X");
     if (a->have_min_lr && a->min_lr > a->lr)
         return cli_usage_error("train", "--min-lr %g is above --lr %g", a->min_lr, a->lr);
     j->off.policy = a->policy;
@@ -484,6 +544,43 @@ static int check_out(const char *out) {
     return 0;
 }
 
+static bool is_text(const char *path) {
+    size_t n = path ? strlen(path) : 0;
+    return (n >= 6 && !strcmp(path + n - 6, ".jsonl")) || (n >= 4 && !strcmp(path + n - 4, ".txt"));
+}
+
+/* The training data and the validation set; text needs mdir's tokenizer. */
+static int open_data(train_job *j, const char *mdir, const char *data) {
+    const train_args *a = &j->a;
+    const tide_llama_config *cfg = tide_checkpoint_config(j->ck);
+    if ((is_text(data) || is_text(a->eval)) && tide_tokenizer_open(j->ctx, mdir, &j->tokenizer)) {
+        fprintf(stderr, "tide: train: %s is text: it is encoded with the model's tokenizer, and %s has none that can "
+                "be read (%s): give a token file (tide tokenize --out)\n", is_text(data) ? data : a->eval, mdir,
+                tide_ctx_last_error(j->ctx));
+        return 1;
+    }
+    tide_dataset_opts o = {.seq = (int)a->seq, .train_on_all = a->train_on_all, .chat_template = a->chat_template,
+                           .eval_split = a->eval_split};
+    if (tide_dataset_open(j->ctx, data, j->tokenizer, cfg->vocab_size, a->data_dtype, &o, &j->data, &j->eval))
+        return cli_fail(j->ctx, "training data");
+    o.eval_split = 0;
+    if (a->eval && tide_dataset_open(j->ctx, a->eval, j->tokenizer, cfg->vocab_size, a->data_dtype, &o, &j->eval, NULL))
+        return cli_fail(j->ctx, "validation data");
+    const tide_dataset *sets[2] = {j->data, j->eval};
+    for (int k = 0; k < 2; k++) {
+        tide_dataset_info in;
+        if (!sets[k]) continue;
+        tide_dataset_info_get(sets[k], &in);
+        if (in.truncated)
+            fprintf(stderr, "tide: train: warning: %lld of the %s examples are longer than --seq %ld + 1 tokens: "
+                    "truncated\n", (long long)in.truncated, k ? "validation" : "training", a->seq);
+        if (in.dropped)
+            fprintf(stderr, "tide: train: warning: %lld %s examples have no trained token within --seq %ld + 1 "
+                    "tokens: left out\n", (long long)in.dropped, k ? "validation" : "training", a->seq);
+    }
+    return 0;
+}
+
 static int open_all(train_job *j) {
     const train_args *a = &j->a;
     int rc;
@@ -513,8 +610,7 @@ static int open_all(train_job *j) {
         if (a->resume && tide_trainer_resume(j->ref, a->resume)) return cli_fail(j->ctx, "resuming");
     }
     /* the data last: a state that does not belong to the model is named first */
-    if (tide_tokens_open(j->ctx, data, a->data_dtype, cfg->vocab_size, a->seq, &j->tok))
-        return cli_fail(j->ctx, "training data");
+    if ((rc = open_data(j, mdir, data))) return rc;
     size_t n = (size_t)a->accum * (size_t)a->batch * (size_t)a->seq;
     j->inputs = malloc(n * sizeof *j->inputs);
     j->targets = malloc(n * sizeof *j->targets);
@@ -525,6 +621,21 @@ static int open_all(train_job *j) {
     return 0;
 }
 
+static void print_data(const char *label, const char *path, const tide_dataset *d, bool shuffle) {
+    tide_dataset_info in;
+    tide_dataset_info_get(d, &in);
+    const tide_tokens *tk = tide_dataset_tokens(d);
+    if (!in.examples)
+        printf("%-10s %s (%lld tokens, %s%s%s)\n", label, path, (long long)tide_tokens_count(tk),
+               tide_tokens_dtype_name(tk), in.rows > 1 || in.skipped_lines ? ", from text" : "",
+               shuffle ? ", shuffled" : ", in order");
+    else
+        printf("%-10s %s (%lld examples, %lld tokens, %lld trained; %lld truncated, %lld left out; padding %.1f%% "
+               "of the row positions%s)\n", label, path, (long long)in.rows - in.dropped, (long long)in.tokens,
+               (long long)in.targets, (long long)in.truncated, (long long)in.dropped, 100 * in.pad_fraction,
+               shuffle ? ", shuffled" : "");
+}
+
 static void print_header(const train_job *j) {
     const train_args *a = &j->a;
     const tide_llama_config *cfg = tide_checkpoint_config(j->ck);
@@ -532,8 +643,8 @@ static void print_header(const train_job *j) {
     printf("model      %s (%s, %d layers, %s, %.1fM parameters)\n",
            a->demo ? j->model_dir : a->model ? a->model : a->resume, cfg->name, cfg->num_hidden_layers,
            tide_dtype_name(cfg->dtype), (double)tide_llama_config_params(cfg) / 1e6);
-    printf("data       %s (%lld tokens, %s, %s)\n", a->demo ? j->data_path : a->data,
-           (long long)tide_tokens_count(j->tok), tide_tokens_dtype_name(j->tok), a->shuffle ? "shuffled" : "in order");
+    print_data("data", a->demo ? j->data_path : a->data, j->data, a->shuffle);
+    if (j->eval) print_data("eval", a->eval ? a->eval : "the last rows of the data", j->eval, false);
     printf("step       batch %ld x seq %ld x accum %ld = %ld tokens; AdamW lr %g%s, betas %g/%g, eps %g, "
            "weight decay %g, clip %g\n", a->batch, a->seq, a->accum, a->batch * a->seq * a->accum, a->lr,
            a->have_min_lr ? " cosine" : "", a->beta1, a->beta2, a->eps, a->wd, a->clip);
@@ -548,6 +659,7 @@ static void print_step(const train_job *j, const tide_train_stats *s) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "step", (double)s->step);
         cJSON_AddNumberToObject(o, "loss", s->loss);
+        cJSON_AddNumberToObject(o, "targets", (double)s->n_targets);
         cJSON_AddNumberToObject(o, "grad_norm", s->grad_norm);
         cJSON_AddNumberToObject(o, "lr", s->lr);
         cJSON_AddNumberToObject(o, "tokens_per_s", s->tokens_per_s);
@@ -632,6 +744,36 @@ static int save(train_job *j, const char *what) {
     return 0;
 }
 
+/* The validation loss after step: the mean over every target of the
+ * validation set, batch by batch through the step graph without the update. */
+static int validate(train_job *j, int64_t step) {
+    const train_args *a = &j->a;
+    tide_batch_spec spec = {.batch = (int)a->batch, .seq = (int)a->seq, .accum = (int)a->accum};
+    size_t per = (size_t)a->batch * (size_t)a->seq;
+    double sum = 0;
+    int64_t n = 0, nb = tide_dataset_eval_batches(j->eval, &spec);
+    for (int64_t i = 0; i < nb; i++) {
+        for (int m = 0; m < a->accum; m++)
+            if (tide_dataset_eval_batch(j->eval, &spec, i, m, j->inputs + m * per, j->targets + m * per))
+                return cli_fail(j->ctx, "reading a validation batch");
+        double l;
+        int64_t k;
+        if (tide_trainer_eval(j->tr, j->inputs, j->targets, &l, &k)) return cli_fail(j->ctx, "validation");
+        sum += l * (double)k;
+        n += k;
+    }
+    j->eval_loss = n ? sum / (double)n : 0;
+    j->eval_n = n;
+    if (a->json) {
+        printf("{\"eval\":true,\"step\":%lld,\"eval_loss\":%.9g,\"eval_targets\":%lld}\n", (long long)step,
+               j->eval_loss, (long long)n);
+    } else if (!a->quiet) {
+        printf("eval  %5lld  loss %.4f  (%lld targets)\n", (long long)step, j->eval_loss, (long long)n);
+    }
+    fflush(stdout);
+    return 0;
+}
+
 static int train_loop(train_job *j) {
     const train_args *a = &j->a;
     tide_batch_spec spec = {.batch = (int)a->batch, .seq = (int)a->seq, .accum = (int)a->accum,
@@ -644,7 +786,7 @@ static int train_loop(train_job *j) {
                 (long long)s0, a->steps);
     for (int64_t s = s0; s < a->steps; s++) {
         for (int m = 0; m < a->accum; m++)
-            if (tide_tokens_batch(j->tok, &spec, s, m, j->inputs + m * per, j->targets + m * per))
+            if (tide_dataset_batch(j->data, &spec, s, m, j->inputs + m * per, j->targets + m * per))
                 return cli_fail(j->ctx, "reading a batch");
         tide_train_stats st, rs;
         tide_status e = tide_trainer_step(j->tr, j->inputs, j->targets, &st);
@@ -676,6 +818,10 @@ static int train_loop(train_job *j) {
         }
         if (st.replan) j->refit = st;
         j->last = st;
+        if (j->eval && a->eval_every && (s + 1) % a->eval_every == 0 && s + 1 < a->steps) {
+            int rc = validate(j, s + 1);
+            if (rc) return rc;
+        }
         if (a->save_every && (s + 1) % a->save_every == 0 && s + 1 < a->steps) {
             int rc = save(j, "saving a checkpoint");
             if (rc) return rc;
@@ -689,6 +835,11 @@ static int train_loop(train_job *j) {
     if ((a->trace || a->trace_svg) && tide_trainer_steps(j->tr) > s0 &&
         tide_trainer_write_trace(j->tr, a->trace, a->trace_svg))
         return cli_fail(j->ctx, "writing the trace");
+    /* after the trace: it is of the last step, not of a validation */
+    if (j->eval && tide_trainer_steps(j->tr) > s0) {
+        int rc = validate(j, tide_trainer_steps(j->tr));
+        if (rc) return rc;
+    }
     if (a->out) return save(j, "saving the checkpoint");
     return 0;
 }
@@ -738,6 +889,10 @@ static int summary(train_job *j) {
             cJSON_AddNullToObject(o, "refit");
         }
         if (a->check) cJSON_AddBoolToObject(o, "check_passed", j->check_ok);
+        if (j->eval_n) {
+            cJSON_AddNumberToObject(o, "eval_loss", j->eval_loss);
+            cJSON_AddNumberToObject(o, "eval_targets", (double)j->eval_n);
+        }
         char *js = cJSON_PrintUnformatted(o);
         if (js) puts(js);
         free(js);
@@ -770,6 +925,7 @@ static int summary(train_job *j) {
             printf("refit      none: the second step was within %.0f%% of its prediction\n",
                    100 * TIDE_TRAIN_REFIT_MARGIN);
         }
+        if (j->eval_n) printf("eval       final validation loss %.4f over %lld targets\n", j->eval_loss, (long long)j->eval_n);
         if (a->check)
             printf("check      %s\n", j->check_ok ? "passed: every loss and the final parameters, master weights and "
                                                     "moments bit-identical to the unconstrained run"
@@ -794,7 +950,9 @@ int cmd_train(int argc, char **argv) {
     }
     tide_trainer_free(j.tr);
     tide_trainer_free(j.ref);
-    tide_tokens_free(j.tok);
+    tide_dataset_free(j.data);
+    tide_dataset_free(j.eval);
+    tide_tokenizer_free(j.tokenizer);
     tide_backend_free(j.be);
     tide_checkpoint_free(j.ck);
     tide_ctx_free(j.ctx);

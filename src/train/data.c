@@ -37,6 +37,7 @@ struct tide_tokens {
     int64_t n;
     id_type type;
     char dtype_name[32];
+    uint32_t *owned; /* ids held in memory (data_tokens_from_ids), else NULL */
 };
 
 typedef unsigned __int128 u128;
@@ -275,9 +276,12 @@ static bool ends_with(const char *s, const char *suffix) {
 void tide_tokens_free(tide_tokens *tk) {
     if (!tk) return;
     if (tk->map) munmap((void *)tk->map, (size_t)tk->map_size);
+    tide_free(tk->owned);
     tide_free(tk->path);
     tide_free(tk);
 }
+
+static tide_status tokens_check(tide_ctx *ctx, const char *path, int64_t vocab, int64_t seq, tide_tokens *tk);
 
 static tide_status tokens_open(tide_ctx *ctx, const char *path, tide_token_dtype dt, int64_t vocab, int64_t seq,
                                tide_tokens *tk) {
@@ -322,13 +326,20 @@ static tide_status tokens_open(tide_ctx *ctx, const char *path, tide_token_dtype
         tk->ids = tk->map;
         tk->n = (int64_t)(size / isz);
     }
+    (void)madvise((void *)tk->map, (size_t)tk->map_size, MADV_SEQUENTIAL);
+    s = tokens_check(ctx, path, vocab, seq, tk);
+    (void)madvise((void *)tk->map, (size_t)tk->map_size, MADV_NORMAL);
+    return s;
+}
+
+/* Refuses tk when it is too short for one window or holds an id outside
+ * [0, vocab). */
+static tide_status tokens_check(tide_ctx *ctx, const char *path, int64_t vocab, int64_t seq, tide_tokens *tk) {
     if (tk->n < seq + 2)
         return tide_err(ctx, TIDE_E_FORMAT,
                         "%s: too short for one window: %lld tokens, sequence length %lld needs at least %lld", path,
                         (long long)tk->n, (long long)seq, (long long)(seq + 2));
-    (void)madvise((void *)tk->map, (size_t)tk->map_size, MADV_SEQUENTIAL);
     int64_t bad = first_bad(tk->ids, tk->type, tk->n, vocab);
-    (void)madvise((void *)tk->map, (size_t)tk->map_size, MADV_NORMAL);
     if (bad >= 0) {
         char v[32];
         if (tk->type == ID_U64) {
@@ -344,6 +355,38 @@ static tide_status tokens_open(tide_ctx *ctx, const char *path, tide_token_dtype
     return TIDE_OK;
 }
 
+static tide_tokens *tokens_new(tide_ctx *ctx, const char *path) {
+    tide_tokens *tk = tide_calloc(1, sizeof *tk);
+    if (!tk || !(tk->path = tide_strdup(path))) {
+        tide_free(tk);
+        return NULL;
+    }
+    tk->ctx = ctx;
+    return tk;
+}
+
+tide_status data_tokens_from_ids(tide_ctx *ctx, const char *name, uint32_t *ids, int64_t n, int64_t vocab, int64_t seq,
+                                 tide_tokens **out) {
+    *out = NULL;
+    tide_tokens *tk = tokens_new(ctx, name);
+    if (!tk) {
+        tide_free(ids);
+        return tide_err(ctx, TIDE_E_NOMEM, "%s: out of memory", name);
+    }
+    tk->owned = ids;
+    tk->ids = (const unsigned char *)ids;
+    tk->n = n;
+    tk->type = ID_U32;
+    snprintf(tk->dtype_name, sizeof tk->dtype_name, "%s", id_name[ID_U32]);
+    tide_status s = tokens_check(ctx, name, vocab, seq, tk);
+    if (s) {
+        tide_tokens_free(tk);
+        return s;
+    }
+    *out = tk;
+    return TIDE_OK;
+}
+
 tide_status tide_tokens_open(tide_ctx *ctx, const char *path, tide_token_dtype dt, int64_t vocab, int64_t seq,
                              tide_tokens **out) {
     if (!out) return tide_err(ctx, TIDE_E_INVALID, "tokens_open: NULL out");
@@ -355,12 +398,8 @@ tide_status tide_tokens_open(tide_ctx *ctx, const char *path, tide_token_dtype d
         return tide_err(ctx, TIDE_E_INVALID, "%s: sequence length %lld out of [1, 2^31)", path, (long long)seq);
     if (dt != TIDE_TOKENS_AUTO && dt != TIDE_TOKENS_U16 && dt != TIDE_TOKENS_U32)
         return tide_err(ctx, TIDE_E_INVALID, "%s: unknown token dtype %d", path, (int)dt);
-    tide_tokens *tk = tide_calloc(1, sizeof *tk);
-    if (!tk || !(tk->path = tide_strdup(path))) {
-        tide_free(tk);
-        return tide_err(ctx, TIDE_E_NOMEM, "%s: out of memory opening the token file", path);
-    }
-    tk->ctx = ctx;
+    tide_tokens *tk = tokens_new(ctx, path);
+    if (!tk) return tide_err(ctx, TIDE_E_NOMEM, "%s: out of memory opening the token file", path);
     tide_status s = tokens_open(ctx, path, dt, vocab, seq, tk);
     if (s) {
         tide_tokens_free(tk);
@@ -451,6 +490,20 @@ tide_status tide_tokens_batch(const tide_tokens *tk, const tide_batch_spec *spec
     return TIDE_OK;
 }
 
+/* A .npy 1.0 header of n ids, '<u4' (wide) or '<u2'. */
+static void npy_write_header(FILE *fp, bool wide, int64_t n_ids) {
+    char h[128];
+    int n = snprintf(h, sizeof h, "{'descr': '%s', 'fortran_order': False, 'shape': (%lld,), }", wide ? "<u4" : "<u2",
+                     (long long)n_ids);
+    int total = (10 + n + 1 + 63) / 64 * 64; /* magic, version, length, dict, '\n' */
+    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)((total - 10) & 0xff),
+                             (unsigned char)((total - 10) >> 8)};
+    fwrite(pre, 1, sizeof pre, fp);
+    fwrite(h, 1, (size_t)n, fp);
+    for (int i = 10 + n; i < total - 1; i++) fputc(' ', fp);
+    fputc('\n', fp);
+}
+
 /* ---------------------------------------------------------------- synthetic */
 
 /* The chain: successor k (0..3) of id c, and the choice at position i. */
@@ -473,18 +526,7 @@ tide_status tide_tokens_write_synthetic(tide_ctx *ctx, const char *path, tide_to
     tide_atomic_file af;
     tide_status st = tide_file_begin(ctx, "token file", path, &af);
     if (st) return st;
-    if (npy) {
-        char h[128];
-        int n = snprintf(h, sizeof h, "{'descr': '%s', 'fortran_order': False, 'shape': (%lld,), }",
-                         wide ? "<u4" : "<u2", (long long)n_tokens);
-        int total = (10 + n + 1 + 63) / 64 * 64; /* magic, version, length, dict, '\n' */
-        unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)((total - 10) & 0xff),
-                                 (unsigned char)((total - 10) >> 8)};
-        fwrite(pre, 1, sizeof pre, af.fp);
-        fwrite(h, 1, (size_t)n, af.fp);
-        for (int i = 10 + n; i < total - 1; i++) fputc(' ', af.fp);
-        fputc('\n', af.fp);
-    }
+    if (npy) npy_write_header(af.fp, wide, n_tokens);
     enum { CHUNK = 1 << 15 };
     size_t isz = wide ? 4 : 2;
     unsigned char *buf = tide_malloc(CHUNK * isz);
@@ -505,5 +547,28 @@ tide_status tide_tokens_write_synthetic(tide_ctx *ctx, const char *path, tide_to
         fwrite(buf, isz, (size_t)n, af.fp); /* a short write leaves ferror set: commit reports it */
     }
     tide_free(buf);
+    return tide_file_commit(&af);
+}
+
+/* ---------------------------------------------------------------- data sets (data.h) */
+
+int64_t data_row_draw(const tide_batch_spec *spec, uint64_t n, int64_t step, int micro, int b) {
+    u128 g = global_row(spec, step, micro, b);
+    if (!spec->shuffle) return (int64_t)(uint64_t)(g % n);
+    tide_batch_spec in_order = *spec;
+    in_order.seq = 1; /* window_start's shuffled draw, uniform in [0, n) */
+    return window_start(&in_order, n, g);
+}
+
+tide_status data_write_ids(tide_ctx *ctx, const char *path, const int32_t *ids, int64_t n, bool wide) {
+    tide_atomic_file af;
+    tide_status st = tide_file_begin(ctx, "token file", path, &af);
+    if (st) return st;
+    if (ends_with(path, ".npy")) npy_write_header(af.fp, wide, n);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t v32 = (uint32_t)ids[i];
+        uint16_t v16 = (uint16_t)ids[i];
+        fwrite(wide ? (const void *)&v32 : (const void *)&v16, wide ? 4 : 2, 1, af.fp);
+    }
     return tide_file_commit(&af);
 }

@@ -620,18 +620,24 @@ static tide_status prepare(tide_trainer *t) {
 
 /* ---------------------------------------------------------------- steps */
 
-tide_status tide_trainer_step(tide_trainer *t, const int32_t *tokens, const int32_t *targets, tide_train_stats *out) {
+/* Binds a step's batch and runs the step graph once. The loss is normalised
+ * over the targets that are not ignored (< 0): the graph's cross-entropy is
+ * scaled by 1 / (B*T*accum), so the trainer multiplies the loss, and through
+ * hyper[3] the gradients the update uses, by B*T*accum / n (exactly 1 when no
+ * target is ignored). measure_only: hyper[3] < 0, no update (an evaluation). */
+static tide_status run_graph(tide_trainer *t, const int32_t *tokens, const int32_t *targets, bool measure_only,
+                             double *loss_out, int64_t *n_out, double *wall_out, tide_exec_stats *es) {
     tide_status st;
     if (t->failed)
         return tide_err(t->ctx, TIDE_E_INVALID, "an earlier step failed: the training state is not consistent");
-    bool first = !t->run;
-    if (first && (st = prepare(t))) {
+    if (!t->run && (st = prepare(t))) {
         t->failed = true;
         return st;
     }
     const tide_llama_train_opts *so = &t->o.step;
     const size_t R = (size_t)so->batch * (size_t)so->seq;
     const int64_t V = t->cfg.vocab_size;
+    int64_t n_valid = 0;
     for (size_t i = 0; i < R * (size_t)so->accum; i++) {
         if (tokens[i] < 0 || tokens[i] >= V)
             return tide_err(t->ctx, TIDE_E_RANGE, "token %d at index %zu is outside the vocabulary of %lld", tokens[i],
@@ -639,7 +645,10 @@ tide_status tide_trainer_step(tide_trainer *t, const int32_t *tokens, const int3
         if (targets[i] >= V)
             return tide_err(t->ctx, TIDE_E_RANGE, "target %d at index %zu is outside the vocabulary of %lld",
                             targets[i], i, (long long)V);
+        n_valid += targets[i] >= 0;
     }
+    if (!n_valid && !measure_only)
+        return tide_err(t->ctx, TIDE_E_INVALID, "every target of the step is ignored (< 0): nothing to learn from");
     for (int m = 0; m < so->accum; m++) {
         if ((st = tide_runner_bind_tensor(t->run, t->in_tok[m], (void *)(tokens + (size_t)m * R))) ||
             (st = tide_runner_bind_tensor(t->run, t->in_tgt[m], (void *)(targets + (size_t)m * R))))
@@ -647,35 +656,65 @@ tide_status tide_trainer_step(tide_trainer *t, const int32_t *tokens, const int3
     }
     double lr = tide_train_lr(&t->o, t->step);
     double k = (double)(t->step + 1);
+    double factor = n_valid ? (double)(R * (size_t)so->accum) / (double)n_valid : 0.0;
     t->hyper[0] = (float)lr;
     /* torch's step size: the f32 rate over the bias correction, in double */
     t->hyper[1] = (float)((double)t->hyper[0] / (1.0 - pow((double)so->beta1, k)));
     t->hyper[2] = (float)sqrt(1.0 - pow((double)so->beta2, k));
-    t->hyper[3] = 0;
-    tide_exec_stats es;
+    t->hyper[3] = measure_only ? -1.0f : (float)factor;
     double t0 = tide_now();
-    st = tide_runner_run(t->run, &es);
-    double wall = tide_now() - t0;
+    st = tide_runner_run(t->run, es);
+    *wall_out = tide_now() - t0;
     if (st) {
         t->failed = true;
         return st;
     }
-    t->runs++;
+    t->grad_scale = measure_only ? 0.0f : t->hyper[3];
     float loss = 0;
     for (int m = 0; m < so->accum; m++) loss += t->loss[m];
+    *loss_out = factor == 1.0 ? (double)loss : (double)loss * factor;
+    *n_out = n_valid;
+    return TIDE_OK;
+}
+
+tide_status tide_trainer_step(tide_trainer *t, const int32_t *tokens, const int32_t *targets, tide_train_stats *out) {
+    bool first = !t->run;
+    double loss, wall;
+    int64_t n_valid;
+    tide_exec_stats es;
+    tide_status st = run_graph(t, tokens, targets, false, &loss, &n_valid, &wall, &es);
+    if (st) return st;
+    const tide_llama_train_opts *so = &t->o.step;
+    const size_t R = (size_t)so->batch * (size_t)so->seq;
+    t->runs++;
     if (out) {
+        double gn = sqrt((double)t->sumsq);
         *out = (tide_train_stats){
-            .step = t->step, .loss = loss, .grad_norm = sqrt((double)t->sumsq), .lr = lr, .wall_s = wall,
-            .tokens_per_s = wall > 0 ? (double)(R * (size_t)so->accum) / wall : 0, .bytes_h2d = es.bytes_h2d,
+            .step = t->step, .loss = loss, .grad_norm = t->hyper[3] == 1.0f ? gn : gn * (double)t->hyper[3],
+            .lr = tide_train_lr(&t->o, t->step),
+            .wall_s = wall, .tokens_per_s = wall > 0 ? (double)(R * (size_t)so->accum) / wall : 0,
+            .bytes_h2d = es.bytes_h2d,
             .bytes_d2h = es.bytes_d2h, .bytes_ssd_read = es.bytes_ssd_read, .bytes_ssd_write = es.bytes_ssd_write,
             .peak_device_bytes = t->peak_device, .budget_bytes = t->arena_bytes, .predicted_s = t->predicted_s,
             .plan_s = first ? t->plan_s : 0, .optimizer_groups = t->optim_choice.n_groups,
             .optimizer_host_groups = t->optim_choice.n_host,
             .predicted_device_optimizer_s = t->optim_choice.n_host ? t->optim_choice.device_makespan_s : 0,
-            .refit_host_groups_before = -1};
+            .refit_host_groups_before = -1, .n_targets = n_valid};
     }
     train_refit_after_step(t, wall, out);
     t->step++;
+    return TIDE_OK;
+}
+
+tide_status tide_trainer_eval(tide_trainer *t, const int32_t *tokens, const int32_t *targets, double *loss,
+                              int64_t *n_targets) {
+    double l = 0, wall;
+    int64_t n = 0;
+    tide_exec_stats es;
+    tide_status st = run_graph(t, tokens, targets, true, &l, &n, &wall, &es);
+    if (st) return st;
+    if (loss) *loss = n ? l : 0.0;
+    if (n_targets) *n_targets = n;
     return TIDE_OK;
 }
 
@@ -691,6 +730,18 @@ tide_status train_read_tensor(tide_trainer *t, int i, void *dst) {
     }
     if (!t->run) return initial_value(t, i, dst);
     return read_home(t, i, dst);
+}
+
+/* A gradient as the last step's update used it: the graph's, of the loss
+ * over B*T*accum rows, times the step's factor (1 when no target was
+ * ignored). */
+static void scale_grad(const tide_trainer *t, int i, void *dst) {
+    const tide_tensor *x = &t->g->tensors[i];
+    if (x->role != TIDE_ROLE_OUTPUT || x->dtype != TIDE_F32 || t->grad_scale == 0.0f || t->grad_scale == 1.0f ||
+        tide_train_tensor_class(t->g, i) != TIDE_TRAIN_GRAD)
+        return;
+    float *f = dst;
+    for (uint64_t k = 0; k < x->nbytes / sizeof *f; k++) f[k] *= t->grad_scale;
 }
 
 tide_status tide_trainer_read(tide_trainer *t, const char *name, void *dst, uint64_t nbytes) {
@@ -714,6 +765,7 @@ tide_status tide_trainer_read(tide_trainer *t, const char *name, void *dst, uint
                                 (unsigned long long)nbytes);
             tide_status st = train_read_tensor(t, j, (char *)dst + at);
             if (st) return st;
+            scale_grad(t, j, (char *)dst + at);
             at += B->nbytes;
         }
         if (k > 0 && at != nbytes)
@@ -728,7 +780,9 @@ tide_status tide_trainer_read(tide_trainer *t, const char *name, void *dst, uint
     if (nbytes != t->g->tensors[i].nbytes)
         return tide_err(t->ctx, TIDE_E_INVALID, "'%s' has %llu bytes, not %llu", name,
                         (unsigned long long)t->g->tensors[i].nbytes, (unsigned long long)nbytes);
-    return train_read_tensor(t, i, dst);
+    tide_status st = train_read_tensor(t, i, dst);
+    if (!st) scale_grad(t, i, dst);
+    return st;
 }
 
 tide_status tide_trainer_write_trace(tide_trainer *t, const char *json_path, const char *svg_path) {

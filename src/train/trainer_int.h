@@ -53,6 +53,7 @@ struct tide_trainer {
     /* inputs and outputs */
     int32_t *pos;
     float hyper[4];
+    float grad_scale;             /* the last step's factor of the gradients (hyper[3]) */
     float *loss;                  /* per micro-batch */
     float sumsq;
     int *in_tok, *in_tgt;         /* tensor ids of tokens.M, targets.M */

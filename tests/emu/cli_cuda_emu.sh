@@ -143,6 +143,24 @@ TIDE_EMU_FAIL=hostreg:1 expect 0 "KV cache pinning refused" -- "$TIDE" run --mod
     --budget 50% --check "${HW[@]}"
 contains "$TMP/err" "KV cache's pinned allocation was refused (cache.0.k)" "notice names the cache buffer"
 contains "$TMP/out" "check      passed" "KV cache pinning refused: check passes"
+# training on chat examples (masked targets: the loss on the assistant's
+# tokens, tests/fixtures/dataset): resident on the GPU within 1e-4 of the
+# CPU's losses, offloaded bit for bit the resident GPU run
+DX=$TIDE_FIXTURES/dataset
+train=(train --model "$DX/model" --data "$DX/chat.jsonl" --batch 2 --seq 48 --steps 2 --json)
+expect 0 "masked training on the CPU" -- "$TIDE" "${train[@]}" --backend cpu
+grep '"step"' "$TMP/out" | sed -e 's/.*"loss":\([^,]*\),.*/\1/' >"$TMP/cpu.loss"
+expect 0 "masked training on the GPU" -- "$TIDE" "${train[@]}" --backend cuda --matmul f32
+grep '"step"' "$TMP/out" | sed -e 's/.*"loss":\([^,]*\),.*/\1/' >"$TMP/gpu.loss"
+if [ -s "$TMP/cpu.loss" ] && paste "$TMP/cpu.loss" "$TMP/gpu.loss" |
+    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4 * $1 || NF != 2) bad = 1 } END { exit bad }'; then
+    PASSES=$((PASSES + 1)); else
+    echo "FAIL: masked losses on the GPU $(tr '\n' ' ' <"$TMP/gpu.loss") vs the CPU's $(tr '\n' ' ' <"$TMP/cpu.loss")"
+    FAILS=$((FAILS + 1)); fi
+expect 0 "masked training offloaded on the GPU, checked" -- "$TIDE" "${train[@]}" --backend cuda --budget 40% \
+    --check "${HW[@]}"
+contains "$TMP/out" '"check_passed":true' "masked offloaded training bit-identical on the GPU"
+
 # a kernel faults mid-run: a clear error, no crash, whether issued ahead or not
 TIDE_EMU_FAIL=kernel:40 expect 1 "kernel fault, asynchronous issue" -- "$TIDE" run --model "$TMP/m" \
     --new-tokens 2 --budget 50% "${HW[@]}"

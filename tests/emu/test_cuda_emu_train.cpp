@@ -699,14 +699,17 @@ void test_adamw() {
         tide_dtype pdt;
         bool master;
         float beta1, wd, max_norm, sumsq;
+        float gs; /* hyper[3]: the gradients' factor (0: 1; < 0: no update) */
     } cs[] = {
         {TIDE_F32, false, 0.9f, 0.1f, 1.0f, 9.0f},  {TIDE_F32, true, 0.9f, 0.0f, 1.0f, 0.25f},
         {TIDE_BF16, true, 0.9f, 0.1f, 1.0f, 9.0f},  {TIDE_F16, true, 0.3f, 0.1f, 0.0f, 9.0f},
         {TIDE_BF16, true, 0.3f, 0.0f, 2.0f, 1e-8f}, {TIDE_F16, true, 0.9f, 0.01f, 1.0f, 0.0f},
+        {TIDE_BF16, true, 0.9f, 0.1f, 1.0f, 0.09f, 7.5f}, {TIDE_F32, false, 0.9f, 0.1f, 0.0f, 9.0f, 1.3f},
+        {TIDE_F32, true, 0.9f, 0.1f, 1.0f, 9.0f, -1.0f},
     };
     for (const C &c : cs) {
-        begin_case("%s%s beta1 %g wd %g max_norm %g sumsq %g", dtn(c.pdt), c.master ? " with master" : "", c.beta1, c.wd,
-                   c.max_norm, c.sumsq);
+        begin_case("%s%s beta1 %g wd %g max_norm %g sumsq %g gs %g", dtn(c.pdt), c.master ? " with master" : "",
+                   c.beta1, c.wd, c.max_norm, c.sumsq, c.gs);
         const size_t n = 70001;
         std::vector<float> p32 = frands(n), m = frands(n, 0.01f), v = frands(n, 1e-4f), g = frands(n, 0.1f);
         for (float &x : v) x = std::fabs(x);
@@ -726,8 +729,8 @@ void test_adamw() {
         }
         const double lr = 1e-3, b2 = 0.95, t = 3;
         const float hyper[4] = {(float)lr, (float)(lr / (1 - std::pow((double)c.beta1, t))),
-                                (float)std::sqrt(1 - std::pow(b2, t)), 0.0f};
-        tk_adamw_args a = {hyper[0], hyper[1], hyper[2], c.beta1, (float)b2, 1e-8f, c.wd, c.max_norm, c.sumsq};
+                                (float)std::sqrt(1 - std::pow(b2, t)), c.gs};
+        tk_adamw_args a = {hyper[0], hyper[1], hyper[2], c.beta1, (float)b2, 1e-8f, c.wd, c.max_norm, c.sumsq, c.gs};
         Bytes wparam = param;
         std::vector<float> wmaster = p32, wm = m, wv = v;
         tk_adamw(wparam.data(), c.pdt, c.master ? wmaster.data() : nullptr, wm.data(), wv.data(), g.data(), (int64_t)n,

@@ -493,7 +493,7 @@ static tide_status cpu_adamw(tide_ctx *ctx, int nt, const tide_graph *g, const t
                        .beta2 = p->beta2, .eps = p->adam_eps,
                        /* as is usual, decay only matrices: norms' weights and biases are 1-D */
                        .weight_decay = param->ndim >= 2 ? p->weight_decay : 0.0f, .max_norm = p->max_norm,
-                       .sumsq = *sumsq};
+                       .sumsq = *sumsq, .grad_scale = hyper[3]};
     tk_adamw(out[0], param->dtype, master ? out[1] : NULL, out[mi], out[mi + 1], in[mi + 2],
              tide_tensor_numel(param), &a, nt);
     return TIDE_OK;

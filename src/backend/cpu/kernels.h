@@ -324,6 +324,8 @@ typedef struct tk_adamw_args {
     float lr, step, bc2_sqrt; /* hyper[0..2] */
     float beta1, beta2, eps, weight_decay, max_norm;
     float sumsq;              /* the gradients' global sum of squares */
+    float grad_scale;         /* hyper[3]: the factor of the gradients (0 or 1:
+                                 none); < 0: no update at all */
 } tk_adamw_args;
 void tk_adamw(void *param, tide_dtype pdt, float *master, float *m, float *v, const float *grad, int64_t n,
               const tk_adamw_args *a, int nt);

@@ -566,11 +566,16 @@ TK_AVX2 static void adamw_range_avx2(const adamw_k *k, int64_t i0, int64_t i1) {
 void tk_adamw(void *param, tide_dtype pdt, float *master, float *m, float *v, const float *grad, int64_t n,
               const tk_adamw_args *a, int nt) {
     /* torch.nn.utils.clip_grad_norm_: f32 norm, coefficient clamped at 1 */
+    if (a->grad_scale < 0) return; /* a step that only measures its loss */
+    /* the gradients times gs (a masked step's count of targets), clipped on
+     * the norm of that; gs 1 is exactly the unscaled arithmetic */
+    const float gs = a->grad_scale > 0 ? a->grad_scale : 1.0f;
     float clip = 1.0f;
     if (a->max_norm > 0) {
-        float c = a->max_norm / (sqrtf(a->sumsq) + 1e-6f);
+        float c = a->max_norm / (sqrtf(a->sumsq) * gs + 1e-6f);
         clip = c > 1.0f ? 1.0f : c;
     }
+    clip *= gs;
     adamw_k k = {.clip = clip, .decay = (float)(1.0 - (double)a->lr * (double)a->weight_decay),
                  .w1 = (float)(1.0 - (double)a->beta1), .b2 = a->beta2, .omb2 = (float)(1.0 - (double)a->beta2),
                  .nstep = -a->step, .bc2s = a->bc2_sqrt, .eps = a->eps, .bf16 = pdt == TIDE_BF16,

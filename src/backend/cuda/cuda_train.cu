@@ -800,11 +800,14 @@ template <int PDT>
 __global__ void k_adamw(void *param, float *master, float *m, float *v, const float *grad, int64_t n,
                         const float *hyper, const float *sumsq, float beta1, float beta2, float eps, float wd,
                         float max_norm) {
+    if (hyper[3] < 0) return; /* a step that only measures its loss */
+    const float gs = hyper[3] > 0 ? hyper[3] : 1.0f;
     float clip = 1.0f;
     if (max_norm > 0) {
-        const float c = __fdiv_rn(max_norm, __fadd_rn(__fsqrt_rn(*sumsq), 1e-6f));
+        const float c = __fdiv_rn(max_norm, __fadd_rn(__fmul_rn(__fsqrt_rn(*sumsq), gs), 1e-6f));
         clip = c > 1.0f ? 1.0f : c;
     }
+    clip = __fmul_rn(clip, gs);
     const float lr = hyper[0], nstep = -hyper[1], bc2s = hyper[2];
     const float decay = (float)__dsub_rn(1.0, __dmul_rn((double)lr, (double)wd));
     const float w1 = (float)__dsub_rn(1.0, (double)beta1), w1m = __fsub_rn(w1, 1.0f);
