@@ -390,6 +390,7 @@ typedef struct fixture {
     int steps;
     uint16_t *data;
     size_t n_data;
+    char lora_init[1200];
 } fixture;
 
 static double jnum(const cJSON *o, const char *k) {
@@ -408,7 +409,10 @@ static void fixture_open(tide_ctx *ctx, fixture *f, const char *name) {
     f->exp = cJSON_Parse(txt);
     free(txt);
     assert_non_null(f->exp);
-    assert_int_equal(tide_checkpoint_open(ctx, f->dir, &f->ck), TIDE_OK);
+    /* a LoRA fixture trains the base of another fixture (base_dir) */
+    const cJSON *bd = cJSON_GetObjectItem(f->exp, "base_dir");
+    snprintf(path, sizeof path, "%s/%s", f->dir, cJSON_IsString(bd) ? bd->valuestring : ".");
+    assert_int_equal(tide_checkpoint_open(ctx, path, &f->ck), TIDE_OK);
     const cJSON *hp = cJSON_GetObjectItem(f->exp, "hparams");
     assert_non_null(hp);
     f->steps = (int)jnum(hp, "steps");
@@ -419,6 +423,21 @@ static void fixture_open(tide_ctx *ctx, fixture *f, const char *name) {
                  .weight_decay = (float)jnum(hp, "weight_decay"), .grad_clip = (float)jnum(hp, "grad_clip")},
         .lr = jnum(hp, "lr"), .min_lr = jnum(hp, "min_lr"), .cosine = true,
         .warmup = (int64_t)jnum(hp, "warmup_steps"), .total_steps = f->steps};
+    const cJSON *lo = cJSON_GetObjectItem(f->exp, "lora");
+    if (lo) { /* r, alpha and targets; the adapters start from the fixture's */
+        f->o.step.lora_r = (int)jnum(lo, "r");
+        f->o.step.lora_alpha = (float)jnum(lo, "alpha");
+        const cJSON *tg = cJSON_GetObjectItem(lo, "targets");
+        for (const cJSON *e = tg ? tg->child : NULL; e; e = e->next) {
+            unsigned b = 0;
+            tide_ctx *c2 = tide_ctx_new();
+            assert_int_equal(tide_lora_parse_targets(c2, e->valuestring, &b), TIDE_OK);
+            tide_ctx_free(c2);
+            f->o.step.lora_targets |= b;
+        }
+        snprintf(f->lora_init, sizeof f->lora_init, "%s/%s", f->dir, cJSON_GetObjectItem(lo, "init")->valuestring);
+        f->o.lora_init = f->lora_init;
+    }
     const cJSON *df = cJSON_GetObjectItem(f->exp, "data_file");
     snprintf(path, sizeof path, "%s/%s", f->dir, df && cJSON_IsString(df) ? df->valuestring : "data.u16");
     char *raw = NULL;
@@ -608,6 +627,19 @@ static void test_torch_bf16_gqa(void **state) {
     (void)state;
     run_fixture("train-bf16-gqa", 0);
 }
+/* LoRA (scripts/make_lora_fixture.py: PEFT's adapters on train-f32-gqa's
+ * frozen base, started from the fixture's adapter_init/): the same
+ * tolerances, over the adapters' losses, norms, step-1 gradients, final
+ * values and moments. */
+static void test_torch_lora(void **state) {
+    (void)state;
+    run_fixture("lora-f32-gqa", 0);
+}
+static void test_torch_lora_tiled(void **state) {
+    (void)state;
+    run_fixture_blocks("lora-f32-gqa", 1, 2);
+}
+
 static void test_torch_f32_tied(void **state) {
     (void)state;
     run_fixture("train-f32-tied", 0);
@@ -1069,6 +1101,7 @@ int main(void) {
         cmocka_unit_test(test_torch_f32_gqa),
         cmocka_unit_test(test_torch_bf16_gqa),
         cmocka_unit_test(test_torch_f32_tied),
+        cmocka_unit_test(test_torch_lora), cmocka_unit_test(test_torch_lora_tiled),
         cmocka_unit_test(test_torch_tiled), cmocka_unit_test(test_torch_vocab_blocks),
         cmocka_unit_test(test_offload_bit_identical),
         cmocka_unit_test(test_tide_recompute_bit_identical),
