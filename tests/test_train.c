@@ -949,6 +949,76 @@ static void test_tiled_budgets(void **state) {
  * round trip, and the plan that recomputes finishes first (the trace of the
  * step shows more COMPUTEs than the graph has ops); its steps are bit for
  * bit the resident ones. */
+/* LoRA offloaded: the persistent state is the adapters and their moments
+ * alone (no base weight, master or gradient among them; 3 x the adapters'
+ * bytes), and offloaded steps (every policy, 25% and the minimum budget,
+ * state on host and on SSD) are bit-identical to the unconstrained run.
+ * On the f32 fixture from its PEFT adapter, and on the bf16 base from
+ * tide's own initialisation (B zero). */
+static void lora_offload(const char *name) {
+    tide_ctx *ctx = tide_ctx_new();
+    fixture f;
+    fixture_open(ctx, &f, name);
+    if (f.o.step.lora_r == 0) f.o.step.lora_r = 4, f.o.step.lora_alpha = 8;
+    tide_backend *be = NULL;
+    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK);
+    const int steps = 3;
+    run_out ref, ref_tiled;
+    uint64_t state_bytes = 0;
+    resident_refs(ctx, &f, be, steps, &ref, &ref_tiled, &state_bytes);
+    const tide_llama_config *c = tide_checkpoint_config(f.ck);
+    const int64_t D = c->hidden_size, I = c->intermediate_size, hd = D / c->num_attention_heads;
+    const int64_t qd = c->num_attention_heads * hd, kd = c->num_key_value_heads * hd, r = f.o.step.lora_r;
+    /* r (K + N) per target: q, k, v, o, gate, up, down */
+    const int64_t per_layer = r * ((D + qd) + 2 * (D + kd) + (qd + D) + 3 * (D + I));
+    assert_int_equal(state_bytes, (uint64_t)(3 * 4 * per_layer * c->num_hidden_layers));
+    for (int i = 0; i < ref.n; i++) {
+        const char *n = ref.names[i];
+        if (strncmp(n, "base_model.model.", 17) && strncmp(n, "exp_avg.base_model.model.", 25) &&
+            strncmp(n, "exp_avg_sq.base_model.model.", 28))
+            fail_msg("%s: persistent tensor '%s' is not an adapter or its moment", name, n);
+    }
+    ref_cache refs = {.ctx = ctx, .f = &f, .be = be, .steps = steps};
+    static const char *const policies[] = {"tide", "static-layer", "checkpoint-layer", "zero-offload"};
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    int n_runs = 0;
+    for (int pi = 0; pi < 4; pi++)
+        for (int bi = 0; bi < 2; bi++)
+            for (int ssd = 0; ssd < 2; ssd++) {
+                tide_offload_opts off = {.policy = policies[pi], .hw = "h100-80g", .ssd_dirs = tmp};
+                off.budget_kind = bi ? TIDE_BUDGET_MIN : TIDE_BUDGET_FRACTION;
+                off.fraction = 0.25;
+                if (ssd) off.host_budget = state_bytes / 3;
+                char what[160];
+                snprintf(what, sizeof what, "%s LoRA: policy %s, budget %s, state on %s", name, policies[pi],
+                         bi ? "min" : "25%", ssd ? "SSD" : "host");
+                run_out o;
+                tide_status st = train_run(ctx, &f, be, &off, steps, NULL, NULL, 0, &o);
+                if (st == TIDE_E_INFEASIBLE && pi > 0 && !bi) {
+                    run_out_free(&o);
+                    continue;
+                }
+                if (st) fail_msg("%s: %s", what, tide_ctx_last_error(ctx));
+                assert_same(&o, o.tiles || o.vblocks ? ref_like(&refs, &o) : &ref, 0, steps, what);
+                run_out_free(&o);
+                n_runs++;
+            }
+    assert_true(n_runs >= 10);
+    ref_cache_free(&refs);
+    run_out_free(&ref);
+    run_out_free(&ref_tiled);
+    tide_backend_free(be);
+    fixture_close(&f);
+    tide_ctx_free(ctx);
+}
+
+static void test_lora_offload_bit_identical(void **state) {
+    (void)state;
+    lora_offload("lora-f32-gqa");
+    lora_offload("train-bf16-gqa");
+}
+
 static void test_tide_recompute_bit_identical(void **state) {
     (void)state;
     tide_ctx *ctx = tide_ctx_new();
@@ -1105,6 +1175,7 @@ int main(void) {
         cmocka_unit_test(test_torch_tiled), cmocka_unit_test(test_torch_vocab_blocks),
         cmocka_unit_test(test_offload_bit_identical),
         cmocka_unit_test(test_tide_recompute_bit_identical),
+        cmocka_unit_test(test_lora_offload_bit_identical),
         cmocka_unit_test(test_tiled_budgets),
         cmocka_unit_test(test_resume),
     };

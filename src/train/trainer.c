@@ -73,6 +73,13 @@ tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *b
     if (st) return st;
     /* the training graph's RoPE (and its backward) reads Hugging Face's q/k
      * order, and a save writes the rows as they are */
+    const tide_llama_config *ckc = tide_checkpoint_config(ck);
+    if (o->step.lora_r > 0 && ckc->qk_interleaved)
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "LoRA on a GGUF file is not supported (a quantized base, QLoRA, "
+                        "neither): train the adapters on the model's Hugging Face checkpoint (f32, f16 or bf16)");
+    if (o->step.lora_r > 0 && (tide_dtype_is_quantized(ckc->dtype) || ckc->wtypes_set))
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "LoRA on a quantized base (QLoRA) is not supported: train the "
+                        "adapters on the model's f32, f16 or bf16 checkpoint");
     if (tide_checkpoint_config(ck)->qk_interleaved)
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "training a checkpoint whose q/k rows are in llama.cpp's order (a "
                         "GGUF file) is not supported: train its Hugging Face checkpoint");
