@@ -14,7 +14,9 @@
 # minimum is below full fine-tuning's minimum of the same step; --lora-init
 # from the written adapter starts where it ended; r <= 0, an unknown target,
 # --lora-alpha without a rank, a missing or malformed --lora-init and a
-# quantized (GGUF) base are refused with a message and no --out written.
+# quantized (GGUF) base are refused with a message and no --out written;
+# `tide plan --train --lora-r 16` of llama-7b has no masters, the adapters'
+# moments alone (320 MB) and a minimum budget below full fine-tuning's.
 # (The numbers against PyTorch + PEFT are test_train's test_torch_lora; that
 # PEFT itself loads the output is scripts/make_lora_fixture.py --check.)
 source "$(dirname "$0")/lib_cli.sh" "$1"
@@ -65,6 +67,19 @@ echo "minimum budget: LoRA r 4 $lora_min bytes, full fine-tuning $full_min"
 expect 0 "lora-init" -- "$TIDE" train "${RUN[@]}" --steps 1 --lora-init "$TMP/ad" --out "$TMP/ad2"
 expect 0 "lora-init keeps the targets" -- cmp <(names "$TMP/ad/adapter_model.safetensors") \
     <(names "$TMP/ad2/adapter_model.safetensors")
+
+# tide plan --train --lora-r: no masters, a smaller state and minimum than full fine-tuning's
+field() { grep -o "\"$1\":[0-9.e+]*" "$TMP/out" | tail -1 | cut -d: -f2; }
+expect 0 "plan full" -- "$TIDE" plan --config llama-7b --train --batch 1 --seq 512 --budget min --json
+full_min=$(field budget_bytes) full_mom=$(field moment_bytes)
+expect 0 "plan lora" -- "$TIDE" plan --config llama-7b --train --batch 1 --seq 512 --budget min --json --lora-r 16
+lora_min=$(field budget_bytes) lora_mom=$(field moment_bytes) lora_master=$(field master_bytes)
+echo "llama-7b plan --budget min: full $full_min bytes (moments $full_mom), LoRA r 16 $lora_min (moments $lora_mom)"
+# r 16 on every projection of 32 layers: 16 x (4 x 2 x 4096 + 3 x (4096 + 11008)) x 32 x 4 bytes x 2 moments
+[ "$lora_master" = 0 ] && [ "$lora_mom" = 319815680 ] && [ "$lora_min" -lt "$full_min" ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: LoRA plan: masters $lora_master, moments $lora_mom, minimum $lora_min vs $full_min"; FAILS=$((FAILS + 1)); }
+expect 2 "plan --lora-r without --train" -- "$TIDE" plan --config llama-7b --budget min --lora-r 16
+expect 2 "plan bad target" -- "$TIDE" plan --config llama-7b --train --budget min --lora-r 16 --lora-targets z
 
 # bad input: exit status, message, nothing written
 expect 2 "r 0" -- "$TIDE" train "${RUN[@]}" --lora-r 0 --out "$TMP/bad"
