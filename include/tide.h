@@ -535,7 +535,33 @@ typedef struct tide_llama_train_opts {
                           moments "master.NAME.vK", ...), homed at its rows of
                           NAME (tide_graph_tensor_home). The same step up to
                           f32 summation order in the loss */
+    /* LoRA (lora_r > 0): the base weights are frozen WEIGHTs (no gradient,
+     * master or moments) and each targeted projection W (N, K) of every
+     * layer gets f32 STATE adapters A (r, K) and B (N, r), named as PEFT
+     * saves them ("base_model.model.model.layers.L.self_attn.q_proj.lora_A.
+     * weight", ...): y = x W^T + (alpha / r) (x A^T) B^T. The scale is the
+     * INPUT "lora_scale" (r, r) = (alpha / r) I. AdamW runs over the
+     * adapters alone. */
+    int lora_r;
+    float lora_alpha;
+    unsigned lora_targets; /* TIDE_LORA_* bits; 0: all seven */
 } tide_llama_train_opts;
+/* LoRA targets, in the order of --lora-targets' names q,k,v,o,gate,up,down */
+#define TIDE_LORA_Q 1u
+#define TIDE_LORA_K 2u
+#define TIDE_LORA_V 4u
+#define TIDE_LORA_O 8u
+#define TIDE_LORA_GATE 16u
+#define TIDE_LORA_UP 32u
+#define TIDE_LORA_DOWN 64u
+#define TIDE_LORA_ALL 127u
+#define TIDE_LORA_N 7
+/* The PEFT module name of target i (0..TIDE_LORA_N-1: "q_proj", ...,
+ * "down_proj"), NULL past the last. */
+const char *tide_lora_target_name(int i);
+/* Parses a comma-separated list of q,k,v,o,gate,up,down (or their PEFT
+ * names q_proj, ...) into *bits; TIDE_E_INVALID naming an unknown one. */
+tide_status tide_lora_parse_targets(tide_ctx *ctx, const char *list, unsigned *bits);
 #define TIDE_VOCAB_BLOCKS_MAX 64
 
 /* Builds the graph of one training step. Tensors:
@@ -1738,6 +1764,12 @@ typedef struct tide_trainer_opts {
                                     saved states; a resume must feed the same) */
     uint64_t seed;
     bool sync_issue;             /* as tide_model_opts.sync_issue */
+    /* LoRA (step.lora_r > 0): the adapters start as PEFT initialises them,
+     * A Kaiming-uniform (bound 1/sqrt(K)) from a splitmix64 generator seeded
+     * by `seed` and the tensor's name, B zero; or from the PEFT adapter
+     * directory lora_init (adapter_model.safetensors; its r, alpha and
+     * targets must be step's: tide_lora_read_config reads them). */
+    const char *lora_init;
 } tide_trainer_opts;
 
 /* The defaults, filled in (size set), those of `tide train`: micro-batches of
@@ -1865,6 +1897,18 @@ const char *tide_trainer_tensor(const tide_trainer *t, int i, tide_dtype *dt, ui
  * leaves an existing dir as it was. */
 tide_status tide_trainer_save(tide_trainer *t, const char *dir, tide_dtype save_dtype, const char *const *extra,
                               int n_extra);
+/* LoRA: writes the adapters as PEFT saves them into dir (made if missing):
+ * adapter_model.safetensors (f32 lora_A / lora_B weights) and
+ * adapter_config.json (peft_type LORA, r, lora_alpha, target_modules,
+ * lora_dropout 0, bias none, task_type CAUSAL_LM), each file whole or not at
+ * all. TIDE_E_INVALID when t trains no adapters. */
+tide_status tide_trainer_save_lora(tide_trainer *t, const char *dir);
+/* Reads a PEFT adapter's adapter_config.json in dir: r, lora_alpha and
+ * target_modules (bits as tide_lora_parse_targets). TIDE_E_NOT_FOUND (no
+ * file), TIDE_E_FORMAT naming the bad field (not LORA, r <= 0, an unknown
+ * module, use_dora, a bias other than none, dropout != 0 is accepted: it is a
+ * training-time setting and steps here run without it). */
+tide_status tide_lora_read_config(tide_ctx *ctx, const char *dir, int *r, float *alpha, unsigned *targets);
 /* The step graph (for reports). The first step may replace it by its row
  * tiled form (tide_trainer_set_offload's tile): take it after that step. */
 const tide_graph *tide_trainer_graph(const tide_trainer *t);

@@ -390,6 +390,7 @@ typedef struct fixture {
     int steps;
     uint16_t *data;
     size_t n_data;
+    char lora_init[1200];
 } fixture;
 
 static double jnum(const cJSON *o, const char *k) {
@@ -408,7 +409,10 @@ static void fixture_open(tide_ctx *ctx, fixture *f, const char *name) {
     f->exp = cJSON_Parse(txt);
     free(txt);
     assert_non_null(f->exp);
-    assert_int_equal(tide_checkpoint_open(ctx, f->dir, &f->ck), TIDE_OK);
+    /* a LoRA fixture trains the base of another fixture (base_dir) */
+    const cJSON *bd = cJSON_GetObjectItem(f->exp, "base_dir");
+    snprintf(path, sizeof path, "%s/%s", f->dir, cJSON_IsString(bd) ? bd->valuestring : ".");
+    assert_int_equal(tide_checkpoint_open(ctx, path, &f->ck), TIDE_OK);
     const cJSON *hp = cJSON_GetObjectItem(f->exp, "hparams");
     assert_non_null(hp);
     f->steps = (int)jnum(hp, "steps");
@@ -419,6 +423,21 @@ static void fixture_open(tide_ctx *ctx, fixture *f, const char *name) {
                  .weight_decay = (float)jnum(hp, "weight_decay"), .grad_clip = (float)jnum(hp, "grad_clip")},
         .lr = jnum(hp, "lr"), .min_lr = jnum(hp, "min_lr"), .cosine = true,
         .warmup = (int64_t)jnum(hp, "warmup_steps"), .total_steps = f->steps};
+    const cJSON *lo = cJSON_GetObjectItem(f->exp, "lora");
+    if (lo) { /* r, alpha and targets; the adapters start from the fixture's */
+        f->o.step.lora_r = (int)jnum(lo, "r");
+        f->o.step.lora_alpha = (float)jnum(lo, "alpha");
+        const cJSON *tg = cJSON_GetObjectItem(lo, "targets");
+        for (const cJSON *e = tg ? tg->child : NULL; e; e = e->next) {
+            unsigned b = 0;
+            tide_ctx *c2 = tide_ctx_new();
+            assert_int_equal(tide_lora_parse_targets(c2, e->valuestring, &b), TIDE_OK);
+            tide_ctx_free(c2);
+            f->o.step.lora_targets |= b;
+        }
+        snprintf(f->lora_init, sizeof f->lora_init, "%s/%s", f->dir, cJSON_GetObjectItem(lo, "init")->valuestring);
+        f->o.lora_init = f->lora_init;
+    }
     const cJSON *df = cJSON_GetObjectItem(f->exp, "data_file");
     snprintf(path, sizeof path, "%s/%s", f->dir, df && cJSON_IsString(df) ? df->valuestring : "data.u16");
     char *raw = NULL;
@@ -608,6 +627,19 @@ static void test_torch_bf16_gqa(void **state) {
     (void)state;
     run_fixture("train-bf16-gqa", 0);
 }
+/* LoRA (scripts/make_lora_fixture.py: PEFT's adapters on train-f32-gqa's
+ * frozen base, started from the fixture's adapter_init/): the same
+ * tolerances, over the adapters' losses, norms, step-1 gradients, final
+ * values and moments. */
+static void test_torch_lora(void **state) {
+    (void)state;
+    run_fixture("lora-f32-gqa", 0);
+}
+static void test_torch_lora_tiled(void **state) {
+    (void)state;
+    run_fixture_blocks("lora-f32-gqa", 1, 2);
+}
+
 static void test_torch_f32_tied(void **state) {
     (void)state;
     run_fixture("train-f32-tied", 0);
@@ -917,6 +949,76 @@ static void test_tiled_budgets(void **state) {
  * round trip, and the plan that recomputes finishes first (the trace of the
  * step shows more COMPUTEs than the graph has ops); its steps are bit for
  * bit the resident ones. */
+/* LoRA offloaded: the persistent state is the adapters and their moments
+ * alone (no base weight, master or gradient among them; 3 x the adapters'
+ * bytes), and offloaded steps (every policy, 25% and the minimum budget,
+ * state on host and on SSD) are bit-identical to the unconstrained run.
+ * On the f32 fixture from its PEFT adapter, and on the bf16 base from
+ * tide's own initialisation (B zero). */
+static void lora_offload(const char *name) {
+    tide_ctx *ctx = tide_ctx_new();
+    fixture f;
+    fixture_open(ctx, &f, name);
+    if (f.o.step.lora_r == 0) f.o.step.lora_r = 4, f.o.step.lora_alpha = 8;
+    tide_backend *be = NULL;
+    assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
+    assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK);
+    const int steps = 3;
+    run_out ref, ref_tiled;
+    uint64_t state_bytes = 0;
+    resident_refs(ctx, &f, be, steps, &ref, &ref_tiled, &state_bytes);
+    const tide_llama_config *c = tide_checkpoint_config(f.ck);
+    const int64_t D = c->hidden_size, I = c->intermediate_size, hd = D / c->num_attention_heads;
+    const int64_t qd = c->num_attention_heads * hd, kd = c->num_key_value_heads * hd, r = f.o.step.lora_r;
+    /* r (K + N) per target: q, k, v, o, gate, up, down */
+    const int64_t per_layer = r * ((D + qd) + 2 * (D + kd) + (qd + D) + 3 * (D + I));
+    assert_int_equal(state_bytes, (uint64_t)(3 * 4 * per_layer * c->num_hidden_layers));
+    for (int i = 0; i < ref.n; i++) {
+        const char *n = ref.names[i];
+        if (strncmp(n, "base_model.model.", 17) && strncmp(n, "exp_avg.base_model.model.", 25) &&
+            strncmp(n, "exp_avg_sq.base_model.model.", 28))
+            fail_msg("%s: persistent tensor '%s' is not an adapter or its moment", name, n);
+    }
+    ref_cache refs = {.ctx = ctx, .f = &f, .be = be, .steps = steps};
+    static const char *const policies[] = {"tide", "static-layer", "checkpoint-layer", "zero-offload"};
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    int n_runs = 0;
+    for (int pi = 0; pi < 4; pi++)
+        for (int bi = 0; bi < 2; bi++)
+            for (int ssd = 0; ssd < 2; ssd++) {
+                tide_offload_opts off = {.policy = policies[pi], .hw = "h100-80g", .ssd_dirs = tmp};
+                off.budget_kind = bi ? TIDE_BUDGET_MIN : TIDE_BUDGET_FRACTION;
+                off.fraction = 0.25;
+                if (ssd) off.host_budget = state_bytes / 3;
+                char what[160];
+                snprintf(what, sizeof what, "%s LoRA: policy %s, budget %s, state on %s", name, policies[pi],
+                         bi ? "min" : "25%", ssd ? "SSD" : "host");
+                run_out o;
+                tide_status st = train_run(ctx, &f, be, &off, steps, NULL, NULL, 0, &o);
+                if (st == TIDE_E_INFEASIBLE && pi > 0 && !bi) {
+                    run_out_free(&o);
+                    continue;
+                }
+                if (st) fail_msg("%s: %s", what, tide_ctx_last_error(ctx));
+                assert_same(&o, o.tiles || o.vblocks ? ref_like(&refs, &o) : &ref, 0, steps, what);
+                run_out_free(&o);
+                n_runs++;
+            }
+    assert_true(n_runs >= 10);
+    ref_cache_free(&refs);
+    run_out_free(&ref);
+    run_out_free(&ref_tiled);
+    tide_backend_free(be);
+    fixture_close(&f);
+    tide_ctx_free(ctx);
+}
+
+static void test_lora_offload_bit_identical(void **state) {
+    (void)state;
+    lora_offload("lora-f32-gqa");
+    lora_offload("train-bf16-gqa");
+}
+
 static void test_tide_recompute_bit_identical(void **state) {
     (void)state;
     tide_ctx *ctx = tide_ctx_new();
@@ -1069,9 +1171,11 @@ int main(void) {
         cmocka_unit_test(test_torch_f32_gqa),
         cmocka_unit_test(test_torch_bf16_gqa),
         cmocka_unit_test(test_torch_f32_tied),
+        cmocka_unit_test(test_torch_lora), cmocka_unit_test(test_torch_lora_tiled),
         cmocka_unit_test(test_torch_tiled), cmocka_unit_test(test_torch_vocab_blocks),
         cmocka_unit_test(test_offload_bit_identical),
         cmocka_unit_test(test_tide_recompute_bit_identical),
+        cmocka_unit_test(test_lora_offload_bit_identical),
         cmocka_unit_test(test_tiled_budgets),
         cmocka_unit_test(test_resume),
     };

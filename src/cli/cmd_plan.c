@@ -18,6 +18,7 @@ static const char help[] =
     "                 --budget BYTES|PCT%|min [--hw PROFILE] [--policy P]\n"
     "                 [--host-budget BYTES] [--weights-on-ssd] [--tile auto|none|LEVEL]\n"
     "                 [--host-compute auto|off]\n"
+    "                 [--train --lora-r R [--lora-targets LIST]]\n"
     "                 [--json] [--trace FILE] [--out PLAN.json]\n"
     "\n"
     "Plans every tensor move of a LLaMA-style model's forward pass under a device\n"
@@ -48,6 +49,10 @@ static const char help[] =
     "                     weights, master weights, moments, gradients and\n"
     "                     activations\n"
     "  --accum N          micro-batches per training step (default 1)\n"
+    "  --lora-r R         training: a LoRA step of rank R (tide train --lora-r):\n"
+    "                     the base weights frozen, read-only like inference\n"
+    "                     weights; state, gradients and AdamW the adapters' only\n"
+    "  --lora-targets L   with --lora-r: q,k,v,o,gate,up,down (default all)\n"
     "  --optimizer WHERE  training: where each AdamW update runs: auto (default:\n"
     "                     on the device or on the host CPU, whichever the plan\n"
     "                     predicts faster, split per parameter), device, or cpu\n"
@@ -192,6 +197,7 @@ static const struct option plan_options[] = {
     {"tile", required_argument, 0, 'T'},   {"train", no_argument, 0, 'r'},
     {"accum", required_argument, 0, 'A'},  {"optimizer", required_argument, 0, 'O'},
     {"dtype", required_argument, 0, 'd'},  {"host-compute", required_argument, 0, 'C'},
+    {"lora-r", required_argument, 0, 0x100}, {"lora-targets", required_argument, 0, 0x101},
     {0, 0, 0, 0},
 };
 
@@ -260,6 +266,21 @@ static int parse_args(int argc, char **argv, plan_args *a) {
                 return cli_usage_error("plan", "unknown --optimizer '%s' (auto, device or cpu)", optarg);
             a->have_optim = true;
             break;
+        case 0x100:
+            if (cli_parse_int(optarg, 1, 65536, &a->lora_r))
+                return cli_usage_error("plan", "bad --lora-r '%s' (a rank from 1)", optarg);
+            break;
+        case 0x101: {
+            tide_ctx *ctx = tide_ctx_new();
+            if (!ctx) return 1;
+            if (tide_lora_parse_targets(ctx, optarg, &a->lora_targets)) {
+                int rc = cli_usage_error("plan", "%s", tide_ctx_last_error(ctx));
+                tide_ctx_free(ctx);
+                return rc;
+            }
+            tide_ctx_free(ctx);
+            break;
+        }
         case 'h': fputs(help, stdout); return 0;
         default: return cli_usage_error("plan", "unknown option");
         }
@@ -271,6 +292,9 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         return cli_usage_error("plan", "--dtype plans inference: a training step keeps the checkpoint's weights");
     if (a->train && (a->decode || a->weights_on_ssd))
         return cli_usage_error("plan", "--train plans a training step: no --decode or --weights-on-ssd");
+    if ((a->lora_r || a->lora_targets) && !a->train)
+        return cli_usage_error("plan", "--lora-r and --lora-targets plan a LoRA training step: they need --train");
+    if (a->lora_targets && !a->lora_r) return cli_usage_error("plan", "--lora-targets needs --lora-r");
     if ((a->have_accum || a->have_optim) && !a->train)
         return cli_usage_error("plan", "--accum and --optimizer need --train");
     if (a->policy == TIDE_POLICY_CHECKPOINT_LAYER && !a->train)

@@ -29,6 +29,7 @@ static const char help[] =
     "                  [--resume DIR] [--trace FILE] [--trace-svg FILE]\n"
     "                  [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--threads N]\n"
     "                  [--json] [--quiet]\n"
+    "                  [--lora-r R] [--lora-alpha A] [--lora-targets LIST] [--lora-init DIR]\n"
     "\n"
     "Trains a LLaMA-style model with AdamW on a flat file of token ids, or on text\n"
     "(documents, prompt/completion or chat examples; docs/training.md, section 6,\n"
@@ -168,6 +169,21 @@ static const char help[] =
     "                      f32 products) or fast (bf16 activations times the\n"
     "                      weights as stored, f32 sums)\n"
     "  --threads N         CPU threads (default: all cores)\n"
+    "  --lora-r R          LoRA: freeze the base model and train rank-R adapters\n"
+    "                      on the projections (y = x W^T + (alpha/R) x A^T B^T;\n"
+    "                      A Kaiming-uniform as PEFT initialises it, from a\n"
+    "                      generator seeded by --shuffle's seed (default 0), B\n"
+    "                      zero; dropout 0). AdamW, clipping, schedules and\n"
+    "                      accumulation run over the adapters alone; the base\n"
+    "                      weights are read-only (no gradient, master or\n"
+    "                      moments). --out writes the adapter in PEFT's format\n"
+    "                      (adapter_model.safetensors, adapter_config.json).\n"
+    "                      f32, f16 and bf16 bases; not with --resume or\n"
+    "                      --save-every\n"
+    "  --lora-alpha A      LoRA's alpha (default 8, as PEFT's)\n"
+    "  --lora-targets L    comma-separated q,k,v,o,gate,up,down (default all)\n"
+    "  --lora-init DIR     start from the PEFT adapter in DIR (its r, alpha and\n"
+    "                      targets from adapter_config.json)\n"
     "  --json              one JSON object per step, then a summary object\n"
     "  --quiet             no progress lines\n"
     "\n"
@@ -189,6 +205,12 @@ typedef struct train_args {
     tide_backend_kind backend;
     tide_matmul_mode matmul;
     bool demo;
+    /* LoRA */
+    long lora_r;
+    double lora_alpha;
+    bool have_lora_alpha;
+    const char *lora_targets, *lora_init;
+    unsigned lora_bits, lora_init_targets;
 } train_args;
 
 typedef struct train_job {
@@ -239,8 +261,29 @@ static const struct option train_options[] = {
     {"train-on", required_argument, 0, 256},    {"template", required_argument, 0, 257},
     {"eval", required_argument, 0, 258},        {"eval-split", required_argument, 0, 259},
     {"eval-every", required_argument, 0, 260},
+    {"lora-r", required_argument, 0, 0x200},    {"lora-alpha", required_argument, 0, 0x201},
+    {"lora-targets", required_argument, 0, 0x202}, {"lora-init", required_argument, 0, 0x203},
     {0, 0, 0, 0},
 };
+
+/* LoRA's options (getopt values 0x200..). */
+static int parse_lora_option(int c, train_args *a) {
+    switch (c) {
+    case 0x200:
+        if (cli_parse_int(optarg, 1, 65536, &a->lora_r))
+            return cli_usage_error("train", "bad --lora-r '%s' (a rank from 1)", optarg);
+        break;
+    case 0x201:
+        if (cli_parse_double(optarg, 1e-6, 1e6, &a->lora_alpha))
+            return cli_usage_error("train", "bad --lora-alpha '%s' (positive)", optarg);
+        a->have_lora_alpha = true;
+        break;
+    case 0x202: a->lora_targets = optarg; break;
+    case 0x203: a->lora_init = optarg; break;
+    default: return cli_usage_error("train", "unknown option");
+    }
+    return -1;
+}
 
 #define BAD(opt) return cli_usage_error("train", "bad " opt " '%s'", optarg)
 
@@ -383,17 +426,66 @@ static int parse_option(int c, train_job *j, seen_opts *seen) {
     return -1;
 }
 
+/* LoRA: --lora-init's config gives r, alpha and targets (a given one must
+ * agree); the options' consistency. */
+static int check_lora_args(train_job *j) {
+    train_args *a = &j->a;
+    tide_ctx *ctx = NULL;
+    if (a->lora_init) {
+        int r;
+        float al;
+        unsigned tg;
+        if (!(ctx = tide_ctx_new())) return 1;
+        if (tide_lora_read_config(ctx, a->lora_init, &r, &al, &tg)) {
+            fprintf(stderr, "tide: train: --lora-init: %s\n", tide_ctx_last_error(ctx));
+            tide_ctx_free(ctx);
+            return 1;
+        }
+        tide_ctx_free(ctx);
+        if ((a->lora_r && a->lora_r != r) || (a->have_lora_alpha && (float)a->lora_alpha != al))
+            return cli_usage_error("train", "--lora-r / --lora-alpha disagree with --lora-init %s (r %d, alpha %g)",
+                                   a->lora_init, r, (double)al);
+        a->lora_r = r;
+        a->lora_alpha = al;
+        a->have_lora_alpha = true;
+        if (!a->lora_targets) a->lora_init_targets = tg;
+    }
+    if (!a->lora_r) {
+        if (a->have_lora_alpha || a->lora_targets)
+            return cli_usage_error("train", "--lora-alpha and --lora-targets need --lora-r (or --lora-init)");
+        return -1;
+    }
+    if (!a->have_lora_alpha) a->lora_alpha = 8;
+    if (a->lora_targets) {
+        if (!(ctx = tide_ctx_new())) return 1;
+        tide_status st = tide_lora_parse_targets(ctx, a->lora_targets, &a->lora_bits);
+        if (st) {
+            int rc = cli_usage_error("train", "%s", tide_ctx_last_error(ctx));
+            tide_ctx_free(ctx);
+            return rc;
+        }
+        tide_ctx_free(ctx);
+    } else {
+        a->lora_bits = a->lora_init ? a->lora_init_targets : TIDE_LORA_ALL;
+    }
+    if (a->resume || a->save_every)
+        return cli_usage_error("train", "LoRA training does not save or resume its training state yet: no --resume "
+                               "or --save-every with --lora-r");
+    return -1;
+}
+
 static int parse_args(int argc, char **argv, train_job *j) {
     train_args *a = &j->a;
     *a = (train_args){.policy = "tide", .steps = 100, .batch = 4, .seq = 256, .accum = 1, .lr = 3e-4, .wd = 0.1,
                       .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0, .backend = TIDE_BACKEND_AUTO};
     optind = 1;
-    int c;
+    int c, rc_lora;
     seen_opts seen = {0};
     while ((c = getopt_long(argc, argv, "h", train_options, NULL)) != -1) {
-        int rc = parse_option(c, j, &seen);
+        int rc = c >= 0x200 ? parse_lora_option(c, a) : parse_option(c, j, &seen);
         if (rc >= 0) return rc;
     }
+    if ((rc_lora = check_lora_args(j)) >= 0) return rc_lora;
     if (optind != argc) return cli_usage_error("train", "unexpected argument '%s'", argv[optind]);
     a->demo = !a->model && !a->data && !a->resume;
     if (a->demo) {
@@ -484,6 +576,12 @@ static tide_trainer_opts trainer_opts(const train_args *a) {
                  .grad_clip = (float)a->clip},
         .lr = a->lr, .min_lr = a->have_min_lr ? a->min_lr : a->lr, .cosine = a->have_min_lr, .warmup = a->warmup,
         .total_steps = a->steps, .shuffle = a->shuffle, .seed = a->seed};
+    if (a->lora_r) {
+        o.step.lora_r = (int)a->lora_r;
+        o.step.lora_alpha = (float)a->lora_alpha;
+        o.step.lora_targets = a->lora_bits;
+        o.lora_init = a->lora_init;
+    }
     const char *sync = getenv("TIDE_EXEC_SYNC"); /* read here, at the edge */
     o.sync_issue = sync && *sync && strcmp(sync, "0");
     return o;
@@ -738,7 +836,11 @@ static int save(train_job *j, const char *what) {
                            a->have_min_lr ? "cosine" : "constant"};
     const tide_llama_config *cfg = tide_checkpoint_config(j->ck);
     tide_dtype dt = a->save_f32 ? TIDE_F32 : cfg->dtype;
-    if (tide_trainer_save(j->tr, a->out, dt, extra, 2)) return cli_fail(j->ctx, what);
+    if (a->lora_r) {
+        if (tide_trainer_save_lora(j->tr, a->out)) return cli_fail(j->ctx, what);
+    } else if (tide_trainer_save(j->tr, a->out, dt, extra, 2)) {
+        return cli_fail(j->ctx, what);
+    }
     if (!a->quiet && !a->json)
         fprintf(stderr, "tide: saved step %lld to %s\n", (long long)tide_trainer_steps(j->tr), a->out);
     return 0;

@@ -18,6 +18,9 @@ typedef struct plan_args {
     tide_optim_mode optim;        /* --optimizer (training) */
     bool have_optim;
     bool host_compute_off;        /* --host-compute off */
+    /* --train with LoRA: --lora-r (0: full fine-tuning), --lora-targets bits */
+    long lora_r;
+    unsigned lora_targets;
 } plan_args;
 
 /* `tide plan --train`: returns the exit status. */

@@ -52,7 +52,8 @@ static int load_step(const plan_args *a, train_job *j) {
     tide_hw_info_get(j->hw, &j->hwi);
     j->to = (tide_llama_train_opts){.batch = (int)a->batch, .seq = (int)a->seq, .accum = (int)a->accum,
                                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                                    .grad_clip = 1.0f};
+                                    .grad_clip = 1.0f, .lora_r = (int)a->lora_r, .lora_alpha = 2.0f * (float)a->lora_r,
+                                    .lora_targets = a->lora_targets};
     if (tide_llama_build_train(j->ctx, &j->cfg, &j->to, &j->g)) return cli_fail(j->ctx, "building the training graph");
     j->po = tide_planner_opts_default();
     j->po.policy = a->policy;

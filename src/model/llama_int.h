@@ -78,7 +78,19 @@ typedef struct llama_tile {
  * (ids); h is the layer's input, and on return the next layer's. */
 typedef struct llama_acts {
     int h, xn, q, k, v, qr, kr, a, a_out, hm, xn2, g, u, s, s_out;
+    int lora_ts[TIDE_LORA_N]; /* LoRA: (alpha/r) x A^T per target (llama_lora) */
 } llama_acts;
+
+/* LoRA adapters of one layer: per target (q, k, v, o, gate, up, down) the
+ * ids of A (r, K) and B (N, r), -1 for an untargeted projection, and the
+ * (r, r) scale (alpha/r) I. A targeted matmul adds
+ *   t = x A^T;  ts = t . scale;  out += ts B^T
+ * (ts kept in llama_acts.lora_ts: the backward reads it). */
+typedef struct llama_lora {
+    int a[TIDE_LORA_N], b[TIDE_LORA_N];
+    int scale;
+    int r;
+} llama_lora;
 
 /* The names of the layer's activations, in llama_acts order from xn, then
  * h.L+1's stem ("h"): LLAMA_NAMES entries. */
@@ -99,6 +111,7 @@ typedef struct llama_layer_in {
     uint64_t wmax;          /* weight row blocks (0: whole weights) */
     llama_wsplit *ws;       /* scratch */
     const char *const *names;
+    const llama_lora *lora; /* the layer's adapters, or NULL */
 } llama_layer_in;
 
 /* The forward of layer L (b->layer is set to it) for tiles [k0, k1) of

@@ -83,7 +83,7 @@ static int64_t pos0(const llama_layer_in *in, int k) {
  * each block for every tile. */
 #define ACT(k, f) (*(int *)((char *)&acts[k] + (f)))
 static void matmul(llama_builder *b, const llama_layer_in *in, int L, int k0, int k1, llama_acts *acts, size_t x,
-                   size_t out, const char *what, int64_t N, int64_t K, const char *fmt) {
+                   size_t out, const char *what, int64_t N, int64_t K, const char *fmt, int target) {
     llama_wsplit *ws = in->ws;
     llama_split(b, ws, in->cfg->dtype, N, K, in->wmax, fmt, L);
     for (int j = 0; j < ws->n && !b->st; j++)
@@ -93,6 +93,25 @@ static void matmul(llama_builder *b, const llama_layer_in *in, int L, int k0, in
             int in3[3] = {ACT(k, x), ws->id[j], ACT(k, out)};
             llama_op(b, TIDE_OP_MATMUL, j ? 3 : 2, in3, 1, &ACT(k, out), &mp);
         }
+    const llama_lora *lo = in->lora;
+    if (!lo || lo->a[target] < 0) return;
+    /* the adapter: out += ((x A^T) . scale) B^T */
+    for (int k = k0; k < k1 && !b->st; k++) {
+        char nt[48], ns[48];
+        snprintf(nt, sizeof nt, "%s_lora_t", what);
+        snprintf(ns, sizeof ns, "%s_lora_ts", what);
+        int t = llama_act(b, nt, k, in->n_tiles, rows(in, k), lo->r);
+        int ts = llama_act(b, ns, k, in->n_tiles, rows(in, k), lo->r);
+        int i1[2] = {ACT(k, x), lo->a[target]};
+        llama_op(b, TIDE_OP_MATMUL, 2, i1, 1, &t, NULL);
+        tide_op_args kn = {.no_transpose = true};
+        int i2[2] = {t, lo->scale};
+        llama_op(b, TIDE_OP_MATMUL, 2, i2, 1, &ts, &kn);
+        tide_op_args acc = {.accumulate = true};
+        int i3[3] = {ts, lo->b[target], ACT(k, out)};
+        llama_op(b, TIDE_OP_MATMUL, 3, i3, 1, &ACT(k, out), &acc);
+        acts[k].lora_ts[target] = ts;
+    }
 }
 
 /* out of every tile = kind(field a, c) where c_field < 0 means the fixed
@@ -121,9 +140,9 @@ void llama_layer_forward(llama_builder *b, const llama_layer_in *in, int L, int 
     tide_op_args norm = {.eps = cfg->rms_norm_eps};
 
     each(b, in, k0, k1, acts, TIDE_OP_RMSNORM, F(h), -1, w_in, F(xn), nm[0], D, &norm);
-    matmul(b, in, L, k0, k1, acts, F(xn), F(q), nm[1], H * hd, D, "model.layers.%d.self_attn.q_proj.weight");
-    matmul(b, in, L, k0, k1, acts, F(xn), F(k), nm[2], kd, D, "model.layers.%d.self_attn.k_proj.weight");
-    matmul(b, in, L, k0, k1, acts, F(xn), F(v), nm[3], kd, D, "model.layers.%d.self_attn.v_proj.weight");
+    matmul(b, in, L, k0, k1, acts, F(xn), F(q), nm[1], H * hd, D, "model.layers.%d.self_attn.q_proj.weight", 0);
+    matmul(b, in, L, k0, k1, acts, F(xn), F(k), nm[2], kd, D, "model.layers.%d.self_attn.k_proj.weight", 1);
+    matmul(b, in, L, k0, k1, acts, F(xn), F(v), nm[3], kd, D, "model.layers.%d.self_attn.v_proj.weight", 2);
     if (cfg->qkv_bias) {
         static const char *const bias[3] = {"model.layers.%d.self_attn.q_proj.bias",
                                             "model.layers.%d.self_attn.k_proj.bias",
@@ -168,13 +187,13 @@ void llama_layer_forward(llama_builder *b, const llama_layer_in *in, int L, int 
         ain[5] = aout[2] = in->vc[s];
         llama_op(b, TIDE_OP_ATTENTION, in->fresh_cache && t->t0 == 0 ? 4 : 6, ain, 3, aout, &ap);
     }
-    matmul(b, in, L, k0, k1, acts, F(a), F(a_out), nm[7], D, H * hd, "model.layers.%d.self_attn.o_proj.weight");
+    matmul(b, in, L, k0, k1, acts, F(a), F(a_out), nm[7], D, H * hd, "model.layers.%d.self_attn.o_proj.weight", 3);
     each(b, in, k0, k1, acts, TIDE_OP_ADD, F(h), (long)F(a_out), -1, F(hm), nm[8], D, NULL);
     each(b, in, k0, k1, acts, TIDE_OP_RMSNORM, F(hm), -1, w_post, F(xn2), nm[9], D, &norm);
-    matmul(b, in, L, k0, k1, acts, F(xn2), F(g), nm[10], I, D, "model.layers.%d.mlp.gate_proj.weight");
-    matmul(b, in, L, k0, k1, acts, F(xn2), F(u), nm[11], I, D, "model.layers.%d.mlp.up_proj.weight");
+    matmul(b, in, L, k0, k1, acts, F(xn2), F(g), nm[10], I, D, "model.layers.%d.mlp.gate_proj.weight", 4);
+    matmul(b, in, L, k0, k1, acts, F(xn2), F(u), nm[11], I, D, "model.layers.%d.mlp.up_proj.weight", 5);
     each(b, in, k0, k1, acts, TIDE_OP_SILU_MUL, F(g), (long)F(u), -1, F(s), nm[12], I, NULL);
-    matmul(b, in, L, k0, k1, acts, F(s), F(s_out), nm[13], D, I, "model.layers.%d.mlp.down_proj.weight");
+    matmul(b, in, L, k0, k1, acts, F(s), F(s_out), nm[13], D, I, "model.layers.%d.mlp.down_proj.weight", 6);
     for (int k = k0; k < k1 && !b->st; k++) {
         /* the residual stream between layers belongs to none */
         char hname[32];

@@ -153,6 +153,9 @@ static tide_status save_fill(void *user, tide_train_part part, int k, tide_dtype
 
 tide_status tide_trainer_save(tide_trainer *t, const char *dir, tide_dtype save_dtype, const char *const *extra,
                               int n_extra) {
+    if (t->o.step.lora_r > 0)
+        return tide_err(t->ctx, TIDE_E_UNSUPPORTED, "saving a LoRA training state (to resume) is not supported: "
+                        "tide_trainer_save_lora writes the adapter");
     if (save_dtype != t->cfg.dtype && save_dtype != TIDE_F32)
         return tide_err(t->ctx, TIDE_E_INVALID, "a checkpoint is saved in the model's dtype (%s) or f32, not %s",
                         tide_dtype_name(t->cfg.dtype), tide_dtype_name(save_dtype));
@@ -206,6 +209,8 @@ void train_resume_close(tide_trainer *t) {
 
 tide_status tide_trainer_resume(tide_trainer *t, const char *dir) {
     if (t->run) return tide_err(t->ctx, TIDE_E_INVALID, "a trainer resumes before its first step");
+    if (t->o.step.lora_r > 0)
+        return tide_err(t->ctx, TIDE_E_UNSUPPORTED, "resuming LoRA training is not supported");
     train_resume_close(t);
     resumed *rs = tide_calloc(1, sizeof *rs);
     if (!rs || !(t->resume_dir = tide_strdup(dir))) {

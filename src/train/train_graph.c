@@ -84,6 +84,8 @@ typedef struct param {
     int w, grad, master, m, v; /* master -1 for f32 parameters */
     int layer;
     bool written;              /* its gradient has been written this step */
+    bool frozen;               /* LoRA's base: a WEIGHT, no master or moments, a
+                                  gradient only where an op must write one */
 } param;
 
 /* Makes tensor id (of element size es) rows [r0, ...) of `home` (d1 columns):
@@ -96,11 +98,26 @@ static void set_home(tb *b, int id, const char *home, int64_t r0, int64_t d1, si
 /* The parameter `name` (d0, d1), or with r0 >= 0 its block of rows: tensors
  * "NAME.vK" (and "master.NAME.vK", ...) homed at rows r0.. of the whole. */
 static void add_param_block(tb *b, param *p, const char *name, tide_dtype dt, int64_t d0, int64_t d1,
-                            bool grads_out, int64_t r0, int k) {
+                            bool grads_out, int64_t r0, int k, int frozen) {
     char n1[160], n2[176], home[176];
     int nd = d1 ? 2 : 1;
     if (r0 >= 0) snprintf(n1, sizeof n1, "%s.v%d", name, k);
     else snprintf(n1, sizeof n1, "%s", name);
+    if (frozen) {
+        /* LoRA's base: frozen (frozen 2: an op still writes a gradient, which
+         * nothing reads) */
+        p->w = tensor(b, n1, dt, TIDE_ROLE_WEIGHT, nd, d0, d1);
+        set_home(b, p->w, name, r0, d1, tide_dtype_size(dt));
+        p->master = p->m = p->v = p->grad = -1;
+        if (frozen == 2) {
+            snprintf(n2, sizeof n2, "grad.%s", n1);
+            p->grad = tensor(b, n2, TIDE_F32, TIDE_ROLE_TEMP, nd, d0, d1);
+        }
+        p->layer = b->layer;
+        p->written = false;
+        p->frozen = true;
+        return;
+    }
     p->w = tensor(b, n1, dt, TIDE_ROLE_STATE, nd, d0, d1);
     set_home(b, p->w, name, r0, d1, tide_dtype_size(dt));
     p->master = -1;
@@ -122,10 +139,12 @@ static void add_param_block(tb *b, param *p, const char *name, tide_dtype dt, in
     p->grad = tensor(b, n2, TIDE_F32, grads_out ? TIDE_ROLE_OUTPUT : TIDE_ROLE_TEMP, nd, d0, d1);
     p->layer = b->layer;
     p->written = false;
+    p->frozen = false;
 }
 
-static void add_param(tb *b, param *p, const char *name, tide_dtype dt, int64_t d0, int64_t d1, bool grads_out) {
-    add_param_block(b, p, name, dt, d0, d1, grads_out, -1, 0);
+static void add_param(tb *b, param *p, const char *name, tide_dtype dt, int64_t d0, int64_t d1, bool grads_out,
+                      int frozen) {
+    add_param_block(b, p, name, dt, d0, d1, grads_out, -1, 0, frozen);
 }
 
 /* A (vocab, D) parameter, whole (nb 1) or in nb blocks of rows: block k
@@ -137,16 +156,16 @@ typedef struct vparam {
 } vparam;
 
 static void add_vparam(tb *b, vparam *vp, const char *name, tide_dtype dt, int64_t V, int64_t D, int nb,
-                       bool grads_out) {
+                       bool grads_out, int frozen) {
     vp->nb = nb > 1 ? nb : 1;
     vp->vocab = V;
     for (int k = 0; k <= vp->nb; k++) vp->v0[k] = V * k / vp->nb;
     if (vp->nb == 1) {
-        add_param(b, &vp->b[0], name, dt, V, D, grads_out);
+        add_param(b, &vp->b[0], name, dt, V, D, grads_out, frozen);
         return;
     }
     for (int k = 0; k < vp->nb; k++)
-        add_param_block(b, &vp->b[k], name, dt, vp->v0[k + 1] - vp->v0[k], D, grads_out, vp->v0[k], k);
+        add_param_block(b, &vp->b[k], name, dt, vp->v0[k + 1] - vp->v0[k], D, grads_out, vp->v0[k], k, frozen);
 }
 
 /* The tile parameters of block k of vp (none when it is whole). */
@@ -165,6 +184,7 @@ static void mm_dx(tb *b, int dy, int w, int dx, bool add) {
 
 /* grad(w) (=, +=) dy^T . x */
 static void mm_dw(tb *b, int dy, int x, param *w) {
+    if (w->frozen) return;
     int in[3] = {dy, x, w->grad};
     op(b, TIDE_OP_MATMUL_GRADW, w->written ? 3 : 2, in, 1, &w->grad, NULL);
     w->written = true;
@@ -186,6 +206,9 @@ static int add2(tb *b, int a, int c, int out) {
 
 enum { P_LN1, P_Q, P_K, P_V, P_O, P_LN2, P_G, P_U, P_D, P_LAYER };
 
+/* LoRA target i (TIDE_LORA_* bit i) is layer parameter lora_p[i] */
+static const int lora_p[TIDE_LORA_N] = {P_Q, P_K, P_V, P_O, P_G, P_U, P_D};
+
 /* The forward's activation names (llama_int.h's order). */
 static const char *const train_names[LLAMA_NAMES] = {"xn", "q",  "k",  "v", "qr", "kr",    "a", "a_out",
                                                      "hm", "xn2", "g", "u", "s",  "s_out", "h"};
@@ -206,6 +229,10 @@ typedef struct train_build {
     llama_acts *keep;              /* (L, k): layer L's activations of tile k, h its input */
     int *h, *dh, *dhm;             /* per tile: the residual stream and its gradients */
     llama_wsplit *ws;
+    /* LoRA (o->lora_r > 0): per layer its adapters' ids, and per layer x
+     * target the A and B parameters (unused where not targeted) */
+    llama_lora *lora;
+    param *la, *lb;
 } train_build;
 
 static tide_status check_train_opts(tide_ctx *ctx, const tide_llama_config *cfg, const tide_llama_train_opts *o) {
@@ -226,7 +253,40 @@ static tide_status check_train_opts(tide_ctx *ctx, const tide_llama_config *cfg,
           o->grad_clip >= 0))
         return tide_err(ctx, TIDE_E_INVALID, "AdamW needs betas in [0, 1), eps > 0, weight decay >= 0 and a "
                         "gradient clip >= 0");
+    if (o->lora_r < 0) return tide_err(ctx, TIDE_E_INVALID, "LoRA rank %d: must be positive", o->lora_r);
+    if (o->lora_r > 0) {
+        if (!(o->lora_alpha > 0) || !isfinite(o->lora_alpha))
+            return tide_err(ctx, TIDE_E_INVALID, "LoRA alpha %g: must be positive", (double)o->lora_alpha);
+        if (o->lora_targets & ~TIDE_LORA_ALL)
+            return tide_err(ctx, TIDE_E_INVALID, "LoRA targets 0x%x: unknown bits (q,k,v,o,gate,up,down are 0x7f)",
+                            o->lora_targets);
+        if (o->lora_r > cfg->hidden_size)
+            return tide_err(ctx, TIDE_E_INVALID, "LoRA rank %d is above the hidden size %d", o->lora_r,
+                            cfg->hidden_size);
+    }
     return TIDE_OK;
+}
+
+/* Layer L's LoRA adapters, f32 STATE in PEFT's names: per target A (r, K)
+ * then B (N, r). */
+static void add_adapters(train_build *s, int L, const char *const *pname, const int64_t (*pshape)[2]) {
+    tb *b = &s->b;
+    const int r = s->o->lora_r;
+    const unsigned bits = s->o->lora_targets ? s->o->lora_targets : TIDE_LORA_ALL;
+    llama_lora *lo = &s->lora[L];
+    lo->r = r;
+    for (int i = 0; i < TIDE_LORA_N; i++) {
+        lo->a[i] = lo->b[i] = -1;
+        if (!(bits & (1u << i))) continue;
+        const int k = lora_p[i];
+        char name[160];
+        snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_A.weight", L, pname[k]);
+        add_param(b, &s->la[L * TIDE_LORA_N + i], name, TIDE_F32, r, pshape[k][1], s->o->grads_out, 0);
+        snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_B.weight", L, pname[k]);
+        add_param(b, &s->lb[L * TIDE_LORA_N + i], name, TIDE_F32, pshape[k][0], r, s->o->grads_out, 0);
+        lo->a[i] = s->la[L * TIDE_LORA_N + i].w;
+        lo->b[i] = s->lb[L * TIDE_LORA_N + i].w;
+    }
 }
 
 /* The parameters in checkpoint order (embedding, layers, norm, head), then
@@ -238,7 +298,11 @@ static void add_params(train_build *s) {
     const int64_t hd = D / H, I = cfg->intermediate_size, V = cfg->vocab_size, kd = KV * hd;
     const tide_dtype wt = cfg->dtype;
     const bool go = s->o->grads_out;
-    add_vparam(b, s->emb, "model.embed_tokens.weight", wt, V, D, s->o->vocab_blocks, go);
+    /* LoRA: the base frozen; the head (the embedding when tied) and the
+     * norms keep a gradient their ops write */
+    const bool fz = s->lora != NULL;
+    add_vparam(b, s->emb, "model.embed_tokens.weight", wt, V, D, s->o->vocab_blocks, go,
+               fz ? (cfg->tie_word_embeddings ? 2 : 1) : 0);
     static const char *const pname[P_LAYER] = {
         "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
@@ -249,14 +313,20 @@ static void add_params(train_build *s) {
         for (int k = 0; k < P_LAYER; k++) {
             char name[128];
             snprintf(name, sizeof name, "model.layers.%d.%s.weight", L, pname[k]);
-            add_param(b, &s->lp[L * P_LAYER + k], name, wt, pshape[k][0], pshape[k][1], go);
+            add_param(b, &s->lp[L * P_LAYER + k], name, wt, pshape[k][0], pshape[k][1], go,
+                      fz ? (pshape[k][1] ? 1 : 2) : 0);
         }
+        if (fz) add_adapters(s, L, pname, pshape);
     }
     b->layer = -1;
-    add_param(b, &s->fnorm, "model.norm.weight", wt, D, 0, go);
+    add_param(b, &s->fnorm, "model.norm.weight", wt, D, 0, go, fz ? 2 : 0);
     if (!cfg->tie_word_embeddings) {
         s->hp = s->emb + 1;
-        add_vparam(b, s->hp, "lm_head.weight", wt, V, D, s->o->vocab_blocks, go);
+        add_vparam(b, s->hp, "lm_head.weight", wt, V, D, s->o->vocab_blocks, go, fz ? 2 : 0);
+    }
+    if (fz) {
+        int sc = tensor(b, "lora_scale", TIDE_F32, TIDE_ROLE_INPUT, 2, s->o->lora_r, s->o->lora_r);
+        for (int L = 0; L < cfg->num_hidden_layers; L++) s->lora[L].scale = sc;
     }
     s->pos = tensor(b, "pos", TIDE_I32, TIDE_ROLE_INPUT, 1, s->o->seq, 0);
     s->hyper = tensor(b, "hyper", TIDE_F32, TIDE_ROLE_INPUT, 1, 4, 0);
@@ -284,6 +354,7 @@ static void forward(train_build *s, int tokens) {
                          .names = train_names};
     for (int L = 0; L < NL && !b->st; L++) {
         llama_acts *kp = &s->keep[(size_t)L * NT];
+        li.lora = s->lora ? &s->lora[L] : NULL;
         for (int k = 0; k < NT && !b->st; k++) {
             const int h_in = s->h[k];
             kp[k].h = h_in;
@@ -341,6 +412,31 @@ static void loss_tile(train_build *s, int k, int targets, int loss) {
     norm_bwd(b, s->h[k], &s->fnorm, dhf, s->dh[k], eps);
 }
 
+/* LoRA's backward of target tg of layer L for tile k, whose forward read x
+ * and whose output's gradient is dy: grad(B) = dy^T ts, d_ts = dy . B,
+ * d_t = d_ts . scale (the scale is symmetric), grad(A) = d_t^T x and
+ * dx += d_t . A (dx holds the base's part already). */
+static void lora_bwd(train_build *s, int L, int k, int tg, int dy, int x, int dx) {
+    if (!s->lora || s->lora[L].a[tg] < 0) return;
+    tb *b = &s->b;
+    static const char *const tn[TIDE_LORA_N] = {"q", "k", "v", "a_out", "g", "u", "s_out"};
+    const llama_lora *lo = &s->lora[L];
+    param *A = &s->la[L * TIDE_LORA_N + tg], *B = &s->lb[L * TIDE_LORA_N + tg];
+    const int64_t Rk = tile_rows(s, k);
+    char nm[48];
+    mm_dw(b, dy, s->keep[(size_t)L * s->NT + k].lora_ts[tg], B);
+    snprintf(nm, sizeof nm, "d_%s_lora_ts", tn[tg]);
+    int dts = act(b, k, s->NT, nm, Rk, lo->r);
+    mm_dx(b, dy, B->w, dts, false);
+    snprintf(nm, sizeof nm, "d_%s_lora_t", tn[tg]);
+    int dt = act(b, k, s->NT, nm, Rk, lo->r);
+    tide_op_args kn = {.no_transpose = true};
+    int in[2] = {dts, lo->scale};
+    op(b, TIDE_OP_MATMUL, 2, in, 1, &dt, &kn);
+    mm_dw(b, dt, x, A);
+    mm_dx(b, dt, A->w, dx, true);
+}
+
 /* The backward of layer L for tile k: dh[k] from d_h.L+1 to d_h.L, every
  * weight gradient added into. */
 static void backward_tile(train_build *s, int L, int k) {
@@ -357,6 +453,7 @@ static void backward_tile(train_build *s, int L, int k) {
     int ds = act(b, k, NT, "d_s", Rk, I);
     mm_dx(b, dh[k], P[P_D].w, ds, false);
     mm_dw(b, dh[k], kp->s, &P[P_D]);
+    lora_bwd(s, L, k, 6, dh[k], kp->s, ds);
     int dg = act(b, k, NT, "d_g", Rk, I), du = act(b, k, NT, "d_u", Rk, I);
     {
         int in[3] = {kp->g, kp->u, ds}, outs[2] = {dg, du};
@@ -367,12 +464,15 @@ static void backward_tile(train_build *s, int L, int k) {
     mm_dx(b, du, P[P_U].w, dxn2, true);
     mm_dw(b, dg, kp->xn2, &P[P_G]);
     mm_dw(b, du, kp->xn2, &P[P_U]);
+    lora_bwd(s, L, k, 4, dg, kp->xn2, dxn2);
+    lora_bwd(s, L, k, 5, du, kp->xn2, dxn2);
     int dhm_n = act(b, k, NT, "d_hm_norm", Rk, D);
     norm_bwd(b, kp->hm, &P[P_LN2], dxn2, dhm_n, eps);
     dhm[k] = add2(b, dh[k], dhm_n, act(b, k, NT, "d_hm", Rk, D));
     int da = act(b, k, NT, "d_a", Rk, H * hd);
     mm_dx(b, dhm[k], P[P_O].w, da, false);
     mm_dw(b, dhm[k], kp->a, &P[P_O]);
+    lora_bwd(s, L, k, 3, dhm[k], kp->a, da);
     int dqr = act(b, k, NT, "d_qr", Rk, H * hd), dkr = act(b, k, NT, "d_kr", Rk, kd),
         dv = act(b, k, NT, "d_v", Rk, kd);
     {
@@ -396,6 +496,9 @@ static void backward_tile(train_build *s, int L, int k) {
     mm_dw(b, dq, kp->xn, &P[P_Q]);
     mm_dw(b, dk, kp->xn, &P[P_K]);
     mm_dw(b, dv, kp->xn, &P[P_V]);
+    lora_bwd(s, L, k, 0, dq, kp->xn, dxn);
+    lora_bwd(s, L, k, 1, dk, kp->xn, dxn);
+    lora_bwd(s, L, k, 2, dv, kp->xn, dxn);
     int dh_n = act(b, k, NT, "d_h_norm", Rk, D);
     norm_bwd(b, kp->h, &P[P_LN1], dxn, dh_n, eps);
     b->layer = -1;
@@ -430,6 +533,7 @@ static void micro_batch(train_build *s, int m) {
     for (int k = 0; k < NT && !b->st; k++)
         for (int vb = 0; vb < s->emb->nb; vb++) {
             param *P = &s->emb->b[vb];
+            if (P->frozen) continue;
             tide_op_args ep = {.idx0 = (int64_t)k * s->ts * T};
             vblock(s->emb, vb, &ep);
             int in[3] = {s->dh[k], tokens, P->grad};
@@ -445,9 +549,17 @@ static void optimizer(train_build *s) {
     const tide_llama_train_opts *o = s->o;
     const int NL = s->cfg->num_hidden_layers;
     int n_par = 0, sumsq = s->sumsq;
-    param **all = tide_calloc((size_t)NL * P_LAYER + 1 + 2 * TIDE_VOCAB_BLOCKS_MAX, sizeof *all);
+    param **all = tide_calloc((size_t)NL * (P_LAYER + 2 * TIDE_LORA_N) + 1 + 2 * TIDE_VOCAB_BLOCKS_MAX, sizeof *all);
     if (!all && !b->st) b->st = tide_err(b->g->ctx, TIDE_E_NOMEM, "out of memory building a training graph");
-    if (all) {
+    if (all && s->lora) {
+        /* LoRA: the adapters alone, layer by layer, A then B per target */
+        for (int L = 0; L < NL; L++)
+            for (int i = 0; i < TIDE_LORA_N; i++)
+                if (s->lora[L].a[i] >= 0) {
+                    all[n_par++] = &s->la[L * TIDE_LORA_N + i];
+                    all[n_par++] = &s->lb[L * TIDE_LORA_N + i];
+                }
+    } else if (all) {
         for (int vb = 0; vb < s->emb->nb; vb++) all[n_par++] = &s->emb->b[vb];
         for (int L = 0; L < NL; L++)
             for (int k = 0; k < P_LAYER; k++) all[n_par++] = &s->lp[L * P_LAYER + k];
@@ -488,6 +600,9 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
     if (cfg->qkv_bias)
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "model '%s': training a model with q/k/v biases (Qwen2) is not "
                         "supported", cfg->name);
+    if (o->lora_r > 0 && (tide_dtype_is_quantized(cfg->dtype) || cfg->wtypes_set))
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "model '%s': LoRA on a quantized base (QLoRA) is not supported: "
+                        "train the adapters on the f32, f16 or bf16 checkpoint", cfg->name);
     if (tide_dtype_is_quantized(cfg->dtype) || cfg->wtypes_set || cfg->qk_interleaved)
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "model '%s': training from a GGUF or quantized checkpoint is not "
                         "supported (convert it to safetensors)", cfg->name);
@@ -502,7 +617,14 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
     s.tiles = tide_calloc((size_t)NT, sizeof *s.tiles);
     int *tk = tide_calloc((size_t)NT * 3, sizeof *tk);
     s.ws = tide_malloc(sizeof *s.ws);
-    if (!s.lp || !s.emb || !s.keep || !s.tiles || !tk || !s.ws || !s.b.g) {
+    bool lora_nomem = false;
+    if (o->lora_r > 0) {
+        s.lora = tide_calloc((size_t)NL, sizeof *s.lora);
+        s.la = tide_calloc((size_t)NL * TIDE_LORA_N, sizeof *s.la);
+        s.lb = tide_calloc((size_t)NL * TIDE_LORA_N, sizeof *s.lb);
+        lora_nomem = !s.lora || !s.la || !s.lb;
+    }
+    if (!s.lp || !s.emb || !s.keep || !s.tiles || !tk || !s.ws || !s.b.g || lora_nomem) {
         s.b.st = tide_err(ctx, TIDE_E_NOMEM, "out of memory building a training graph");
     } else {
         s.h = tk, s.dh = tk + NT, s.dhm = tk + 2 * NT;
@@ -518,6 +640,9 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
     tide_free(s.tiles);
     tide_free(tk);
     tide_free(s.ws);
+    tide_free(s.lora);
+    tide_free(s.la);
+    tide_free(s.lb);
     if (s.b.st) {
         tide_graph_free(s.b.g);
         return s.b.st;
@@ -564,4 +689,33 @@ const char *tide_train_class_name(tide_train_class c) {
     static const char *const n[TIDE_TRAIN_CLASS_COUNT] = {"weights", "master weights", "moments", "gradients",
                                                           "activations", "inputs"};
     return (unsigned)c < TIDE_TRAIN_CLASS_COUNT ? n[c] : "?";
+}
+
+/* ---------------------------------------------------------------- LoRA targets */
+
+static const char *const lora_short[TIDE_LORA_N] = {"q", "k", "v", "o", "gate", "up", "down"};
+static const char *const lora_module[TIDE_LORA_N] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                     "gate_proj", "up_proj", "down_proj"};
+
+const char *tide_lora_target_name(int i) { return i >= 0 && i < TIDE_LORA_N ? lora_module[i] : NULL; }
+
+tide_status tide_lora_parse_targets(tide_ctx *ctx, const char *list, unsigned *bits) {
+    *bits = 0;
+    const char *p = list ? list : "";
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        int found = -1;
+        for (int i = 0; i < TIDE_LORA_N && found < 0; i++)
+            if ((strlen(lora_short[i]) == n && !strncmp(p, lora_short[i], n)) ||
+                (strlen(lora_module[i]) == n && !strncmp(p, lora_module[i], n)))
+                found = i;
+        if (found < 0)
+            return tide_err(ctx, TIDE_E_INVALID, "LoRA target '%.*s' is not one of q,k,v,o,gate,up,down (or "
+                            "q_proj, ..., down_proj)", (int)n, p);
+        *bits |= 1u << found;
+        p += n + (e != NULL);
+    }
+    if (!*bits) return tide_err(ctx, TIDE_E_INVALID, "LoRA targets: the list is empty");
+    return TIDE_OK;
 }

@@ -73,6 +73,13 @@ tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *b
     if (st) return st;
     /* the training graph's RoPE (and its backward) reads Hugging Face's q/k
      * order, and a save writes the rows as they are */
+    const tide_llama_config *ckc = tide_checkpoint_config(ck);
+    if (o->step.lora_r > 0 && ckc->qk_interleaved)
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "LoRA on a GGUF file is not supported (a quantized base, QLoRA, "
+                        "neither): train the adapters on the model's Hugging Face checkpoint (f32, f16 or bf16)");
+    if (o->step.lora_r > 0 && (tide_dtype_is_quantized(ckc->dtype) || ckc->wtypes_set))
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "LoRA on a quantized base (QLoRA) is not supported: train the "
+                        "adapters on the model's f32, f16 or bf16 checkpoint");
     if (tide_checkpoint_config(ck)->qk_interleaved)
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "training a checkpoint whose q/k rows are in llama.cpp's order (a "
                         "GGUF file) is not supported: train its Hugging Face checkpoint");
@@ -91,7 +98,7 @@ tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *b
     /* every parameter must be in the checkpoint with its shape and dtype */
     for (int i = 0; i < t->g->n_tensors; i++) {
         const tide_tensor *T = &t->g->tensors[i];
-        if (tide_train_tensor_class(t->g, i) != TIDE_TRAIN_PARAM) continue;
+        if (tide_train_tensor_class(t->g, i) != TIDE_TRAIN_PARAM || train_is_adapter(t, i)) continue;
         tide_tensor_info ti;
         if (tide_checkpoint_get(ck, T->name, &ti)) {
             st = tide_err(ctx, TIDE_E_FORMAT, "the checkpoint has no parameter '%s'", T->name);
@@ -125,6 +132,7 @@ tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *b
         snprintf(nm, sizeof nm, "targets.%d", m);
         t->in_tgt[m] = tide_graph_find(t->g, nm);
     }
+    if (o->step.lora_r > 0 && (st = train_lora_open(t))) goto fail;
     if (o->step.vocab_blocks > 1 && (st = retile(t, o->step.tile_seqs, o->step.vocab_blocks))) goto fail;
     *out = t;
     return TIDE_OK;
@@ -157,6 +165,7 @@ void tide_trainer_free(tide_trainer *t) {
     tide_runner_free(t->run);
     if (t->arena) t->be->vt->dealloc(t->be, t->arena);
     free_homes(t);
+    train_lora_close(t);
     tide_free(t->home);
     tide_free(t->warm);
     tide_free(t->pos);
@@ -363,6 +372,7 @@ static tide_status initial_value(tide_trainer *t, int i, void *buf) {
         memset(buf, 0, T->nbytes);
         return TIDE_OK;
     }
+    if (train_is_adapter(t, i)) return train_lora_initial(t, i, buf);
     /* a block of a parameter (vocabulary blocks) is a range of its home */
     uint64_t off = 0;
     const char *home = tide_graph_tensor_home(t->g, i, &off);
@@ -452,6 +462,7 @@ tide_status train_bind_runner(tide_trainer *t, tide_runner *run, const char *sta
         train_home *h = &t->home[i];
         st = h->ssd ? tide_runner_bind_file(run, i, state_path, h->file_off) : tide_runner_bind_tensor(run, i, h->host);
     }
+    if (!st && t->o.step.lora_r > 0) st = train_lora_bind(t, run);
     if (!st) st = tide_runner_bind(run, "pos", t->pos);
     if (!st) st = tide_runner_bind(run, "hyper", t->hyper);
     if (!st) st = tide_runner_bind(run, "grad_sumsq", &t->sumsq);

@@ -62,7 +62,21 @@ struct tide_trainer {
     /* resuming */
     char *resume_dir;
     void *resume;                 /* train_ckpt.c's open state */
+    /* LoRA (o.step.lora_r > 0; train_lora.c) */
+    float *lora_scale;            /* the INPUT lora_scale: (alpha / r) I */
+    void *lora_init;              /* the open --lora-init adapter, or NULL */
 };
+
+/* LoRA (train_lora.c). Whether state tensor i of t->g is an adapter. */
+bool train_is_adapter(const tide_trainer *t, int i);
+/* Checks the options' adapter (lora_init) against the step and opens it,
+ * fills lora_scale. */
+tide_status train_lora_open(tide_trainer *t);
+void train_lora_close(tide_trainer *t);
+/* Adapter i's initial value into buf. */
+tide_status train_lora_initial(tide_trainer *t, int i, void *buf);
+/* Binds the frozen base WEIGHTs of run to the checkpoint and the scale. */
+tide_status train_lora_bind(tide_trainer *t, tide_runner *run);
 
 /* The plan options of an offloaded step under `budget` on t's profile (the
  * caller adds the AdamW placement). */
