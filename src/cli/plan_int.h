@@ -18,6 +18,8 @@ typedef struct plan_args {
     tide_optim_mode optim;        /* --optimizer (training) */
     bool have_optim;
     bool host_compute_off;        /* --host-compute off */
+    long ranks, zero;             /* --ranks (1: one device), --zero */
+    bool have_zero;
 } plan_args;
 
 /* `tide plan --train`: returns the exit status. */
