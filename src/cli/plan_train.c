@@ -282,6 +282,7 @@ static void print_human(const plan_args *a, const train_job *j) {
     printf("%-24s %13.4fs  (%.0f tokens/s)\n", "predicted step", step, step > 0 ? tokens / step : 0);
     printf("%-24s %13.4fs  (%.1f%% of ideal)\n", s->ranks > 1 ? "ideal step (no limit)*" : "ideal step (no limit)",
            ideal, step > 0 ? 100.0 * ideal / step : 0);
+    if (s->ranks > 1) printf("%-24s  * perfect scaling: this rank's step, unlimited memory, a free network\n", "");
     printf("%-24s %13.4fs  (2 steps; %.3fx of lower bound %.4fs)\n", "predicted makespan", s->makespan_s,
            j->bounds.lower_bound_s > 0 ? s->makespan_s / j->bounds.lower_bound_s : 0, j->bounds.lower_bound_s);
     printf("%-24s %13.4fs\n", "planning time", ti->plan_seconds);
