@@ -50,9 +50,9 @@
 /* Integers stored as JSON numbers must be exact doubles. */
 #define TIDE_JSON_MAX_INT 9007199254740992.0 /* 2^53 */
 
-static const char *const shipped_names[] = {"a10-24g",  "a100-80g",     "h100-80g",     "h200-141g",
-                                            "l4-24g",   "p100-16g",     "rtx-3090-24g", "rtx-4090-24g",
-                                            "v100-32g"};
+static const char *const shipped_names[] = {"8x-h100-80g-nvlink", "a10-24g", "a100-80g", "h100-80g",
+                                            "h100-80g-ndr-cluster", "h200-141g", "l4-24g", "p100-16g",
+                                            "rtx-3090-24g", "rtx-4090-24g", "v100-32g"};
 
 /* ---------------------------------------------------------------- fields */
 
