@@ -545,6 +545,13 @@ typedef struct tide_llama_train_opts {
     int lora_r;
     float lora_alpha;
     unsigned lora_targets; /* TIDE_LORA_* bits; 0: all seven */
+    int ranks;         /* data-parallel ranks (0 or 1: one device): the graph is
+                          one rank's step over its own micro-batches, with the
+                          collectives of `zero` (src/train/train_ranks.c). Such
+                          a graph is planned and simulated, not run yet */
+    int zero;          /* with ranks >= 2, the ZeRO stage: 0 every rank a full
+                          copy (gradients all-reduced), 1 optimizer state
+                          sharded, 2 state and gradients sharded */
 } tide_llama_train_opts;
 /* LoRA targets, in the order of --lora-targets' names q,k,v,o,gate,up,down */
 #define TIDE_LORA_Q 1u
@@ -1268,6 +1275,10 @@ typedef struct tide_hw_info {
     double host_flops, host_mem_bw; /* the host CPU's rates the cost model uses for
                                      computes placed on it (its defaults where the
                                      profile has none) */
+    double net_intra_bw, net_inter_bw; /* the network between data-parallel ranks,
+                                     bytes/s per GPU each way, inside a node and
+                                     between nodes (0: none) */
+    int net_gpus_per_node;        /* GPUs a node (0: the profile is one node) */
 } tide_hw_info;
 /* Fills *out from hw (both non-NULL). */
 void tide_hw_info_get(const tide_hw *hw, tide_hw_info *out);
@@ -1436,7 +1447,13 @@ typedef struct tide_plan_info {
     double plan_seconds;          /* wall time planning took */
     int host_computes;            /* computes placed on the host CPU in the first iteration */
     uint64_t host_compute_weight_bytes; /* the weights they read (MATMULs'), first iteration */
+    int ranks;                    /* data-parallel ranks (1: one device) */
+    int step_collectives;         /* collectives of a step (the second iteration's) */
 } tide_plan_info;
+/* Bytes one rank sends per step (the second iteration's collectives) over
+ * hw's network inside a node (*intra) and between nodes (*inter): the ring
+ * algorithms' (src/cost/cost.c). Both 0 for a plan of one device. */
+void tide_plan_net_bytes(const tide_plan *p, const tide_hw *hw, uint64_t *intra, uint64_t *inter);
 /* Fills *out from p (both non-NULL). */
 void tide_plan_info_get(const tide_plan *p, tide_plan_info *out);
 

@@ -86,7 +86,7 @@ contains "$TMP/out" '"feasible":true' "feasible plan"
 # The lone copy now has nowhere to look.
 expect 1 "no profiles anywhere" -- "$TMP/elsewhere/bin/tide" "${PLAN[@]}"
 contains "$TMP/err" "unknown hardware profile 'h100-80g'" "message names the profile"
-contains "$TMP/err" "a10-24g, a100-80g, h100-80g, h200-141g, l4-24g, p100-16g, rtx-3090-24g, rtx-4090-24g, v100-32g" "message lists the known names"
+contains "$TMP/err" "8x-h100-80g-nvlink, a10-24g, a100-80g, h100-80g, h100-80g-ndr-cluster, h200-141g, l4-24g, p100-16g, rtx-3090-24g, rtx-4090-24g, v100-32g" "message lists the known names"
 contains "$TMP/err" "$TMP/elsewhere/share/tide/hw" "message names the executable's share/tide/hw"
 contains "$TMP/err" "$P/share/tide/hw" "message names the install prefix's share/tide/hw"
 if grep -qF "$SRC/data" "$TMP/err"; then

@@ -4,7 +4,8 @@
 #
 # What it proves: `tide plan` of inference graphs end to end (its table, JSON
 # and minimum budgets), and each bad input's exit status and message; `tide
-# plan --train` is tested in cli_train.
+# plan --train` is tested in cli_train, but for data-parallel ranks (--ranks,
+# --zero) here.
 source "$(dirname "$0")/lib_cli.sh" "$1"
 
 expect 0 "help" -- "$TIDE" plan --help
@@ -112,4 +113,33 @@ expect 2 "percentage over 100" -- "$TIDE" plan --config llama-7b --budget 150%
 expect 2 "no budget" -- "$TIDE" plan --config llama-7b
 expect 2 "unknown policy" -- "$TIDE" plan --config llama-7b --budget 50% --policy fifo
 expect 2 "unknown option" -- "$TIDE" plan --config llama-7b --budget 50% --frobnicate
+
+# data-parallel training: one of 8 ranks of llama-2-70b on one NVLink node
+expect 0 "ranks 8 json" -- "$TIDE" plan --train --ranks 8 --zero 2 --hw 8x-h100-80g-nvlink --config llama-2-70b \
+    --seq 256 --budget 100% --optimizer device --tile none --json
+for f in ranks zero collectives_per_step net_bytes_per_rank net_bytes_intra_node_per_rank \
+         net_bytes_inter_node_per_rank state_bytes_this_rank step_s pct_of_ideal; do
+    json_field "$TMP/out" "$f"
+done
+contains "$TMP/out" '"verified":true' "rank plan verified"
+contains "$TMP/out" '"ranks":8' "ranks in json"
+contains "$TMP/out" '"net_bytes_inter_node_per_rank":0' "one node: nothing between nodes"
+expect 0 "ranks table" -- "$TIDE" plan --train --ranks 16 --hw h100-80g-ndr-cluster --config tinyllama-mini \
+    --batch 2 --seq 64 --budget 50%
+for w in "16 data-parallel, ZeRO-1" "bytes net/step/rank" "between nodes" "perfect scaling" "verified    yes"; do
+    contains "$TMP/out" "$w" "ranks table"
+done
+expect 2 "ranks 0" -- "$TIDE" plan --train --ranks 0 --config tinyllama-mini --budget 50%
+contains "$TMP/err" "bad --ranks" "bad ranks message"
+expect 2 "ranks not a number" -- "$TIDE" plan --train --ranks eight --config tinyllama-mini --budget 50%
+expect 2 "zero 3" -- "$TIDE" plan --train --ranks 2 --zero 3 --config tinyllama-mini --budget 50%
+contains "$TMP/err" "bad --zero" "bad zero message"
+expect 2 "zero without ranks" -- "$TIDE" plan --train --zero 1 --config tinyllama-mini --budget 50%
+contains "$TMP/err" "--zero needs --ranks" "zero without ranks message"
+expect 2 "ranks without train" -- "$TIDE" plan --ranks 2 --config tinyllama-mini --budget 50%
+expect 1 "ranks on a profile without a network" -- "$TIDE" plan --train --ranks 2 --config tinyllama-mini \
+    --budget 50% --hw h100-80g
+contains "$TMP/err" "cannot run collectives over 2 ranks" "no network message"
+expect 1 "zero 2 with accum" -- "$TIDE" plan --train --ranks 2 --zero 2 --accum 2 --config tinyllama-mini --budget 50%
+contains "$TMP/err" "not built" "zero 2 accum message"
 finish

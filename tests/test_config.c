@@ -145,11 +145,19 @@ static void test_named_configs(void **state) {
         assert_int_equal(tide_llama_config_check(f->ctx, &cfg), TIDE_OK);
         assert_int_equal(cfg.dtype, TIDE_BF16);
         assert_false(cfg.tie_word_embeddings);
-        assert_true(cfg.rope_theta == 10000.0f);
-        /* the LLaMA family's vocabulary, but for the training demonstration's */
-        assert_int_equal(cfg.vocab_size, strcmp(names[n], "tinyllama-mini") ? 32000 : 2048);
+        bool l3 = !strcmp(names[n], "llama-3.1-405b");
+        assert_true(cfg.rope_theta == (l3 ? 500000.0f : 10000.0f));
+        /* the LLaMA family's vocabulary, but for the training demonstration's and Llama 3's */
+        assert_int_equal(cfg.vocab_size, l3 ? 128256 : strcmp(names[n], "tinyllama-mini") ? 32000 : 2048);
     }
-    assert_int_equal(n, 6);
+    assert_int_equal(n, 7);
+    tide_llama_config big;
+    assert_int_equal(tide_llama_config_named(f->ctx, "llama-3.1-405b", &big), TIDE_OK);
+    assert_int_equal(big.hidden_size, 16384);
+    assert_int_equal(big.intermediate_size, 53248);
+    assert_int_equal(big.num_hidden_layers, 126);
+    assert_int_equal(big.num_attention_heads, 128);
+    assert_int_equal(big.num_key_value_heads, 8);
 
     tide_llama_config c;
     assert_int_equal(tide_llama_config_named(f->ctx, "tinyllama-1.1b", &c), TIDE_OK);

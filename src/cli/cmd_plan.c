@@ -15,6 +15,7 @@
 static const char help[] =
     "Usage: tide plan (--model PATH | --config NAME) [--dtype T] [--batch B] [--seq S]\n"
     "                 [--decode N]\n"    "                 [--train [--accum N] [--optimizer auto|device|cpu]]\n"
+    "                 [--ranks N [--zero 0|1|2]]\n"
     "                 --budget BYTES|PCT%|min [--hw PROFILE] [--policy P]\n"
     "                 [--host-budget BYTES] [--weights-on-ssd] [--tile auto|none|LEVEL]\n"
     "                 [--host-compute auto|off]\n"
@@ -28,7 +29,7 @@ static const char help[] =
     "  --model PATH       read the configuration from PATH/config.json, or from\n"
     "                     the metadata of the GGUF file PATH\n"
     "  --config NAME      a built-in configuration: tinyllama-1.1b, llama-7b,\n"
-    "                     llama-13b, llama-65b, llama-2-70b\n"
+    "                     llama-13b, llama-65b, llama-2-70b, llama-3.1-405b\n"
     "  --dtype T          plan the weights stored as T instead of the configuration's\n"
     "                     type: f32, f16, bf16, or a block type q8_0, q4_0, q4_k,\n"
     "                     q5_k, q6_k (every weight of that type, the norms f32),\n"
@@ -56,12 +57,28 @@ static const char help[] =
     "  --optimizer WHERE  training: where each AdamW update runs: auto (default:\n"
     "                     on the device or on the host CPU, whichever the plan\n"
     "                     predicts faster, split per parameter), device, or cpu\n"
+    "  --ranks N          training: plan one of N data-parallel ranks (2-65536), each\n"
+    "                     running --accum micro-batches of its own; its gradients'\n"
+    "                     collectives run on the network stream, overlapping the\n"
+    "                     backward (one parameter's gradient a bucket), priced by\n"
+    "                     the profile's network (a multi-GPU profile such as\n"
+    "                     8x-h100-80g-nvlink); the ideal is then perfect scaling\n"
+    "                     (unlimited memory, free network). Planned and\n"
+    "                     simulated only: no backend runs collectives yet\n"
+    "  --zero S           with --ranks: 0 every rank a full copy (gradients\n"
+    "                     all-reduced), 1 (default) master weights and moments\n"
+    "                     sharded 1/N (gradients reduce-scattered after the\n"
+    "                     backward, updated parameters all-gathered), 2 also\n"
+    "                     gradients sharded (each reduce-scattered as the\n"
+    "                     backward writes it; --accum 1 only)\n"
     "  --budget X         device arena: bytes (e.g. 20G), a percentage of the\n"
     "                     unconstrained peak capped at the profile's memory (25%),\n"
     "                     or min (the smallest budget the policy can plan)\n"
     "  --hw PROFILE       p100-16g, v100-32g, a100-80g, h100-80g (default),\n"
     "                     h200-141g, l4-24g, a10-24g, rtx-3090-24g, rtx-4090-24g\n"
-    "                     (the last five: datasheet figures until probed) or a\n"
+    "                     (the last five: datasheet figures until probed), for\n"
+    "                     --ranks 8x-h100-80g-nvlink (one node) or\n"
+    "                     h100-80g-ndr-cluster (nodes of 8 on InfiniBand), or a\n"
     "                     profile JSON path (see tide probe)\n"
     "  --policy P         tide (default), static-layer (whole layers resident, the\n"
     "                     rest streamed with double buffering) or lru (load on\n"
@@ -198,6 +215,7 @@ static const struct option plan_options[] = {
     {"accum", required_argument, 0, 'A'},  {"optimizer", required_argument, 0, 'O'},
     {"dtype", required_argument, 0, 'd'},  {"host-compute", required_argument, 0, 'C'},
     {"lora-r", required_argument, 0, 0x100}, {"lora-targets", required_argument, 0, 0x101},
+    {"ranks", required_argument, 0, 'R'},  {"zero", required_argument, 0, 'Z'},
     {0, 0, 0, 0},
 };
 
@@ -207,7 +225,8 @@ static bool is_mix(const char *s) { return !strcasecmp(s, "q4_k_m") || !strcasec
 /* Parses argv into *a. Returns -1 to go on, else the exit status (0 after
  * --help, 2 on a usage error). */
 static int parse_args(int argc, char **argv, plan_args *a) {
-    *a = (plan_args){.hw_name = "h100-80g", .batch = 1, .seq = 2048, .accum = 1, .policy = TIDE_POLICY_TIDE};
+    *a = (plan_args){.hw_name = "h100-80g", .batch = 1, .seq = 2048, .accum = 1, .policy = TIDE_POLICY_TIDE,
+                     .ranks = 1, .zero = 1};
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "h", plan_options, NULL)) != -1) {
@@ -281,6 +300,15 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             tide_ctx_free(ctx);
             break;
         }
+        case 'R':
+            if (cli_parse_int(optarg, 1, 65536, &a->ranks))
+                return cli_usage_error("plan", "bad --ranks '%s' (an integer from 1 to 65536)", optarg);
+            break;
+        case 'Z':
+            if (cli_parse_int(optarg, 0, 2, &a->zero))
+                return cli_usage_error("plan", "bad --zero '%s' (0, 1 or 2)", optarg);
+            a->have_zero = true;
+            break;
         case 'h': fputs(help, stdout); return 0;
         default: return cli_usage_error("plan", "unknown option");
         }
@@ -295,6 +323,8 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     if ((a->lora_r || a->lora_targets) && !a->train)
         return cli_usage_error("plan", "--lora-r and --lora-targets plan a LoRA training step: they need --train");
     if (a->lora_targets && !a->lora_r) return cli_usage_error("plan", "--lora-targets needs --lora-r");
+    if (a->ranks > 1 && !a->train) return cli_usage_error("plan", "--ranks plans data-parallel training: it needs --train");
+    if (a->have_zero && a->ranks < 2) return cli_usage_error("plan", "--zero needs --ranks 2 or more");
     if ((a->have_accum || a->have_optim) && !a->train)
         return cli_usage_error("plan", "--accum and --optimizer need --train");
     if (a->policy == TIDE_POLICY_CHECKPOINT_LAYER && !a->train)

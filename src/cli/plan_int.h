@@ -21,6 +21,8 @@ typedef struct plan_args {
     /* --train with LoRA: --lora-r (0: full fine-tuning), --lora-targets bits */
     long lora_r;
     unsigned lora_targets;
+    long ranks, zero;             /* --ranks (1: one device), --zero */
+    bool have_zero;
 } plan_args;
 
 /* `tide plan --train`: returns the exit status. */

@@ -37,6 +37,7 @@ typedef struct train_job {
     uint64_t peak;                /* unconstrained peak of the untiled step */
     uint64_t untiled_min, untiled_ws, ws;
     double ideal, step, dev_step;
+    uint64_t net_intra, net_inter; /* bytes a rank sends per step (--ranks) */
     int tile, level;
     bool min_budget;
     char note[96];                /* how the budget was chosen */
@@ -53,7 +54,7 @@ static int load_step(const plan_args *a, train_job *j) {
     j->to = (tide_llama_train_opts){.batch = (int)a->batch, .seq = (int)a->seq, .accum = (int)a->accum,
                                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
                                     .grad_clip = 1.0f, .lora_r = (int)a->lora_r, .lora_alpha = 2.0f * (float)a->lora_r,
-                                    .lora_targets = a->lora_targets};
+                                    .lora_targets = a->lora_targets, .ranks = (int)a->ranks, .zero = (int)a->zero};
     if (tide_llama_build_train(j->ctx, &j->cfg, &j->to, &j->g)) return cli_fail(j->ctx, "building the training graph");
     j->po = tide_planner_opts_default();
     j->po.policy = a->policy;
@@ -154,9 +155,23 @@ static int simulate_step(const plan_args *a, train_job *j) {
         tide_timeline_free(qt);
         tide_plan_free(q);
     }
+    tide_plan_net_bytes(p, j->hw, &j->net_intra, &j->net_inter);
     if (a->trace && tide_plan_write_trace(p, j->tl, a->trace, NULL)) return cli_fail(j->ctx, "writing the trace");
     if (a->out && tide_plan_save_json(p, a->out)) return cli_fail(j->ctx, "writing the plan");
     return 0;
+}
+
+/* --ranks: the data-parallel fields of --json. */
+static void add_ranks_json(cJSON *o, const plan_args *a, const train_job *j) {
+    cJSON_AddNumberToObject(o, "ranks", j->s.ranks);
+    cJSON_AddNumberToObject(o, "zero", (double)a->zero);
+    cJSON_AddNumberToObject(o, "collectives_per_step", j->s.step_collectives);
+    cJSON_AddNumberToObject(o, "net_bytes_per_rank", (double)(j->net_intra + j->net_inter));
+    cJSON_AddNumberToObject(o, "net_bytes_intra_node_per_rank", (double)j->net_intra);
+    cJSON_AddNumberToObject(o, "net_bytes_inter_node_per_rank", (double)j->net_inter);
+    cJSON_AddNumberToObject(o, "state_bytes_this_rank", (double)(j->ti.master_bytes + j->ti.moment_bytes));
+    cJSON_AddNumberToObject(o, "tokens_per_s_all_ranks",
+                            j->step > 0 ? (double)a->batch * a->seq * a->accum * j->s.ranks / j->step : 0);
 }
 
 static void print_json(const plan_args *a, const train_job *j) {
@@ -208,6 +223,7 @@ static void print_json(const plan_args *a, const train_job *j) {
     cJSON_AddNumberToObject(o, "optimizer_host_groups", ti->optimizer_host_groups);
     cJSON_AddNumberToObject(o, "optimizer_host_state_bytes", (double)ti->optimizer_host_state_bytes);
     if (ti->optimizer_host_groups) cJSON_AddNumberToObject(o, "device_optimizer_step_s", j->dev_step);
+    if (s->ranks > 1) add_ranks_json(o, a, j);
     char *js = cJSON_PrintUnformatted(o);
     if (js) puts(js);
     free(js);
@@ -246,6 +262,10 @@ static void print_human(const plan_args *a, const train_job *j) {
            "per micro-batch\n", cli_fmt_bytes(ti->weight_bytes, b1, sizeof b1),
            cli_fmt_bytes(ti->master_bytes, b2, sizeof b2), cli_fmt_bytes(ti->moment_bytes, b3, sizeof b3),
            cli_fmt_bytes(ti->gradient_bytes, b4, sizeof b4), cli_fmt_bytes(ti->kept_activation_bytes, b5, sizeof b5));
+    if (s->ranks > 1)
+        printf("ranks       %d data-parallel, ZeRO-%ld: this rank's master weights and moments %s; "
+               "%d collectives a step on the net stream\n", s->ranks, a->zero,
+               cli_fmt_bytes(ti->master_bytes + ti->moment_bytes, b1, sizeof b1), s->step_collectives);
     printf("\n%-24s %14s\n", "", "value");
     printf("%-24s %14s\n", "peak device", cli_fmt_bytes(s->peak_device_bytes, b1, sizeof b1));
     printf("%-24s %14s\n", "peak host spill", cli_fmt_bytes(s->peak_host_bytes, b1, sizeof b1));
@@ -254,8 +274,16 @@ static void print_human(const plan_args *a, const train_job *j) {
     printf("%-24s %14s\n", "bytes device->host/step", cli_fmt_bytes(s->step_bytes_d2h, b1, sizeof b1));
     printf("%-24s %14s\n", "bytes ssd read/step", cli_fmt_bytes(s->step_bytes_ssd_read, b1, sizeof b1));
     printf("%-24s %14s\n", "bytes ssd write/step", cli_fmt_bytes(s->step_bytes_ssd_write, b1, sizeof b1));
+    if (s->ranks > 1) {
+        printf("%-24s %14s\n", "bytes net/step/rank", cli_fmt_bytes(j->net_intra + j->net_inter, b1, sizeof b1));
+        printf("%-24s %14s\n", "  inside a node", cli_fmt_bytes(j->net_intra, b1, sizeof b1));
+        printf("%-24s %14s\n", "  between nodes", cli_fmt_bytes(j->net_inter, b1, sizeof b1));
+        tokens *= s->ranks; /* every rank's */
+    }
     printf("%-24s %13.4fs  (%.0f tokens/s)\n", "predicted step", step, step > 0 ? tokens / step : 0);
-    printf("%-24s %13.4fs  (%.1f%% of ideal)\n", "ideal step (no limit)", ideal, step > 0 ? 100.0 * ideal / step : 0);
+    printf("%-24s %13.4fs  (%.1f%% of ideal)\n", s->ranks > 1 ? "ideal step (no limit)*" : "ideal step (no limit)",
+           ideal, step > 0 ? 100.0 * ideal / step : 0);
+    if (s->ranks > 1) printf("%-24s  * perfect scaling: this rank's step, unlimited memory, a free network\n", "");
     printf("%-24s %13.4fs  (2 steps; %.3fx of lower bound %.4fs)\n", "predicted makespan", s->makespan_s,
            j->bounds.lower_bound_s > 0 ? s->makespan_s / j->bounds.lower_bound_s : 0, j->bounds.lower_bound_s);
     printf("%-24s %13.4fs\n", "planning time", ti->plan_seconds);

@@ -42,8 +42,28 @@
  * the first chunk. Where device memory is host memory (a host_addressable
  * plan) the drives read straight into the arena: an SSD LOAD is the read
  * alone.
+ *
+ * Collectives (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER over N ranks of B
+ * bytes), ring algorithms over the profile's network. Inside one node (N <=
+ * net_gpus_per_node, or a profile of one node), bandwidth bw = net_intra_bw
+ * and latency a = net_intra_latency_s per step:
+ *     reduce-scatter, all-gather   (N-1)/N * B / bw + (N-1) a
+ *     all-reduce                   2 (N-1)/N * B / bw + 2 (N-1) a
+ * Across nodes (G = net_gpus_per_node GPUs a node, M = ceil(N / G) nodes),
+ * hierarchical: a reduce-scatter inside each node, then one between the
+ * nodes over each GPU's 1/G part (every GPU its own link of net_inter_bw,
+ * latency net_inter_latency_s):
+ *     reduce-scatter   (G-1)/G * B / bw_intra + (G-1) a_intra
+ *                      + (M-1)/M * (B/G) / bw_inter + (M-1) a_inter
+ *     all-gather       the same, mirrored
+ *     all-reduce       a reduce-scatter then an all-gather
+ * One rank sends those bytes over each fabric: (N-1)/N * B (twice for an
+ * all-reduce) inside one node; (G-1)/G * B inside and (M-1)/M * B/G between
+ * nodes otherwise.
  */
 #include "cost/cost.h"
+
+#include "graph/graph.h"
 
 /* Fraction of the matmul peak that attention reaches (softmax, masking and
  * small per-head tiles keep it well below large GEMMs). */
@@ -64,7 +84,51 @@ static double matvec_bw_of(const tide_hw *hw, tide_dtype dt) {
     return bw > 0 ? bw : hw->mem_bw;
 }
 
+/* One ring phase (a reduce-scatter or an all-gather) over n ranks of b
+ * bytes at bandwidth bw, latency a a step; *sent += the bytes a rank sends. */
+static double ring_phase(int n, double b, double bw, double a, double *sent) {
+    if (n < 2) return 0;
+    double f = (double)(n - 1) / n * b;
+    *sent += f;
+    return f / bw + (n - 1) * a;
+}
+
+double tide_cost_collective(const tide_hw *hw, int kind, uint64_t bytes, int ranks, double *intra, double *inter) {
+    double in = 0, out = 0, b = (double)bytes, s = 0;
+    int G = hw->net_gpus_per_node > 0 && hw->net_inter_bw > 0 ? hw->net_gpus_per_node : ranks;
+    if (G > ranks) G = ranks;
+    int M = (ranks + G - 1) / G;
+    if (ranks >= 2 && hw->net_intra_bw > 0) {
+        s = ring_phase(G, b, hw->net_intra_bw, hw->net_intra_latency_s, &in);
+        if (M > 1) s += ring_phase(M, b / G, hw->net_inter_bw, hw->net_inter_latency_s, &out);
+    } else if (ranks >= 2 && M > 1) { /* one GPU a node */
+        s = ring_phase(M, b, hw->net_inter_bw, hw->net_inter_latency_s, &out);
+    }
+    if (kind == (int)TIDE_OP_ALL_REDUCE) s *= 2, in *= 2, out *= 2;
+    if (intra) *intra = in;
+    if (inter) *inter = out;
+    return s;
+}
+
+const char *tide_hw_net_missing(const tide_hw *hw, int ranks) {
+    if (ranks < 2) return NULL;
+    int G = hw->net_gpus_per_node > 0 ? hw->net_gpus_per_node : ranks;
+    if (G > 1 && !(hw->net_intra_bw > 0))
+        return "it has no network between its GPUs (net_intra_bw, net_intra_latency_s)";
+    if (ranks > G && !(hw->net_inter_bw > 0))
+        return "its ranks would span nodes, but it has no network between nodes (net_inter_bw, "
+               "net_inter_latency_s; net_gpus_per_node GPUs a node)";
+    return NULL;
+}
+
+/* A collective op: the whole tensor's bytes over the network. */
+static double collective_op_s(const tide_hw *hw, const tide_graph *g, const tide_op *op) {
+    int full = op->kind == TIDE_OP_ALL_GATHER ? op->out[0] : op->in[0];
+    return tide_cost_collective(hw, (int)op->kind, g->tensors[full].nbytes, op->p.ranks, NULL, NULL);
+}
+
 double tide_cost_op(const tide_hw *hw, const tide_graph *g, const tide_op *op) {
+    if (tide_op_is_collective(op->kind)) return collective_op_s(hw, g, op);
     double bw = hw->mem_bw;
     const tide_op_desc *d = tide_op_desc_of(op->kind);
     double rate;
@@ -172,6 +236,11 @@ double tide_cost_ins(const tide_hw *hw, const tide_graph *g, const tide_ins *in,
     case TIDE_INS_LOAD: return tide_cost_load(hw, in->src, n, host_device, res);
     case TIDE_INS_STORE: return tide_cost_store(hw, in->dst, n, res);
     case TIDE_INS_MOVE: return tide_cost_move(hw, in->dst, n, res);
+    case TIDE_INS_ALL_REDUCE:
+    case TIDE_INS_REDUCE_SCATTER:
+    case TIDE_INS_ALL_GATHER:
+        set_res(res, TIDE_RES_NET);
+        return collective_op_s(hw, g, &g->ops[in->op]);
     default:
         set_res(res, 0);
         return 0;

@@ -40,6 +40,13 @@ typedef struct tide_hw {
                                      matrix-vector products; 0: mem_bw. Measured
                                      through the backend's own kernel, which may widen
                                      16-bit weights as it streams them */
+    /* The network between data-parallel ranks (all 0: the profile has none;
+     * cost.c, "collectives"): */
+    double net_intra_bw;          /* bus bandwidth per GPU inside a node, bytes/s each way */
+    double net_intra_latency_s;   /* per ring step inside a node */
+    double net_inter_bw;          /* per GPU between nodes, bytes/s each way (0: one node) */
+    double net_inter_latency_s;   /* per ring step between nodes */
+    int net_gpus_per_node;        /* GPUs sharing the intra-node fabric (0: every rank) */
     double op_scale[TIDE_OP_COUNT]; /* by op kind: a factor on the predicted seconds of
                                      a DEVICE compute of that kind (0: 1). Not part of
                                      profiles on disk: set by a refit from measured
@@ -67,8 +74,9 @@ typedef enum tide_res {
     TIDE_RES_D2H = 1u << 2,     /* device -> host link */
     TIDE_RES_SSD = 1u << 3,     /* the SSDs, reads and writes alike */
     TIDE_RES_HOST = 1u << 4,    /* the host CPU's compute (HOST computes) */
+    TIDE_RES_NET = 1u << 5,     /* the network between ranks (collectives) */
 } tide_res;
-#define TIDE_RES_COUNT 5
+#define TIDE_RES_COUNT 6
 
 /* Bytes per pipelined chunk of an SSD <-> device transfer (the executor's
  * bounce buffer halves: 4 MiB each). */
@@ -109,6 +117,16 @@ double tide_cost_move(const tide_hw *hw, tide_tier dst, uint64_t n, unsigned *re
  * DROP takes no time and holds nothing); host_device: the plan is
  * host_addressable (see tide_cost_load). */
 double tide_cost_ins(const tide_hw *hw, const tide_graph *g, const tide_ins *in, bool host_device, unsigned *res);
+
+/* Collectives (cost.c): the seconds of collective op kind `kind` (graph.h)
+ * over `ranks` ranks on a tensor of `bytes` bytes (the whole tensor: the
+ * reduce-scatter's input, the all-gather's output), ring algorithms, holding
+ * TIDE_RES_NET; hierarchical when the ranks span nodes. *intra and *inter
+ * (may be NULL) receive the bytes one rank sends over each fabric. */
+double tide_cost_collective(const tide_hw *hw, int kind, uint64_t bytes, int ranks, double *intra, double *inter);
+/* NULL when hw's network can run collectives over `ranks` ranks, else what it
+ * lacks (a sentence naming the field). */
+const char *tide_hw_net_missing(const tide_hw *hw, int ranks);
 
 /* One stage of a transfer alone: n bytes over the h2d / d2h link, or read /
  * written by the SSD tier (striped over ssd_count drives): n / bandwidth +

@@ -10,7 +10,9 @@
  * `tide probe`'s; `tide plan` prints it). Every field is required but
  * "notes", "source", "flops.i32" and the optional ones (attention_efficiency,
  * host_flops, host_mem_bw, matvec_bw_f32/_f16/_bf16/_q8_0/_q4_0/_q4_k/_q5_k/
- * _q6_k: absent means the cost model's default), and every
+ * _q6_k: absent means the cost model's default; net_intra_bw,
+ * net_intra_latency_s, net_inter_bw, net_inter_latency_s, net_gpus_per_node:
+ * the network of a multi-GPU profile, absent on a single device's), and every
  * value is checked: a malformed profile is TIDE_E_FORMAT with a message naming
  * the file and the field.
  *
@@ -48,9 +50,9 @@
 /* Integers stored as JSON numbers must be exact doubles. */
 #define TIDE_JSON_MAX_INT 9007199254740992.0 /* 2^53 */
 
-static const char *const shipped_names[] = {"a10-24g",  "a100-80g",     "h100-80g",     "h200-141g",
-                                            "l4-24g",   "p100-16g",     "rtx-3090-24g", "rtx-4090-24g",
-                                            "v100-32g"};
+static const char *const shipped_names[] = {"8x-h100-80g-nvlink", "a10-24g", "a100-80g", "h100-80g",
+                                            "h100-80g-ndr-cluster", "h200-141g", "l4-24g", "p100-16g",
+                                            "rtx-3090-24g", "rtx-4090-24g", "v100-32g"};
 
 /* ---------------------------------------------------------------- fields */
 
@@ -95,6 +97,11 @@ static const field optional_fields[] = {
     {"matvec_bw_q4_k", F_POSITIVE, offsetof(tide_hw, matvec_bw) + TIDE_Q4_K * sizeof(double)},
     {"matvec_bw_q5_k", F_POSITIVE, offsetof(tide_hw, matvec_bw) + TIDE_Q5_K * sizeof(double)},
     {"matvec_bw_q6_k", F_POSITIVE, offsetof(tide_hw, matvec_bw) + TIDE_Q6_K * sizeof(double)},
+    {"net_intra_bw", F_POSITIVE, offsetof(tide_hw, net_intra_bw)},
+    {"net_intra_latency_s", F_POSITIVE, offsetof(tide_hw, net_intra_latency_s)},
+    {"net_inter_bw", F_POSITIVE, offsetof(tide_hw, net_inter_bw)},
+    {"net_inter_latency_s", F_POSITIVE, offsetof(tide_hw, net_inter_latency_s)},
+    {"net_gpus_per_node", F_COUNT, offsetof(tide_hw, net_gpus_per_node)},
 };
 #define N_OPTIONAL (sizeof optional_fields / sizeof optional_fields[0])
 #define N_FIELDS (sizeof fields / sizeof fields[0])

@@ -143,6 +143,11 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
     static const tide_exec_opts defaults = {0};
     if (!opts) opts = &defaults;
     *out = NULL;
+    for (int i = 0; p && i < p->n_ins; i++) /* a data-parallel rank's plan: no backend runs it yet */
+        if (tide_ins_is_collective(p->ins[i].kind) || p->ins[i].stream == TIDE_STREAM_NET || p->ranks > 1)
+            return tide_err(ctx, TIDE_E_UNSUPPORTED, "the plan is one of %d data-parallel ranks (instruction %d: "
+                            "%s): collectives need ranks (not built yet); run a plan without --ranks",
+                            p->ranks, i, tide_ins_name(p->ins[i].kind));
     tide_exec *ex = tide_calloc(1, sizeof *ex);
     if (!ex) return tide_err(ctx, TIDE_E_NOMEM, "out of memory creating the executor");
     ex->ctx = ctx;

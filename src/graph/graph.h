@@ -18,7 +18,21 @@
  * says what it stands for), in the public enum's hole at 9; and the number of
  * kinds, which grows with each one added. */
 #define TIDE_OP_GENERIC ((tide_op_kind)9)
-#define TIDE_OP_COUNT (TIDE_OP_ADD_BIAS + 1)
+/* Collectives of a data-parallel step over op args `ranks` ranks (this
+ * rank's view; plan.h: the instructions that run them on the network):
+ *   ALL_REDUCE      x -> x in place: the sum of every rank's x (f32)
+ *   REDUCE_SCATTER  x (d0, ...) -> s (ceil(d0 / ranks), ...): this rank's
+ *                   rows of the sum of every rank's x (f32)
+ *   ALL_GATHER      s (ceil(d0 / ranks), ...) -> x (d0, ...): every rank's
+ *                   rows, concatenated (any float dtype)
+ * They cost no FLOPs: the cost model prices them by the profile's network. */
+#define TIDE_OP_ALL_REDUCE ((tide_op_kind)(TIDE_OP_ADD_BIAS + 1))
+#define TIDE_OP_REDUCE_SCATTER ((tide_op_kind)(TIDE_OP_ADD_BIAS + 2))
+#define TIDE_OP_ALL_GATHER ((tide_op_kind)(TIDE_OP_ADD_BIAS + 3))
+#define TIDE_OP_COUNT (TIDE_OP_ADD_BIAS + 4)
+static inline bool tide_op_is_collective(tide_op_kind k) {
+    return k == TIDE_OP_ALL_REDUCE || k == TIDE_OP_REDUCE_SCATTER || k == TIDE_OP_ALL_GATHER;
+}
 
 typedef struct tide_tensor {
     char *name;
@@ -58,6 +72,7 @@ typedef struct tide_op_args {
                           CE_STATS: the loss adds; CE_BLOCK: dw adds */
     float scale;       /* CROSS_ENTROPY, CE_*: the factor of the loss and its gradients */
     float beta1, beta2, adam_eps, weight_decay, max_norm; /* ADAMW */
+    int ranks;         /* ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER: ranks taking part (>= 2) */
 } tide_op_args;
 
 /* tide_graph_add_op with the library's full parameters (a: NULL for none). */
@@ -95,6 +110,9 @@ static inline int64_t tide_tensor_numel(const tide_tensor *t) {
 /* Rows of a 2-D activation (shape[0]) and its row length (shape[1]). */
 static inline int64_t tide_tensor_rows(const tide_tensor *t) { return t->shape[0]; }
 static inline int64_t tide_tensor_cols(const tide_tensor *t) { return t->ndim > 1 ? t->shape[t->ndim - 1] : 1; }
+/* Elements of one rank's shard of x over n ranks: ceil(d0 / n) of its rows
+ * (rank 0's, the largest). */
+int64_t tide_shard_numel(const tide_tensor *x, int n);
 
 /* True if op reads tensor t / writes tensor t. */
 bool tide_op_reads(const tide_op *op, int t);

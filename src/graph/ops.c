@@ -402,6 +402,38 @@ static tide_status check_adamw(CHECK_ARGS) {
     return TIDE_OK;
 }
 
+int64_t tide_shard_numel(const tide_tensor *x, int n) {
+    int64_t numel = tide_tensor_numel(x), d0 = x->ndim ? x->shape[0] : 1;
+    if (n < 1 || d0 < 1) return numel;
+    return (d0 + n - 1) / n * (numel / d0);
+}
+
+static tide_status check_collective(tide_op_kind kind_of_check, CHECK_ARGS) {
+    (void)n_in;
+    (void)n_out;
+    const char *name = tide_op_name(kind_of_check);
+    if (p->ranks < 2) FAIL("%s: needs ranks >= 2 (got %d)", name, p->ranks);
+    const tide_tensor *x = T(0), *y = g->tensors + out[0];
+    if (!is_float(x->dtype) || x->dtype != y->dtype) FAIL("%s: '%s' and '%s' must be one float dtype", name, x->name, y->name);
+    if (kind_of_check != TIDE_OP_ALL_GATHER && x->dtype != TIDE_F32) FAIL("%s: '%s' must be f32", name, x->name);
+    if (kind_of_check == TIDE_OP_ALL_REDUCE) {
+        if (out[0] != in[0]) FAIL("%s: output must be input '%s', reduced in place", name, x->name);
+    } else {
+        const tide_tensor *full = kind_of_check == TIDE_OP_REDUCE_SCATTER ? x : y;
+        const tide_tensor *part = kind_of_check == TIDE_OP_REDUCE_SCATTER ? y : x;
+        if (tide_tensor_numel(part) != tide_shard_numel(full, p->ranks))
+            FAIL("%s: shard '%s' must hold %lld elements (ceil(rows / %d) rows of '%s')", name, part->name,
+                 (long long)tide_shard_numel(full, p->ranks), p->ranks, full->name);
+    }
+    *flops = 0;
+    return TIDE_OK;
+}
+static tide_status check_all_reduce(CHECK_ARGS) { return check_collective(TIDE_OP_ALL_REDUCE, g, n_in, in, n_out, out, p, flops); }
+static tide_status check_reduce_scatter(CHECK_ARGS) {
+    return check_collective(TIDE_OP_REDUCE_SCATTER, g, n_in, in, n_out, out, p, flops);
+}
+static tide_status check_all_gather(CHECK_ARGS) { return check_collective(TIDE_OP_ALL_GATHER, g, n_in, in, n_out, out, p, flops); }
+
 /* The rows of logits CROSS_ENTROPY holds at once: 32 MiB of them, at least
  * one row. */
 int64_t tide_ce_chunk_rows(int64_t rows, int64_t vocab) {
@@ -538,6 +570,9 @@ static const tide_op_desc descs[TIDE_OP_COUNT] = {
     [TIDE_OP_CE_STATS] = {"ce_stats", -1, -1, -1, TIDE_OPC_MATMUL, false, check_ce_stats, NULL, scratch_ce_block},
     [TIDE_OP_CE_BLOCK] = {"ce_block", -1, -1, -1, TIDE_OPC_MATMUL, false, check_ce_block, NULL, scratch_ce_block},
     [TIDE_OP_ADD_BIAS] = {"add_bias", 2, 2, 1, TIDE_OPC_VECTOR, false, check_add_bias, NULL, NULL},
+    [TIDE_OP_ALL_REDUCE] = {"all_reduce", 1, 1, 1, TIDE_OPC_VECTOR, false, check_all_reduce, NULL, NULL},
+    [TIDE_OP_REDUCE_SCATTER] = {"reduce_scatter", 1, 1, 1, TIDE_OPC_VECTOR, false, check_reduce_scatter, NULL, NULL},
+    [TIDE_OP_ALL_GATHER] = {"all_gather", 1, 1, 1, TIDE_OPC_VECTOR, false, check_all_gather, NULL, NULL},
 };
 
 const tide_op_desc *tide_op_desc_of(tide_op_kind k) {

@@ -7,8 +7,8 @@
 #include <string.h>
 
 static const char *const tier_names[] = {"device", "host", "ssd"};
-static const char *const stream_names[] = {"compute", "h2d", "d2h", "io", "host"};
-static const char *const ins_names[] = {"compute", "load", "store", "move", "drop"};
+static const char *const stream_names[] = {"compute", "h2d", "d2h", "io", "host", "net"};
+static const char *const ins_names[] = {"compute", "load", "store", "move", "drop", "all_reduce", "reduce_scatter", "all_gather"};
 static const char *const policy_names[] = {"tide", "static-layer", "lru", "checkpoint-layer", "zero-offload"};
 static const char *const place_names[] = {"device", "host"};
 
@@ -33,6 +33,7 @@ tide_plan *tide_plan_alloc(tide_ctx *ctx, const tide_graph *g, int n_iter) {
     p->g = g;
     p->ctx = ctx;
     p->n_iter = n_iter;
+    p->ranks = 1;
     int n = g->n_tensors ? g->n_tensors : 1;
     p->home = tide_calloc((size_t)n, sizeof *p->home);
     p->resident = tide_calloc((size_t)n, sizeof *p->resident);

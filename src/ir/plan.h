@@ -38,6 +38,22 @@
  *                         [dev_off[0], +nbytes) is free once DROP completes; on
  *                         HOST or SSD its spill space is free.
  *   FREE t  (not an instruction): a tensor is dead after its last DROP.
+ *   ALL_REDUCE op, REDUCE_SCATTER op, ALL_GATHER op
+ *                         a collective of a data-parallel step: runs the
+ *                         graph's collective op `op` (graph.h: its kind names
+ *                         the instruction's) with the plan's other `ranks` - 1
+ *                         ranks on the network stream, reading its input's
+ *                         device copy at dev_off[0] and writing its output's
+ *                         at dev_off[1] (ALL_REDUCE: the same tensor, in
+ *                         place). Operands are device copies (host_opnd 0),
+ *                         no scratch. To the ordering rules it is a COMPUTE
+ *                         on the network stream: a reader of its output
+ *                         waits for it (no read of a reduce-scattered shard
+ *                         or an all-gathered parameter before the collective
+ *                         completes), and a writer of the bytes it reads or
+ *                         writes waits for it (no write to a buffer a pending
+ *                         collective reads). The plan is one rank's; every
+ *                         rank runs the same plan on its own data.
  *
  * Conventions (the verifier enforces them): op = -1 on every instruction but
  * COMPUTE and tensor = -1 on a COMPUTE; a DEVICE COMPUTE runs on the compute
@@ -88,13 +104,22 @@
 typedef enum tide_tier { TIDE_TIER_DEVICE = 0, TIDE_TIER_HOST, TIDE_TIER_SSD, TIDE_TIER_COUNT } tide_tier;
 /* The host stream runs HOST computes on the host CPU beside the device's. */
 typedef enum tide_stream {
-    TIDE_STREAM_COMPUTE = 0, TIDE_STREAM_H2D, TIDE_STREAM_D2H, TIDE_STREAM_IO, TIDE_STREAM_HOST, TIDE_STREAM_COUNT
+    TIDE_STREAM_COMPUTE = 0, TIDE_STREAM_H2D, TIDE_STREAM_D2H, TIDE_STREAM_IO, TIDE_STREAM_HOST,
+    TIDE_STREAM_NET, /* collectives between ranks */
+    TIDE_STREAM_COUNT
 } tide_stream;
 /* Where a COMPUTE runs. */
 typedef enum tide_place { TIDE_PLACE_DEVICE = 0, TIDE_PLACE_HOST, TIDE_PLACE_COUNT } tide_place;
 typedef enum tide_ins_kind {
-    TIDE_INS_COMPUTE = 0, TIDE_INS_LOAD, TIDE_INS_STORE, TIDE_INS_MOVE, TIDE_INS_DROP, TIDE_INS_COUNT
+    TIDE_INS_COMPUTE = 0, TIDE_INS_LOAD, TIDE_INS_STORE, TIDE_INS_MOVE, TIDE_INS_DROP,
+    TIDE_INS_ALL_REDUCE, TIDE_INS_REDUCE_SCATTER, TIDE_INS_ALL_GATHER, TIDE_INS_COUNT
 } tide_ins_kind;
+/* Whether k is a collective (it names an op, like a COMPUTE). */
+static inline bool tide_ins_is_collective(tide_ins_kind k) {
+    return k == TIDE_INS_ALL_REDUCE || k == TIDE_INS_REDUCE_SCATTER || k == TIDE_INS_ALL_GATHER;
+}
+/* Whether an instruction of kind k runs an op (a COMPUTE or a collective). */
+static inline bool tide_ins_runs_op(tide_ins_kind k) { return k == TIDE_INS_COMPUTE || tide_ins_is_collective(k); }
 
 const char *tide_tier_name(tide_tier t);
 const char *tide_stream_name(tide_stream s);
@@ -107,7 +132,7 @@ typedef struct tide_ins {
     tide_ins_kind kind;
     tide_stream stream;
     int iter;          /* iteration 0..n_iter-1 */
-    int op;            /* COMPUTE: op index in the graph; else -1 */
+    int op;            /* COMPUTE, collectives: op index in the graph; else -1 */
     int tensor;        /* LOAD/STORE/MOVE/DROP: tensor index; else -1 */
     tide_place place;  /* COMPUTE: device or host CPU; else DEVICE */
     uint16_t host_opnd;/* COMPUTE: bit k set when operand k (inputs, then outputs)
@@ -159,6 +184,8 @@ typedef struct tide_plan {
                                      tensor lives across runs (see above) */
     uint64_t warm_region;         /* [0, warm_region) holds warm tensors only (0: no region) */
     bool host_addressable;        /* DEVICE computes may use host copies in place */
+    int ranks;                    /* data-parallel ranks running this plan, each on its own
+                                     data (1: a single device; collectives need >= 2) */
     tide_ins *ins;
     int n_ins, cap_ins;
     int *waits;

@@ -6,6 +6,9 @@
  *   {"format":"tide-plan", "version":2, "policy":"tide", "n_iter":N,
  *    "device_budget":B, "host_budget":H, "host_addressable":false,
  *    "warm_region":W,                          (optional, 0 when absent)
+ *    "ranks":R,                                (optional, 1 when absent: the
+ *                                               data-parallel ranks; a plan
+ *                                               with collectives has R >= 2)
  *    "graph":{"n_tensors":..,"n_ops":..,"fingerprint":"16 hex digits"},
  *    "home":["host","ssd","device",...]      one tier name per tensor
  *    "resident":[0,1,...]                     one flag per tensor
@@ -138,7 +141,7 @@ static const stat_field stat_fields[] = {
 #define N_STAT_FIELDS (sizeof stat_fields / sizeof stat_fields[0])
 
 static int n_dev_off(const tide_plan *p, const tide_ins *in) {
-    if (in->kind != TIDE_INS_COMPUTE) return 1;
+    if (!tide_ins_runs_op(in->kind)) return 1;
     const tide_op *op = &p->g->ops[in->op];
     return op->n_in + op->n_out;
 }
@@ -154,6 +157,7 @@ static void put_plan(FILE *f, const tide_plan *p) {
     fprintf(f, ",\"host_addressable\":%s", p->host_addressable ? "true" : "false");
     fputs(",\"warm_region\":", f);
     put_u64(f, p->warm_region);
+    if (p->ranks > 1) fprintf(f, ",\"ranks\":%d", p->ranks);
     fprintf(f, ",\n\"graph\":{\"n_tensors\":%d,\"n_ops\":%d,\"fingerprint\":\"%016llx\"},\n\"home\":[",
             g->n_tensors, g->n_ops, (unsigned long long)tide_graph_fingerprint(g));
     for (int t = 0; t < g->n_tensors; t++)
@@ -209,7 +213,7 @@ tide_status tide_plan_save_json(const tide_plan *p, const char *path) {
     if (!p || !p->g || !path || !*path) return tide_err(ctx, TIDE_E_INVALID, "plan save: no plan or path");
     for (int i = 0; i < p->n_ins; i++) {
         const tide_ins *in = &p->ins[i];
-        if ((in->kind == TIDE_INS_COMPUTE && (in->op < 0 || in->op >= p->g->n_ops)) ||
+        if ((tide_ins_runs_op(in->kind) && (in->op < 0 || in->op >= p->g->n_ops)) ||
             (unsigned)in->kind >= TIDE_INS_COUNT || in->n_wait < 0 ||
             in->wait_at < 0 || in->wait_at > p->n_waits - in->n_wait)
             return tide_err(ctx, TIDE_E_INVALID, "plan save '%s': instruction %d is malformed", path, i);
@@ -327,12 +331,16 @@ static tide_status parse_ins(reader *r, const tide_plan *p, int version, int i, 
     in->tensor = (int)v[4];
     in->src = (tide_tier)v[5];
     in->dst = (tide_tier)v[6];
-    if (in->kind == TIDE_INS_COMPUTE ? (in->op < 0 || in->tensor != -1) : (in->tensor < 0 || in->op != -1))
+    bool runs_op = tide_ins_runs_op(in->kind);
+    if (runs_op ? (in->op < 0 || in->tensor != -1) : (in->tensor < 0 || in->op != -1))
         return BAD("plan file '%s': instruction %d: a %s needs %s", r->path, i, tide_ins_name(in->kind),
-                   in->kind == TIDE_INS_COMPUTE ? "an op and tensor -1" : "a tensor and op -1");
+                   runs_op ? "an op and tensor -1" : "a tensor and op -1");
+    if (tide_ins_is_collective(in->kind) && !tide_op_is_collective(g->ops[in->op].kind))
+        return BAD("plan file '%s': instruction %d: a %s must name a collective op (op %d is %s)", r->path, i,
+                   tide_ins_name(in->kind), in->op, tide_op_name(g->ops[in->op].kind));
     if (nf > N_INS_FIELDS_V1) {
         long long pl, mask;
-        int n_opnd = in->kind == TIDE_INS_COMPUTE ? g->ops[in->op].n_in + g->ops[in->op].n_out : 0;
+        int n_opnd = runs_op ? g->ops[in->op].n_in + g->ops[in->op].n_out : 0;
         if (!get_int(it[12], 0, in->kind == TIDE_INS_COMPUTE ? TIDE_PLACE_COUNT - 1 : 0, &pl))
             return BAD("plan file '%s': instruction %d: field 'place' must be %s", r->path, i,
                        in->kind == TIDE_INS_COMPUTE ? "0 (device) or 1 (host)" : "0 (device)");
@@ -370,7 +378,7 @@ static tide_status parse_ins(reader *r, const tide_plan *p, int version, int i, 
                    "64-bit integers or -1 (home)", r->path, i);
 
     /* device ranges inside the arena */
-    if (in->kind == TIDE_INS_COMPUTE) {
+    if (runs_op) {
         const tide_op *op = &g->ops[in->op];
         for (k = 0; k < nd; k++) {
             int t = k < op->n_in ? op->in[k] : op->out[k - op->n_in];
@@ -506,6 +514,13 @@ static tide_status parse_plan(reader *r, const tide_graph *g, const cJSON *root,
             goto fail;
         }
         p->host_addressable = cJSON_IsTrue(ha);
+        const cJSON *rk = member(root, "ranks");
+        long long ranks = 1;
+        if (rk && !get_int(rk, 1, 1 << 20, &ranks)) {
+            st = BAD("plan file '%s': field 'ranks' must be an integer from 1 to %d", r->path, 1 << 20);
+            goto fail;
+        }
+        p->ranks = (int)ranks;
         const cJSON *wr = member(root, "warm_region");
         if (wr && (!get_u64(wr, false, &p->warm_region) || p->warm_region % TIDE_PLAN_ALIGN ||
                    p->warm_region > p->device_budget)) {

@@ -37,6 +37,9 @@ static const builtin builtins[] = {
     {"llama-13b", 5120, 13824, 40, 40, 40, 32000, 2048, 1e-6f},
     {"llama-65b", 8192, 22016, 80, 64, 64, 32000, 2048, 1e-5f},
     {"llama-2-70b", 8192, 28672, 80, 64, 8, 32000, 4096, 1e-5f},
+    /* Llama 3.1 405B's shape (its config.json; rope theta 500000, the
+     * long-context scaling of its rope not modelled) */
+    {"llama-3.1-405b", 16384, 53248, 126, 128, 8, 128256, 131072, 1e-5f},
     /* the training demonstration's model: tinyllama's proportions (head_dim
      * 32, 4 query heads per kv head, intermediate 2.75x hidden), 4 layers
      * and a 2048-token vocabulary, so a step takes well under a second on
@@ -46,7 +49,7 @@ static const builtin builtins[] = {
 #define N_BUILTINS (sizeof builtins / sizeof builtins[0])
 
 static const char *const builtin_names[N_BUILTINS + 1] = {
-    "tinyllama-1.1b", "llama-7b", "llama-13b", "llama-65b", "llama-2-70b", "tinyllama-mini", NULL,
+    "tinyllama-1.1b", "llama-7b", "llama-13b", "llama-65b", "llama-2-70b", "llama-3.1-405b", "tinyllama-mini", NULL,
 };
 
 const char *const *tide_llama_config_names(void) { return builtin_names; }
@@ -66,7 +69,7 @@ tide_status tide_llama_config_named(tide_ctx *ctx, const char *name, tide_llama_
         cfg->vocab_size = b->vocab;
         cfg->max_position_embeddings = b->max_pos;
         cfg->rms_norm_eps = b->eps;
-        cfg->rope_theta = 10000.0f;
+        cfg->rope_theta = strncmp(b->name, "llama-3", 7) ? 10000.0f : 500000.0f;
         cfg->tie_word_embeddings = false;
         cfg->dtype = TIDE_BF16;
         return TIDE_OK;

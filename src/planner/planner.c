@@ -491,6 +491,17 @@ static tide_status check_opts(tide_ctx *ctx, const tide_graph *g, const tide_pla
         (o->host_ops || o->host_addressable || o->warm_off || o->warm_region || o->shared_scratch))
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "plan: the %s policy plans neither host placements, in-place host "
                         "tensors nor warm ones (the tide policy does)", tide_policy_name(o->policy));
+    for (int i = 0; i < g->n_ops; i++) /* a rank's step: the profile must have a network for its collectives */
+        if (tide_op_is_collective(g->ops[i].kind)) {
+            const char *why = tide_hw_net_missing(o->hw, g->ops[i].p.ranks);
+            if (why)
+                return tide_err(ctx, TIDE_E_INVALID, "plan: profile '%s' cannot run collectives over %d ranks: %s",
+                                o->hw->name, g->ops[i].p.ranks, why);
+            if (o->host_addressable)
+                return tide_err(ctx, TIDE_E_UNSUPPORTED, "plan: collectives run on device copies; a plan whose "
+                                "device addresses host memory (the CPU backend) is not planned with ranks");
+            break;
+        }
     return TIDE_OK;
 }
 

@@ -285,6 +285,8 @@ tide_status engine_finish(engine *e, bool simulate, double t0) {
     for (int s = 0; s < TIDE_STREAM_COUNT; s++)
         if (e->clk.stream_end[s] > ms) ms = e->clk.stream_end[s];
     ps->makespan_s = ms;
+    tide_status nst = planner_collectives_to_net(e->ctx, p);
+    if (nst) return e->st = nst;
     if (simulate) {
         tide_sim_result r;
         tide_status st = tide_simulate(p, e->hw, &r);

@@ -275,6 +275,9 @@ tide_status engine_compute_host(engine *e, int step);
 /* End of plan: STORE home every dirty persistent tensor, DROP everything,
  * fill the stats (makespan from the simulator when simulate). */
 tide_status engine_finish(engine *e, bool simulate, double t0);
+/* Moves p's collective computes onto the network stream with the waits
+ * their compute-stream order gave them, and sets p->ranks (planner_net.c). */
+tide_status planner_collectives_to_net(tide_ctx *ctx, tide_plan *p);
 
 /* Op index of a step. */
 static inline int engine_op_index(const engine *e, int step) {

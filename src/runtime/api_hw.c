@@ -32,6 +32,8 @@ void tide_hw_info_get(const tide_hw *hw, tide_hw_info *out) {
         .ssd_write_bw = hw->ssd_write_bw, .source = hw->source,
         .host_flops = hw->host_flops > 0 ? hw->host_flops : TIDE_HOST_FLOPS_DEFAULT,
         .host_mem_bw = hw->host_mem_bw > 0 ? hw->host_mem_bw : TIDE_HOST_MEM_BW_DEFAULT,
+        .net_intra_bw = hw->net_intra_bw, .net_inter_bw = hw->net_inter_bw,
+        .net_gpus_per_node = hw->net_gpus_per_node,
     };
 }
 

@@ -149,14 +149,33 @@ void tide_plan_info_get(const tide_plan *p, tide_plan_info *out) {
         .bytes_ssd_read = s->bytes_ssd_read, .bytes_ssd_write = s->bytes_ssd_write, .step_bytes_h2d = sb.h2d,
         .step_bytes_d2h = sb.d2h, .step_bytes_ssd_read = sb.ssd_read, .step_bytes_ssd_write = sb.ssd_write,
         .compute_s = s->compute_s, .makespan_s = s->makespan_s, .plan_seconds = s->plan_seconds,
+        .ranks = p->ranks,
     };
     for (int i = 0; i < p->n_ins; i++) {
         const tide_ins *in = &p->ins[i];
+        if (tide_ins_is_collective(in->kind) && in->iter == (p->n_iter >= 2 ? 1 : 0)) out->step_collectives++;
         if (in->kind != TIDE_INS_COMPUTE || in->iter != 0 || in->place != TIDE_PLACE_HOST) continue;
         const tide_op *op = &p->g->ops[in->op];
         out->host_computes++;
         if (op->kind == TIDE_OP_MATMUL) out->host_compute_weight_bytes += p->g->tensors[op->in[1]].nbytes;
     }
+}
+
+void tide_plan_net_bytes(const tide_plan *p, const tide_hw *hw, uint64_t *intra, uint64_t *inter) {
+    double a = 0, b = 0;
+    int iter = p->n_iter >= 2 ? 1 : 0;
+    for (int i = 0; i < p->n_ins; i++) {
+        const tide_ins *in = &p->ins[i];
+        if (!tide_ins_is_collective(in->kind) || in->iter != iter) continue;
+        const tide_op *op = &p->g->ops[in->op];
+        int full = op->kind == TIDE_OP_ALL_GATHER ? op->out[0] : op->in[0];
+        double x, y;
+        tide_cost_collective(hw, (int)op->kind, p->g->tensors[full].nbytes, op->p.ranks, &x, &y);
+        a += x;
+        b += y;
+    }
+    *intra = (uint64_t)(a + 0.5);
+    *inter = (uint64_t)(b + 0.5);
 }
 
 /* ---------------------------------------------------------------- timelines */

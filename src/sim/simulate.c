@@ -49,7 +49,7 @@ static int first_bad(const tide_plan *p, const char **why) {
         const tide_ins *in = &p->ins[i];
         if ((unsigned)in->kind >= TIDE_INS_COUNT) return *why = "unknown kind", i;
         if ((unsigned)in->stream >= TIDE_STREAM_COUNT) return *why = "unknown stream", i;
-        if (in->kind == TIDE_INS_COMPUTE ? (in->op < 0 || in->op >= g->n_ops)
+        if (tide_ins_runs_op(in->kind) ? (in->op < 0 || in->op >= g->n_ops)
                                          : (in->tensor < 0 || in->tensor >= g->n_tensors))
             return *why = "op or tensor index out of range", i;
         if (in->n_wait < 0 || in->wait_at < 0 || in->wait_at > p->n_waits - in->n_wait)

@@ -201,7 +201,10 @@ static int device_deltas(const tide_plan *p, const tide_sim_event *tl, const int
         case TIDE_INS_LOAD:
             rc = copies_write(&c, in->tensor, in->dev_off[0], e->start_s);
             break;
-        case TIDE_INS_COMPUTE: {
+        case TIDE_INS_COMPUTE:
+        case TIDE_INS_ALL_REDUCE:
+        case TIDE_INS_REDUCE_SCATTER:
+        case TIDE_INS_ALL_GATHER: {
             const tide_op *op = &g->ops[in->op];
             for (int j = 0; j < op->n_out && rc == 0; j++) /* host operands hold no device bytes */
                 if (!tide_ins_host_opnd(in, op->n_in + j))
@@ -239,7 +242,7 @@ static void put_event(FILE *f, const tide_plan *p, const tide_sim_event *e) {
     fprintf(f, ",\n{\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"cat\":\"%s\",\"name\":\"",
             (int)in->stream + 1, e->start_s * 1e6, (e->end_s - e->start_s) * 1e6,
             tide_ins_name(in->kind));
-    if (in->kind == TIDE_INS_COMPUTE) {
+    if (tide_ins_runs_op(in->kind)) {
         const tide_op *op = &g->ops[in->op];
         fputs(tide_op_name(op->kind), f);
         put_op_label(f, g, op);
@@ -315,7 +318,7 @@ tide_status tide_trace_write(const tide_plan *p, const tide_sim_event *timeline,
         else {
             const tide_ins *in = &p->ins[e->ins];
             if ((unsigned)in->kind >= TIDE_INS_COUNT || (unsigned)in->stream >= TIDE_STREAM_COUNT ||
-                (in->kind == TIDE_INS_COMPUTE ? (in->op < 0 || in->op >= g->n_ops)
+                (tide_ins_runs_op(in->kind) ? (in->op < 0 || in->op >= g->n_ops)
                                               : (in->tensor < 0 || in->tensor >= g->n_tensors)))
                 why = "the instruction is malformed";
         }

@@ -62,9 +62,10 @@ enum {
 };
 
 /* Lane colours, by stream; the area's and the budget's. */
-static const char *const lane_fill[TIDE_STREAM_COUNT] = {"#7a7a7a", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
+static const char *const lane_fill[TIDE_STREAM_COUNT] = {"#7a7a7a", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+                                                          "#17becf"};
 static const char *const lane_name[TIDE_STREAM_COUNT] = {"compute", "h2d load", "d2h store", "io (ssd)",
-                                                          "host compute"};
+                                                          "host compute", "net (collectives)"};
 #define AREA_FILL "#9ecae1"  /* bytes in use (the lower envelope where dense) */
 #define BAND_FILL "#deebf7"  /* range of bytes in use within a pixel column */
 #define AREA_LINE "#2166ac"
@@ -135,7 +136,7 @@ static int step_decimals(double step) {
 static void put_ins_name(FILE *f, const tide_plan *p, int i) {
     const tide_ins *in = &p->ins[i];
     const tide_graph *g = p->g;
-    if (in->kind == TIDE_INS_COMPUTE) {
+    if (tide_ins_runs_op(in->kind)) {
         const tide_op *op = &g->ops[in->op];
         fputs(tide_op_name(op->kind), f);
         if (op->n_out > 0) {
@@ -168,7 +169,7 @@ static const char *timeline_check(const tide_plan *p, const tide_sim_event *tl, 
         const tide_ins *in = &p->ins[e->ins];
         if ((unsigned)in->kind >= TIDE_INS_COUNT || (unsigned)in->stream >= TIDE_STREAM_COUNT)
             return "the instruction is malformed";
-        if (in->kind == TIDE_INS_COMPUTE ? (in->op < 0 || in->op >= g->n_ops)
+        if (tide_ins_runs_op(in->kind) ? (in->op < 0 || in->op >= g->n_ops)
                                          : (in->tensor < 0 || in->tensor >= g->n_tensors))
             return "the instruction names no op or tensor of the graph";
         by_ins[e->ins] = k;
@@ -252,7 +253,7 @@ static int usage_compute(const tide_plan *p, const tide_sim_event *tl, const int
     size_t n_ev = 0;
     for (int i = 0; i < p->n_ins; i++) {
         const tide_ins *in = &p->ins[i];
-        if (in->kind == TIDE_INS_COMPUTE)
+        if (tide_ins_runs_op(in->kind))
             n_ev += (size_t)g->ops[in->op].n_out;
         else if (in->kind == TIDE_INS_LOAD || (in->kind == TIDE_INS_DROP && in->src == TIDE_TIER_DEVICE))
             n_ev++;
@@ -270,7 +271,7 @@ static int usage_compute(const tide_plan *p, const tide_sim_event *tl, const int
     for (int i = 0; i < p->n_ins && rc == 0; i++) {
         const tide_ins *in = &p->ins[i];
         const tide_sim_event *e = &tl[by_ins[i]];
-        if (in->kind == TIDE_INS_COMPUTE) {
+        if (tide_ins_runs_op(in->kind)) {
             const tide_op *op = &g->ops[in->op];
             for (int j = 0; j < op->n_out; j++) /* host operands hold no device bytes */
                 if (!tide_ins_host_opnd(in, op->n_in + j))
@@ -394,7 +395,7 @@ static int lanes_compute(const tide_plan *p, const tide_sim_event *tl, const int
         for (size_t k = 0; k < n; k++) {
             double x0 = a[k].s * px, x1 = a[k].e * px;
             const tide_ins *in = &p->ins[a[k].ins];
-            uint64_t bytes = in->kind == TIDE_INS_COMPUTE ? 0 : g->tensors[in->tensor].nbytes;
+            uint64_t bytes = tide_ins_runs_op(in->kind) ? 0 : g->tensors[in->tensor].nbytes;
             if (nb > 0 && x0 - bars[nb - 1].x1 < 1.0) {
                 bar *b = &bars[nb - 1];
                 if (x1 > b->x1) b->x1 = x1;

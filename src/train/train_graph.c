@@ -58,6 +58,7 @@
  * weight gradient add up over the tiles.
  */
 #include "model/llama_int.h"
+#include "train/train_ranks.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -648,7 +649,7 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
         return s.b.st;
     }
     *out = s.b.g;
-    return TIDE_OK;
+    return o->ranks > 1 ? train_ranks_apply(ctx, o, out) : TIDE_OK;
 }
 
 bool tide_llama_train_tile_level(tide_llama_train_opts *o, int level) {

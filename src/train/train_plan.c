@@ -13,6 +13,7 @@
 
 #include "runtime/tiling.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -32,6 +33,16 @@ tide_status tide_plan_steady_step(const tide_plan *p, const tide_hw *hw, double 
 }
 
 tide_status tide_plan_ideal_step(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, double *step) {
+    /* a rank's step: its ideal is perfect scaling, the network free */
+    tide_hw free_net;
+    for (int i = 0; i < g->n_ops; i++)
+        if (tide_op_is_collective(g->ops[i].kind)) {
+            free_net = *hw;
+            free_net.net_intra_bw = free_net.net_inter_bw = INFINITY;
+            free_net.net_intra_latency_s = free_net.net_inter_latency_s = 0;
+            hw = &free_net;
+            break;
+        }
     uint64_t *warm = tide_malloc((size_t)(g->n_tensors ? g->n_tensors : 1) * sizeof *warm);
     if (!warm) return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
     uint64_t at = 0;

@@ -24,7 +24,8 @@ tide_status tide_plan_steady_step(const tide_plan *p, const tide_hw *hw, double 
  * unlimited memory. The steady step (tide policy, n_iter = 2) of a plan with
  * every WEIGHT and STATE tensor warm at a fixed offset on the device (never
  * loaded or stored) and a device budget of their bytes plus the unbounded
- * peak of the rest; only the batch moves. Returns TIDE_OK, TIDE_E_NOMEM, or
+ * peak of the rest; only the batch moves. For a data-parallel rank's step
+ * (collectives in g), the network costs nothing too: perfect scaling. Returns TIDE_OK, TIDE_E_NOMEM, or
  * the failure of planning or simulating (message on ctx). */
 tide_status tide_plan_ideal_step(tide_ctx *ctx, const tide_graph *g, const tide_hw *hw, double *step);
 

@@ -16,7 +16,11 @@
  *      on h2d or io; a STORE (device -> host|ssd) on d2h or io; a MOVE
  *      (host <-> ssd) on io; a DROP on any stream and never of a home. Every
  *      wait names an EARLIER instruction. Every device range (tensor copies
- *      and op scratch) lies inside device_budget, every spill range inside the
+ *      and op scratch) lies inside device_budget; a collective (ALL_REDUCE,
+ *      REDUCE_SCATTER, ALL_GATHER) runs its own kind of collective op over
+ *      the plan's ranks on the net stream, on device copies, and is then
+ *      replayed as a compute of its op (V2-V4: a read of its output before
+ *      it completes is a RAW violation, a write to bytes it reads a WAR one), every spill range inside the
  *      plan's spill area of its tier. Homes match roles. A COMPUTE's host
  *      operands are allowed when it runs on the host (then all are) or the
  *      plan is host_addressable. Warm tensors are weights or state, their
@@ -150,8 +154,32 @@ static tide_status check_fields(vstate *v, int x) {
                         "earlier instruction (a wait on a later one can deadlock, or be ignored by "
                         "an executor issuing in list order)", w);
     }
+    if (tide_ins_is_collective(in->kind)) {
+        if (in->stream != TIDE_STREAM_NET)
+            return vfail(v, x, "runs a collective on the %s stream; collectives run on the net stream",
+                        tide_stream_name(in->stream));
+        if (in->op < 0 || in->op >= v->g->n_ops) return vfail(v, x, "names op %d of a graph of %d", in->op, v->g->n_ops);
+        if (in->tensor != NONE) return vfail(v, x, "names tensor %d; a collective's tensor must be -1", in->tensor);
+        const tide_op *op = &v->g->ops[in->op];
+        bool match = (in->kind == TIDE_INS_ALL_REDUCE && op->kind == TIDE_OP_ALL_REDUCE) ||
+                     (in->kind == TIDE_INS_REDUCE_SCATTER && op->kind == TIDE_OP_REDUCE_SCATTER) ||
+                     (in->kind == TIDE_INS_ALL_GATHER && op->kind == TIDE_OP_ALL_GATHER);
+        if (!match) return vfail(v, x, "runs op %d (%s) as a collective of another kind", in->op, tide_op_name(op->kind));
+        if (op->p.ranks != v->p->ranks)
+            return vfail(v, x, "runs a collective over %d ranks in a plan of %d", op->p.ranks, v->p->ranks);
+        if (in->place != TIDE_PLACE_DEVICE || in->host_opnd)
+            return vfail(v, x, "runs a collective on host copies; collectives read and write device copies");
+        for (int k = 0; k < 2; k++) {
+            int t = k ? op->out[0] : op->in[0];
+            if ((st = check_dev(v, x, k ? "writes" : "reads", t, in->dev_off[k], v->g->tensors[t].nbytes))) return st;
+        }
+        return TIDE_OK;
+    }
     if (in->kind == TIDE_INS_COMPUTE) {
         bool host = in->place == TIDE_PLACE_HOST;
+        if (in->op >= 0 && in->op < v->g->n_ops && tide_op_is_collective(v->g->ops[in->op].kind))
+            return vfail(v, x, "computes collective op %d (%s) as a COMPUTE; it runs as a collective on the net "
+                        "stream", in->op, tide_op_name(v->g->ops[in->op].kind));
         if ((unsigned)in->place >= TIDE_PLACE_COUNT) return vfail(v, x, "has an unknown placement %d", (int)in->place);
         if (in->stream != (host ? TIDE_STREAM_HOST : TIDE_STREAM_COMPUTE))
             return vfail(v, x, "computes off the %s stream (on the %s stream): a compute placed on the %s runs on "
@@ -230,7 +258,7 @@ static tide_status check_fields(vstate *v, int x) {
 /* Finds the copy instruction x reads from (tier, off): live, valid, current. */
 static tide_status source(vstate *v, int x, int t, tide_tier tier, uint64_t off, int *out) {
     const tide_tensor *tt = &v->g->tensors[t];
-    const char *verb = v->p->ins[x].kind == TIDE_INS_COMPUTE ? "reads" :
+    const char *verb = tide_ins_runs_op(v->p->ins[x].kind) ? "reads" :
                        v->p->ins[x].kind == TIDE_INS_LOAD ? "loads" :
                        v->p->ins[x].kind == TIDE_INS_STORE ? "stores" : "moves";
     char pl[64];
@@ -381,6 +409,9 @@ static tide_status step(vstate *v, int x) {
     int t = in->tensor, src;
     switch (in->kind) {
     case TIDE_INS_COMPUTE:
+    case TIDE_INS_ALL_REDUCE:
+    case TIDE_INS_REDUCE_SCATTER:
+    case TIDE_INS_ALL_GATHER:
         return do_compute(v, x);
     case TIDE_INS_LOAD:
         if ((st = source(v, x, t, in->src, in->tier_off, &src))) return st;

@@ -59,6 +59,15 @@ static void vdescribe(const vstate *v, int i, char *b, size_t n) {
         vplace(s1, sizeof s1, in->src, in->src == TIDE_TIER_DEVICE ? in->dev_off[0] : in->tier_off);
         k = (size_t)snprintf(b, n, "drop '%s' %s", vtname(v, in->tensor), s1);
         break;
+    case TIDE_INS_ALL_REDUCE:
+    case TIDE_INS_REDUCE_SCATTER:
+    case TIDE_INS_ALL_GATHER:
+        if (in->op >= 0 && in->op < v->g->n_ops)
+            k = (size_t)snprintf(b, n, "%s '%s' -> '%s'", tide_ins_name(in->kind), vtname(v, v->g->ops[in->op].in[0]),
+                                 vtname(v, v->g->ops[in->op].out[0]));
+        else
+            k = (size_t)snprintf(b, n, "%s op %d", tide_ins_name(in->kind), in->op);
+        break;
     default:
         k = (size_t)snprintf(b, n, "kind %d", (int)in->kind);
     }
