@@ -18,6 +18,8 @@ typedef struct plan_args {
     tide_optim_mode optim;        /* --optimizer (training) */
     bool have_optim;
     bool host_compute_off;        /* --host-compute off */
+    tide_dtype cache_type;        /* --cache-type (inference) */
+    bool have_cache_type;
 } plan_args;
 
 /* `tide plan --train`: returns the exit status. */

@@ -221,6 +221,7 @@ static tide_status cpu_attention(tide_ctx *ctx, int nt, const tide_graph *g, con
     /* the caches are outputs 1 and 2 (also inputs 4 and 5 unless fresh) */
     const tide_tensor *kc = tout(g, op, 1);
     d.C = kc->shape[1];
+    d.cache_dtype = kc->dtype;
     if (op->n_in == 4)
         for (int64_t t = 0; t < d.T; t++)
             if (pp[t] != t)
@@ -238,9 +239,10 @@ static tide_status cpu_attention(tide_ctx *ctx, int nt, const tide_graph *g, con
         d1.B = 1;
         const int64_t qd = (int64_t)d.H * d.hd, kd = (int64_t)d.KV * d.hd, rows = d.T;
         for (int64_t b = 0; b < d.B && !st; b++) {
+            const int64_t cb = d.C * (int64_t)tide_dtype_bytes(d.cache_dtype, (uint64_t)kd); /* a row's bytes */
             st = tk_attention((const float *)in[0] + b * rows * qd, (const float *)in[1] + b * rows * kd,
-                              (const float *)in[2] + b * rows * kd, pp + b * rows, (float *)out[1] + b * d.C * kd,
-                              (float *)out[2] + b * d.C * kd, (float *)out[0] + b * rows * qd, &d1, &bad, nt);
+                              (const float *)in[2] + b * rows * kd, pp + b * rows, (char *)out[1] + b * cb,
+                              (char *)out[2] + b * cb, (float *)out[0] + b * rows * qd, &d1, &bad, nt);
             if (st == TIDE_E_RANGE) bad += b * rows;
         }
     }

@@ -257,6 +257,9 @@ static tide_status op_attention(tide_backend *be, cu_queue *q, const tide_graph 
     if (KV <= 0 || H % KV || B * T * H > INT_MAX)
         return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "attention: %lld x %lld x %d heads (%d kv heads) is beyond "
                         "the cuda kernel's grid", (long long)B, (long long)T, H, KV);
+    if (kc->dtype != TIDE_F32)
+        return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "attention: the cuda backend's KV caches are f32 only, '%s' "
+                        "is %s (use --cache-type f32, or the cpu backend)", kc->name, tide_dtype_name(kc->dtype));
     int64_t bad = -1;
     int32_t val = 0;
     tide_status st = TIDE_OK;
