@@ -541,13 +541,15 @@ static tide_status cpu_compute(tide_backend *be, void *q, const tide_graph *g, c
         if (!out[i]) return tide_err(ctx, TIDE_E_INVALID, "cpu %s: output %d has no data", nm, i);
     cpu_kernel k = (unsigned)op->kind < TIDE_OP_COUNT ? cpu_kernels[op->kind] : NULL;
     if (!k) return tide_err(ctx, TIDE_E_UNSUPPORTED, "cpu backend: op kind %d is not supported", (int)op->kind);
-    /* block-quantized tensors: a MATMUL's weight and an EMBED's table only */
+    /* block-quantized tensors: a MATMUL's weight, an EMBED's table and an
+     * ATTENTION's KV caches (inputs 4, 5; outputs 1, 2) only */
     for (int i = 0; i < op->n_in + op->n_out; i++) {
         const tide_tensor *t = i < op->n_in ? tin(g, op, i) : tout(g, op, i - op->n_in);
-        bool weight = (op->kind == TIDE_OP_MATMUL && i == 1) || (op->kind == TIDE_OP_EMBED && i == 0);
+        bool weight = (op->kind == TIDE_OP_MATMUL && i == 1) || (op->kind == TIDE_OP_EMBED && i == 0) ||
+                      (op->kind == TIDE_OP_ATTENTION && ((i >= 4 && i < op->n_in) || i > op->n_in));
         if (tide_dtype_is_quantized(t->dtype) && !weight)
             return tide_err(ctx, TIDE_E_UNSUPPORTED, "cpu %s: tensor '%s' is %s; the cpu backend takes "
-                            "block-quantized tensors only as a matmul's weight or an embed's table", nm, t->name,
+                            "block-quantized tensors only as a matmul's weight, an embed's table or a KV cache", nm, t->name,
                             tide_dtype_name(t->dtype));
     }
     if (op->kind == TIDE_OP_MATMUL) return cpu_matmul(ctx, tide_ctx_threads(ctx), be->matmul, g, op, in, out, scratch);
