@@ -352,6 +352,9 @@ static void print_json(const run_job *r) {
     cJSON_AddNumberToObject(o, "prompt_tokens", n_prompt);
     cJSON_AddNumberToObject(o, "new_tokens", (double)a->new_tokens);
     cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(gen, r->n_gen));
+    char lh[24]; /* FNV-1a of every logits output: equal for bit-identical logits */
+    snprintf(lh, sizeof lh, "%016llx", (unsigned long long)s->logits_hash);
+    cJSON_AddStringToObject(o, "logits_hash", lh);
     if (r->text_mode) {
         cJSON_AddStringToObject(o, "text", tide_textgen_text(r->out, NULL));
         cJSON_AddStringToObject(o, "stop_reason", r->stop_reason);
