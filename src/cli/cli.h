@@ -38,8 +38,8 @@ int cli_parse_cache_type(const char *s, tide_dtype *out);
 #define CLI_OPT_CACHE_TYPE 0x1c7
 #define CLI_CACHE_TYPE_HELP                                                             \
     "  --cache-type T      the KV cache's type: f32 (default), f16, bf16 (rounded to\n" \
-    "                      nearest even) or q8_0 (ggml's 8-bit blocks of 32 per\n"      \
-    "                      row, about 3.8x smaller than f32); see docs/quantization.md\n"
+    "                      nearest even) or q8_0 (ggml's 8-bit blocks of 32 values,\n" \
+    "                      3.8x smaller than f32; docs/quantization.md)\n"
 #define CLI_CACHE_TYPE_ERROR "bad --cache-type '%s' (f32, f16, bf16 or q8_0)"
 /* "auto", "cpu" or "cuda" into *out; -1 for anything else. */
 int cli_parse_backend(const char *s, tide_backend_kind *out);

@@ -21,11 +21,11 @@
 static const char help[] =
     "Usage: tide serve --model NAME=DIR [--model NAME=DIR]... --budget BYTES|auto\n"
     "                  [--host-budget BYTES] [--ssd DIRS] [--weights-on-ssd]\n"
-    "                  [--policy tide|equal|serial] [--hw PROFILE] [--ctx N] [--cache-type T]\n"
+    "                  [--policy tide|equal|serial] [--hw PROFILE] [--ctx N]\n"
     "                  [--host ADDR] [--port N] [--api-key KEY] [--queue N]\n"
     "                  [--max-loaded N] [--shutdown-grace S] [--timeout S]\n"
     "                  [--keep-alive S] [--max-connections N] [--http-threads N]\n"
-    "                  [--per-client N]\n"
+    "                  [--per-client N] [--cache-type T]\n"
     "                  [--max-batch N] [--backend auto|cpu|cuda] [--threads N] [--quiet]\n"
     "\n"
     "Serves the models over HTTP with OpenAI's API, all of them under one device\n"
