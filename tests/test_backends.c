@@ -692,10 +692,17 @@ static void test_attention(void **state) {
     /* every KV cache type: the caches written bit for bit as the reference
      * rounds them (tide_quantize_row), the output within the f32 bound (both
      * sides compute over the same converted keys and values) */
-    static const tide_dtype cdts[] = {TIDE_F32, TIDE_F16, TIDE_BF16, TIDE_Q8_0};
-    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0] * 4; ci++) {
-        const attn_cfg *a = &cs[ci % (sizeof cs / sizeof cs[0])];
-        const tide_dtype cdt = cdts[ci / (sizeof cs / sizeof cs[0])];
+    static const attn_cfg cq[] = {
+        {2, 4, 16, 4, 2, 16, {-1, 0}},    /* batch 2 (not q8_0: head_dim 16) */
+        {1, 1, 300, 8, 2, 64, {-1, 257}}, /* decode over three key tiles */
+        {1, 20, 48, 4, 2, 64, {-1, 10}},  /* CUDA's query-tiled kernel (T >= 16) */
+        {1, 3, 8, 2, 1, 32, {3, 3, 5}},   /* a repeated position: the last row stays */
+    };
+    enum { NCS = sizeof cs / sizeof cs[0], NCQ = sizeof cq / sizeof cq[0] };
+    static const tide_dtype cdts[] = {TIDE_F16, TIDE_BF16, TIDE_Q8_0};
+    for (size_t ci = 0; ci < NCS + 3 * NCQ; ci++) {
+        const attn_cfg *a = ci < NCS ? &cs[ci] : &cq[(ci - NCS) % NCQ];
+        const tide_dtype cdt = ci < NCS ? TIDE_F32 : cdts[(ci - NCS) / NCQ];
         if (a->hd % tide_dtype_block(cdt)) continue; /* a q8_0 cache needs whole blocks per head */
         int64_t R = (int64_t)a->B * a->T, qd = (int64_t)a->H * a->hd, kd = (int64_t)a->KV * a->hd;
         char what[96];
