@@ -497,12 +497,25 @@ typedef struct tide_llama_graph_opts {
      * rounding. */
     int tile_rows;
     uint64_t tile_weight_bytes;
+    /* The KV caches' type (tide_cache_dtype_ok): TIDE_F32 (0, the default),
+     * TIDE_F16 or TIDE_BF16 (round to nearest even) or TIDE_Q8_0 (blocks of
+     * 32 along a cache row, ggml's reference quantizer; head_dim a multiple
+     * of 32). Attention writes the new rows rounded to it and reads every
+     * position, the current ones too, back from the cache, so a prefill
+     * followed by decode steps computes what one longer prefill does
+     * (docs/quantization.md). */
+    tide_dtype cache_dtype;
 } tide_llama_graph_opts;
+
+/* Whether dt can be a KV cache's type for a model of this configuration:
+ * TIDE_OK, or TIDE_E_INVALID with a message naming the cause (ctx may be
+ * NULL). */
+tide_status tide_cache_dtype_ok(tide_ctx *ctx, const tide_llama_config *cfg, tide_dtype dt);
 
 /* Builds the forward graph of a LLaMA-style decoder. Tensor names of weights
  * follow Hugging Face ("model.layers.3.mlp.up_proj.weight"); inputs are "tokens"
  * (B, T) and "pos" (T, or B*T with row_pos); state is "cache.L.k" / "cache.L.v"
- * (B, C, KV*hd, f32; byte ranges of them named "cache.L.k.rN" with a
+ * (B, C, KV*hd, opts->cache_dtype; byte ranges of them named "cache.L.k.rN" with a
  * cache_row, "cache.L.k.bS" when tiled); outputs are "logits" and "next_token". */
 tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
                              const tide_llama_graph_opts *opts, tide_graph **out);
@@ -741,6 +754,8 @@ typedef struct tide_model_opts {
                          completed, even on a backend with events (slower; it names
                          the failing instruction of a device fault: the tide command
                          sets it for the environment variable TIDE_EXEC_SYNC=1) */
+    tide_dtype cache_dtype; /* the KV cache's type (tide_llama_graph_opts.cache_dtype):
+                         TIDE_F32 (0, the default), TIDE_F16, TIDE_BF16, TIDE_Q8_0 */
 } tide_model_opts;
 
 /* The defaults, filled in (size set): one sequence (max_batch 1), the
@@ -2280,6 +2295,7 @@ typedef struct tide_pool_model_opts {
                          cache, in host memory, would take over a quarter of the
                          host memory available when it loads) */
     int threads;      /* CPU threads of its runs (0: all) */
+    tide_dtype cache_dtype; /* its KV cache's type (tide_model_opts.cache_dtype; 0: f32) */
 } tide_pool_model_opts;
 
 /* The defaults above (all 0). */

@@ -157,4 +157,40 @@ fi
 
 expect 2 "make-model without a config" -- "$TIDE" make-model "$TMP/x"
 expect 1 "make-model, unknown config" -- "$TIDE" make-model --config nope "$TMP/x"
+
+# KV cache types: a model of head_dim 32 (q8_0 takes whole blocks of 32 per
+# head), each type offloaded at 25% and checked bit for bit against the plain
+# engine; f16 and q8_0 caches give other logits than f32 (they round)
+sed -e 's/"head_dim": 16/"head_dim": 32/' -e 's/"hidden_size": 96/"hidden_size": 128/' \
+    -e 's/"num_attention_heads": 6/"num_attention_heads": 4/' "$FX/config.json" > "$TMP/kv-config.json"
+expect 0 "make-model, head_dim 32" -- "$TIDE" make-model --config "$TMP/kv-config.json" --layers 2 --seed 5 "$TMP/kv"
+for t in f32 f16 bf16 q8_0; do
+    expect 0 "--cache-type $t, offloaded at 25%, checked" -- "$TIDE" run --model "$TMP/kv" --tokens 1,2,3,4,5,6 \
+        --new-tokens 6 --budget 25% --check --json --backend cpu --cache-type $t
+    contains "$TMP/out" '"check_passed":true' "$t cache: bit-identical to the plain engine"
+    contains "$TMP/out" "\"cache_type\":\"$t\"" "JSON names the $t cache"
+    grep -o '"logits_hash":"[0-9a-f]*"' "$TMP/out" > "$TMP/kv-hash-$t"
+    [ -s "$TMP/kv-hash-$t" ] || { echo "FAIL: no logits_hash in the $t run's JSON"; exit 1; }
+done
+for t in f16 q8_0; do
+    expect 1 "$t cache rounds: other logits than f32" -- cmp -s "$TMP/kv-hash-f32" "$TMP/kv-hash-$t"
+done
+expect 2 "bad --cache-type" -- "$TIDE" run --model "$TMP/kv" --cache-type q4_0
+contains "$TMP/err" "--cache-type 'q4_0'" "message names the bad --cache-type"
+expect 1 "q8_0 cache, head_dim 16" -- "$TIDE" run --model "$FX" --tokens 1,2 --new-tokens 1 --cache-type q8_0
+contains "$TMP/err" "multiple of 32" "message says why q8_0 is refused"
+for c in chat serve plan; do
+    expect 0 "$c help lists --cache-type" -- "$TIDE" $c --help
+    contains "$TMP/out" "--cache-type" "$c help lists --cache-type"
+done
+expect 2 "plan, bad --cache-type" -- "$TIDE" plan --config tinyllama-mini --budget 50% --cache-type f8
+expect 0 "plan, f32 cache" -- "$TIDE" plan --config tinyllama-mini --decode 4 --seq 256 --budget 50% --json
+grep -o '"cache_bytes":[0-9]*' "$TMP/out" > "$TMP/kv-plan-f32"
+expect 0 "plan, q8_0 cache" -- "$TIDE" plan --config tinyllama-mini --decode 4 --seq 256 --budget 50% --json \
+    --cache-type q8_0
+contains "$TMP/out" '"cache_type":"q8_0"' "plan JSON names the q8_0 cache"
+grep -o '"cache_bytes":[0-9]*' "$TMP/out" > "$TMP/kv-plan-q8"
+expect 1 "plan: the q8_0 cache is smaller" -- cmp -s "$TMP/kv-plan-f32" "$TMP/kv-plan-q8"
+expect 2 "plan --train with --cache-type" -- "$TIDE" plan --config tinyllama-mini --train --budget 50% \
+    --cache-type f16
 finish

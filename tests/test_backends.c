@@ -29,7 +29,10 @@
  *     tensor cores) each product may be off by u |x_k w_k| more, so the bound
  *     is (u + 2e-5) * sum_k |x_k w_k|, u = 2^-8 for bf16 and 2^-11 for f16.
  *   - ATTENTION output: 1e-5 absolute (outputs are averages of values in
- *     [-1, 1]): f32 scores in different orders, expf within 2 ulp.
+ *     [-1, 1]): f32 scores in different orders, expf within 2 ulp. The same
+ *     for every KV cache type (f32, f16, bf16, q8_0): the caches are written
+ *     bit for bit as tide_quantize_row rounds (exact), and both sides then
+ *     compute in f32 over the same converted keys and values.
  *   Each failure names the backend, op, case, element, got, want and bound;
  *   the worst error/bound ratio of every case is printed.
  *
@@ -197,9 +200,22 @@ static int tc_tensor(tcase *c, const char *name, tide_dtype dt, tide_role role, 
     tide_status st = tide_graph_add_tensor(c->g, name, dt, role, ndim, shape, &id);
     if (st) fail_msg("add_tensor %s: %s", name, tide_ctx_last_error(c->ctx));
     assert_true(id < MAX_T);
-    size_t nb = (size_t)tide_graph_tensor_bytes(c->g, id), n = nb / tide_dtype_size(dt);
+    size_t nb = (size_t)tide_graph_tensor_bytes(c->g, id);
     void *h = malloc(nb ? nb : 1);
     assert_non_null(h);
+    c->host[id] = h;
+    if (tide_dtype_is_quantized(dt)) { /* rows of the last dimension, quantized */
+        int64_t cols = shape[ndim - 1], rows = (int64_t)(nb / tide_dtype_bytes(dt, (uint64_t)cols));
+        float *x = malloc((size_t)cols * sizeof(float));
+        assert_non_null(x);
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t i = 0; i < cols; i++) x[i] = amp * frand();
+            assert_int_equal(tide_quantize_row(dt, x, (uint8_t *)h + r * tide_dtype_bytes(dt, (uint64_t)cols), cols), 0);
+        }
+        free(x);
+        return id;
+    }
+    size_t n = nb / tide_dtype_size(dt);
     for (size_t i = 0; i < n; i++) {
         float f = amp * frand();
         switch (dt) {
@@ -209,7 +225,6 @@ static int tc_tensor(tcase *c, const char *name, tide_dtype dt, tide_role role, 
         default: ((int32_t *)h)[i] = 0; break;
         }
     }
-    c->host[id] = h;
     return id;
 }
 
@@ -675,11 +690,25 @@ static void test_attention(void **state) {
         {1, 3, 8, 2, 1, 32, {3, 3, 5}},    /* a repeated position: the last row stays */
         {1, 2, 20, 2, 2, 512, {-1, 5}},    /* the largest head_dim */
     };
-    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
-        const attn_cfg *a = &cs[i];
+    /* every KV cache type: the caches written bit for bit as the reference
+     * rounds them (tide_quantize_row), the output within the f32 bound (both
+     * sides compute over the same converted keys and values) */
+    static const attn_cfg cq[] = {
+        {2, 4, 16, 4, 2, 16, {-1, 0}},    /* batch 2 (not q8_0: head_dim 16) */
+        {1, 1, 300, 8, 2, 64, {-1, 257}}, /* decode over three key tiles */
+        {1, 20, 48, 4, 2, 64, {-1, 10}},  /* CUDA's query-tiled kernel (T >= 16) */
+        {1, 3, 8, 2, 1, 32, {3, 3, 5}},   /* a repeated position: the last row stays */
+    };
+    enum { NCS = sizeof cs / sizeof cs[0], NCQ = sizeof cq / sizeof cq[0] };
+    static const tide_dtype cdts[] = {TIDE_F16, TIDE_BF16, TIDE_Q8_0};
+    for (size_t ci = 0; ci < NCS + 3 * NCQ; ci++) {
+        const attn_cfg *a = ci < NCS ? &cs[ci] : &cq[(ci - NCS) % NCQ];
+        const tide_dtype cdt = ci < NCS ? TIDE_F32 : cdts[(ci - NCS) / NCQ];
+        if (a->hd % tide_dtype_block(cdt)) continue; /* a q8_0 cache needs whole blocks per head */
         int64_t R = (int64_t)a->B * a->T, qd = (int64_t)a->H * a->hd, kd = (int64_t)a->KV * a->hd;
         char what[96];
-        snprintf(what, sizeof what, "B=%d T=%d C=%d H=%d KV=%d hd=%d", a->B, a->T, a->C, a->H, a->KV, a->hd);
+        snprintf(what, sizeof what, "B=%d T=%d C=%d H=%d KV=%d hd=%d %s", a->B, a->T, a->C, a->H, a->KV, a->hd,
+                 tide_dtype_name(cdt));
         tcase c;
         tc_open(&c, what);
         int q = tc_tensor(&c, "q", TIDE_F32, TIDE_ROLE_INPUT, R, qd, 0, 1);
@@ -687,8 +716,8 @@ static void test_attention(void **state) {
         int v = tc_tensor(&c, "v", TIDE_F32, TIDE_ROLE_INPUT, R, kd, 0, 1);
         int pos = tc_tensor(&c, "pos", TIDE_I32, TIDE_ROLE_INPUT, a->T, 0, 0, 0);
         /* caches hold stale values everywhere: only positions <= pos[t] may be read */
-        int kc = tc_tensor(&c, "cache.k", TIDE_F32, TIDE_ROLE_STATE, a->B, a->C, kd, 1);
-        int vc = tc_tensor(&c, "cache.v", TIDE_F32, TIDE_ROLE_STATE, a->B, a->C, kd, 1);
+        int kc = tc_tensor(&c, "cache.k", cdt, TIDE_ROLE_STATE, a->B, a->C, kd, 1);
+        int vc = tc_tensor(&c, "cache.v", cdt, TIDE_ROLE_STATE, a->B, a->C, kd, 1);
         int o = tc_tensor(&c, "o", TIDE_F32, TIDE_ROLE_TEMP, R, qd, 0, 1);
         int32_t *p = c.host[pos];
         for (int t = 0; t < a->T; t++) p[t] = a->pos[0] < 0 ? a->pos[1] + t : a->pos[t];

@@ -34,7 +34,9 @@
  * plain engine, with decode steps shared; a refused request in the batch
  * fails alone; at a budget where only one sequence's graphs plan (found by
  * the planner in the test), a 16-request batch prefills and steps its rows
- * one at a time, each request equal to its run alone.
+ * one at a time, each request equal to its run alone; f16 and bf16 KV
+ * caches: one prefill equals a shorter prefill plus one-token steps, logits
+ * bit for bit, resident and offloaded (f16 gives other logits than f32).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -517,12 +519,65 @@ static void test_batch(void **state) {
     tide_model_free(m);
 }
 
+/* KV cache types (f32, f16, bf16; this fixture's head_dim 16 takes no q8_0):
+ * one prefill of the whole prompt and a prefill of its first tokens followed
+ * by one-token steps give the same logits for every position, bit for bit,
+ * resident and offloaded: each step reads every position from the cache,
+ * rounded to its type, its own included. An f16 cache gives other logits than
+ * an f32 one (it rounds). */
+static void cache_type_logits(fixture *f, tide_dtype dt, double fraction, float *whole) {
+    const int32_t V = vocab(f), P = 3;
+    tide_model_opts mo = {.max_batch = 1, .ctx_len = 64, .cache_dtype = dt};
+    tide_model *m = NULL;
+    assert_int_equal(tide_model_new(f->ctx, f->ck, f->be, &mo, &m), TIDE_OK);
+    tide_offload_opts o = {.budget_kind = TIDE_BUDGET_FRACTION, .fraction = fraction, .policy = "tide",
+                           .hw = "a100-80g"};
+    if (fraction > 0) assert_int_equal(tide_model_set_offload(m, &o), TIDE_OK);
+    float *parts = malloc((size_t)N_PROMPT * V * sizeof(float));
+    assert_non_null(parts);
+    assert_int_equal(tide_model_forward(m, prompt, 1, N_PROMPT, 0, whole), TIDE_OK);
+    assert_int_equal(tide_model_forward(m, prompt, 1, P, 0, parts), TIDE_OK);
+    for (int t = P; t < N_PROMPT; t++)
+        assert_int_equal(tide_model_forward(m, prompt + t, 1, 1, t, parts + (size_t)t * V), TIDE_OK);
+    for (int t = 0; t < N_PROMPT; t++)
+        if (memcmp(whole + (size_t)t * V, parts + (size_t)t * V, (size_t)V * sizeof(float)))
+            fail_msg("%s cache (offload %.2f): position %d differs between one prefill and prefill + steps",
+                     tide_dtype_name(dt), fraction, t);
+    free(parts);
+    tide_model_free(m);
+}
+
+static void test_cache_types(void **state) {
+    fixture *f = *state;
+    const size_t n = (size_t)N_PROMPT * (size_t)vocab(f);
+    float *l[3];
+    static const tide_dtype dts[3] = {TIDE_F32, TIDE_F16, TIDE_BF16};
+    for (int i = 0; i < 3; i++) {
+        l[i] = malloc(n * sizeof(float));
+        assert_non_null(l[i]);
+        cache_type_logits(f, dts[i], 0, l[i]);
+        cache_type_logits(f, dts[i], 0.5, l[i]);
+    }
+    assert_true(memcmp(l[0], l[1], n * sizeof(float)) != 0);
+    for (int i = 0; i < 3; i++) free(l[i]);
+    /* a type a cache cannot have, and q8_0 with head_dim 16: refused */
+    tide_model *m = NULL;
+    tide_model_opts bad = {.max_batch = 1, .ctx_len = 64, .cache_dtype = TIDE_Q4_0};
+    assert_int_equal(tide_model_new(f->ctx, f->ck, f->be, &bad, &m), TIDE_E_INVALID);
+    assert_non_null(strstr(tide_ctx_last_error(f->ctx), "q4_0"));
+    bad.cache_dtype = TIDE_Q8_0;
+    assert_int_equal(tide_model_new(f->ctx, f->ck, f->be, &bad, &m), TIDE_E_INVALID);
+    assert_non_null(strstr(tide_ctx_last_error(f->ctx), "multiple of 32"));
+    assert_null(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plain_equals_generate), cmocka_unit_test(test_greedy_sampler),
         cmocka_unit_test(test_stops),                 cmocka_unit_test(test_continuation),
         cmocka_unit_test(test_seeded),                cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_batch),                 cmocka_unit_test(test_batch_rows_alone),
+        cmocka_unit_test(test_cache_types),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -41,6 +41,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/cpu_features.h"
+#include "core/quant.h"
 
 #include <math.h>
 #include <setjmp.h>
@@ -794,6 +795,183 @@ static void test_attention_head_dim_limit(void **state) {
 }
 
 /* The same input gives the same bits on every run and for 1, 2 and 3 threads. */
+/* ------------------------------------------------------------- KV cache types */
+
+/* One ATTENTION over caches of type cdt: B rows of T queries at positions
+ * p0..p0+T-1, caches (B, C, KV*hd) at kc / vc (bytes of that type), nt
+ * threads. */
+static tide_status cache_attention(tide_dtype cdt, int B, int T, int C, int H, int KV, int hd, int p0, int nt,
+                                   const float *qb, const float *kb, const float *vb, void *kc, void *vc, float *ob) {
+    const int qd = H * hd, kd = KV * hd, R = B * T;
+    fx f;
+    fx_open(&f);
+    tide_ctx_set_threads(f.ctx, nt);
+    int q = fx_tensor(&f, "q", TIDE_F32, TIDE_ROLE_INPUT, 2, R, qd, 0);
+    int k = fx_tensor(&f, "k", TIDE_F32, TIDE_ROLE_INPUT, 2, R, kd, 0);
+    int v = fx_tensor(&f, "v", TIDE_F32, TIDE_ROLE_INPUT, 2, R, kd, 0);
+    int pos = fx_tensor(&f, "pos", TIDE_I32, TIDE_ROLE_INPUT, 1, T, 0, 0);
+    int kct = fx_tensor(&f, "kc", cdt, TIDE_ROLE_STATE, 3, B, C, kd);
+    int vct = fx_tensor(&f, "vc", cdt, TIDE_ROLE_STATE, 3, B, C, kd);
+    int o = fx_tensor(&f, "o", TIDE_F32, TIDE_ROLE_TEMP, 2, R, qd, 0);
+    int in[6] = {q, k, v, pos, kct, vct}, out[3] = {o, kct, vct};
+    tide_op_args p = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .batch = B};
+    int id = fx_op(&f, TIDE_OP_ATTENTION, 6, in, 3, out, &p);
+    int32_t *pb = malloc((size_t)T * sizeof *pb);
+    assert_non_null(pb);
+    for (int t = 0; t < T; t++) pb[t] = p0 + t;
+    void *ip[6] = {(void *)qb, (void *)kb, (void *)vb, pb, kc, vc}, *op[3] = {ob, kc, vc};
+    tide_status st = fx_run(&f, id, ip, op);
+    if (st) print_error("attention: %s\n", tide_ctx_last_error(f.ctx));
+    free(pb);
+    fx_close(&f);
+    return st;
+}
+
+/* The output of query (b, t, head h) in double over keys / values 0..L-1 of
+ * kv head g given as f32 rows (kd floats apart, batch row b at b * C). */
+static double attn_ref(const float *qr, const float *K, const float *V, int64_t kd, int hd, int L, int d,
+                       double *sc) {
+    double mx = -INFINITY, sum = 0, r = 0;
+    for (int j = 0; j < L; j++) {
+        double s = 0;
+        for (int e = 0; e < hd; e++) s += (double)qr[e] * K[(int64_t)j * kd + e];
+        sc[j] = s / sqrt((double)hd);
+        mx = sc[j] > mx ? sc[j] : mx;
+    }
+    for (int j = 0; j < L; j++) sum += (sc[j] = exp(sc[j] - mx));
+    for (int j = 0; j < L; j++) r += sc[j] / sum * V[(int64_t)j * kd + d];
+    return r;
+}
+
+/* Attention over f16, bf16 and q8_0 caches, against double references:
+ *   - the rows written for the current tokens are tide_quantize_row's bytes
+ *     of k and v (f16 / bf16 round to nearest even, q8_0 per 32), every other
+ *     row untouched (the stale rows hold NaN patterns that must never be read);
+ *   - the output is within 1e-6 of the double softmax over the stored values
+ *     (tide_dequantize_row of every cache row, the current ones too): the
+ *     current tokens attend to their own rounded keys, as a later step will;
+ *   - against the exact (unrounded) keys and values, within the type's bound
+ *     for these magnitudes (q in [-2, 2), k, v in [-1, 1)): f16 1e-3,
+ *     bf16 1e-2, q8_0 1.5e-2 (measured: 2.8e-4, 2.9e-3, 5.0e-3);
+ *   - the same bits with 1, 2 or 3 threads, and (B = 1) when the T queries
+ *     run as a prefill of T1 and a second call of the rest (a prefill then
+ *     decode steps equals one longer prefill, bit for bit). */
+static void test_attention_cache_types(void **state) {
+    (void)state;
+    typedef struct { int B, T, C, H, KV, hd, start; } ccase;
+    static const ccase cs[] = {
+        {2, 5, 40, 4, 2, 32, 3},     /* GQA, batch 2, continuing a cache */
+        {1, 70, 80, 8, 2, 64, 0},    /* a prefill over two key tiles */
+        {1, 3, 300, 4, 1, 128, 250}, /* MQA, long cache, head_dim 128 */
+    };
+    static const tide_dtype cdts[] = {TIDE_F16, TIDE_BF16, TIDE_Q8_0};
+    static const double bound[] = {1e-3, 1e-2, 1.5e-2};
+    for (size_t di = 0; di < 3; di++)
+        for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+            const ccase *a = &cs[ci];
+            const tide_dtype dt = cdts[di];
+            const int B = a->B, T = a->T, C = a->C, H = a->H, KV = a->KV, hd = a->hd;
+            const int qd = H * hd, kd = KV * hd, R = B * T;
+            const size_t rb = (size_t)tide_dtype_bytes(dt, (uint64_t)kd), cb = (size_t)B * C * rb;
+            float *qb = malloc((size_t)R * qd * 4), *kb = malloc((size_t)R * kd * 4), *vb = malloc((size_t)R * kd * 4);
+            float *ex_k = malloc((size_t)B * C * kd * 4), *ex_v = malloc((size_t)B * C * kd * 4); /* exact */
+            float *st_k = malloc((size_t)B * C * kd * 4), *st_v = malloc((size_t)B * C * kd * 4); /* stored */
+            uint8_t *kc = malloc(cb), *vc = malloc(cb), *kc0 = malloc(cb), *vc0 = malloc(cb);
+            float *o = malloc((size_t)R * qd * 4), *o2 = malloc((size_t)R * qd * 4);
+            double *sc = malloc((size_t)C * sizeof(double));
+            assert_true(qb && kb && vb && ex_k && ex_v && st_k && st_v && kc && vc && kc0 && vc0 && o && o2 && sc);
+            rng_state = 777 + ci;
+            fill(qb, (size_t)R * qd, 2.0f);
+            fill(kb, (size_t)R * kd, 1.0f);
+            fill(vb, (size_t)R * kd, 1.0f);
+            memset(kc, 0xff, cb); /* NaN in every type: stale rows */
+            memset(vc, 0xff, cb);
+            for (int b = 0; b < B; b++)
+                for (int j = 0; j < a->start; j++) {
+                    size_t r = (size_t)b * C + j;
+                    fill(ex_k + r * kd, kd, 1.0f);
+                    fill(ex_v + r * kd, kd, 1.0f);
+                    assert_int_equal(tide_quantize_row(dt, ex_k + r * kd, kc + r * rb, kd), 0);
+                    assert_int_equal(tide_quantize_row(dt, ex_v + r * kd, vc + r * rb, kd), 0);
+                }
+            memcpy(kc0, kc, cb);
+            memcpy(vc0, vc, cb);
+            assert_int_equal(cache_attention(dt, B, T, C, H, KV, hd, a->start, 0, qb, kb, vb, kc, vc, o), TIDE_OK);
+            /* the cache rows: written ones are the rounded k / v, the rest kept */
+            uint8_t *want = malloc(rb);
+            assert_non_null(want);
+            for (int b = 0; b < B; b++)
+                for (int j = 0; j < C; j++) {
+                    size_t r = (size_t)b * C + j;
+                    int t = j - a->start;
+                    for (int c = 0; c < 2; c++) {
+                        const uint8_t *got = (c ? vc : kc) + r * rb;
+                        if (t >= 0 && t < T) {
+                            const float *src = (c ? vb : kb) + ((size_t)b * T + t) * kd;
+                            assert_int_equal(tide_quantize_row(dt, src, want, kd), 0);
+                            memcpy((c ? ex_v : ex_k) + r * kd, src, (size_t)kd * 4);
+                        } else {
+                            memcpy(want, (c ? vc0 : kc0) + r * rb, rb);
+                        }
+                        if (memcmp(got, want, rb)) fail_msg("%s cache row b=%d j=%d (%c)", tide_dtype_name(dt), b, j,
+                                                            c ? 'v' : 'k');
+                    }
+                    if (j < a->start + T) {
+                        assert_int_equal(tide_dequantize_row(dt, kc + r * rb, st_k + r * kd, kd), 0);
+                        assert_int_equal(tide_dequantize_row(dt, vc + r * rb, st_v + r * kd, kd), 0);
+                    }
+                }
+            free(want);
+            double worst_stored = 0, worst_exact = 0;
+            for (int b = 0; b < B; b++)
+                for (int t = 0; t < T; t++)
+                    for (int h = 0; h < H; h++) {
+                        const int g = h / (H / KV), L = a->start + t + 1;
+                        const float *qr = qb + ((size_t)b * T + t) * qd + h * hd;
+                        const size_t base = (size_t)b * C * kd + (size_t)g * hd;
+                        for (int d = 0; d < hd; d++) {
+                            double got = o[((size_t)b * T + t) * qd + h * hd + d];
+                            double es = fabs(got - attn_ref(qr, st_k + base, st_v + base, kd, hd, L, d, sc));
+                            double ee = fabs(got - attn_ref(qr, ex_k + base, ex_v + base, kd, hd, L, d, sc));
+                            worst_stored = es > worst_stored ? es : worst_stored;
+                            worst_exact = ee > worst_exact ? ee : worst_exact;
+                        }
+                    }
+            print_message("%s cache, case %zu: vs stored values %.3g, vs exact %.3g (bound %.3g)\n",
+                          tide_dtype_name(dt), ci, worst_stored, worst_exact, bound[di]);
+            if (!(worst_stored <= 1e-6)) fail_msg("%s case %zu: %.3g from the stored values", tide_dtype_name(dt), ci,
+                                                  worst_stored);
+            if (!(worst_exact <= bound[di])) fail_msg("%s case %zu: %.3g from the exact values", tide_dtype_name(dt),
+                                                      ci, worst_exact);
+            /* the bits do not depend on the threads */
+            for (int nt = 1; nt <= 3; nt++) {
+                memcpy(kc, kc0, cb);
+                memcpy(vc, vc0, cb);
+                assert_int_equal(cache_attention(dt, B, T, C, H, KV, hd, a->start, nt, qb, kb, vb, kc, vc, o2),
+                                 TIDE_OK);
+                if (memcmp(o, o2, (size_t)R * qd * 4)) fail_msg("%s case %zu: %d threads differ", tide_dtype_name(dt),
+                                                                 ci, nt);
+            }
+            /* a prefill of T1 queries, then the rest in a second call */
+            if (B == 1 && T > 1) {
+                const int T1 = T / 2 + 1;
+                memcpy(kc, kc0, cb);
+                memcpy(vc, vc0, cb);
+                assert_int_equal(cache_attention(dt, 1, T1, C, H, KV, hd, a->start, 0, qb, kb, vb, kc, vc, o2),
+                                 TIDE_OK);
+                assert_int_equal(cache_attention(dt, 1, T - T1, C, H, KV, hd, a->start + T1, 0, qb + (size_t)T1 * qd,
+                                                 kb + (size_t)T1 * kd, vb + (size_t)T1 * kd, kc, vc,
+                                                 o2 + (size_t)T1 * qd),
+                                 TIDE_OK);
+                if (memcmp(o, o2, (size_t)R * qd * 4))
+                    fail_msg("%s case %zu: prefill %d + %d differs from one prefill of %d", tide_dtype_name(dt), ci,
+                             T1, T - T1, T);
+            }
+            free(qb), free(kb), free(vb), free(ex_k), free(ex_v), free(st_k), free(st_v);
+            free(kc), free(vc), free(kc0), free(vc0), free(o), free(o2), free(sc);
+        }
+}
+
 static void test_attention_deterministic(void **state) {
     (void)state;
     const int B = 2, T = 70, C = 80, H = 8, KV = 2, hd = 64, kd = KV * hd, qd = H * hd, R = B * T;
@@ -1226,6 +1404,7 @@ int main(void) {
         cmocka_unit_test(test_attention_bad_pos),
         cmocka_unit_test(test_attention_head_dim_limit),
         cmocka_unit_test(test_attention_deterministic),
+        cmocka_unit_test(test_attention_cache_types),
         cmocka_unit_test(test_attention_paths),
         cmocka_unit_test(test_silu_mul_add),
         cmocka_unit_test(test_silu_mul_paths),

@@ -31,6 +31,16 @@ int cli_parse_bytes(const char *s, uint64_t *out);
 /* --budget: "none", "min", "auto", a percentage "25%" (of the unconstrained
  * peak) or bytes, into o's budget fields. Returns 0 or -1. */
 int cli_parse_budget(const char *s, tide_offload_opts *o);
+/* --cache-type: "f32", "f16", "bf16" or "q8_0" into *out; -1 for anything
+ * else. CLI_OPT_CACHE_TYPE is its getopt code (no short option), and
+ * CLI_CACHE_TYPE_HELP its --help lines. */
+int cli_parse_cache_type(const char *s, tide_dtype *out);
+#define CLI_OPT_CACHE_TYPE 0x1c7
+#define CLI_CACHE_TYPE_HELP                                                             \
+    "  --cache-type T      the KV cache's type: f32 (default), f16, bf16 (rounded to\n" \
+    "                      nearest even) or q8_0 (ggml's 8-bit blocks of 32 values,\n" \
+    "                      3.8x smaller than f32; docs/quantization.md)\n"
+#define CLI_CACHE_TYPE_ERROR "bad --cache-type '%s' (f32, f16, bf16 or q8_0)"
 /* "auto", "cpu" or "cuda" into *out; -1 for anything else. */
 int cli_parse_backend(const char *s, tide_backend_kind *out);
 /* Parses an int in [lo, hi]. Returns 0 or -1. */

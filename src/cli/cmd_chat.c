@@ -32,7 +32,7 @@
 
 static const char help[] =
     "Usage: tide chat [--model PATH] [--system TEXT] [--template NAME] [--new-tokens N]\n"
-    "                 [--ctx N] [sampling options] [--stop STRING]...\n"
+    "                 [--ctx N] [--cache-type T] [sampling options] [--stop STRING]...\n"
     "                 [--budget X] [--policy P] [--host-budget X] [--ssd DIRS]\n"
     "                 [--weights-on-ssd] [--hw PROFILE] [--backend B] [--matmul M]\n"
     "                 [--threads N] [--quiet]\n"
@@ -55,6 +55,7 @@ static const char help[] =
     "  --new-tokens N      the longest answer in tokens (default 512)\n"
     "  --ctx N             the conversation's length in tokens, the KV cache's size\n"
     "                      (default: the model's positions, at most 4096)\n"
+    CLI_CACHE_TYPE_HELP
     "  --budget X          offload under a device budget, as in tide run (bytes,\n"
     "                      PCT%, auto, min or none; default none)\n"
     "  --policy, --host-budget, --ssd, --weights-on-ssd, --hw  as in tide run\n"
@@ -67,6 +68,7 @@ typedef struct chat_job {
     cli_text_opts text;
     const char *model_dir;
     long new_tokens, ctx, threads;
+    tide_dtype cache_type;
     bool quiet, budget_given;
     tide_backend_kind backend;
     tide_matmul_mode matmul;
@@ -119,7 +121,7 @@ static const struct option chat_options[] = {
     {"hw", required_argument, 0, 'w'},          {"backend", required_argument, 0, 'b'},
     {"matmul", required_argument, 0, 'M'},      {"threads", required_argument, 0, 'T'},
     {"quiet", no_argument, 0, 'q'},             {"help", no_argument, 0, 'h'},
-    CLI_TEXT_OPTIONS,
+    {"cache-type", required_argument, 0, CLI_OPT_CACHE_TYPE}, CLI_TEXT_OPTIONS,
     {0, 0, 0, 0},
 };
 
@@ -137,6 +139,9 @@ static int parse_args(int argc, char **argv, chat_job *j) {
             break;
         case 'x':
             if (cli_parse_int(optarg, 2, 1 << 24, &j->ctx)) return cli_usage_error("chat", "bad --ctx '%s'", optarg);
+            break;
+        case CLI_OPT_CACHE_TYPE:
+            if (cli_parse_cache_type(optarg, &j->cache_type)) return cli_usage_error("chat", CLI_CACHE_TYPE_ERROR, optarg);
             break;
         case 'B':
             if (cli_parse_budget(optarg, &j->off))
@@ -216,7 +221,7 @@ static int open_all(chat_job *j) {
         fprintf(stderr, "tide: chat: --ctx %ld exceeds the model's %d positions\n", j->ctx, cfg->max_position_embeddings);
         return 1;
     }
-    tide_model_opts mo = {.max_batch = 1, .ctx_len = (int)j->ctx};
+    tide_model_opts mo = {.max_batch = 1, .ctx_len = (int)j->ctx, .cache_dtype = j->cache_type};
     if (tide_model_new(j->c, j->ck, j->be, &mo, &j->m)) return cli_fail(j->c, "preparing the model");
     if (j->off.budget_kind != TIDE_BUDGET_NONE && tide_model_set_offload(j->m, &j->off))
         return cli_fail(j->c, "offloading");

@@ -36,6 +36,8 @@ static const char help[] =
     "                     or llama.cpp's mix q4_k_m or q5_k_m (per-weight types as\n"
     "                     its quantizer stores them: the head and some attn_v and\n"
     "                     ffn_down in q6_k)\n"
+    "  --cache-type T     the KV cache's type: f32 (default), f16, bf16 or q8_0;\n"
+    "                     the cache is planned and moved at that type's bytes\n"
     "  --batch B          sequences processed together (default 1)\n"
     "  --seq S            prompt tokens (default 2048)\n"
     "  --decode N         plan N one-token decode steps after an S-token prompt\n"
@@ -126,6 +128,14 @@ static void tile_words(const tide_graph *g, int level, long seq, char *buf, size
              o.tile_rows, cli_fmt_bytes(o.tile_weight_bytes, w, sizeof w), tide_graph_n_ops(g));
 }
 
+/* The KV cache's bytes: k and v of every layer, batch x (seq + decode)
+ * positions at the cache's type. */
+static uint64_t cache_bytes(const plan_args *a, const tide_llama_config *cfg) {
+    const uint64_t kd = (uint64_t)cfg->num_key_value_heads * (uint64_t)(cfg->hidden_size / cfg->num_attention_heads);
+    return 2 * (uint64_t)cfg->num_hidden_layers * (uint64_t)a->batch * (uint64_t)(a->seq + a->decode) *
+           tide_dtype_bytes(a->cache_type, kd);
+}
+
 static void print_human(const plan_args *a, const tide_llama_config *cfg, const tide_hw_info *hw,
                         const tide_plan_info *s, int n_ops, uint64_t peak, const tide_bounds *b,
                         const char *budget_note, const char *tiling, uint64_t weight_bytes) {
@@ -137,6 +147,8 @@ static void print_human(const plan_args *a, const tide_llama_config *cfg, const 
                               !strcmp(hw->source, "datasheet") ? " (figures not measured: run tide probe)" : "");
     printf("weights     %s, %s\n", cfg->wtypes_set ? "mixed types" : tide_dtype_name(cfg->dtype),
            cli_fmt_bytes(weight_bytes, b1, sizeof b1));
+    printf("kv cache    %s, %s\n", tide_dtype_name(a->cache_type),
+           cli_fmt_bytes(cache_bytes(a, cfg), b1, sizeof b1));
     printf("verified    yes (%d instructions, %d ops x %d iterations)\n", s->n_instructions, n_ops, s->n_iter);
     printf("tiling      %s\n", tiling);
     printf("budget      %s %s; unconstrained peak %s\n", cli_fmt_bytes(s->device_budget, b1, sizeof b1),
@@ -170,6 +182,8 @@ static void print_json(const plan_args *a, const tide_llama_config *cfg, const t
     cJSON_AddStringToObject(o, "workload", a->decode ? "decode" : "prefill");
     cJSON_AddStringToObject(o, "dtype", cfg->wtypes_set ? "mixed" : tide_dtype_name(cfg->dtype));
     cJSON_AddNumberToObject(o, "weight_bytes", (double)weight_bytes);
+    cJSON_AddStringToObject(o, "cache_type", tide_dtype_name(a->cache_type));
+    cJSON_AddNumberToObject(o, "cache_bytes", (double)cache_bytes(a, cfg));
     cJSON_AddNumberToObject(o, "batch", (double)a->batch);
     cJSON_AddNumberToObject(o, "seq", (double)a->seq);
     cJSON_AddNumberToObject(o, "decode_steps", (double)a->decode);
@@ -216,6 +230,7 @@ static const struct option plan_options[] = {
     {"dtype", required_argument, 0, 'd'},  {"host-compute", required_argument, 0, 'C'},
     {"lora-r", required_argument, 0, 0x100}, {"lora-targets", required_argument, 0, 0x101},
     {"ranks", required_argument, 0, 'R'},  {"zero", required_argument, 0, 'Z'},
+    {"cache-type", required_argument, 0, CLI_OPT_CACHE_TYPE},
     {0, 0, 0, 0},
 };
 
@@ -263,6 +278,10 @@ static int parse_args(int argc, char **argv, plan_args *a) {
                                        TIDE_TILE_LEVELS - 1);
             break;
         case 'r': a->train = true; break;
+        case CLI_OPT_CACHE_TYPE:
+            if (cli_parse_cache_type(optarg, &a->cache_type)) return cli_usage_error("plan", CLI_CACHE_TYPE_ERROR, optarg);
+            a->have_cache_type = true;
+            break;
         case 'C':
             if (strcmp(optarg, "auto") && strcmp(optarg, "off"))
                 return cli_usage_error("plan", "bad --host-compute '%s' (auto or off)", optarg);
@@ -325,6 +344,8 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     if (a->lora_targets && !a->lora_r) return cli_usage_error("plan", "--lora-targets needs --lora-r");
     if (a->ranks > 1 && !a->train) return cli_usage_error("plan", "--ranks plans data-parallel training: it needs --train");
     if (a->have_zero && a->ranks < 2) return cli_usage_error("plan", "--zero needs --ranks 2 or more");
+    if (a->train && a->have_cache_type)
+        return cli_usage_error("plan", "--cache-type plans inference: a training step has no KV cache");
     if ((a->have_accum || a->have_optim) && !a->train)
         return cli_usage_error("plan", "--accum and --optimizer need --train");
     if (a->policy == TIDE_POLICY_CHECKPOINT_LAYER && !a->train)
@@ -373,7 +394,8 @@ static int load_job(const plan_args *a, plan_job *j) {
     tide_hw_info_get(j->hw, &j->hwi);
     int n_iter = a->decode ? (int)a->decode : 1;
     j->go = (tide_llama_graph_opts){.batch = (int)a->batch, .seq = a->decode ? 1 : (int)a->seq,
-                                    .ctx_len = (int)(a->seq + a->decode), .fresh_cache = !a->decode};
+                                    .ctx_len = (int)(a->seq + a->decode), .fresh_cache = !a->decode,
+                                    .cache_dtype = a->cache_type};
     if (j->go.ctx_len > j->cfg.max_position_embeddings)
         fprintf(stderr, "tide plan: note: %d positions exceed the model's max_position_embeddings %d\n",
                 j->go.ctx_len, j->cfg.max_position_embeddings);

@@ -25,7 +25,7 @@ static const char help[] =
     "                [--host-budget BYTES] [--ssd DIR[,DIR]] [--weights-on-ssd] [--pread]\n"
     "                [--direct-storage]\n"
     "                [--tile auto|none|LEVEL] [--pin-weights auto|yes|no] [--hw PROFILE]\n"
-    "                [--engine planned|plain] [--verify] [--check]\n"
+    "                [--engine planned|plain] [--verify] [--check] [--cache-type T]\n"
     "                [--trace FILE] [--trace-svg FILE]\n"
     "                [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--threads N]\n"
     "                [--json] [--quiet]\n"
@@ -120,6 +120,7 @@ static const char help[] =
     "                      default with no arguments); exit status 1 when they\n"
     "                      differ. On the CPU the reference runs after this run,\n"
     "                      so that each run's peak RSS is its own\n"
+    CLI_CACHE_TYPE_HELP
     "  --trace FILE        Perfetto trace JSON of the offloaded prefill, measured\n"
     "  --trace-svg FILE    device memory over time, measured and predicted\n"
     "  --backend B         auto (CUDA when a GPU is present, else CPU; a GPU that is\n"
@@ -194,6 +195,7 @@ typedef struct run_args {
     const char *pin;
     bool direct_storage;
     const char *tile;
+    tide_dtype cache_type;
 } run_args;
 
 /* Peak resident memory of the process during each run (cli_rss_*): `exact`
@@ -256,8 +258,8 @@ static void print_summary(const run_job *r, FILE *f) {
     const tide_offload_opts *off = &r->off;
     const rss_measure *run_rss = &r->rss, *ref_rss = &r->ref_rss;
     char b1[32], b2[32], b3[32], b4[32];
-    fprintf(f, "model      %s (%s, %d layers, %s)\n", model_dir, cfg->name, cfg->num_hidden_layers,
-           tide_dtype_name(cfg->dtype));
+    fprintf(f, "model      %s (%s, %d layers, %s, KV cache %s)\n", model_dir, cfg->name, cfg->num_hidden_layers,
+           tide_dtype_name(cfg->dtype), tide_dtype_name(a->cache_type));
     fprintf(f, "backend    %s, matmul %s, %d threads, %s issue, engine %s\n", tide_backend_name(be),
            tide_matmul_name(tide_backend_matmul(be)), tide_ctx_threads(ctx),
            s->async_issue ? "asynchronous (events)" : "synchronous",
@@ -341,6 +343,7 @@ static void print_json(const run_job *r) {
     cJSON_AddStringToObject(o, "model", model_dir);
     cJSON_AddStringToObject(o, "config", cfg->name);
     cJSON_AddStringToObject(o, "backend", tide_backend_name(be));
+    cJSON_AddStringToObject(o, "cache_type", tide_dtype_name(r->a.cache_type));
     cJSON_AddStringToObject(o, "matmul", tide_matmul_name(tide_backend_matmul(be)));
     cJSON_AddStringToObject(o, "kernels", tide_backend_kernels(be));
     cJSON_AddNumberToObject(o, "threads", tide_ctx_threads(ctx));
@@ -349,6 +352,9 @@ static void print_json(const run_job *r) {
     cJSON_AddNumberToObject(o, "prompt_tokens", n_prompt);
     cJSON_AddNumberToObject(o, "new_tokens", (double)a->new_tokens);
     cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(gen, r->n_gen));
+    char lh[24]; /* FNV-1a of every logits output: equal for bit-identical logits */
+    snprintf(lh, sizeof lh, "%016llx", (unsigned long long)s->logits_hash);
+    cJSON_AddStringToObject(o, "logits_hash", lh);
     if (r->text_mode) {
         cJSON_AddStringToObject(o, "text", tide_textgen_text(r->out, NULL));
         cJSON_AddStringToObject(o, "stop_reason", r->stop_reason);
@@ -420,7 +426,7 @@ static const struct option run_options[] = {
     {"quiet", no_argument, 0, 'q'},            {"help", no_argument, 0, 'h'},
     {"tile", required_argument, 0, 'L'},       {"matmul", required_argument, 0, 'M'},
     {"pin-weights", required_argument, 0, 'N'}, {"direct-storage", no_argument, 0, 'D'},
-    {"engine", required_argument, 0, 'E'},
+    {"engine", required_argument, 0, 'E'},     {"cache-type", required_argument, 0, CLI_OPT_CACHE_TYPE},
     {"prompt", required_argument, 0, 'Q'},     {"prompt-file", required_argument, 0, 'F'},
     {"chat", no_argument, 0, 'C'},             CLI_TEXT_OPTIONS,
     {0, 0, 0, 0},
@@ -498,6 +504,9 @@ static int parse_args(int argc, char **argv, run_job *r) {
         case 'M':
             if (tide_matmul_parse(NULL, optarg, &a->matmul))
                 return cli_usage_error("run", "unknown --matmul '%s' (auto, f32 or fast)", optarg);
+            break;
+        case CLI_OPT_CACHE_TYPE:
+            if (cli_parse_cache_type(optarg, &a->cache_type)) return cli_usage_error("run", CLI_CACHE_TYPE_ERROR, optarg);
             break;
         case 'E':
             if (!strcmp(optarg, "planned")) a->engine = TIDE_ENGINE_PLANNED;
@@ -648,7 +657,8 @@ static int open_model(run_job *r) {
         if (tide_sampler_new(r->ctx, &a->text.so, nv, &r->sampler)) return cli_fail(r->ctx, "sampling options");
     }
     const char *sync = getenv("TIDE_EXEC_SYNC"); /* read here, at the edge */
-    tide_model_opts mo = {.max_batch = 1, .ctx_len = ctx_len, .sync_issue = sync && *sync && strcmp(sync, "0")};
+    tide_model_opts mo = {.max_batch = 1, .ctx_len = ctx_len, .sync_issue = sync && *sync && strcmp(sync, "0"),
+                          .cache_dtype = a->cache_type};
     if (tide_model_new(r->ctx, r->ck, r->be, &mo, &r->m)) return cli_fail(r->ctx, "preparing the model");
     r->gen = calloc((size_t)(a->new_tokens ? a->new_tokens : 1), sizeof *r->gen);
     r->gen_ref = calloc((size_t)(a->new_tokens ? a->new_tokens : 1), sizeof *r->gen_ref);

@@ -25,7 +25,7 @@ static const char help[] =
     "                  [--host ADDR] [--port N] [--api-key KEY] [--queue N]\n"
     "                  [--max-loaded N] [--shutdown-grace S] [--timeout S]\n"
     "                  [--keep-alive S] [--max-connections N] [--http-threads N]\n"
-    "                  [--per-client N]\n"
+    "                  [--per-client N] [--cache-type T]\n"
     "                  [--max-batch N] [--backend auto|cpu|cuda] [--threads N] [--quiet]\n"
     "\n"
     "Serves the models over HTTP with OpenAI's API, all of them under one device\n"
@@ -90,6 +90,7 @@ static const char help[] =
     "                      this machine, measured once at start, about 1 s)\n"
     "  --ctx N             each model's context (KV cache) in tokens, prompt and\n"
     "                      answer (default: the model's positions, at most 4096)\n"
+    CLI_CACHE_TYPE_HELP
     "  --host ADDR         address to listen on (default 127.0.0.1: this machine\n"
     "                      only; 0.0.0.0 or :: for every interface)\n"
     "  --port N            port (default 8080; 0: any free port, printed)\n"
@@ -140,7 +141,7 @@ static const struct option serve_options[] = {
     {"max-loaded", required_argument, 0, 'L'}, {"shutdown-grace", required_argument, 0, 'g'},
     {"timeout", required_argument, 0, 'o'},   {"keep-alive", required_argument, 0, 'K'},
     {"max-connections", required_argument, 0, 'C'}, {"http-threads", required_argument, 0, 'R'},
-    {"per-client", required_argument, 0, 'I'},
+    {"per-client", required_argument, 0, 'I'}, {"cache-type", required_argument, 0, CLI_OPT_CACHE_TYPE},
     {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
 };
 
@@ -231,6 +232,10 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         case 'x':
             if (cli_parse_int(optarg, 2, 1 << 24, &v)) return cli_usage_error("serve", "bad --ctx '%s' (>= 2)", optarg);
             a->mo.ctx_len = (int)v;
+            break;
+        case CLI_OPT_CACHE_TYPE:
+            if (cli_parse_cache_type(optarg, &a->mo.cache_dtype))
+                return cli_usage_error("serve", CLI_CACHE_TYPE_ERROR, optarg);
             break;
         case 'a': a->so.host = optarg; break;
         case 'p':

@@ -23,6 +23,8 @@ typedef struct plan_args {
     unsigned lora_targets;
     long ranks, zero;             /* --ranks (1: one device), --zero */
     bool have_zero;
+    tide_dtype cache_type;        /* --cache-type (inference) */
+    bool have_cache_type;
 } plan_args;
 
 /* `tide plan --train`: returns the exit status. */

@@ -234,6 +234,14 @@ int cli_parse_double(const char *s, double lo, double hi, double *out) {
     return 0;
 }
 
+int cli_parse_cache_type(const char *s, tide_dtype *out) {
+    tide_dtype dt;
+    if (tide_dtype_parse(s, &dt) || (dt != TIDE_F32 && dt != TIDE_F16 && dt != TIDE_BF16 && dt != TIDE_Q8_0))
+        return -1;
+    *out = dt;
+    return 0;
+}
+
 int cli_parse_backend(const char *s, tide_backend_kind *out) {
     if (!strcmp(s, "auto")) *out = TIDE_BACKEND_AUTO;
     else if (!strcmp(s, "cpu")) *out = TIDE_BACKEND_CPU;

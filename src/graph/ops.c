@@ -124,12 +124,17 @@ static tide_status check_attention(CHECK_ARGS) {
     const tide_tensor *kc = O(1), *vc = O(2);
     for (int c = 1; c <= 2; c++) {
         const tide_tensor *cc = O(c);
-        if (cc->dtype != TIDE_F32 || cc->ndim != 3 || cc->shape[0] != p->batch || cc->shape[2] != kd ||
-            cc->shape[1] < T_)
-            FAIL("attention: cache '%s' must be f32 (%d, >= %lld, %lld)", cc->name, p->batch, (long long)T_,
-                 (long long)kd);
+        const tide_dtype dt = cc->dtype;
+        if ((dt != TIDE_F32 && dt != TIDE_F16 && dt != TIDE_BF16 && dt != TIDE_Q8_0) || cc->ndim != 3 ||
+            cc->shape[0] != p->batch || cc->shape[2] != kd || cc->shape[1] < T_)
+            FAIL("attention: cache '%s' must be f32, f16, bf16 or q8_0 (%d, >= %lld, %lld)", cc->name, p->batch,
+                 (long long)T_, (long long)kd);
+        if (p->head_dim % tide_dtype_block(dt))
+            FAIL("attention: a %s cache '%s' needs head_dim %d to be whole blocks of %d", tide_dtype_name(dt),
+                 cc->name, p->head_dim, tide_dtype_block(dt));
     }
     if (kc->shape[1] != vc->shape[1]) FAIL("attention: k and v caches differ in length");
+    if (kc->dtype != vc->dtype) FAIL("attention: k and v caches differ in type");
     if (n_in == 6 && (out[1] != in[4] || out[2] != in[5]))
         FAIL("attention: outputs 2 and 3 must be the caches it reads ('%s', '%s')", kc->name, vc->name);
     if (out[1] == out[2]) FAIL("attention: the k and v caches must be two tensors");

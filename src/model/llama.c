@@ -13,7 +13,9 @@
  *     qr,kr = rope(q), rope(k)
  *     attn = attention(qr, kr, v, pos, cache.L.k, cache.L.v)     (R, H*hd)
  *            (with fresh_cache the caches are only written: the run starts at 0)
- *            cache.L.k / cache.L.v (B, C, KV*hd) f32             STATE
+ *            cache.L.k / cache.L.v (B, C, KV*hd) cache_dtype     STATE
+ *            (f32 by default; f16, bf16 or q8_0: attention writes the new
+ *            rows rounded to it and reads every position back converted)
  *            (with a cache_row, "cache.L.k.rN": rows N.. of them)
  *     hm   = h.L + attn . o_proj^T                               (R, D)
  *     xn2  = rmsnorm(hm, post_attention_layernorm)
@@ -99,13 +101,14 @@ static void layer_caches(llama_builder *b, const tide_llama_config *cfg, const t
                          int L, int *kc, int *vc) {
     const int B = o->batch, C = o->ctx_len ? o->ctx_len : o->seq;
     const int64_t kd = (int64_t)cfg->num_key_value_heads * (cfg->hidden_size / cfg->num_attention_heads);
-    const uint64_t seq_bytes = (uint64_t)C * (uint64_t)kd * sizeof(float);
+    const tide_dtype dt = o->cache_dtype;
+    const uint64_t seq_bytes = (uint64_t)C * tide_dtype_bytes(dt, (uint64_t)kd);
     char whole[64], part[80];
     if (!tiled && !o->cache_row) {
         snprintf(whole, sizeof whole, "cache.%d.k", L);
-        kc[0] = llama_tensor(b, whole, TIDE_F32, TIDE_ROLE_STATE, 3, B, C, kd);
+        kc[0] = llama_tensor(b, whole, dt, TIDE_ROLE_STATE, 3, B, C, kd);
         snprintf(whole, sizeof whole, "cache.%d.v", L);
-        vc[0] = llama_tensor(b, whole, TIDE_F32, TIDE_ROLE_STATE, 3, B, C, kd);
+        vc[0] = llama_tensor(b, whole, dt, TIDE_ROLE_STATE, 3, B, C, kd);
         return;
     }
     const int n_seq = tiled ? B : 1;
@@ -115,7 +118,7 @@ static void layer_caches(llama_builder *b, const tide_llama_config *cfg, const t
             int row = o->cache_row + (tiled ? s : 0);
             if (tiled) snprintf(part, sizeof part, "%s.b%d", whole, row);
             else snprintf(part, sizeof part, "%s.r%d", whole, row);
-            int id = llama_tensor(b, part, TIDE_F32, TIDE_ROLE_STATE, 3, tiled ? 1 : B, C, kd);
+            int id = llama_tensor(b, part, dt, TIDE_ROLE_STATE, 3, tiled ? 1 : B, C, kd);
             if (!b->st) b->st = tide_graph_set_tensor_home(b->g, id, whole, (uint64_t)row * seq_bytes);
             (c ? vc : kc)[s] = id;
         }
@@ -172,7 +175,7 @@ tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
                              const tide_llama_graph_opts *o, tide_graph **out) {
     *out = NULL;
     tide_status st = tide_llama_config_check(ctx, cfg);
-    if (st || (st = check_opts(ctx, o))) return st;
+    if (st || (st = check_opts(ctx, o)) || (st = tide_cache_dtype_ok(ctx, cfg, o->cache_dtype))) return st;
     const int B = o->batch, T = o->seq;
     const int64_t D = cfg->hidden_size, V = cfg->vocab_size, R = (int64_t)B * T;
     bool tiled;
@@ -225,6 +228,17 @@ tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
         return b.st;
     }
     *out = b.g;
+    return TIDE_OK;
+}
+
+tide_status tide_cache_dtype_ok(tide_ctx *ctx, const tide_llama_config *cfg, tide_dtype dt) {
+    if (dt != TIDE_F32 && dt != TIDE_F16 && dt != TIDE_BF16 && dt != TIDE_Q8_0)
+        return tide_err(ctx, TIDE_E_INVALID, "a KV cache is f32, f16, bf16 or q8_0, not %s", tide_dtype_name(dt));
+    const int hd = cfg->num_attention_heads > 0 ? cfg->hidden_size / cfg->num_attention_heads : 0;
+    /* q8_0 blocks of 32 along a row of KV*hd: a head's slice is whole blocks */
+    if (dt == TIDE_Q8_0 && hd % 32)
+        return tide_err(ctx, TIDE_E_INVALID, "a q8_0 KV cache needs a head_dim that is a multiple of 32 (this "
+                        "model's is %d)", hd);
     return TIDE_OK;
 }
 

@@ -34,7 +34,8 @@ static tide_status get_slot_key(tide_model *m, const slot_key *k, graph_slot **o
         if (!s->g ? victim->g != NULL : victim->g && s->used < victim->used) victim = s;
     }
     tide_llama_graph_opts go = {.batch = k->batch, .seq = k->seq, .ctx_len = m->ctx_len, .all_logits = k->all_logits,
-                                .fresh_cache = k->fresh, .row_pos = k->row_pos, .cache_row = k->cache_row};
+                                .fresh_cache = k->fresh, .row_pos = k->row_pos, .cache_row = k->cache_row,
+                                .cache_dtype = m->cache_dtype};
     tide_graph *g = NULL;
     tide_status st = tide_llama_build(m->ctx, &m->cfg, &go, &g);
     if (st) return st;

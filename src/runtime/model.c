@@ -164,7 +164,7 @@ static tide_status alloc_state(tide_model *m) {
     const tide_llama_config *c = &m->cfg;
     int L = c->num_hidden_layers;
     uint64_t kd = (uint64_t)c->num_key_value_heads * (uint64_t)(c->hidden_size / c->num_attention_heads);
-    uint64_t nbytes = (uint64_t)m->max_batch * (uint64_t)m->ctx_len * kd * sizeof(float);
+    uint64_t nbytes = (uint64_t)m->max_batch * (uint64_t)m->ctx_len * tide_dtype_bytes(m->cache_dtype, kd);
     m->state = tide_calloc((size_t)L * 2, sizeof *m->state);
     if (!m->state) return tide_err(m->ctx, TIDE_E_NOMEM, "out of memory for the KV cache table");
     for (int l = 0; l < L; l++)
@@ -252,6 +252,7 @@ tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
     m->warm_decode = -1;
     m->ctx_len = opts && opts->ctx_len > 0 ? opts->ctx_len : m->cfg.max_position_embeddings;
     m->sync_issue = opts && opts->sync_issue;
+    m->cache_dtype = opts ? opts->cache_dtype : TIDE_F32;
     tide_status st = TIDE_OK;
     if (m->ctx_len > m->cfg.max_position_embeddings)
         st = tide_err(ctx, TIDE_E_RANGE, "cache length %d exceeds the model's max_position_embeddings %d",
@@ -259,7 +260,7 @@ tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
     /* check the checkpoint against the graph's weights once */
     tide_graph *g = NULL;
     if (!st) {
-        tide_llama_graph_opts go = {.batch = 1, .seq = 1, .ctx_len = m->ctx_len};
+        tide_llama_graph_opts go = {.batch = 1, .seq = 1, .ctx_len = m->ctx_len, .cache_dtype = m->cache_dtype};
         st = tide_llama_build(ctx, &m->cfg, &go, &g);
     }
     if (!st) st = tide_checkpoint_match(ck, g);

@@ -76,6 +76,7 @@ struct tide_model {
                                  (tide_model_queue; NULL: not made yet, or be has none) */
     tide_llama_config cfg;
     int max_batch, ctx_len;
+    tide_dtype cache_dtype;    /* the KV cache's type (tide_model_opts.cache_dtype) */
     bool sync_issue;
     state_buf *state;
     int n_state;

@@ -244,7 +244,7 @@ static tide_plan_opts offload_opts(const tide_model *m, uint64_t budget) {
 static tide_llama_graph_opts slot_graph_opts(const tide_model *m, const graph_slot *s) {
     return (tide_llama_graph_opts){.batch = s->batch, .seq = s->seq, .ctx_len = m->ctx_len,
                                    .all_logits = s->all_logits, .fresh_cache = s->fresh, .row_pos = s->row_pos,
-                                   .cache_row = s->cache_row};
+                                   .cache_row = s->cache_row, .cache_dtype = m->cache_dtype};
 }
 
 /* The warm offset of every tensor of g (TIDE_HOME: not warm). Every cache
@@ -370,7 +370,8 @@ static tide_status predict_warm(tide_model *m, const graph_slot *s, double *secs
     const int steps = m->warm_decode >= 0 ? m->warm_decode : MODEL_WARM_DECODE_STEPS;
     tide_llama_graph_opts go[4] = {slot_graph_opts(m, s)};
     for (int k = 1; k < 4; k++)
-        go[k] = (tide_llama_graph_opts){.batch = 1, .seq = 1, .ctx_len = m->ctx_len, .cache_row = s->cache_row};
+        go[k] = (tide_llama_graph_opts){.batch = 1, .seq = 1, .ctx_len = m->ctx_len, .cache_row = s->cache_row,
+                                        .cache_dtype = m->cache_dtype};
     /* the longest prompt a later run may bring (the whole context, fresh):
      * it must still plan beside the warm region, or that run would fail;
      * and where the model holds several sequences, their decode step as

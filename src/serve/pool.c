@@ -402,6 +402,7 @@ pool_predict pool_predictor(const tide_pool *p, const tide_pool_workload *w, tid
                           /* as the models' offloaded runs (policy tide) keep weights warm: place.c */
                           .warm = !p->be->vt->device_is_host || p->weights_on_ssd,
                           .cfg = &w->cfg, .ck = w->ck, .total = p->total, .ctx_len = w->ctx_len,
+                          .cache_dtype = w->cache_dtype,
                           .name = w->name};
 }
 
@@ -549,6 +550,7 @@ tide_status tide_pool_add_model(tide_pool *p, const char *name, tide_checkpoint 
         goto fail;
     }
     w->ctx_len = mo && mo->ctx_len > 0 ? mo->ctx_len : w->cfg.max_position_embeddings;
+    w->cache_dtype = mo ? mo->cache_dtype : TIDE_F32;
     w->max_batch = TIDE_MAX(1, TIDE_MIN(mo && mo->max_batch > 0 ? mo->max_batch : 1, TIDE_MAX_BATCH));
     w->prompt = POOL_PROMPT;
     w->gen = POOL_NEW;

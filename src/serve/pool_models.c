@@ -166,6 +166,10 @@ tide_status tide_pool_offer_model(tide_pool *p, const char *name, const char *di
     if (o->ctx_len < 0 || o->ctx_len == 1 || o->max_batch < 0 || o->max_batch > TIDE_MAX_BATCH || o->threads < 0)
         return tide_err(p->ctx, TIDE_E_INVALID, "model '%s': context %d, batch %d, threads %d (a context of at "
                         "least 2, a batch of at most %d)", name, o->ctx_len, o->max_batch, o->threads, TIDE_MAX_BATCH);
+    if (o->cache_dtype != TIDE_F32 && o->cache_dtype != TIDE_F16 && o->cache_dtype != TIDE_BF16 &&
+        o->cache_dtype != TIDE_Q8_0)
+        return tide_err(p->ctx, TIDE_E_INVALID, "model '%s': a KV cache is f32, f16, bf16 or q8_0, not %s", name,
+                        tide_dtype_name(o->cache_dtype));
     /* a context beyond the model's positions could never be served: refused
      * now, not on every request (a config that cannot be read is reported
      * when the model is loaded, as before) */
@@ -328,12 +332,12 @@ static void room_by_minimums(tide_pool *p, pool_models *c, pool_model *m) {
 
 /* ---------------------------------------------------------------- loading */
 
-/* Bytes of one row of m's KV cache (one request): f32 k and v of every
- * layer for ctx_len positions, in host memory. */
+/* Bytes of one row of m's KV cache (one request): k and v of every layer
+ * for ctx_len positions at the cache's type, in host memory. */
 static uint64_t kv_row_bytes(const pool_model *m) {
     const tide_llama_config *cf = tide_checkpoint_config(m->ck);
     uint64_t kd = (uint64_t)cf->num_key_value_heads * (uint64_t)(cf->hidden_size / cf->num_attention_heads);
-    return 2 * (uint64_t)cf->num_hidden_layers * (uint64_t)m->ctx_len * kd * sizeof(float);
+    return 2 * (uint64_t)cf->num_hidden_layers * (uint64_t)m->ctx_len * tide_dtype_bytes(m->o.cache_dtype, kd);
 }
 
 /* How many requests of m run at once: its max_batch, else
@@ -350,7 +354,7 @@ static int batch_rows(const pool_model *m) {
 /* Adds m's workload to the pool, evicting for R2. TIDE_OK, or the failure
  * on ctx (TIDE_E_BUSY: the budget is held). */
 static tide_status add_to_pool(tide_pool *p, pool_models *c, pool_model *m, tide_ctx *ctx) {
-    tide_model_opts mo = {.max_batch = batch_rows(m), .ctx_len = m->ctx_len};
+    tide_model_opts mo = {.max_batch = batch_rows(m), .ctx_len = m->ctx_len, .cache_dtype = m->o.cache_dtype};
     for (;;) {
         char msg[400];
         pthread_mutex_lock(&c->mgmt);

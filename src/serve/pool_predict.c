@@ -22,7 +22,8 @@ static tide_plan_opts plan_opts(const pool_predict *pp, uint64_t budget) {
 /* The graph of one request's step: a fresh prefill of seq tokens, or the
  * decode step (seq 1 reading the cache), as generate.c builds them. */
 static tide_status step_graph(const pool_predict *pp, int seq, bool prefill, tide_graph **g) {
-    tide_llama_graph_opts go = {.batch = 1, .seq = seq, .ctx_len = pp->ctx_len, .fresh_cache = prefill};
+    tide_llama_graph_opts go = {.batch = 1, .seq = seq, .ctx_len = pp->ctx_len, .fresh_cache = prefill,
+                                .cache_dtype = pp->cache_dtype};
     return tide_llama_build(pp->ctx, pp->cfg, &go, g);
 }
 

@@ -41,6 +41,7 @@ typedef struct pool_predict {
     uint64_t total;           /* the pool's whole budget: a point of the curve too where it
                                  lies between the minimum and the need (0: none) */
     int ctx_len;
+    tide_dtype cache_dtype;   /* the KV cache's type */
     const char *name;
 } pool_predict;
 

@@ -43,6 +43,7 @@ struct tide_pool_workload {
     tide_checkpoint *ck;       /* its model's (the caller's, or pool_models.c's) */
     tide_llama_config cfg;
     int ctx_len;
+    tide_dtype cache_dtype;    /* its KV cache's type */
     /* written under mgmt and mu; read under either, or by the holder of
      * model_busy (hw: apply_budget) */
     int prompt, gen;           /* the typical request */

@@ -604,7 +604,7 @@ void attention_case(const AttnCase &c) {
             }
     }
     std::vector<float> kc_want = kc, vc_want = vc, o_want((size_t)(R * qd));
-    tk_attn_dims dims = {B, T, C, c.H, c.KV, c.hd};
+    tk_attn_dims dims = {B, T, C, c.H, c.KV, c.hd, TIDE_F32};
     int64_t bad = -1;
     if (tk_attention(q.data(), k.data(), v.data(), pos.data(), kc_want.data(), vc_want.data(), o_want.data(), &dims,
                      &bad, 1) != TIDE_OK)
@@ -613,9 +613,9 @@ void attention_case(const AttnCase &c) {
     const size_t smem = (size_t)3 * 64 * (c.hd <= 64 ? 64 : 128) * 4;
     const bool tiled = !c.rows_only && T >= TCU_ATTN_TILED_MIN_T && c.hd <= TCU_ATTN_TILED_MAX_HD &&
                        (smem <= emu::default_smem_limit || smem <= c.optin);
-    const void *want_k = !tiled       ? (const void *)emu::k_attention
-                         : c.hd <= 64 ? (const void *)emu::k_attention_tiled<64>
-                                      : (const void *)emu::k_attention_tiled<128>;
+    const void *want_k = !tiled       ? (const void *)emu::k_attention<TIDE_F32>
+                         : c.hd <= 64 ? (const void *)emu::k_attention_tiled<64, TIDE_F32>
+                                      : (const void *)emu::k_attention_tiled<128, TIDE_F32>;
     emu::optin_limit = c.optin; /* another device: its opt-ins start afresh */
     emu::func_attrs.clear();
     std::vector<Bytes> got = under_schedules([&](int) {
@@ -626,7 +626,7 @@ void attention_case(const AttnCase &c) {
         float *o = (float *)d.put(nullptr, q.size() * 4, 0, "o");
         expect_status(emu::tcu_cache_write(nullptr, dk, dv, dp, B, T, C, kd, dkc, dvc), cudaSuccess,
                       "tcu_cache_write");
-        expect_launches({(const void *)emu::k_cache_write});
+        expect_launches({(const void *)emu::k_cache_write<TIDE_F32>});
         emu::launch_log.clear();
         expect_status(emu::tcu_attention(nullptr, dq, dp, dkc, dvc, o, B, T, C, c.H, c.KV, c.hd, c.rows_only),
                       cudaSuccess, "tcu_attention");
@@ -740,7 +740,7 @@ void test_attention_nocache() {
         std::vector<int32_t> pos(c.T);
         for (int t = 0; t < c.T; t++) pos[t] = t;
         std::vector<float> want((size_t)(R * qd));
-        tk_attn_dims dims = {c.B, c.T, c.T, c.H, c.KV, c.hd};
+        tk_attn_dims dims = {c.B, c.T, c.T, c.H, c.KV, c.hd, TIDE_F32};
         int64_t bad = -1;
         if (tk_attention_nocache(q.data(), k.data(), v.data(), pos.data(), want.data(), &dims, &bad, 1) != TIDE_OK)
             fail("tk_attention_nocache failed");

@@ -376,7 +376,7 @@ void test_attention_bwd() {
         std::vector<float> q = frands((size_t)(R * qd)), k = frands((size_t)(R * kd)), v = frands((size_t)(R * kd));
         std::vector<float> o = frands((size_t)(R * qd)), dout = frands((size_t)(R * qd));
         std::vector<float> wq(q.size()), wk(k.size()), wv(v.size());
-        tk_attn_dims dims = {c.B, c.T, c.T, c.H, c.KV, c.hd};
+        tk_attn_dims dims = {c.B, c.T, c.T, c.H, c.KV, c.hd, TIDE_F32};
         std::vector<float> work(tk_attention_bwd_work(&dims, 1) / sizeof(float) + 16);
         if (tk_attention_bwd(q.data(), k.data(), v.data(), o.data(), dout.data(), wq.data(), wk.data(), wv.data(), &dims,
                              work.data(), 1))

@@ -33,6 +33,7 @@
  */
 #include "backend/cpu/kernels_int.h"
 #include "backend/cpu/kernels_avx512.h"
+#include "core/quant.h"
 
 #include <limits.h>
 #include <math.h>
@@ -464,14 +465,29 @@ TK_AVX512 static float att_softmax_avx512(float *s, int n, float *m, float *l) {
 }
 #endif
 
+/* Rows j0..j0+nk-1 of a head's keys or values in a cache of type dt (rows
+ * rb bytes apart from base), converted to f32 at dst (hd floats apart):
+ * exact for f16 and bf16, q8_0 dequantized block by block. */
+static void att_load_rows(const char *base, int64_t rb, tide_dtype dt, int64_t j0, int nk, int hd, float *dst) {
+    for (int j = 0; j < nk; j++) tide_dequantize_row(dt, base + (j0 + j) * rb, dst + (int64_t)j * hd, hd);
+}
+
 /* Runs one task: its rows against cache positions 0..max rpos of kv head g
- * (kb/vb point at position 0 of that head, vs floats between positions);
- * path is ATT_PORTABLE, ATT_AVX2 or ATT_AVX512. */
-static void att_run_task(const att_task *tk, const float *kb, const float *vb, int64_t vs, int hd,
-                         int BK, int path) {
+ * (kb/vb point at position 0 of that head, rb bytes between positions, in a
+ * cache of type dt); path is ATT_PORTABLE, ATT_AVX2 or ATT_AVX512. A 16-bit
+ * or q8_0 cache's key and value tiles are converted to f32 first and then go
+ * through the f32 arithmetic, so a task computes what it computes over an
+ * f32 cache holding the converted values. */
+static void att_run_task(const att_task *tk, const char *kbytes, const char *vbytes, int64_t rb, tide_dtype dt,
+                         int hd, int BK, int path) {
     _Alignas(64) float Kt[ATT_BUF];
     _Alignas(64) float O[ATT_BUF];
     _Alignas(64) float S[ATT_MAX_ROWS * ATT_MAX_KEYS];
+    _Alignas(64) float Kf[ATT_BUF];
+    _Alignas(64) float Vf[ATT_BUF];
+    const bool conv = dt != TIDE_F32;
+    const float *kb = (const float *)kbytes, *vb = (const float *)vbytes;
+    const int64_t vs = conv ? hd : rb / (int64_t)sizeof(float);
     float m[ATT_MAX_ROWS], l[ATT_MAX_ROWS];
     int lim[ATT_MAX_ROWS], jmax[ATT_MAX_ROWS];
     int nr = tk->nrows;
@@ -487,12 +503,20 @@ static void att_run_task(const att_task *tk, const float *kb, const float *vb, i
     for (int64_t j0 = 0; j0 <= maxp; j0 += BK) {
         int nk = (int)TIDE_MIN((int64_t)BK, maxp + 1 - j0);
         int nkp = (nk + 15) & ~15;
+        /* the tile's keys and values: in the cache, or converted into Kf, Vf */
+        const float *kt = kb + j0 * vs, *vt = vb + j0 * vs;
+        if (conv) {
+            att_load_rows(kbytes, rb, dt, j0, nk, hd, Kf);
+            att_load_rows(vbytes, rb, dt, j0, nk, hd, Vf);
+            kt = Kf;
+            vt = Vf;
+        }
 #ifdef TK_X86
         if (avx && hd % 8 == 0)
-            att_transpose_avx2(kb + j0 * vs, vs, nk, hd, Kt, BK);
+            att_transpose_avx2(kt, vs, nk, hd, Kt, BK);
         else
 #endif
-            att_transpose_generic(kb + j0 * vs, vs, nk, hd, Kt, BK);
+            att_transpose_generic(kt, vs, nk, hd, Kt, BK);
         for (int d = 0; d < hd; d++)
             for (int j = nk; j < nkp; j++) Kt[d * BK + j] = 0;
         for (int i = 0; i < nr; i++) {
@@ -526,7 +550,6 @@ static void att_run_task(const att_task *tk, const float *kb, const float *vb, i
                 for (int d = 0; d < hd; d++) o[d] *= corr;
             }
         }
-        const float *vt = vb + j0 * vs;
 #ifdef TK_X86
         if (avx_pv) {
             if (path == ATT_AVX512)
@@ -547,10 +570,10 @@ static void att_run_task(const att_task *tk, const float *kb, const float *vb, i
 }
 
 /* The query tasks of tk_attention over keys and values already in place:
- * batch row b's key for position j is keys + (b * C + j) * KV*hd (a cache of
- * C positions, or k itself with C = T). */
-static void att_run(const float *q, const float *keys, const float *vals, int64_t C, const int32_t *pos,
-                    float *o, const tk_attn_dims *dm, int nt) {
+ * batch row b's key for position j is row b * C + j of keys, a cache of C
+ * positions of type dt (or k itself, f32, with C = T). */
+static void att_run(const float *q, const void *keys, const void *vals, int64_t C, tide_dtype dt,
+                    const int32_t *pos, float *o, const tk_attn_dims *dm, int nt) {
     const int64_t B = dm->B, T = dm->T;
     const int H = dm->H, KV = dm->KV, hd = dm->hd;
     const int64_t kd = (int64_t)KV * hd, qd = (int64_t)H * hd;
@@ -584,14 +607,14 @@ static void att_run(const float *q, const float *keys, const float *vals, int64_
                 tk.rpos[tk.nrows] = pos[t];
                 tk.nrows++;
             }
-        const float *kb = keys + b * C * kd + (int64_t)g * hd;
-        const float *vb = vals + b * C * kd + (int64_t)g * hd;
-        att_run_task(&tk, kb, vb, kd, hd, BK, path);
+        const int64_t rb = (int64_t)tide_dtype_bytes(dt, (uint64_t)kd);
+        const int64_t off = b * C * rb + (int64_t)tide_dtype_bytes(dt, (uint64_t)g * (uint64_t)hd);
+        att_run_task(&tk, (const char *)keys + off, (const char *)vals + off, rb, dt, hd, BK, path);
     }
 }
 
 tide_status tk_attention(const float *q, const float *k, const float *v, const int32_t *pos,
-                         float *kcache, float *vcache, float *o, const tk_attn_dims *dm,
+                         void *kcache, void *vcache, float *o, const tk_attn_dims *dm,
                          int64_t *bad, int nt) {
     const int64_t B = dm->B, T = dm->T, C = dm->C;
     if (dm->hd > TK_ATTN_MAX_HD) return TIDE_E_UNSUPPORTED;
@@ -600,16 +623,27 @@ tide_status tk_attention(const float *q, const float *k, const float *v, const i
             *bad = t;
             return TIDE_E_RANGE;
         }
-    const int64_t kd = (int64_t)dm->KV * dm->hd;
-    /* cache write; t in order within b, so a repeated position keeps its last row */
+    const tide_dtype dt = dm->cache_dtype;
+    const int64_t kd = (int64_t)dm->KV * dm->hd, rb = (int64_t)tide_dtype_bytes(dt, (uint64_t)kd);
+    if (rb == 0) return TIDE_E_UNSUPPORTED;
+    /* cache write, rounded to the cache's type row by row (each row on its
+     * own, so the bits do not depend on the threads); t in order within b,
+     * so a repeated position keeps its last row */
 #pragma omp parallel for schedule(static) num_threads(nt) if (B * T * kd >= TK_PAR_MIN)
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++) {
-            size_t dst = (size_t)((b * C + pos[t]) * kd), src = (size_t)((b * T + t) * kd);
-            memcpy(kcache + dst, k + src, (size_t)kd * sizeof(float));
-            memcpy(vcache + dst, v + src, (size_t)kd * sizeof(float));
+            char *kdst = (char *)kcache + (b * C + pos[t]) * rb, *vdst = (char *)vcache + (b * C + pos[t]) * rb;
+            const float *ks = k + (b * T + t) * kd, *vsrc = v + (b * T + t) * kd;
+            if (dt == TIDE_F32) {
+                memcpy(kdst, ks, (size_t)rb);
+                memcpy(vdst, vsrc, (size_t)rb);
+            } else {
+                tide_quantize_row(dt, ks, kdst, kd);
+                tide_quantize_row(dt, vsrc, vdst, kd);
+            }
         }
-    att_run(q, kcache, vcache, C, pos, o, dm, nt);
+    /* then every position, the ones just written too, read back from the cache */
+    att_run(q, kcache, vcache, C, dt, pos, o, dm, nt);
     return TIDE_OK;
 }
 
@@ -621,7 +655,7 @@ tide_status tk_attention_nocache(const float *q, const float *k, const float *v,
             *bad = t;
             return TIDE_E_RANGE;
         }
-    att_run(q, k, v, dm->T, pos, o, dm, nt);
+    att_run(q, k, v, dm->T, TIDE_F32, pos, o, dm, nt);
     return TIDE_OK;
 }
 

@@ -220,6 +220,7 @@ static tide_status cpu_attention(tide_ctx *ctx, int nt, const tide_graph *g, con
     /* the caches are outputs 1 and 2 (also inputs 4 and 5 unless fresh) */
     const tide_tensor *kc = tout(g, op, 1);
     d.C = kc->shape[1];
+    d.cache_dtype = kc->dtype;
     if (op->n_in == 4)
         for (int64_t t = 0; t < d.T; t++)
             if (pp[t] != t)
@@ -237,9 +238,10 @@ static tide_status cpu_attention(tide_ctx *ctx, int nt, const tide_graph *g, con
         d1.B = 1;
         const int64_t qd = (int64_t)d.H * d.hd, kd = (int64_t)d.KV * d.hd, rows = d.T;
         for (int64_t b = 0; b < d.B && !st; b++) {
+            const int64_t cb = d.C * (int64_t)tide_dtype_bytes(d.cache_dtype, (uint64_t)kd); /* a row's bytes */
             st = tk_attention((const float *)in[0] + b * rows * qd, (const float *)in[1] + b * rows * kd,
-                              (const float *)in[2] + b * rows * kd, pp + b * rows, (float *)out[1] + b * d.C * kd,
-                              (float *)out[2] + b * d.C * kd, (float *)out[0] + b * rows * qd, &d1, &bad, nt);
+                              (const float *)in[2] + b * rows * kd, pp + b * rows, (char *)out[1] + b * cb,
+                              (char *)out[2] + b * cb, (float *)out[0] + b * rows * qd, &d1, &bad, nt);
             if (st == TIDE_E_RANGE) bad += b * rows;
         }
     }
@@ -538,13 +540,15 @@ static tide_status cpu_compute(tide_backend *be, void *q, const tide_graph *g, c
         if (!out[i]) return tide_err(ctx, TIDE_E_INVALID, "cpu %s: output %d has no data", nm, i);
     cpu_kernel k = (unsigned)op->kind < TIDE_OP_COUNT ? cpu_kernels[op->kind] : NULL;
     if (!k) return tide_err(ctx, TIDE_E_UNSUPPORTED, "cpu backend: op kind %d is not supported", (int)op->kind);
-    /* block-quantized tensors: a MATMUL's weight and an EMBED's table only */
+    /* block-quantized tensors: a MATMUL's weight, an EMBED's table and an
+     * ATTENTION's KV caches (inputs 4, 5; outputs 1, 2) only */
     for (int i = 0; i < op->n_in + op->n_out; i++) {
         const tide_tensor *t = i < op->n_in ? tin(g, op, i) : tout(g, op, i - op->n_in);
-        bool weight = (op->kind == TIDE_OP_MATMUL && i == 1) || (op->kind == TIDE_OP_EMBED && i == 0);
+        bool weight = (op->kind == TIDE_OP_MATMUL && i == 1) || (op->kind == TIDE_OP_EMBED && i == 0) ||
+                      (op->kind == TIDE_OP_ATTENTION && ((i >= 4 && i < op->n_in) || i > op->n_in));
         if (tide_dtype_is_quantized(t->dtype) && !weight)
             return tide_err(ctx, TIDE_E_UNSUPPORTED, "cpu %s: tensor '%s' is %s; the cpu backend takes "
-                            "block-quantized tensors only as a matmul's weight or an embed's table", nm, t->name,
+                            "block-quantized tensors only as a matmul's weight, an embed's table or a KV cache", nm, t->name,
                             tide_dtype_name(t->dtype));
     }
     if (op->kind == TIDE_OP_MATMUL) return cpu_matmul(ctx, tide_ctx_threads(ctx), be->matmul, g, op, in, out, scratch);

@@ -160,14 +160,17 @@ void tk_rope(const float *x, const int32_t *pos, int64_t R, int64_t T, int H, in
 typedef struct tk_attn_dims {
     int64_t B, T, C;
     int H, KV, hd;
+    tide_dtype cache_dtype; /* the caches' type: F32 (0), F16, BF16, Q8_0 (hd % 32 == 0) */
 } tk_attn_dims;
 
 /* Largest head_dim the attention tiles take. */
 #define TK_ATTN_MAX_HD 512
 
 /* ATTENTION. q (R, H*hd), k, v (R, KV*hd), pos (T), kcache, vcache
- * (B, C, KV*hd), o (R, H*hd); o must not overlap the others.
- * First writes k/v row (b, t) into cache[b][pos[t]], then for each query
+ * (B, C, KV*hd of d->cache_dtype), o (R, H*hd); o must not overlap the others.
+ * First writes k/v row (b, t) into cache[b][pos[t]] (rounded to nearest even
+ * for f16 / bf16, quantized per 32 as tide_quantize_row for q8_0), then, with
+ * every key and value read back from the cache (converted to f32), for each query
  * (b, t) and head h (kv head h / (H/KV)): softmax over cache positions
  * j <= pos[t] of q.k_j / sqrtf(hd), o = sum p_j v_j (online softmax over key
  * tiles; masked positions are never read, so stale cache bytes cannot leak).
@@ -175,7 +178,7 @@ typedef struct tk_attn_dims {
  * (checked before anything is written); TIDE_E_UNSUPPORTED when hd >
  * TK_ATTN_MAX_HD. */
 tide_status tk_attention(const float *q, const float *k, const float *v, const int32_t *pos,
-                         float *kcache, float *vcache, float *o, const tk_attn_dims *d,
+                         void *kcache, void *vcache, float *o, const tk_attn_dims *d,
                          int64_t *bad, int nt);
 
 /* ATTENTION without a cache (a training forward): pos must be 0..T-1 and

@@ -36,6 +36,9 @@
  */
 #include "backend/cuda/cuda_kernels.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -403,11 +406,53 @@ extern "C" cudaError_t tcu_rope_inverse(cudaStream_t s, const float *x, const in
 
 /* ------------------------------------------------------------- attention */
 
-/* A block per row (b, t): copies k/v row into the caches at pos[t], unless a
- * later t' of the same batch row has the same position (the CPU copies in
- * order of t, so the last one stays). */
+/* KV cache element e (flat over (B, C, KV*hd)) of a cache of type CT, as
+ * f32: f16 and bf16 widened exactly, q8_0 (34-byte blocks of 32 along a row)
+ * as q * d, tide_dequantize_row's arithmetic. */
+template <int CT>
+__device__ __forceinline__ float kv_at(const void *c, int64_t e) {
+    if (CT == TIDE_F32 || CT == TIDE_F16 || CT == TIDE_BF16) return load_w<CT>(c, e);
+    const uint8_t *blk = (const uint8_t *)c + (e >> 5) * 34;
+    return (float)(int8_t)blk[2 + (e & 31)] * f16_to_f32(*(const uint16_t *)blk);
+}
+
+/* Row x (n elements) written as a cache row of type CT at dst by the block's
+ * threads: f16 / bf16 rounded to nearest even, q8_0 a block of 32 per thread
+ * as tide_quantize_row (d = amax / 127 stored as f16, q = round(x / d)
+ * through 1 / d, halves away from zero), so the bits are the CPU's. */
+template <int CT>
+__device__ void kv_put_row(const float *x, int64_t n, void *dst) {
+    if (CT == TIDE_F32) {
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ((float *)dst)[i] = x[i];
+    } else if (CT == TIDE_F16) {
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ((__half *)dst)[i] = __float2half_rn(x[i]);
+    } else if (CT == TIDE_BF16) {
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(x[i]);
+    } else {
+        for (int64_t blk = threadIdx.x; blk < n / 32; blk += blockDim.x) {
+            const float *xb = x + blk * 32;
+            uint8_t *ob = (uint8_t *)dst + blk * 34;
+            float amax = 0.0f;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
+            const float d = __fdiv_rn(amax, 127.0f);
+            const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+            *(__half *)ob = __float2half_rn(d);
+            for (int i = 0; i < 32; i++) {
+                float r = roundf(__fmul_rn(xb[i], id));
+                if (!(r == r)) r = 0.0f;
+                ob[2 + i] = (uint8_t)(int8_t)fmaxf(-127.0f, fminf(127.0f, r));
+            }
+        }
+    }
+}
+
+/* A block per row (b, t): writes k/v row into the caches at pos[t] (rounded
+ * to the cache's type CT), unless a later t' of the same batch row has the
+ * same position (the CPU copies in order of t, so the last one stays). */
+template <int CT>
 __global__ void k_cache_write(const float *k, const float *v, const int32_t *pos, int64_t B, int64_t T,
-                              int64_t C, int64_t kd, float *kcache, float *vcache) {
+                              int64_t C, int64_t kd, void *kcache, void *vcache) {
+    const int64_t rb = CT == TIDE_F32 ? kd * 4 : CT == TIDE_Q8_0 ? kd / 32 * 34 : kd * 2; /* a row's bytes */
     for (int64_t row = blockIdx.x; row < B * T; row += gridDim.x) {
         int64_t b = row / T, t = row % T;
         int32_t p = pos[t];
@@ -415,32 +460,50 @@ __global__ void k_cache_write(const float *k, const float *v, const int32_t *pos
         for (int64_t u = t + 1 + threadIdx.x; u < T; u += blockDim.x) later |= pos[u] == p;
         if (__syncthreads_or(later)) continue; /* uniform across the block */
         if (p < 0 || p >= C) continue;          /* not range-checked yet: writes nothing */
-        const float *ks = k + row * kd, *vs = v + row * kd;
-        float *kd_ = kcache + (b * C + p) * kd, *vd = vcache + (b * C + p) * kd;
-        for (int64_t i = threadIdx.x; i < kd; i += blockDim.x) {
-            kd_[i] = ks[i];
-            vd[i] = vs[i];
-        }
+        kv_put_row<CT>(k + row * kd, kd, (char *)kcache + (b * C + p) * rb);
+        kv_put_row<CT>(v + row * kd, kd, (char *)vcache + (b * C + p) * rb);
     }
+}
+
+static cudaError_t cache_write_dt(cudaStream_t s, const float *k, const float *v, const int32_t *pos, int64_t B,
+                                  int64_t T, int64_t C, int64_t kd, int cache_dtype, void *kcache, void *vcache) {
+    int64_t rows = B * T;
+    if (rows <= 0 || kd <= 0) return cudaSuccess;
+    unsigned g = (unsigned)(rows < TCU_MAX_GRID ? rows : TCU_MAX_GRID);
+    switch (cache_dtype) {
+    case TIDE_F32: k_cache_write<TIDE_F32><<<g, TCU_BLOCK, 0, s>>>(k, v, pos, B, T, C, kd, kcache, vcache); break;
+    case TIDE_F16: k_cache_write<TIDE_F16><<<g, TCU_BLOCK, 0, s>>>(k, v, pos, B, T, C, kd, kcache, vcache); break;
+    case TIDE_BF16: k_cache_write<TIDE_BF16><<<g, TCU_BLOCK, 0, s>>>(k, v, pos, B, T, C, kd, kcache, vcache); break;
+    case TIDE_Q8_0:
+        if (kd % 32) return cudaErrorInvalidValue;
+        k_cache_write<TIDE_Q8_0><<<g, TCU_BLOCK, 0, s>>>(k, v, pos, B, T, C, kd, kcache, vcache);
+        break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tcu_cache_write_dt(cudaStream_t s, const float *k, const float *v, const int32_t *pos,
+                                          int64_t B, int64_t T, int64_t C, int64_t kd, int cache_dtype,
+                                          void *kcache, void *vcache) {
+    return cache_write_dt(s, k, v, pos, B, T, C, kd, cache_dtype, kcache, vcache);
 }
 
 extern "C" cudaError_t tcu_cache_write(cudaStream_t s, const float *k, const float *v, const int32_t *pos,
                                        int64_t B, int64_t T, int64_t C, int64_t kd, float *kcache,
                                        float *vcache) {
-    int64_t rows = B * T;
-    if (rows <= 0 || kd <= 0) return cudaSuccess;
-    unsigned g = (unsigned)(rows < TCU_MAX_GRID ? rows : TCU_MAX_GRID);
-    k_cache_write<<<g, TCU_BLOCK, 0, s>>>(k, v, pos, B, T, C, kd, kcache, vcache);
-    return cudaGetLastError();
+    return cache_write_dt(s, k, v, pos, B, T, C, kd, TIDE_F32, kcache, vcache);
 }
 
 /* Per-row kernel, for decoding (few queries) and head_dim > 128. */
 #define ATT_TILE TCU_ATTN_BLOCK                       /* keys per tile: one score per thread */
 #define ATT_PER_THREAD (TCU_ATTN_MAX_HD / TCU_ATTN_BLOCK) /* output elements per thread */
 
-/* Block index -> (b, t, h), later queries (more keys) first. */
+/* Block index -> (b, t, h), later queries (more keys) first. CT: the
+ * caches' type (kv_at). */
+template <int CT>
 __global__ void __launch_bounds__(TCU_ATTN_BLOCK)
-    k_attention(const float *q, const int32_t *pos, const float *kcache, const float *vcache, float *o,
+    k_attention(const float *q, const int32_t *pos, const void *kcache, const void *vcache, float *o,
                 int64_t T, int64_t C, int H, int KV, int hd, float scale) {
     __shared__ float qs[TCU_ATTN_MAX_HD];
     __shared__ float S[ATT_TILE];
@@ -455,8 +518,7 @@ __global__ void __launch_bounds__(TCU_ATTN_BLOCK)
     const int64_t row = b * T + t;
     const float *qr = q + row * qd + (int64_t)h * hd;
     for (int d = tid; d < hd; d += TCU_ATTN_BLOCK) qs[d] = qr[d];
-    const float *kb = kcache + b * C * kd + (int64_t)g * hd;
-    const float *vb = vcache + b * C * kd + (int64_t)g * hd;
+    const int64_t kb = b * C * kd + (int64_t)g * hd; /* element of position 0 of the head */
     /* clamped to the cache, for positions whose range check is still queued */
     const int64_t nkeys = min(max((int64_t)pos[t] + 1, (int64_t)0), C);
     float acc[ATT_PER_THREAD];
@@ -468,9 +530,9 @@ __global__ void __launch_bounds__(TCU_ATTN_BLOCK)
         const int nk = (int)(nkeys - j0 < ATT_TILE ? nkeys - j0 : ATT_TILE);
         /* scores: a warp per key, lanes over head_dim */
         for (int jj = warp; jj < nk; jj += nwarp) {
-            const float *kr = kb + (j0 + jj) * kd;
+            const int64_t kr = kb + (j0 + jj) * kd;
             float dot = 0.0f;
-            for (int d = lane; d < hd; d += 32) dot = fmaf(qs[d], kr[d], dot);
+            for (int d = lane; d < hd; d += 32) dot = fmaf(qs[d], kv_at<CT>(kcache, kr + d), dot);
             dot = warp_sum(dot);
             if (lane == 0) S[jj] = __fmul_rn(dot, scale);
         }
@@ -490,8 +552,8 @@ __global__ void __launch_bounds__(TCU_ATTN_BLOCK)
             int d = tid + i * TCU_ATTN_BLOCK;
             if (d < hd) {
                 float a = acc[i] * corr;
-                const float *vp = vb + j0 * kd + d;
-                for (int jj = 0; jj < nk; jj++) a = fmaf(S[jj], vp[jj * kd], a);
+                const int64_t vp = kb + j0 * kd + d;
+                for (int jj = 0; jj < nk; jj++) a = fmaf(S[jj], kv_at<CT>(vcache, vp + jj * kd), a);
                 acc[i] = a;
             }
         }
@@ -568,25 +630,25 @@ __device__ __forceinline__ int atq_at(int r, int c, int k) { return r * 64 + (c 
  * with SWZ each of its 4 stores covers the 32 banks (lane (r, e) writes row
  * d = 4e + c, chunk (r / 4) ^ e), without it they conflict 8 ways, which the
  * query tile, stored once per block, can afford. */
-template <bool SWZ>
-__device__ __forceinline__ void atq_load_t(float *dst, const float *src, int64_t ld, int n, int hd, int dpad,
-                                           bool vec) {
+template <bool SWZ, int CT>
+__device__ __forceinline__ void atq_load_t(float *dst, const void *base, int64_t off, int64_t ld, int n, int hd,
+                                           int dpad, bool vec) {
     const int nw = dpad / 32 * 512;
     for (int w = threadIdx.x; w < nw; w += ATQ_THREADS) {
         const int lane = w & 31, grp = w >> 5;
         const int r = ((grp & 15) << 2) + (lane >> 3), d = ((grp >> 4) << 5) + ((lane & 7) << 2);
         float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (r < n) {
-            const float *sp = src + r * ld + d;
-            if (vec) {
+            const int64_t sp = off + r * ld + d;
+            if (CT == TIDE_F32 && vec) {
                 if (d < hd) {
-                    const float4 v = *(const float4 *)sp;
+                    const float4 v = *(const float4 *)((const float *)base + sp);
                     x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
                 }
             } else {
 #pragma unroll
                 for (int c = 0; c < 4; c++)
-                    if (d + c < hd) x[c] = sp[c];
+                    if (d + c < hd) x[c] = kv_at<CT>(base, sp + c);
             }
         }
 #pragma unroll
@@ -594,10 +656,11 @@ __device__ __forceinline__ void atq_load_t(float *dst, const float *src, int64_t
     }
 }
 
-/* Block index -> (query tile, b, h), later tiles (more keys) first. */
-template <int HD>
+/* Block index -> (query tile, b, h), later tiles (more keys) first. CT:
+ * the caches' type (kv_at; float4 loads for f32 caches only). */
+template <int HD, int CT>
 __global__ void __launch_bounds__(ATQ_THREADS, 2)
-    k_attention_tiled(const float *q, const int32_t *pos, const float *kcache, const float *vcache, float *o,
+    k_attention_tiled(const float *q, const int32_t *pos, const void *kcache, const void *vcache, float *o,
                       int64_t B, int64_t T, int64_t C, int H, int KV, int hd, float scale, bool vec) {
     extern __shared__ float4 atq_smem[];
     float *Qs = (float *)atq_smem, *Ks = Qs + HD * 64, *Vs = Ks + HD * 64, *Ps = Ks;
@@ -610,8 +673,8 @@ __global__ void __launch_bounds__(ATQ_THREADS, 2)
     const int g = h / (H / KV);
     const int64_t qd = (int64_t)H * hd, kd = (int64_t)KV * hd;
     const int nq = (int)(T - t0 < ATQ_ROWS ? T - t0 : ATQ_ROWS);
-    const float *kb = kcache + b * C * kd + (int64_t)g * hd;
-    const float *vb = vcache + b * C * kd + (int64_t)g * hd;
+    const int64_t kb = b * C * kd + (int64_t)g * hd; /* element of position 0 of the head */
+    const float *vb = (const float *)vcache + kb;   /* f32 caches' float4 path */
 
     /* keys 0..kmax: the tile's largest position, the same in every warp */
     int kmax = 0;
@@ -631,13 +694,13 @@ __global__ void __launch_bounds__(ATQ_THREADS, 2)
         for (int e = 0; e < 4 * NG; e++) acc[i][e] = 0.0f;
     }
     const int dpad = (hd + 31) & ~31; /* Qs, Ks columns hd..dpad-1 are zero */
-    atq_load_t<false>(Qs, q + (b * T + t0) * qd + (int64_t)h * hd, qd, nq, hd, dpad, vec);
+    atq_load_t<false, TIDE_F32>(Qs, q, (b * T + t0) * qd + (int64_t)h * hd, qd, nq, hd, dpad, vec);
 
     for (int64_t j0 = 0; j0 < nkeys; j0 += ATQ_KEYS) {
         const int nk = (int)(nkeys - j0 < ATQ_KEYS ? nkeys - j0 : ATQ_KEYS);
         __syncthreads(); /* the previous tile's P and V are consumed */
-        atq_load_t<true>(Ks, kb + j0 * kd, kd, nk, hd, dpad, vec);
-        if (vec) {
+        atq_load_t<true, CT>(Ks, kcache, kb + j0 * kd, kd, nk, hd, dpad, vec);
+        if (CT == TIDE_F32 && vec) {
             for (int w = tid; w < ATQ_KEYS * HD / 4; w += ATQ_THREADS) {
                 const int j = w / (HD / 4), d = w % (HD / 4) * 4;
                 float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -647,7 +710,7 @@ __global__ void __launch_bounds__(ATQ_THREADS, 2)
         } else {
             for (int w = tid; w < ATQ_KEYS * HD; w += ATQ_THREADS) {
                 const int j = w / HD, d = w % HD;
-                Vs[w] = j < nk && d < hd ? vb[(j0 + j) * kd + d] : 0.0f;
+                Vs[w] = j < nk && d < hd ? kv_at<CT>(vcache, kb + (j0 + j) * kd + d) : 0.0f;
             }
         }
         __syncthreads();
@@ -758,40 +821,68 @@ __global__ void __launch_bounds__(ATQ_THREADS, 2)
     }
 }
 
-template <int HD>
-static cudaError_t attention_tiled(cudaStream_t s, const float *q, const int32_t *pos, const float *kcache,
-                                   const float *vcache, float *o, int64_t B, int64_t T, int64_t C, int H, int KV,
+template <int HD, int CT>
+static cudaError_t attention_tiled(cudaStream_t s, const float *q, const int32_t *pos, const void *kcache,
+                                   const void *vcache, float *o, int64_t B, int64_t T, int64_t C, int H, int KV,
                                    int hd, float scale) {
     /* float4 loads where every row start is 16-byte aligned */
     bool vec = hd % 4 == 0 && ((uintptr_t)q | (uintptr_t)kcache | (uintptr_t)vcache) % 16 == 0;
     /* above 48 KiB of dynamic shared memory a kernel must opt in (per device;
      * cheap, so done on every launch) */
-    cudaError_t e = cudaFuncSetAttribute(k_attention_tiled<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaError_t e = cudaFuncSetAttribute(k_attention_tiled<HD, CT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)ATQ_SMEM(HD));
     if (e != cudaSuccess) return e;
     unsigned nblk = (unsigned)(B * H * ((T + ATQ_ROWS - 1) / ATQ_ROWS));
-    k_attention_tiled<HD><<<nblk, ATQ_THREADS, ATQ_SMEM(HD), s>>>(q, pos, kcache, vcache, o, B, T, C, H, KV, hd,
-                                                                 scale, vec);
+    k_attention_tiled<HD, CT><<<nblk, ATQ_THREADS, ATQ_SMEM(HD), s>>>(q, pos, kcache, vcache, o, B, T, C, H, KV,
+                                                                     hd, scale, vec);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t tcu_attention(cudaStream_t s, const float *q, const int32_t *pos, const float *kcache,
-                                     const float *vcache, float *o, int64_t B, int64_t T, int64_t C, int H, int KV,
-                                     int hd, bool rows_only) {
-    int64_t nblk = B * T * H;
-    if (nblk <= 0) return cudaSuccess;
-    if (hd > TCU_ATTN_MAX_HD || nblk > 0x7fffffff || KV <= 0 || H % KV) return cudaErrorInvalidValue;
+template <int CT>
+static cudaError_t attention_ct(cudaStream_t s, const float *q, const int32_t *pos, const void *kcache,
+                                const void *vcache, float *o, int64_t B, int64_t T, int64_t C, int H, int KV, int hd,
+                                bool rows_only) {
+    const int64_t nblk = B * T * H;
     float scale = 1.0f / sqrtf((float)hd);
     if (!rows_only && T >= TCU_ATTN_TILED_MIN_T && hd <= TCU_ATTN_TILED_MAX_HD) {
-        cudaError_t e = hd <= 64 ? attention_tiled<64>(s, q, pos, kcache, vcache, o, B, T, C, H, KV, hd, scale)
-                                 : attention_tiled<128>(s, q, pos, kcache, vcache, o, B, T, C, H, KV, hd, scale);
+        cudaError_t e = hd <= 64 ? attention_tiled<64, CT>(s, q, pos, kcache, vcache, o, B, T, C, H, KV, hd, scale)
+                                 : attention_tiled<128, CT>(s, q, pos, kcache, vcache, o, B, T, C, H, KV, hd, scale);
         /* a GPU that refuses the tiled kernel's shared memory takes the
          * per-row one; any other error is the caller's */
         if (e != cudaErrorInvalidValue) return e;
         (void)cudaGetLastError();
     }
-    k_attention<<<(unsigned)nblk, TCU_ATTN_BLOCK, 0, s>>>(q, pos, kcache, vcache, o, T, C, H, KV, hd, scale);
+    k_attention<CT><<<(unsigned)nblk, TCU_ATTN_BLOCK, 0, s>>>(q, pos, kcache, vcache, o, T, C, H, KV, hd, scale);
     return cudaGetLastError();
+}
+
+static cudaError_t attention_dt(cudaStream_t s, const float *q, const int32_t *pos, int cache_dtype,
+                                const void *kcache, const void *vcache, float *o, int64_t B, int64_t T, int64_t C,
+                                int H, int KV, int hd, bool rows_only) {
+    int64_t nblk = B * T * H;
+    if (nblk <= 0) return cudaSuccess;
+    if (hd > TCU_ATTN_MAX_HD || nblk > 0x7fffffff || KV <= 0 || H % KV) return cudaErrorInvalidValue;
+    switch (cache_dtype) {
+    case TIDE_F32: return attention_ct<TIDE_F32>(s, q, pos, kcache, vcache, o, B, T, C, H, KV, hd, rows_only);
+    case TIDE_F16: return attention_ct<TIDE_F16>(s, q, pos, kcache, vcache, o, B, T, C, H, KV, hd, rows_only);
+    case TIDE_BF16: return attention_ct<TIDE_BF16>(s, q, pos, kcache, vcache, o, B, T, C, H, KV, hd, rows_only);
+    case TIDE_Q8_0:
+        if (hd % 32) return cudaErrorInvalidValue;
+        return attention_ct<TIDE_Q8_0>(s, q, pos, kcache, vcache, o, B, T, C, H, KV, hd, rows_only);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+extern "C" cudaError_t tcu_attention(cudaStream_t s, const float *q, const int32_t *pos, const float *kcache,
+                                     const float *vcache, float *o, int64_t B, int64_t T, int64_t C, int H, int KV,
+                                     int hd, bool rows_only) {
+    return attention_dt(s, q, pos, TIDE_F32, kcache, vcache, o, B, T, C, H, KV, hd, rows_only);
+}
+
+extern "C" cudaError_t tcu_attention_dt(cudaStream_t s, const float *q, const int32_t *pos, int cache_dtype,
+                                        const void *kcache, const void *vcache, float *o, int64_t B, int64_t T,
+                                        int64_t C, int H, int KV, int hd, bool rows_only) {
+    return attention_dt(s, q, pos, cache_dtype, kcache, vcache, o, B, T, C, H, KV, hd, rows_only);
 }
 
 /* ------------------------------------------------------------- elementwise */

@@ -94,6 +94,11 @@ cudaError_t tcu_rope_inverse(cudaStream_t s, const float *x, const int32_t *pos,
  * [0, C) writes nothing. */
 cudaError_t tcu_cache_write(cudaStream_t s, const float *k, const float *v, const int32_t *pos, int64_t B,
                             int64_t T, int64_t C, int64_t kd, float *kcache, float *vcache);
+/* The same into caches of type cache_dtype (TIDE_F32, F16, BF16, or Q8_0
+ * with kd % 32 == 0; else cudaErrorInvalidValue): each row rounded as
+ * tide_quantize_row rounds it, bit for bit. */
+cudaError_t tcu_cache_write_dt(cudaStream_t s, const float *k, const float *v, const int32_t *pos, int64_t B,
+                               int64_t T, int64_t C, int64_t kd, int cache_dtype, void *kcache, void *vcache);
 
 /* ATTENTION, part 2. q (B*T, H*hd), pos (T), kcache, vcache (B, C, KV*hd),
  * o (B*T, H*hd): for each (b, t, h), softmax over cache positions
@@ -117,6 +122,12 @@ cudaError_t tcu_cache_write(cudaStream_t s, const float *k, const float *v, cons
 cudaError_t tcu_attention(cudaStream_t s, const float *q, const int32_t *pos, const float *kcache,
                           const float *vcache, float *o, int64_t B, int64_t T, int64_t C, int H, int KV,
                           int hd, bool rows_only);
+/* The same over caches of type cache_dtype (as tcu_cache_write_dt; q8_0
+ * needs hd % 32 == 0): every key and value converted to f32 as it is read
+ * (f16 / bf16 exactly, q8_0 as q * d), then the f32 arithmetic above. */
+cudaError_t tcu_attention_dt(cudaStream_t s, const float *q, const int32_t *pos, int cache_dtype, const void *kcache,
+                             const void *vcache, float *o, int64_t B, int64_t T, int64_t C, int H, int KV, int hd,
+                             bool rows_only);
 
 /* SILU_MUL. gate, up, out (n): out = gate / (1 + expf(-gate)) * up. */
 cudaError_t tcu_silu_mul(cudaStream_t s, const float *gate, const float *up, float *out, int64_t n);

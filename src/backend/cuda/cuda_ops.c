@@ -307,12 +307,13 @@ static tide_status op_attention(tide_backend *be, cu_queue *q, const tide_graph 
     for (int64_t b = 0, nb = p->pos_rows ? B : 1, bb = p->pos_rows ? 1 : B; b < nb; b++) {
         const float *qb = (const float *)in[0] + b * T * qd, *kb = (const float *)in[1] + b * T * kd,
                     *vb = (const float *)in[2] + b * T * kd;
-        float *kcb = (float *)out[1] + b * C * kd, *vcb = (float *)out[2] + b * C * kd,
-              *ob = (float *)out[0] + b * T * qd;
-        CU_TRY(q->ctx, tcu_cache_write(q->stream, kb, vb, pp + b * T, bb, T, C, kd, kcb, vcb),
+        const int64_t cb = C * (int64_t)tide_dtype_bytes(kc->dtype, (uint64_t)kd); /* a batch row's bytes */
+        char *kcb = (char *)out[1] + b * cb, *vcb = (char *)out[2] + b * cb;
+        float *ob = (float *)out[0] + b * T * qd;
+        CU_TRY(q->ctx, tcu_cache_write_dt(q->stream, kb, vb, pp + b * T, bb, T, C, kd, (int)kc->dtype, kcb, vcb),
                "attention cache write kernel");
-        CU_TRY(q->ctx, tcu_attention(q->stream, qb, pp + b * T, kcb, vcb, ob, bb, T, C, H, KV, hd,
-                                     impl_of(be)->attn_rows),
+        CU_TRY(q->ctx, tcu_attention_dt(q->stream, qb, pp + b * T, (int)kc->dtype, kcb, vcb, ob, bb, T, C, H, KV, hd,
+                                        impl_of(be)->attn_rows),
                "attention kernel");
     }
     return TIDE_OK;
@@ -489,12 +490,14 @@ tide_status tide_cuda_compute(tide_backend *be, void *vq, const tide_graph *g, c
         if (!out[i]) return tide_err(q->ctx, TIDE_E_INVALID, "cuda %s: output %d has no data", nm, i);
     tide_cuda_op k = (unsigned)op->kind < TIDE_OP_COUNT ? cu_kernels[op->kind] : NULL;
     if (!k) return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "cuda backend: op kind %d is not supported", (int)op->kind);
-    /* block-quantized tensors: MATMUL's weight and EMBED's table only (the
-     * training ops, and the norms, take none) */
+    /* block-quantized tensors: MATMUL's weight, EMBED's table and
+     * ATTENTION's KV caches (inputs 4, 5; outputs 1, 2) only (the training
+     * ops, and the norms, take none) */
     for (int i = 0; i < op->n_in + op->n_out; i++) {
         const tide_tensor *t = i < op->n_in ? tin(g, op, i) : tout(g, op, i - op->n_in);
-        bool weight_slot = i == (op->kind == TIDE_OP_MATMUL ? 1 : 0) &&
-                           (op->kind == TIDE_OP_MATMUL || op->kind == TIDE_OP_EMBED);
+        bool weight_slot = (i == (op->kind == TIDE_OP_MATMUL ? 1 : 0) &&
+                            (op->kind == TIDE_OP_MATMUL || op->kind == TIDE_OP_EMBED)) ||
+                           (op->kind == TIDE_OP_ATTENTION && ((i >= 4 && i < op->n_in) || i > op->n_in));
         if (tide_dtype_is_quantized(t->dtype) && !weight_slot)
             return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "cuda %s: '%s' is %s: quantized tensors are only read as "
                             "matmul weights and embedding tables", nm, t->name, tide_dtype_name(t->dtype));
