@@ -364,9 +364,6 @@ static void print_json(const run_job *r) {
         snprintf(seed, sizeof seed, "%llu", (unsigned long long)a->text.so.seed);
         cJSON_AddStringToObject(o, "seed", seed); /* a string: 64 bits do not fit a JSON number's double */
     }
-    char lh[24]; /* FNV-1a of every logits output: equal hashes, bit-identical logits (a string: 64 bits) */
-    snprintf(lh, sizeof lh, "%016llx", (unsigned long long)s->logits_hash);
-    cJSON_AddStringToObject(o, "logits_hash", lh);
     cJSON_AddNumberToObject(o, "prefill_s", s->prefill_s);
     cJSON_AddNumberToObject(o, "decode_s", s->decode_s);
     cJSON_AddNumberToObject(o, "wall_s", s->prefill_s + s->decode_s);

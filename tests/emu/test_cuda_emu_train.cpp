@@ -701,9 +701,9 @@ void test_adamw() {
         float beta1, wd, max_norm, sumsq;
         float gs; /* hyper[3]: the gradients' factor (0: 1; < 0: no update) */
     } cs[] = {
-        {TIDE_F32, false, 0.9f, 0.1f, 1.0f, 9.0f},  {TIDE_F32, true, 0.9f, 0.0f, 1.0f, 0.25f},
-        {TIDE_BF16, true, 0.9f, 0.1f, 1.0f, 9.0f},  {TIDE_F16, true, 0.3f, 0.1f, 0.0f, 9.0f},
-        {TIDE_BF16, true, 0.3f, 0.0f, 2.0f, 1e-8f}, {TIDE_F16, true, 0.9f, 0.01f, 1.0f, 0.0f},
+        {TIDE_F32, false, 0.9f, 0.1f, 1.0f, 9.0f, 0.0f},  {TIDE_F32, true, 0.9f, 0.0f, 1.0f, 0.25f, 0.0f},
+        {TIDE_BF16, true, 0.9f, 0.1f, 1.0f, 9.0f, 0.0f},  {TIDE_F16, true, 0.3f, 0.1f, 0.0f, 9.0f, 0.0f},
+        {TIDE_BF16, true, 0.3f, 0.0f, 2.0f, 1e-8f, 0.0f}, {TIDE_F16, true, 0.9f, 0.01f, 1.0f, 0.0f, 0.0f},
         {TIDE_BF16, true, 0.9f, 0.1f, 1.0f, 0.09f, 7.5f}, {TIDE_F32, false, 0.9f, 0.1f, 0.0f, 9.0f, 1.3f},
         {TIDE_F32, true, 0.9f, 0.1f, 1.0f, 9.0f, -1.0f},
     };
