@@ -165,7 +165,7 @@ class Model:
         self._ctx = self._be = self._ck = self._m = self._tok = None
         self._lock = threading.Lock()
         if lora is not None:
-            raise InvalidInput("lora: tide has no LoRA adapters (merge the adapter into the checkpoint first)")
+            raise InvalidInput("lora: applying a LoRA adapter at run time is not supported yet (tide train --lora-r trains one; merge it into the checkpoint first)")
         if backend not in _lib.BACKENDS:
             raise InvalidInput("unknown backend '%s' (auto, cpu or cuda)" % backend)
         if policy not in ("tide", "static-layer", "lru"):
