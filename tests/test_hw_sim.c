@@ -1069,7 +1069,7 @@ static void test_probe_backend_ops(void **state) {
     hw.ssd_count = 7;
     hw.host_mem_bytes = 12345;
     double t0 = tide_now();
-    tide_status st = tide_probe_ops(ctx, be, 0.5, &hw);
+    tide_status st = tide_probe_ops(ctx, be, 0.3, &hw);
     if (st) fail_msg("%s", tide_ctx_last_error(ctx));
     double took = tide_now() - t0;
     print_message("cpu backend ops: matmul f32 %.1f, f16 %.1f, bf16 %.1f GFLOP/s; mem %.2f GB/s; copies %.2f / "
@@ -1158,7 +1158,7 @@ static void test_probe_backend_ops(void **state) {
     be->vt = &counting;
     memset(&hw, 0, sizeof hw);
     syncs = 0;
-    if (tide_probe_ops(ctx, be, 0.5, &hw)) fail_msg("%s", tide_ctx_last_error(ctx));
+    if (tide_probe_ops(ctx, be, 0.3, &hw)) fail_msg("%s", tide_ctx_last_error(ctx));
     uint64_t items = 0;
     tide_async_backend_counts(be, &items, NULL);
     be->vt = queued_vt;

@@ -14,7 +14,8 @@
  *
  * Each measurement runs once untimed (cuBLAS picks and loads its kernels,
  * the driver maps the memory), then repeats while its share of the time
- * budget lasts, at least twice, and keeps the best time on a device, the
+ * budget lasts, at least twice (at least one batch of PB_BATCH on a queue,
+ * already an average of that many), and keeps the best time on a device, the
  * median on the CPU (pb_time). The CPU (device memory is host memory) is
  * measured the same way, through its kernels, with a decode step's
  * matrix-vector products besides (tide_probe_matvec).
@@ -137,7 +138,8 @@ static tide_status pb_time(tide_ctx *ctx, tide_backend *be, pb_op *p, double sec
     double samples[PB_SAMPLES];
     int n = 0;
     *best = 1e30;
-    for (int rep = 0; !st && (rep < 2 || tide_now() < deadline); rep++) {
+    int min_reps = batch > 1 ? 1 : 2;
+    for (int rep = 0; !st && (rep < min_reps || tide_now() < deadline); rep++) {
         double t0 = tide_now();
         for (int b = 0; b < batch && !st; b++) st = be->vt->compute(be, q, p->g, op, in, out, p->scratch);
         if (!st) st = pb_wait(be, q);
@@ -258,7 +260,8 @@ static tide_status pb_copies(tide_ctx *ctx, tide_backend *be, size_t n, double s
     if (!st) st = pb_wait(be, q);
     double deadline = tide_now() + seconds;
     *h2d = *d2h = 1e30;
-    for (int rep = 0; !st && (rep < 2 || tide_now() < deadline); rep++) {
+    int min_reps = batch > 1 ? 1 : 2;
+    for (int rep = 0; !st && (rep < min_reps || tide_now() < deadline); rep++) {
         double t0 = tide_now();
         for (int b = 0; b < batch && !st; b++) st = be->vt->to_device(be, q, dev, host, n);
         if (!st) st = pb_wait(be, q);
@@ -282,7 +285,9 @@ static tide_status probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_bud
     double budget = seconds_budget > 0 ? seconds_budget : 6.5;
     int n_blocks = 0;
     for (int i = 0; i < PB_N_BLOCK_TYPES; i++) n_blocks += (blocks >> pb_block_types[i]) & 1;
-    bool big = budget >= 1.3;
+    /* the shapes shrink with the budget: below 1.3 s an eighth of the rows,
+     * below 0.4 s (shorter than any probe the commands take) a thirty-second */
+    bool big = budget >= 1.3, tiny = budget < 0.4;
     /* per-op and per-copy overheads first: the rates subtract them */
     double t_tiny = 0, t_big = 0, t_h2d = 0, t_d2h = 0, t_lat_h2d = 0, t_lat_d2h = 0;
     tide_status st = pb_add(ctx, be, 1, budget * 0.03, &t_tiny);
@@ -291,19 +296,21 @@ static tide_status probe_ops(tide_ctx *ctx, tide_backend *be, double seconds_bud
     if (!st) st = pb_copies(ctx, be, 4, budget * 0.03, &t_lat_h2d, &t_lat_d2h);
     size_t n_copy = big ? PB_COPY_BYTES : PB_COPY_BYTES / 8;
     if (!st) st = pb_copies(ctx, be, n_copy, budget * 0.16, &t_h2d, &t_d2h);
-    /* llama-7b's projection shape; an eighth of the rows when time is short */
-    int64_t R = big ? 2048 : 256, K = 4096, N = 4096;
+    /* llama-7b's projection shape, fewer rows when time is short */
+    int64_t R = big ? 2048 : tiny ? 64 : 256, K = 4096, N = 4096;
     double r32 = 0, r16 = 0, rbf = 0, ratt = 0, share = budget * (n_blocks ? 0.45 : 0.60) / 3;
     if (!st) st = pb_matmul(ctx, be, TIDE_F32, R, K, N, share, t_tiny, &r32);
     if (!st) st = pb_matmul(ctx, be, TIDE_F16, R, K, N, share, t_tiny, &r16);
     if (!st) st = pb_matmul(ctx, be, TIDE_BF16, R, K, N, share, t_tiny, &rbf);
     /* the block types' own kernels (the fill's bytes make valid blocks: every
-     * scale 0x3c3c, 1.06 as f16), at an eighth of the rows: they need not
-     * run at the 16-bit GEMM's rate, which the cost model assumes without */
+     * scale 0x3c3c, 1.06 as f16), at an eighth of the rows and at least 32
+     * (fewer take the decode kernel): they need not run at the 16-bit GEMM's
+     * rate, which the cost model assumes without */
     double rq[PB_N_BLOCK_TYPES] = {0};
+    int64_t rows_q = TIDE_MAX(R / 8, 32);
     for (int i = 0; i < PB_N_BLOCK_TYPES && !st; i++)
         if ((blocks >> pb_block_types[i]) & 1)
-            st = pb_matmul(ctx, be, pb_block_types[i], R / 8, K, N, budget * 0.15 / n_blocks, t_tiny, &rq[i]);
+            st = pb_matmul(ctx, be, pb_block_types[i], rows_q, K, N, budget * 0.15 / n_blocks, t_tiny, &rq[i]);
     if (!st) st = pb_attention(ctx, be, big ? 1024 : 128, budget * 0.10, t_tiny, &ratt);
     if (st) return st;
     for (int i = 0; i < PB_N_BLOCK_TYPES; i++)
