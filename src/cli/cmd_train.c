@@ -831,6 +831,9 @@ static void print_header(const train_job *j) {
     printf("step       batch %ld x seq %ld x accum %ld = %ld tokens; AdamW lr %g%s, betas %g/%g, eps %g, "
            "weight decay %g, clip %g\n", a->batch, a->seq, a->accum, a->batch * a->seq * a->accum, a->lr,
            a->have_min_lr ? " cosine" : "", a->beta1, a->beta2, a->eps, a->wd, a->clip);
+    if (j->comm)
+        printf("ranks      %d data-parallel ranks, each the above: the step of one process with accum %ld; "
+               "ZeRO-%ld\n", j->world, a->accum * j->world, a->zero);
     printf("backend    %s, matmul %s, %d threads; %s\n", tide_backend_name(j->be),
            tide_matmul_name(tide_backend_matmul(j->be)), tide_ctx_threads(j->ctx), j->offload ? "offloaded" : "resident");
     (void)b1;

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 
 void tide_comm_shard_rows(int64_t rows, int size, int r, int64_t *r0, int64_t *n) {
@@ -220,7 +221,7 @@ static tide_status mpi_fail(tide_comm *c, tide_ctx *ctx, int rc, const char *cal
 /* Polls req until it completes or the timeout passes. */
 static tide_status wait_req(tide_comm *c, tide_ctx *ctx, MPI_Request *req, const char *call, const char *what) {
     double t0 = tide_now();
-    long ns = 2000;
+    long ns = 20000;
     for (;;) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
@@ -235,6 +236,13 @@ static tide_status wait_req(tide_comm *c, tide_ctx *ctx, MPI_Request *req, const
             return tide_err(ctx, TIDE_E_IO, "rank %d of %d: %s of %s timed out after %.0f s: another rank stopped "
                             "answering (died, or is stuck; TIDE_NET_TIMEOUT sets the limit)", c->rank, c->size,
                             call, what, el);
+        /* the first millisecond: yield (MPI_Test moves the transfer on; a
+         * compute of this rank takes the core when it wants it); then sleep,
+         * longer and longer up to 200 us */
+        if (el < 1e-3) {
+            sched_yield();
+            continue;
+        }
         struct timespec ts = {0, ns};
         nanosleep(&ts, NULL);
         if (ns < 200000) ns += ns / 4;
