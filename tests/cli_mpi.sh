@@ -18,8 +18,9 @@
 #     (--host-budget 64K) are bit for bit the same ranks unconstrained
 #     (--check passes on every rank);
 #   - a save of 2 ranks resumed by 2 ranks is bit for bit the run that never
-#     stopped; by 3 ranks x --accum 1 (another number of micro-batches a
-#     step) it is refused, naming the accum;
+#     stopped; one process with --accum 2 resumes it too; by 3 ranks x
+#     --accum 1 (another number of micro-batches a step) it is refused,
+#     naming the accum;
 #   - a rank killed mid-step ends the job: mpirun exits non-zero naming rank
 #     1, well before the guard's limit (a hang would reach it); a rank that
 #     stops answering makes the others' collective time out
@@ -195,6 +196,9 @@ expect 0 "2 ranks, 4 steps" -- "${MPI[@]}" 2 "$TIDE" train "${RUNB[@]}" --steps 
 for f in model.safetensors optimizer.safetensors; do
     expect 0 "resumed $f bit for bit" -- cmp "$TMP/resumed/$f" "$TMP/whole/$f"
 done
+# one process with --accum 2 (the same N*A) continues it: the checkpoint is whole
+expect 0 "one process resumes a 2-rank state" -- "$TIDE" train "${RUNB[@]}" --steps 4 --accum 2 --resume "$TMP/half"
+contains "$TMP/out" '"step":3' "the resumed process runs steps 3 and 4"
 expect 0 "3 ranks resuming a 2-rank state fail" -- fails "${MPI[@]}" 3 "$TIDE" train "${RUNB[@]}" --steps 4 \
     --resume "$TMP/half" --out "$TMP/r3x"
 contains "$TMP/err" "accum" "another number of micro-batches is named"
