@@ -560,8 +560,9 @@ typedef struct tide_llama_train_opts {
     unsigned lora_targets; /* TIDE_LORA_* bits; 0: all seven */
     int ranks;         /* data-parallel ranks (0 or 1: one device): the graph is
                           one rank's step over its own micro-batches, with the
-                          collectives of `zero` (src/train/train_ranks.c). Such
-                          a graph is planned and simulated, not run yet */
+                          collectives of `zero` (src/train/train_ranks.c). A
+                          trainer runs it with a communicator
+                          (tide_trainer_set_comm) on the CPU backend */
     int zero;          /* with ranks >= 2, the ZeRO stage: 0 every rank a full
                           copy (gradients all-reduced), 1 optimizer state
                           sharded, 2 state and gradients sharded */
@@ -1851,6 +1852,43 @@ int tide_trainer_vocab_blocks(const tide_trainer *t);
  * does not belong to this model and these options. */
 tide_status tide_trainer_resume(tide_trainer *t, const char *dir);
 
+/* Data-parallel ranks. A communicator joins the processes a launcher started
+ * (docs/training.md section 12): Open MPI's mpirun or mpiexec, or srun with
+ * PMIx or PMI-2; the collectives run on MPI. Built where CMake found MPI
+ * (tide_comm_available). */
+typedef struct tide_comm tide_comm;
+bool tide_comm_available(void);
+/* The ranks the environment's launcher variables describe (1: none, one
+ * process; -1: malformed), this process's rank in *rank, and the kind of
+ * launch in *launcher ("mpirun", "pmi", "srun", "torchrun" or "none");
+ * either may be NULL. Reads the environment only. */
+int tide_comm_launch_env(int *rank, const char **launcher);
+/* Joins the launch (MPI_Init_thread where MPI is not initialised yet).
+ * TIDE_E_UNSUPPORTED without MPI, or for a torchrun-style launch (MPI cannot
+ * meet at a MASTER_ADDR). A collective waits at most TIDE_NET_TIMEOUT
+ * seconds (default 300) for the other ranks, then fails naming the rank and
+ * the collective. */
+tide_status tide_comm_open(tide_ctx *ctx, tide_comm **out);
+int tide_comm_rank(const tide_comm *c);
+int tide_comm_size(const tide_comm *c);
+/* Bytes this process has sent in collectives so far (the ring algorithms'
+ * count: what the formula of docs/training.md section 12 gives). */
+uint64_t tide_comm_bytes_sent(const tide_comm *c);
+/* Ends every rank's process with exit status code (MPI_Abort): for a
+ * program's failure path, so that the other ranks do not wait on this one.
+ * The library itself never calls it. */
+void tide_comm_abort(tide_comm *c, int code);
+/* Leaves the launch (MPI_Finalize where tide_comm_open initialised MPI). */
+void tide_comm_close(tide_comm *c);
+/* Makes t one of tide_comm_size(c) data-parallel ranks, before the first
+ * step: t's step options must have ranks equal to the communicator's size
+ * (tide_llama_train_opts.ranks, zero), and every rank is given the same
+ * options, model and data. Each rank runs its own micro-batches; the plan,
+ * its hardware profile and the offloaded budget are rank 0's (broadcast),
+ * and the ranks compare their plans' hashes before the first step. c must
+ * outlive t. */
+tide_status tide_trainer_set_comm(tide_trainer *t, tide_comm *c);
+
 typedef struct tide_train_stats {
     int64_t step;                /* the step just taken, from 0 */
     double loss;                 /* mean cross-entropy over its tokens */
@@ -1891,6 +1929,15 @@ typedef struct tide_train_stats {
                                     placement kept */
     int64_t n_targets;           /* the step's targets that are not ignored (the
                                     loss is their mean) */
+    /* Data-parallel ranks (tide_trainer_set_comm; ranks 1 otherwise): loss,
+     * grad_norm and n_targets are the whole step's, over every rank. */
+    int ranks, rank;
+    uint64_t net_bytes;          /* bytes this rank sent in the step's collectives
+                                    (ring algorithms' count, docs/training.md
+                                    section 12) */
+    double net_s;                /* the net stream's busy time in the step */
+    double net_overlap_s;        /* of it, while the compute stream was busy too */
+    uint64_t state_bytes_this_rank; /* master weights and moments this rank holds */
 } tide_train_stats;
 
 /* How far a measured offloaded step may be from its plan's prediction,

@@ -16,7 +16,7 @@ mode=${1:-build}
 
 packages=(build-essential cmake ninja-build pkg-config libopenblas-dev liburing-dev
           libcjson-dev libcmocka-dev libpcre2-dev libutf8proc-dev libdnnl-dev libedit-dev
-          libmicrohttpd-dev python3 python3-venv)
+          libmicrohttpd-dev libopenmpi-dev openmpi-bin python3 python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -30,6 +30,7 @@
 
 #include "cost/cost.h"
 #include "exec/executor.h"
+#include "net/comm.h"
 #include "planner/planner.h"
 #include "sim/sim.h"
 #include "train/train_ranks.h"
@@ -328,12 +329,12 @@ static void test_json_round_trip(void **state) {
     }
     assert_int_equal(tide_plan_verify(q), TIDE_OK);
 
-    /* the executor refuses it (no backend runs collectives yet), before
+    /* without the ranks' communicator the executor refuses it, before
      * touching the backend */
     tide_exec *ex = NULL;
     assert_int_equal(tide_exec_new(j.ctx, NULL, q, NULL, &ex), TIDE_E_UNSUPPORTED);
     assert_null(ex);
-    assert_non_null(strstr(tide_ctx_last_error(j.ctx), "collectives need ranks (not built yet)"));
+    assert_non_null(strstr(tide_ctx_last_error(j.ctx), "its collectives need the other ranks"));
     tide_plan_free(q);
     job_free(&j);
 }
@@ -356,9 +357,62 @@ static void test_profile_without_network(void **state) {
     tide_ctx_free(ctx);
 }
 
+/* The launch read from the environment (net/comm.c), the rows of each
+ * rank's shard, and the launches MPI cannot join. */
+static void test_launch_env(void **state) {
+    (void)state;
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_SIZE", "PMI_RANK",
+                                       "SLURM_STEP_NUM_TASKS", "PMIX_RANK", "SLURM_PROCID", "TIDE_WORLD_SIZE",
+                                       "TIDE_RANK", "WORLD_SIZE", "RANK"};
+    for (size_t k = 0; k < sizeof vars / sizeof vars[0]; k++) unsetenv(vars[k]);
+    int r = -1;
+    const char *l = NULL;
+    assert_int_equal(tide_comm_launch_env(&r, &l), 1);
+    assert_int_equal(r, 0);
+    assert_string_equal(l, "none");
+    setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+    setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+    assert_int_equal(tide_comm_launch_env(&r, &l), 3);
+    assert_int_equal(r, 2);
+    assert_string_equal(l, "mpirun");
+    setenv("OMPI_COMM_WORLD_SIZE", "x", 1); /* malformed */
+    assert_int_equal(tide_comm_launch_env(&r, &l), -1);
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    unsetenv("OMPI_COMM_WORLD_RANK");
+    setenv("SLURM_STEP_NUM_TASKS", "4", 1);
+    setenv("SLURM_PROCID", "1", 1);
+    assert_int_equal(tide_comm_launch_env(&r, &l), 4);
+    assert_int_equal(r, 1);
+    assert_string_equal(l, "srun");
+    unsetenv("SLURM_STEP_NUM_TASKS");
+    unsetenv("SLURM_PROCID");
+    /* torchrun-style: named, and refused by tide_comm_open with or without MPI */
+    setenv("TIDE_WORLD_SIZE", "2", 1);
+    setenv("TIDE_RANK", "1", 1);
+    assert_int_equal(tide_comm_launch_env(&r, &l), 2);
+    assert_string_equal(l, "torchrun");
+    tide_ctx *ctx = tide_ctx_new();
+    tide_comm *c = (tide_comm *)&r;
+    assert_int_equal(tide_comm_open(ctx, &c), TIDE_E_UNSUPPORTED);
+    assert_null(c);
+    assert_non_null(strstr(tide_ctx_last_error(ctx), "mpirun -np 2"));
+    tide_ctx_free(ctx);
+    unsetenv("TIDE_WORLD_SIZE");
+    unsetenv("TIDE_RANK");
+    /* shards: ceil(rows / n) rows each, the last short or empty */
+    int64_t r0, n;
+    tide_comm_shard_rows(64, 3, 0, &r0, &n);
+    assert_true(r0 == 0 && n == 22);
+    tide_comm_shard_rows(64, 3, 2, &r0, &n);
+    assert_true(r0 == 44 && n == 20);
+    tide_comm_shard_rows(2, 3, 2, &r0, &n);
+    assert_true(r0 == 2 && n == 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cost_formulas),
+        cmocka_unit_test(test_launch_env),
         cmocka_unit_test(test_state_bytes_per_rank),
         cmocka_unit_test(test_planned_ranks_verify),
         cmocka_unit_test(test_planted_faults),

@@ -28,7 +28,7 @@ static const char help[] =
     "                  [--check] [--out DIR] [--save-every N] [--save-dtype model|f32]\n"
     "                  [--resume DIR] [--trace FILE] [--trace-svg FILE]\n"
     "                  [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--threads N]\n"
-    "                  [--json] [--quiet]\n"
+    "                  [--json] [--quiet] [--ranks N] [--zero 0|1|2]\n"
     "                  [--lora-r R] [--lora-alpha A] [--lora-targets LIST] [--lora-init DIR]\n"
     "\n"
     "Trains a LLaMA-style model with AdamW on a flat file of token ids, or on text\n"
@@ -168,7 +168,14 @@ static const char help[] =
     "                      fast on a GPU, f32 on the CPU), f32 (weights widened,\n"
     "                      f32 products) or fast (bf16 activations times the\n"
     "                      weights as stored, f32 sums)\n"
-    "  --threads N         CPU threads (default: all cores)\n"
+    "  --threads N         CPU threads (default: all cores; under mpirun, give each\n"
+    "                      rank its share)\n"
+    "  --ranks N           data-parallel ranks: checked against the launch's (the\n"
+    "                      ranks are the processes mpirun -np N starts)\n"
+    "  --zero Z            over ranks: 0 gradients all-reduced, every rank a whole\n"
+    "                      optimizer state; 1 (default) master weights and moments\n"
+    "                      sharded, gradients reduce-scattered after the backward;\n"
+    "                      2 reduce-scattered during it (--accum 1)\n"
     "  --lora-r R          LoRA: freeze the base model and train rank-R adapters\n"
     "                      on the projections (y = x W^T + (alpha/R) x A^T B^T;\n"
     "                      A Kaiming-uniform as PEFT initialises it, from a\n"
@@ -188,7 +195,15 @@ static const char help[] =
     "  --quiet             no progress lines\n"
     "\n"
     "Each step prints: step, loss, gradient norm (before clipping), learning rate,\n"
-    "tokens/s and the bytes moved between tiers.\n";
+    "tokens/s and the bytes moved between tiers.\n"
+    "\n"
+    "Data-parallel ranks: `mpirun -np N tide train ... --accum A` (or srun with\n"
+    "PMIx) runs N ranks on the CPU backend, Open MPI carrying the collectives; rank\n"
+    "r runs micro-batches r*A .. r*A+A-1 of the step one process with --accum N*A\n"
+    "would run, so both train the same steps (equal up to f32 summation order).\n"
+    "Rank 0 prints and saves (a save is whole: any N with the same N*A resumes\n"
+    "it); --json prints every rank's lines. A failed rank ends every rank\n"
+    "(docs/training.md, section 12).\n";
 
 typedef struct train_args {
     const char *model, *data, *budget, *policy, *ssd, *hw, *out, *resume, *trace, *trace_svg, *optimizer;
@@ -211,6 +226,8 @@ typedef struct train_args {
     bool have_lora_alpha;
     const char *lora_targets, *lora_init;
     unsigned lora_bits, lora_init_targets;
+    /* data-parallel ranks (getopt values 0x320..) */
+    long ranks, zero;
 } train_args;
 
 typedef struct train_job {
@@ -235,6 +252,10 @@ typedef struct train_job {
     tide_train_stats refit;       /* the step after which the profile was refitted (replan != 0) */
     double sum_wall_after;        /* over the steps after the refit */
     int n_after;
+    tide_comm *comm;              /* data-parallel ranks: the launch's, else NULL */
+    int rank, world;              /* this process's rank of world (1: one process) */
+    double sum_net_s, sum_overlap_s;
+    uint64_t net_bytes;           /* the last step's */
 } train_job;
 
 static const struct option train_options[] = {
@@ -263,6 +284,7 @@ static const struct option train_options[] = {
     {"eval-every", required_argument, 0, 260},
     {"lora-r", required_argument, 0, 0x200},    {"lora-alpha", required_argument, 0, 0x201},
     {"lora-targets", required_argument, 0, 0x202}, {"lora-init", required_argument, 0, 0x203},
+    {"zero", required_argument, 0, 0x320},      {"ranks", required_argument, 0, 0x321},
     {0, 0, 0, 0},
 };
 
@@ -286,6 +308,62 @@ static int parse_lora_option(int c, train_args *a) {
 }
 
 #define BAD(opt) return cli_usage_error("train", "bad " opt " '%s'", optarg)
+
+/* Data-parallel ranks' options (getopt values 0x320..). */
+static int parse_rank_option(int c, train_args *a) {
+    if (c == 0x320 && cli_parse_int(optarg, 0, 2, &a->zero)) BAD("--zero (0, 1 or 2)");
+    if (c == 0x321 && cli_parse_int(optarg, 1, 1 << 20, &a->ranks)) BAD("--ranks");
+    return -1;
+}
+
+/* The launch this process is a rank of: none (one process), or one that MPI
+ * joins. Returns -1 to go on, else the exit status. */
+static int join_ranks(train_job *j) {
+    train_args *a = &j->a;
+    const char *launcher = NULL;
+    j->world = tide_comm_launch_env(&j->rank, &launcher);
+    if (j->world < 0) {
+        fprintf(stderr, "tide: train: the launcher's rank variables (%s) are malformed\n", launcher);
+        return 1;
+    }
+    if (a->ranks > 1 && j->world == 1)
+        return cli_usage_error("train", "--ranks %ld: each rank is a process of its own: start them with mpirun "
+                               "-np %ld tide train ...%s", a->ranks, a->ranks,
+                               tide_comm_available() ? "" : " (and a tide built with MPI: this one has none)");
+    if (a->ranks && j->world > 1 && a->ranks != j->world)
+        return cli_usage_error("train", "--ranks %ld, but %s started %d ranks", a->ranks, launcher, j->world);
+    if (j->world == 1) {
+        if (a->zero >= 0 && !a->ranks)
+            return cli_usage_error("train", "--zero shards the state over data-parallel ranks: it needs a launch "
+                                   "of several (mpirun -np N)");
+        return -1;
+    }
+    if (a->lora_r) return cli_usage_error("train", "LoRA over data-parallel ranks is not built: one process");
+    if (a->eval || a->eval_split > 0 || a->eval_every)
+        return cli_usage_error("train", "validation (--eval, --eval-split) over data-parallel ranks is not built");
+    if (a->zero < 0) a->zero = 1;
+    if (a->backend == TIDE_BACKEND_AUTO) a->backend = TIDE_BACKEND_CPU; /* collectives on GPU memory: not built */
+    tide_ctx *ctx = tide_ctx_new();
+    if (!ctx) return 1;
+    if (tide_comm_open(ctx, &j->comm)) {
+        fprintf(stderr, "tide: train: rank %d of %d (%s): %s\n", j->rank, j->world, launcher, tide_ctx_last_error(ctx));
+        tide_ctx_free(ctx);
+        return 1;
+    }
+    tide_ctx_free(ctx);
+    if (tide_comm_size(j->comm) != j->world) {
+        fprintf(stderr, "tide: train: %s started %d ranks, but MPI joined %d (srun needs --mpi=pmix or pmi2)\n",
+                launcher, j->world, tide_comm_size(j->comm));
+        tide_comm_close(j->comm);
+        j->comm = NULL;
+        return 1;
+    }
+    j->rank = tide_comm_rank(j->comm);
+    j->world = tide_comm_size(j->comm);
+    /* one rank's lines: rank 0's (--json: every rank's, each naming it) */
+    if (j->rank > 0 && !a->json) a->quiet = true;
+    return -1;
+}
 
 /* The options whose defaults the demonstration changes, where given. */
 typedef struct seen_opts {
@@ -477,12 +555,13 @@ static int check_lora_args(train_job *j) {
 static int parse_args(int argc, char **argv, train_job *j) {
     train_args *a = &j->a;
     *a = (train_args){.policy = "tide", .steps = 100, .batch = 4, .seq = 256, .accum = 1, .lr = 3e-4, .wd = 0.1,
-                      .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0, .backend = TIDE_BACKEND_AUTO};
+                      .zero = -1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0, .backend = TIDE_BACKEND_AUTO};
     optind = 1;
     int c, rc_lora;
     seen_opts seen = {0};
     while ((c = getopt_long(argc, argv, "h", train_options, NULL)) != -1) {
-        int rc = c >= 0x200 ? parse_lora_option(c, a) : parse_option(c, j, &seen);
+        int rc = c >= 0x320 && c <= 0x32f ? parse_rank_option(c, a)
+               : c >= 0x200 ? parse_lora_option(c, a) : parse_option(c, j, &seen);
         if (rc >= 0) return rc;
     }
     if ((rc_lora = check_lora_args(j)) >= 0) return rc_lora;
@@ -576,6 +655,10 @@ static tide_trainer_opts trainer_opts(const train_args *a) {
                  .grad_clip = (float)a->clip},
         .lr = a->lr, .min_lr = a->have_min_lr ? a->min_lr : a->lr, .cosine = a->have_min_lr, .warmup = a->warmup,
         .total_steps = a->steps, .shuffle = a->shuffle, .seed = a->seed};
+    if (a->ranks > 1) {
+        o.step.ranks = (int)a->ranks;
+        o.step.zero = (int)a->zero;
+    }
     if (a->lora_r) {
         o.step.lora_r = (int)a->lora_r;
         o.step.lora_alpha = (float)a->lora_alpha;
@@ -701,10 +784,12 @@ static int open_all(train_job *j) {
     if (tide_backend_set_matmul(j->be, mm)) return cli_fail(j->ctx, "--matmul");
     tide_trainer_opts o = trainer_opts(a);
     if (tide_trainer_new(j->ctx, j->ck, j->be, &o, &j->tr)) return cli_fail(j->ctx, "preparing training");
+    if (j->comm && tide_trainer_set_comm(j->tr, j->comm)) return cli_fail(j->ctx, "joining the ranks");
     if (j->offload && tide_trainer_set_offload(j->tr, &j->off)) return cli_fail(j->ctx, "offloading");
     if (a->resume && tide_trainer_resume(j->tr, a->resume)) return cli_fail(j->ctx, "resuming");
     if (a->check) {
         if (tide_trainer_new(j->ctx, j->ck, j->be, &o, &j->ref)) return cli_fail(j->ctx, "preparing the reference");
+        if (j->comm && tide_trainer_set_comm(j->ref, j->comm)) return cli_fail(j->ctx, "joining the ranks");
         if (a->resume && tide_trainer_resume(j->ref, a->resume)) return cli_fail(j->ctx, "resuming");
     }
     /* the data last: a state that does not belong to the model is named first */
@@ -746,6 +831,9 @@ static void print_header(const train_job *j) {
     printf("step       batch %ld x seq %ld x accum %ld = %ld tokens; AdamW lr %g%s, betas %g/%g, eps %g, "
            "weight decay %g, clip %g\n", a->batch, a->seq, a->accum, a->batch * a->seq * a->accum, a->lr,
            a->have_min_lr ? " cosine" : "", a->beta1, a->beta2, a->eps, a->wd, a->clip);
+    if (j->comm)
+        printf("ranks      %d data-parallel ranks, each the above: the step of one process with accum %ld; "
+               "ZeRO-%ld\n", j->world, a->accum * j->world, a->zero);
     printf("backend    %s, matmul %s, %d threads; %s\n", tide_backend_name(j->be),
            tide_matmul_name(tide_backend_matmul(j->be)), tide_ctx_threads(j->ctx), j->offload ? "offloaded" : "resident");
     (void)b1;
@@ -767,6 +855,12 @@ static void print_step(const train_job *j, const tide_train_stats *s) {
         cJSON_AddNumberToObject(o, "bytes_ssd_read", (double)s->bytes_ssd_read);
         cJSON_AddNumberToObject(o, "bytes_ssd_write", (double)s->bytes_ssd_write);
         cJSON_AddNumberToObject(o, "peak_device_bytes", (double)s->peak_device_bytes);
+        if (s->ranks > 1) {
+            cJSON_AddNumberToObject(o, "rank", s->rank);
+            cJSON_AddNumberToObject(o, "net_bytes", (double)s->net_bytes);
+            cJSON_AddNumberToObject(o, "net_s", s->net_s);
+            cJSON_AddNumberToObject(o, "net_overlap_s", s->net_overlap_s);
+        }
         if (s->replan) {
             cJSON_AddBoolToObject(o, "replanned", s->replan > 0);
             cJSON_AddNumberToObject(o, "refit_measured_s", s->refit_measured_s);
@@ -782,8 +876,10 @@ static void print_step(const train_job *j, const tide_train_stats *s) {
         fflush(stdout);
         return;
     }
+    if (j->comm && j->rank > 0) return;
     printf("step %5lld  loss %.4f  grad norm %.4f  lr %.3e  %8.0f tokens/s  %.3f s", (long long)s->step + 1,
            s->loss, s->grad_norm, s->lr, s->tokens_per_s, s->wall_s);
+    if (s->ranks > 1) printf("  net %s", cli_fmt_bytes(s->net_bytes, b1, sizeof b1));
     if (j->offload)
         printf("  moved h2d %s d2h %s ssd %s", cli_fmt_bytes(s->bytes_h2d, b1, sizeof b1),
                cli_fmt_bytes(s->bytes_d2h, b2, sizeof b2),
@@ -878,8 +974,11 @@ static int validate(train_job *j, int64_t step) {
 
 static int train_loop(train_job *j) {
     const train_args *a = &j->a;
-    tide_batch_spec spec = {.batch = (int)a->batch, .seq = (int)a->seq, .accum = (int)a->accum,
+    /* ranks: the step's micro-batches numbered as one process with accum x
+     * world of them numbers them; rank r reads r*accum .. r*accum+accum-1 */
+    tide_batch_spec spec = {.batch = (int)a->batch, .seq = (int)a->seq, .accum = (int)(a->accum * j->world),
                             .shuffle = a->shuffle, .seed = a->seed};
+    const int m0 = (int)(j->rank * a->accum);
     size_t per = (size_t)a->batch * (size_t)a->seq;
     j->check_ok = true;
     int64_t s0 = tide_trainer_steps(j->tr);
@@ -888,7 +987,7 @@ static int train_loop(train_job *j) {
                 (long long)s0, a->steps);
     for (int64_t s = s0; s < a->steps; s++) {
         for (int m = 0; m < a->accum; m++)
-            if (tide_dataset_batch(j->data, &spec, s, m, j->inputs + m * per, j->targets + m * per))
+            if (tide_dataset_batch(j->data, &spec, s, m0 + m, j->inputs + m * per, j->targets + m * per))
                 return cli_fail(j->ctx, "reading a batch");
         tide_train_stats st, rs;
         tide_status e = tide_trainer_step(j->tr, j->inputs, j->targets, &st);
@@ -912,8 +1011,11 @@ static int train_loop(train_job *j) {
         if (s > s0) {
             j->sum_wall += st.wall_s;
             j->sum_pred += st.predicted_s;
+            j->sum_net_s += st.net_s;
+            j->sum_overlap_s += st.net_overlap_s;
             j->n_timed++;
         }
+        j->net_bytes = st.net_bytes;
         if (j->refit.replan) {
             j->sum_wall_after += st.wall_s;
             j->n_after++;
@@ -991,6 +1093,16 @@ static int summary(train_job *j) {
             cJSON_AddNullToObject(o, "refit");
         }
         if (a->check) cJSON_AddBoolToObject(o, "check_passed", j->check_ok);
+        cJSON_AddNumberToObject(o, "ranks", j->world);
+        if (j->comm) {
+            cJSON_AddNumberToObject(o, "rank", j->rank);
+            cJSON_AddNumberToObject(o, "zero", (double)a->zero);
+            cJSON_AddNumberToObject(o, "state_bytes_this_rank", (double)s->state_bytes_this_rank);
+            cJSON_AddNumberToObject(o, "net_bytes_per_step", (double)j->net_bytes);
+            cJSON_AddNumberToObject(o, "net_s_per_step", j->n_timed ? j->sum_net_s / j->n_timed : s->net_s);
+            cJSON_AddNumberToObject(o, "net_overlap_s_per_step",
+                                    j->n_timed ? j->sum_overlap_s / j->n_timed : s->net_overlap_s);
+        }
         if (j->eval_n) {
             cJSON_AddNumberToObject(o, "eval_loss", j->eval_loss);
             cJSON_AddNumberToObject(o, "eval_targets", (double)j->eval_n);
@@ -999,7 +1111,7 @@ static int summary(train_job *j) {
         if (js) puts(js);
         free(js);
         cJSON_Delete(o);
-    } else if (tide_trainer_steps(j->tr)) {
+    } else if (tide_trainer_steps(j->tr) && !(j->comm && j->rank > 0)) {
         printf("summary    %lld steps, final loss %.4f; step %.3f s measured", (long long)tide_trainer_steps(j->tr),
                s->loss, measured);
         if (j->offload) printf(", %.3f s predicted", predicted);
@@ -1027,6 +1139,14 @@ static int summary(train_job *j) {
             printf("refit      none: the second step was within %.0f%% of its prediction\n",
                    100 * TIDE_TRAIN_REFIT_MARGIN);
         }
+        if (j->comm) {
+            double ns = j->n_timed ? j->sum_net_s / j->n_timed : s->net_s;
+            double ov = j->n_timed ? j->sum_overlap_s / j->n_timed : s->net_overlap_s;
+            printf("ranks      %d data-parallel ranks, ZeRO-%ld; rank 0 holds %s of master weights and moments, "
+                   "sends %s a step; collectives %.3f s a step, %.0f%% of it overlapping computes\n", j->world,
+                   a->zero, cli_fmt_bytes(s->state_bytes_this_rank, b1, sizeof b1),
+                   cli_fmt_bytes(j->net_bytes, b2, sizeof b2), ns, ns > 0 ? 100 * ov / ns : 0);
+        }
         if (j->eval_n) printf("eval       final validation loss %.4f over %lld targets\n", j->eval_loss, (long long)j->eval_n);
         if (a->check)
             printf("check      %s\n", j->check_ok ? "passed: every loss and the final parameters, master weights and "
@@ -1042,12 +1162,14 @@ int cmd_train(int argc, char **argv) {
     memset(&j, 0, sizeof j);
     int rc = parse_args(argc, argv, &j);
     if (rc >= 0) return rc;
+    if ((rc = join_ranks(&j)) >= 0) return rc;
+    if (j.comm) j.a.ranks = j.world;
     if (!(j.ctx = tide_ctx_new())) return 1;
     tide_ctx_set_threads(j.ctx, (int)j.a.threads);
     cli_progress_init(&j.ps, j.a.quiet || j.a.json);
     tide_ctx_set_progress(j.ctx, cli_progress, &j.ps);
     if (!(rc = open_all(&j))) {
-        if (!j.a.json) print_header(&j);
+        if (!j.a.json && !(j.comm && j.rank > 0)) print_header(&j);
         if (!(rc = train_loop(&j))) rc = summary(&j);
     }
     tide_trainer_free(j.tr);
@@ -1060,5 +1182,12 @@ int cmd_train(int argc, char **argv) {
     tide_ctx_free(j.ctx);
     free(j.inputs);
     free(j.targets);
+    if (j.comm && rc) {
+        /* the other ranks wait on this one's collectives: end them all */
+        fprintf(stderr, "tide: train: rank %d of %d failed (exit status %d): ending every rank\n", j.rank, j.world, rc);
+        fflush(stderr);
+        tide_comm_abort(j.comm, rc);
+    }
+    tide_comm_close(j.comm);
     return rc;
 }

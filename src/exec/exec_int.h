@@ -9,6 +9,7 @@
 
 #include "exec/executor.h"
 #include "store/ssd.h"
+#include "net/comm.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -44,6 +45,7 @@ struct tide_exec {
     tide_backend *be;
     const tide_plan *p;
     const tide_graph *g;
+    tide_comm *comm;            /* a rank's plan: the ranks' communicator, else NULL */
     unsigned char *arena;
     bool arena_lent;
     unsigned char *host_pool;

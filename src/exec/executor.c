@@ -143,17 +143,26 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
     static const tide_exec_opts defaults = {0};
     if (!opts) opts = &defaults;
     *out = NULL;
-    for (int i = 0; p && i < p->n_ins; i++) /* a data-parallel rank's plan: no backend runs it yet */
-        if (tide_ins_is_collective(p->ins[i].kind) || p->ins[i].stream == TIDE_STREAM_NET || p->ranks > 1)
-            return tide_err(ctx, TIDE_E_UNSUPPORTED, "the plan is one of %d data-parallel ranks (instruction %d: "
-                            "%s): collectives need ranks (not built yet); run a plan without --ranks",
-                            p->ranks, i, tide_ins_name(p->ins[i].kind));
+    bool coll = p && p->ranks > 1;
+    for (int i = 0; p && i < p->n_ins && !coll; i++)
+        coll = tide_ins_is_collective(p->ins[i].kind) || p->ins[i].stream == TIDE_STREAM_NET;
+    if (coll && !opts->comm) /* a data-parallel rank's plan needs the other ranks */
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "the plan is one of %d data-parallel ranks: its collectives need "
+                        "the other ranks (a communicator: start the ranks with mpirun -np %d); run a plan without "
+                        "--ranks", p->ranks, p->ranks);
+    if (coll && tide_comm_size(opts->comm) != p->ranks)
+        return tide_err(ctx, TIDE_E_INVALID, "the plan is one of %d data-parallel ranks, the communicator has %d",
+                        p->ranks, tide_comm_size(opts->comm));
+    if (coll && !be->vt->device_is_host)
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "collectives on the %s backend's device memory are not built "
+                        "(NCCL): data-parallel ranks run on the CPU backend", be->vt->name);
     tide_exec *ex = tide_calloc(1, sizeof *ex);
     if (!ex) return tide_err(ctx, TIDE_E_NOMEM, "out of memory creating the executor");
     ex->ctx = ctx;
     ex->be = be;
     ex->p = p;
     ex->g = p->g;
+    ex->comm = coll ? opts->comm : NULL;
     pthread_mutex_init(&ex->mu, NULL);
     pthread_cond_init(&ex->cv, NULL);
     pthread_mutex_init(&ex->pool_mu, NULL);
@@ -381,6 +390,7 @@ static void stop_workers(tide_exec *ex) {
 
 void tide_exec_free(tide_exec *ex) {
     if (!ex) return;
+    if (ex->comm) tide_comm_clear_cancel(ex->comm, &ex->failed);
     stop_workers(ex);
     /* the queues first: freeing one waits for its work, which may use the
      * events and the memory below */
@@ -516,6 +526,36 @@ static tide_status run_compute(worker *w, int i) {
     return TIDE_OK;
 }
 
+/* A collective (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER) on the net stream:
+ * the graph's op on its device copies with the other ranks (net/comm.h). The
+ * backend's device memory is host memory (tide_exec_new). */
+static tide_status run_collective(worker *w, int i) {
+    tide_exec *ex = w->ex;
+    const tide_ins *in = &ex->p->ins[i];
+    const tide_op *op = &ex->g->ops[in->op];
+    const tide_tensor *x = &ex->g->tensors[op->in[0]], *y = &ex->g->tensors[op->out[0]];
+    void *src = ex->arena + in->dev_off[0], *dst = ex->arena + in->dev_off[1];
+    char what[300];
+    snprintf(what, sizeof what, "'%s' (instruction %d)", x->name, i);
+    switch (in->kind) {
+    case TIDE_INS_ALL_REDUCE:
+        if (src != dst) memcpy(dst, src, x->nbytes);
+        return tide_comm_allreduce_f32(ex->comm, w->ctx, dst, x->nbytes / sizeof(float), what);
+    case TIDE_INS_REDUCE_SCATTER: {
+        int64_t rows = x->ndim ? x->shape[0] : 1;
+        return tide_comm_reduce_scatter_f32(ex->comm, w->ctx, src, dst, rows,
+                                            (uint64_t)tide_tensor_numel(x) / (uint64_t)(rows ? rows : 1), what);
+    }
+    case TIDE_INS_ALL_GATHER: {
+        int64_t rows = y->ndim ? y->shape[0] : 1;
+        snprintf(what, sizeof what, "'%s' (instruction %d)", y->name, i);
+        return tide_comm_allgather_rows(ex->comm, w->ctx, src, dst, rows, y->nbytes / (uint64_t)(rows ? rows : 1),
+                                        what);
+    }
+    default: return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d is no collective", i);
+    }
+}
+
 /* ---------------------------------------------------------------- workers */
 
 static bool wait_done(tide_exec *ex, int w) {
@@ -578,6 +618,9 @@ static tide_status run_ins(worker *w, int i) {
     case TIDE_INS_STORE: return exec_store(w, i);
     case TIDE_INS_MOVE: return exec_move(w, i);
     case TIDE_INS_DROP: return TIDE_OK; /* the arena range is free once this completes */
+    case TIDE_INS_ALL_REDUCE:
+    case TIDE_INS_REDUCE_SCATTER:
+    case TIDE_INS_ALL_GATHER: return run_collective(w, i);
     default: return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d has kind %d", i, (int)w->ex->p->ins[i].kind);
     }
 }
@@ -733,6 +776,8 @@ tide_status tide_exec_run(tide_exec *ex, tide_sim_event *timeline, tide_exec_sta
     }
     for (int i = 0; i < p->n_ins; i++) atomic_store(&ex->done[i], 0);
     atomic_store(&ex->failed, false);
+    /* a rank's collectives give up when another of its streams fails */
+    if (ex->comm) tide_comm_set_cancel(ex->comm, &ex->failed);
     ex->fail_status = TIDE_OK;
     for (int k = 0; k < 4; k++) atomic_store(&ex->bytes[k], 0);
     ex->ssd_read_s = 0;

@@ -59,6 +59,10 @@ typedef struct tide_exec_opts {
     bool sync_issue;          /* issue each instruction only after the previous one
                                  completed, even where the backend has events (the
                                  slower mode, for comparison and diagnosis) */
+    tide_comm *comm;          /* a data-parallel rank's plan (p->ranks > 1): the
+                                 ranks' communicator its collectives run on
+                                 (net/comm.h), of exactly p->ranks ranks; the
+                                 backend's device memory must be host memory */
 } tide_exec_opts;
 
 typedef struct tide_exec_stats {

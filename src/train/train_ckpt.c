@@ -60,7 +60,8 @@ static tide_status par_list_make(tide_trainer *t, par_list *pl) {
     }
     int kb = 0;
     for (int i = 0; i < g->n_tensors; i++) {
-        if (tide_train_tensor_class(g, i) != TIDE_TRAIN_PARAM) continue;
+        /* a rank's copy of its rows of a parameter is no parameter of its own */
+        if (tide_train_tensor_class(g, i) != TIDE_TRAIN_PARAM || train_is_shard(t, i, NULL)) continue;
         const tide_tensor *T = &g->tensors[i];
         uint64_t off = 0;
         const char *home = tide_graph_tensor_home(g, i, &off);
@@ -99,12 +100,52 @@ static tide_status par_list_make(tide_trainer *t, par_list *pl) {
 
 /* ---------------------------------------------------------------- saving */
 
+/* Rank 0 of data-parallel ranks, at the end of a save: frees the gathered
+ * wholes and tells the other ranks the outcome st. */
+static tide_status save_outcome(tide_trainer *t, void **whole, tide_status st) {
+    if (!t->comm) return st;
+    for (int i = 0; whole && i < t->g->n_tensors; i++) tide_free(whole[i]);
+    tide_free(whole);
+    tide_status r0 = st;
+    tide_status b = tide_comm_bcast(t->comm, t->ctx, &r0, sizeof r0, "the save's outcome");
+    return st ? st : b;
+}
+
+/* Data-parallel ranks: every rank's rows of each sharded master and moment,
+ * gathered on rank 0 (*whole: per tensor, the whole, on rank 0 only), so that
+ * the checkpoint is one process's, whole: any number of ranks resumes it. */
+static tide_status gather_shards(tide_trainer *t, void ***whole) {
+    const tide_graph *g = t->g;
+    bool root = t->rank == 0;
+    *whole = root ? tide_calloc((size_t)g->n_tensors, sizeof **whole) : NULL;
+    if (root && !*whole) return tide_err(t->ctx, TIDE_E_NOMEM, "out of memory saving a checkpoint");
+    tide_status st = TIDE_OK;
+    for (int i = 0; !st && i < g->n_tensors; i++) {
+        int w;
+        if (!train_is_shard(t, i, &w) || tide_train_tensor_class(g, i) == TIDE_TRAIN_PARAM) continue;
+        const tide_tensor *T = &g->tensors[i], *W = &g->tensors[w];
+        int64_t rows = W->ndim ? W->shape[0] : 1, c = (rows + t->o.step.ranks - 1) / t->o.step.ranks;
+        uint64_t row = T->nbytes / (uint64_t)(c ? c : 1);
+        void *mine = tide_malloc_aligned((size_t)(T->nbytes ? T->nbytes : 1), 4096);
+        uint64_t whole_bytes = (uint64_t)rows * row;
+        void *all = root ? tide_malloc((size_t)(whole_bytes ? whole_bytes : 1)) : NULL;
+        if (!mine || (root && !all)) st = tide_err(t->ctx, TIDE_E_NOMEM, "out of memory saving a checkpoint");
+        if (!st) st = train_read_tensor(t, i, mine);
+        if (!st) st = tide_comm_gather_rows(t->comm, t->ctx, mine, all, rows, row, T->name);
+        tide_free_aligned(mine);
+        if (root) (*whole)[i] = all;
+    }
+    return st;
+}
+
 typedef struct saver {
     tide_trainer *t;
     par_list pl;
     tide_dtype save_dtype;
     int cur;           /* graph tensor held in buf, -1: none */
     void *buf;
+    void **whole;      /* data-parallel ranks, rank 0: per tensor of t->g, a
+                          shard's whole (every rank's rows), or NULL */
 } saver;
 
 /* The graph tensor behind part `part` of block p of a parameter. */
@@ -136,6 +177,14 @@ static tide_status save_fill(void *user, tide_train_part part, int k, tide_dtype
         if (T->dtype != dt)
             return tide_err(t->ctx, TIDE_E_INVALID, "'%s' is %s, %s was asked for", T->name,
                             tide_dtype_name(T->dtype), tide_dtype_name(dt));
+        if (s->whole && s->whole[i]) {
+            uint64_t from = elem0 - p->elem0, cnt = TIDE_MIN(n, p->n - from);
+            memcpy(dst, (char *)s->whole[i] + from * es, cnt * es);
+            dst = (char *)dst + cnt * es;
+            elem0 += cnt;
+            n -= cnt;
+            continue;
+        }
         if (s->cur != i) {
             tide_status st = train_read_tensor(t, i, s->buf);
             if (st) return st;
@@ -161,8 +210,15 @@ tide_status tide_trainer_save(tide_trainer *t, const char *dir, tide_dtype save_
                         tide_dtype_name(t->cfg.dtype), tide_dtype_name(save_dtype));
     if (n_extra < 0 || (n_extra && !extra)) return tide_err(t->ctx, TIDE_E_INVALID, "bad extra metadata");
     saver s = {.t = t, .save_dtype = save_dtype, .cur = -1};
-    tide_status st = par_list_make(t, &s.pl);
-    if (st) return st;
+    tide_status st = TIDE_OK;
+    if (t->comm && (st = gather_shards(t, &s.whole))) return st;
+    if (t->comm && t->rank != 0) { /* rank 0 writes; the others learn how it went */
+        tide_status r0 = TIDE_OK;
+        st = tide_comm_bcast(t->comm, t->ctx, &r0, sizeof r0, "the save's outcome");
+        if (!st && r0) st = tide_err(t->ctx, r0, "rank 0 could not save the checkpoint to %s", dir);
+        return st;
+    }
+    if ((st = par_list_make(t, &s.pl))) return save_outcome(t, s.whole, st);
     uint64_t biggest = 0;
     for (int i = 0; i < t->g->n_tensors; i++)
         if (t->g->tensors[i].role == TIDE_ROLE_STATE) biggest = TIDE_MAX(biggest, t->g->tensors[i].nbytes);
@@ -174,11 +230,13 @@ tide_status tide_trainer_save(tide_trainer *t, const char *dir, tide_dtype save_
     }
     for (int k = 0; k < n_extra; k++) em[k] = (tide_st_meta){extra[2 * k], extra[2 * k + 1]};
     const tide_llama_train_opts *so = &t->o.step;
+    /* ranks: the whole step's micro-batches, as one process would count them */
+    const int accum = so->accum * (t->comm ? tide_comm_size(t->comm) : 1);
     tide_train_save sv = {
         .cfg = &t->cfg, .model_dtype = save_dtype, .params = s.pl.tp, .n_params = s.pl.n, .fill = save_fill,
         .user = &s, .extra = em, .n_extra = n_extra,
-        .meta = {.step = t->step, .tokens_seen = t->step * so->accum * so->batch * so->seq, .batch = so->batch,
-                 .seq = so->seq, .accum = so->accum, .shuffle = t->o.shuffle, .seed = t->o.seed,
+        .meta = {.step = t->step, .tokens_seen = t->step * accum * so->batch * so->seq, .batch = so->batch,
+                 .seq = so->seq, .accum = accum, .shuffle = t->o.shuffle, .seed = t->o.seed,
                  .lr = (float)t->o.lr, .beta1 = so->beta1, .beta2 = so->beta2, .adam_eps = so->eps,
                  .weight_decay = so->weight_decay, .max_norm = so->grad_clip}};
     st = tide_train_save_dir(t->ctx, dir, &sv);
@@ -186,7 +244,7 @@ done:
     tide_free(em);
     tide_free_aligned(s.buf);
     par_list_free(&s.pl);
-    return st;
+    return save_outcome(t, s.whole, st);
 }
 
 /* ---------------------------------------------------------------- resuming */
@@ -225,7 +283,10 @@ tide_status tide_trainer_resume(tide_trainer *t, const char *dir) {
         return st;
     }
     const tide_train_meta *m = tide_train_resume_meta(rs->r);
-    const tide_llama_train_opts *so = &t->o.step;
+    tide_llama_train_opts so_all = t->o.step, *so = &so_all;
+    /* ranks: the whole step's micro-batches (any number of ranks resumes a
+     * state whose step had as many) */
+    so_all.accum *= so_all.ranks > 1 ? so_all.ranks : 1;
     const char *what = m->batch != so->batch ? "batch" : m->seq != so->seq ? "seq" : m->accum != so->accum ? "accum"
                      : m->shuffle != t->o.shuffle || (m->shuffle && m->seed != t->o.seed) ? "data order (shuffle seed)"
                      : NULL;
@@ -280,6 +341,16 @@ tide_status train_resume_value(tide_trainer *t, int i, void *dst) {
         if (!src) return tide_err(t->ctx, TIDE_E_FORMAT, "%s: no saved value for '%s'", t->resume_dir, T->name);
         src += p->elem0;
         size_t n = (size_t)tide_tensor_numel(T);
+        int w;
+        if (train_is_shard(t, i, &w)) { /* this rank's rows of the whole */
+            const tide_tensor *W = &t->g->tensors[w];
+            int64_t rows = W->ndim ? W->shape[0] : 1, r0, nr;
+            tide_comm_shard_rows(rows, t->o.step.ranks, t->rank, &r0, &nr);
+            uint64_t row = (uint64_t)tide_tensor_numel(W) / (uint64_t)(rows ? rows : 1);
+            memset(dst, 0, T->nbytes);
+            src += (uint64_t)r0 * row;
+            n = (size_t)((uint64_t)nr * row);
+        }
         /* a parameter is its master rounded to its dtype */
         if (T->dtype == TIDE_F32) memcpy(dst, src, n * sizeof(float));
         else tide_convert_from_f32(src, T->dtype, dst, n);

@@ -32,6 +32,7 @@
 #include "runtime/tiling.h"
 #include "sim/sim.h"
 #include "trace/trace.h"
+#include "cost/cost.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -98,7 +99,9 @@ tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *b
     /* every parameter must be in the checkpoint with its shape and dtype */
     for (int i = 0; i < t->g->n_tensors; i++) {
         const tide_tensor *T = &t->g->tensors[i];
-        if (tide_train_tensor_class(t->g, i) != TIDE_TRAIN_PARAM || train_is_adapter(t, i)) continue;
+        if (tide_train_tensor_class(t->g, i) != TIDE_TRAIN_PARAM || train_is_adapter(t, i) ||
+            train_is_shard(t, i, NULL))
+            continue;
         tide_tensor_info ti;
         if (tide_checkpoint_get(ck, T->name, &ti)) {
             st = tide_err(ctx, TIDE_E_FORMAT, "the checkpoint has no parameter '%s'", T->name);
@@ -216,6 +219,113 @@ tide_status tide_trainer_set_offload(tide_trainer *t, const tide_offload_opts *o
 }
 
 int64_t tide_trainer_steps(const tide_trainer *t) { return t->step; }
+
+/* ---------------------------------------------------------------- ranks */
+
+static bool ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+bool train_is_shard(const tide_trainer *t, int i, int *whole) {
+    const tide_graph *g = t->g;
+    const tide_tensor *T = &g->tensors[i];
+    if (t->o.step.ranks < 2 || t->o.step.zero < 1 || T->role != TIDE_ROLE_STATE) return false;
+    char base[300];
+    tide_train_class c = tide_train_tensor_class(g, i);
+    if (ends_with(T->name, ".shard")) {
+        snprintf(base, sizeof base, "%.*s", (int)(strlen(T->name) - 6), T->name);
+    } else if (c == TIDE_TRAIN_MASTER || c == TIDE_TRAIN_MOMENT) {
+        const char *pre = c == TIDE_TRAIN_MASTER ? "master." : !strncmp(T->name, "exp_avg_sq.", 11) ? "exp_avg_sq."
+                                                                                                       : "exp_avg.";
+        snprintf(base, sizeof base, "%s", T->name + strlen(pre));
+    } else {
+        return false;
+    }
+    int w = tide_graph_find(g, base);
+    if (w < 0 || w == i) return false;
+    if (whole) *whole = w;
+    return true;
+}
+
+tide_status tide_trainer_set_comm(tide_trainer *t, tide_comm *c) {
+    if (t->run) return tide_err(t->ctx, TIDE_E_INVALID, "the ranks' communicator is set before the first step");
+    if (!c) return tide_err(t->ctx, TIDE_E_INVALID, "no communicator");
+    int n = tide_comm_size(c);
+    if (t->o.step.ranks != n)
+        return tide_err(t->ctx, TIDE_E_INVALID, "the step is one of %d ranks' (tide_llama_train_opts.ranks), the "
+                        "launch has %d", t->o.step.ranks < 2 ? 1 : t->o.step.ranks, n);
+    if (!t->be->vt->device_is_host)
+        return tide_err(t->ctx, TIDE_E_UNSUPPORTED, "data-parallel ranks on the %s backend need its collectives "
+                        "(NCCL), which are not built: run the ranks on the CPU backend (--backend cpu)",
+                        t->be->vt->name);
+    t->comm = c;
+    t->rank = tide_comm_rank(c);
+    return TIDE_OK;
+}
+
+/* A 64-bit FNV-1a hash of what makes a plan (its instructions, waits,
+ * homes and sizes): the ranks compare it before the first step. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t k = 0; k < n; k++) h = (h ^ b[k]) * UINT64_C(1099511628211);
+    return h;
+}
+
+static uint64_t plan_hash(const tide_plan *p) {
+    uint64_t h = UINT64_C(14695981039346656037);
+    h = fnv(h, &p->n_ins, sizeof p->n_ins);
+    h = fnv(h, &p->device_budget, sizeof p->device_budget);
+    h = fnv(h, &p->host_spill_bytes, sizeof p->host_spill_bytes);
+    h = fnv(h, &p->ssd_spill_bytes, sizeof p->ssd_spill_bytes);
+    for (int i = 0; i < p->n_ins; i++) {
+        const tide_ins *in = &p->ins[i];
+        int f[8] = {(int)in->kind, (int)in->stream, in->iter, in->op, in->tensor, (int)in->place, (int)in->src,
+                    (int)in->dst};
+        h = fnv(h, f, sizeof f);
+        h = fnv(h, &in->host_opnd, sizeof in->host_opnd);
+        h = fnv(h, in->dev_off, sizeof in->dev_off);
+        h = fnv(h, &in->scratch_off, sizeof in->scratch_off);
+        h = fnv(h, &in->tier_off, sizeof in->tier_off);
+        h = fnv(h, &in->src_off, sizeof in->src_off);
+        h = fnv(h, &p->waits[in->wait_at], (size_t)in->n_wait * sizeof *p->waits);
+    }
+    for (int i = 0; i < p->g->n_tensors; i++) {
+        int tier = (int)p->home[i];
+        h = fnv(h, &tier, sizeof tier);
+    }
+    return h;
+}
+
+/* The ranks' network where the profile has none: the ranks of one machine
+ * exchange through its memory (MPI's shared-memory transport). */
+static void net_defaults(tide_hw *hw) {
+    if (hw->net_intra_bw > 0) return;
+    hw->net_intra_bw = hw->host_mem_bw > 0 ? hw->host_mem_bw / 4 : 5e9;
+    hw->net_intra_latency_s = 5e-6;
+    hw->net_gpus_per_node = 0;
+}
+
+/* Of the step's measured timeline: the net stream's busy time, and how much
+ * of it the compute stream was busy too. */
+static void net_overlap(const tide_plan *p, const tide_sim_event *tl, double *busy, double *overlap) {
+    *busy = *overlap = 0;
+    if (!tl) return;
+    int c = 0;
+    for (int i = 0; i < p->n_ins; i++) {
+        if (p->ins[i].stream != TIDE_STREAM_NET) continue;
+        double a = tl[i].start_s, b = tl[i].end_s;
+        *busy += b - a;
+        /* compute instructions run in list order, one after another */
+        while (c < p->n_ins && (p->ins[c].stream != TIDE_STREAM_COMPUTE || tl[c].end_s <= a)) c++;
+        for (int k = c; k < p->n_ins; k++) {
+            if (p->ins[k].stream != TIDE_STREAM_COMPUTE) continue;
+            if (tl[k].start_s >= b) break;
+            double lo = TIDE_MAX(a, tl[k].start_s), hi = TIDE_MIN(b, tl[k].end_s);
+            if (hi > lo) *overlap += hi - lo;
+        }
+    }
+}
 const tide_graph *tide_trainer_graph(const tide_trainer *t) { return t->g; }
 
 int tide_trainer_n_tensors(const tide_trainer *t) {
@@ -257,6 +367,22 @@ static tide_status warm_layout(tide_trainer *t) {
  * persistent tensor warm. */
 static tide_status plan_resident(tide_trainer *t, tide_plan **out) {
     tide_status st;
+    if (t->o.step.ranks > 1) {
+        /* a rank's collectives run on device copies: every persistent tensor
+         * warm in the arena, even where device memory is host memory */
+        if ((st = warm_layout(t))) return st;
+        tide_hw hw = *tide_session_resident_hw();
+        net_defaults(&hw);
+        tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 1, .hw = &hw, .shared_scratch = true,
+                             .warm_off = t->warm, .warm_region = t->warm_bytes};
+        uint64_t peak = 0;
+        if ((st = tide_plan_peak_unbounded(t->ctx, t->g, &po, &peak))) return st;
+        po.device_budget = po.warm_region + peak + TIDE_PLAN_ALIGN;
+        if ((st = tide_plan_make(t->ctx, t->g, &po, out))) return st;
+        uint64_t used = TIDE_MAX((*out)->stats.peak_device_bytes, po.warm_region);
+        (*out)->device_budget = TIDE_MAX(used, (uint64_t)TIDE_PLAN_ALIGN);
+        return TIDE_OK;
+    }
     if (!t->be->vt->device_is_host && (st = warm_layout(t))) return st;
     return tide_session_plan_resident(t->ctx, t->be, t->g, t->warm, t->warm_bytes, out);
 }
@@ -364,9 +490,13 @@ static tide_status read_home(tide_trainer *t, int i, void *dst) {
 /* The initial value of state tensor i into buf (its bytes): the parameter
  * from the checkpoint or the resumed state, a master widened from it, zero
  * moments. */
+static tide_status shard_initial(tide_trainer *t, int i, int w, void *buf);
+
 static tide_status initial_value(tide_trainer *t, int i, void *buf) {
     const tide_tensor *T = &t->g->tensors[i];
     tide_train_class c = tide_train_tensor_class(t->g, i);
+    int whole;
+    if (train_is_shard(t, i, &whole)) return shard_initial(t, i, whole, buf);
     if (t->resume_dir) return train_resume_value(t, i, buf);
     if (c == TIDE_TRAIN_MOMENT) {
         memset(buf, 0, T->nbytes);
@@ -388,6 +518,31 @@ static tide_status initial_value(tide_trainer *t, int i, void *buf) {
     if (c == TIDE_TRAIN_MASTER) tide_convert_to_f32(src, ti.dtype, buf, n);
     else memcpy(buf, src, T->nbytes);
     return TIDE_OK;
+}
+
+/* The initial value of a rank's shard i of parameter w (its rows of the
+ * parameter, of the master widened from it, or zero moments); the rows a
+ * short last shard lacks are zero. */
+static tide_status shard_initial(tide_trainer *t, int i, int w, void *buf) {
+    const tide_tensor *T = &t->g->tensors[i], *W = &t->g->tensors[w];
+    memset(buf, 0, T->nbytes);
+    tide_train_class c = tide_train_tensor_class(t->g, i);
+    /* a master or moment: its rows of the resumed state's whole */
+    if (c != TIDE_TRAIN_PARAM && t->resume_dir) return train_resume_value(t, i, buf);
+    if (c == TIDE_TRAIN_MOMENT) return TIDE_OK;
+    int64_t rows = W->ndim ? W->shape[0] : 1, r0, n;
+    tide_comm_shard_rows(rows, t->o.step.ranks, t->rank, &r0, &n);
+    uint64_t row = W->nbytes / (uint64_t)(rows ? rows : 1);
+    void *full = tide_malloc_aligned((size_t)(W->nbytes ? W->nbytes : 1), 4096);
+    if (!full) return tide_err(t->ctx, TIDE_E_NOMEM, "out of memory for '%s'", W->name);
+    tide_status st = initial_value(t, w, full);
+    const char *src = (const char *)full + (uint64_t)r0 * row;
+    if (!st && c == TIDE_TRAIN_MASTER)
+        tide_convert_to_f32(src, W->dtype, buf, (size_t)((uint64_t)n * row / tide_dtype_size(W->dtype)));
+    else if (!st)
+        memcpy(buf, src, (size_t)((uint64_t)n * row));
+    tide_free_aligned(full);
+    return st;
 }
 
 /* Allocates the host homes of p and fills every home with its initial value. */
@@ -581,6 +736,16 @@ static tide_status prepare(tide_trainer *t) {
     tide_graph *g = NULL;
     tide_status st;
     double t0 = tide_now();
+    if (t->o.step.ranks > 1 && !t->comm)
+        return tide_err(ctx, TIDE_E_INVALID, "the step is one of %d data-parallel ranks': it needs the ranks' "
+                        "communicator (tide_trainer_set_comm)", t->o.step.ranks);
+    if (t->comm && t->offload) {
+        /* every rank plans on rank 0's profile, with a network; refits would
+         * replan each rank on its own measurements: none */
+        net_defaults(&t->hw);
+        if ((st = tide_comm_bcast(t->comm, ctx, &t->hw, sizeof t->hw, "the hardware profile"))) return st;
+        t->off.no_refit = true;
+    }
     if (t->offload) {
         st = plan_offloaded(t, &g, &p);
         if (!st && (st = t->be->vt->alloc(t->be, p->device_budget, &t->arena)))
@@ -598,7 +763,19 @@ static tide_status prepare(tide_trainer *t) {
         tide_graph_free(g);
         return st;
     }
+    if (!st && t->comm) st = tide_comm_same(t->comm, ctx, plan_hash(p), "plan of the step");
+    if (st) {
+        tide_plan_free(p);
+        tide_graph_free(g);
+        return st;
+    }
     t->arena_bytes = p->device_budget;
+    t->state_bytes_rank = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        tide_train_class c = tide_train_tensor_class(g, i);
+        if (g->tensors[i].role == TIDE_ROLE_STATE && (c == TIDE_TRAIN_MASTER || c == TIDE_TRAIN_MOMENT))
+            t->state_bytes_rank += g->tensors[i].nbytes;
+    }
     t->optim_choice.n_groups = 0;
     for (int i = 0; i < g->n_ops; i++) t->optim_choice.n_groups += g->ops[i].kind == TIDE_OP_ADAMW;
     /* the updates the plan runs on the host (the planner may have taken
@@ -616,7 +793,8 @@ static tide_status prepare(tide_trainer *t) {
     /* measured where it costs nothing (synchronous issue: host clocks), or
      * where asked for (timing events on a GPU, the refit's first steps) */
     bool refit = t->offload && !t->off.no_refit;
-    tide_runner_opts ro = train_runner_opts(t, refit);
+    tide_runner_opts ro = train_runner_opts(t, refit || t->comm);
+    ro.exec.comm = t->comm;
     if ((st = tide_runner_new(ctx, t->be, g, p, &ro, &t->run))) return st;
     st = train_bind_runner(t, t->run, t->state_path);
     /* the executor holds the state file open: its name is no longer needed */
@@ -658,6 +836,14 @@ static tide_status run_graph(tide_trainer *t, const int32_t *tokens, const int32
                             targets[i], i, (long long)V);
         n_valid += targets[i] >= 0;
     }
+    if (t->comm) { /* the whole step's targets, over every rank */
+        double v = (double)n_valid;
+        if ((st = tide_comm_allreduce_f64(t->comm, t->ctx, &v, 1, "the step's target count"))) {
+            t->failed = true;
+            return st;
+        }
+        n_valid = (int64_t)v;
+    }
     if (!n_valid && !measure_only)
         return tide_err(t->ctx, TIDE_E_INVALID, "every target of the step is ignored (< 0): nothing to learn from");
     for (int m = 0; m < so->accum; m++) {
@@ -684,6 +870,14 @@ static tide_status run_graph(tide_trainer *t, const int32_t *tokens, const int32
     float loss = 0;
     for (int m = 0; m < so->accum; m++) loss += t->loss[m];
     *loss_out = factor == 1.0 ? (double)loss : (double)loss * factor;
+    if (t->comm) { /* the ranks' parts of the step's mean */
+        double l = (double)loss * factor;
+        if ((st = tide_comm_allreduce_f64(t->comm, t->ctx, &l, 1, "the step's loss"))) {
+            t->failed = true;
+            return st;
+        }
+        *loss_out = l;
+    }
     *n_out = n_valid;
     return TIDE_OK;
 }
@@ -693,8 +887,10 @@ tide_status tide_trainer_step(tide_trainer *t, const int32_t *tokens, const int3
     double loss, wall;
     int64_t n_valid;
     tide_exec_stats es;
+    uint64_t sent0 = tide_comm_bytes_sent(t->comm);
     tide_status st = run_graph(t, tokens, targets, false, &loss, &n_valid, &wall, &es);
     if (st) return st;
+    uint64_t sent = tide_comm_bytes_sent(t->comm) - sent0;
     const tide_llama_train_opts *so = &t->o.step;
     const size_t R = (size_t)so->batch * (size_t)so->seq;
     t->runs++;
@@ -710,7 +906,12 @@ tide_status tide_trainer_step(tide_trainer *t, const int32_t *tokens, const int3
             .plan_s = first ? t->plan_s : 0, .optimizer_groups = t->optim_choice.n_groups,
             .optimizer_host_groups = t->optim_choice.n_host,
             .predicted_device_optimizer_s = t->optim_choice.n_host ? t->optim_choice.device_makespan_s : 0,
-            .refit_host_groups_before = -1, .n_targets = n_valid};
+            .refit_host_groups_before = -1, .n_targets = n_valid, .ranks = t->comm ? tide_comm_size(t->comm) : 1,
+            .rank = t->rank, .net_bytes = sent, .state_bytes_this_rank = t->state_bytes_rank};
+        if (t->comm) {
+            out->tokens_per_s *= (double)out->ranks;
+            net_overlap(tide_runner_plan(t->run), tide_runner_timeline(t->run), &out->net_s, &out->net_overlap_s);
+        }
     }
     train_refit_after_step(t, wall, out);
     t->step++;

@@ -10,6 +10,7 @@
 #include "planner/planner.h"
 #include "probe/probe.h"
 #include "runtime/runner.h"
+#include "net/comm.h"
 
 /* The home of one persistent training tensor. */
 typedef struct train_home {
@@ -62,10 +63,19 @@ struct tide_trainer {
     /* resuming */
     char *resume_dir;
     void *resume;                 /* train_ckpt.c's open state */
+    /* data-parallel ranks (o.step.ranks > 1; tide_trainer_set_comm) */
+    tide_comm *comm;
+    int rank;
+    uint64_t state_bytes_rank;    /* master weights and moments this rank holds */
     /* LoRA (o.step.lora_r > 0; train_lora.c) */
     float *lora_scale;            /* the INPUT lora_scale: (alpha / r) I */
     void *lora_init;              /* the open --lora-init adapter, or NULL */
 };
+
+/* Data-parallel ranks: whether state tensor i of t->g is this rank's shard
+ * of a parameter ("NAME.shard") or of its master or moments (ZeRO 1, 2); the
+ * whole parameter's tensor in *whole (may be NULL). */
+bool train_is_shard(const tide_trainer *t, int i, int *whole);
 
 /* LoRA (train_lora.c). Whether state tensor i of t->g is an adapter. */
 bool train_is_adapter(const tide_trainer *t, int i);

@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# cli_mpi.sh - `mpirun -np N tide train`: data-parallel ranks on the CPU
+# backend, Open MPI carrying the collectives (docs/training.md section 12).
+#
+# What it proves, on the committed PyTorch fixtures (tests/fixtures/train):
+#   - 2 ranks x --accum 1 match PyTorch's 10 steps of the fixture (grad_accum
+#     2) within test_train's single-process tolerances (losses and gradient
+#     norms 1e-5 relative), and train the same steps as one process with
+#     --accum 2: every step's loss and gradient norm within 1e-5 relative,
+#     the final parameters within 1e-4 absolute; likewise ZeRO 0, 1 and 2;
+#     3 ranks x --accum 1 against --accum 3 (shards of uneven rows) and 2
+#     ranks x --accum 2 against --accum 4; the bf16 fixture's f32 masters
+#     (sharded) within the same tolerance;
+#   - each rank's master weights and moments (the summary's
+#     state_bytes_this_rank) are 1/N of ZeRO-0's, up to the rows of uneven
+#     shards;
+#   - offloaded ranks at --budget 25% and with their state on SSD
+#     (--host-budget 64K) are bit for bit the same ranks unconstrained
+#     (--check passes on every rank);
+#   - a save of 2 ranks resumed by 2 ranks is bit for bit the run that never
+#     stopped; one process with --accum 2 resumes it too; by 3 ranks x
+#     --accum 1 (another number of micro-batches a step) it is refused,
+#     naming the accum;
+#   - a rank killed mid-step ends the job: mpirun exits non-zero naming rank
+#     1, well before the guard's limit (a hang would reach it); a rank that
+#     stops answering makes the others' collective time out
+#     (TIDE_NET_TIMEOUT), naming it, and the failed rank ends every rank;
+#   - without a launcher --ranks 2 is refused naming mpirun, a torchrun-style
+#     launch is refused naming mpirun, --zero without ranks is a usage
+#     error, --zero 2 with --accum 2 is refused on every rank.
+# Exit 77 when mpirun is absent or this tide has no MPI.
+source "$(dirname "$0")/lib_cli.sh" "$1"
+: "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
+FX=$TIDE_FIXTURES/train/train-f32-gqa
+FXB=$TIDE_FIXTURES/train/train-bf16-gqa
+HP=(--batch 2 --seq 16 --lr 1e-3 --min-lr 1e-4 --warmup 3 --weight-decay 0.1 --beta1 0.9 --beta2 0.95
+    --eps 1e-8 --grad-clip 1.0 --threads 1 --quiet --json)
+RUN=(--model "$FX" --data "$FX/data.u16" "${HP[@]}")
+RUNB=(--model "$FXB" --data "$FXB/data.u16" "${HP[@]}")
+
+# without a launcher
+expect 2 "--ranks without a launch" -- "$TIDE" train "${RUN[@]}" --steps 1 --ranks 2
+contains "$TMP/err" "mpirun -np 2" "--ranks names mpirun"
+grep -q "this one has none" "$TMP/err" && no_mpi=1 || no_mpi=0
+expect 2 "--zero without ranks" -- "$TIDE" train "${RUN[@]}" --steps 1 --zero 1
+expect 1 "torchrun-style launch" -- env TIDE_WORLD_SIZE=2 TIDE_RANK=0 MASTER_ADDR=127.0.0.1 \
+    "$TIDE" train "${RUN[@]}" --steps 1
+contains "$TMP/err" "mpirun" "a torchrun-style launch names mpirun"
+"$TIDE" train --help >"$TMP/help"
+for o in --ranks --zero; do contains "$TMP/help" "$o" "train help lists $o"; done
+
+if ! command -v mpirun >/dev/null 2>&1; then
+    skip_check "ranks" "mpirun is not installed (openmpi-bin)"
+    finish
+    exit
+fi
+if [ "$no_mpi" = 1 ]; then
+    skip_check "ranks" "this tide was built without MPI"
+    finish
+    exit
+fi
+# one machine, as many ranks as asked for; shared memory between them
+MPI=(mpirun --oversubscribe --allow-run-as-root --mca pml ob1 --mca btl self,vader --mca btl_vader_single_copy_mechanism none -x TIDE_CACHE -x OMP_NUM_THREADS=1 -np)
+
+# compare.py: losses and gradient norms of two runs' JSON lines (one rank's
+# or a single process's), and the tensors of two safetensors files
+cat >"$TMP/compare.py" <<'PY'
+import json, struct, sys
+
+def steps(path, rank):
+    out = {}
+    for line in open(path):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        o = json.loads(line)
+        if "step" in o and "loss" in o and "summary" not in o and o.get("rank", 0) == rank:
+            out[o["step"]] = (o["loss"], o["grad_norm"])
+    return out
+
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    out = {}
+    for k, v in h.items():
+        if k == "__metadata__":
+            continue
+        s, e = v["data_offsets"]
+        raw = b[8 + n + s:8 + n + e]
+        if v["dtype"] == "F32":
+            out[k] = struct.unpack("<%df" % (len(raw) // 4), raw)
+        elif v["dtype"] == "BF16":
+            out[k] = [struct.unpack("<f", b"\0\0" + raw[i:i + 2])[0] for i in range(0, len(raw), 2)]
+    return out
+
+mode = sys.argv[1]
+if mode == "steps":  # A B: every step of A (rank 0) within 1e-5 relative of B's
+    a, b = steps(sys.argv[2], 0), steps(sys.argv[3], 0)
+    if not a or sorted(a) != sorted(b):
+        sys.exit("steps differ: %s vs %s" % (sorted(a), sorted(b)))
+    for s in a:
+        for x, y, what in ((a[s][0], b[s][0], "loss"), (a[s][1], b[s][1], "grad norm")):
+            if abs(x - y) > 1e-5 * abs(y):
+                sys.exit("step %d %s %.9g vs %.9g" % (s, what, x, y))
+elif mode == "torch":  # A EXPECTED: every step's loss and grad norm within 1e-5 of PyTorch's
+    a, e = steps(sys.argv[2], 0), json.load(open(sys.argv[3]))
+    if len(a) != len(e["loss"]):
+        sys.exit("%d steps, PyTorch %d" % (len(a), len(e["loss"])))
+    for s in range(len(e["loss"])):
+        for x, y, what in ((a[s][0], e["loss"][s], "loss"), (a[s][1], e["grad_norm"][s], "grad norm")):
+            if abs(x - y) > 1e-5 * abs(y):
+                sys.exit("step %d %s %.9g vs PyTorch %.9g" % (s, what, x, y))
+elif mode == "params":  # A B: every tensor within 1e-4 absolute
+    a, b = tensors(sys.argv[2]), tensors(sys.argv[3])
+    if sorted(a) != sorted(b) or not a:
+        sys.exit("tensor names differ")
+    for k in a:
+        d = max(abs(x - y) for x, y in zip(a[k], b[k]))
+        if len(a[k]) != len(b[k]) or d > 1e-4:
+            sys.exit("%s differs by %g" % (k, d))
+print("ok")
+PY
+cmp_steps() { # DESCRIPTION A B
+    if python3 "$TMP/compare.py" steps "$2" "$3" >"$TMP/cmp" 2>&1; then PASSES=$((PASSES + 1))
+    else echo "FAIL: $1: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
+}
+cmp_params() { # DESCRIPTION DIR_A DIR_B
+    if python3 "$TMP/compare.py" params "$2/model.safetensors" "$3/model.safetensors" >"$TMP/cmp" 2>&1; then
+        PASSES=$((PASSES + 1))
+    else echo "FAIL: $1: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
+}
+fails() { ! "$@"; } # a command that must fail (mpirun's status is the aborting rank's)
+field() { # FILE FIELD RANK: the summary's field of that rank
+    grep '"summary":true' "$1" | grep "\"rank\":$3[,}]" | grep -o "\"$2\":[0-9.e+-]*" | head -1 | cut -d: -f2
+}
+
+# 2 ranks x accum 1 = PyTorch's grad_accum 2, and one process's --accum 2
+expect 0 "single --accum 2" -- "$TIDE" train "${RUN[@]}" --steps 10 --accum 2 --out "$TMP/one2"
+cp "$TMP/out" "$TMP/one2.json"
+for z in 0 1 2; do
+    expect 0 "2 ranks ZeRO-$z" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 10 --zero $z --out "$TMP/r2z$z"
+    cp "$TMP/out" "$TMP/r2z$z.json"
+    cmp_steps "2 ranks ZeRO-$z vs --accum 2" "$TMP/r2z$z.json" "$TMP/one2.json"
+    cmp_params "2 ranks ZeRO-$z final parameters vs --accum 2" "$TMP/r2z$z" "$TMP/one2"
+done
+if python3 "$TMP/compare.py" torch "$TMP/r2z1.json" "$FX/expected.json" >"$TMP/cmp" 2>&1; then PASSES=$((PASSES + 1))
+else echo "FAIL: 2 ranks vs PyTorch: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
+# state: 1/N of ZeRO-0's on each rank
+s0=$(field "$TMP/r2z0.json" state_bytes_this_rank 0)
+s1a=$(field "$TMP/r2z1.json" state_bytes_this_rank 0) s1b=$(field "$TMP/r2z1.json" state_bytes_this_rank 1)
+echo "state per rank: ZeRO-0 $s0 bytes, ZeRO-1 $s1a and $s1b"
+[ -n "$s0" ] && [ -n "$s1a" ] && [ "$s1a" = "$s1b" ] && [ $((2 * s1a)) -ge "$s0" ] &&
+    [ $((2 * s1a)) -le $((s0 + s0 / 20)) ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: ZeRO-1 state per rank $s1a/$s1b is not half of ZeRO-0's $s0"; FAILS=$((FAILS + 1)); }
+
+# 3 ranks x accum 1 vs --accum 3 (uneven shards); 2 ranks x accum 2 vs --accum 4
+expect 0 "single --accum 3" -- "$TIDE" train "${RUN[@]}" --steps 4 --accum 3 --out "$TMP/one3"
+cp "$TMP/out" "$TMP/one3.json"
+expect 0 "3 ranks" -- "${MPI[@]}" 3 "$TIDE" train "${RUN[@]}" --steps 4 --out "$TMP/r3"
+cp "$TMP/out" "$TMP/r3.json"
+cmp_steps "3 ranks vs --accum 3" "$TMP/r3.json" "$TMP/one3.json"
+cmp_params "3 ranks final parameters vs --accum 3" "$TMP/r3" "$TMP/one3"
+s3=$(field "$TMP/r3.json" state_bytes_this_rank 2)
+[ -n "$s3" ] && [ $((3 * s3)) -ge "$s0" ] && [ $((3 * s3)) -le $((s0 + s0 / 10)) ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: 3 ranks' state per rank $s3 is not a third of $s0"; FAILS=$((FAILS + 1)); }
+expect 0 "single --accum 4" -- "$TIDE" train "${RUN[@]}" --steps 3 --accum 4 --out "$TMP/one4"
+cp "$TMP/out" "$TMP/one4.json"
+expect 0 "2 ranks x accum 2" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 3 --accum 2 --out "$TMP/r22"
+cp "$TMP/out" "$TMP/r22.json"
+cmp_steps "2 ranks x accum 2 vs --accum 4" "$TMP/r22.json" "$TMP/one4.json"
+cmp_params "2 ranks x accum 2 final parameters vs --accum 4" "$TMP/r22" "$TMP/one4"
+# bf16: the sharded f32 masters
+expect 0 "bf16 single" -- "$TIDE" train "${RUNB[@]}" --steps 4 --accum 2 --save-dtype f32 --out "$TMP/b1"
+cp "$TMP/out" "$TMP/b1.json"
+expect 0 "bf16 2 ranks" -- "${MPI[@]}" 2 "$TIDE" train "${RUNB[@]}" --steps 4 --save-dtype f32 --out "$TMP/b2"
+cp "$TMP/out" "$TMP/b2.json"
+cmp_steps "bf16 2 ranks vs --accum 2" "$TMP/b2.json" "$TMP/b1.json"
+cmp_params "bf16 2 ranks master weights vs --accum 2" "$TMP/b2" "$TMP/b1"
+
+# offloaded ranks, bit for bit against the same ranks unconstrained
+expect 0 "2 ranks offloaded --check" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 3 --budget 25% --check
+[ "$(grep -c '"check_passed":true' "$TMP/out")" = 2 ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: offloaded ranks differ from the unconstrained ranks"; grep summary "$TMP/out"; FAILS=$((FAILS + 1)); }
+mkdir -p "$TMP/ssd"
+expect 0 "2 ranks, state on SSD, --check" -- "${MPI[@]}" 2 "$TIDE" train "${RUNB[@]}" --steps 3 --budget 25% \
+    --host-budget 64K --ssd "$TMP/ssd" --check
+[ "$(grep -c '"check_passed":true' "$TMP/out")" = 2 ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: ranks with state on SSD differ from the unconstrained ranks"; FAILS=$((FAILS + 1)); }
+
+# resume: bit for bit the run that never stopped
+expect 0 "2 ranks, 2 steps" -- "${MPI[@]}" 2 "$TIDE" train "${RUNB[@]}" --steps 2 --out "$TMP/half"
+expect 0 "2 ranks resumed to 4" -- "${MPI[@]}" 2 "$TIDE" train "${RUNB[@]}" --steps 4 --resume "$TMP/half" \
+    --out "$TMP/resumed"
+expect 0 "2 ranks, 4 steps" -- "${MPI[@]}" 2 "$TIDE" train "${RUNB[@]}" --steps 4 --out "$TMP/whole"
+for f in model.safetensors optimizer.safetensors; do
+    expect 0 "resumed $f bit for bit" -- cmp "$TMP/resumed/$f" "$TMP/whole/$f"
+done
+# one process with --accum 2 (the same N*A) continues it: the checkpoint is whole
+expect 0 "one process resumes a 2-rank state" -- "$TIDE" train "${RUNB[@]}" --steps 4 --accum 2 --resume "$TMP/half"
+contains "$TMP/out" '"step":3' "the resumed process runs steps 3 and 4"
+expect 0 "3 ranks resuming a 2-rank state fail" -- fails "${MPI[@]}" 3 "$TIDE" train "${RUNB[@]}" --steps 4 \
+    --resume "$TMP/half" --out "$TMP/r3x"
+contains "$TMP/err" "accum" "another number of micro-batches is named"
+[ ! -e "$TMP/r3x" ] && PASSES=$((PASSES + 1)) || { echo "FAIL: a refused resume wrote"; FAILS=$((FAILS + 1)); }
+
+# --zero 2 with --accum 2: refused
+expect 0 "--zero 2 --accum 2 fails" -- fails "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 1 --zero 2 --accum 2
+contains "$TMP/err" "--zero 2 with --accum 2" "ZeRO-2's limit is named"
+
+# a rank killed mid-step: the job ends, naming it (timeout: a hang's guard)
+cat >"$TMP/kill1.sh" <<'SH'
+#!/usr/bin/env bash
+# rank 1 is killed (SIGKILL) two seconds in, while the ranks train
+if [ "${OMPI_COMM_WORLD_RANK:-0}" = 1 ]; then (sleep 2; kill -9 $$) & fi
+exec "$@"
+SH
+chmod +x "$TMP/kill1.sh"
+expect 0 "a rank killed ends the job" -- bash -c 'timeout 120 "$@"; rc=$?; [ $rc -ne 0 ] && [ $rc -ne 124 ]' _ \
+    "${MPI[@]}" 2 "$TMP/kill1.sh" "$TIDE" train "${RUN[@]}" --steps 1000000
+cat "$TMP/out" >>"$TMP/err"
+contains "$TMP/err" "rank 1" "the killed rank is named"
+# a rank that stops answering (SIGSTOP): the others' collective times out
+# (TIDE_NET_TIMEOUT 2 s), names the collective and ends every rank
+sed 's/kill -9/kill -STOP/' "$TMP/kill1.sh" >"$TMP/stop1.sh"
+chmod +x "$TMP/stop1.sh"
+expect 0 "a stuck rank ends the job" -- bash -c 'timeout 120 "$@"; rc=$?; [ $rc -ne 0 ] && [ $rc -ne 124 ]' _ \
+    "${MPI[@]}" 2 -x TIDE_NET_TIMEOUT=2 "$TMP/stop1.sh" "$TIDE" train "${RUN[@]}" --steps 1000000
+contains "$TMP/err" "timed out after" "the collective's timeout is reported"
+contains "$TMP/err" "ending every rank" "the failed rank ends the others"
+finish
