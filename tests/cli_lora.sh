@@ -163,6 +163,15 @@ expect 0 "lora resume offloaded at the minimum, checked" -- "$TIDE" train "${RUN
 contains "$TMP/out" '"check_passed":true' "resumed LoRA offloaded: bit-identical"
 expect 0 "resumed offloaded LoRA adapter equals the uninterrupted offloaded one" -- \
     cmp "$TMP/lr4m/adapter_model.safetensors" "$TMP/lr2c/adapter_model.safetensors"
+# a save that fills the disk (the optimizer file is past 64 KiB): the earlier
+# state stays whole, no temporary left
+cp -r "$TMP/lr2m" "$TMP/lrfull"
+(ulimit -f 64; trap '' XFSZ; "$TIDE" train "${RUN[@]}" --steps 1 --lora-r 4 --out "$TMP/lrfull" >"$TMP/out" 2>"$TMP/err"); rc=$?
+[ "$rc" -eq 1 ] && PASSES=$((PASSES + 1)) || { echo "FAIL: LoRA save on a full disk: exit $rc"; FAILS=$((FAILS + 1)); }
+for f in adapter_model.safetensors optimizer.safetensors adapter_config.json; do
+    expect 0 "the earlier LoRA state's $f is intact" -- cmp "$TMP/lr2m/$f" "$TMP/lrfull/$f"
+done
+[ -z "$(ls -d "$TMP"/lrfull.tmp* 2>/dev/null)" ] && PASSES=$((PASSES + 1)) || { echo "FAIL: temporary left"; FAILS=$((FAILS + 1)); }
 expect 2 "lora resume with another alpha" -- "$TIDE" train "${RUN[@]}" --steps 4 --resume "$TMP/lr2-copy" --lora-alpha 16
 expect 2 "lora resume without --model" -- "$TIDE" train --data "$DATA" --batch 2 --seq 16 --steps 4 --resume "$TMP/lr2-copy"
 contains "$TMP/err" "needs --model" "lora resume without the base: message"
