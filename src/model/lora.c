@@ -317,7 +317,10 @@ tide_status tide_checkpoint_save_merged(tide_checkpoint *ck, const char *dir) {
     struct stat sd;
     if (!stat(dir, &sd))
         return tide_err(ctx, TIDE_E_INVALID, "'%s' exists: the merged checkpoint goes to a new directory", dir);
-    char tmp[PATH_MAX], path[PATH_MAX];
+    char d[PATH_MAX], tmp[PATH_MAX], path[PATH_MAX];
+    if (snprintf(d, sizeof d, "%s", dir) >= (int)sizeof d) return tide_err(ctx, TIDE_E_INVALID, "'%s': path too long", dir);
+    for (size_t l = strlen(d); l > 1 && d[l - 1] == '/'; l--) d[l - 1] = '\0'; /* "out/" is "out" */
+    dir = d;
     if (snprintf(tmp, sizeof tmp, "%s.tmp-merge-%ld", dir, (long)getpid()) >= (int)sizeof tmp ||
         snprintf(path, sizeof path, "%s/model.safetensors", tmp) >= (int)sizeof path)
         return tide_err(ctx, TIDE_E_INVALID, "'%s': path too long", dir);

@@ -396,8 +396,8 @@ static tide_status add_to_pool(tide_pool *p, pool_models *c, pool_model *m, tide
 static tide_status load(tide_pool *p, pool_models *c, pool_model *m, tide_ctx *ctx) {
     tide_status st = room_by_count(p, c, m, ctx);
     if (st) goto fail;
-    if ((st = tide_checkpoint_open(m->ctx, m->dir, &m->ck)) || (m->o.lora && (st = tide_checkpoint_add_lora(m->ck, m->o.lora))) ||
-        (st = tide_checkpoint_prefetch(m->ck))) {
+    if ((st = tide_checkpoint_open(m->ctx, m->dir, &m->ck)) ||
+        (m->o.lora && (st = tide_checkpoint_add_lora(m->ck, m->o.lora))) || (st = tide_checkpoint_prefetch(m->ck))) {
         st = tide_err(ctx, st, "cannot load the model '%s' from %s: %s", m->name, m->dir, tide_ctx_last_error(m->ctx));
         goto fail;
     }
