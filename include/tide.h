@@ -401,6 +401,14 @@ typedef struct tide_llama_config {
     bool qk_interleaved; /* q_proj and k_proj rows in llama.cpp's GGUF order (each
                             head's rotary pairs adjacent): RoPE reads them so and
                             writes Hugging Face's order, so results are equal */
+    /* A LoRA adapter applied at run time (tide_checkpoint_add_lora; lora_r 0:
+     * none): every targeted projection W (N, K) of every layer adds
+     * (lora_alpha / lora_r) (x A^T) B^T, A (lora_r, K) and B (N, lora_r)
+     * WEIGHTs of lora_dtype (f32, f16 or bf16) named as PEFT saves them. */
+    int lora_r;
+    float lora_alpha;
+    unsigned lora_targets; /* TIDE_LORA_* bits */
+    tide_dtype lora_dtype;
 } tide_llama_config;
 
 /* The storage dtype of the weight of that Hugging Face name under cfg
@@ -674,6 +682,32 @@ tide_status tide_checkpoint_prefetch(tide_checkpoint *ck);
  * and shape, and that the checkpoint has no tensor the graph does not use.
  * Returns TIDE_OK or TIDE_E_FORMAT naming the first offending tensor. */
 tide_status tide_checkpoint_match(const tide_checkpoint *ck, const tide_graph *g);
+/* Applies a PEFT LoRA adapter directory to an open checkpoint, before any
+ * model is made of it: adapter_config.json (as tide_lora_read_config reads
+ * it) and adapter_model.safetensors, mapped like the checkpoint's own files,
+ * whose lora_A / lora_B weights (all f32, f16 or bf16) must be exactly those
+ * of the config's targets on every layer, each of its projection's shape.
+ * The adapter's tensors join the checkpoint's, and its config's lora_*
+ * fields are set, so every graph built from that config
+ * (tide_llama_build) computes the adapter's branch beside the base matmul:
+ * PEFT's unmerged forward, on any base dtype. TIDE_OK; TIDE_E_NOT_FOUND (a
+ * file missing), TIDE_E_FORMAT (a bad config, tensor, dtype or shape, a
+ * missing or extra tensor: named), TIDE_E_UNSUPPORTED (q_proj or k_proj on
+ * a GGUF base, whose rows are in llama.cpp's rotary order; an adapter
+ * applied already), TIDE_E_NOMEM. On failure ck is unchanged. */
+tide_status tide_checkpoint_add_lora(tide_checkpoint *ck, const char *dir);
+/* Writes the checkpoint with its applied adapter merged in, as PEFT's
+ * merge_and_unload does, into the new directory dir: model.safetensors with
+ * every base tensor in its own dtype, each targeted projection W replaced by
+ * W + (alpha / r) B A (summed in double, rounded once to W's dtype), the
+ * base's config.json and tokenizer files (tokenizer.json,
+ * tokenizer_config.json, tokenizer.model, special_tokens_map.json,
+ * generation_config.json, chat_template.jinja, where present) copied. Built
+ * in "<dir>.tmp-merge-<pid>" and renamed to dir when whole; on failure
+ * nothing is left. TIDE_OK; TIDE_E_INVALID (no adapter applied; dir exists);
+ * TIDE_E_UNSUPPORTED (a GGUF or quantized base); TIDE_E_IO naming the path
+ * and cause; TIDE_E_NOMEM. */
+tide_status tide_checkpoint_save_merged(tide_checkpoint *ck, const char *dir);
 
 /* Writes a deterministic synthetic checkpoint for cfg into dir (created if
  * needed): config.json and model.safetensors (sharded when larger than
@@ -1846,8 +1880,10 @@ int tide_trainer_tile_seqs(const tide_trainer *t);
  * tide_trainer_tensor); tide_trainer_read of NAME gathers them. */
 tide_status tide_trainer_set_vocab_blocks(tide_trainer *t, int vocab_blocks);
 int tide_trainer_vocab_blocks(const tide_trainer *t);
-/* Continues from the training state saved in dir (tide_trainer_save): its
- * parameters, master weights, moments and step. Only before the first step.
+/* Continues from the training state saved in dir (tide_trainer_save; a
+ * LoRA trainer's, tide_trainer_save_lora, whose adapter_config.json must
+ * have the step's r, alpha and targets): its parameters, master weights,
+ * moments and step. Only before the first step.
  * TIDE_E_FORMAT / TIDE_E_NOT_FOUND naming the file and tensor when the state
  * does not belong to this model and these options. */
 tide_status tide_trainer_resume(tide_trainer *t, const char *dir);
@@ -1976,11 +2012,15 @@ const char *tide_trainer_tensor(const tide_trainer *t, int i, tide_dtype *dt, ui
  * leaves an existing dir as it was. */
 tide_status tide_trainer_save(tide_trainer *t, const char *dir, tide_dtype save_dtype, const char *const *extra,
                               int n_extra);
-/* LoRA: writes the adapters as PEFT saves them into dir (made if missing):
+/* LoRA: writes the adapters as PEFT saves them into dir:
  * adapter_model.safetensors (f32 lora_A / lora_B weights) and
  * adapter_config.json (peft_type LORA, r, lora_alpha, target_modules,
- * lora_dropout 0, bias none, task_type CAUSAL_LM), each file whole or not at
- * all. TIDE_E_INVALID when t trains no adapters. */
+ * lora_dropout 0, bias none, task_type CAUSAL_LM), with the training state
+ * tide_trainer_resume continues from: optimizer.safetensors (the adapters,
+ * their AdamW moments, the step) and the base's config.json. The whole
+ * directory is built beside dir and renamed into place, as tide_trainer_save
+ * does. TIDE_E_INVALID when t trains no adapters (tide_trainer_save refuses
+ * a LoRA trainer). */
 tide_status tide_trainer_save_lora(tide_trainer *t, const char *dir);
 /* Reads a PEFT adapter's adapter_config.json in dir: r, lora_alpha and
  * target_modules (bits as tide_lora_parse_targets). TIDE_E_NOT_FOUND (no
@@ -2343,6 +2383,8 @@ typedef struct tide_pool_model_opts {
                          host memory available when it loads) */
     int threads;      /* CPU threads of its runs (0: all) */
     tide_dtype cache_dtype; /* its KV cache's type (tide_model_opts.cache_dtype; 0: f32) */
+    const char *lora;       /* a PEFT LoRA adapter directory applied to it when it
+                               loads (tide_checkpoint_add_lora; NULL: none) */
 } tide_pool_model_opts;
 
 /* The defaults above (all 0). */

@@ -18,8 +18,18 @@ Writes into the fixture directory:
   grads_step1.safetensors  every adapter's gradient of step 1 (PEFT's saved
                            names: no ".default")
   final.safetensors        every adapter and its AdamW moments after 10 steps
+  run_logits.safetensors   the adapter applied at run time (tide run --lora):
+                           for adapter_init/ on the base and RUN_PROMPT,
+                           "prompt" (i32), "logits" of PEFT's unmerged
+                           forward, "merged_logits" after merge_and_unload,
+                           "base_logits" without the adapter (all f32, every
+                           position) and "generated", PEFT's greedy
+                           continuation of RUN_NEW ids (the logits' top two
+                           at least RUN_MARGIN apart at each step, so that
+                           f32 rounding cannot change it)
 
   python3 scripts/make_lora_fixture.py              # rewrites the fixture
+  python3 scripts/make_lora_fixture.py --run        # rewrites run_logits only
   python3 scripts/make_lora_fixture.py --check DIR  # loads the adapter tide
       wrote in DIR (tide train --lora-r 4 ... --out DIR) with
       PeftModel.from_pretrained and prints how far its weights and its logits
@@ -160,6 +170,40 @@ def make(out):
     print(f"{NAME}: losses {[round(x, 4) for x in log['loss']]}, clipped {log['clipped']}")
 
 
+RUN_PROMPT = [1, 17, 42, 99, 5, 63, 120, 8, 77, 31, 2, 54]
+RUN_NEW = 4
+RUN_MARGIN = 1e-3
+
+
+def make_run(out):
+    """run_logits.safetensors: PEFT's forward of the base with adapter_init/ applied."""
+    base_dir = os.path.join(out, BASE)
+    d = os.path.join(out, NAME)
+    x = torch.tensor([RUN_PROMPT], dtype=torch.int64)
+    with torch.no_grad():
+        base_logits = mtf.load(base_dir, torch.float32)(input_ids=x).logits[0]
+        pm = PeftModel.from_pretrained(mtf.load(base_dir, torch.float32), os.path.join(d, "adapter_init"))
+        pm.eval()
+        logits = pm(input_ids=x).logits[0]
+        # greedy, one whole forward per step (no cache): each step's choice clear
+        ids = list(RUN_PROMPT)
+        for _ in range(RUN_NEW):
+            last = pm(input_ids=torch.tensor([ids])).logits[0, -1]
+            top = torch.topk(last, 2).values
+            assert float(top[0] - top[1]) > RUN_MARGIN, (ids, top)
+            ids.append(int(last.argmax()))
+        merged = pm.merge_and_unload()
+        merged_logits = merged(input_ids=x).logits[0]
+    mtf.save_tensors({"prompt": torch.tensor(RUN_PROMPT, dtype=torch.int32), "logits": logits,
+                      "merged_logits": merged_logits, "base_logits": base_logits,
+                      "generated": torch.tensor(ids[len(RUN_PROMPT):], dtype=torch.int32)},
+                     os.path.join(d, "run_logits.safetensors"))
+    dm = float((merged_logits - logits).abs().max())
+    db = float((base_logits - logits).abs().max())
+    print(f"{NAME}: run logits max|merged - unmerged| {dm:.3g}, max|base - adapted| {db:.3g}, "
+          f"greedy {ids[len(RUN_PROMPT):]}")
+
+
 def check(out, adapter_dir):
     """PEFT loads tide's adapter; its weights and logits against the fixture's final adapter."""
     base_dir = os.path.join(out, BASE)
@@ -183,13 +227,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "train"))
     ap.add_argument("--check", metavar="DIR", help="load tide's adapter in DIR with PEFT and compare")
+    ap.add_argument("--run", action="store_true", help="rewrite run_logits.safetensors only")
     a = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     if a.check:
         check(a.out, a.check)
+    elif a.run:
+        make_run(a.out)
     else:
         make(a.out)
+        make_run(a.out)
 
 
 if __name__ == "__main__":

@@ -118,6 +118,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tide_checkpoint_free": (None, [vp]),
         "tide_checkpoint_config": (P(LlamaConfigHead), [vp]),
         "tide_checkpoint_prefetch": (st, [vp]),
+        "tide_checkpoint_add_lora": (st, [vp, c_char_p]),
         "tide_checkpoint_make_synthetic": (st, [vp, vp, c_uint64, c_uint64, c_char_p]),
         "tide_llama_config_named": (st, [vp, c_char_p, vp]),
         "tide_backend_new": (st, [vp, c_int, P(vp)]),

@@ -154,18 +154,18 @@ class Model:
     budget offloads every run under a device memory budget (bytes as an int
     or "2G", "25%" of the unconstrained peak, "auto", "min"; None: resident);
     policy, ssd (spill directories, comma-separated), host_budget are those of
-    `tide run`. threads: CPU threads (None: all cores). One model is used by
-    one thread at a time. A context manager; close() frees it at once.
+    `tide run`. threads: CPU threads (None: all cores). lora: a PEFT LoRA
+    adapter directory (adapter_config.json, adapter_model.safetensors)
+    applied at run time, as `tide run --lora`. One model is used by one
+    thread at a time. A context manager; close() frees it at once.
     """
 
     def __init__(self, path: Optional[Union[str, os.PathLike]] = None, *, backend: str = "auto",
                  budget: Union[None, int, str] = None, policy: str = "tide", ssd: Optional[str] = None,
                  host_budget: Union[None, int, str] = None, threads: Optional[int] = None,
-                 lora: Optional[str] = None):
+                 lora: Optional[Union[str, os.PathLike]] = None):
         self._ctx = self._be = self._ck = self._m = self._tok = None
         self._lock = threading.Lock()
-        if lora is not None:
-            raise InvalidInput("lora: applying a LoRA adapter at run time is not supported yet (tide train --lora-r trains one; merge it into the checkpoint first)")
         if backend not in _lib.BACKENDS:
             raise InvalidInput("unknown backend '%s' (auto, cpu or cuda)" % backend)
         if policy not in ("tide", "static-layer", "lru"):
@@ -195,6 +195,9 @@ class Model:
             ck = c_void_p()
             check(L.tide_checkpoint_open(self._ctx, self.path.encode(), byref(ck)), self._ctx, "loading the model")
             self._ck = ck
+            if lora is not None:
+                self.lora = os.fspath(lora)
+                check(L.tide_checkpoint_add_lora(ck, self.lora.encode()), self._ctx, "--lora")
             check(L.tide_checkpoint_prefetch(ck), self._ctx, "loading the model")
             cfg = L.tide_checkpoint_config(ck).contents
             self.config_name = cfg.name.decode()

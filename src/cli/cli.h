@@ -36,6 +36,14 @@ int cli_parse_budget(const char *s, tide_offload_opts *o);
  * CLI_CACHE_TYPE_HELP its --help lines. */
 int cli_parse_cache_type(const char *s, tide_dtype *out);
 #define CLI_OPT_CACHE_TYPE 0x1c7
+/* --lora DIR (run, chat, plan): a PEFT LoRA adapter applied at run time
+ * (tide_checkpoint_add_lora); CLI_LORA_HELP its --help lines. */
+#define CLI_OPT_LORA 0x300
+#define CLI_LORA_HELP                                                                   \
+    "  --lora DIR          apply the PEFT LoRA adapter in DIR (adapter_config.json,\n" \
+    "                      adapter_model.safetensors, as tide train --lora-r\n"       \
+    "                      writes) at run time: each targeted projection adds\n"      \
+    "                      (alpha/r) (x A^T) B^T beside its base weight (any dtype)\n"
 #define CLI_CACHE_TYPE_HELP                                                             \
     "  --cache-type T      the KV cache's type: f32 (default), f16, bf16 (rounded to\n" \
     "                      nearest even) or q8_0 (ggml's 8-bit blocks of 32 values,\n" \

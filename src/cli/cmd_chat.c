@@ -31,7 +31,8 @@
 #endif
 
 static const char help[] =
-    "Usage: tide chat [--model PATH] [--system TEXT] [--template NAME] [--new-tokens N]\n"
+    "Usage: tide chat [--model PATH] [--lora DIR] [--system TEXT] [--template NAME]\n"
+    "                 [--new-tokens N]\n"
     "                 [--ctx N] [--cache-type T] [sampling options] [--stop STRING]...\n"
     "                 [--budget X] [--policy P] [--host-budget X] [--ssd DIRS]\n"
     "                 [--weights-on-ssd] [--hw PROFILE] [--backend B] [--matmul M]\n"
@@ -52,6 +53,7 @@ static const char help[] =
     "  --model PATH        Hugging Face-layout LLaMA checkpoint directory with a\n"
     "                      tokenizer, or a GGUF file (its tokenizer and chat\n"
     "                      template read from its metadata)\n"
+    CLI_LORA_HELP
     "  --new-tokens N      the longest answer in tokens (default 512)\n"
     "  --ctx N             the conversation's length in tokens, the KV cache's size\n"
     "                      (default: the model's positions, at most 4096)\n"
@@ -66,7 +68,7 @@ static const char help[] =
 
 typedef struct chat_job {
     cli_text_opts text;
-    const char *model_dir;
+    const char *model_dir, *lora;
     long new_tokens, ctx, threads;
     tide_dtype cache_type;
     bool quiet, budget_given;
@@ -121,7 +123,8 @@ static const struct option chat_options[] = {
     {"hw", required_argument, 0, 'w'},          {"backend", required_argument, 0, 'b'},
     {"matmul", required_argument, 0, 'M'},      {"threads", required_argument, 0, 'T'},
     {"quiet", no_argument, 0, 'q'},             {"help", no_argument, 0, 'h'},
-    {"cache-type", required_argument, 0, CLI_OPT_CACHE_TYPE}, CLI_TEXT_OPTIONS,
+    {"cache-type", required_argument, 0, CLI_OPT_CACHE_TYPE}, {"lora", required_argument, 0, CLI_OPT_LORA},
+    CLI_TEXT_OPTIONS,
     {0, 0, 0, 0},
 };
 
@@ -134,6 +137,7 @@ static int parse_args(int argc, char **argv, chat_job *j) {
     while ((c = getopt_long(argc, argv, "h", chat_options, NULL)) != -1) {
         switch (c) {
         case 'm': j->model_dir = optarg; break;
+        case CLI_OPT_LORA: j->lora = optarg; break;
         case 'n':
             if (cli_parse_int(optarg, 1, 1 << 20, &j->new_tokens)) return cli_usage_error("chat", "bad --new-tokens '%s'", optarg);
             break;
@@ -206,6 +210,7 @@ static int open_all(chat_job *j) {
         j->model_dir = j->dir;
     }
     if (tide_checkpoint_open(j->c, j->model_dir, &j->ck)) return cli_fail(j->c, "loading the model");
+    if (j->lora && tide_checkpoint_add_lora(j->ck, j->lora)) return cli_fail(j->c, "--lora");
     if (!j->off.weights_on_ssd && tide_checkpoint_prefetch(j->ck)) return cli_fail(j->c, "loading the model");
     cli_progress_end(&j->ps);
     const tide_llama_config *cfg = tide_checkpoint_config(j->ck);

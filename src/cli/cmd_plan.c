@@ -19,7 +19,7 @@ static const char help[] =
     "                 --budget BYTES|PCT%|min [--hw PROFILE] [--policy P]\n"
     "                 [--host-budget BYTES] [--weights-on-ssd] [--tile auto|none|LEVEL]\n"
     "                 [--host-compute auto|off]\n"
-    "                 [--train --lora-r R [--lora-targets LIST]]\n"
+    "                 [--train --lora-r R [--lora-targets LIST]] [--lora DIR]\n"
     "                 [--json] [--trace FILE] [--out PLAN.json]\n"
     "\n"
     "Plans every tensor move of a LLaMA-style model's forward pass under a device\n"
@@ -56,6 +56,9 @@ static const char help[] =
     "                     the base weights frozen, read-only like inference\n"
     "                     weights; state, gradients and AdamW the adapters' only\n"
     "  --lora-targets L   with --lora-r: q,k,v,o,gate,up,down (default all)\n"
+    "  --lora DIR         inference with the PEFT LoRA adapter in DIR (its\n"
+    "                     adapter_config.json's r and targets; the adapter's\n"
+    "                     weights planned as f32), as tide run --lora runs it\n"
     "  --optimizer WHERE  training: where each AdamW update runs: auto (default:\n"
     "                     on the device or on the host CPU, whichever the plan\n"
     "                     predicts faster, split per parameter), device, or cpu\n"
@@ -230,7 +233,7 @@ static const struct option plan_options[] = {
     {"dtype", required_argument, 0, 'd'},  {"host-compute", required_argument, 0, 'C'},
     {"lora-r", required_argument, 0, 0x100}, {"lora-targets", required_argument, 0, 0x101},
     {"ranks", required_argument, 0, 'R'},  {"zero", required_argument, 0, 'Z'},
-    {"cache-type", required_argument, 0, CLI_OPT_CACHE_TYPE},
+    {"cache-type", required_argument, 0, CLI_OPT_CACHE_TYPE}, {"lora", required_argument, 0, CLI_OPT_LORA},
     {0, 0, 0, 0},
 };
 
@@ -278,6 +281,7 @@ static int parse_args(int argc, char **argv, plan_args *a) {
                                        TIDE_TILE_LEVELS - 1);
             break;
         case 'r': a->train = true; break;
+        case CLI_OPT_LORA: a->lora = optarg; break;
         case CLI_OPT_CACHE_TYPE:
             if (cli_parse_cache_type(optarg, &a->cache_type)) return cli_usage_error("plan", CLI_CACHE_TYPE_ERROR, optarg);
             a->have_cache_type = true;
@@ -342,6 +346,8 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     if ((a->lora_r || a->lora_targets) && !a->train)
         return cli_usage_error("plan", "--lora-r and --lora-targets plan a LoRA training step: they need --train");
     if (a->lora_targets && !a->lora_r) return cli_usage_error("plan", "--lora-targets needs --lora-r");
+    if (a->lora && a->train)
+        return cli_usage_error("plan", "--lora plans inference with an adapter: a LoRA training step is --lora-r");
     if (a->ranks > 1 && !a->train) return cli_usage_error("plan", "--ranks plans data-parallel training: it needs --train");
     if (a->have_zero && a->ranks < 2) return cli_usage_error("plan", "--zero needs --ranks 2 or more");
     if (a->train && a->have_cache_type)
@@ -389,6 +395,14 @@ static int load_job(const plan_args *a, plan_job *j) {
         tide_dtype_parse(a->dtype, &dt);
         j->cfg.dtype = dt;
         j->cfg.wtypes_set = false; /* uniform: a block type keeps the norms f32 */
+    }
+    if (a->lora) {
+        /* shapes only: the adapter's config (its weights planned as f32) */
+        float alpha = 0;
+        if (tide_lora_read_config(j->ctx, a->lora, &j->cfg.lora_r, &alpha, &j->cfg.lora_targets))
+            return cli_fail(j->ctx, "--lora");
+        j->cfg.lora_alpha = alpha;
+        j->cfg.lora_dtype = TIDE_F32;
     }
     if (tide_hw_open(j->ctx, a->hw_name, &j->hw)) return cli_fail(j->ctx, "hardware profile");
     tide_hw_info_get(j->hw, &j->hwi);

@@ -15,7 +15,8 @@
 #include <string.h>
 
 static const char help[] =
-    "Usage: tide run [--model PATH] [--prompt TEXT | --prompt-file FILE | --tokens 1,2,3 |\n"
+    "Usage: tide run [--model PATH] [--lora DIR]\n"
+    "                [--prompt TEXT | --prompt-file FILE | --tokens 1,2,3 |\n"
     "                --prompt-len N] [--new-tokens N] [--chat] [--system TEXT]\n"
     "                [--template NAME] [--temperature T] [--top-k K] [--top-p P]\n"
     "                [--min-p P] [--repeat-penalty R] [--frequency-penalty F]\n"
@@ -63,6 +64,7 @@ static const char help[] =
     "  --model PATH        Hugging Face-layout LLaMA checkpoint directory\n"
     "                      (config.json + model.safetensors or shards with an\n"
     "                      index), or a GGUF file (docs/gguf.md)\n"
+    CLI_LORA_HELP
     "  --prompt TEXT       the prompt as text, through the model's tokenizer\n"
     "                      (tokenizer.json in the model directory, a GGUF\n"
     "                      file's metadata; the built-in model has its own),\n"
@@ -196,6 +198,7 @@ typedef struct run_args {
     bool direct_storage;
     const char *tile;
     tide_dtype cache_type;
+    const char *lora;
 } run_args;
 
 /* Peak resident memory of the process during each run (cli_rss_*): `exact`
@@ -425,7 +428,8 @@ static const struct option run_options[] = {
     {"pin-weights", required_argument, 0, 'N'}, {"direct-storage", no_argument, 0, 'D'},
     {"engine", required_argument, 0, 'E'},     {"cache-type", required_argument, 0, CLI_OPT_CACHE_TYPE},
     {"prompt", required_argument, 0, 'Q'},     {"prompt-file", required_argument, 0, 'F'},
-    {"chat", no_argument, 0, 'C'},             CLI_TEXT_OPTIONS,
+    {"chat", no_argument, 0, 'C'},             {"lora", required_argument, 0, CLI_OPT_LORA},
+    CLI_TEXT_OPTIONS,
     {0, 0, 0, 0},
 };
 
@@ -505,6 +509,7 @@ static int parse_args(int argc, char **argv, run_job *r) {
         case CLI_OPT_CACHE_TYPE:
             if (cli_parse_cache_type(optarg, &a->cache_type)) return cli_usage_error("run", CLI_CACHE_TYPE_ERROR, optarg);
             break;
+        case CLI_OPT_LORA: a->lora = optarg; break;
         case 'E':
             if (!strcmp(optarg, "planned")) a->engine = TIDE_ENGINE_PLANNED;
             else if (!strcmp(optarg, "plain")) a->engine = TIDE_ENGINE_PLAIN;
@@ -628,6 +633,7 @@ static int open_model(run_job *r) {
         r->model_dir = r->dir;
     }
     if (tide_checkpoint_open(r->ctx, r->model_dir, &r->ck)) return cli_fail(r->ctx, "loading the model");
+    if (a->lora && tide_checkpoint_add_lora(r->ck, a->lora)) return cli_fail(r->ctx, "--lora");
     /* weights homed in memory: read them in now, so no run is timed on faults */
     if (!a->weights_on_ssd && tide_checkpoint_prefetch(r->ck)) return cli_fail(r->ctx, "loading the model");
     cli_progress_end(&r->ps);

@@ -25,7 +25,7 @@ static const char help[] =
     "                  [--host ADDR] [--port N] [--api-key KEY] [--queue N]\n"
     "                  [--max-loaded N] [--shutdown-grace S] [--timeout S]\n"
     "                  [--keep-alive S] [--max-connections N] [--http-threads N]\n"
-    "                  [--per-client N] [--cache-type T]\n"
+    "                  [--per-client N] [--cache-type T] [--lora NAME=DIR]...\n"
     "                  [--max-batch N] [--backend auto|cpu|cuda] [--threads N] [--quiet]\n"
     "\n"
     "Serves the models over HTTP with OpenAI's API, all of them under one device\n"
@@ -71,6 +71,9 @@ static const char help[] =
     "  --model NAME=DIR    a model to serve as NAME (letters, digits, . _ - : /):\n"
     "                      a Hugging Face-layout LLaMA checkpoint directory with\n"
     "                      its tokenizer, or a GGUF file (several allowed)\n"
+    "  --lora NAME=DIR     serve model NAME with the PEFT LoRA adapter in DIR\n"
+    "                      applied at run time (as tide run --lora; read when the\n"
+    "                      model loads; one adapter per model)\n"
     "  --budget X          the device budget all the models share: bytes (2G) or\n"
     "                      auto (on a GPU its free memory less max(512 MiB, 1/32\n"
     "                      of its memory))\n"
@@ -142,6 +145,7 @@ static const struct option serve_options[] = {
     {"timeout", required_argument, 0, 'o'},   {"keep-alive", required_argument, 0, 'K'},
     {"max-connections", required_argument, 0, 'C'}, {"http-threads", required_argument, 0, 'R'},
     {"per-client", required_argument, 0, 'I'}, {"cache-type", required_argument, 0, CLI_OPT_CACHE_TYPE},
+    {"lora", required_argument, 0, CLI_OPT_LORA},
     {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
 };
 
@@ -154,6 +158,8 @@ typedef struct serve_args {
     tide_pool_opts po;
     tide_pool_model_opts mo;      /* every model's (context, batch, threads) */
     int max_loaded;
+    const char *loras[SERVE_MAX_MODELS]; /* --lora NAME=DIR as given */
+    int n_loras;
     serve_opts so;
     tide_backend_kind backend;
 } serve_args;
@@ -188,7 +194,7 @@ static int add_model(serve_args *a, const char *arg) {
     if ((stat(cfg, &st) || !S_ISREG(st.st_mode)) && !cli_is_gguf(dir))
         return cli_usage_error("serve", "--model %s=%s: neither a GGUF file nor a directory with a config.json (a "
                                "Hugging Face model directory)", name, dir);
-    a->models[a->n_models++] = (serve_model_spec){name, dir};
+    a->models[a->n_models++] = (serve_model_spec){name, dir, NULL};
     return 0;
 }
 
@@ -210,6 +216,10 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         switch (c) {
         case 'm':
             if (add_model(a, optarg)) return 2;
+            break;
+        case CLI_OPT_LORA:
+            if (a->n_loras == SERVE_MAX_MODELS) return cli_usage_error("serve", "at most %d --lora", SERVE_MAX_MODELS);
+            a->loras[a->n_loras++] = optarg;
             break;
         case 'B':
             if (cli_parse_budget(optarg, &a->budget) ||
@@ -302,6 +312,19 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     }
     if (optind != argc) return cli_usage_error("serve", "unexpected argument '%s'", argv[optind]);
     if (!a->n_models) return cli_usage_error("serve", "give at least one --model NAME=DIR");
+    for (int k = 0; k < a->n_loras; k++) {
+        const char *arg = a->loras[k], *eq = strchr(arg, '=');
+        int found = -1;
+        for (int i = 0; eq && i < a->n_models; i++)
+            if (strlen(a->models[i].name) == (size_t)(eq - arg) && !strncmp(a->models[i].name, arg, (size_t)(eq - arg)))
+                found = i;
+        if (!eq || !eq[1]) return cli_usage_error("serve", "--lora takes NAME=DIR, not '%s'", arg);
+        if (found < 0)
+            return cli_usage_error("serve", "--lora %s: no --model named '%.*s'", arg, (int)(eq - arg), arg);
+        if (a->models[found].lora)
+            return cli_usage_error("serve", "--lora: the model '%s' has an adapter already", a->models[found].name);
+        a->models[found].lora = eq + 1;
+    }
     if (!a->budget_given) return cli_usage_error("serve", "give the device budget the models share: --budget BYTES|auto");
     a->so.models = a->models;
     a->so.n_models = a->n_models;
@@ -364,8 +387,10 @@ int cmd_serve(int argc, char **argv) {
         goto done;
     }
     /* the pool loads them on their first requests, and evicts */
-    for (int i = 0; i < a.n_models; i++)
-        if (tide_pool_offer_model(pool, a.models[i].name, a.models[i].dir, &a.mo)) {
+    for (int i = 0; i < a.n_models; i++) {
+        tide_pool_model_opts mo = a.mo;
+        mo.lora = a.models[i].lora;
+        if (tide_pool_offer_model(pool, a.models[i].name, a.models[i].dir, &mo)) {
             /* a model the options can never serve (--ctx beyond its
              * positions, a name given twice) is a bad argument: exit 2 */
             rc = cli_fail(pool_ctx, "the pool");
@@ -373,6 +398,7 @@ int cmd_serve(int argc, char **argv) {
             tide_pool_free(pool);
             goto done;
         }
+    }
     if (tide_pool_set_max_loaded(pool, a.max_loaded)) {
         rc = cli_fail(pool_ctx, "the pool");
         tide_pool_free(pool);

@@ -30,6 +30,7 @@ static const char help[] =
     "                  [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--threads N]\n"
     "                  [--json] [--quiet] [--ranks N] [--zero 0|1|2]\n"
     "                  [--lora-r R] [--lora-alpha A] [--lora-targets LIST] [--lora-init DIR]\n"
+    "                  [--merge-out DIR]\n"
     "\n"
     "Trains a LLaMA-style model with AdamW on a flat file of token ids, or on text\n"
     "(documents, prompt/completion or chat examples; docs/training.md, section 6,\n"
@@ -184,13 +185,20 @@ static const char help[] =
     "                      accumulation run over the adapters alone; the base\n"
     "                      weights are read-only (no gradient, master or\n"
     "                      moments). --out writes the adapter in PEFT's format\n"
-    "                      (adapter_model.safetensors, adapter_config.json).\n"
-    "                      f32, f16 and bf16 bases; not with --resume or\n"
-    "                      --save-every\n"
+    "                      (adapter_model.safetensors, adapter_config.json)\n"
+    "                      with its training state (optimizer.safetensors, the\n"
+    "                      base's config.json), which --resume DIR (with --model\n"
+    "                      BASE; r, alpha and targets from DIR) continues bit for\n"
+    "                      bit. f32, f16 and bf16 bases\n"
     "  --lora-alpha A      LoRA's alpha (default 8, as PEFT's)\n"
     "  --lora-targets L    comma-separated q,k,v,o,gate,up,down (default all)\n"
     "  --lora-init DIR     start from the PEFT adapter in DIR (its r, alpha and\n"
     "                      targets from adapter_config.json)\n"
+    "  --merge-out DIR     with --lora-r and --out: after the last step also write\n"
+    "                      the base with the adapter merged (W + (alpha/r) B A per\n"
+    "                      targeted projection, in the base's dtype; its config\n"
+    "                      and tokenizer files copied) into the new directory DIR,\n"
+    "                      which tide run and transformers load\n"
     "  --json              one JSON object per step, then a summary object\n"
     "  --quiet             no progress lines\n"
     "\n"
@@ -225,6 +233,7 @@ typedef struct train_args {
     double lora_alpha;
     bool have_lora_alpha;
     const char *lora_targets, *lora_init;
+    const char *merge_out;        /* --merge-out DIR: the trained adapter merged into the base */
     unsigned lora_bits, lora_init_targets;
     /* data-parallel ranks (getopt values 0x320..) */
     long ranks, zero;
@@ -285,6 +294,7 @@ static const struct option train_options[] = {
     {"lora-r", required_argument, 0, 0x200},    {"lora-alpha", required_argument, 0, 0x201},
     {"lora-targets", required_argument, 0, 0x202}, {"lora-init", required_argument, 0, 0x203},
     {"zero", required_argument, 0, 0x320},      {"ranks", required_argument, 0, 0x321},
+    {"merge-out", required_argument, 0, 0x300},
     {0, 0, 0, 0},
 };
 
@@ -302,6 +312,7 @@ static int parse_lora_option(int c, train_args *a) {
         break;
     case 0x202: a->lora_targets = optarg; break;
     case 0x203: a->lora_init = optarg; break;
+    case 0x300: a->merge_out = optarg; break;
     default: return cli_usage_error("train", "unknown option");
     }
     return -1;
@@ -504,30 +515,41 @@ static int parse_option(int c, train_job *j, seen_opts *seen) {
     return -1;
 }
 
-/* LoRA: --lora-init's config gives r, alpha and targets (a given one must
- * agree); the options' consistency. */
+/* LoRA: --lora-init's config (or that of a LoRA state --resume continues)
+ * gives r, alpha and targets (a given one must agree); the options'
+ * consistency. */
 static int check_lora_args(train_job *j) {
     train_args *a = &j->a;
     tide_ctx *ctx = NULL;
-    if (a->lora_init) {
+    char rp[PATH_MAX];
+    struct stat rs;
+    const bool lora_resume = a->resume && snprintf(rp, sizeof rp, "%s/adapter_config.json", a->resume) <
+                                                      (int)sizeof rp && !stat(rp, &rs);
+    if (lora_resume && a->lora_init)
+        return cli_usage_error("train", "--resume %s continues a LoRA state: no --lora-init with it", a->resume);
+    const char *from = lora_resume ? a->resume : a->lora_init;
+    if (from) {
         int r;
         float al;
         unsigned tg;
         if (!(ctx = tide_ctx_new())) return 1;
-        if (tide_lora_read_config(ctx, a->lora_init, &r, &al, &tg)) {
-            fprintf(stderr, "tide: train: --lora-init: %s\n", tide_ctx_last_error(ctx));
+        if (tide_lora_read_config(ctx, from, &r, &al, &tg)) {
+            fprintf(stderr, "tide: train: %s: %s\n", lora_resume ? "--resume" : "--lora-init", tide_ctx_last_error(ctx));
             tide_ctx_free(ctx);
             return 1;
         }
         tide_ctx_free(ctx);
         if ((a->lora_r && a->lora_r != r) || (a->have_lora_alpha && (float)a->lora_alpha != al))
-            return cli_usage_error("train", "--lora-r / --lora-alpha disagree with --lora-init %s (r %d, alpha %g)",
-                                   a->lora_init, r, (double)al);
+            return cli_usage_error("train", "--lora-r / --lora-alpha disagree with %s %s (r %d, alpha %g)",
+                                   lora_resume ? "--resume" : "--lora-init", from, r, (double)al);
         a->lora_r = r;
         a->lora_alpha = al;
         a->have_lora_alpha = true;
         if (!a->lora_targets) a->lora_init_targets = tg;
     }
+    if (a->merge_out && (!a->lora_r || !a->out))
+        return cli_usage_error("train", "--merge-out merges the LoRA adapter saved to --out: it needs --lora-r (or "
+                               "--lora-init) and --out");
     if (!a->lora_r) {
         if (a->have_lora_alpha || a->lora_targets)
             return cli_usage_error("train", "--lora-alpha and --lora-targets need --lora-r (or --lora-init)");
@@ -544,11 +566,13 @@ static int check_lora_args(train_job *j) {
         }
         tide_ctx_free(ctx);
     } else {
-        a->lora_bits = a->lora_init ? a->lora_init_targets : TIDE_LORA_ALL;
+        a->lora_bits = from ? a->lora_init_targets : TIDE_LORA_ALL;
     }
-    if (a->resume || a->save_every)
-        return cli_usage_error("train", "LoRA training does not save or resume its training state yet: no --resume "
-                               "or --save-every with --lora-r");
+    if (a->resume && !lora_resume)
+        return cli_usage_error("train", "--resume %s holds no LoRA state (no adapter_config.json): a LoRA run "
+                               "resumes from its own --out", a->resume);
+    if (lora_resume && !a->model)
+        return cli_usage_error("train", "--resume of a LoRA state needs --model: the base it was trained on");
     return -1;
 }
 
@@ -766,11 +790,22 @@ static int open_all(train_job *j) {
     const train_args *a = &j->a;
     int rc;
     if (a->out && (rc = check_out(a->out))) return rc;
+    struct stat ms;
+    if (a->merge_out && !stat(a->merge_out, &ms)) {
+        fprintf(stderr, "tide: train: --merge-out %s exists: the merged checkpoint goes to a new directory\n",
+                a->merge_out);
+        return 1;
+    }
     if (a->demo && (rc = ensure_demo(j))) return rc;
     const char *mdir = a->demo ? j->model_dir : a->model ? a->model : a->resume;
     const char *data = a->demo ? j->data_path : a->data;
     if (tide_checkpoint_open(j->ctx, mdir, &j->ck)) return cli_fail(j->ctx, "loading the model");
     const tide_llama_config *cfg = tide_checkpoint_config(j->ck);
+    if (a->merge_out && (cli_is_gguf(mdir) || tide_dtype_is_quantized(cfg->dtype) || cfg->wtypes_set)) {
+        fprintf(stderr, "tide: train: --merge-out writes a merged checkpoint from an f32, f16 or bf16 safetensors "
+                "base, not from %s\n", mdir);
+        return 1;
+    }
     if (a->seq > cfg->max_position_embeddings) {
         fprintf(stderr, "tide: train: --seq %ld is beyond the model's %d positions (max_position_embeddings in "
                 "%s%s)\n", a->seq, cfg->max_position_embeddings, mdir, cli_is_gguf(mdir) ? "" : "/config.json");
@@ -972,6 +1007,20 @@ static int validate(train_job *j, int64_t step) {
     return 0;
 }
 
+/* --merge-out: the adapter just saved to --out merged into the base, as a
+ * checkpoint of the base's dtype. */
+static int merge(train_job *j) {
+    const train_args *a = &j->a;
+    tide_checkpoint *ck = NULL;
+    tide_status st = tide_checkpoint_open(j->ctx, a->demo ? j->model_dir : a->model, &ck);
+    if (!st) st = tide_checkpoint_add_lora(ck, a->out);
+    if (!st) st = tide_checkpoint_save_merged(ck, a->merge_out);
+    tide_checkpoint_free(ck);
+    if (st) return cli_fail(j->ctx, "--merge-out");
+    if (!a->quiet && !a->json) fprintf(stderr, "tide: merged the adapter into %s\n", a->merge_out);
+    return 0;
+}
+
 static int train_loop(train_job *j) {
     const train_args *a = &j->a;
     /* ranks: the step's micro-batches numbered as one process with accum x
@@ -1044,8 +1093,11 @@ static int train_loop(train_job *j) {
         int rc = validate(j, tide_trainer_steps(j->tr));
         if (rc) return rc;
     }
-    if (a->out) return save(j, "saving the checkpoint");
-    return 0;
+    if (a->out) {
+        int rc = save(j, "saving the checkpoint");
+        if (rc) return rc;
+    }
+    return a->merge_out ? merge(j) : 0;
 }
 
 static int summary(train_job *j) {

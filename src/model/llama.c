@@ -67,6 +67,20 @@ static tide_status check_opts(tide_ctx *ctx, const tide_llama_graph_opts *o) {
     return TIDE_OK;
 }
 
+static tide_status check_lora(tide_ctx *ctx, const tide_llama_config *cfg) {
+    if (cfg->lora_r <= 0) return TIDE_OK;
+    if (cfg->lora_r > cfg->hidden_size || !cfg->lora_targets || (cfg->lora_targets & ~TIDE_LORA_ALL) ||
+        !(cfg->lora_alpha > 0) ||
+        (cfg->lora_dtype != TIDE_F32 && cfg->lora_dtype != TIDE_F16 && cfg->lora_dtype != TIDE_BF16))
+        return tide_err(ctx, TIDE_E_INVALID, "LoRA r %d, alpha %g, targets 0x%x, %s: r from 1 to the hidden size, "
+                        "alpha > 0, targets among 0x7f, weights f32, f16 or bf16", cfg->lora_r,
+                        (double)cfg->lora_alpha, cfg->lora_targets, tide_dtype_name(cfg->lora_dtype));
+    if (cfg->qk_interleaved && (cfg->lora_targets & (TIDE_LORA_Q | TIDE_LORA_K)))
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "LoRA on q_proj or k_proj of a model whose rows are in llama.cpp's "
+                        "rotary order (GGUF) is not supported");
+    return TIDE_OK;
+}
+
 /* The tiles: one for all rows, or runs of up to tile_rows of one sequence
  * (*tiled). A new array of *n, or NULL (message in ctx). */
 static llama_tile *make_tiles(tide_ctx *ctx, const tide_llama_graph_opts *o, bool *tiled, int *n) {
@@ -124,6 +138,28 @@ static void layer_caches(llama_builder *b, const tide_llama_config *cfg, const t
         }
 }
 
+/* Layer L's LoRA adapters (cfg->lora_r > 0, tide_checkpoint_add_lora):
+ * per target of cfg->lora_targets the WEIGHTs A (r, K) and B (N, r) in
+ * PEFT's names and cfg->lora_dtype, -1 elsewhere. */
+static void layer_adapters(llama_builder *b, const tide_llama_config *cfg, int L, llama_lora *lo) {
+    static const char *const path[TIDE_LORA_N] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                  "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                                  "mlp.down_proj"};
+    const int64_t D = cfg->hidden_size, hd = D / cfg->num_attention_heads, I = cfg->intermediate_size;
+    const int64_t q = (int64_t)cfg->num_attention_heads * hd, kv = (int64_t)cfg->num_key_value_heads * hd;
+    const int64_t N[TIDE_LORA_N] = {q, kv, kv, D, I, I, D}, K[TIDE_LORA_N] = {D, D, D, q, D, D, I};
+    const int r = cfg->lora_r;
+    for (int i = 0; i < TIDE_LORA_N; i++) {
+        lo->a[i] = lo->b[i] = -1;
+        if (!(cfg->lora_targets & (1u << i))) continue;
+        char name[160];
+        snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_A.weight", L, path[i]);
+        lo->a[i] = llama_tensor(b, name, cfg->lora_dtype, TIDE_ROLE_WEIGHT, 2, r, K[i], 0);
+        snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_B.weight", L, path[i]);
+        lo->b[i] = llama_tensor(b, name, cfg->lora_dtype, TIDE_ROLE_WEIGHT, 2, N[i], r, 0);
+    }
+}
+
 /* logits (and next_token) from the last layer's h of every tile: the last
  * row of each sequence, or with all_logits every row. */
 static void head(llama_builder *b, const tide_llama_config *cfg, const tide_llama_graph_opts *o,
@@ -175,7 +211,9 @@ tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
                              const tide_llama_graph_opts *o, tide_graph **out) {
     *out = NULL;
     tide_status st = tide_llama_config_check(ctx, cfg);
-    if (st || (st = check_opts(ctx, o)) || (st = tide_cache_dtype_ok(ctx, cfg, o->cache_dtype))) return st;
+    if (st || (st = check_opts(ctx, o)) || (st = check_lora(ctx, cfg)) ||
+        (st = tide_cache_dtype_ok(ctx, cfg, o->cache_dtype)))
+        return st;
     const int B = o->batch, T = o->seq;
     const int64_t D = cfg->hidden_size, V = cfg->vocab_size, R = (int64_t)B * T;
     bool tiled;
@@ -210,12 +248,18 @@ tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
     llama_layer_in li = {.cfg = cfg, .pos = pos, .seq = T, .pos_rows = o->row_pos, .tiles = tl, .n_tiles = NT,
                          .kc = kc, .vc = vc, .per_seq = tiled, .fresh_cache = o->fresh_cache,
                          .wmax = o->tile_weight_bytes, .ws = ws, .names = infer_names};
+    llama_lora lo = {.r = cfg->lora_r, .scale = -1};
+    if (cfg->lora_r > 0) {
+        lo.scale = llama_tensor(&b, "lora_scale", TIDE_F32, TIDE_ROLE_INPUT, 2, cfg->lora_r, cfg->lora_r, 0);
+        li.lora = &lo;
+    }
     for (int L = 0; L < cfg->num_hidden_layers && !b.st; L++) {
         b.layer = L;
-        /* the norm weights, then the caches, then the layer's ops */
+        /* the norm weights, then the caches, then the adapters, then the layer's ops */
         llama_weight(&b, cfg->dtype, D, 0, "model.layers.%d.input_layernorm.weight", L);
         llama_weight(&b, cfg->dtype, D, 0, "model.layers.%d.post_attention_layernorm.weight", L);
         layer_caches(&b, cfg, o, tiled, L, kc, vc);
+        if (li.lora) layer_adapters(&b, cfg, L, &lo);
         llama_layer_forward(&b, &li, L, 0, NT, acts);
     }
     head(&b, cfg, o, &li, acts);

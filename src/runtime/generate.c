@@ -4,7 +4,8 @@
  * the last logits; stop ids, a per-token callback, continuation from a
  * cache that holds a prefix) through the model's graphs, one graph per shape (batch, tokens,
  * which logits, fresh cache or not), two kept at a time (the prefill's and the
- * decode step's). The graph's inputs ("tokens", "pos") and outputs ("logits",
+ * decode step's). The graph's inputs ("tokens", "pos", with a LoRA adapter
+ * "lora_scale") and outputs ("logits",
  * "next_token") are bound by name; the engines know no model.
  */
 #include "runtime/model_int.h"
@@ -66,14 +67,16 @@ static tide_status run_slot(tide_model *m, graph_slot *s, const int32_t *tokens,
                             int32_t *next) {
     if (!logits) logits = s->logits;
     if (!next) next = s->next;
-    tide_binding in[2] = {{"tokens", (void *)tokens}, {"pos", (void *)pos}};
+    /* with a LoRA adapter, its scale (alpha / r) I is an input too */
+    tide_binding in[3] = {{"tokens", (void *)tokens}, {"pos", (void *)pos}, {"lora_scale", m->lora_scale}};
+    const int n_in = m->lora_scale ? 3 : 2;
     tide_binding out[2] = {{"logits", logits}, {"next_token", next}};
     tide_status st;
     if (m->engine == TIDE_ENGINE_PLAIN) {
-        st = tide_plain_run(m, s->g, in, 2, out, 2);
+        st = tide_plain_run(m, s->g, in, n_in, out, 2);
     } else {
-        tide_binding io[4] = {in[0], in[1], out[0], out[1]};
-        st = tide_planned_run(m, s, io, 4);
+        tide_binding io[5] = {out[0], out[1], in[0], in[1], in[2]};
+        st = tide_planned_run(m, s, io, 2 + n_in);
     }
     if (!st)
         m->logits_hash = tide_hash_bytes(m->logits_hash, logits, tide_graph_tensor_bytes(s->g, tide_graph_find(s->g, "logits")));

@@ -235,6 +235,7 @@ void tide_model_free(tide_model *m) {
     }
     tide_free(m->state);
     tide_free(m->off_ssd_dirs);
+    tide_free(m->lora_scale);
     tide_free(m);
 }
 
@@ -269,6 +270,12 @@ tide_status tide_model_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
         m->n_weights = tide_checkpoint_n_tensors(ck);
     }
     tide_graph_free(g);
+    if (!st && m->cfg.lora_r > 0) {
+        const size_t r = (size_t)m->cfg.lora_r;
+        if (!(m->lora_scale = tide_calloc(r * r, sizeof *m->lora_scale)))
+            st = tide_err(ctx, TIDE_E_NOMEM, "out of memory for the LoRA scale");
+        for (size_t i = 0; !st && i < r; i++) m->lora_scale[i * r + i] = m->cfg.lora_alpha / (float)m->cfg.lora_r;
+    }
     if (!st) st = alloc_state(m);
     if (st) {
         tide_model_free(m);

@@ -118,6 +118,8 @@ struct tide_model {
     graph_slot *last_planned; /* for traces: the first offloaded graph run (the prefill) */
     tide_gen_stats acc;       /* counters of the current generation */
     uint64_t logits_hash;     /* FNV-1a over every logits output, in run order */
+    float *lora_scale;        /* with a LoRA adapter (cfg.lora_r > 0): the graphs' INPUT
+                                 "lora_scale", (r, r) = (alpha / r) I; else NULL */
     char notice[256];         /* the first notice of the planned engine */
     char state_notice[224];   /* the KV cache's, from its allocation ("" when none) */
 };

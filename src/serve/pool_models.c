@@ -145,6 +145,7 @@ void pool_models_free(tide_pool *p) {
         tide_ctx_free(c->m[i]->ctx);
         tide_free(c->m[i]->name);
         tide_free(c->m[i]->dir);
+        tide_free((char *)c->m[i]->o.lora);
         tide_free(c->m[i]);
     }
     tide_free(c->m);
@@ -190,18 +191,24 @@ tide_status tide_pool_offer_model(tide_pool *p, const char *name, const char *di
     if (!c) return st;
     pthread_mutex_lock(&c->mu);
     pool_model *m = NULL;
+    char *lora = NULL;
     if (find(c, name)) {
         st = TIDE_E_INVALID;
     } else if (tide_grow((void **)&c->m, &c->cap, c->n + 1, sizeof *c->m) || !(m = tide_calloc(1, sizeof *m)) ||
-               !(m->name = tide_strdup(name)) || !(m->dir = tide_strdup(dir)) || !(m->ctx = tide_ctx_new())) {
+               !(m->name = tide_strdup(name)) || !(m->dir = tide_strdup(dir)) || !(m->ctx = tide_ctx_new()) ||
+               (o->lora && !(lora = tide_strdup(o->lora)))) {
         st = TIDE_E_NOMEM;
     } else {
         m->o = *o;
+        m->o.lora = lora; /* the pool's own copy */
+        lora = NULL;
         c->m[c->n++] = m;
         m = NULL;
     }
     pthread_mutex_unlock(&c->mu);
+    tide_free(lora);
     if (m) {
+        tide_ctx_free(m->ctx);
         tide_free(m->name);
         tide_free(m->dir);
         tide_free(m);
@@ -389,7 +396,8 @@ static tide_status add_to_pool(tide_pool *p, pool_models *c, pool_model *m, tide
 static tide_status load(tide_pool *p, pool_models *c, pool_model *m, tide_ctx *ctx) {
     tide_status st = room_by_count(p, c, m, ctx);
     if (st) goto fail;
-    if ((st = tide_checkpoint_open(m->ctx, m->dir, &m->ck)) || (st = tide_checkpoint_prefetch(m->ck))) {
+    if ((st = tide_checkpoint_open(m->ctx, m->dir, &m->ck)) ||
+        (m->o.lora && (st = tide_checkpoint_add_lora(m->ck, m->o.lora))) || (st = tide_checkpoint_prefetch(m->ck))) {
         st = tide_err(ctx, st, "cannot load the model '%s' from %s: %s", m->name, m->dir, tide_ctx_last_error(m->ctx));
         goto fail;
     }

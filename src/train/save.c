@@ -95,7 +95,8 @@ uint64_t tide_train_config_fingerprint(const tide_llama_config *cfg) {
 
 /* ---------------------------------------------------------------- directories */
 
-static const char *const ck_files[] = {"config.json", "model.safetensors", "optimizer.safetensors"};
+static const char *const ck_files[] = {"config.json", "model.safetensors", "optimizer.safetensors",
+                                       "adapter_model.safetensors", "adapter_config.json"};
 
 /* Whether name is a file a save writes, or the temporary of one that a crash
  * left (tide_file_begin's "<name>.tmp.<pid>.<n>"). */
@@ -236,9 +237,10 @@ static tide_status write_checkpoint(tide_ctx *ctx, const char *dir, const tide_t
     int n = s->n_params;
     char path[PATH_MAX];
     tide_llama_config c = *s->cfg;
-    c.dtype = s->model_dtype;
+    if (!s->lora_config) c.dtype = s->model_dtype;
     /* The longest name first: the others fit when it does. */
-    if (!path_in(path, sizeof path, dir, "optimizer.safetensors") || !path_in(path, sizeof path, dir, "config.json"))
+    if (!path_in(path, sizeof path, dir, "adapter_model.safetensors") ||
+        !path_in(path, sizeof path, dir, "config.json"))
         return tide_err(ctx, TIDE_E_INVALID, "'%s': path too long", dir);
     tide_status st = tide_llama_config_save(ctx, &c, path);
     if (st) return st;
@@ -259,8 +261,13 @@ static tide_status write_checkpoint(tide_ctx *ctx, const char *dir, const tide_t
     }
     save_fill f = {s, false};
     const tide_st_meta pt = {"format", "pt"};
-    path_in(path, sizeof path, dir, "model.safetensors");
+    path_in(path, sizeof path, dir, s->lora_config ? "adapter_model.safetensors" : "model.safetensors");
     if ((st = tide_safetensors_write(ctx, path, e, n, &pt, 1, fill_part, &f))) goto done;
+    if (s->lora_config) {
+        path_in(path, sizeof path, dir, "adapter_config.json");
+        if ((st = tide_write_file_atomic(ctx, "adapter config", path, s->lora_config, strlen(s->lora_config))))
+            goto done;
+    }
 
     char *q = names;
     for (int i = 0; i < 3 * n; i++) {

@@ -87,6 +87,11 @@ typedef struct tide_train_save {
     tide_train_meta meta;
     const tide_st_meta *extra; /* more metadata for optimizer.safetensors; keys */
     int n_extra;               /* other than the standard ones */
+    /* A LoRA training state (non-NULL): the parameters are the adapters,
+     * written to adapter_model.safetensors (PEFT's file: their names, f32)
+     * instead of model.safetensors, beside this text as adapter_config.json;
+     * config.json is then the base's, in its own dtype. */
+    const char *lora_config;
 } tide_train_save;
 
 /* Saves a training checkpoint at dir, atomically: dir afterwards holds either
@@ -101,7 +106,8 @@ typedef struct tide_train_save {
  * directory and leaves dir untouched.
  *
  * An existing dir is replaced only when it holds nothing but a checkpoint's
- * files (config.json, model.safetensors, optimizer.safetensors, and the
+ * files (config.json, model.safetensors, optimizer.safetensors,
+ * adapter_model.safetensors, adapter_config.json, and the
  * temporaries of a crashed write of those): a directory with anything else in
  * it is refused, never deleted. Siblings "<dir>.tmp-<pid>-<n>" left by a save
  * that crashed (pid not running) or by an earlier save of this process, and

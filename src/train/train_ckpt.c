@@ -10,7 +10,10 @@
  * parameters in their dtype, or the f32 master weights (--save-dtype f32);
  * optimizer.safetensors the f32 masters (an f32 parameter is its own) and
  * moments. Resuming reads them back: a parameter is its master rounded to
- * its dtype, which is what the step left it as.
+ * its dtype, which is what the step left it as. A LoRA trainer's parameters
+ * are its adapters alone (f32, their own masters), saved as PEFT's
+ * adapter_model.safetensors and adapter_config.json beside the base's
+ * config.json and the same optimizer.safetensors.
  */
 #include "train/save.h"
 #include "train/trainer_int.h"
@@ -47,8 +50,11 @@ static void par_list_free(par_list *pl) {
 static tide_status par_list_make(tide_trainer *t, par_list *pl) {
     const tide_graph *g = t->g;
     *pl = (par_list){0};
+    /* LoRA: the adapters (the frozen base is no trained parameter) */
+    const bool lora = t->o.step.lora_r > 0;
     int nb = 0;
-    for (int i = 0; i < g->n_tensors; i++) nb += tide_train_tensor_class(g, i) == TIDE_TRAIN_PARAM;
+    for (int i = 0; i < g->n_tensors; i++)
+        nb += tide_train_tensor_class(g, i) == TIDE_TRAIN_PARAM && (!lora || train_is_adapter(t, i));
     pl->id = tide_calloc((size_t)nb + 1, sizeof *pl->id);
     pl->tp = tide_calloc((size_t)nb + 1, sizeof *pl->tp);
     pl->first = tide_calloc((size_t)nb + 1, sizeof *pl->first);
@@ -62,6 +68,7 @@ static tide_status par_list_make(tide_trainer *t, par_list *pl) {
     for (int i = 0; i < g->n_tensors; i++) {
         /* a rank's copy of its rows of a parameter is no parameter of its own */
         if (tide_train_tensor_class(g, i) != TIDE_TRAIN_PARAM || train_is_shard(t, i, NULL)) continue;
+        if (lora && !train_is_adapter(t, i)) continue;
         const tide_tensor *T = &g->tensors[i];
         uint64_t off = 0;
         const char *home = tide_graph_tensor_home(g, i, &off);
@@ -203,9 +210,15 @@ static tide_status save_fill(void *user, tide_train_part part, int k, tide_dtype
 tide_status tide_trainer_save(tide_trainer *t, const char *dir, tide_dtype save_dtype, const char *const *extra,
                               int n_extra) {
     if (t->o.step.lora_r > 0)
-        return tide_err(t->ctx, TIDE_E_UNSUPPORTED, "saving a LoRA training state (to resume) is not supported: "
-                        "tide_trainer_save_lora writes the adapter");
-    if (save_dtype != t->cfg.dtype && save_dtype != TIDE_F32)
+        return tide_err(t->ctx, TIDE_E_INVALID, "a LoRA trainer saves its adapter and state with "
+                        "tide_trainer_save_lora");
+    return train_save_state(t, dir, save_dtype, extra, n_extra, NULL);
+}
+
+tide_status train_save_state(tide_trainer *t, const char *dir, tide_dtype save_dtype, const char *const *extra,
+                             int n_extra, const char *lora_config) {
+    if (lora_config) save_dtype = TIDE_F32; /* the adapters */
+    else if (save_dtype != t->cfg.dtype && save_dtype != TIDE_F32)
         return tide_err(t->ctx, TIDE_E_INVALID, "a checkpoint is saved in the model's dtype (%s) or f32, not %s",
                         tide_dtype_name(t->cfg.dtype), tide_dtype_name(save_dtype));
     if (n_extra < 0 || (n_extra && !extra)) return tide_err(t->ctx, TIDE_E_INVALID, "bad extra metadata");
@@ -234,7 +247,7 @@ tide_status tide_trainer_save(tide_trainer *t, const char *dir, tide_dtype save_
     const int accum = so->accum * (t->comm ? tide_comm_size(t->comm) : 1);
     tide_train_save sv = {
         .cfg = &t->cfg, .model_dtype = save_dtype, .params = s.pl.tp, .n_params = s.pl.n, .fill = save_fill,
-        .user = &s, .extra = em, .n_extra = n_extra,
+        .user = &s, .extra = em, .n_extra = n_extra, .lora_config = lora_config,
         .meta = {.step = t->step, .tokens_seen = t->step * accum * so->batch * so->seq, .batch = so->batch,
                  .seq = so->seq, .accum = accum, .shuffle = t->o.shuffle, .seed = t->o.seed,
                  .lr = (float)t->o.lr, .beta1 = so->beta1, .beta2 = so->beta2, .adam_eps = so->eps,
@@ -267,8 +280,21 @@ void train_resume_close(tide_trainer *t) {
 
 tide_status tide_trainer_resume(tide_trainer *t, const char *dir) {
     if (t->run) return tide_err(t->ctx, TIDE_E_INVALID, "a trainer resumes before its first step");
-    if (t->o.step.lora_r > 0)
-        return tide_err(t->ctx, TIDE_E_UNSUPPORTED, "resuming LoRA training is not supported");
+    if (t->o.step.lora_r > 0) {
+        /* the adapter's r, alpha and targets must be the step's (the
+         * tensors' names and shapes are checked with the state) */
+        int r = 0;
+        float alpha = 0;
+        unsigned tg = 0;
+        tide_status st = tide_lora_read_config(t->ctx, dir, &r, &alpha, &tg);
+        if (st) return st;
+        const tide_llama_train_opts *so = &t->o.step;
+        const unsigned want = so->lora_targets ? so->lora_targets : TIDE_LORA_ALL;
+        if (r != so->lora_r || alpha != so->lora_alpha || tg != want)
+            return tide_err(t->ctx, TIDE_E_INVALID, "%s: the LoRA state has r %d, alpha %g and targets 0x%x; this "
+                            "run has r %d, alpha %g and targets 0x%x", dir, r, (double)alpha, tg, so->lora_r,
+                            (double)so->lora_alpha, want);
+    }
     train_resume_close(t);
     resumed *rs = tide_calloc(1, sizeof *rs);
     if (!rs || !(t->resume_dir = tide_strdup(dir))) {

@@ -2,7 +2,8 @@
  * train_lora.c - LoRA training's pieces of the trainer (tide.h,
  * tide_llama_train_opts.lora_r): the adapters' initial values (PEFT's
  * initialisation, or an existing PEFT adapter), the frozen base bound to the
- * checkpoint, and the adapter written in PEFT's format.
+ * checkpoint, and the adapter written in PEFT's format (with its training
+ * state, train_ckpt.c).
  *
  * Initialisation: A as torch's kaiming_uniform_(a = sqrt(5)), which PEFT
  * uses: uniform in [-1/sqrt(K), 1/sqrt(K)) for A (r, K); B zero, so the first
@@ -208,53 +209,9 @@ tide_status train_lora_bind(tide_trainer *t, tide_runner *run) {
 
 /* ---------------------------------------------------------------- saving */
 
-typedef struct lora_fill {
-    tide_trainer *t;
-    const int *ids;
-    int cur;
-    float *buf;
-} lora_fill;
-
-static tide_status fill_adapter(void *user, int i, uint64_t elem0, uint64_t n, void *dst) {
-    lora_fill *f = user;
-    if (f->cur != i) {
-        tide_status st = train_read_tensor(f->t, f->ids[i], f->buf);
-        if (st) return st;
-        f->cur = i;
-    }
-    memcpy(dst, f->buf + elem0, (size_t)n * sizeof(float));
-    return TIDE_OK;
-}
-
 tide_status tide_trainer_save_lora(tide_trainer *t, const char *dir) {
     const tide_llama_train_opts *so = &t->o.step;
     if (so->lora_r <= 0) return tide_err(t->ctx, TIDE_E_INVALID, "this trainer trains no LoRA adapters");
-    if (mkdir(dir, 0777) && errno != EEXIST)
-        return tide_err(t->ctx, TIDE_E_IO, "cannot make '%s': %s", dir, strerror(errno));
-    char path[PATH_MAX];
-    if (snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir) >= (int)sizeof path)
-        return tide_err(t->ctx, TIDE_E_INVALID, "'%s': path too long", dir);
-    int n = 0;
-    uint64_t biggest = 0;
-    for (int i = 0; i < t->g->n_tensors; i++)
-        if (train_is_adapter(t, i)) n++, biggest = TIDE_MAX(biggest, t->g->tensors[i].nbytes);
-    tide_st_entry *e = tide_calloc((size_t)n + 1, sizeof *e);
-    int *ids = tide_calloc((size_t)n + 1, sizeof *ids);
-    lora_fill f = {.t = t, .ids = ids, .cur = -1, .buf = tide_malloc((size_t)biggest + 4)};
-    tide_status st = TIDE_OK;
-    if (!e || !ids || !f.buf) st = tide_err(t->ctx, TIDE_E_NOMEM, "out of memory saving the adapter");
-    for (int i = 0, k = 0; !st && i < t->g->n_tensors; i++) {
-        if (!train_is_adapter(t, i)) continue;
-        const tide_tensor *T = &t->g->tensors[i];
-        e[k] = (tide_st_entry){T->name, TIDE_F32, 2, {T->shape[0], T->shape[1]}};
-        ids[k++] = i;
-    }
-    const tide_st_meta pt = {"format", "pt"};
-    if (!st) st = tide_safetensors_write(t->ctx, path, e, n, &pt, 1, fill_adapter, &f);
-    tide_free(e);
-    tide_free(ids);
-    tide_free(f.buf);
-    if (st) return st;
     /* the config, as PEFT writes it (the fields PEFT's loader needs) */
     const unsigned bits = so->lora_targets ? so->lora_targets : TIDE_LORA_ALL;
     cJSON *j = cJSON_CreateObject(), *tm = cJSON_CreateArray();
@@ -275,9 +232,7 @@ tide_status tide_trainer_save_lora(tide_trainer *t, const char *dir) {
     char *text = cJSON_Print(j);
     cJSON_Delete(j);
     if (!text) return tide_err(t->ctx, TIDE_E_NOMEM, "out of memory saving the adapter");
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     size_t len = strlen(text);
-    text[len] = '\0';
     char *nl = tide_malloc(len + 2);
     if (!nl) {
         cJSON_free(text);
@@ -285,8 +240,10 @@ tide_status tide_trainer_save_lora(tide_trainer *t, const char *dir) {
     }
     memcpy(nl, text, len);
     nl[len] = '\n';
+    nl[len + 1] = '\0';
     cJSON_free(text);
-    st = tide_write_file_atomic(t->ctx, "adapter config", path, nl, len + 1);
+    /* the adapter, its moments and the step, in one atomic directory */
+    tide_status st = train_save_state(t, dir, TIDE_F32, NULL, 0, nl);
     tide_free(nl);
     return st;
 }

@@ -99,6 +99,12 @@ tide_status train_resume_value(tide_trainer *t, int i, void *dst);
 tide_status train_resume_rebind(tide_trainer *t);
 /* Frees what tide_trainer_resume opened. */
 void train_resume_close(tide_trainer *t);
+/* Saves t's training state at dir atomically (tide_train_save_dir): with
+ * lora_config (adapter_config.json's text) a LoRA state, the adapters as
+ * adapter_model.safetensors, their moments and the step in
+ * optimizer.safetensors, the base's config.json (train_ckpt.c). */
+tide_status train_save_state(tide_trainer *t, const char *dir, tide_dtype save_dtype, const char *const *extra,
+                             int n_extra, const char *lora_config);
 /* Binds the homes of run (a runner of a plan of the step graph) to the
  * trainer's: host homes, the state file's extents (opened by state_path),
  * the inputs and outputs but the batch. TIDE_OK or the binding's failure. */

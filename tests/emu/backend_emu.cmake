@@ -116,6 +116,14 @@ add_test(NAME test_warm_offload_cudaemu COMMAND test_warm_offload_cudaemu)
 set_tests_properties(test_warm_offload_cudaemu PROPERTIES
   ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures" TIMEOUT 600)
 
+# A LoRA adapter applied at run time, offloaded on the emulated GPU.
+add_executable(test_lora_cudaemu ${PROJECT_SOURCE_DIR}/tests/test_lora.c)
+target_include_directories(test_lora_cudaemu PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+target_link_libraries(test_lora_cudaemu PRIVATE tide_test_hooks tide_cudaemu PkgConfig::CMOCKA)
+add_test(NAME test_lora_cudaemu COMMAND test_lora_cudaemu test_offloaded_device)
+set_tests_properties(test_lora_cudaemu PROPERTIES
+  ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures" TIMEOUT 600)
+
 add_executable(test_train_cudaemu ${_emu_dir}/test_train_cudaemu.c)
 target_link_libraries(test_train_cudaemu PRIVATE tide_test_hooks tide_cudaemu PkgConfig::CMOCKA)
 add_test(NAME test_train_cudaemu COMMAND test_train_cudaemu)

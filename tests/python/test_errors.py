@@ -60,6 +60,14 @@ def test_bad_options(kw):
         tide.Model(fx("tiny-f32-mha"), **kw)
 
 
+def test_bad_adapter(tmp_path):
+    base = fx("train", "train-f32-gqa")
+    with pytest.raises(tide.InvalidInput) as ei:
+        tide.Model(base, backend="cpu", lora=tmp_path / "no-adapter")
+    assert ei.value.status == tide._lib.E_NOT_FOUND and "adapter_config.json" in ei.value.message
+    same_message(ei.value, "run", "--model", base, "--lora", tmp_path / "no-adapter", "--backend", "cpu")
+
+
 def test_spill_directory_missing(tmp_path):
     m = tide.Model(fx("tiny-f32-mha"), backend="cpu", budget="min", ssd=str(tmp_path / "none"))
     with m, pytest.raises(tide.Error) as ei:

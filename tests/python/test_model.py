@@ -28,6 +28,21 @@ def test_ids_and_logits_equal_the_cli():
     assert int(logits[-1].argmax()) == ref["generated"][0]
 
 
+def test_lora_equals_the_cli():
+    """lora= applies the adapter as tide run --lora does: the same ids and
+    logits bit for bit, PEFT's greedy ids (tests/fixtures/train/lora-f32-gqa)."""
+    base, ad = fx("train", "train-f32-gqa"), fx("train", "lora-f32-gqa", "adapter_init")
+    prompt = [1, 17, 42, 99, 5, 63, 120, 8, 77, 31, 2, 54]
+    out = cli_json("run", "--model", base, "--lora", ad, "--tokens", ",".join(map(str, prompt)), "--new-tokens",
+                   "4", "--json", "--quiet", "--backend", "cpu")[-1]
+    with tide.Model(base, backend="cpu", lora=ad) as m:
+        g = m.generate(prompt, max_new_tokens=4)
+        assert g.tokens == out["tokens"] == [125, 38, 104, 30]
+        assert "%016x" % g.stats["logits_hash"] == out["logits_hash"]
+    with tide.Model(base, backend="cpu") as m:
+        assert "%016x" % m.generate(prompt, max_new_tokens=4).stats["logits_hash"] != out["logits_hash"]
+
+
 def test_forward_batch_rows_equal_single_rows():
     with tide.Model(fx("tiny-f32-mha"), backend="cpu") as m:
         a = m.forward([[1, 2, 3], [4, 5, 6]])

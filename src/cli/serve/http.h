@@ -13,6 +13,7 @@
 
 typedef struct serve_model_spec {
     const char *name, *dir;
+    const char *lora; /* --lora NAME=DIR: its adapter directory, or NULL */
 } serve_model_spec;
 
 typedef struct serve_opts {
