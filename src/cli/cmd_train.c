@@ -30,6 +30,7 @@ static const char help[] =
     "                  [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--threads N]\n"
     "                  [--json] [--quiet]\n"
     "                  [--lora-r R] [--lora-alpha A] [--lora-targets LIST] [--lora-init DIR]\n"
+    "                  [--base-type q8_0|q4_0|q4_k|q5_k|q6_k]\n"
     "\n"
     "Trains a LLaMA-style model with AdamW on a flat file of token ids, or on text\n"
     "(documents, prompt/completion or chat examples; docs/training.md, section 6,\n"
@@ -178,12 +179,20 @@ static const char help[] =
     "                      weights are read-only (no gradient, master or\n"
     "                      moments). --out writes the adapter in PEFT's format\n"
     "                      (adapter_model.safetensors, adapter_config.json).\n"
-    "                      f32, f16 and bf16 bases; not with --resume or\n"
+    "                      f32, f16 and bf16 bases, and quantized ones (QLoRA:\n"
+    "                      a GGUF file, or --base-type); not with --resume or\n"
     "                      --save-every\n"
     "  --lora-alpha A      LoRA's alpha (default 8, as PEFT's)\n"
     "  --lora-targets L    comma-separated q,k,v,o,gate,up,down (default all)\n"
     "  --lora-init DIR     start from the PEFT adapter in DIR (its r, alpha and\n"
     "                      targets from adapter_config.json)\n"
+    "  --base-type T       QLoRA: quantize the base's seven projections of every\n"
+    "                      layer to T (q8_0, q4_0, q4_k, q5_k, q6_k) at load,\n"
+    "                      with tide's quantizer; the embedding, head and norms\n"
+    "                      keep their type. The step reads the blocks as stored\n"
+    "                      (dequantized inside the kernels); adapters stay f32.\n"
+    "                      A GGUF base is used as stored (its quantized\n"
+    "                      embedding or head widened to f32)\n"
     "  --json              one JSON object per step, then a summary object\n"
     "  --quiet             no progress lines\n"
     "\n"
@@ -209,7 +218,7 @@ typedef struct train_args {
     long lora_r;
     double lora_alpha;
     bool have_lora_alpha;
-    const char *lora_targets, *lora_init;
+    const char *lora_targets, *lora_init, *base_type;
     unsigned lora_bits, lora_init_targets;
 } train_args;
 
@@ -263,6 +272,7 @@ static const struct option train_options[] = {
     {"eval-every", required_argument, 0, 260},
     {"lora-r", required_argument, 0, 0x200},    {"lora-alpha", required_argument, 0, 0x201},
     {"lora-targets", required_argument, 0, 0x202}, {"lora-init", required_argument, 0, 0x203},
+    {"base-type", required_argument, 0, 0x310},
     {0, 0, 0, 0},
 };
 
@@ -280,6 +290,7 @@ static int parse_lora_option(int c, train_args *a) {
         break;
     case 0x202: a->lora_targets = optarg; break;
     case 0x203: a->lora_init = optarg; break;
+    case 0x310: a->base_type = optarg; break; /* checked by the trainer (tide_qlora_config) */
     default: return cli_usage_error("train", "unknown option");
     }
     return -1;
@@ -582,6 +593,7 @@ static tide_trainer_opts trainer_opts(const train_args *a) {
         o.step.lora_targets = a->lora_bits;
         o.lora_init = a->lora_init;
     }
+    o.lora_base_type = a->base_type; /* without --lora-r: the trainer refuses it */
     const char *sync = getenv("TIDE_EXEC_SYNC"); /* read here, at the edge */
     o.sync_issue = sync && *sync && strcmp(sync, "0");
     return o;

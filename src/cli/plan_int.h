@@ -21,6 +21,7 @@ typedef struct plan_args {
     /* --train with LoRA: --lora-r (0: full fine-tuning), --lora-targets bits */
     long lora_r;
     unsigned lora_targets;
+    const char *base_type;        /* --base-type: QLoRA's base quantized to it */
     long ranks, zero;             /* --ranks (1: one device), --zero */
     bool have_zero;
     tide_dtype cache_type;        /* --cache-type (inference) */

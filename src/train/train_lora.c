@@ -141,6 +141,7 @@ tide_status train_lora_open(tide_trainer *t) {
 }
 
 void train_lora_close(tide_trainer *t) {
+    train_qlora_close(t);
     if (t->lora_init) {
         tide_st_close(t->lora_init);
         tide_free(t->lora_init);
@@ -191,8 +192,15 @@ tide_status train_lora_bind(tide_trainer *t, tide_runner *run) {
     tide_status st = TIDE_OK;
     for (int i = 0; !st && i < rg->n_tensors; i++) {
         if (rg->tensors[i].role != TIDE_ROLE_WEIGHT) continue;
-        uint64_t off = 0;
+        uint64_t off = 0, qn = 0;
         const char *home = tide_graph_tensor_home(rg, i, &off);
+        const void *qd = train_qlora_data(t, home, &qn); /* QLoRA: a converted weight */
+        if (qd && off + rg->tensors[i].nbytes > qn)
+            return tide_err(t->ctx, TIDE_E_FORMAT, "'%s' runs past its weight '%s'", rg->tensors[i].name, home);
+        if (qd) {
+            st = tide_runner_bind_tensor(run, i, (char *)(uintptr_t)qd + off);
+            continue;
+        }
         tide_tensor_info ti;
         if (tide_checkpoint_get(t->ck, home, &ti))
             return tide_err(t->ctx, TIDE_E_FORMAT, "the checkpoint has no weight '%s'", home);

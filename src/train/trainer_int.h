@@ -65,6 +65,7 @@ struct tide_trainer {
     /* LoRA (o.step.lora_r > 0; train_lora.c) */
     float *lora_scale;            /* the INPUT lora_scale: (alpha / r) I */
     void *lora_init;              /* the open --lora-init adapter, or NULL */
+    void *qlora;                  /* QLoRA: the base's converted weights (train_qlora.c) */
 };
 
 /* LoRA (train_lora.c). Whether state tensor i of t->g is an adapter. */
@@ -77,6 +78,14 @@ void train_lora_close(tide_trainer *t);
 tide_status train_lora_initial(tide_trainer *t, int i, void *buf);
 /* Binds the frozen base WEIGHTs of run to the checkpoint and the scale. */
 tide_status train_lora_bind(tide_trainer *t, tide_runner *run);
+
+/* QLoRA (train_qlora.c): the host copies of the frozen weights whose type
+ * or row order the step changes (a quantized base); the data of the weight
+ * of that name (whole, in the checkpoint's names) or NULL where it is read
+ * in place; freed by train_qlora_close (train_lora_close calls it). */
+tide_status train_qlora_open(tide_trainer *t);
+const void *train_qlora_data(const tide_trainer *t, const char *name, uint64_t *nbytes);
+void train_qlora_close(tide_trainer *t);
 
 /* The plan options of an offloaded step under `budget` on t's profile (the
  * caller adds the AdamW placement). */
