@@ -135,7 +135,7 @@ static tide_status convert(tide_ctx *ctx, const tide_tensor *T, const tide_tenso
     {
         float *f = same ? NULL : tide_malloc((size_t)cols * sizeof(float));
         if (!same && !f) {
-#pragma omp critical(qlora_bad)
+#pragma omp critical
             bad_row = -2;
         }
 #pragma omp for schedule(dynamic, 4)
@@ -149,7 +149,7 @@ static tide_status convert(tide_ctx *ctx, const tide_tensor *T, const tide_tenso
             if (!f) continue;
             if (tide_dequantize_row(ti->dtype, s, f, cols) || !tide_quant_all_finite(f, cols) ||
                 tide_quantize_row(T->dtype, f, d, cols)) {
-#pragma omp critical(qlora_bad)
+#pragma omp critical
                 if (bad_row == -1) bad_row = r;
             }
         }
