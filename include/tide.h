@@ -1837,6 +1837,12 @@ typedef struct tide_trainer_opts {
      * directory lora_init (adapter_model.safetensors; its r, alpha and
      * targets must be step's: tide_lora_read_config reads them). */
     const char *lora_init;
+    /* QLoRA (step.lora_r > 0): NULL, the base's projections as stored (a
+     * GGUF file's quantized ones read in place); or "q8_0", "q4_0", "q4_k",
+     * "q5_k", "q6_k": the seven projections of every layer quantized to it
+     * at load with tide's quantizer (tide_qlora_config says which weights
+     * keep their type) */
+    const char *lora_base_type;
 } tide_trainer_opts;
 
 /* The defaults, filled in (size set), those of `tide train`: micro-batches of
@@ -2028,6 +2034,17 @@ tide_status tide_trainer_save_lora(tide_trainer *t, const char *dir);
  * module, use_dora, a bias other than none, dropout != 0 is accepted: it is a
  * training-time setting and steps here run without it). */
 tide_status tide_lora_read_config(tide_ctx *ctx, const char *dir, int *r, float *alpha, unsigned *targets);
+/* QLoRA: the configuration a LoRA step trains on, from a checkpoint's base:
+ * base_type NULL keeps the projections' stored types (a GGUF file's); a
+ * block type name ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k") gives the seven
+ * projections of every layer that type (TIDE_E_INVALID for another name, or
+ * where a projection's rows are not whole blocks of it, naming the weight;
+ * TIDE_E_UNSUPPORTED for a base already quantized). The embedding and the
+ * head stay as stored, or f32 where they are block-quantized (dequantized
+ * at load); the norms stay as stored; the q/k rows in Hugging Face's order
+ * (qk_interleaved false: a GGUF file's are put back at load). */
+tide_status tide_qlora_config(tide_ctx *ctx, const tide_llama_config *base, const char *base_type,
+                              tide_llama_config *out);
 /* The step graph (for reports). The first step may replace it by its row
  * tiled form (tide_trainer_set_offload's tile): take it after that step. */
 const tide_graph *tide_trainer_graph(const tide_trainer *t);

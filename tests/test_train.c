@@ -954,12 +954,14 @@ static void test_tiled_budgets(void **state) {
  * bytes), and offloaded steps (every policy, 25% and the minimum budget,
  * state on host and on SSD) are bit-identical to the unconstrained run.
  * On the f32 fixture from its PEFT adapter, and on the bf16 base from
- * tide's own initialisation (B zero). */
-static void lora_offload(const char *name) {
+ * tide's own initialisation (B zero); QLoRA (base_type: the projections
+ * quantized at load) the same, and in forced row tiles of one sequence. */
+static void lora_offload(const char *name, const char *base_type) {
     tide_ctx *ctx = tide_ctx_new();
     fixture f;
     fixture_open(ctx, &f, name);
     if (f.o.step.lora_r == 0) f.o.step.lora_r = 4, f.o.step.lora_alpha = 8;
+    f.o.lora_base_type = base_type;
     tide_backend *be = NULL;
     assert_int_equal(tide_backend_new(ctx, TIDE_BACKEND_CPU, &be), TIDE_OK);
     assert_int_equal(tide_backend_set_matmul(be, TIDE_MATMUL_F32), TIDE_OK);
@@ -1005,6 +1007,19 @@ static void lora_offload(const char *name) {
                 n_runs++;
             }
     assert_true(n_runs >= 10);
+    if (base_type) { /* forced row tiles of one sequence, state on host and SSD */
+        for (int ssd = 0; ssd < 2; ssd++) {
+            tide_offload_opts off = {.policy = "tide", .hw = "h100-80g", .ssd_dirs = tmp,
+                                     .budget_kind = TIDE_BUDGET_MIN, .tile = 1,
+                                     .host_budget = ssd ? state_bytes / 3 : 0};
+            run_out o;
+            if (train_run(ctx, &f, be, &off, steps, NULL, NULL, 0, &o))
+                fail_msg("%s QLoRA %s tiled: %s", name, base_type, tide_ctx_last_error(ctx));
+            assert_int_equal(o.tiles, 1);
+            assert_same(&o, ref_like(&refs, &o), 0, steps, ssd ? "QLoRA tiled, state on SSD" : "QLoRA tiled");
+            run_out_free(&o);
+        }
+    }
     ref_cache_free(&refs);
     run_out_free(&ref);
     run_out_free(&ref_tiled);
@@ -1015,8 +1030,11 @@ static void lora_offload(const char *name) {
 
 static void test_lora_offload_bit_identical(void **state) {
     (void)state;
-    lora_offload("lora-f32-gqa");
-    lora_offload("train-bf16-gqa");
+    lora_offload("lora-f32-gqa", NULL);
+    lora_offload("train-bf16-gqa", NULL);
+    /* QLoRA: the projections in Q8_0 and in Q4_0 blocks */
+    lora_offload("train-bf16-gqa", "q8_0");
+    lora_offload("lora-f32-gqa", "q4_0");
 }
 
 static void test_tide_recompute_bit_identical(void **state) {

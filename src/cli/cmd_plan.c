@@ -19,7 +19,8 @@ static const char help[] =
     "                 --budget BYTES|PCT%|min [--hw PROFILE] [--policy P]\n"
     "                 [--host-budget BYTES] [--weights-on-ssd] [--tile auto|none|LEVEL]\n"
     "                 [--host-compute auto|off]\n"
-    "                 [--train --lora-r R [--lora-targets LIST]] [--lora DIR]\n"
+    "                 [--train --lora-r R [--lora-targets LIST] [--base-type T]]\n"
+    "                 [--lora DIR]\n"
     "                 [--json] [--trace FILE] [--out PLAN.json]\n"
     "\n"
     "Plans every tensor move of a LLaMA-style model's forward pass under a device\n"
@@ -59,6 +60,9 @@ static const char help[] =
     "  --lora DIR         inference with the PEFT LoRA adapter in DIR (its\n"
     "                     adapter_config.json's r and targets; the adapter's\n"
     "                     weights planned as f32), as tide run --lora runs it\n"
+    "  --base-type T      with --lora-r: QLoRA, the seven projections of every\n"
+    "                     layer in q8_0, q4_0, q4_k, q5_k or q6_k (tide train\n"
+    "                     --base-type); a quantized --model is QLoRA as stored\n"
     "  --optimizer WHERE  training: where each AdamW update runs: auto (default:\n"
     "                     on the device or on the host CPU, whichever the plan\n"
     "                     predicts faster, split per parameter), device, or cpu\n"
@@ -232,6 +236,7 @@ static const struct option plan_options[] = {
     {"accum", required_argument, 0, 'A'},  {"optimizer", required_argument, 0, 'O'},
     {"dtype", required_argument, 0, 'd'},  {"host-compute", required_argument, 0, 'C'},
     {"lora-r", required_argument, 0, 0x100}, {"lora-targets", required_argument, 0, 0x101},
+    {"base-type", required_argument, 0, 0x310},
     {"ranks", required_argument, 0, 'R'},  {"zero", required_argument, 0, 'Z'},
     {"cache-type", required_argument, 0, CLI_OPT_CACHE_TYPE}, {"lora", required_argument, 0, CLI_OPT_LORA},
     {0, 0, 0, 0},
@@ -323,6 +328,7 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             tide_ctx_free(ctx);
             break;
         }
+        case 0x310: a->base_type = optarg; break; /* checked by tide_qlora_config */
         case 'R':
             if (cli_parse_int(optarg, 1, 65536, &a->ranks))
                 return cli_usage_error("plan", "bad --ranks '%s' (an integer from 1 to 65536)", optarg);
@@ -348,6 +354,7 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     if (a->lora_targets && !a->lora_r) return cli_usage_error("plan", "--lora-targets needs --lora-r");
     if (a->lora && a->train)
         return cli_usage_error("plan", "--lora plans inference with an adapter: a LoRA training step is --lora-r");
+    if (a->base_type && !a->lora_r) return cli_usage_error("plan", "--base-type plans QLoRA: it needs --lora-r");
     if (a->ranks > 1 && !a->train) return cli_usage_error("plan", "--ranks plans data-parallel training: it needs --train");
     if (a->have_zero && a->ranks < 2) return cli_usage_error("plan", "--zero needs --ranks 2 or more");
     if (a->train && a->have_cache_type)

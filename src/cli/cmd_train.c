@@ -30,7 +30,7 @@ static const char help[] =
     "                  [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--threads N]\n"
     "                  [--json] [--quiet] [--ranks N] [--zero 0|1|2]\n"
     "                  [--lora-r R] [--lora-alpha A] [--lora-targets LIST] [--lora-init DIR]\n"
-    "                  [--merge-out DIR]\n"
+    "                  [--merge-out DIR] [--base-type q8_0|q4_0|q4_k|q5_k|q6_k]\n"
     "\n"
     "Trains a LLaMA-style model with AdamW on a flat file of token ids, or on text\n"
     "(documents, prompt/completion or chat examples; docs/training.md, section 6,\n"
@@ -189,7 +189,8 @@ static const char help[] =
     "                      with its training state (optimizer.safetensors, the\n"
     "                      base's config.json), which --resume DIR (with --model\n"
     "                      BASE; r, alpha and targets from DIR) continues bit for\n"
-    "                      bit. f32, f16 and bf16 bases\n"
+    "                      bit. f32, f16 and bf16 bases, and quantized ones\n"
+    "                      (QLoRA: a GGUF file, or --base-type)\n"
     "  --lora-alpha A      LoRA's alpha (default 8, as PEFT's)\n"
     "  --lora-targets L    comma-separated q,k,v,o,gate,up,down (default all)\n"
     "  --lora-init DIR     start from the PEFT adapter in DIR (its r, alpha and\n"
@@ -199,6 +200,13 @@ static const char help[] =
     "                      targeted projection, in the base's dtype; its config\n"
     "                      and tokenizer files copied) into the new directory DIR,\n"
     "                      which tide run and transformers load\n"
+    "  --base-type T       QLoRA: quantize the base's seven projections of every\n"
+    "                      layer to T (q8_0, q4_0, q4_k, q5_k, q6_k) at load,\n"
+    "                      with tide's quantizer; the embedding, head and norms\n"
+    "                      keep their type. The step reads the blocks as stored\n"
+    "                      (dequantized inside the kernels); adapters stay f32.\n"
+    "                      A GGUF base is used as stored (its quantized\n"
+    "                      embedding or head widened to f32)\n"
     "  --json              one JSON object per step, then a summary object\n"
     "  --quiet             no progress lines\n"
     "\n"
@@ -232,7 +240,7 @@ typedef struct train_args {
     long lora_r;
     double lora_alpha;
     bool have_lora_alpha;
-    const char *lora_targets, *lora_init;
+    const char *lora_targets, *lora_init, *base_type;
     const char *merge_out;        /* --merge-out DIR: the trained adapter merged into the base */
     unsigned lora_bits, lora_init_targets;
     /* data-parallel ranks (getopt values 0x320..) */
@@ -295,6 +303,7 @@ static const struct option train_options[] = {
     {"lora-targets", required_argument, 0, 0x202}, {"lora-init", required_argument, 0, 0x203},
     {"zero", required_argument, 0, 0x320},      {"ranks", required_argument, 0, 0x321},
     {"merge-out", required_argument, 0, 0x300},
+    {"base-type", required_argument, 0, 0x310},
     {0, 0, 0, 0},
 };
 
@@ -313,6 +322,7 @@ static int parse_lora_option(int c, train_args *a) {
     case 0x202: a->lora_targets = optarg; break;
     case 0x203: a->lora_init = optarg; break;
     case 0x300: a->merge_out = optarg; break;
+    case 0x310: a->base_type = optarg; break; /* checked by the trainer (tide_qlora_config) */
     default: return cli_usage_error("train", "unknown option");
     }
     return -1;
@@ -689,6 +699,7 @@ static tide_trainer_opts trainer_opts(const train_args *a) {
         o.step.lora_targets = a->lora_bits;
         o.lora_init = a->lora_init;
     }
+    o.lora_base_type = a->base_type; /* without --lora-r: the trainer refuses it */
     const char *sync = getenv("TIDE_EXEC_SYNC"); /* read here, at the edge */
     o.sync_issue = sync && *sync && strcmp(sync, "0");
     return o;

@@ -22,6 +22,7 @@ typedef struct plan_args {
     long lora_r;
     unsigned lora_targets;
     const char *lora;   /* --lora DIR: inference with that adapter's branch */
+    const char *base_type;        /* --base-type: QLoRA's base quantized to it */
     long ranks, zero;             /* --ranks (1: one device), --zero */
     bool have_zero;
     tide_dtype cache_type;        /* --cache-type (inference) */

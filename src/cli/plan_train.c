@@ -49,6 +49,13 @@ typedef struct train_job {
 static int load_step(const plan_args *a, train_job *j) {
     if (a->model ? cli_model_config(j->ctx, a->model, &j->cfg) : tide_llama_config_named(j->ctx, a->config, &j->cfg))
         return cli_fail(j->ctx, "config");
+    /* QLoRA: --base-type, or a quantized (GGUF) base as stored */
+    if (a->lora_r && (a->base_type || j->cfg.wtypes_set || tide_dtype_is_quantized(j->cfg.dtype) ||
+                      j->cfg.qk_interleaved)) {
+        tide_llama_config q;
+        if (tide_qlora_config(j->ctx, &j->cfg, a->base_type, &q)) return cli_fail(j->ctx, "--base-type");
+        j->cfg = q;
+    }
     if (tide_hw_open(j->ctx, a->hw_name, &j->hw)) return cli_fail(j->ctx, "hardware profile");
     tide_hw_info_get(j->hw, &j->hwi);
     j->to = (tide_llama_train_opts){.batch = (int)a->batch, .seq = (int)a->seq, .accum = (int)a->accum,

@@ -15,6 +15,7 @@
  * adapter_model.safetensors and adapter_config.json beside the base's
  * config.json and the same optimizer.safetensors.
  */
+#include "model/st_file.h"
 #include "train/save.h"
 #include "train/trainer_int.h"
 
@@ -294,6 +295,21 @@ tide_status tide_trainer_resume(tide_trainer *t, const char *dir) {
             return tide_err(t->ctx, TIDE_E_INVALID, "%s: the LoRA state has r %d, alpha %g and targets 0x%x; this "
                             "run has r %d, alpha %g and targets 0x%x", dir, r, (double)alpha, tg, so->lora_r,
                             (double)so->lora_alpha, want);
+        /* and the base's type (a state saved before it was recorded has none) */
+        char path[4096];
+        if (snprintf(path, sizeof path, "%s/optimizer.safetensors", dir) >= (int)sizeof path)
+            return tide_err(t->ctx, TIDE_E_INVALID, "'%s': path too long", dir);
+        tide_st_file f;
+        if ((st = tide_st_open(t->ctx, path, &f))) return st;
+        const cJSON *md = cJSON_GetObjectItemCaseSensitive(f.header, "__metadata__");
+        const cJSON *b = md ? cJSON_GetObjectItemCaseSensitive(md, TIDE_LORA_BASE_KEY) : NULL;
+        const char *want_base = train_lora_base_name(t);
+        if (cJSON_IsString(b) && strcmp(b->valuestring, want_base) != 0)
+            st = tide_err(t->ctx, TIDE_E_INVALID, "%s: the LoRA state trained on the base %s%s; this run has it %s%s",
+                          dir, strcmp(b->valuestring, "as stored") ? "quantized to " : "", b->valuestring,
+                          strcmp(want_base, "as stored") ? "quantized to " : "", want_base);
+        tide_st_close(&f);
+        if (st) return st;
     }
     train_resume_close(t);
     resumed *rs = tide_calloc(1, sizeof *rs);

@@ -300,13 +300,12 @@ static void add_params(train_build *s) {
     const tide_llama_config *cfg = s->cfg;
     const int64_t D = cfg->hidden_size, H = cfg->num_attention_heads, KV = cfg->num_key_value_heads;
     const int64_t hd = D / H, I = cfg->intermediate_size, V = cfg->vocab_size, kd = KV * hd;
-    const tide_dtype wt = cfg->dtype;
     const bool go = s->o->grads_out;
     /* LoRA: the base frozen; the head (the embedding when tied) and the
      * norms keep a gradient their ops write */
     const bool fz = s->lora != NULL;
-    add_vparam(b, s->emb, "model.embed_tokens.weight", wt, V, D, s->o->vocab_blocks, go,
-               fz ? (cfg->tie_word_embeddings ? 2 : 1) : 0);
+    add_vparam(b, s->emb, "model.embed_tokens.weight", tide_llama_weight_dtype(cfg, "model.embed_tokens.weight"), V,
+               D, s->o->vocab_blocks, go, fz ? (cfg->tie_word_embeddings ? 2 : 1) : 0);
     static const char *const pname[P_LAYER] = {
         "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
@@ -317,16 +316,18 @@ static void add_params(train_build *s) {
         for (int k = 0; k < P_LAYER; k++) {
             char name[128];
             snprintf(name, sizeof name, "model.layers.%d.%s.weight", L, pname[k]);
-            add_param(b, &s->lp[L * P_LAYER + k], name, wt, pshape[k][0], pshape[k][1], go,
-                      fz ? (pshape[k][1] ? 1 : 2) : 0);
+            add_param(b, &s->lp[L * P_LAYER + k], name, tide_llama_weight_dtype(cfg, name), pshape[k][0],
+                      pshape[k][1], go, fz ? (pshape[k][1] ? 1 : 2) : 0);
         }
         if (fz) add_adapters(s, L, pname, pshape);
     }
     b->layer = -1;
-    add_param(b, &s->fnorm, "model.norm.weight", wt, D, 0, go, fz ? 2 : 0);
+    add_param(b, &s->fnorm, "model.norm.weight", tide_llama_weight_dtype(cfg, "model.norm.weight"), D, 0, go,
+              fz ? 2 : 0);
     if (!cfg->tie_word_embeddings) {
         s->hp = s->emb + 1;
-        add_vparam(b, s->hp, "lm_head.weight", wt, V, D, s->o->vocab_blocks, go, fz ? 2 : 0);
+        add_vparam(b, s->hp, "lm_head.weight", tide_llama_weight_dtype(cfg, "lm_head.weight"), V, D,
+                   s->o->vocab_blocks, go, fz ? 2 : 0);
     }
     if (fz) {
         int sc = tensor(b, "lora_scale", TIDE_F32, TIDE_ROLE_INPUT, 2, s->o->lora_r, s->o->lora_r);
@@ -604,10 +605,12 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
     if (cfg->qkv_bias)
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "model '%s': training a model with q/k/v biases (Qwen2) is not "
                         "supported", cfg->name);
-    if (o->lora_r > 0 && (tide_dtype_is_quantized(cfg->dtype) || cfg->wtypes_set))
-        return tide_err(ctx, TIDE_E_UNSUPPORTED, "model '%s': LoRA on a quantized base (QLoRA) is not supported: "
-                        "train the adapters on the f32, f16 or bf16 checkpoint", cfg->name);
-    if (tide_dtype_is_quantized(cfg->dtype) || cfg->wtypes_set || cfg->qk_interleaved)
+    /* LoRA's frozen base may be quantized (QLoRA: tide_qlora_config's types),
+     * its q/k rows in Hugging Face's order */
+    if (o->lora_r > 0 && cfg->qk_interleaved)
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "model '%s': LoRA on q/k rows in llama.cpp's order: make the "
+                        "configuration with tide_qlora_config (the rows are put back at load)", cfg->name);
+    if (o->lora_r <= 0 && (tide_dtype_is_quantized(cfg->dtype) || cfg->wtypes_set || cfg->qk_interleaved))
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "model '%s': training from a GGUF or quantized checkpoint is not "
                         "supported (convert it to safetensors)", cfg->name);
     const int B = o->batch, NL = cfg->num_hidden_layers;

@@ -142,6 +142,7 @@ tide_status train_lora_open(tide_trainer *t) {
 }
 
 void train_lora_close(tide_trainer *t) {
+    train_qlora_close(t);
     if (t->lora_init) {
         tide_st_close(t->lora_init);
         tide_free(t->lora_init);
@@ -192,8 +193,15 @@ tide_status train_lora_bind(tide_trainer *t, tide_runner *run) {
     tide_status st = TIDE_OK;
     for (int i = 0; !st && i < rg->n_tensors; i++) {
         if (rg->tensors[i].role != TIDE_ROLE_WEIGHT) continue;
-        uint64_t off = 0;
+        uint64_t off = 0, qn = 0;
         const char *home = tide_graph_tensor_home(rg, i, &off);
+        const void *qd = train_qlora_data(t, home, &qn); /* QLoRA: a converted weight */
+        if (qd && off + rg->tensors[i].nbytes > qn)
+            return tide_err(t->ctx, TIDE_E_FORMAT, "'%s' runs past its weight '%s'", rg->tensors[i].name, home);
+        if (qd) {
+            st = tide_runner_bind_tensor(run, i, (char *)(uintptr_t)qd + off);
+            continue;
+        }
         tide_tensor_info ti;
         if (tide_checkpoint_get(t->ck, home, &ti))
             return tide_err(t->ctx, TIDE_E_FORMAT, "the checkpoint has no weight '%s'", home);
@@ -208,6 +216,10 @@ tide_status train_lora_bind(tide_trainer *t, tide_runner *run) {
 }
 
 /* ---------------------------------------------------------------- saving */
+
+const char *train_lora_base_name(const tide_trainer *t) {
+    return t->o.lora_base_type ? t->o.lora_base_type : "as stored";
+}
 
 tide_status tide_trainer_save_lora(tide_trainer *t, const char *dir) {
     const tide_llama_train_opts *so = &t->o.step;
@@ -243,7 +255,9 @@ tide_status tide_trainer_save_lora(tide_trainer *t, const char *dir) {
     nl[len + 1] = '\0';
     cJSON_free(text);
     /* the adapter, its moments and the step, in one atomic directory */
-    tide_status st = train_save_state(t, dir, TIDE_F32, NULL, 0, nl);
+    /* the base the adapter trained on (QLoRA's --base-type), checked by a resume */
+    const char *extra[2] = {TIDE_LORA_BASE_KEY, train_lora_base_name(t)};
+    tide_status st = train_save_state(t, dir, TIDE_F32, extra, 1, nl);
     tide_free(nl);
     return st;
 }

@@ -73,17 +73,17 @@ tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *b
     tide_status st = check_opts(ctx, o);
     if (st) return st;
     /* the training graph's RoPE (and its backward) reads Hugging Face's q/k
-     * order, and a save writes the rows as they are */
+     * order, and a save writes the rows as they are; LoRA on a quantized or
+     * GGUF base trains on tide_qlora_config's types (train_qlora.c) */
     const tide_llama_config *ckc = tide_checkpoint_config(ck);
-    if (o->step.lora_r > 0 && ckc->qk_interleaved)
-        return tide_err(ctx, TIDE_E_UNSUPPORTED, "LoRA on a GGUF file is not supported (a quantized base, QLoRA, "
-                        "neither): train the adapters on the model's Hugging Face checkpoint (f32, f16 or bf16)");
-    if (o->step.lora_r > 0 && (tide_dtype_is_quantized(ckc->dtype) || ckc->wtypes_set))
-        return tide_err(ctx, TIDE_E_UNSUPPORTED, "LoRA on a quantized base (QLoRA) is not supported: train the "
-                        "adapters on the model's f32, f16 or bf16 checkpoint");
-    if (tide_checkpoint_config(ck)->qk_interleaved)
+    const bool qlora = o->step.lora_r > 0 && (o->lora_base_type || ckc->qk_interleaved || ckc->wtypes_set ||
+                                              tide_dtype_is_quantized(ckc->dtype));
+    if (o->lora_base_type && o->step.lora_r <= 0)
+        return tide_err(ctx, TIDE_E_INVALID, "a base type (%s) quantizes a LoRA step's frozen base: it needs LoRA "
+                        "(a rank)", o->lora_base_type);
+    if (!qlora && ckc->qk_interleaved)
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "training a checkpoint whose q/k rows are in llama.cpp's order (a "
-                        "GGUF file) is not supported: train its Hugging Face checkpoint");
+                        "GGUF file) is not supported: train its Hugging Face checkpoint (LoRA trains on either)");
     tide_trainer *t = tide_calloc(1, sizeof *t);
     if (!t) return tide_err(ctx, TIDE_E_NOMEM, "out of memory making a trainer");
     t->ctx = ctx;
@@ -92,15 +92,17 @@ tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *b
     t->cfg = *tide_checkpoint_config(ck);
     t->o = *o;
     t->state_fd = -1;
+    if (qlora && (st = tide_qlora_config(ctx, ckc, o->lora_base_type, &t->cfg))) goto fail;
     /* the graph with whole parameters first (the checkpoint's), in vocabulary
      * blocks below when asked for */
     t->o.step.vocab_blocks = 0;
     if ((st = tide_llama_build_train(ctx, &t->cfg, &t->o.step, &t->g))) goto fail;
+    if (qlora && (st = train_qlora_open(t))) goto fail;
     /* every parameter must be in the checkpoint with its shape and dtype */
     for (int i = 0; i < t->g->n_tensors; i++) {
         const tide_tensor *T = &t->g->tensors[i];
         if (tide_train_tensor_class(t->g, i) != TIDE_TRAIN_PARAM || train_is_adapter(t, i) ||
-            train_is_shard(t, i, NULL))
+            train_is_shard(t, i, NULL) || train_qlora_data(t, T->name, NULL))
             continue;
         tide_tensor_info ti;
         if (tide_checkpoint_get(ck, T->name, &ti)) {

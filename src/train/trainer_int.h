@@ -70,6 +70,7 @@ struct tide_trainer {
     /* LoRA (o.step.lora_r > 0; train_lora.c) */
     float *lora_scale;            /* the INPUT lora_scale: (alpha / r) I */
     void *lora_init;              /* the open --lora-init adapter, or NULL */
+    void *qlora;                  /* QLoRA: the base's converted weights (train_qlora.c) */
 };
 
 /* Data-parallel ranks: whether state tensor i of t->g is this rank's shard
@@ -87,6 +88,14 @@ void train_lora_close(tide_trainer *t);
 tide_status train_lora_initial(tide_trainer *t, int i, void *buf);
 /* Binds the frozen base WEIGHTs of run to the checkpoint and the scale. */
 tide_status train_lora_bind(tide_trainer *t, tide_runner *run);
+
+/* QLoRA (train_qlora.c): the host copies of the frozen weights whose type
+ * or row order the step changes (a quantized base); the data of the weight
+ * of that name (whole, in the checkpoint's names) or NULL where it is read
+ * in place; freed by train_qlora_close (train_lora_close calls it). */
+tide_status train_qlora_open(tide_trainer *t);
+const void *train_qlora_data(const tide_trainer *t, const char *name, uint64_t *nbytes);
+void train_qlora_close(tide_trainer *t);
 
 /* The plan options of an offloaded step under `budget` on t's profile (the
  * caller adds the AdamW placement). */
@@ -121,5 +130,11 @@ tide_runner_opts train_runner_opts(const tide_trainer *t, bool timed);
  * failure keeps the old plan (replan -1). Returns nothing: a refit is never
  * the step's failure. */
 void train_refit_after_step(tide_trainer *t, double measured_s, tide_train_stats *out);
+
+/* The safetensors metadata key of a LoRA state's optimizer.safetensors that
+ * names the base it trained on (QLoRA's base type, or "as stored"), and its
+ * value for t. */
+#define TIDE_LORA_BASE_KEY "tide_lora_base"
+const char *train_lora_base_name(const tide_trainer *t);
 
 #endif
