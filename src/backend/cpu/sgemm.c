@@ -44,11 +44,11 @@
 
 /* Floats of the stack buffer: small products (attention's) and the
  * fallback when an allocation fails (one MR x KC and one KC x NR panel). */
-#define SG_STACK 12288
+#define SG_STACK ((SG_MR_MAX + SG_NR_MAX) * SG_KC)
 
 /* The largest register tile of any path. */
-#define SG_MR_MAX 12
-#define SG_NR_MAX 32
+#define SG_MR_MAX 16
+#define SG_NR_MAX 64
 
 /* t of the header over kc steps of the packed panels a (kc x MR) and b (kc
  * x NR) into c (MR x NR, row stride ldc): c = t, or with add (the sums of
@@ -125,40 +125,47 @@ TK_AVX2 static void tile_avx2(int64_t kc, const float *a, const float *b, float 
         }
 }
 
-/* 12 rows x 32 columns: 24 accumulators, two columns of b, one broadcast
- * (27 of the 32 registers). */
-#define SG5_MR 12
-TK_AVX512 static void tile_avx512(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool add) {
-    __m512 acc[SG5_MR][2];
-#pragma GCC unroll 12
-    for (int r = 0; r < SG5_MR; r++)
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            acc[r][h] = _mm512_setzero_ps();
-        }
+/* MR rows x 16 NV columns, the accumulators in registers. */
+TK_AVX512 static SG_INLINE void tile512(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool add,
+                                        const int MR, const int NV) {
+    __m512 acc[16][4];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int h = 0; h < NV; h++) acc[r][h] = _mm512_setzero_ps();
 #pragma GCC unroll 2
     for (int64_t k = 0; k < kc; k++) {
-        __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-#pragma GCC unroll 12
-        for (int r = 0; r < SG5_MR; r++) {
+        __m512 bv[4];
+#pragma GCC unroll 4
+        for (int h = 0; h < NV; h++) bv[h] = _mm512_loadu_ps(b + 16 * h);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
             __m512 av = _mm512_set1_ps(a[r]);
-            acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+#pragma GCC unroll 4
+            for (int h = 0; h < NV; h++) acc[r][h] = _mm512_fmadd_ps(av, bv[h], acc[r][h]);
         }
-        a += SG5_MR;
-        b += 32;
+        a += MR;
+        b += 16 * NV;
     }
-#pragma GCC unroll 12
-    for (int r = 0; r < SG5_MR; r++)
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int h = 0; h < NV; h++) {
             float *o = c + r * ldc + 16 * h;
             _mm512_storeu_ps(o, add ? _mm512_add_ps(_mm512_loadu_ps(o), acc[r][h]) : acc[r][h]);
         }
 }
 
+/* 12 rows x 32 columns: 24 accumulators, two vectors of b, one broadcast
+ * (27 of the 32 registers). */
+#define SG5_MR 12
+#define SG5_NV 2
+TK_AVX512 static void tile_avx512(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool add) {
+    tile512(kc, a, b, c, ldc, add, SG5_MR, SG5_NV);
+}
+
 static const sg_kernel sg_avx2 = {"avx2", SG2_MR, 16, tile_avx2};
-static const sg_kernel sg_avx512 = {"avx512", SG5_MR, 32, tile_avx512};
+static const sg_kernel sg_avx512 = {"avx512", SG5_MR, 16 * SG5_NV, tile_avx512};
 #endif
 
 /* The best path the CPU (as tk_cpu reports it) runs. */
@@ -249,7 +256,7 @@ static void sgemm_sums(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
     const int mr = kn->mr, nr = kn->nr;
     int64_t kcb = TIDE_MIN(K, (int64_t)SG_KC);
     int64_t mcb = TIDE_MIN(round_up(M, mr), (int64_t)mr * SG_MC_PANELS);
-    int64_t ncb = TIDE_MIN(round_up(N, nr), (int64_t)SG_NC);
+    int64_t ncb = TIDE_MIN(round_up(N, nr), (int64_t)(SG_NC / nr * nr));
     _Alignas(64) float stack[SG_STACK];
     float *buf = stack, *own = NULL;
     size_t a_fl = (size_t)round_up(mcb * kcb, 16);
