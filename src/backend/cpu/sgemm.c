@@ -47,8 +47,8 @@
 #define SG_STACK ((SG_MR_MAX + SG_NR_MAX) * SG_KC)
 
 /* The largest register tile of any path. */
-#define SG_MR_MAX 16
-#define SG_NR_MAX 64
+#define SG_MR_MAX 12
+#define SG_NR_MAX 32
 
 /* t of the header over kc steps of the packed panels a (kc x MR) and b (kc
  * x NR) into c (MR x NR, row stride ldc): c = t, or with add (the sums of
@@ -164,6 +164,8 @@ TK_AVX512 static void tile_avx512(int64_t kc, const float *a, const float *b, fl
     tile512(kc, a, b, c, ldc, add, SG5_MR, SG5_NV);
 }
 
+_Static_assert(SG5_MR <= SG_MR_MAX && 16 * SG5_NV <= SG_NR_MAX && SG2_MR <= SG_MR_MAX,
+               "the stack buffers hold every path's tiles");
 static const sg_kernel sg_avx2 = {"avx2", SG2_MR, 16, tile_avx2};
 static const sg_kernel sg_avx512 = {"avx512", SG5_MR, 16 * SG5_NV, tile_avx512};
 #endif
