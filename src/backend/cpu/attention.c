@@ -737,7 +737,6 @@ tide_status tk_attention_bwd(const float *q, const float *k, const float *v, con
     const int64_t per = (int64_t)(tk_attention_bwd_work(dm, 1) / sizeof(float) / 2);
     const int64_t n_task = B * KV;
     const bool avx = tk_have_avx2();
-    int prev = tk_blas_single();
     /* a task owns dq of its group's heads and dk, dv of its kv head: no
      * two tasks write one element, so any thread may run any task */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (n_task > 1)
@@ -745,6 +744,5 @@ tide_status tk_attention_bwd(const float *q, const float *k, const float *v, con
         float *S = work + (int64_t)omp_get_thread_num() * 2 * per;
         att_bwd_task(q, k, v, o, dout, dq, dk, dv, dm, task / KV, (int)(task % KV), S, S + per, avx);
     }
-    tk_blas_restore(prev);
     return TIDE_OK;
 }

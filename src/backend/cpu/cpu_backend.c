@@ -40,7 +40,7 @@ static tide_ctx *ctx_of(tide_backend *be, void *q) { return q ? ((cpu_queue *)q)
 static void cpu_destroy(tide_backend *be) { tide_free(be); }
 
 /* Names the kernels the instance runs in its current matmul mode, the
- * instruction sets detected and the BLAS behind the training products, in a
+ * instruction sets detected and the path of the training products, in a
  * buffer of the calling thread (wrappers of the CPU backend, tests' async
  * one, share this slot, so it reads nothing but be->matmul). */
 static const char *cpu_kernels_desc(tide_backend *be) {
@@ -61,9 +61,9 @@ static const char *cpu_kernels_desc(tide_backend *be) {
         mm = "matmul portable gemm/gemv (weights widened to f32)";
     snprintf(kernels, sizeof kernels, "%s%s; block-quantized weights (q8_0 q4_0 q4_k q5_k q6_k) %s int8 "
              "gemm/gemv (activations quantized to 8 bits per 32, exact integer block sums); attention and "
-             "elementwise %s; training products openblas sgemm (%s); cpu: %s", mm,
+             "elementwise %s; training products %s sgemm (packed f32 tiles); cpu: %s", mm,
              be->matmul == TIDE_MATMUL_FAST && !tk_matmul_fast_native(TIDE_BF16) ? " (fast mode without "
-             "avx512_bf16: f32 kernels)" : "", tk_matmul_q_path(), tk_cpu_vector_path(), tk_blas_corename(), isa);
+             "avx512_bf16: f32 kernels)" : "", tk_matmul_q_path(), tk_cpu_vector_path(), tk_sgemm_path(), isa);
     return kernels;
 }
 

@@ -53,8 +53,12 @@ void tk_init(void);
 void tk_force_generic(bool on);
 /* True if the AVX2/FMA paths are in use. */
 bool tk_have_avx2(void);
-/* The kernel family OpenBLAS chose for this CPU ("Cooperlake", "Haswell"). */
+/* The kernel family OpenBLAS chose for this CPU ("Cooperlake", "Haswell"):
+ * for the record only, no kernel calls OpenBLAS. */
 const char *tk_blas_corename(void);
+/* The code path of the training products' f32 GEMM (tk_sgemm), chosen from
+ * tk_cpu: "avx512", "avx2" or "portable". */
+const char *tk_sgemm_path(void);
 
 /* dst[i] = (float)src[i] for n elements of dt (f32, f16, bf16), single
  * threaded. Bit-identical to tide_convert_to_f32 for every input, NaN

@@ -1,7 +1,7 @@
 /*
  * kernels_int.h - pieces shared by the CPU kernel files (kernels.c,
  * matmul.c, attention.c, kernels_train.c): the AVX2 code-path markers, small
- * helpers, and the sgemm driver every matmul-shaped product goes through.
+ * helpers, and the sgemm every training product goes through (sgemm.c).
  */
 #ifndef TIDE_KERNELS_INT_H
 #define TIDE_KERNELS_INT_H
@@ -58,21 +58,18 @@ TK_AVX2 static inline __m256 exp_neg_avx2(__m256 x) {
 }
 #endif
 
-/* OpenBLAS runs single-threaded inside our OpenMP threads (matmul.c says
- * why). tk_blas_single sets it so and returns the previous process-wide
- * setting, which tk_blas_restore puts back. */
-int tk_blas_single(void);
-void tk_blas_restore(int prev);
-
 /* C (M, N; row stride ldc) = alpha * op(A) . op(B) + beta * C, row-major, op
  * the transpose where ta / tb: A is (M, K) or, transposed, stored (K, M); B
- * is (K, N) or, transposed, stored (N, K). Every dimension and stride must
- * fit an int (callers check). With beta 0, C's old contents are not read.
- *   tk_sgemm: one sgemm on the calling thread.
+ * is (K, N) or, transposed, stored (N, K). With beta 0, C's old contents are
+ * not read. Each element's bits are fixed by its row of op(A), its column of
+ * op(B), K, alpha, beta and the code path (sgemm.c gives the order).
+ *   tk_sgemm: one product on the calling thread (sgemm.c's packed kernels,
+ *             the path tk_sgemm_path names).
  *   tk_gemm:  the output cut into a grid of tiles fixed by (M, N, K) alone,
- *             each one sgemm over the whole of K, handed to nt threads; so
- *             the bits do not depend on the thread count.
- * Both expect OpenBLAS set single-threaded (tk_blas_single). */
+ *             each one tk_sgemm over the whole of K, handed to nt threads. */
+/* The block of K whose sum tk_sgemm forms on its own before adding it to
+ * the blocks' running sum (sgemm.c gives the order). */
+#define TK_SGEMM_KC 256
 void tk_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
               const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 void tk_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,

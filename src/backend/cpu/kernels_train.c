@@ -5,8 +5,8 @@
  * matmul forms in matmul.c.
  *
  * Determinism: every result is the same bits for any thread count. Products
- * go to sgemm through tk_gemm, whose tiles are fixed by the shape; a sum over
- * rows is either inside one sgemm (all rows of a tile) or a loop in row order
+ * go to tide's sgemm (sgemm.c) through tk_gemm, whose tiles are fixed by the
+ * shape; a sum over rows is either inside one sgemm or a loop in row order
  * over a column block one thread owns (EMBED_BWD, RMSNORM_BWD's dw); a sum
  * over a whole tensor (SUMSQ, the loss) adds partial sums of fixed-size blocks
  * in block order. Threads take whole blocks, never a share cut by their
@@ -178,9 +178,7 @@ void tk_rmsnorm_bwd(const float *x, const void *w, tide_dtype wdt, const float *
 tide_status tk_matmul_gradw(const float *dy, const float *x, int64_t R, int64_t N, int64_t K, bool accumulate,
                             float *dw, int nt) {
     if (R > INT_MAX || N > INT_MAX || K > INT_MAX) return TIDE_E_UNSUPPORTED;
-    int prev = tk_blas_single();
     tk_gemm(true, false, N, K, R, 1.0f, dy, N, x, K, accumulate ? 1.0f : 0.0f, dw, K, nt);
-    tk_blas_restore(prev);
     return TIDE_OK;
 }
 
@@ -365,7 +363,6 @@ tide_status tk_cross_entropy(const float *h, const void *w, tide_dtype wdt, cons
     tide_status st = ce_work_init(&c, w, wdt, targets, V, R, V, D, chunk_rows, scratch, scratch_bytes, bad, nt);
     if (st) return st;
     const bool avx = tk_have_avx2();
-    int prev = tk_blas_single();
     double total = 0;
     for (int64_t r0 = 0; r0 < R; r0 += c.CR) {
         const int64_t cr = TIDE_MIN(c.CR, R - r0);
@@ -374,7 +371,6 @@ tide_status tk_cross_entropy(const float *h, const void *w, tide_dtype wdt, cons
         total += ce_rows(c.L, cr, V, targets + r0, scale, avx, nt);
         ce_grads(&c, hc, r0, cr, false, accumulate, dh, dw, nt);
     }
-    tk_blas_restore(prev);
     *loss = (float)((double)scale * total);
     return TIDE_OK;
 }
@@ -389,7 +385,6 @@ tide_status tk_ce_stats(const float *h, const void *w, tide_dtype wdt, const int
     tide_status st = ce_work_init(&c, w, wdt, targets, vocab, R, Vb, D, chunk_rows, scratch, scratch_bytes, bad, nt);
     if (st) return st;
     const bool avx = tk_have_avx2();
-    int prev = tk_blas_single();
     for (int64_t r0 = 0; r0 < R; r0 += c.CR) {
         const int64_t cr = TIDE_MIN(c.CR, R - r0);
         ce_logits(&c, h + r0 * D, cr, nt);
@@ -411,7 +406,6 @@ tide_status tk_ce_stats(const float *h, const void *w, tide_dtype wdt, const int
             o[0] = M, o[1] = (float)S, o[2] = in[2] + tl;
         }
     }
-    tk_blas_restore(prev);
     if (loss) {
         double total = 0;
         for (int64_t r = 0; r < R; r++)
@@ -430,7 +424,6 @@ tide_status tk_ce_block(const float *h, const void *w, tide_dtype wdt, const int
     tide_status st = ce_work_init(&c, w, wdt, targets, vocab, R, Vb, D, chunk_rows, scratch, scratch_bytes, bad, nt);
     if (st) return st;
     const bool avx = tk_have_avx2();
-    int prev = tk_blas_single();
     for (int64_t r0 = 0; r0 < R; r0 += c.CR) {
         const int64_t cr = TIDE_MIN(c.CR, R - r0);
         const float *hc = h + r0 * D;
@@ -456,7 +449,6 @@ tide_status tk_ce_block(const float *h, const void *w, tide_dtype wdt, const int
         }
         ce_grads(&c, hc, r0, cr, dh_add, dw_add, dh, dw, nt);
     }
-    tk_blas_restore(prev);
     return TIDE_OK;
 }
 

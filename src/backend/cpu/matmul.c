@@ -10,12 +10,9 @@
  * count. The choice of path is here (mm_f32w).
  *
  * MATMUL's training form (w as (K, N)) and every product of the training
- * kernels go through tk_gemm instead: the output cut into tiles fixed by the
- * shape, not by the thread count, so that their bits do not depend on it;
- * each tile one single-threaded sgemm over the whole of K. OpenBLAS runs
- * single-threaded on each OpenMP thread's tile: with Debian's pthread
- * OpenBLAS, a second pool of BLAS threads would spin on the cores our OpenMP
- * threads need (and ours on theirs) between ops.
+ * kernels go through tk_gemm instead (sgemm.c): tide's own packed f32 GEMM,
+ * its path chosen from cpuid, each output's bits fixed by its row, its
+ * column and K, never by the tile grid or the thread count.
  */
 #include "backend/cpu/kernels_int.h"
 
@@ -97,78 +94,11 @@ tide_status tk_matmul_fast(const float *x, const void *w, tide_dtype wdt, int64_
     return TIDE_OK;
 }
 
-/* ------------------------------------------------------------- fixed-tile sgemm */
+/* ------------------------------------------------------------- the BLAS, for the record */
 
+/* OpenBLAS is linked for the hardware probe's reference rate
+ * (src/probe/probe_cpu.c); no kernel here calls it. */
 const char *tk_blas_corename(void) { return openblas_get_corename(); }
-
-/* OpenBLAS runs single-threaded inside our OpenMP threads: one thread pool,
- * so no pool spins on cores the other needs. Its setting is global, so the
- * caller's is put back afterwards (tk_blas_restore). */
-int tk_blas_single(void) {
-    int prev = openblas_get_num_threads();
-    if (prev != 1) openblas_set_num_threads(1);
-    return prev;
-}
-
-void tk_blas_restore(int prev) {
-    if (prev != 1) openblas_set_num_threads(prev);
-}
-
-void tk_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    if (M <= 0 || N <= 0) return;
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
-                (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
-}
-
-/* Tile counts a product may be cut into: divisible by 2 and by 3 where they
- * can be, so that two or three threads get equal shares. */
-static const int gemm_counts[] = {24, 16, 12, 8, 6, 4, 3, 2, 1};
-
-/* The grid (pm x pn tiles) of an (M, N) output summed over K: the most tiles
- * of gemm_counts whose tiles are at least TK_GEMM_MIN_TILE on each side (or
- * the whole side) and TK_GEMM_MIN_FLOPS each, then the squarest. A function
- * of the shape alone. */
-#define TK_GEMM_MIN_TILE 64
-#define TK_GEMM_MIN_FLOPS 4e6
-static void gemm_grid(int64_t M, int64_t N, int64_t K, int *pm, int *pn) {
-    int64_t cm = TIDE_MAX(1, M / TK_GEMM_MIN_TILE), cn = TIDE_MAX(1, N / TK_GEMM_MIN_TILE);
-    double cf = 2.0 * (double)M * (double)N * (double)K / TK_GEMM_MIN_FLOPS;
-    *pm = *pn = 1;
-    for (size_t c = 0; c < sizeof gemm_counts / sizeof gemm_counts[0]; c++) {
-        int n = gemm_counts[c];
-        if (n > cf && n > 1) continue;
-        double bestq = 1e300;
-        for (int a = 1; a <= n; a++) {
-            if (n % a || a > cm || n / a > cn) continue;
-            double h = (double)M / a, w = (double)N / (n / a), q = h > w ? h / w : w / h;
-            if (q < bestq) {
-                bestq = q;
-                *pm = a;
-                *pn = n / a;
-            }
-        }
-        if (bestq < 1e300) return;
-    }
-}
-
-void tk_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-             const float *B, int64_t ldb, float beta, float *C, int64_t ldc, int nt) {
-    int pm, pn;
-    gemm_grid(M, N, K, &pm, &pn);
-    int ntile = pm * pn;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (ntile > 1 && nt > 1)
-    for (int t = 0; t < ntile; t++) {
-        int im = t / pn, in = t % pn;
-        int64_t r0 = M * im / pm, r1 = M * (im + 1) / pm;
-        int64_t c0 = in == 0 ? 0 : (N * in / pn) & ~(int64_t)15;
-        int64_t c1 = in == pn - 1 ? N : (N * (in + 1) / pn) & ~(int64_t)15;
-        if (c1 <= c0) continue;
-        const float *a = ta ? A + r0 : A + r0 * lda;
-        const float *b = tb ? B + c0 * ldb : B + c0;
-        tk_sgemm(ta, tb, r1 - r0, c1 - c0, K, alpha, a, lda, b, ldb, beta, C + r0 * ldc + c0, ldc);
-    }
-}
 
 /* ------------------------------------------------------------- matmul, training forms */
 
@@ -243,10 +173,8 @@ tide_status tk_matmul_ex(const float *x, const void *w, tide_dtype wdt, int64_t 
     }
     /* w (K, N) from here */
     float beta = accumulate ? 1.0f : 0.0f;
-    int prev = tk_blas_single();
     if (wdt == TIDE_F32) {
         tk_gemm(false, false, R, N, K, 1.0f, x, K, w, N, beta, out, ldo, nt);
-        tk_blas_restore(prev);
         return TIDE_OK;
     }
     /* 16-bit or block-quantized weights: widened (dequantized) a block of
@@ -255,7 +183,6 @@ tide_status tk_matmul_ex(const float *x, const void *w, tide_dtype wdt, int64_t 
     int64_t gran = tide_dtype_is_quantized(wdt) ? tide_dtype_block(wdt) : 1;
     int64_t nb = scratch ? (int64_t)(scratch_bytes / ((size_t)K * sizeof(float))) / gran * gran : 0;
     if (R < TK_MATMUL_FUSED_R || nb < 1) {
-        tk_blas_restore(prev);
         matmul_nt_fused(x, w, wdt, R, K, N, out, ldo, accumulate, nt);
         return TIDE_OK;
     }
@@ -269,6 +196,5 @@ tide_status tk_matmul_ex(const float *x, const void *w, tide_dtype wdt, int64_t 
         for (int64_t k = 0; k < K; k++) w_kn_cols(w, wdt, N, k, n0, cnt, wf + k * cnt);
         tk_gemm(false, false, R, cnt, K, 1.0f, x, K, wf, cnt, beta, out + n0, ldo, nt);
     }
-    tk_blas_restore(prev);
     return TIDE_OK;
 }
