@@ -60,7 +60,13 @@ if [ "$no_mpi" = 1 ]; then
     exit
 fi
 # one machine, as many ranks as asked for; shared memory between them
-MPI=(mpirun --oversubscribe --allow-run-as-root --mca pml ob1 --mca btl self,vader --mca btl_vader_single_copy_mechanism none -x TIDE_CACHE -x OMP_NUM_THREADS=1 -np)
+# under a sanitizer build: Open MPI's own allocations kept until exit are not
+# tide's leaks (tests/lsan_mpi.supp; harmless without a sanitizer)
+export LSAN_OPTIONS="suppressions=$(cd "$(dirname "$0")" && pwd)/lsan_mpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
+export OMPI_MCA_mca_base_component_disable_dlclose=1
+MPI=(mpirun --oversubscribe --allow-run-as-root --mca pml ob1 --mca btl self,vader --mca btl_vader_single_copy_mechanism none -x TIDE_CACHE -x OMP_NUM_THREADS=1
+     -x LSAN_OPTIONS -x ASAN_OPTIONS -x OMPI_MCA_mca_base_component_disable_dlclose -np)
 
 # compare.py: losses and gradient norms of two runs' JSON lines (one rank's
 # or a single process's), and the tensors of two safetensors files
