@@ -32,8 +32,11 @@ if ! "$tmp/venv/bin/python" -m pip install --quiet numpy > "$tmp/pip.log" 2>&1; 
     echo "python_wheel: numpy could not be installed into a fresh virtual environment: skipped"; exit 77
 fi
 "$tmp/venv/bin/python" -m pip install --quiet --no-deps "$whl" || fail "pip install of the wheel"
-unzip -l "$whl" | grep -q 'tide/lib/libtide.so.0$' || fail "the wheel has no tide/lib/libtide.so.0"
-unzip -l "$whl" | grep -q 'tide/share/tide/hw/h100-80g.json' || fail "the wheel has no hardware profiles"
+# the listing into a file first: `unzip -l | grep -q` under pipefail fails
+# whenever grep exits at its match before unzip has written everything
+unzip -l "$whl" > "$tmp/wheel.list" || fail "unzip -l of the wheel"
+grep -q 'tide/lib/libtide.so.0$' "$tmp/wheel.list" || fail "the wheel has no tide/lib/libtide.so.0"
+grep -q 'tide/share/tide/hw/h100-80g.json' "$tmp/wheel.list" || fail "the wheel has no hardware profiles"
 cd "$tmp" || exit 1
 "$tmp/venv/bin/python" - "$TIDE_FIXTURES" <<'PY' || fail "the installed package"
 import os, sys, tide
@@ -48,6 +51,6 @@ p = tide.plan("llama-7b", budget="25%", hw="h100-80g", seq=512)
 assert p["hw"] == "h100-80g" and p["feasible"], p
 print("python_wheel: installed package generates %r and plans llama-7b" % g.text)
 PY
-"$tmp/venv/bin/python" -m tide --version | grep -q . || fail "python -m tide --version"
-"$tmp/venv/bin/tide" --help | grep -q "make-model" || fail "the tide entry point"
+ver=$("$tmp/venv/bin/python" -m tide --version) && [ -n "$ver" ] || fail "python -m tide --version"
+help=$("$tmp/venv/bin/tide" --help) && [[ $help == *make-model* ]] || fail "the tide entry point"
 echo "python_wheel: ok"
