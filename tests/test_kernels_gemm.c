@@ -207,6 +207,9 @@ static void check(const gcase *g, const float *got, int path, const char *what) 
 static const int64_t shapes[][3] = {
     {1, 1, 1},    {3, 5, 2},     {13, 33, 7},   {12, 32, 256}, {6, 16, 255},
     {25, 70, 257}, {200, 40, 600}, {7, 2100, 30}, {64, 96, 1},
+    /* thin and one-block: a half-width last panel (16 columns, whole
+     * rows and an edge), beta 1 added in the tiles (K <= one block) */
+    {24, 16, 40}, {37, 48, 256},
 };
 static const float ab[][2] = {{1.0f, 0.0f}, {0.3f, 1.0f}, {1.0f, 0.5f}, {-2.5f, 0.0f}, {0.125f, -1.5f}};
 

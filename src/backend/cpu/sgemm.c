@@ -25,7 +25,8 @@
  * one. The blocks of K are also the cache blocks; summing each on its own
  * keeps the rounding error near that of a sum of TK_SGEMM_KC + K /
  * TK_SGEMM_KC terms rather than of K. Between blocks s waits as an f32 (in
- * C when beta is 0, else in a scratch the sums are added from), so nothing
+ * C when beta is 0, else in a scratch the sums are added from; with beta 1
+ * and K within one block, c + t is formed in the tile), so nothing
  * else changes the bits: not the element's place in a register tile, the
  * tile grid tk_gemm cuts, the thread count, nor the buffer sizes (a failed
  * allocation runs smaller blocks of M and N from the stack, to the same
@@ -55,10 +56,13 @@
  * the K blocks before in c) c = c + t. */
 typedef void (*sg_tile_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool add);
 
+/* half (NULL where there is none): the same over the first nr / 2 columns
+ * of the panels (b still nr floats a step), for an edge of at most nr / 2
+ * columns (a thin product's whole width): no work on the zeros past it. */
 typedef struct {
     const char *name;
     int mr, nr;
-    sg_tile_fn tile;
+    sg_tile_fn tile, half;
 } sg_kernel;
 
 /* ------------------------------------------------------------- register tiles */
@@ -89,7 +93,7 @@ static void tile_portable(int64_t kc, const float *a, const float *b, float *c, 
         for (int j = 0; j < SGP_NR; j++) c[r * ldc + j] = add ? c[r * ldc + j] + acc[r][j] : acc[r][j];
 }
 
-static const sg_kernel sg_portable = {"portable", SGP_MR, SGP_NR, tile_portable};
+static const sg_kernel sg_portable = {"portable", SGP_MR, SGP_NR, tile_portable, NULL};
 
 #ifdef TK_X86
 #define SG_INLINE inline __attribute__((always_inline))
@@ -125,9 +129,10 @@ TK_AVX2 static void tile_avx2(int64_t kc, const float *a, const float *b, float 
         }
 }
 
-/* MR rows x 16 NV columns, the accumulators in registers. */
+/* MR rows x 16 NV columns, the accumulators in registers; b advances BS
+ * floats a step (16 NV, or more for the first columns of wider panels). */
 TK_AVX512 static SG_INLINE void tile512(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool add,
-                                        const int MR, const int NV) {
+                                        const int MR, const int NV, const int BS) {
     __m512 acc[16][4];
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
@@ -145,7 +150,7 @@ TK_AVX512 static SG_INLINE void tile512(int64_t kc, const float *a, const float 
             for (int h = 0; h < NV; h++) acc[r][h] = _mm512_fmadd_ps(av, bv[h], acc[r][h]);
         }
         a += MR;
-        b += 16 * NV;
+        b += BS;
     }
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
@@ -161,13 +166,18 @@ TK_AVX512 static SG_INLINE void tile512(int64_t kc, const float *a, const float 
 #define SG5_MR 12
 #define SG5_NV 2
 TK_AVX512 static void tile_avx512(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool add) {
-    tile512(kc, a, b, c, ldc, add, SG5_MR, SG5_NV);
+    tile512(kc, a, b, c, ldc, add, SG5_MR, SG5_NV, 16 * SG5_NV);
+}
+
+/* Its first 16 columns: 12 accumulators. */
+TK_AVX512 static void tile_avx512_half(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool add) {
+    tile512(kc, a, b, c, ldc, add, SG5_MR, 1, 16 * SG5_NV);
 }
 
 _Static_assert(SG5_MR <= SG_MR_MAX && 16 * SG5_NV <= SG_NR_MAX && SG2_MR <= SG_MR_MAX,
                "the stack buffers hold every path's tiles");
-static const sg_kernel sg_avx2 = {"avx2", SG2_MR, 16, tile_avx2};
-static const sg_kernel sg_avx512 = {"avx512", SG5_MR, 16 * SG5_NV, tile_avx512};
+static const sg_kernel sg_avx2 = {"avx2", SG2_MR, 16, tile_avx2, NULL};
+static const sg_kernel sg_avx512 = {"avx512", SG5_MR, 16 * SG5_NV, tile_avx512, tile_avx512_half};
 #endif
 
 /* The best path the CPU (as tk_cpu reports it) runs. */
@@ -251,9 +261,10 @@ static void pack_b(bool tb, const float *B, int64_t ldb, int64_t p0, int64_t kc,
 
 static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-/* C (M x N, K >= 1) = the sums s of the header, C's old contents not read. */
+/* C (M x N, K >= 1) = the sums s of the header, C's old contents not read;
+ * with add_c (K at most one block: s is that block's t) C = C + s. */
 static void sgemm_sums(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                       const float *B, int64_t ldb, float *C, int64_t ldc) {
+                       const float *B, int64_t ldb, float *C, int64_t ldc, bool add_c) {
     const sg_kernel *kn = sg_pick();
     const int mr = kn->mr, nr = kn->nr;
     int64_t kcb = TIDE_MIN(K, (int64_t)SG_KC);
@@ -280,7 +291,7 @@ static void sgemm_sums(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
         int64_t nc = TIDE_MIN(ncb, N - jc);
         for (int64_t pc = 0; pc < K; pc += kcb) {
             int64_t kc = TIDE_MIN(kcb, K - pc);
-            bool add = pc > 0;
+            bool add = pc > 0 || add_c;
             pack_b(tb, B, ldb, pc, kc, jc, nc, nr, bp);
             for (int64_t ic = 0; ic < M; ic += mcb) {
                 int64_t mc = TIDE_MIN(mcb, M - ic);
@@ -303,11 +314,17 @@ static void sgemm_sums(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
                             kn->tile(kc, ap + ir * kc, bp + jr * kc, c, ldc, add);
                             continue;
                         }
+                        /* at most half a panel wide: half the work */
+                        sg_tile_fn fn = kn->half && 2 * cols <= nr ? kn->half : kn->tile;
+                        if (rows == mr && fn == kn->half && 2 * cols == nr) {
+                            fn(kc, ap + ir * kc, bp + jr * kc, c, ldc, add);
+                            continue;
+                        }
                         /* an edge tile: through a full one on the stack */
                         if (add)
                             for (int64_t r = 0; r < rows; r++)
                                 memcpy(edge + r * nr, c + r * ldc, (size_t)cols * sizeof(float));
-                        kn->tile(kc, ap + ir * kc, bp + jr * kc, edge, nr, add);
+                        fn(kc, ap + ir * kc, bp + jr * kc, edge, nr, add);
                         for (int64_t r = 0; r < rows; r++)
                             memcpy(c + r * ldc, edge + r * nr, (size_t)cols * sizeof(float));
                     }
@@ -338,8 +355,10 @@ void tk_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
         }
         return;
     }
-    if (beta == 0.0f) {
-        sgemm_sums(ta, tb, M, N, K, alpha, A, lda, B, ldb, C, ldc);
+    if (beta == 0.0f || (beta == 1.0f && K <= SG_KC)) {
+        /* beta 1 over one block of K: c + s is the tiles' own c + t, added
+         * in place (no scratch, no second pass over C) */
+        sgemm_sums(ta, tb, M, N, K, alpha, A, lda, B, ldb, C, ldc, beta == 1.0f);
         return;
     }
     /* the sums into a scratch, then added to (beta times) C */
@@ -354,7 +373,7 @@ void tk_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
             int64_t n = TIDE_MIN(bn, N - j0);
             const float *a = ta ? A + i0 : A + i0 * lda;
             const float *b = tb ? B + j0 * ldb : B + j0;
-            sgemm_sums(ta, tb, m, n, K, alpha, a, lda, b, ldb, s, n);
+            sgemm_sums(ta, tb, m, n, K, alpha, a, lda, b, ldb, s, n, false);
             for (int64_t i = 0; i < m; i++) {
                 float *c = C + (i0 + i) * ldc + j0;
                 const float *si = s + i * n;
