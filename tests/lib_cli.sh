@@ -14,8 +14,13 @@ SKIPS=0
 expect() {
     local want=$1 what=$2
     shift 3
+    local t0=${TIDE_CLI_TIMES:+$(date +%s.%N)}
     "$@" >"$TMP/out" 2>"$TMP/err"
     local got=$?
+    # TIDE_CLI_TIMES=FILE: each case's seconds appended to FILE (to find the
+    # cases that make a test slow; docs/testing.md)
+    [ -n "${TIDE_CLI_TIMES:-}" ] &&
+        echo "$(date +%s.%N) $t0 $(basename "$0") $what" | awk '{printf "%8.3f %s", $1 - $2, $3; for (i = 4; i <= NF; i++) printf " %s", $i; print ""}' >>"$TIDE_CLI_TIMES"
     if [ "$got" -ne "$want" ]; then
         echo "FAIL: $what: exit $got, wanted $want"
         echo "  command: $*"
