@@ -31,22 +31,33 @@ else
     skip_check "trace is valid JSON" "python3 not found"
 fi
 
+# The minimum-budget searches plan many times: they run on llama-7b's
+# shapes cut to 4 layers (a config.json alone: plan needs no weights), whose
+# largest ops, and so whose minimums, are llama-7b's.
+L7B4=$TMP/llama-7b-4l
+mkdir -p "$L7B4"
+cat >"$L7B4/config.json" <<'EOF_CONFIG'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+ "intermediate_size": 11008, "num_hidden_layers": 4, "num_attention_heads": 32,
+ "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 2048,
+ "rms_norm_eps": 1e-06, "torch_dtype": "float16", "tie_word_embeddings": false}
+EOF_CONFIG
 for p in tide static-layer lru; do
-    expect 0 "min budget, $p" -- "$TIDE" plan --config llama-7b --budget min --seq 512 --policy $p
+    expect 0 "min budget, $p" -- "$TIDE" plan --model "$L7B4" --budget min --seq 512 --policy $p
     contains "$TMP/out" "the minimum for $p" "min budget note"
 done
 # tiling: the minimum with tiles is far below the untiled one (the largest
 # op's working set), and a budget below the untiled minimum plans tiled
-expect 0 "min budget untiled" -- "$TIDE" plan --config llama-7b --budget min --seq 512 --tile none --json
+expect 0 "min budget untiled" -- "$TIDE" plan --model "$L7B4" --budget min --seq 512 --tile none --json
 untiled=$(sed -n 's/.*"budget_bytes":\([0-9.e+]*\).*/\1/p' "$TMP/out")
 contains "$TMP/out" '"tile_level":0' "untiled level"
-expect 0 "min budget tiled" -- "$TIDE" plan --config llama-7b --budget min --seq 512 --json
+expect 0 "min budget tiled" -- "$TIDE" plan --model "$L7B4" --budget min --seq 512 --json
 tiled=$(sed -n 's/.*"budget_bytes":\([0-9.e+]*\).*/\1/p' "$TMP/out")
 expect 0 "tiled minimum ($tiled) below a quarter of the untiled one ($untiled)" -- \
     awk -v a="$tiled" -v b="$untiled" 'BEGIN { exit !(a > 0 && a * 4 < b) }'
-expect 0 "below the untiled minimum" -- "$TIDE" plan --config llama-7b --budget 100M --seq 512
+expect 0 "below the untiled minimum" -- "$TIDE" plan --model "$L7B4" --budget 100M --seq 512
 contains "$TMP/out" "tiling      level" "tiling named in the table"
-expect 1 "below the untiled minimum, tiling off" -- "$TIDE" plan --config llama-7b --budget 100M --seq 512 --tile none
+expect 1 "below the untiled minimum, tiling off" -- "$TIDE" plan --model "$L7B4" --budget 100M --seq 512 --tile none
 contains "$TMP/err" "needs at least" "untiled message gives the minimum"
 expect 2 "bad --tile" -- "$TIDE" plan --config llama-7b --budget min --tile 9
 contains "$TMP/err" "--tile" "message names --tile"
@@ -114,8 +125,14 @@ expect 2 "no budget" -- "$TIDE" plan --config llama-7b
 expect 2 "unknown policy" -- "$TIDE" plan --config llama-7b --budget 50% --policy fifo
 expect 2 "unknown option" -- "$TIDE" plan --config llama-7b --budget 50% --frobnicate
 
-# data-parallel training: one of 8 ranks of llama-2-70b on one NVLink node
-expect 0 "ranks 8 json" -- "$TIDE" plan --train --ranks 8 --zero 2 --hw 8x-h100-80g-nvlink --config llama-2-70b \
+# data-parallel training: one of 8 ranks of llama-2-70b's shapes (cut to 4
+# layers: the whole model is a planner bench's, bench/) on one NVLink node
+L70B4=$TMP/llama-2-70b-4l
+mkdir -p "$L70B4"
+sed -e 's/"hidden_size": 4096/"hidden_size": 8192/' -e 's/"intermediate_size": 11008/"intermediate_size": 28672/' \
+    -e 's/"num_attention_heads": 32/"num_attention_heads": 64/' -e 's/"num_key_value_heads": 32/"num_key_value_heads": 8/' \
+    "$L7B4/config.json" >"$L70B4/config.json"
+expect 0 "ranks 8 json" -- "$TIDE" plan --train --ranks 8 --zero 2 --hw 8x-h100-80g-nvlink --model "$L70B4" \
     --seq 256 --budget 100% --optimizer device --tile none --json
 for f in ranks zero collectives_per_step net_bytes_per_rank net_bytes_intra_node_per_rank \
          net_bytes_inter_node_per_rank state_bytes_this_rank step_s pct_of_ideal; do
