@@ -56,4 +56,31 @@ void tide_comm_clear_cancel(tide_comm *c, const atomic_bool *flag);
  * holds (n may be 0). */
 void tide_comm_shard_rows(int64_t rows, int size, int r, int64_t *r0, int64_t *n);
 
+/* Collectives on a backend's device memory (NCCL on CUDA: net/comm_nccl.c,
+ * attached by tide_backend_comm_attach). The executor's net stream calls
+ * them with device pointers and its queue of the backend (q): each is
+ * enqueued on that queue's stream and waited for as the host collectives
+ * are (the timeout, the cancel flag, a peer's failure), and returns only
+ * once complete or failed. The host values (the loss, the plans' hashes,
+ * the checkpoint's gather) stay on the collectives above. */
+typedef struct tide_comm_dev {
+    const char *name; /* "nccl" */
+    tide_status (*allreduce_f32)(void *st, tide_ctx *ctx, const float *src, float *dst, uint64_t n, void *q,
+                                 const char *what);
+    tide_status (*reduce_scatter_f32)(void *st, tide_ctx *ctx, const float *x, float *shard, int64_t rows,
+                                      uint64_t row_elems, void *q, const char *what);
+    tide_status (*allgather_rows)(void *st, tide_ctx *ctx, const void *shard, void *x, int64_t rows,
+                                  uint64_t row_bytes, void *q, const char *what);
+    void (*close)(void *st); /* before the host communicator closes */
+} tide_comm_dev;
+/* Attaches dev (state st, closed with c) to c; NULL detaches. */
+void tide_comm_set_dev(tide_comm *c, const tide_comm_dev *dev, void *st);
+/* c's device collectives (NULL: none), their state in *st. */
+const tide_comm_dev *tide_comm_get_dev(const tide_comm *c, void **st);
+/* For the device collectives: c's timeout, whether the running executor
+ * failed (the cancel flag set), and the ring bytes a collective sent. */
+double tide_comm_timeout_s(const tide_comm *c);
+bool tide_comm_cancelled(const tide_comm *c);
+void tide_comm_count_sent(tide_comm *c, uint64_t bytes);
+
 #endif
