@@ -14,6 +14,7 @@
  */
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
+#include "net/comm.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -56,7 +57,8 @@ bool tide_comm_nccl_available(void) { return false; }
 #endif
 
 tide_status tide_backend_comm_attach(tide_backend *be, tide_comm *c, tide_ctx *ctx) {
-    if (be->vt->device_is_host) return TIDE_OK;
+    /* host memory: MPI carries it; or device collectives already attached */
+    if (be->vt->device_is_host || tide_comm_get_dev(c, NULL)) return TIDE_OK;
 #ifdef TIDE_HAVE_NCCL
     if (be->kind == TIDE_BACKEND_CUDA) return tide_nccl_attach(c, be, ctx);
 #endif
