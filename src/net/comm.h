@@ -2,7 +2,9 @@
  * comm.h - the data-parallel ranks' communicator inside the library (the
  * public half is tide.h, "data-parallel ranks": tide_comm_open and its
  * accessors). Built on MPI where CMake found it (TIDE_HAVE_MPI); without it
- * tide_comm_open says so and nothing here is reached.
+ * tide_comm_open says so and nothing here is reached. Collectives on a GPU's
+ * memory are device collectives attached to it (tide_comm_dev below: NCCL,
+ * net/comm_nccl.c).
  *
  * Every collective is the same call on every rank in the same order: the
  * executor's net stream issues a plan's collectives in list order, and every
