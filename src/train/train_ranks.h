@@ -10,10 +10,10 @@
 
 #define TIDE_TRAIN_RANKS_MAX 65536
 
-/* The step graph of one of `ranks` ranks (1 .. TIDE_TRAIN_RANKS_MAX; 1: the collectives
- * over one rank) under
- * ZeRO stage `zero` (0, 1 or 2) made from g, the step of its micro-batches
- * on one device (tide_llama_build_train), into *out (the caller frees it).
+/* The step graph of one of `ranks` ranks (1 .. TIDE_TRAIN_RANKS_MAX; 1: the
+ * collectives over one rank) under ZeRO stage `zero` (0, 1 or 2) made from
+ * g, the step of its micro-batches on one device (tide_llama_build_train),
+ * into *out (the caller frees it).
  * TIDE_E_INVALID for bad ranks or stage (message on ctx), TIDE_E_UNSUPPORTED
  * for gradients as outputs with sharded state, TIDE_E_NOMEM. */
 tide_status tide_train_rank_graph(tide_ctx *ctx, const tide_graph *g, int ranks, int zero, tide_graph **out);

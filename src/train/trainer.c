@@ -255,12 +255,12 @@ tide_status tide_trainer_set_comm(tide_trainer *t, tide_comm *c) {
     if (t->run) return tide_err(t->ctx, TIDE_E_INVALID, "the ranks' communicator is set before the first step");
     if (!c) return tide_err(t->ctx, TIDE_E_INVALID, "no communicator");
     int n = tide_comm_size(c);
-    if (t->o.step.ranks != n)
-        return tide_err(t->ctx, TIDE_E_INVALID, "the step is one of %d ranks' (tide_llama_train_opts.ranks), the "
-                        "launch has %d", t->o.step.ranks < 2 ? 1 : t->o.step.ranks, n);
     if (n == 1 && !train_is_rank_step(&t->o.step))
         return tide_err(t->ctx, TIDE_E_INVALID, "a communicator of one rank needs a rank's step "
                         "(tide_llama_train_opts.one_rank)");
+    if (t->o.step.ranks != n)
+        return tide_err(t->ctx, TIDE_E_INVALID, "the step is one of %d ranks' (tide_llama_train_opts.ranks), the "
+                        "launch has %d", t->o.step.ranks < 2 ? 1 : t->o.step.ranks, n);
     /* the collectives on the backend's device memory: NCCL on CUDA */
     tide_status st = tide_backend_comm_attach(t->be, c, t->ctx);
     if (st) return st;
