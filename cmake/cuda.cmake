@@ -137,5 +137,39 @@ else()
   message(STATUS "tide: cufile.h not found: building without GPUDirect Storage")
 endif()
 
+# ---------------------------------------------------------------- NCCL (optional)
+# The collectives of data-parallel ranks on the CUDA backend (src/net/comm_nccl.c)
+# need nccl.h and libnccl (the CUDA toolkit's directories, /usr/local, or the
+# nvidia-nccl Python wheel's) and MPI, which starts the ranks and carries NCCL's
+# unique id. Found: the file is compiled into `tide` alone (the emulated GPU's
+# library has no NCCL), TIDE_HAVE_NCCL is defined for the sources `tide`
+# compiles itself (src/backend/backend.c's tide_backend_comm_attach), and
+# libnccl is linked. TIDE_NCCL=OFF leaves it out.
+option(TIDE_NCCL "Run the CUDA ranks' collectives on NCCL where found" ON)
+set(TIDE_HAVE_NCCL OFF)
+if(TIDE_NCCL AND TIDE_HAVE_MPI)
+  set(_tide_nccl_hints ${CUDAToolkit_INCLUDE_DIRS})
+  set(_tide_nccl_lib_hints ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib ${CUDAToolkit_LIBRARY_ROOT}/lib64)
+  foreach(d IN LISTS _tide_py_dirs)
+    list(APPEND _tide_nccl_hints ${d}/nccl/include)
+    list(APPEND _tide_nccl_lib_hints ${d}/nccl/lib)
+  endforeach()
+  find_path(TIDE_NCCL_INCLUDE_DIR nccl.h HINTS ${_tide_nccl_hints})
+  find_library(TIDE_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_tide_nccl_lib_hints})
+  if(TIDE_NCCL_INCLUDE_DIR AND TIDE_NCCL_LIBRARY)
+    set(TIDE_HAVE_NCCL ON)
+    target_sources(tide PRIVATE ${PROJECT_SOURCE_DIR}/src/net/comm_nccl.c)
+    set_property(SOURCE ${PROJECT_SOURCE_DIR}/src/net/comm_nccl.c APPEND PROPERTY
+                 COMPILE_OPTIONS -idirafter ${TIDE_NCCL_INCLUDE_DIR})
+    target_compile_definitions(tide PRIVATE TIDE_HAVE_NCCL=1)
+    target_link_libraries(tide PUBLIC ${TIDE_NCCL_LIBRARY})
+    message(STATUS "tide: NCCL at ${TIDE_NCCL_INCLUDE_DIR}, ${TIDE_NCCL_LIBRARY}: CUDA ranks' collectives on NCCL")
+  else()
+    message(STATUS "tide: nccl.h or libnccl not found: CUDA ranks are refused with a message")
+  endif()
+elseif(TIDE_NCCL)
+  message(STATUS "tide: no MPI: no NCCL either (MPI starts the ranks and carries NCCL's unique id)")
+endif()
+
 message(STATUS "tide: CUDA backend enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
                "architectures ${CMAKE_CUDA_ARCHITECTURES})")

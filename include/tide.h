@@ -570,10 +570,14 @@ typedef struct tide_llama_train_opts {
                           one rank's step over its own micro-batches, with the
                           collectives of `zero` (src/train/train_ranks.c). A
                           trainer runs it with a communicator
-                          (tide_trainer_set_comm) on the CPU backend */
+                          (tide_trainer_set_comm): MPI on the CPU backend,
+                          NCCL on CUDA */
     int zero;          /* with ranks >= 2, the ZeRO stage: 0 every rank a full
                           copy (gradients all-reduced), 1 optimizer state
                           sharded, 2 state and gradients sharded */
+    bool one_rank;     /* with ranks 1: the step of one rank all the same, its
+                          collectives over a communicator of one (NCCL's check
+                          on one GPU: tide train --ranks 1 --comm nccl) */
 } tide_llama_train_opts;
 /* LoRA targets, in the order of --lora-targets' names q,k,v,o,gate,up,down */
 #define TIDE_LORA_Q 1u
@@ -1896,10 +1900,15 @@ tide_status tide_trainer_resume(tide_trainer *t, const char *dir);
 
 /* Data-parallel ranks. A communicator joins the processes a launcher started
  * (docs/training.md section 12): Open MPI's mpirun or mpiexec, or srun with
- * PMIx or PMI-2; the collectives run on MPI. Built where CMake found MPI
- * (tide_comm_available). */
+ * PMIx or PMI-2; the collectives run on MPI, and a trainer on the CUDA
+ * backend attaches NCCL to it for the collectives on device memory
+ * (tide_comm_nccl_available). Built where CMake found MPI
+ * (tide_comm_available). Without a launcher it is one rank alone. */
 typedef struct tide_comm tide_comm;
 bool tide_comm_available(void);
+/* Whether this build runs the collectives of ranks on the CUDA backend
+ * (NCCL, src/net/comm_nccl.c): CMake found NCCL, CUDA and MPI. */
+bool tide_comm_nccl_available(void);
 /* The ranks the environment's launcher variables describe (1: none, one
  * process; -1: malformed), this process's rank in *rank, and the kind of
  * launch in *launcher ("mpirun", "pmi", "srun", "torchrun" or "none");
@@ -1924,7 +1933,9 @@ void tide_comm_abort(tide_comm *c, int code);
 void tide_comm_close(tide_comm *c);
 /* Makes t one of tide_comm_size(c) data-parallel ranks, before the first
  * step: t's step options must have ranks equal to the communicator's size
- * (tide_llama_train_opts.ranks, zero), and every rank is given the same
+ * (tide_llama_train_opts.ranks, zero; one rank: one_rank set). On the CUDA
+ * backend this joins NCCL on the backend's GPU (every rank at once:
+ * TIDE_E_UNSUPPORTED in a build without NCCL). Every rank is given the same
  * options, model and data. Each rank runs its own micro-batches; the plan,
  * its hardware profile and the offloaded budget are rank 0's (broadcast),
  * and the ranks compare their plans' hashes before the first step. c must

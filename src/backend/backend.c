@@ -14,6 +14,7 @@
  */
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
+#include "net/comm.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -46,6 +47,24 @@ tide_status tide_backend_new(tide_ctx *ctx, tide_backend_kind kind, tide_backend
 #endif
     }
     return tide_err(ctx, TIDE_E_INVALID, "unknown backend kind %d", (int)kind);
+}
+
+#ifdef TIDE_HAVE_NCCL
+tide_status tide_nccl_attach(tide_comm *c, tide_backend *be, tide_ctx *ctx);
+bool tide_comm_nccl_available(void) { return true; }
+#else
+bool tide_comm_nccl_available(void) { return false; }
+#endif
+
+tide_status tide_backend_comm_attach(tide_backend *be, tide_comm *c, tide_ctx *ctx) {
+    /* host memory: MPI carries it; or device collectives already attached */
+    if (be->vt->device_is_host || tide_comm_get_dev(c, NULL)) return TIDE_OK;
+#ifdef TIDE_HAVE_NCCL
+    if (be->kind == TIDE_BACKEND_CUDA) return tide_nccl_attach(c, be, ctx);
+#endif
+    return tide_err(ctx, TIDE_E_UNSUPPORTED, "data-parallel ranks on the %s backend need its collectives on device "
+                    "memory (NCCL), and this tide was built without NCCL (CMake found no nccl.h and libnccl with "
+                    "the CUDA toolkit and MPI): run the ranks on the CPU backend (--backend cpu)", be->vt->name);
 }
 
 void tide_backend_free(tide_backend *be) {

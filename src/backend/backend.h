@@ -149,4 +149,12 @@ static inline tide_status tide_backend_queue_sync(tide_backend *be, void *q) {
 tide_status tide_cpu_backend_new(tide_ctx *ctx, tide_backend **out);
 tide_status tide_cuda_backend_new(tide_ctx *ctx, tide_backend **out);
 
+/* Makes the ranks' communicator c run its collectives on be's device memory
+ * (net/comm.h, tide_comm_dev): nothing to do where that memory is host
+ * memory (MPI carries it); NCCL on CUDA where this build has it
+ * (TIDE_HAVE_NCCL: src/net/comm_nccl.c), else TIDE_E_UNSUPPORTED saying so;
+ * nothing either where c has device collectives already (tide_comm_set_dev).
+ * Compiled with each library (the emulated GPU's has no NCCL). */
+tide_status tide_backend_comm_attach(tide_backend *be, tide_comm *c, tide_ctx *ctx);
+
 #endif

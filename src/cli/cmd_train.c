@@ -29,6 +29,7 @@ static const char help[] =
     "                  [--resume DIR] [--trace FILE] [--trace-svg FILE]\n"
     "                  [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--threads N]\n"
     "                  [--json] [--quiet] [--ranks N] [--zero 0|1|2]\n"
+    "                  [--comm mpi|nccl]\n"
     "                  [--lora-r R] [--lora-alpha A] [--lora-targets LIST] [--lora-init DIR]\n"
     "                  [--merge-out DIR] [--base-type q8_0|q4_0|q4_k|q5_k|q6_k]\n"
     "\n"
@@ -177,6 +178,10 @@ static const char help[] =
     "                      optimizer state; 1 (default) master weights and moments\n"
     "                      sharded, gradients reduce-scattered after the backward;\n"
     "                      2 reduce-scattered during it (--accum 1)\n"
+    "  --comm C            the ranks' collectives: mpi (host memory, the CPU\n"
+    "                      backend; the default) or nccl (GPU memory, --backend\n"
+    "                      cuda; its default). In one process: one rank, its\n"
+    "                      collectives over itself (the step of one process)\n"
     "  --lora-r R          LoRA: freeze the base model and train rank-R adapters\n"
     "                      on the projections (y = x W^T + (alpha/R) x A^T B^T;\n"
     "                      A Kaiming-uniform as PEFT initialises it, from a\n"
@@ -214,7 +219,8 @@ static const char help[] =
     "tokens/s and the bytes moved between tiers.\n"
     "\n"
     "Data-parallel ranks: `mpirun -np N tide train ... --accum A` (or srun with\n"
-    "PMIx) runs N ranks on the CPU backend, Open MPI carrying the collectives; rank\n"
+    "PMIx) runs N ranks on the CPU backend, Open MPI carrying the collectives\n"
+    "(--backend cuda: on the GPUs, NCCL carrying them, one GPU per rank); rank\n"
     "r runs micro-batches r*A .. r*A+A-1 of the step one process with --accum N*A\n"
     "would run, so both train the same steps (equal up to f32 summation order).\n"
     "Rank 0 prints and saves (a save is whole: any N with the same N*A resumes\n"
@@ -243,8 +249,9 @@ typedef struct train_args {
     const char *lora_targets, *lora_init, *base_type;
     const char *merge_out;        /* --merge-out DIR: the trained adapter merged into the base */
     unsigned lora_bits, lora_init_targets;
-    /* data-parallel ranks (getopt values 0x320..) */
+    /* data-parallel ranks (getopt values 0x320..; --comm 0x420) */
     long ranks, zero;
+    const char *comm; /* --comm: "mpi", "nccl" or NULL (by the backend) */
 } train_args;
 
 typedef struct train_job {
@@ -302,6 +309,7 @@ static const struct option train_options[] = {
     {"lora-r", required_argument, 0, 0x200},    {"lora-alpha", required_argument, 0, 0x201},
     {"lora-targets", required_argument, 0, 0x202}, {"lora-init", required_argument, 0, 0x203},
     {"zero", required_argument, 0, 0x320},      {"ranks", required_argument, 0, 0x321},
+    {"comm", required_argument, 0, 0x420},
     {"merge-out", required_argument, 0, 0x300},
     {"base-type", required_argument, 0, 0x310},
     {0, 0, 0, 0},
@@ -334,6 +342,10 @@ static int parse_lora_option(int c, train_args *a) {
 static int parse_rank_option(int c, train_args *a) {
     if (c == 0x320 && cli_parse_int(optarg, 0, 2, &a->zero)) BAD("--zero (0, 1 or 2)");
     if (c == 0x321 && cli_parse_int(optarg, 1, 1 << 20, &a->ranks)) BAD("--ranks");
+    if (c == 0x420) {
+        if (strcmp(optarg, "mpi") && strcmp(optarg, "nccl")) BAD("--comm (mpi or nccl)");
+        a->comm = optarg;
+    }
     return -1;
 }
 
@@ -353,17 +365,29 @@ static int join_ranks(train_job *j) {
                                tide_comm_available() ? "" : " (and a tide built with MPI: this one has none)");
     if (a->ranks && j->world > 1 && a->ranks != j->world)
         return cli_usage_error("train", "--ranks %ld, but %s started %d ranks", a->ranks, launcher, j->world);
-    if (j->world == 1) {
+    if (j->world == 1 && !a->comm) {
         if (a->zero >= 0 && !a->ranks)
             return cli_usage_error("train", "--zero shards the state over data-parallel ranks: it needs a launch "
                                    "of several (mpirun -np N)");
         return -1;
     }
+    /* the collectives' carrier: MPI on the CPU backend, NCCL on CUDA (one
+     * process with --comm: one rank, its collectives over itself) */
+    bool nccl = a->comm ? !strcmp(a->comm, "nccl") : a->backend == TIDE_BACKEND_CUDA;
+    if (nccl && a->backend == TIDE_BACKEND_CPU)
+        return cli_usage_error("train", "--comm nccl runs the collectives on GPU memory: it needs --backend cuda");
+    if (!nccl && a->backend == TIDE_BACKEND_CUDA)
+        return cli_usage_error("train", "--comm mpi carries host memory: ranks on the CUDA backend use NCCL "
+                               "(--comm nccl)");
+    if (nccl && !tide_comm_nccl_available())
+        return cli_usage_error("train", "ranks on the CUDA backend run their collectives on NCCL, and this tide was "
+                               "built without it (CMake found no nccl.h and libnccl with the CUDA toolkit and "
+                               "MPI): run the ranks on the CPU backend (--backend cpu)");
+    a->backend = nccl ? TIDE_BACKEND_CUDA : TIDE_BACKEND_CPU;
     if (a->lora_r) return cli_usage_error("train", "LoRA over data-parallel ranks is not built: one process");
     if (a->eval || a->eval_split > 0 || a->eval_every)
         return cli_usage_error("train", "validation (--eval, --eval-split) over data-parallel ranks is not built");
     if (a->zero < 0) a->zero = 1;
-    if (a->backend == TIDE_BACKEND_AUTO) a->backend = TIDE_BACKEND_CPU; /* collectives on GPU memory: not built */
     tide_ctx *ctx = tide_ctx_new();
     if (!ctx) return 1;
     if (tide_comm_open(ctx, &j->comm)) {
@@ -594,7 +618,7 @@ static int parse_args(int argc, char **argv, train_job *j) {
     int c, rc_lora;
     seen_opts seen = {0};
     while ((c = getopt_long(argc, argv, "h", train_options, NULL)) != -1) {
-        int rc = c >= 0x320 && c <= 0x32f ? parse_rank_option(c, a)
+        int rc = (c >= 0x320 && c <= 0x32f) || c == 0x420 ? parse_rank_option(c, a)
                : c >= 0x200 ? parse_lora_option(c, a) : parse_option(c, j, &seen);
         if (rc >= 0) return rc;
     }
@@ -689,9 +713,10 @@ static tide_trainer_opts trainer_opts(const train_args *a) {
                  .grad_clip = (float)a->clip},
         .lr = a->lr, .min_lr = a->have_min_lr ? a->min_lr : a->lr, .cosine = a->have_min_lr, .warmup = a->warmup,
         .total_steps = a->steps, .shuffle = a->shuffle, .seed = a->seed};
-    if (a->ranks > 1) {
+    if (a->ranks > 1 || a->comm) {
         o.step.ranks = (int)a->ranks;
         o.step.zero = (int)a->zero;
+        o.step.one_rank = a->ranks == 1;
     }
     if (a->lora_r) {
         o.step.lora_r = (int)a->lora_r;
@@ -1245,7 +1270,7 @@ int cmd_train(int argc, char **argv) {
     tide_ctx_free(j.ctx);
     free(j.inputs);
     free(j.targets);
-    if (j.comm && rc) {
+    if (j.comm && rc && j.world > 1) {
         /* the other ranks wait on this one's collectives: end them all */
         fprintf(stderr, "tide: train: rank %d of %d failed (exit status %d): ending every rank\n", j.rank, j.world, rc);
         fflush(stderr);

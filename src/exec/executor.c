@@ -153,9 +153,10 @@ tide_status tide_exec_new(tide_ctx *ctx, tide_backend *be, const tide_plan *p,
     if (coll && tide_comm_size(opts->comm) != p->ranks)
         return tide_err(ctx, TIDE_E_INVALID, "the plan is one of %d data-parallel ranks, the communicator has %d",
                         p->ranks, tide_comm_size(opts->comm));
-    if (coll && !be->vt->device_is_host)
-        return tide_err(ctx, TIDE_E_UNSUPPORTED, "collectives on the %s backend's device memory are not built "
-                        "(NCCL): data-parallel ranks run on the CPU backend", be->vt->name);
+    if (coll && !be->vt->device_is_host && !tide_comm_get_dev(opts->comm, NULL))
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "collectives on the %s backend's device memory need the "
+                        "communicator's device collectives (NCCL: tide_trainer_set_comm attaches them), and this "
+                        "one has none", be->vt->name);
     tide_exec *ex = tide_calloc(1, sizeof *ex);
     if (!ex) return tide_err(ctx, TIDE_E_NOMEM, "out of memory creating the executor");
     ex->ctx = ctx;
@@ -527,8 +528,11 @@ static tide_status run_compute(worker *w, int i) {
 }
 
 /* A collective (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER) on the net stream:
- * the graph's op on its device copies with the other ranks (net/comm.h). The
- * backend's device memory is host memory (tide_exec_new). */
+ * the graph's op on its device copies with the other ranks (net/comm.h).
+ * Where the backend's device memory is host memory, on the host
+ * collectives (MPI); else on the communicator's device collectives (NCCL),
+ * with the arena's device pointers, on the net stream's queue, whose stream
+ * has already waited for what the instruction waits on (worker_run). */
 static tide_status run_collective(worker *w, int i) {
     tide_exec *ex = w->ex;
     const tide_ins *in = &ex->p->ins[i];
@@ -537,6 +541,24 @@ static tide_status run_collective(worker *w, int i) {
     void *src = ex->arena + in->dev_off[0], *dst = ex->arena + in->dev_off[1];
     char what[300];
     snprintf(what, sizeof what, "'%s' (instruction %d)", x->name, i);
+    void *dev_st = NULL;
+    const tide_comm_dev *dev = ex->be->vt->device_is_host ? NULL : tide_comm_get_dev(ex->comm, &dev_st);
+    if (dev) {
+        const tide_tensor *whole = in->kind == TIDE_INS_ALL_GATHER ? y : x;
+        int64_t rows = whole->ndim ? whole->shape[0] : 1;
+        uint64_t per = rows ? (uint64_t)rows : 1;
+        switch (in->kind) {
+        case TIDE_INS_ALL_REDUCE:
+            return dev->allreduce_f32(dev_st, w->ctx, src, dst, x->nbytes / sizeof(float), w->q, what);
+        case TIDE_INS_REDUCE_SCATTER:
+            return dev->reduce_scatter_f32(dev_st, w->ctx, src, dst, rows, (uint64_t)tide_tensor_numel(x) / per,
+                                           w->q, what);
+        case TIDE_INS_ALL_GATHER:
+            snprintf(what, sizeof what, "'%s' (instruction %d)", y->name, i);
+            return dev->allgather_rows(dev_st, w->ctx, src, dst, rows, y->nbytes / per, w->q, what);
+        default: return tide_err(w->ctx, TIDE_E_INVALID, "instruction %d is no collective", i);
+        }
+    }
     switch (in->kind) {
     case TIDE_INS_ALL_REDUCE:
         if (src != dst) memcpy(dst, src, x->nbytes);

@@ -417,7 +417,7 @@ static tide_status check_collective(tide_op_kind kind_of_check, CHECK_ARGS) {
     (void)n_in;
     (void)n_out;
     const char *name = tide_op_name(kind_of_check);
-    if (p->ranks < 2) FAIL("%s: needs ranks >= 2 (got %d)", name, p->ranks);
+    if (p->ranks < 1) FAIL("%s: needs ranks >= 1 (got %d)", name, p->ranks);
     const tide_tensor *x = T(0), *y = g->tensors + out[0];
     if (!is_float(x->dtype) || x->dtype != y->dtype) FAIL("%s: '%s' and '%s' must be one float dtype", name, x->name, y->name);
     if (kind_of_check != TIDE_OP_ALL_GATHER && x->dtype != TIDE_F32) FAIL("%s: '%s' must be f32", name, x->name);

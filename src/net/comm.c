@@ -124,6 +124,11 @@ tide_status tide_comm_gather_rows(tide_comm *c, tide_ctx *ctx, const void *shard
 tide_status tide_comm_same(tide_comm *c, tide_ctx *ctx, uint64_t v, const char *what) { return NO_MPI(ctx); }
 void tide_comm_set_cancel(tide_comm *c, const atomic_bool *flag) {}
 void tide_comm_clear_cancel(tide_comm *c, const atomic_bool *flag) {}
+void tide_comm_set_dev(tide_comm *c, const tide_comm_dev *dev, void *st) {}
+const tide_comm_dev *tide_comm_get_dev(const tide_comm *c, void **st) { return NULL; }
+double tide_comm_timeout_s(const tide_comm *c) { return 300; }
+bool tide_comm_cancelled(const tide_comm *c) { return false; }
+void tide_comm_count_sent(tide_comm *c, uint64_t bytes) {}
 
 #else
 
@@ -138,7 +143,24 @@ struct tide_comm {
     int *counts, *displs; /* per rank, for the v-collectives */
     uint64_t bytes_sent;  /* ring algorithms' bytes this rank sent (the formula, docs/training.md section 12) */
     const atomic_bool *_Atomic cancel; /* the running executor's failure flag, or NULL */
+    const tide_comm_dev *dev;          /* collectives on device memory (NCCL), or NULL */
+    void *dev_st;
 };
+
+void tide_comm_set_dev(tide_comm *c, const tide_comm_dev *dev, void *st) {
+    c->dev = dev;
+    c->dev_st = st;
+}
+const tide_comm_dev *tide_comm_get_dev(const tide_comm *c, void **st) {
+    if (st) *st = c && c->dev ? c->dev_st : NULL;
+    return c ? c->dev : NULL;
+}
+double tide_comm_timeout_s(const tide_comm *c) { return c->timeout_s; }
+bool tide_comm_cancelled(const tide_comm *c) {
+    const atomic_bool *f = atomic_load(&c->cancel);
+    return f && atomic_load(f);
+}
+void tide_comm_count_sent(tide_comm *c, uint64_t bytes) { c->bytes_sent += bytes; }
 
 void tide_comm_set_cancel(tide_comm *c, const atomic_bool *flag) { atomic_store(&c->cancel, flag); }
 void tide_comm_clear_cancel(tide_comm *c, const atomic_bool *flag) {
@@ -202,6 +224,7 @@ uint64_t tide_comm_bytes_sent(const tide_comm *c) { return c ? c->bytes_sent : 0
 
 void tide_comm_close(tide_comm *c) {
     if (!c) return;
+    if (c->dev && c->dev->close) c->dev->close(c->dev_st);
     MPI_Comm_free(&c->comm);
     if (c->inited_here) MPI_Finalize();
     tide_free(c->counts);

@@ -2,7 +2,9 @@
  * comm.h - the data-parallel ranks' communicator inside the library (the
  * public half is tide.h, "data-parallel ranks": tide_comm_open and its
  * accessors). Built on MPI where CMake found it (TIDE_HAVE_MPI); without it
- * tide_comm_open says so and nothing here is reached.
+ * tide_comm_open says so and nothing here is reached. Collectives on a GPU's
+ * memory are device collectives attached to it (tide_comm_dev below: NCCL,
+ * net/comm_nccl.c).
  *
  * Every collective is the same call on every rank in the same order: the
  * executor's net stream issues a plan's collectives in list order, and every
@@ -55,5 +57,32 @@ void tide_comm_clear_cancel(tide_comm *c, const atomic_bool *flag);
 /* Rows [*r0, *r0 + *n) of a tensor of `rows` rows that rank r's shard
  * holds (n may be 0). */
 void tide_comm_shard_rows(int64_t rows, int size, int r, int64_t *r0, int64_t *n);
+
+/* Collectives on a backend's device memory (NCCL on CUDA: net/comm_nccl.c,
+ * attached by tide_backend_comm_attach). The executor's net stream calls
+ * them with device pointers and its queue of the backend (q): each is
+ * enqueued on that queue's stream and waited for as the host collectives
+ * are (the timeout, the cancel flag, a peer's failure), and returns only
+ * once complete or failed. The host values (the loss, the plans' hashes,
+ * the checkpoint's gather) stay on the collectives above. */
+typedef struct tide_comm_dev {
+    const char *name; /* "nccl" */
+    tide_status (*allreduce_f32)(void *st, tide_ctx *ctx, const float *src, float *dst, uint64_t n, void *q,
+                                 const char *what);
+    tide_status (*reduce_scatter_f32)(void *st, tide_ctx *ctx, const float *x, float *shard, int64_t rows,
+                                      uint64_t row_elems, void *q, const char *what);
+    tide_status (*allgather_rows)(void *st, tide_ctx *ctx, const void *shard, void *x, int64_t rows,
+                                  uint64_t row_bytes, void *q, const char *what);
+    void (*close)(void *st); /* before the host communicator closes */
+} tide_comm_dev;
+/* Attaches dev (state st, closed with c) to c; NULL detaches. */
+void tide_comm_set_dev(tide_comm *c, const tide_comm_dev *dev, void *st);
+/* c's device collectives (NULL: none), their state in *st. */
+const tide_comm_dev *tide_comm_get_dev(const tide_comm *c, void **st);
+/* For the device collectives: c's timeout, whether the running executor
+ * failed (the cancel flag set), and the ring bytes a collective sent. */
+double tide_comm_timeout_s(const tide_comm *c);
+bool tide_comm_cancelled(const tide_comm *c);
+void tide_comm_count_sent(tide_comm *c, uint64_t bytes);
 
 #endif

@@ -655,7 +655,7 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
         return s.b.st;
     }
     *out = s.b.g;
-    return o->ranks > 1 ? train_ranks_apply(ctx, o, out) : TIDE_OK;
+    return train_is_rank_step(o) ? train_ranks_apply(ctx, o, out) : TIDE_OK;
 }
 
 bool tide_llama_train_tile_level(tide_llama_train_opts *o, int level) {

@@ -71,8 +71,8 @@ static void grad_collective(rank_build *b, int t, int layer) {
 
 tide_status tide_train_rank_graph(tide_ctx *ctx, const tide_graph *g, int ranks, int zero, tide_graph **out) {
     *out = NULL;
-    if (ranks < 2 || ranks > TIDE_TRAIN_RANKS_MAX)
-        return tide_err(ctx, TIDE_E_INVALID, "data parallelism needs 2 to %d ranks (got %d)", TIDE_TRAIN_RANKS_MAX,
+    if (ranks < 1 || ranks > TIDE_TRAIN_RANKS_MAX)
+        return tide_err(ctx, TIDE_E_INVALID, "data parallelism needs 1 to %d ranks (got %d)", TIDE_TRAIN_RANKS_MAX,
                         ranks);
     if (zero < 0 || zero > 2) return tide_err(ctx, TIDE_E_INVALID, "--zero must be 0, 1 or 2 (got %d)", zero);
     int first_opt = -1; /* the first SUMSQ: where the optimizer starts */

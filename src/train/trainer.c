@@ -28,6 +28,7 @@
  */
 #include "train/trainer_int.h"
 #include "train/train_plan.h"
+#include "train/train_ranks.h"
 #include "runtime/session.h"
 #include "runtime/tiling.h"
 #include "sim/sim.h"
@@ -232,7 +233,7 @@ static bool ends_with(const char *s, const char *suf) {
 bool train_is_shard(const tide_trainer *t, int i, int *whole) {
     const tide_graph *g = t->g;
     const tide_tensor *T = &g->tensors[i];
-    if (t->o.step.ranks < 2 || t->o.step.zero < 1 || T->role != TIDE_ROLE_STATE) return false;
+    if (!train_is_rank_step(&t->o.step) || t->o.step.zero < 1 || T->role != TIDE_ROLE_STATE) return false;
     char base[300];
     tide_train_class c = tide_train_tensor_class(g, i);
     if (ends_with(T->name, ".shard")) {
@@ -254,13 +255,15 @@ tide_status tide_trainer_set_comm(tide_trainer *t, tide_comm *c) {
     if (t->run) return tide_err(t->ctx, TIDE_E_INVALID, "the ranks' communicator is set before the first step");
     if (!c) return tide_err(t->ctx, TIDE_E_INVALID, "no communicator");
     int n = tide_comm_size(c);
+    if (n == 1 && !train_is_rank_step(&t->o.step))
+        return tide_err(t->ctx, TIDE_E_INVALID, "a communicator of one rank needs a rank's step "
+                        "(tide_llama_train_opts.one_rank)");
     if (t->o.step.ranks != n)
         return tide_err(t->ctx, TIDE_E_INVALID, "the step is one of %d ranks' (tide_llama_train_opts.ranks), the "
                         "launch has %d", t->o.step.ranks < 2 ? 1 : t->o.step.ranks, n);
-    if (!t->be->vt->device_is_host)
-        return tide_err(t->ctx, TIDE_E_UNSUPPORTED, "data-parallel ranks on the %s backend need its collectives "
-                        "(NCCL), which are not built: run the ranks on the CPU backend (--backend cpu)",
-                        t->be->vt->name);
+    /* the collectives on the backend's device memory: NCCL on CUDA */
+    tide_status st = tide_backend_comm_attach(t->be, c, t->ctx);
+    if (st) return st;
     t->comm = c;
     t->rank = tide_comm_rank(c);
     return TIDE_OK;
@@ -369,7 +372,7 @@ static tide_status warm_layout(tide_trainer *t) {
  * persistent tensor warm. */
 static tide_status plan_resident(tide_trainer *t, tide_plan **out) {
     tide_status st;
-    if (t->o.step.ranks > 1) {
+    if (train_is_rank_step(&t->o.step)) {
         /* a rank's collectives run on device copies: every persistent tensor
          * warm in the arena, even where device memory is host memory */
         if ((st = warm_layout(t))) return st;
@@ -738,7 +741,7 @@ static tide_status prepare(tide_trainer *t) {
     tide_graph *g = NULL;
     tide_status st;
     double t0 = tide_now();
-    if (t->o.step.ranks > 1 && !t->comm)
+    if (train_is_rank_step(&t->o.step) && !t->comm)
         return tide_err(ctx, TIDE_E_INVALID, "the step is one of %d data-parallel ranks': it needs the ranks' "
                         "communicator (tide_trainer_set_comm)", t->o.step.ranks);
     if (t->comm && t->offload) {

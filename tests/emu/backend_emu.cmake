@@ -130,6 +130,15 @@ add_test(NAME test_train_cudaemu COMMAND test_train_cudaemu)
 set_tests_properties(test_train_cudaemu PROPERTIES
   ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures" TIMEOUT 900)
 
+# A rank's step with its collectives on device memory, one rank, on the
+# emulated GPU (the device collectives the test's own: copies; no NCCL here).
+add_executable(test_comm_cudaemu ${_emu_dir}/test_comm_cudaemu.c)
+target_include_directories(test_comm_cudaemu PRIVATE ${PROJECT_SOURCE_DIR}/src ${CUDAToolkit_INCLUDE_DIRS})
+target_link_libraries(test_comm_cudaemu PRIVATE tide_test_hooks tide_cudaemu)
+add_test(NAME test_comm_cudaemu COMMAND test_comm_cudaemu)
+set_tests_properties(test_comm_cudaemu PROPERTIES
+  ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures" SKIP_RETURN_CODE 77 TIMEOUT 900)
+
 add_test(NAME cli_cuda_emu COMMAND bash ${_emu_dir}/cli_cuda_emu.sh $<TARGET_FILE:tide-cudaemu>)
 set_tests_properties(cli_cuda_emu PROPERTIES
   ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures;TIDE_DATA=${PROJECT_SOURCE_DIR}/data${_emu_quick}"

@@ -31,8 +31,9 @@
  * `synchronize` waits for every queue's stream and returns the first error
  * found there, queue_sync for one queue's. Streams are non-blocking: no
  * implicit ordering with the legacy default stream, which nothing here uses.
- * The instance uses GPU 0, every thread's default device, so no thread needs
- * binding to it; queue_new sets it on the creating thread all the same.
+ * The instance uses GPU 0 (a rank of a launch: its local rank modulo the
+ * device count, tide_cuda_backend_new), and every call that needs it sets it
+ * on the calling thread; queue_new sets it on the creating thread.
  *
  * MATMUL. out (R, N) = x (R, K) . w (N, K)^T. Row-major out is column-major
  * out^T (N, R) = w (N, K) . x^T (K, R); in column-major terms w is a (K, N)
@@ -207,9 +208,26 @@ static bool host_pinned(const void *p) {
  * waits for the queue's stream (nothing when the queue is idle); copies from
  * pinned memory (the executor's host pool) are read when they run, without
  * a wait. */
+/* Makes the instance's device current on the calling thread (a thread
+ * starts on GPU 0; the instance may be on another, tide_cuda_backend_new):
+ * the calls that launch or enqueue work on its streams, remembered per
+ * thread. */
+static _Thread_local int bound_device = -1;
+static void bind_device(tide_backend *be) {
+    int d = impl_of(be)->device;
+    if (bound_device != d && cudaSetDevice(d) == cudaSuccess) bound_device = d;
+}
+
+static tide_status cu_compute(tide_backend *be, void *q, const tide_graph *g, const tide_op *op, void *const *in,
+                              void *const *out, void *scratch) {
+    bind_device(be);
+    return tide_cuda_compute(be, q, g, op, in, out, scratch);
+}
+
 static tide_status cu_copy(tide_backend *be, void *vq, void *dst, const void *src, size_t n,
                            enum cudaMemcpyKind kind) {
     if (!n) return TIDE_OK;
+    bind_device(be);
     cu_queue *q = queue_of(be, vq);
     const char *what = kind == cudaMemcpyHostToDevice ? "host to device" : "device to host";
     pthread_mutex_lock(&q->mu);
@@ -508,6 +526,7 @@ static void cu_event_free(tide_backend *be, void *ev) {
 }
 
 static tide_status cu_event_record(tide_backend *be, void *vq, void *ev) {
+    bind_device(be);
     cu_queue *q = queue_of(be, vq);
     pthread_mutex_lock(&q->mu);
     cudaError_t e = cudaEventRecord((cudaEvent_t)ev, q->stream);
@@ -516,6 +535,7 @@ static tide_status cu_event_record(tide_backend *be, void *vq, void *ev) {
 }
 
 static tide_status cu_event_wait(tide_backend *be, void *vq, void *ev) {
+    bind_device(be);
     cu_queue *q = queue_of(be, vq);
     pthread_mutex_lock(&q->mu);
     cudaError_t e = cudaStreamWaitEvent(q->stream, (cudaEvent_t)ev, 0);
@@ -548,7 +568,7 @@ static const tide_backend_vt cuda_vt = {
     .queue_sync = cu_queue_sync,
     .to_device = cu_to_device,
     .to_host = cu_to_host,
-    .compute = tide_cuda_compute,
+    .compute = cu_compute,
     .synchronize = cu_synchronize,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
@@ -564,7 +584,23 @@ static const tide_backend_vt cuda_vt = {
 
 /* ---------------------------------------------------------------- creation */
 
-/* Returns TIDE_OK with *out a CUDA backend on GPU 0; TIDE_E_NO_DEVICE when
+/* This process's rank among a launch's on this machine (0 outside one):
+ * Open MPI's mpirun, srun, or a torchrun-style launcher's LOCAL_RANK. */
+static int local_rank(void) {
+    static const char *const names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        const char *v = getenv(names[k]);
+        if (!v || !*v) continue;
+        char *end;
+        long r = strtol(v, &end, 10);
+        if (!*end && r >= 0 && r < (1 << 20)) return (int)r;
+    }
+    return 0;
+}
+
+/* Returns TIDE_OK with *out a CUDA backend on GPU 0 (a rank of a launch:
+ * its local rank modulo the devices, so the ranks of one machine take one
+ * GPU each); TIDE_E_NO_DEVICE when
  * the driver or the device is absent or unusable; TIDE_E_UNSUPPORTED when
  * this build has no kernels for the GPU; TIDE_E_BACKEND or TIDE_E_NOMEM when
  * setting it up fails. */
@@ -577,7 +613,7 @@ tide_status tide_cuda_backend_new(tide_ctx *ctx, tide_backend **out) {
         return tide_err(ctx, TIDE_E_NO_DEVICE, "no CUDA device: %s (error %d)", cudaGetErrorString(e), (int)e);
     }
     if (n < 1) return tide_err(ctx, TIDE_E_NO_DEVICE, "no CUDA device: the driver reports none");
-    const int dev = 0;
+    const int dev = local_rank() % n;
     if ((e = cudaSetDevice(dev)) != cudaSuccess)
         return tide_cuda_fail(ctx, TIDE_E_NO_DEVICE, e, "device %d is not usable (cudaSetDevice)", dev);
     struct cudaDeviceProp prop;
