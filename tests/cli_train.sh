@@ -15,7 +15,7 @@
 # line and `refit` object of a run on a profile with rates far too slow and
 # none with `--no-refit`, the demonstration, `tide plan --train`; row tiles
 # (`tide train` at its tiled minimum below the untiled one, checked bit for
-# bit, and refused there with `--tile none`; `tide plan --train` of llama-7b
+# bit, and refused there with `--tile none`; `tide plan --train` of llama-7b (4 layers)
 # at its tiled minimum (tiles of one sequence, the vocabulary in 4 blocks)
 # under a seventh of the untiled one and under two thirds of row tiles' alone,
 # its `tiling` line and JSON fields, zero-offload untiled unless asked, bad
@@ -189,23 +189,33 @@ contains "$TMP/err" "every AdamW update on the host CPU" "zero-offload with --op
 expect 0 "demonstration, 3 steps" -- "$TIDE" train --steps 3 --json
 contains "$TMP/out" '"check_passed":true' "demonstration checks bit for bit"
 
-# plan --train
-expect 0 "plan a training step" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
+# plan --train: the searches plan many times, so they run on llama-7b's
+# shapes cut to 4 layers (a config.json alone; its ops are llama-7b's, so are
+# the minimums' working sets): 4 x 9 + 3 = 39 parameters
+L7B4=$TMP/llama-7b-4l
+mkdir -p "$L7B4"
+cat >"$L7B4/config.json" <<'EOF_CONFIG'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+ "intermediate_size": 11008, "num_hidden_layers": 4, "num_attention_heads": 32,
+ "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 2048,
+ "rms_norm_eps": 1e-06, "torch_dtype": "float16", "tie_word_embeddings": false}
+EOF_CONFIG
+expect 0 "plan a training step" -- "$TIDE" plan --train --model "$L7B4" --batch 8 --seq 2048 --accum 4 \
     --budget 25% --hw a100-80g --tile none
 for w in "master weights" "moments" "gradients" "activations" "ideal step" "lower bound" "planning time"; do
     contains "$TMP/out" "$w" "plan --train table has $w"
 done
-expect 0 "plan --train, checkpoint-layer" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
+expect 0 "plan --train, checkpoint-layer" -- "$TIDE" plan --train --model "$L7B4" --batch 8 --seq 2048 --accum 4 \
     --budget 25% --hw a100-80g --policy checkpoint-layer
 contains "$TMP/out" "policy checkpoint-layer" "plan --train names checkpoint-layer"
 contains "$TMP/out" "verified    yes" "checkpoint-layer plan verified"
 expect 2 "checkpoint-layer without --train" -- "$TIDE" plan --config llama-7b --budget 25% --policy checkpoint-layer
 contains "$TMP/err" "needs --train" "checkpoint-layer without --train names why"
-expect 0 "plan --train, zero-offload" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
+expect 0 "plan --train, zero-offload" -- "$TIDE" plan --train --model "$L7B4" --batch 8 --seq 2048 --accum 4 \
     --budget 25% --hw a100-80g --policy zero-offload
 contains "$TMP/out" "policy zero-offload" "plan --train names zero-offload"
 contains "$TMP/out" "verified    yes" "zero-offload plan verified"
-contains "$TMP/out" "291 of 291 updates on the host CPU" "zero-offload: every update on the host"
+contains "$TMP/out" "39 of 39 updates on the host CPU" "zero-offload: every update on the host"
 expect 2 "zero-offload without --train" -- "$TIDE" plan --config llama-7b --budget 25% --policy zero-offload
 contains "$TMP/err" "needs --train" "zero-offload without --train names why"
 expect 2 "zero-offload in tide run" -- "$TIDE" run --model "$FX" --budget 25% --policy zero-offload
@@ -220,22 +230,22 @@ expect 2 "--accum without --train" -- "$TIDE" plan --config llama-7b --budget 25
 # where AdamW runs: auto moves updates to the host CPU on the a100 profile and
 # says by how much it beats all-device; device and cpu are what they say
 # (untiled steps: the placement is the point here, row tiles below)
-expect 0 "plan --train, AdamW placed" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
+expect 0 "plan --train, AdamW placed" -- "$TIDE" plan --train --model "$L7B4" --batch 8 --seq 2048 --accum 4 \
     --budget 25% --hw a100-80g --json --tile none
 for f in optimizer_groups optimizer_host_groups device_optimizer_step_s; do json_field "$TMP/out" "$f"; done
 grep -q '"optimizer_host_groups":[1-9]' "$TMP/out" && PASSES=$((PASSES + 1)) || { echo "FAIL: auto placed no update on the host"; FAILS=$((FAILS + 1)); }
 auto_step=$(sed -e 's/.*"step_s":\([0-9.e+-]*\).*/\1/' "$TMP/out")
 dev_step=$(sed -e 's/.*"device_optimizer_step_s":\([0-9.e+-]*\).*/\1/' "$TMP/out")
 awk -v a="$auto_step" -v d="$dev_step" 'BEGIN { exit !(a < d) }' && PASSES=$((PASSES + 1)) || { echo "FAIL: auto step $auto_step not below all-device $dev_step"; FAILS=$((FAILS + 1)); }
-expect 0 "plan --train --optimizer device" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
+expect 0 "plan --train --optimizer device" -- "$TIDE" plan --train --model "$L7B4" --batch 8 --seq 2048 --accum 4 \
     --budget 25% --hw a100-80g --optimizer device --tile none
-contains "$TMP/out" "AdamW: 0 of 291 updates on the host CPU" "device placement"
-expect 0 "plan --train --optimizer cpu" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 4 \
+contains "$TMP/out" "AdamW: 0 of 39 updates on the host CPU" "device placement"
+expect 0 "plan --train --optimizer cpu" -- "$TIDE" plan --train --model "$L7B4" --batch 8 --seq 2048 --accum 4 \
     --budget 25% --hw a100-80g --optimizer cpu --tile none
-contains "$TMP/out" "AdamW: 291 of 291 updates on the host CPU" "cpu placement"
+contains "$TMP/out" "AdamW: 39 of 39 updates on the host CPU" "cpu placement"
 # row tiles of a training step: the minimum with --optimizer cpu falls below
 # the untiled step's, which --tile none keeps; the baselines tile only when told
-expect 0 "plan --train, tiled minimum" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 1 \
+expect 0 "plan --train, tiled minimum" -- "$TIDE" plan --train --model "$L7B4" --batch 8 --seq 2048 --accum 1 \
     --budget min --hw a100-80g --optimizer cpu --json
 for f in tile_level tile_seqs max_working_set_bytes untiled_max_working_set_bytes untiled_min_budget_bytes; do
     json_field "$TMP/out" "$f"
@@ -245,19 +255,19 @@ contains "$TMP/out" '"vocab_blocks":4,' "... with the embedding and the head in 
 tmin=$(sed -n 's/.*"budget_bytes":\([0-9]*\).*/\1/p' "$TMP/out")
 umin=$(sed -n 's/.*"untiled_min_budget_bytes":\([0-9]*\).*/\1/p' "$TMP/out")
 awk -v t="$tmin" -v u="$umin" 'BEGIN { exit !(t > 0 && 7 * t < u) }' && PASSES=$((PASSES + 1)) || { echo "FAIL: tiled minimum $tmin not below a seventh of the untiled $umin"; FAILS=$((FAILS + 1)); }
-expect 0 "plan --train at the tiled minimum, text" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 \
+expect 0 "plan --train at the tiled minimum, text" -- "$TIDE" plan --train --model "$L7B4" --batch 8 --seq 2048 \
     --accum 1 --budget "$tmin" --hw a100-80g --optimizer cpu
 contains "$TMP/out" "row tiles of 1 of the 8 sequences, embedding and head in " "the tiling line"
 # row tiles alone (level 3) stop at the head's loss, several times that
-expect 0 "plan --train, row tiles alone" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 --accum 1 \
+expect 0 "plan --train, row tiles alone" -- "$TIDE" plan --train --model "$L7B4" --batch 8 --seq 2048 --accum 1 \
     --budget min --hw a100-80g --optimizer cpu --tile 3 --json
 contains "$TMP/out" '"vocab_blocks":1,' "level 3 keeps the vocabulary whole"
 rmin=$(sed -n 's/.*"budget_bytes":\([0-9]*\).*/\1/p' "$TMP/out")
 awk -v t="$tmin" -v r="$rmin" 'BEGIN { exit !(t > 0 && 3 * t < 2 * r) }' && PASSES=$((PASSES + 1)) || { echo "FAIL: the minimum with vocabulary blocks $tmin is not below two thirds of row tiles' $rmin"; FAILS=$((FAILS + 1)); }
-expect 1 "the tiled minimum with --tile none" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 \
+expect 1 "the tiled minimum with --tile none" -- "$TIDE" plan --train --model "$L7B4" --batch 8 --seq 2048 \
     --accum 1 --budget "$tmin" --hw a100-80g --optimizer cpu --tile none
 contains "$TMP/err" "silu_mul_bwd) needs at least" "--tile none below the untiled step names the op"
-expect 0 "plan --train, zero-offload untiled at min" -- "$TIDE" plan --train --config llama-7b --batch 8 --seq 2048 \
+expect 0 "plan --train, zero-offload untiled at min" -- "$TIDE" plan --train --model "$L7B4" --batch 8 --seq 2048 \
     --accum 1 --budget min --hw a100-80g --policy zero-offload --json
 contains "$TMP/out" '"tile_level":0,' "zero-offload is not tiled unless asked"
 expect 2 "bad --tile with --train" -- "$TIDE" plan --train --config llama-7b --budget min --tile 7
