@@ -68,6 +68,11 @@ if(TIDE_CUDA AND TARGET CUDA::cudart)
   string(APPEND TIDE_PC_LIBS_PRIVATE
          " -L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcublasLt -lcudart -lstdc++ -l${CMAKE_DL_LIBS}")
 endif()
+# NCCL (cmake/cuda.cmake): the CUDA ranks' collectives, in the static library too
+if(TIDE_HAVE_NCCL)
+  get_filename_component(_tide_nccl_dir ${TIDE_NCCL_LIBRARY} DIRECTORY)
+  string(APPEND TIDE_PC_LIBS_PRIVATE " -L${_tide_nccl_dir} -lnccl")
+endif()
 string(STRIP "${TIDE_PC_LIBS_PRIVATE}" TIDE_PC_LIBS_PRIVATE)
 configure_file(${PROJECT_SOURCE_DIR}/cmake/tide.pc.in ${CMAKE_CURRENT_BINARY_DIR}/tide.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/tide.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

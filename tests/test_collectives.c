@@ -195,7 +195,7 @@ static void test_state_bytes_per_rank(void **state) {
     }
     /* bad ranks and stages */
     tide_graph *h = NULL;
-    assert_int_equal(tide_train_rank_graph(ctx, one, 1, 1, &h), TIDE_E_INVALID);
+    assert_int_equal(tide_train_rank_graph(ctx, one, 0, 1, &h), TIDE_E_INVALID);
     assert_int_equal(tide_train_rank_graph(ctx, one, 2, 3, &h), TIDE_E_INVALID);
     assert_non_null(strstr(tide_ctx_last_error(ctx), "--zero"));
     assert_null(h);
