@@ -89,7 +89,7 @@ expect 1 "--eval-split of a token file" -- "$TIDE" train "${run[@]}" --seq 16 --
 contains "$TMP/err" "not from a token file" "eval split of a token file refused"
 
 # offloaded, masked: bit for bit the resident step
-expect 0 "chat offloaded --check" -- "$TIDE" train "${run[@]}" --steps 3 --budget 40% --check --data "$FX/chat.jsonl"
+expect 0 "chat offloaded --check" -- "$TIDE" train "${run[@]}" --steps 3 --budget 40% --hw a100-80g --check --data "$FX/chat.jsonl"
 contains "$TMP/out" '"check_passed":true' "offloaded masked run bit-identical"
 
 # bad input: named with its line, non-zero, nothing written

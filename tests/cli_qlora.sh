@@ -13,7 +13,7 @@
 # is refused with exit 1, a message naming the cause, and no --out written:
 # an unknown --base-type, --base-type without --lora-r, a type whose blocks
 # the rows cannot hold (q4_k's 256 on rows of 64), --base-type on a GGUF
-# base; `tide plan --train --lora-r 16 --base-type q4_k` of llama-7b has
+# base; `tide plan --train --lora-r 16 --base-type q4_k` of llama-7b's shapes (4 layers) has
 # weights a third or less of the bf16 LoRA plan's, and a smaller minimum.
 # (The numbers against the f32 path on the dequantized base are
 # tests/test_qlora.c's; offloading bit for bit over every policy is
@@ -46,13 +46,13 @@ contains "$TMP/ad/adapter_config.json" '"LORA"' "adapter_config.json"
 
 # offloaded, bit for bit
 expect 0 "qlora gguf --check" -- "$TIDE" train --model "$TMP/base.gguf" "${RUN[@]}" --steps 3 --lora-r 4 \
-    --budget min --check --json
+    --budget min --hw a100-80g --check --json
 contains "$TMP/out" '"check_passed":true' "GGUF QLoRA at the minimum budget is bit-identical"
 expect 0 "qlora base-type --check" -- "$TIDE" train --model "$BF" "${RUN[@]}" --steps 3 --lora-r 4 \
-    --base-type q8_0 --budget min --check --json --no-refit
+    --base-type q8_0 --budget min --hw a100-80g --check --json --no-refit
 contains "$TMP/out" '"check_passed":true' "--base-type q8_0 at the minimum budget is bit-identical"
 q_min=$(grep -o '"budget_bytes":[0-9]*' "$TMP/out" | tail -1 | cut -d: -f2)
-expect 0 "lora bf16 at min" -- "$TIDE" train --model "$BF" "${RUN[@]}" --steps 1 --lora-r 4 --budget min --json \
+expect 0 "lora bf16 at min" -- "$TIDE" train --model "$BF" "${RUN[@]}" --steps 1 --lora-r 4 --budget min --hw a100-80g --json \
     --no-refit
 l_min=$(grep -o '"budget_bytes":[0-9]*' "$TMP/out" | tail -1 | cut -d: -f2)
 echo "minimum budget: QLoRA (q8_0) $q_min bytes, LoRA on the bf16 base $l_min"
@@ -61,12 +61,24 @@ echo "minimum budget: QLoRA (q8_0) $q_min bytes, LoRA on the bf16 base $l_min"
 
 # tide plan --train --lora-r --base-type
 field() { grep -o "\"$1\":[0-9.e+]*" "$TMP/out" | tail -1 | cut -d: -f2; }
-expect 0 "plan lora" -- "$TIDE" plan --config llama-7b --train --batch 1 --seq 512 --budget min --json --lora-r 16
+# the plans run on llama-7b's layer shapes cut to 4 layers with a 4096-token
+# vocabulary (a config.json alone): the searches for the minimum plan many
+# times, and a small vocabulary keeps the embeddings and head a small part of
+# the weights, as in the 32-layer model
+L7B4=$TMP/llama-7b-4l
+mkdir -p "$L7B4"
+cat >"$L7B4/config.json" <<'EOF_CONFIG'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+ "intermediate_size": 11008, "num_hidden_layers": 4, "num_attention_heads": 32,
+ "num_key_value_heads": 32, "vocab_size": 4096, "max_position_embeddings": 2048,
+ "rms_norm_eps": 1e-06, "torch_dtype": "float16", "tie_word_embeddings": false}
+EOF_CONFIG
+expect 0 "plan lora" -- "$TIDE" plan --model "$L7B4" --train --batch 1 --seq 512 --budget min --json --lora-r 16
 l_w=$(field weight_bytes) l_min=$(field budget_bytes)
-expect 0 "plan qlora" -- "$TIDE" plan --config llama-7b --train --batch 1 --seq 512 --budget min --json --lora-r 16 \
+expect 0 "plan qlora" -- "$TIDE" plan --model "$L7B4" --train --batch 1 --seq 512 --budget min --json --lora-r 16 \
     --base-type q4_k
 q_w=$(field weight_bytes) q_min=$(field budget_bytes)
-echo "llama-7b plan --budget min: LoRA weights $l_w bytes, minimum $l_min; QLoRA q4_k weights $q_w, minimum $q_min"
+echo "llama-7b (4 layers) plan --budget min: LoRA weights $l_w bytes, minimum $l_min; QLoRA q4_k weights $q_w, minimum $q_min"
 [ -n "$q_w" ] && [ -n "$l_w" ] && [ "$((q_w * 3))" -le "$l_w" ] && [ "$q_min" -lt "$l_min" ] &&
     PASSES=$((PASSES + 1)) || { echo "FAIL: QLoRA plan: weights $q_w vs $l_w, minimum $q_min vs $l_min"; FAILS=$((FAILS + 1)); }
 expect 2 "plan --base-type without --lora-r" -- "$TIDE" plan --config llama-7b --train --budget min --base-type q4_k

@@ -160,13 +160,14 @@ expect 1 "make-model, unknown config" -- "$TIDE" make-model --config nope "$TMP/
 
 # KV cache types: a model of head_dim 32 (q8_0 takes whole blocks of 32 per
 # head), each type offloaded at 25% and checked bit for bit against the plain
-# engine; f16 and q8_0 caches give other logits than f32 (they round)
+# engine; f16 and q8_0 caches give other logits than f32 (they round). With
+# the probed profile: a run without --hw measures the machine first.
 sed -e 's/"head_dim": 16/"head_dim": 32/' -e 's/"hidden_size": 96/"hidden_size": 128/' \
     -e 's/"num_attention_heads": 6/"num_attention_heads": 4/' "$FX/config.json" > "$TMP/kv-config.json"
 expect 0 "make-model, head_dim 32" -- "$TIDE" make-model --config "$TMP/kv-config.json" --layers 2 --seed 5 "$TMP/kv"
 for t in f32 f16 bf16 q8_0; do
     expect 0 "--cache-type $t, offloaded at 25%, checked" -- "$TIDE" run --model "$TMP/kv" --tokens 1,2,3,4,5,6 \
-        --new-tokens 6 --budget 25% --check --json --backend cpu --cache-type $t
+        --new-tokens 6 --budget 25% --check --json --backend cpu --cache-type $t "${HW[@]}"
     contains "$TMP/out" '"check_passed":true' "$t cache: bit-identical to the plain engine"
     contains "$TMP/out" "\"cache_type\":\"$t\"" "JSON names the $t cache"
     grep -o '"logits_hash":"[0-9a-f]*"' "$TMP/out" > "$TMP/kv-hash-$t"

@@ -185,8 +185,9 @@ expect 2 "zero-offload with --optimizer device" -- "$TIDE" train --model "$FX" -
     --seq 16 --budget 25% --policy zero-offload --optimizer device --hw h100-80g
 contains "$TMP/err" "every AdamW update on the host CPU" "zero-offload with --optimizer device names why"
 
-# the demonstration (no arguments) is exercised with a few steps
-expect 0 "demonstration, 3 steps" -- "$TIDE" train --steps 3 --json
+# the demonstration (no arguments: the built-in model and corpus) is exercised
+# with a few steps of a smaller batch
+expect 0 "demonstration, 2 steps of 2 sequences" -- "$TIDE" train --steps 2 --batch 2 --json
 contains "$TMP/out" '"check_passed":true' "demonstration checks bit for bit"
 
 # plan --train: the searches plan many times, so they run on llama-7b's

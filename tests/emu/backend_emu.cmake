@@ -112,6 +112,9 @@ set_tests_properties(test_backends_cudaemu_pitch PROPERTIES
 add_executable(test_warm_offload_cudaemu ${PROJECT_SOURCE_DIR}/tests/test_warm_offload.c)
 target_include_directories(test_warm_offload_cudaemu PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
 target_link_libraries(test_warm_offload_cudaemu PRIVATE tide_test_hooks tide_cudaemu PkgConfig::CMOCKA)
+# a prefill and 3 decode steps a request, not 9: the same paths (warm weights
+# across graph runs, decode steps reading them), each emulated kernel slow
+target_compile_definitions(test_warm_offload_cudaemu PRIVATE WARM_N_NEW=4)
 add_test(NAME test_warm_offload_cudaemu COMMAND test_warm_offload_cudaemu)
 set_tests_properties(test_warm_offload_cudaemu PROPERTIES
   ENVIRONMENT "TIDE_FIXTURES=${PROJECT_SOURCE_DIR}/tests/fixtures" TIMEOUT 600)
