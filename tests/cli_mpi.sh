@@ -11,6 +11,11 @@
 #     3 ranks x --accum 1 against --accum 3 (shards of uneven rows) and 2
 #     ranks x --accum 2 against --accum 4; the bf16 fixture's f32 masters
 #     (sharded) within the same tolerance;
+#   - ZeRO-2 over micro-batches (each one's gradients reduce-scattered into
+#     the shard): 2 ranks x --accum 2 against --accum 4 and against ZeRO-1's
+#     ranks, 3 ranks x --accum 2 against --accum 6, within the same
+#     tolerances; offloaded (--budget 25%, and state on SSD) bit for bit the
+#     same ranks unconstrained;
 #   - each rank's master weights and moments (the summary's
 #     state_bytes_this_rank) are 1/N of ZeRO-0's, up to the rows of uneven
 #     shards;
@@ -27,7 +32,7 @@
 #     (TIDE_NET_TIMEOUT), naming it, and the failed rank ends every rank;
 #   - without a launcher --ranks 2 is refused naming mpirun, a torchrun-style
 #     launch is refused naming mpirun, --zero without ranks is a usage
-#     error, --zero 2 with --accum 2 is refused on every rank.
+#     error.
 # Exit 77 when mpirun is absent or this tide has no MPI.
 source "$(dirname "$0")/lib_cli.sh" "$1"
 : "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
@@ -210,9 +215,31 @@ expect 0 "3 ranks resuming a 2-rank state fail" -- fails "${MPI[@]}" 3 "$TIDE" t
 contains "$TMP/err" "accum" "another number of micro-batches is named"
 [ ! -e "$TMP/r3x" ] && PASSES=$((PASSES + 1)) || { echo "FAIL: a refused resume wrote"; FAILS=$((FAILS + 1)); }
 
-# --zero 2 with --accum 2: refused
-expect 0 "--zero 2 --accum 2 fails" -- fails "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 1 --zero 2 --accum 2
-contains "$TMP/err" "--zero 2 with --accum 2" "ZeRO-2's limit is named"
+# ZeRO-2 over micro-batches: each one's gradients reduce-scattered into the
+# shard; the steps of ZeRO-1's ranks and of one process's N*A; offloaded,
+# bit for bit the same ranks unconstrained
+expect 0 "2 ranks ZeRO-2 x accum 2" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 3 --accum 2 --zero 2 \
+    --out "$TMP/r22z2"
+cp "$TMP/out" "$TMP/r22z2.json"
+cmp_steps "2 ranks ZeRO-2 x accum 2 vs --accum 4" "$TMP/r22z2.json" "$TMP/one4.json"
+cmp_steps "2 ranks ZeRO-2 x accum 2 vs ZeRO-1" "$TMP/r22z2.json" "$TMP/r22.json"
+cmp_params "2 ranks ZeRO-2 x accum 2 final parameters vs --accum 4" "$TMP/r22z2" "$TMP/one4"
+expect 0 "single --accum 6" -- "$TIDE" train "${RUN[@]}" --steps 2 --accum 6 --out "$TMP/one6"
+cp "$TMP/out" "$TMP/one6.json"
+expect 0 "3 ranks ZeRO-2 x accum 2" -- "${MPI[@]}" 3 "$TIDE" train "${RUN[@]}" --steps 2 --accum 2 --zero 2 \
+    --out "$TMP/r32z2"
+cp "$TMP/out" "$TMP/r32z2.json"
+cmp_steps "3 ranks ZeRO-2 x accum 2 vs --accum 6" "$TMP/r32z2.json" "$TMP/one6.json"
+cmp_params "3 ranks ZeRO-2 x accum 2 final parameters vs --accum 6" "$TMP/r32z2" "$TMP/one6"
+expect 0 "2 ranks ZeRO-2 x accum 2 offloaded --check" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 2 \
+    --accum 2 --zero 2 --budget 25% --check
+[ "$(grep -c '"check_passed":true' "$TMP/out")" = 2 ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: offloaded ZeRO-2 ranks over micro-batches differ from unconstrained"; FAILS=$((FAILS + 1)); }
+rm -rf "$TMP/ssd" && mkdir -p "$TMP/ssd"
+expect 0 "2 ranks ZeRO-2 x accum 2, state on SSD, --check" -- "${MPI[@]}" 2 "$TIDE" train "${RUNB[@]}" --steps 2 \
+    --accum 2 --zero 2 --budget 25% --host-budget 64K --ssd "$TMP/ssd" --check
+[ "$(grep -c '"check_passed":true' "$TMP/out")" = 2 ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: ZeRO-2 ranks over micro-batches with state on SSD differ"; FAILS=$((FAILS + 1)); }
 
 # a rank killed mid-step: the job ends, naming it (timeout: a hang's guard)
 cat >"$TMP/kill1.sh" <<'SH'
