@@ -16,6 +16,14 @@
 #     ranks, 3 ranks x --accum 2 against --accum 6, within the same
 #     tolerances; offloaded (--budget 25%, and state on SSD) bit for bit the
 #     same ranks unconstrained;
+#   - LoRA over ranks: 2 ranks x --accum 1 against one process's LoRA with
+#     --accum 2 under ZeRO 0, 1 and 2 (losses and norms 1e-5 relative, the
+#     saved adapter and optimizer state 1e-4 absolute, adapter_config.json
+#     byte for byte, no full checkpoint; --merge-out's merged base 1e-4
+#     absolute); ZeRO-0 sends the adapters' bytes
+#     a step and nothing of the frozen base; QLoRA (--base-type q8_0) 2
+#     ranks against one process's --accum 2; offloaded LoRA ranks bit for bit
+#     the same ranks unconstrained;
 #   - each rank's master weights and moments (the summary's
 #     state_bytes_this_rank) are 1/N of ZeRO-0's, up to the rows of uneven
 #     shards;
@@ -136,8 +144,9 @@ cmp_steps() { # DESCRIPTION A B
     if python3 "$TMP/compare.py" steps "$2" "$3" >"$TMP/cmp" 2>&1; then PASSES=$((PASSES + 1))
     else echo "FAIL: $1: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
 }
-cmp_params() { # DESCRIPTION DIR_A DIR_B
-    if python3 "$TMP/compare.py" params "$2/model.safetensors" "$3/model.safetensors" >"$TMP/cmp" 2>&1; then
+cmp_params() { # DESCRIPTION DIR_A DIR_B [FILE]: FILE (model.safetensors) of each, tensor by tensor
+    local f=${4:-model.safetensors}
+    if python3 "$TMP/compare.py" params "$2/$f" "$3/$f" >"$TMP/cmp" 2>&1; then
         PASSES=$((PASSES + 1))
     else echo "FAIL: $1: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
 }
@@ -198,6 +207,49 @@ expect 0 "2 ranks, state on SSD, --check" -- "${MPI[@]}" 2 "$TIDE" train "${RUNB
     --host-budget 64K --ssd "$TMP/ssd" --check
 [ "$(grep -c '"check_passed":true' "$TMP/out")" = 2 ] && PASSES=$((PASSES + 1)) ||
     { echo "FAIL: ranks with state on SSD differ from the unconstrained ranks"; FAILS=$((FAILS + 1)); }
+
+# LoRA over ranks: the adapters' gradients reduced, the frozen base without
+# collectives; 2 ranks x accum 1 = one process's --accum 2 (losses, norms,
+# the saved adapter and its optimizer state), ZeRO 0, 1 and 2; offloaded
+# ranks bit for bit the same ranks unconstrained
+LORA=(--lora-r 4 --lora-alpha 8)
+expect 0 "LoRA single --accum 2" -- "$TIDE" train "${RUN[@]}" "${LORA[@]}" --steps 3 --accum 2 --out "$TMP/lo1" \
+    --merge-out "$TMP/lom1"
+cp "$TMP/out" "$TMP/lo1.json"
+for z in 0 1 2; do
+    mo=()
+    [ $z = 1 ] && mo=(--merge-out "$TMP/lom2")
+    expect 0 "LoRA 2 ranks ZeRO-$z" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" "${LORA[@]}" --steps 3 --zero $z \
+        --out "$TMP/lo2z$z" "${mo[@]}"
+    cp "$TMP/out" "$TMP/lo2z$z.json"
+    cmp_steps "LoRA 2 ranks ZeRO-$z vs --accum 2" "$TMP/lo2z$z.json" "$TMP/lo1.json"
+    cmp_params "LoRA 2 ranks ZeRO-$z adapter vs --accum 2" "$TMP/lo2z$z" "$TMP/lo1" adapter_model.safetensors
+    cmp_params "LoRA 2 ranks ZeRO-$z optimizer state vs --accum 2" "$TMP/lo2z$z" "$TMP/lo1" optimizer.safetensors
+    expect 0 "LoRA 2 ranks ZeRO-$z: PEFT's config as one process writes it" -- \
+        cmp "$TMP/lo2z$z/adapter_config.json" "$TMP/lo1/adapter_config.json"
+    [ ! -e "$TMP/lo2z$z/model.safetensors" ] && PASSES=$((PASSES + 1)) ||
+        { echo "FAIL: LoRA ranks wrote a full checkpoint"; FAILS=$((FAILS + 1)); }
+done
+cmp_params "LoRA 2 ranks --merge-out (rank 0's) vs --accum 2" "$TMP/lom2" "$TMP/lom1"
+# ZeRO-0's all-reduce over 2 ranks (a ring) sends each rank the adapters'
+# bytes once a step: nothing of the base
+ab=$(python3 -c 'import json, struct, sys
+b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+print(sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in json.loads(b[8:8 + n]).items() if k != "__metadata__"))' \
+    "$TMP/lo1/adapter_model.safetensors")
+nb=$(field "$TMP/lo2z0.json" net_bytes_per_step 0)
+echo "LoRA: adapters $ab bytes, ZeRO-0 sends $nb bytes a step per rank"
+[ -n "$ab" ] && [ "$nb" = "$ab" ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: LoRA ranks send $nb bytes a step, the adapters are $ab"; FAILS=$((FAILS + 1)); }
+# QLoRA: a quantized frozen base
+expect 0 "QLoRA single --accum 2" -- "$TIDE" train "${RUN[@]}" "${LORA[@]}" --base-type q8_0 --steps 2 --accum 2
+cp "$TMP/out" "$TMP/qlo1.json"
+expect 0 "QLoRA 2 ranks" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" "${LORA[@]}" --base-type q8_0 --steps 2
+cmp_steps "QLoRA 2 ranks vs --accum 2" "$TMP/out" "$TMP/qlo1.json"
+expect 0 "LoRA 2 ranks ZeRO-2 x accum 2 offloaded --check" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" "${LORA[@]}" \
+    --steps 2 --accum 2 --zero 2 --budget 25% --check
+[ "$(grep -c '"check_passed":true' "$TMP/out")" = 2 ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: offloaded LoRA ranks differ from the unconstrained ranks"; FAILS=$((FAILS + 1)); }
 
 # resume: bit for bit the run that never stopped
 expect 0 "2 ranks, 2 steps" -- "${MPI[@]}" 2 "$TIDE" train "${RUNB[@]}" --steps 2 --out "$TMP/half"

@@ -196,7 +196,9 @@ static const char help[] =
     "                      base's config.json), which --resume DIR (with --model\n"
     "                      BASE; r, alpha and targets from DIR) continues bit for\n"
     "                      bit. f32, f16 and bf16 bases, and quantized ones\n"
-    "                      (QLoRA: a GGUF file, or --base-type)\n"
+    "                      (QLoRA: a GGUF file, or --base-type). Over ranks\n"
+    "                      (mpirun): the adapters' gradients reduced, --zero\n"
+    "                      sharding their state, rank 0 writing --out\n"
     "  --lora-alpha A      LoRA's alpha (default 8, as PEFT's)\n"
     "  --lora-targets L    comma-separated q,k,v,o,gate,up,down (default all)\n"
     "  --lora-init DIR     start from the PEFT adapter in DIR (its r, alpha and\n"
@@ -385,7 +387,6 @@ static int join_ranks(train_job *j) {
                                "built without it (CMake found no nccl.h and libnccl with the CUDA toolkit and "
                                "MPI): run the ranks on the CPU backend (--backend cpu)");
     a->backend = nccl ? TIDE_BACKEND_CUDA : TIDE_BACKEND_CPU;
-    if (a->lora_r) return cli_usage_error("train", "LoRA over data-parallel ranks is not built: one process");
     if (a->eval || a->eval_split > 0 || a->eval_every)
         return cli_usage_error("train", "validation (--eval, --eval-split) over data-parallel ranks is not built");
     if (a->zero < 0) a->zero = 1;
@@ -1048,6 +1049,7 @@ static int validate(train_job *j, int64_t step) {
  * checkpoint of the base's dtype. */
 static int merge(train_job *j) {
     const train_args *a = &j->a;
+    if (j->comm && j->rank > 0) return 0; /* ranks: rank 0 wrote --out, and merges it */
     tide_checkpoint *ck = NULL;
     tide_status st = tide_checkpoint_open(j->ctx, a->demo ? j->model_dir : a->model, &ck);
     if (!st) st = tide_checkpoint_add_lora(ck, a->out);
