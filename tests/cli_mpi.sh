@@ -30,6 +30,11 @@
 #   - offloaded ranks at --budget 25% and with their state on SSD
 #     (--host-budget 64K) are bit for bit the same ranks unconstrained
 #     (--check passes on every rank);
+#   - validation over ranks: 2 ranks' --eval (a token file, every 2 steps)
+#     and 3 ranks' --eval-split (a .jsonl, some ranks' rows all padding)
+#     report on every rank the validation loss and targets of one process
+#     with --accum N (1e-5 relative, the counts equal); the text output's
+#     validation is rank 0's alone;
 #   - a save of 2 ranks resumed by 2 ranks is bit for bit the run that never
 #     stopped; one process with --accum 2 resumes it too; by 3 ranks x
 #     --accum 1 (another number of micro-batches a step) it is refused,
@@ -122,6 +127,26 @@ if mode == "steps":  # A B: every step of A (rank 0) within 1e-5 relative of B's
         for x, y, what in ((a[s][0], b[s][0], "loss"), (a[s][1], b[s][1], "grad norm")):
             if abs(x - y) > 1e-5 * abs(y):
                 sys.exit("step %d %s %.9g vs %.9g" % (s, what, x, y))
+elif mode == "eval":  # A B RANKS: every rank's validations in A within 1e-5 relative of B's (one process)
+    def evals(path, rank):
+        out = {}
+        for line in open(path):
+            if line.startswith("{") and '"eval":true' in line:
+                o = json.loads(line)
+                if o.get("rank", 0) == rank:
+                    out[o["step"]] = (o["eval_loss"], o["eval_targets"])
+        return out
+    b = evals(sys.argv[3], 0)
+    if not b:
+        sys.exit("no validation in " + sys.argv[3])
+    for r in range(int(sys.argv[4])):
+        a = evals(sys.argv[2], r)
+        if sorted(a) != sorted(b):
+            sys.exit("rank %d validated at steps %s, one process at %s" % (r, sorted(a), sorted(b)))
+        for s in a:
+            if a[s][1] != b[s][1] or abs(a[s][0] - b[s][0]) > 1e-5 * abs(b[s][0]):
+                sys.exit("rank %d step %d: validation loss %.9g over %d targets vs %.9g over %d"
+                         % (r, s, a[s][0], a[s][1], b[s][0], b[s][1]))
 elif mode == "torch":  # A EXPECTED: every step's loss and grad norm within 1e-5 of PyTorch's
     a, e = steps(sys.argv[2], 0), json.load(open(sys.argv[3]))
     if len(a) != len(e["loss"]):
@@ -250,6 +275,41 @@ expect 0 "LoRA 2 ranks ZeRO-2 x accum 2 offloaded --check" -- "${MPI[@]}" 2 "$TI
     --steps 2 --accum 2 --zero 2 --budget 25% --check
 [ "$(grep -c '"check_passed":true' "$TMP/out")" = 2 ] && PASSES=$((PASSES + 1)) ||
     { echo "FAIL: offloaded LoRA ranks differ from the unconstrained ranks"; FAILS=$((FAILS + 1)); }
+
+# validation over ranks: each rank evaluates its micro-batches of every
+# validation batch, the losses and target counts all-reduced; every rank
+# reports one process's validation loss (its --accum N*A): a token file
+# with --eval, and 3 ranks on a .jsonl's --eval-split (ranks with nothing
+# but padding rows in some batches)
+expect 0 "validation single --accum 2" -- "$TIDE" train "${RUN[@]}" --steps 4 --accum 2 --eval "$FX/data.u16" \
+    --eval-every 2
+cp "$TMP/out" "$TMP/ev1.json"
+expect 0 "validation 2 ranks" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 4 --eval "$FX/data.u16" \
+    --eval-every 2
+cp "$TMP/out" "$TMP/ev2.json"
+cmp_evals() { # DESCRIPTION A B RANKS
+    if python3 "$TMP/compare.py" eval "$2" "$3" "$4" >"$TMP/cmp" 2>&1; then PASSES=$((PASSES + 1))
+    else echo "FAIL: $1: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
+}
+cmp_evals "2 ranks' validation vs --accum 2" "$TMP/ev2.json" "$TMP/ev1.json" 2
+cmp_steps "2 ranks validating: the steps of --accum 2" "$TMP/ev2.json" "$TMP/ev1.json"
+[ "$(grep -c '"eval":true' "$TMP/ev2.json")" = 4 ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: 2 ranks x 2 validations: $(grep -c '"eval":true' "$TMP/ev2.json") lines"; FAILS=$((FAILS + 1)); }
+for r in 0 1; do
+    [ "$(field "$TMP/ev2.json" eval_loss $r)" = "$(field "$TMP/ev2.json" eval_loss 0)" ] &&
+        [ -n "$(field "$TMP/ev2.json" eval_loss $r)" ] && PASSES=$((PASSES + 1)) ||
+        { echo "FAIL: rank $r's summary lacks rank 0's eval_loss"; FAILS=$((FAILS + 1)); }
+done
+expect 0 "validation 2 ranks, text" -- "${MPI[@]}" 2 "$TIDE" train --model "$FX" --data "$FX/data.u16" \
+    --batch 2 --seq 16 --threads 1 --steps 2 --eval "$FX/data.u16"
+[ "$(grep -c "final validation loss" "$TMP/out")" = 1 ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: the text output's validation is not rank 0's alone"; FAILS=$((FAILS + 1)); }
+DS=$TIDE_FIXTURES/dataset
+DRUN=(--model "$DS/model" --data "$DS/pc.jsonl" --batch 2 --seq 48 --threads 1 --quiet --json --steps 2 --eval-split 0.34)
+expect 0 "validation split single --accum 3" -- "$TIDE" train "${DRUN[@]}" --accum 3
+cp "$TMP/out" "$TMP/evs1.json"
+expect 0 "validation split 3 ranks" -- "${MPI[@]}" 3 "$TIDE" train "${DRUN[@]}"
+cmp_evals "3 ranks' --eval-split validation vs --accum 3" "$TMP/out" "$TMP/evs1.json" 3
 
 # resume: bit for bit the run that never stopped
 expect 0 "2 ranks, 2 steps" -- "${MPI[@]}" 2 "$TIDE" train "${RUNB[@]}" --steps 2 --out "$TMP/half"
