@@ -11,12 +11,30 @@
 #     3 ranks x --accum 1 against --accum 3 (shards of uneven rows) and 2
 #     ranks x --accum 2 against --accum 4; the bf16 fixture's f32 masters
 #     (sharded) within the same tolerance;
+#   - ZeRO-2 over micro-batches (each one's gradients reduce-scattered into
+#     the shard): 2 ranks x --accum 2 against --accum 4 and against ZeRO-1's
+#     ranks, 3 ranks x --accum 2 against --accum 6, within the same
+#     tolerances; offloaded (--budget 25%, and state on SSD) bit for bit the
+#     same ranks unconstrained;
+#   - LoRA over ranks: 2 ranks x --accum 1 against one process's LoRA with
+#     --accum 2 under ZeRO 0, 1 and 2 (losses and norms 1e-5 relative, the
+#     saved adapter and optimizer state 1e-4 absolute, adapter_config.json
+#     byte for byte, no full checkpoint; --merge-out's merged base 1e-4
+#     absolute); ZeRO-0 sends the adapters' bytes
+#     a step and nothing of the frozen base; QLoRA (--base-type q8_0) 2
+#     ranks against one process's --accum 2; offloaded LoRA ranks bit for bit
+#     the same ranks unconstrained;
 #   - each rank's master weights and moments (the summary's
 #     state_bytes_this_rank) are 1/N of ZeRO-0's, up to the rows of uneven
 #     shards;
 #   - offloaded ranks at --budget 25% and with their state on SSD
 #     (--host-budget 64K) are bit for bit the same ranks unconstrained
 #     (--check passes on every rank);
+#   - validation over ranks: 2 ranks' --eval (a token file, every 2 steps)
+#     and 3 ranks' --eval-split (a .jsonl, some ranks' rows all padding)
+#     report on every rank the validation loss and targets of one process
+#     with --accum N (1e-5 relative, the counts equal); the text output's
+#     validation is rank 0's alone;
 #   - a save of 2 ranks resumed by 2 ranks is bit for bit the run that never
 #     stopped; one process with --accum 2 resumes it too; by 3 ranks x
 #     --accum 1 (another number of micro-batches a step) it is refused,
@@ -27,7 +45,7 @@
 #     (TIDE_NET_TIMEOUT), naming it, and the failed rank ends every rank;
 #   - without a launcher --ranks 2 is refused naming mpirun, a torchrun-style
 #     launch is refused naming mpirun, --zero without ranks is a usage
-#     error, --zero 2 with --accum 2 is refused on every rank.
+#     error.
 # Exit 77 when mpirun is absent or this tide has no MPI.
 source "$(dirname "$0")/lib_cli.sh" "$1"
 : "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
@@ -109,6 +127,26 @@ if mode == "steps":  # A B: every step of A (rank 0) within 1e-5 relative of B's
         for x, y, what in ((a[s][0], b[s][0], "loss"), (a[s][1], b[s][1], "grad norm")):
             if abs(x - y) > 1e-5 * abs(y):
                 sys.exit("step %d %s %.9g vs %.9g" % (s, what, x, y))
+elif mode == "eval":  # A B RANKS: every rank's validations in A within 1e-5 relative of B's (one process)
+    def evals(path, rank):
+        out = {}
+        for line in open(path):
+            if line.startswith("{") and '"eval":true' in line:
+                o = json.loads(line)
+                if o.get("rank", 0) == rank:
+                    out[o["step"]] = (o["eval_loss"], o["eval_targets"])
+        return out
+    b = evals(sys.argv[3], 0)
+    if not b:
+        sys.exit("no validation in " + sys.argv[3])
+    for r in range(int(sys.argv[4])):
+        a = evals(sys.argv[2], r)
+        if sorted(a) != sorted(b):
+            sys.exit("rank %d validated at steps %s, one process at %s" % (r, sorted(a), sorted(b)))
+        for s in a:
+            if a[s][1] != b[s][1] or abs(a[s][0] - b[s][0]) > 1e-5 * abs(b[s][0]):
+                sys.exit("rank %d step %d: validation loss %.9g over %d targets vs %.9g over %d"
+                         % (r, s, a[s][0], a[s][1], b[s][0], b[s][1]))
 elif mode == "torch":  # A EXPECTED: every step's loss and grad norm within 1e-5 of PyTorch's
     a, e = steps(sys.argv[2], 0), json.load(open(sys.argv[3]))
     if len(a) != len(e["loss"]):
@@ -131,8 +169,9 @@ cmp_steps() { # DESCRIPTION A B
     if python3 "$TMP/compare.py" steps "$2" "$3" >"$TMP/cmp" 2>&1; then PASSES=$((PASSES + 1))
     else echo "FAIL: $1: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
 }
-cmp_params() { # DESCRIPTION DIR_A DIR_B
-    if python3 "$TMP/compare.py" params "$2/model.safetensors" "$3/model.safetensors" >"$TMP/cmp" 2>&1; then
+cmp_params() { # DESCRIPTION DIR_A DIR_B [FILE]: FILE (model.safetensors) of each, tensor by tensor
+    local f=${4:-model.safetensors}
+    if python3 "$TMP/compare.py" params "$2/$f" "$3/$f" >"$TMP/cmp" 2>&1; then
         PASSES=$((PASSES + 1))
     else echo "FAIL: $1: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
 }
@@ -194,6 +233,84 @@ expect 0 "2 ranks, state on SSD, --check" -- "${MPI[@]}" 2 "$TIDE" train "${RUNB
 [ "$(grep -c '"check_passed":true' "$TMP/out")" = 2 ] && PASSES=$((PASSES + 1)) ||
     { echo "FAIL: ranks with state on SSD differ from the unconstrained ranks"; FAILS=$((FAILS + 1)); }
 
+# LoRA over ranks: the adapters' gradients reduced, the frozen base without
+# collectives; 2 ranks x accum 1 = one process's --accum 2 (losses, norms,
+# the saved adapter and its optimizer state), ZeRO 0, 1 and 2; offloaded
+# ranks bit for bit the same ranks unconstrained
+LORA=(--lora-r 4 --lora-alpha 8)
+expect 0 "LoRA single --accum 2" -- "$TIDE" train "${RUN[@]}" "${LORA[@]}" --steps 3 --accum 2 --out "$TMP/lo1" \
+    --merge-out "$TMP/lom1"
+cp "$TMP/out" "$TMP/lo1.json"
+for z in 0 1 2; do
+    mo=()
+    [ $z = 1 ] && mo=(--merge-out "$TMP/lom2")
+    expect 0 "LoRA 2 ranks ZeRO-$z" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" "${LORA[@]}" --steps 3 --zero $z \
+        --out "$TMP/lo2z$z" "${mo[@]}"
+    cp "$TMP/out" "$TMP/lo2z$z.json"
+    cmp_steps "LoRA 2 ranks ZeRO-$z vs --accum 2" "$TMP/lo2z$z.json" "$TMP/lo1.json"
+    cmp_params "LoRA 2 ranks ZeRO-$z adapter vs --accum 2" "$TMP/lo2z$z" "$TMP/lo1" adapter_model.safetensors
+    cmp_params "LoRA 2 ranks ZeRO-$z optimizer state vs --accum 2" "$TMP/lo2z$z" "$TMP/lo1" optimizer.safetensors
+    expect 0 "LoRA 2 ranks ZeRO-$z: PEFT's config as one process writes it" -- \
+        cmp "$TMP/lo2z$z/adapter_config.json" "$TMP/lo1/adapter_config.json"
+    [ ! -e "$TMP/lo2z$z/model.safetensors" ] && PASSES=$((PASSES + 1)) ||
+        { echo "FAIL: LoRA ranks wrote a full checkpoint"; FAILS=$((FAILS + 1)); }
+done
+cmp_params "LoRA 2 ranks --merge-out (rank 0's) vs --accum 2" "$TMP/lom2" "$TMP/lom1"
+# ZeRO-0's all-reduce over 2 ranks (a ring) sends each rank the adapters'
+# bytes once a step: nothing of the base
+ab=$(python3 -c 'import json, struct, sys
+b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+print(sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in json.loads(b[8:8 + n]).items() if k != "__metadata__"))' \
+    "$TMP/lo1/adapter_model.safetensors")
+nb=$(field "$TMP/lo2z0.json" net_bytes_per_step 0)
+echo "LoRA: adapters $ab bytes, ZeRO-0 sends $nb bytes a step per rank"
+[ -n "$ab" ] && [ "$nb" = "$ab" ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: LoRA ranks send $nb bytes a step, the adapters are $ab"; FAILS=$((FAILS + 1)); }
+# QLoRA: a quantized frozen base
+expect 0 "QLoRA single --accum 2" -- "$TIDE" train "${RUN[@]}" "${LORA[@]}" --base-type q8_0 --steps 2 --accum 2
+cp "$TMP/out" "$TMP/qlo1.json"
+expect 0 "QLoRA 2 ranks" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" "${LORA[@]}" --base-type q8_0 --steps 2
+cmp_steps "QLoRA 2 ranks vs --accum 2" "$TMP/out" "$TMP/qlo1.json"
+expect 0 "LoRA 2 ranks ZeRO-2 x accum 2 offloaded --check" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" "${LORA[@]}" \
+    --steps 2 --accum 2 --zero 2 --budget 25% --check
+[ "$(grep -c '"check_passed":true' "$TMP/out")" = 2 ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: offloaded LoRA ranks differ from the unconstrained ranks"; FAILS=$((FAILS + 1)); }
+
+# validation over ranks: each rank evaluates its micro-batches of every
+# validation batch, the losses and target counts all-reduced; every rank
+# reports one process's validation loss (its --accum N*A): a token file
+# with --eval, and 3 ranks on a .jsonl's --eval-split (ranks with nothing
+# but padding rows in some batches)
+expect 0 "validation single --accum 2" -- "$TIDE" train "${RUN[@]}" --steps 4 --accum 2 --eval "$FX/data.u16" \
+    --eval-every 2
+cp "$TMP/out" "$TMP/ev1.json"
+expect 0 "validation 2 ranks" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 4 --eval "$FX/data.u16" \
+    --eval-every 2
+cp "$TMP/out" "$TMP/ev2.json"
+cmp_evals() { # DESCRIPTION A B RANKS
+    if python3 "$TMP/compare.py" eval "$2" "$3" "$4" >"$TMP/cmp" 2>&1; then PASSES=$((PASSES + 1))
+    else echo "FAIL: $1: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
+}
+cmp_evals "2 ranks' validation vs --accum 2" "$TMP/ev2.json" "$TMP/ev1.json" 2
+cmp_steps "2 ranks validating: the steps of --accum 2" "$TMP/ev2.json" "$TMP/ev1.json"
+[ "$(grep -c '"eval":true' "$TMP/ev2.json")" = 4 ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: 2 ranks x 2 validations: $(grep -c '"eval":true' "$TMP/ev2.json") lines"; FAILS=$((FAILS + 1)); }
+for r in 0 1; do
+    [ "$(field "$TMP/ev2.json" eval_loss $r)" = "$(field "$TMP/ev2.json" eval_loss 0)" ] &&
+        [ -n "$(field "$TMP/ev2.json" eval_loss $r)" ] && PASSES=$((PASSES + 1)) ||
+        { echo "FAIL: rank $r's summary lacks rank 0's eval_loss"; FAILS=$((FAILS + 1)); }
+done
+expect 0 "validation 2 ranks, text" -- "${MPI[@]}" 2 "$TIDE" train --model "$FX" --data "$FX/data.u16" \
+    --batch 2 --seq 16 --threads 1 --steps 2 --eval "$FX/data.u16"
+[ "$(grep -c "final validation loss" "$TMP/out")" = 1 ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: the text output's validation is not rank 0's alone"; FAILS=$((FAILS + 1)); }
+DS=$TIDE_FIXTURES/dataset
+DRUN=(--model "$DS/model" --data "$DS/pc.jsonl" --batch 2 --seq 48 --threads 1 --quiet --json --steps 2 --eval-split 0.34)
+expect 0 "validation split single --accum 3" -- "$TIDE" train "${DRUN[@]}" --accum 3
+cp "$TMP/out" "$TMP/evs1.json"
+expect 0 "validation split 3 ranks" -- "${MPI[@]}" 3 "$TIDE" train "${DRUN[@]}"
+cmp_evals "3 ranks' --eval-split validation vs --accum 3" "$TMP/out" "$TMP/evs1.json" 3
+
 # resume: bit for bit the run that never stopped
 expect 0 "2 ranks, 2 steps" -- "${MPI[@]}" 2 "$TIDE" train "${RUNB[@]}" --steps 2 --out "$TMP/half"
 expect 0 "2 ranks resumed to 4" -- "${MPI[@]}" 2 "$TIDE" train "${RUNB[@]}" --steps 4 --resume "$TMP/half" \
@@ -210,9 +327,31 @@ expect 0 "3 ranks resuming a 2-rank state fail" -- fails "${MPI[@]}" 3 "$TIDE" t
 contains "$TMP/err" "accum" "another number of micro-batches is named"
 [ ! -e "$TMP/r3x" ] && PASSES=$((PASSES + 1)) || { echo "FAIL: a refused resume wrote"; FAILS=$((FAILS + 1)); }
 
-# --zero 2 with --accum 2: refused
-expect 0 "--zero 2 --accum 2 fails" -- fails "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 1 --zero 2 --accum 2
-contains "$TMP/err" "--zero 2 with --accum 2" "ZeRO-2's limit is named"
+# ZeRO-2 over micro-batches: each one's gradients reduce-scattered into the
+# shard; the steps of ZeRO-1's ranks and of one process's N*A; offloaded,
+# bit for bit the same ranks unconstrained
+expect 0 "2 ranks ZeRO-2 x accum 2" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 3 --accum 2 --zero 2 \
+    --out "$TMP/r22z2"
+cp "$TMP/out" "$TMP/r22z2.json"
+cmp_steps "2 ranks ZeRO-2 x accum 2 vs --accum 4" "$TMP/r22z2.json" "$TMP/one4.json"
+cmp_steps "2 ranks ZeRO-2 x accum 2 vs ZeRO-1" "$TMP/r22z2.json" "$TMP/r22.json"
+cmp_params "2 ranks ZeRO-2 x accum 2 final parameters vs --accum 4" "$TMP/r22z2" "$TMP/one4"
+expect 0 "single --accum 6" -- "$TIDE" train "${RUN[@]}" --steps 2 --accum 6 --out "$TMP/one6"
+cp "$TMP/out" "$TMP/one6.json"
+expect 0 "3 ranks ZeRO-2 x accum 2" -- "${MPI[@]}" 3 "$TIDE" train "${RUN[@]}" --steps 2 --accum 2 --zero 2 \
+    --out "$TMP/r32z2"
+cp "$TMP/out" "$TMP/r32z2.json"
+cmp_steps "3 ranks ZeRO-2 x accum 2 vs --accum 6" "$TMP/r32z2.json" "$TMP/one6.json"
+cmp_params "3 ranks ZeRO-2 x accum 2 final parameters vs --accum 6" "$TMP/r32z2" "$TMP/one6"
+expect 0 "2 ranks ZeRO-2 x accum 2 offloaded --check" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 2 \
+    --accum 2 --zero 2 --budget 25% --check
+[ "$(grep -c '"check_passed":true' "$TMP/out")" = 2 ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: offloaded ZeRO-2 ranks over micro-batches differ from unconstrained"; FAILS=$((FAILS + 1)); }
+rm -rf "$TMP/ssd" && mkdir -p "$TMP/ssd"
+expect 0 "2 ranks ZeRO-2 x accum 2, state on SSD, --check" -- "${MPI[@]}" 2 "$TIDE" train "${RUNB[@]}" --steps 2 \
+    --accum 2 --zero 2 --budget 25% --host-budget 64K --ssd "$TMP/ssd" --check
+[ "$(grep -c '"check_passed":true' "$TMP/out")" = 2 ] && PASSES=$((PASSES + 1)) ||
+    { echo "FAIL: ZeRO-2 ranks over micro-batches with state on SSD differ"; FAILS=$((FAILS + 1)); }
 
 # a rank killed mid-step: the job ends, naming it (timeout: a hang's guard)
 cat >"$TMP/kill1.sh" <<'SH'

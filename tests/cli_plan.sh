@@ -157,6 +157,8 @@ expect 2 "ranks without train" -- "$TIDE" plan --ranks 2 --config tinyllama-mini
 expect 1 "ranks on a profile without a network" -- "$TIDE" plan --train --ranks 2 --config tinyllama-mini \
     --budget 50% --hw h100-80g
 contains "$TMP/err" "cannot run collectives over 2 ranks" "no network message"
-expect 1 "zero 2 with accum" -- "$TIDE" plan --train --ranks 2 --zero 2 --accum 2 --config tinyllama-mini --budget 50%
-contains "$TMP/err" "not built" "zero 2 accum message"
+expect 0 "zero 2 with accum" -- "$TIDE" plan --train --ranks 2 --zero 2 --accum 2 --hw 8x-h100-80g-nvlink \
+    --config tinyllama-mini --batch 2 --seq 64 --budget 50%
+contains "$TMP/out" "ZeRO-2" "zero 2 accum: the stage"
+contains "$TMP/out" "verified    yes" "zero 2 accum: verified"
 finish

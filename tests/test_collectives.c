@@ -12,7 +12,10 @@
  * a rank's optimizer state is 1/N of a full copy under ZeRO-1/2; the
  * verifier rejects a read of a reduce-scattered shard before its
  * reduce-scatter completes, a write to bytes a collective reads before it
- * completes, and a parameter read before its all-gather completes; a plan
+ * completes, and a parameter read before its all-gather completes; ZeRO-2
+ * over micro-batches reduce-scatters each one's gradients into the shard
+ * (summed in place), holds no gradient past its micro-batch, peaks below
+ * ZeRO-1 and verifies (its dropped waits rejected); a plan
  * file keeps the collectives and the ranks; a profile without a network and
  * the executor refuse with messages naming the cause.
  */
@@ -85,22 +88,24 @@ static void job_free(job *j) {
     tide_ctx_free(j->ctx);
 }
 
-static tide_graph *rank_graph(tide_ctx *ctx, int ranks, int zero) {
+static tide_graph *rank_graph_accum(tide_ctx *ctx, int ranks, int zero, int accum) {
     tide_llama_config cfg;
     assert_int_equal(tide_llama_config_named(ctx, "tinyllama-mini", &cfg), TIDE_OK);
-    tide_llama_train_opts o = {.batch = 2, .seq = 32, .accum = 1, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+    tide_llama_train_opts o = {.batch = 2, .seq = 32, .accum = accum, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                .weight_decay = 0.1f, .grad_clip = 1.0f, .ranks = ranks, .zero = zero};
     tide_graph *g = NULL;
     assert_int_equal(tide_llama_build_train(ctx, &cfg, &o, &g), TIDE_OK);
     return g;
 }
 
-/* Plans a rank's step (2 steps) at `pct` of its unconstrained peak on
- * 8x-h100-80g-nvlink. */
-static void plan_rank(job *j, int ranks, int zero, double pct) {
+static tide_graph *rank_graph(tide_ctx *ctx, int ranks, int zero) { return rank_graph_accum(ctx, ranks, zero, 1); }
+
+/* Plans a rank's step (2 steps) of `accum` micro-batches at `pct` of its
+ * unconstrained peak on 8x-h100-80g-nvlink. */
+static void plan_rank_accum(job *j, int ranks, int zero, int accum, double pct) {
     j->ctx = tide_ctx_new();
     assert_int_equal(tide_hw_load(j->ctx, TIDE_DATA_PATH "/hw/8x-h100-80g-nvlink.json", &j->hw), TIDE_OK);
-    j->g = rank_graph(j->ctx, ranks, zero);
+    j->g = rank_graph_accum(j->ctx, ranks, zero, accum);
     tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 2, .hw = &j->hw, .host_budget = UINT64_C(1) << 36};
     uint64_t peak = 0;
     assert_int_equal(tide_plan_peak_unbounded(j->ctx, j->g, &po, &peak), TIDE_OK);
@@ -108,6 +113,8 @@ static void plan_rank(job *j, int ranks, int zero, double pct) {
     if (tide_plan_make(j->ctx, j->g, &po, &j->p)) fail_msg("planning: %s", tide_ctx_last_error(j->ctx));
     if (tide_plan_verify(j->p)) fail_msg("verifying: %s", tide_ctx_last_error(j->ctx));
 }
+
+static void plan_rank(job *j, int ranks, int zero, double pct) { plan_rank_accum(j, ranks, zero, 1, pct); }
 
 static int count_kind(const tide_plan *p, tide_ins_kind k) {
     int n = 0;
@@ -304,6 +311,66 @@ static void test_planted_faults(void **state) {
     job_free(&j);
 }
 
+static bool ends(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+/* ZeRO-2 over 3 micro-batches: each micro-batch's gradient reduce-scattered
+ * after its last write there and summed into the shard, no gradient touched
+ * after its reduce-scatter (so none outlives its micro-batch), a smaller
+ * peak than ZeRO-1's whole gradients, and plans the verifier proves (and
+ * whose dropped waits it rejects). */
+static void test_zero2_micro_batches(void **state) {
+    (void)state;
+    tide_ctx *ctx = tide_ctx_new();
+    tide_graph *g = rank_graph_accum(ctx, 2, 2, 3);
+    int updates = count_ops(g, TIDE_OP_ADAMW), sums = 0;
+    assert_int_equal(count_ops(g, TIDE_OP_REDUCE_SCATTER), 3 * updates);
+    for (int i = 0; i < g->n_ops; i++) {
+        const tide_op *op = &g->ops[i];
+        if (op->kind == TIDE_OP_ADD && ends(g->tensors[op->out[0]].name, ".shard")) {
+            sums++;
+            assert_int_equal(op->in[0], op->out[0]); /* in place */
+            assert_non_null(strstr(g->tensors[op->in[1]].name, ".shard.mb"));
+        }
+        if (op->kind != TIDE_OP_REDUCE_SCATTER) continue;
+        int x = op->in[0];
+        assert_int_equal(strncmp(g->tensors[x].name, "grad.", 5), 0);
+        for (int j = i + 1; j < g->n_ops; j++)
+            if (tide_op_reads(&g->ops[j], x) || tide_op_writes(&g->ops[j], x))
+                fail_msg("'%s' is used by op %d after its reduce-scatter (op %d)", g->tensors[x].name, j, i);
+    }
+    assert_int_equal(sums, 2 * updates);
+    assert_true(tide_graph_find(g, "grad.model.norm.weight.mb2") >= 0);
+    /* the peak without a budget: ZeRO-2's below ZeRO-1's */
+    tide_hw hw;
+    assert_int_equal(tide_hw_load(ctx, TIDE_DATA_PATH "/hw/8x-h100-80g-nvlink.json", &hw), TIDE_OK);
+    tide_plan_opts po = {.policy = TIDE_POLICY_TIDE, .n_iter = 2, .hw = &hw, .host_budget = UINT64_C(1) << 36};
+    tide_graph *g1 = rank_graph_accum(ctx, 2, 1, 3);
+    uint64_t p1 = 0, p2 = 0;
+    assert_int_equal(tide_plan_peak_unbounded(ctx, g, &po, &p2), TIDE_OK);
+    assert_int_equal(tide_plan_peak_unbounded(ctx, g1, &po, &p1), TIDE_OK);
+    if (getenv("TIDE_TEST_VERBOSE")) fprintf(stderr, "peaks: ZeRO-1 %llu, ZeRO-2 %llu\n", (unsigned long long)p1,
+                                             (unsigned long long)p2);
+    assert_true(p2 < p1);
+    tide_graph_free(g);
+    tide_graph_free(g1);
+    tide_ctx_free(ctx);
+    /* planned offloaded, 2 and 3 ranks: verified; a shard's sum read before
+     * its reduce-scatter, or the gradient written over, rejected */
+    for (int n = 2; n <= 3; n++) {
+        job j = {0};
+        plan_rank_accum(&j, n, 2, 3, 0.6);
+        assert_int_equal(count_kind(j.p, TIDE_INS_REDUCE_SCATTER), 2 * 3 * updates);
+        if (n == 2) {
+            planted(&j, TIDE_INS_REDUCE_SCATTER, true, "read-after-write");
+            planted(&j, TIDE_INS_REDUCE_SCATTER, false, "");
+        }
+        job_free(&j);
+    }
+}
+
 static void test_json_round_trip(void **state) {
     (void)state;
     job j = {0};
@@ -416,6 +483,7 @@ int main(void) {
         cmocka_unit_test(test_state_bytes_per_rank),
         cmocka_unit_test(test_planned_ranks_verify),
         cmocka_unit_test(test_planted_faults),
+        cmocka_unit_test(test_zero2_micro_batches),
         cmocka_unit_test(test_json_round_trip),
         cmocka_unit_test(test_profile_without_network),
     };

@@ -83,7 +83,8 @@ static const char help[] =
     "                      over all its targets (windows at 0, T, 2T, ... of a\n"
     "                      stream; each example once), printed every --eval-every\n"
     "                      steps and after the last (the step graph run without\n"
-    "                      the update)\n"
+    "                      the update; over ranks each rank evaluates its share,\n"
+    "                      the losses and target counts all-reduced)\n"
     "  --eval-split X      keep the last fraction X (0 < X <= 0.5) of the rows\n"
     "                      (documents or examples) of a .jsonl/.txt --data apart\n"
     "                      as the validation set\n"
@@ -177,7 +178,8 @@ static const char help[] =
     "  --zero Z            over ranks: 0 gradients all-reduced, every rank a whole\n"
     "                      optimizer state; 1 (default) master weights and moments\n"
     "                      sharded, gradients reduce-scattered after the backward;\n"
-    "                      2 reduce-scattered during it (--accum 1)\n"
+    "                      2 reduce-scattered during it, each micro-batch's\n"
+    "                      summed into the shard\n"
     "  --comm C            the ranks' collectives: mpi (host memory, the CPU\n"
     "                      backend; the default) or nccl (GPU memory, --backend\n"
     "                      cuda; its default). In one process: one rank, its\n"
@@ -195,7 +197,9 @@ static const char help[] =
     "                      base's config.json), which --resume DIR (with --model\n"
     "                      BASE; r, alpha and targets from DIR) continues bit for\n"
     "                      bit. f32, f16 and bf16 bases, and quantized ones\n"
-    "                      (QLoRA: a GGUF file, or --base-type)\n"
+    "                      (QLoRA: a GGUF file, or --base-type). Over ranks\n"
+    "                      (mpirun): the adapters' gradients reduced, --zero\n"
+    "                      sharding their state, rank 0 writing --out\n"
     "  --lora-alpha A      LoRA's alpha (default 8, as PEFT's)\n"
     "  --lora-targets L    comma-separated q,k,v,o,gate,up,down (default all)\n"
     "  --lora-init DIR     start from the PEFT adapter in DIR (its r, alpha and\n"
@@ -384,9 +388,6 @@ static int join_ranks(train_job *j) {
                                "built without it (CMake found no nccl.h and libnccl with the CUDA toolkit and "
                                "MPI): run the ranks on the CPU backend (--backend cpu)");
     a->backend = nccl ? TIDE_BACKEND_CUDA : TIDE_BACKEND_CPU;
-    if (a->lora_r) return cli_usage_error("train", "LoRA over data-parallel ranks is not built: one process");
-    if (a->eval || a->eval_split > 0 || a->eval_every)
-        return cli_usage_error("train", "validation (--eval, --eval-split) over data-parallel ranks is not built");
     if (a->zero < 0) a->zero = 1;
     tide_ctx *ctx = tide_ctx_new();
     if (!ctx) return 1;
@@ -1014,16 +1015,21 @@ static int save(train_job *j, const char *what) {
 }
 
 /* The validation loss after step: the mean over every target of the
- * validation set, batch by batch through the step graph without the update. */
+ * validation set, batch by batch through the step graph without the update.
+ * Ranks: batches of accum x world micro-batches, as one process with that
+ * accum batches them, rank r evaluating r*accum .. r*accum+accum-1 of each;
+ * the trainer all-reduces the batch's loss and target count, so every rank
+ * sums the same whole batches. */
 static int validate(train_job *j, int64_t step) {
     const train_args *a = &j->a;
-    tide_batch_spec spec = {.batch = (int)a->batch, .seq = (int)a->seq, .accum = (int)a->accum};
+    tide_batch_spec spec = {.batch = (int)a->batch, .seq = (int)a->seq, .accum = (int)(a->accum * j->world)};
+    const int m0 = (int)(j->rank * a->accum);
     size_t per = (size_t)a->batch * (size_t)a->seq;
     double sum = 0;
     int64_t n = 0, nb = tide_dataset_eval_batches(j->eval, &spec);
     for (int64_t i = 0; i < nb; i++) {
         for (int m = 0; m < a->accum; m++)
-            if (tide_dataset_eval_batch(j->eval, &spec, i, m, j->inputs + m * per, j->targets + m * per))
+            if (tide_dataset_eval_batch(j->eval, &spec, i, m0 + m, j->inputs + m * per, j->targets + m * per))
                 return cli_fail(j->ctx, "reading a validation batch");
         double l;
         int64_t k;
@@ -1034,8 +1040,12 @@ static int validate(train_job *j, int64_t step) {
     j->eval_loss = n ? sum / (double)n : 0;
     j->eval_n = n;
     if (a->json) {
-        printf("{\"eval\":true,\"step\":%lld,\"eval_loss\":%.9g,\"eval_targets\":%lld}\n", (long long)step,
-               j->eval_loss, (long long)n);
+        if (j->comm) /* every rank's line, as the steps' */
+            printf("{\"eval\":true,\"step\":%lld,\"eval_loss\":%.9g,\"eval_targets\":%lld,\"rank\":%d}\n",
+                   (long long)step, j->eval_loss, (long long)n, j->rank);
+        else
+            printf("{\"eval\":true,\"step\":%lld,\"eval_loss\":%.9g,\"eval_targets\":%lld}\n", (long long)step,
+                   j->eval_loss, (long long)n);
     } else if (!a->quiet) {
         printf("eval  %5lld  loss %.4f  (%lld targets)\n", (long long)step, j->eval_loss, (long long)n);
     }
@@ -1047,6 +1057,7 @@ static int validate(train_job *j, int64_t step) {
  * checkpoint of the base's dtype. */
 static int merge(train_job *j) {
     const train_args *a = &j->a;
+    if (j->comm && j->rank > 0) return 0; /* ranks: rank 0 wrote --out, and merges it */
     tide_checkpoint *ck = NULL;
     tide_status st = tide_checkpoint_open(j->ctx, a->demo ? j->model_dir : a->model, &ck);
     if (!st) st = tide_checkpoint_add_lora(ck, a->out);

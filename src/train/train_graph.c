@@ -255,9 +255,6 @@ static tide_status check_train_opts(tide_ctx *ctx, const tide_llama_config *cfg,
         return tide_err(ctx, TIDE_E_INVALID, "AdamW needs betas in [0, 1), eps > 0, weight decay >= 0 and a "
                         "gradient clip >= 0");
     if (o->lora_r < 0) return tide_err(ctx, TIDE_E_INVALID, "LoRA rank %d: must be positive", o->lora_r);
-    if (o->lora_r > 0 && o->ranks > 1)
-        return tide_err(ctx, TIDE_E_UNSUPPORTED, "LoRA over %d data-parallel ranks is not planned yet (one device, or "
-                        "full fine-tuning over ranks)", o->ranks);
     if (o->lora_r > 0) {
         if (!(o->lora_alpha > 0) || !isfinite(o->lora_alpha))
             return tide_err(ctx, TIDE_E_INVALID, "LoRA alpha %g: must be positive", (double)o->lora_alpha);

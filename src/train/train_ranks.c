@@ -19,15 +19,27 @@
  *           the backward ends (the reduce-scatters follow the backward's
  *           last op); ZeRO-2 reduce-scatters each gradient as soon as the
  *           backward has written it (buckets of one parameter's gradient),
- *           so the whole gradient is never held at once. With several
- *           micro-batches, ZeRO-2 would reduce-scatter each micro-batch's
- *           gradients into the shard: not built (an error says so).
+ *           so the whole gradient is never held at once.
+ *
+ * ZeRO-2 over several micro-batches: each micro-batch M > 0 writes its own
+ * gradient "grad.NAME.mbM" (micro-batch 0's is "grad.NAME"), its first
+ * write made the fresh form micro-batch 0's first write has (the same op
+ * without the accumulating input: the graph's micro-batches are one op
+ * sequence), so no gradient outlives its micro-batch and the planner
+ * reuses its memory for the next. After a micro-batch's last write of a
+ * gradient it is reduce-scattered: micro-batch 0's straight into the shard,
+ * a later one's into "grad.NAME.shard.mbM", added into the shard (ADD, in
+ * place). The shard is so summed in micro-batch order of the ranks' sums:
+ * shard = (..((rs(g0) + rs(g1)) + rs(g2)) ..), rs summing over the ranks
+ * in MPI's order, where one process adds the micro-batches' contributions
+ * into one gradient op by op: equal up to f32 summation order.
  */
 #include "train/train_ranks.h"
 
 #include "graph/graph.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct rank_build {
@@ -41,6 +53,12 @@ typedef struct rank_build {
     int *wshard;    /* per parameter of g: its shard in h (-1) */
     bool *sharded;  /* per tensor of g: master or moment, made a shard */
     bool *is_grad;  /* per tensor of g: an AdamW's gradient */
+    /* ZeRO-2 over micro-batches (n_mb > 1; else all NULL) */
+    int n_mb;
+    int *mb;        /* per op of g before the optimizer: its micro-batch */
+    int *gmb;       /* per gradient t and micro-batch m (t * n_mb + m): its tensor in h (-1) */
+    int *first_mb;  /* the same: the first op writing it in the micro-batch (-1) */
+    int *last_mb;   /* the same: the last op writing it (-1) */
     tide_status st;
 } rank_build;
 
@@ -66,6 +84,109 @@ static void grad_collective(rank_build *b, int t, int layer) {
     int x = b->map[t];
     if (b->zero == 0) add_op(b, TIDE_OP_ALL_REDUCE, 1, &x, 1, &x, &a, layer);
     else add_op(b, TIDE_OP_REDUCE_SCATTER, 1, &x, 1, &b->shard[t], &a, layer);
+}
+
+/* The micro-batch of tensor name nm: M of "mbM." or of "tokens.M",
+ * "targets.M", "loss.M" (-1: none). */
+static int name_mb(const char *nm) {
+    static const char *const pre[] = {"mb", "tokens.", "targets.", "loss."};
+    for (size_t k = 0; k < sizeof pre / sizeof pre[0]; k++) {
+        size_t n = strlen(pre[k]);
+        if (strncmp(nm, pre[k], n) || nm[n] < '0' || nm[n] > '9') continue;
+        char *end;
+        long m = strtol(nm + n, &end, 10);
+        if ((k == 0 && *end == '.') || (k > 0 && *end == '\0')) return m < (1 << 20) ? (int)m : -1;
+    }
+    return -1;
+}
+
+/* Each op before the optimizer's micro-batch (the largest its tensors name;
+ * an op naming none, the one before it), and their number. */
+static int op_mbs(const tide_graph *g, int first_opt, int *mb) {
+    int cur = 0, n = 1;
+    for (int i = 0; i < first_opt; i++) {
+        const tide_op *op = &g->ops[i];
+        int m = -1;
+        for (int k = 0; k < op->n_in; k++) m = TIDE_MAX(m, name_mb(g->tensors[op->in[k]].name));
+        for (int k = 0; k < op->n_out; k++) m = TIDE_MAX(m, name_mb(g->tensors[op->out[k]].name));
+        if (m >= 0) cur = m;
+        mb[i] = cur;
+        n = TIDE_MAX(n, cur + 1);
+    }
+    return n;
+}
+
+/* ZeRO-2 over micro-batches: the tensors of gradient t (micro-batch 0's
+ * the gradient itself) and its writes in each micro-batch. */
+static void mb_grads(rank_build *b, int first_opt) {
+    const tide_graph *g = b->g;
+    const int M = b->n_mb;
+    for (int i = 0; i < first_opt; i++)
+        for (int k = 0; k < g->ops[i].n_out; k++) {
+            int t = g->ops[i].out[k];
+            if (!b->is_grad[t]) continue;
+            int at = t * M + b->mb[i];
+            if (b->first_mb[at] < 0) b->first_mb[at] = i;
+            b->last_mb[at] = i;
+        }
+    for (int t = 0; t < g->n_tensors && !b->st; t++) {
+        if (!b->is_grad[t]) continue;
+        b->gmb[t * M] = b->map[t];
+        for (int m = 1; m < M && !b->st; m++) {
+            if (b->first_mb[t * M + m] < 0) continue;
+            char name[256];
+            snprintf(name, sizeof name, "%s.mb%d", g->tensors[t].name, m);
+            add_tensor(b, name, &g->tensors[t], TIDE_ROLE_TEMP, false, &b->gmb[t * M + m]);
+        }
+    }
+}
+
+/* Op i of g (micro-batch m > 0) as the rank emits it: its gradients the
+ * micro-batch's, and where it is the micro-batch's first write of one that
+ * it accumulates into, the fresh form of micro-batch 0's first write (the
+ * same op, the gradient not an input, args' accumulate as there). */
+static void mb_op(rank_build *b, int i, int *n_in, int *in, int *o, tide_op_args *a) {
+    const tide_graph *g = b->g;
+    const tide_op *op = &g->ops[i];
+    const int M = b->n_mb, m = b->mb[i];
+    for (int k = 0; k < op->n_out && !b->st; k++) {
+        int t = op->out[k];
+        if (!b->is_grad[t]) continue;
+        o[k] = b->gmb[t * M + m];
+        if (b->first_mb[t * M + m] != i || !tide_op_reads(op, t)) continue;
+        const tide_op *f0 = b->first_mb[t * M] >= 0 ? &g->ops[b->first_mb[t * M]] : NULL;
+        bool fresh = f0 && f0->kind == op->kind && f0->n_out == op->n_out && f0->n_in + 1 == op->n_in &&
+                     *n_in == op->n_in && op->in[op->n_in - 1] == t && !tide_op_reads(f0, t);
+        for (int j = 0; fresh && j < op->n_in - 1; j++) fresh = op->in[j] != t;
+        if (!fresh) {
+            b->st = tide_err(b->ctx, TIDE_E_UNSUPPORTED, "data parallelism: ZeRO-2 over micro-batches: op %d "
+                             "accumulates into gradient '%s' in a form micro-batch 0 does not start fresh", i,
+                             g->tensors[t].name);
+            return;
+        }
+        *n_in = op->n_in - 1;
+        a->accumulate = f0->p.accumulate;
+    }
+    for (int k = 0; k < *n_in; k++)
+        if (b->is_grad[op->in[k]]) in[k] = b->gmb[op->in[k] * M + m];
+}
+
+/* ZeRO-2 over micro-batches: micro-batch m's gradient t reduce-scattered,
+ * into the shard (m = 0) or into its own shard added into it. */
+static void mb_collective(rank_build *b, int t, int m, int layer) {
+    tide_op_args a = {.ranks = b->ranks};
+    int x = b->gmb[t * b->n_mb + m];
+    if (m == 0) {
+        add_op(b, TIDE_OP_REDUCE_SCATTER, 1, &x, 1, &b->shard[t], &a, layer);
+        return;
+    }
+    char name[280];
+    snprintf(name, sizeof name, "%s.shard.mb%d", b->g->tensors[t].name, m);
+    int part = -1;
+    add_tensor(b, name, &b->g->tensors[t], TIDE_ROLE_TEMP, true, &part);
+    add_op(b, TIDE_OP_REDUCE_SCATTER, 1, &x, 1, &part, &a, layer);
+    int in[2] = {b->shard[t], part};
+    add_op(b, TIDE_OP_ADD, 2, in, 1, &b->shard[t], NULL, layer);
 }
 
 
@@ -121,20 +242,47 @@ tide_status tide_train_rank_graph(tide_ctx *ctx, const tide_graph *g, int ranks,
             snprintf(name, sizeof name, "%s.shard", g->tensors[w].name);
             add_tensor(&b, name, &g->tensors[w], TIDE_ROLE_STATE, true, &b.wshard[w]);
         }
+    /* ZeRO-2: the micro-batches, each with gradients of its own */
+    if (zero == 2 && !b.st && first_opt > 0) {
+        b.mb = tide_malloc((size_t)first_opt * sizeof *b.mb);
+        if (!b.mb) b.st = tide_err(ctx, TIDE_E_NOMEM, "out of memory building a rank's step");
+        else b.n_mb = op_mbs(g, first_opt, b.mb);
+        if (!b.st && b.n_mb > 1) {
+            size_t n = nt * (size_t)b.n_mb;
+            b.gmb = tide_malloc(n * sizeof *b.gmb);
+            b.first_mb = tide_malloc(n * sizeof *b.first_mb);
+            b.last_mb = tide_malloc(n * sizeof *b.last_mb);
+            if (!b.gmb || !b.first_mb || !b.last_mb) {
+                b.st = tide_err(ctx, TIDE_E_NOMEM, "out of memory building a rank's step");
+            } else {
+                for (size_t k = 0; k < n; k++) b.gmb[k] = b.first_mb[k] = b.last_mb[k] = -1;
+                mb_grads(&b, first_opt);
+            }
+        }
+    }
+    const bool per_mb = b.gmb != NULL;
     /* the forward and backward, each gradient's collective after its last
-     * write (ZeRO-1: after the backward) */
+     * write (ZeRO-1: after the backward; ZeRO-2 over micro-batches: after
+     * each micro-batch's last write) */
     for (int i = 0; i < first_opt && !b.st; i++) {
         const tide_op *op = &g->ops[i];
-        int in[TIDE_OP_MAX_IN], o[TIDE_OP_MAX_OUT];
+        int in[TIDE_OP_MAX_IN], o[TIDE_OP_MAX_OUT], n_in = op->n_in;
+        tide_op_args a = op->p;
         for (int k = 0; k < op->n_in; k++) in[k] = b.map[op->in[k]];
         for (int k = 0; k < op->n_out; k++) o[k] = b.map[op->out[k]];
-        add_op(&b, op->kind, op->n_in, in, op->n_out, o, &op->p, op->layer);
+        if (per_mb) mb_op(&b, i, &n_in, in, o, &a);
+        add_op(&b, op->kind, n_in, in, op->n_out, o, &a, op->layer);
         if (zero == 1) continue;
         for (int k = 0; k < op->n_out; k++) {
             int t = op->out[k];
             bool dup = false;
             for (int j = 0; j < k; j++) dup = dup || op->out[j] == t;
-            if (!dup && b.last_w[t] == i && b.is_grad[t]) grad_collective(&b, t, op->layer);
+            if (dup || !b.is_grad[t]) continue;
+            if (per_mb) {
+                if (b.last_mb[t * b.n_mb + b.mb[i]] == i) mb_collective(&b, t, b.mb[i], op->layer);
+            } else if (b.last_w[t] == i) {
+                grad_collective(&b, t, op->layer);
+            }
         }
     }
     if (zero == 1)
@@ -176,6 +324,10 @@ done:
     tide_free(b.wshard);
     tide_free(b.sharded);
     tide_free(b.is_grad);
+    tide_free(b.mb);
+    tide_free(b.gmb);
+    tide_free(b.first_mb);
+    tide_free(b.last_mb);
     if (b.st) {
         tide_graph_free(b.h);
         return b.st;
@@ -186,11 +338,7 @@ done:
 
 tide_status train_ranks_apply(tide_ctx *ctx, const tide_llama_train_opts *o, tide_graph **g) {
     tide_graph *h = NULL;
-    tide_status st = TIDE_OK;
-    if (o->zero == 2 && o->accum > 1)
-        st = tide_err(ctx, TIDE_E_UNSUPPORTED, "--zero 2 with --accum %d: reduce-scattering each micro-batch's "
-                      "gradients into the shard is not built (use --zero 1, or --accum 1)", o->accum);
-    if (!st) st = tide_train_rank_graph(ctx, *g, o->ranks, o->zero, &h);
+    tide_status st = tide_train_rank_graph(ctx, *g, o->ranks, o->zero, &h);
     tide_graph_free(*g);
     *g = h;
     return st;

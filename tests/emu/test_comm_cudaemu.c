@@ -14,13 +14,17 @@
  * with --accum 2 as one process and as one rank under ZeRO 0 and 1, and
  * with --accum 1 under ZeRO 2, bit for bit: every step's loss and gradient
  * norm and every parameter, master weight and moment at the end; every
- * collective of the plan ran (the count of calls). Exit 77 without MPI.
+ * collective of the plan ran (the count of calls). ZeRO 2 with --accum 2
+ * (each micro-batch's gradient reduce-scattered and added into the shard
+ * on the device) within f32 summation order of the single process: losses
+ * and norms 1e-5 relative, the state 1e-4 absolute. Exit 77 without MPI.
  */
 #include "tide.h"
 #include "backend/cuda/cuda_int.h"
 #include "core/core.h"
 #include "net/comm.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,8 +117,9 @@ static tide_trainer *train(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *be,
     return t;
 }
 
-/* Every persistent tensor of a (the single process) equals b's of that name. */
-static void same_state(tide_trainer *a, tide_trainer *b, const char *what) {
+/* Every persistent tensor of a (the single process) equals b's of that name
+ * (tol > 0: its f32 elements within tol of them). */
+static void same_state(tide_trainer *a, tide_trainer *b, const char *what, double tol) {
     int n = tide_trainer_n_tensors(a);
     CHECK(n > 0, "%s: no tensors", what);
     for (int i = 0; i < n; i++) {
@@ -124,7 +129,16 @@ static void same_state(tide_trainer *a, tide_trainer *b, const char *what) {
         void *x = malloc(nb), *y = malloc(nb);
         CHECK(!tide_trainer_read(a, nm, x, nb), "%s: reading '%s'", what, nm);
         CHECK(!tide_trainer_read(b, nm, y, nb), "%s: reading the rank's '%s'", what, nm);
-        CHECK(!memcmp(x, y, nb), "%s: '%s' differs", what, nm);
+        if (tol > 0 && dt == TIDE_F32) {
+            double d = 0;
+            for (uint64_t k = 0; k < nb / 4; k++) {
+                double e = (double)((float *)x)[k] - (double)((float *)y)[k];
+                d = e > d ? e : -e > d ? -e : d;
+            }
+            CHECK(d <= tol, "%s: '%s' differs by %g", what, nm, d);
+        } else {
+            CHECK(!memcmp(x, y, nb), "%s: '%s' differs", what, nm);
+        }
         free(x);
         free(y);
     }
@@ -162,8 +176,11 @@ int main(void) {
         return 1;
     }
     tide_comm_set_dev(c, &one_dev, NULL);
-    for (int z = 0; z <= 2; z++) {
-        tide_trainer_opts o = {.step = {.batch = 2, .seq = 16, .accum = z == 2 ? 1 : 2, .beta1 = 0.9f,
+    for (int k = 0; k <= 3; k++) {
+        /* ZeRO 0 and 1 with --accum 2, 2 with 1, then 2 with 2 */
+        const int z = k < 3 ? k : 2;
+        const bool near = k == 3;
+        tide_trainer_opts o = {.step = {.batch = 2, .seq = 16, .accum = k == 2 ? 1 : 2, .beta1 = 0.9f,
                                         .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f},
                                .lr = 1e-3, .min_lr = 1e-4, .cosine = true, .warmup = 1, .total_steps = STEPS};
         char what[64];
@@ -177,12 +194,17 @@ int main(void) {
         tide_trainer *tb = train(ctx, ck, be, o, c, &b, what);
         CHECK(calls > 0, "%s: no collective ran", what);
         if (ta && tb) {
-            for (int s = 0; s < STEPS; s++)
-                CHECK(a.loss[s] == b.loss[s] && a.norm[s] == b.norm[s], "%s, step %d: loss %.9g vs %.9g, norm "
-                      "%.9g vs %.9g", what, s, a.loss[s], b.loss[s], a.norm[s], b.norm[s]);
-            same_state(ta, tb, what);
+            for (int s = 0; s < STEPS; s++) {
+                bool eq = near ? fabs(a.loss[s] - b.loss[s]) <= 1e-5 * fabs(a.loss[s]) &&
+                                     fabs(a.norm[s] - b.norm[s]) <= 1e-5 * fabs(a.norm[s])
+                               : a.loss[s] == b.loss[s] && a.norm[s] == b.norm[s];
+                CHECK(eq, "%s, step %d: loss %.9g vs %.9g, norm %.9g vs %.9g", what, s, a.loss[s], b.loss[s],
+                      a.norm[s], b.norm[s]);
+            }
+            same_state(ta, tb, what, near ? 1e-4 : 0);
         }
-        printf("%s: %d collectives in %d steps%s\n", what, calls, STEPS, fails ? "" : ", bit for bit");
+        printf("%s: %d collectives in %d steps%s\n", what, calls, STEPS,
+               fails ? "" : near ? ", within f32 summation order" : ", bit for bit");
         tide_trainer_free(ta);
         tide_trainer_free(tb);
     }
