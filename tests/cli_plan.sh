@@ -35,13 +35,7 @@ fi
 # shapes cut to 4 layers (a config.json alone: plan needs no weights), whose
 # largest ops, and so whose minimums, are llama-7b's.
 L7B4=$TMP/llama-7b-4l
-mkdir -p "$L7B4"
-cat >"$L7B4/config.json" <<'EOF_CONFIG'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
- "intermediate_size": 11008, "num_hidden_layers": 4, "num_attention_heads": 32,
- "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 2048,
- "rms_norm_eps": 1e-06, "torch_dtype": "float16", "tie_word_embeddings": false}
-EOF_CONFIG
+llama7b_config "$L7B4"
 for p in tide static-layer lru; do
     expect 0 "min budget, $p" -- "$TIDE" plan --model "$L7B4" --budget min --seq 512 --policy $p
     contains "$TMP/out" "the minimum for $p" "min budget note"

@@ -66,13 +66,7 @@ field() { grep -o "\"$1\":[0-9.e+]*" "$TMP/out" | tail -1 | cut -d: -f2; }
 # times, and a small vocabulary keeps the embeddings and head a small part of
 # the weights, as in the 32-layer model
 L7B4=$TMP/llama-7b-4l
-mkdir -p "$L7B4"
-cat >"$L7B4/config.json" <<'EOF_CONFIG'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
- "intermediate_size": 11008, "num_hidden_layers": 4, "num_attention_heads": 32,
- "num_key_value_heads": 32, "vocab_size": 4096, "max_position_embeddings": 2048,
- "rms_norm_eps": 1e-06, "torch_dtype": "float16", "tie_word_embeddings": false}
-EOF_CONFIG
+llama7b_config "$L7B4" 4096
 expect 0 "plan lora" -- "$TIDE" plan --model "$L7B4" --train --batch 1 --seq 512 --budget min --json --lora-r 16
 l_w=$(field weight_bytes) l_min=$(field budget_bytes)
 expect 0 "plan qlora" -- "$TIDE" plan --model "$L7B4" --train --batch 1 --seq 512 --budget min --json --lora-r 16 \

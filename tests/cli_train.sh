@@ -194,13 +194,7 @@ contains "$TMP/out" '"check_passed":true' "demonstration checks bit for bit"
 # shapes cut to 4 layers (a config.json alone; its ops are llama-7b's, so are
 # the minimums' working sets): 4 x 9 + 3 = 39 parameters
 L7B4=$TMP/llama-7b-4l
-mkdir -p "$L7B4"
-cat >"$L7B4/config.json" <<'EOF_CONFIG'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
- "intermediate_size": 11008, "num_hidden_layers": 4, "num_attention_heads": 32,
- "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 2048,
- "rms_norm_eps": 1e-06, "torch_dtype": "float16", "tie_word_embeddings": false}
-EOF_CONFIG
+llama7b_config "$L7B4"
 expect 0 "plan a training step" -- "$TIDE" plan --train --model "$L7B4" --batch 8 --seq 2048 --accum 4 \
     --budget 25% --hw a100-80g --tile none
 for w in "master weights" "moments" "gradients" "activations" "ideal step" "lower bound" "planning time"; do

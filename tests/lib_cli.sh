@@ -48,6 +48,20 @@ json_field() {
     contains "$1" "\"$2\":" "JSON field $2"
 }
 
+# llama7b_config DIR [VOCAB]: a config.json alone in DIR with llama-7b's
+# layer shapes cut to 4 layers (plans need no weights), the vocabulary
+# llama-7b's 32000 unless given: for the tests' minimum-budget searches,
+# which plan many times (their largest ops, so their minimums, are llama-7b's)
+llama7b_config() {
+    mkdir -p "$1"
+    cat >"$1/config.json" <<EOF_CONFIG
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+ "intermediate_size": 11008, "num_hidden_layers": 4, "num_attention_heads": 32,
+ "num_key_value_heads": 32, "vocab_size": ${2:-32000}, "max_position_embeddings": 2048,
+ "rms_norm_eps": 1e-06, "torch_dtype": "float16", "tie_word_embeddings": false}
+EOF_CONFIG
+}
+
 # skip_check WHAT WHY: a check that cannot run here (a missing tool): the
 # test then ends skipped (77), not passed, unless another check failed.
 skip_check() {
