@@ -1040,12 +1040,10 @@ static int validate(train_job *j, int64_t step) {
     j->eval_loss = n ? sum / (double)n : 0;
     j->eval_n = n;
     if (a->json) {
-        if (j->comm) /* every rank's line, as the steps' */
-            printf("{\"eval\":true,\"step\":%lld,\"eval_loss\":%.9g,\"eval_targets\":%lld,\"rank\":%d}\n",
-                   (long long)step, j->eval_loss, (long long)n, j->rank);
-        else
-            printf("{\"eval\":true,\"step\":%lld,\"eval_loss\":%.9g,\"eval_targets\":%lld}\n", (long long)step,
-                   j->eval_loss, (long long)n);
+        char rank[32] = ""; /* ranks: every rank's line, naming it, as the steps' */
+        if (j->comm) snprintf(rank, sizeof rank, ",\"rank\":%d", j->rank);
+        printf("{\"eval\":true,\"step\":%lld,\"eval_loss\":%.9g,\"eval_targets\":%lld%s}\n", (long long)step,
+               j->eval_loss, (long long)n, rank);
     } else if (!a->quiet) {
         printf("eval  %5lld  loss %.4f  (%lld targets)\n", (long long)step, j->eval_loss, (long long)n);
     }
