@@ -20,7 +20,9 @@
 #define CHECK_ARGS tide_graph *g, int n_in, const int *in, int n_out, const int *out, const tide_op_args *p, \
                    double *flops
 
-static bool is_act(const tide_tensor *t) { return t->dtype == TIDE_F32 && t->ndim == 2; }
+/* An activation: 2-D f32, or bf16 (a bf16 training step keeps some in bf16;
+ * the CPU kernels load and store them, tide_op_slot_native) */
+static bool is_act(const tide_tensor *t) { return (t->dtype == TIDE_F32 || t->dtype == TIDE_BF16) && t->ndim == 2; }
 static bool is_float(tide_dtype d) { return d == TIDE_F32 || d == TIDE_F16 || d == TIDE_BF16; }
 /* A weight a MATMUL or an EMBED takes: float, or block-quantized (its rows
  * whole blocks, which tide_graph_add_tensor checks). */
@@ -217,6 +219,16 @@ static bool is_f32_shape(const tide_tensor *t, int64_t rows, int64_t cols) {
     return t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols;
 }
 
+/* The same, f32 or bf16 (an activation a bf16 step keeps). */
+static bool is_act_shape(const tide_tensor *t, int64_t rows, int64_t cols) {
+    if (t->dtype == TIDE_BF16) {
+        tide_tensor f = *t;
+        f.dtype = TIDE_F32;
+        return is_f32_shape(&f, rows, cols);
+    }
+    return is_f32_shape(t, rows, cols);
+}
+
 /* The accumulating form (the output as an extra last input) names that output. */
 static tide_status check_accumulate(tide_graph *g, const char *nm, int n_in, int base, const int *in, int out_id) {
     if (n_in > base && in[n_in - 1] != out_id)
@@ -274,10 +286,10 @@ static tide_status check_attention_bwd(CHECK_ARGS) {
     if (p->n_heads <= 0 || p->n_kv_heads <= 0 || p->head_dim <= 0 || p->batch <= 0 || p->n_heads % p->n_kv_heads)
         FAIL("attention_bwd: n_heads %d must be a positive multiple of n_kv_heads %d", p->n_heads, p->n_kv_heads);
     int64_t R = q->shape[0], qd = (int64_t)p->n_heads * p->head_dim, kd = (int64_t)p->n_kv_heads * p->head_dim;
-    if (!is_f32_shape(q, R, qd) || !is_f32_shape(o, R, qd) || !is_f32_shape(dout, R, qd) || !is_f32_shape(O(0), R, qd))
+    if (!is_act_shape(q, R, qd) || !is_act_shape(o, R, qd) || !is_f32_shape(dout, R, qd) || !is_f32_shape(O(0), R, qd))
         FAIL("attention_bwd: q '%s', o '%s', do '%s' and dq '%s' must be f32 (%lld, %lld)", q->name, o->name,
              dout->name, O(0)->name, (long long)R, (long long)qd);
-    if (!is_f32_shape(k, R, kd) || !is_f32_shape(v, R, kd) || !is_f32_shape(O(1), R, kd) || !is_f32_shape(O(2), R, kd))
+    if (!is_act_shape(k, R, kd) || !is_act_shape(v, R, kd) || !is_f32_shape(O(1), R, kd) || !is_f32_shape(O(2), R, kd))
         FAIL("attention_bwd: k '%s', v '%s', dk '%s' and dv '%s' must be f32 (%lld, %lld)", k->name, v->name,
              O(1)->name, O(2)->name, (long long)R, (long long)kd);
     int64_t T_ = R % p->batch ? -1 : R / p->batch;
@@ -292,7 +304,8 @@ static tide_status check_silu_mul_bwd(CHECK_ARGS) {
     const tide_tensor *a = T(0);
     int64_t R = a->shape[0], I = tide_tensor_cols(a);
     for (int i = 0; i < 3; i++)
-        if (!is_f32_shape(T(i), R, I)) FAIL("silu_mul_bwd: '%s' must be f32 (%lld, %lld)", T(i)->name, (long long)R, (long long)I);
+        if (!(i < 2 ? is_act_shape(T(i), R, I) : is_f32_shape(T(i), R, I)))
+            FAIL("silu_mul_bwd: '%s' must be f32 (%lld, %lld)", T(i)->name, (long long)R, (long long)I);
     for (int j = 0; j < 2; j++)
         if (!is_f32_shape(O(j), R, I)) FAIL("silu_mul_bwd: '%s' must be f32 (%lld, %lld)", O(j)->name, (long long)R, (long long)I);
     *flops = 10.0 * (double)R * (double)I;

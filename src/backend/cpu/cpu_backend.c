@@ -530,6 +530,91 @@ static const cpu_kernel cpu_kernels[TIDE_OP_COUNT] = {
     [TIDE_OP_ADAMW] = cpu_adamw,
 };
 
+/* ---------------------------------------------------------------- bf16 steps */
+
+/* A product's operand slot that a bf16 step rounds to bf16 (tide_op_args.bf16). */
+static bool bf16_round_slot(tide_op_kind kind, int i) {
+    switch (kind) {
+    case TIDE_OP_MATMUL: case TIDE_OP_MATMUL_GRADW: case TIDE_OP_CROSS_ENTROPY: case TIDE_OP_CE_STATS:
+    case TIDE_OP_CE_BLOCK: return i == 0 || i == 1;
+    default: return false;
+    }
+}
+
+/* True if op reads or writes a bf16 activation, or is a product of a bf16
+ * step: cpu_compute_bf16 runs it. */
+static bool op_is_bf16(const tide_graph *g, const tide_op *op) {
+    if (op->p.bf16) return true;
+    for (int i = 0; i < op->n_in + op->n_out; i++) {
+        const tide_tensor *t = i < op->n_in ? tin(g, op, i) : tout(g, op, i - op->n_in);
+        if (t->dtype == TIDE_BF16 && !tide_op_slot_native(op->kind, op->n_in, i)) return true;
+    }
+    return false;
+}
+
+/* Runs the f32 kernel k of op with its bf16 activations loaded into f32
+ * (exactly: a bf16 widens without rounding) and its bf16 outputs stored
+ * back rounded to nearest even; with op->p.bf16 the f32 operands of the
+ * product (x and an f32 weight, or dy and x) are first rounded to bf16, so
+ * the kernel multiplies bf16 values (exact in f32) and accumulates in f32,
+ * in its own fixed order: the bits depend neither on the thread count nor
+ * on the tiling, as the f32 step's. An output that is also an input (the
+ * accumulating forms) shares the input's f32 copy. */
+static tide_status cpu_compute_bf16(tide_ctx *ctx, tide_backend *be, const tide_graph *g, const tide_op *op,
+                                    cpu_kernel k, void *const *in, void *const *out, void *scratch) {
+    enum { N = TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT };
+    void *arg[N];
+    float *buf[N] = {0};
+    int ids[N];
+    tide_status st = TIDE_OK;
+    const int n = op->n_in + op->n_out;
+    for (int i = 0; i < n && !st; i++) {
+        const bool is_in = i < op->n_in;
+        const tide_tensor *t = is_in ? tin(g, op, i) : tout(g, op, i - op->n_in);
+        ids[i] = is_in ? op->in[i] : op->out[i - op->n_in];
+        arg[i] = is_in ? in[i] : out[i - op->n_in];
+        const bool native = tide_op_slot_native(op->kind, op->n_in, i);
+        const bool widen = t->dtype == TIDE_BF16 && !native;
+        const bool round = is_in && op->p.bf16 && t->dtype == TIDE_F32 && bf16_round_slot(op->kind, i);
+        if (!widen && !round) continue;
+        for (int j = 0; j < i; j++)
+            if (ids[j] == ids[i] && buf[j]) {
+                arg[i] = buf[j]; /* the same tensor: one copy */
+                break;
+            }
+        if (arg[i] != (is_in ? in[i] : out[i - op->n_in])) continue;
+        const int64_t m = tide_tensor_numel(t);
+        if (!(buf[i] = tide_calloc((size_t)(m ? m : 1), sizeof(float)))) {
+            st = tide_err(ctx, TIDE_E_NOMEM, "cpu %s: out of memory for an f32 copy of '%s'", tide_op_name(op->kind),
+                          t->name);
+            break;
+        }
+        if (is_in && widen) {
+            const uint16_t *src = in[i];
+            for (int64_t e = 0; e < m; e++) buf[i][e] = tide_bf16_to_f32(src[e]);
+        } else if (round) {
+            const float *src = in[i];
+            for (int64_t e = 0; e < m; e++) buf[i][e] = tide_bf16_to_f32(tide_f32_to_bf16(src[e]));
+        }
+        arg[i] = buf[i];
+    }
+    if (!st) {
+        st = op->kind == TIDE_OP_MATMUL
+                 ? cpu_matmul(ctx, tide_ctx_threads(ctx), be->matmul, g, op, arg, arg + op->n_in, scratch)
+                 : k(ctx, tide_ctx_threads(ctx), g, op, arg, arg + op->n_in, scratch);
+    }
+    for (int j = 0; j < op->n_out && !st; j++) {
+        const tide_tensor *t = tout(g, op, j);
+        if (t->dtype != TIDE_BF16 || tide_op_slot_native(op->kind, op->n_in, op->n_in + j)) continue;
+        const float *src = arg[op->n_in + j];
+        uint16_t *dst = out[j];
+        const int64_t m = tide_tensor_numel(t);
+        for (int64_t e = 0; e < m; e++) dst[e] = tide_f32_to_bf16(src[e]);
+    }
+    for (int i = 0; i < n; i++) tide_free(buf[i]);
+    return st;
+}
+
 static tide_status cpu_compute(tide_backend *be, void *q, const tide_graph *g, const tide_op *op,
                                void *const *in, void *const *out, void *scratch) {
     tide_ctx *ctx = ctx_of(be, q);
@@ -551,6 +636,7 @@ static tide_status cpu_compute(tide_backend *be, void *q, const tide_graph *g, c
                             "block-quantized tensors only as a matmul's weight, an embed's table or a KV cache", nm, t->name,
                             tide_dtype_name(t->dtype));
     }
+    if (op_is_bf16(g, op)) return cpu_compute_bf16(ctx, be, g, op, k, in, out, scratch);
     if (op->kind == TIDE_OP_MATMUL) return cpu_matmul(ctx, tide_ctx_threads(ctx), be->matmul, g, op, in, out, scratch);
     return k(ctx, tide_ctx_threads(ctx), g, op, in, out, scratch);
 }
