@@ -31,6 +31,7 @@ static atomic_uint cf_bits; /* TK_CPU_* | TK_CPU_PROBED */
 /* the tests' switches (cpu_features.h): in the test build's objects only */
 static atomic_bool cf_generic;
 static atomic_bool cf_no_avx512;
+static atomic_bool cf_no_bf16;
 #endif
 
 #define TK_CPU_PROBED (1u << 31)
@@ -88,6 +89,7 @@ unsigned tk_cpu(void) {
     if (atomic_load_explicit(&cf_generic, memory_order_relaxed)) return 0;
     if (atomic_load_explicit(&cf_no_avx512, memory_order_relaxed))
         v &= ~(TK_CPU_AVX512F | TK_CPU_AVX512BW | TK_CPU_AVX512VL | TK_CPU_AVX512BF16 | TK_CPU_AVX512VNNI);
+    if (atomic_load_explicit(&cf_no_bf16, memory_order_relaxed)) v &= ~(TK_CPU_AVX512BF16 | TK_CPU_AMXBF16);
 #endif
     return v;
 }
@@ -96,6 +98,8 @@ unsigned tk_cpu(void) {
 void tk_cpu_force_generic(bool on) { atomic_store(&cf_generic, on); }
 
 void tk_cpu_force_no_avx512(bool on) { atomic_store(&cf_no_avx512, on); }
+
+void tk_cpu_force_no_bf16(bool on) { atomic_store(&cf_no_bf16, on); }
 
 void tk_force_generic(bool on) { tk_cpu_force_generic(on); }
 #endif

@@ -28,6 +28,9 @@ void tk_cpu_force_generic(bool on); /* test builds only (TIDE_TEST_HOOKS) */
 /* While on, tk_cpu leaves out the AVX-512 bits (tests: the AVX2 paths on an
  * AVX-512 machine). */
 void tk_cpu_force_no_avx512(bool on); /* test builds only (TIDE_TEST_HOOKS) */
+/* While on, tk_cpu leaves out AVX512_BF16 and AMX-BF16 (tests: the
+ * conversion paths of an AVX-512F CPU without them). */
+void tk_cpu_force_no_bf16(bool on); /* test builds only (TIDE_TEST_HOOKS) */
 /* The path of the attention and elementwise kernels under tk_cpu:
  * "avx512 (rope avx2)", "avx2" or "portable". */
 const char *tk_cpu_vector_path(void);
