@@ -599,6 +599,10 @@ tide_status tide_train_precision_parse(tide_ctx *ctx, const char *s, int *precis
  * is not implemented there yet); on this CPU bf16 when it has AVX512_BF16,
  * else f32. Any other value is returned as it is. */
 int tide_train_precision_resolve(int precision, bool gpu);
+/* The code path of a bf16 step's products on this CPU: "avx512_bf16
+ * (vdpbf16ps)", or without AVX512_BF16 the bf16 pairs widened into f32 FMAs
+ * ("avx512 ...", "avx2 ...", "portable ..."). */
+const char *tide_train_bf16_path(void);
 /* LoRA targets, in the order of --lora-targets' names q,k,v,o,gate,up,down */
 #define TIDE_LORA_Q 1u
 #define TIDE_LORA_K 2u

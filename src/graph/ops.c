@@ -57,7 +57,7 @@ static tide_status check_rmsnorm(CHECK_ARGS) {
 
 static tide_status check_matmul(CHECK_ARGS) {
     const tide_tensor *x = T(0), *w = T(1), *o = O(0);
-    if (!is_act(x) || !is_act(o)) FAIL("matmul: '%s' and '%s' must be 2-D f32", x->name, o->name);
+    if (!is_act(x) || !is_act(o)) FAIL("matmul: '%s' and '%s' must be 2-D f32 or bf16", x->name, o->name);
     if (w->ndim != 2 || !is_weight(w->dtype))
         FAIL("matmul: weight '%s' must be 2-D float or block-quantized", w->name);
     if (p->accumulate && n_in != 3) FAIL("matmul: accumulating into '%s' takes it as a third input", o->name);
@@ -238,7 +238,7 @@ static tide_status check_accumulate(tide_graph *g, const char *nm, int n_in, int
 
 static tide_status check_embed_bwd(CHECK_ARGS) {
     const tide_tensor *dy = T(0), *tok = T(1), *dt = O(0);
-    if (!is_act(dy)) FAIL("embed_bwd: '%s' must be 2-D f32", dy->name);
+    if (!is_act(dy)) FAIL("embed_bwd: '%s' must be 2-D f32 or bf16", dy->name);
     if (tok->dtype != TIDE_I32 || p->idx0 + dy->shape[0] > tide_tensor_numel(tok))
         FAIL("embed_bwd: tokens '%s' must be i32 with rows from [%lld] on", tok->name, (long long)p->idx0);
     if (!is_act(dt) || dt->shape[1] != dy->shape[1])
@@ -314,7 +314,7 @@ static tide_status check_silu_mul_bwd(CHECK_ARGS) {
 
 static tide_status check_cross_entropy(CHECK_ARGS) {
     const tide_tensor *h = T(0), *w = T(1), *tg = T(2);
-    if (!is_act(h)) FAIL("cross_entropy: '%s' must be 2-D f32", h->name);
+    if (!is_act(h)) FAIL("cross_entropy: '%s' must be 2-D f32 or bf16", h->name);
     int64_t R = h->shape[0], D = h->shape[1];
     if (w->ndim != 2 || !is_float(w->dtype) || w->shape[1] != D)
         FAIL("cross_entropy: weight '%s' must be 2-D float (vocab, %lld)", w->name, (long long)D);
@@ -340,7 +340,7 @@ static tide_status check_ce_common(tide_graph *g, const char *nm, int n_in, int 
     if (n_in < min_in || n_out < 1)
         FAIL("%s takes %d or more inputs and 1 or more outputs, got %d and %d", nm, min_in, n_in, n_out);
     const tide_tensor *h = T(0), *w = T(1), *tg = T(2);
-    if (!is_act(h)) FAIL("%s: '%s' must be 2-D f32", nm, h->name);
+    if (!is_act(h)) FAIL("%s: '%s' must be 2-D f32 or bf16", nm, h->name);
     int64_t R = h->shape[0], D = h->shape[1];
     if (w->ndim != 2 || !is_float(w->dtype) || w->shape[1] != D)
         FAIL("%s: weight block '%s' must be 2-D float (rows, %lld)", nm, w->name, (long long)D);
@@ -482,7 +482,9 @@ static uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 static uint64_t scratch_cross_entropy(const tide_graph *g, const tide_op *op) {
     const tide_tensor *h = &g->tensors[op->in[0]], *w = &g->tensors[op->in[1]];
     uint64_t logits = (uint64_t)tide_ce_chunk_rows(h->shape[0], w->shape[0]) * (uint64_t)w->shape[0] * 4;
-    uint64_t wb = w->dtype == TIDE_F32 ? 0 : TIDE_MIN((uint64_t)tide_tensor_numel(w) * 4, UINT64_C(16) << 20);
+    /* a bf16 step's products read an f32 or bf16 head as stored */
+    bool as_stored = w->dtype == TIDE_F32 || (op->p.bf16 && w->dtype == TIDE_BF16);
+    uint64_t wb = as_stored ? 0 : TIDE_MIN((uint64_t)tide_tensor_numel(w) * 4, UINT64_C(16) << 20);
     return round_up((uint64_t)h->shape[0] * 8, 64) + logits + wb;
 }
 
@@ -560,6 +562,15 @@ static uint64_t scratch_matmul(const tide_graph *g, const tide_op *op) {
         uint64_t kp = ((uint64_t)x->shape[1] + 255) / 256 * 256, row = kp + kp / 8 + kp / 8;
         uint64_t cpu = TIDE_MAX(row, TIDE_MIN(row * (uint64_t)x->shape[0], UINT64_C(16) << 20));
         return TIDE_MAX(cpu, TIDE_MIN((uint64_t)tide_tensor_numel(w) * 4, UINT64_C(16) << 20));
+    }
+    if (op->p.bf16) {
+        /* a bf16 step's product (the CPU's tk_matmul_bf16) reads its
+         * operands as stored; a bf16 output is summed in f32 rows, up to 4
+         * MiB of them (at least one) */
+        const tide_tensor *o = &g->tensors[op->out[0]];
+        if (o->dtype != TIDE_BF16) return 0;
+        uint64_t n = (uint64_t)(op->p.no_transpose ? w->shape[1] : w->shape[0]) * 4;
+        return TIDE_MAX(n, TIDE_MIN(n * (uint64_t)x->shape[0], UINT64_C(4) << 20));
     }
     if (w->dtype == TIDE_F32) return 0;
     uint64_t wb = (uint64_t)tide_tensor_numel(w) * 4;

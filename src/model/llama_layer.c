@@ -117,7 +117,12 @@ static void matmul(llama_builder *b, const llama_layer_in *in, int L, int k0, in
         llama_op(b, TIDE_OP_MATMUL, 2, i1, 1, &t, NULL);
         tide_op_args kn = {.no_transpose = true};
         int i2[2] = {t, lo->scale};
+        /* the scale is no product's operand to round (a bf16 step: autocast
+         * multiplies a bf16 tensor by the f32 scaling, rounding once) */
+        const bool bf = b->bf16;
+        b->bf16 = false;
         llama_op(b, TIDE_OP_MATMUL, 2, i2, 1, &ts, &kn);
+        b->bf16 = bf;
         tide_op_args acc = {.accumulate = true};
         int i3[3] = {ts, lo->b[target], ACT(k, out)};
         llama_op(b, TIDE_OP_MATMUL, 3, i3, 1, &ACT(k, out), &acc);

@@ -58,6 +58,7 @@
  * weight gradient add up over the tiles.
  */
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/kernels.h"
 #include "model/llama_int.h"
 #include "train/train_ranks.h"
 
@@ -438,7 +439,10 @@ static void lora_bwd(train_build *s, int L, int k, int tg, int dy, int x, int dx
     int dt = act(b, k, s->NT, nm, Rk, lo->r);
     tide_op_args kn = {.no_transpose = true};
     int in[2] = {dts, lo->scale};
+    const bool bf = b->bf16; /* the scale exact, as the forward's (llama_layer.c) */
+    b->bf16 = false;
     op(b, TIDE_OP_MATMUL, 2, in, 1, &dt, &kn);
+    b->bf16 = bf;
     mm_dw(b, dt, x, A);
     mm_dx(b, dt, A->w, dx, true);
 }
@@ -701,6 +705,8 @@ tide_status tide_train_precision_parse(tide_ctx *ctx, const char *s, int *precis
         }
     return tide_err(ctx, TIDE_E_INVALID, "precision '%s' is not one of f32, bf16, auto", s ? s : "");
 }
+
+const char *tide_train_bf16_path(void) { return tk_gemm_bf16_path(); }
 
 int tide_train_precision_resolve(int precision, bool gpu) {
     if (precision != TIDE_PRECISION_AUTO) return precision;
