@@ -28,6 +28,12 @@
  * products). As in sgemm.c, nothing else changes the bits: not the tile
  * grid tk_gemm_bf16 cuts, the thread count, nor the buffer sizes.
  *
+ * Fastest of all, where the CPU has AMX-BF16 and Linux lends its tiles:
+ * TDPBF16PS, whose sums within an instruction are the hardware's own (see
+ * the AMX section below): on such a CPU the bits are those of the AMX
+ * order, the same for every tile grid and thread count, but not the FMA
+ * chain's.
+ *
  * The path is chosen at run time from cpuid (cpu_features.c), never from a
  * BLAS's guess of the CPU.
  */
@@ -47,6 +53,8 @@ _Static_assert(BG_KC % 2 == 0, "blocks of K are whole pairs");
 #define BG_STACK ((BG_MR_MAX + BG_NR_MAX) * BG_KC / 2)
 
 typedef union { float f; uint32_t u; } bg_bits;
+
+static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 static inline uint16_t bg_round(float f) {
     bg_bits b = {.f = f};
@@ -73,12 +81,33 @@ typedef struct {
     bool t;
 } bg_op;
 
+#ifdef TK_X86
+/* 16 floats rounded as bg_round rounds them (NaN quieted, sign kept). */
+TK_AVX512 static void bg_round_avx512(const float *x, int64_t n, uint16_t *d) {
+    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(hi, one))), 16);
+        r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), hi, quiet);
+        _mm256_mask_storeu_epi16(d + i, m, _mm512_cvtepi32_epi16(r));
+    }
+}
+#endif
+
 /* n consecutive elements of dt from src as bf16 into dst. */
 static void bg_row(const uint8_t *src, tide_dtype dt, int64_t n, uint16_t *dst) {
     if (dt == TIDE_BF16) {
         memcpy(dst, src, (size_t)n * 2);
     } else if (dt == TIDE_F32) {
         const float *s = (const float *)(const void *)src;
+#ifdef TK_X86
+        if (tk_have_avx512()) {
+            bg_round_avx512(s, n, dst);
+            return;
+        }
+#endif
         for (int64_t i = 0; i < n; i++) dst[i] = bg_round(s[i]);
     } else {
         const uint16_t *s = (const uint16_t *)(const void *)src;
@@ -88,22 +117,26 @@ static void bg_row(const uint8_t *src, tide_dtype dt, int64_t n, uint16_t *dst) 
 
 static const uint8_t *bg_at(const bg_op *o, int64_t i) { return o->p + (size_t)i * tide_dtype_size(o->dt); }
 
-/* Rows [i0, i0 + mc) x k in [p0, p0 + kc) of op(X) into panels of mr rows
- * (pr = mr), or k in [p0, p0 + kc) x columns [i0, i0 + mc) into panels of
- * mr columns (the B side: op(X) is then indexed (k, column)); panel q holds
- * pair p of row (column) r at d[q * kc2 * mr + p * mr + r]; rows past mc and
- * the high half of an odd kc's last pair are zeros. `rows_k`: op(X)'s first
- * index is the row (A), else k (B). */
+/* Rows [i0, i0 + mc) x k in [p0, p0 + kc) of op(X) into panels of mr rows,
+ * or k in [p0, p0 + kc) x columns [i0, i0 + mc) into panels of mr columns
+ * (the B side: op(X) is then indexed (k, column)); panel q holds pair p of
+ * row (column) r at d[q * kc2p * mr + p * mr + r]; rows past mc, the high
+ * half of an odd kc's last pair and the pairs from kc2 = ceil(kc / 2) to
+ * kc2p are zeros. `rows_k`: op(X)'s first index is the row (A), else k (B). */
 static void bg_pack(const bg_op *o, bool rows_k, int64_t i0, int64_t mc, int64_t p0, int64_t kc, int mr,
-                    uint32_t *d) {
+                    int64_t kc2p, uint32_t *d) {
     const int64_t kc2 = (kc + 1) / 2;
     /* does one row (column) run along k in memory? */
     const bool along_k = rows_k ? !o->t : o->t;
-    uint16_t lo[BG_KC > BG_NR_MAX ? BG_KC : BG_NR_MAX], hi[BG_NR_MAX > BG_MR_MAX ? BG_NR_MAX : BG_MR_MAX];
     for (int64_t ib = 0; ib < mc; ib += mr) {
-        const int64_t n = TIDE_MIN((int64_t)mr, mc - ib);
-        uint32_t *dp = d + ib * kc2;
-        if (along_k) {
+        uint32_t *dp = d + ib * kc2p;
+        if (kc2p > kc2) memset(dp + kc2 * mr, 0, (size_t)((kc2p - kc2) * mr) * sizeof(uint32_t));
+    }
+    if (along_k) {
+        uint16_t lo[BG_KC + 2];
+        for (int64_t ib = 0; ib < mc; ib += mr) {
+            const int64_t n = TIDE_MIN((int64_t)mr, mc - ib);
+            uint32_t *dp = d + ib * kc2p;
             for (int64_t r = 0; r < mr; r++) {
                 if (r >= n) {
                     for (int64_t p = 0; p < kc2; p++) dp[p * mr + r] = 0;
@@ -113,15 +146,27 @@ static void bg_pack(const bg_op *o, bool rows_k, int64_t i0, int64_t mc, int64_t
                 if (kc & 1) lo[kc] = 0;
                 for (int64_t p = 0; p < kc2; p++) dp[p * mr + r] = (uint32_t)lo[2 * p] | (uint32_t)lo[2 * p + 1] << 16;
             }
-        } else {
-            for (int64_t p = 0; p < kc2; p++) {
-                const int64_t k = p0 + 2 * p;
-                bg_row(bg_at(o, k * o->ld + i0 + ib), o->dt, n, lo);
-                if (2 * p + 1 < kc) bg_row(bg_at(o, (k + 1) * o->ld + i0 + ib), o->dt, n, hi);
-                else memset(hi, 0, (size_t)n * 2);
-                uint32_t *q = dp + p * mr;
+        }
+        return;
+    }
+    /* rows of op(X) along the panels' width: two of them rounded whole,
+     * interleaved into every panel */
+    enum { W = BG_NC > 2048 ? BG_NC : 2048 };
+    uint16_t lo[W], hi[W];
+    const int64_t wm = W / mr * mr; /* whole panels a chunk */
+    for (int64_t c0 = 0; c0 < mc; c0 += wm) {
+        const int64_t w = TIDE_MIN(wm, mc - c0);
+        for (int64_t p = 0; p < kc2; p++) {
+            const int64_t k = p0 + 2 * p;
+            bg_row(bg_at(o, k * o->ld + i0 + c0), o->dt, w, lo);
+            if (2 * p + 1 < kc) bg_row(bg_at(o, (k + 1) * o->ld + i0 + c0), o->dt, w, hi);
+            else memset(hi, 0, (size_t)w * 2);
+            for (int64_t ib = c0; ib < c0 + w; ib += mr) {
+                const int64_t n = TIDE_MIN((int64_t)mr, mc - ib);
+                uint32_t *q = d + ib * kc2p + p * mr;
+                const uint16_t *l = lo + (ib - c0), *h = hi + (ib - c0);
                 int64_t r = 0;
-                for (; r < n; r++) q[r] = (uint32_t)lo[r] | (uint32_t)hi[r] << 16;
+                for (; r < n; r++) q[r] = (uint32_t)l[r] | (uint32_t)h[r] << 16;
                 for (; r < mr; r++) q[r] = 0;
             }
         }
@@ -262,6 +307,198 @@ static const bg_kernel bg_avx512 = {"avx512 (bf16 pairs widened, fma)", BG5_MR, 
 static const bg_kernel bg_avx2 = {"avx2 (bf16 pairs widened, fma)", BGP_MR, BGP_NR, tile_avx2};
 #endif
 
+
+#ifdef TK_X86
+/* ------------------------------------------------------------- AMX */
+
+/*
+ * AMX-BF16 (TDPBF16PS): each instruction adds to a 16 x 16 f32 tile the
+ * products of a 16 x 32 bf16 tile of A and a 32 x 16 one of B (16 pairs of
+ * k). Its sums within an instruction are the hardware's own: the same bits
+ * for the same operands, but not the FMA chain of the other paths. The rest
+ * of the order is fixed here: an element's tile sum runs over all of K in
+ * steps of 32 consecutive k from k = 0 (the last padded with zero pairs),
+ * starting from 0, or with beta from C's element (not c + s as above). So
+ * again an element's bits depend on its row of op(A), its column of op(B),
+ * K and beta alone: not on the tile grid, the threads, its place in a tile,
+ * nor the cache blocks (multiples of 32 k).
+ *
+ * Linux lends the tile registers to a process that asks (arch_prctl
+ * ARCH_REQ_XCOMP_PERM, once for all its threads); refused, the products run
+ * on VDPBF16PS. Each call configures the tiles on its thread and releases
+ * them at the end.
+ */
+#include <stdatomic.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define TK_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx2,fma")))
+#define BGA_MR 32
+#define BGA_NR 32
+#define BGA_STEP 16  /* pairs of k per TDPBF16PS */
+#define BGA_KC 1024  /* cache blocks: k (a multiple of 2 * BGA_STEP) */
+#define BGA_MC 128   /* rows */
+#define BGA_NC 512   /* columns */
+#define BGA_STACK ((BGA_MR + BGA_NR) * BGA_KC / 2)
+_Static_assert(BGA_KC % (2 * BGA_STEP) == 0, "cache blocks of whole steps");
+
+static atomic_int bga_perm; /* 0: not asked yet, 1 granted, -1 refused */
+
+static bool bga_ok(void) {
+    if (!tk_have_avx512() || !tk_cpu_has(TK_CPU_AMXBF16)) return false;
+    int v = atomic_load_explicit(&bga_perm, memory_order_acquire);
+    if (!v) {
+        /* ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18) */
+        v = syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 1 : -1;
+        atomic_store_explicit(&bga_perm, v, memory_order_release);
+    }
+    return v > 0;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} bga_config;
+
+/* Palette 1, tiles 0-7 of 16 rows of 64 bytes. A constant in memory: the
+ * compiler does not see LDTILECFG read its operand, and would drop stores
+ * to a local one. */
+static const _Alignas(64) bga_config bga_cfg = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+TK_AMX static void bga_config_tiles(void) { _tile_loadconfig(&bga_cfg); }
+
+TK_AMX static void bga_release(void) { _tile_release(); }
+
+/* Rows [i0, i0 + mc) of op(A), k in [p0, p0 + kc), as rows of kc2p pairs:
+ * row r's pair p at d[r * kc2p + p]; rows up to mc rounded up to BGA_MR and
+ * the pairs past ceil(kc / 2) zeros. */
+static void bga_pack_a(const bg_op *o, int64_t i0, int64_t mc, int64_t p0, int64_t kc, int64_t kc2p, uint32_t *d) {
+    const int64_t kc2 = (kc + 1) / 2, mcp = round_up(mc, BGA_MR);
+    memset(d + mc * kc2p, 0, (size_t)((mcp - mc) * kc2p) * sizeof(uint32_t));
+    if (!o->t) {
+        /* a row's pairs are its bf16 elements in order */
+        for (int64_t r = 0; r < mc; r++) {
+            uint32_t *q = d + r * kc2p;
+            bg_row(bg_at(o, (i0 + r) * o->ld + p0), o->dt, kc, (uint16_t *)(void *)q);
+            if (kc & 1) ((uint16_t *)(void *)q)[kc] = 0;
+            for (int64_t p = kc2; p < kc2p; p++) q[p] = 0;
+        }
+        return;
+    }
+    /* op(A) stored (K, M): pairs of rows of A interleaved, BGA_STEP pairs
+     * at a time, then written out row by row (whole 64-byte rows) */
+    _Alignas(64) uint32_t blk[BGA_MC][BGA_STEP];
+    uint16_t lw[BGA_MC], hw[BGA_MC];
+    for (int64_t pb = 0; pb < kc2p; pb += BGA_STEP) {
+        for (int64_t q = 0; q < BGA_STEP; q++) {
+            const int64_t p = pb + q, k = p0 + 2 * p;
+            if (p >= kc2) {
+                for (int64_t r = 0; r < mc; r++) blk[r][q] = 0;
+                continue;
+            }
+            bg_row(bg_at(o, k * o->ld + i0), o->dt, mc, lw);
+            if (2 * p + 1 < kc) bg_row(bg_at(o, (k + 1) * o->ld + i0), o->dt, mc, hw);
+            else memset(hw, 0, (size_t)mc * 2);
+            for (int64_t r = 0; r < mc; r++) blk[r][q] = (uint32_t)lw[r] | (uint32_t)hw[r] << 16;
+        }
+        for (int64_t r = 0; r < mc; r++) memcpy(d + r * kc2p + pb, blk[r], sizeof blk[r]);
+    }
+}
+
+/* A 32 x 32 block c (row stride ldc floats): its tiles loaded from c (or
+ * zero), `steps` steps over the packed a (32 rows of kc2p pairs) and b (a
+ * panel of 32 columns, 32 uint32 a pair), stored back. */
+TK_AMX static void bga_block(int64_t steps, const uint32_t *a, int64_t kc2p, const uint32_t *b, float *c, int64_t ldc,
+                             bool load) {
+    const int64_t sc = ldc * 4, sa = kc2p * 4;
+    if (load) {
+        _tile_loadd(0, c, sc);
+        _tile_loadd(1, c + 16, sc);
+        _tile_loadd(2, c + 16 * ldc, sc);
+        _tile_loadd(3, c + 16 * ldc + 16, sc);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int64_t s = 0; s < steps; s++) {
+        _tile_loadd(4, a + s * BGA_STEP, sa);
+        _tile_loadd(5, a + 16 * kc2p + s * BGA_STEP, sa);
+        _tile_loadd(6, b + s * BGA_STEP * BGA_NR, BGA_NR * 4);
+        _tile_loadd(7, b + s * BGA_STEP * BGA_NR + 16, BGA_NR * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c, sc);
+    _tile_stored(1, c + 16, sc);
+    _tile_stored(2, c + 16 * ldc, sc);
+    _tile_stored(3, c + 16 * ldc + 16, sc);
+}
+
+/* C (M x N, K >= 1) = the tile sums of the section's header, from C's
+ * elements with beta, else from 0 (C not read). */
+static void bga_gemm1(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64_t K, bool beta, float *C,
+                      int64_t ldc) {
+    int64_t kcb = TIDE_MIN(round_up(K, 2 * BGA_STEP), (int64_t)BGA_KC), kc2pb = kcb / 2;
+    int64_t mcb = TIDE_MIN(round_up(M, BGA_MR), (int64_t)BGA_MC);
+    int64_t ncb = TIDE_MIN(round_up(N, BGA_NR), (int64_t)BGA_NC);
+    _Alignas(64) uint32_t stack[BGA_STACK];
+    uint32_t *buf = stack, *own = NULL;
+    size_t a_n = (size_t)(mcb * kc2pb), need = a_n + (size_t)(kc2pb * ncb);
+    if (need > BGA_STACK) buf = own = tide_malloc_aligned(need * sizeof(uint32_t), 64);
+    if (!buf) {
+        /* out of memory: one block of each from the stack, to the same bits */
+        mcb = BGA_MR;
+        ncb = BGA_NR;
+        a_n = (size_t)(mcb * kc2pb);
+        buf = stack;
+    }
+    uint32_t *ap = buf, *bp = buf + a_n;
+    _Alignas(64) float edge[BGA_MR * BGA_NR];
+    bga_config_tiles();
+    for (int64_t jc = 0; jc < N; jc += ncb) {
+        int64_t nc = TIDE_MIN(ncb, N - jc);
+        for (int64_t pc = 0; pc < K; pc += kcb) {
+            int64_t kc = TIDE_MIN(kcb, K - pc), kc2p = round_up((kc + 1) / 2, BGA_STEP);
+            bool load = pc > 0 || beta;
+            bg_pack(B, false, jc, nc, pc, kc, BGA_NR, kc2p, bp);
+            for (int64_t ic = 0; ic < M; ic += mcb) {
+                int64_t mc = TIDE_MIN(mcb, M - ic);
+                bga_pack_a(A, ic, mc, pc, kc, kc2p, ap);
+                for (int64_t jr = 0; jr < nc; jr += BGA_NR) {
+                    int64_t cols = TIDE_MIN((int64_t)BGA_NR, nc - jr);
+                    for (int64_t ir = 0; ir < mc; ir += BGA_MR) {
+                        int64_t rows = TIDE_MIN((int64_t)BGA_MR, mc - ir);
+                        float *c = C + (ic + ir) * ldc + jc + jr;
+                        if (rows == BGA_MR && cols == BGA_NR) {
+                            bga_block(kc2p / BGA_STEP, ap + ir * kc2p, kc2p, bp + jr * kc2p, c, ldc, load);
+                            continue;
+                        }
+                        /* an edge block: through a whole one on the stack */
+                        if (load)
+                            for (int64_t r = 0; r < rows; r++)
+                                memcpy(edge + r * BGA_NR, c + r * ldc, (size_t)cols * sizeof(float));
+                        bga_block(kc2p / BGA_STEP, ap + ir * kc2p, kc2p, bp + jr * kc2p, edge, BGA_NR, load);
+                        for (int64_t r = 0; r < rows; r++)
+                            memcpy(c + r * ldc, edge + r * BGA_NR, (size_t)cols * sizeof(float));
+                    }
+                }
+            }
+        }
+    }
+    bga_release();
+    if (own) tide_free_aligned(own);
+}
+#endif
+
 static const bg_kernel *bg_pick(void) {
 #ifdef TK_X86
     if (tk_have_avx512()) return tk_cpu_has(TK_CPU_AVX512BF16) ? &bg_bf16 : &bg_avx512;
@@ -270,11 +507,14 @@ static const bg_kernel *bg_pick(void) {
     return &bg_portable;
 }
 
-const char *tk_gemm_bf16_path(void) { return bg_pick()->name; }
+const char *tk_gemm_bf16_path(void) {
+#ifdef TK_X86
+    if (bga_ok()) return "amx_bf16 (tdpbf16ps)";
+#endif
+    return bg_pick()->name;
+}
 
 /* ------------------------------------------------------------- driver */
-
-static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 /* C (M x N, K >= 1) = the sums s of the header (C not read), or with add_c
  * (K at most one block) C = C + s. */
@@ -304,10 +544,10 @@ static void bg_sums(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64_
         for (int64_t pc = 0; pc < K; pc += kcb) {
             int64_t kc = TIDE_MIN(kcb, K - pc), kc2 = (kc + 1) / 2;
             bool add = pc > 0 || add_c;
-            bg_pack(B, false, jc, nc, pc, kc, nr, bp);
+            bg_pack(B, false, jc, nc, pc, kc, nr, kc2, bp);
             for (int64_t ic = 0; ic < M; ic += mcb) {
                 int64_t mc = TIDE_MIN(mcb, M - ic);
-                bg_pack(A, true, ic, mc, pc, kc, mr, ap);
+                bg_pack(A, true, ic, mc, pc, kc, mr, kc2, ap);
                 for (int64_t jr = 0; jr < nc; jr += nr) {
                     int64_t cols = TIDE_MIN((int64_t)nr, nc - jr);
                     for (int64_t ir = 0; ir < mc; ir += mr) {
@@ -350,6 +590,12 @@ static void bg_gemm1(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64
         }
         return;
     }
+#ifdef TK_X86
+    if (bga_ok()) {
+        bga_gemm1(A, B, M, N, K, beta, C, ldc);
+        return;
+    }
+#endif
     if (!beta || K <= BG_KC) {
         bg_sums(A, B, M, N, K, C, ldc, beta);
         return;
