@@ -841,6 +841,9 @@ static int open_data(train_job *j, const char *mdir, const char *data) {
 static int open_all(train_job *j) {
     const train_args *a = &j->a;
     int rc;
+    if (a->precision == TIDE_PRECISION_BF16 && a->backend == TIDE_BACKEND_CUDA)
+        return cli_usage_error("train", "--precision bf16 on --backend cuda is not built (the cpu backend runs it; "
+                               "train there with --precision f32)");
     if (a->out && (rc = check_out(a->out))) return rc;
     struct stat ms;
     if (a->merge_out && !stat(a->merge_out, &ms)) {
