@@ -88,8 +88,8 @@ static inline bool tide_op_slot_native(tide_op_kind kind, int n_in, int i) {
     case TIDE_OP_MATMUL: case TIDE_OP_RMSNORM: case TIDE_OP_RMSNORM_BWD: case TIDE_OP_ADD_BIAS:
     case TIDE_OP_CROSS_ENTROPY: case TIDE_OP_CE_STATS: case TIDE_OP_CE_BLOCK: return i == 1;
     case TIDE_OP_ATTENTION: return (i >= 4 && i < n_in) || i > n_in;
-    case TIDE_OP_ADAMW: return true;
-    default: return false;
+    case TIDE_OP_ADAMW: case TIDE_OP_GENERIC: return true; /* parameters; bytes */
+    default: return tide_op_is_collective(kind);           /* any float dtype, moved as bytes */
     }
 }
 
