@@ -578,7 +578,31 @@ typedef struct tide_llama_train_opts {
     bool one_rank;     /* with ranks 1: the step of one rank all the same, its
                           collectives over a communicator of one (NCCL's check
                           on one GPU: tide train --ranks 1 --comm nccl) */
+    int precision;     /* TIDE_PRECISION_F32 (0: everything f32) or
+                          TIDE_PRECISION_BF16: the activations the backward
+                          keeps stored in bf16 and every product of the step
+                          on bf16-rounded operands with f32 accumulation, as
+                          torch.autocast(bfloat16); norms, softmax, loss,
+                          gradients and AdamW stay f32 (docs/training.md
+                          section 13). The CPU backend runs it; the CUDA
+                          backend refuses it (TIDE_E_UNSUPPORTED) */
 } tide_llama_train_opts;
+/* Training precision (tide_llama_train_opts.precision). */
+#define TIDE_PRECISION_F32 0
+#define TIDE_PRECISION_BF16 1
+#define TIDE_PRECISION_AUTO 2 /* for tide_train_precision_resolve only */
+/* "f32", "bf16", "auto"; NULL for another value. */
+const char *tide_train_precision_name(int precision);
+/* Parses "f32", "bf16" or "auto" into *precision; TIDE_E_INVALID otherwise. */
+tide_status tide_train_precision_parse(tide_ctx *ctx, const char *s, int *precision);
+/* The precision `auto` stands for: on a GPU (gpu true) f32 (bf16 training
+ * is not implemented there yet); on this CPU bf16 when it has AVX512_BF16,
+ * else f32. Any other value is returned as it is. */
+int tide_train_precision_resolve(int precision, bool gpu);
+/* The code path of a bf16 step's products on this CPU: "avx512_bf16
+ * (vdpbf16ps)", or without AVX512_BF16 the bf16 pairs widened into f32 FMAs
+ * ("avx512 ...", "avx2 ...", "portable ..."). */
+const char *tide_train_bf16_path(void);
 /* LoRA targets, in the order of --lora-targets' names q,k,v,o,gate,up,down */
 #define TIDE_LORA_Q 1u
 #define TIDE_LORA_K 2u

@@ -20,6 +20,7 @@ static const char help[] =
     "                 [--host-budget BYTES] [--weights-on-ssd] [--tile auto|none|LEVEL]\n"
     "                 [--host-compute auto|off]\n"
     "                 [--train --lora-r R [--lora-targets LIST] [--base-type T]]\n"
+    "                 [--train --precision f32|bf16]\n"
     "                 [--lora DIR]\n"
     "                 [--json] [--trace FILE] [--out PLAN.json]\n"
     "\n"
@@ -53,6 +54,10 @@ static const char help[] =
     "                     weights, master weights, moments, gradients and\n"
     "                     activations\n"
     "  --accum N          micro-batches per training step (default 1)\n"
+    "  --precision P      training: the step's arithmetic, f32 (default) or bf16\n"
+    "                     (tide train --precision bf16: bf16 products, the kept\n"
+    "                     activations planned at bf16's 2 bytes, the residual\n"
+    "                     stream, gradients and optimizer state f32)\n"
     "  --lora-r R         training: a LoRA step of rank R (tide train --lora-r):\n"
     "                     the base weights frozen, read-only like inference\n"
     "                     weights; state, gradients and AdamW the adapters' only\n"
@@ -237,7 +242,7 @@ static const struct option plan_options[] = {
     {"accum", required_argument, 0, 'A'},  {"optimizer", required_argument, 0, 'O'},
     {"dtype", required_argument, 0, 'd'},  {"host-compute", required_argument, 0, 'C'},
     {"lora-r", required_argument, 0, 0x100}, {"lora-targets", required_argument, 0, 0x101},
-    {"base-type", required_argument, 0, 0x310},
+    {"base-type", required_argument, 0, 0x310}, {"precision", required_argument, 0, 0x440},
     {"ranks", required_argument, 0, 'R'},  {"zero", required_argument, 0, 'Z'},
     {"cache-type", required_argument, 0, CLI_OPT_CACHE_TYPE}, {"lora", required_argument, 0, CLI_OPT_LORA},
     {0, 0, 0, 0},
@@ -330,6 +335,11 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             break;
         }
         case 0x310: a->base_type = optarg; break; /* checked by tide_qlora_config */
+        case 0x440:
+            if (tide_train_precision_parse(NULL, optarg, &a->precision) || a->precision == TIDE_PRECISION_AUTO)
+                return cli_usage_error("plan", "unknown --precision '%s' (f32 or bf16)", optarg);
+            a->have_precision = true;
+            break;
         case 'R':
             if (cli_parse_int(optarg, 1, 65536, &a->ranks))
                 return cli_usage_error("plan", "bad --ranks '%s' (an integer from 1 to 65536)", optarg);
@@ -356,6 +366,8 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     if (a->lora && a->train)
         return cli_usage_error("plan", "--lora plans inference with an adapter: a LoRA training step is --lora-r");
     if (a->base_type && !a->lora_r) return cli_usage_error("plan", "--base-type plans QLoRA: it needs --lora-r");
+    if (a->have_precision && !a->train)
+        return cli_usage_error("plan", "--precision is a training step's arithmetic: it needs --train");
     if (a->ranks > 1 && !a->train) return cli_usage_error("plan", "--ranks plans data-parallel training: it needs --train");
     if (a->have_zero && a->ranks < 2) return cli_usage_error("plan", "--zero needs --ranks 2 or more");
     if (a->train && a->have_cache_type)

@@ -28,6 +28,7 @@ static const char help[] =
     "                  [--check] [--out DIR] [--save-every N] [--save-dtype model|f32]\n"
     "                  [--resume DIR] [--trace FILE] [--trace-svg FILE]\n"
     "                  [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--threads N]\n"
+    "                  [--precision f32|bf16|auto]\n"
     "                  [--json] [--quiet] [--ranks N] [--zero 0|1|2]\n"
     "                  [--comm mpi|nccl]\n"
     "                  [--lora-r R] [--lora-alpha A] [--lora-targets LIST] [--lora-init DIR]\n"
@@ -171,6 +172,14 @@ static const char help[] =
     "                      fast on a GPU, f32 on the CPU), f32 (weights widened,\n"
     "                      f32 products) or fast (bf16 activations times the\n"
     "                      weights as stored, f32 sums)\n"
+    "  --precision P       the step's arithmetic: f32 (default: everything f32),\n"
+    "                      bf16 (mixed precision as torch.autocast's bf16: every\n"
+    "                      product on operands rounded to bf16 with f32 sums,\n"
+    "                      the activations the backward keeps stored in bf16;\n"
+    "                      norms, softmax, the loss, gradients, AdamW and the\n"
+    "                      master weights f32; the CPU backend, with AVX512_BF16\n"
+    "                      where cpuid reports it) or auto (bf16 on a CPU with\n"
+    "                      AVX512_BF16, else f32; docs/training.md, section 13)\n"
     "  --threads N         CPU threads (default: all cores; under mpirun, give each\n"
     "                      rank its share)\n"
     "  --ranks N           data-parallel ranks: checked against the launch's (the\n"
@@ -245,6 +254,7 @@ typedef struct train_args {
     uint64_t seed, host_budget;
     tide_backend_kind backend;
     tide_matmul_mode matmul;
+    int precision;                /* --precision (TIDE_PRECISION_*) */
     bool demo;
     /* LoRA */
     long lora_r;
@@ -304,7 +314,7 @@ static const struct option train_options[] = {
     {"save-every", required_argument, 0, 'v'},  {"save-dtype", required_argument, 0, 'V'},
     {"resume", required_argument, 0, 'r'},      {"trace", required_argument, 0, 'x'},
     {"trace-svg", required_argument, 0, 'X'},   {"backend", required_argument, 0, 'k'},
-    {"matmul", required_argument, 0, 'M'},
+    {"matmul", required_argument, 0, 'M'},      {"precision", required_argument, 0, 0x440},
     {"threads", required_argument, 0, 'T'},     {"json", no_argument, 0, 'j'},
     {"quiet", no_argument, 0, 'q'},             {"help", no_argument, 0, 'h'},
     {"train-on", required_argument, 0, 256},    {"template", required_argument, 0, 257},
@@ -528,6 +538,10 @@ static int parse_option(int c, train_job *j, seen_opts *seen) {
     case 'T':
         if (cli_parse_int(optarg, 1, 4096, &a->threads)) BAD("--threads");
         break;
+    case 0x440:
+        if (tide_train_precision_parse(NULL, optarg, &a->precision))
+            return cli_usage_error("train", "unknown --precision '%s' (f32, bf16 or auto)", optarg);
+        break;
     case 'F': a->no_refit = true; break;
     case 256:
         if (!strcmp(optarg, "all")) a->train_on_all = true;
@@ -620,7 +634,7 @@ static int parse_args(int argc, char **argv, train_job *j) {
     seen_opts seen = {0};
     while ((c = getopt_long(argc, argv, "h", train_options, NULL)) != -1) {
         int rc = (c >= 0x320 && c <= 0x32f) || c == 0x420 ? parse_rank_option(c, a)
-               : c >= 0x200 ? parse_lora_option(c, a) : parse_option(c, j, &seen);
+               : c >= 0x200 && c != 0x440 ? parse_lora_option(c, a) : parse_option(c, j, &seen);
         if (rc >= 0) return rc;
     }
     if ((rc_lora = check_lora_args(j)) >= 0) return rc_lora;
@@ -726,6 +740,7 @@ static tide_trainer_opts trainer_opts(const train_args *a) {
         o.lora_init = a->lora_init;
     }
     o.lora_base_type = a->base_type; /* without --lora-r: the trainer refuses it */
+    o.step.precision = a->precision;
     const char *sync = getenv("TIDE_EXEC_SYNC"); /* read here, at the edge */
     o.sync_issue = sync && *sync && strcmp(sync, "0");
     return o;
@@ -826,6 +841,9 @@ static int open_data(train_job *j, const char *mdir, const char *data) {
 static int open_all(train_job *j) {
     const train_args *a = &j->a;
     int rc;
+    if (a->precision == TIDE_PRECISION_BF16 && a->backend == TIDE_BACKEND_CUDA)
+        return cli_usage_error("train", "--precision bf16 on --backend cuda is not built (the cpu backend runs it; "
+                               "train there with --precision f32)");
     if (a->out && (rc = check_out(a->out))) return rc;
     struct stat ms;
     if (a->merge_out && !stat(a->merge_out, &ms)) {
@@ -854,6 +872,12 @@ static int open_all(train_job *j) {
     tide_matmul_mode mm = a->matmul;
     if (mm == TIDE_MATMUL_AUTO && !strcmp(tide_backend_name(j->be), "cpu")) mm = TIDE_MATMUL_F32;
     if (tide_backend_set_matmul(j->be, mm)) return cli_fail(j->ctx, "--matmul");
+    /* --precision: auto by the backend and the CPU; bf16 steps run on the CPU backend only */
+    const bool on_cpu = !strcmp(tide_backend_name(j->be), "cpu");
+    j->a.precision = tide_train_precision_resolve(a->precision, !on_cpu);
+    if (a->precision == TIDE_PRECISION_BF16 && !on_cpu)
+        return cli_usage_error("train", "--precision bf16 on --backend %s is not built (the cpu backend runs it; "
+                               "train there with --precision f32)", tide_backend_name(j->be));
     tide_trainer_opts o = trainer_opts(a);
     if (tide_trainer_new(j->ctx, j->ck, j->be, &o, &j->tr)) return cli_fail(j->ctx, "preparing training");
     if (j->comm && tide_trainer_set_comm(j->tr, j->comm)) return cli_fail(j->ctx, "joining the ranks");
@@ -908,6 +932,9 @@ static void print_header(const train_job *j) {
                "ZeRO-%ld\n", j->world, a->accum * j->world, a->zero);
     printf("backend    %s, matmul %s, %d threads; %s\n", tide_backend_name(j->be),
            tide_matmul_name(tide_backend_matmul(j->be)), tide_ctx_threads(j->ctx), j->offload ? "offloaded" : "resident");
+    if (a->precision == TIDE_PRECISION_BF16)
+        printf("precision  bf16: products of bf16 operands (%s), f32 sums; kept activations bf16; norms, softmax, "
+               "loss, AdamW and master weights f32\n", tide_train_bf16_path());
     (void)b1;
 }
 
@@ -1158,6 +1185,7 @@ static int summary(train_job *j) {
         cJSON_AddNumberToObject(o, "final_loss", s->loss);
         cJSON_AddStringToObject(o, "backend", tide_backend_name(j->be));
         cJSON_AddStringToObject(o, "matmul", tide_matmul_name(tide_backend_matmul(j->be)));
+        cJSON_AddStringToObject(o, "precision", tide_train_precision_name(a->precision));
         cJSON_AddNumberToObject(o, "threads", tide_ctx_threads(j->ctx));
         cJSON_AddBoolToObject(o, "offloaded", j->offload);
         cJSON_AddNumberToObject(o, "budget_bytes", (double)s->budget_bytes);

@@ -27,6 +27,8 @@ typedef struct plan_args {
     bool have_zero;
     tide_dtype cache_type;        /* --cache-type (inference) */
     bool have_cache_type;
+    int precision;                /* --precision (training): TIDE_PRECISION_F32 or _BF16 */
+    bool have_precision;
 } plan_args;
 
 /* `tide plan --train`: returns the exit status. */

@@ -61,7 +61,8 @@ static int load_step(const plan_args *a, train_job *j) {
     j->to = (tide_llama_train_opts){.batch = (int)a->batch, .seq = (int)a->seq, .accum = (int)a->accum,
                                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
                                     .grad_clip = 1.0f, .lora_r = (int)a->lora_r, .lora_alpha = 2.0f * (float)a->lora_r,
-                                    .lora_targets = a->lora_targets, .ranks = (int)a->ranks, .zero = (int)a->zero};
+                                    .lora_targets = a->lora_targets, .ranks = (int)a->ranks, .zero = (int)a->zero,
+                                    .precision = a->precision};
     if (tide_llama_build_train(j->ctx, &j->cfg, &j->to, &j->g)) return cli_fail(j->ctx, "building the training graph");
     j->po = tide_planner_opts_default();
     j->po.policy = a->policy;
@@ -205,6 +206,7 @@ static void print_json(const plan_args *a, const train_job *j) {
     cJSON_AddNumberToObject(o, "moment_bytes", (double)ti->moment_bytes);
     cJSON_AddNumberToObject(o, "gradient_bytes", (double)ti->gradient_bytes);
     cJSON_AddNumberToObject(o, "kept_activation_bytes", (double)ti->kept_activation_bytes);
+    cJSON_AddStringToObject(o, "precision", tide_train_precision_name(a->precision));
     cJSON_AddNumberToObject(o, "step_bytes_h2d", (double)s->step_bytes_h2d);
     cJSON_AddNumberToObject(o, "step_bytes_d2h", (double)s->step_bytes_d2h);
     cJSON_AddNumberToObject(o, "step_bytes_ssd_read", (double)s->step_bytes_ssd_read);
@@ -269,6 +271,9 @@ static void print_human(const plan_args *a, const train_job *j) {
            "per micro-batch\n", cli_fmt_bytes(ti->weight_bytes, b1, sizeof b1),
            cli_fmt_bytes(ti->master_bytes, b2, sizeof b2), cli_fmt_bytes(ti->moment_bytes, b3, sizeof b3),
            cli_fmt_bytes(ti->gradient_bytes, b4, sizeof b4), cli_fmt_bytes(ti->kept_activation_bytes, b5, sizeof b5));
+    if (a->precision == TIDE_PRECISION_BF16)
+        printf("precision   bf16: bf16 products with f32 sums; activations kept in bf16, the residual stream in "
+               "f32\n");
     if (s->ranks > 1)
         printf("ranks       %d data-parallel, ZeRO-%ld: this rank's master weights and moments %s; "
                "%d collectives a step on the net stream\n", s->ranks, a->zero,

@@ -73,7 +73,25 @@ typedef struct tide_op_args {
     float scale;       /* CROSS_ENTROPY, CE_*: the factor of the loss and its gradients */
     float beta1, beta2, adam_eps, weight_decay, max_norm; /* ADAMW */
     int ranks;         /* ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER: ranks taking part (>= 2) */
+    bool bf16;         /* MATMUL, MATMUL_GRADW, CROSS_ENTROPY, CE_*: the product's f32
+                          operands rounded to bf16 first (to nearest even), f32
+                          accumulation (a bf16 training step) */
 } tide_op_args;
+
+/* Input (i < n_in) or output (i - n_in) i of op takes any float dtype as
+ * stored (a weight, a table, a KV cache): its kernels convert it
+ * themselves. Other float tensors are f32 activations, or bf16 ones of a
+ * bf16 training step (ops.c). */
+static inline bool tide_op_slot_native(tide_op_kind kind, int n_in, int i) {
+    switch (kind) {
+    case TIDE_OP_EMBED: return i == 0;
+    case TIDE_OP_MATMUL: case TIDE_OP_RMSNORM: case TIDE_OP_RMSNORM_BWD: case TIDE_OP_ADD_BIAS:
+    case TIDE_OP_CROSS_ENTROPY: case TIDE_OP_CE_STATS: case TIDE_OP_CE_BLOCK: return i == 1;
+    case TIDE_OP_ATTENTION: return (i >= 4 && i < n_in) || i > n_in;
+    case TIDE_OP_ADAMW: case TIDE_OP_GENERIC: return true; /* parameters; bytes */
+    default: return tide_op_is_collective(kind);           /* any float dtype, moved as bytes */
+    }
+}
 
 /* tide_graph_add_op with the library's full parameters (a: NULL for none). */
 tide_status tide_graph_add_op_args(tide_graph *g, tide_op_kind kind, int n_in, const int *in, int n_out,

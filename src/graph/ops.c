@@ -20,7 +20,9 @@
 #define CHECK_ARGS tide_graph *g, int n_in, const int *in, int n_out, const int *out, const tide_op_args *p, \
                    double *flops
 
-static bool is_act(const tide_tensor *t) { return t->dtype == TIDE_F32 && t->ndim == 2; }
+/* An activation: 2-D f32, or bf16 (a bf16 training step keeps some in bf16;
+ * the CPU kernels load and store them, tide_op_slot_native) */
+static bool is_act(const tide_tensor *t) { return (t->dtype == TIDE_F32 || t->dtype == TIDE_BF16) && t->ndim == 2; }
 static bool is_float(tide_dtype d) { return d == TIDE_F32 || d == TIDE_F16 || d == TIDE_BF16; }
 /* A weight a MATMUL or an EMBED takes: float, or block-quantized (its rows
  * whole blocks, which tide_graph_add_tensor checks). */
@@ -55,7 +57,7 @@ static tide_status check_rmsnorm(CHECK_ARGS) {
 
 static tide_status check_matmul(CHECK_ARGS) {
     const tide_tensor *x = T(0), *w = T(1), *o = O(0);
-    if (!is_act(x) || !is_act(o)) FAIL("matmul: '%s' and '%s' must be 2-D f32", x->name, o->name);
+    if (!is_act(x) || !is_act(o)) FAIL("matmul: '%s' and '%s' must be 2-D f32 or bf16", x->name, o->name);
     if (w->ndim != 2 || !is_weight(w->dtype))
         FAIL("matmul: weight '%s' must be 2-D float or block-quantized", w->name);
     if (p->accumulate && n_in != 3) FAIL("matmul: accumulating into '%s' takes it as a third input", o->name);
@@ -217,6 +219,16 @@ static bool is_f32_shape(const tide_tensor *t, int64_t rows, int64_t cols) {
     return t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols;
 }
 
+/* The same, f32 or bf16 (an activation a bf16 step keeps). */
+static bool is_act_shape(const tide_tensor *t, int64_t rows, int64_t cols) {
+    if (t->dtype == TIDE_BF16) {
+        tide_tensor f = *t;
+        f.dtype = TIDE_F32;
+        return is_f32_shape(&f, rows, cols);
+    }
+    return is_f32_shape(t, rows, cols);
+}
+
 /* The accumulating form (the output as an extra last input) names that output. */
 static tide_status check_accumulate(tide_graph *g, const char *nm, int n_in, int base, const int *in, int out_id) {
     if (n_in > base && in[n_in - 1] != out_id)
@@ -226,7 +238,7 @@ static tide_status check_accumulate(tide_graph *g, const char *nm, int n_in, int
 
 static tide_status check_embed_bwd(CHECK_ARGS) {
     const tide_tensor *dy = T(0), *tok = T(1), *dt = O(0);
-    if (!is_act(dy)) FAIL("embed_bwd: '%s' must be 2-D f32", dy->name);
+    if (!is_act(dy)) FAIL("embed_bwd: '%s' must be 2-D f32 or bf16", dy->name);
     if (tok->dtype != TIDE_I32 || p->idx0 + dy->shape[0] > tide_tensor_numel(tok))
         FAIL("embed_bwd: tokens '%s' must be i32 with rows from [%lld] on", tok->name, (long long)p->idx0);
     if (!is_act(dt) || dt->shape[1] != dy->shape[1])
@@ -274,10 +286,10 @@ static tide_status check_attention_bwd(CHECK_ARGS) {
     if (p->n_heads <= 0 || p->n_kv_heads <= 0 || p->head_dim <= 0 || p->batch <= 0 || p->n_heads % p->n_kv_heads)
         FAIL("attention_bwd: n_heads %d must be a positive multiple of n_kv_heads %d", p->n_heads, p->n_kv_heads);
     int64_t R = q->shape[0], qd = (int64_t)p->n_heads * p->head_dim, kd = (int64_t)p->n_kv_heads * p->head_dim;
-    if (!is_f32_shape(q, R, qd) || !is_f32_shape(o, R, qd) || !is_f32_shape(dout, R, qd) || !is_f32_shape(O(0), R, qd))
+    if (!is_act_shape(q, R, qd) || !is_act_shape(o, R, qd) || !is_f32_shape(dout, R, qd) || !is_f32_shape(O(0), R, qd))
         FAIL("attention_bwd: q '%s', o '%s', do '%s' and dq '%s' must be f32 (%lld, %lld)", q->name, o->name,
              dout->name, O(0)->name, (long long)R, (long long)qd);
-    if (!is_f32_shape(k, R, kd) || !is_f32_shape(v, R, kd) || !is_f32_shape(O(1), R, kd) || !is_f32_shape(O(2), R, kd))
+    if (!is_act_shape(k, R, kd) || !is_act_shape(v, R, kd) || !is_f32_shape(O(1), R, kd) || !is_f32_shape(O(2), R, kd))
         FAIL("attention_bwd: k '%s', v '%s', dk '%s' and dv '%s' must be f32 (%lld, %lld)", k->name, v->name,
              O(1)->name, O(2)->name, (long long)R, (long long)kd);
     int64_t T_ = R % p->batch ? -1 : R / p->batch;
@@ -292,7 +304,8 @@ static tide_status check_silu_mul_bwd(CHECK_ARGS) {
     const tide_tensor *a = T(0);
     int64_t R = a->shape[0], I = tide_tensor_cols(a);
     for (int i = 0; i < 3; i++)
-        if (!is_f32_shape(T(i), R, I)) FAIL("silu_mul_bwd: '%s' must be f32 (%lld, %lld)", T(i)->name, (long long)R, (long long)I);
+        if (!(i < 2 ? is_act_shape(T(i), R, I) : is_f32_shape(T(i), R, I)))
+            FAIL("silu_mul_bwd: '%s' must be f32 (%lld, %lld)", T(i)->name, (long long)R, (long long)I);
     for (int j = 0; j < 2; j++)
         if (!is_f32_shape(O(j), R, I)) FAIL("silu_mul_bwd: '%s' must be f32 (%lld, %lld)", O(j)->name, (long long)R, (long long)I);
     *flops = 10.0 * (double)R * (double)I;
@@ -301,7 +314,7 @@ static tide_status check_silu_mul_bwd(CHECK_ARGS) {
 
 static tide_status check_cross_entropy(CHECK_ARGS) {
     const tide_tensor *h = T(0), *w = T(1), *tg = T(2);
-    if (!is_act(h)) FAIL("cross_entropy: '%s' must be 2-D f32", h->name);
+    if (!is_act(h)) FAIL("cross_entropy: '%s' must be 2-D f32 or bf16", h->name);
     int64_t R = h->shape[0], D = h->shape[1];
     if (w->ndim != 2 || !is_float(w->dtype) || w->shape[1] != D)
         FAIL("cross_entropy: weight '%s' must be 2-D float (vocab, %lld)", w->name, (long long)D);
@@ -327,7 +340,7 @@ static tide_status check_ce_common(tide_graph *g, const char *nm, int n_in, int 
     if (n_in < min_in || n_out < 1)
         FAIL("%s takes %d or more inputs and 1 or more outputs, got %d and %d", nm, min_in, n_in, n_out);
     const tide_tensor *h = T(0), *w = T(1), *tg = T(2);
-    if (!is_act(h)) FAIL("%s: '%s' must be 2-D f32", nm, h->name);
+    if (!is_act(h)) FAIL("%s: '%s' must be 2-D f32 or bf16", nm, h->name);
     int64_t R = h->shape[0], D = h->shape[1];
     if (w->ndim != 2 || !is_float(w->dtype) || w->shape[1] != D)
         FAIL("%s: weight block '%s' must be 2-D float (rows, %lld)", nm, w->name, (long long)D);
@@ -469,7 +482,9 @@ static uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 static uint64_t scratch_cross_entropy(const tide_graph *g, const tide_op *op) {
     const tide_tensor *h = &g->tensors[op->in[0]], *w = &g->tensors[op->in[1]];
     uint64_t logits = (uint64_t)tide_ce_chunk_rows(h->shape[0], w->shape[0]) * (uint64_t)w->shape[0] * 4;
-    uint64_t wb = w->dtype == TIDE_F32 ? 0 : TIDE_MIN((uint64_t)tide_tensor_numel(w) * 4, UINT64_C(16) << 20);
+    /* a bf16 step's products read an f32 or bf16 head as stored */
+    bool as_stored = w->dtype == TIDE_F32 || (op->p.bf16 && w->dtype == TIDE_BF16);
+    uint64_t wb = as_stored ? 0 : TIDE_MIN((uint64_t)tide_tensor_numel(w) * 4, UINT64_C(16) << 20);
     return round_up((uint64_t)h->shape[0] * 8, 64) + logits + wb;
 }
 
@@ -547,6 +562,15 @@ static uint64_t scratch_matmul(const tide_graph *g, const tide_op *op) {
         uint64_t kp = ((uint64_t)x->shape[1] + 255) / 256 * 256, row = kp + kp / 8 + kp / 8;
         uint64_t cpu = TIDE_MAX(row, TIDE_MIN(row * (uint64_t)x->shape[0], UINT64_C(16) << 20));
         return TIDE_MAX(cpu, TIDE_MIN((uint64_t)tide_tensor_numel(w) * 4, UINT64_C(16) << 20));
+    }
+    if (op->p.bf16) {
+        /* a bf16 step's product (the CPU's tk_matmul_bf16) reads its
+         * operands as stored; a bf16 output is summed in f32 rows, up to 4
+         * MiB of them (at least one) */
+        const tide_tensor *o = &g->tensors[op->out[0]];
+        if (o->dtype != TIDE_BF16) return 0;
+        uint64_t n = (uint64_t)(op->p.no_transpose ? w->shape[1] : w->shape[0]) * 4;
+        return TIDE_MAX(n, TIDE_MIN(n * (uint64_t)x->shape[0], UINT64_C(4) << 20));
     }
     if (w->dtype == TIDE_F32) return 0;
     uint64_t wb = (uint64_t)tide_tensor_numel(w) * 4;

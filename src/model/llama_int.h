@@ -37,6 +37,11 @@ typedef struct llama_builder {
     const tide_llama_config *wcfg; /* set: each weight's dtype is
                                       tide_llama_weight_dtype(wcfg, name), not
                                       the one the caller gives */
+    tide_dtype kept_dt;  /* the dtype of the layer activations a training
+                            step keeps (llama_layer_forward; the residual
+                            stream stays f32): TIDE_F32 (0) or TIDE_BF16 */
+    bool bf16;           /* products (MATMUL, MATMUL_GRADW, the losses) take
+                            bf16-rounded operands (tide_op_args.bf16) */
 } llama_builder;
 
 /* Adds a tensor of ndim dims (d0, d1, d2); its id, or -1 after an error. */
@@ -45,7 +50,10 @@ int llama_tensor(llama_builder *b, const char *name, tide_dtype dt, tide_role ro
 /* The f32 TEMP (rows, cols) "PREFIX[lL.]WHAT[.tK]": layer L when b->layer
  * >= 0, tile k's suffix when there are n_tiles > 1. */
 int llama_act(llama_builder *b, const char *what, int k, int n_tiles, int64_t rows, int64_t cols);
-/* Appends an op (NULL p: all parameters 0). */
+/* The same activation in dtype dt. */
+int llama_act_dt(llama_builder *b, const char *what, int k, int n_tiles, int64_t rows, int64_t cols, tide_dtype dt);
+/* Appends an op (NULL p: all parameters 0); with b->bf16 a product's
+ * args get bf16 set. */
 void llama_op(llama_builder *b, tide_op_kind kind, int n_in, const int *in, int n_out, const int *out,
               const tide_op_args *p);
 

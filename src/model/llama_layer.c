@@ -18,16 +18,27 @@ int llama_tensor(llama_builder *b, const char *name, tide_dtype dt, tide_role ro
 }
 
 int llama_act(llama_builder *b, const char *what, int k, int n_tiles, int64_t rows, int64_t cols) {
+    return llama_act_dt(b, what, k, n_tiles, rows, cols, TIDE_F32);
+}
+
+int llama_act_dt(llama_builder *b, const char *what, int k, int n_tiles, int64_t rows, int64_t cols, tide_dtype dt) {
     char name[160], tile[24] = "", layer[24] = "";
     if (n_tiles > 1) snprintf(tile, sizeof tile, ".t%d", k);
     if (b->layer >= 0) snprintf(layer, sizeof layer, "l%d.", b->layer);
     snprintf(name, sizeof name, "%s%s%s%s", b->prefix ? b->prefix : "", layer, what, tile);
-    return llama_tensor(b, name, TIDE_F32, TIDE_ROLE_TEMP, 2, rows, cols, 0);
+    return llama_tensor(b, name, dt, TIDE_ROLE_TEMP, 2, rows, cols, 0);
 }
 
 void llama_op(llama_builder *b, tide_op_kind kind, int n_in, const int *in, int n_out, const int *out,
               const tide_op_args *p) {
     if (b->st) return;
+    tide_op_args a;
+    if (b->bf16 && (kind == TIDE_OP_MATMUL || kind == TIDE_OP_MATMUL_GRADW || kind == TIDE_OP_CROSS_ENTROPY ||
+                    kind == TIDE_OP_CE_STATS || kind == TIDE_OP_CE_BLOCK)) {
+        a = p ? *p : (tide_op_args){0};
+        a.bf16 = true;
+        p = &a;
+    }
     b->st = tide_graph_add_op_args(b->g, kind, n_in, in, n_out, out, p, b->layer, NULL);
 }
 
@@ -88,7 +99,7 @@ static void matmul(llama_builder *b, const llama_layer_in *in, int L, int k0, in
     llama_split(b, ws, in->cfg->dtype, N, K, in->wmax, fmt, L);
     for (int j = 0; j < ws->n && !b->st; j++)
         for (int k = k0; k < k1 && !b->st; k++) {
-            if (j == 0) ACT(k, out) = llama_act(b, what, k, in->n_tiles, rows(in, k), N);
+            if (j == 0) ACT(k, out) = llama_act_dt(b, what, k, in->n_tiles, rows(in, k), N, b->kept_dt);
             tide_op_args mp = {.col0 = ws->row0[j]};
             int in3[3] = {ACT(k, x), ws->id[j], ACT(k, out)};
             llama_op(b, TIDE_OP_MATMUL, j ? 3 : 2, in3, 1, &ACT(k, out), &mp);
@@ -100,13 +111,18 @@ static void matmul(llama_builder *b, const llama_layer_in *in, int L, int k0, in
         char nt[48], ns[48];
         snprintf(nt, sizeof nt, "%s_lora_t", what);
         snprintf(ns, sizeof ns, "%s_lora_ts", what);
-        int t = llama_act(b, nt, k, in->n_tiles, rows(in, k), lo->r);
-        int ts = llama_act(b, ns, k, in->n_tiles, rows(in, k), lo->r);
+        int t = llama_act_dt(b, nt, k, in->n_tiles, rows(in, k), lo->r, b->kept_dt);
+        int ts = llama_act_dt(b, ns, k, in->n_tiles, rows(in, k), lo->r, b->kept_dt);
         int i1[2] = {ACT(k, x), lo->a[target]};
         llama_op(b, TIDE_OP_MATMUL, 2, i1, 1, &t, NULL);
         tide_op_args kn = {.no_transpose = true};
         int i2[2] = {t, lo->scale};
+        /* the scale is no product's operand to round (a bf16 step: autocast
+         * multiplies a bf16 tensor by the f32 scaling, rounding once) */
+        const bool bf = b->bf16;
+        b->bf16 = false;
         llama_op(b, TIDE_OP_MATMUL, 2, i2, 1, &ts, &kn);
+        b->bf16 = bf;
         tide_op_args acc = {.accumulate = true};
         int i3[3] = {ts, lo->b[target], ACT(k, out)};
         llama_op(b, TIDE_OP_MATMUL, 3, i3, 1, &ACT(k, out), &acc);
@@ -119,8 +135,10 @@ static void matmul(llama_builder *b, const llama_layer_in *in, int L, int k0, in
 static void each(llama_builder *b, const llama_layer_in *in, int k0, int k1, llama_acts *acts, tide_op_kind kind,
                  size_t a, long c_field, int c_id, size_t out, const char *what, int64_t cols,
                  const tide_op_args *p) {
+    /* the residual stream's adds stay f32 (autocast's promotion) */
+    const tide_dtype dt = kind == TIDE_OP_ADD ? TIDE_F32 : b->kept_dt;
     for (int k = k0; k < k1 && !b->st; k++) {
-        ACT(k, out) = llama_act(b, what, k, in->n_tiles, rows(in, k), cols);
+        ACT(k, out) = llama_act_dt(b, what, k, in->n_tiles, rows(in, k), cols, dt);
         int in2[2] = {ACT(k, a), c_field >= 0 ? ACT(k, (size_t)c_field) : c_id};
         llama_op(b, kind, 2, in2, 1, &ACT(k, out), p);
     }
@@ -164,11 +182,11 @@ void llama_layer_forward(llama_builder *b, const llama_layer_in *in, int L, int 
         tide_op_args rp = {.rope_theta = cfg->rope_theta, .n_heads = (int)H, .head_dim = (int)hd,
                              .batch = in->tiles[k].nb, .idx0 = pos0(in, k), .pos_rows = in->pos_rows,
                              .rope_interleaved = cfg->qk_interleaved};
-        acts[k].qr = llama_act(b, nm[4], k, in->n_tiles, rows(in, k), H * hd);
+        acts[k].qr = llama_act_dt(b, nm[4], k, in->n_tiles, rows(in, k), H * hd, b->kept_dt);
         int in2[2] = {acts[k].q, in->pos};
         llama_op(b, TIDE_OP_ROPE, 2, in2, 1, &acts[k].qr, &rp);
         rp.n_heads = (int)KV;
-        acts[k].kr = llama_act(b, nm[5], k, in->n_tiles, rows(in, k), kd);
+        acts[k].kr = llama_act_dt(b, nm[5], k, in->n_tiles, rows(in, k), kd, b->kept_dt);
         in2[0] = acts[k].k;
         llama_op(b, TIDE_OP_ROPE, 2, in2, 1, &acts[k].kr, &rp);
     }
@@ -176,7 +194,7 @@ void llama_layer_forward(llama_builder *b, const llama_layer_in *in, int L, int 
         const llama_tile *t = &in->tiles[k];
         tide_op_args ap = {.n_heads = (int)H, .n_kv_heads = (int)KV, .head_dim = (int)hd, .batch = t->nb,
                              .idx0 = pos0(in, k), .pos_rows = in->pos_rows};
-        acts[k].a = llama_act(b, nm[6], k, in->n_tiles, rows(in, k), H * hd);
+        acts[k].a = llama_act_dt(b, nm[6], k, in->n_tiles, rows(in, k), H * hd, b->kept_dt);
         int ain[6] = {acts[k].qr, acts[k].kr, acts[k].v, in->pos}, aout[3] = {acts[k].a};
         if (!in->kc) {
             llama_op(b, TIDE_OP_ATTENTION, 4, ain, 1, aout, &ap);

@@ -57,6 +57,8 @@
  * tokens.M and targets.M (idx0); the loss, the head's gradient and every
  * weight gradient add up over the tiles.
  */
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/kernels.h"
 #include "model/llama_int.h"
 #include "train/train_ranks.h"
 
@@ -254,6 +256,9 @@ static tide_status check_train_opts(tide_ctx *ctx, const tide_llama_config *cfg,
           o->grad_clip >= 0))
         return tide_err(ctx, TIDE_E_INVALID, "AdamW needs betas in [0, 1), eps > 0, weight decay >= 0 and a "
                         "gradient clip >= 0");
+    if (o->precision != TIDE_PRECISION_F32 && o->precision != TIDE_PRECISION_BF16)
+        return tide_err(ctx, TIDE_E_INVALID, "training precision %d: f32 (%d) or bf16 (%d); resolve auto with "
+                        "tide_train_precision_resolve", o->precision, TIDE_PRECISION_F32, TIDE_PRECISION_BF16);
     if (o->lora_r < 0) return tide_err(ctx, TIDE_E_INVALID, "LoRA rank %d: must be positive", o->lora_r);
     if (o->lora_r > 0) {
         if (!(o->lora_alpha > 0) || !isfinite(o->lora_alpha))
@@ -376,7 +381,7 @@ static void loss_tile(train_build *s, int k, int targets, int loss) {
     const float eps = s->cfg->rms_norm_eps;
     vparam *hp = s->hp;
     tide_op_args np = {.eps = eps};
-    int hf = act(b, k, NT, "hf", Rk, D);
+    int hf = llama_act_dt(b, "hf", k, NT, Rk, D, b->kept_dt); /* the head's product reads it */
     int in2[2] = {s->h[k], s->fnorm.w};
     op(b, TIDE_OP_RMSNORM, 2, in2, 1, &hf, &np);
     int dhf = act(b, k, NT, "d_hf", Rk, D);
@@ -434,7 +439,10 @@ static void lora_bwd(train_build *s, int L, int k, int tg, int dy, int x, int dx
     int dt = act(b, k, s->NT, nm, Rk, lo->r);
     tide_op_args kn = {.no_transpose = true};
     int in[2] = {dts, lo->scale};
+    const bool bf = b->bf16; /* the scale exact, as the forward's (llama_layer.c) */
+    b->bf16 = false;
     op(b, TIDE_OP_MATMUL, 2, in, 1, &dt, &kn);
+    b->bf16 = bf;
     mm_dw(b, dt, x, A);
     mm_dx(b, dt, A->w, dx, true);
 }
@@ -613,8 +621,10 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
     const int B = o->batch, NL = cfg->num_hidden_layers;
     /* row tiles: runs of ts whole sequences of each micro-batch */
     const int ts = o->tile_seqs > 0 && o->tile_seqs < B ? o->tile_seqs : B, NT = (B + ts - 1) / ts;
-    train_build s = {.b = {.g = tide_graph_new(ctx), .layer = -1, .prefix = ""}, .cfg = cfg, .o = o, .ts = ts,
-                     .NT = NT};
+    const bool bf16 = o->precision == TIDE_PRECISION_BF16;
+    train_build s = {.b = {.g = tide_graph_new(ctx), .layer = -1, .prefix = "", .bf16 = bf16,
+                           .kept_dt = bf16 ? TIDE_BF16 : TIDE_F32},
+                     .cfg = cfg, .o = o, .ts = ts, .NT = NT};
     s.lp = tide_calloc((size_t)NL * P_LAYER, sizeof *s.lp);
     s.emb = s.hp = tide_calloc(2, sizeof *s.emb); /* the embedding, the head */
     s.keep = tide_calloc((size_t)(NL + 1) * (size_t)NT, sizeof *s.keep);
@@ -675,6 +685,34 @@ bool tide_llama_train_tile_level(tide_llama_train_opts *o, int level) {
 }
 
 static bool starts(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
+
+/* ---------------------------------------------------------------- precision */
+
+const char *tide_train_precision_name(int precision) {
+    switch (precision) {
+    case TIDE_PRECISION_F32: return "f32";
+    case TIDE_PRECISION_BF16: return "bf16";
+    case TIDE_PRECISION_AUTO: return "auto";
+    default: return NULL;
+    }
+}
+
+tide_status tide_train_precision_parse(tide_ctx *ctx, const char *s, int *precision) {
+    for (int p = 0; p <= TIDE_PRECISION_AUTO; p++)
+        if (s && !strcmp(s, tide_train_precision_name(p))) {
+            *precision = p;
+            return TIDE_OK;
+        }
+    return tide_err(ctx, TIDE_E_INVALID, "precision '%s' is not one of f32, bf16, auto", s ? s : "");
+}
+
+const char *tide_train_bf16_path(void) { return tk_gemm_bf16_path(); }
+
+int tide_train_precision_resolve(int precision, bool gpu) {
+    if (precision != TIDE_PRECISION_AUTO) return precision;
+    if (gpu) return TIDE_PRECISION_F32;
+    return (tk_cpu() & TK_CPU_AVX512BF16) ? TIDE_PRECISION_BF16 : TIDE_PRECISION_F32;
+}
 
 tide_train_class tide_train_tensor_class(const tide_graph *g, int t) {
     const tide_tensor *T = &g->tensors[t];

@@ -85,6 +85,9 @@ tide_status tide_trainer_new(tide_ctx *ctx, tide_checkpoint *ck, tide_backend *b
     if (!qlora && ckc->qk_interleaved)
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "training a checkpoint whose q/k rows are in llama.cpp's order (a "
                         "GGUF file) is not supported: train its Hugging Face checkpoint (LoRA trains on either)");
+    if (o->step.precision == TIDE_PRECISION_BF16 && !be->vt->device_is_host)
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "a bf16 training step (precision bf16) on the %s backend is not "
+                        "built: the cpu backend runs it; train with precision f32 there", be->vt->name);
     tide_trainer *t = tide_calloc(1, sizeof *t);
     if (!t) return tide_err(ctx, TIDE_E_NOMEM, "out of memory making a trainer");
     t->ctx = ctx;

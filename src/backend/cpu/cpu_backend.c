@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/kernels_int.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -405,7 +406,7 @@ static tide_status cpu_cross_entropy(tide_ctx *ctx, int nt, const tide_graph *g,
     tide_status st = tk_cross_entropy(in[0], in[1], w->dtype, targets, R, V, D, op->p.scale, op->n_in >= 4,
                                       tide_ce_chunk_rows(R, V), out[0], out[1], out[2],
                                       room ? (uint8_t *)scratch + terms : NULL,
-                                      room ? (size_t)(op->scratch_bytes - terms) : 0, &bad, nt);
+                                      room ? (size_t)(op->scratch_bytes - terms) : 0, &bad, NULL, nt);
     if (st == TIDE_E_RANGE)
         return tide_err(ctx, st, "cross_entropy: target %d of row %lld of '%s' is outside the vocabulary of '%s' "
                         "(%lld ids)", targets[bad], (long long)(op->p.idx0 + bad), tg->name, w->name, (long long)V);
@@ -461,7 +462,7 @@ static tide_status cpu_ce_stats(tide_ctx *ctx, int nt, const tide_graph *g, cons
     const float before = last && op->p.accumulate ? *(const float *)in[4] : 0.0f;
     tide_status st = tk_ce_stats(in[0], in[1], c.wdt, c.targets, c.R, c.Vb, c.D, op->p.vocab0, op->p.vocab,
                                  op->p.scale, first ? NULL : in[3], out[0], last ? out[1] : NULL,
-                                 tide_ce_chunk_rows(c.R, c.Vb), c.work, c.work_bytes, &bad, nt);
+                                 tide_ce_chunk_rows(c.R, c.Vb), c.work, c.work_bytes, &bad, NULL, nt);
     if (st) return cpu_ce_err(ctx, st, g, op, c.targets, bad);
     if (last && op->p.accumulate) *(float *)out[1] = before + *(float *)out[1];
     return TIDE_OK;
@@ -473,7 +474,7 @@ static tide_status cpu_ce_block(tide_ctx *ctx, int nt, const tide_graph *g, cons
     int64_t bad = -1;
     tide_status st = tk_ce_block(in[0], in[1], c.wdt, c.targets, c.R, c.Vb, c.D, op->p.vocab0, op->p.vocab,
                                  op->p.scale, in[3], op->p.vocab0 > 0, op->p.accumulate, out[0], out[1],
-                                 tide_ce_chunk_rows(c.R, c.Vb), c.work, c.work_bytes, &bad, nt);
+                                 tide_ce_chunk_rows(c.R, c.Vb), c.work, c.work_bytes, &bad, NULL, nt);
     return st ? cpu_ce_err(ctx, st, g, op, c.targets, bad) : TIDE_OK;
 }
 
@@ -530,6 +531,138 @@ static const cpu_kernel cpu_kernels[TIDE_OP_COUNT] = {
     [TIDE_OP_ADAMW] = cpu_adamw,
 };
 
+/* ---------------------------------------------------------------- bf16 steps */
+
+/* The products of a bf16 training step (op->p.bf16): MATMUL (but with a
+ * block-quantized weight, whose kernels keep their own arithmetic),
+ * MATMUL_GRADW and the fused cross-entropy read their f32 or bf16 operands
+ * themselves (tk_gemm_bf16) and write a bf16 output directly. */
+static bool bf16_native(const tide_graph *g, const tide_op *op) {
+    if (!op->p.bf16) return false;
+    switch (op->kind) {
+    case TIDE_OP_MATMUL: return !tide_dtype_is_quantized(tin(g, op, 1)->dtype);
+    case TIDE_OP_MATMUL_GRADW: case TIDE_OP_CROSS_ENTROPY: case TIDE_OP_CE_STATS: case TIDE_OP_CE_BLOCK: return true;
+    default: return false;
+    }
+}
+
+static tide_status cpu_bf16_product(tide_ctx *ctx, int nt, const tide_graph *g, const tide_op *op,
+                                    void *const *in, void *const *out, void *scratch) {
+    const tide_op_args *p = &op->p;
+    const tide_tensor *x = tin(g, op, 0), *w = tin(g, op, 1), *o = tout(g, op, 0);
+    const char *nm = tide_op_name(op->kind);
+    tide_status st = TIDE_OK;
+    if (op->kind == TIDE_OP_MATMUL) {
+        const int64_t ldo = o->shape[1];
+        void *dst = (uint8_t *)out[0] + (size_t)(p->row0 * ldo + p->col0) * tide_dtype_size(o->dtype);
+        st = tk_matmul_bf16(in[0], x->dtype, in[1], w->dtype, x->shape[0], x->shape[1],
+                            p->no_transpose ? w->shape[1] : w->shape[0], p->no_transpose, p->accumulate, dst,
+                            o->dtype, ldo, scratch, scratch ? (size_t)op->scratch_bytes : 0, nt);
+    } else if (op->kind == TIDE_OP_MATMUL_GRADW) {
+        st = tk_matmul_gradw_bf16(in[0], x->dtype, in[1], w->dtype, x->shape[0], x->shape[1], w->shape[1],
+                                  op->n_in == 3, out[0], nt);
+    } else {
+        int64_t R = x->shape[0], D = x->shape[1], bad = -1;
+        const int32_t *targets = (const int32_t *)in[2] + p->idx0;
+        const tk_ce_prec pr = {.bf16 = true, .hdt = x->dtype};
+        uint64_t terms = ((uint64_t)R * sizeof(double) + 63) / 64 * 64;
+        bool room = scratch && op->scratch_bytes > terms;
+        void *work = room ? (uint8_t *)scratch + terms : NULL;
+        size_t wb = room ? (size_t)(op->scratch_bytes - terms) : 0;
+        if (op->kind == TIDE_OP_CROSS_ENTROPY) {
+            const float before = op->n_in == 5 ? *(const float *)in[4] : 0.0f;
+            st = tk_cross_entropy(in[0], in[1], w->dtype, targets, R, w->shape[0], D, p->scale, op->n_in >= 4,
+                                  tide_ce_chunk_rows(R, w->shape[0]), out[0], out[1], out[2], work, wb, &bad, &pr,
+                                  nt);
+            if (!st && op->n_in == 5) *(float *)out[0] = before + *(float *)out[0];
+        } else if (op->kind == TIDE_OP_CE_STATS) {
+            bool first = p->vocab0 == 0, last = op->n_out == 2;
+            const float before = last && p->accumulate ? *(const float *)in[4] : 0.0f;
+            st = tk_ce_stats(in[0], in[1], w->dtype, targets, R, w->shape[0], D, p->vocab0, p->vocab, p->scale,
+                             first ? NULL : in[3], out[0], last ? out[1] : NULL, tide_ce_chunk_rows(R, w->shape[0]),
+                             work, wb, &bad, &pr, nt);
+            if (!st && last && p->accumulate) *(float *)out[1] = before + *(float *)out[1];
+        } else {
+            st = tk_ce_block(in[0], in[1], w->dtype, targets, R, w->shape[0], D, p->vocab0, p->vocab, p->scale,
+                             in[3], p->vocab0 > 0, p->accumulate, out[0], out[1], tide_ce_chunk_rows(R, w->shape[0]),
+                             work, wb, &bad, &pr, nt);
+        }
+        if (st == TIDE_E_RANGE)
+            return tide_err(ctx, st, "%s: target %d of row %lld of '%s' is outside the vocabulary of '%s'", nm,
+                            targets[bad], (long long)(p->idx0 + bad), tin(g, op, 2)->name, w->name);
+        if (st == TIDE_E_INVALID)
+            return tide_err(ctx, st, "%s: needs its workspace of %llu bytes", nm,
+                            (unsigned long long)op->scratch_bytes);
+    }
+    if (st == TIDE_E_NOMEM) return tide_err(ctx, st, "%s '%s': out of memory for a block of f32 sums", nm, o->name);
+    if (st) return tide_err(ctx, st, "%s '%s': dimensions beyond what the kernels take", nm, w->name);
+    return TIDE_OK;
+}
+
+/* True if op reads or writes a bf16 activation (a slot that is no weight,
+ * table or cache: tide_op_slot_native) that its f32 kernel does not take:
+ * cpu_compute_widened runs it. */
+static bool op_has_bf16_act(const tide_graph *g, const tide_op *op) {
+    for (int i = 0; i < op->n_in + op->n_out; i++) {
+        const tide_tensor *t = i < op->n_in ? tin(g, op, i) : tout(g, op, i - op->n_in);
+        if (t->dtype == TIDE_BF16 && !tide_op_slot_native(op->kind, op->n_in, i)) return true;
+    }
+    return false;
+}
+
+/* Runs the f32 kernel k of op with its bf16 activations widened into f32
+ * copies (exactly: a bf16 widens without rounding) and its bf16 outputs
+ * stored back rounded to nearest even: the elementwise ops, norms, rope and
+ * attention of a bf16 step compute in f32 on what it keeps in bf16. An
+ * output that is also an input (the accumulating forms) shares the input's
+ * copy. The copies are allocated for the call (as large as the f32
+ * tensors; a failure is TIDE_E_NOMEM). */
+static tide_status cpu_compute_widened(tide_ctx *ctx, tide_backend *be, const tide_graph *g, const tide_op *op,
+                                       cpu_kernel k, void *const *in, void *const *out, void *scratch) {
+    enum { N = TIDE_OP_MAX_IN + TIDE_OP_MAX_OUT };
+    void *arg[N];
+    float *buf[N] = {0};
+    int ids[N];
+    tide_status st = TIDE_OK;
+    const int n = op->n_in + op->n_out;
+    const int nt = tide_ctx_threads(ctx);
+    for (int i = 0; i < n && !st; i++) {
+        const bool is_in = i < op->n_in;
+        const tide_tensor *t = is_in ? tin(g, op, i) : tout(g, op, i - op->n_in);
+        ids[i] = is_in ? op->in[i] : op->out[i - op->n_in];
+        arg[i] = is_in ? in[i] : out[i - op->n_in];
+        if (t->dtype != TIDE_BF16 || tide_op_slot_native(op->kind, op->n_in, i)) continue;
+        bool shared = false;
+        for (int j = 0; j < i; j++)
+            if (ids[j] == ids[i] && buf[j]) {
+                arg[i] = buf[j]; /* the same tensor: one copy */
+                shared = true;
+                break;
+            }
+        if (shared) continue;
+        const int64_t m = tide_tensor_numel(t);
+        if (!(buf[i] = tide_malloc((size_t)(m ? m : 1) * sizeof(float)))) {
+            st = tide_err(ctx, TIDE_E_NOMEM, "cpu %s: out of memory for an f32 copy of '%s'", tide_op_name(op->kind),
+                          t->name);
+            break;
+        }
+        if (is_in) tk_convert(in[i], TIDE_BF16, buf[i], (size_t)m);
+        arg[i] = buf[i];
+    }
+    if (!st) {
+        st = op->kind == TIDE_OP_MATMUL ? cpu_matmul(ctx, nt, be->matmul, g, op, arg, arg + op->n_in, scratch)
+                                        : k(ctx, nt, g, op, arg, arg + op->n_in, scratch);
+    }
+    for (int j = 0; j < op->n_out && !st; j++) {
+        const tide_tensor *t = tout(g, op, j);
+        if (t->dtype != TIDE_BF16 || tide_op_slot_native(op->kind, op->n_in, op->n_in + j)) continue;
+        const int64_t rows = t->shape[0] > 0 ? t->shape[0] : 1, cols = tide_tensor_numel(t) / rows;
+        tk_round_bf16(arg[op->n_in + j], cols, rows, cols, out[j], cols, nt);
+    }
+    for (int i = 0; i < n; i++) tide_free(buf[i]);
+    return st;
+}
+
 static tide_status cpu_compute(tide_backend *be, void *q, const tide_graph *g, const tide_op *op,
                                void *const *in, void *const *out, void *scratch) {
     tide_ctx *ctx = ctx_of(be, q);
@@ -551,6 +684,8 @@ static tide_status cpu_compute(tide_backend *be, void *q, const tide_graph *g, c
                             "block-quantized tensors only as a matmul's weight, an embed's table or a KV cache", nm, t->name,
                             tide_dtype_name(t->dtype));
     }
+    if (bf16_native(g, op)) return cpu_bf16_product(ctx, tide_ctx_threads(ctx), g, op, in, out, scratch);
+    if (op_has_bf16_act(g, op)) return cpu_compute_widened(ctx, be, g, op, k, in, out, scratch);
     if (op->kind == TIDE_OP_MATMUL) return cpu_matmul(ctx, tide_ctx_threads(ctx), be->matmul, g, op, in, out, scratch);
     return k(ctx, tide_ctx_threads(ctx), g, op, in, out, scratch);
 }

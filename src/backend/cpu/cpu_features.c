@@ -2,7 +2,8 @@
  * cpu_features.c - what the x86-64 CPU under us can run, read once with
  * cpuid and xgetbv, so that one binary (built for baseline x86-64) picks its
  * kernels at run time: AVX2+FMA+F16C, AVX-512 F/BW/VL, AVX512_BF16, AVX512_VNNI
- * and AMX-BF16 (the last two detected and reported, not used yet).
+ * and AMX-BF16 (VNNI detected and reported, not used yet; AMX-BF16 runs the
+ * products of a bf16 training step, sgemm_bf16.c).
  *
  * An instruction set counts only when the CPU has it and the operating
  * system saves its registers (XCR0): YMM state for AVX2, opmask and ZMM
@@ -31,6 +32,8 @@ static atomic_uint cf_bits; /* TK_CPU_* | TK_CPU_PROBED */
 /* the tests' switches (cpu_features.h): in the test build's objects only */
 static atomic_bool cf_generic;
 static atomic_bool cf_no_avx512;
+static atomic_bool cf_no_bf16;
+static atomic_bool cf_no_amx;
 #endif
 
 #define TK_CPU_PROBED (1u << 31)
@@ -88,6 +91,8 @@ unsigned tk_cpu(void) {
     if (atomic_load_explicit(&cf_generic, memory_order_relaxed)) return 0;
     if (atomic_load_explicit(&cf_no_avx512, memory_order_relaxed))
         v &= ~(TK_CPU_AVX512F | TK_CPU_AVX512BW | TK_CPU_AVX512VL | TK_CPU_AVX512BF16 | TK_CPU_AVX512VNNI);
+    if (atomic_load_explicit(&cf_no_bf16, memory_order_relaxed)) v &= ~(TK_CPU_AVX512BF16 | TK_CPU_AMXBF16);
+    if (atomic_load_explicit(&cf_no_amx, memory_order_relaxed)) v &= ~TK_CPU_AMXBF16;
 #endif
     return v;
 }
@@ -96,6 +101,10 @@ unsigned tk_cpu(void) {
 void tk_cpu_force_generic(bool on) { atomic_store(&cf_generic, on); }
 
 void tk_cpu_force_no_avx512(bool on) { atomic_store(&cf_no_avx512, on); }
+
+void tk_cpu_force_no_bf16(bool on) { atomic_store(&cf_no_bf16, on); }
+
+void tk_cpu_force_no_amx(bool on) { atomic_store(&cf_no_amx, on); }
 
 void tk_force_generic(bool on) { tk_cpu_force_generic(on); }
 #endif

@@ -17,7 +17,7 @@
 #define TK_CPU_AVX512VL (1u << 3)
 #define TK_CPU_AVX512BF16 (1u << 4)
 #define TK_CPU_AVX512VNNI (1u << 5)
-#define TK_CPU_AMXBF16 (1u << 6)    /* detected and reported; no kernel uses it yet */
+#define TK_CPU_AMXBF16 (1u << 6)    /* the bf16 training products (sgemm_bf16.c) */
 
 /* The detected set (probed once; thread-safe). */
 unsigned tk_cpu_detected(void);
@@ -28,6 +28,12 @@ void tk_cpu_force_generic(bool on); /* test builds only (TIDE_TEST_HOOKS) */
 /* While on, tk_cpu leaves out the AVX-512 bits (tests: the AVX2 paths on an
  * AVX-512 machine). */
 void tk_cpu_force_no_avx512(bool on); /* test builds only (TIDE_TEST_HOOKS) */
+/* While on, tk_cpu leaves out AVX512_BF16 and AMX-BF16 (tests: the
+ * conversion paths of an AVX-512F CPU without them). */
+void tk_cpu_force_no_bf16(bool on); /* test builds only (TIDE_TEST_HOOKS) */
+/* While on, tk_cpu leaves out AMX-BF16 alone (tests: the VDPBF16PS path on
+ * an AMX CPU). */
+void tk_cpu_force_no_amx(bool on); /* test builds only (TIDE_TEST_HOOKS) */
 /* The path of the attention and elementwise kernels under tk_cpu:
  * "avx512 (rope avx2)", "avx2" or "portable". */
 const char *tk_cpu_vector_path(void);

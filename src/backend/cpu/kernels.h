@@ -59,6 +59,9 @@ const char *tk_blas_corename(void);
 /* The code path of the training products' f32 GEMM (tk_sgemm), chosen from
  * tk_cpu: "avx512", "avx2" or "portable". */
 const char *tk_sgemm_path(void);
+/* The path of the bf16 training products (sgemm_bf16.c): "avx512_bf16 ...",
+ * "avx512 ..." (pairs widened), "avx2 ..." or "portable ...". */
+const char *tk_gemm_bf16_path(void);
 
 /* dst[i] = (float)src[i] for n elements of dt (f32, f16, bf16), single
  * threaded. Bit-identical to tide_convert_to_f32 for every input, NaN
@@ -234,6 +237,21 @@ tide_status tk_embed_bwd(const float *dy, const int32_t *tokens, int64_t R, int6
 tide_status tk_embed_bwd_block(const float *dy, const int32_t *tokens, int64_t R, int64_t D, int64_t V,
                                int64_t vocab0, int64_t vocab, bool accumulate, float *dtable, int64_t *bad, int nt);
 
+/* MATMUL in a bf16 training step (tide_op_args.bf16): out (R, N; row stride
+ * ldo, of odt: f32, or bf16 rounded to nearest even from the f32 sum) (=,
+ * +=) x . w^T for w (N, K), or with w_kn x . w for w (K, N); x of xdt (f32
+ * or bf16), w of wdt (f32, f16 or bf16), both taken as bf16
+ * (tk_gemm_bf16's sums: each output's bits fixed by its row of x, its
+ * column of the product and K, not by R, the tile or the thread count).
+ * accumulate adds the product to out (a bf16 out widened first, the sum
+ * rounded once). A bf16 out is formed a block of rows at a time in f32:
+ * in scratch when it holds one row (N floats), else in room allocated for
+ * the call. TIDE_E_NOMEM, or TIDE_E_UNSUPPORTED for a dimension above
+ * INT_MAX. */
+tide_status tk_matmul_bf16(const void *x, tide_dtype xdt, const void *w, tide_dtype wdt, int64_t R, int64_t K,
+                           int64_t N, bool w_kn, bool accumulate, void *out, tide_dtype odt, int64_t ldo,
+                           void *scratch, size_t scratch_bytes, int nt);
+
 /* RMSNORM_BWD: the gradients of tk_rmsnorm's y = w * (x * rs), rs =
  * 1/sqrtf(mean(x^2) + eps) computed as tk_rmsnorm does. x, dy, dx (R, D), w
  * (D) of wdt, dw (D). dx = rs * (dy w) - x * rs^3 / D * sum(dy w x), the sum in
@@ -248,6 +266,10 @@ void tk_rmsnorm_bwd(const float *x, const void *w, tide_dtype wdt, const float *
  * when a dimension is above INT_MAX. */
 tide_status tk_matmul_gradw(const float *dy, const float *x, int64_t R, int64_t N, int64_t K, bool accumulate,
                             float *dw, int nt);
+/* The same in a bf16 step: dy of dydt and x of xdt (f32 or bf16) taken as
+ * bf16, tk_gemm_bf16's f32 sums. */
+tide_status tk_matmul_gradw_bf16(const void *dy, tide_dtype dydt, const void *x, tide_dtype xdt, int64_t R,
+                                 int64_t N, int64_t K, bool accumulate, float *dw, int nt);
 
 /* ROPE_BWD: dx = the rotation of dy by minus tk_rope's angle (its exact
  * transpose); shapes and angle as tk_rope. */
@@ -269,6 +291,17 @@ tide_status tk_attention_bwd(const float *q, const float *k, const float *v, con
 void tk_silu_mul_bwd(const float *gate, const float *up, const float *dy, float *dgate, float *dup, int64_t n,
                      int nt);
 
+/* The precision of the fused cross-entropy's products: NULL (or bf16
+ * false) f32, h f32; bf16 (a bf16 training step): h of hdt (f32 or bf16)
+ * and w taken as bf16 in the logits and in both gradients' products (the
+ * gradient g too), tk_gemm_bf16's f32 sums, and each logit rounded to
+ * bf16 before the softmax, as autocast's bf16 lm_head output is; the
+ * softmax, the loss and g stay f32. */
+typedef struct tk_ce_prec {
+    bool bf16;
+    tide_dtype hdt;
+} tk_ce_prec;
+
 /* CROSS_ENTROPY. h (R, D), w (V, D) of wdt, targets (R), loss (1), dh (R, D),
  * dw (V, D). A chunk of chunk_rows rows at a time: logits (chunk, V) = h . w^T
  * in scratch, then per row (targets < 0 give 0 loss and a 0 gradient row)
@@ -282,9 +315,10 @@ void tk_silu_mul_bwd(const float *gate, const float *up, const float *dy, float 
  * aligned. Returns TIDE_OK; TIDE_E_RANGE with *bad the first row whose target
  * is >= V (nothing written); TIDE_E_INVALID when scratch is too small;
  * TIDE_E_UNSUPPORTED for a dimension above INT_MAX. */
-tide_status tk_cross_entropy(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
+tide_status tk_cross_entropy(const void *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
                              int64_t V, int64_t D, float scale, bool accumulate, int64_t chunk_rows, float *loss,
-                             float *dh, float *dw, void *scratch, size_t scratch_bytes, int64_t *bad, int nt);
+                             float *dh, float *dw, void *scratch, size_t scratch_bytes, int64_t *bad,
+                             const tk_ce_prec *prec, int nt);
 
 /* CE_STATS (tide.h) for a head block w (Vb, D) of ids [vocab0, vocab0 + Vb)
  * of `vocab`: stats (R, 3) = each row's (max, sum of exp(logit - max), the
@@ -295,17 +329,17 @@ tide_status tk_cross_entropy(const float *h, const void *w, tide_dtype wdt, cons
  * row order, of M + log S - t over rows whose target is >= 0. Logits a chunk
  * of rows at a time in scratch, as tk_cross_entropy's (same layout and
  * needs). TIDE_E_RANGE with *bad for a target >= vocab. */
-tide_status tk_ce_stats(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
+tide_status tk_ce_stats(const void *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
                         int64_t Vb, int64_t D, int64_t vocab0, int64_t vocab, float scale, const float *stats_in,
                         float *stats, float *loss, int64_t chunk_rows, void *scratch, size_t scratch_bytes,
-                        int64_t *bad, int nt);
+                        int64_t *bad, const tk_ce_prec *prec, int nt);
 /* CE_BLOCK: g = scale * (exp(logit - M) / S - onehot) per row (zero where the
  * target < 0; the target's entry formed in double as tk_cross_entropy's);
  * dh (+)= g . w (adding with dh_add), dw (+)= g^T . h (adding with dw_add). */
-tide_status tk_ce_block(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
+tide_status tk_ce_block(const void *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
                         int64_t Vb, int64_t D, int64_t vocab0, int64_t vocab, float scale, const float *stats,
                         bool dh_add, bool dw_add, float *dh, float *dw, int64_t chunk_rows, void *scratch,
-                        size_t scratch_bytes, int64_t *bad, int nt);
+                        size_t scratch_bytes, int64_t *bad, const tk_ce_prec *prec, int nt);
 
 /* SUMSQ: returns acc_in + sum of g[i]^2 over n, summed in double in blocks
  * of a fixed size whose partial sums are added in order, rounded to f32

@@ -74,6 +74,17 @@ void tk_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
               const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 void tk_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc, int nt);
+/* The grid (pm x pn tiles) tk_gemm cuts an (M, N) output summed over K
+ * into: a function of the shape alone. */
+void tk_gemm_grid(int64_t M, int64_t N, int64_t K, int *pm, int *pn);
+/* The products of a bf16 training step (sgemm_bf16.c): C (M, N; row stride
+ * ldc) = op(A) . op(B), or with beta C + op(A) . op(B), every element of A
+ * (of adt) and B (of bdt: f32, rounded to bf16 to nearest even; bf16 as
+ * stored; f16 widened, then rounded) taken as bf16, products exact, sums in
+ * f32 in the order sgemm_bf16.c gives (VDPBF16PS's), the same bits on every
+ * code path but for subnormals, for any thread count. Shapes as tk_gemm's. */
+void tk_gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, tide_dtype adt, int64_t lda,
+                  const void *B, tide_dtype bdt, int64_t ldb, bool beta, float *C, int64_t ldc, int nt);
 
 /* ROPE (inverse false) and ROPE_BWD (inverse true: sin negated, the rotation
  * by minus the same angle, so the exact transpose): tk_rope's contract. */

@@ -182,6 +182,13 @@ tide_status tk_matmul_gradw(const float *dy, const float *x, int64_t R, int64_t 
     return TIDE_OK;
 }
 
+tide_status tk_matmul_gradw_bf16(const void *dy, tide_dtype dydt, const void *x, tide_dtype xdt, int64_t R,
+                                 int64_t N, int64_t K, bool accumulate, float *dw, int nt) {
+    if (R > INT_MAX || N > INT_MAX || K > INT_MAX) return TIDE_E_UNSUPPORTED;
+    tk_gemm_bf16(true, false, N, K, R, dy, dydt, N, x, xdt, K, accumulate, dw, K, nt);
+    return TIDE_OK;
+}
+
 void tk_rope_bwd(const float *dy, const int32_t *pos, int64_t R, int64_t T, int H, int hd, float theta,
                  float *dx, int nt) {
     tk_rope_rotate(dy, pos, R, T, H, hd, theta, true, false, dx, nt);
@@ -291,24 +298,40 @@ typedef struct ce_work {
     bool whole;
     float *L, *wf;
     const float *W;
+    /* a bf16 step's products (tk_ce_prec): h of hdt; an f32 or bf16 head is
+     * read as stored (Wb), an f16 one widened as above */
+    bool bf16;
+    tide_dtype hdt;
+    const void *Wb;
 } ce_work;
+
+/* Row r of h (D wide, of c->hdt). */
+static const void *ce_h(const ce_work *c, const void *h, int64_t r) {
+    return (const uint8_t *)h + (size_t)(r * c->D) * tide_dtype_size(c->hdt);
+}
 
 /* Lays the work out; TIDE_E_RANGE with *bad the first row whose target is
  * >= vocab (nothing written), TIDE_E_INVALID for too small a scratch,
  * TIDE_E_UNSUPPORTED for a dimension above INT_MAX. */
 static tide_status ce_work_init(ce_work *c, const void *w, tide_dtype wdt, const int32_t *targets, int64_t vocab,
                                 int64_t R, int64_t Vb, int64_t D, int64_t chunk_rows, void *scratch,
-                                size_t scratch_bytes, int64_t *bad, int nt) {
+                                size_t scratch_bytes, int64_t *bad, const tk_ce_prec *prec, int nt) {
     if (R > INT_MAX || Vb > INT_MAX || D > INT_MAX) return TIDE_E_UNSUPPORTED;
     for (int64_t r = 0; r < R; r++)
         if (targets[r] >= vocab) {
             *bad = r;
             return TIDE_E_RANGE;
         }
-    *c = (ce_work){.w = w, .wdt = wdt, .Vb = Vb, .D = D, .CR = TIDE_MAX(1, TIDE_MIN(chunk_rows, R)), .vb = Vb};
+    *c = (ce_work){.w = w, .wdt = wdt, .Vb = Vb, .D = D, .CR = TIDE_MAX(1, TIDE_MIN(chunk_rows, R)), .vb = Vb,
+                   .bf16 = prec && prec->bf16, .hdt = prec && prec->bf16 ? prec->hdt : TIDE_F32};
     const size_t lbytes = (size_t)(c->CR * Vb) * sizeof(float);
     if (!scratch || scratch_bytes < lbytes) return TIDE_E_INVALID;
     c->L = scratch;
+    if (c->bf16 && (wdt == TIDE_F32 || wdt == TIDE_BF16)) {
+        c->whole = true;
+        c->Wb = w;
+        return TIDE_OK;
+    }
     if (wdt != TIDE_F32) {
         int64_t vb = (int64_t)((scratch_bytes - lbytes) / ((size_t)D * sizeof(float)));
         if (vb < 1) return TIDE_E_INVALID;
@@ -320,22 +343,36 @@ static tide_status ce_work_init(ce_work *c, const void *w, tide_dtype wdt, const
     c->whole = c->vb == Vb;
     c->W = wdt == TIDE_F32 ? w : c->wf;
     if (wdt != TIDE_F32 && c->whole) ce_widen(w, wdt, D, 0, Vb, c->wf, nt);
+    c->Wb = c->W;
     return TIDE_OK;
 }
 
+/* The dtype the products read rows of the head in. */
+static tide_dtype ce_wdt(const ce_work *c) { return c->Wb == c->w ? c->wdt : TIDE_F32; }
+
 /* The rows [v0, v0 + cnt) of w as f32, widened into the scratch if need be. */
-static const float *ce_rows_of(ce_work *c, int64_t v0, int64_t cnt, int nt) {
-    if (c->whole) return c->W + v0 * c->D;
+static const void *ce_rows_of(ce_work *c, int64_t v0, int64_t cnt, int nt) {
+    if (c->whole) return (const uint8_t *)c->Wb + (size_t)(v0 * c->D) * tide_dtype_size(ce_wdt(c));
     ce_widen(c->w, c->wdt, c->D, v0, cnt, c->wf, nt);
     return c->wf;
 }
 
-/* logits (cr, Vb) = h[chunk] . w^T into c->L */
-static void ce_logits(ce_work *c, const float *hc, int64_t cr, int nt) {
+/* logits (cr, Vb) = h[chunk] . w^T into c->L (a bf16 step: from bf16
+ * operands, each logit then rounded to bf16) */
+static void ce_logits(ce_work *c, const void *hc, int64_t cr, int nt) {
     for (int64_t v0 = 0; v0 < c->Vb; v0 += c->vb) {
         int64_t cnt = TIDE_MIN(c->vb, c->Vb - v0);
-        tk_gemm(false, true, cr, cnt, c->D, 1.0f, hc, c->D, ce_rows_of(c, v0, cnt, nt), c->D, 0.0f, c->L + v0,
-                c->Vb, nt);
+        const void *wr = ce_rows_of(c, v0, cnt, nt);
+        if (!c->bf16) {
+            tk_gemm(false, true, cr, cnt, c->D, 1.0f, hc, c->D, wr, c->D, 0.0f, c->L + v0, c->Vb, nt);
+            continue;
+        }
+        tk_gemm_bf16(false, true, cr, cnt, c->D, hc, c->hdt, c->D, wr, ce_wdt(c), c->D, false, c->L + v0, c->Vb, nt);
+#pragma omp parallel for schedule(static) num_threads(nt) if (cr * cnt >= TK_PAR_MIN)
+        for (int64_t i = 0; i < cr; i++) {
+            float *l = c->L + i * c->Vb + v0;
+            for (int64_t j = 0; j < cnt; j++) l[j] = tide_bf16_to_f32(tide_f32_to_bf16(l[j]));
+        }
     }
 }
 
@@ -343,30 +380,38 @@ static void ce_logits(ce_work *c, const float *hc, int64_t cr, int nt) {
  * blocks of w in order (adding past the first block, or with dh_add), and
  * dw[block] (+)= G^T . h[chunk] (adding past the first chunk r0, or with
  * dw_add). */
-static void ce_grads(ce_work *c, const float *hc, int64_t r0, int64_t cr, bool dh_add, bool dw_add, float *dh,
+static void ce_grads(ce_work *c, const void *hc, int64_t r0, int64_t cr, bool dh_add, bool dw_add, float *dh,
                      float *dw, int nt) {
     const int64_t Vb = c->Vb, D = c->D;
     float beta_w = dw_add || r0 > 0 ? 1.0f : 0.0f;
     for (int64_t v0 = 0; v0 < Vb; v0 += c->vb) {
         int64_t cnt = TIDE_MIN(c->vb, Vb - v0);
-        const float *wblk = ce_rows_of(c, v0, cnt, nt);
+        const void *wblk = ce_rows_of(c, v0, cnt, nt);
+        if (c->bf16) {
+            tk_gemm_bf16(false, false, cr, D, cnt, c->L + v0, TIDE_F32, Vb, wblk, ce_wdt(c), D, v0 || dh_add,
+                         dh + r0 * D, D, nt);
+            tk_gemm_bf16(true, false, cnt, D, cr, c->L + v0, TIDE_F32, Vb, hc, c->hdt, D, beta_w != 0.0f, dw + v0 * D,
+                         D, nt);
+            continue;
+        }
         tk_gemm(false, false, cr, D, cnt, 1.0f, c->L + v0, Vb, wblk, D, v0 || dh_add ? 1.0f : 0.0f, dh + r0 * D,
                 D, nt);
         tk_gemm(true, false, cnt, D, cr, 1.0f, c->L + v0, Vb, hc, D, beta_w, dw + v0 * D, D, nt);
     }
 }
 
-tide_status tk_cross_entropy(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
+tide_status tk_cross_entropy(const void *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
                              int64_t V, int64_t D, float scale, bool accumulate, int64_t chunk_rows, float *loss,
-                             float *dh, float *dw, void *scratch, size_t scratch_bytes, int64_t *bad, int nt) {
+                             float *dh, float *dw, void *scratch, size_t scratch_bytes, int64_t *bad,
+                             const tk_ce_prec *prec, int nt) {
     ce_work c;
-    tide_status st = ce_work_init(&c, w, wdt, targets, V, R, V, D, chunk_rows, scratch, scratch_bytes, bad, nt);
+    tide_status st = ce_work_init(&c, w, wdt, targets, V, R, V, D, chunk_rows, scratch, scratch_bytes, bad, prec, nt);
     if (st) return st;
     const bool avx = tk_have_avx2();
     double total = 0;
     for (int64_t r0 = 0; r0 < R; r0 += c.CR) {
         const int64_t cr = TIDE_MIN(c.CR, R - r0);
-        const float *hc = h + r0 * D;
+        const void *hc = ce_h(&c, h, r0);
         ce_logits(&c, hc, cr, nt);
         total += ce_rows(c.L, cr, V, targets + r0, scale, avx, nt);
         ce_grads(&c, hc, r0, cr, false, accumulate, dh, dw, nt);
@@ -377,17 +422,18 @@ tide_status tk_cross_entropy(const float *h, const void *w, tide_dtype wdt, cons
 
 /* ------------------------------------------------------------- cross-entropy in vocabulary blocks */
 
-tide_status tk_ce_stats(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
+tide_status tk_ce_stats(const void *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
                         int64_t Vb, int64_t D, int64_t vocab0, int64_t vocab, float scale, const float *stats_in,
                         float *stats, float *loss, int64_t chunk_rows, void *scratch, size_t scratch_bytes,
-                        int64_t *bad, int nt) {
+                        int64_t *bad, const tk_ce_prec *prec, int nt) {
     ce_work c;
-    tide_status st = ce_work_init(&c, w, wdt, targets, vocab, R, Vb, D, chunk_rows, scratch, scratch_bytes, bad, nt);
+    tide_status st =
+        ce_work_init(&c, w, wdt, targets, vocab, R, Vb, D, chunk_rows, scratch, scratch_bytes, bad, prec, nt);
     if (st) return st;
     const bool avx = tk_have_avx2();
     for (int64_t r0 = 0; r0 < R; r0 += c.CR) {
         const int64_t cr = TIDE_MIN(c.CR, R - r0);
-        ce_logits(&c, h + r0 * D, cr, nt);
+        ce_logits(&c, ce_h(&c, h, r0), cr, nt);
 #pragma omp parallel for schedule(static) num_threads(nt) if (cr * Vb >= TK_PAR_MIN)
         for (int64_t i = 0; i < cr; i++) {
             const int64_t r = r0 + i;
@@ -416,17 +462,18 @@ tide_status tk_ce_stats(const float *h, const void *w, tide_dtype wdt, const int
     return TIDE_OK;
 }
 
-tide_status tk_ce_block(const float *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
+tide_status tk_ce_block(const void *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
                         int64_t Vb, int64_t D, int64_t vocab0, int64_t vocab, float scale, const float *stats,
                         bool dh_add, bool dw_add, float *dh, float *dw, int64_t chunk_rows, void *scratch,
-                        size_t scratch_bytes, int64_t *bad, int nt) {
+                        size_t scratch_bytes, int64_t *bad, const tk_ce_prec *prec, int nt) {
     ce_work c;
-    tide_status st = ce_work_init(&c, w, wdt, targets, vocab, R, Vb, D, chunk_rows, scratch, scratch_bytes, bad, nt);
+    tide_status st =
+        ce_work_init(&c, w, wdt, targets, vocab, R, Vb, D, chunk_rows, scratch, scratch_bytes, bad, prec, nt);
     if (st) return st;
     const bool avx = tk_have_avx2();
     for (int64_t r0 = 0; r0 < R; r0 += c.CR) {
         const int64_t cr = TIDE_MIN(c.CR, R - r0);
-        const float *hc = h + r0 * D;
+        const void *hc = ce_h(&c, h, r0);
         ce_logits(&c, hc, cr, nt);
         /* g = scale * (softmax - onehot) in place of the logits */
 #pragma omp parallel for schedule(static) num_threads(nt) if (cr * Vb >= TK_PAR_MIN)

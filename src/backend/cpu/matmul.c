@@ -198,3 +198,44 @@ tide_status tk_matmul_ex(const float *x, const void *w, tide_dtype wdt, int64_t 
     }
     return TIDE_OK;
 }
+
+/* ------------------------------------------------------------- matmul, a bf16 step's */
+
+/* Rows of a bf16 output formed at once in f32: at most 4 MiB of them. */
+#define TK_BF16_OUT_BYTES ((size_t)4 << 20)
+
+tide_status tk_matmul_bf16(const void *x, tide_dtype xdt, const void *w, tide_dtype wdt, int64_t R, int64_t K,
+                           int64_t N, bool w_kn, bool accumulate, void *out, tide_dtype odt, int64_t ldo,
+                           void *scratch, size_t scratch_bytes, int nt) {
+    if (R > INT_MAX || K > INT_MAX || N > INT_MAX || ldo > INT_MAX) return TIDE_E_UNSUPPORTED;
+    if (R <= 0 || N <= 0) return TIDE_OK;
+    /* w (N, K) is the transposed operand; w (K, N) the plain one */
+    const int64_t ldw = w_kn ? N : K;
+    if (odt == TIDE_F32) {
+        tk_gemm_bf16(false, !w_kn, R, N, K, x, xdt, K, w, wdt, ldw, accumulate, out, ldo, nt);
+        return TIDE_OK;
+    }
+    /* a bf16 output: blocks of rows summed in f32, then rounded */
+    const size_t row = (size_t)N * sizeof(float);
+    int64_t rows;
+    float *buf, *own = NULL;
+    if (scratch && scratch_bytes >= row) {
+        buf = scratch;
+        rows = (int64_t)TIDE_MIN(scratch_bytes / row, (size_t)R);
+    } else {
+        rows = (int64_t)TIDE_MAX((size_t)1, TIDE_MIN(TK_BF16_OUT_BYTES / row, (size_t)R));
+        if (!(buf = own = tide_malloc((size_t)rows * row))) return TIDE_E_NOMEM;
+    }
+    const size_t xs = tide_dtype_size(xdt);
+    uint16_t *o = out;
+    for (int64_t r0 = 0; r0 < R; r0 += rows) {
+        const int64_t n = TIDE_MIN(rows, R - r0);
+        if (accumulate)
+            for (int64_t r = 0; r < n; r++) tk_convert(o + (r0 + r) * ldo, TIDE_BF16, buf + r * N, (size_t)N);
+        tk_gemm_bf16(false, !w_kn, n, N, K, (const uint8_t *)x + (size_t)(r0 * K) * xs, xdt, K, w, wdt, ldw,
+                     accumulate, buf, N, nt);
+        tk_round_bf16(buf, N, n, N, o + r0 * ldo, ldo, nt);
+    }
+    tide_free(own);
+    return TIDE_OK;
+}

@@ -402,7 +402,7 @@ static const int gemm_counts[] = {24, 16, 12, 8, 6, 4, 3, 2, 1};
  * of the shape alone. */
 #define TK_GEMM_MIN_TILE 64
 #define TK_GEMM_MIN_FLOPS 4e6
-static void gemm_grid(int64_t M, int64_t N, int64_t K, int *pm, int *pn) {
+void tk_gemm_grid(int64_t M, int64_t N, int64_t K, int *pm, int *pn) {
     int64_t cm = TIDE_MAX(1, M / TK_GEMM_MIN_TILE), cn = TIDE_MAX(1, N / TK_GEMM_MIN_TILE);
     double cf = 2.0 * (double)M * (double)N * (double)K / TK_GEMM_MIN_FLOPS;
     *pm = *pn = 1;
@@ -426,7 +426,7 @@ static void gemm_grid(int64_t M, int64_t N, int64_t K, int *pm, int *pn) {
 void tk_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc, int nt) {
     int pm, pn;
-    gemm_grid(M, N, K, &pm, &pn);
+    tk_gemm_grid(M, N, K, &pm, &pn);
     int ntile = pm * pn;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (ntile > 1 && nt > 1)
     for (int t = 0; t < ntile; t++) {

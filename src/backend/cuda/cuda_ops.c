@@ -502,6 +502,14 @@ tide_status tide_cuda_compute(tide_backend *be, void *vq, const tide_graph *g, c
             return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "cuda %s: '%s' is %s: quantized tensors are only read as "
                             "matmul weights and embedding tables", nm, t->name, tide_dtype_name(t->dtype));
     }
+    /* a bf16 training step (tide_llama_train_opts.precision): not on the GPU yet */
+    for (int i = 0; i < op->n_in + op->n_out; i++) {
+        const tide_tensor *t = i < op->n_in ? tin(g, op, i) : tout(g, op, i - op->n_in);
+        if (op->p.bf16 || (t->dtype == TIDE_BF16 && !tide_op_slot_native(op->kind, op->n_in, i)))
+            return tide_err(q->ctx, TIDE_E_UNSUPPORTED, "cuda %s: '%s' belongs to a bf16 training step "
+                            "(--precision bf16), which the cuda backend does not run yet: train with --precision "
+                            "f32", nm, t->name);
+    }
     pthread_mutex_lock(&q->mu);
     tide_status st = k(be, q, g, op, in, out, scratch);
     if (st == TIDE_OK) {
