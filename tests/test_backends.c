@@ -1630,21 +1630,22 @@ static double sum_exp(const double *l, int64_t n, double mx) {
  * (widened whole, or 9 rows at a time in a smaller workspace), fresh and
  * accumulating into dw; a row tile (targets from [3] of a longer tensor, the
  * loss and dw adding into the earlier tiles', the loss checked against its
- * value worked in double). */
+ * value worked in double); a frozen head's form (no dw output), fresh and as
+ * a row tile whose loss adds. */
 static void test_cross_entropy(void **state) {
     (void)state;
     static const int64_t shapes[][3] = {{6, 16, 50}, {40, 64, 300}}; /* R, D, V */
     for (int d = 0; d < 3; d++)
         for (int s = 0; s < 2; s++)
-            for (int var = 0; var < 4; var++) {
-                bool tile = var == 3, acc = var == 1 || tile, small = var == 2;
+            for (int var = 0; var < 6; var++) {
+                bool frozen = var >= 4, tile = var == 3 || var == 5, acc = var == 1 || var == 3, small = var == 2;
                 if (small && wdts[d] == TIDE_F32) continue;
                 int64_t R = shapes[s][0], D = shapes[s][1], V = shapes[s][2], t0 = tile ? 3 : 0;
                 const float scale = 1.0f / (float)R;
                 char what[96];
-                snprintf(what, sizeof what, "%s R=%lld D=%lld V=%lld%s%s", tide_dtype_name(wdts[d]), (long long)R,
+                snprintf(what, sizeof what, "%s R=%lld D=%lld V=%lld%s%s%s", tide_dtype_name(wdts[d]), (long long)R,
                          (long long)D, (long long)V, tile ? " row tile" : acc ? " accumulate" : "",
-                         small ? " 9-row blocks" : "");
+                         small ? " 9-row blocks" : "", frozen ? " frozen head" : "");
                 tcase c;
                 tc_open(&c, what);
                 int h = tc_tensor(&c, "h", TIDE_F32, TIDE_ROLE_INPUT, R, D, 0, 1);
@@ -1658,8 +1659,12 @@ static void test_cross_entropy(void **state) {
                 t += t0;
                 for (int64_t r = 0; r < R; r++) t[r] = r % 5 == 2 ? -1 : irand((int)V);
                 t[0] = (int32_t)V - 1;
-                tc_op(&c, TIDE_OP_CROSS_ENTROPY, tile ? 5 : acc ? 4 : 3, (int[]){h, w, tg, dw, loss}, 3,
-                      (int[]){loss, dh, dw}, &(tide_op_args){.scale = scale, .idx0 = t0});
+                if (frozen)
+                    tc_op(&c, TIDE_OP_CROSS_ENTROPY, tile ? 4 : 3, (int[]){h, w, tg, loss}, 2, (int[]){loss, dh},
+                          &(tide_op_args){.scale = scale, .idx0 = t0});
+                else
+                    tc_op(&c, TIDE_OP_CROSS_ENTROPY, tile ? 5 : acc ? 4 : 3, (int[]){h, w, tg, dw, loss}, 3,
+                          (int[]){loss, dh, dw}, &(tide_op_args){.scale = scale, .idx0 = t0});
                 double want_loss = 0;
                 float *exp_loss = tile ? tc_expect_init(&c, loss) : NULL;
                 if (small) {
@@ -1694,6 +1699,7 @@ static void test_cross_entropy(void **state) {
                 for (int64_t i = 0; i < V * D; i++) mdw[i] += 1e-6 + (acc ? fabs(prev[i]) : 0);
                 if (exp_loss) exp_loss[0] = (float)((double)exp_loss[0] + scale * want_loss);
                 tc_check(&c, (tol[]){{.rtol = 1e-5}, {.rtol = 1e-5, .scale = mdh}, {.rtol = 1e-5, .scale = mdw}});
+                if (frozen) assert_int_equal(c.g->ops[c.op].flops, 4.0 * (double)(R * V * D)); /* no dw product */
                 free(mdh);
                 free(mdw);
                 free(l);
@@ -1827,10 +1833,11 @@ static void test_ce_blocks(void **state) {
         /* CE_BLOCK per block, with the whole head's statistics */
         for (int k = 0; k < NB; k++) {
             const int64_t v0 = b0[k], vb = b0[k + 1] - b0[k];
-            for (int acc = 0; acc < 2; acc++) {
+            for (int var = 0; var < 3; var++) {
+                const bool acc = var == 1, frozen = var == 2; /* frozen: a frozen head's block, dh alone */
                 char what[96];
                 snprintf(what, sizeof what, "grad %s block %lld+%lld%s", tide_dtype_name(wdts[d]), (long long)v0,
-                         (long long)vb, acc ? " dw adding" : "");
+                         (long long)vb, acc ? " dw adding" : frozen ? " frozen head" : "");
                 tcase c;
                 ce_ids id = ce_case_open(&c, what, &c0, hh, ww, R, D, v0, vb, tgt, T0);
                 int dh = tc_tensor(&c, "dh", TIDE_F32, TIDE_ROLE_TEMP, R, D, 0, 1);
@@ -1846,9 +1853,9 @@ static void test_ce_blocks(void **state) {
                 int ins[6] = {id.h, id.w, id.tg, id.st}, n_in = 4;
                 if (v0 > 0) ins[n_in++] = dh;
                 if (acc) ins[n_in++] = dw;
-                tc_op(&c, TIDE_OP_CE_BLOCK, n_in, ins, 2, (int[]){dh, dw},
+                tc_op(&c, TIDE_OP_CE_BLOCK, n_in, ins, frozen ? 1 : 2, (int[]){dh, dw},
                       &(tide_op_args){.vocab0 = v0, .vocab = V, .idx0 = T0, .scale = scale, .accumulate = acc});
-                float *edh = tc_expect_init(&c, dh), *edw = tc_expect_init(&c, dw);
+                float *edh = tc_expect_init(&c, dh), *edw = frozen ? NULL : tc_expect_init(&c, dw);
                 double *mdh = dalloc0((size_t)R * D), *mdw = dalloc0((size_t)vb * D);
                 double *xdh = dalloc0((size_t)R * D), *xdw = dalloc0((size_t)vb * D);
                 for (int r = 0; r < R; r++) {
@@ -1868,7 +1875,7 @@ static void test_ce_blocks(void **state) {
                     edh[i] = (float)(prev + xdh[i]);
                     mdh[i] += 1e-6 + fabs(prev);
                 }
-                for (int64_t i = 0; i < vb * D; i++) {
+                for (int64_t i = 0; i < vb * D && edw; i++) {
                     double prev = acc ? edw[i] : 0;
                     edw[i] = (float)(prev + xdw[i]);
                     mdw[i] += 1e-6 + fabs(prev);

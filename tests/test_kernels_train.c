@@ -1095,6 +1095,39 @@ static void test_cross_entropy_fd(void **state) {
     check_fd("cross_entropy dh", &c, obj_cross_entropy, c.a, R * D, dhb);
     check_fd("cross_entropy dw", &c, obj_cross_entropy, c.b, V * D, dwb);
     for (int d = 0; d < D; d++) assert_true(dhb[D + d] == 0.0f); /* the ignored row */
+
+    /* a frozen head's form (2 outputs: no dw): the same loss and dh bits,
+     * 2/3 of the flops, dw's buffer untouched; as a row tile (4 inputs) its
+     * loss adds into the 4th */
+    float l0 = *lb, *dh0 = malloc(sizeof(float) * R * D), *dw0 = malloc(sizeof(float) * V * D);
+    assert_true(dh0 && dw0);
+    memcpy(dh0, dhb, sizeof(float) * R * D);
+    for (int i = 0; i < V * D; i++) dwb[i] = -7.0f;
+    memcpy(dw0, dwb, sizeof(float) * V * D);
+    int fz = fx_op(&f, TIDE_OP_CROSS_ENTROPY, 3, in, 2, out, &p);
+    assert_true(f.g->ops[fz].flops == f.g->ops[id].flops * 4.0 / 6.0);
+    memset(dhb, 0, sizeof(float) * R * D);
+    fx_run(&f, fz, ip, op);
+    assert_true(memcmp(lb, &l0, sizeof l0) == 0);
+    assert_memory_equal(dhb, dh0, sizeof(float) * R * D);
+    assert_memory_equal(dwb, dw0, sizeof(float) * V * D);
+    int i4[4] = {h, w, tg, loss};
+    int fzt = fx_op(&f, TIDE_OP_CROSS_ENTROPY, 4, i4, 2, out, &p);
+    void *ip4[4] = {hb, wb, tb, lb};
+    *lb = 1.5f;
+    fx_run(&f, fzt, ip4, op);
+    assert_true(*lb == 1.5f + l0);
+    /* refused: a frozen form with a 4th input that is not its loss, or 5
+     * inputs; a CE_BLOCK with no dw that would add into one */
+    int bad4[4] = {h, w, tg, dh}, bad5[5] = {h, w, tg, dw, loss}, idb = -1;
+    assert_int_equal(tide_graph_add_op_args(f.g, TIDE_OP_CROSS_ENTROPY, 4, bad4, 2, out, &p, -1, &idb),
+                     TIDE_E_INVALID);
+    assert_non_null(strstr(tide_ctx_last_error(f.ctx), "must be the loss"));
+    assert_int_equal(tide_graph_add_op_args(f.g, TIDE_OP_CROSS_ENTROPY, 5, bad5, 2, out, &p, -1, &idb),
+                     TIDE_E_INVALID);
+    assert_non_null(strstr(tide_ctx_last_error(f.ctx), "takes 3 to 4 inputs"));
+    free(dh0);
+    free(dw0);
     free(c.a);
     free(c.b);
     fx_close(&f);

@@ -377,6 +377,32 @@ static void test_graph(void **state) {
     o.beta2 = 1.0f;
     assert_int_equal(tide_llama_build_train(ctx, &c, &o, &g), TIDE_E_INVALID);
     assert_null(g);
+    /* LoRA: the head (and a tied embedding) frozen: no op writes its
+     * gradient, the cross-entropy's frozen forms (no dw output), whole and
+     * in vocabulary blocks, tied and not */
+    for (int v = 0; v < 4; v++) {
+        const bool tied = v & 1, blocks = v & 2;
+        tide_llama_config cl = tiny_cfg(TIDE_F32, tied, 2);
+        o = step_opts(2, 8, 1);
+        o.lora_r = 2, o.lora_alpha = 4;
+        o.vocab_blocks = blocks ? 3 : 0;
+        assert_int_equal(tide_llama_build_train(ctx, &cl, &o, &g), TIDE_OK);
+        int n_ce = 0;
+        for (int i = 0; i < tide_graph_n_ops(g); i++) {
+            const tide_op *op = &g->ops[i];
+            for (int j = 0; j < op->n_out; j++) {
+                const char *nm = tide_graph_tensor_name(g, op->out[j]);
+                if (!strncmp(nm, "grad.lm_head", 12) || !strncmp(nm, "grad.model.embed_tokens", 23))
+                    fail_msg("LoRA step (tied %d, blocks %d): %s writes '%s'", tied, blocks, tide_op_name(op->kind),
+                             nm);
+            }
+            if (op->kind == TIDE_OP_CROSS_ENTROPY) n_ce++, assert_int_equal(op->n_out, 2);
+            if (op->kind == TIDE_OP_CE_BLOCK) n_ce++, assert_int_equal(op->n_out, 1);
+        }
+        assert_int_equal(n_ce, blocks ? 3 : 1);
+        tide_graph_free(g);
+        g = NULL;
+    }
     tide_ctx_free(ctx);
 }
 

@@ -83,7 +83,7 @@ typedef struct tide_op_args {
  * themselves. Other float tensors are f32 activations, or bf16 ones of a
  * bf16 training step (ops.c). */
 static inline bool tide_op_slot_native(tide_op_kind kind, int n_in, int i) {
-    switch (kind) {
+    switch ((int)kind) { /* TIDE_OP_GENERIC is outside the public enum */
     case TIDE_OP_EMBED: return i == 0;
     case TIDE_OP_MATMUL: case TIDE_OP_RMSNORM: case TIDE_OP_RMSNORM_BWD: case TIDE_OP_ADD_BIAS:
     case TIDE_OP_CROSS_ENTROPY: case TIDE_OP_CE_STATS: case TIDE_OP_CE_BLOCK: return i == 1;
@@ -107,6 +107,12 @@ typedef struct tide_op {
     double flops; /* estimated floating-point operations */
     uint64_t scratch_bytes; /* backend workspace the op needs besides its tensors */
 } tide_op;
+
+/* CROSS_ENTROPY's forms (graph/ops.c, check_cross_entropy): its weight
+ * gradient is out[2] unless it writes 2 outputs (a frozen head); whether dw
+ * adds into an input, and whether the loss adds into its last input. */
+static inline bool tide_ce_dw_adds(const tide_op *op) { return op->n_out == 3 && op->n_in >= 4; }
+static inline bool tide_ce_loss_adds(const tide_op *op) { return op->n_in == (op->n_out == 3 ? 5 : 4); }
 
 struct tide_graph {
     tide_ctx *ctx;

@@ -312,7 +312,15 @@ static tide_status check_silu_mul_bwd(CHECK_ARGS) {
     return TIDE_OK;
 }
 
+/* CROSS_ENTROPY writes (loss, dh, dw), or with 2 outputs (loss, dh) no
+ * weight gradient (a frozen head). With dw: 4 inputs, dw adds into its 4th;
+ * 5, the loss adds into its 5th too (a row tile of a batch whose loss is the
+ * sum of its tiles'). Without: 4 inputs, the loss adds into its 4th. */
 static tide_status check_cross_entropy(CHECK_ARGS) {
+    if (n_out != 2 && n_out != 3) FAIL("cross_entropy writes 2 or 3 outputs, got %d", n_out);
+    const bool dw = n_out == 3;
+    if (n_in < 3 || n_in > (dw ? 5 : 4))
+        FAIL("cross_entropy with%s a weight gradient takes 3 to %d inputs, got %d", dw ? "" : "out", dw ? 5 : 4, n_in);
     const tide_tensor *h = T(0), *w = T(1), *tg = T(2);
     if (!is_act(h)) FAIL("cross_entropy: '%s' must be 2-D f32 or bf16", h->name);
     int64_t R = h->shape[0], D = h->shape[1];
@@ -321,13 +329,16 @@ static tide_status check_cross_entropy(CHECK_ARGS) {
     if (tg->dtype != TIDE_I32 || p->idx0 + R > tide_tensor_numel(tg))
         FAIL("cross_entropy: targets '%s' must be i32 with one id per row of '%s' (from [%lld] on)", tg->name,
              h->name, (long long)p->idx0);
-    if (!is_f32_shape(O(0), 1, 0) || !is_f32_shape(O(1), R, D) || !is_f32_shape(O(2), w->shape[0], D))
-        FAIL("cross_entropy: outputs must be f32: loss '%s' (1), dh '%s' (%lld, %lld), dw '%s' (%lld, %lld)",
-             O(0)->name, O(1)->name, (long long)R, (long long)D, O(2)->name, (long long)w->shape[0], (long long)D);
+    if (!is_f32_shape(O(0), 1, 0) || !is_f32_shape(O(1), R, D) || (dw && !is_f32_shape(O(2), w->shape[0], D)))
+        FAIL("cross_entropy: outputs must be f32: loss '%s' (1), dh '%s' (%lld, %lld)%s%s%s", O(0)->name,
+             O(1)->name, (long long)R, (long long)D, dw ? ", dw '" : "", dw ? O(2)->name : "", dw ? "'" : "");
     if (!isfinite(p->scale)) FAIL("cross_entropy: scale must be finite");
-    *flops = 6.0 * (double)R * (double)w->shape[0] * (double)D;
-    /* 4 inputs: dw adds into its 4th; 5: the loss adds into its 5th too (a
-     * row tile of a batch whose loss is the sum of its tiles') */
+    *flops = (dw ? 6.0 : 4.0) * (double)R * (double)w->shape[0] * (double)D;
+    if (!dw) {
+        if (n_in == 4 && in[3] != out[0])
+            FAIL("cross_entropy: its 4th input must be the loss '%s' it adds into", O(0)->name);
+        return TIDE_OK;
+    }
     if (n_in == 5 && (in[3] != out[2] || in[4] != out[0]))
         FAIL("cross_entropy: its 4th and 5th inputs must be the gradient '%s' and the loss '%s' it adds into",
              O(2)->name, O(0)->name);
@@ -381,18 +392,22 @@ static tide_status check_ce_block(CHECK_ARGS) {
     const tide_tensor *h = T(0), *w = T(1);
     int64_t R = h->shape[0], D = h->shape[1];
     bool first = p->vocab0 == 0;
+    /* 1 output: dh alone (a frozen head's block: no weight gradient) */
+    const bool dw = n_out == 2;
     int want_in = 4 + !first + p->accumulate;
-    if (n_in != want_in || n_out != 2)
-        FAIL("ce_block: the block at id %lld%s takes %d inputs and 2 outputs, got %d and %d", (long long)p->vocab0,
-             p->accumulate ? " (dw adding)" : "", want_in, n_in, n_out);
+    if (n_out != 1 && n_out != 2) FAIL("ce_block writes 1 or 2 outputs, got %d", n_out);
+    if (!dw && p->accumulate) FAIL("ce_block: without a weight gradient there is no gradient to add into");
+    if (n_in != want_in)
+        FAIL("ce_block: the block at id %lld%s takes %d inputs, got %d", (long long)p->vocab0,
+             p->accumulate ? " (dw adding)" : "", want_in, n_in);
     if (!is_f32_shape(T(3), R, 3)) FAIL("ce_block: statistics '%s' must be f32 (%lld, 3)", T(3)->name, (long long)R);
-    if (!is_f32_shape(O(0), R, D) || !is_f32_shape(O(1), w->shape[0], D))
-        FAIL("ce_block: outputs must be f32: dh '%s' (%lld, %lld), dw '%s' (%lld, %lld)", O(0)->name, (long long)R,
-             (long long)D, O(1)->name, (long long)w->shape[0], (long long)D);
+    if (!is_f32_shape(O(0), R, D) || (dw && !is_f32_shape(O(1), w->shape[0], D)))
+        FAIL("ce_block: outputs must be f32: dh '%s' (%lld, %lld)%s%s%s", O(0)->name, (long long)R, (long long)D,
+             dw ? ", dw '" : "", dw ? O(1)->name : "", dw ? "'" : "");
     if (!first && in[4] != out[0]) FAIL("ce_block: its 5th input must be the gradient '%s' it adds into", O(0)->name);
     if (p->accumulate && in[n_in - 1] != out[1])
         FAIL("ce_block: its last input must be the gradient '%s' it adds into", O(1)->name);
-    *flops = 6.0 * (double)R * (double)w->shape[0] * (double)D;
+    *flops = (dw ? 6.0 : 4.0) * (double)R * (double)w->shape[0] * (double)D;
     return TIDE_OK;
 }
 
@@ -598,7 +613,7 @@ static const tide_op_desc descs[TIDE_OP_COUNT] = {
     [TIDE_OP_ATTENTION_BWD] = {"attention_bwd", 6, 6, 3, TIDE_OPC_ATTENTION, false, check_attention_bwd, NULL,
                                scratch_attention_bwd},
     [TIDE_OP_SILU_MUL_BWD] = {"silu_mul_bwd", 3, 3, 2, TIDE_OPC_VECTOR, false, check_silu_mul_bwd, NULL, NULL},
-    [TIDE_OP_CROSS_ENTROPY] = {"cross_entropy", 3, 5, 3, TIDE_OPC_MATMUL, false, check_cross_entropy, NULL,
+    [TIDE_OP_CROSS_ENTROPY] = {"cross_entropy", -1, -1, -1, TIDE_OPC_MATMUL, false, check_cross_entropy, NULL,
                                scratch_cross_entropy},
     [TIDE_OP_SUMSQ] = {"sumsq", 1, 2, 1, TIDE_OPC_VECTOR, false, check_sumsq, NULL, scratch_sumsq},
     [TIDE_OP_ADAMW] = {"adamw", -1, -1, -1, TIDE_OPC_VECTOR, false, check_adamw, NULL, NULL},

@@ -303,11 +303,11 @@ static void add_params(train_build *s) {
     const int64_t D = cfg->hidden_size, H = cfg->num_attention_heads, KV = cfg->num_key_value_heads;
     const int64_t hd = D / H, I = cfg->intermediate_size, V = cfg->vocab_size, kd = KV * hd;
     const bool go = s->o->grads_out;
-    /* LoRA: the base frozen; the head (the embedding when tied) and the
-     * norms keep a gradient their ops write */
+    /* LoRA: the base frozen, the head too (its cross-entropy computes no
+     * weight gradient); the norms keep a gradient their ops write */
     const bool fz = s->lora != NULL;
     add_vparam(b, s->emb, "model.embed_tokens.weight", tide_llama_weight_dtype(cfg, "model.embed_tokens.weight"), V,
-               D, s->o->vocab_blocks, go, fz ? (cfg->tie_word_embeddings ? 2 : 1) : 0);
+               D, s->o->vocab_blocks, go, fz ? 1 : 0);
     static const char *const pname[P_LAYER] = {
         "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
@@ -329,7 +329,7 @@ static void add_params(train_build *s) {
     if (!cfg->tie_word_embeddings) {
         s->hp = s->emb + 1;
         add_vparam(b, s->hp, "lm_head.weight", tide_llama_weight_dtype(cfg, "lm_head.weight"), V, D,
-                   s->o->vocab_blocks, go, fz ? 2 : 0);
+                   s->o->vocab_blocks, go, fz ? 1 : 0);
     }
     if (fz) {
         int sc = tensor(b, "lora_scale", TIDE_F32, TIDE_ROLE_INPUT, 2, s->o->lora_r, s->o->lora_r);
@@ -390,9 +390,15 @@ static void loss_tile(train_build *s, int k, int targets, int loss) {
     if (hp->nb == 1) {
         param *P = &hp->b[0];
         tide_op_args cp = {.scale = scale, .idx0 = idx0};
-        int in[5] = {hf, P->w, targets, P->grad, loss}, outs[3] = {loss, dhf, P->grad};
-        op(b, TIDE_OP_CROSS_ENTROPY, k ? 5 : P->written ? 4 : 3, in, 3, outs, &cp);
-        P->written = true;
+        if (P->grad < 0) {
+            /* a frozen head (LoRA): no weight gradient */
+            int in[4] = {hf, P->w, targets, loss}, outs[2] = {loss, dhf};
+            op(b, TIDE_OP_CROSS_ENTROPY, k ? 4 : 3, in, 2, outs, &cp);
+        } else {
+            int in[5] = {hf, P->w, targets, P->grad, loss}, outs[3] = {loss, dhf, P->grad};
+            op(b, TIDE_OP_CROSS_ENTROPY, k ? 5 : P->written ? 4 : 3, in, 3, outs, &cp);
+            P->written = true;
+        }
     } else {
         /* the head in vocabulary blocks: every block's statistics (the last
          * adds the loss), then every block's gradients */
@@ -406,13 +412,14 @@ static void loss_tile(train_build *s, int k, int targets, int loss) {
         }
         for (int vb = 0; vb < hp->nb && !b->st; vb++) {
             param *P = &hp->b[vb];
-            tide_op_args cp = {.scale = scale, .idx0 = idx0, .accumulate = P->written};
+            const bool dw = P->grad >= 0; /* not for a frozen head (LoRA) */
+            tide_op_args cp = {.scale = scale, .idx0 = idx0, .accumulate = dw && P->written};
             vblock(hp, vb, &cp);
             int in[6] = {hf, P->w, targets, stats}, n = 4, outs[2] = {dhf, P->grad};
             if (vb > 0) in[n++] = dhf;
-            if (P->written) in[n++] = P->grad;
-            op(b, TIDE_OP_CE_BLOCK, n, in, 2, outs, &cp);
-            P->written = true;
+            if (cp.accumulate) in[n++] = P->grad;
+            op(b, TIDE_OP_CE_BLOCK, n, in, dw ? 2 : 1, outs, &cp);
+            P->written = dw;
         }
     }
     s->dh[k] = act(b, k, NT, "d_h.N", Rk, D);

@@ -401,10 +401,11 @@ static tide_status cpu_cross_entropy(tide_ctx *ctx, int nt, const tide_graph *g,
      * the GPU's (graph/ops.c) */
     uint64_t terms = ((uint64_t)R * sizeof(double) + 63) / 64 * 64;
     bool room = scratch && op->scratch_bytes > terms;
-    /* 5 inputs: the loss adds into the earlier tiles' (in[4] is out[0]) */
-    const float before = op->n_in == 5 ? *(const float *)in[4] : 0.0f;
-    tide_status st = tk_cross_entropy(in[0], in[1], w->dtype, targets, R, V, D, op->p.scale, op->n_in >= 4,
-                                      tide_ce_chunk_rows(R, V), out[0], out[1], out[2],
+    /* the loss adding into the earlier tiles' (its last input is out[0]) */
+    const bool loss_adds = tide_ce_loss_adds(op);
+    const float before = loss_adds ? *(const float *)in[op->n_in - 1] : 0.0f;
+    tide_status st = tk_cross_entropy(in[0], in[1], w->dtype, targets, R, V, D, op->p.scale, tide_ce_dw_adds(op),
+                                      tide_ce_chunk_rows(R, V), out[0], out[1], op->n_out == 3 ? out[2] : NULL,
                                       room ? (uint8_t *)scratch + terms : NULL,
                                       room ? (size_t)(op->scratch_bytes - terms) : 0, &bad, NULL, nt);
     if (st == TIDE_E_RANGE)
@@ -414,7 +415,7 @@ static tide_status cpu_cross_entropy(tide_ctx *ctx, int nt, const tide_graph *g,
         return tide_err(ctx, st, "cross_entropy: needs its workspace of %llu bytes",
                         (unsigned long long)op->scratch_bytes);
     if (st) return tide_err(ctx, st, "cross_entropy '%s': dimensions beyond what BLAS takes", w->name);
-    if (op->n_in == 5) *(float *)out[0] = before + *(float *)out[0];
+    if (loss_adds) *(float *)out[0] = before + *(float *)out[0];
     return TIDE_OK;
 }
 
@@ -473,7 +474,8 @@ static tide_status cpu_ce_block(tide_ctx *ctx, int nt, const tide_graph *g, cons
     cpu_ce c = cpu_ce_of(g, op, in, scratch);
     int64_t bad = -1;
     tide_status st = tk_ce_block(in[0], in[1], c.wdt, c.targets, c.R, c.Vb, c.D, op->p.vocab0, op->p.vocab,
-                                 op->p.scale, in[3], op->p.vocab0 > 0, op->p.accumulate, out[0], out[1],
+                                 op->p.scale, in[3], op->p.vocab0 > 0, op->p.accumulate, out[0],
+                                 op->n_out == 2 ? out[1] : NULL,
                                  tide_ce_chunk_rows(c.R, c.Vb), c.work, c.work_bytes, &bad, NULL, nt);
     return st ? cpu_ce_err(ctx, st, g, op, c.targets, bad) : TIDE_OK;
 }
@@ -570,11 +572,12 @@ static tide_status cpu_bf16_product(tide_ctx *ctx, int nt, const tide_graph *g, 
         void *work = room ? (uint8_t *)scratch + terms : NULL;
         size_t wb = room ? (size_t)(op->scratch_bytes - terms) : 0;
         if (op->kind == TIDE_OP_CROSS_ENTROPY) {
-            const float before = op->n_in == 5 ? *(const float *)in[4] : 0.0f;
-            st = tk_cross_entropy(in[0], in[1], w->dtype, targets, R, w->shape[0], D, p->scale, op->n_in >= 4,
-                                  tide_ce_chunk_rows(R, w->shape[0]), out[0], out[1], out[2], work, wb, &bad, &pr,
-                                  nt);
-            if (!st && op->n_in == 5) *(float *)out[0] = before + *(float *)out[0];
+            const bool loss_adds = tide_ce_loss_adds(op);
+            const float before = loss_adds ? *(const float *)in[op->n_in - 1] : 0.0f;
+            st = tk_cross_entropy(in[0], in[1], w->dtype, targets, R, w->shape[0], D, p->scale, tide_ce_dw_adds(op),
+                                  tide_ce_chunk_rows(R, w->shape[0]), out[0], out[1],
+                                  op->n_out == 3 ? out[2] : NULL, work, wb, &bad, &pr, nt);
+            if (!st && loss_adds) *(float *)out[0] = before + *(float *)out[0];
         } else if (op->kind == TIDE_OP_CE_STATS) {
             bool first = p->vocab0 == 0, last = op->n_out == 2;
             const float before = last && p->accumulate ? *(const float *)in[4] : 0.0f;
@@ -584,8 +587,8 @@ static tide_status cpu_bf16_product(tide_ctx *ctx, int nt, const tide_graph *g, 
             if (!st && last && p->accumulate) *(float *)out[1] = before + *(float *)out[1];
         } else {
             st = tk_ce_block(in[0], in[1], w->dtype, targets, R, w->shape[0], D, p->vocab0, p->vocab, p->scale,
-                             in[3], p->vocab0 > 0, p->accumulate, out[0], out[1], tide_ce_chunk_rows(R, w->shape[0]),
-                             work, wb, &bad, &pr, nt);
+                             in[3], p->vocab0 > 0, p->accumulate, out[0], op->n_out == 2 ? out[1] : NULL,
+                             tide_ce_chunk_rows(R, w->shape[0]), work, wb, &bad, &pr, nt);
         }
         if (st == TIDE_E_RANGE)
             return tide_err(ctx, st, "%s: target %d of row %lld of '%s' is outside the vocabulary of '%s'", nm,

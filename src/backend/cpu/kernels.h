@@ -307,7 +307,8 @@ typedef struct tk_ce_prec {
  * in scratch, then per row (targets < 0 give 0 loss and a 0 gradient row)
  * p = softmax, loss term logsumexp - logit[target] in double, g = scale * (p -
  * onehot) in place of the logits; then dh[chunk] = g . w and dw += g^T .
- * h[chunk]. dw is zeroed first unless accumulate; the loss, scale times the
+ * h[chunk] (skipped with dw NULL: a frozen head). dw is zeroed first unless
+ * accumulate; the loss, scale times the
  * terms summed in double in row order, is written fresh. 16-bit weights are
  * widened a block of rows at a time into the scratch past the logits (so
  * twice per chunk, once if the whole of w fits). scratch must hold
@@ -335,7 +336,8 @@ tide_status tk_ce_stats(const void *h, const void *w, tide_dtype wdt, const int3
                         int64_t *bad, const tk_ce_prec *prec, int nt);
 /* CE_BLOCK: g = scale * (exp(logit - M) / S - onehot) per row (zero where the
  * target < 0; the target's entry formed in double as tk_cross_entropy's);
- * dh (+)= g . w (adding with dh_add), dw (+)= g^T . h (adding with dw_add). */
+ * dh (+)= g . w (adding with dh_add), dw (+)= g^T . h (adding with dw_add;
+ * skipped with dw NULL). */
 tide_status tk_ce_block(const void *h, const void *w, tide_dtype wdt, const int32_t *targets, int64_t R,
                         int64_t Vb, int64_t D, int64_t vocab0, int64_t vocab, float scale, const float *stats,
                         bool dh_add, bool dw_add, float *dh, float *dw, int64_t chunk_rows, void *scratch,

@@ -379,7 +379,7 @@ static void ce_logits(ce_work *c, const void *hc, int64_t cr, int nt) {
 /* With G (cr, Vb) in place of the logits: dh[chunk] (+)= G . w over the
  * blocks of w in order (adding past the first block, or with dh_add), and
  * dw[block] (+)= G^T . h[chunk] (adding past the first chunk r0, or with
- * dw_add). */
+ * dw_add; none with dw NULL). */
 static void ce_grads(ce_work *c, const void *hc, int64_t r0, int64_t cr, bool dh_add, bool dw_add, float *dh,
                      float *dw, int nt) {
     const int64_t Vb = c->Vb, D = c->D;
@@ -390,13 +390,14 @@ static void ce_grads(ce_work *c, const void *hc, int64_t r0, int64_t cr, bool dh
         if (c->bf16) {
             tk_gemm_bf16(false, false, cr, D, cnt, c->L + v0, TIDE_F32, Vb, wblk, ce_wdt(c), D, v0 || dh_add,
                          dh + r0 * D, D, nt);
-            tk_gemm_bf16(true, false, cnt, D, cr, c->L + v0, TIDE_F32, Vb, hc, c->hdt, D, beta_w != 0.0f, dw + v0 * D,
-                         D, nt);
+            if (dw)
+                tk_gemm_bf16(true, false, cnt, D, cr, c->L + v0, TIDE_F32, Vb, hc, c->hdt, D, beta_w != 0.0f,
+                             dw + v0 * D, D, nt);
             continue;
         }
         tk_gemm(false, false, cr, D, cnt, 1.0f, c->L + v0, Vb, wblk, D, v0 || dh_add ? 1.0f : 0.0f, dh + r0 * D,
                 D, nt);
-        tk_gemm(true, false, cnt, D, cr, 1.0f, c->L + v0, Vb, hc, D, beta_w, dw + v0 * D, D, nt);
+        if (dw) tk_gemm(true, false, cnt, D, cr, 1.0f, c->L + v0, Vb, hc, D, beta_w, dw + v0 * D, D, nt);
     }
 }
 

@@ -351,8 +351,8 @@ static tide_status ce_logits(cu_queue *q, const ce_plan *c, const float *hc, int
 }
 
 /* With G (cr, V) in place of the logits: dh (cr, D) (+)= G . w and dw (V,
- * D) (+)= G^T . hc, block by block; dh adds past the first block or with
- * dh_add, dw with dw_add. */
+ * D) (+)= G^T . hc (none with dw NULL: a frozen head), block by block; dh
+ * adds past the first block or with dh_add, dw with dw_add. */
 static tide_status ce_grads(cu_queue *q, const ce_plan *c, const float *hc, int cr, bool dh_add, bool dw_add,
                             float *dh, float *dw) {
     const float one = 1.0f, beta_w = dw_add ? 1.0f : 0.0f;
@@ -364,7 +364,7 @@ static tide_status ce_grads(cu_queue *q, const ce_plan *c, const float *hc, int 
         const float beta_h = v0 || dh_add ? 1.0f : 0.0f;
         cublasStatus_t bs = cublasSgemm(q->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)c->D, cr, cnt, &one, W, (int)c->D,
                                         c->L + v0, (int)c->V, &beta_h, dh, (int)c->D);
-        if (bs == CUBLAS_STATUS_SUCCESS)
+        if (bs == CUBLAS_STATUS_SUCCESS && dw)
             bs = cublasSgemm(q->blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)c->D, cnt, cr, &one, hc, (int)c->D, c->L + v0,
                              (int)c->V, &beta_w, dw + v0 * c->D, (int)c->D);
         if (bs != CUBLAS_STATUS_SUCCESS) {
@@ -383,17 +383,17 @@ tide_status tide_cuda_cross_entropy(tide_backend *be, cu_queue *q, const tide_gr
     tide_status st = ce_check_targets(q, g, op, targets, tin(g, op, 1)->shape[0], REC_TARGET);
     if (st || (st = ce_plan_init(be, q, g, op, in[1], scratch, &c))) return st;
     const float *h = in[0];
-    float *dh = out[1], *dw = out[2];
+    float *dh = out[1], *dw = op->n_out == 3 ? out[2] : NULL;
     for (int64_t r0 = 0; r0 < c.R; r0 += c.CR) {
         const int cr = (int)TIDE_MIN(c.CR, c.R - r0);
         const float *hc = h + r0 * c.D;
         if ((st = ce_logits(q, &c, hc, cr))) return st;
         CU_TRY(q->ctx, tcu_ce_rows(q->stream, c.L, cr, c.V, targets + r0, op->p.scale, c.terms + r0),
                "cross_entropy row kernel");
-        if ((st = ce_grads(q, &c, hc, cr, false, op->n_in >= 4 || r0 > 0, dh + r0 * c.D, dw))) return st;
+        if ((st = ce_grads(q, &c, hc, cr, false, tide_ce_dw_adds(op) || r0 > 0, dh + r0 * c.D, dw))) return st;
     }
-    /* 5 inputs: the loss adds into the earlier tiles' (in[4] is out[0]) */
-    CU_TRY(q->ctx, tcu_ce_loss(q->stream, c.terms, c.R, op->p.scale, op->n_in == 5, out[0]),
+    /* the loss adding into the earlier tiles' (its last input is out[0]) */
+    CU_TRY(q->ctx, tcu_ce_loss(q->stream, c.terms, c.R, op->p.scale, tide_ce_loss_adds(op), out[0]),
            "cross_entropy loss kernel");
     return TIDE_OK;
 }
@@ -436,7 +436,7 @@ tide_status tide_cuda_ce_block(tide_backend *be, cu_queue *q, const tide_graph *
     tide_status st = ce_check_targets(q, g, op, targets, p->vocab, REC_CE_BLOCK);
     if (st || (st = ce_plan_init(be, q, g, op, in[1], scratch, &c))) return st;
     const float *h = in[0], *stats = in[3];
-    float *dh = out[0], *dw = out[1];
+    float *dh = out[0], *dw = op->n_out == 2 ? out[1] : NULL;
     for (int64_t r0 = 0; r0 < c.R; r0 += c.CR) {
         const int cr = (int)TIDE_MIN(c.CR, c.R - r0);
         const float *hc = h + r0 * c.D;
