@@ -3,7 +3,8 @@
 machine, threads, checkpoint and token windows; and tide offloaded against
 tide unconstrained.
 
-    python3 bench/train_cpu.py [--tide PATH] [--dtypes f32,bf16] [--threads N]
+    python3 bench/train_cpu.py [--tide PATH] [--dtypes f32,bf16]
+        [--precisions f32,bf16] [--threads N]
         [--warmup 1] [--steps 2] [--reps 1] [--batch 4] [--seq 256]
         [--lora R] [--lora-alpha A] [--lora-targets LIST] [--modes LIST]
         [--budget 25%] [--hw PROFILE] [--no-offload] [--no-check]
@@ -35,13 +36,17 @@ T, as `tide train` reads them.
            (the whole step graph: forward, backward, norm, clip and AdamW).
            f32 checkpoint: f32 parameters, moments and compute. bf16
            checkpoint: tide's mixed precision (bf16 parameters, f32 master
-           weights and moments, compute in f32).
+           weights and moments, compute in f32). --precisions bf16: the same
+           runs with `--precision bf16` (products of bf16 operands with f32
+           sums, kept activations bf16; docs/training.md section 13).
   PyTorch  LlamaForCausalLM from the same directory with dtype float32 and
            eager attention (the bf16 checkpoint is widened to f32: PyTorch
            trains in f32 either way), torch.optim.AdamW's default
            implementation, clip_grad_norm_(1.0), in a child process with
            torch.set_num_threads(N); timed around zero_grad, forward (logits,
-           then cross-entropy), backward, clip and step.
+           then cross-entropy), backward, clip and step. --precisions bf16:
+           the forward and the loss under torch.autocast("cpu",
+           dtype=torch.bfloat16), the parameters, gradients and AdamW f32.
   LoRA     (--lora R) the same step over LoRA adapters of rank R on the
            --lora-targets projections (default all seven) with the base
            frozen: tide `train --lora-r R --lora-alpha A --lora-targets L
@@ -51,8 +56,9 @@ T, as `tide train` reads them.
            bias none), AdamW over the adapters (weight decay 0.1: every
            adapter is 2-D), clip_grad_norm_ over them. Both load the same
            adapter, so they do the same work from the same numbers: their
-           step-0 losses must agree to f32 rounding (a relative 1e-4, or the
-           run counts as failed).
+           step-0 losses must agree to f32 rounding (a relative 1e-4; 2e-3
+           in bf16, whose two roundings differ: docs/training.md section 13),
+           or the run counts as failed.
   offload  `tide train --budget 25% --hw PROFILE` on the CPU backend: the
            step planned into an arena of a quarter of its unconstrained peak
            (parameters, masters, moments, gradients and activations paged
@@ -162,12 +168,16 @@ def torch_worker(a):
         w = torch.from_numpy(w)
         return w[:, :T].contiguous(), w[:, 1:].contiguous()
 
+    import contextlib
+
     for s in range(a.total_steps):
         x, y = batch(s)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        logits = model(input_ids=x, use_cache=False).logits
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, vocab), y.view(-1))
+        ac = torch.autocast("cpu", dtype=torch.bfloat16) if a.autocast else contextlib.nullcontext()
+        with ac:
+            logits = model(input_ids=x, use_cache=False).logits
+            loss = torch.nn.functional.cross_entropy(logits.view(-1, vocab).float(), y.view(-1))
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(params, CLIP)
         opt.step()
@@ -175,10 +185,12 @@ def torch_worker(a):
         print(json.dumps({"step": s, "loss": loss.item(), "grad_norm": float(norm), "wall_s": wall}), flush=True)
 
 
-def run_torch(a, model_dir, data, lora_dir=None):
+def run_torch(a, model_dir, data, lora_dir=None, prec="f32"):
     cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", "--model", model_dir, "--data", data,
            "--threads", str(a.threads), "--batch", str(a.batch), "--seq", str(a.seq),
            "--total-steps", str(a.warmup + a.steps), a.work_dir]
+    if prec == "bf16":
+        cmd += ["--autocast"]
     if lora_dir:
         cmd += ["--lora", str(a.lora), "--lora-alpha", repr(a.lora_alpha), "--lora-dir", lora_dir]
     return run_steps(cmd, "PyTorch + PEFT" if lora_dir else "PyTorch")
@@ -468,6 +480,9 @@ def main():
     ap.add_argument("work_dir", help="directory for the checkpoints, tokens and profile (reused)")
     ap.add_argument("--tide", help="the tide binary (default: build/tide of this tree)")
     ap.add_argument("--dtypes", default="f32,bf16", help="checkpoint dtypes, comma-separated (default f32,bf16)")
+    ap.add_argument("--precisions", default="f32",
+                    help="compute precisions, comma-separated: f32 and/or bf16 (tide --precision bf16 against "
+                    "PyTorch's autocast; default f32)")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="threads (default: all cores)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per run (default 1)")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per run (default 2)")
@@ -495,6 +510,7 @@ def main():
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--total-steps", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--lora-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--autocast", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.torch_worker:
         torch_worker(a)
@@ -508,6 +524,9 @@ def main():
     dtypes = [d for d in a.dtypes.split(",") if d]
     if not dtypes or any(d not in ("f32", "bf16") for d in dtypes):
         fail("--dtypes takes f32 and/or bf16", 2)
+    precisions = [p for p in a.precisions.split(",") if p]
+    if not precisions or any(p not in ("f32", "bf16") for p in precisions) or len(set(precisions)) != len(precisions):
+        fail("--precisions takes f32 and/or bf16", 2)
     if a.lora < 0:
         fail("--lora R: a rank >= 1", 2)
     modes = [m for m in (a.modes or ("full,lora" if a.lora else "full")).split(",") if m]
@@ -547,10 +566,11 @@ def main():
     failures = []
     results = []
     for d in dtypes:
-        for mode in modes:
-            r = measure(a, d, mode, models[d], data, hw, adapter, emit, failures)
-            emit(r)
-            results.append(r)
+        for prec in precisions:
+            for mode in modes:
+                r = measure(a, d, mode, models[d], data, hw, adapter, emit, failures, prec)
+                emit(r)
+                results.append(r)
 
     traced = {}
     if a.breakdown:
@@ -579,24 +599,27 @@ def main():
     return 1 if failures else 0
 
 
-def measure(a, d, mode, model, data, hw, adapter, emit, failures):
-    """The interleaved runs of one dtype and mode (full: tide, PyTorch and
-    tide offloaded; lora: tide and PyTorch + PEFT); returns the summary."""
+def measure(a, d, mode, model, data, hw, adapter, emit, failures, prec="f32"):
+    """The interleaved runs of one dtype, precision and mode (full: tide,
+    PyTorch and tide offloaded; lora: tide and PyTorch + PEFT); returns the
+    summary."""
     lora = mode == "lora"
-    tag = f"{d} LoRA r{a.lora}" if lora else d
+    tag = (f"{d} LoRA r{a.lora}" if lora else d) + (" --precision bf16" if prec == "bf16" else "")
+    pre = ["--precision", prec] if prec != "f32" else []
     times = {"tide": [], "torch": [], "offload": []}
     losses = {"tide": None, "torch": None}
     loads = []
     check = None
     off_summary = None
-    base = {"bench": "train_cpu", "dtype": d, "mode": mode, "threads": a.threads, "batch": a.batch, "seq": a.seq}
+    base = {"bench": "train_cpu", "dtype": d, "precision": prec, "mode": mode, "threads": a.threads,
+            "batch": a.batch, "seq": a.seq}
     if lora:
         base.update({"lora_r": a.lora, "lora_alpha": a.lora_alpha, "lora_targets": a.targets})
 
     def run_tide(rep):
         load = os.getloadavg()[0]
         loads.append(load)
-        steps, summ, err = run_steps(tide_cmd(a, model, data, lora_args(a, adapter) if lora else ()),
+        steps, summ, err = run_steps(tide_cmd(a, model, data, pre + (lora_args(a, adapter) if lora else [])),
                                      f"tide {tag} rep {rep + 1}")
         if err:
             failures.append(f"tide {tag}: {err}")
@@ -610,7 +633,7 @@ def measure(a, d, mode, model, data, hw, adapter, emit, failures):
     def run_pytorch(rep):
         load = os.getloadavg()[0]
         loads.append(load)
-        steps, _, err = run_torch(a, model, data, adapter if lora else None)
+        steps, _, err = run_torch(a, model, data, adapter if lora else None, prec)
         if err:
             failures.append(f"PyTorch {tag}: {err}")
             return
@@ -622,7 +645,7 @@ def measure(a, d, mode, model, data, hw, adapter, emit, failures):
 
     def run_offloaded(rep):
         nonlocal check, off_summary
-        extra = ["--budget", a.budget, "--hw", hw] + ([] if a.no_check else ["--check"])
+        extra = pre + ["--budget", a.budget, "--hw", hw] + ([] if a.no_check else ["--check"])
         steps, summ, err = run_steps(tide_cmd(a, model, data, extra), f"tide {d} offloaded rep {rep + 1}")
         if summ and "check_passed" in summ:
             check = summ["check_passed"] if check is None else (check and summ["check_passed"])
@@ -651,7 +674,8 @@ def measure(a, d, mode, model, data, hw, adapter, emit, failures):
     # the same work: step 0 (the same weights, adapters and tokens) agrees to
     # f32 rounding; later steps drift apart by the updates' rounding only
     loss_diff = abs(lt[0] - lp[0]) if lt and lp else None
-    loss_ok = None if loss_diff is None else loss_diff <= 1e-4 * max(1.0, abs(lp[0]))
+    loss_tol = 2e-3 if prec == "bf16" else 1e-4
+    loss_ok = None if loss_diff is None else loss_diff <= loss_tol * max(1.0, abs(lp[0]))
     if loss_ok is False:
         failures.append(f"{tag}: the step-0 losses differ (tide {lt[0]:.7f}, PyTorch {lp[0]:.7f}): "
                         f"the two sides do not do the same work")
@@ -716,6 +740,8 @@ def report(a, mach, ver, env, results, traced, dtypes, emit):
         dt = "tide f32, PyTorch f32" if r["dtype"] == "f32" else "tide bf16 (f32 masters and compute), PyTorch f32"
         if r["mode"] == "lora":
             dt = dt.replace("(f32 masters and compute)", "(f32 compute)")
+        if r.get("precision") == "bf16":
+            dt = (f"{r['dtype']} weights; tide --precision bf16, PyTorch autocast bf16")
         step = (f"LoRA r {r['lora_r']} (PyTorch + PEFT)" if r["mode"] == "lora" else "full")
         line = (f"| {r['config']} | {step} | {dt} | {r['threads']} | {f(r['load_average_min'], '%.1f')} to "
                 f"{f(r['load_average_max'], '%.1f')} | {f(r['tide_step_s'])} ({f(r['tide_step_min_s'])}) | "
@@ -736,7 +762,8 @@ def report(a, mach, ver, env, results, traced, dtypes, emit):
     print()
     for r in results:
         if r["loss0_tide"] is not None and r["loss0_torch"] is not None:
-            what = f"{r['dtype']} LoRA" if r["mode"] == "lora" else r["dtype"]
+            what = (f"{r['dtype']} LoRA" if r["mode"] == "lora" else r["dtype"]) + (
+                ", precision bf16" if r.get("precision") == "bf16" else "")
             more = (f"; largest over the {a.warmup + a.steps} steps {r['loss_max_diff']:.2e}"
                     if "loss_max_diff" in r else "")
             print(f"step-0 loss, {what}: tide {r['loss0_tide']:.6f}, PyTorch {r['loss0_torch']:.6f} "

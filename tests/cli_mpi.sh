@@ -36,7 +36,7 @@
 #     with --accum N (1e-5 relative, the counts equal); the text output's
 #     validation is rank 0's alone;
 #   - a save of 2 ranks resumed by 2 ranks is bit for bit the run that never
-#     stopped; one process with --accum 2 resumes it too; by 3 ranks x
+#     stopped (a LoRA one too); one process with --accum 2 resumes it too; by 3 ranks x
 #     --accum 1 (another number of micro-batches a step) it is refused,
 #     naming the accum;
 #   - a rank killed mid-step ends the job: mpirun exits non-zero naming rank
@@ -326,6 +326,23 @@ expect 0 "3 ranks resuming a 2-rank state fail" -- fails "${MPI[@]}" 3 "$TIDE" t
     --resume "$TMP/half" --out "$TMP/r3x"
 contains "$TMP/err" "accum" "another number of micro-batches is named"
 [ ! -e "$TMP/r3x" ] && PASSES=$((PASSES + 1)) || { echo "FAIL: a refused resume wrote"; FAILS=$((FAILS + 1)); }
+
+# LoRA resume over ranks (ZeRO-1: each rank resumes its shard of the
+# adapters' moments from the whole state rank 0 wrote): bit for bit the run
+# that never stopped
+expect 0 "LoRA 2 ranks, 2 steps" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" "${LORA[@]}" --steps 2 --zero 1 \
+    --out "$TMP/lohalf"
+expect 0 "LoRA 2 ranks resumed to 4" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 4 --zero 1 \
+    --resume "$TMP/lohalf" --out "$TMP/loresumed"
+grep '"step":3,' "$TMP/out" | sed 's/"tokens_per_s.*//' >"$TMP/lor.json"
+expect 0 "LoRA 2 ranks, 4 steps" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" "${LORA[@]}" --steps 4 --zero 1 \
+    --out "$TMP/lowhole"
+grep '"step":3,' "$TMP/out" | sed 's/"tokens_per_s.*//' >"$TMP/low.json"
+[ -s "$TMP/low.json" ] && PASSES=$((PASSES + 1)) || { echo "FAIL: no last LoRA step line"; FAILS=$((FAILS + 1)); }
+expect 0 "LoRA ranks' resumed last step equals the uninterrupted one" -- cmp "$TMP/lor.json" "$TMP/low.json"
+for f in adapter_model.safetensors optimizer.safetensors; do
+    expect 0 "LoRA ranks resumed $f bit for bit" -- cmp "$TMP/loresumed/$f" "$TMP/lowhole/$f"
+done
 
 # ZeRO-2 over micro-batches: each one's gradients reduce-scattered into the
 # shard; the steps of ZeRO-1's ranks and of one process's N*A; offloaded,
