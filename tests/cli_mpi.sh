@@ -35,6 +35,8 @@
 #     report on every rank the validation loss and targets of one process
 #     with --accum N (1e-5 relative, the counts equal); the text output's
 #     validation is rank 0's alone;
+#   - bf16 (--precision bf16): 3 ranks ZeRO-2 against one process's --accum 3
+#     within the f32 tolerances (the same roundings on both);
 #   - a save of 2 ranks resumed by 2 ranks is bit for bit the run that never
 #     stopped (a LoRA one too); one process with --accum 2 resumes it too; by 3 ranks x
 #     --accum 1 (another number of micro-batches a step) it is refused,
@@ -51,8 +53,9 @@ source "$(dirname "$0")/lib_cli.sh" "$1"
 : "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
 FX=$TIDE_FIXTURES/train/train-f32-gqa
 FXB=$TIDE_FIXTURES/train/train-bf16-gqa
+# f32 (the PyTorch fixtures' arithmetic); the bf16 case below asks for bf16
 HP=(--batch 2 --seq 16 --lr 1e-3 --min-lr 1e-4 --warmup 3 --weight-decay 0.1 --beta1 0.9 --beta2 0.95
-    --eps 1e-8 --grad-clip 1.0 --threads 1 --quiet --json)
+    --eps 1e-8 --grad-clip 1.0 --threads 1 --quiet --json --precision f32)
 RUN=(--model "$FX" --data "$FX/data.u16" "${HP[@]}")
 RUNB=(--model "$FXB" --data "$FXB/data.u16" "${HP[@]}")
 
@@ -326,6 +329,17 @@ expect 0 "3 ranks resuming a 2-rank state fail" -- fails "${MPI[@]}" 3 "$TIDE" t
     --resume "$TMP/half" --out "$TMP/r3x"
 contains "$TMP/err" "accum" "another number of micro-batches is named"
 [ ! -e "$TMP/r3x" ] && PASSES=$((PASSES + 1)) || { echo "FAIL: a refused resume wrote"; FAILS=$((FAILS + 1)); }
+
+# bf16 (--precision bf16): a micro-batch's gradients are the same numbers on
+# a rank as in one process (the loss scaled over the whole step's rows on
+# both), so 3 ranks ZeRO-2 train one process's --accum 3 within f32
+# summation order, bf16's roundings the same
+expect 0 "bf16 single --accum 3" -- "$TIDE" train "${RUN[@]}" --precision bf16 --steps 4 --accum 3 --out "$TMP/bf1"
+cp "$TMP/out" "$TMP/bf1.json"
+expect 0 "bf16 3 ranks ZeRO-2" -- "${MPI[@]}" 3 "$TIDE" train "${RUN[@]}" --precision bf16 --steps 4 --zero 2 \
+    --out "$TMP/bf3"
+cmp_steps "bf16 3 ranks ZeRO-2 vs --accum 3" "$TMP/out" "$TMP/bf1.json"
+cmp_params "bf16 3 ranks ZeRO-2 final parameters vs --accum 3" "$TMP/bf3" "$TMP/bf1"
 
 # LoRA resume over ranks (ZeRO-1: each rank resumes its shard of the
 # adapters' moments from the whole state rank 0 wrote): bit for bit the run

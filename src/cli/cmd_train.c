@@ -172,14 +172,15 @@ static const char help[] =
     "                      fast on a GPU, f32 on the CPU), f32 (weights widened,\n"
     "                      f32 products) or fast (bf16 activations times the\n"
     "                      weights as stored, f32 sums)\n"
-    "  --precision P       the step's arithmetic: f32 (default: everything f32),\n"
-    "                      bf16 (mixed precision as torch.autocast's bf16: every\n"
+    "  --precision P       the step's arithmetic: auto (default: bf16 on the CPU\n"
+    "                      backend where cpuid reports AVX512_BF16, else f32),\n"
+    "                      f32 (everything f32: PyTorch's f32 step) or bf16\n"
+    "                      (mixed precision as torch.autocast's bf16: every\n"
     "                      product on operands rounded to bf16 with f32 sums,\n"
     "                      the activations the backward keeps stored in bf16;\n"
     "                      norms, softmax, the loss, gradients, AdamW and the\n"
-    "                      master weights f32; the CPU backend, with AVX512_BF16\n"
-    "                      where cpuid reports it) or auto (bf16 on a CPU with\n"
-    "                      AVX512_BF16, else f32; docs/training.md, section 13)\n"
+    "                      master weights f32; the CPU backend only;\n"
+    "                      docs/training.md, section 13)\n"
     "  --threads N         CPU threads (default: all cores; under mpirun, give each\n"
     "                      rank its share)\n"
     "  --ranks N           data-parallel ranks: checked against the launch's (the\n"
@@ -628,7 +629,8 @@ static int check_lora_args(train_job *j) {
 static int parse_args(int argc, char **argv, train_job *j) {
     train_args *a = &j->a;
     *a = (train_args){.policy = "tide", .steps = 100, .batch = 4, .seq = 256, .accum = 1, .lr = 3e-4, .wd = 0.1,
-                      .zero = -1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0, .backend = TIDE_BACKEND_AUTO};
+                      .zero = -1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0, .backend = TIDE_BACKEND_AUTO,
+                      .precision = TIDE_PRECISION_AUTO};
     optind = 1;
     int c, rc_lora;
     seen_opts seen = {0};

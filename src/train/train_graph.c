@@ -385,7 +385,12 @@ static void loss_tile(train_build *s, int k, int targets, int loss) {
     int in2[2] = {s->h[k], s->fnorm.w};
     op(b, TIDE_OP_RMSNORM, 2, in2, 1, &hf, &np);
     int dhf = act(b, k, NT, "d_hf", Rk, D);
-    const float scale = (float)(1.0 / ((double)R * (double)s->o->accum));
+    /* over the rows of every micro-batch of the step, on every rank: a
+     * micro-batch's gradients are then the same numbers on N ranks with
+     * --accum A as in one process with --accum N*A, before any rounding
+     * (a bf16 step's products round them) */
+    const int nr = s->o->ranks > 1 ? s->o->ranks : 1;
+    const float scale = (float)(1.0 / ((double)R * (double)s->o->accum * (double)nr));
     const int64_t idx0 = (int64_t)k * s->ts * s->o->seq;
     if (hp->nb == 1) {
         param *P = &hp->b[0];

@@ -819,9 +819,10 @@ static tide_status prepare(tide_trainer *t) {
 
 /* Binds a step's batch and runs the step graph once. The loss is normalised
  * over the targets that are not ignored (< 0): the graph's cross-entropy is
- * scaled by 1 / (B*T*accum), so the trainer multiplies the loss, and through
- * hyper[3] the gradients the update uses, by B*T*accum / n (exactly 1 when no
- * target is ignored). measure_only: hyper[3] < 0, no update (an evaluation). */
+ * scaled by 1 / (B*T*accum*N) (N ranks, 1 without), so the trainer
+ * multiplies the loss, and through hyper[3] the gradients the update uses,
+ * by B*T*accum*N / n, n the whole step's targets (exactly 1 when no target
+ * is ignored). measure_only: hyper[3] < 0, no update (an evaluation). */
 static tide_status run_graph(tide_trainer *t, const int32_t *tokens, const int32_t *targets, bool measure_only,
                              double *loss_out, int64_t *n_out, double *wall_out, tide_exec_stats *es) {
     tide_status st;
@@ -861,7 +862,8 @@ static tide_status run_graph(tide_trainer *t, const int32_t *tokens, const int32
     }
     double lr = tide_train_lr(&t->o, t->step);
     double k = (double)(t->step + 1);
-    double factor = n_valid ? (double)(R * (size_t)so->accum) / (double)n_valid : 0.0;
+    const size_t nr = so->ranks > 1 ? (size_t)so->ranks : 1;
+    double factor = n_valid ? (double)(R * (size_t)so->accum * nr) / (double)n_valid : 0.0;
     t->hyper[0] = (float)lr;
     /* torch's step size: the f32 rate over the bias correction, in double */
     t->hyper[1] = (float)((double)t->hyper[0] / (1.0 - pow((double)so->beta1, k)));
@@ -953,7 +955,7 @@ tide_status train_read_tensor(tide_trainer *t, int i, void *dst) {
 }
 
 /* A gradient as the last step's update used it: the graph's, of the loss
- * over B*T*accum rows, times the step's factor (1 when no target was
+ * over B*T*accum*N rows, times the step's factor (1 when no target was
  * ignored). */
 static void scale_grad(const tide_trainer *t, int i, void *dst) {
     const tide_tensor *x = &t->g->tensors[i];
