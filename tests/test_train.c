@@ -305,6 +305,26 @@ static void test_graph(void **state) {
             n_five += op->n_in == 5;
         }
         assert_int_equal(n_ce, 4);   /* 2 tiles x 2 micro-batches */
+        /* each op's micro-batch: the one whose "mbM." tensors it touches;
+         * the optimizer's ops none */
+        bool opt = false;
+        int per_mb[2] = {0};
+        for (int i = 0; i < tide_graph_n_ops(g); i++) {
+            const tide_op *op = &g->ops[i];
+            opt = opt || op->kind == TIDE_OP_SUMSQ;
+            if (opt) {
+                assert_int_equal(op->micro_batch, -1);
+                continue;
+            }
+            assert_true(op->micro_batch == 0 || op->micro_batch == 1);
+            per_mb[op->micro_batch]++;
+            for (int j = 0; j < op->n_in + op->n_out; j++) {
+                const char *nm = tide_graph_tensor_name(g, j < op->n_in ? op->in[j] : op->out[j - op->n_in]);
+                if (!strncmp(nm, "mb", 2) && nm[2] >= '0' && nm[2] <= '9' && nm[3] == '.')
+                    assert_int_equal(nm[2] - '0', op->micro_batch);
+            }
+        }
+        assert_true(opt && per_mb[0] > 0 && per_mb[0] == per_mb[1]);
         assert_int_equal(n_five, 2); /* each micro-batch's second tile adds into its loss */
         tide_graph_free(g0);
         tide_graph_free(g);

@@ -196,6 +196,7 @@ tide_status tide_graph_add_op_args(tide_graph *g, tide_op_kind kind, int n_in, c
     if (n_out) memcpy(op->out, out, (size_t)n_out * sizeof *out);
     op->p = *p;
     op->layer = layer;
+    op->micro_batch = -1;
     op->flops = flops;
     op->scratch_bytes = d->scratch ? d->scratch(g, op) : 0;
     if (id) *id = g->n_ops;

@@ -104,6 +104,9 @@ typedef struct tide_op {
     int out[TIDE_OP_MAX_OUT];
     tide_op_args p;
     int layer;    /* decoder layer, -1 for none */
+    int micro_batch; /* a training step's micro-batch (0 .. accum - 1) whose
+                        forward, loss or backward the op computes; -1 for
+                        none (inference, the optimizer) */
     double flops; /* estimated floating-point operations */
     uint64_t scratch_bytes; /* backend workspace the op needs besides its tensors */
 } tide_op;

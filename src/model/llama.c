@@ -223,7 +223,8 @@ tide_status tide_llama_build(tide_ctx *ctx, const tide_llama_config *cfg,
     llama_acts *acts = tide_calloc((size_t)NT, sizeof *acts);
     llama_wsplit *ws = tide_malloc(sizeof *ws);
     int *kc = tide_calloc((size_t)B * 2, sizeof *kc), *vc = kc ? kc + B : NULL;
-    llama_builder b = {.g = acts && ws && kc ? tide_graph_new(ctx) : NULL, .layer = -1, .prefix = "", .wcfg = cfg};
+    llama_builder b = {.g = acts && ws && kc ? tide_graph_new(ctx) : NULL, .layer = -1, .prefix = "", .wcfg = cfg,
+                       .micro_batch = -1};
     if (!b.g) {
         tide_free(tl);
         tide_free(acts);

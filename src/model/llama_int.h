@@ -34,6 +34,7 @@ typedef struct llama_builder {
     tide_status st;
     int layer;
     const char *prefix; /* activation names start with it ("" or "mbM.") */
+    int micro_batch;    /* the ops' tide_op.micro_batch (-1: none) */
     const tide_llama_config *wcfg; /* set: each weight's dtype is
                                       tide_llama_weight_dtype(wcfg, name), not
                                       the one the caller gives */

@@ -39,7 +39,9 @@ void llama_op(llama_builder *b, tide_op_kind kind, int n_in, const int *in, int 
         a.bf16 = true;
         p = &a;
     }
-    b->st = tide_graph_add_op_args(b->g, kind, n_in, in, n_out, out, p, b->layer, NULL);
+    int id = -1;
+    b->st = tide_graph_add_op_args(b->g, kind, n_in, in, n_out, out, p, b->layer, &id);
+    if (!b->st) b->g->ops[id].micro_batch = b->micro_batch;
 }
 
 int llama_weight(llama_builder *b, tide_dtype dt, int64_t d0, int64_t d1, const char *fmt, int layer) {

@@ -538,6 +538,7 @@ static void micro_batch(train_build *s, int m) {
     char nm[64], prefix[24];
     snprintf(prefix, sizeof prefix, "mb%d.", m);
     b->prefix = prefix;
+    b->micro_batch = m;
     b->layer = -1;
     snprintf(nm, sizeof nm, "tokens.%d", m);
     int tokens = tensor(b, nm, TIDE_I32, TIDE_ROLE_INPUT, 2, B, T);
@@ -563,6 +564,7 @@ static void micro_batch(train_build *s, int m) {
             P->written = true;
         }
     b->prefix = "";
+    b->micro_batch = -1;
 }
 
 /* The optimizer, parameters in checkpoint order: grad_sumsq, then AdamW. */
@@ -634,7 +636,7 @@ tide_status tide_llama_build_train(tide_ctx *ctx, const tide_llama_config *cfg, 
     /* row tiles: runs of ts whole sequences of each micro-batch */
     const int ts = o->tile_seqs > 0 && o->tile_seqs < B ? o->tile_seqs : B, NT = (B + ts - 1) / ts;
     const bool bf16 = o->precision == TIDE_PRECISION_BF16;
-    train_build s = {.b = {.g = tide_graph_new(ctx), .layer = -1, .prefix = "", .bf16 = bf16,
+    train_build s = {.b = {.g = tide_graph_new(ctx), .layer = -1, .prefix = "", .micro_batch = -1, .bf16 = bf16,
                            .kept_dt = bf16 ? TIDE_BF16 : TIDE_F32},
                      .cfg = cfg, .o = o, .ts = ts, .NT = NT};
     s.lp = tide_calloc((size_t)NL * P_LAYER, sizeof *s.lp);

@@ -86,30 +86,13 @@ static void grad_collective(rank_build *b, int t, int layer) {
     else add_op(b, TIDE_OP_REDUCE_SCATTER, 1, &x, 1, &b->shard[t], &a, layer);
 }
 
-/* The micro-batch of tensor name nm: M of "mbM." or of "tokens.M",
- * "targets.M", "loss.M" (-1: none). */
-static int name_mb(const char *nm) {
-    static const char *const pre[] = {"mb", "tokens.", "targets.", "loss."};
-    for (size_t k = 0; k < sizeof pre / sizeof pre[0]; k++) {
-        size_t n = strlen(pre[k]);
-        if (strncmp(nm, pre[k], n) || nm[n] < '0' || nm[n] > '9') continue;
-        char *end;
-        long m = strtol(nm + n, &end, 10);
-        if ((k == 0 && *end == '.') || (k > 0 && *end == '\0')) return m < (1 << 20) ? (int)m : -1;
-    }
-    return -1;
-}
-
-/* Each op before the optimizer's micro-batch (the largest its tensors name;
- * an op naming none, the one before it), and their number. */
+/* Each op before the optimizer's micro-batch (tide_op.micro_batch, set by
+ * the step's builder; an op with none, the one before it), and their
+ * number. */
 static int op_mbs(const tide_graph *g, int first_opt, int *mb) {
     int cur = 0, n = 1;
     for (int i = 0; i < first_opt; i++) {
-        const tide_op *op = &g->ops[i];
-        int m = -1;
-        for (int k = 0; k < op->n_in; k++) m = TIDE_MAX(m, name_mb(g->tensors[op->in[k]].name));
-        for (int k = 0; k < op->n_out; k++) m = TIDE_MAX(m, name_mb(g->tensors[op->out[k]].name));
-        if (m >= 0) cur = m;
+        if (g->ops[i].micro_batch >= 0) cur = g->ops[i].micro_batch;
         mb[i] = cur;
         n = TIDE_MAX(n, cur + 1);
     }
