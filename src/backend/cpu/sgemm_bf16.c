@@ -325,8 +325,9 @@ static const bg_kernel bg_avx2 = {"avx2 (bf16 pairs widened, fma)", BGP_MR, BGP_
  *
  * Linux lends the tile registers to a process that asks (arch_prctl
  * ARCH_REQ_XCOMP_PERM, once for all its threads); refused, the products run
- * on VDPBF16PS. Each call configures the tiles on its thread and releases
- * them at the end.
+ * on VDPBF16PS. Each thread of a call configures the tiles and releases
+ * them at its end. The path blocks the whole product itself (tk_gemm_grid's
+ * tiles are the other paths'), the same bits whatever the blocking.
  */
 #include <stdatomic.h>
 #include <sys/syscall.h>
@@ -337,10 +338,9 @@ static const bg_kernel bg_avx2 = {"avx2 (bf16 pairs widened, fma)", BGP_MR, BGP_
 #define BGA_TILE 256 /* 32-bit pairs a tile: 16 rows of 16 */
 #define BGA_GROUP 32 /* rows of op(A) (columns of op(B)) a packed group: two tiles */
 #define BGA_KC 512   /* k a cache block (a multiple of 2 * BGA_STEP) */
-#define BGA_MC 2048  /* rows of op(A) packed at once */
 #define BGA_NC 256   /* columns of op(B) a work item */
 _Static_assert(BGA_KC % (2 * BGA_STEP) == 0, "cache blocks of whole steps");
-_Static_assert(BGA_MC % BGA_GROUP == 0 && BGA_NC % BGA_GROUP == 0, "blocks of whole groups");
+_Static_assert(BGA_NC % BGA_GROUP == 0, "panels of whole groups");
 /* pairs of one group over a whole cache block: 32 KiB, the stack's share */
 #define BGA_GROUP_PAIRS (BGA_KC / 32 * 2 * BGA_TILE)
 
@@ -567,64 +567,81 @@ TK_AMX static void bga_block_at(int64_t steps, bga_arows a, const uint32_t *b, f
 
 /*
  * C (M x N, K >= 1) = the tile sums of the section's header, from C's
- * elements with beta, else from 0 (C not read), on nt threads. For each
- * cache block of k and up to BGA_MC rows of op(A) at a time, work items
- * (a panel of up to BGA_NC columns, or where there are few panels a part of
- * its rows) each round and pack their panel of op(B) once and run it
- * against the packed groups of rows. Where there are several panels, the
- * rows are packed once beforehand, the threads sharing them; where one
- * panel spans N (a thin product), each item packs its own groups of rows
- * as it goes, one at a time (so they stay in the first-level cache). Where
- * the room cannot be had, the same on the calling thread with one group of
- * each from the stack, to the same bits.
+ * elements with beta, else from 0 (C not read), on nt threads, in one
+ * parallel region for every BGA_A_BYTES of packed rows (one, for a step's
+ * products). For each cache block of k in turn, work items (a panel of up
+ * to BGA_NC columns, or where there are few panels a part of its rows)
+ * each pack their panel of op(B) for the block once and run it against the
+ * packed groups of rows. Where there are several panels, the
+ * rows are rounded and packed once beforehand, over all of K, the threads
+ * sharing them; where one panel spans N (a thin product), each item packs
+ * its own groups of rows as it goes, one at a time (so they stay in the
+ * first-level cache), or reads bf16 rows along k in place. Where the room
+ * cannot be had, the same on the calling thread with one group of each from
+ * the stack, to the same bits.
  */
+#define BGA_A_BYTES ((int64_t)16 << 20)
 static void bga_gemm(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64_t K, bool beta, float *C,
                      int64_t ldc, int nt) {
     const int64_t kcb = TIDE_MIN(round_up(K, 32), (int64_t)BGA_KC), steps_max = kcb / 32;
-    int64_t mcb = TIDE_MIN(round_up(M, BGA_GROUP), (int64_t)BGA_MC);
+    const int64_t nkb = (K + kcb - 1) / kcb;   /* cache blocks of k */
+    const int64_t gp = steps_max * 2 * BGA_TILE; /* pairs of a group over a block */
+    /* rows packed at once: their pairs over all of K within BGA_A_BYTES */
+    const int64_t mcap = TIDE_MAX((int64_t)1, BGA_A_BYTES / (nkb * gp * 4)) * BGA_GROUP;
+    int64_t mcb = TIDE_MIN(round_up(M, BGA_GROUP), mcap);
     /* few rows: each panel of B serves them alone, so narrower panels
      * (kept in the first-level cache) */
     int64_t ncb = TIDE_MIN(round_up(N, BGA_GROUP), M <= 2 * BGA_GROUP ? (int64_t)2 * BGA_GROUP : (int64_t)BGA_NC);
-    const int64_t gp = steps_max * 2 * BGA_TILE; /* pairs of a group */
     if (nt < 1) nt = 1;
-    /* the rows' groups, the threads' panels of B and one group of rows each */
-    uint32_t *own = tide_malloc_aligned(
-        (size_t)((mcb / BGA_GROUP) * gp + nt * (ncb / BGA_GROUP) * gp + nt * gp) * sizeof(uint32_t), 64);
+    const bool few_panels = (N + ncb - 1) / ncb == 1;
+    /* the rows' groups (several panels only), the threads' panels of B and
+     * one group of rows each */
+    const int64_t a_n = few_panels ? 0 : (mcb / BGA_GROUP) * nkb * gp;
+    uint32_t *own = tide_malloc_aligned((size_t)(a_n + nt * (ncb / BGA_GROUP) * gp + nt * gp) * sizeof(uint32_t), 64);
     _Alignas(64) uint32_t stack[2 * BGA_GROUP_PAIRS];
-    uint32_t *abuf = own, *bbuf = own ? own + (mcb / BGA_GROUP) * gp : NULL, *gbuf = NULL;
+    uint32_t *abuf = own, *bbuf = own ? own + a_n : NULL, *gbuf = NULL;
     if (own) {
         gbuf = bbuf + nt * (ncb / BGA_GROUP) * gp;
     } else {
         mcb = ncb = BGA_GROUP;
         nt = 1;
-        abuf = gbuf = stack;
+        gbuf = stack;
         bbuf = stack + BGA_GROUP_PAIRS;
     }
-    for (int64_t pc = 0; pc < K; pc += kcb) {
-        const int64_t kc = TIDE_MIN(kcb, K - pc), steps = round_up(kc, 32) / 32, gs = steps * 2 * BGA_TILE;
-        const bool load = pc > 0 || beta;
-        for (int64_t ic = 0; ic < M; ic += mcb) {
-            const int64_t mc = TIDE_MIN(mcb, M - ic), ng = round_up(mc, BGA_GROUP) / BGA_GROUP;
-            const int64_t npan = (N + ncb - 1) / ncb;
-            /* parts of the rows an item: enough items for the threads */
-            const int64_t parts = nt > 1 && npan < 2 * nt ? TIDE_MIN(ng, (2 * nt + npan - 1) / npan) : 1;
-            const int64_t items = npan * parts;
-            const bool shared = npan > 1;
-            /* bf16 rows along k in whole steps: already tile rows */
-            const bool direct = A->dt == TIDE_BF16 && !A->t && kc % 32 == 0;
-            bg_op a = *A;
-            a.p = bg_at(A, A->t ? ic : ic * A->ld);
+    const int64_t npan = (N + ncb - 1) / ncb;
+    const bool shared = own && npan > 1;
+    for (int64_t ic = 0; ic < M; ic += mcb) {
+        const int64_t mc = TIDE_MIN(mcb, M - ic), ng = round_up(mc, BGA_GROUP) / BGA_GROUP;
+        /* parts of the rows an item: enough items for the threads */
+        const int64_t parts = nt > 1 && npan < 2 * nt ? TIDE_MIN(ng, (2 * nt + npan - 1) / npan) : 1;
+        const int64_t items = npan * parts;
+        bg_op a = *A;
+        a.p = bg_at(A, A->t ? ic : ic * A->ld);
 #pragma omp parallel num_threads(nt) if (nt > 1 && (ng > 1 || items > 1))
-            {
-                const int tid = omp_get_thread_num();
-                if (shared) {
-                    /* the rows' groups, packed by all the threads at once */
-#pragma omp for schedule(static)
-                    for (int64_t g = 0; g < ng; g++) bga_pack(&a, false, 0, mc, g, g + 1, pc, kc, steps, abuf);
+        {
+            const int tid = omp_get_thread_num();
+            if (shared) {
+                /* the rows' groups over every block of k, packed by all the
+                 * threads at once */
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t gb = 0; gb < ng * nkb; gb++) {
+                    const int64_t kb = gb / ng, g = gb % ng, pc = kb * kcb, kc = TIDE_MIN(kcb, K - pc);
+                    bga_pack(&a, false, g * BGA_GROUP, mc - g * BGA_GROUP, 0, 1, pc, kc, round_up(kc, 32) / 32,
+                             abuf + gb * gp);
                 }
-                bga_config_tiles();
-                uint32_t *bp = bbuf + (size_t)tid * (size_t)((ncb / BGA_GROUP) * gp);
-                uint32_t *ag = gbuf + (size_t)tid * (size_t)gp;
+            }
+            bga_config_tiles();
+            uint32_t *bp = bbuf + (size_t)tid * (size_t)((ncb / BGA_GROUP) * gp);
+            uint32_t *ag = gbuf + (size_t)tid * (size_t)gp;
+            /* block by block of k (the threads sharing its packed rows in
+             * the second-level caches): an item's columns take the blocks
+             * in order, each after the last (the loop's barrier) */
+            for (int64_t kb = 0; kb < nkb; kb++) {
+                const int64_t pc = kb * kcb, kc = TIDE_MIN(kcb, K - pc), steps = round_up(kc, 32) / 32;
+                const int64_t gs = steps * 2 * BGA_TILE;
+                const bool load = pc > 0 || beta;
+                /* bf16 rows along k in whole steps: already tile rows */
+                const bool direct = A->dt == TIDE_BF16 && !A->t && kc % 32 == 0;
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t it = 0; it < items; it++) {
                     const int64_t pan = it / parts, part = it % parts;
@@ -635,12 +652,13 @@ static void bga_gemm(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64
                     bga_pack(&b, true, 0, nc, 0, nb, pc, kc, steps, bp);
                     for (int64_t g = g0; g < g1; g++) {
                         const int64_t r0 = g * BGA_GROUP, rows = TIDE_MIN((int64_t)BGA_GROUP, mc - r0);
-                        bga_arows ap = bga_packed(abuf + g * gs);
-                        if (!shared && direct && (rows == 32 || rows == 16)) {
+                        bga_arows ap;
+                        if (shared) {
+                            ap = bga_packed(abuf + (kb * ng + g) * gp);
+                        } else if (direct && (rows == 32 || rows == 16)) {
                             /* a thin product's bf16 rows, read in place */
-                            const uint8_t *row = a.p + (size_t)(r0 * a.ld + pc) * 2;
-                            ap = (bga_arows){row, 64, 16 * a.ld * 2, a.ld * 2};
-                        } else if (!shared) {
+                            ap = (bga_arows){a.p + (size_t)(r0 * a.ld + pc) * 2, 64, 16 * a.ld * 2, a.ld * 2};
+                        } else {
                             bga_pack(&a, false, r0, mc - r0, 0, 1, pc, kc, steps, ag);
                             ap = bga_packed(ag);
                         }
@@ -651,8 +669,8 @@ static void bga_gemm(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64
                         }
                     }
                 }
-                bga_release();
             }
+            bga_release();
         }
     }
     if (own) tide_free_aligned(own);
