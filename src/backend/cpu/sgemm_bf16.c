@@ -434,15 +434,50 @@ TK_AMX static inline void bga_transpose(__m512i v[16]) {
     for (int i = 0; i < 16; i++) v[i] = t[i];
 }
 
+#define TK_AMXCVT \
+    __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
+
+/* bga_pack_tile's lines along k for f32 lines with a whole step of k left
+ * (32), on a CPU with AVX512_BF16: VCVTNE2PS2BF16 rounds 32 floats at once
+ * to nearest even as bg_round does, except that it flushes a subnormal to
+ * zero and may treat a NaN its own way; a vector holding either goes
+ * bg_round's way, so the bits are the same. */
+TK_AMXCVT static void bga_pack_tile_cvt(const float *p, int64_t ld, bool b, int64_t nl, uint32_t *d) {
+    __m512i v[16];
+    for (int64_t l = 0; l < 16; l++) {
+        if (l >= nl) {
+            v[l] = _mm512_setzero_si512();
+            continue;
+        }
+        const float *row = p + l * ld;
+        const __m512 lo = _mm512_loadu_ps(row), hi = _mm512_loadu_ps(row + 16);
+        /* 0xa1: quiet NaN, signalling NaN, subnormal */
+        if (_mm512_fpclass_ps_mask(lo, 0xa1) | _mm512_fpclass_ps_mask(hi, 0xa1)) {
+            __m512i a = bga_round16((const uint8_t *)row, TIDE_F32, 16);
+            __m512i c = bga_round16((const uint8_t *)(row + 16), TIDE_F32, 16);
+            v[l] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a)), _mm512_cvtepi32_epi16(c), 1);
+        } else {
+            v[l] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+        }
+    }
+    if (b) bga_transpose(v);
+    for (int i = 0; i < 16; i++) _mm512_store_si512((void *)(d + i * 16), v[i]);
+}
+
 /* One tile of op(X): lines [l0, l0 + nl) (rows of op(A), or columns of
  * op(B) with `b`) and pairs of k from k0 (kn of the k left, the rest
  * zeros), into d in A's layout or, with `b`, in B's. */
-TK_AMX static void bga_pack_tile(const bg_op *o, bool b, int64_t l0, int64_t nl, int64_t k0, int64_t kn, uint32_t *d) {
+TK_AMX static void bga_pack_tile(const bg_op *o, bool b, int64_t l0, int64_t nl, int64_t k0, int64_t kn, bool cvt,
+                                 uint32_t *d) {
     __m512i v[16];
     const size_t es = o->dt == TIDE_F32 ? 4 : 2;
 #define BGA_AT(i) (o->p + (size_t)(i) * es)
     /* does a line run along k in memory? (op(A) plain, op(B) transposed) */
     const bool along = b ? o->t : !o->t;
+    if (along && o->dt == TIDE_F32 && kn >= 32 && cvt) {
+        bga_pack_tile_cvt((const float *)(const void *)BGA_AT(l0 * o->ld + k0), o->ld, b, nl, d);
+        return;
+    }
     if (along) {
         /* v[line]: its 16 pairs, as they lie */
         for (int64_t l = 0; l < 16; l++) {
@@ -481,6 +516,7 @@ TK_AMX static void bga_pack_tile(const bg_op *o, bool b, int64_t l0, int64_t nl,
  * steps (kc2p = 16 * steps pairs). */
 TK_AMX static void bga_pack(const bg_op *o, bool b, int64_t l0, int64_t nl, int64_t g0, int64_t g1, int64_t p0,
                             int64_t kc, int64_t steps, uint32_t *d) {
+    const bool cvt = tk_cpu_has(TK_CPU_AVX512BF16);
     for (int64_t g = g0; g < g1; g++)
         for (int64_t s = 0; s < steps; s++)
             for (int64_t h = 0; h < 2; h++) {
@@ -490,7 +526,7 @@ TK_AMX static void bga_pack(const bg_op *o, bool b, int64_t l0, int64_t nl, int6
                     memset(t, 0, BGA_TILE * sizeof(uint32_t));
                     continue;
                 }
-                bga_pack_tile(o, b, l0 + l, TIDE_MIN((int64_t)16, nl - l), p0 + 32 * s, kc - 32 * s, t);
+                bga_pack_tile(o, b, l0 + l, TIDE_MIN((int64_t)16, nl - l), p0 + 32 * s, kc - 32 * s, cvt, t);
             }
 }
 
