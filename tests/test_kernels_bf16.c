@@ -17,7 +17,11 @@
  *     bf16-rounded operands (so the rounding of the operands is there,
  *     and nothing else is lost).
  *   - The same bits on 1, 2 and 3 threads and for any block of rows and
- *     columns computed alone, on each path.
+ *     columns computed alone, on each path, for square and thin products
+ *     (a few columns or rows: LoRA's rank 16 and below), each operand
+ *     dtype and form, and more rows than one packed block.
+ *   - On AMX: a product split at a multiple of 32 k, its second part added
+ *     with beta, is the whole product bit for bit (the documented order).
  *   - tk_matmul_bf16: a bf16 output is the f32 result rounded once to
  *     nearest even, whatever room it is formed in (a one-row scratch, none),
  *     the accumulating form adds to the widened output first; MATMUL_GRADW's
@@ -186,7 +190,8 @@ static void check_case(int64_t M, int64_t N, int64_t K, bool ta, bool tb, tide_d
 static void test_forms(void **state) {
     (void)state;
     static const int64_t shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {13, 33, 17}, {12, 32, 256}, {30, 70, 257},
-                                        {25, 40, 600}, {200, 9, 31}, {20, 40, 1100}};
+                                        {25, 40, 600}, {200, 9, 31}, {20, 40, 1100}, {48, 16, 1056},
+                                        {40, 24, 544}, {17, 48, 96}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int f = 0; f < 4; f++) {
             bool ta = f & 1, tb = f & 2;
@@ -204,28 +209,56 @@ static void test_large(void **state) {
     check_case(200, 2100, 40, false, true, TIDE_F32, TIDE_BF16, false);
 }
 
-static void threads_tiles(void) {
-    const int64_t M = 300, N = 200, K = 1100;
-    mat A = mat_new(TIDE_BF16, M, K, 0), B = mat_new(TIDE_F32, N, K, 0);
+/* Element (r, c) of op(X) for a matrix of m: the address. */
+static const void *at(const mat *m, bool t, int64_t r, int64_t c) {
+    return (const uint8_t *)m->p + (size_t)(t ? c * m->ld + r : r * m->ld + c) * tide_dtype_size(m->dt);
+}
+
+/* One shape: the same bits on 1, 2 and 3 threads, and for the block of
+ * rows r0.. and columns c0.. computed alone (with and without beta). */
+static void threads_tiles_case(int64_t M, int64_t N, int64_t K, bool ta, bool tb, tide_dtype adt, tide_dtype bdt,
+                               int64_t r0, int64_t c0) {
+    mat A = ta ? mat_new(adt, K, M, 0) : mat_new(adt, M, K, 0);
+    mat B = tb ? mat_new(bdt, N, K, 0) : mat_new(bdt, K, N, 0);
     float *C1 = calloc((size_t)(M * N), sizeof(float)), *C = calloc((size_t)(M * N), sizeof(float));
     assert_non_null(C1);
     assert_non_null(C);
-    tk_gemm_bf16(false, true, M, N, K, A.p, A.dt, K, B.p, B.dt, K, false, C1, N, 1);
+    tk_gemm_bf16(ta, tb, M, N, K, A.p, adt, A.ld, B.p, bdt, B.ld, false, C1, N, 1);
     for (int nt = 2; nt <= 3; nt++) {
         memset(C, 0, (size_t)(M * N) * sizeof(float));
-        tk_gemm_bf16(false, true, M, N, K, A.p, A.dt, K, B.p, B.dt, K, false, C, N, nt);
-        assert_memory_equal(C, C1, (size_t)(M * N) * sizeof(float));
+        tk_gemm_bf16(ta, tb, M, N, K, A.p, adt, A.ld, B.p, bdt, B.ld, false, C, N, nt);
+        if (memcmp(C, C1, (size_t)(M * N) * sizeof(float)))
+            fail_msg("%s: M %lld N %lld K %lld ta %d tb %d: %d threads change the bits", tk_gemm_bf16_path(),
+                     (long long)M, (long long)N, (long long)K, ta, tb, nt);
     }
-    /* rows 37.. and columns 64.. computed alone */
-    memset(C, 0, (size_t)(M * N) * sizeof(float));
-    tk_gemm_bf16(false, true, M - 37, N - 64, K, (const uint16_t *)A.p + 37 * K, A.dt, K,
-                 (const float *)B.p + 64 * K, B.dt, K, false, C, N - 64, 2);
-    for (int64_t i = 0; i < M - 37; i++)
-        assert_memory_equal(C + i * (N - 64), C1 + (i + 37) * N + 64, (size_t)(N - 64) * sizeof(float));
+    /* rows r0.. and columns c0.. alone */
+    const int64_t m = M - r0, n = N - c0;
+    for (int beta = 0; beta < 2; beta++) {
+        for (int64_t i = 0; i < m * n; i++) C[i] = beta ? 0.0f : NAN;
+        tk_gemm_bf16(ta, tb, m, n, K, at(&A, ta, r0, 0), adt, A.ld, at(&B, tb, 0, c0), bdt, B.ld, beta, C, n, 2);
+        for (int64_t i = 0; i < m; i++)
+            if (memcmp(C + i * n, C1 + (i + r0) * N + c0, (size_t)n * sizeof(float)))
+                fail_msg("%s: M %lld N %lld K %lld ta %d tb %d: rows %lld.. and columns %lld.. alone (beta %d) "
+                         "change row %lld", tk_gemm_bf16_path(), (long long)M, (long long)N, (long long)K, ta, tb,
+                         (long long)r0, (long long)c0, beta, (long long)i);
+    }
     free(A.p);
     free(B.p);
     free(C1);
     free(C);
+}
+
+static void threads_tiles(void) {
+    threads_tiles_case(300, 200, 1100, false, true, TIDE_BF16, TIDE_F32, 37, 64);
+    /* thin products (LoRA's rank 16 and below): few columns, few rows */
+    threads_tiles_case(300, 16, 2048, false, true, TIDE_BF16, TIDE_F32, 37, 0);
+    threads_tiles_case(100, 5, 640, false, true, TIDE_BF16, TIDE_BF16, 16, 2);
+    threads_tiles_case(70, 20, 1000, false, false, TIDE_BF16, TIDE_F32, 9, 3);
+    threads_tiles_case(16, 300, 700, true, false, TIDE_F32, TIDE_BF16, 0, 33);
+    threads_tiles_case(20, 600, 513, true, false, TIDE_F32, TIDE_F32, 3, 100);
+    threads_tiles_case(48, 90, 96, false, false, TIDE_F16, TIDE_F32, 16, 32);
+    /* more rows than one packed block of them (2048) */
+    threads_tiles_case(2100, 300, 64, false, true, TIDE_F32, TIDE_F32, 1000, 17);
 }
 
 static void test_threads_tiles(void **state) {
@@ -233,6 +266,39 @@ static void test_threads_tiles(void **state) {
     for (int p = 0; p < n_paths(); p++)
         if (enter_path(p)) threads_tiles();
     leave_paths();
+}
+
+/* The AMX order (sgemm_bf16.c): an element's tile sum runs from C's element
+ * (with beta) over steps of 32 consecutive k from k = 0; so a product
+ * split at a multiple of 32 k, the second part added with beta, is the
+ * whole product bit for bit (whatever the cache blocks of k). */
+static void test_amx_order(void **state) {
+    (void)state;
+    if (!on_amx()) skip();
+    static const int64_t cuts[] = {32, 160, 512, 544, 1024};
+    const int64_t M = 70, N = 50, K = 1100;
+    for (int f = 0; f < 4; f++) {
+        const bool ta = f & 1, tb = f & 2;
+        mat A = ta ? mat_new(TIDE_F32, K, M, 1) : mat_new(TIDE_BF16, M, K, 1);
+        mat B = tb ? mat_new(TIDE_BF16, N, K, 2) : mat_new(TIDE_F32, K, N, 2);
+        float *C1 = calloc((size_t)(M * N), sizeof(float)), *C = calloc((size_t)(M * N), sizeof(float));
+        assert_non_null(C1);
+        assert_non_null(C);
+        tk_gemm_bf16(ta, tb, M, N, K, A.p, A.dt, A.ld, B.p, B.dt, B.ld, false, C1, N, 2);
+        for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+            const int64_t k1 = cuts[c];
+            tk_gemm_bf16(ta, tb, M, N, k1, A.p, A.dt, A.ld, B.p, B.dt, B.ld, false, C, N, 1);
+            tk_gemm_bf16(ta, tb, M, N, K - k1, at(&A, ta, 0, k1), A.dt, A.ld, at(&B, tb, k1, 0), B.dt, B.ld, true, C,
+                         N, 2);
+            if (memcmp(C, C1, (size_t)(M * N) * sizeof(float)))
+                fail_msg("ta %d tb %d: K %lld split at %lld (beta) is not the whole product's bits", ta, tb,
+                         (long long)K, (long long)k1);
+        }
+        free(A.p);
+        free(B.p);
+        free(C1);
+        free(C);
+    }
 }
 
 static void test_matmul_bf16(void **state) {
@@ -319,6 +385,7 @@ int main(void) {
         cmocka_unit_test(test_forms),
         cmocka_unit_test(test_large),
         cmocka_unit_test(test_threads_tiles),
+        cmocka_unit_test(test_amx_order),
         cmocka_unit_test(test_matmul_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

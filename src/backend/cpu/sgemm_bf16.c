@@ -325,22 +325,24 @@ static const bg_kernel bg_avx2 = {"avx2 (bf16 pairs widened, fma)", BGP_MR, BGP_
  *
  * Linux lends the tile registers to a process that asks (arch_prctl
  * ARCH_REQ_XCOMP_PERM, once for all its threads); refused, the products run
- * on VDPBF16PS. Each call configures the tiles on its thread and releases
- * them at the end.
+ * on VDPBF16PS. Each thread of a call configures the tiles and releases
+ * them at its end. The path blocks the whole product itself (tk_gemm_grid's
+ * tiles are the other paths'), the same bits whatever the blocking.
  */
 #include <stdatomic.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #define TK_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx2,fma")))
-#define BGA_MR 32
-#define BGA_NR 32
 #define BGA_STEP 16  /* pairs of k per TDPBF16PS */
-#define BGA_KC 1024  /* cache blocks: k (a multiple of 2 * BGA_STEP) */
-#define BGA_MC 128   /* rows */
-#define BGA_NC 512   /* columns */
-#define BGA_STACK ((BGA_MR + BGA_NR) * BGA_KC / 2)
+#define BGA_TILE 256 /* 32-bit pairs a tile: 16 rows of 16 */
+#define BGA_GROUP 32 /* rows of op(A) (columns of op(B)) a packed group: two tiles */
+#define BGA_KC 512   /* k a cache block (a multiple of 2 * BGA_STEP) */
+#define BGA_NC 256   /* columns of op(B) a work item */
 _Static_assert(BGA_KC % (2 * BGA_STEP) == 0, "cache blocks of whole steps");
+_Static_assert(BGA_NC % BGA_GROUP == 0, "panels of whole groups");
+/* pairs of one group over a whole cache block: 32 KiB, the stack's share */
+#define BGA_GROUP_PAIRS (BGA_KC / 32 * 2 * BGA_TILE)
 
 static atomic_int bga_perm; /* 0: not asked yet, 1 granted, -1 refused */
 
@@ -374,127 +376,339 @@ TK_AMX static void bga_config_tiles(void) { _tile_loadconfig(&bga_cfg); }
 
 TK_AMX static void bga_release(void) { _tile_release(); }
 
-/* Rows [i0, i0 + mc) of op(A), k in [p0, p0 + kc), as rows of kc2p pairs:
- * row r's pair p at d[r * kc2p + p]; rows up to mc rounded up to BGA_MR and
- * the pairs past ceil(kc / 2) zeros. */
-static void bga_pack_a(const bg_op *o, int64_t i0, int64_t mc, int64_t p0, int64_t kc, int64_t kc2p, uint32_t *d) {
-    const int64_t kc2 = (kc + 1) / 2, mcp = round_up(mc, BGA_MR);
-    memset(d + mc * kc2p, 0, (size_t)((mcp - mc) * kc2p) * sizeof(uint32_t));
-    if (!o->t) {
-        /* a row's pairs are its bf16 elements in order */
-        for (int64_t r = 0; r < mc; r++) {
-            uint32_t *q = d + r * kc2p;
-            bg_row(bg_at(o, (i0 + r) * o->ld + p0), o->dt, kc, (uint16_t *)(void *)q);
-            if (kc & 1) ((uint16_t *)(void *)q)[kc] = 0;
-            for (int64_t p = kc2; p < kc2p; p++) q[p] = 0;
+/*
+ * The packed layout. A step is 16 pairs of k (32 consecutive k); a group is
+ * 32 rows of op(A), or 32 columns of op(B), as two tiles of 16. A packed
+ * block of g groups over s steps is g * s * 2 tiles, group-major, then step,
+ * then the half (rows or columns 0-15, 16-31), each tile 1 KiB contiguous:
+ *   A's tile: row r's pair q at r * 16 + q (TDPBF16PS's first source);
+ *   B's tile: pair q of column c at q * 16 + c (its second source, the VNNI
+ *   pair layout).
+ * So the two tiles of a step are 2 KiB in a row, loaded with a 64-byte
+ * stride. Rows (columns) past the operand's edge and k past K are zeros.
+ */
+
+/* 16 elements of dt from src (n of them, the rest zeros) rounded to bf16
+ * as bg_round rounds them, each in the low half of a 32-bit lane. */
+TK_AMX static inline __m512i bga_round16(const uint8_t *src, tide_dtype dt, int64_t n) {
+    const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+    if (dt == TIDE_BF16) return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src));
+    __m512 v;
+    if (dt == TIDE_F32) {
+        v = _mm512_maskz_loadu_ps(m, src);
+    } else {
+        _Alignas(64) float w[16] = {0};
+        const uint16_t *h = (const uint16_t *)(const void *)src;
+        for (int64_t i = 0; i < n && i < 16; i++) w[i] = tide_f16_to_f32(h[i]);
+        v = _mm512_load_ps(w);
+    }
+    const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1)))),
+        16);
+    return _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), hi, _mm512_set1_epi32(0x40));
+}
+
+/* The 16 x 16 32-bit elements of v transposed in place. */
+TK_AMX static inline void bga_transpose(__m512i v[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        v[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        v[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        v[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        v[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    /* v[4i + j]'s 128-bit lane L: column 4L + j of rows 4i .. 4i + 3 */
+    for (int j = 0; j < 4; j++) {
+        __m512i a = _mm512_shuffle_i32x4(v[j], v[4 + j], 0x88), b = _mm512_shuffle_i32x4(v[j], v[4 + j], 0xdd);
+        __m512i c = _mm512_shuffle_i32x4(v[8 + j], v[12 + j], 0x88), d = _mm512_shuffle_i32x4(v[8 + j], v[12 + j], 0xdd);
+        t[j] = _mm512_shuffle_i32x4(a, c, 0x88);
+        t[8 + j] = _mm512_shuffle_i32x4(a, c, 0xdd);
+        t[4 + j] = _mm512_shuffle_i32x4(b, d, 0x88);
+        t[12 + j] = _mm512_shuffle_i32x4(b, d, 0xdd);
+    }
+    for (int i = 0; i < 16; i++) v[i] = t[i];
+}
+
+#define TK_AMXCVT \
+    __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
+
+/* bga_pack_tile's lines along k for f32 lines with a whole step of k left
+ * (32), on a CPU with AVX512_BF16: VCVTNE2PS2BF16 rounds 32 floats at once
+ * to nearest even as bg_round does, except that it flushes a subnormal to
+ * zero and may treat a NaN its own way; a vector holding either goes
+ * bg_round's way, so the bits are the same. */
+TK_AMXCVT static void bga_pack_tile_cvt(const float *p, int64_t ld, bool b, int64_t nl, uint32_t *d) {
+    __m512i v[16];
+    for (int64_t l = 0; l < 16; l++) {
+        if (l >= nl) {
+            v[l] = _mm512_setzero_si512();
+            continue;
         }
+        const float *row = p + l * ld;
+        const __m512 lo = _mm512_loadu_ps(row), hi = _mm512_loadu_ps(row + 16);
+        /* 0xa1: quiet NaN, signalling NaN, subnormal */
+        if (_mm512_fpclass_ps_mask(lo, 0xa1) | _mm512_fpclass_ps_mask(hi, 0xa1)) {
+            __m512i a = bga_round16((const uint8_t *)row, TIDE_F32, 16);
+            __m512i c = bga_round16((const uint8_t *)(row + 16), TIDE_F32, 16);
+            v[l] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a)), _mm512_cvtepi32_epi16(c), 1);
+        } else {
+            v[l] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+        }
+    }
+    if (b) bga_transpose(v);
+    for (int i = 0; i < 16; i++) _mm512_store_si512((void *)(d + i * 16), v[i]);
+}
+
+/* One tile of op(X): lines [l0, l0 + nl) (rows of op(A), or columns of
+ * op(B) with `b`) and pairs of k from k0 (kn of the k left, the rest
+ * zeros), into d in A's layout or, with `b`, in B's. */
+TK_AMX static void bga_pack_tile(const bg_op *o, bool b, int64_t l0, int64_t nl, int64_t k0, int64_t kn, bool cvt,
+                                 uint32_t *d) {
+    __m512i v[16];
+    const size_t es = o->dt == TIDE_F32 ? 4 : 2;
+#define BGA_AT(i) (o->p + (size_t)(i) * es)
+    /* does a line run along k in memory? (op(A) plain, op(B) transposed) */
+    const bool along = b ? o->t : !o->t;
+    if (along && o->dt == TIDE_F32 && kn >= 32 && cvt) {
+        bga_pack_tile_cvt((const float *)(const void *)BGA_AT(l0 * o->ld + k0), o->ld, b, nl, d);
         return;
     }
-    /* op(A) stored (K, M): pairs of rows of A interleaved, BGA_STEP pairs
-     * at a time, then written out row by row (whole 64-byte rows) */
-    _Alignas(64) uint32_t blk[BGA_MC][BGA_STEP];
-    uint16_t lw[BGA_MC], hw[BGA_MC];
-    for (int64_t pb = 0; pb < kc2p; pb += BGA_STEP) {
-        for (int64_t q = 0; q < BGA_STEP; q++) {
-            const int64_t p = pb + q, k = p0 + 2 * p;
-            if (p >= kc2) {
-                for (int64_t r = 0; r < mc; r++) blk[r][q] = 0;
+    if (along) {
+        /* v[line]: its 16 pairs, as they lie */
+        for (int64_t l = 0; l < 16; l++) {
+            if (l >= nl) {
+                v[l] = _mm512_setzero_si512();
                 continue;
             }
-            bg_row(bg_at(o, k * o->ld + i0), o->dt, mc, lw);
-            if (2 * p + 1 < kc) bg_row(bg_at(o, (k + 1) * o->ld + i0), o->dt, mc, hw);
-            else memset(hw, 0, (size_t)mc * 2);
-            for (int64_t r = 0; r < mc; r++) blk[r][q] = (uint32_t)lw[r] | (uint32_t)hw[r] << 16;
+            const uint8_t *src = BGA_AT((l0 + l) * o->ld + k0);
+            __m512i lo = bga_round16(src, o->dt, TIDE_MAX((int64_t)0, TIDE_MIN(kn, (int64_t)16)));
+            __m512i hi = kn > 16 ? bga_round16(BGA_AT((l0 + l) * o->ld + k0 + 16), o->dt, TIDE_MIN(kn - 16, (int64_t)16))
+                                 : _mm512_setzero_si512();
+            v[l] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)), _mm512_cvtepi32_epi16(hi), 1);
         }
-        for (int64_t r = 0; r < mc; r++) memcpy(d + r * kc2p + pb, blk[r], sizeof blk[r]);
+        if (b) bga_transpose(v);
+    } else {
+        /* v[pair q]: elements k0 + 2q (low halves) and k0 + 2q + 1 of the
+         * 16 lines, two runs of memory interleaved */
+        for (int64_t q = 0; q < 16; q++) {
+            if (2 * q >= kn) {
+                v[q] = _mm512_setzero_si512();
+                continue;
+            }
+            const int64_t k = k0 + 2 * q;
+            __m512i lo = bga_round16(BGA_AT(k * o->ld + l0), o->dt, nl);
+            __m512i hi = 2 * q + 1 < kn ? bga_round16(BGA_AT((k + 1) * o->ld + l0), o->dt, nl) : _mm512_setzero_si512();
+            v[q] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+        }
+        if (!b) bga_transpose(v);
     }
+    for (int i = 0; i < 16; i++) _mm512_store_si512((void *)(d + i * 16), v[i]);
+#undef BGA_AT
 }
 
-/* A 32 x 32 block c (row stride ldc floats): its tiles loaded from c (or
- * zero), `steps` steps over the packed a (32 rows of kc2p pairs) and b (a
- * panel of 32 columns, 32 uint32 a pair), stored back. */
-TK_AMX static void bga_block(int64_t steps, const uint32_t *a, int64_t kc2p, const uint32_t *b, float *c, int64_t ldc,
-                             bool load) {
-    const int64_t sc = ldc * 4, sa = kc2p * 4;
+/* Lines [l0, l0 + nl) of op(X) over k in [p0, p0 + kc), groups [g0, g1) of
+ * them (g counted from l0), packed into d (whose group 0 is l0's) in steps
+ * steps (kc2p = 16 * steps pairs). */
+TK_AMX static void bga_pack(const bg_op *o, bool b, int64_t l0, int64_t nl, int64_t g0, int64_t g1, int64_t p0,
+                            int64_t kc, int64_t steps, uint32_t *d) {
+    const bool cvt = tk_cpu_has(TK_CPU_AVX512BF16);
+    for (int64_t g = g0; g < g1; g++)
+        for (int64_t s = 0; s < steps; s++)
+            for (int64_t h = 0; h < 2; h++) {
+                const int64_t l = g * BGA_GROUP + h * 16;
+                uint32_t *t = d + ((g * steps + s) * 2 + h) * BGA_TILE;
+                if (l >= nl) {
+                    memset(t, 0, BGA_TILE * sizeof(uint32_t));
+                    continue;
+                }
+                bga_pack_tile(o, b, l0 + l, TIDE_MIN((int64_t)16, nl - l), p0 + 32 * s, kc - 32 * s, cvt, t);
+            }
+}
+
+/* Where a group of A's tiles lies: step s's first tile at a + s * step
+ * bytes, its second (rows 16-31) half bytes further on, rows stride bytes
+ * apart. A packed group, or rows of a bf16 op(A) as they lie (a row's 32
+ * consecutive k are a tile row: whole steps only). */
+typedef struct {
+    const uint8_t *a;
+    int64_t step, half, stride;
+} bga_arows;
+
+static bga_arows bga_packed(const uint32_t *a) {
+    return (bga_arows){(const uint8_t *)a, 2 * BGA_TILE * 4, BGA_TILE * 4, 64};
+}
+
+/* A block of C (stride ldc floats) of 16 or 32 rows (r2) by 16 or 32
+ * columns (c2): its tiles loaded from c (or zero), `steps` steps of a
+ * group of A and a packed one of B, stored back. */
+TK_AMX static inline __attribute__((always_inline)) void bga_block(int64_t steps, bga_arows a, const uint32_t *b,
+                                                                   float *c, int64_t ldc, bool load, const bool r2,
+                                                                   const bool c2) {
+    const int64_t sc = ldc * 4;
     if (load) {
         _tile_loadd(0, c, sc);
-        _tile_loadd(1, c + 16, sc);
-        _tile_loadd(2, c + 16 * ldc, sc);
-        _tile_loadd(3, c + 16 * ldc + 16, sc);
+        if (c2) _tile_loadd(1, c + 16, sc);
+        if (r2) _tile_loadd(2, c + 16 * ldc, sc);
+        if (r2 && c2) _tile_loadd(3, c + 16 * ldc + 16, sc);
     } else {
         _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        if (c2) _tile_zero(1);
+        if (r2) _tile_zero(2);
+        if (r2 && c2) _tile_zero(3);
     }
     for (int64_t s = 0; s < steps; s++) {
-        _tile_loadd(4, a + s * BGA_STEP, sa);
-        _tile_loadd(5, a + 16 * kc2p + s * BGA_STEP, sa);
-        _tile_loadd(6, b + s * BGA_STEP * BGA_NR, BGA_NR * 4);
-        _tile_loadd(7, b + s * BGA_STEP * BGA_NR + 16, BGA_NR * 4);
+        const uint8_t *as = a.a + s * a.step;
+        const uint32_t *bs = b + s * 2 * BGA_TILE;
+        _tile_loadd(4, as, a.stride);
+        _tile_loadd(6, bs, 64);
+        if (r2) _tile_loadd(5, as + a.half, a.stride);
+        if (c2) _tile_loadd(7, bs + BGA_TILE, 64);
         _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        if (c2) _tile_dpbf16ps(1, 4, 7);
+        if (r2) _tile_dpbf16ps(2, 5, 6);
+        if (r2 && c2) _tile_dpbf16ps(3, 5, 7);
     }
     _tile_stored(0, c, sc);
-    _tile_stored(1, c + 16, sc);
-    _tile_stored(2, c + 16 * ldc, sc);
-    _tile_stored(3, c + 16 * ldc + 16, sc);
+    if (c2) _tile_stored(1, c + 16, sc);
+    if (r2) _tile_stored(2, c + 16 * ldc, sc);
+    if (r2 && c2) _tile_stored(3, c + 16 * ldc + 16, sc);
 }
 
-/* C (M x N, K >= 1) = the tile sums of the section's header, from C's
- * elements with beta, else from 0 (C not read). */
-static void bga_gemm1(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64_t K, bool beta, float *C,
-                      int64_t ldc) {
-    int64_t kcb = TIDE_MIN(round_up(K, 2 * BGA_STEP), (int64_t)BGA_KC), kc2pb = kcb / 2;
-    int64_t mcb = TIDE_MIN(round_up(M, BGA_MR), (int64_t)BGA_MC);
-    int64_t ncb = TIDE_MIN(round_up(N, BGA_NR), (int64_t)BGA_NC);
-    _Alignas(64) uint32_t stack[BGA_STACK];
-    uint32_t *buf = stack, *own = NULL;
-    size_t a_n = (size_t)(mcb * kc2pb), need = a_n + (size_t)(kc2pb * ncb);
-    if (need > BGA_STACK) buf = own = tide_malloc_aligned(need * sizeof(uint32_t), 64);
-    if (!buf) {
-        /* out of memory: one block of each from the stack, to the same bits */
-        mcb = BGA_MR;
-        ncb = BGA_NR;
-        a_n = (size_t)(mcb * kc2pb);
-        buf = stack;
+/* The block of `rows` x `cols` (1 to 32 each) at c: whole tiles in place,
+ * a part of one through a 32 x 32 block on the stack. */
+TK_AMX static void bga_block_at(int64_t steps, bga_arows a, const uint32_t *b, float *c, int64_t ldc, bool load,
+                                int64_t rows, int64_t cols) {
+    if ((rows == 32 || rows == 16) && (cols == 32 || cols == 16)) {
+        if (rows == 32 && cols == 32) bga_block(steps, a, b, c, ldc, load, true, true);
+        else if (rows == 32) bga_block(steps, a, b, c, ldc, load, true, false);
+        else if (cols == 32) bga_block(steps, a, b, c, ldc, load, false, true);
+        else bga_block(steps, a, b, c, ldc, load, false, false);
+        return;
     }
-    uint32_t *ap = buf, *bp = buf + a_n;
-    _Alignas(64) float edge[BGA_MR * BGA_NR];
-    bga_config_tiles();
-    for (int64_t jc = 0; jc < N; jc += ncb) {
-        int64_t nc = TIDE_MIN(ncb, N - jc);
-        for (int64_t pc = 0; pc < K; pc += kcb) {
-            int64_t kc = TIDE_MIN(kcb, K - pc), kc2p = round_up((kc + 1) / 2, BGA_STEP);
-            bool load = pc > 0 || beta;
-            bg_pack(B, false, jc, nc, pc, kc, BGA_NR, kc2p, bp);
-            for (int64_t ic = 0; ic < M; ic += mcb) {
-                int64_t mc = TIDE_MIN(mcb, M - ic);
-                bga_pack_a(A, ic, mc, pc, kc, kc2p, ap);
-                for (int64_t jr = 0; jr < nc; jr += BGA_NR) {
-                    int64_t cols = TIDE_MIN((int64_t)BGA_NR, nc - jr);
-                    for (int64_t ir = 0; ir < mc; ir += BGA_MR) {
-                        int64_t rows = TIDE_MIN((int64_t)BGA_MR, mc - ir);
-                        float *c = C + (ic + ir) * ldc + jc + jr;
-                        if (rows == BGA_MR && cols == BGA_NR) {
-                            bga_block(kc2p / BGA_STEP, ap + ir * kc2p, kc2p, bp + jr * kc2p, c, ldc, load);
-                            continue;
+    _Alignas(64) float e[32 * 32];
+    if (load)
+        for (int64_t r = 0; r < rows; r++) memcpy(e + r * 32, c + r * ldc, (size_t)cols * sizeof(float));
+    const bool r2 = rows > 16, c2 = cols > 16;
+    if (r2 && c2) bga_block(steps, a, b, e, 32, load, true, true);
+    else if (r2) bga_block(steps, a, b, e, 32, load, true, false);
+    else if (c2) bga_block(steps, a, b, e, 32, load, false, true);
+    else bga_block(steps, a, b, e, 32, load, false, false);
+    for (int64_t r = 0; r < rows; r++) memcpy(c + r * ldc, e + r * 32, (size_t)cols * sizeof(float));
+}
+
+/*
+ * C (M x N, K >= 1) = the tile sums of the section's header, from C's
+ * elements with beta, else from 0 (C not read), on nt threads, in one
+ * parallel region for every BGA_A_BYTES of packed rows (one, for a step's
+ * products). For each cache block of k in turn, work items (a panel of up
+ * to BGA_NC columns, or where there are few panels a part of its rows)
+ * each pack their panel of op(B) for the block once and run it against the
+ * packed groups of rows. Where there are several panels, the
+ * rows are rounded and packed once beforehand, over all of K, the threads
+ * sharing them; where one panel spans N (a thin product), each item packs
+ * its own groups of rows as it goes, one at a time (so they stay in the
+ * first-level cache), or reads bf16 rows along k in place. Where the room
+ * cannot be had, the same on the calling thread with one group of each from
+ * the stack, to the same bits.
+ */
+#define BGA_A_BYTES ((int64_t)16 << 20)
+static void bga_gemm(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64_t K, bool beta, float *C,
+                     int64_t ldc, int nt) {
+    const int64_t kcb = TIDE_MIN(round_up(K, 32), (int64_t)BGA_KC), steps_max = kcb / 32;
+    const int64_t nkb = (K + kcb - 1) / kcb;   /* cache blocks of k */
+    const int64_t gp = steps_max * 2 * BGA_TILE; /* pairs of a group over a block */
+    /* rows packed at once: their pairs over all of K within BGA_A_BYTES */
+    const int64_t mcap = TIDE_MAX((int64_t)1, BGA_A_BYTES / (nkb * gp * 4)) * BGA_GROUP;
+    int64_t mcb = TIDE_MIN(round_up(M, BGA_GROUP), mcap);
+    /* few rows: each panel of B serves them alone, so narrower panels
+     * (kept in the first-level cache) */
+    int64_t ncb = TIDE_MIN(round_up(N, BGA_GROUP), M <= 2 * BGA_GROUP ? (int64_t)2 * BGA_GROUP : (int64_t)BGA_NC);
+    if (nt < 1) nt = 1;
+    const bool few_panels = (N + ncb - 1) / ncb == 1;
+    /* the rows' groups (several panels only), the threads' panels of B and
+     * one group of rows each */
+    const int64_t a_n = few_panels ? 0 : (mcb / BGA_GROUP) * nkb * gp;
+    uint32_t *own = tide_malloc_aligned((size_t)(a_n + nt * (ncb / BGA_GROUP) * gp + nt * gp) * sizeof(uint32_t), 64);
+    _Alignas(64) uint32_t stack[2 * BGA_GROUP_PAIRS];
+    uint32_t *abuf = own, *bbuf = own ? own + a_n : NULL, *gbuf = NULL;
+    if (own) {
+        gbuf = bbuf + nt * (ncb / BGA_GROUP) * gp;
+    } else {
+        mcb = ncb = BGA_GROUP;
+        nt = 1;
+        gbuf = stack;
+        bbuf = stack + BGA_GROUP_PAIRS;
+    }
+    const int64_t npan = (N + ncb - 1) / ncb;
+    const bool shared = own && npan > 1;
+    for (int64_t ic = 0; ic < M; ic += mcb) {
+        const int64_t mc = TIDE_MIN(mcb, M - ic), ng = round_up(mc, BGA_GROUP) / BGA_GROUP;
+        /* parts of the rows an item: enough items for the threads */
+        const int64_t parts = nt > 1 && npan < 2 * nt ? TIDE_MIN(ng, (2 * nt + npan - 1) / npan) : 1;
+        const int64_t items = npan * parts;
+        bg_op a = *A;
+        a.p = bg_at(A, A->t ? ic : ic * A->ld);
+#pragma omp parallel num_threads(nt) if (nt > 1 && (ng > 1 || items > 1))
+        {
+            const int tid = omp_get_thread_num();
+            if (shared) {
+                /* the rows' groups over every block of k, packed by all the
+                 * threads at once */
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t gb = 0; gb < ng * nkb; gb++) {
+                    const int64_t kb = gb / ng, g = gb % ng, pc = kb * kcb, kc = TIDE_MIN(kcb, K - pc);
+                    bga_pack(&a, false, g * BGA_GROUP, mc - g * BGA_GROUP, 0, 1, pc, kc, round_up(kc, 32) / 32,
+                             abuf + gb * gp);
+                }
+            }
+            bga_config_tiles();
+            uint32_t *bp = bbuf + (size_t)tid * (size_t)((ncb / BGA_GROUP) * gp);
+            uint32_t *ag = gbuf + (size_t)tid * (size_t)gp;
+            /* block by block of k (the threads sharing its packed rows in
+             * the second-level caches): an item's columns take the blocks
+             * in order, each after the last (the loop's barrier) */
+            for (int64_t kb = 0; kb < nkb; kb++) {
+                const int64_t pc = kb * kcb, kc = TIDE_MIN(kcb, K - pc), steps = round_up(kc, 32) / 32;
+                const int64_t gs = steps * 2 * BGA_TILE;
+                const bool load = pc > 0 || beta;
+                /* bf16 rows along k in whole steps: already tile rows */
+                const bool direct = A->dt == TIDE_BF16 && !A->t && kc % 32 == 0;
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t it = 0; it < items; it++) {
+                    const int64_t pan = it / parts, part = it % parts;
+                    const int64_t jc = pan * ncb, nc = TIDE_MIN(ncb, N - jc), nb = round_up(nc, BGA_GROUP) / BGA_GROUP;
+                    const int64_t g0 = ng * part / parts, g1 = ng * (part + 1) / parts;
+                    bg_op b = *B;
+                    b.p = bg_at(B, B->t ? jc * B->ld : jc);
+                    bga_pack(&b, true, 0, nc, 0, nb, pc, kc, steps, bp);
+                    for (int64_t g = g0; g < g1; g++) {
+                        const int64_t r0 = g * BGA_GROUP, rows = TIDE_MIN((int64_t)BGA_GROUP, mc - r0);
+                        bga_arows ap;
+                        if (shared) {
+                            ap = bga_packed(abuf + (kb * ng + g) * gp);
+                        } else if (direct && (rows == 32 || rows == 16)) {
+                            /* a thin product's bf16 rows, read in place */
+                            ap = (bga_arows){a.p + (size_t)(r0 * a.ld + pc) * 2, 64, 16 * a.ld * 2, a.ld * 2};
+                        } else {
+                            bga_pack(&a, false, r0, mc - r0, 0, 1, pc, kc, steps, ag);
+                            ap = bga_packed(ag);
                         }
-                        /* an edge block: through a whole one on the stack */
-                        if (load)
-                            for (int64_t r = 0; r < rows; r++)
-                                memcpy(edge + r * BGA_NR, c + r * ldc, (size_t)cols * sizeof(float));
-                        bga_block(kc2p / BGA_STEP, ap + ir * kc2p, kc2p, bp + jr * kc2p, edge, BGA_NR, load);
-                        for (int64_t r = 0; r < rows; r++)
-                            memcpy(c + r * ldc, edge + r * BGA_NR, (size_t)cols * sizeof(float));
+                        for (int64_t jb = 0; jb < nb; jb++) {
+                            const int64_t c0 = jb * BGA_GROUP, cols = TIDE_MIN((int64_t)BGA_GROUP, nc - c0);
+                            bga_block_at(steps, ap, bp + jb * gs, C + (ic + r0) * ldc + jc + c0, ldc, load, rows,
+                                         cols);
+                        }
                     }
                 }
             }
+            bga_release();
         }
     }
-    bga_release();
     if (own) tide_free_aligned(own);
 }
 #endif
@@ -590,12 +804,6 @@ static void bg_gemm1(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64
         }
         return;
     }
-#ifdef TK_X86
-    if (bga_ok()) {
-        bga_gemm1(A, B, M, N, K, beta, C, ldc);
-        return;
-    }
-#endif
     if (!beta || K <= BG_KC) {
         bg_sums(A, B, M, N, K, C, ldc, beta);
         return;
@@ -625,10 +833,18 @@ static void bg_gemm1(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64
 
 void tk_gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, tide_dtype adt, int64_t lda,
                   const void *B, tide_dtype bdt, int64_t ldb, bool beta, float *C, int64_t ldc, int nt) {
+    const bg_op a0 = {.p = A, .dt = adt, .ld = lda, .t = ta}, b0 = {.p = B, .dt = bdt, .ld = ldb, .t = tb};
+#ifdef TK_X86
+    /* AMX: one blocking of the whole product over the threads (an
+     * element's bits do not depend on it) */
+    if (M > 0 && N > 0 && K > 0 && bga_ok()) {
+        bga_gemm(&a0, &b0, M, N, K, beta, C, ldc, nt);
+        return;
+    }
+#endif
     int pm, pn;
     tk_gemm_grid(M, N, K, &pm, &pn);
     int ntile = pm * pn;
-    const bg_op a0 = {.p = A, .dt = adt, .ld = lda, .t = ta}, b0 = {.p = B, .dt = bdt, .ld = ldb, .t = tb};
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (ntile > 1 && nt > 1)
     for (int t = 0; t < ntile; t++) {
         int im = t / pn, in = t % pn;
