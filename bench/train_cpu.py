@@ -605,7 +605,7 @@ def measure(a, d, mode, model, data, hw, adapter, emit, failures, prec="f32"):
     summary."""
     lora = mode == "lora"
     tag = (f"{d} LoRA r{a.lora}" if lora else d) + (" --precision bf16" if prec == "bf16" else "")
-    pre = ["--precision", prec] if prec != "f32" else []
+    pre = ["--precision", prec]  # always: tide train's own default is auto
     times = {"tide": [], "torch": [], "offload": []}
     losses = {"tide": None, "torch": None}
     loads = []
