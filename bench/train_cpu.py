@@ -79,7 +79,8 @@ seconds per step, and the ratios of both. The step-0 losses of tide and
 PyTorch are printed beside each other: the same weights and tokens give the
 same loss to f32 rounding.
 
---breakdown: two more tide runs on the last dtype, unconstrained and
+--breakdown: two more tide runs on the last dtype (and the last of
+--precisions), unconstrained and
 offloaded, each 1 + 1 steps with --trace (the Perfetto trace of the last
 step): the time per op kind in each (with the cost model's FLOPs), and the
 offloaded step's busy time per stream (compute, host-to-device and
@@ -586,6 +587,8 @@ def main():
             runs.append(("lora", lora_args(a, adapter)))
         for what, extra in runs:
             path = os.path.join(a.work_dir, f"trace-{d}-{what}.json")
+            # the last --precisions entry (tide train's own default is auto)
+            extra = ["--precision", precisions[-1]] + extra
             steps, _, err = run_steps(tide_cmd(sub, models[d], data, extra + ["--trace", path]),
                                       f"tide {d} {what} traced")
             if err:
@@ -593,7 +596,7 @@ def main():
             else:
                 traced[what] = breakdown(path) + (steps[-1]["wall_s"], path)
 
-    report(a, mach, ver, env, results, traced, dtypes, emit)
+    report(a, mach, ver, env, results, traced, dtypes, emit, precisions[-1])
     if failures:
         print("\nfailures:\n  " + "\n  ".join(failures))
     return 1 if failures else 0
@@ -706,7 +709,7 @@ def measure(a, d, mode, model, data, hw, adapter, emit, failures, prec="f32"):
     return r
 
 
-def report(a, mach, ver, env, results, traced, dtypes, emit):
+def report(a, mach, ver, env, results, traced, dtypes, emit, trace_prec="f32"):
     tokens = a.batch * a.seq
     print()
     print(f"machine: {mach['cpu']} ({mach['isa']}), {mach['usable_cores']} usable cores of {mach['cores']}, "
@@ -774,7 +777,8 @@ def report(a, mach, ver, env, results, traced, dtypes, emit):
         cols = [w for w in ("unconstrained", "offloaded", "lora") if w in traced]
         kinds = sorted(set(k for w in cols for k in traced[w][0]),
                        key=lambda k: -max(traced[w][0].get(k, {}).get("s", 0) for w in cols))
-        print(f"\n### Time per op kind, one traced tide step ({d}, {a.threads} threads)\n")
+        print(f"\n### Time per op kind, one traced tide step ({d} weights, --precision {trace_prec}, "
+              f"{a.threads} threads)\n")
         print("| op kind | " + " | ".join(f"{w} ops | {w} s | % | GFLOP (cost model) | GFLOP/s" for w in cols) + " |")
         print("|---|" + "---|---|---|---|---|" * len(cols))
         tot = {w: sum(x["s"] for x in traced[w][0].values()) for w in cols}
