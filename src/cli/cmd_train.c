@@ -937,6 +937,8 @@ static void print_header(const train_job *j) {
     if (a->precision == TIDE_PRECISION_BF16)
         printf("precision  bf16: products of bf16 operands (%s), f32 sums; kept activations bf16; norms, softmax, "
                "loss, AdamW and master weights f32\n", tide_train_bf16_path());
+    else
+        printf("precision  f32: every product, activation, gradient and update in f32\n");
     (void)b1;
 }
 
