@@ -17,7 +17,8 @@
  *         |alpha| sum_k |a_k b_k|) (f32 sums of at most 600 terms);
  *       * C's padding columns untouched, and with beta 0 a C full of NaN
  *         not read.
- *   - The same bits from tk_gemm on 1, 2 and 3 threads (its tile grid), and
+ *   - The same bits from tk_gemm on 1, 2 and 3 threads (the blocks of rows
+ *     and panels the driver hands out, gemm_drive.c), and
  *     from any block of rows and columns computed alone (a caller's row
  *     chunks).
  *   - The path: tk_sgemm_path and the backend's kernels string name the best
@@ -29,7 +30,7 @@
  * What it proves: the training products' GEMM in all four transposition
  * forms, bit for bit the documented summation order on every path the CPU
  * has and within 1e-5 of a double reference; its bits independent of the
- * thread count, the tile grid and the rows or columns computed together;
+ * thread count, the driver's blocking and the rows or columns computed together;
  * beta 0 never reading C; the path chosen the best the CPU offers, named in
  * the kernels string.
  */

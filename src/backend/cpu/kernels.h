@@ -21,7 +21,7 @@
  *
  * The training kernels (ATTENTION's gradient and those after tk_generic) are
  * stricter: their bits do not depend on the thread count either. Each product
- * is an sgemm over a tile grid fixed by the shape, every other reduction
+ * is a packed GEMM whose sums run in an order fixed by K, every other reduction
  * (over rows, over the heads of a kv group, over the whole of a tensor) runs
  * in an order fixed by the code; threads only take whole tiles, rows or
  * column blocks. Gradients are f32; an `accumulate` kernel adds into its

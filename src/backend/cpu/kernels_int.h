@@ -65,8 +65,8 @@ TK_AVX2 static inline __m256 exp_neg_avx2(__m256 x) {
  * op(B), K, alpha, beta and the code path (sgemm.c gives the order).
  *   tk_sgemm: one product on the calling thread (sgemm.c's packed kernels,
  *             the path tk_sgemm_path names).
- *   tk_gemm:  the output cut into a grid of tiles fixed by (M, N, K) alone,
- *             each one tk_sgemm over the whole of K, handed to nt threads. */
+ *   tk_gemm:  the same on nt threads (gemm_drive.c: each packed block of
+ *             op(B) shared by the threads, the blocks of rows handed out). */
 /* The block of K whose sum tk_sgemm forms on its own before adding it to
  * the blocks' running sum (sgemm.c gives the order). */
 #define TK_SGEMM_KC 256
@@ -74,9 +74,34 @@ void tk_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
               const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 void tk_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc, int nt);
-/* The grid (pm x pn tiles) tk_gemm cuts an (M, N) output summed over K
- * into: a function of the shape alone. */
-void tk_gemm_grid(int64_t M, int64_t N, int64_t K, int *pm, int *pn);
+/* The blocked, threaded driver of sgemm.c and sgemm_bf16.c (gemm_drive.c):
+ * a code path's register tiles and packing. A packed element is 4 bytes (an
+ * f32, or with pairs a bf16 pair: a block of kc elements of K is then
+ * (kc + 1) / 2 deep). pack_a packs rows [i0, i0 + n) x k in [p0, p0 + kc)
+ * of op(A) into panels of r rows, pack_b k in [p0, p0 + kc) x columns
+ * [i0, i0 + n) of op(B) into panels of r columns, kd deep, zeros past the
+ * edges (the callers' files give the layouts). tile sums a register tile
+ * over kd (c = t, or with add c = c + t); half (or NULL) the same over the
+ * first nr / 2 columns. */
+#define TK_GEMM_MR_MAX 12
+#define TK_GEMM_NR_MAX 32
+typedef void (*tk_gemm_tile_fn)(int64_t kd, const void *a, const void *b, float *c, int64_t ldc, bool add);
+typedef void (*tk_gemm_pack_fn)(const void *ctx, int64_t i0, int64_t n, int64_t p0, int64_t kc, int r, int64_t kd,
+                                uint32_t *dst);
+typedef struct {
+    int mr, nr;
+    bool pairs;
+    tk_gemm_tile_fn tile, half;
+    tk_gemm_pack_fn pack_a, pack_b;
+    const void *a_ctx, *b_ctx;
+} tk_gemm_kern;
+/* C (M x N, row stride ldc) = the sums s of the caller's header over K
+ * (blocks of TK_SGEMM_KC), C not read; with add_c (K at most one block)
+ * C = C + s. nt threads share each packed block of op(B); the bits are
+ * those of one thread. */
+void tk_gemm_sums(const tk_gemm_kern *kn, int64_t M, int64_t N, int64_t K, float *C, int64_t ldc, bool add_c,
+                  int nt);
+
 /* The products of a bf16 training step (sgemm_bf16.c): C (M, N; row stride
  * ldc) = op(A) . op(B), or with beta C + op(A) . op(B), every element of A
  * (of adt) and B (of bdt: f32, rounded to bf16 to nearest even; bf16 as

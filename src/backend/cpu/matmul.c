@@ -12,7 +12,7 @@
  * MATMUL's training form (w as (K, N)) and every product of the training
  * kernels go through tk_gemm instead (sgemm.c): tide's own packed f32 GEMM,
  * its path chosen from cpuid, each output's bits fixed by its row, its
- * column and K, never by the tile grid or the thread count.
+ * column and K, never by the blocking or the thread count.
  */
 #include "backend/cpu/kernels_int.h"
 

@@ -7,12 +7,12 @@
  * BLAS's guess of the CPU: AVX-512 (F/BW/VL) register tiles of 12 x 32,
  * AVX2+FMA tiles of 6 x 16, or portable C tiles of 4 x 16.
  *
- * The classic packed layout: the output is walked in blocks of NC columns,
- * K in blocks of KC and the rows in blocks of MC; each block of op(B)
- * (KC x NC) and of op(A) (MC x KC) is copied into contiguous panels of NR
- * columns and MR rows (zeros past the edge), whatever the transposition of
- * the operands, so one register tile kernel serves all four forms. op(A)
- * is scaled by alpha while it is packed.
+ * The classic packed layout, driven by gemm_drive.c: the output is walked
+ * in blocks of NC columns, K in blocks of KC and the rows in blocks of MC;
+ * each block of op(B) (KC x NC) and of op(A) (MC x KC) is copied into
+ * contiguous panels of NR columns and MR rows (zeros past the edge),
+ * whatever the transposition of the operands, so one register tile kernel
+ * serves all four forms. op(A) is scaled by alpha while it is packed.
  *
  * The arithmetic of one output element is fixed by its row of op(A), its
  * column of op(B), K, alpha and beta alone:
@@ -28,33 +28,18 @@
  * C when beta is 0, else in a scratch the sums are added from; with beta 1
  * and K within one block, c + t is formed in the tile), so nothing
  * else changes the bits: not the element's place in a register tile, the
- * tile grid tk_gemm cuts, the thread count, nor the buffer sizes (a failed
- * allocation runs smaller blocks of M and N from the stack, to the same
- * bits).
+ * blocks of rows gemm_drive.c hands out, the thread count, nor the buffer
+ * sizes (a failed allocation runs smaller blocks of M and N from the stack,
+ * to the same bits).
  */
 #include "backend/cpu/kernels_int.h"
 
 #include <omp.h>
 #include <string.h>
 
-/* Cache blocks: a KC x NR panel of op(B) (32 KiB for NR 32) stays in L1
- * while the MC x KC block of op(A) streams from L2. */
-#define SG_KC TK_SGEMM_KC
-#define SG_MC_PANELS 16
-#define SG_NC 2048
-
-/* Floats of the stack buffer: small products (attention's) and the
- * fallback when an allocation fails (one MR x KC and one KC x NR panel). */
-#define SG_STACK ((SG_MR_MAX + SG_NR_MAX) * SG_KC)
-
-/* The largest register tile of any path. */
-#define SG_MR_MAX 12
-#define SG_NR_MAX 32
-
 /* t of the header over kc steps of the packed panels a (kc x MR) and b (kc
  * x NR) into c (MR x NR, row stride ldc): c = t, or with add (the sums of
  * the K blocks before in c) c = c + t. */
-typedef void (*sg_tile_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool add);
 
 /* half (NULL where there is none): the same over the first nr / 2 columns
  * of the panels (b still nr floats a step), for an edge of at most nr / 2
@@ -62,7 +47,7 @@ typedef void (*sg_tile_fn)(int64_t kc, const float *a, const float *b, float *c,
 typedef struct {
     const char *name;
     int mr, nr;
-    sg_tile_fn tile, half;
+    tk_gemm_tile_fn tile, half;
 } sg_kernel;
 
 /* ------------------------------------------------------------- register tiles */
@@ -72,7 +57,8 @@ typedef struct {
  * fuses them). */
 #define SGP_MR 4
 #define SGP_NR 16
-static void tile_portable(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool add) {
+static void tile_portable(int64_t kc, const void *a_, const void *b_, float *c, int64_t ldc, bool add) {
+    const float *a = a_, *b = b_;
     float acc[SGP_MR][SGP_NR];
     for (int r = 0; r < SGP_MR; r++)
         for (int j = 0; j < SGP_NR; j++)
@@ -100,7 +86,8 @@ static const sg_kernel sg_portable = {"portable", SGP_MR, SGP_NR, tile_portable,
 
 /* 6 rows x 16 columns: 12 accumulators, two columns of b, one broadcast. */
 #define SG2_MR 6
-TK_AVX2 static void tile_avx2(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool add) {
+TK_AVX2 static void tile_avx2(int64_t kc, const void *a_, const void *b_, float *c, int64_t ldc, bool add) {
+    const float *a = a_, *b = b_;
     __m256 acc[SG2_MR][2];
 #pragma GCC unroll 6
     for (int r = 0; r < SG2_MR; r++)
@@ -165,16 +152,16 @@ TK_AVX512 static SG_INLINE void tile512(int64_t kc, const float *a, const float 
  * (27 of the 32 registers). */
 #define SG5_MR 12
 #define SG5_NV 2
-TK_AVX512 static void tile_avx512(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool add) {
+TK_AVX512 static void tile_avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, bool add) {
     tile512(kc, a, b, c, ldc, add, SG5_MR, SG5_NV, 16 * SG5_NV);
 }
 
 /* Its first 16 columns: 12 accumulators. */
-TK_AVX512 static void tile_avx512_half(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool add) {
+TK_AVX512 static void tile_avx512_half(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, bool add) {
     tile512(kc, a, b, c, ldc, add, SG5_MR, 1, 16 * SG5_NV);
 }
 
-_Static_assert(SG5_MR <= SG_MR_MAX && 16 * SG5_NV <= SG_NR_MAX && SG2_MR <= SG_MR_MAX,
+_Static_assert(SG5_MR <= TK_GEMM_MR_MAX && 16 * SG5_NV <= TK_GEMM_NR_MAX && SG2_MR <= TK_GEMM_MR_MAX,
                "the stack buffers hold every path's tiles");
 static const sg_kernel sg_avx2 = {"avx2", SG2_MR, 16, tile_avx2, NULL};
 static const sg_kernel sg_avx512 = {"avx512", SG5_MR, 16 * SG5_NV, tile_avx512, tile_avx512_half};
@@ -259,90 +246,48 @@ static void pack_b(bool tb, const float *B, int64_t ldb, int64_t p0, int64_t kc,
 
 /* ------------------------------------------------------------- driver */
 
-static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+typedef struct {
+    bool t;
+    const float *X;
+    int64_t ld;
+    float alpha;
+} sg_op;
+
+static void sg_pack_a(const void *ctx, int64_t i0, int64_t n, int64_t p0, int64_t kc, int r, int64_t kd,
+                      uint32_t *dst) {
+    const sg_op *o = ctx;
+    (void)kd;
+    pack_a(o->t, o->X, o->ld, i0, n, p0, kc, o->alpha, r, (float *)(void *)dst);
+}
+
+static void sg_pack_b(const void *ctx, int64_t i0, int64_t n, int64_t p0, int64_t kc, int r, int64_t kd,
+                      uint32_t *dst) {
+    const sg_op *o = ctx;
+    (void)kd;
+    pack_b(o->t, o->X, o->ld, p0, kc, i0, n, r, (float *)(void *)dst);
+}
 
 /* C (M x N, K >= 1) = the sums s of the header, C's old contents not read;
- * with add_c (K at most one block: s is that block's t) C = C + s. */
+ * with add_c (K at most one block: s is that block's t) C = C + s; on nt
+ * threads (gemm_drive.c), the bits of one. */
 static void sgemm_sums(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                       const float *B, int64_t ldb, float *C, int64_t ldc, bool add_c) {
-    const sg_kernel *kn = sg_pick();
-    const int mr = kn->mr, nr = kn->nr;
-    int64_t kcb = TIDE_MIN(K, (int64_t)SG_KC);
-    int64_t mcb = TIDE_MIN(round_up(M, mr), (int64_t)mr * SG_MC_PANELS);
-    int64_t ncb = TIDE_MIN(round_up(N, nr), (int64_t)(SG_NC / nr * nr));
-    _Alignas(64) float stack[SG_STACK];
-    float *buf = stack, *own = NULL;
-    size_t a_fl = (size_t)round_up(mcb * kcb, 16);
-    size_t need = a_fl + (size_t)(kcb * ncb);
-    if (need > SG_STACK) buf = own = tide_malloc_aligned(need * sizeof(float), 64);
-    if (!buf) {
-        /* out of memory: the smallest blocks of M and N, from the stack, to
-         * the same bits (the K blocks, part of the order, stay) */
-        mcb = mr;
-        ncb = nr;
-        a_fl = (size_t)round_up(mcb * kcb, 16);
-        buf = stack;
-    }
-    float *ap = buf, *bp = buf + a_fl;
-    /* an edge tile's rows and columns past C's are computed on, never
-     * stored (zeros at first, so nothing uninitialised is read) */
-    _Alignas(64) float edge[SG_MR_MAX * SG_NR_MAX] = {0};
-    for (int64_t jc = 0; jc < N; jc += ncb) {
-        int64_t nc = TIDE_MIN(ncb, N - jc);
-        for (int64_t pc = 0; pc < K; pc += kcb) {
-            int64_t kc = TIDE_MIN(kcb, K - pc);
-            bool add = pc > 0 || add_c;
-            pack_b(tb, B, ldb, pc, kc, jc, nc, nr, bp);
-            for (int64_t ic = 0; ic < M; ic += mcb) {
-                int64_t mc = TIDE_MIN(mcb, M - ic);
-                pack_a(ta, A, lda, ic, mc, pc, kc, alpha, mr, ap);
-                for (int64_t jr = 0; jr < nc; jr += nr) {
-                    int64_t cols = TIDE_MIN((int64_t)nr, nc - jr);
-                    for (int64_t ir = 0; ir < mc; ir += mr) {
-                        int64_t rows = TIDE_MIN((int64_t)mr, mc - ir);
-                        float *c = C + (ic + ir) * ldc + jc + jr;
-                        if (add) {
-                            /* the next tile's rows of C, read while this one runs */
-                            bool down = ir + mr < mc;
-                            const float *next = down ? c + mr * ldc : C + ic * ldc + jc + jr + nr;
-                            int64_t nrows = TIDE_MIN((int64_t)mr, down ? mc - ir - mr : mc);
-                            if (down || jr + nr < nc)
-                                for (int64_t r = 0; r < nrows; r++)
-                                    for (int64_t q = 0; q < nr; q += 16) __builtin_prefetch(next + r * ldc + q);
-                        }
-                        if (rows == mr && cols == nr) {
-                            kn->tile(kc, ap + ir * kc, bp + jr * kc, c, ldc, add);
-                            continue;
-                        }
-                        /* at most half a panel wide: half the work */
-                        sg_tile_fn fn = kn->half && 2 * cols <= nr ? kn->half : kn->tile;
-                        if (rows == mr && fn == kn->half && 2 * cols == nr) {
-                            fn(kc, ap + ir * kc, bp + jr * kc, c, ldc, add);
-                            continue;
-                        }
-                        /* an edge tile: through a full one on the stack */
-                        if (add)
-                            for (int64_t r = 0; r < rows; r++)
-                                memcpy(edge + r * nr, c + r * ldc, (size_t)cols * sizeof(float));
-                        fn(kc, ap + ir * kc, bp + jr * kc, edge, nr, add);
-                        for (int64_t r = 0; r < rows; r++)
-                            memcpy(c + r * ldc, edge + r * nr, (size_t)cols * sizeof(float));
-                    }
-                }
-            }
-        }
-    }
-    if (own) tide_free_aligned(own);
+                       const float *B, int64_t ldb, float *C, int64_t ldc, bool add_c, int nt) {
+    const sg_kernel *k = sg_pick();
+    const sg_op a = {ta, A, lda, alpha}, b = {tb, B, ldb, 1.0f};
+    const tk_gemm_kern kn = {.mr = k->mr, .nr = k->nr, .pairs = false, .tile = k->tile, .half = k->half,
+                             .pack_a = sg_pack_a, .pack_b = sg_pack_b, .a_ctx = &a, .b_ctx = &b};
+    tk_gemm_sums(&kn, M, N, K, C, ldc, add_c, nt);
 }
 
 /* Floats of the sums' scratch when beta is not 0: at most SG_SUMS_MAX from
- * the heap (a tk_gemm tile's whole output, as a rule), else SG_SUMS_STACK
- * from the stack, the output walked in blocks that fit. */
+ * the heap, else SG_SUMS_STACK from the stack, the output walked in blocks
+ * that fit. */
 #define SG_SUMS_MAX ((int64_t)1 << 22)
 #define SG_SUMS_STACK 4096
 
-void tk_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+/* tk_sgemm on nt threads. */
+static void sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc, int nt) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0 || alpha == 0.0f) {
         /* no products (as a BLAS: alpha 0 reads neither A nor B): s is 0 */
@@ -355,10 +300,10 @@ void tk_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
         }
         return;
     }
-    if (beta == 0.0f || (beta == 1.0f && K <= SG_KC)) {
+    if (beta == 0.0f || (beta == 1.0f && K <= TK_SGEMM_KC)) {
         /* beta 1 over one block of K: c + s is the tiles' own c + t, added
          * in place (no scratch, no second pass over C) */
-        sgemm_sums(ta, tb, M, N, K, alpha, A, lda, B, ldb, C, ldc, beta == 1.0f);
+        sgemm_sums(ta, tb, M, N, K, alpha, A, lda, B, ldb, C, ldc, beta == 1.0f, nt);
         return;
     }
     /* the sums into a scratch, then added to (beta times) C */
@@ -373,7 +318,8 @@ void tk_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
             int64_t n = TIDE_MIN(bn, N - j0);
             const float *a = ta ? A + i0 : A + i0 * lda;
             const float *b = tb ? B + j0 * ldb : B + j0;
-            sgemm_sums(ta, tb, m, n, K, alpha, a, lda, b, ldb, s, n, false);
+            sgemm_sums(ta, tb, m, n, K, alpha, a, lda, b, ldb, s, n, false, nt);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m * n >= TK_PAR_MIN)
             for (int64_t i = 0; i < m; i++) {
                 float *c = C + (i0 + i) * ldc + j0;
                 const float *si = s + i * n;
@@ -387,57 +333,12 @@ void tk_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
     if (own) tide_free_aligned(own);
 }
 
-/* ------------------------------------------------------------- fixed tiles over threads */
-
-/* tk_gemm's grid is a function of the shape alone (it could be anything:
- * the bits do not depend on it), its columns cut at multiples of 32 (whole
- * register tiles). Tile counts a product may be cut into: divisible by 2
- * and by 3 where they can be, so that two or three threads get equal
- * shares. */
-static const int gemm_counts[] = {24, 16, 12, 8, 6, 4, 3, 2, 1};
-
-/* The grid (pm x pn tiles) of an (M, N) output summed over K: the most tiles
- * of gemm_counts whose tiles are at least TK_GEMM_MIN_TILE on each side (or
- * the whole side) and TK_GEMM_MIN_FLOPS each, then the squarest. A function
- * of the shape alone. */
-#define TK_GEMM_MIN_TILE 64
-#define TK_GEMM_MIN_FLOPS 4e6
-void tk_gemm_grid(int64_t M, int64_t N, int64_t K, int *pm, int *pn) {
-    int64_t cm = TIDE_MAX(1, M / TK_GEMM_MIN_TILE), cn = TIDE_MAX(1, N / TK_GEMM_MIN_TILE);
-    double cf = 2.0 * (double)M * (double)N * (double)K / TK_GEMM_MIN_FLOPS;
-    *pm = *pn = 1;
-    for (size_t c = 0; c < sizeof gemm_counts / sizeof gemm_counts[0]; c++) {
-        int n = gemm_counts[c];
-        if (n > cf && n > 1) continue;
-        double bestq = 1e300;
-        for (int a = 1; a <= n; a++) {
-            if (n % a || a > cm || n / a > cn) continue;
-            double h = (double)M / a, w = (double)N / (n / a), q = h > w ? h / w : w / h;
-            if (q < bestq) {
-                bestq = q;
-                *pm = a;
-                *pn = n / a;
-            }
-        }
-        if (bestq < 1e300) return;
-    }
+void tk_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    sgemm_run(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1);
 }
 
 void tk_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc, int nt) {
-    int pm, pn;
-    tk_gemm_grid(M, N, K, &pm, &pn);
-    int ntile = pm * pn;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (ntile > 1 && nt > 1)
-    for (int t = 0; t < ntile; t++) {
-        int im = t / pn, in = t % pn;
-        int64_t r0 = M * im / pm, r1 = M * (im + 1) / pm;
-        int64_t c0 = in == 0 ? 0 : (N * in / pn) & ~(int64_t)31;
-        int64_t c1 = in == pn - 1 ? N : (N * (in + 1) / pn) & ~(int64_t)31;
-        if (c1 <= c0) continue;
-        const float *a = ta ? A + r0 : A + r0 * lda;
-        const float *b = tb ? B + c0 * ldb : B + c0;
-        tk_sgemm(ta, tb, r1 - r0, c1 - c0, K, alpha, a, lda, b, ldb, beta, C + r0 * ldc + c0, ldc);
-    }
+    sgemm_run(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nt);
 }
-

@@ -6,7 +6,7 @@
  *
  * An operand is f32 (rounded to bf16, to nearest even, as it is packed),
  * bf16 (taken as stored) or f16 (widened, then rounded). The driver is
- * sgemm.c's packed layout, with k taken in pairs: a panel element is the
+ * sgemm.c's packed layout (gemm_drive.c), with k taken in pairs: a panel element is the
  * 32-bit pair (element k in the low half, k + 1 in the high half) that
  * VDPBF16PS multiplies, zeros past the edges.
  *
@@ -25,8 +25,8 @@
  * the portable code with fmaf. The one difference: VDPBF16PS treats
  * subnormal inputs and results as zero (DAZ, FTZ), which the others do not
  * (an element below 1.2e-38 in magnitude; none in a trained model's
- * products). As in sgemm.c, nothing else changes the bits: not the tile
- * grid tk_gemm_bf16 cuts, the thread count, nor the buffer sizes.
+ * products). As in sgemm.c, nothing else changes the bits: not the blocks
+ * of rows gemm_drive.c hands out, the thread count, nor the buffer sizes.
  *
  * Fastest of all, where the CPU has AMX-BF16 and Linux lends its tiles:
  * TDPBF16PS, whose sums within an instruction are the hardware's own (see
@@ -45,12 +45,8 @@
 
 #define BG_KC TK_SGEMM_KC
 _Static_assert(BG_KC % 2 == 0, "blocks of K are whole pairs");
-#define BG_MC_PANELS 16
-#define BG_NC 2048
-#define BG_MR_MAX 12
-#define BG_NR_MAX 32
-/* 32-bit pairs of the stack buffer: one MR x KC and one KC x NR panel */
-#define BG_STACK ((BG_MR_MAX + BG_NR_MAX) * BG_KC / 2)
+#define BG_MR_MAX TK_GEMM_MR_MAX
+#define BG_NR_MAX TK_GEMM_NR_MAX
 
 typedef union { float f; uint32_t u; } bg_bits;
 
@@ -151,7 +147,7 @@ static void bg_pack(const bg_op *o, bool rows_k, int64_t i0, int64_t mc, int64_t
     }
     /* rows of op(X) along the panels' width: two of them rounded whole,
      * interleaved into every panel */
-    enum { W = BG_NC > 2048 ? BG_NC : 2048 };
+    enum { W = 2048 };
     uint16_t lo[W], hi[W];
     const int64_t wm = W / mr * mr; /* whole panels a chunk */
     for (int64_t c0 = 0; c0 < mc; c0 += wm) {
@@ -177,12 +173,11 @@ static void bg_pack(const bg_op *o, bool rows_k, int64_t i0, int64_t mc, int64_t
 
 /* t of the header over kc2 pairs of the packed panels a (kc2 x MR) and b
  * (kc2 x NR) into c (MR x NR, stride ldc): c = t, or with add c = c + t. */
-typedef void (*bg_tile_fn)(int64_t kc2, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc, bool add);
 
 typedef struct {
     const char *name;
     int mr, nr;
-    bg_tile_fn tile;
+    tk_gemm_tile_fn tile;
 } bg_kernel;
 
 #define BGP_MR 4
@@ -206,7 +201,8 @@ typedef struct {
 
 /* The portable tile: fmaf, one rounding a step (a library call where the
  * CPU has no FMA). */
-static void tile_portable(int64_t kc2, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc, bool add) {
+static void tile_portable(int64_t kc2, const void *a_, const void *b_, float *c, int64_t ldc, bool add) {
+    const uint32_t *a = a_, *b = b_;
     BG_GENERIC_BODY
 }
 
@@ -217,7 +213,8 @@ static const bg_kernel bg_portable = {"portable (fmaf)", BGP_MR, BGP_NR, tile_po
 #define TK_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
 
 /* The same arithmetic compiled for FMA (the compiler vectorises it). */
-TK_AVX2 static void tile_avx2(int64_t kc2, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc, bool add) {
+TK_AVX2 static void tile_avx2(int64_t kc2, const void *a_, const void *b_, float *c, int64_t ldc, bool add) {
+    const uint32_t *a = a_, *b = b_;
     BG_GENERIC_BODY
 }
 
@@ -291,13 +288,11 @@ TK_AVX512 static BG_INLINE void tile_wide(int64_t kc2, const uint32_t *a, const 
 /* 12 rows x 32 columns: 24 accumulators (the widened form: 30 of the 32
  * registers). */
 #define BG5_MR 12
-TK_AVX512BF16 static void tile_bf16(int64_t kc2, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc,
-                                    bool add) {
+TK_AVX512BF16 static void tile_bf16(int64_t kc2, const void *a, const void *b, float *c, int64_t ldc, bool add) {
     tile_dp(kc2, a, b, c, ldc, add, BG5_MR, 2);
 }
 
-TK_AVX512 static void tile_avx512(int64_t kc2, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc,
-                                  bool add) {
+TK_AVX512 static void tile_avx512(int64_t kc2, const void *a, const void *b, float *c, int64_t ldc, bool add) {
     tile_wide(kc2, a, b, c, ldc, add, BG5_MR, 2);
 }
 
@@ -326,8 +321,8 @@ static const bg_kernel bg_avx2 = {"avx2 (bf16 pairs widened, fma)", BGP_MR, BGP_
  * Linux lends the tile registers to a process that asks (arch_prctl
  * ARCH_REQ_XCOMP_PERM, once for all its threads); refused, the products run
  * on VDPBF16PS. Each thread of a call configures the tiles and releases
- * them at its end. The path blocks the whole product itself (tk_gemm_grid's
- * tiles are the other paths'), the same bits whatever the blocking.
+ * them at its end. The path blocks the whole product itself (the other
+ * paths go through gemm_drive.c), the same bits whatever the blocking.
  */
 #include <stdatomic.h>
 #include <sys/syscall.h>
@@ -730,60 +725,25 @@ const char *tk_gemm_bf16_path(void) {
 
 /* ------------------------------------------------------------- driver */
 
+static void bg_pack_a(const void *ctx, int64_t i0, int64_t n, int64_t p0, int64_t kc, int r, int64_t kd,
+                      uint32_t *dst) {
+    bg_pack(ctx, true, i0, n, p0, kc, r, kd, dst);
+}
+
+static void bg_pack_b(const void *ctx, int64_t i0, int64_t n, int64_t p0, int64_t kc, int r, int64_t kd,
+                      uint32_t *dst) {
+    bg_pack(ctx, false, i0, n, p0, kc, r, kd, dst);
+}
+
 /* C (M x N, K >= 1) = the sums s of the header (C not read), or with add_c
- * (K at most one block) C = C + s. */
+ * (K at most one block) C = C + s; on nt threads (gemm_drive.c), the bits
+ * of one. */
 static void bg_sums(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64_t K, float *C, int64_t ldc,
-                    bool add_c) {
-    const bg_kernel *kn = bg_pick();
-    const int mr = kn->mr, nr = kn->nr;
-    int64_t kcb = TIDE_MIN(K, (int64_t)BG_KC), kc2b = (kcb + 1) / 2;
-    int64_t mcb = TIDE_MIN(round_up(M, mr), (int64_t)mr * BG_MC_PANELS);
-    int64_t ncb = TIDE_MIN(round_up(N, nr), (int64_t)(BG_NC / nr * nr));
-    _Alignas(64) uint32_t stack[BG_STACK];
-    uint32_t *buf = stack, *own = NULL;
-    size_t a_n = (size_t)round_up(mcb * kc2b, 16);
-    size_t need = a_n + (size_t)(kc2b * ncb);
-    if (need > BG_STACK) buf = own = tide_malloc_aligned(need * sizeof(uint32_t), 64);
-    if (!buf) {
-        /* out of memory: the smallest blocks of M and N, to the same bits */
-        mcb = mr;
-        ncb = nr;
-        a_n = (size_t)round_up(mcb * kc2b, 16);
-        buf = stack;
-    }
-    uint32_t *ap = buf, *bp = buf + a_n;
-    _Alignas(64) float edge[BG_MR_MAX * BG_NR_MAX] = {0};
-    for (int64_t jc = 0; jc < N; jc += ncb) {
-        int64_t nc = TIDE_MIN(ncb, N - jc);
-        for (int64_t pc = 0; pc < K; pc += kcb) {
-            int64_t kc = TIDE_MIN(kcb, K - pc), kc2 = (kc + 1) / 2;
-            bool add = pc > 0 || add_c;
-            bg_pack(B, false, jc, nc, pc, kc, nr, kc2, bp);
-            for (int64_t ic = 0; ic < M; ic += mcb) {
-                int64_t mc = TIDE_MIN(mcb, M - ic);
-                bg_pack(A, true, ic, mc, pc, kc, mr, kc2, ap);
-                for (int64_t jr = 0; jr < nc; jr += nr) {
-                    int64_t cols = TIDE_MIN((int64_t)nr, nc - jr);
-                    for (int64_t ir = 0; ir < mc; ir += mr) {
-                        int64_t rows = TIDE_MIN((int64_t)mr, mc - ir);
-                        float *c = C + (ic + ir) * ldc + jc + jr;
-                        if (rows == mr && cols == nr) {
-                            kn->tile(kc2, ap + ir * kc2, bp + jr * kc2, c, ldc, add);
-                            continue;
-                        }
-                        /* an edge tile: through a full one on the stack */
-                        if (add)
-                            for (int64_t r = 0; r < rows; r++)
-                                memcpy(edge + r * nr, c + r * ldc, (size_t)cols * sizeof(float));
-                        kn->tile(kc2, ap + ir * kc2, bp + jr * kc2, edge, nr, add);
-                        for (int64_t r = 0; r < rows; r++)
-                            memcpy(c + r * ldc, edge + r * nr, (size_t)cols * sizeof(float));
-                    }
-                }
-            }
-        }
-    }
-    if (own) tide_free_aligned(own);
+                    bool add_c, int nt) {
+    const bg_kernel *k = bg_pick();
+    const tk_gemm_kern kn = {.mr = k->mr, .nr = k->nr, .pairs = true, .tile = k->tile, .half = NULL,
+                             .pack_a = bg_pack_a, .pack_b = bg_pack_b, .a_ctx = A, .b_ctx = B};
+    tk_gemm_sums(&kn, M, N, K, C, ldc, add_c, nt);
 }
 
 /* Floats of the sums' scratch with beta 1 over more than one block of K:
@@ -791,9 +751,9 @@ static void bg_sums(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64_
 #define BG_SUMS_MAX ((int64_t)1 << 22)
 #define BG_SUMS_STACK 4096
 
-/* One product on the calling thread: C (=, +=) op(A) . op(B). */
-static void bg_gemm1(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64_t K, bool beta, float *C,
-                     int64_t ldc) {
+/* One product on nt threads: C (=, +=) op(A) . op(B). */
+static void bg_gemm(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64_t K, bool beta, float *C,
+                    int64_t ldc, int nt) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
         for (int64_t i = 0; i < M; i++) {
@@ -805,7 +765,7 @@ static void bg_gemm1(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64
         return;
     }
     if (!beta || K <= BG_KC) {
-        bg_sums(A, B, M, N, K, C, ldc, beta);
+        bg_sums(A, B, M, N, K, C, ldc, beta, nt);
         return;
     }
     _Alignas(64) float stack[BG_SUMS_STACK];
@@ -820,7 +780,8 @@ static void bg_gemm1(const bg_op *A, const bg_op *B, int64_t M, int64_t N, int64
             bg_op a = *A, b = *B;
             a.p = bg_at(A, A->t ? i0 : i0 * A->ld);
             b.p = bg_at(B, B->t ? j0 * B->ld : j0);
-            bg_sums(&a, &b, m, n, K, s, n, false);
+            bg_sums(&a, &b, m, n, K, s, n, false, nt);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m * n >= TK_PAR_MIN)
             for (int64_t i = 0; i < m; i++) {
                 float *c = C + (i0 + i) * ldc + j0;
                 const float *si = s + i * n;
@@ -842,19 +803,5 @@ void tk_gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void 
         return;
     }
 #endif
-    int pm, pn;
-    tk_gemm_grid(M, N, K, &pm, &pn);
-    int ntile = pm * pn;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (ntile > 1 && nt > 1)
-    for (int t = 0; t < ntile; t++) {
-        int im = t / pn, in = t % pn;
-        int64_t r0 = M * im / pm, r1 = M * (im + 1) / pm;
-        int64_t c0 = in == 0 ? 0 : (N * in / pn) & ~(int64_t)31;
-        int64_t c1 = in == pn - 1 ? N : (N * (in + 1) / pn) & ~(int64_t)31;
-        if (c1 <= c0) continue;
-        bg_op a = a0, b = b0;
-        a.p = bg_at(&a0, ta ? r0 : r0 * lda);
-        b.p = bg_at(&b0, tb ? c0 * ldb : c0);
-        bg_gemm1(&a, &b, r1 - r0, c1 - c0, K, beta, C + r0 * ldc + c0, ldc);
-    }
+    bg_gemm(&a0, &b0, M, N, K, beta, C, ldc, nt);
 }
