@@ -23,8 +23,9 @@
  *   - On AMX: a product split at a multiple of 32 k, its second part added
  *     with beta, is the whole product bit for bit (the documented order).
  *   - tk_matmul_bf16: a bf16 output is the f32 result rounded once to
- *     nearest even, whatever room it is formed in (a one-row scratch, none),
- *     the accumulating form adds to the widened output first; MATMUL_GRADW's
+ *     nearest even, whatever room it is formed in (a one-row scratch, room
+ *     for part of the rows, formed in blocks of columns, none), the
+ *     accumulating form adds to the widened output first; MATMUL_GRADW's
  *     form is tk_gemm_bf16's.
  *   - The path: tk_gemm_bf16_path names VDPBF16PS where cpuid reports
  *     AVX512_BF16, and the switches move it down.
@@ -308,6 +309,7 @@ static void test_matmul_bf16(void **state) {
     float *f = malloc((size_t)(R * N) * sizeof(float));
     uint16_t *o = malloc((size_t)(R * N) * 2), *o2 = malloc((size_t)(R * N) * 2), *acc = malloc((size_t)(R * N) * 2);
     char scratch[N * sizeof(float) + 8];
+    static char cols[40 * 90 * sizeof(float)]; /* 40 rows of N */
     assert_non_null(f);
     assert_non_null(o);
     assert_non_null(o2);
@@ -323,11 +325,24 @@ static void test_matmul_bf16(void **state) {
                                         N * sizeof(float), 2),
                          TIDE_OK);
         assert_memory_equal(o, o2, (size_t)(R * N) * 2);
-        /* accumulating: the widened output plus the product, rounded once */
+        /* room for 40 of the 70 rows, fewer rows than columns: blocks of
+         * 32 columns (the last 26 wide) over all rows, the same bits */
+        memset(o2, 0, (size_t)(R * N) * 2);
+        assert_int_equal(tk_matmul_bf16(x.p, x.dt, W->p, W->dt, R, K, N, form, false, o2, TIDE_BF16, N, cols,
+                                        sizeof cols, 2),
+                         TIDE_OK);
+        assert_memory_equal(o, o2, (size_t)(R * N) * 2);
+        /* accumulating: the widened output plus the product, rounded once
+         * (in rows, and in the blocks of columns) */
         for (int64_t i = 0; i < R * N; i++) acc[i] = tide_f32_to_bf16(frand());
+        memcpy(o, acc, (size_t)(R * N) * 2);
+        assert_int_equal(tk_matmul_bf16(x.p, x.dt, W->p, W->dt, R, K, N, form, true, o, TIDE_BF16, N, cols,
+                                        sizeof cols, 2),
+                         TIDE_OK);
         memcpy(o2, acc, (size_t)(R * N) * 2);
         assert_int_equal(tk_matmul_bf16(x.p, x.dt, W->p, W->dt, R, K, N, form, true, o2, TIDE_BF16, N, NULL, 0, 2),
                          TIDE_OK);
+        assert_memory_equal(o, o2, (size_t)(R * N) * 2);
         float *g = malloc((size_t)(R * N) * sizeof(float));
         assert_non_null(g);
         for (int64_t i = 0; i < R * N; i++) g[i] = tide_bf16_to_f32(acc[i]);

@@ -228,6 +228,23 @@ tide_status tk_matmul_bf16(const void *x, tide_dtype xdt, const void *w, tide_dt
     }
     const size_t xs = tide_dtype_size(xdt);
     uint16_t *o = out;
+    /* Too few rows at once for all of them, and fewer rows than columns:
+     * blocks of columns instead, so that each call packs the smaller x
+     * again rather than w (an element's bits do not depend on the block). */
+    const int64_t cols = (int64_t)((size_t)rows * row / ((size_t)R * sizeof(float))) / 32 * 32;
+    if (rows < R && R < N && cols >= 32) {
+        const size_t ws = tide_dtype_size(wdt);
+        for (int64_t n0 = 0; n0 < N; n0 += cols) {
+            const int64_t n = TIDE_MIN(cols, N - n0);
+            if (accumulate)
+                for (int64_t r = 0; r < R; r++) tk_convert(o + r * ldo + n0, TIDE_BF16, buf + r * n, (size_t)n);
+            const uint8_t *wb = (const uint8_t *)w + (size_t)(w_kn ? n0 : n0 * K) * ws;
+            tk_gemm_bf16(false, !w_kn, R, n, K, x, xdt, K, wb, wdt, ldw, accumulate, buf, n, nt);
+            tk_round_bf16(buf, n, R, n, o + n0, ldo, nt);
+        }
+        tide_free(own);
+        return TIDE_OK;
+    }
     for (int64_t r0 = 0; r0 < R; r0 += rows) {
         const int64_t n = TIDE_MIN(rows, R - r0);
         if (accumulate)
