@@ -170,6 +170,12 @@ static tide_status cpu_matmul(tide_ctx *ctx, int nt, tide_matmul_mode mode, cons
     } else if (p->no_transpose || p->accumulate) {
         st = tk_matmul_ex(in[0], in[1], w->dtype, R, K, p->no_transpose ? w->shape[1] : w->shape[0], p->no_transpose,
                           p->accumulate, dst, o->shape[1], scratch, sb, nt);
+    } else if (op->micro_batch >= 0 && w->dtype == TIDE_F32) {
+        /* a training step's forward on an f32 weight: the packed GEMM of the
+         * step's other products (each output's bits still a function of its
+         * row, its column and K alone) */
+        tk_gemm(false, true, R, w->shape[0], K, 1.0f, in[0], K, in[1], K, 0.0f, dst, o->shape[1], nt);
+        st = TIDE_OK;
     } else {
         st = tk_matmul(in[0], in[1], w->dtype, R, K, w->shape[0], dst, o->shape[1], scratch, sb, nt);
     }

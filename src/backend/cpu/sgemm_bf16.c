@@ -113,6 +113,39 @@ static void bg_row(const uint8_t *src, tide_dtype dt, int64_t n, uint16_t *dst) 
 
 static const uint8_t *bg_at(const bg_op *o, int64_t i) { return o->p + (size_t)i * tide_dtype_size(o->dt); }
 
+#ifdef TK_X86
+/* One panel of bg_pack's along-k form with AVX-512: n (<= mr) rows of
+ * op(X), each kc elements along k from s_r = bg_at(o, (i0 + r) * o->ld +
+ * p0), as pairs into dp[p * mr + r] (rows n .. mr - 1 zeros), 16 rows and
+ * 16 pairs at a time through a register transpose. The same words as the
+ * scalar loop. */
+TK_AVX512 static void bg_panel_t16(const bg_op *o, int64_t i0, int64_t n, int64_t p0, int64_t kc, int mr,
+                                   uint32_t *dp) {
+    const int64_t kc2 = (kc + 1) / 2, kc2r = (kc2 + 15) / 16 * 16;
+    _Alignas(64) uint16_t rows[16][2 * (BG_KC / 2 + 16)];
+    for (int g = 0; g < mr; g += 16) {
+        const int w = TIDE_MIN(16, mr - g);
+        for (int r = 0; r < 16; r++) {
+            uint16_t *row = rows[r];
+            if (r < w && g + r < n) {
+                bg_row(bg_at(o, (i0 + g + r) * o->ld + p0), o->dt, kc, row);
+                memset(row + kc, 0, (size_t)(2 * kc2r - kc) * sizeof(uint16_t));
+            } else {
+                memset(row, 0, (size_t)(2 * kc2r) * sizeof(uint16_t));
+            }
+        }
+        const __mmask16 keep = (__mmask16)((1u << w) - 1);
+        for (int64_t p = 0; p < kc2; p += 16) {
+            __m512i v[16];
+            for (int r = 0; r < 16; r++) v[r] = _mm512_load_si512((const void *)(rows[r] + 2 * p));
+            tk_t16x16(v);
+            const int64_t q1 = TIDE_MIN((int64_t)16, kc2 - p);
+            for (int64_t q = 0; q < q1; q++) _mm512_mask_storeu_epi32(dp + (p + q) * mr + g, keep, v[q]);
+        }
+    }
+}
+#endif
+
 /* Rows [i0, i0 + mc) x k in [p0, p0 + kc) of op(X) into panels of mr rows,
  * or k in [p0, p0 + kc) x columns [i0, i0 + mc) into panels of mr columns
  * (the B side: op(X) is then indexed (k, column)); panel q holds pair p of
@@ -129,6 +162,13 @@ static void bg_pack(const bg_op *o, bool rows_k, int64_t i0, int64_t mc, int64_t
         if (kc2p > kc2) memset(dp + kc2 * mr, 0, (size_t)((kc2p - kc2) * mr) * sizeof(uint32_t));
     }
     if (along_k) {
+#ifdef TK_X86
+        if (tk_have_avx512() && kc <= BG_KC) {
+            for (int64_t ib = 0; ib < mc; ib += mr)
+                bg_panel_t16(o, i0 + ib, TIDE_MIN((int64_t)mr, mc - ib), p0, kc, mr, d + ib * kc2p);
+            return;
+        }
+#endif
         uint16_t lo[BG_KC + 2];
         for (int64_t ib = 0; ib < mc; ib += mr) {
             const int64_t n = TIDE_MIN((int64_t)mr, mc - ib);
