@@ -9,8 +9,9 @@
  * and K alone, never on R, on the tile a planner cut, or on the thread
  * count. The choice of path is here (mm_f32w).
  *
- * MATMUL's training form (w as (K, N)) and every product of the training
- * kernels go through tk_gemm instead (sgemm.c): tide's own packed f32 GEMM,
+ * MATMUL's training form (w as (K, N)), a training step's forward on an f32
+ * weight (cpu_backend.c) and every product of the training kernels go
+ * through tk_gemm instead (sgemm.c): tide's own packed f32 GEMM,
  * its path chosen from cpuid, each output's bits fixed by its row, its
  * column and K, never by the blocking or the thread count.
  */
