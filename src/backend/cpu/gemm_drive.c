@@ -35,6 +35,64 @@
  * (more items pack the same rows of A more often) */
 #define GD_ITEMS_PER_THREAD 2
 
+/* ------------------------------------------------------------- along-k packing */
+
+#ifdef TK_X86
+/* A 16 x 16 matrix of 32-bit words (r[i]: row i) transposed in place: r[q]
+ * then holds word q of each of the 16 rows. Unpacks within 128-bit lanes,
+ * then lane shuffles. */
+TK_AVX512 static inline void gd_t16x16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    /* u[4i + j], lane L: word 4L + j of rows 4i .. 4i + 3 */
+    for (int i = 0; i < 4; i++) {
+        u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        __m512i x0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44), x1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xee);
+        __m512i y0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
+        __m512i y1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xee);
+        r[j] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+        r[4 + j] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
+        r[8 + j] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+        r[12 + j] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
+    }
+}
+
+TK_AVX512 void tk_pack_t16(const float *X, int64_t ld, int64_t n, int64_t kc, float alpha, int mr, float *d) {
+    const __m512 av = _mm512_set1_ps(alpha);
+    for (int g = 0; g < mr; g += 16) {
+        const int w = TIDE_MIN(16, mr - g);
+        const __mmask16 keep = (__mmask16)((1u << w) - 1);
+        for (int64_t k = 0; k < kc; k += 16) {
+            const int64_t q1 = TIDE_MIN((int64_t)16, kc - k);
+            const __mmask16 km = (__mmask16)((1u << q1) - 1);
+            __m512i v[16];
+            for (int r = 0; r < 16; r++) {
+                if (r < w && g + r < n) {
+                    __m512 x = _mm512_maskz_loadu_ps(km, X + (g + r) * ld + k);
+                    v[r] = _mm512_castps_si512(alpha == 1.0f ? x : _mm512_mul_ps(av, x));
+                } else {
+                    v[r] = _mm512_setzero_si512();
+                }
+            }
+            gd_t16x16(v);
+            for (int64_t q = 0; q < q1; q++) _mm512_mask_storeu_epi32(d + (k + q) * mr + g, keep, v[q]);
+        }
+    }
+}
+#else
+void tk_pack_t16(const float *X, int64_t ld, int64_t n, int64_t kc, float alpha, int mr, float *d) {
+    (void)X, (void)ld, (void)n, (void)kc, (void)alpha, (void)mr, (void)d;
+}
+#endif
+
 static int64_t gd_round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 typedef struct {

@@ -58,34 +58,12 @@ TK_AVX2 static inline __m256 exp_neg_avx2(__m256 x) {
 }
 #endif
 
-#ifdef TK_X86
-/* A 16 x 16 matrix of 32-bit words (r[i]: row i) transposed in place: r[q]
- * then holds word q of each of the 16 rows. Unpacks within 128-bit lanes,
- * then lane shuffles (the packing of sgemm.c and sgemm_bf16.c). */
-TK_AVX512 static inline void tk_t16x16(__m512i r[16]) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    /* u[4i + j], lane L: word 4L + j of rows 4i .. 4i + 3 */
-    for (int i = 0; i < 4; i++) {
-        u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int j = 0; j < 4; j++) {
-        __m512i x0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44), x1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xee);
-        __m512i y0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
-        __m512i y1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xee);
-        r[j] = _mm512_shuffle_i32x4(x0, y0, 0x88);
-        r[4 + j] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
-        r[8 + j] = _mm512_shuffle_i32x4(x1, y1, 0x88);
-        r[12 + j] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
-    }
-}
-#endif
+/* Packs n (<= mr) rows of kc 32-bit words (row r at X + r * ld, along k),
+ * times alpha unless alpha is 1 (then moved bit for bit), into d[k * mr +
+ * r], rows n .. mr - 1 zeros: the along-k panels of sgemm.c (floats) and
+ * sgemm_bf16.c (bf16 pairs), through 16 x 16 register transposes
+ * (gemm_drive.c). AVX-512 only: the callers check tk_have_avx512. */
+void tk_pack_t16(const float *X, int64_t ld, int64_t n, int64_t kc, float alpha, int mr, float *d);
 
 /* C (M, N; row stride ldc) = alpha * op(A) . op(B) + beta * C, row-major, op
  * the transpose where ta / tb: A is (M, K) or, transposed, stored (K, M); B

@@ -37,11 +37,10 @@
 #include <omp.h>
 #include <string.h>
 
-/* t of the header over kc steps of the packed panels a (kc x MR) and b (kc
- * x NR) into c (MR x NR, row stride ldc): c = t, or with add (the sums of
- * the K blocks before in c) c = c + t. */
-
-/* half (NULL where there is none): the same over the first nr / 2 columns
+/* A path: its register tile sums t of the header over kc steps of the
+ * packed panels a (kc x MR) and b (kc x NR) into c (MR x NR, row stride
+ * ldc): c = t, or with add (the sums of the K blocks before in c) c = c + t;
+ * half (NULL where there is none): the same over the first nr / 2 columns
  * of the panels (b still nr floats a step), for an edge of at most nr / 2
  * columns (a thin product's whole width): no work on the zeros past it. */
 typedef struct {
@@ -180,36 +179,6 @@ const char *tk_sgemm_path(void) { return sg_pick()->name; }
 
 /* ------------------------------------------------------------- packing */
 
-#ifdef TK_X86
-/* One panel of rows along k with AVX-512: n (<= mr) rows of kc floats (row r
- * at X + r * ld), times alpha, into d[k * mr + r], rows n .. mr - 1 zeros; 16
- * rows and 16 k at a time through a register transpose. The same floats as
- * the scalar loops below (one product by alpha, or none). */
-TK_AVX512 static void sg_panel_t16(const float *X, int64_t ld, int64_t n, int64_t kc, float alpha, int mr,
-                                   float *d) {
-    const __m512 av = _mm512_set1_ps(alpha);
-    for (int g = 0; g < mr; g += 16) {
-        const int w = TIDE_MIN(16, mr - g);
-        const __mmask16 keep = (__mmask16)((1u << w) - 1);
-        for (int64_t k = 0; k < kc; k += 16) {
-            const int64_t q1 = TIDE_MIN((int64_t)16, kc - k);
-            const __mmask16 km = (__mmask16)((1u << q1) - 1);
-            __m512i v[16];
-            for (int r = 0; r < 16; r++) {
-                if (r < w && g + r < n) {
-                    __m512 x = _mm512_maskz_loadu_ps(km, X + (g + r) * ld + k);
-                    v[r] = _mm512_castps_si512(alpha == 1.0f ? x : _mm512_mul_ps(av, x));
-                } else {
-                    v[r] = _mm512_setzero_si512();
-                }
-            }
-            tk_t16x16(v);
-            for (int64_t q = 0; q < q1; q++) _mm512_mask_storeu_epi32(d + (k + q) * mr + g, keep, v[q]);
-        }
-    }
-}
-#endif
-
 /* Rows [i0, i0 + mc) x columns [p0, p0 + kc) of op(A), times alpha, into
  * panels of mr rows: panel p holds element (p * mr + r, k) at
  * ap[p * kc * mr + k * mr + r]; rows past mc are zeros. op(A) (i, k) is
@@ -233,7 +202,7 @@ static void pack_a(bool ta, const float *A, int64_t lda, int64_t i0, int64_t mc,
         } else {
 #ifdef TK_X86
             if (tk_have_avx512()) {
-                sg_panel_t16(A + (i0 + ib) * lda + p0, lda, rows, kc, alpha, mr, d);
+                tk_pack_t16(A + (i0 + ib) * lda + p0, lda, rows, kc, alpha, mr, d);
                 continue;
             }
 #endif
@@ -270,7 +239,7 @@ static void pack_b(bool tb, const float *B, int64_t ldb, int64_t p0, int64_t kc,
         } else {
 #ifdef TK_X86
             if (tk_have_avx512()) {
-                sg_panel_t16(B + (j0 + jb) * ldb + p0, ldb, cols, kc, 1.0f, nr, d);
+                tk_pack_t16(B + (j0 + jb) * ldb + p0, ldb, cols, kc, 1.0f, nr, d);
                 continue;
             }
 #endif

@@ -6,9 +6,9 @@
  *
  * An operand is f32 (rounded to bf16, to nearest even, as it is packed),
  * bf16 (taken as stored) or f16 (widened, then rounded). The driver is
- * sgemm.c's packed layout (gemm_drive.c), with k taken in pairs: a panel element is the
- * 32-bit pair (element k in the low half, k + 1 in the high half) that
- * VDPBF16PS multiplies, zeros past the edges.
+ * sgemm.c's packed layout (gemm_drive.c), with k taken in pairs: a panel
+ * element is the 32-bit pair (element k in the low half, k + 1 in the high
+ * half) that VDPBF16PS multiplies, zeros past the edges.
  *
  * The arithmetic of one output element is fixed by its row of op(A), its
  * column of op(B), K and beta alone:
@@ -115,34 +115,20 @@ static const uint8_t *bg_at(const bg_op *o, int64_t i) { return o->p + (size_t)i
 
 #ifdef TK_X86
 /* One panel of bg_pack's along-k form with AVX-512: n (<= mr) rows of
- * op(X), each kc elements along k from s_r = bg_at(o, (i0 + r) * o->ld +
- * p0), as pairs into dp[p * mr + r] (rows n .. mr - 1 zeros), 16 rows and
- * 16 pairs at a time through a register transpose. The same words as the
- * scalar loop. */
+ * op(X), each kc elements along k from bg_at(o, (i0 + r) * o->ld + p0),
+ * rounded into pairs, then transposed into dp[p * mr + r] by tk_pack_t16
+ * (rows n .. mr - 1 zeros). The same words as the scalar loop. */
 TK_AVX512 static void bg_panel_t16(const bg_op *o, int64_t i0, int64_t n, int64_t p0, int64_t kc, int mr,
                                    uint32_t *dp) {
-    const int64_t kc2 = (kc + 1) / 2, kc2r = (kc2 + 15) / 16 * 16;
-    _Alignas(64) uint16_t rows[16][2 * (BG_KC / 2 + 16)];
-    for (int g = 0; g < mr; g += 16) {
-        const int w = TIDE_MIN(16, mr - g);
-        for (int r = 0; r < 16; r++) {
-            uint16_t *row = rows[r];
-            if (r < w && g + r < n) {
-                bg_row(bg_at(o, (i0 + g + r) * o->ld + p0), o->dt, kc, row);
-                memset(row + kc, 0, (size_t)(2 * kc2r - kc) * sizeof(uint16_t));
-            } else {
-                memset(row, 0, (size_t)(2 * kc2r) * sizeof(uint16_t));
-            }
-        }
-        const __mmask16 keep = (__mmask16)((1u << w) - 1);
-        for (int64_t p = 0; p < kc2; p += 16) {
-            __m512i v[16];
-            for (int r = 0; r < 16; r++) v[r] = _mm512_load_si512((const void *)(rows[r] + 2 * p));
-            tk_t16x16(v);
-            const int64_t q1 = TIDE_MIN((int64_t)16, kc2 - p);
-            for (int64_t q = 0; q < q1; q++) _mm512_mask_storeu_epi32(dp + (p + q) * mr + g, keep, v[q]);
-        }
+    enum { LD = BG_KC / 2 + 16 }; /* pairs a row: 64-byte rows */
+    _Alignas(64) uint32_t rows[BG_NR_MAX][LD];
+    const int64_t kc2 = (kc + 1) / 2;
+    for (int64_t r = 0; r < n; r++) {
+        uint16_t *row = (uint16_t *)(void *)rows[r];
+        bg_row(bg_at(o, (i0 + r) * o->ld + p0), o->dt, kc, row);
+        if (kc & 1) row[kc] = 0;
     }
+    tk_pack_t16((const float *)(const void *)rows, LD, n, kc2, 1.0f, mr, (float *)(void *)dp);
 }
 #endif
 
@@ -163,7 +149,7 @@ static void bg_pack(const bg_op *o, bool rows_k, int64_t i0, int64_t mc, int64_t
     }
     if (along_k) {
 #ifdef TK_X86
-        if (tk_have_avx512() && kc <= BG_KC) {
+        if (tk_have_avx512() && kc <= BG_KC && mr <= BG_NR_MAX) {
             for (int64_t ib = 0; ib < mc; ib += mr)
                 bg_panel_t16(o, i0 + ib, TIDE_MIN((int64_t)mr, mc - ib), p0, kc, mr, d + ib * kc2p);
             return;
@@ -211,9 +197,9 @@ static void bg_pack(const bg_op *o, bool rows_k, int64_t i0, int64_t mc, int64_t
 
 /* ------------------------------------------------------------- register tiles */
 
-/* t of the header over kc2 pairs of the packed panels a (kc2 x MR) and b
- * (kc2 x NR) into c (MR x NR, stride ldc): c = t, or with add c = c + t. */
-
+/* A path: its register tile sums t of the header over kc2 pairs of the
+ * packed panels a (kc2 x MR) and b (kc2 x NR) into c (MR x NR, stride ldc):
+ * c = t, or with add c = c + t. */
 typedef struct {
     const char *name;
     int mr, nr;
