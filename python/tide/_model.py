@@ -525,10 +525,15 @@ class _Job:
         finally:
             self.q.put(None)
 
-    def _wait(self, t: threading.Thread, yield_pieces: bool):
-        """Waits for t; on KeyboardInterrupt stops the generation, waits for
-        its end and raises it."""
+    def _run(self, yield_pieces: bool):
+        """Runs the generation on its own thread and waits for it (yielding
+        its text pieces with yield_pieces). Whatever ends the wait (its end,
+        Ctrl-C at any moment, the consumer closing the stream) the thread is
+        stopped and joined before this returns or raises, so nothing it uses
+        is freed under it and no generating thread outlives the call."""
+        t = threading.Thread(target=self._work, name="tide-generate", daemon=True)
         try:
+            t.start()
             while True:
                 try:
                     piece = self.q.get(timeout=0.05)
@@ -540,29 +545,37 @@ class _Job:
                     yield piece
         except BaseException:  # KeyboardInterrupt, or the consumer closing the stream
             self.cancel.set()
-            t.join()
-            self.free()
             raise
-        t.join()
+        finally:
+            self._join(t)
 
-    def _start(self):
-        t = threading.Thread(target=self._work, name="tide-generate", daemon=True)
-        t.start()
-        return t
+    def _join(self, t: threading.Thread):
+        """Joins t (if it started); a Ctrl-C while waiting stops the
+        generation and is raised once t has ended."""
+        if t.ident is None:
+            return
+        interrupted = None
+        while True:
+            try:
+                t.join()
+                break
+            except BaseException as e:
+                self.cancel.set()
+                interrupted = e
+        if interrupted is not None:
+            raise interrupted
 
     def result(self) -> Generation:
-        t = self._start()
-        for _ in self._wait(t, False):
-            pass
         try:
+            for _ in self._run(False):
+                pass
             return self._finish()
         finally:
             self.free()
 
     def pieces(self) -> Iterator[str]:
-        t = self._start()
         try:
-            yield from self._wait(t, True)
+            yield from self._run(True)
             g = self._finish()
             self.result_ = g
         finally:

@@ -85,3 +85,42 @@ def test_python_m_tide():
     p = subprocess.run([sys.executable, "-m", "tide", "run", "--frobnicate"], capture_output=True, text=True,
                        env=os.environ)
     assert p.returncode == 2 and "unknown option" in p.stderr
+
+
+def test_ctrl_c_while_stopping_a_generation(monkeypatch):
+    """Ctrl-C while the generating thread is waited for (here: a second one
+    during the join that the first one started) still ends the call only
+    after that thread has ended: none outlives the KeyboardInterrupt, nothing
+    is freed under it, the model generates again. Both interrupts are raised
+    at fixed points of the wait (no signal timing)."""
+    import queue
+    import threading
+    m = tide.Model(fx("tiny-f32-mha"), backend="cpu", threads=1)
+    prompt = list(range(1, 9))
+    hits = {"get": 0, "join": 0}
+    real_get, real_join = queue.Queue.get, threading.Thread.join
+
+    def get(self, *a, **k):  # the first wait on the generation's queue: Ctrl-C
+        if threading.current_thread() is threading.main_thread() and hits["get"] == 0:
+            hits["get"] += 1
+            raise KeyboardInterrupt
+        return real_get(self, *a, **k)
+
+    def join(self, *a, **k):  # the first join of the generating thread: Ctrl-C again
+        if self.name == "tide-generate" and hits["join"] == 0:
+            hits["join"] += 1
+            raise KeyboardInterrupt
+        return real_join(self, *a, **k)
+
+    monkeypatch.setattr(queue.Queue, "get", get)
+    monkeypatch.setattr(threading.Thread, "join", join)
+    try:
+        m.generate(prompt, max_new_tokens=m.max_positions - len(prompt))
+        raise AssertionError("no KeyboardInterrupt")
+    except KeyboardInterrupt:
+        pass
+    assert hits == {"get": 1, "join": 1}
+    assert not [t for t in threading.enumerate() if t.name == "tide-generate"], threading.enumerate()
+    monkeypatch.undo()
+    assert len(m.generate(prompt, max_new_tokens=4).tokens) == 4
+    m.close()
