@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # mpi_ranks.sh - data-parallel ranks on the CPU: 2 ranks x 1 thread
-# (`mpirun -np 2 tide train --accum A --threads 1`) against 1 process x 2
+# (`mpirun -np 2 tide train --accum A --threads 1`, and the same 2 ranks
+# started torchrun-style, their collectives over TCP) against 1 process x 2
 # threads (`tide train --accum 2A --threads 2`, and x 1 thread) on the same
 # step, for ZeRO 0, 1 and 2 (docs/training.md section 12).
 #
@@ -41,14 +42,31 @@ for th in 2 1; do
     printf '%-28s %10.4f %14s %14s %10s %9s\n' "1 process x $th thread(s)" "$(field "$WORK/one$th.json" measured_step_s)" \
         - - - -
 done
+# 2 ranks torchrun-style (the variables torchrun sets), their collectives
+# over TCP on loopback
+tcp2() {
+    local port
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    WORLD_SIZE=2 RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 "$@" >/dev/null &
+    local p1=$!
+    WORLD_SIZE=2 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 "$@"
+    wait $p1
+}
 for z in 0 1 2; do
-    $MPIRUN -np 2 -x OMP_NUM_THREADS=1 "$TIDE" train "${COMMON[@]}" --accum 1 --threads 1 --zero $z >"$WORK/r$z.json"
     "$TIDE" plan --model "$M" --train --batch 4 --seq 128 --ranks 2 --zero $z --hw 8x-h100-80g-nvlink --budget 100% --json \
         >"$WORK/plan$z.json"
     planned=$(grep -o '"net_bytes_per_rank":[0-9.e+]*' "$WORK/plan$z.json" | cut -d: -f2)
-    ns=$(field "$WORK/r$z.json" net_s_per_step)
-    ov=$(field "$WORK/r$z.json" net_overlap_s_per_step)
-    printf '%-28s %10.4f %14s %14.0f %10.4f %8.0f%%\n' "2 ranks x 1 thread ZeRO-$z" \
-        "$(field "$WORK/r$z.json" measured_step_s)" "$(field "$WORK/r$z.json" net_bytes_per_step)" "$planned" \
-        "$ns" "$(python3 -c "print(100 * $ov / $ns if $ns > 0 else 0)")"
+    for carrier in mpi tcp; do
+        if [ $carrier = mpi ]; then
+            $MPIRUN -np 2 -x OMP_NUM_THREADS=1 "$TIDE" train "${COMMON[@]}" --accum 1 --threads 1 --zero $z >"$WORK/r$z$carrier.json"
+        else
+            tcp2 "$TIDE" train "${COMMON[@]}" --accum 1 --threads 1 --zero $z >"$WORK/r$z$carrier.json"
+        fi
+        f=$WORK/r$z$carrier.json
+        ns=$(field "$f" net_s_per_step)
+        ov=$(field "$f" net_overlap_s_per_step)
+        printf '%-28s %10.4f %14s %14.0f %10.4f %8.0f%%\n' "2 ranks x 1 thread ZeRO-$z $carrier" \
+            "$(field "$f" measured_step_s)" "$(field "$f" net_bytes_per_step)" "$planned" \
+            "$ns" "$(python3 -c "print(100 * $ov / $ns if $ns > 0 else 0)")"
+    done
 done

@@ -1924,12 +1924,20 @@ tide_status tide_trainer_resume(tide_trainer *t, const char *dir);
 
 /* Data-parallel ranks. A communicator joins the processes a launcher started
  * (docs/training.md section 12): Open MPI's mpirun or mpiexec, or srun with
- * PMIx or PMI-2; the collectives run on MPI, and a trainer on the CUDA
- * backend attaches NCCL to it for the collectives on device memory
- * (tide_comm_nccl_available). Built where CMake found MPI
- * (tide_comm_available). Without a launcher it is one rank alone. */
+ * PMIx or PMI-2, whose ranks MPI joins and carries (a build with MPI:
+ * tide_comm_mpi_available); or torchrun, or any launcher setting WORLD_SIZE
+ * and RANK (or TIDE_WORLD_SIZE and TIDE_RANK) with MASTER_ADDR and
+ * MASTER_PORT, whose ranks meet over TCP at rank 0 and run their collectives
+ * on TCP sockets (any build). A trainer on the CUDA backend attaches NCCL to
+ * it for the collectives on device memory (tide_comm_nccl_available).
+ * Without a launcher it is one rank alone. */
 typedef struct tide_comm tide_comm;
+/* Whether this build can run data-parallel ranks at all (always: over TCP
+ * where it has no MPI). */
 bool tide_comm_available(void);
+/* Whether this build has MPI (CMake found it): the carrier of launches by
+ * mpirun and srun. */
+bool tide_comm_mpi_available(void);
 /* Whether this build runs the collectives of ranks on the CUDA backend
  * (NCCL, src/net/comm_nccl.c): CMake found NCCL, CUDA and MPI. */
 bool tide_comm_nccl_available(void);
@@ -1938,22 +1946,32 @@ bool tide_comm_nccl_available(void);
  * launch in *launcher ("mpirun", "pmi", "srun", "torchrun" or "none");
  * either may be NULL. Reads the environment only. */
 int tide_comm_launch_env(int *rank, const char **launcher);
-/* Joins the launch (MPI_Init_thread where MPI is not initialised yet).
- * TIDE_E_UNSUPPORTED without MPI, or for a torchrun-style launch (MPI cannot
- * meet at a MASTER_ADDR). A collective waits at most TIDE_NET_TIMEOUT
- * seconds (default 300) for the other ranks, then fails naming the rank and
- * the collective. */
+/* Joins the launch: MPI (MPI_Init_thread where MPI is not initialised yet)
+ * for mpirun, srun or no launcher, TIDE_E_UNSUPPORTED in a build without
+ * MPI; TCP for a torchrun-style launch: rank 0 listens at MASTER_PORT
+ * (TIDE_MASTER_PORT overrides it; under torchrun, whose agent holds
+ * MASTER_PORT, the port after it), the others connect to MASTER_ADDR, and
+ * the ranks form a ring (TIDE_E_INVALID for missing or malformed variables,
+ * a WORLD_SIZE that differs between ranks, a rank taken twice; TIDE_E_IO
+ * when a rank does not come within the timeout or the port is taken). A
+ * collective waits at most TIDE_NET_TIMEOUT seconds (default 300) for the
+ * other ranks, then fails naming the rank and the collective. */
 tide_status tide_comm_open(tide_ctx *ctx, tide_comm **out);
+/* The carrier of c's host collectives: "mpi" or "tcp". */
+const char *tide_comm_carrier(const tide_comm *c);
 int tide_comm_rank(const tide_comm *c);
 int tide_comm_size(const tide_comm *c);
 /* Bytes this process has sent in collectives so far (the ring algorithms'
  * count: what the formula of docs/training.md section 12 gives). */
 uint64_t tide_comm_bytes_sent(const tide_comm *c);
-/* Ends every rank's process with exit status code (MPI_Abort): for a
- * program's failure path, so that the other ranks do not wait on this one.
+/* Ends every rank's process with exit status code (MPI_Abort; on TCP this
+ * process's connections closed, which fails the other ranks' collectives at
+ * once, and its exit): for a program's failure path, so that the other
+ * ranks do not wait on this one.
  * The library itself never calls it. */
 void tide_comm_abort(tide_comm *c, int code);
-/* Leaves the launch (MPI_Finalize where tide_comm_open initialised MPI). */
+/* Leaves the launch (MPI_Finalize where tide_comm_open initialised MPI; the
+ * TCP connections closed). */
 void tide_comm_close(tide_comm *c);
 /* Makes t one of tide_comm_size(c) data-parallel ranks, before the first
  * step: t's step options must have ranks equal to the communicator's size

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# cli_comm.sh - `tide train --comm mpi|nccl`: which carrier runs a rank's
+# cli_comm.sh - `tide train --comm mpi|tcp|nccl`: which carrier runs a rank's
 # collectives, and one rank in one process (docs/training.md section 12,
 # "NCCL on CUDA").
 #
 #   cli_comm.sh TIDE          the checks that need no GPU:
-#     - option errors: --comm other than mpi or nccl, --comm nccl on the CPU
+#     - option errors: --comm other than mpi, tcp or nccl, --comm nccl on the CPU
 #       backend, --comm mpi on CUDA (usage errors, status 2);
 #     - with TIDE_CUDAEMU (the emulated GPU's tide, built without NCCL):
 #       --comm nccl is refused saying the build has no NCCL;
@@ -109,7 +109,7 @@ fi
 
 # option errors
 expect 2 "--comm other" -- "$TIDE" train "${HP[@]}" --steps 1 --comm gloo
-contains "$TMP/err" "mpi or nccl" "--comm names its values"
+contains "$TMP/err" "mpi, tcp or nccl" "--comm names its values"
 expect 2 "--comm nccl on the CPU" -- "$TIDE" train "${HP[@]}" --steps 1 --comm nccl --backend cpu
 contains "$TMP/err" "--backend cuda" "--comm nccl names --backend cuda"
 expect 2 "--comm mpi on CUDA" -- "$TIDE" train "${HP[@]}" --steps 1 --comm mpi --backend cuda

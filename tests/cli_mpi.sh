@@ -45,9 +45,8 @@
 #     1, well before the guard's limit (a hang would reach it); a rank that
 #     stops answering makes the others' collective time out
 #     (TIDE_NET_TIMEOUT), naming it, and the failed rank ends every rank;
-#   - without a launcher --ranks 2 is refused naming mpirun, a torchrun-style
-#     launch is refused naming mpirun, --zero without ranks is a usage
-#     error.
+#   - without a launcher --ranks 2 is refused naming mpirun, --zero without
+#     ranks is a usage error (torchrun-style launches: tests/cli_torchrun.sh).
 # Exit 77 when mpirun is absent or this tide has no MPI.
 source "$(dirname "$0")/lib_cli.sh" "$1"
 : "${TIDE_FIXTURES:?TIDE_FIXTURES must point at tests/fixtures}"
@@ -64,9 +63,6 @@ expect 2 "--ranks without a launch" -- "$TIDE" train "${RUN[@]}" --steps 1 --ran
 contains "$TMP/err" "mpirun -np 2" "--ranks names mpirun"
 grep -q "this one has none" "$TMP/err" && no_mpi=1 || no_mpi=0
 expect 2 "--zero without ranks" -- "$TIDE" train "${RUN[@]}" --steps 1 --zero 1
-expect 1 "torchrun-style launch" -- env TIDE_WORLD_SIZE=2 TIDE_RANK=0 MASTER_ADDR=127.0.0.1 \
-    "$TIDE" train "${RUN[@]}" --steps 1
-contains "$TMP/err" "mpirun" "a torchrun-style launch names mpirun"
 "$TIDE" train --help >"$TMP/help"
 for o in --ranks --zero; do contains "$TMP/help" "$o" "train help lists $o"; done
 

@@ -30,7 +30,7 @@ static const char help[] =
     "                  [--backend auto|cpu|cuda] [--matmul auto|f32|fast] [--threads N]\n"
     "                  [--precision f32|bf16|auto]\n"
     "                  [--json] [--quiet] [--ranks N] [--zero 0|1|2]\n"
-    "                  [--comm mpi|nccl]\n"
+    "                  [--comm mpi|tcp|nccl]\n"
     "                  [--lora-r R] [--lora-alpha A] [--lora-targets LIST] [--lora-init DIR]\n"
     "                  [--merge-out DIR] [--base-type q8_0|q4_0|q4_k|q5_k|q6_k]\n"
     "\n"
@@ -184,17 +184,20 @@ static const char help[] =
     "  --threads N         CPU threads (default: all cores; under mpirun, give each\n"
     "                      rank its share)\n"
     "  --ranks N           data-parallel ranks: checked against the launch's (the\n"
-    "                      ranks are the processes mpirun -np N starts)\n"
+    "                      ranks are the processes mpirun -np N or torchrun\n"
+    "                      --nproc-per-node N starts)\n"
     "  --zero Z            over ranks: 0 gradients all-reduced, every rank a whole\n"
     "                      optimizer state; 1 (default) master weights and moments\n"
     "                      sharded, gradients reduce-scattered after the backward;\n"
     "                      2 reduce-scattered during it, each micro-batch's\n"
     "                      summed into the shard\n"
     "  --comm C            the ranks' collectives: mpi (host memory, the CPU\n"
-    "                      backend; the default) or nccl (GPU memory, --backend\n"
-    "                      cuda; its default). In one process: one rank, its\n"
-    "                      collectives over itself (the step of one process)\n"
-    "  --lora-r R          LoRA: freeze the base model and train rank-R adapters\n"
+    "                      backend; the default under mpirun or srun), tcp (host\n"
+    "                      memory, the CPU backend; the default and only carrier\n"
+    "                      of a torchrun-style launch) or nccl (GPU memory,\n"
+    "                      --backend cuda; its default). In one process with\n"
+    "                      mpi or nccl: one rank, its collectives over itself\n"
+    "                      (the step of one process)\n"    "  --lora-r R          LoRA: freeze the base model and train rank-R adapters\n"
     "                      on the projections (y = x W^T + (alpha/R) x A^T B^T;\n"
     "                      A Kaiming-uniform as PEFT initialises it, from a\n"
     "                      generator seeded by --shuffle's seed (default 0), B\n"
@@ -233,7 +236,10 @@ static const char help[] =
     "tokens/s and the bytes moved between tiers.\n"
     "\n"
     "Data-parallel ranks: `mpirun -np N tide train ... --accum A` (or srun with\n"
-    "PMIx) runs N ranks on the CPU backend, Open MPI carrying the collectives\n"
+    "PMIx) runs N ranks on the CPU backend, Open MPI carrying the collectives;\n"
+    "`torchrun --nproc-per-node N --no-python tide train ...` (or any launcher\n"
+    "setting WORLD_SIZE, RANK, MASTER_ADDR and MASTER_PORT) runs them with the\n"
+    "collectives on TCP sockets, meeting at rank 0\n"
     "(--backend cuda: on the GPUs, NCCL carrying them, one GPU per rank); rank\n"
     "r runs micro-batches r*A .. r*A+A-1 of the step one process with --accum N*A\n"
     "would run, so both train the same steps (equal up to f32 summation order).\n"
@@ -266,7 +272,7 @@ typedef struct train_args {
     unsigned lora_bits, lora_init_targets;
     /* data-parallel ranks (getopt values 0x320..; --comm 0x420) */
     long ranks, zero;
-    const char *comm; /* --comm: "mpi", "nccl" or NULL (by the backend) */
+    const char *comm; /* --comm: "mpi", "tcp", "nccl" or NULL (by the backend and the launch) */
 } train_args;
 
 typedef struct train_job {
@@ -358,14 +364,15 @@ static int parse_rank_option(int c, train_args *a) {
     if (c == 0x320 && cli_parse_int(optarg, 0, 2, &a->zero)) BAD("--zero (0, 1 or 2)");
     if (c == 0x321 && cli_parse_int(optarg, 1, 1 << 20, &a->ranks)) BAD("--ranks");
     if (c == 0x420) {
-        if (strcmp(optarg, "mpi") && strcmp(optarg, "nccl")) BAD("--comm (mpi or nccl)");
+        if (strcmp(optarg, "mpi") && strcmp(optarg, "tcp") && strcmp(optarg, "nccl")) BAD("--comm (mpi, tcp or nccl)");
         a->comm = optarg;
     }
     return -1;
 }
 
-/* The launch this process is a rank of: none (one process), or one that MPI
- * joins. Returns -1 to go on, else the exit status. */
+/* The launch this process is a rank of: none (one process), one that MPI
+ * joins (mpirun, srun), or a torchrun-style one (TCP). Returns -1 to go on,
+ * else the exit status. */
 static int join_ranks(train_job *j) {
     train_args *a = &j->a;
     const char *launcher = NULL;
@@ -376,24 +383,35 @@ static int join_ranks(train_job *j) {
     }
     if (a->ranks > 1 && j->world == 1)
         return cli_usage_error("train", "--ranks %ld: each rank is a process of its own: start them with mpirun "
-                               "-np %ld tide train ...%s", a->ranks, a->ranks,
-                               tide_comm_available() ? "" : " (and a tide built with MPI: this one has none)");
+                               "-np %ld tide train ...%s, or torchrun --nproc-per-node %ld --no-python tide train "
+                               "...", a->ranks, a->ranks,
+                               tide_comm_mpi_available() ? "" : " (with a tide built with MPI: this one has none)",
+                               a->ranks);
     if (a->ranks && j->world > 1 && a->ranks != j->world)
         return cli_usage_error("train", "--ranks %ld, but %s started %d ranks", a->ranks, launcher, j->world);
     if (j->world == 1 && !a->comm) {
         if (a->zero >= 0 && !a->ranks)
             return cli_usage_error("train", "--zero shards the state over data-parallel ranks: it needs a launch "
-                                   "of several (mpirun -np N)");
+                                   "of several (mpirun -np N, or torchrun --nproc-per-node N)");
         return -1;
     }
-    /* the collectives' carrier: MPI on the CPU backend, NCCL on CUDA (one
-     * process with --comm: one rank, its collectives over itself) */
+    /* the collectives' carrier: MPI (mpirun, srun) or TCP (torchrun-style)
+     * on the CPU backend, NCCL on CUDA (one process with --comm mpi or nccl:
+     * one rank, its collectives over itself) */
+    bool torchrun = !strcmp(launcher, "torchrun") && j->world > 1;
+    if (a->comm && !strcmp(a->comm, "tcp") && !torchrun)
+        return cli_usage_error("train", "--comm tcp carries a torchrun-style launch (WORLD_SIZE, RANK, MASTER_ADDR "
+                               "and MASTER_PORT set for each rank)%s", j->world > 1 ? ", and this one is MPI's (--comm "
+                               "mpi)" : ": start the ranks with torchrun --nproc-per-node N --no-python tide train ...");
+    if (a->comm && !strcmp(a->comm, "mpi") && torchrun)
+        return cli_usage_error("train", "--comm mpi: MPI joins the ranks of mpirun or srun, and these were started "
+                               "torchrun-style: their collectives go over TCP (--comm tcp)");
     bool nccl = a->comm ? !strcmp(a->comm, "nccl") : a->backend == TIDE_BACKEND_CUDA;
     if (nccl && a->backend == TIDE_BACKEND_CPU)
         return cli_usage_error("train", "--comm nccl runs the collectives on GPU memory: it needs --backend cuda");
     if (!nccl && a->backend == TIDE_BACKEND_CUDA)
-        return cli_usage_error("train", "--comm mpi carries host memory: ranks on the CUDA backend use NCCL "
-                               "(--comm nccl)");
+        return cli_usage_error("train", "--comm %s carries host memory: ranks on the CUDA backend use NCCL "
+                               "(--comm nccl)", a->comm);
     if (nccl && !tide_comm_nccl_available())
         return cli_usage_error("train", "ranks on the CUDA backend run their collectives on NCCL, and this tide was "
                                "built without it (CMake found no nccl.h and libnccl with the CUDA toolkit and "
@@ -409,8 +427,8 @@ static int join_ranks(train_job *j) {
     }
     tide_ctx_free(ctx);
     if (tide_comm_size(j->comm) != j->world) {
-        fprintf(stderr, "tide: train: %s started %d ranks, but MPI joined %d (srun needs --mpi=pmix or pmi2)\n",
-                launcher, j->world, tide_comm_size(j->comm));
+        fprintf(stderr, "tide: train: %s started %d ranks, but %s joined %d (srun needs --mpi=pmix or pmi2)\n",
+                launcher, j->world, tide_comm_carrier(j->comm), tide_comm_size(j->comm));
         tide_comm_close(j->comm);
         j->comm = NULL;
         return 1;
@@ -931,7 +949,8 @@ static void print_header(const train_job *j) {
            a->have_min_lr ? " cosine" : "", a->beta1, a->beta2, a->eps, a->wd, a->clip);
     if (j->comm)
         printf("ranks      %d data-parallel ranks, each the above: the step of one process with accum %ld; "
-               "ZeRO-%ld\n", j->world, a->accum * j->world, a->zero);
+               "ZeRO-%ld; collectives on %s%s\n", j->world, a->accum * j->world, a->zero,
+               tide_comm_carrier(j->comm), a->backend == TIDE_BACKEND_CUDA ? " (host values) and NCCL" : "");
     printf("backend    %s, matmul %s, %d threads; %s\n", tide_backend_name(j->be),
            tide_matmul_name(tide_backend_matmul(j->be)), tide_ctx_threads(j->ctx), j->offload ? "offloaded" : "resident");
     if (a->precision == TIDE_PRECISION_BF16)

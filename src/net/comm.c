@@ -1,25 +1,26 @@
 /*
  * comm.c - the data-parallel ranks' communicator (comm.h, tide.h): the
- * launch read from the environment, and the collectives on MPI where the
- * build has it (TIDE_HAVE_MPI).
+ * launch read from the environment, and the collectives on its carrier:
+ * MPI where the build has it (TIDE_HAVE_MPI) for the launches MPI joins, TCP
+ * sockets (net/comm_tcp.c) for a torchrun-style one.
  *
- * Launches. MPI joins the ranks, so they are started by a launcher MPI_Init
- * understands: Open MPI's mpirun or mpiexec (OMPI_COMM_WORLD_SIZE), or srun
+ * Launches. Open MPI's mpirun or mpiexec (OMPI_COMM_WORLD_SIZE), or srun
  * with PMIx or PMI-2 (PMIX_RANK or SLURM_PROCID with a job step's
- * SLURM_STEP_NUM_TASKS, or PMI_SIZE). The
- * torchrun-style variables (TIDE_WORLD_SIZE / TIDE_RANK, or WORLD_SIZE /
- * RANK with MASTER_ADDR) name a launch too, but MPI cannot rendezvous at a
- * MASTER_ADDR: tide_comm_open refuses them with a message saying to start
- * the ranks with mpirun.
+ * SLURM_STEP_NUM_TASKS, or PMI_SIZE): MPI joins the ranks. torchrun, or any
+ * launcher that sets TIDE_WORLD_SIZE / TIDE_RANK (or WORLD_SIZE / RANK) with
+ * MASTER_ADDR and MASTER_PORT: the ranks meet over TCP at rank 0
+ * (comm_tcp.h), with no MPI.
  *
- * Timeouts. Every collective is a non-blocking MPI call polled until it
- * completes or the timeout passes (TIDE_NET_TIMEOUT seconds, default 300):
- * a rank that died or stopped answering fails the others' call with a
- * message; the program then ends every rank (tide_comm_abort). Open MPI's
- * mpirun ends the job by itself as soon as one rank's process dies, naming
- * the rank; the timeout covers a rank that lives but never arrives.
+ * Timeouts. Every collective waits at most TIDE_NET_TIMEOUT seconds
+ * (default 300) for the other ranks: on MPI a non-blocking call polled until
+ * it completes, on TCP the time without progress. A rank that died or
+ * stopped answering fails the others' call with a message; the program then
+ * ends every rank (tide_comm_abort). Open MPI's mpirun ends the job by itself
+ * as soon as one rank's process dies, naming the rank; on TCP a dead rank's
+ * closed connections fail the others' next transfer at once, naming it.
  */
 #include "net/comm.h"
+#include "net/comm_tcp.h"
 #include "core/core.h"
 
 #include <stdio.h>
@@ -70,81 +71,31 @@ int tide_comm_launch_env(int *rank, const char **launcher) {
     return 1;
 }
 
-/* The launch, if MPI can join it. */
-static tide_status check_launch(tide_ctx *ctx) {
-    const char *launcher = NULL;
-    int n = tide_comm_launch_env(NULL, &launcher);
-    if (n < 0) return tide_err(ctx, TIDE_E_INVALID, "the launcher's rank variables are malformed (%s)", launcher);
-    if (n > 1 && !strcmp(launcher, "torchrun"))
-        return tide_err(ctx, TIDE_E_UNSUPPORTED, "the environment names %d ranks torchrun-style (TIDE_WORLD_SIZE or "
-                        "WORLD_SIZE), but tide's ranks are joined by MPI, which cannot meet at a MASTER_ADDR: start "
-                        "them with mpirun -np %d (or srun --mpi=pmix)", n, n);
+static tide_status check_launch(tide_ctx *ctx, int *n, const char **launcher) {
+    *n = tide_comm_launch_env(NULL, launcher);
+    if (*n < 0) return tide_err(ctx, TIDE_E_INVALID, "the launcher's rank variables are malformed (%s)", *launcher);
     return TIDE_OK;
 }
 
-#ifndef TIDE_HAVE_MPI
-
-bool tide_comm_available(void) { return false; }
-
-static tide_status check_launch(tide_ctx *ctx);
-
-tide_status tide_comm_open(tide_ctx *ctx, tide_comm **out) {
-    *out = NULL;
-    tide_status st = check_launch(ctx);
-    if (st) return st;
-    return tide_err(ctx, TIDE_E_UNSUPPORTED, "data-parallel ranks need MPI, and this tide was built without it "
-                    "(install Open MPI's development files, libopenmpi-dev, and rebuild)");
-}
-int tide_comm_rank(const tide_comm *c) { return 0; }
-int tide_comm_size(const tide_comm *c) { return 1; }
-void tide_comm_close(tide_comm *c) {}
-void tide_comm_abort(tide_comm *c, int code) {}
-uint64_t tide_comm_bytes_sent(const tide_comm *c) { return 0; }
-
-#define NO_MPI(ctx) tide_err(ctx, TIDE_E_UNSUPPORTED, "data-parallel ranks need MPI (not built)")
-tide_status tide_comm_allreduce_f32(tide_comm *c, tide_ctx *ctx, float *x, uint64_t n, const char *what) {
-    return NO_MPI(ctx);
-}
-tide_status tide_comm_allreduce_f64(tide_comm *c, tide_ctx *ctx, double *x, int n, const char *what) {
-    return NO_MPI(ctx);
-}
-tide_status tide_comm_reduce_scatter_f32(tide_comm *c, tide_ctx *ctx, const float *x, float *shard, int64_t rows,
-                                         uint64_t row_elems, const char *what) {
-    return NO_MPI(ctx);
-}
-tide_status tide_comm_allgather_rows(tide_comm *c, tide_ctx *ctx, const void *shard, void *x, int64_t rows,
-                                     uint64_t row_bytes, const char *what) {
-    return NO_MPI(ctx);
-}
-tide_status tide_comm_bcast(tide_comm *c, tide_ctx *ctx, void *buf, size_t n, const char *what) { return NO_MPI(ctx); }
-tide_status tide_comm_gather_rows(tide_comm *c, tide_ctx *ctx, const void *shard, void *x, int64_t rows,
-                                  uint64_t row_bytes, const char *what) {
-    return NO_MPI(ctx);
-}
-tide_status tide_comm_same(tide_comm *c, tide_ctx *ctx, uint64_t v, const char *what) { return NO_MPI(ctx); }
-void tide_comm_set_cancel(tide_comm *c, const atomic_bool *flag) {}
-void tide_comm_clear_cancel(tide_comm *c, const atomic_bool *flag) {}
-void tide_comm_set_dev(tide_comm *c, const tide_comm_dev *dev, void *st) {}
-const tide_comm_dev *tide_comm_get_dev(const tide_comm *c, void **st) { return NULL; }
-double tide_comm_timeout_s(const tide_comm *c) { return 300; }
-bool tide_comm_cancelled(const tide_comm *c) { return false; }
-void tide_comm_count_sent(tide_comm *c, uint64_t bytes) {}
-
-#else
-
+#ifdef TIDE_HAVE_MPI
 #include <mpi.h>
 #include <limits.h>
+#endif
 
 struct tide_comm {
-    MPI_Comm comm;
     int rank, size;
-    bool inited_here;   /* MPI_Init_thread was ours: finalize on close */
+    const char *carrier; /* "mpi" or "tcp" */
     double timeout_s;
-    int *counts, *displs; /* per rank, for the v-collectives */
     uint64_t bytes_sent;  /* ring algorithms' bytes this rank sent (the formula, docs/training.md section 12) */
     const atomic_bool *_Atomic cancel; /* the running executor's failure flag, or NULL */
     const tide_comm_dev *dev;          /* collectives on device memory (NCCL), or NULL */
     void *dev_st;
+    tide_tcp *tcp; /* the TCP carrier (a torchrun-style launch), or NULL: MPI */
+#ifdef TIDE_HAVE_MPI
+    MPI_Comm comm;
+    bool inited_here;   /* MPI_Init_thread was ours: finalize on close */
+    int *counts, *displs; /* per rank, for the v-collectives */
+#endif
 };
 
 void tide_comm_set_dev(tide_comm *c, const tide_comm_dev *dev, void *st) {
@@ -168,12 +119,175 @@ void tide_comm_clear_cancel(tide_comm *c, const atomic_bool *flag) {
     atomic_compare_exchange_strong(&c->cancel, &want, NULL);
 }
 
+/* Ranks are always possible: over TCP without MPI. */
 bool tide_comm_available(void) { return true; }
+bool tide_comm_mpi_available(void) {
+#ifdef TIDE_HAVE_MPI
+    return true;
+#else
+    return false;
+#endif
+}
+
+int tide_comm_rank(const tide_comm *c) { return c ? c->rank : 0; }
+int tide_comm_size(const tide_comm *c) { return c ? c->size : 1; }
+uint64_t tide_comm_bytes_sent(const tide_comm *c) { return c ? c->bytes_sent : 0; }
+const char *tide_comm_carrier(const tide_comm *c) { return c ? c->carrier : "none"; }
+
+static tide_status mpi_open(tide_ctx *ctx, tide_comm *c);
 
 tide_status tide_comm_open(tide_ctx *ctx, tide_comm **out) {
     *out = NULL;
-    tide_status st0 = check_launch(ctx);
-    if (st0) return st0;
+    int n = 1;
+    const char *launcher = NULL;
+    tide_status st = check_launch(ctx, &n, &launcher);
+    if (st) return st;
+    double timeout = 300;
+    const char *to = getenv("TIDE_NET_TIMEOUT");
+    if (to && *to) {
+        char *end;
+        double v = strtod(to, &end);
+        if (*end || !(v > 0))
+            return tide_err(ctx, TIDE_E_INVALID, "TIDE_NET_TIMEOUT '%s' is not a positive number of seconds", to);
+        timeout = v;
+    }
+    tide_comm *c = tide_calloc(1, sizeof *c);
+    if (!c) return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
+    c->timeout_s = timeout;
+    if (!strcmp(launcher, "torchrun")) {
+        int rank = 0;
+        tide_comm_launch_env(&rank, NULL);
+        if (rank >= n) {
+            tide_free(c);
+            return tide_err(ctx, TIDE_E_INVALID, "the launch names rank %d of %d ranks (RANK must be below "
+                            "WORLD_SIZE)", rank, n);
+        }
+        c->carrier = "tcp";
+        c->rank = rank;
+        c->size = n;
+        st = tide_tcp_open(ctx, rank, n, timeout, &c->cancel, &c->tcp);
+    } else {
+        c->carrier = "mpi";
+        st = mpi_open(ctx, c);
+    }
+    if (st) {
+        tide_free(c);
+        return st;
+    }
+    *out = c;
+    return TIDE_OK;
+}
+
+static void mpi_close(tide_comm *c);
+
+void tide_comm_close(tide_comm *c) {
+    if (!c) return;
+    if (c->dev && c->dev->close) c->dev->close(c->dev_st);
+    if (c->tcp) tide_tcp_close(c->tcp);
+    else mpi_close(c);
+    tide_free(c);
+}
+
+/* The collectives: the carrier's, and the ring formula's bytes counted. */
+static tide_status mpi_allreduce(tide_comm *c, tide_ctx *ctx, void *x, uint64_t n, int elem, const char *what);
+static tide_status mpi_reduce_scatter_f32(tide_comm *c, tide_ctx *ctx, const float *x, float *shard, int64_t rows,
+                                          uint64_t row_elems, const char *what);
+static tide_status mpi_allgather_rows(tide_comm *c, tide_ctx *ctx, const void *shard, void *x, int64_t rows,
+                                      uint64_t row_bytes, const char *what);
+static tide_status mpi_gather_rows(tide_comm *c, tide_ctx *ctx, const void *shard, void *x, int64_t rows,
+                                   uint64_t row_bytes, const char *what);
+static tide_status mpi_bcast(tide_comm *c, tide_ctx *ctx, void *buf, size_t n, const char *what);
+
+tide_status tide_comm_allreduce_f32(tide_comm *c, tide_ctx *ctx, float *x, uint64_t n, const char *what) {
+    tide_status st = c->tcp ? tide_tcp_allreduce(c->tcp, ctx, x, n, 4, what) : mpi_allreduce(c, ctx, x, n, 4, what);
+    if (!st) c->bytes_sent += 2 * n * sizeof(float) * (uint64_t)(c->size - 1) / (uint64_t)c->size;
+    return st;
+}
+
+tide_status tide_comm_allreduce_f64(tide_comm *c, tide_ctx *ctx, double *x, int n, const char *what) {
+    if (n < 0) return tide_err(ctx, TIDE_E_INVALID, "all-reduce of %s: %d values", what, n);
+    return c->tcp ? tide_tcp_allreduce(c->tcp, ctx, x, (uint64_t)n, 8, what)
+                  : mpi_allreduce(c, ctx, x, (uint64_t)n, 8, what);
+}
+
+tide_status tide_comm_reduce_scatter_f32(tide_comm *c, tide_ctx *ctx, const float *x, float *shard, int64_t rows,
+                                         uint64_t row_elems, const char *what) {
+    tide_status st = c->tcp ? tide_tcp_reduce_scatter_f32(c->tcp, ctx, x, shard, rows, row_elems, what)
+                            : mpi_reduce_scatter_f32(c, ctx, x, shard, rows, row_elems, what);
+    if (!st)
+        c->bytes_sent += (uint64_t)rows * row_elems * sizeof(float) * (uint64_t)(c->size - 1) / (uint64_t)c->size;
+    return st;
+}
+
+tide_status tide_comm_allgather_rows(tide_comm *c, tide_ctx *ctx, const void *shard, void *x, int64_t rows,
+                                     uint64_t row_bytes, const char *what) {
+    tide_status st = c->tcp ? tide_tcp_allgather_rows(c->tcp, ctx, shard, x, rows, row_bytes, what)
+                            : mpi_allgather_rows(c, ctx, shard, x, rows, row_bytes, what);
+    if (!st) c->bytes_sent += (uint64_t)rows * row_bytes * (uint64_t)(c->size - 1) / (uint64_t)c->size;
+    return st;
+}
+
+tide_status tide_comm_gather_rows(tide_comm *c, tide_ctx *ctx, const void *shard, void *x, int64_t rows,
+                                  uint64_t row_bytes, const char *what) {
+    return c->tcp ? tide_tcp_gather_rows(c->tcp, ctx, shard, x, rows, row_bytes, what)
+                  : mpi_gather_rows(c, ctx, shard, x, rows, row_bytes, what);
+}
+
+tide_status tide_comm_bcast(tide_comm *c, tide_ctx *ctx, void *buf, size_t n, const char *what) {
+    return c->tcp ? tide_tcp_bcast(c->tcp, ctx, buf, n, what) : mpi_bcast(c, ctx, buf, n, what);
+}
+
+tide_status tide_comm_same(tide_comm *c, tide_ctx *ctx, uint64_t v, const char *what) {
+    uint64_t *all = tide_malloc((size_t)c->size * sizeof *all);
+    if (!all) return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
+    /* every rank's value on every rank (the bytes are not the step's) */
+    tide_status st = c->tcp ? tide_tcp_allgather_rows(c->tcp, ctx, &v, all, c->size, sizeof v, what)
+                            : mpi_allgather_rows(c, ctx, &v, all, c->size, sizeof v, what);
+    for (int r = 1; !st && r < c->size; r++)
+        if (all[r] != all[0])
+            st = tide_err(ctx, TIDE_E_INVALID, "rank %d's %s differs from rank 0's (hash %016llx, not %016llx): every "
+                          "rank must be started with the same options, model and data", r, what,
+                          (unsigned long long)all[r], (unsigned long long)all[0]);
+    tide_free(all);
+    return st;
+}
+
+#ifndef TIDE_HAVE_MPI
+
+static tide_status mpi_open(tide_ctx *ctx, tide_comm *c) {
+    (void)c;
+    return tide_err(ctx, TIDE_E_UNSUPPORTED, "ranks launched by mpirun or srun are joined by MPI, and this tide "
+                    "was built without it (install Open MPI's development files, libopenmpi-dev, and rebuild; or "
+                    "start the ranks torchrun-style: WORLD_SIZE, RANK, MASTER_ADDR and MASTER_PORT)");
+}
+static void mpi_close(tide_comm *c) { (void)c; }
+void tide_comm_abort(tide_comm *c, int code) {
+    tide_tcp_shutdown(c ? c->tcp : NULL);
+    exit(code ? code : 1);
+}
+#define NO_MPI(ctx) tide_err(ctx, TIDE_E_UNSUPPORTED, "MPI's collectives: not built")
+static tide_status mpi_allreduce(tide_comm *c, tide_ctx *ctx, void *x, uint64_t n, int elem, const char *what) {
+    return NO_MPI(ctx);
+}
+static tide_status mpi_reduce_scatter_f32(tide_comm *c, tide_ctx *ctx, const float *x, float *shard, int64_t rows,
+                                          uint64_t row_elems, const char *what) {
+    return NO_MPI(ctx);
+}
+static tide_status mpi_allgather_rows(tide_comm *c, tide_ctx *ctx, const void *shard, void *x, int64_t rows,
+                                      uint64_t row_bytes, const char *what) {
+    return NO_MPI(ctx);
+}
+static tide_status mpi_gather_rows(tide_comm *c, tide_ctx *ctx, const void *shard, void *x, int64_t rows,
+                                   uint64_t row_bytes, const char *what) {
+    return NO_MPI(ctx);
+}
+static tide_status mpi_bcast(tide_comm *c, tide_ctx *ctx, void *buf, size_t n, const char *what) {
+    return NO_MPI(ctx);
+}
+
+#else
+
+static tide_status mpi_open(tide_ctx *ctx, tide_comm *c) {
     int flag = 0;
     MPI_Initialized(&flag);
     bool here = false;
@@ -190,49 +304,35 @@ tide_status tide_comm_open(tide_ctx *ctx, tide_comm **out) {
         }
         here = true;
     }
-    tide_comm *c = tide_calloc(1, sizeof *c);
-    if (!c) return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
     MPI_Comm_dup(MPI_COMM_WORLD, &c->comm);
     MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(c->comm, &c->rank);
     MPI_Comm_size(c->comm, &c->size);
     c->inited_here = here;
-    c->timeout_s = 300;
-    const char *to = getenv("TIDE_NET_TIMEOUT");
-    if (to && *to) {
-        char *end;
-        double v = strtod(to, &end);
-        if (*end || !(v > 0)) {
-            tide_comm_close(c);
-            return tide_err(ctx, TIDE_E_INVALID, "TIDE_NET_TIMEOUT '%s' is not a positive number of seconds", to);
-        }
-        c->timeout_s = v;
-    }
     c->counts = tide_malloc((size_t)c->size * sizeof *c->counts);
     c->displs = tide_malloc((size_t)c->size * sizeof *c->displs);
     if (!c->counts || !c->displs) {
-        tide_comm_close(c);
+        mpi_close(c);
         return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
     }
-    *out = c;
     return TIDE_OK;
 }
 
-int tide_comm_rank(const tide_comm *c) { return c ? c->rank : 0; }
-int tide_comm_size(const tide_comm *c) { return c ? c->size : 1; }
-uint64_t tide_comm_bytes_sent(const tide_comm *c) { return c ? c->bytes_sent : 0; }
-
-void tide_comm_close(tide_comm *c) {
-    if (!c) return;
-    if (c->dev && c->dev->close) c->dev->close(c->dev_st);
+static void mpi_close(tide_comm *c) {
     MPI_Comm_free(&c->comm);
     if (c->inited_here) MPI_Finalize();
     tide_free(c->counts);
     tide_free(c->displs);
-    tide_free(c);
+    c->counts = c->displs = NULL;
 }
 
-void tide_comm_abort(tide_comm *c, int code) { MPI_Abort(c ? c->comm : MPI_COMM_WORLD, code ? code : 1); }
+void tide_comm_abort(tide_comm *c, int code) {
+    if (c && c->tcp) {
+        tide_tcp_shutdown(c->tcp);
+        exit(code ? code : 1);
+    }
+    MPI_Abort(c ? c->comm : MPI_COMM_WORLD, code ? code : 1);
+}
 
 static tide_status mpi_fail(tide_comm *c, tide_ctx *ctx, int rc, const char *call, const char *what) {
     char msg[MPI_MAX_ERROR_STRING];
@@ -280,20 +380,15 @@ static tide_status wait_req(tide_comm *c, tide_ctx *ctx, MPI_Request *req, const
         if (st_) return st_;                                                                                     \
     } while (0)
 
-tide_status tide_comm_allreduce_f32(tide_comm *c, tide_ctx *ctx, float *x, uint64_t n, const char *what) {
+static tide_status mpi_allreduce(tide_comm *c, tide_ctx *ctx, void *x, uint64_t n, int elem, const char *what) {
+    MPI_Datatype type = elem == 8 ? MPI_DOUBLE : MPI_FLOAT;
     for (uint64_t at = 0; at < n;) {
         uint64_t k = n - at > (uint64_t)INT_MAX ? (uint64_t)INT_MAX : n - at;
         MPI_Request req;
-        CALL(MPI_Iallreduce(MPI_IN_PLACE, x + at, (int)k, MPI_FLOAT, MPI_SUM, c->comm, &req), "all-reduce");
+        CALL(MPI_Iallreduce(MPI_IN_PLACE, (char *)x + at * (uint64_t)elem, (int)k, type, MPI_SUM, c->comm, &req),
+             "all-reduce");
         at += k;
     }
-    c->bytes_sent += 2 * n * sizeof(float) * (uint64_t)(c->size - 1) / (uint64_t)c->size;
-    return TIDE_OK;
-}
-
-tide_status tide_comm_allreduce_f64(tide_comm *c, tide_ctx *ctx, double *x, int n, const char *what) {
-    MPI_Request req;
-    CALL(MPI_Iallreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, c->comm, &req), "all-reduce");
     return TIDE_OK;
 }
 
@@ -311,8 +406,8 @@ static bool fill_counts(tide_comm *c, int64_t rows, uint64_t unit) {
     return true;
 }
 
-tide_status tide_comm_reduce_scatter_f32(tide_comm *c, tide_ctx *ctx, const float *x, float *shard, int64_t rows,
-                                         uint64_t row_elems, const char *what) {
+static tide_status mpi_reduce_scatter_f32(tide_comm *c, tide_ctx *ctx, const float *x, float *shard, int64_t rows,
+                                          uint64_t row_elems, const char *what) {
     if (!fill_counts(c, rows, row_elems))
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "reduce-scatter of %s: a rank's part is over 2^31 - 1 elements",
                         what);
@@ -321,23 +416,21 @@ tide_status tide_comm_reduce_scatter_f32(tide_comm *c, tide_ctx *ctx, const floa
     int64_t c_rows = (rows + c->size - 1) / c->size;
     uint64_t have = (uint64_t)c->counts[c->rank], want = (uint64_t)c_rows * row_elems;
     if (have < want) memset(shard + have, 0, (want - have) * sizeof *shard);
-    c->bytes_sent += (uint64_t)rows * row_elems * sizeof(float) * (uint64_t)(c->size - 1) / (uint64_t)c->size;
     return TIDE_OK;
 }
 
-tide_status tide_comm_allgather_rows(tide_comm *c, tide_ctx *ctx, const void *shard, void *x, int64_t rows,
-                                     uint64_t row_bytes, const char *what) {
+static tide_status mpi_allgather_rows(tide_comm *c, tide_ctx *ctx, const void *shard, void *x, int64_t rows,
+                                      uint64_t row_bytes, const char *what) {
     if (!fill_counts(c, rows, row_bytes))
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "all-gather of %s: a rank's part is over 2^31 - 1 bytes", what);
     MPI_Request req;
     CALL(MPI_Iallgatherv(shard, c->counts[c->rank], MPI_BYTE, x, c->counts, c->displs, MPI_BYTE, c->comm, &req),
          "all-gather");
-    c->bytes_sent += (uint64_t)rows * row_bytes * (uint64_t)(c->size - 1) / (uint64_t)c->size;
     return TIDE_OK;
 }
 
-tide_status tide_comm_gather_rows(tide_comm *c, tide_ctx *ctx, const void *shard, void *x, int64_t rows,
-                                  uint64_t row_bytes, const char *what) {
+static tide_status mpi_gather_rows(tide_comm *c, tide_ctx *ctx, const void *shard, void *x, int64_t rows,
+                                   uint64_t row_bytes, const char *what) {
     if (!fill_counts(c, rows, row_bytes))
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "gather of %s: a rank's part is over 2^31 - 1 bytes", what);
     MPI_Request req;
@@ -346,27 +439,11 @@ tide_status tide_comm_gather_rows(tide_comm *c, tide_ctx *ctx, const void *shard
     return TIDE_OK;
 }
 
-tide_status tide_comm_bcast(tide_comm *c, tide_ctx *ctx, void *buf, size_t n, const char *what) {
+static tide_status mpi_bcast(tide_comm *c, tide_ctx *ctx, void *buf, size_t n, const char *what) {
     if (n > INT_MAX) return tide_err(ctx, TIDE_E_UNSUPPORTED, "broadcast of %s: over 2^31 - 1 bytes", what);
     MPI_Request req;
     CALL(MPI_Ibcast(buf, (int)n, MPI_BYTE, 0, c->comm, &req), "broadcast");
     return TIDE_OK;
-}
-
-tide_status tide_comm_same(tide_comm *c, tide_ctx *ctx, uint64_t v, const char *what) {
-    uint64_t *all = tide_malloc((size_t)c->size * sizeof *all);
-    if (!all) return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
-    MPI_Request req;
-    int rc = MPI_Iallgather(&v, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, c->comm, &req);
-    tide_status st = rc != MPI_SUCCESS ? mpi_fail(c, ctx, rc, "all-gather", what)
-                                       : wait_req(c, ctx, &req, "all-gather", what);
-    for (int r = 1; !st && r < c->size; r++)
-        if (all[r] != all[0])
-            st = tide_err(ctx, TIDE_E_INVALID, "rank %d's %s differs from rank 0's (hash %016llx, not %016llx): every "
-                          "rank must be started with the same options, model and data", r, what,
-                          (unsigned long long)all[r], (unsigned long long)all[0]);
-    tide_free(all);
-    return st;
 }
 
 #endif
