@@ -102,10 +102,18 @@ typedef struct {
     float *C;
     int64_t ldc;
     bool add_c;
-    int64_t mcb, ncb, kcb;
+    int64_t mcb, ncb, kcb; /* mcb: the largest row block */
+    int64_t n_ic, pan_base, pan_rem; /* row blocks: pan_base register tiles of rows each, the first pan_rem one more */
     size_t a_el; /* elements of one thread's A buffer */
     uint32_t *bp;
 } gd_job;
+
+/* Row block ib: its first row and its rows. */
+static void gd_rows(const gd_job *j, int64_t ib, int64_t *ic, int64_t *mc) {
+    const int64_t mr = j->kn->mr, p0 = ib * j->pan_base + TIDE_MIN(ib, j->pan_rem);
+    *ic = p0 * mr;
+    *mc = TIDE_MIN((j->pan_base + (ib < j->pan_rem)) * mr, j->M - *ic);
+}
 
 /* The depth of a packed block of kc elements of K. */
 static int64_t gd_depth(const tk_gemm_kern *kn, int64_t kc) { return kn->pairs ? (kc + 1) / 2 : kc; }
@@ -120,11 +128,11 @@ static void gd_pack_b(const gd_job *j, int64_t jc, int64_t nc, int64_t pc, int64
 
 /* The tiles of one item: rows [ic, ic + mc) of the block, B's panels
  * [p0, p1); A packed into ap unless *packed already holds block ic. */
-static void gd_item(const gd_job *j, int64_t jc, int64_t nc, int64_t pc, int64_t kc, int64_t ic, int64_t p0,
-                    int64_t p1, uint32_t *ap, int64_t *packed, float *edge) {
+static void gd_item(const gd_job *j, int64_t jc, int64_t nc, int64_t pc, int64_t kc, int64_t ic, int64_t mc,
+                    int64_t p0, int64_t p1, uint32_t *ap, int64_t *packed, float *edge) {
     const tk_gemm_kern *kn = j->kn;
     const int mr = kn->mr, nr = kn->nr;
-    const int64_t kd = gd_depth(kn, kc), mc = TIDE_MIN(j->mcb, j->M - ic), ldc = j->ldc;
+    const int64_t kd = gd_depth(kn, kc), ldc = j->ldc;
     const bool add = pc > 0 || j->add_c;
     if (*packed != ic) {
         kn->pack_a(kn->a_ctx, ic, mc, pc, kc, mr, kd, ap);
@@ -170,7 +178,7 @@ static void gd_item(const gd_job *j, int64_t jc, int64_t nc, int64_t pc, int64_t
  * least GD_ITEMS_PER_THREAD a thread where the panels allow. */
 static void gd_items(const gd_job *j, int64_t nc, int nth, int64_t *n_ic, int64_t *n_jg, int64_t *np) {
     *np = (nc + j->kn->nr - 1) / j->kn->nr;
-    *n_ic = (j->M + j->mcb - 1) / j->mcb;
+    *n_ic = j->n_ic;
     int64_t want = (int64_t)nth * GD_ITEMS_PER_THREAD;
     *n_jg = nth == 1 ? 1 : TIDE_MAX((int64_t)1, TIDE_MIN(*np, (want + *n_ic - 1) / *n_ic));
 }
@@ -183,10 +191,19 @@ void tk_gemm_sums(const tk_gemm_kern *kn, int64_t M, int64_t N, int64_t K, float
     j.kcb = TIDE_MIN(K, (int64_t)GD_KC);
     const int64_t kdb = gd_depth(kn, j.kcb);
     int nth = nt > 1 && 2.0 * (double)M * (double)N * (double)K >= GD_PAR_FLOPS ? nt : 1;
-    /* row blocks of at most MC rows, as even as whole register tiles allow */
-    int64_t n_ic = (gd_round_up(M, mr) + (int64_t)mr * GD_MC_PANELS - 1) / ((int64_t)mr * GD_MC_PANELS);
-    if (nth > 1 && n_ic < nth) n_ic = TIDE_MIN((int64_t)nth, (M + mr - 1) / mr);
-    j.mcb = gd_round_up((M + n_ic - 1) / n_ic, mr);
+    /* row blocks of at most MC rows, their register tiles shared out
+     * evenly (they differ by one at most), and on several threads a
+     * multiple of the threads where the tiles allow: the items of a block
+     * then take the threads equally long (with 1024 rows on 2 threads, 6
+     * blocks of 180 rows but the last of 124 kept one thread waiting 10% of
+     * the time at each block's barrier) */
+    const int64_t panels = (M + mr - 1) / mr;
+    int64_t n_ic = (panels + GD_MC_PANELS - 1) / GD_MC_PANELS;
+    if (nth > 1) n_ic = TIDE_MIN(panels, gd_round_up(n_ic, nth));
+    j.n_ic = n_ic;
+    j.pan_base = panels / n_ic;
+    j.pan_rem = panels % n_ic;
+    j.mcb = (j.pan_base + (j.pan_rem > 0)) * mr;
     j.ncb = TIDE_MIN(gd_round_up(N, nr), (int64_t)(GD_NC / nr * nr));
     _Alignas(64) uint32_t stack[GD_STACK];
     uint32_t *buf = NULL;
@@ -200,6 +217,9 @@ void tk_gemm_sums(const tk_gemm_kern *kn, int64_t M, int64_t N, int64_t K, float
          * the stack, to the same bits (the K blocks, part of the order, stay) */
         nth = 1;
         j.mcb = mr;
+        j.n_ic = panels;
+        j.pan_base = 1;
+        j.pan_rem = 0;
         j.ncb = nr;
         j.a_el = (size_t)gd_round_up(j.mcb * kdb, 16);
         buf = stack;
@@ -217,7 +237,11 @@ void tk_gemm_sums(const tk_gemm_kern *kn, int64_t M, int64_t N, int64_t K, float
                 const int64_t kc = TIDE_MIN(j.kcb, K - pc);
                 int64_t packed = -1;
                 gd_pack_b(&j, jc, nc, pc, kc, 0, np);
-                for (int64_t ib = 0; ib < n_icb; ib++) gd_item(&j, jc, nc, pc, kc, ib * j.mcb, 0, np, buf, &packed, edge);
+                for (int64_t ib = 0; ib < n_icb; ib++) {
+                    int64_t ic, mc;
+                    gd_rows(&j, ib, &ic, &mc);
+                    gd_item(&j, jc, nc, pc, kc, ic, mc, 0, np, buf, &packed, edge);
+                }
             }
         }
     } else {
@@ -239,8 +263,9 @@ void tk_gemm_sums(const tk_gemm_kern *kn, int64_t M, int64_t N, int64_t K, float
 #pragma omp for schedule(dynamic, 1)
                     for (int64_t it = 0; it < items; it++) {
                         const int64_t ib = it / n_jg, g = it % n_jg;
-                        gd_item(&j, jc, nc, pc, kc, ib * j.mcb, np * g / n_jg, np * (g + 1) / n_jg, ap, &packed,
-                                edge);
+                        int64_t ic, mc;
+                        gd_rows(&j, ib, &ic, &mc);
+                        gd_item(&j, jc, nc, pc, kc, ic, mc, np * g / n_jg, np * (g + 1) / n_jg, ap, &packed, edge);
                     }
                 }
             }
