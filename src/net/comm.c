@@ -291,6 +291,17 @@ static tide_status mpi_open(tide_ctx *ctx, tide_comm *c) {
     int flag = 0;
     MPI_Initialized(&flag);
     bool here = false;
+#ifdef OMPI_MAJOR_VERSION
+    /* Open MPI joins the ranks srun starts through PMIx (srun --mpi=pmix);
+     * without it MPI_Init_thread would end each rank with Open MPI's own
+     * message, before tide could say which option is missing */
+    const char *launcher = NULL;
+    int n = tide_comm_launch_env(NULL, &launcher);
+    const char *pmix = getenv("PMIX_RANK");
+    if (!flag && n > 1 && !strcmp(launcher, "srun") && !(pmix && *pmix))
+        return tide_err(ctx, TIDE_E_UNSUPPORTED, "srun started %d ranks without PMIx, through which Open MPI joins "
+                        "them: start them with srun --mpi=pmix (or set MpiDefault=pmix in slurm.conf)", n);
+#endif
     if (!flag) {
         int provided = 0;
         /* the net stream's worker and the trainer call MPI from different
