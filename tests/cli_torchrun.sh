@@ -238,8 +238,12 @@ done
 # itself (the guard: a hang's, never reached when it works)
 cat >"$TMP/kill1.sh" <<'SH'
 #!/usr/bin/env bash
-# rank 1 is killed (SIGKILL) two seconds in, while the ranks train
-if [ "$RANK" = 1 ]; then (sleep 2; kill -9 $$) & fi
+# rank 1 is killed (SIGKILL) once it has printed a step (its stdout is a
+# file): the ranks have met and train, however loaded the machine is
+if [ "$RANK" = 1 ]; then
+    out=$(readlink "/proc/$$/fd/1")
+    (for _ in $(seq 1000); do grep -q '"step"' "$out" 2>/dev/null && break; sleep 0.1; done; kill -9 $$) &
+fi
 exec "$@"
 SH
 chmod +x "$TMP/kill1.sh"
