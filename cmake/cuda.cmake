@@ -140,14 +140,15 @@ endif()
 # ---------------------------------------------------------------- NCCL (optional)
 # The collectives of data-parallel ranks on the CUDA backend (src/net/comm_nccl.c)
 # need nccl.h and libnccl (the CUDA toolkit's directories, /usr/local, or the
-# nvidia-nccl Python wheel's) and MPI, which starts the ranks and carries NCCL's
-# unique id. Found: the file is compiled into `tide` alone (the emulated GPU's
+# nvidia-nccl Python wheel's); the ranks' host carrier (MPI, or TCP for a
+# torchrun-style launch: src/net/comm.c) carries NCCL's unique id, so a build
+# without MPI has NCCL too (its ranks started torchrun-style). Found: the file is compiled into `tide` alone (the emulated GPU's
 # library has no NCCL), TIDE_HAVE_NCCL is defined for the sources `tide`
 # compiles itself (src/backend/backend.c's tide_backend_comm_attach), and
 # libnccl is linked. TIDE_NCCL=OFF leaves it out.
 option(TIDE_NCCL "Run the CUDA ranks' collectives on NCCL where found" ON)
 set(TIDE_HAVE_NCCL OFF)
-if(TIDE_NCCL AND TIDE_HAVE_MPI)
+if(TIDE_NCCL)
   set(_tide_nccl_hints ${CUDAToolkit_INCLUDE_DIRS})
   set(_tide_nccl_lib_hints ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib ${CUDAToolkit_LIBRARY_ROOT}/lib64)
   foreach(d IN LISTS _tide_py_dirs)
@@ -167,8 +168,6 @@ if(TIDE_NCCL AND TIDE_HAVE_MPI)
   else()
     message(STATUS "tide: nccl.h or libnccl not found: CUDA ranks are refused with a message")
   endif()
-elseif(TIDE_NCCL)
-  message(STATUS "tide: no MPI: no NCCL either (MPI starts the ranks and carries NCCL's unique id)")
 endif()
 
 message(STATUS "tide: CUDA backend enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "

@@ -1939,7 +1939,7 @@ bool tide_comm_available(void);
  * mpirun and srun. */
 bool tide_comm_mpi_available(void);
 /* Whether this build runs the collectives of ranks on the CUDA backend
- * (NCCL, src/net/comm_nccl.c): CMake found NCCL, CUDA and MPI. */
+ * (NCCL, src/net/comm_nccl.c): CMake found NCCL and CUDA. */
 bool tide_comm_nccl_available(void);
 /* The ranks the environment's launcher variables describe (1: none, one
  * process; -1: malformed), this process's rank in *rank, and the kind of

@@ -84,7 +84,7 @@ mpi_ok() { "$TIDE" train --help >/dev/null && ! "$TIDE" train "${HP[@]}" --steps
 
 if [ "$MODE" = --gpu ]; then
     if ! mpi_ok; then
-        skip_check "NCCL" "this tide was built without MPI (so without NCCL)"
+        skip_check "NCCL" "this tide was built without MPI (one process's NCCL rank joins MPI's singleton)"
         finish
         exit
     fi

@@ -32,7 +32,7 @@ static int fails;
     } while (0)
 
 int main(void) {
-    if (!tide_comm_nccl_available() || !tide_comm_available()) {
+    if (!tide_comm_nccl_available() || !tide_comm_mpi_available()) {
         printf("skipped: this tide has no NCCL (or no MPI)\n");
         return 77;
     }

@@ -414,8 +414,8 @@ static int join_ranks(train_job *j) {
                                "(--comm nccl)", a->comm);
     if (nccl && !tide_comm_nccl_available())
         return cli_usage_error("train", "ranks on the CUDA backend run their collectives on NCCL, and this tide was "
-                               "built without it (CMake found no nccl.h and libnccl with the CUDA toolkit and "
-                               "MPI): run the ranks on the CPU backend (--backend cpu)");
+                               "built without it (CMake found no nccl.h and libnccl with the CUDA toolkit): run "
+                               "the ranks on the CPU backend (--backend cpu)");
     a->backend = nccl ? TIDE_BACKEND_CUDA : TIDE_BACKEND_CPU;
     if (a->zero < 0) a->zero = 1;
     tide_ctx *ctx = tide_ctx_new();

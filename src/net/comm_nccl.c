@@ -1,12 +1,13 @@
 /*
  * comm_nccl.c - the data-parallel ranks' collectives on CUDA device memory:
- * NCCL, attached to the ranks' MPI communicator (net/comm.h,
- * tide_comm_dev). Built where CMake found NCCL beside the CUDA backend and
- * MPI (TIDE_HAVE_NCCL); src/backend/backend.c's tide_backend_comm_attach is
- * the way in.
+ * NCCL, attached to the ranks' host communicator (net/comm.h,
+ * tide_comm_dev: MPI, or TCP for a torchrun-style launch). Built where CMake
+ * found NCCL beside the CUDA backend (TIDE_HAVE_NCCL);
+ * src/backend/backend.c's tide_backend_comm_attach is the way in.
  *
- * Bootstrap. Rank 0 makes the ncclUniqueId and broadcasts it over MPI (the
- * launch MPI joined: mpirun -np N, or one process alone); every rank then
+ * Bootstrap. Rank 0 makes the ncclUniqueId and broadcasts it over the host
+ * communicator (the launch it joined: mpirun -np N, torchrun, or one process
+ * alone over MPI); every rank then
  * joins on the CUDA backend's device (the backend chose it: the launch's
  * local rank modulo the device count, src/backend/cuda/cuda_backend.c), and
  * the ranks all-reduce whether each joined, so that one that failed fails
