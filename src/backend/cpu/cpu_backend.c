@@ -619,6 +619,15 @@ static bool op_has_bf16_act(const tide_graph *g, const tide_op *op) {
     return false;
 }
 
+/* m bf16 values widened into dst, on nt threads (each its own run of the
+ * tensor, so the copy's pages are first touched in parallel too). */
+static void widen_bf16(const void *src, float *dst, int64_t m, int nt) {
+    const int64_t run = INT64_C(1) << 16, runs = (m + run - 1) / run;
+#pragma omp parallel for schedule(static) num_threads(nt) if (m >= TK_PAR_MIN)
+    for (int64_t c = 0; c < runs; c++)
+        tk_convert((const uint16_t *)src + c * run, TIDE_BF16, dst + c * run, (size_t)TIDE_MIN(run, m - c * run));
+}
+
 /* Runs the f32 kernel k of op with its bf16 activations widened into f32
  * copies (exactly: a bf16 widens without rounding) and its bf16 outputs
  * stored back rounded to nearest even: the elementwise ops, norms, rope and
@@ -655,7 +664,7 @@ static tide_status cpu_compute_widened(tide_ctx *ctx, tide_backend *be, const ti
                           t->name);
             break;
         }
-        if (is_in) tk_convert(in[i], TIDE_BF16, buf[i], (size_t)m);
+        if (is_in) widen_bf16(in[i], buf[i], m, nt);
         arg[i] = buf[i];
     }
     if (!st) {

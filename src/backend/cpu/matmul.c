@@ -237,8 +237,10 @@ tide_status tk_matmul_bf16(const void *x, tide_dtype xdt, const void *w, tide_dt
         const size_t ws = tide_dtype_size(wdt);
         for (int64_t n0 = 0; n0 < N; n0 += cols) {
             const int64_t n = TIDE_MIN(cols, N - n0);
-            if (accumulate)
+            if (accumulate) {
+#pragma omp parallel for schedule(static) num_threads(nt) if (R * n >= TK_PAR_MIN)
                 for (int64_t r = 0; r < R; r++) tk_convert(o + r * ldo + n0, TIDE_BF16, buf + r * n, (size_t)n);
+            }
             const uint8_t *wb = (const uint8_t *)w + (size_t)(w_kn ? n0 : n0 * K) * ws;
             tk_gemm_bf16(false, !w_kn, R, n, K, x, xdt, K, wb, wdt, ldw, accumulate, buf, n, nt);
             tk_round_bf16(buf, n, R, n, o + n0, ldo, nt);
@@ -248,8 +250,10 @@ tide_status tk_matmul_bf16(const void *x, tide_dtype xdt, const void *w, tide_dt
     }
     for (int64_t r0 = 0; r0 < R; r0 += rows) {
         const int64_t n = TIDE_MIN(rows, R - r0);
-        if (accumulate)
+        if (accumulate) {
+#pragma omp parallel for schedule(static) num_threads(nt) if (n * N >= TK_PAR_MIN)
             for (int64_t r = 0; r < n; r++) tk_convert(o + (r0 + r) * ldo, TIDE_BF16, buf + r * N, (size_t)N);
+        }
         tk_gemm_bf16(false, !w_kn, n, N, K, (const uint8_t *)x + (size_t)(r0 * K) * xs, xdt, K, w, wdt, ldw,
                      accumulate, buf, N, nt);
         tk_round_bf16(buf, N, n, N, o + r0 * ldo, ldo, nt);
