@@ -142,8 +142,9 @@ endif()
 # need nccl.h and libnccl (the CUDA toolkit's directories, /usr/local, or the
 # nvidia-nccl Python wheel's); the ranks' host carrier (MPI, or TCP for a
 # torchrun-style launch: src/net/comm.c) carries NCCL's unique id, so a build
-# without MPI has NCCL too (its ranks started torchrun-style). Found: the file is compiled into `tide` alone (the emulated GPU's
-# library has no NCCL), TIDE_HAVE_NCCL is defined for the sources `tide`
+# without MPI has NCCL too (its ranks started torchrun-style). Found: the file
+# is compiled into `tide` alone (the emulated GPU's library has no NCCL),
+# TIDE_HAVE_NCCL is defined for the sources `tide`
 # compiles itself (src/backend/backend.c's tide_backend_comm_attach), and
 # libnccl is linked. TIDE_NCCL=OFF leaves it out.
 option(TIDE_NCCL "Run the CUDA ranks' collectives on NCCL where found" ON)

@@ -77,107 +77,18 @@ if [ "$no_mpi" = 1 ]; then
     exit
 fi
 # one machine, as many ranks as asked for; shared memory between them
-# under a sanitizer build: Open MPI's own allocations kept until exit are not
-# tide's leaks (tests/lsan_mpi.supp; harmless without a sanitizer)
-export LSAN_OPTIONS="suppressions=$(cd "$(dirname "$0")" && pwd)/lsan_mpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+# (lib_cli.sh's mpi_launcher, the MPI array); the unwinder its leak
+# suppressions need under a sanitizer build, for every rank here
+mpi_launcher
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
-export OMPI_MCA_mca_base_component_disable_dlclose=1
-MPI=(mpirun --oversubscribe --allow-run-as-root --mca pml ob1 --mca btl self,vader --mca btl_vader_single_copy_mechanism none -x TIDE_CACHE -x OMP_NUM_THREADS=1
-     -x LSAN_OPTIONS -x ASAN_OPTIONS -x OMPI_MCA_mca_base_component_disable_dlclose -np)
 
-# compare.py: losses and gradient norms of two runs' JSON lines (one rank's
-# or a single process's), and the tensors of two safetensors files
-cat >"$TMP/compare.py" <<'PY'
-import json, struct, sys
-
-def steps(path, rank):
-    out = {}
-    for line in open(path):
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        o = json.loads(line)
-        if "step" in o and "loss" in o and "summary" not in o and o.get("rank", 0) == rank:
-            out[o["step"]] = (o["loss"], o["grad_norm"])
-    return out
-
-def tensors(path):
-    b = open(path, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n])
-    out = {}
-    for k, v in h.items():
-        if k == "__metadata__":
-            continue
-        s, e = v["data_offsets"]
-        raw = b[8 + n + s:8 + n + e]
-        if v["dtype"] == "F32":
-            out[k] = struct.unpack("<%df" % (len(raw) // 4), raw)
-        elif v["dtype"] == "BF16":
-            out[k] = [struct.unpack("<f", b"\0\0" + raw[i:i + 2])[0] for i in range(0, len(raw), 2)]
-    return out
-
-mode = sys.argv[1]
-if mode == "steps":  # A B: every step of A (rank 0) within 1e-5 relative of B's
-    a, b = steps(sys.argv[2], 0), steps(sys.argv[3], 0)
-    if not a or sorted(a) != sorted(b):
-        sys.exit("steps differ: %s vs %s" % (sorted(a), sorted(b)))
-    for s in a:
-        for x, y, what in ((a[s][0], b[s][0], "loss"), (a[s][1], b[s][1], "grad norm")):
-            if abs(x - y) > 1e-5 * abs(y):
-                sys.exit("step %d %s %.9g vs %.9g" % (s, what, x, y))
-elif mode == "eval":  # A B RANKS: every rank's validations in A within 1e-5 relative of B's (one process)
-    def evals(path, rank):
-        out = {}
-        for line in open(path):
-            if line.startswith("{") and '"eval":true' in line:
-                o = json.loads(line)
-                if o.get("rank", 0) == rank:
-                    out[o["step"]] = (o["eval_loss"], o["eval_targets"])
-        return out
-    b = evals(sys.argv[3], 0)
-    if not b:
-        sys.exit("no validation in " + sys.argv[3])
-    for r in range(int(sys.argv[4])):
-        a = evals(sys.argv[2], r)
-        if sorted(a) != sorted(b):
-            sys.exit("rank %d validated at steps %s, one process at %s" % (r, sorted(a), sorted(b)))
-        for s in a:
-            if a[s][1] != b[s][1] or abs(a[s][0] - b[s][0]) > 1e-5 * abs(b[s][0]):
-                sys.exit("rank %d step %d: validation loss %.9g over %d targets vs %.9g over %d"
-                         % (r, s, a[s][0], a[s][1], b[s][0], b[s][1]))
-elif mode == "torch":  # A EXPECTED: every step's loss and grad norm within 1e-5 of PyTorch's
-    a, e = steps(sys.argv[2], 0), json.load(open(sys.argv[3]))
-    if len(a) != len(e["loss"]):
-        sys.exit("%d steps, PyTorch %d" % (len(a), len(e["loss"])))
-    for s in range(len(e["loss"])):
-        for x, y, what in ((a[s][0], e["loss"][s], "loss"), (a[s][1], e["grad_norm"][s], "grad norm")):
-            if abs(x - y) > 1e-5 * abs(y):
-                sys.exit("step %d %s %.9g vs PyTorch %.9g" % (s, what, x, y))
-elif mode == "params":  # A B: every tensor within 1e-4 absolute
-    a, b = tensors(sys.argv[2]), tensors(sys.argv[3])
-    if sorted(a) != sorted(b) or not a:
-        sys.exit("tensor names differ")
-    for k in a:
-        d = max(abs(x - y) for x, y in zip(a[k], b[k]))
-        if len(a[k]) != len(b[k]) or d > 1e-4:
-            sys.exit("%s differs by %g" % (k, d))
-print("ok")
-PY
-cmp_steps() { # DESCRIPTION A B
-    if python3 "$TMP/compare.py" steps "$2" "$3" >"$TMP/cmp" 2>&1; then PASSES=$((PASSES + 1))
-    else echo "FAIL: $1: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
-}
+cmp_steps() { train_compare "$1" steps "$2" "$3"; } # DESCRIPTION A B
 cmp_params() { # DESCRIPTION DIR_A DIR_B [FILE]: FILE (model.safetensors) of each, tensor by tensor
     local f=${4:-model.safetensors}
-    if python3 "$TMP/compare.py" params "$2/$f" "$3/$f" >"$TMP/cmp" 2>&1; then
-        PASSES=$((PASSES + 1))
-    else echo "FAIL: $1: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
+    train_compare "$1" params "$2/$f" "$3/$f"
 }
 fails() { ! "$@"; } # a command that must fail (mpirun's status is the aborting rank's)
-field() { # FILE FIELD RANK: the summary's field of that rank
-    grep '"summary":true' "$1" | grep "\"rank\":$3[,}]" | grep -o "\"$2\":[0-9.e+-]*" | head -1 | cut -d: -f2
-}
+field() { summary_field "$@"; } # FILE FIELD RANK
 
 # 2 ranks x accum 1 = PyTorch's grad_accum 2, and one process's --accum 2
 expect 0 "single --accum 2" -- "$TIDE" train "${RUN[@]}" --steps 10 --accum 2 --out "$TMP/one2"
@@ -188,8 +99,7 @@ for z in 0 1 2; do
     cmp_steps "2 ranks ZeRO-$z vs --accum 2" "$TMP/r2z$z.json" "$TMP/one2.json"
     cmp_params "2 ranks ZeRO-$z final parameters vs --accum 2" "$TMP/r2z$z" "$TMP/one2"
 done
-if python3 "$TMP/compare.py" torch "$TMP/r2z1.json" "$FX/expected.json" >"$TMP/cmp" 2>&1; then PASSES=$((PASSES + 1))
-else echo "FAIL: 2 ranks vs PyTorch: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
+train_compare "2 ranks vs PyTorch" torch "$TMP/r2z1.json" "$FX/expected.json"
 # state: 1/N of ZeRO-0's on each rank
 s0=$(field "$TMP/r2z0.json" state_bytes_this_rank 0)
 s1a=$(field "$TMP/r2z1.json" state_bytes_this_rank 0) s1b=$(field "$TMP/r2z1.json" state_bytes_this_rank 1)
@@ -286,10 +196,7 @@ cp "$TMP/out" "$TMP/ev1.json"
 expect 0 "validation 2 ranks" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 4 --eval "$FX/data.u16" \
     --eval-every 2
 cp "$TMP/out" "$TMP/ev2.json"
-cmp_evals() { # DESCRIPTION A B RANKS
-    if python3 "$TMP/compare.py" eval "$2" "$3" "$4" >"$TMP/cmp" 2>&1; then PASSES=$((PASSES + 1))
-    else echo "FAIL: $1: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
-}
+cmp_evals() { train_compare "$1" eval "$2" "$3" "$4"; } # DESCRIPTION A B RANKS
 cmp_evals "2 ranks' validation vs --accum 2" "$TMP/ev2.json" "$TMP/ev1.json" 2
 cmp_steps "2 ranks validating: the steps of --accum 2" "$TMP/ev2.json" "$TMP/ev1.json"
 [ "$(grep -c '"eval":true' "$TMP/ev2.json")" = 4 ] && PASSES=$((PASSES + 1)) ||

@@ -37,59 +37,14 @@ if grep -q "this one has none" "$TMP/probe"; then
     exit
 fi
 # Open MPI's own allocations kept until exit are not tide's leaks under a
-# sanitizer build (tests/lsan_mpi.supp; harmless without a sanitizer)
-export LSAN_OPTIONS="suppressions=$(cd "$(dirname "$0")" && pwd)/lsan_mpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
-export OMPI_MCA_mca_base_component_disable_dlclose=1 OMP_NUM_THREADS=1
+# sanitizer build (lib_cli.sh's mpi_launcher: also the MPI array, for the
+# comparison with mpirun), their suppressions matched with this unwinder
+mpi_launcher
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0" OMP_NUM_THREADS=1
 # a hang's guard (srun's own): a step of these takes well under a second
 SRUN=(timeout 300 srun --time=10 --export=ALL --mpi=pmix)
 
-cat >"$TMP/compare.py" <<'PY'
-import json, struct, sys
-
-def steps(path):
-    out = {}
-    for line in open(path):
-        if line.startswith("{"):
-            o = json.loads(line)
-            if "step" in o and "loss" in o and "summary" not in o and o.get("rank", 0) == 0:
-                out[o["step"]] = (o["loss"], o["grad_norm"])
-    return out
-
-def tensors(path):
-    b = open(path, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n])
-    out = {}
-    for k, v in h.items():
-        if k != "__metadata__":
-            s, e = v["data_offsets"]
-            out[k] = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
-    return out
-
-mode, a, b = sys.argv[1:4]
-if mode in ("steps", "same"):
-    x, y = steps(a), steps(b)
-    if not x or sorted(x) != sorted(y):
-        sys.exit("steps differ: %s vs %s" % (sorted(x), sorted(y)))
-    for s in x:
-        for p, q, what in ((x[s][0], y[s][0], "loss"), (x[s][1], y[s][1], "grad norm")):
-            if (p != q) if mode == "same" else abs(p - q) > 1e-5 * abs(q):
-                sys.exit("step %d %s %.17g vs %.17g" % (s, what, p, q))
-else:
-    x, y = tensors(a), tensors(b)
-    if sorted(x) != sorted(y) or not x:
-        sys.exit("tensor names differ")
-    for k in x:
-        d = max(abs(p - q) for p, q in zip(x[k], y[k]))
-        if d > 1e-4:
-            sys.exit("%s differs by %g" % (k, d))
-print("ok")
-PY
-compare() { # DESCRIPTION MODE A B
-    if python3 "$TMP/compare.py" "$2" "$3" "$4" >"$TMP/cmp" 2>&1; then PASSES=$((PASSES + 1))
-    else echo "FAIL: $1: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
-}
+compare() { local what=$1; shift; train_compare "$what" "$@"; } # DESCRIPTION MODE A B
 
 expect 0 "single --accum 2" -- "$TIDE" train "${RUN[@]}" --steps 10 --accum 2 --out "$TMP/one2"
 cp "$TMP/out" "$TMP/one2.json"
@@ -100,10 +55,7 @@ compare "2 ranks under srun: final parameters vs --accum 2" params "$TMP/s2/mode
     "$TMP/one2/model.safetensors"
 contains "$TMP/s2.json" '"rank":1' "both ranks reported"
 if command -v mpirun >/dev/null 2>&1; then
-    expect 0 "2 ranks under mpirun" -- mpirun --oversubscribe --allow-run-as-root --mca pml ob1 --mca btl self,vader \
-        --mca btl_vader_single_copy_mechanism none -x TIDE_CACHE -x OMP_NUM_THREADS -x LSAN_OPTIONS -x ASAN_OPTIONS \
-        -x OMPI_MCA_mca_base_component_disable_dlclose -np 2 "$TIDE" train "${RUN[@]}" --steps 10 --zero 1 \
-        --out "$TMP/m2"
+    expect 0 "2 ranks under mpirun" -- "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 10 --zero 1 --out "$TMP/m2"
     cp "$TMP/out" "$TMP/m2.json"
     compare "srun's ranks and mpirun's: the same bits" same "$TMP/s2.json" "$TMP/m2.json"
     expect 0 "the saved checkpoints are the same bytes" -- cmp "$TMP/s2/model.safetensors" "$TMP/m2/model.safetensors"

@@ -78,65 +78,8 @@ ranks() {
     return "$rc"
 }
 
-cat >"$TMP/compare.py" <<'PY'
-import json, struct, sys
-
-def steps(path, rank):
-    out = {}
-    for line in open(path):
-        line = line.strip()
-        if line.startswith("{"):
-            o = json.loads(line)
-            if "step" in o and "loss" in o and "summary" not in o and o.get("rank", 0) == rank:
-                out[o["step"]] = (o["loss"], o["grad_norm"])
-    return out
-
-def tensors(path):
-    b = open(path, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n])
-    out = {}
-    for k, v in h.items():
-        if k != "__metadata__":
-            s, e = v["data_offsets"]
-            raw = b[8 + n + s:8 + n + e]
-            out[k] = struct.unpack("<%df" % (len(raw) // 4), raw) if v["dtype"] == "F32" else raw
-    return out
-
-mode = sys.argv[1]
-if mode in ("steps", "same"):  # A B: rank 0's steps of A within 1e-5 relative of B's ("same": equal)
-    a, b = steps(sys.argv[2], 0), steps(sys.argv[3], 0)
-    if not a or sorted(a) != sorted(b):
-        sys.exit("steps differ: %s vs %s" % (sorted(a), sorted(b)))
-    for s in a:
-        for x, y, what in ((a[s][0], b[s][0], "loss"), (a[s][1], b[s][1], "grad norm")):
-            if (x != y) if mode == "same" else abs(x - y) > 1e-5 * abs(y):
-                sys.exit("step %d %s %.17g vs %.17g" % (s, what, x, y))
-elif mode == "torch":  # A EXPECTED: within 1e-5 of PyTorch's
-    a, e = steps(sys.argv[2], 0), json.load(open(sys.argv[3]))
-    if len(a) != len(e["loss"]):
-        sys.exit("%d steps, PyTorch %d" % (len(a), len(e["loss"])))
-    for s in range(len(e["loss"])):
-        for x, y, what in ((a[s][0], e["loss"][s], "loss"), (a[s][1], e["grad_norm"][s], "grad norm")):
-            if abs(x - y) > 1e-5 * abs(y):
-                sys.exit("step %d %s %.9g vs PyTorch %.9g" % (s, what, x, y))
-elif mode == "params":  # A B: every f32 tensor within 1e-4 absolute
-    a, b = tensors(sys.argv[2]), tensors(sys.argv[3])
-    if sorted(a) != sorted(b) or not a:
-        sys.exit("tensor names differ")
-    for k in a:
-        d = max(abs(x - y) for x, y in zip(a[k], b[k]))
-        if len(a[k]) != len(b[k]) or d > 1e-4:
-            sys.exit("%s differs by %g" % (k, d))
-print("ok")
-PY
-compare() { # DESCRIPTION MODE A B
-    if python3 "$TMP/compare.py" "$2" "$3" "$4" >"$TMP/cmp" 2>&1; then PASSES=$((PASSES + 1))
-    else echo "FAIL: $1: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
-}
-field() { # FILE FIELD RANK: the summary's field of that rank
-    grep '"summary":true' "$1" | grep "\"rank\":$3[,}]" | grep -o "\"$2\":[0-9.e+-]*" | head -1 | cut -d: -f2
-}
+compare() { local what=$1; shift; train_compare "$what" "$@"; } # DESCRIPTION MODE A B
+field() { summary_field "$@"; } # FILE FIELD RANK
 checks_passed() { # DESCRIPTION N: every one of N ranks' summaries says check_passed
     [ "$(grep -c '"check_passed":true' "$TMP/out")" = "$2" ] && PASSES=$((PASSES + 1)) ||
         { echo "FAIL: $1: $(grep -c '"check_passed":true' "$TMP/out") of $2 ranks passed --check"; FAILS=$((FAILS + 1)); }
@@ -184,14 +127,9 @@ if command -v mpirun >/dev/null 2>&1; then
     grep -q "this one has none" "$TMP/probe" || mpi_ok=1
 fi
 if [ "$mpi_ok" = 1 ]; then
-    export OMPI_MCA_mca_base_component_disable_dlclose=1
-    export LSAN_OPTIONS="suppressions=$(cd "$(dirname "$0")" && pwd)/lsan_mpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-    # (fast_unwind_on_malloc=0: so that tests/lsan_mpi.supp matches Open
-    # MPI's own allocations kept until exit under a sanitizer build)
-    expect 0 "2 ranks under mpirun" -- env ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0" mpirun --oversubscribe --allow-run-as-root --mca pml ob1 \
-        --mca btl self,vader --mca btl_vader_single_copy_mechanism none -x TIDE_CACHE -x OMP_NUM_THREADS=1 \
-        -x LSAN_OPTIONS -x ASAN_OPTIONS -x OMPI_MCA_mca_base_component_disable_dlclose -np 2 \
-        "$TIDE" train "${RUN[@]}" --steps 10 --zero 1 --out "$TMP/m2z1"
+    mpi_launcher
+    expect 0 "2 ranks under mpirun" -- env ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0" \
+        "${MPI[@]}" 2 "$TIDE" train "${RUN[@]}" --steps 10 --zero 1 --out "$TMP/m2z1"
     cp "$TMP/out" "$TMP/m2z1.json"
     compare "2 ranks over TCP and under mpirun: the same bits" same "$TMP/t2z1.json" "$TMP/m2z1.json"
     expect 0 "the saved checkpoints are the same bytes" -- cmp "$TMP/t2z1/model.safetensors" "$TMP/m2z1/model.safetensors"

@@ -79,3 +79,32 @@ finish() {
     [ "$SKIPS" -eq 0 ] || return 77
     return 0
 }
+
+# train_compare DESCRIPTION MODE ARGS...: a check by tests/train_compare.py
+# (steps, same, eval, torch, params: the losses, norms, validations or
+# tensors of training runs), its first difference printed on a failure.
+train_compare() {
+    local what=$1
+    shift
+    if python3 "$(dirname "${BASH_SOURCE[0]}")/train_compare.py" "$@" >"$TMP/cmp" 2>&1; then PASSES=$((PASSES + 1))
+    else echo "FAIL: $what: $(tail -1 "$TMP/cmp")"; FAILS=$((FAILS + 1)); fi
+}
+
+# summary_field FILE FIELD RANK: the field of that rank's `--json` summary.
+summary_field() {
+    grep '"summary":true' "$1" | grep "\"rank\":$3[,}]" | grep -o "\"$2\":[0-9.e+-]*" | head -1 | cut -d: -f2
+}
+
+# mpi_launcher: MPI, the mpirun of the tests that start ranks on this machine
+# (shared memory, oversubscribed; append N to it, its last word is -np), and
+# the environment its ranks get: Open MPI's own allocations kept until exit
+# are not tide's leaks under a sanitizer build (tests/lsan_mpi.supp; their
+# suppressions need ASAN_OPTIONS' fast_unwind_on_malloc=0, which the caller
+# sets where it runs mpirun under AddressSanitizer).
+mpi_launcher() {
+    export LSAN_OPTIONS="suppressions=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lsan_mpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+    export OMPI_MCA_mca_base_component_disable_dlclose=1
+    MPI=(mpirun --oversubscribe --allow-run-as-root --mca pml ob1 --mca btl self,vader
+         --mca btl_vader_single_copy_mechanism none -x TIDE_CACHE -x OMP_NUM_THREADS=1 -x LSAN_OPTIONS -x ASAN_OPTIONS
+         -x OMPI_MCA_mca_base_component_disable_dlclose -np)
+}

@@ -5,7 +5,7 @@
  *
  * What it proves:
  *   - 2, 3 and 4 ranks meet (a stray connection that does not speak the
- *     protocol is ignored) and every collective gives the right numbers:
+ *     protocol, made before the other ranks come, is ignored) and every collective gives the right numbers:
  *     all-reduce of f32 (exact integer sums; parts over several segments of
  *     the scratch; a size that does not divide) and f64, reduce-scatter of
  *     rows (uneven shards, an empty one, the padding rows zeroed),
@@ -248,7 +248,9 @@ static int collectives(int rank, int size, void *arg) {
     return 0;
 }
 
-/* A process that connects to rank 0's port and speaks another protocol. */
+/* A process that connects to rank 0's port and speaks another protocol;
+ * ranks 1.. join once it has gone (its end of g_pipe closed: EOF), so rank
+ * 0 meets it first, whatever the machine's load. */
 static int stray_then_ranks(int rank, int size, void *arg) {
     (void)arg;
     if (rank == size - 1) { /* the stray: not a rank */
@@ -261,19 +263,21 @@ static int stray_then_ranks(int rank, int size, void *arg) {
                 const char junk[] = "GET / HTTP/1.0\r\n\r\nand more bytes than a hello";
                 if (write(fd, junk, sizeof junk)) {}
                 close(fd);
-                return 0;
+                return 0; /* its exit closes g_pipe[1] */
             }
             close(fd);
             usleep(100000);
         }
         return 1;
     }
-    /* the ranks: size - 1 of them; they join after the stray is gone */
+    /* the ranks: size - 1 of them; ranks 1.. join after the stray is gone */
+    close(g_pipe[1]);
     int n = size - 1;
     char v[16];
     snprintf(v, sizeof v, "%d", n);
     setenv("TIDE_WORLD_SIZE", v, 1);
-    if (rank > 0) usleep(300000);
+    char ch;
+    if (rank > 0 && read(g_pipe[0], &ch, 1) != 0) return 1;
     tide_ctx *ctx = tide_ctx_new();
     tide_comm *c = join(ctx);
     float x[3] = {1, 2, 3};
@@ -290,6 +294,7 @@ static void test_collectives(void **state) {
         fprintf(stderr, "%d ranks\n", n);
         assert_true(run_ranks(n, NULL, collectives, NULL));
     }
+    assert_int_equal(pipe(g_pipe), 0);
     assert_true(run_ranks(3, NULL, stray_then_ranks, NULL));
 }
 

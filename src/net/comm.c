@@ -71,8 +71,8 @@ int tide_comm_launch_env(int *rank, const char **launcher) {
     return 1;
 }
 
-static tide_status check_launch(tide_ctx *ctx, int *n, const char **launcher) {
-    *n = tide_comm_launch_env(NULL, launcher);
+static tide_status check_launch(tide_ctx *ctx, int *n, int *rank, const char **launcher) {
+    *n = tide_comm_launch_env(rank, launcher);
     if (*n < 0) return tide_err(ctx, TIDE_E_INVALID, "the launcher's rank variables are malformed (%s)", *launcher);
     return TIDE_OK;
 }
@@ -84,7 +84,6 @@ static tide_status check_launch(tide_ctx *ctx, int *n, const char **launcher) {
 
 struct tide_comm {
     int rank, size;
-    const char *carrier; /* "mpi" or "tcp" */
     double timeout_s;
     uint64_t bytes_sent;  /* ring algorithms' bytes this rank sent (the formula, docs/training.md section 12) */
     const atomic_bool *_Atomic cancel; /* the running executor's failure flag, or NULL */
@@ -132,15 +131,15 @@ bool tide_comm_mpi_available(void) {
 int tide_comm_rank(const tide_comm *c) { return c ? c->rank : 0; }
 int tide_comm_size(const tide_comm *c) { return c ? c->size : 1; }
 uint64_t tide_comm_bytes_sent(const tide_comm *c) { return c ? c->bytes_sent : 0; }
-const char *tide_comm_carrier(const tide_comm *c) { return c ? c->carrier : "none"; }
+const char *tide_comm_carrier(const tide_comm *c) { return !c ? "none" : c->tcp ? "tcp" : "mpi"; }
 
-static tide_status mpi_open(tide_ctx *ctx, tide_comm *c);
+static tide_status mpi_open(tide_ctx *ctx, tide_comm *c, int n, const char *launcher);
 
 tide_status tide_comm_open(tide_ctx *ctx, tide_comm **out) {
     *out = NULL;
-    int n = 1;
+    int n = 1, rank = 0;
     const char *launcher = NULL;
-    tide_status st = check_launch(ctx, &n, &launcher);
+    tide_status st = check_launch(ctx, &n, &rank, &launcher);
     if (st) return st;
     double timeout = 300;
     const char *to = getenv("TIDE_NET_TIMEOUT");
@@ -155,20 +154,16 @@ tide_status tide_comm_open(tide_ctx *ctx, tide_comm **out) {
     if (!c) return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
     c->timeout_s = timeout;
     if (!strcmp(launcher, "torchrun")) {
-        int rank = 0;
-        tide_comm_launch_env(&rank, NULL);
         if (rank >= n) {
             tide_free(c);
             return tide_err(ctx, TIDE_E_INVALID, "the launch names rank %d of %d ranks (RANK must be below "
                             "WORLD_SIZE)", rank, n);
         }
-        c->carrier = "tcp";
         c->rank = rank;
         c->size = n;
         st = tide_tcp_open(ctx, rank, n, timeout, &c->cancel, &c->tcp);
     } else {
-        c->carrier = "mpi";
-        st = mpi_open(ctx, c);
+        st = mpi_open(ctx, c, n, launcher);
     }
     if (st) {
         tide_free(c);
@@ -179,6 +174,7 @@ tide_status tide_comm_open(tide_ctx *ctx, tide_comm **out) {
 }
 
 static void mpi_close(tide_comm *c);
+static void mpi_abort(tide_comm *c, int code);
 
 void tide_comm_close(tide_comm *c) {
     if (!c) return;
@@ -186,6 +182,14 @@ void tide_comm_close(tide_comm *c) {
     if (c->tcp) tide_tcp_close(c->tcp);
     else mpi_close(c);
     tide_free(c);
+}
+
+void tide_comm_abort(tide_comm *c, int code) {
+    if (c && c->tcp) {
+        tide_tcp_shutdown(c->tcp); /* the others' transfers fail at once */
+        exit(code ? code : 1);
+    }
+    mpi_abort(c, code ? code : 1);
 }
 
 /* The collectives: the carrier's, and the ring formula's bytes counted. */
@@ -254,16 +258,16 @@ tide_status tide_comm_same(tide_comm *c, tide_ctx *ctx, uint64_t v, const char *
 
 #ifndef TIDE_HAVE_MPI
 
-static tide_status mpi_open(tide_ctx *ctx, tide_comm *c) {
-    (void)c;
+static tide_status mpi_open(tide_ctx *ctx, tide_comm *c, int n, const char *launcher) {
+    (void)c, (void)n, (void)launcher;
     return tide_err(ctx, TIDE_E_UNSUPPORTED, "ranks launched by mpirun or srun are joined by MPI, and this tide "
                     "was built without it (install Open MPI's development files, libopenmpi-dev, and rebuild; or "
                     "start the ranks torchrun-style: WORLD_SIZE, RANK, MASTER_ADDR and MASTER_PORT)");
 }
 static void mpi_close(tide_comm *c) { (void)c; }
-void tide_comm_abort(tide_comm *c, int code) {
-    tide_tcp_shutdown(c ? c->tcp : NULL);
-    exit(code ? code : 1);
+static void mpi_abort(tide_comm *c, int code) {
+    (void)c;
+    exit(code);
 }
 #define NO_MPI(ctx) tide_err(ctx, TIDE_E_UNSUPPORTED, "MPI's collectives: not built")
 static tide_status mpi_allreduce(tide_comm *c, tide_ctx *ctx, void *x, uint64_t n, int elem, const char *what) {
@@ -287,7 +291,7 @@ static tide_status mpi_bcast(tide_comm *c, tide_ctx *ctx, void *buf, size_t n, c
 
 #else
 
-static tide_status mpi_open(tide_ctx *ctx, tide_comm *c) {
+static tide_status mpi_open(tide_ctx *ctx, tide_comm *c, int n, const char *launcher) {
     int flag = 0;
     MPI_Initialized(&flag);
     bool here = false;
@@ -295,8 +299,6 @@ static tide_status mpi_open(tide_ctx *ctx, tide_comm *c) {
     /* Open MPI joins the ranks srun starts through PMIx (srun --mpi=pmix);
      * without it MPI_Init_thread would end each rank with Open MPI's own
      * message, before tide could say which option is missing */
-    const char *launcher = NULL;
-    int n = tide_comm_launch_env(NULL, &launcher);
     const char *pmix = getenv("PMIX_RANK");
     if (!flag && n > 1 && !strcmp(launcher, "srun") && !(pmix && *pmix))
         return tide_err(ctx, TIDE_E_UNSUPPORTED, "srun started %d ranks without PMIx, through which Open MPI joins "
@@ -337,13 +339,7 @@ static void mpi_close(tide_comm *c) {
     c->counts = c->displs = NULL;
 }
 
-void tide_comm_abort(tide_comm *c, int code) {
-    if (c && c->tcp) {
-        tide_tcp_shutdown(c->tcp);
-        exit(code ? code : 1);
-    }
-    MPI_Abort(c ? c->comm : MPI_COMM_WORLD, code ? code : 1);
-}
+static void mpi_abort(tide_comm *c, int code) { MPI_Abort(c ? c->comm : MPI_COMM_WORLD, code); }
 
 static tide_status mpi_fail(tide_comm *c, tide_ctx *ctx, int rc, const char *call, const char *what) {
     char msg[MPI_MAX_ERROR_STRING];

@@ -73,7 +73,9 @@ static void put64(unsigned char *p, uint64_t v) {
 }
 static uint64_t get64(const unsigned char *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
 
-tide_status tide_tcp_rendezvous_env(tide_ctx *ctx, char *host, size_t host_n, int *port) {
+/* Where the ranks meet (comm_tcp.h, tide_tcp_open): MASTER_ADDR into host
+ * (host_n bytes) and the port. */
+static tide_status rendezvous_env(tide_ctx *ctx, char *host, size_t host_n, int *port) {
     const char *a = getenv("MASTER_ADDR");
     if (!a || !*a)
         return tide_err(ctx, TIDE_E_INVALID, "a torchrun-style launch needs MASTER_ADDR (the host of rank 0) and "
@@ -97,12 +99,6 @@ tide_status tide_tcp_rendezvous_env(tide_ctx *ctx, char *host, size_t host_n, in
         return tide_err(ctx, TIDE_E_INVALID, "%s '%s' is not a port (1 to 65535)", name, p);
     *port = (int)v + plus;
     return TIDE_OK;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static void sleep_ms(int ms) {
@@ -140,10 +136,12 @@ static bool cancelled(const tide_tcp *t) {
 }
 
 /* Moves s (sent) and r (received) until both are done; fails when a peer
- * closes its end, on a socket error, when nothing moves for the timeout, or
- * when the cancel flag is set. */
-static tide_status move(tide_tcp *t, tide_ctx *ctx, tcp_io *s, tcp_io *r, const char *call, const char *what) {
-    double last = now_s();
+ * closes its end, on a socket error, when nothing moves for `limit` seconds
+ * (the timeout, but for the joining's waits), or when the cancel flag is
+ * set. */
+static tide_status move(tide_tcp *t, tide_ctx *ctx, tcp_io *s, tcp_io *r, double limit, const char *call,
+                        const char *what) {
+    double last = tide_now();
     for (;;) {
         bool sd = !s || s->fd < 0 || !s->left, rd = !r || r->fd < 0 || !r->left;
         if (sd && rd) return TIDE_OK;
@@ -193,12 +191,12 @@ static tide_status move(tide_tcp *t, tide_ctx *ctx, tcp_io *s, tcp_io *r, const 
                 moved = true;
             }
         }
-        double tn = now_s();
+        double tn = tide_now();
         if (moved) last = tn;
         if (cancelled(t))
             return tide_err(ctx, TIDE_E_IO, "rank %d of %d: %s of %s abandoned: another stream of this rank failed",
                             t->rank, t->size, call, what);
-        if (tn - last > t->timeout_s)
+        if (tn - last > limit)
             return tide_err(ctx, TIDE_E_IO, "rank %d of %d: %s of %s timed out after %.0f s: rank %d stopped "
                             "answering (died, or is stuck; TIDE_NET_TIMEOUT sets the limit)", t->rank, t->size, call,
                             what, tn - last, !rd ? r->peer : s->peer);
@@ -208,12 +206,12 @@ static tide_status move(tide_tcp *t, tide_ctx *ctx, tcp_io *s, tcp_io *r, const 
 static tide_status send_all(tide_tcp *t, tide_ctx *ctx, int fd, int peer, const void *p, size_t n, const char *call,
                             const char *what) {
     tcp_io s = {fd, peer, (unsigned char *)p, n};
-    return move(t, ctx, &s, NULL, call, what);
+    return move(t, ctx, &s, NULL, t->timeout_s, call, what);
 }
 static tide_status recv_all(tide_tcp *t, tide_ctx *ctx, int fd, int peer, void *p, size_t n, const char *call,
                             const char *what) {
     tcp_io r = {fd, peer, p, n};
-    return move(t, ctx, NULL, &r, call, what);
+    return move(t, ctx, NULL, &r, t->timeout_s, call, what);
 }
 
 /* ---- joining ---- */
@@ -280,7 +278,7 @@ static int dial(const char *host, int port, double deadline, char *why, size_t w
         int rc = getaddrinfo(host, ps, &hints, &res);
         if (rc) {
             snprintf(why, why_n, "cannot resolve '%s': %s", host, gai_strerror(rc));
-            if (rc != EAI_AGAIN || now_s() > deadline) return -1;
+            if (rc != EAI_AGAIN || tide_now() > deadline) return -1;
             sleep_ms(100);
             continue;
         }
@@ -297,7 +295,7 @@ static int dial(const char *host, int port, double deadline, char *why, size_t w
                 continue;
             }
             struct pollfd pf = {.fd = fd, .events = POLLOUT};
-            double left = deadline - now_s();
+            double left = deadline - tide_now();
             int ms = left > 2 ? 2000 : left > 0 ? (int)(left * 1000) + 1 : 1;
             int soerr = 0;
             socklen_t sl = sizeof soerr;
@@ -311,7 +309,7 @@ static int dial(const char *host, int port, double deadline, char *why, size_t w
         }
         freeaddrinfo(res);
         snprintf(why, why_n, "cannot connect to %s port %d: %s", host, port, strerror(err));
-        if (now_s() > deadline) return -1;
+        if (tide_now() > deadline) return -1;
         sleep_ms(50);
     }
 }
@@ -326,7 +324,7 @@ static int take(int lfd, double deadline) {
             return fd;
         }
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) return -1;
-        double left = deadline - now_s();
+        double left = deadline - tide_now();
         if (left <= 0) return -1;
         struct pollfd pf = {.fd = lfd, .events = POLLIN};
         poll(&pf, 1, left > 0.2 ? 200 : (int)(left * 1000) + 1);
@@ -336,7 +334,7 @@ static int take(int lfd, double deadline) {
 /* Reads n bytes from a connection that has not proved itself yet, for at
  * most `limit` seconds: false (and nothing said) when it does not. */
 static bool read_hello(int fd, unsigned char *buf, size_t n, double limit) {
-    double end = now_s() + limit;
+    double end = tide_now() + limit;
     size_t got = 0;
     while (got < n) {
         ssize_t k = recv(fd, buf + got, n - got, 0);
@@ -346,7 +344,7 @@ static bool read_hello(int fd, unsigned char *buf, size_t n, double limit) {
             continue;
         }
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-        double left = end - now_s();
+        double left = end - tide_now();
         if (left <= 0) return false;
         struct pollfd pf = {.fd = fd, .events = POLLIN};
         poll(&pf, 1, left > 0.2 ? 200 : (int)(left * 1000) + 1);
@@ -394,10 +392,7 @@ static tide_status meet_as_root(tide_tcp *t, tide_ctx *ctx, int lfd, int ring_po
             memcpy(r, MAGIC, 8);
             snprintf((char *)r + 16, 160, "%s", why);
             tcp_io s = {fd, (int)rk, r, sizeof r};
-            double keep = t->timeout_s;
-            t->timeout_s = 2;
-            move(t, ctx, &s, NULL, "joining", "the ranks");
-            t->timeout_s = keep;
+            move(t, ctx, &s, NULL, 2, "joining", "the ranks");
             close(fd);
             return tide_err(ctx, TIDE_E_INVALID, "rank 0 of %d: %s: every rank needs the same WORLD_SIZE and a "
                             "rank of its own", n, why);
@@ -442,10 +437,9 @@ static tide_status meet_as_rank(tide_tcp *t, tide_ctx *ctx, const char *host, in
     if (st) return st;
     /* rank 0 answers once every rank has come: wait up to the deadline */
     unsigned char head[16];
-    double keep = t->timeout_s, left = deadline - now_s();
-    t->timeout_s = left > 1 ? left : 1;
-    st = recv_all(t, ctx, fd, 0, head, sizeof head, "joining", "the ranks' table");
-    t->timeout_s = keep;
+    const double left = deadline - tide_now();
+    tcp_io r = {fd, 0, head, sizeof head};
+    st = move(t, ctx, NULL, &r, left > 1 ? left : 1, "joining", "the ranks' table");
     if (st) return st;
     if (memcmp(head, MAGIC, 8))
         return tide_err(ctx, TIDE_E_IO, "rank %d of %d: the process at %s is not a rank 0 of tide's", t->rank,
@@ -484,7 +478,7 @@ tide_status tide_tcp_open(tide_ctx *ctx, int rank, int size, double timeout_s, c
     }
     char host[256], where[300], why[160];
     int port = 0;
-    tide_status st = tide_tcp_rendezvous_env(ctx, host, sizeof host, &port);
+    tide_status st = rendezvous_env(ctx, host, sizeof host, &port);
     if (st) {
         tide_tcp_close(t);
         return st;
@@ -497,7 +491,7 @@ tide_status tide_tcp_open(tide_ctx *ctx, int rank, int size, double timeout_s, c
         tide_tcp_close(t);
         return tide_err(ctx, TIDE_E_NOMEM, "out of memory");
     }
-    double deadline = now_s() + timeout_s;
+    double deadline = tide_now() + timeout_s;
     int ring = listen_on(0, why, sizeof why), root = -1;
     uint64_t job = 0;
     if (ring < 0) {
@@ -625,7 +619,7 @@ static tide_status ring_rs(tide_tcp *t, tide_ctx *ctx, const void *in, void *own
                          s == 0 ? (unsigned char *)src + (t->off[sc] + at) * (uint64_t)elem : acc,
                          sn * (uint64_t)elem};
             tcp_io ri = {t->prev, (r + n - 1) % n, tmp, rn * (uint64_t)elem};
-            tide_status st = move(t, ctx, &so, &ri, call, what);
+            tide_status st = move(t, ctx, &so, &ri, t->timeout_s, call, what);
             if (st) return st;
             const unsigned char *mine = src + (t->off[rc] + at) * (uint64_t)elem;
             void *dst = s == n - 2 ? (unsigned char *)own_out + at * (uint64_t)elem : (void *)acc;
@@ -643,7 +637,7 @@ static tide_status ring_ag(tide_tcp *t, tide_ctx *ctx, void *buf, const char *ca
         int sc = ((r - s) % n + n) % n, rc = ((r - s - 1) % n + n) % n;
         tcp_io so = {t->next, (r + 1) % n, b + t->off[sc], t->len[sc]};
         tcp_io ri = {t->prev, (r + n - 1) % n, b + t->off[rc], t->len[rc]};
-        tide_status st = move(t, ctx, &so, &ri, call, what);
+        tide_status st = move(t, ctx, &so, &ri, t->timeout_s, call, what);
         if (st) return st;
     }
     return TIDE_OK;

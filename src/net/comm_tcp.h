@@ -26,12 +26,10 @@
 
 typedef struct tide_tcp tide_tcp;
 
-/* Where the ranks meet, from the environment: MASTER_ADDR and the port
- * (TIDE_MASTER_PORT, else MASTER_PORT, plus one under torchrun, whose agent
- * holds MASTER_PORT with its own store: TORCHELASTIC_USE_AGENT_STORE). host
- * holds at least 256 bytes. */
-tide_status tide_tcp_rendezvous_env(tide_ctx *ctx, char *host, size_t host_n, int *port);
-/* Joins rank `rank` of `size` (size 1: no connection). cancel, when not
+/* Joins rank `rank` of `size` (size 1: no connection), meeting at
+ * MASTER_ADDR and the port (TIDE_MASTER_PORT, else MASTER_PORT, plus one
+ * under torchrun, whose agent holds MASTER_PORT with its own store:
+ * TORCHELASTIC_USE_AGENT_STORE). cancel, when not
  * NULL, is polled during transfers (*cancel set: give up). */
 tide_status tide_tcp_open(tide_ctx *ctx, int rank, int size, double timeout_s, const atomic_bool *_Atomic *cancel,
                           tide_tcp **out);

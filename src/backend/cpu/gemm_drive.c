@@ -194,9 +194,9 @@ void tk_gemm_sums(const tk_gemm_kern *kn, int64_t M, int64_t N, int64_t K, float
     /* row blocks of at most MC rows, their register tiles shared out
      * evenly (they differ by one at most), and on several threads a
      * multiple of the threads where the tiles allow: the items of a block
-     * then take the threads equally long (with 1024 rows on 2 threads, 6
-     * blocks of 180 rows but the last of 124 kept one thread waiting 10% of
-     * the time at each block's barrier) */
+     * then take the threads equally long (1024 rows on 2 threads were 5
+     * blocks of 180 rows and one of 124: 540 rows for one thread, 484 for
+     * the other, which then waited at each block's barrier) */
     const int64_t panels = (M + mr - 1) / mr;
     int64_t n_ic = (panels + GD_MC_PANELS - 1) / GD_MC_PANELS;
     if (nth > 1) n_ic = TIDE_MIN(panels, gd_round_up(n_ic, nth));
